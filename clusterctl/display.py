@@ -1,0 +1,171 @@
+"""All terminal output (rich): host-prefixed live lines, folded identical outputs, summaries, tables.
+
+Library code never prints; it hands typed values here. Output goes to stdout, diagnostics to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+from typing import Iterable, Sequence
+
+_lock = threading.Lock()
+_consoles: dict[str, object] = {}
+_PALETTE = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
+
+
+def console(stderr: bool = False):
+    key = "err" if stderr else "out"
+    if key not in _consoles:
+        from rich.console import Console
+
+        _consoles[key] = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return _consoles[key]
+
+
+def error(message: str) -> None:
+    console(stderr=True).print(f"[bold red]Error:[/] {_esc(message)}")
+
+
+def info(message: str) -> None:
+    console(stderr=True).print(_esc(message))
+
+
+def warn(message: str) -> None:
+    console(stderr=True).print(f"[yellow]Warning:[/] {_esc(message)}")
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+# ---- live lines --------------------------------------------------------------------------------------
+class HostPrinter:
+    """The on_line callback of remote.run: `host: line`, one colour per host on a terminal."""
+
+    def __init__(self, hosts: Sequence[str]):
+        width = max((len(h) for h in hosts), default=0)
+        self.prefix = {h: h.ljust(width) for h in hosts}
+        self.colour = {h: _PALETTE[i % len(_PALETTE)] for i, h in enumerate(hosts)}
+        self.tty = sys.stdout.isatty()
+
+    def __call__(self, host: str, stream: str, line: str) -> None:
+        prefix = self.prefix.get(host, host)
+        with _lock:
+            if self.tty:
+                style = self.colour.get(host, "white")
+                mark = "[red]![/]" if stream == "stderr" else " "
+                console().print(f"[{style}]{_esc(prefix)}[/]{mark}| {_esc(line)}")
+            else:
+                out = sys.stdout if stream == "stdout" else sys.stderr
+                out.write(f"{prefix}: {line}\n")
+                out.flush()
+
+
+# ---- host lists --------------------------------------------------------------------------------------
+def fold_hosts(hosts: Iterable[str]) -> str:
+    """ClusterShell-style folding: 10.0.0.2,10.0.0.3,10.0.0.4,node7 -> 10.0.0.[2-4],node7."""
+    groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    order: list[tuple[str, str]] = []
+    singles: list[str] = []
+    for h in hosts:
+        m = re.match(r"^(.*?)(\d+)(\D*)$", h)
+        if not m:
+            singles.append(h)
+            continue
+        key = (m.group(1), m.group(3))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append((int(m.group(2)), m.group(2)))
+    parts = []
+    for key in order:
+        nums = sorted(set(groups[key]))
+        if len(nums) == 1:
+            parts.append(f"{key[0]}{nums[0][1]}{key[1]}")
+            continue
+        ranges, start, prev = [], nums[0], nums[0]
+        for n in nums[1:] + [None]:
+            if n is not None and n[0] == prev[0] + 1 and len(n[1]) == len(prev[1]):
+                prev = n
+                continue
+            ranges.append(start[1] if start == prev else f"{start[1]}-{prev[1]}")
+            if n is not None:
+                start = prev = n
+        parts.append(f"{key[0]}[{','.join(ranges)}]{key[1]}")
+    return ",".join(parts + singles)
+
+
+# ---- run results -------------------------------------------------------------------------------------
+def grouped_output(report) -> None:
+    """Identical outputs folded into one block under a folded host list (dshbak -c / clush -b)."""
+    blocks: dict[str, list[str]] = {}
+    for r in report:
+        text = r.stdout + (r.stderr if r.stderr else "")
+        blocks.setdefault(text, []).append(r.host)
+    c = console()
+    for text, hosts in blocks.items():
+        c.print(f"[bold]---------------- {_esc(fold_hosts(hosts))} ({len(hosts)})[/]")
+        c.print("----------------", markup=False)
+        c.print(_esc(text.rstrip("\n")) if text else "[dim](no output)[/]")
+
+
+def summary(report, tail_lines: int = 3) -> None:
+    c = console(stderr=True)
+    counts = {s: len(report.by_status(s)) for s in ("ok", "failed", "unreachable", "timeout")}
+    line = ", ".join(f"{n} {s}" for s, n in counts.items() if n or s == "ok")
+    style = "green" if report.all_ok else "red"
+    c.print(f"[{style}]{len(report)} host(s): {line}[/]")
+    for r in report:
+        if r.status == "failed":
+            tail = " / ".join(r.stderr.strip().splitlines()[-tail_lines:])
+            c.print(f"  [red]{_esc(r.host)}[/]: exit {r.exit_code}" + (f": {_esc(tail)}" if tail else ""))
+        elif r.status in ("unreachable", "timeout"):
+            c.print(f"  [red]{_esc(r.host)}[/]: {r.status}: {_esc(r.error or '')}")
+
+
+def json_lines(report) -> None:
+    for r in report:
+        sys.stdout.write(json.dumps(r.to_dict()) + "\n")
+    sys.stdout.flush()
+
+
+# ---- clusters ----------------------------------------------------------------------------------------
+def cluster_table(rows: Sequence[dict]) -> None:
+    from rich.table import Table
+
+    t = Table(box=None, header_style="bold")
+    for col in ("name", "provider", "nodes", "type", "slots", "age", "state"):
+        t.add_column(col.upper())
+    for r in rows:
+        t.add_row(*(str(r[c]) for c in ("name", "provider", "nodes", "type", "slots", "age", "state")))
+    console().print(t)
+
+
+def node_table(cluster, current: bool = False) -> None:
+    from rich.table import Table
+
+    c = console()
+    c.print(f"[bold]{_esc(cluster.name)}[/] ({cluster.provider}, {cluster.region}, {cluster.instance_type})"
+            + (" [dim]current[/]" if current else ""))
+    t = Table(box=None, header_style="bold")
+    for col in ("NODE", "ROLE", "ADDRESS", "SSH", "SLOTS"):
+        t.add_column(col)
+    for n in cluster.nodes:
+        t.add_row(n.name, n.role, n.private_ip, f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}", str(n.slots))
+    c.print(t)
+
+
+def age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d"

@@ -1,0 +1,79 @@
+"""Errors and the one exit-code table of the whole tool.
+
+Every error a user can cause or meet is a ClusterctlError child: the CLI prints it as one line
+`Error: ...` (message, then what to do) and exits with its code. Nothing else maps errors to codes.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    REMOTE_FAILED = 1  # a remote command exited non-zero on some host
+    USAGE = 2  # bad flags or arguments (typer/click also use 2)
+    CONFIG = 3  # bad config, input, hosts file or local state
+    PROVISION = 4  # provisioning failed: capacity, quota, cloud error
+    UNREACHABLE = 5  # some hosts could not be reached over ssh
+    TIMEOUT = 124  # a command or wait ran out of time (like timeout(1))
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+
+
+class ClusterctlError(Exception):
+    """Base of every error that reaches the user. `hint` says what to do next."""
+
+    exit_code: ExitCode = ExitCode.CONFIG
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        text = self.message if not self.hint else f"{self.message}: {self.hint}"
+        return " ".join(text.split())  # exactly one line, whatever the message held
+
+
+class UsageError(ClusterctlError):
+    exit_code = ExitCode.USAGE
+
+
+class ConfigError(ClusterctlError):
+    exit_code = ExitCode.CONFIG
+
+
+class HostsFileError(ConfigError):
+    """A bad hosts file; the message starts with `hosts:LINE:`."""
+
+
+class StateError(ConfigError):
+    """The local state is missing, foreign, truncated or locked by another clusterctl."""
+
+
+class NeedsRootError(ConfigError):
+    pass
+
+
+class ProvisionError(ClusterctlError):
+    exit_code = ExitCode.PROVISION
+
+
+class CapacityError(ProvisionError):
+    pass
+
+
+class RemoteCommandError(ClusterctlError):
+    exit_code = ExitCode.REMOTE_FAILED
+
+
+class UnreachableError(ClusterctlError):
+    exit_code = ExitCode.UNREACHABLE
+
+
+class HostKeyError(UnreachableError):
+    """A host presented a key other than the pinned one (or none is pinned)."""
+
+
+class WaitTimeout(ClusterctlError):
+    exit_code = ExitCode.TIMEOUT

@@ -1,0 +1,166 @@
+"""The `HOST slots=N` hosts file that horovodrun --hostfile, Open MPI -hostfile and DeepSpeed read.
+
+Pure: text in, typed values out, text back. Every host token is validated here, before anything
+connects, so a hostile entry (`-oProxyCommand=...`, `a;id`, `$(id)`) never reaches ssh or a shell.
+Reading accepts comments and blank lines; rendering emits none (horovodrun's parser fails on them).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from clusterctl.errors import HostsFileError
+
+MAX_SLOTS = 1024
+_LABEL = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?$")
+_SHELL_META = set(";&|$`<>()\\\"'*?[]{}!~#=,%^")
+
+
+def host_problem(token: str) -> str | None:
+    """Why `token` is not an acceptable host (address or DNS name), or None when it is."""
+    if token == "":
+        return "empty host"
+    if any(ord(c) < 32 or ord(c) == 127 for c in token):
+        return f"control character in host {token!r}"
+    if any(c.isspace() for c in token):
+        return f"whitespace inside host {token!r}"
+    if token.startswith("-"):
+        return f"host {token!r} starts with '-' (it would be read as an ssh option)"
+    bad = sorted({c for c in token if c in _SHELL_META})
+    if bad:
+        return f"shell metacharacter {''.join(bad)!r} in host {token!r}"
+    candidate = token[1:-1] if token.startswith("[") and token.endswith("]") else token
+    try:
+        ipaddress.ip_address(candidate)
+        return None
+    except ValueError:
+        pass
+    if ":" in token:
+        return f"{token!r} is neither an IPv6 address nor a DNS name"
+    if len(token) > 253:
+        return f"host name longer than 253 characters: {token[:20]}..."
+    if not all(_LABEL.match(label) for label in token.rstrip(".").split(".")):
+        return f"{token!r} is not a valid address or DNS name"
+    return None
+
+
+def validate_host(token: str, where: str = "host") -> str:
+    problem = host_problem(token)
+    if problem:
+        raise HostsFileError(f"{where}: {problem}", "fix that entry; hosts are addresses or DNS names")
+    return token
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    host: str
+    slots: int = 1
+
+
+@dataclass(frozen=True)
+class HostsFile:
+    """Leader first, then members, in file order."""
+
+    entries: tuple[HostEntry, ...]
+
+    # ---- reading -------------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str, source: str = "hosts") -> "HostsFile":
+        entries: list[HostEntry] = []
+        seen: dict[str, int] = {}
+        for lineno, raw in enumerate(text.splitlines(), start=1):
+            where = f"{source}:{lineno}"
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            tokens = line.split()
+            host, options = tokens[0], tokens[1:]
+            validate_host(host, where)
+            slots = 1
+            for opt in options:
+                key, sep, value = opt.partition("=")
+                if key not in ("slots", "max_slots") or not sep:
+                    raise HostsFileError(
+                        f"{where}: unexpected {opt!r} after host {host!r}",
+                        "each line is `HOST slots=N`",
+                    )
+                if not value.isdigit() or not 1 <= int(value) <= MAX_SLOTS:
+                    raise HostsFileError(f"{where}: slots must be a whole number from 1 to {MAX_SLOTS}, not {value!r}")
+                if key == "slots":
+                    slots = int(value)
+            if host in seen:
+                raise HostsFileError(f"{where}: host {host!r} is listed twice (first on line {seen[host]})")
+            seen[host] = lineno
+            entries.append(HostEntry(host, slots))
+        if not entries:
+            raise HostsFileError(f"{source}: no hosts in the file", "add one `HOST slots=N` line per node")
+        return cls(tuple(entries))
+
+    @classmethod
+    def read(cls, path: str) -> "HostsFile":
+        from pathlib import Path
+
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except FileNotFoundError:
+            raise HostsFileError(f"{path}: no such hosts file", "give a hosts file path or --cluster NAME") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HostsFileError(f"{path}: cannot read hosts file ({exc})") from None
+        return cls.parse(text, source=p.name)
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[tuple[str, int]]) -> "HostsFile":
+        text = "\n".join(f"{h} slots={s}" for h, s in pairs)
+        return cls.parse(text, source="hosts")
+
+    # ---- views ---------------------------------------------------------------------------------
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(e.host for e in self.entries)
+
+    @property
+    def total_slots(self) -> int:
+        return sum(e.slots for e in self.entries)
+
+    # ---- rendering (strict: no comments, no blank lines) ---------------------------------------
+    def render(self) -> str:
+        return "".join(f"{e.host} slots={e.slots}\n" for e in self.entries)
+
+    def render_mpi(self) -> str:
+        return "".join(f"{e.host} slots={e.slots} max_slots={e.slots}\n" for e in self.entries)
+
+    def horovod_arg(self) -> str:
+        """The `-H h1:8,h2:8` string of horovodrun and mpirun."""
+        return ",".join(f"{_bracket_v6(e.host)}:{e.slots}" for e in self.entries)
+
+    def tf_config(self, ps_port: int = 2222, worker_port: int = 2223, task: tuple[str, int] = ("worker", 0)) -> str:
+        """TF_CONFIG: one parameter server per host, one worker per slot (ports counting up per host)."""
+        ps = [f"{_bracket_v6(e.host)}:{ps_port}" for e in self.entries]
+        workers = [f"{_bracket_v6(e.host)}:{worker_port + i}" for e in self.entries for i in range(e.slots)]
+        return json.dumps({"cluster": {"ps": ps, "worker": workers}, "task": {"type": task[0], "index": task[1]}})
+
+    def to_json(self) -> str:
+        return json.dumps([{"host": e.host, "slots": e.slots} for e in self.entries])
+
+    def render_as(self, fmt: str) -> str:
+        renderers = {
+            "slots": self.render,
+            "mpi": self.render_mpi,
+            "horovod": lambda: self.horovod_arg() + "\n",
+            "tf-config": lambda: self.tf_config() + "\n",
+            "json": lambda: self.to_json() + "\n",
+        }
+        if fmt not in renderers:
+            from clusterctl.errors import UsageError
+
+            raise UsageError(f"unknown format {fmt!r}", f"use one of {', '.join(renderers)}")
+        return renderers[fmt]()
+
+
+def _bracket_v6(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,0 +1,82 @@
+"""Which hosts a command talks to, and how: a hosts file of any cluster, or a cluster clusterctl made.
+
+For a hosts file, ssh behaves as the user's own `ssh HOST` would (~/.ssh/config, ~/.ssh/known_hosts);
+for a cluster, only its own key and its pinned known_hosts are used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from clusterctl import provision
+from clusterctl.hostsfile import HostsFile
+from clusterctl.remote import SshSettings, SshTarget, targets_from_hosts, user_known_hosts
+from clusterctl.state import StateStore
+from clusterctl.types import Cluster
+
+
+@dataclass(frozen=True)
+class Inventory:
+    hosts: HostsFile
+    targets: tuple[SshTarget, ...]
+    settings: SshSettings
+    cluster: Cluster | None = None  # set when the hosts are a clusterctl cluster
+
+
+@dataclass(frozen=True)
+class SshOverrides:
+    user: str | None = None
+    identity: tuple[str, ...] = ()
+    known_hosts: str | None = None
+    ssh_config: str | None = None
+    connect_timeout: float = 10.0
+
+
+def resolve(hosts_path: str | None, cluster_name: str | None, store: StateStore,
+            ssh: SshOverrides = SshOverrides()) -> Inventory:
+    if hosts_path is not None:
+        hf = HostsFile.read(hosts_path)
+        cluster = _cluster_owning(hf, store)
+        if cluster is not None and not (ssh.user or ssh.identity or ssh.known_hosts or ssh.ssh_config):
+            return _for_cluster(cluster, store, ssh, hf)
+        targets = targets_from_hosts(hf.hosts, user=ssh.user, identity=ssh.identity, ssh_config=ssh.ssh_config)
+        settings = SshSettings(known_hosts=str(Path(ssh.known_hosts).expanduser()) if ssh.known_hosts else user_known_hosts(),
+                               connect_timeout=ssh.connect_timeout, allow_agent=True)
+        return Inventory(hf, tuple(targets), settings)
+    record = store.resolve(cluster_name)
+    return _for_cluster(record.cluster, store, ssh, provision.hosts_file(record.cluster))
+
+
+def _for_cluster(cluster: Cluster, store: StateStore, ssh: SshOverrides, hf: HostsFile) -> Inventory:
+    targets = provision.ssh_targets(cluster, store)
+    if ssh.user or ssh.identity:
+        targets = [SshTarget(t.label, t.hostname, t.port, ssh.user or t.user, tuple(ssh.identity) or t.identity_files)
+                   for t in targets]
+    settings = provision.ssh_settings(cluster, store, ssh.connect_timeout)
+    by_ip = {n.private_ip: t for n, t in zip(cluster.nodes, targets)}
+    return Inventory(hf, tuple(by_ip[h] for h in hf.hosts), settings, cluster)
+
+
+def _cluster_owning(hf: HostsFile, store: StateStore) -> Cluster | None:
+    """The cluster whose hosts file this is (the ./hosts that `up` wrote), so its pinned keys are used."""
+    try:
+        records = store.list()
+    except Exception:
+        return None
+    wanted = set(hf.hosts)
+    for record in records:
+        if {n.private_ip for n in record.cluster.nodes} == wanted:
+            return record.cluster
+    return None
+
+
+def subset(inv: Inventory, hosts: Sequence[str]) -> Inventory:
+    keep = set(hosts)
+    return Inventory(
+        HostsFile(tuple(e for e in inv.hosts.entries if e.host in keep)),
+        tuple(t for t in inv.targets if t.label in keep),
+        inv.settings,
+        inv.cluster,
+    )

@@ -1,0 +1,24 @@
+"""Provider registry. Imports are lazy, so `clusterctl --help` never loads boto3."""
+
+from __future__ import annotations
+
+import importlib
+
+from clusterctl.errors import ConfigError
+
+_PROVIDERS = {
+    "local": ("clusterctl.providers.local", "LocalProvider"),
+    "aws": ("clusterctl.providers.aws", "AwsProvider"),
+}
+
+
+def names() -> list[str]:
+    return sorted(_PROVIDERS)
+
+
+def get(name: str, **kwargs):
+    try:
+        module, cls = _PROVIDERS[name]
+    except KeyError:
+        raise ConfigError(f"unknown provider {name!r}", f"use one of: {', '.join(names())}") from None
+    return getattr(importlib.import_module(module), cls)(**kwargs)

@@ -1,0 +1,126 @@
+"""The built-in cluster: N namespace nodes with real sshd on this machine (see netns.py).
+
+It proves the provider interface covers fixed machines and gives every user a cluster to try with
+no cloud account. Resources are found by name (the local equivalent of tags).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from clusterctl.errors import ConfigError
+from clusterctl.providers import netns
+from clusterctl.providers.base import ClusterKeys, Launched, Teardown
+from clusterctl.state import StateStore
+from clusterctl.types import Cluster, ClusterSpec, Node
+
+MAX_NODES = 250
+
+
+def node_names(cluster: str, count: int) -> list[str]:
+    return [f"{cluster}-leader"] + [f"{cluster}-member-{i}" for i in range(1, count)]
+
+
+@contextlib.contextmanager
+def _net_lock():
+    """One `up` at a time picks a subnet and makes its bridge, so two clusters never take the same one."""
+    fd = os.open(netns.NET_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+class LocalProvider:
+    name = "local"
+
+    def __init__(self, store: StateStore | None = None):
+        self.store = store or StateStore()
+
+    def plan(self, spec: ClusterSpec) -> list[str]:
+        slots = spec.slots or 1
+        return [
+            f"{spec.nodes} namespace nodes on this machine ({slots} slot(s) each), each with its own sshd and home",
+            "a private bridge with no route out; a per-cluster ssh key; host keys pinned at creation",
+            "cost: $0.00/hour",
+        ]
+
+    def launch(self, spec: ClusterSpec, keys: ClusterKeys) -> Launched:
+        netns.require_root()
+        if not 1 <= spec.nodes <= MAX_NODES:
+            raise ConfigError(f"--nodes must be 1..{MAX_NODES} for the local provider, not {spec.nodes}")
+        slots = spec.slots or 1
+        names = node_names(spec.name, spec.nodes)
+        opts = spec.options
+        with _net_lock():
+            if netns.cluster_netns(spec.name) or netns.cluster_links(spec.name):
+                raise ConfigError(
+                    f"local cluster {spec.name!r} already has namespaces on this machine",
+                    f"run `clusterctl down {spec.name} --yes` first",
+                )
+            if opts.get("addresses"):
+                addresses = [str(a) for a in opts["addresses"]]
+                subnet = ipaddress.ip_network(str(opts["subnet"]), strict=False)
+                gateway = str(opts.get("gateway") or next(subnet.hosts()))
+            else:
+                subnet = ipaddress.ip_network(str(opts["subnet"])) if opts.get("subnet") else netns.pick_subnet()
+                hosts = list(subnet.hosts())
+                gateway, addresses = str(hosts[0]), [str(h) for h in hosts[1:1 + spec.nodes]]
+            if len(addresses) != spec.nodes:
+                raise ConfigError(f"subnet {subnet} has room for {len(addresses)} nodes, not {spec.nodes}")
+            netns.check_subnet_free(subnet)
+            bridge = netns.create_bridge(spec.name, subnet, gateway)
+
+        specs = [netns.NodeSpec(i, names[i], addresses[i]) for i in range(spec.nodes)]
+        authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
+        nodes_root = self.store.ensure_dir(spec.name) / "nodes"
+        made: list[netns.NetNode] = []
+        for s in specs:
+            made.append(netns.create_node(spec.name, bridge, subnet, s, specs, nodes_root / str(s.index), authorized))
+        with ThreadPoolExecutor(max_workers=min(32, len(made))) as pool:
+            list(pool.map(lambda n: netns.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made))
+
+        cluster = Cluster(
+            name=spec.name,
+            provider=self.name,
+            nodes=tuple(
+                Node(name=n.hostname, private_ip=n.address, slots=slots, role="leader" if n.index == 0 else "member")
+                for n in made
+            ),
+            region="local",
+            instance_type="local",
+            created_at=time.time(),
+            extra={"bridge": bridge, "subnet": str(subnet), "gateway": gateway},
+        )
+        return Launched(cluster, {n.address: (n.host_public_key,) for n in made})
+
+    def find(self, name: str) -> Cluster | None:
+        if not netns.cluster_netns(name):
+            return None
+        if self.store.exists(name):
+            return self.store.load(name).cluster
+        return None
+
+    def terminate(self, name: str) -> Teardown:
+        before = netns.leftovers(name)
+        left = netns.destroy(name)
+        removed = [f"namespace {ns}" for ns in before.netns if ns not in left.netns]
+        removed += [f"link {link}" for link in before.links if link not in left.links]
+        removed += [f"process {pid}" for pid in before.pids if pid not in left.pids]
+        nodes_dir = self.store.cluster_dir(name) / "nodes"
+        if nodes_dir.exists():
+            import shutil
+
+            shutil.rmtree(nodes_dir, ignore_errors=True)
+            removed.append(f"node homes {nodes_dir}")
+        return Teardown(tuple(removed), () if left.empty else (left.describe(),))
+
+    def all_clusters(self) -> list[str]:
+        return netns.all_clusters()

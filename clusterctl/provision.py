@@ -1,0 +1,211 @@
+"""`up` and `down` as idempotent steps, the same for every provider after launch:
+
+    keys -> launch (provider) -> wait for ssh -> pin host keys -> hand out the cluster key,
+    known_hosts and hosts file -> prove leader-to-member ssh -> write ./hosts and the record.
+
+A failed or interrupted `up` removes what it created (found by tags/names) and says what it removed.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from clusterctl import sshkeys
+from clusterctl.errors import ClusterctlError, ProvisionError, UnreachableError, WaitTimeout
+from clusterctl.hostsfile import HostsFile
+from clusterctl.providers.base import ClusterKeys, Provider, Teardown
+from clusterctl.remote import SshPool, SshSettings, SshTarget
+from clusterctl.state import Record, StateStore, atomic_write
+from clusterctl.types import Cluster, ClusterSpec
+
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    dir: Path
+
+    @property
+    def operator_key(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def internal_key(self) -> Path:
+        return self.dir / "internal_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def hosts(self) -> Path:
+        return self.dir / "hosts"
+
+
+def paths(store: StateStore, name: str) -> ClusterPaths:
+    return ClusterPaths(store.cluster_dir(name))
+
+
+def hosts_file(cluster: Cluster) -> HostsFile:
+    return HostsFile.from_pairs((n.private_ip, n.slots) for n in cluster.nodes)
+
+
+def ssh_targets(cluster: Cluster, store: StateStore) -> list[SshTarget]:
+    key = str(paths(store, cluster.name).operator_key)
+    return [SshTarget(label=n.ssh_host, hostname=n.ssh_host, port=n.ssh_port, user=n.ssh_user, identity_files=(key,))
+            for n in cluster.nodes]
+
+
+def ssh_settings(cluster: Cluster, store: StateStore, connect_timeout: float = 10.0) -> SshSettings:
+    return SshSettings(known_hosts=str(paths(store, cluster.name).known_hosts), connect_timeout=connect_timeout)
+
+
+# ---- up ---------------------------------------------------------------------------------------------
+def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: Path | None = Path("hosts"),
+       report: Report = lambda _: None, ssh_timeout: float = 300.0) -> Cluster:
+    with store.lock(spec.name):
+        if store.exists(spec.name):
+            record = store.load(spec.name)
+            live = provider.find(spec.name)
+            if record.status == "up" and live is not None:
+                report(f"cluster {spec.name} is already up ({len(live.nodes)} nodes); nothing to do")
+                store.set_current(spec.name)
+                return live
+        p = paths(store, spec.name)
+        store.ensure_dir(spec.name)
+        operator = sshkeys.ensure_keypair(p.operator_key, f"clusterctl-{spec.name}-operator")
+        internal = sshkeys.ensure_keypair(p.internal_key, f"clusterctl-{spec.name}-internal")
+        keys = ClusterKeys(operator.public_line, internal.public_line, str(p.operator_key))
+        try:
+            report(f"launching {spec.nodes} node(s) with the {provider.name} provider")
+            launched = provider.launch(spec, keys)
+            cluster = launched.cluster
+            store.save(Record(cluster, "creating", time.time()))
+            report("waiting for ssh on every node")
+            wait_for_ssh(cluster, ssh_timeout)
+            pinned = pin_host_keys(cluster, dict(launched.host_keys), p.known_hosts)
+            report(f"host keys pinned for {len(pinned)} node(s) in {p.known_hosts}")
+            hf = hosts_file(cluster)
+            with SshPool(ssh_settings(cluster, store)) as pool:
+                setup_nodes(cluster, pool, ssh_targets(cluster, store), pinned, p, hf)
+                report("the leader reaches every member over ssh with host keys checked")
+            atomic_write(p.hosts, hf.render(), mode=0o644)
+            if hosts_out is not None:
+                atomic_write(hosts_out, hf.render(), mode=0o644)
+            store.save(Record(cluster, "up", time.time()))
+            store.set_current(spec.name)
+            return cluster
+        except BaseException as exc:  # Ctrl-C included: leave nothing behind
+            report(f"up failed ({_why(exc)}); removing what it created")
+            teardown = provider.terminate(spec.name)
+            for line in teardown.removed:
+                report(f"  removed {line}")
+            if teardown.clean:
+                store.delete(spec.name)
+            else:
+                report(f"  still present: {'; '.join(teardown.left)} (run `clusterctl down {spec.name} --yes`)")
+            raise
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, ClusterctlError):
+        return exc.message
+    return f"{exc.__class__.__name__}: {exc}"
+
+
+def wait_for_ssh(cluster: Cluster, timeout: float) -> None:
+    """Every node's ssh port answers (concurrently), or WaitTimeout naming the ones that did not."""
+    deadline = time.monotonic() + timeout
+
+    def one(node) -> str | None:
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((node.ssh_host, node.ssh_port), timeout=2.0) as s:
+                    s.settimeout(5.0)
+                    if s.recv(4).startswith(b"SSH-"):
+                        return None
+            except OSError:
+                time.sleep(0.5)
+        return node.ssh_host
+
+    with ThreadPoolExecutor(max_workers=min(64, len(cluster.nodes))) as pool:
+        missing = [h for h in pool.map(one, cluster.nodes) if h]
+    if missing:
+        raise WaitTimeout(f"no ssh answer within {timeout:.0f}s from {', '.join(missing)}",
+                          "check the nodes' security group and that they booted")
+
+
+def pin_host_keys(cluster: Cluster, known: dict[str, tuple[str, ...]], path: Path) -> dict[str, tuple[str, ...]]:
+    """Write the cluster's known_hosts. Keys known at creation are used as they are; a node without one
+    is pinned at first contact (its key recorded once, and never silently replaced afterwards)."""
+    pinned = dict(known)
+    for node in cluster.nodes:
+        if node.ssh_host not in pinned:
+            pinned[node.ssh_host] = (first_contact_key(node.ssh_host, node.ssh_port),)
+    text = "".join(sshkeys.render_known_hosts({n.ssh_host: list(pinned[n.ssh_host])}, port=n.ssh_port)
+                   for n in cluster.nodes)
+    atomic_write(path, text, mode=0o600)
+    return {n.ssh_host: pinned[n.ssh_host] for n in cluster.nodes}
+
+
+def first_contact_key(host: str, port: int) -> str:
+    import paramiko
+
+    sock = socket.create_connection((host, port), timeout=10)
+    t = paramiko.Transport(sock)
+    try:
+        t.get_security_options().key_types = ["ssh-ed25519"] + [
+            k for k in t.get_security_options().key_types if k != "ssh-ed25519"]
+        t.start_client(timeout=10)
+        key = t.get_remote_server_key()
+        return f"{key.get_name()} {key.get_base64()}"
+    finally:
+        t.close()
+
+
+def setup_nodes(cluster: Cluster, pool: SshPool, targets: list[SshTarget], pinned: dict[str, tuple[str, ...]],
+                p: ClusterPaths, hf: HostsFile) -> None:
+    """Hand every node the cluster's internal key, the node-side known_hosts and the hosts file, then
+    prove the leader reaches every member with host keys checked."""
+    node_view: dict[str, list[str]] = {}
+    for n in cluster.nodes:
+        node_view[n.private_ip] = list(pinned[n.ssh_host])
+        node_view[n.name] = list(pinned[n.ssh_host])
+    files = {
+        ".ssh/id_ed25519": (p.internal_key.read_bytes(), 0o600),
+        ".ssh/id_ed25519.pub": (p.internal_key.with_name(p.internal_key.name + ".pub").read_bytes(), 0o644),
+        ".ssh/known_hosts": (sshkeys.render_known_hosts(node_view).encode(), 0o644),
+        "hosts": (hf.render().encode(), 0o644),
+    }
+    report = pool.put(targets, files)
+    if not report.all_ok:
+        bad = "; ".join(f"{r.host}: {r.error}" for r in report.failed)
+        raise UnreachableError(f"could not set up every node: {bad}")
+    if not cluster.members:
+        return
+    checks = " ".join(
+        f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=10 {shlex.quote(m.private_ip)} true "
+        f"|| echo {shlex.quote(m.private_ip)};" for m in cluster.members)
+    result = pool.run_one(targets[0], checks, timeout=120)
+    if not result.ok or result.stdout.strip():
+        detail = result.error or result.stdout.strip().replace("\n", ", ") or result.stderr.strip()[-200:]
+        raise ProvisionError(f"the leader cannot ssh to every member: {detail}")
+
+
+# ---- down -------------------------------------------------------------------------------------------
+def down(name: str, store: StateStore, provider: Provider, report: Report = lambda _: None) -> Teardown:
+    with store.lock(name):
+        teardown = provider.terminate(name)
+        for line in teardown.removed:
+            report(f"removed {line}")
+        if teardown.clean:
+            store.delete(name)
+        return teardown

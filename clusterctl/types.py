@@ -1,0 +1,166 @@
+"""Typed values that cross module borders. Frozen: nothing downstream edits a cluster in place."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Literal, Mapping
+
+from clusterctl.errors import ExitCode
+
+Role = Literal["leader", "member"]
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str  # e.g. "demo-leader", "demo-member-1"
+    private_ip: str  # what the nodes use among themselves; goes into the hosts file
+    slots: int  # processes (GPUs) per node
+    role: Role
+    ssh_user: str = "root"
+    ssh_port: int = 22
+    public_ip: str | None = None  # what the operator connects to, when it differs
+    instance_id: str | None = None
+
+    @property
+    def ssh_host(self) -> str:
+        """The address the operator's machine dials."""
+        return self.public_ip or self.private_ip
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Node":
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    provider: str  # "local" | "aws"
+    nodes: tuple[Node, ...]  # leader first, then members in stable order
+    region: str = "local"
+    instance_type: str = "local"
+    created_at: float = 0.0
+    extra: Mapping[str, str] = field(default_factory=dict)  # provider facts (bridge, vpc id, ...)
+
+    @property
+    def leader(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def members(self) -> tuple[Node, ...]:
+        return self.nodes[1:]
+
+    @property
+    def total_slots(self) -> int:
+        return sum(n.slots for n in self.nodes)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["extra"] = dict(self.extra)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Cluster":
+        return cls(
+            name=data["name"],
+            provider=data["provider"],
+            nodes=tuple(Node.from_dict(n) for n in data["nodes"]),
+            region=data.get("region", "local"),
+            instance_type=data.get("instance_type", "local"),
+            created_at=float(data.get("created_at", 0.0)),
+            extra=dict(data.get("extra", {})),
+        )
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What the user asked for; providers turn it into a Cluster."""
+
+    name: str
+    provider: str
+    nodes: int
+    slots: int | None = None  # None: from the instance type (AWS) or 1 (local)
+    instance_type: str = "local"
+    region: str = "local"
+    options: Mapping[str, object] = field(default_factory=dict)  # provider-specific settings
+
+
+HostStatus = Literal["ok", "failed", "unreachable", "timeout"]
+
+
+@dataclass(frozen=True)
+class HostResult:
+    host: str
+    exit_code: int | None  # None when the command never finished (unreachable, timeout)
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None  # why the host was unreachable, in one line
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and self.error is None
+
+    @property
+    def status(self) -> HostStatus:
+        if self.timed_out:
+            return "timeout"
+        if self.error is not None and self.exit_code is None:
+            return "unreachable"
+        return "ok" if self.exit_code == 0 else "failed"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["status"] = self.status
+        return data
+
+
+# Remote exit codes are passed through but capped below 124, so they never read as timeout/Ctrl-C.
+MAX_PASSED_EXIT = 123
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """One HostResult per host, in the order of the hosts given. Never raised: the caller decides."""
+
+    results: tuple[HostResult, ...]
+
+    def __iter__(self) -> Iterator[HostResult]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, host: str) -> HostResult:
+        for r in self.results:
+            if r.host == host:
+                return r
+        raise KeyError(host)
+
+    def by_status(self, status: HostStatus) -> tuple[HostResult, ...]:
+        return tuple(r for r in self.results if r.status == status)
+
+    @property
+    def succeeded(self) -> tuple[HostResult, ...]:
+        return self.by_status("ok")
+
+    @property
+    def failed(self) -> tuple[HostResult, ...]:
+        return tuple(r for r in self.results if not r.ok)
+
+    @property
+    def all_ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        """The tool's exit status for this run: timeout beats unreachable beats the worst remote code."""
+        if self.by_status("timeout"):
+            return int(ExitCode.TIMEOUT)
+        if self.by_status("unreachable"):
+            return int(ExitCode.UNREACHABLE)
+        worst = max((r.exit_code or 0 for r in self.results), default=0)
+        return min(worst, MAX_PASSED_EXIT)
