@@ -27,8 +27,19 @@ app = typer.Typer(
 _debug = False
 
 
+def _version(value: bool) -> None:
+    if value:
+        from clusterctl import __version__
+
+        typer.echo(f"clusterctl {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
     global _debug
     _debug = debug
 
@@ -82,7 +93,7 @@ def up(
     hosts_file: Path = typer.Option(Path("hosts"), "--hosts-file", help="Where to write the hosts file."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
-    """Bring up identical nodes: one network, pinned host keys, a hosts file."""
+    """Bring up identical nodes with pinned host keys and a hosts file."""
     from clusterctl import display, provision, providers
     from clusterctl.state import validate_name
     from clusterctl.types import ClusterSpec
@@ -179,7 +190,7 @@ def hosts(
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
     format_: str = typer.Option("slots", "--format", "-f", help="slots | horovod | mpi | tf-config | json"),
 ) -> None:
-    """Print the hosts file as horovodrun, mpirun, TF_CONFIG or JSON want it."""
+    """Print the hosts file for horovodrun, mpirun, TF_CONFIG or JSON."""
     from clusterctl import provision
     from clusterctl.hostsfile import HostsFile
 
