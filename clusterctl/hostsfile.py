@@ -72,11 +72,16 @@ class HostsFile:
     def parse(cls, text: str, source: str = "hosts") -> "HostsFile":
         entries: list[HostEntry] = []
         seen: dict[str, int] = {}
-        for lineno, raw in enumerate(text.splitlines(), start=1):
+        # Split on \n only: splitlines() would also break at \r, \v, \x1c..., silently making hosts
+        # out of a hostile token. A Windows \r\n ending is fine; any other control character is refused.
+        for lineno, raw in enumerate(text.split("\n"), start=1):
             where = f"{source}:{lineno}"
-            line = raw.split("#", 1)[0].strip()
+            line = raw.removesuffix("\r").split("#", 1)[0].strip(" \t")
             if not line:
                 continue
+            bad = [c for c in line if (ord(c) < 32 and c != "\t") or ord(c) == 127]
+            if bad:
+                raise HostsFileError(f"{where}: control character {bad[0]!r} in line", "remove it")
             tokens = line.split()
             host, options = tokens[0], tokens[1:]
             validate_host(host, where)

@@ -85,10 +85,11 @@ def node_pid(cluster: str, index: int) -> int:
     ns = netns.netns_name(cluster, index)
     for pid in netns.netns_pids(ns):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            status = Path(f"/proc/{pid}/status").read_text()
         except FileNotFoundError:
             continue
-        if cmd.endswith(b"sshd"):
+        nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+        if nspid[-1] == "1":  # PID 1 inside the node
             return pid
     raise AssertionError(f"no sshd in {ns}")
 

@@ -246,7 +246,16 @@ def _alive(pid: int) -> bool:
         waited, _ = os.waitpid(pid, os.WNOHANG)
         return waited == 0
     except ChildProcessError:
-        return os.path.exists(f"/proc/{pid}")
+        return process_alive(pid)
+
+
+def process_alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent to reap it counts as gone: it holds nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # ---- discovery and teardown -------------------------------------------------------------------------

@@ -1,0 +1,88 @@
+"""The front door: --help, exit codes, one-line errors, --debug, the wheel's contents."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from conftest import REPO
+
+EXPECTED_COMMANDS = {"up", "down", "ls", "status", "hosts", "run"}
+
+
+def test_help_lists_every_command_on_one_line(cli):
+    proc = cli("--help")
+    assert proc.returncode == 0
+    listed = {}
+    in_commands = False
+    for line in proc.stdout.splitlines():
+        if line.strip() == "Commands:":
+            in_commands = True
+            continue
+        if in_commands and line.strip():
+            name, _, text = line.strip().partition(" ")
+            listed[name] = text.strip()
+    assert EXPECTED_COMMANDS <= set(listed), listed
+    assert all(text and not text.endswith("...") for text in listed.values()), listed
+
+
+def test_version(cli):
+    proc = cli("--version")
+    assert proc.returncode == 0 and re.fullmatch(r"clusterctl \d+\.\d+\.\d+\n", proc.stdout)
+
+
+def test_bad_hosts_file_is_exit_3_one_line(cli):
+    (cli.cwd / "hosts").write_text("10.0.0.1 slots=8\n$(touch /tmp/pwned) slots=8\n")
+    proc = cli("run", "hosts", "true")
+    assert proc.returncode == 3
+    assert proc.stderr.strip().splitlines() == ["Error: hosts:2: shell metacharacter '$(' in host '$(touch': "
+                                                 "fix that entry; hosts are addresses or DNS names"]
+    assert proc.stdout == ""
+
+
+def test_debug_shows_the_traceback(cli):
+    (cli.cwd / "hosts").write_text("bad;host\n")
+    proc = cli("--debug", "run", "hosts", "true")
+    assert proc.returncode == 3 and "Traceback (most recent call last)" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("Error: hosts:1:")
+
+
+def test_usage_errors_are_exit_2(cli):
+    assert cli("up", "--nodes", "many").returncode == 2
+    assert cli("no-such-command").returncode == 2
+    proc = cli("hosts", "--format", "yaml", str(REPO / "hosts.example"))
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: unknown format 'yaml'")
+
+
+def test_missing_state_is_exit_3(cli):
+    proc = cli("status")
+    assert proc.returncode == 3
+    assert proc.stderr.strip() == "Error: no cluster given and none is current: pass --cluster NAME or a hosts file"
+    proc = cli("status", "nosuch")
+    assert proc.returncode == 3 and "no cluster named 'nosuch'" in proc.stderr
+
+
+def test_destructive_without_terminal_needs_yes(cli):
+    proc = cli("down", "nosuch")
+    assert proc.returncode == 2 and "pass --yes" in proc.stderr
+
+
+def test_hosts_formats_from_a_file(cli):
+    proc = cli("hosts", str(REPO / "hosts.example"), "--format", "horovod")
+    assert proc.returncode == 0 and proc.stdout == "10.0.1.4:8,10.0.1.5:8,10.0.1.6:8,10.0.1.7:8\n"
+
+
+def test_wheel_carries_templates_and_playbooks(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(REPO)], check=True, capture_output=True)
+    wheel = next(tmp_path.glob("clusterctl-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for folder in ("templates", "playbooks"):
+        shipped = sorted(p.relative_to(REPO / folder).as_posix() for p in (REPO / folder).rglob("*") if p.is_file())
+        assert shipped, f"{folder}/ is empty"
+        for rel in shipped:
+            assert f"clusterctl/_data/{folder}/{rel}" in names, (folder, rel, names)
+    assert "clusterctl/cli.py" in names

@@ -1,0 +1,82 @@
+"""Cluster state: atomic 0600 records, exclusive locks naming the holder, damaged files refused."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import pytest
+
+from clusterctl.errors import ConfigError, StateError
+from clusterctl.state import Record, StateStore
+from clusterctl.types import Cluster, Node
+
+
+def sample(name: str = "alpha") -> Cluster:
+    return Cluster(name=name, provider="local", created_at=1000.0, extra={"bridge": "ccbx"}, nodes=(
+        Node(f"{name}-leader", "10.9.0.2", 2, "leader"), Node(f"{name}-member-1", "10.9.0.3", 2, "member")))
+
+
+def test_save_load_round_trip_mode_0600(tmp_path):
+    store = StateStore(tmp_path / "h")
+    store.save(Record(sample(), "up", 1.0))
+    path = store.record_path("alpha")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "h").stat().st_mode) == 0o700
+    record = store.load("alpha")
+    assert record.cluster == sample()
+    assert record.cluster.leader.private_ip == "10.9.0.2" and record.status == "up"
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".cluster.json.")]  # no temp file left
+
+
+def test_current_cluster_is_the_default(tmp_path):
+    store = StateStore(tmp_path)
+    with pytest.raises(StateError, match="no cluster given and none is current"):
+        store.resolve(None)
+    store.save(Record(sample("alpha"), "up", 1.0))
+    store.save(Record(sample("beta"), "up", 1.0))
+    store.set_current("beta")
+    assert store.resolve(None).cluster.name == "beta"
+    assert store.resolve("alpha").cluster.name == "alpha"
+    assert [r.cluster.name for r in store.list()] == ["alpha", "beta"]
+    store.delete("beta")
+    assert store.current() is None and not store.exists("beta")
+
+
+@pytest.mark.parametrize("content", ['{"format": "clusterctl-state/1", "clus', '{"hello": 1}', "", "[]"])
+def test_damaged_or_foreign_record_is_refused_and_kept(tmp_path, content):
+    store = StateStore(tmp_path)
+    store.ensure_dir("alpha")
+    path = store.record_path("alpha")
+    path.write_text(content)
+    with pytest.raises(StateError) as info:
+        store.load("alpha")
+    assert str(path) in info.value.one_line() and "damaged or not clusterctl's" in info.value.one_line()
+    assert path.read_text() == content  # nothing overwritten
+
+
+def test_lock_is_exclusive_and_names_the_holder(tmp_path):
+    store = StateStore(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from clusterctl.state import StateStore\n"
+         f"s = StateStore({str(tmp_path)!r})\n"
+         "with s.lock('alpha'):\n    print('locked', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(StateError, match=rf"busy: another clusterctl \(pid {holder.pid}\)"):
+            with store.lock("alpha"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with store.lock("alpha"):  # released when its holder died
+        pass
+
+
+@pytest.mark.parametrize("name", ["", "UPPER", "has space", "-x", "a" * 40, "../etc", "x;y"])
+def test_bad_cluster_names_refused(tmp_path, name):
+    with pytest.raises(ConfigError, match="invalid cluster name"):
+        StateStore(tmp_path).cluster_dir(name)
