@@ -86,3 +86,18 @@ def test_wheel_carries_templates_and_playbooks(tmp_path):
         for rel in shipped:
             assert f"clusterctl/_data/{folder}/{rel}" in names, (folder, rel, names)
     assert "clusterctl/cli.py" in names
+
+
+def test_help_imports_nothing_heavy():
+    """Start-up speed (measured in bench/cli_startup.py) rests on lazy imports; this guards them."""
+    code = (
+        "import sys\n"
+        "sys.argv = ['clusterctl', '--help']\n"
+        "from clusterctl import cli\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "heavy = {'boto3', 'botocore', 'paramiko', 'fabric', 'tensorflow', 'horovod', 'cryptography', 'jinja2', 'yaml'}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
