@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Synthetic Horovod benchmark, shipped to every node and launched by horovodrun (one process per slot).
+
+TensorFlow 2 + horovod.tensorflow, random images made on the device, so the numbers measure compute and
+the allreduce and nothing of storage. Standalone on purpose: nodes have TensorFlow and Horovod, not
+clusterctl.
+
+Only rank 0 prints, and only lines that start with `CLUSTERCTL-BENCH` are meant for machines
+(clusterctl.horovod.parse_bench_output reads them):
+
+    CLUSTERCTL-BENCH start size=4 model=tiny batch=32 warmup_steps=3 steps=20 interval=10 gpus=0 ...
+    CLUSTERCTL-BENCH interval step=10 img_per_sec=123.4 size=4
+    CLUSTERCTL-BENCH host rank=1 name=node-1 local_rank=0 img_per_sec=30.9
+    CLUSTERCTL-BENCH result size=4 img_per_sec=123.6 img_per_sec_per_proc=30.9 model=tiny batch=32
+    CLUSTERCTL-BENCH error kind=size_mismatch size=2 expected=4          (then exit status 3)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+
+# TF's C++ start-up chatter would bury the result lines in every rank's output.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+EXIT_SIZE_MISMATCH = 3
+MARK = "CLUSTERCTL-BENCH"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=("resnet50", "tiny"), default="resnet50")
+    p.add_argument("--batch-size", type=int, default=32, help="images per process per step")
+    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (graph tracing, broadcast)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up")
+    p.add_argument("--interval", type=int, default=10, help="timed steps per interval line")
+    p.add_argument("--mixed-precision", action="store_true")
+    p.add_argument("--xla", action="store_true", help="compile the training step with XLA")
+    p.add_argument("--expect-size", type=int, default=None, help="fail unless Horovod's size is exactly this")
+    p.add_argument("--seed", type=int, default=1234)
+    args = p.parse_args(argv)
+    for name in ("batch_size", "warmup_steps", "steps", "interval"):
+        if getattr(args, name) < 1:
+            # warm-up >= 1: the first step traces the graph and is followed by the broadcast; never timed.
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def emit(kind: str, /, **fields: object) -> None:
+    parts = [MARK, kind]
+    for key, value in fields.items():
+        parts.append(f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}")
+    print(" ".join(parts), flush=True)
+
+
+def build_model(tf, name: str):
+    if name == "resnet50":
+        # Logits out, softmax inside the loss: under mixed precision the loss stays in float32.
+        model = tf.keras.applications.ResNet50(weights=None, classifier_activation=None)
+        return model, (224, 224, 3), 1000
+    layers = tf.keras.layers
+    model = tf.keras.Sequential(
+        [
+            layers.Input((32, 32, 3)),
+            layers.Conv2D(16, 3, padding="same", activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Conv2D(32, 3, padding="same", activation="relu"),
+            layers.MaxPooling2D(),
+            layers.Flatten(),
+            layers.Dense(10),
+        ]
+    )
+    return model, (32, 32, 3), 10
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    rank, size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+
+    # Every rank checks, so every rank exits the same way and none waits in a collective for the others.
+    if args.expect_size is not None and size != args.expect_size:
+        if rank == 0:
+            emit("error", kind="size_mismatch", size=size, expected=args.expect_size)
+            print(
+                f"bench_synthetic: Horovod size is {size} but {args.expect_size} processes were expected: "
+                "some hosts or slots did not join (check the hosts file and -np)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return EXIT_SIZE_MISMATCH
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        # One GPU per process: local rank k gets GPU k; memory growth so co-tenants on a GPU don't OOM.
+        gpu = gpus[local_rank % len(gpus)]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+    else:
+        # CPU runs: share the cores between the processes of this host instead of oversubscribing them.
+        threads = max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:
+            pass  # TF already initialised its runtime; its defaults still work
+
+    loss_scaling = False
+    if args.mixed_precision:
+        # float16 needs loss scaling and is what GPUs are fast at; CPUs only speed up bfloat16.
+        policy = "mixed_float16" if gpus else "mixed_bfloat16"
+        tf.keras.mixed_precision.set_global_policy(policy)
+        loss_scaling = policy == "mixed_float16"
+
+    tf.random.set_seed(args.seed + rank)
+    model, shape, classes = build_model(tf, args.model)
+    opt = tf.keras.optimizers.SGD(learning_rate=0.01 * size)
+    if loss_scaling:
+        opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    # One fixed random batch, made on this process's device: no input pipeline in the measurement.
+    images = tf.random.uniform((args.batch_size, *shape))
+    labels = tf.random.uniform((args.batch_size,), maxval=classes, dtype=tf.int64)
+
+    # XLA compiles the model's forward pass (and so its gradient); Horovod's collectives have no XLA kernels
+    # on CPU, so the step around it that holds the allreduce stays an ordinary graph.
+    def forward(x):
+        return model(x, training=True)
+
+    if args.xla:
+        forward = tf.function(forward, jit_compile=True)
+
+    @tf.function
+    def train_step():
+        with tf.GradientTape() as tape:
+            logits = tf.cast(forward(images), tf.float32)
+            loss = loss_fn(labels, logits)
+            scaled = opt.get_scaled_loss(loss) if loss_scaling else loss
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        if loss_scaling:
+            grads = opt.get_unscaled_gradients(grads)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    loss = train_step()
+    # After the first step the optimizer's slots exist too, so one broadcast makes every rank start alike.
+    opt_vars = opt.variables() if callable(opt.variables) else opt.variables
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    hvd.broadcast_variables(opt_vars, root_rank=0)
+    for _ in range(args.warmup_steps - 1):
+        loss = train_step()
+    loss.numpy()  # wait for the warm-up to finish before the clock starts
+
+    if rank == 0:
+        emit(
+            "start", size=size, model=args.model, batch=args.batch_size, warmup_steps=args.warmup_steps,
+            steps=args.steps, interval=args.interval, gpus=len(gpus), mixed_precision=int(args.mixed_precision),
+            xla=int(args.xla),
+        )
+
+    timed = 0.0
+    done = 0
+    while done < args.steps:
+        n = min(args.interval, args.steps - done)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            loss = train_step()
+        loss.numpy()  # the copy to the host waits for the device: GPU kernels run asynchronously
+        dt = time.perf_counter() - t0
+        timed += dt
+        done += n
+        # The total is the sum of what every rank measured, not rank 0's rate times size.
+        total = float(hvd.allreduce(tf.constant(args.batch_size * n / dt, tf.float64), op=hvd.Sum))
+        if rank == 0:
+            emit("interval", step=done, img_per_sec=total, size=size)
+
+    local_rate = args.batch_size * args.steps / timed
+    rates = hvd.allgather(tf.constant([[local_rate, float(local_rank)]], tf.float64)).numpy()
+    names = hvd.allgather_object(socket.gethostname())
+    if rank == 0:
+        for r, ((rate, lrank), name) in enumerate(zip(rates, names)):
+            emit("host", rank=r, name=name, local_rank=int(lrank), img_per_sec=float(rate))
+        total = float(rates[:, 0].sum())
+        emit(
+            "result", size=size, img_per_sec=total, img_per_sec_per_proc=total / size, model=args.model,
+            batch=args.batch_size,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
