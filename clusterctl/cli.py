@@ -241,6 +241,52 @@ def run(
     raise typer.Exit(report.exit_code)
 
 
+# ---- the dataset on every node ---------------------------------------------------------------------------
+@app.command()
+@command
+def sync(
+    args: List[str] = typer.Argument(..., metavar="[HOSTS] SRC DST",
+                                     help="A hosts file (optional); SRC: a local folder, leader:PATH or "
+                                          "s3://bucket/prefix; DST: the folder on every node. Put -- before "
+                                          "paths that start with '-'."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
+    strategy: str = typer.Option("chain", "--strategy", help="chain (pipelined relay), tree, parallel or sequential."),
+    fanout: int = typer.Option(1, "--fanout", help="chain: split the nodes after the first into K chains."),
+    plan: bool = typer.Option(False, "--plan", help="Print who sends to whom, and copy nothing."),
+    delete: bool = typer.Option(False, "--delete", help="Mirror: remove files on the nodes that SRC does not have."),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint the nodes use (e.g. a test server)."),
+    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
+) -> None:
+    """Put a dataset on every node, fast (a pipelined relay), verified (sha256 manifest), resumable."""
+    from clusterctl import display, inventory, transfer
+    from clusterctl.remote import SshPool
+
+    if len(args) not in (2, 3):
+        raise UsageError("expected [HOSTS] SRC DST", "e.g. clusterctl sync hosts ~/imagenet_data ~/imagenet_data")
+    hosts_path, src, dst = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
+    if strategy not in transfer.STRATEGIES:
+        raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(transfer.STRATEGIES)}")
+    if fanout < 1:
+        raise UsageError("--fanout must be at least 1")
+    transfer.check_dst(dst)
+    source = transfer.parse_source(src)
+    inv = inventory.resolve(hosts_path, cluster, _store(), inventory.SshOverrides(connect_timeout=connect_timeout))
+    labels = [t.label for t in inv.targets]
+    if plan:
+        for line in transfer.render_plan(strategy, labels, source, fanout, labels[0] if labels else None):
+            sys.stdout.write(line + "\n")
+        return
+    with SshPool(inv.settings) as pool, display.SyncProgress(labels) as events:
+        syncer = transfer.Syncer(inv.targets, inv.hosts.hosts, inv.settings.known_hosts, pool, source, dst,
+                                 strategy=strategy, fanout=fanout, delete=delete, endpoint_url=endpoint_url,
+                                 managed=inv.cluster is not None, events=events)
+        report = syncer.run()
+    display.sync_table(report)
+    err = report.error()
+    if err is not None:
+        raise err
+
+
 def main() -> None:
     app(prog_name="clusterctl")
 

@@ -169,3 +169,81 @@ def age(seconds: float) -> str:
     if seconds < 172800:
         return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
     return f"{seconds // 86400}d"
+
+
+# ---- sync ----------------------------------------------------------------------------------------------
+class SyncProgress:
+    """transfer.Events drawn with rich: one bar per node (bytes, rate) plus the total, on stderr."""
+
+    def __init__(self, hosts: Sequence[str]):
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TransferSpeedColumn)
+
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                 TransferSpeedColumn(), TimeElapsedColumn(), console=console(stderr=True),
+                                 transient=False, refresh_per_second=4)
+        width = max((len(h) for h in hosts), default=5)
+        self.width = max(width, 5)
+        self.total = self.bars.add_task("total".ljust(self.width), total=0, start=False)
+        self.tasks = {h: self.bars.add_task(_esc(h.ljust(self.width)), total=0, start=False) for h in hosts}
+        self.needs: dict[str, int] = {}
+        self.done: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> "SyncProgress":
+        self.bars.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bars.stop()
+
+    def phase(self, text: str) -> None:
+        self.bars.console.print(f"[dim]{_esc(text)}[/]")
+
+    def need(self, host: str, total: int) -> None:
+        with self._lock:
+            self.needs[host] = total
+            self.done[host] = 0
+            self.bars.start_task(self.tasks[host])
+            self.bars.update(self.tasks[host], total=total, completed=0)
+            self.bars.start_task(self.total)
+            self.bars.update(self.total, total=sum(self.needs.values()), completed=sum(self.done.values()))
+
+    def progress(self, host: str, done: int) -> None:
+        with self._lock:
+            if host not in self.tasks or done < self.done.get(host, 0):
+                return
+            self.done[host] = done
+            self.bars.update(self.tasks[host], completed=done)
+            self.bars.update(self.total, completed=sum(self.done.values()))
+
+    def finished(self, outcome) -> None:
+        mark = "[green]verified[/]" if outcome.verified else f"[red]{outcome.status}[/]"
+        with self._lock:
+            if outcome.host in self.tasks:
+                if outcome.verified:
+                    self.done[outcome.host] = self.needs.get(outcome.host, 0)
+                    self.bars.update(self.tasks[outcome.host], completed=self.done[outcome.host])
+                self.bars.update(self.tasks[outcome.host],
+                                     description=f"{_esc(outcome.host.ljust(self.width))} {mark}")
+                self.bars.update(self.total, completed=sum(self.done.values()))
+
+
+def sync_table(report) -> None:
+    """The final table: node, bytes, seconds, MB/s, verified; and one summary line."""
+    from rich.table import Table
+
+    t = Table(box=None, header_style="bold")
+    for col, just in (("NODE", "left"), ("BYTES", "right"), ("SECONDS", "right"), ("MB/S", "right"),
+                      ("VERIFIED", "left")):
+        t.add_column(col, justify=just)
+    for o in report.outcomes:
+        rate = f"{o.bytes / o.seconds / 1e6:.1f}" if o.seconds > 0 and o.bytes else "-"
+        verified = "yes" if o.verified else f"no: {o.status}: {o.detail}"
+        t.add_row(_esc(o.host), f"{o.bytes:,}", f"{o.seconds:.1f}", rate, _esc(verified))
+    console().print(t)
+    ok = sum(1 for o in report.outcomes if o.verified)
+    style = "green" if ok == len(report.outcomes) else "red"
+    console(stderr=True).print(f"[{style}]{ok} of {len(report.outcomes)} node(s) verified and marked complete: "
+                               f"{report.files} file(s), {report.total_bytes:,} bytes, {report.strategy}, "
+                               f"{report.seconds:.1f}s[/]")

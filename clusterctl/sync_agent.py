@@ -1,0 +1,479 @@
+"""The node side of `clusterctl sync`: one standalone script (standard library; boto3 only for S3).
+
+clusterctl uploads this file to every node it syncs (and to the source, when the source is the
+leader) and runs it there with arguments it quotes itself. It never receives credentials: S3 pulls
+use the node's own (instance profile, or ~/.aws config). Sub-commands print one JSON object:
+
+    manifest ROOT                       the source's manifest (relative path, type, size, sha256)
+    check --dst DST --manifest M [...]  verify DST against M; --reset removes the completion marker
+                                        first; --delete removes what M does not list; --mark writes
+                                        the marker, last, when everything matched
+    s3list BUCKET PREFIX                a manifest made from the bucket's listing (size, ETag/SHA256)
+    s3pull --dst DST --manifest M --bucket B --prefix P --only LIST   pull the listed objects
+
+A manifest is JSON: {"entries": [{"p": path, "t": "f"|"d"|"l", "s": size, "h": sha256, "l": link
+target, "etag": S3 ETag, "sha256b64": S3 ChecksumSHA256}], ...}. Paths are relative, '/'-separated,
+never absolute, never with '.' or '..' components (a manifest that has one is refused whole).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+STATE_DIR = ".clusterctl-sync"  # in DST: manifest.json and the COMPLETE marker
+PARTIAL_DIR = ".clusterctl-partial"  # per directory: rsync's and the S3 pull's partial files
+MARKER = "COMPLETE"
+CHUNK = 1 << 20
+EXIT_INPUT = 3
+EXIT_FAILED = 1
+
+
+class AgentError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAILED):
+        super().__init__(message)
+        self.code = code
+
+
+def _fs(path: str) -> str:
+    return path  # JSON keeps undecodable bytes as lone surrogates; os functions take them back
+
+
+def path_problem(p: str) -> str | None:
+    if not p or p.startswith("/") or "\0" in p:
+        return f"bad path {p!r}"
+    parts = p.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return f"path {p!r} has an empty, '.' or '..' component"
+    if parts[0] == STATE_DIR or PARTIAL_DIR in parts:
+        return f"path {p!r} is reserved for clusterctl"
+    return None
+
+
+def load_manifest(path: str) -> list[dict]:
+    with open(path, "rb") as f:
+        data = json.loads(f.read().decode("utf-8", "surrogatepass"))
+    entries = data["entries"]
+    for e in entries:
+        problem = path_problem(e["p"])
+        if problem:
+            raise AgentError(f"manifest refused: {problem}", EXIT_INPUT)
+    return entries
+
+
+def manifest_digest(entries: list[dict]) -> str:
+    text = json.dumps(entries, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---- making a manifest ------------------------------------------------------------------------------
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            b = f.read(CHUNK)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def scan(root: str, workers: int = 4) -> list[dict]:
+    """Every directory, regular file and symlink under root (symlinks not followed), sorted by path."""
+    entries: list[dict] = []
+    files: list[dict] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        rel = os.path.relpath(dirpath, root)
+        rel = "" if rel == "." else rel
+        if rel == "":
+            dirnames[:] = [d for d in dirnames if d != STATE_DIR]
+        dirnames[:] = [d for d in dirnames if d != PARTIAL_DIR]
+        for name in list(dirnames):
+            p = f"{rel}/{name}" if rel else name
+            full = os.path.join(dirpath, name)
+            if os.path.islink(full):
+                entries.append({"p": p, "t": "l", "l": os.readlink(full)})
+                dirnames.remove(name)
+            else:
+                entries.append({"p": p, "t": "d"})
+        for name in filenames:
+            p = f"{rel}/{name}" if rel else name
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                entries.append({"p": p, "t": "l", "l": os.readlink(full)})
+            elif stat.S_ISREG(st.st_mode):
+                e = {"p": p, "t": "f", "s": st.st_size}
+                entries.append(e)
+                files.append(e)
+            # sockets, fifos and devices are not data: left out
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for e, h in zip(files, pool.map(lambda e: sha256_file(os.path.join(root, e["p"])), files)):
+            e["h"] = h
+    entries.sort(key=lambda e: e["p"].split("/"))
+    return entries
+
+
+# ---- checking a copy --------------------------------------------------------------------------------
+def _md5_file(path: str) -> str:
+    h = hashlib.md5()
+    with open(path, "rb", buffering=0) as f:
+        while b := f.read(CHUNK):
+            h.update(b)
+    return h.hexdigest()
+
+
+def _multipart_etag(path: str, part: int) -> str:
+    digests = []
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            h, left = hashlib.md5(), part
+            while left:
+                b = f.read(min(CHUNK, left))
+                if not b:
+                    break
+                h.update(b)
+                left -= len(b)
+            if left == part:
+                break
+            digests.append(h.digest())
+            if left:
+                break
+    return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}"
+
+
+def etag_matches(path: str, etag: str, size: int) -> bool:
+    """An S3 ETag: the MD5 of a single-part object, or the MD5 of the parts' MD5s for a multipart one,
+    whose part size is found among the whole-MiB sizes that give that many parts."""
+    etag = etag.strip('"')
+    if "-" not in etag:
+        return _md5_file(path) == etag
+    count = int(etag.rsplit("-", 1)[1])
+    if count == 1:
+        candidates = [size]
+    else:
+        lo, hi = -(-size // count), (size - 1) // (count - 1)
+        mib = 1 << 20
+        candidates = [m * mib for m in range(-(-lo // mib), hi // mib + 1)][:16] or [lo]
+    return any(_multipart_etag(path, p) == etag for p in candidates)
+
+
+def entry_ok(root: str, e: dict) -> bool:
+    """Whether the file at e's path is exactly e (content checked, not size and time)."""
+    full = os.path.join(root, e["p"])
+    if "h" in e:
+        return sha256_file(full) == e["h"]
+    if e.get("sha256b64"):
+        return base64.b64encode(bytes.fromhex(sha256_file(full))).decode() == e["sha256b64"]
+    if e.get("etag"):
+        return etag_matches(full, e["etag"], e["s"])
+    return True
+
+
+def _remove(full: str) -> None:
+    st = os.lstat(full)
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(full)
+    else:
+        os.unlink(full)
+
+
+def check(root: str, entries: list[dict], delete: bool, workers: int) -> tuple[list[str], int, int]:
+    """(bad paths, bytes of bad files, bytes present and right). Entries of the wrong type are removed
+    (a file where a directory belongs, a link in place of a file), so the copy can put the right one."""
+    bad: list[str] = []
+    bad_bytes = 0
+    to_hash: list[dict] = []
+    for e in entries:
+        full = os.path.join(root, e["p"])
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:
+            st = None
+        except NotADirectoryError:
+            st = None
+        kind = e["t"]
+        if st is not None:
+            is_right = ((kind == "d" and stat.S_ISDIR(st.st_mode)) or (kind == "f" and stat.S_ISREG(st.st_mode))
+                        or (kind == "l" and stat.S_ISLNK(st.st_mode) and os.readlink(full) == e["l"]))
+            if not is_right:
+                _remove(full)
+                st = None
+        if st is None:
+            bad.append(e["p"])
+            bad_bytes += e.get("s", 0)
+        elif kind == "f":
+            if st.st_size != e["s"]:
+                bad.append(e["p"])
+                bad_bytes += e["s"]
+            else:
+                to_hash.append(e)
+    good_bytes = 0
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for e, ok in zip(to_hash, pool.map(lambda e: entry_ok(root, e), to_hash)):
+            if ok:
+                good_bytes += e["s"]
+            else:
+                bad.append(e["p"])
+                bad_bytes += e["s"]
+    if delete:
+        delete_extras(root, {e["p"] for e in entries})
+    return bad, bad_bytes, good_bytes
+
+
+def delete_extras(root: str, wanted: set[str]) -> None:
+    for dirpath, dirnames, filenames in os.walk(root, topdown=True, followlinks=False):
+        rel = os.path.relpath(dirpath, root)
+        rel = "" if rel == "." else rel
+        for name in list(dirnames) + filenames:
+            p = f"{rel}/{name}" if rel else name
+            if (rel == "" and name == STATE_DIR) or name == PARTIAL_DIR:
+                if name in dirnames:
+                    dirnames.remove(name)
+                continue
+            if p not in wanted:
+                _remove(os.path.join(dirpath, name))
+                if name in dirnames:
+                    dirnames.remove(name)
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def resolve_root(dst: str) -> str:
+    root = os.path.abspath(os.path.expanduser(dst)) if not dst.startswith("/") else os.path.normpath(dst)
+    if root == "/":
+        raise AgentError("refusing to sync into /", 2)
+    return root
+
+
+def cmd_check(args: dict) -> dict:
+    root = resolve_root(args["dst"])
+    state = os.path.join(root, STATE_DIR)
+    marker = os.path.join(state, MARKER)
+    if args.get("reset"):
+        try:
+            os.unlink(marker)  # from here on, this copy is not complete until verified again
+        except FileNotFoundError:
+            pass
+    entries = load_manifest(args["manifest"])
+    digest = manifest_digest(entries)
+    try:
+        os.makedirs(state, exist_ok=True)
+        if args.get("reset"):
+            with open(args["manifest"], "rb") as f:
+                atomic_write(os.path.join(state, "manifest.json"), f.read())
+    except OSError as exc:
+        raise AgentError(f"cannot write {state}: {exc.strerror}") from None
+    bad, bad_bytes, good_bytes = check(root, entries, bool(args.get("delete")), int(args.get("workers", 4)))
+    marked = False
+    if not bad and args.get("mark") is not None:
+        info = {"manifest_sha256": digest, "files": sum(1 for e in entries if e["t"] == "f"),
+                "bytes": sum(e.get("s", 0) for e in entries), "source": args["mark"], "verified_at": time.time()}
+        try:
+            atomic_write(marker, (json.dumps(info, sort_keys=True) + "\n").encode())
+            marked = True
+        except OSError as exc:
+            raise AgentError(f"cannot write the completion marker: {exc.strerror}") from None
+    vfs = os.statvfs(root)
+    return {"root": root, "bad": bad, "bad_bytes": bad_bytes, "good_bytes": good_bytes, "digest": digest,
+            "marked": marked, "free": vfs.f_bavail * vfs.f_frsize}
+
+
+def cmd_manifest(args: dict) -> dict:
+    root = resolve_root(args["root"]) if args["root"] != "/" else "/"
+    if not os.path.isdir(root):
+        raise AgentError(f"no such directory: {root}", EXIT_INPUT)
+    entries = scan(root, int(args.get("workers", 4)))
+    return {"root": root, "entries": entries}
+
+
+# ---- S3 ---------------------------------------------------------------------------------------------
+def _s3(args: dict):
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise AgentError("boto3 is not installed on this node (pip install boto3)", EXIT_INPUT) from None
+    cfg = Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=16)
+    return boto3.client("s3", endpoint_url=args.get("endpoint_url") or None, config=cfg)
+
+
+def _s3_error(exc: Exception) -> AgentError:
+    name = exc.__class__.__name__
+    if name in ("NoCredentialsError", "PartialCredentialsError"):
+        return AgentError("no AWS credentials on this node: give it an instance profile (or ~/.aws config)",
+                          EXIT_INPUT)
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
+    if code in ("NoSuchBucket", "AccessDenied", "403", "404"):
+        return AgentError(f"S3: {code}: {exc}", EXIT_INPUT)
+    return AgentError(f"S3: {name}: {exc}"[:300])
+
+
+def cmd_s3list(args: dict) -> dict:
+    s3 = _s3(args)
+    bucket, prefix = args["bucket"], args["prefix"]
+    entries: dict[str, dict] = {}
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                rel = key[len(prefix):]
+                if rel == "" or rel.endswith("/"):
+                    continue  # the prefix itself, or a "folder" marker
+                problem = path_problem(rel)
+                if problem:
+                    raise AgentError(f"S3 key {key!r} cannot be a file under DST: {problem}", EXIT_INPUT)
+                e = {"p": rel, "t": "f", "s": int(obj["Size"]), "etag": obj["ETag"].strip('"')}
+                if "SHA256" in (obj.get("ChecksumAlgorithm") or []):
+                    head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+                    value = head.get("ChecksumSHA256") or ""
+                    if value and "-" not in value:
+                        e["sha256b64"] = value
+                entries[rel] = e
+                parts = rel.split("/")[:-1]
+                for i in range(1, len(parts) + 1):
+                    d = "/".join(parts[:i])
+                    if d in entries and entries[d]["t"] != "d":
+                        raise AgentError(f"S3 keys {d!r} and {rel!r} clash (a file and a folder)", EXIT_INPUT)
+                    entries.setdefault(d, {"p": d, "t": "d"})
+    except AgentError:
+        raise
+    except Exception as exc:
+        raise _s3_error(exc) from None
+    return {"entries": sorted(entries.values(), key=lambda e: e["p"].split("/"))}
+
+
+class _Progress:
+    def __init__(self):
+        self.done = 0
+        self.lock = threading.Lock()
+        self.last = 0.0
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.done += n
+            now = time.monotonic()
+            if now - self.last >= 0.5:
+                self.last = now
+                sys.stderr.write(f"CCSYNC-BYTES {self.done}\n")
+                sys.stderr.flush()
+
+
+def cmd_s3pull(args: dict) -> dict:
+    root = resolve_root(args["dst"])
+    entries = {e["p"]: e for e in load_manifest(args["manifest"])}
+    with open(args["only"], "rb") as f:
+        wanted = [p for p in f.read().decode("utf-8", "surrogateescape").split("\0") if p]
+    s3 = _s3(args)
+    bucket, prefix = args["bucket"], args["prefix"]
+    progress = _Progress()
+    for p in wanted:
+        if entries[p]["t"] == "d":
+            os.makedirs(os.path.join(root, p), exist_ok=True)
+
+    def one(p: str) -> str | None:
+        e = entries[p]
+        if e["t"] != "f":
+            return None
+        full = os.path.join(root, p)
+        pdir = os.path.join(os.path.dirname(full), PARTIAL_DIR)
+        part = os.path.join(pdir, os.path.basename(full))
+        try:
+            os.makedirs(pdir, exist_ok=True)
+            have = os.path.getsize(part) if os.path.exists(part) else 0
+            if have > e["s"]:
+                os.unlink(part)
+                have = 0
+            if have < e["s"] or e["s"] == 0:
+                kw = {"Bucket": bucket, "Key": prefix + p, "IfMatch": '"' + e["etag"] + '"'}
+                if have:
+                    kw["Range"] = f"bytes={have}-"
+                body = s3.get_object(**kw)["Body"]
+                with open(part, "ab" if have else "wb") as f:
+                    for chunk in iter(lambda: body.read(CHUNK), b""):
+                        f.write(chunk)
+                        progress.add(len(chunk))
+            if os.path.getsize(part) != e["s"] or not entry_ok(os.path.dirname(part), {**e, "p": os.path.basename(part)}):
+                os.unlink(part)
+                return f"{p}: content does not match S3's checksum"
+            if os.path.lexists(full) and os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            os.replace(part, full)
+            return None
+        except OSError as exc:
+            return f"{p}: {exc.strerror or exc}"
+        except Exception as exc:
+            return f"{p}: {_s3_error(exc)}"
+        finally:
+            try:
+                os.rmdir(pdir)
+            except OSError:
+                pass
+
+    with ThreadPoolExecutor(max_workers=int(args.get("workers", 8))) as pool:
+        errors = [r for r in pool.map(one, wanted) if r]
+    sys.stderr.write(f"CCSYNC-BYTES {progress.done}\n")
+    if errors:
+        raise AgentError(f"{len(errors)} object(s) failed, first: {errors[0]}")
+    return {"root": root, "bytes": progress.done}
+
+
+# ---- main -------------------------------------------------------------------------------------------
+def parse(argv: list[str]) -> tuple[str, dict]:
+    if not argv:
+        raise AgentError("no command", 2)
+    cmd, rest, args = argv[0], argv[1:], {}
+    positional = []
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a in ("--reset", "--delete"):
+            args[a[2:]] = True
+        elif a.startswith("--"):
+            args[a[2:].replace("-", "_")] = rest[i + 1]
+            i += 1
+        else:
+            positional.append(a)
+        i += 1
+    if cmd == "manifest":
+        args["root"] = positional[0]
+    elif cmd == "s3list":
+        args["bucket"], args["prefix"] = positional[0], positional[1]
+    return cmd, args
+
+
+def main(argv: list[str]) -> int:
+    try:
+        cmd, args = parse(argv)
+        fn = {"check": cmd_check, "manifest": cmd_manifest, "s3list": cmd_s3list, "s3pull": cmd_s3pull}.get(cmd)
+        if fn is None:
+            raise AgentError(f"unknown command {cmd!r}", 2)
+        result = fn(args)
+        out = json.dumps(result, ensure_ascii=True)
+        sys.stdout.write(out + "\n")
+        return 0
+    except AgentError as exc:
+        sys.stdout.write(json.dumps({"error": str(exc)}) + "\n")
+        return exc.code
+    except OSError as exc:
+        sys.stdout.write(json.dumps({"error": f"{exc.strerror or exc}: {exc.filename or ''}".strip()}) + "\n")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

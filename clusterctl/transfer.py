@@ -1,0 +1,781 @@
+"""Dataset distribution: put one folder (or S3 prefix) on every node, fast, and prove every copy whole.
+
+    source manifest -> pre-check every node (marker removed first) -> transport -> check -> repair
+    -> check -> completion marker (written last, only on a node whose copy matched the manifest)
+
+Transports (`--strategy`):
+  chain       the default: a pipelined relay. The source streams one tar to the first node, which
+              extracts it and, at the same moment, forwards the same bytes to the next node (tee into
+              that hop's ssh), and so on down the chain: every link carries the data once and all
+              links run at once. `--fanout K` splits the nodes after the first into K chains.
+  tree        rounds of whole-copy rsync hops: every node that has the data sends to one more.
+  parallel    every node rsyncs from the source at once.
+  sequential  one node after another (the recipe's copyclust loop).
+  S3 sources: every node pulls its copy itself, in parallel, with its own credentials.
+
+Whatever the transport, a node whose copy is short or wrong after it gets an rsync of just the bad
+files (`-I`: size and time are not trusted) from a verified neighbour, or from the source, so a
+broken link costs a re-copy of that node only. rsync keeps partial files in a private partial dir,
+so a killed transfer resumes, and a re-run copies only what is missing or wrong.
+
+Node-to-node hops use the node's own key and pinned known_hosts (StrictHostKeyChecking=yes). The
+scripts a node runs are uploaded as files and every path in them is shlex-quoted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal, Sequence
+
+from clusterctl import sync_agent
+from clusterctl.errors import ClusterctlError, ConfigError, ExitCode, UsageError
+from clusterctl.remote import SshPool, SshTarget
+from clusterctl.types import HostResult
+
+Strategy = Literal["chain", "tree", "parallel", "sequential"]
+STRATEGIES: tuple[str, ...] = ("chain", "tree", "parallel", "sequential")
+CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr"  # AES-NI first; no compression
+HOP_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "Compression=no",
+               "-c", CIPHERS, "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+               "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR")
+RSYNC_BASE = ("rsync", "-a", "-s", "-I", "--from0", "--partial-dir=" + sync_agent.PARTIAL_DIR, "--timeout=60",
+              "--info=progress2", "--no-inc-recursive")
+TAR_CHECKPOINT = 100  # records of 10240 bytes: a progress line per ~1 MB per node
+WORK = ".clusterctl/sync"  # under the login home of every node
+
+
+# ---- inputs -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Source:
+    kind: Literal["local", "leader", "s3"]
+    path: str = ""  # local: absolute; leader: as given (resolved on the leader)
+    bucket: str = ""
+    prefix: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "s3":
+            return f"s3://{self.bucket}/{self.prefix}"
+        return f"leader:{self.path}" if self.kind == "leader" else self.path
+
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+def _bad_chars(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def parse_source(text: str) -> Source:
+    if not text or _bad_chars(text):
+        raise UsageError(f"SRC {text!r} is empty or has control characters")
+    if text.startswith("s3://"):
+        bucket, _, prefix = text[5:].partition("/")
+        if not _BUCKET.match(bucket):
+            raise UsageError(f"SRC {text!r}: {bucket!r} is not an S3 bucket name")
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        return Source("s3", bucket=bucket, prefix=prefix)
+    if text.startswith("leader:"):
+        path = text[len("leader:"):]
+        if not path:
+            raise UsageError("SRC leader: needs a path, e.g. leader:~/imagenet_data")
+        return Source("leader", path=path)
+    path = os.path.abspath(os.path.expanduser(text))
+    if not os.path.isdir(path):
+        what = "is not a folder" if os.path.exists(path) else "does not exist"
+        raise ConfigError(f"SRC {text} {what}", "give a folder on this machine, leader:PATH or s3://bucket/prefix")
+    return Source("local", path=path)
+
+
+def check_dst(dst: str) -> str:
+    """DST as the nodes will read it (relative paths are in the login home). `/` and home are refused."""
+    if not dst or _bad_chars(dst):
+        raise UsageError(f"DST {dst!r} is empty or has control characters")
+    text = dst[2:] if dst.startswith("~/") else ("" if dst == "~" else dst)
+    if text.startswith("~"):
+        raise UsageError(f"DST {dst!r}: only ~/ (the login home) is understood")
+    norm = posixpath.normpath(text) if text else "."
+    if norm.startswith("/") and posixpath.normpath("/" + norm.lstrip("/")) == "/":
+        raise UsageError("refusing to sync into / (DST must be a folder of its own)")
+    if norm in (".", "..") or norm.startswith("../"):
+        raise UsageError(f"refusing to sync into {dst!r}: it is the login home or above it; name a folder in it")
+    return norm
+
+
+# ---- plans ------------------------------------------------------------------------------------------
+SOURCE = "source"
+
+
+@dataclass(frozen=True)
+class RelayPlan:
+    """Who streams to whom. `children[SOURCE]` are fed by the source (the operator or the leader)."""
+
+    children: dict[str, tuple[str, ...]]
+
+    def edges(self) -> list[tuple[str, str]]:
+        out, todo = [], [SOURCE]
+        while todo:
+            parent = todo.pop(0)
+            for child in self.children.get(parent, ()):
+                out.append((parent, child))
+                todo.append(child)
+        return out
+
+
+def plan_relay(nodes: Sequence[str], fanout: int = 1, source_is: str | None = None) -> RelayPlan:
+    """One stream from the source to the head, then `fanout` chains of the rest. When the source is a
+    node (the leader), it is the head itself."""
+    nodes = [n for n in nodes if n != source_is]
+    children: dict[str, tuple[str, ...]] = {}
+    if not nodes:
+        return RelayPlan(children)
+    if source_is is None:
+        head, rest = nodes[0], nodes[1:]
+        children[SOURCE] = (head,)
+    else:
+        head, rest = SOURCE, nodes
+    k = max(1, min(fanout, len(rest)))
+    size, extra = divmod(len(rest), k) if rest else (0, 0)
+    chains, start = [], 0
+    for i in range(k if rest else 0):
+        n = size + (1 if i < extra else 0)
+        chains.append(rest[start:start + n])
+        start += n
+    children[head] = tuple(c[0] for c in chains if c)
+    for chain in chains:
+        for a, b in zip(chain, chain[1:]):
+            children[a] = (b,)
+    return RelayPlan({k: v for k, v in children.items() if v})
+
+
+def plan_tree(nodes: Sequence[str], source_is: str | None = None) -> list[list[tuple[str, str]]]:
+    """Rounds of whole-copy hops: in each round every holder (the source included) sends to one more."""
+    pending = [n for n in nodes if n != source_is]
+    holders, rounds = [SOURCE], []
+    while pending:
+        hops = [(h, pending.pop(0)) for h in list(holders) if pending]
+        holders += [b for _, b in hops]
+        rounds.append(hops)
+    return rounds
+
+
+def render_plan(strategy: str, nodes: Sequence[str], source: Source, fanout: int, leader: str | None) -> list[str]:
+    src = f"source ({source.describe()})" if source.kind != "leader" else f"source (leader {leader}: {source.path})"
+    name = lambda n: src if n == SOURCE else n  # noqa: E731
+    if source.kind == "s3":
+        return [f"s3: every node pulls its own copy from {source.describe()} at once ({len(nodes)} node(s))"] + \
+               [f"  {source.describe()} -> {n}" for n in nodes]
+    source_is = leader if source.kind == "leader" else None
+    if strategy == "chain":
+        plan = plan_relay(nodes, fanout, source_is)
+        lines = [f"chain (fanout {fanout}): one tar stream per link, every node writes and forwards at once"]
+        if source_is is not None:
+            lines.append(f"  {leader} extracts its own copy from the stream (unless DST is the source folder)")
+        return lines + [f"  {name(a)} -> {b}" for a, b in plan.edges()]
+    if strategy == "tree":
+        lines = ["tree: rounds of whole-copy rsync hops; every node that has the data sends to one more"]
+        for i, hops in enumerate(plan_tree(nodes, source_is), 1):
+            lines.append(f"  round {i}: " + ", ".join(f"{name(a)} -> {b}" for a, b in hops))
+        return lines
+    receivers = [n for n in nodes if n != source_is]
+    if strategy == "parallel":
+        return [f"parallel: {len(receivers)} rsync(s) from the source at once"] + [f"  {src} -> {n}" for n in receivers]
+    return [f"sequential: {len(receivers)} rsync(s) from the source, one after another"] + \
+           [f"  {i}. {src} -> {n}" for i, n in enumerate(receivers, 1)]
+
+
+# ---- results ----------------------------------------------------------------------------------------
+NodeStatus = Literal["ok", "failed", "unreachable"]
+
+
+@dataclass
+class NodeOutcome:
+    host: str
+    status: NodeStatus = "ok"
+    bytes: int = 0  # bytes this sync had to put on the node
+    seconds: float = 0.0  # from the start until the node was verified (or given up)
+    verified: bool = False
+    detail: str = ""
+
+
+class SyncIncomplete(ClusterctlError):
+    def __init__(self, message: str, hint: str, code: ExitCode):
+        super().__init__(message, hint)
+        self.exit_code = code
+
+
+@dataclass
+class SyncReport:
+    outcomes: list[NodeOutcome]
+    total_bytes: int  # size of the dataset
+    seconds: float
+    strategy: str
+    files: int
+
+    @property
+    def exit_code(self) -> int:
+        if any(o.status == "unreachable" for o in self.outcomes):
+            return int(ExitCode.UNREACHABLE)
+        if any(o.status != "ok" for o in self.outcomes):
+            return int(ExitCode.REMOTE_FAILED)
+        return 0
+
+    def error(self) -> SyncIncomplete | None:
+        bad = [o for o in self.outcomes if o.status != "ok"]
+        if not bad:
+            return None
+        first = "; ".join(f"{o.host}: {o.status}: {o.detail}" for o in bad[:3])
+        return SyncIncomplete(f"{len(bad)} of {len(self.outcomes)} node(s) not verified, not marked complete ({first})",
+                              "fix them and run the same `clusterctl sync` again: it copies only what is missing",
+                              ExitCode(self.exit_code))
+
+
+class Events:
+    """What the library tells the display. The CLI passes one that draws; tests may pass none."""
+
+    def phase(self, text: str) -> None: ...
+    def need(self, host: str, total: int) -> None: ...  # this node will receive `total` bytes
+    def progress(self, host: str, done: int) -> None: ...  # bytes received so far (monotonic per phase)
+    def finished(self, outcome: NodeOutcome) -> None: ...
+
+
+# ---- ssh command lines ------------------------------------------------------------------------------
+def _host_for_rsync(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def operator_ssh(target: SshTarget, known_hosts: str, managed: bool) -> list[str]:
+    """OpenSSH argv from this machine to a node (data does not go through paramiko: too slow)."""
+    argv = ["ssh"]
+    if managed:  # a cluster clusterctl made: its key and pinned known_hosts only, no user config
+        argv += ["-F", "/dev/null", "-o", "IdentitiesOnly=yes"]
+        for key in target.identity_files:
+            argv += ["-i", key]
+    else:
+        argv += [f"-i{k}" for k in target.identity_files]
+    argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null", *HOP_OPTIONS,
+             "-p", str(target.port), "-l", target.user]
+    if target.proxy_jump is not None:
+        j = target.proxy_jump
+        argv += ["-J", f"{j.user}@{_host_for_rsync(j.hostname)}:{j.port}"]
+    return argv
+
+
+def node_ssh(user: str, port: int, managed: bool) -> list[str]:
+    """OpenSSH argv from one node to another: the node's cluster key and its pinned known_hosts."""
+    argv = ["ssh", *HOP_OPTIONS, "-p", str(port), "-l", user]
+    if managed:
+        argv[1:1] = ["-o", "IdentitiesOnly=yes", "-i", "~/.ssh/id_ed25519", "-o", "UserKnownHostsFile=~/.ssh/known_hosts"]
+    return argv
+
+
+# ---- the sync -------------------------------------------------------------------------------------------
+@dataclass
+class _Node:
+    index: int
+    target: SshTarget  # how the operator reaches it
+    address: str  # how the other nodes reach it (hosts-file token)
+    outcome: NodeOutcome
+    root: str = ""  # DST resolved on the node
+    bad: list[str] = field(default_factory=list)
+    bad_bytes: int = 0
+    free: int = 0
+    alive: bool = True
+
+    @property
+    def label(self) -> str:
+        return self.target.label
+
+
+class Syncer:
+    def __init__(self, targets: Sequence[SshTarget], addresses: Sequence[str], known_hosts: str, pool: SshPool,
+                 source: Source, dst: str, *, strategy: str = "chain", fanout: int = 1, delete: bool = False,
+                 endpoint_url: str | None = None, managed: bool = True, events: Events | None = None,
+                 node_python: str | None = None, timeout: float | None = None):
+        if strategy not in STRATEGIES:
+            raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
+        if fanout < 1:
+            raise UsageError("--fanout must be at least 1")
+        if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
+            raise UsageError(f"--endpoint-url {endpoint_url!r} is not an http(s) URL")
+        self.pool, self.source, self.dst = pool, source, check_dst(dst)
+        self.strategy, self.fanout, self.delete, self.endpoint_url = strategy, fanout, delete, endpoint_url
+        self.known_hosts, self.managed = known_hosts, managed
+        self.events = events or Events()
+        self.python = node_python or sys.executable
+        self.timeout = timeout
+        self.token = uuid.uuid4().hex[:12]
+        self.work = f"{WORK}/{self.token}"
+        self.nodes = [_Node(i, t, a, NodeOutcome(t.label)) for i, (t, a) in enumerate(zip(targets, addresses))]
+        self.start = 0.0
+        self.entries: list[dict] = []
+        self.manifest_bytes = b""
+        self.src_root = ""  # the source folder, resolved where it is
+        self._tmp: tempfile.TemporaryDirectory | None = None
+
+    # ---- helpers ---------------------------------------------------------------------------------------
+    @property
+    def leader(self) -> _Node:
+        return self.nodes[0]
+
+    def _py(self, script: str, *args: str) -> str:
+        py = shlex.quote(self.python)
+        return (f"P={py}; [ -x \"$P\" ] || P=python3; \"$P\" {shlex.quote(f'{self.work}/{script}')} "
+                + " ".join(shlex.quote(a) for a in args))
+
+    def _agent(self, node: _Node, *args: str, timeout: float | None = None,
+               on_line: Callable[[str, str, str], None] | None = None) -> tuple[dict | None, HostResult]:
+        r = self.pool.run_one(node.target, self._py("agent.py", *args), timeout=timeout, on_line=on_line)
+        data = None
+        for line in reversed(r.stdout.strip().splitlines()):
+            try:
+                data = json.loads(line)
+                break
+            except ValueError:
+                continue
+        return data, r
+
+    def _fail(self, node: _Node, status: NodeStatus, detail: str) -> None:
+        if node.outcome.status == "ok" or status == "unreachable":
+            node.outcome.status = status
+            node.outcome.detail = " ".join(detail.split())[:300]
+        node.outcome.seconds = time.monotonic() - self.start
+        node.alive = False
+
+    def _failed_result(self, node: _Node, r: HostResult, data: dict | None, what: str) -> None:
+        if r.exit_code is None:
+            self._fail(node, "unreachable", r.error or "unreachable")
+        else:
+            why = (data or {}).get("error") or r.stderr.strip()[-200:] or f"exit {r.exit_code}"
+            self._fail(node, "failed", f"{what}: {why}")
+
+    def _live(self, nodes: Sequence[_Node] | None = None) -> list[_Node]:
+        return [n for n in (self.nodes if nodes is None else nodes) if n.alive]
+
+    def _fan(self, nodes: Sequence[_Node], fn: Callable[[_Node], None], parallel: int = 64) -> None:
+        if not nodes:
+            return
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(nodes)))) as ex:
+            list(ex.map(fn, nodes))
+
+    def _write_list(self, paths: Sequence[str]) -> bytes:
+        return b"".join(os.fsencode(p) + b"\0" for p in paths)
+
+    # ---- the run -----------------------------------------------------------------------------------
+    def run(self) -> SyncReport:
+        self.start = time.monotonic()
+        self._tmp = tempfile.TemporaryDirectory(prefix="clusterctl-sync-")
+        try:
+            self._manifest()
+            self._upload()
+            self.events.phase(f"checking {len(self._live())} node(s) against the manifest")
+            self._check_all(reset=True)
+            todo = [n for n in self._live() if n.bad]
+            for n in todo:
+                n.outcome.bytes = n.bad_bytes
+            if todo:
+                self._transport(todo)
+                self.events.phase("verifying every copy against the manifest")
+                self._check_all(todo, reset=False)
+                for attempt in range(2):
+                    broken = [n for n in self._live(todo) if n.bad]
+                    if not broken:
+                        break
+                    self.events.phase(f"repairing {len(broken)} node(s) with rsync of the bad files only")
+                    self._repair(broken)
+                    self._check_all(broken, reset=False)
+                for n in self._live(todo):
+                    if n.bad:
+                        self._fail(n, "failed", f"{len(n.bad)} file(s) still differ from the manifest, e.g. {n.bad[0]!r}")
+            self._cleanup()
+        finally:
+            self._tmp.cleanup()
+        for n in self.nodes:
+            if n.alive:
+                n.outcome.verified = True
+            self.events.finished(n.outcome)
+        total = sum(e.get("s", 0) for e in self.entries)
+        files = sum(1 for e in self.entries if e["t"] == "f")
+        return SyncReport([n.outcome for n in self.nodes], total, time.monotonic() - self.start, self.strategy, files)
+
+    # ---- manifest ----------------------------------------------------------------------------------
+    def _manifest(self) -> None:
+        src = self.source
+        if src.kind == "local":
+            self.events.phase(f"making the manifest of {src.path} (sha256 of every file)")
+            self.src_root = src.path
+            self.entries = sync_agent.scan(src.path, workers=min(4, os.cpu_count() or 1))
+        else:
+            self.events.phase("making the manifest on the leader" if src.kind == "leader"
+                              else f"listing {src.describe()} from the leader")
+            r = self.pool.put_one(self.leader.target, {f"{self.work}/agent.py": (self._agent_bytes(), 0o600)})
+            if not r.ok:
+                raise SyncIncomplete(f"cannot reach the leader {self.leader.label}: {r.error}", "check the cluster",
+                                     ExitCode.UNREACHABLE)
+            if src.kind == "leader":
+                data, r = self._agent(self.leader, "manifest", src.path)
+            else:
+                args = ["s3list", src.bucket, src.prefix]
+                if self.endpoint_url:
+                    args += ["--endpoint-url", self.endpoint_url]
+                data, r = self._agent(self.leader, *args)
+            if r.exit_code is None:
+                raise SyncIncomplete(f"the leader {self.leader.label} is unreachable: {r.error}", "check the cluster",
+                                     ExitCode.UNREACHABLE)
+            if r.exit_code != 0 or not data or "entries" not in data:
+                why = (data or {}).get("error") or r.stderr.strip()[-300:] or f"exit {r.exit_code}"
+                if r.exit_code == sync_agent.EXIT_INPUT:
+                    raise ConfigError(f"SRC {src.describe()}: {why}")
+                raise SyncIncomplete(f"could not read SRC {src.describe()} on the leader: {why}", "see the message",
+                                     ExitCode.REMOTE_FAILED)
+            self.entries = data["entries"]
+            self.src_root = data.get("root", "")
+        for e in self.entries:
+            problem = sync_agent.path_problem(e["p"])
+            if problem:
+                raise ConfigError(f"SRC {src.describe()}: {problem}")
+        self.manifest_bytes = json.dumps({"entries": self.entries, "source": src.describe()},
+                                         ensure_ascii=True).encode()
+
+    @staticmethod
+    def _agent_bytes() -> bytes:
+        return Path(sync_agent.__file__).read_bytes()
+
+    def _upload(self) -> None:
+        files = {f"{self.work}/agent.py": (self._agent_bytes(), 0o600),
+                 f"{self.work}/manifest.json": (self.manifest_bytes, 0o600)}
+
+        def one(n: _Node) -> None:
+            r = self.pool.put_one(n.target, files)
+            if not r.ok:
+                self._fail(n, "unreachable", r.error or "upload failed")
+
+        self.events.phase(f"sending the manifest ({len(self.entries)} entries) to {len(self.nodes)} node(s)")
+        self._fan(self.nodes, one)
+
+    def _check_all(self, nodes: Sequence[_Node] | None = None, reset: bool = False) -> None:
+        total = sum(e.get("s", 0) for e in self.entries)
+        timeout = self.timeout or 600 + total / 20e6
+
+        def one(n: _Node) -> None:
+            args = ["check", "--dst", self.dst, "--manifest", f"{self.work}/manifest.json", "--mark",
+                    self.source.describe(), "--workers", "4"]
+            if reset:
+                args.append("--reset")
+            if self.delete:
+                args.append("--delete")
+            data, r = self._agent(n, *args, timeout=timeout)
+            if r.exit_code != 0 or not data or "bad" not in data:
+                if r.exit_code == 2:
+                    raise UsageError(f"DST {self.dst!r}: {(data or {}).get('error', 'refused')}")
+                self._failed_result(n, r, data, "check")
+                return
+            n.root, n.bad, n.bad_bytes, n.free = data["root"], data["bad"], data["bad_bytes"], data["free"]
+            if reset and n.bad_bytes > n.free:
+                self._fail(n, "failed", f"not enough space at {n.root}: needs {_mb(n.bad_bytes)}, has {_mb(n.free)} free")
+            elif not n.bad:
+                n.outcome.seconds = time.monotonic() - self.start
+                self.events.progress(n.label, n.outcome.bytes)
+
+        self._fan(self._live(nodes), one)
+        if self.source.kind == "leader" and reset and self.leader.alive and self.leader.root:
+            self._check_overlap()
+
+    def _check_overlap(self) -> None:
+        a, b = self.src_root.rstrip("/") + "/", self.leader.root.rstrip("/") + "/"
+        if a != b and (a.startswith(b) or b.startswith(a)):
+            raise UsageError(f"on the leader, SRC {self.src_root} and DST {self.leader.root} are inside one another")
+
+    def _cleanup(self) -> None:
+        self._fan(self.nodes, lambda n: self.pool.run_one(n.target, f"rm -rf -- {shlex.quote(self.work)}", timeout=30)
+                  if n.outcome.status != "unreachable" else None)
+
+    # ---- transport ---------------------------------------------------------------------------------
+    def _transport(self, todo: list[_Node]) -> None:
+        for n in todo:
+            self.events.need(n.label, n.bad_bytes)
+        if self.source.kind == "s3":
+            self.events.phase(f"{len(todo)} node(s) pulling from {self.source.describe()} at once")
+            self._fan(todo, self._s3_pull)
+            return
+        if self.strategy == "chain":
+            union: set[str] = set()
+            for n in todo:
+                union.update(n.bad)
+            sizes = {e["p"]: e.get("s", 0) for e in self.entries}
+            union_bytes = sum(sizes[p] for p in union)
+            relay = [n for n in todo if n.bad_bytes * 2 >= union_bytes]  # the nearly complete get rsync instead
+            if len(relay) < len(todo):
+                union = set().union(*(set(n.bad) for n in relay)) if relay else set()
+                union_bytes = sum(sizes[p] for p in union)
+            for n in relay:
+                n.outcome.bytes = union_bytes
+                self.events.need(n.label, union_bytes)
+            self.events.phase(f"streaming {_mb(union_bytes)} down a chain of {len(relay)} node(s)")
+            self._relay(relay, [e["p"] for e in self.entries if e["p"] in union])
+            rest = [n for n in todo if n not in relay]
+            if rest:
+                self._repair(rest)
+            return
+        if self.strategy == "tree":
+            self._tree(todo)
+        elif self.strategy == "parallel":
+            self.events.phase(f"{len(todo)} rsync(s) from the source at once")
+            self._fan(todo, lambda n: self._rsync(None, n, n.bad))
+        else:
+            self.events.phase(f"{len(todo)} rsync(s) from the source, one after another")
+            for n in todo:
+                if n.alive:
+                    self._rsync(None, n, n.bad)
+
+    # ---- chain relay -----------------------------------------------------------------------------
+    def _relay(self, relay: list[_Node], paths: list[str]) -> None:
+        if not relay:
+            return
+        by_label = {n.label: n for n in self.nodes}
+        leader_src = self.source.kind == "leader"
+        plan = plan_relay([n.label for n in relay], self.fanout, self.leader.label if leader_src else None)
+        hop = node_ssh(self.leader.target.user, self.leader.target.port, self.managed)
+        extract = {n.label for n in relay}
+        scripts: dict[str, bytes] = {}
+        for n in relay + ([self.leader] if leader_src else []):
+            kids = plan.children.get(SOURCE if (leader_src and n is self.leader) else n.label, ())
+            root = n.root if n.label in extract else None
+            scripts[n.label] = relay_script(n.index, root, [by_label[c] for c in kids], hop, self.work)
+        lst = self._write_list(paths)
+        uploads = {label: {f"{self.work}/relay.sh": (body, 0o700)} for label, body in scripts.items()}
+        if leader_src:
+            uploads[self.leader.label][f"{self.work}/relay.list"] = (lst, 0o600)
+            uploads[self.leader.label][f"{self.work}/source.sh"] = (source_script(self.src_root, self.work), 0o700)
+
+        def put(label: str) -> None:
+            r = self.pool.put_one(by_label[label].target, uploads[label])
+            if not r.ok:
+                self._fail(by_label[label], "unreachable", r.error or "upload failed")
+
+        self._fan(list(uploads), lambda label: put(label))
+        by_index = {n.index: n for n in self.nodes}
+        done_at: dict[int, int] = {}
+
+        def on_stderr(line: str) -> None:
+            m = re.search(r"CCSYNC-TAR (\d+) (\d+)", line)
+            if m:
+                idx, ck = int(m.group(1)), int(m.group(2))
+                if idx in by_index:
+                    done_at[idx] = ck * TAR_CHECKPOINT * 10240
+                    self.events.progress(by_index[idx].label, min(done_at[idx], by_index[idx].outcome.bytes))
+
+        if leader_src:
+            if not self.leader.alive:
+                return
+            self.pool.run_one(self.leader.target, f"bash {shlex.quote(self.work + '/source.sh')}", timeout=self.timeout,
+                              on_line=lambda _h, stream, line: on_stderr(line))
+            return
+        head = by_label[plan.children[SOURCE][0]]
+        if not head.alive:
+            return
+        list_path = Path(self._tmp.name) / "relay.list"
+        list_path.write_bytes(lst)
+        tar = ["tar", "-C", self.src_root, "--null", "--no-recursion", "-T", str(list_path), "-cf", "-"]
+        ssh = operator_ssh(head.target, self.known_hosts, self.managed) + [
+            "--", head.target.hostname, f"bash {shlex.quote(self.work + '/relay.sh')}"]
+        run_pipeline(tar, ssh, on_stderr, self.timeout)
+
+    # ---- rsync hops ------------------------------------------------------------------------------
+    def _rsync(self, sender: _Node | None, receiver: _Node, paths: list[str]) -> bool:
+        """Copy `paths` (the bad ones) to `receiver` from the source (None) or a verified node. True if rsync
+        exited 0 (the check after it is what counts)."""
+        if not receiver.alive:
+            return False
+        lst = self._write_list(paths)
+        dest = f"{receiver.target.user}@{_host_for_rsync(receiver.address)}:{receiver.root}/"
+        progress = lambda done: self.events.progress(receiver.label, min(done, receiver.outcome.bytes))  # noqa: E731
+        from_leader = sender is None and self.source.kind == "leader"
+        if sender is None and not from_leader:
+            list_path = Path(self._tmp.name) / f"rsync-{receiver.index}.list"
+            list_path.write_bytes(lst)
+            wrapper = Path(self._tmp.name) / f"ssh-{receiver.index}"
+            full = operator_ssh(receiver.target, self.known_hosts, self.managed)
+            ssh = [a for i, a in enumerate(full) if a != "-l" and full[i - 1] != "-l"]  # rsync passes the user
+            wrapper.write_text("#!/bin/sh\nexec " + shlex.join(ssh) + ' "$@"\n')
+            wrapper.chmod(0o700)
+            dest = f"{receiver.target.user}@{_host_for_rsync(receiver.target.hostname)}:{receiver.root}/"
+            argv = [*RSYNC_BASE, "-e", str(wrapper), f"--files-from={list_path}",
+                    self.src_root.rstrip("/") + "/", dest]
+            return run_rsync(argv, progress, self.timeout) == 0
+        node = self.leader if from_leader else sender
+        src_dir = self.src_root if from_leader else node.root
+        if not node.alive:
+            return False
+        name = f"{self.work}/rsync-{receiver.index}.list"
+        r = self.pool.put_one(node.target, {name: (lst, 0o600)})
+        if not r.ok:
+            return False
+        e = shlex.join(node_ssh(receiver.target.user, receiver.target.port, self.managed))
+        cmd = shlex.join([*RSYNC_BASE, "-e", e, f"--files-from={name}", src_dir.rstrip("/") + "/", dest])
+        cmd = f"set -o pipefail; {cmd} | stdbuf -oL tr '\\r' '\\n'"
+
+        def on_line(_h: str, stream: str, line: str) -> None:
+            done = _rsync_bytes(line)
+            if done is not None:
+                progress(done)
+
+        r = self.pool.run_one(node.target, f"bash -c {shlex.quote(cmd)}", timeout=self.timeout, on_line=on_line)
+        return r.ok
+
+    def _tree(self, todo: list[_Node]) -> None:
+        leader_src = self.source.kind == "leader"
+        by_label = {n.label: n for n in self.nodes}
+        rounds = plan_tree([n.label for n in todo], self.leader.label if leader_src else None)
+        holders: list[_Node | None] = [None]  # None: the source
+        pending = [by_label[b] for hops in rounds for _, b in hops]
+        r = 0
+        while pending:
+            r += 1
+            hops = []
+            for h in list(holders):
+                if pending:
+                    hops.append((h, pending.pop(0)))
+            self.events.phase(f"tree round {r}: {len(hops)} rsync hop(s)")
+            results: dict[int, bool] = {}
+
+            def hop(pair):
+                a, b = pair
+                results[b.index] = self._rsync(a, b, b.bad)
+
+            self._fan(hops, hop)
+            holders += [b for _, b in hops if results.get(b.index)]
+
+    def _repair(self, broken: list[_Node]) -> None:
+        """rsync only the bad files, from verified nodes (spread over them) or else from the source."""
+        good = [n for n in self._live() if not n.bad and n not in broken and n.root]
+        jobs = []
+        for i, n in enumerate(broken):
+            sender = good[i % len(good)] if good else None
+            jobs.append((sender, n))
+        self._fan(jobs, lambda job: self._rsync(job[0], job[1], job[1].bad))
+
+    # ---- S3 --------------------------------------------------------------------------------------
+    def _s3_pull(self, n: _Node) -> None:
+        r = self.pool.put_one(n.target, {f"{self.work}/s3.list": (self._write_list(n.bad), 0o600)})
+        if not r.ok:
+            self._fail(n, "unreachable", r.error or "upload failed")
+            return
+        args = ["s3pull", "--dst", self.dst, "--manifest", f"{self.work}/manifest.json", "--bucket",
+                self.source.bucket, "--prefix", self.source.prefix, "--only", f"{self.work}/s3.list"]
+        if self.endpoint_url:
+            args += ["--endpoint-url", self.endpoint_url]
+
+        def on_line(_h: str, stream: str, line: str) -> None:
+            m = re.match(r"CCSYNC-BYTES (\d+)", line)
+            if m:
+                self.events.progress(n.label, min(int(m.group(1)), n.outcome.bytes))
+
+        data, r = self._agent(n, *args, timeout=self.timeout, on_line=on_line)
+        if r.exit_code is None:
+            self._fail(n, "unreachable", r.error or "unreachable")
+        elif r.exit_code == sync_agent.EXIT_INPUT:
+            self._failed_result(n, r, data, "s3")
+        # other failures: the check that follows finds what is missing, and the node is retried once
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+_PROGRESS = re.compile(r"^\s*([\d,]+)\s+\d+%")
+
+
+def _rsync_bytes(line: str) -> int | None:
+    m = _PROGRESS.match(line)
+    return int(m.group(1).replace(",", "")) if m else None
+
+
+# ---- scripts the nodes run --------------------------------------------------------------------------
+def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: Sequence[str], work: str) -> bytes:
+    """The relay on one node: read the tar stream on stdin, forward it to every child's relay (tee into
+    their ssh; a child that dies is dropped and the rest go on), and extract it into `root`."""
+    q = shlex.quote
+    w = f'"$HOME"/{q(work)}'
+    lines = ["#!/bin/bash", f"# clusterctl sync relay of node {index}", "set -u", f"W={w}"]
+    fifos = []
+    for i, child in enumerate(children):
+        fifo = f'"$W/fifo.{i}"'
+        fifos.append(fifo)
+        remote = f"bash {q(work + '/relay.sh')}"
+        ssh = " ".join(q(a) for a in hop)
+        lines.append(f"rm -f {fifo}; mkfifo -m 600 {fifo} || exit 1")
+        # ssh's stdout/stderr are pipes of its own: ssh makes its fds non-blocking, which must not leak
+        lines.append(f"{{ {ssh} -- {q(child.address)} {q(remote)} < {fifo} 2>&1 >/dev/null | cat >&2; }} &")
+    ck = f"--checkpoint={TAR_CHECKPOINT}", f"--checkpoint-action=echo=CCSYNC-TAR {index} %u"
+    extract = ("tar -C " + q(root) + " -xf - " + " ".join(q(c) for c in ck)) if root is not None else "cat >/dev/null"
+    if fifos:
+        lines.append(f"tee -p {' '.join(fifos)} | {extract}")
+    else:
+        lines.append(extract)
+    lines += ['rc="${PIPESTATUS[*]}"', "wait", f'echo "CCSYNC-RC {index} $rc" >&2',
+              "rm -f " + " ".join(fifos) if fifos else "true"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def source_script(src_root: str, work: str) -> bytes:
+    """On the leader, when it is the source: the tar of the listed paths, into its own relay."""
+    q = shlex.quote
+    return (f"#!/bin/bash\nset -o pipefail\ncd \"$HOME\" || exit 1\n"
+            f"tar -C {q(src_root)} --null --no-recursion -T {q(work + '/relay.list')} -cf - "
+            f"| bash {q(work + '/relay.sh')}\n").encode()
+
+
+# ---- local processes --------------------------------------------------------------------------------
+def run_pipeline(producer: list[str], consumer: list[str], on_stderr: Callable[[str], None],
+                 timeout: float | None) -> int:
+    """producer | consumer on this machine; the consumer's stderr lines go to on_stderr."""
+    a = subprocess.Popen(producer, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    b = subprocess.Popen(consumer, stdin=a.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    a.stdout.close()
+    errs: list[bytes] = []
+    t = threading.Thread(target=lambda: errs.append(a.stderr.read()), daemon=True)
+    t.start()
+    try:
+        for raw in iter(b.stderr.readline, b""):
+            on_stderr(raw.decode(errors="replace").rstrip("\n"))
+        rc = b.wait(timeout=timeout)
+        a.wait(timeout=30)
+        return rc
+    except BaseException:
+        for p in (a, b):
+            p.kill()
+        raise
+
+
+def run_rsync(argv: list[str], progress: Callable[[int], None], timeout: float | None) -> int:
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    errs: list[bytes] = []
+    t = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)
+    t.start()
+    try:
+        buf = b""
+        while chunk := proc.stdout.read1(65536):
+            buf += chunk
+            *parts, buf = re.split(rb"[\r\n]", buf)
+            for part in parts:
+                done = _rsync_bytes(part.decode(errors="replace"))
+                if done is not None:
+                    progress(done)
+        return proc.wait(timeout=timeout)
+    except BaseException:
+        proc.kill()
+        raise
