@@ -1,0 +1,604 @@
+#!/usr/bin/env python3
+"""ImageNet training with TensorFlow 2 + Horovod, shipped to every node and launched by horovodrun.
+
+Standalone on purpose: nodes have TensorFlow and Horovod, not clusterctl. One process per slot; rank 0
+alone prints, checkpoints and writes TensorBoard summaries.
+
+Data: ImageNet-format TFRecords in --data: `train-*` and `validation-*` shards of tf.train.Examples
+with `image/encoded` (JPEG bytes) and `image/class/label`, which is 1-based as in the standard ImageNet
+TFRecords (label 0 is the unused "background"; --label-offset 1 maps 1..C to 0..C-1). Optional
+`image/object/bbox/{xmin,ymin,xmax,ymax}` guide the random crops, as for ImageNet. `clusterctl data`
+writes this format, plus `labels.txt` (line N = class of label N) and `dataset.json` (counts), which
+this script reads when present.
+
+Output for machines (clusterctl.train parses it): every line starts with `CLUSTERCTL-TRAIN`; event lines
+are `CLUSTERCTL-TRAIN <kind> key=value ...` (values shell-quoted when needed) and the table is
+
+    CLUSTERCTL-TRAIN    Step   Epoch      img/s      Loss  TotalLoss         LR   Elapsed
+    CLUSTERCTL-TRAIN      10    0.50      812.3    2.2910     2.3750   0.012500      14.2
+
+(the recipe's Step/Epoch/Speed/Loss/FinLoss/LR table: img/s for all processes together, Loss the
+cross-entropy averaged over all ranks and the steps since the last line, TotalLoss with weight decay,
+Elapsed seconds since this process started). Kinds: start, resume, checkpoint, warning, done, eval, error.
+`eval` carries top1/top5 in percent.
+
+Fault tolerance: Horovod has none, so checkpoints are the way back. Rank 0 saves every
+--checkpoint-every steps and at every epoch end (ckpt-<step>, the last --keep-checkpoints kept); on
+start it restores the latest one (model, optimizer state, step, epoch) and broadcasts it to every rank,
+so only rank 0 needs --model-dir. After a resume the input pipeline starts a fresh shuffle; it does not
+replay the exact images of the interrupted epoch.
+
+Exit status: 0 done; 2 bad arguments; 3 Horovod size differs from --expect-size; 4 nothing to evaluate
+or a checkpoint that does not fit the model; 5 no data files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import math
+import os
+import shlex
+import sys
+import time
+
+# TF's C++ start-up chatter would bury the table in every rank's output.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MARK = "CLUSTERCTL-TRAIN"
+EXIT_SIZE_MISMATCH = 3
+EXIT_CHECKPOINT = 4
+EXIT_NO_DATA = 5
+IMAGENET_TRAIN_EXAMPLES = 1281167
+IMAGENET_VALIDATION_EXAMPLES = 50000
+MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+COLUMNS = ("Step", "Epoch", "img/s", "Loss", "TotalLoss", "LR", "Elapsed")
+_T0 = time.time()
+
+
+# ---- arguments ---------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    d = p.add_argument_group("data")
+    d.add_argument("--data", help="folder with train-* and validation-* TFRecord shards")
+    d.add_argument("--synthetic", action="store_true", help="random in-memory images instead of --data")
+    d.add_argument("--train-examples", type=int, default=None,
+                   help="images per epoch (default: dataset.json, else counted; synthetic: ImageNet's)")
+    d.add_argument("--num-classes", type=int, default=None,
+                   help="default: lines of labels.txt in --data, else 1000 (10 for --model tiny --synthetic)")
+    d.add_argument("--label-offset", type=int, default=1, help="subtracted from image/class/label (1 = ImageNet)")
+    d.add_argument("--shuffle-buffer", type=int, default=10000, help="records in each rank's shuffle buffer")
+    d.add_argument("--min-crop-area", type=float, default=0.08, help="smallest random crop, as a fraction of the image")
+    m = p.add_argument_group("model and optimisation")
+    m.add_argument("--model", choices=("resnet50", "tiny"), default="resnet50")
+    m.add_argument("--image-size", type=int, default=None, help="default 224 (resnet50), 32 (tiny)")
+    m.add_argument("--batch-size", type=int, default=64, help="images per process per step")
+    m.add_argument("--epochs", type=float, default=90)
+    m.add_argument("--max-steps", type=int, default=None,
+                   help="stop at this global step (the schedule still spans --epochs)")
+    m.add_argument("--base-lr", type=float, default=0.1,
+                   help="learning rate per 256 images; the peak is base-lr * global batch / 256")
+    m.add_argument("--warmup-epochs", type=float, default=5, help="linear warm-up from ~0 to the peak")
+    m.add_argument("--lr-schedule", choices=("cosine", "step", "poly"), default="cosine",
+                   help="decay after the warm-up (step: /10 at 1/3, 2/3 and 8/9 of the epochs)")
+    m.add_argument("--momentum", type=float, default=0.9)
+    m.add_argument("--weight-decay", type=float, default=1e-4, help="L2 on conv and dense kernels")
+    m.add_argument("--label-smoothing", type=float, default=0.1)
+    m.add_argument("--mixed-precision", action="store_true",
+                   help="float16 with loss scaling on GPUs, bfloat16 on CPUs")
+    m.add_argument("--xla", action="store_true", help="compile the model with XLA")
+    m.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for the allreduce")
+    m.add_argument("--seed", type=int, default=1234)
+    o = p.add_argument_group("checkpoints, logs, evaluation")
+    o.add_argument("--model-dir", default="train_out", help="checkpoints and TensorBoard logs (rank 0's disk)")
+    o.add_argument("--checkpoint-every", type=int, default=1000, help="steps between checkpoints (0: epochs only)")
+    o.add_argument("--keep-checkpoints", type=int, default=5)
+    o.add_argument("--log-every", type=int, default=100, help="steps between table lines")
+    o.add_argument("--no-eval", action="store_true", help="skip the evaluation after training")
+    o.add_argument("--eval-only", action="store_true", help="evaluate the latest checkpoint and exit")
+    o.add_argument("--eval-batch-size", type=int, default=None, help="default: --batch-size")
+    o.add_argument("--eval-steps", type=int, default=None,
+                   help="at most this many batches per rank (default: the whole validation set; synthetic: 10)")
+    o.add_argument("--no-gpu", action="store_true", help="hide GPUs (evaluating next to a running job)")
+    o.add_argument("--expect-size", type=int, default=None, help="fail unless Horovod's size is exactly this")
+    args = p.parse_args(argv)
+    if not args.synthetic and not args.data:
+        p.error("give --data DIR (TFRecords) or --synthetic")
+    for name in ("batch_size", "log_every", "keep_checkpoints", "shuffle_buffer"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("checkpoint_every", "warmup_epochs", "weight_decay", "label_smoothing", "base_lr"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must not be negative")
+    if args.epochs <= 0:
+        p.error("--epochs must be positive")
+    if args.max_steps is not None and args.max_steps < 1:
+        p.error("--max-steps must be at least 1")
+    if not 0 < args.min_crop_area <= 1:
+        p.error("--min-crop-area must be in (0, 1]")
+    if args.image_size is None:
+        args.image_size = 224 if args.model == "resnet50" else 32
+    if args.eval_batch_size is None:
+        args.eval_batch_size = args.batch_size
+    return args
+
+
+# ---- output (rank 0) ---------------------------------------------------------------------------------
+def _fmt(value: object) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return shlex.quote(str(value))
+
+
+def emit(event: str, **fields: object) -> None:
+    print(" ".join([MARK, event] + [f"{k}={_fmt(v)}" for k, v in fields.items()]), flush=True)
+
+
+def table_header() -> None:
+    print(f"{MARK} {'Step':>7} {'Epoch':>7} {'img/s':>10} {'Loss':>9} {'TotalLoss':>10} {'LR':>10} {'Elapsed':>9}",
+          flush=True)
+
+
+def table_row(step: int, epoch: float, img_per_sec: float, loss: float, total: float, lr: float) -> None:
+    print(f"{MARK} {step:>7d} {epoch:>7.2f} {img_per_sec:>10.1f} {loss:>9.4f} {total:>10.4f} {lr:>10.6f} "
+          f"{time.time() - _T0:>9.1f}", flush=True)
+
+
+# ---- data --------------------------------------------------------------------------------------------
+def data_files(data_dir: str, split: str) -> list[str]:
+    """`train-*` / `validation-*` shards, sorted; hidden and temporary files are not shards."""
+    return sorted(f for f in glob.glob(os.path.join(data_dir, f"{split}-*"))
+                  if not f.endswith((".tmp", ".partial")) and os.path.isfile(f))
+
+
+def dataset_meta(data_dir: str | None) -> dict:
+    """dataset.json and labels.txt written by `clusterctl data`, when present."""
+    meta: dict = {}
+    if not data_dir:
+        return meta
+    path = os.path.join(data_dir, "dataset.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            meta = json.load(f)
+    labels = os.path.join(data_dir, "labels.txt")
+    if "num_classes" not in meta and os.path.isfile(labels):
+        with open(labels) as f:
+            meta["num_classes"] = sum(1 for line in f if line.strip())
+    return meta
+
+
+def parse_record(tf, serialized, label_offset: int):
+    """One serialized Example -> (JPEG bytes, 0-based label, boxes [1, N, 4] as ymin, xmin, ymax, xmax)."""
+    features = {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string, default_value=""),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
+    }
+    for k in ("xmin", "ymin", "xmax", "ymax"):
+        features[f"image/object/bbox/{k}"] = tf.io.VarLenFeature(tf.float32)
+    p = tf.io.parse_single_example(serialized, features)
+    label = tf.cast(p["image/class/label"], tf.int32) - label_offset
+    box = tf.stack([tf.sparse.to_dense(p[f"image/object/bbox/{k}"]) for k in ("ymin", "xmin", "ymax", "xmax")],
+                   axis=-1)
+    return p["image/encoded"], label, tf.reshape(box, [1, -1, 4])
+
+
+def _normalize(tf, image):
+    image = tf.cast(image, tf.float32)
+    return (image - tf.constant(MEAN_RGB)) / tf.constant(STDDEV_RGB)
+
+
+def preprocess_train(tf, encoded, box, size: int, min_area: float):
+    """The Inception-style random crop (guided by the boxes when there are any), resize, flip."""
+    shape = tf.image.extract_jpeg_shape(encoded)
+    begin, crop, _ = tf.image.sample_distorted_bounding_box(
+        shape, bounding_boxes=box, min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(min_area, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
+    y, x, _ = tf.unstack(begin)
+    h, w, _ = tf.unstack(crop)
+    image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
+    image = tf.image.resize(image, [size, size], method="bilinear")
+    image = tf.image.random_flip_left_right(image)
+    return _normalize(tf, image)
+
+
+def preprocess_eval(tf, encoded, size: int):
+    """Centre crop of 87.5% of the shorter side, resize."""
+    image = tf.io.decode_jpeg(encoded, channels=3)
+    shape = tf.shape(image)
+    side = tf.cast(tf.cast(tf.minimum(shape[0], shape[1]), tf.float32) * 0.875, tf.int32)
+    image = tf.image.crop_to_bounding_box(image, (shape[0] - side) // 2, (shape[1] - side) // 2, side, side)
+    image = tf.image.resize(image, [size, size], method="bilinear")
+    return _normalize(tf, image)
+
+
+def records(tf, files: list[str], rank: int, size: int, *, training: bool, seed: int):
+    """This rank's records. Each file goes to one rank when there are at least as many files as ranks
+    (every record read once per pass, by exactly one rank); with fewer files, records are dealt out."""
+    if len(files) >= size:
+        ds = tf.data.Dataset.from_tensor_slices(files).shard(size, rank)
+        if training:
+            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
+        ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
+                           cycle_length=min(8, max(1, len(files) // size)), block_length=1,
+                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+        return ds
+    ds = tf.data.TFRecordDataset(files, buffer_size=8 << 20).shard(size, rank)
+    return ds.repeat() if training else ds
+
+
+def train_dataset(tf, args, files: list[str], rank: int, size: int, seed: int):
+    ds = records(tf, files, rank, size, training=True, seed=seed)
+    ds = ds.shuffle(args.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+
+    def fn(serialized):
+        encoded, label, box = parse_record(tf, serialized, args.label_offset)
+        return preprocess_train(tf, encoded, box, args.image_size, args.min_crop_area), label
+
+    ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+    return ds.batch(args.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def eval_dataset(tf, args, files: list[str], rank: int, size: int):
+    ds = records(tf, files, rank, size, training=False, seed=0)
+
+    def fn(serialized):
+        encoded, label, _ = parse_record(tf, serialized, args.label_offset)
+        return preprocess_eval(tf, encoded, args.image_size), label
+
+    ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(args.eval_batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def synthetic_dataset(tf, args, classes: int, seed: int, batch: int):
+    """One random batch on this process, repeated: measures everything but storage and decoding."""
+    g = tf.random.Generator.from_seed(seed)
+    images = g.normal((batch, args.image_size, args.image_size, 3))
+    labels = g.uniform((batch,), maxval=classes, dtype=tf.int32)
+    return tf.data.Dataset.from_tensors((images, labels)).repeat()
+
+
+def count_records(tf, hvd, files: list[str]) -> int:
+    """Records in `files`, each rank counting its own share, summed over all ranks."""
+    rank, size = hvd.rank(), hvd.size()
+    mine = [f for i, f in enumerate(files) if i % size == rank]
+    n = 0
+    if mine:
+        n = int(tf.data.TFRecordDataset(mine).reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+    return int(hvd.allreduce(tf.constant(n, tf.int64), op=hvd.Sum))
+
+
+# ---- model, learning rate ----------------------------------------------------------------------------
+def build_model(tf, name: str, size: int, classes: int):
+    """Logits out (softmax inside the loss, so mixed precision keeps the loss in float32)."""
+    if name == "resnet50":
+        return tf.keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=classes,
+                                              classifier_activation=None)
+    layers = tf.keras.layers
+    return tf.keras.Sequential(
+        [
+            layers.Input((size, size, 3)),
+            layers.Conv2D(16, 3, padding="same", use_bias=False),
+            layers.BatchNormalization(),
+            layers.ReLU(),
+            layers.MaxPooling2D(),
+            layers.Conv2D(32, 3, padding="same", use_bias=False),
+            layers.BatchNormalization(),
+            layers.ReLU(),
+            layers.GlobalAveragePooling2D(),
+            layers.Dense(classes),
+        ],
+        name="tiny",
+    )
+
+
+def learning_rate(step: float, peak: float, warmup_steps: float, total_steps: float, schedule: str) -> float:
+    """The large-minibatch recipe: linear warm-up to `peak`, then cosine / step / polynomial decay.
+    Pure Python (the step is known on the host), so the value logged is the value used."""
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    span = max(1.0, total_steps - warmup_steps)
+    done = min(1.0, (step - warmup_steps) / span)
+    if schedule == "cosine":
+        return 0.5 * peak * (1 + math.cos(math.pi * done))
+    if schedule == "poly":
+        return peak * (1 - done) ** 2
+    frac = step / max(1.0, total_steps)
+    return peak * 0.1 ** sum(frac >= b for b in (1 / 3, 2 / 3, 8 / 9))
+
+
+def _variables(obj) -> list:
+    v = obj.variables
+    return list(v() if callable(v) else v)
+
+
+# ---- main --------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    rank, size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+    chief = rank == 0
+
+    if args.expect_size is not None and size != args.expect_size:
+        if chief:
+            emit("error", kind="size_mismatch", size=size, expected=args.expect_size)
+        return EXIT_SIZE_MISMATCH
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if args.no_gpu and gpus:
+        tf.config.set_visible_devices([], "GPU")
+        gpus = []
+    if gpus:
+        gpu = gpus[local_rank % len(gpus)]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+    else:
+        # CPU runs: share this host's cores between its processes instead of oversubscribing them.
+        threads = max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:
+            pass
+
+    loss_scaling = False
+    precision = "float32"
+    if args.mixed_precision:
+        precision = "mixed_float16" if gpus else "mixed_bfloat16"
+        tf.keras.mixed_precision.set_global_policy(precision)
+        loss_scaling = precision == "mixed_float16"
+
+    # ---- the data and what it implies
+    meta = dataset_meta(None if args.synthetic else args.data)
+    train_files: list[str] = []
+    val_files: list[str] = []
+    if not args.synthetic:
+        train_files = data_files(args.data, "train")
+        val_files = data_files(args.data, "validation")
+        missing = []
+        if not args.eval_only and not train_files:
+            missing.append("train")
+        if (args.eval_only or not args.no_eval) and not val_files:
+            missing.append("validation")
+        if missing:
+            if chief:
+                emit("error", kind="no_data", data=args.data, missing=",".join(missing))
+                print(f"train_imagenet: no {' or '.join(s + '-*' for s in missing)} files in {args.data}",
+                      file=sys.stderr, flush=True)
+            return EXIT_NO_DATA
+    classes = args.num_classes or meta.get("num_classes") or (10 if args.synthetic and args.model == "tiny"
+                                                              else 1000)
+    if args.train_examples:
+        train_examples = args.train_examples
+    elif args.synthetic:
+        train_examples = IMAGENET_TRAIN_EXAMPLES
+    elif meta.get("splits", {}).get("train", {}).get("examples"):
+        train_examples = int(meta["splits"]["train"]["examples"])
+    else:
+        train_examples = count_records(tf, hvd, train_files) if train_files else 0
+
+    global_batch = args.batch_size * size
+    steps_per_epoch = max(1, train_examples // global_batch)
+    total_steps = max(1, int(round(args.epochs * steps_per_epoch)))
+    stop_step = min(total_steps, args.max_steps) if args.max_steps else total_steps
+    peak_lr = args.base_lr * global_batch / 256
+    warmup_steps = args.warmup_epochs * steps_per_epoch
+
+    # ---- model, optimizer, checkpoint
+    tf.random.set_seed(args.seed)  # the same initial weights everywhere (and the broadcast makes sure)
+    model = build_model(tf, args.model, args.image_size, classes)
+    opt = tf.keras.optimizers.SGD(learning_rate=peak_lr, momentum=args.momentum)
+    inner = opt
+    if loss_scaling:
+        opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
+    inner.build(model.trainable_variables)  # momentum slots exist now: restore and broadcast can fill them
+    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+    # The global batch the steps were counted in: a job resumed on another number of processes keeps its
+    # place in the schedule by epochs, not by steps.
+    batch_var = tf.Variable(global_batch, dtype=tf.int64, trainable=False, name="global_batch")
+    ckpt = tf.train.Checkpoint(model=model, optimizer=opt, step=step_var, epoch=epoch_var, global_batch=batch_var)
+    ckpt_dir = os.path.join(args.model_dir, "checkpoints")
+    manager = None
+    restored = ""
+    status = 0
+    if chief:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        manager = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=args.keep_checkpoints)
+        if manager.latest_checkpoint:
+            try:
+                ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+                restored = manager.latest_checkpoint
+            except (AssertionError, ValueError, tf.errors.OpError) as exc:
+                emit("error", kind="bad_checkpoint", checkpoint=manager.latest_checkpoint,
+                     message=" ".join(str(exc).split())[:300])
+                status = EXIT_CHECKPOINT
+        elif args.eval_only:
+            emit("error", kind="no_checkpoint", model_dir=args.model_dir)
+            status = EXIT_CHECKPOINT
+    # Every rank learns rank 0's verdict, so all exit together instead of waiting in a collective.
+    status = int(hvd.broadcast(tf.constant(status, tf.int32), root_rank=0, name="restore_status"))
+    if status:
+        return status
+    hvd.broadcast_variables(model.variables + _variables(opt) + [step_var, epoch_var, batch_var], root_rank=0)
+    start_step = int(step_var.numpy())
+    saved_batch = int(batch_var.numpy())
+
+    eval_kwargs = dict(classes=classes, val_files=val_files)
+    if args.eval_only:
+        # Epochs as the training run counted them (its global batch, not this evaluation's).
+        saved_spe = max(1, train_examples // saved_batch) if saved_batch > 0 else steps_per_epoch
+        return evaluate(tf, hvd, args, model, start_step, saved_spe, restored, **eval_kwargs)
+    batch_changed = {}
+    if saved_batch != global_batch:
+        moved = int(round(start_step * saved_batch / global_batch))
+        if restored:
+            batch_changed = dict(saved=saved_batch, now=global_batch, step=start_step, new_step=moved)
+        start_step = moved
+        step_var.assign(moved)
+        batch_var.assign(global_batch)
+
+    writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard")) if chief else None
+    if chief:
+        emit("start", size=size, model=args.model, image_size=args.image_size, classes=classes,
+             batch=args.batch_size, global_batch=global_batch, train_examples=train_examples,
+             steps_per_epoch=steps_per_epoch, epochs=float(args.epochs), total_steps=total_steps,
+             stop_step=stop_step, start_step=start_step, peak_lr=peak_lr, schedule=args.lr_schedule,
+             precision=precision, xla=args.xla, gpus=len(gpus), synthetic=args.synthetic,
+             data=args.data or "", model_dir=args.model_dir, train_files=len(train_files),
+             validation_files=len(val_files))
+        if restored:
+            emit("resume", step=start_step, epoch=int(epoch_var.numpy()), checkpoint=restored)
+        if batch_changed:
+            emit("warning", kind="global_batch_changed", **batch_changed)
+        if train_files and len(train_files) % size:
+            emit("warning", kind="uneven_shards", files=len(train_files), size=size)
+
+    if start_step >= stop_step:
+        if chief:
+            emit("done", step=start_step, epoch=start_step / steps_per_epoch, complete=start_step >= total_steps,
+                 elapsed=time.time() - _T0, img_per_sec=0.0, note="nothing left to train")
+        if args.no_eval:
+            return 0
+        return evaluate(tf, hvd, args, model, start_step, steps_per_epoch, restored, writer=writer, **eval_kwargs)
+
+    # A different shuffle on every (re)start, different on every rank.
+    data_seed = args.seed + 7919 * rank + 104729 * start_step
+    if args.synthetic:
+        train_ds = synthetic_dataset(tf, args, classes, data_seed, args.batch_size)
+    else:
+        train_ds = train_dataset(tf, args, train_files, rank, size, data_seed)
+
+    loss_fn = tf.keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
+    decay_vars = [v for v in model.trainable_variables if "kernel" in v.name]
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False)  # loss, total loss, steps since the last line
+
+    def forward(x):
+        return model(x, training=True)
+
+    if args.xla:
+        # Horovod's collectives have no XLA kernels on CPU: compile the model, not the step around it.
+        forward = tf.function(forward, jit_compile=True)
+
+    @tf.function
+    def train_step(images, labels, lr):
+        with tf.GradientTape() as tape:
+            logits = tf.cast(forward(images), tf.float32)
+            loss = loss_fn(tf.one_hot(labels, classes), logits)
+            total = loss + args.weight_decay * tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in decay_vars])
+            scaled = opt.get_scaled_loss(total) if loss_scaling else total
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        if loss_scaling:
+            grads = opt.get_unscaled_gradients(grads)
+        inner.learning_rate.assign(lr)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        step_var.assign_add(1)
+        sums.assign_add(tf.cast(tf.stack([loss, total, 1.0]), tf.float64))
+
+    if chief:
+        table_header()
+    it = iter(train_ds)
+    step = start_step
+    last_step, last_time = step, time.time()
+    run_start = last_time
+    lr = learning_rate(step, peak_lr, warmup_steps, total_steps, args.lr_schedule)
+    while step < stop_step:
+        lr = learning_rate(step, peak_lr, warmup_steps, total_steps, args.lr_schedule)
+        images, labels = next(it)
+        train_step(images, labels, tf.constant(lr, tf.float32))
+        step += 1
+        if step % args.log_every == 0 or step == start_step + 1 or step == stop_step:
+            # The means of every rank over the steps since the last line (a collective: all ranks come here).
+            means = hvd.allreduce(sums.read_value(), op=hvd.Average, name="log_sums").numpy()
+            sums.assign(tf.zeros(3, tf.float64))
+            now = time.time()
+            rate = (step - last_step) * global_batch / max(now - last_time, 1e-9)
+            last_step, last_time = step, now
+            loss, total = means[0] / max(means[2], 1), means[1] / max(means[2], 1)
+            if chief:
+                table_row(step, step / steps_per_epoch, rate, loss, total, lr)
+                with writer.as_default(step=step):
+                    tf.summary.scalar("train/loss", loss)
+                    tf.summary.scalar("train/total_loss", total)
+                    tf.summary.scalar("train/learning_rate", lr)
+                    tf.summary.scalar("train/images_per_sec", rate)
+                    tf.summary.scalar("train/epoch", step / steps_per_epoch)
+        epoch_end = step % steps_per_epoch == 0
+        if chief and (epoch_end or step == stop_step or (args.checkpoint_every and step % args.checkpoint_every == 0)):
+            epoch_var.assign(step // steps_per_epoch)
+            t = time.time()
+            path = manager.save(checkpoint_number=step)
+            emit("checkpoint", step=step, epoch=int(epoch_var.numpy()), path=path, seconds=time.time() - t)
+    if chief:
+        writer.flush()
+        trained = time.time() - run_start
+        emit("done", step=step, epoch=step / steps_per_epoch, complete=step >= total_steps, elapsed=time.time() - _T0,
+             img_per_sec=(step - start_step) * global_batch / max(trained, 1e-9))
+        print(f"Finished in {trained:.1f} s", flush=True)
+    if args.no_eval:
+        return 0
+    return evaluate(tf, hvd, args, model, step, steps_per_epoch, manager.latest_checkpoint if manager else "",
+                    writer=writer, **eval_kwargs)
+
+
+def evaluate(tf, hvd, args, model, step: int, steps_per_epoch: int, checkpoint: str, *, classes: int,
+             val_files: list[str], writer=None) -> int:
+    """top-1 / top-5 over the validation shards, each record seen by exactly one rank; one collective at the end."""
+    rank, size = hvd.rank(), hvd.size()
+    # Batch-norm statistics are not averaged during training: every rank evaluates rank 0's model (the
+    # one in the checkpoint), so the result does not depend on the number of processes.
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    if args.synthetic:
+        ds = synthetic_dataset(tf, args, classes, args.seed + 31 * rank + 1, args.eval_batch_size)
+        limit = args.eval_steps or 10
+    else:
+        ds = eval_dataset(tf, args, val_files, rank, size)
+        limit = args.eval_steps
+    k = min(5, classes)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+
+    @tf.function
+    def eval_step(images, labels):
+        logits = tf.cast(model(images, training=False), tf.float32)
+        top1 = tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, 1), tf.float64))
+        topk = tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, k), tf.float64))
+        return tf.stack([top1, topk, tf.cast(loss_fn(labels, logits), tf.float64),
+                         tf.cast(tf.shape(labels)[0], tf.float64)])
+
+    t = time.time()
+    acc = tf.zeros(4, tf.float64)
+    for i, (images, labels) in enumerate(ds):
+        if limit is not None and i >= limit:
+            break
+        acc += eval_step(images, labels)
+    top1, topk, loss, n = hvd.allreduce(acc, op=hvd.Sum, name="eval_sums").numpy()
+    if rank == 0:
+        n = int(n)
+        top1_pct = 100.0 * top1 / max(n, 1)
+        topk_pct = 100.0 * topk / max(n, 1)
+        emit("eval", step=step, epoch=step / steps_per_epoch, top1=round(top1_pct, 3), top5=round(topk_pct, 3),
+             loss=loss / max(n, 1), examples=n, k=k, checkpoint=checkpoint or "",
+             time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+             seconds=time.time() - t, size=size)
+        print(f"Validation: top-1 {top1_pct:.2f}%  top-5 {topk_pct:.2f}%  on {n} images at step {step}", flush=True)
+        if writer is not None:
+            with writer.as_default(step=step):
+                tf.summary.scalar("eval/top1", top1_pct)
+                tf.summary.scalar("eval/top5", topk_pct)
+                tf.summary.scalar("eval/loss", loss / max(n, 1))
+            writer.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
