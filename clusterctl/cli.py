@@ -138,6 +138,9 @@ def down(
         display.info("no clusters found")
         return
     _confirm(f"Remove cluster(s) {', '.join(names)} and everything they created?", yes)
+    from clusterctl import agent
+
+    agent.stop(store.root)  # the connection agent holds ssh connections to these nodes: nothing stays running
     failed = []
     for n in names:
         kind = provider or (store.load(n).cluster.provider if store.exists(n) else "local")
@@ -202,36 +205,74 @@ def hosts(
 
 
 # ---- running commands ------------------------------------------------------------------------------------
+def _ssh_opts():
+    """The ssh options every fan-out command shares, as typer parameters (see run/logs/kill/clean)."""
+    return dict(
+        cluster=typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
+        parallel=typer.Option(64, "--parallel", "-p", help="At most this many hosts at once."),
+        connect_timeout=typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
+        user=typer.Option(None, "--user", "-l", help="Login user."),
+        identity=typer.Option([], "--identity", "-i", help="Private key file (repeatable)."),
+        known_hosts=typer.Option(None, "--known-hosts", help="known_hosts file to trust."),
+        ssh_config=typer.Option(None, "--ssh-config", help="ssh config file (default ~/.ssh/config)."),
+    )
+
+
+_SSH = _ssh_opts()
+
+
+def _inventory(hosts_path, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config):
+    from clusterctl import inventory
+
+    if parallel < 1:
+        raise UsageError("--parallel must be at least 1")
+    if connect_timeout <= 0:
+        raise UsageError("--connect-timeout must be positive")
+    return inventory.resolve(hosts_path, cluster, _store(), inventory.SshOverrides(
+        user=user, identity=tuple(identity), known_hosts=known_hosts, ssh_config=ssh_config,
+        connect_timeout=connect_timeout))
+
+
+def _fan_out(inv, cmd: str, parallel: int, timeout: float | None = None, live: bool = True):
+    """Run through the connection agent (reused connections), host-prefixed live output unless not `live`."""
+    from clusterctl import agent, display
+
+    printer = display.HostPrinter([t.label for t in inv.targets]) if live else None
+    return agent.run(inv.targets, inv.settings, cmd, parallel=parallel, timeout=timeout, on_line=printer,
+                     warn=display.warn)
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 @command
 def run(
     args: List[str] = typer.Argument(..., metavar="[HOSTS] CMD", help="A hosts file (optional) and the command."),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
-    parallel: int = typer.Option(64, "--parallel", "-p", help="At most this many hosts at once."),
+    cluster: Optional[str] = _SSH["cluster"],
+    parallel: int = _SSH["parallel"],
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds the command may run on each host."),
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
+    connect_timeout: float = _SSH["connect_timeout"],
     group: bool = typer.Option(False, "--group", "-g", help="Fold identical outputs into one block."),
     json_: bool = typer.Option(False, "--json", help="One JSON object per host."),
-    user: Optional[str] = typer.Option(None, "--user", "-l", help="Login user."),
-    identity: List[str] = typer.Option([], "--identity", "-i", help="Private key file (repeatable)."),
-    known_hosts: Optional[str] = typer.Option(None, "--known-hosts", help="known_hosts file to trust."),
-    ssh_config: Optional[str] = typer.Option(None, "--ssh-config", help="ssh config file (default ~/.ssh/config)."),
+    detach: Optional[str] = typer.Option(None, "--detach", "-d", metavar="NAME",
+                                         help="Start it in tmux session NAME on every host and return (see logs, kill)."),
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
 ) -> None:
     """Run a command on every node at once."""
-    from clusterctl import display, inventory
-    from clusterctl.remote import SshPool
+    from clusterctl import display
 
     if len(args) > 2:
         raise UsageError("too many arguments", 'quote the command: clusterctl run hosts "CMD ARGS"')
     hosts_path, cmd = (args[0], args[1]) if len(args) == 2 else (None, args[0])
-    if parallel < 1:
-        raise UsageError("--parallel must be at least 1")
-    inv = inventory.resolve(hosts_path, cluster, _store(), inventory.SshOverrides(
-        user=user, identity=tuple(identity), known_hosts=known_hosts, ssh_config=ssh_config,
-        connect_timeout=connect_timeout))
-    printer = None if (group or json_) else display.HostPrinter([t.label for t in inv.targets])
-    with SshPool(inv.settings) as pool:
-        report = pool.run(inv.targets, cmd, parallel=parallel, timeout=timeout, on_line=printer)
+    if timeout is not None and timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    if detach is not None:
+        from clusterctl import jobs
+
+        cmd = jobs.detach_command(detach, cmd)  # validates NAME before anything connects
+    inv = _inventory(hosts_path, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
+    report = _fan_out(inv, cmd, parallel, timeout, live=not (group or json_))
     if json_:
         display.json_lines(report)
     elif group:
@@ -239,6 +280,185 @@ def run(
     if not json_:
         display.summary(report)
     raise typer.Exit(report.exit_code)
+
+
+@app.command()
+@command
+def logs(
+    name: str = typer.Argument(..., help="The job's name (as given to run --detach)."),
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends everywhere."),
+    cluster: Optional[str] = _SSH["cluster"],
+    parallel: int = _SSH["parallel"],
+    connect_timeout: float = _SSH["connect_timeout"],
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
+) -> None:
+    """Stream a detached job's output from every host, prefixed by host; with -f, until it ends.
+    Exit status: the job's worst exit status once it ended (0 while it still runs)."""
+    from clusterctl import display, jobs
+
+    cmd = jobs.logs_command(name, follow)
+    inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
+    report = _fan_out(inv, cmd, parallel)
+    display.summary(report)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command("kill")
+@command
+def kill_(
+    name: str = typer.Argument(..., help="The job's name (as given to run --detach)."),
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    grace: float = typer.Option(3.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
+    cluster: Optional[str] = _SSH["cluster"],
+    parallel: int = _SSH["parallel"],
+    connect_timeout: float = _SSH["connect_timeout"],
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
+) -> None:
+    """End a detached job on every host: its whole process tree, then its tmux session; verified."""
+    from clusterctl import display, jobs
+
+    if not 0 <= grace <= 300:
+        raise UsageError("--grace must be 0..300 seconds")
+    cmd = jobs.kill_job_command(name, grace)
+    inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
+    report = _fan_out(inv, cmd, parallel)
+    display.summary(report)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
+@command
+def clean(
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    kill: bool = typer.Option(False, "--kill", help="SIGKILL python/horovodrun/mpirun/orted trees (the default action)."),
+    logs_dir: Optional[str] = typer.Option(None, "--logs", metavar="DIR", help="Remove this folder on every node."),
+    force: bool = typer.Option(False, "--force", help="With --logs: allow a folder outside the login user's home."),
+    disk: bool = typer.Option(False, "--disk", help="Table of free/used disk per node (under 10%% free flagged)."),
+    reboot: bool = typer.Option(False, "--reboot", help="Reboot every node and wait until each answers ssh again."),
+    wait: float = typer.Option(300.0, "--wait", help="Seconds to wait for rebooted nodes."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (--logs, --reboot)."),
+    cluster: Optional[str] = _SSH["cluster"],
+    parallel: int = _SSH["parallel"],
+    connect_timeout: float = _SSH["connect_timeout"],
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
+) -> None:
+    """The troubleshooting commands, done safely: kill leftover jobs, remove a log folder, show disks, reboot."""
+    from clusterctl import clean as cleanlib, display
+
+    kill = kill or not (logs_dir is not None or disk or reboot)
+    if logs_dir is not None:
+        cleanlib.check_logs_path(logs_dir)
+    if force and logs_dir is None:
+        raise UsageError("--force goes with --logs DIR")
+    if wait <= 0:
+        raise UsageError("--wait must be positive")
+    inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
+    where = f"{len(inv.targets)} node(s)"
+    if logs_dir is not None:
+        _confirm(f"Remove {logs_dir} on {where}?", yes)
+    if reboot:
+        _confirm(f"Reboot {where}?", yes)
+    codes = []
+    if kill:
+        _name_this_process()  # so a clean run from a node never matches clusterctl itself
+        report = _fan_out(inv, cleanlib.kill_command(), parallel)
+        display.summary(report)
+        codes.append(report.exit_code)
+    if logs_dir is not None:
+        report = _fan_out(inv, cleanlib.logs_command(logs_dir, force), parallel)
+        display.summary(report)
+        codes.append(report.exit_code)
+    if disk:
+        report = _fan_out(inv, cleanlib.DISK_COMMAND, parallel, live=False)
+        rows = [row for r in report if r.ok for row in cleanlib.parse_disk(r.host, r.stdout)]
+        display.disk_table(rows)
+        if not report.all_ok:
+            display.summary(report)
+        codes.append(report.exit_code)
+    if reboot:
+        codes.append(_reboot(inv, parallel, wait))
+    raise typer.Exit(_worst(codes))
+
+
+def _worst(codes: list[int]) -> int:
+    """The run table's precedence: timeout, then unreachable, then the worst other status."""
+    for special in (int(ExitCode.TIMEOUT), int(ExitCode.UNREACHABLE)):
+        if special in codes:
+            return special
+    return max(codes, default=0)
+
+
+def _name_this_process() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, b"clusterctl", 0, 0, 0)  # PR_SET_NAME
+    except Exception:
+        pass
+
+
+def _reboot(inv, parallel: int, wait: float) -> int:
+    from clusterctl import agent, clean as cleanlib, display, providers
+    from clusterctl.remote import SshPool
+
+    start = time.monotonic()
+    agent.stop(_store().root)  # its connections die with the nodes
+    if inv.cluster is not None and inv.cluster.provider == "local":
+        hosts = [t.label for t in inv.targets]
+        display.info(f"rebooting {len(hosts)} local node(s): every process in them is killed, sshd starts again")
+        why = providers.get("local", store=_store()).reboot(inv.cluster, hosts, timeout=wait)
+        back = cleanlib.wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if why.get(t.label) is None],
+                                      {}, max(1.0, wait - (time.monotonic() - start)))
+        why.update(back)
+    else:
+        with SshPool(inv.settings) as pool:
+            report = pool.run(inv.targets, cleanlib.REBOOT_COMMAND, parallel=parallel, timeout=30)
+        boot_ids = {r.host: r.stdout.strip() for r in report if r.ok}
+        why = {r.host: (r.error or r.stderr.strip() or f"exit {r.exit_code}") for r in report if not r.ok}
+        display.info(f"reboot issued on {len(boot_ids)} node(s); waiting up to {wait:.0f}s for each to answer ssh again")
+        why.update(cleanlib.wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if t.label in boot_ids],
+                                          boot_ids, wait))
+    bad = {h: w for h, w in why.items() if w}
+    for t in inv.targets:
+        if why.get(t.label) is None:
+            display.info(f"{t.label}: back after {time.monotonic() - start:.1f}s")
+        else:
+            display.warn(f"{t.label}: {why[t.label]}")
+    if not bad:
+        display.info(f"{len(inv.targets)} node(s) rebooted and answering ssh")
+        return 0
+    refused = [w for w in bad.values() if str(w).startswith("refused")]
+    return int(ExitCode.CONFIG) if len(refused) == len(bad) else int(ExitCode.TIMEOUT)
+
+
+@app.command("agent")
+@command
+def agent_(action: str = typer.Argument("status", help="status | stop")) -> None:
+    """The background holder of reused ssh connections: status, or stop it (down stops it too)."""
+    from clusterctl import agent, display
+
+    root = _store().root
+    if action == "status":
+        info = agent.ping(root)
+        if info is None or info.get("t") != "pong":
+            display.info("no connection agent running")
+        else:
+            display.info(f"connection agent pid {info['pid']}: {info['connections']} connection(s) open, "
+                         f"exits after {info['idle']:.0f}s idle; socket {agent.socket_path(root)}")
+    elif action == "stop":
+        display.info("connection agent stopped" if agent.stop(root) else "no connection agent running")
+    else:
+        raise UsageError(f"unknown action {action!r}", "use status or stop")
 
 
 # ---- the dataset on every node ---------------------------------------------------------------------------

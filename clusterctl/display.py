@@ -117,7 +117,7 @@ def grouped_output(report) -> None:
 def summary(report, tail_lines: int = 3) -> None:
     c = console(stderr=True)
     counts = {s: len(report.by_status(s)) for s in ("ok", "failed", "unreachable", "timeout")}
-    line = ", ".join(f"{n} {s}" for s, n in counts.items() if n or s == "ok")
+    line = ", ".join(f"{n} {'timed out' if s == 'timeout' else s}" for s, n in counts.items() if n or s == "ok")
     style = "green" if report.all_ok else "red"
     c.print(f"[{style}]{len(report)} host(s): {line}[/]")
     for r in report:
@@ -125,7 +125,35 @@ def summary(report, tail_lines: int = 3) -> None:
             tail = " / ".join(r.stderr.strip().splitlines()[-tail_lines:])
             c.print(f"  [red]{_esc(r.host)}[/]: exit {r.exit_code}" + (f": {_esc(tail)}" if tail else ""))
         elif r.status in ("unreachable", "timeout"):
-            c.print(f"  [red]{_esc(r.host)}[/]: {r.status}: {_esc(r.error or '')}")
+            label = "timed out" if r.status == "timeout" else r.status
+            c.print(f"  [red]{_esc(r.host)}[/]: {label}: {_esc(r.error or '')}")
+
+
+def disk_table(rows) -> None:
+    """clean --disk: one row per node and file system; under 10% free flagged."""
+    from rich.table import Table
+
+    t = Table(box=None, header_style="bold")
+    for col, just in (("HOST", "left"), ("MOUNT", "left"), ("SIZE", "right"), ("USED", "right"),
+                      ("FREE", "right"), ("FREE%", "right"), ("", "left")):
+        t.add_column(col, justify=just)
+    for r in rows:
+        flag = "[red]LOW[/]" if r.low else ""
+        t.add_row(r.host, r.mount, _size(r.size_kb), _size(r.used_kb), _size(r.free_kb),
+                  f"{r.free_fraction:.0%}", flag)
+    console().print(t)
+    low = sorted({r.host for r in rows if r.low})
+    if low:
+        warn(f"under 10% free on {fold_hosts(low)}")
+
+
+def _size(kb: int) -> str:
+    value = float(kb)
+    for unit in ("K", "M", "G", "T"):
+        if value < 1024 or unit == "T":
+            return f"{value:.0f}{unit}" if unit == "K" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}P"
 
 
 def json_lines(report) -> None:

@@ -60,14 +60,17 @@ def _for_cluster(cluster: Cluster, store: StateStore, ssh: SshOverrides, hf: Hos
 
 
 def _cluster_owning(hf: HostsFile, store: StateStore) -> Cluster | None:
-    """The cluster whose hosts file this is (the ./hosts that `up` wrote), so its pinned keys are used."""
+    """The cluster whose hosts file this is (the ./hosts that `up` wrote, or a part of it), so its
+    pinned keys are used. The current cluster wins when several hold these addresses."""
     try:
         records = store.list()
+        current = store.current()
     except Exception:
         return None
     wanted = set(hf.hosts)
+    records.sort(key=lambda r: r.cluster.name != current)
     for record in records:
-        if {n.private_ip for n in record.cluster.nodes} == wanted:
+        if wanted <= {n.private_ip for n in record.cluster.nodes}:
             return record.cluster
     return None
 

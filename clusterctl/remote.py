@@ -4,8 +4,9 @@ Never raises halfway: every host ends as a HostResult in a RunReport; the caller
 come only from the pinned known_hosts given (RejectPolicy: an unknown or changed key is refused and
 named). stdin is closed, no agent is forwarded, nothing ever prompts.
 
-Every command runs inside a small wrapper that records the remote session id, so a timeout or Ctrl-C
-kills the whole remote process tree (pkill -s), not just the channel.
+Every command runs inside a small wrapper that reports the remote session id (one marker line on
+stderr, stripped here, no extra process or file), so a timeout or Ctrl-C kills the whole remote process
+tree (the session and every descendant of it), not just the channel.
 """
 
 from __future__ import annotations
@@ -89,31 +90,57 @@ def targets_from_hosts(
 
 
 # ---- the remote wrapper ----------------------------------------------------------------------------
-_RUN_DIR = '"$HOME/.clusterctl/run"'
+SID_MARK = "\x1eclusterctl-sid "  # starts the one line of stderr that carries the remote session id
 
 
-def wrap_command(command: str, token: str) -> str:
-    """Run `command` in the login shell, recording this ssh session's id so it can be killed whole."""
-    pidfile = f'"$HOME/.clusterctl/run/{token}"'
-    return (
-        f"mkdir -p {_RUN_DIR} && echo $$ > {pidfile}; "
-        f'"${{SHELL:-/bin/sh}}" -c {shlex.quote(command)} </dev/null; '
-        f"rc=$?; rm -f {pidfile}; exit $rc"
-    )
+def wrap_command(command: str, token: str = "") -> str:
+    """Run `command` in the login shell with stdin closed, first reporting this ssh session's id on
+    stderr (sshd makes every exec session a new session whose leader is this shell: $$ is the id)."""
+    return (f"printf '\\036clusterctl-sid %s\\n' \"$$\" >&2; "
+            f'exec "${{SHELL:-/bin/sh}}" -c {shlex.quote(command)} </dev/null')
 
 
-def kill_command(token: str) -> str:
-    pidfile = f'"$HOME/.clusterctl/run/{token}"'
-    return f'if [ -f {pidfile} ]; then pkill -KILL -s "$(cat {pidfile})"; rm -f {pidfile}; fi'
+# The pids of session $1 and of every descendant of its processes (descendants may have left the session
+# with setsid, as horovodrun's launcher does), this shell and its children excepted. One ps, no loop of
+# forks. $1 empty or 0 means: the roots are every process of the login user whose name matches $2.
+TREE_FN = r"""cc_tree() {
+  ps -e -o pid= -o ppid= -o sid= -o uid= -o stat= -o comm= | awk -v s="${1:-0}" -v re="${2:-^$}" -v me="$$" -v u="$(id -u)" '
+    { pid[NR]=$1; pp[NR]=$2; sid[NR]=$3; uid[NR]=$4; st[NR]=$5; c[NR]=$6; n=NR }
+    END {
+      for (i=1;i<=n;i++) if ((s!=0 && sid[i]==s) || (s==0 && uid[i]==u && c[i] ~ re)) t[pid[i]]=1
+      do { more=0; for (i=1;i<=n;i++) if (!(pid[i] in t) && (pp[i] in t)) { t[pid[i]]=1; more=1 } } while (more)
+      for (i=1;i<=n;i++) if ((pid[i] in t) && pid[i]!=me && pp[i]!=me && st[i] !~ /^Z/) printf "%s ", pid[i]
+    }'
+}"""
+
+
+def kill_command(sid: int, grace: float = 0.0) -> str:
+    """SIGKILL (after SIGTERM and `grace` seconds, if given) session `sid` and every descendant, then
+    verify: exits 0 when nothing of it is left, 1 (listing the survivors) otherwise."""
+    sid = int(sid)
+    term = (f'p=$(cc_tree {sid}); [ -n "$p" ] && kill -TERM $p 2>/dev/null; '
+            f'i=0; while [ -n "$(cc_tree {sid})" ] && [ $i -lt {int(grace * 10)} ]; do sleep 0.1; i=$((i+1)); done; '
+            if grace > 0 else "")
+    return (f"{TREE_FN}\n{term}"
+            f'i=0; while p=$(cc_tree {sid}); [ -n "$p" ] && [ $i -lt 50 ]; do kill -STOP $p 2>/dev/null; '
+            f"kill -KILL $(cc_tree {sid}) 2>/dev/null; sleep 0.05; i=$((i+1)); done; "
+            f'p=$(cc_tree {sid}); [ -z "$p" ] || {{ echo "still running: $p" >&2; exit 1; }}')
 
 
 # ---- connections -----------------------------------------------------------------------------------
 class SshPool:
-    """Connections kept open for the life of the pool, reused by every call through it."""
+    """Connections kept open for the life of the pool, reused by every call through it.
+
+    Thread-safe: one connect at a time per target (others to the same target wait and share it),
+    any number of targets at once. A cached connection is reused only while its server key is still
+    the one pinned in known_hosts (re-read by `recheck_host_keys`), so a changed pin is never bypassed.
+    """
 
     def __init__(self, settings: SshSettings):
         self.settings = settings
-        self._clients: dict[SshTarget, object] = {}
+        self._clients: dict[tuple, object] = {}
+        self._locks: dict[tuple, threading.Lock] = {}
+        self._failed: dict[tuple, BaseException] = {}  # jump hosts that failed during the current call
         self._lock = threading.Lock()
         self.cancel = threading.Event()
 
@@ -132,83 +159,163 @@ class SshPool:
             except Exception:
                 pass
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._clients)
+
+    @staticmethod
+    def _key(target: SshTarget) -> tuple:
+        jump = SshPool._key(target.proxy_jump) if target.proxy_jump is not None else None
+        return (target.hostname, target.port, target.user, target.identity_files, jump)
+
     def client(self, target: SshTarget):
+        key = self._key(target)
         with self._lock:
-            c = self._clients.get(target)
-        if c is not None and c.get_transport() is not None and c.get_transport().is_active():
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            with self._lock:
+                c = self._clients.get(key)
+                failed = self._failed.get(key)
+            if c is not None and c.get_transport() is not None and c.get_transport().is_active():
+                return c
+            if failed is not None:
+                raise failed
+            try:
+                c = self._connect(target)
+            except Exception as exc:
+                with self._lock:
+                    self._failed[key] = exc
+                raise
+            with self._lock:
+                self._clients[key] = c
             return c
-        c = self._connect(target)
+
+    def recheck_host_keys(self) -> int:
+        """Drop cached connections whose server key is no longer the one pinned in known_hosts (or whose
+        transport died). Returns how many were dropped. Cheap: one read of the file."""
+        import paramiko
+
+        try:
+            pinned = paramiko.HostKeys(self.settings.known_hosts)
+        except (OSError, IOError):
+            pinned = paramiko.HostKeys()
+        dropped = []
         with self._lock:
-            self._clients[target] = c
-        return c
+            for key, c in list(self._clients.items()):
+                hostname, port = key[0], key[1]
+                t = c.get_transport()
+                name = hostname if port == 22 else f"[{hostname}]:{port}"
+                ok = False
+                if t is not None and t.is_active():
+                    server = t.get_remote_server_key()
+                    want = pinned.lookup(name)
+                    ok = want is not None and want.get(server.get_name()) == server
+                if not ok:
+                    dropped.append(self._clients.pop(key))
+        for c in dropped:
+            try:
+                c.close()
+            except Exception:
+                pass
+        return len(dropped)
 
     def _connect(self, target: SshTarget):
         import paramiko
 
         ct = self.settings.connect_timeout
-        sock = None
         if target.proxy_jump is not None:
             jump = self.client(target.proxy_jump)
             sock = jump.get_transport().open_channel(
                 "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=ct
             )
+        else:
+            sock = _dial(target.hostname, target.port, ct)
         client = paramiko.SSHClient()
         if os.path.exists(self.settings.known_hosts):
             client.load_host_keys(self.settings.known_hosts)
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.connect(
-            target.hostname,
-            port=target.port,
-            username=target.user,
-            key_filename=list(target.identity_files) or None,
-            timeout=ct,
-            banner_timeout=ct,
-            auth_timeout=ct,
-            channel_timeout=ct,
-            allow_agent=self.settings.allow_agent,
-            look_for_keys=not target.identity_files,
-            sock=sock,
-        )
+        try:
+            client.connect(
+                target.hostname,
+                port=target.port,
+                username=target.user,
+                key_filename=list(target.identity_files) or None,
+                timeout=ct,
+                banner_timeout=ct,
+                auth_timeout=ct,
+                channel_timeout=ct,
+                allow_agent=self.settings.allow_agent,
+                look_for_keys=not target.identity_files,
+                sock=sock,
+            )
+        except BaseException:
+            client.close()
+            sock.close()
+            raise
         return client
 
     # ---- one host ----------------------------------------------------------------------------------
     def run_one(self, target: SshTarget, command: str, timeout: float | None = None,
-                on_line: OnLine | None = None, stdin: bytes | None = None) -> HostResult:
+                on_line: OnLine | None = None, stdin: bytes | None = None,
+                cancel: threading.Event | None = None) -> HostResult:
+        cancel = cancel if cancel is not None else self.cancel
         start = time.monotonic()
         try:
             client = self.client(target)
         except Exception as exc:  # every failure to connect is a value, never an exception
             return HostResult(target.label, None, error=describe_connect_error(target, exc),
                               duration_s=time.monotonic() - start)
-        token = uuid.uuid4().hex[:16]
+        if cancel.is_set():
+            return HostResult(target.label, None, error="interrupted before it started",
+                              duration_s=time.monotonic() - start)
+        sid: list[int] = []
         try:
-            chan = client.get_transport().open_session(timeout=self.settings.connect_timeout)
-            chan.exec_command(wrap_command(command, token) if stdin is None else command)
+            try:
+                chan = client.get_transport().open_session(timeout=self.settings.connect_timeout)
+            except Exception as exc:  # a cached connection to a host that went away since
+                return HostResult(target.label, None, error=f"connection lost: {describe_connect_error(target, exc)}",
+                                  duration_s=time.monotonic() - start)
+            chan.exec_command(wrap_command(command) if stdin is None else command)
             if stdin is not None:
                 chan.sendall(stdin)
             chan.shutdown_write()
-            out, err, timed_out = _pump(chan, target.label, on_line, timeout, start, self.cancel)
-            if timed_out or self.cancel.is_set():
+            out, err, timed_out = _pump(chan, target.label, on_line, timeout, start, cancel,
+                                        sid if stdin is None else None)
+            if timed_out or cancel.is_set():
                 chan.close()
-                self._kill(client, token)
-                return HostResult(target.label, None, out, err, error="timed out" if timed_out else "interrupted",
+                left = self._kill(client, sid[0]) if sid else "its session id never arrived"
+                why = (f"timed out after {timeout:g}s" if timed_out else "interrupted") + (
+                    f"; remote processes may remain: {left}" if left else "; remote processes killed")
+                return HostResult(target.label, None, out, err, error=why,
                                   timed_out=timed_out, duration_s=time.monotonic() - start)
             code = chan.recv_exit_status()
             chan.close()
+            if code == -1:  # the channel closed without an exit status: the connection died
+                return HostResult(target.label, None, out, err, error="connection lost before the command finished",
+                                  duration_s=time.monotonic() - start)
             return HostResult(target.label, code, out, err, duration_s=time.monotonic() - start)
         except Exception as exc:
             return HostResult(target.label, None, error=f"connection lost: {exc}"[:300],
                               duration_s=time.monotonic() - start)
 
-    def _kill(self, client, token: str) -> None:
+    def _kill(self, client, sid: int) -> str:
+        """Kill the remote session and its descendants; '' when verified gone, else why not."""
         try:
             chan = client.get_transport().open_session(timeout=5)
-            chan.exec_command(kill_command(token))
-            chan.settimeout(5)
-            chan.recv_exit_status()
+            chan.settimeout(15)
+            chan.exec_command(kill_command(sid))
+            chan.shutdown_write()
+            err = b""
+            while not chan.exit_status_ready() or chan.recv_stderr_ready():
+                data = chan.recv_stderr(4096)
+                if not data and chan.exit_status_ready():
+                    break
+                err += data
+            code = chan.recv_exit_status()
             chan.close()
-        except Exception:
-            pass
+            return "" if code == 0 else (err.decode(errors="replace").strip() or f"kill exited {code}")
+        except Exception as exc:
+            return f"could not run the kill ({exc.__class__.__name__})"
 
     def put_one(self, target: SshTarget, files: Mapping[str, tuple[bytes, int]]) -> HostResult:
         """Write files (path relative to the login home, or absolute) atomically: temp name, then rename."""
@@ -234,18 +341,22 @@ class SshPool:
 
     # ---- many hosts --------------------------------------------------------------------------------
     def run(self, targets: Sequence[SshTarget], command: str | Callable[[SshTarget], str], *,
-            parallel: int = 64, timeout: float | None = None, on_line: OnLine | None = None) -> RunReport:
+            parallel: int = 64, timeout: float | None = None, on_line: OnLine | None = None,
+            cancel: threading.Event | None = None) -> RunReport:
         def one(t: SshTarget) -> HostResult:
-            return self.run_one(t, command(t) if callable(command) else command, timeout, on_line)
+            return self.run_one(t, command(t) if callable(command) else command, timeout, on_line, cancel=cancel)
 
-        return self.fan_out(targets, one, parallel)
+        return self.fan_out(targets, one, parallel, cancel=cancel)
 
     def put(self, targets: Sequence[SshTarget], files: Mapping[str, tuple[bytes, int]] | Callable[[SshTarget], Mapping[str, tuple[bytes, int]]],
             parallel: int = 64) -> RunReport:
         return self.fan_out(targets, lambda t: self.put_one(t, files(t) if callable(files) else files), parallel)
 
-    def fan_out(self, targets: Sequence[SshTarget], fn: Callable[[SshTarget], HostResult], parallel: int) -> RunReport:
+    def fan_out(self, targets: Sequence[SshTarget], fn: Callable[[SshTarget], HostResult], parallel: int,
+                cancel: threading.Event | None = None) -> RunReport:
         """Bounded window over hosts; Ctrl-C cancels every host (killing remote commands) and re-raises."""
+        with self._lock:
+            self._failed.clear()
         results: dict[str, HostResult] = {}
         pool = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets) or 1)))
         futures = {pool.submit(fn, t): t for t in targets}
@@ -257,6 +368,8 @@ class SshPool:
                     results[futures[f].label] = f.result()
         except KeyboardInterrupt:
             self.cancel.set()
+            if cancel is not None:
+                cancel.set()
             wait(futures, timeout=10)  # workers see the event, kill their remote commands, return
             pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -265,11 +378,35 @@ class SshPool:
 
 
 def _pump(chan, label: str, on_line: OnLine | None, timeout: float | None, start: float,
-          cancel: threading.Event) -> tuple[str, str, bool]:
+          cancel: threading.Event, sid: list[int] | None = None) -> tuple[str, str, bool]:
     bufs = {"stdout": bytearray(), "stderr": bytearray()}
     partial = {"stdout": b"", "stderr": b""}
+    mark = SID_MARK.encode()
+    head = bytearray() if sid is not None else None  # stderr held back until the marker line is seen
 
     def feed(stream: str, data: bytes) -> None:
+        nonlocal head
+        if stream == "stderr" and head is not None:
+            head += data
+            while head is not None and b"\n" in head:
+                line, _, rest = bytes(head).partition(b"\n")
+                if line.startswith(mark):
+                    try:
+                        sid.append(int(line[len(mark):]))
+                    except ValueError:
+                        pass
+                    data, head = rest, None
+                else:  # something printed before our marker (a login script): pass it through
+                    head = bytearray(rest)
+                    _deliver(stream, line + b"\n")
+            if head is not None:
+                if len(head) > 65536:  # no marker is coming
+                    data, head = bytes(head), None
+                else:
+                    return
+        _deliver(stream, data)
+
+    def _deliver(stream: str, data: bytes) -> None:
         buf = bufs[stream]
         buf += data
         if len(buf) > MAX_CAPTURE:
@@ -279,6 +416,11 @@ def _pump(chan, label: str, on_line: OnLine | None, timeout: float | None, start
             *lines, partial[stream] = text.split(b"\n")
             for line in lines:
                 on_line(label, stream, line.decode(errors="replace"))
+
+    def finish(timed_out: bool) -> tuple[str, str, bool]:
+        if head:
+            _deliver("stderr", bytes(head))
+        return _flush(bufs, partial, on_line, label) + (timed_out,)
 
     while True:
         if chan.recv_ready():
@@ -291,12 +433,14 @@ def _pump(chan, label: str, on_line: OnLine | None, timeout: float | None, start
             break
         if chan.closed or chan.eof_received and chan.exit_status_ready():
             break
+        if chan.eof_received and chan.get_transport() is not None and not chan.get_transport().is_active():
+            break
         if timeout is not None and time.monotonic() - start > timeout:
-            return _flush(bufs, partial, on_line, label) + (True,)
+            return finish(True)
         if cancel.is_set():
-            return _flush(bufs, partial, on_line, label) + (False,)
+            return finish(False)
         select.select([chan], [], [], 0.1)
-    return _flush(bufs, partial, on_line, label) + (False,)
+    return finish(False)
 
 
 def _flush(bufs, partial, on_line, label) -> tuple[str, str]:
@@ -305,6 +449,18 @@ def _flush(bufs, partial, on_line, label) -> tuple[str, str]:
             if partial[stream]:
                 on_line(label, stream, partial[stream].decode(errors="replace"))
     return bufs["stdout"].decode(errors="replace"), bufs["stderr"].decode(errors="replace")
+
+
+def _dial(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection with keepalives (a host that stops answering mid-command drops the connection
+    in about 30 s instead of hanging forever) and no Nagle delay."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 15), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 30000)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+    return sock
 
 
 def _sftp_makedirs(sftp, path: str) -> None:

@@ -124,3 +124,23 @@ class LocalProvider:
 
     def all_clusters(self) -> list[str]:
         return netns.all_clusters()
+
+    def reboot(self, cluster: Cluster, hosts, timeout: float = 60.0) -> dict[str, str | None]:
+        """Reboot nodes the local way (a namespace node has no kernel of its own, and `reboot` inside one
+        would reach the host's init): kill every process in the node, then start its sshd again with
+        the same host key, address and home and a fresh /tmp. ssh address -> None, or why it failed."""
+        wanted = set(hosts)
+        nodes_root = self.store.cluster_dir(cluster.name) / "nodes"
+        todo = [(i, n) for i, n in enumerate(cluster.nodes) if n.ssh_host in wanted]
+
+        def one(item) -> tuple[str, str | None]:
+            i, node = item
+            try:
+                netns.restart_node(netns.netns_name(cluster.name, i), node.name, node.private_ip,
+                                   nodes_root / str(i), port=node.ssh_port, timeout=timeout)
+                return node.ssh_host, None
+            except Exception as exc:
+                return node.ssh_host, getattr(exc, "message", None) or str(exc)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(todo)))) as pool:
+            return dict(pool.map(one, todo))

@@ -203,10 +203,17 @@ def create_node(
     os.chmod(key_path, 0o600)
     (etc_ssh / "sshd_config").write_text(sshd_config(node.address, port))
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    pid = start_node(ns, node.hostname, node_dir, tmp_size)
+    return NetNode(node.index, node.hostname, node.address, ns, pid, public.rsplit(" ", 1)[0])
 
+
+def start_node(ns: str, hostname: str, node_dir: Path, tmp_size: str = "2g") -> int:
+    """Start the node's PID 1 (sshd) in namespace `ns` with its own hostname, mounts and a fresh /tmp;
+    returns the host PID of the unshare process. Used at creation and by `restart_node`."""
+    etc_ssh, home = node_dir / "etc-ssh", node_dir / "home"
     inner = " && ".join(
         [
-            f"hostname {shlex.quote(node.hostname)}",
+            f"hostname {shlex.quote(hostname)}",
             # Order matters: sources may live under /root or /tmp, so bind them before covering those.
             f"mount --bind {shlex.quote(str(etc_ssh))} /etc/ssh",
             f"mount --bind {shlex.quote(str(home))} /root",
@@ -222,7 +229,27 @@ def create_node(
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
     )
     log.close()
-    return NetNode(node.index, node.hostname, node.address, ns, proc.pid, public.rsplit(" ", 1)[0])
+    return proc.pid
+
+
+def restart_node(ns: str, hostname: str, address: str, node_dir: Path, port: int = 22, timeout: float = 30.0) -> int:
+    """A local node's reboot: every process in it is killed (as a reboot would), then its sshd starts
+    again with the same host key, address and home, and a fresh /tmp. Waits for the ssh port."""
+    if not (Path("/run/netns") / ns).exists():
+        raise ProvisionError(f"node namespace {ns} does not exist", "bring the cluster up again")
+    deadline = time.monotonic() + timeout
+    while pids := netns_pids(ns):
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"processes of node {hostname} survived SIGKILL for {timeout:.0f}s: {pids}")
+        time.sleep(0.02)
+    pid = start_node(ns, hostname, node_dir)
+    wait_port(address, port, max(1.0, deadline - time.monotonic()), pid, node_dir / "sshd.log")
+    return pid
 
 
 def wait_port(address: str, port: int, timeout: float, pid: int | None = None, log: Path | None = None) -> None:
