@@ -1,0 +1,86 @@
+"""What each playbook step does: the same library calls the CLI commands make, never a shell-out."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from clusterctl import inventory as inventory_mod
+from clusterctl.playbook import Context, PlaybookError, Step
+
+
+def run_step(step: Step, ctx: Context) -> tuple[bool, str]:
+    handler = _HANDLERS.get(step.kind)
+    if handler is None:
+        raise PlaybookError(f"step {step.name!r}: {step.kind} steps are not available in this version")
+    return handler(step, ctx)
+
+
+def _targets(ctx: Context, on: str):
+    inv = ctx.inventory
+    if on == "leader":
+        return inventory_mod.subset(inv, inv.hosts.hosts[:1])
+    if on == "members":
+        return inventory_mod.subset(inv, inv.hosts.hosts[1:])
+    return inv
+
+
+def _run(step: Step, ctx: Context) -> tuple[bool, str]:
+    from clusterctl.remote import SshPool
+
+    p = step.params
+    inv = _targets(ctx, str(p.get("nodes", "all")))
+    if not inv.targets:
+        return True, "no hosts to run on"
+    with SshPool(inv.settings) as pool:
+        report = pool.run(inv.targets, str(p["command"]), timeout=p.get("timeout"),
+                          on_line=lambda h, s, line: ctx.report(f"  {h}: {line}"))
+    expect = p.get("expect") or {"exit": 0}
+    want_exit = expect.get("exit", 0)
+    pattern = expect.get("output")
+    bad = []
+    for r in report:
+        if r.exit_code != want_exit:
+            bad.append(f"{r.host}: exit {r.exit_code if r.exit_code is not None else r.status} (expected {want_exit})")
+        elif pattern is not None and not re.search(str(pattern), r.stdout):
+            bad.append(f"{r.host}: output does not match {pattern!r}")
+    return (not bad), "; ".join(bad) or f"{len(report)} host(s) as expected"
+
+
+def _put(step: Step, ctx: Context) -> tuple[bool, str]:
+    from clusterctl import resources
+    from clusterctl.remote import SshPool
+
+    p = step.params
+    inv = _targets(ctx, str(p.get("nodes", "all")))
+    text = resources.render(str(p["template"]), **(p.get("vars") or {}))
+    mode = int(str(p.get("mode", "644")), 8)
+    with SshPool(inv.settings) as pool:
+        report = pool.put(inv.targets, {str(p["dest"]): (text.encode(), mode)})
+    bad = [f"{r.host}: {r.error}" for r in report if not r.ok]
+    return (not bad), "; ".join(bad) or f"{p['dest']} on {len(report)} host(s)"
+
+
+def _doctor(step: Step, ctx: Context) -> tuple[bool, str]:
+    from clusterctl import doctor
+
+    report = doctor.run(ctx.inventory, python=step.params.get("python"))
+    return report.ok, "; ".join(report.failures()) or "all checks passed"
+
+
+def _bench(step: Step, ctx: Context) -> tuple[bool, str]:
+    from clusterctl import bench
+
+    p = step.params
+    inv = ctx.inventory
+    rungs = bench.parse_ladder(str(p["ladder"]), inv.hosts) if p.get("ladder") else bench.default_ladder(inv.hosts)
+    opts = bench.BenchOptions(model=str(p.get("model", "resnet50")), batch_size=int(p.get("batch_size", 32)),
+                              steps=int(p.get("steps", 20)), warmup_steps=int(p.get("warmup_steps", 3)),
+                              threshold=float(p.get("threshold", bench.DEFAULT_THRESHOLD)),
+                              timeout=float(p.get("timeout", 900)))
+    ladder = bench.run_ladder(inv, rungs, opts, Path(str(p.get("out", "bench-results"))))
+    summary = ", ".join(f"{r.np}:{r.img_per_sec:.0f} img/s" for r in ladder.rungs)
+    return (ladder.passed or not ladder.judged), f"{summary}; {ladder.verdict}"
+
+
+_HANDLERS = {"run": _run, "put": _put, "doctor": _doctor, "bench": _bench}

@@ -1,0 +1,72 @@
+"""`clusterctl doctor` on real namespace nodes: all green, then three nodes broken on purpose."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from clusterctl import doctor
+from clusterctl.providers import netns
+
+
+def test_judge_flags_version_skew_and_clock():
+    base = {"python": "3.11.2", "tensorflow": "2.15.1", "horovod": "0.28.1", "nccl": "n/a", "cuda_driver": "n/a",
+            "gpus": "n/a", "disk_free_pct": "50", "mem_free_gb": "20", "stale": "0", "gpu_procs": "n/a", "time": "100.0"}
+    facts = {"a": dict(base), "b": dict(base), "c": {**base, "horovod": "0.27.0", "time": "105.0"}}
+    report = doctor.judge(facts, {"a": 8, "b": 8, "c": 8}, {h: (100.0, 100.5) for h in facts}, {})
+    cells = {n.host: n.cells for n in report.nodes}
+    assert cells["a"]["versions"].status == "ok" and cells["c"]["versions"].why == "horovod 0.27.0 != 0.28.1"
+    assert cells["c"]["clock"].status == "fail" and cells["c"]["clock"].why == "+4.50s from this machine"
+    assert cells["a"]["gpus"].status == "n/a" and not report.ok
+
+
+def test_judge_gpus_against_slots_and_cloud_placement():
+    base = {"python": "3", "tensorflow": "2", "horovod": "0", "nccl": "2.18", "cuda_driver": "535", "gpus": "8",
+            "disk_free_pct": "50", "mem_free_gb": "20", "stale": "0", "gpu_procs": "0", "time": "1.0"}
+    cloud = {"a": {"type": "p3.16xlarge", "zone": "us-east-1a", "placement": "pg"},
+             "b": {"type": "p3.16xlarge", "zone": "us-east-1a", "placement": "pg"},
+             "c": {"type": "p3.16xlarge", "zone": "us-east-1b", "placement": "pg"}}
+    facts = {"a": dict(base), "b": {**base, "gpus": "7"}, "c": dict(base)}
+    report = doctor.judge(facts, {"a": 8, "b": 8, "c": 8}, {h: (0.5, 1.5) for h in facts}, {}, cloud)
+    cells = {n.host: n.cells for n in report.nodes}
+    assert cells["b"]["gpus"].why == "nvidia-smi sees 7 GPUs, slots=8"
+    assert cells["c"]["same-type"].why == "zone us-east-1b != us-east-1a" and cells["a"]["same-type"].status == "ok"
+
+
+def test_doctor_names_each_broken_node(local_cluster_factory):
+    c = local_cluster_factory(3, 1)
+    healthy = c.cli("doctor", "--json")
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert json.loads(healthy.stdout)["ok"] is True
+
+    # leader: another TensorFlow version (a dist-info bind-mounted over the real one, in that node only)
+    import importlib.metadata as md
+
+    real = Path(str(md.distribution("tensorflow-cpu")._path))  # type: ignore[attr-defined]
+    fake = Path(tempfile.mkdtemp(prefix="fake-tf-"))
+    for f in real.iterdir():
+        if f.is_file():
+            (fake / f.name).write_bytes(f.read_bytes())
+    meta = fake / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 2.15.1", "Version: 2.14.0", 1))
+    c.node_exec(0, "mount", "--bind", str(fake), str(real))
+    # member 1: a stale training process
+    c.node_exec(1, "sh", "-c", f"setsid {sys.executable} -c 'import time; time.sleep(600)' train_imagenet.py "
+                               "</dev/null >/dev/null 2>&1 &")
+    # member 2: cannot reach member 1 (its packets to member 1's sshd are rejected)
+    subprocess.run(["ip", "netns", "exec", netns.netns_name(c.name, 2), "iptables", "-A", "OUTPUT", "-d", c.hosts[1],
+                    "-p", "tcp", "--dport", "22", "-j", "REJECT"], check=True)
+
+    broken = c.cli("doctor")
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    fails = [line for line in broken.stdout.splitlines() if line.startswith("FAIL ")]
+    assert f"FAIL {c.hosts[0]} versions: tensorflow 2.14.0 != 2.15.1" in fails
+    assert any(line.startswith(f"FAIL {c.hosts[1]} stale-procs: 1 training process(es)") for line in fails), fails
+    assert f"FAIL {c.hosts[2]} ssh-mesh: cannot ssh to {c.hosts[1]}" in fails
+    assert len(fails) == 3, fails
+    report = json.loads(c.cli("doctor", "--json").stdout)
+    assert report["ok"] is False
+    assert report["nodes"][1]["cells"]["versions"]["status"] == "ok"
