@@ -325,6 +325,7 @@ class Syncer:
         self.manifest_bytes = b""
         self.src_root = ""  # the source folder, resolved where it is
         self._tmp: tempfile.TemporaryDirectory | None = None
+        self.children = Children()
 
     # ---- helpers ---------------------------------------------------------------------------------------
     @property
@@ -365,11 +366,24 @@ class Syncer:
     def _live(self, nodes: Sequence[_Node] | None = None) -> list[_Node]:
         return [n for n in (self.nodes if nodes is None else nodes) if n.alive]
 
-    def _fan(self, nodes: Sequence[_Node], fn: Callable[[_Node], None], parallel: int = 64) -> None:
-        if not nodes:
+    def _fan(self, items: Sequence, fn: Callable[[object], None], parallel: int = 64) -> None:
+        """fn over items on a bounded pool. Ctrl-C stops local children and remote commands, then re-raises."""
+        if not items:
             return
-        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(nodes)))) as ex:
-            list(ex.map(fn, nodes))
+        ex = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(items))))
+        futures = [ex.submit(fn, it) for it in items]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            self.interrupt()
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
+        ex.shutdown(wait=True)
+
+    def interrupt(self) -> None:
+        self.pool.cancel.set()
+        self.children.kill_all()
 
     def _write_list(self, paths: Sequence[str]) -> bytes:
         return b"".join(os.fsencode(p) + b"\0" for p in paths)
@@ -379,28 +393,10 @@ class Syncer:
         self.start = time.monotonic()
         self._tmp = tempfile.TemporaryDirectory(prefix="clusterctl-sync-")
         try:
-            self._manifest()
-            self._upload()
-            self.events.phase(f"checking {len(self._live())} node(s) against the manifest")
-            self._check_all(reset=True)
-            todo = [n for n in self._live() if n.bad]
-            for n in todo:
-                n.outcome.bytes = n.bad_bytes
-            if todo:
-                self._transport(todo)
-                self.events.phase("verifying every copy against the manifest")
-                self._check_all(todo, reset=False)
-                for attempt in range(2):
-                    broken = [n for n in self._live(todo) if n.bad]
-                    if not broken:
-                        break
-                    self.events.phase(f"repairing {len(broken)} node(s) with rsync of the bad files only")
-                    self._repair(broken)
-                    self._check_all(broken, reset=False)
-                for n in self._live(todo):
-                    if n.bad:
-                        self._fail(n, "failed", f"{len(n.bad)} file(s) still differ from the manifest, e.g. {n.bad[0]!r}")
-            self._cleanup()
+            self._run()
+        except BaseException:
+            self.interrupt()
+            raise
         finally:
             self._tmp.cleanup()
         for n in self.nodes:
@@ -410,6 +406,30 @@ class Syncer:
         total = sum(e.get("s", 0) for e in self.entries)
         files = sum(1 for e in self.entries if e["t"] == "f")
         return SyncReport([n.outcome for n in self.nodes], total, time.monotonic() - self.start, self.strategy, files)
+
+    def _run(self) -> None:
+        self._manifest()
+        self._upload()
+        self.events.phase(f"checking {len(self._live())} node(s) against the manifest")
+        self._check_all(reset=True)
+        todo = [n for n in self._live() if n.bad]
+        for n in todo:
+            n.outcome.bytes = n.bad_bytes
+        if todo:
+            self._transport(todo)
+            self.events.phase("verifying every copy against the manifest")
+            self._check_all(todo, reset=False)
+            for attempt in range(2):
+                broken = [n for n in self._live(todo) if n.bad]
+                if not broken:
+                    break
+                self.events.phase(f"repairing {len(broken)} node(s) with rsync of the bad files only")
+                self._repair(broken)
+                self._check_all(broken, reset=False)
+            for n in self._live(todo):
+                if n.bad:
+                    self._fail(n, "failed", f"{len(n.bad)} file(s) still differ from the manifest, e.g. {n.bad[0]!r}")
+        self._cleanup()
 
     # ---- manifest ----------------------------------------------------------------------------------
     def _manifest(self) -> None:
@@ -486,7 +506,7 @@ class Syncer:
             n.root, n.bad, n.bad_bytes, n.free = data["root"], data["bad"], data["bad_bytes"], data["free"]
             if reset and n.bad_bytes > n.free:
                 self._fail(n, "failed", f"not enough space at {n.root}: needs {_mb(n.bad_bytes)}, has {_mb(n.free)} free")
-            elif not n.bad:
+            elif not n.bad and not n.outcome.seconds:
                 n.outcome.seconds = time.monotonic() - self.start
                 self.events.progress(n.label, n.outcome.bytes)
 
@@ -571,6 +591,9 @@ class Syncer:
         done_at: dict[int, int] = {}
 
         def on_stderr(line: str) -> None:
+            rc = re.search(r"CCSYNC-RC (\d+) ", line)
+            if rc and int(rc.group(1)) in by_index:
+                by_index[int(rc.group(1))].outcome.seconds = time.monotonic() - self.start
             m = re.search(r"CCSYNC-TAR (\d+) (\d+)", line)
             if m:
                 idx, ck = int(m.group(1)), int(m.group(2))
@@ -592,7 +615,7 @@ class Syncer:
         tar = ["tar", "-C", self.src_root, "--null", "--no-recursion", "-T", str(list_path), "-cf", "-"]
         ssh = operator_ssh(head.target, self.known_hosts, self.managed) + [
             "--", head.target.hostname, f"bash {shlex.quote(self.work + '/relay.sh')}"]
-        run_pipeline(tar, ssh, on_stderr, self.timeout)
+        run_pipeline(self.children, tar, ssh, on_stderr, self.timeout)
 
     # ---- rsync hops ------------------------------------------------------------------------------
     def _rsync(self, sender: _Node | None, receiver: _Node, paths: list[str]) -> bool:
@@ -615,7 +638,9 @@ class Syncer:
             dest = f"{receiver.target.user}@{_host_for_rsync(receiver.target.hostname)}:{receiver.root}/"
             argv = [*RSYNC_BASE, "-e", str(wrapper), f"--files-from={list_path}",
                     self.src_root.rstrip("/") + "/", dest]
-            return run_rsync(argv, progress, self.timeout) == 0
+            ok = run_rsync(self.children, argv, progress, self.timeout) == 0
+            receiver.outcome.seconds = time.monotonic() - self.start
+            return ok
         node = self.leader if from_leader else sender
         src_dir = self.src_root if from_leader else node.root
         if not node.alive:
@@ -634,6 +659,7 @@ class Syncer:
                 progress(done)
 
         r = self.pool.run_one(node.target, f"bash -c {shlex.quote(cmd)}", timeout=self.timeout, on_line=on_line)
+        receiver.outcome.seconds = time.monotonic() - self.start
         return r.ok
 
     def _tree(self, todo: list[_Node]) -> None:
@@ -642,10 +668,12 @@ class Syncer:
         rounds = plan_tree([n.label for n in todo], self.leader.label if leader_src else None)
         holders: list[_Node | None] = [None]  # None: the source
         pending = [by_label[b] for hops in rounds for _, b in hops]
+        # the leader's own copy, when it is the source: a local hop in the first round, using no link
+        extra = [self.leader] if leader_src and self.leader in todo else []
         r = 0
-        while pending:
+        while pending or extra:
             r += 1
-            hops = []
+            hops, extra = [(None, x) for x in extra], []
             for h in list(holders):
                 if pending:
                     hops.append((h, pending.pop(0)))
@@ -657,7 +685,7 @@ class Syncer:
                 results[b.index] = self._rsync(a, b, b.bad)
 
             self._fan(hops, hop)
-            holders += [b for _, b in hops if results.get(b.index)]
+            holders += [b for _, b in hops if results.get(b.index) and not (leader_src and b is self.leader)]
 
     def _repair(self, broken: list[_Node]) -> None:
         """rsync only the bad files, from verified nodes (spread over them) or else from the source."""
@@ -740,11 +768,37 @@ def source_script(src_root: str, work: str) -> bytes:
 
 
 # ---- local processes --------------------------------------------------------------------------------
-def run_pipeline(producer: list[str], consumer: list[str], on_stderr: Callable[[str], None],
+class Children:
+    """The local processes a sync started, so Ctrl-C (or an error) stops exactly those."""
+
+    def __init__(self):
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def popen(self, argv: list[str], **kw) -> subprocess.Popen:
+        p = subprocess.Popen(argv, **kw)
+        with self._lock:
+            self._procs.add(p)
+        return p
+
+    def done(self, *procs: subprocess.Popen) -> None:
+        with self._lock:
+            for p in procs:
+                self._procs.discard(p)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def run_pipeline(children: Children, producer: list[str], consumer: list[str], on_stderr: Callable[[str], None],
                  timeout: float | None) -> int:
     """producer | consumer on this machine; the consumer's stderr lines go to on_stderr."""
-    a = subprocess.Popen(producer, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    b = subprocess.Popen(consumer, stdin=a.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    a = children.popen(producer, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    b = children.popen(consumer, stdin=a.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     a.stdout.close()
     errs: list[bytes] = []
     t = threading.Thread(target=lambda: errs.append(a.stderr.read()), daemon=True)
@@ -759,10 +813,12 @@ def run_pipeline(producer: list[str], consumer: list[str], on_stderr: Callable[[
         for p in (a, b):
             p.kill()
         raise
+    finally:
+        children.done(a, b)
 
 
-def run_rsync(argv: list[str], progress: Callable[[int], None], timeout: float | None) -> int:
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def run_rsync(children: Children, argv: list[str], progress: Callable[[int], None], timeout: float | None) -> int:
+    proc = children.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     errs: list[bytes] = []
     t = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)
     t.start()
@@ -779,3 +835,5 @@ def run_rsync(argv: list[str], progress: Callable[[int], None], timeout: float |
     except BaseException:
         proc.kill()
         raise
+    finally:
+        children.done(proc)

@@ -1,0 +1,211 @@
+"""`clusterctl sync` without nodes: plans, inputs, the node agent's manifest and checks, relay scripts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from clusterctl import sync_agent, transfer
+from clusterctl.errors import ConfigError, UsageError
+from clusterctl.remote import SshTarget
+
+
+# ---- plans ------------------------------------------------------------------------------------------
+def test_chain_plan_is_one_stream_per_link():
+    plan = transfer.plan_relay(["a", "b", "c", "d"])
+    assert plan.edges() == [("source", "a"), ("a", "b"), ("b", "c"), ("c", "d")]
+
+
+def test_fanout_splits_the_rest_into_k_chains_of_equal_length():
+    plan = transfer.plan_relay([f"n{i}" for i in range(8)], fanout=3)
+    assert plan.children["source"] == ("n0",)
+    assert plan.children["n0"] == ("n1", "n4", "n6")
+    assert plan.edges()[-1] == ("n2", "n3")
+    receivers = [b for _, b in plan.edges()]
+    assert sorted(receivers) == sorted(f"n{i}" for i in range(8))  # every node exactly once
+
+
+def test_leader_source_is_the_head_of_its_chains():
+    plan = transfer.plan_relay(["L", "a", "b", "c"], fanout=2, source_is="L")
+    assert plan.children["source"] == ("a", "c")
+    assert "L" not in [b for _, b in plan.edges()]
+
+
+def test_tree_rounds_double_the_holders():
+    rounds = transfer.plan_tree([f"n{i}" for i in range(7)])
+    assert [len(r) for r in rounds] == [1, 2, 4]
+    assert rounds[1] == [("source", "n1"), ("n0", "n2")]
+
+
+def test_render_plan_names_every_hop():
+    src = transfer.Source("local", path="/data")
+    lines = transfer.render_plan("chain", ["a", "b"], src, 1, "a")
+    assert lines[1:] == ["  source (/data) -> a", "  a -> b"]
+    assert "round 2" in "\n".join(transfer.render_plan("tree", ["a", "b", "c"], src, 1, "a"))
+    s3 = transfer.render_plan("chain", ["a", "b"], transfer.Source("s3", bucket="bk", prefix="p/"), 1, "a")
+    assert s3[1:] == ["  s3://bk/p/ -> a", "  s3://bk/p/ -> b"]
+
+
+# ---- inputs -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dst", ["/", "//", "/./", "/tmp/..", "/../..", "~", "~/", ".", "..", "../x", "", "a\nb"])
+def test_dangerous_or_broken_dst_is_refused(dst):
+    with pytest.raises(UsageError):
+        transfer.check_dst(dst)
+
+
+@pytest.mark.parametrize("dst, expect", [("~/data", "data"), ("/tmp/x/", "/tmp/x"), ("-d 'q' $H", "-d 'q' $H")])
+def test_dst_is_normalised(dst, expect):
+    assert transfer.check_dst(dst) == expect
+
+
+def test_sources(tmp_path):
+    assert transfer.parse_source("s3://my-bucket/a/b") == transfer.Source("s3", bucket="my-bucket", prefix="a/b/")
+    assert transfer.parse_source("s3://my-bucket") == transfer.Source("s3", bucket="my-bucket", prefix="")
+    assert transfer.parse_source("leader:~/x y") == transfer.Source("leader", path="~/x y")
+    assert transfer.parse_source(str(tmp_path)).path == str(tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        transfer.parse_source(str(tmp_path / "missing"))
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is not a folder"):
+        transfer.parse_source(str(tmp_path / "f"))
+    with pytest.raises(UsageError):
+        transfer.parse_source("s3://Bad_Bucket/x")
+    with pytest.raises(UsageError):
+        transfer.parse_source("leader:")
+
+
+# ---- the agent --------------------------------------------------------------------------------------
+def _tree(root: Path) -> None:
+    (root / "a b").mkdir(parents=True)
+    (root / "a b" / "it's $x").write_bytes(b"hello")
+    (root / "-lead").write_bytes(b"x" * 3000)
+    (root / "empty").mkdir()
+    (root / "new\nline").write_bytes(b"nl")
+    os.symlink("-lead", root / "link")
+    (root / ".clusterctl-sync").mkdir()
+    (root / ".clusterctl-sync" / "COMPLETE").write_text("{}")
+    (root / "a b" / ".clusterctl-partial").mkdir()
+    (root / "a b" / ".clusterctl-partial" / "junk").write_text("half")
+
+
+def test_scan_lists_dirs_files_links_with_sha256_and_leaves_out_its_own(tmp_path):
+    _tree(tmp_path)
+    entries = {e["p"]: e for e in sync_agent.scan(str(tmp_path))}
+    assert set(entries) == {"a b", "a b/it's $x", "-lead", "empty", "new\nline", "link"}
+    assert entries["a b/it's $x"] == {"p": "a b/it's $x", "t": "f", "s": 5, "h": hashlib.sha256(b"hello").hexdigest()}
+    assert entries["link"] == {"p": "link", "t": "l", "l": "-lead"}
+    assert entries["empty"]["t"] == "d"
+
+
+def _agent(*args: str) -> tuple[int, dict]:
+    proc = subprocess.run(["python3", sync_agent.__file__, *args], capture_output=True, text=True)
+    return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _manifest(tmp_path: Path, src: Path) -> Path:
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps({"entries": sync_agent.scan(str(src))}))
+    return m
+
+
+def test_check_finds_a_flipped_byte_with_size_and_mtime_kept_and_marks_only_a_whole_copy(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _tree(src)
+    m = _manifest(tmp_path, src)
+    subprocess.run(["cp", "-a", f"{src}/.", str(dst)], check=True)
+    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "test")
+    assert rc == 0 and out["bad"] == [] and out["marked"]
+    marker = json.loads((dst / ".clusterctl-sync" / "COMPLETE").read_text())
+    assert marker["manifest_sha256"] == out["digest"] and marker["files"] == 3
+
+    f = dst / "-lead"
+    st = f.stat()
+    data = bytearray(f.read_bytes())
+    data[1234] ^= 0x01
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "test")
+    assert rc == 0 and out["bad"] == ["-lead"] and out["bad_bytes"] == 3000 and not out["marked"]
+    assert not (dst / ".clusterctl-sync" / "COMPLETE").exists()  # removed first, not written again
+
+
+def test_check_replaces_wrong_types_and_delete_mirrors(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _tree(src)
+    m = _manifest(tmp_path, src)
+    (dst / "empty").mkdir(parents=True)
+    (dst / "-lead").mkdir()  # a folder where a file belongs
+    (dst / "extra").write_text("not in the source")
+    os.symlink("/etc", dst / "a b")  # a link where a folder belongs: never followed
+    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--reset")
+    assert rc == 0
+    assert set(out["bad"]) == {"a b", "a b/it's $x", "-lead", "new\nline", "link"}
+    assert not (dst / "-lead").exists() and not (dst / "a b").exists()
+    assert (dst / "extra").exists()
+    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--delete")
+    assert not (dst / "extra").exists() and (dst / ".clusterctl-sync").is_dir()
+
+
+def test_hostile_manifest_paths_are_refused(tmp_path):
+    for bad in ["../x", "/etc/passwd", "a/../../x", "a//b", ".clusterctl-sync/COMPLETE", "a/.clusterctl-partial/x"]:
+        m = tmp_path / "m.json"
+        m.write_text(json.dumps({"entries": [{"p": bad, "t": "f", "s": 1, "h": "0" * 64}]}))
+        rc, out = _agent("check", "--dst", str(tmp_path / "d"), "--manifest", str(m))
+        assert rc == sync_agent.EXIT_INPUT and "manifest refused" in out["error"], bad
+
+
+def test_agent_refuses_root_and_missing_source(tmp_path):
+    rc, out = _agent("check", "--dst", "/", "--manifest", "x")
+    assert rc == 2 and "refusing" in out["error"]
+    rc, out = _agent("manifest", str(tmp_path / "nope"))
+    assert rc == sync_agent.EXIT_INPUT and "no such directory" in out["error"]
+
+
+def test_s3_etags_single_and_multipart(tmp_path):
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    f = tmp_path / "obj"
+    f.write_bytes(data)
+    assert sync_agent.etag_matches(str(f), hashlib.md5(data).hexdigest(), len(data))
+    part = 1024 * 1024
+    digests = b"".join(hashlib.md5(data[i:i + part]).digest() for i in range(0, len(data), part))
+    etag = f"{hashlib.md5(digests).hexdigest()}-4"
+    assert sync_agent.etag_matches(str(f), etag, len(data))
+    assert not sync_agent.etag_matches(str(f), etag.replace("-4", "-3"), len(data))
+    assert not sync_agent.etag_matches(str(f), "0" * 32, len(data))
+
+
+# ---- relay scripts and ssh lines --------------------------------------------------------------------
+def test_relay_script_quotes_every_path_and_pins_host_keys(tmp_path):
+    child = transfer._Node(1, SshTarget("10.0.0.3", "10.0.0.3"), "10.0.0.3", transfer.NodeOutcome("10.0.0.3"))
+    hop = transfer.node_ssh("root", 22, managed=True)
+    root = "/data/-x 'q' $HOME \"d\""
+    text = transfer.relay_script(0, root, [child], hop, ".clusterctl/sync/abc").decode()
+    assert "StrictHostKeyChecking=yes" in text and "UserKnownHostsFile=~/.ssh/known_hosts" in text
+    assert "aes128-gcm@openssh.com" in text and "Compression=no" in text
+    assert f"tar -C {shlex.quote(root)} -xf -" in text
+    assert "tee -p" in text
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # it parses
+
+
+def test_operator_ssh_uses_the_clusters_key_and_known_hosts_only():
+    t = SshTarget("n", "10.0.0.2", 2222, "root", ("/k/id",))
+    argv = transfer.operator_ssh(t, "/k/known_hosts", managed=True)
+    joined = " ".join(argv)
+    assert argv[:3] == ["ssh", "-F", "/dev/null"]
+    assert "-i /k/id" in joined and "UserKnownHostsFile=/k/known_hosts" in joined
+    assert "StrictHostKeyChecking=yes" in joined and "-p 2222" in joined and "BatchMode=yes" in joined
+
+
+def test_sync_report_exit_codes():
+    o = [transfer.NodeOutcome("a"), transfer.NodeOutcome("b", status="failed", detail="disk")]
+    rep = transfer.SyncReport(o, 10, 1.0, "chain", 1)
+    assert rep.exit_code == 1 and "1 of 2 node(s) not verified" in rep.error().message
+    o.append(transfer.NodeOutcome("c", status="unreachable"))
+    assert rep.exit_code == 5 and int(rep.error().exit_code) == 5
+    assert transfer.SyncReport([transfer.NodeOutcome("a")], 0, 0, "chain", 0).error() is None
