@@ -1,0 +1,156 @@
+"""`clusterctl sync` end to end on real namespace nodes (sshd, rsync, tar): folder sources, every strategy,
+verification, re-runs, hostile paths and refused input. One 3-node cluster for the whole module."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sync_support import (down_cluster, first_error_line, make_dataset, marker, node_sha256, random_files, sync,
+                          table_rows, up_cluster)
+
+
+@pytest.fixture(scope="module")
+def c3(tmp_path_factory):
+    cluster = up_cluster(tmp_path_factory.mktemp("sync3"), 3)
+    yield cluster
+    down_cluster(cluster)
+
+
+HOSTILE = {
+    "plain.bin": os.urandom(70_000),
+    "dir with space/it's \"quoted\" $HOME `x`.bin": os.urandom(5_000),
+    "-leading dash/-f": b"dash",
+    "new\nline/file\twith tab": b"nl",
+    "deep/a/b/c/d/e.txt": b"deep" * 1000,
+}
+
+
+@pytest.fixture(scope="module")
+def hostile_src(tmp_path_factory):
+    root = tmp_path_factory.mktemp("src") / "-src dir 'q' $HOME \"dq\""
+    sums = make_dataset(root, HOSTILE)
+    (root / "empty dir").mkdir()
+    os.symlink("plain.bin", root / "link to plain")
+    return root, sums
+
+
+def _all_verified(c3, root: str, sums: dict) -> None:
+    for i in range(3):
+        assert node_sha256(c3, i, root) == sums, f"node {i}"
+        m = marker(c3, i, root)
+        assert m is not None and m["files"] == len(sums), f"node {i} has no completion marker"
+
+
+def test_chain_copies_hostile_paths_to_every_node_verified(c3, hostile_src):
+    src, sums = hostile_src
+    dst = "-dst 'q' $HOME \"dq\""  # relative: in each node's home; leading dash, quotes, $
+    proc = sync(c3, "--", str(src), dst)
+    assert proc.returncode == 0, proc.stderr
+    root = f"/root/{dst}"
+    _all_verified(c3, root, sums)
+    for i in range(3):
+        assert c3.node_exec(i, "readlink", f"{root}/link to plain").stdout.strip() == "plain.bin"
+        assert c3.node_exec(i, "test", "-d", f"{root}/empty dir", check=False).returncode == 0
+        left = c3.node_exec(i, "ls", "-A", "/root/.clusterctl/sync", check=False).stdout.strip()
+        assert left == "", f"node {i} kept sync's work files: {left}"
+    rows = table_rows(proc.stdout)
+    assert set(rows) == set(c3.hosts) and all(r.rstrip().endswith("yes") for r in rows.values())
+    total = sum(len(v) for v in HOSTILE.values())
+    assert f"{total:,}" in rows[c3.hosts[2]]
+    assert "3 of 3 node(s) verified and marked complete" in proc.stderr
+
+
+def test_rerun_copies_nothing_and_a_flipped_byte_is_found_and_fixed(c3, tmp_path):
+    src = tmp_path / "ds"
+    sums = make_dataset(src, random_files(20, 50_000))
+    assert sync(c3, str(src), "/tmp/flip").returncode == 0
+    again = sync(c3, str(src), "/tmp/flip")
+    assert again.returncode == 0
+    assert all(" 0 " in row for row in table_rows(again.stdout).values()), again.stdout  # nothing copied
+
+    # one byte flipped on node 2, size and mtime kept: only a content check can see it
+    c3.node_exec(2, "python3", "-c",
+                 "import os,sys; p=sys.argv[1]; st=os.stat(p); b=bytearray(open(p,'rb').read()); b[777]^=1; "
+                 "open(p,'wb').write(b); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))", "/tmp/flip/part-0007.bin")
+    assert node_sha256(c3, 2, "/tmp/flip")["part-0007.bin"] != sums["part-0007.bin"]
+    fixed = sync(c3, str(src), "/tmp/flip")
+    assert fixed.returncode == 0, fixed.stderr
+    rows = table_rows(fixed.stdout)
+    assert "50,000" in rows[c3.hosts[2]] and " 0 " in rows[c3.hosts[0]]  # only that file, only there
+    _all_verified(c3, "/tmp/flip", sums)
+
+
+def test_changed_source_unmarks_until_verified_and_delete_mirrors(c3, tmp_path):
+    src = tmp_path / "ds"
+    make_dataset(src, random_files(5, 10_000))
+    assert sync(c3, str(src), "/tmp/mirror").returncode == 0
+    first = marker(c3, 1, "/tmp/mirror")["manifest_sha256"]
+    (src / "part-0000.bin").unlink()
+    sums = make_dataset(src, {"new.bin": b"n" * 999})
+    sums.update({p.name: __import__("hashlib").sha256(p.read_bytes()).hexdigest()
+                 for p in src.iterdir() if p.name != "new.bin"})
+    proc = sync(c3, str(src), "/tmp/mirror")
+    assert proc.returncode == 0
+    assert marker(c3, 1, "/tmp/mirror")["manifest_sha256"] != first
+    assert "part-0000.bin" in node_sha256(c3, 1, "/tmp/mirror")  # kept without --delete
+    proc = sync(c3, "--delete", str(src), "/tmp/mirror")
+    assert proc.returncode == 0
+    _all_verified(c3, "/tmp/mirror", sums)
+
+
+@pytest.mark.parametrize("strategy", ["tree", "parallel", "sequential"])
+def test_other_strategies_verify_the_same(c3, tmp_path, strategy):
+    src = tmp_path / "ds"
+    sums = make_dataset(src, random_files(12, 40_000, seed=3))
+    dst = f"/tmp/s-{strategy}"
+    proc = sync(c3, "--strategy", strategy, str(src), dst)
+    assert proc.returncode == 0, proc.stderr
+    _all_verified(c3, dst, sums)
+
+
+def test_leader_source_with_fanout_and_tree(c3, tmp_path):
+    src = tmp_path / "ds"
+    sums = make_dataset(src, random_files(8, 30_000, seed=5))
+    assert sync(c3, "--", str(src), "-on leader $x").returncode == 0  # now on every node, the leader included
+    proc = sync(c3, "--fanout", "2", "leader:-on leader $x", "/tmp/from-leader")
+    assert proc.returncode == 0, proc.stderr
+    _all_verified(c3, "/tmp/from-leader", sums)
+    proc = sync(c3, "--strategy", "tree", "leader:-on leader $x", "/tmp/from-leader-tree")
+    assert proc.returncode == 0, proc.stderr
+    _all_verified(c3, "/tmp/from-leader-tree", sums)
+    # SRC and DST the same folder on the leader: it is already the copy; the others get theirs
+    proc = sync(c3, "--", "leader:-on leader $x", "-on leader $x")
+    assert proc.returncode == 0 and " 0 " in table_rows(proc.stdout)[c3.hosts[0]]
+
+
+def test_plan_prints_who_sends_to_whom_without_copying(c3, tmp_path):
+    src = tmp_path / "ds"
+    make_dataset(src, {"a": b"a"})
+    proc = sync(c3, "--plan", "--fanout", "2", str(src), "/tmp/planned")
+    assert proc.returncode == 0
+    h = c3.hosts
+    assert proc.stdout.splitlines()[1:] == [f"  source ({src}) -> {h[0]}", f"  {h[0]} -> {h[1]}", f"  {h[0]} -> {h[2]}"]
+    assert c3.node_exec(0, "test", "-e", "/tmp/planned", check=False).returncode == 1
+    tree = sync(c3, "--plan", "--strategy", "tree", str(src), "/tmp/planned")
+    assert f"round 2: source ({src}) -> {h[1]}, {h[0]} -> {h[2]}" in tree.stdout
+
+
+def test_bad_input_is_one_error_line_with_its_exit_code(c3, tmp_path):
+    for dst in ("/", "//", "/tmp/../"):
+        proc = sync(c3, str(tmp_path), dst)
+        assert proc.returncode == 2, (dst, proc.stderr)
+        assert first_error_line(proc.stderr) == "Error: refusing to sync into / (DST must be a folder of its own)"
+    proc = sync(c3, str(tmp_path / "no such"), "/tmp/x")
+    assert proc.returncode == 3
+    assert first_error_line(proc.stderr).startswith(f"Error: SRC {tmp_path / 'no such'} does not exist")
+    proc = sync(c3, "leader:/no/such/dir", "/tmp/x")
+    assert proc.returncode == 3
+    assert first_error_line(proc.stderr) == "Error: SRC leader:/no/such/dir: no such directory: /no/such/dir"
+    proc = sync(c3, "--strategy", "magic", str(tmp_path), "/tmp/x")
+    assert proc.returncode == 2 and "unknown --strategy 'magic'" in first_error_line(proc.stderr)
+    proc = sync(c3, str(tmp_path))
+    assert proc.returncode == 2 and "expected [HOSTS] SRC DST" in first_error_line(proc.stderr)
+    for i in range(3):
+        assert c3.node_exec(i, "test", "-e", "/tmp/x", check=False).returncode == 1  # nothing was touched
