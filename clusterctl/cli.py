@@ -71,6 +71,29 @@ def _store():
     return StateStore()
 
 
+def _provider(kind: str, store, region: str | None = None):
+    """A provider by name; the AWS one gets the region and reports its progress on stderr."""
+    from clusterctl import display, providers
+
+    if kind == "aws":
+        return providers.get("aws", store=store, region=region or None, report=display.info)
+    return providers.get(kind, store=store)
+
+
+def _where(name: str, region: str | None) -> str:
+    """The provider of a cluster that has no local record: local when it has namespaces here or when no
+    AWS region is configured (so it cannot be looked up in the cloud), else aws."""
+    from clusterctl.providers import netns
+
+    if name in netns.all_clusters():
+        return "local"
+    if region:
+        return "aws"
+    from clusterctl.providers.aws import configured_region
+
+    return "aws" if configured_region() else "local"
+
+
 def _confirm(question: str, yes: bool) -> None:
     if yes:
         return
@@ -92,9 +115,26 @@ def up(
     region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the AWS config's)."),
     hosts_file: Path = typer.Option(Path("hosts"), "--hosts-file", help="Where to write the hosts file."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    ami: Optional[str] = typer.Option(None, "--ami", help="Image id (default: the current Deep Learning AMI)."),
+    ami_parameter: Optional[str] = typer.Option(None, "--ami-parameter", help="SSM public parameter naming the image."),
+    ssh_user: Optional[str] = typer.Option(None, "--ssh-user", help="Login user (default: from the image; ubuntu for the DLAMI)."),
+    volume_size: int = typer.Option(200, "--volume-size", help="Root disk GB per node."),
+    volume_type: str = typer.Option("io2", "--volume-type", help="io2 | io1 | gp3 | gp2."),
+    iops: Optional[int] = typer.Option(None, "--iops", help="Provisioned IOPS (default 10000 for io1/io2, 3000 for gp3)."),
+    spot: bool = typer.Option(False, "--spot", help="Spot instances (one-time; terminated on interruption)."),
+    vpc: Optional[str] = typer.Option(None, "--vpc", help="Use this VPC (its subnets) instead of creating one."),
+    subnet: List[str] = typer.Option([], "--subnet", help="Use this subnet (repeatable: AZs tried in order)."),
+    cidr: Optional[str] = typer.Option(None, "--cidr", help="Address range of a VPC clusterctl creates (10.0.0.0/16)."),
+    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="Who may ssh in (default: your public IP /32)."),
+    s3_read: List[str] = typer.Option([], "--s3-read", help="s3://bucket/prefix the nodes may read (repeatable)."),
+    private_ips: bool = typer.Option(False, "--private-ips", help="No public addresses: reach nodes by private IP (VPN/VPC)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and check permissions; create nothing."),
+    confirm_above: float = typer.Option(10.0, "--confirm-above", help="Ask before launching above this many $/hour."),
+    ssh_timeout: float = typer.Option(600.0, "--ssh-timeout", help="Seconds to wait for every node's ssh."),
 ) -> None:
     """Bring up identical nodes with pinned host keys and a hosts file."""
-    from clusterctl import display, provision, providers
+    from clusterctl import display, provision
+    from clusterctl.providers.aws_catalog import money
     from clusterctl.state import validate_name
     from clusterctl.types import ClusterSpec
 
@@ -104,13 +144,30 @@ def up(
         raise UsageError(f"--slots must be 1..1024, not {slots}")
     if nodes < 1:
         raise UsageError(f"--nodes must be at least 1, not {nodes}")
+    options: dict = {}
+    if provider == "aws":
+        if nodes > 1000:
+            raise UsageError(f"--nodes must be at most 1000, not {nodes}")
+        options = {"ami": ami, "ami_parameter": ami_parameter, "ssh_user": ssh_user, "volume_size": volume_size,
+                   "volume_type": volume_type, "iops": iops, "spot": spot, "vpc": vpc, "subnets": tuple(subnet),
+                   "cidr": cidr, "ssh_cidr": ssh_cidr, "s3_read": tuple(s3_read), "private_ips": private_ips}
     spec = ClusterSpec(name=name, provider=provider, nodes=nodes, slots=slots,
-                       instance_type=type_ if provider != "local" else "local", region=region or "")
-    impl = providers.get(provider, store=store)
-    for line in impl.plan(spec):
+                       instance_type=type_ if provider != "local" else "local", region=region or "", options=options)
+    impl = _provider(provider, store, region)
+    plan = impl.plan(spec)
+    for line in plan.lines:
         display.info(f"plan: {line}")
+    if dry_run:
+        for line in impl.dry_run(spec):
+            display.info(f"dry run: {line}")
+        display.info("dry run: nothing was created")
+        return
+    if plan.hourly_usd is None or plan.hourly_usd > confirm_above:
+        cost = "an unknown price" if plan.hourly_usd is None else f"{money(plan.hourly_usd)}/hour"
+        _confirm(f"Launch {nodes} x {type_} at {cost}?", yes)
     start = time.monotonic()
-    cluster = provision.up(spec, store, impl, hosts_out=hosts_file, report=lambda m: display.info(m))
+    cluster = provision.up(spec, store, impl, hosts_out=hosts_file, report=lambda m: display.info(m),
+                           ssh_timeout=ssh_timeout)
     display.info(f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
                  f"in {time.monotonic() - start:.1f}s; hosts file: {hosts_file}")
     display.node_table(cluster)
@@ -122,29 +179,62 @@ def down(
     name: Optional[str] = typer.Argument(None, help="Cluster to remove (default: the current one)."),
     all_: bool = typer.Option(False, "--all", help="Every cluster of this provider."),
     provider: Optional[str] = typer.Option(None, "--provider", help="Where to look when the local record is gone."),
+    region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the record's, else the AWS config's)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
-    """Remove a cluster and everything it created; prove nothing is left."""
-    from clusterctl import display, provision, providers
+    """Remove a cluster and all it created; prove nothing is left.
+
+    Everything is found by tags (or names), so this works without the local record.
+    """
+    from clusterctl import display, provision
+    from clusterctl.state import validate_name
 
     store = _store()
+    impls: dict = {}
+
+    def impl_for(kind: str, reg: str | None):
+        key = (kind, reg or "") if kind == "aws" else (kind, "")
+        if key not in impls:
+            impls[key] = _provider(kind, store, reg)
+        return impls[key]
+
+    targets: list = []  # (name, provider kind, region)
     if all_:
-        names = sorted({r.cluster.name for r in store.list()} | set(providers.get(provider or "local", store=store).all_clusters()))
+        records = {r.cluster.name: r.cluster for r in store.list()}
+        kinds = [provider] if provider else sorted({c.provider for c in records.values()} | {"local"}
+                                                   | ({"aws"} if region else set()))
+        aws_regions = {region} if region else ({c.region for c in records.values() if c.provider == "aws"} or {None})
+        for kind in kinds:
+            for reg in (aws_regions if kind == "aws" else {None}):
+                for n in impl_for(kind, reg).all_clusters():
+                    targets.append((n, kind, reg))
+        for n, c in records.items():
+            if (not provider or c.provider == provider) and not any(t[0] == n for t in targets):
+                targets.append((n, c.provider, c.region if c.provider == "aws" else None))
     else:
-        names = [name or store.current() or ""]
-        if not names[0]:
+        n = validate_name(name or store.current() or "") if (name or store.current()) else ""
+        if not n:
             raise UsageError("no cluster given and none is current", "name the cluster: clusterctl down NAME")
-    if not names:
+        record = store.load(n).cluster if store.exists(n) else None
+        kind = provider or (record.provider if record else None) or _where(n, region)
+        reg = region or (record.region if record is not None and record.provider == "aws" else None)
+        targets.append((n, kind, reg))
+    if not targets:
         display.info("no clusters found")
         return
-    _confirm(f"Remove cluster(s) {', '.join(names)} and everything they created?", yes)
+    for n, kind, reg in targets:
+        found = impl_for(kind, reg).resources(n)
+        where = f"{kind}{', ' + impl_for(kind, reg).region if kind == 'aws' else ''}"
+        display.info(f"cluster {n} ({where}): " + (f"{len(found)} resource(s) to remove" if found else "nothing found"))
+        for line in found:
+            display.info(f"  {line}")
+    _confirm(f"Remove cluster(s) {', '.join(t[0] for t in targets)} and everything they created?", yes)
     from clusterctl import agent
 
     agent.stop(store.root)  # the connection agent holds ssh connections to these nodes: nothing stays running
     failed = []
-    for n in names:
-        kind = provider or (store.load(n).cluster.provider if store.exists(n) else "local")
-        teardown = provision.down(n, store, providers.get(kind, store=store), report=display.info)
+    for n, kind, reg in targets:
+        teardown = provision.down(n, store, impl_for(kind, reg), report=display.info)
         if teardown.clean:
             display.info(f"cluster {n} is gone: nothing tagged for it is left")
         else:
@@ -157,33 +247,96 @@ def down(
 
 @app.command("ls")
 @command
-def ls() -> None:
-    """List clusters: provider, nodes, type, age, state."""
-    from clusterctl import display
+def ls(
+    provider: Optional[str] = typer.Option(None, "--provider", help="Also ask this provider for clusters without a record (aws)."),
+    region: Optional[str] = typer.Option(None, "--region", help="AWS region to ask (default: the records', else the AWS config's)."),
+) -> None:
+    """List clusters: nodes, type, AZ, state, uptime, cost so far."""
+    from clusterctl import display, provision
 
     store = _store()
     current = store.current()
-    rows = []
-    for r in store.list():
+    now = time.time()
+    records = {r.cluster.name: r for r in store.list()}
+    regions = {r.cluster.region for r in records.values() if r.cluster.provider == "aws"}
+    if provider == "aws" or region:
+        regions = {region} if region else (regions or {None})
+    rows, seen = [], set()
+    for reg in sorted(regions, key=str):
+        impl = _provider("aws", store, reg)
+        for cname, st in impl.statuses().items():
+            rec = records.get(cname)
+            rec = rec if rec is not None and rec.cluster.provider == "aws" else None
+            seen.add(cname)
+            states: dict[str, int] = {}
+            for ns in st.nodes:
+                states[ns.state] = states.get(ns.state, 0) + 1
+            started = [ns.launched_at for ns in st.nodes if ns.launched_at]
+            rows.append({
+                "name": cname + (" *" if cname == current else ""), "provider": "aws", "region": impl.region,
+                "nodes": len(st.nodes), "type": st.instance_type or "-",
+                "az": ",".join(sorted({ns.zone for ns in st.nodes if ns.zone})) or "-",
+                "state": ", ".join(f"{v} {k}" for k, v in sorted(states.items())) or "no nodes",
+                "uptime": display.age(now - min(started)) if started else "-",
+                "$/hour": display._money(st.hourly_usd), "cost so far": display._money(st.cost_so_far(now)),
+                "note": "; ".join(provision.disagreements(rec, st)),
+            })
+    for cname, r in records.items():
+        if cname in seen:
+            continue
         c = r.cluster
-        rows.append({"name": c.name + (" *" if c.name == current else ""), "provider": c.provider,
-                     "nodes": len(c.nodes), "type": c.instance_type, "slots": c.total_slots,
-                     "age": display.age(time.time() - c.created_at), "state": r.status})
+        if c.provider == "aws" and c.region in regions:
+            note = "; ".join(provision.disagreements(r, None))
+            rows.append({"name": cname + (" *" if cname == current else ""), "provider": "aws", "region": c.region,
+                         "nodes": len(c.nodes), "type": c.instance_type, "az": c.extra.get("az", "-"),
+                         "state": "not in the cloud", "uptime": "-", "$/hour": "-", "cost so far": "-", "note": note})
+            continue
+        rows.append({"name": cname + (" *" if cname == current else ""), "provider": c.provider, "region": c.region,
+                     "nodes": len(c.nodes), "type": c.instance_type, "az": "-", "state": r.status,
+                     "uptime": display.age(now - c.created_at), "$/hour": "$0.00" if c.provider == "local" else "-",
+                     "cost so far": "$0.00" if c.provider == "local" else "-", "note": ""})
     if not rows:
         display.info("no clusters; bring one up with `clusterctl up --provider local --nodes 2`")
         return
-    display.cluster_table(rows)
+    display.cluster_table(rows, ("name", "provider", "region", "nodes", "type", "az", "state", "uptime", "$/hour",
+                                 "cost so far", "note"))
 
 
 @app.command()
 @command
-def status(name: Optional[str] = typer.Argument(None, help="Cluster (default: the current one).")) -> None:
-    """Show a cluster's nodes."""
-    from clusterctl import display
+def status(
+    name: Optional[str] = typer.Argument(None, help="Cluster (default: the current one)."),
+    provider: Optional[str] = typer.Option(None, "--provider", help="Where to look when the local record is gone."),
+    region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the record's, else the AWS config's)."),
+) -> None:
+    """Show a cluster's nodes, as its provider sees them now.
+
+    Says where the local record and the provider disagree.
+    """
+    from clusterctl import display, provision
+    from clusterctl.errors import StateError
+    from clusterctl.state import validate_name
 
     store = _store()
-    record = store.resolve(name)
-    display.node_table(record.cluster, current=record.cluster.name == store.current())
+    n = name or store.resolve(None).cluster.name
+    validate_name(n)
+    record = store.load(n) if store.exists(n) else None
+    kind = provider or (record.cluster.provider if record is not None else _where(n, region))
+    if kind == "local":
+        if record is None:
+            store.load(n)  # raises "no cluster named ..."
+        display.node_table(record.cluster, current=n == store.current())
+        return
+    reg = region or (record.cluster.region if record is not None and record.cluster.provider == "aws" else None)
+    st = _provider(kind, store, reg).status(n)
+    if st is None and record is None:
+        raise StateError(f"no cluster named {n!r} here or in the cloud", "see `clusterctl ls --provider aws`")
+    if st is None:
+        from clusterctl.providers.base import ClusterStatus
+
+        st = ClusterStatus(n, kind, record.cluster.region, record.cluster.instance_type, ())
+    display.cluster_status(st, time.time(), current=n == store.current(),
+                           notes=provision.disagreements(record, st if (st.nodes or st.other) else None))
 
 
 @app.command()

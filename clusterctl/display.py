@@ -163,15 +163,45 @@ def json_lines(report) -> None:
 
 
 # ---- clusters ----------------------------------------------------------------------------------------
-def cluster_table(rows: Sequence[dict]) -> None:
+def cluster_table(rows: Sequence[dict],
+                  columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state")) -> None:
     from rich.table import Table
 
     t = Table(box=None, header_style="bold")
-    for col in ("name", "provider", "nodes", "type", "slots", "age", "state"):
+    for col in columns:
         t.add_column(col.upper())
     for r in rows:
-        t.add_row(*(str(r[c]) for c in ("name", "provider", "nodes", "type", "slots", "age", "state")))
+        t.add_row(*(_esc(str(r.get(c, ""))) for c in columns))
     console().print(t)
+
+
+def cluster_status(status, now: float, current: bool = False, notes: Sequence[str] = ()) -> None:
+    """`status` of a cluster as its provider sees it: one row per node, then $/hour and cost so far."""
+    from rich.table import Table
+
+    c = console()
+    c.print(f"[bold]{_esc(status.name)}[/] ({status.provider}, {status.region}, {status.instance_type or '-'})"
+            + (" [dim]current[/]" if current else ""))
+    t = Table(box=None, header_style="bold")
+    for col in ("NODE", "ROLE", "INSTANCE", "AZ", "STATE", "ADDRESS", "SSH", "SLOTS", "UPTIME"):
+        t.add_column(col)
+    for ns in status.nodes:
+        n = ns.node
+        up = age(now - ns.launched_at) if ns.launched_at and ns.state in ("pending", "running") else "-"
+        t.add_row(n.name, n.role, n.instance_id or "-", ns.zone or "-", ns.state, n.private_ip,
+                  f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}", str(n.slots), up)
+    if status.nodes:
+        c.print(t)
+    hourly, so_far = status.hourly_usd, status.cost_so_far(now)
+    c.print(f"cost: {_money(hourly)}/hour now, {_money(so_far)} so far (built-in on-demand prices; not a bill)")
+    for line in status.other:
+        c.print(f"  left without nodes: {_esc(line)}")
+    for note in notes:
+        c.print(f"[yellow]note:[/] {_esc(note)}")
+
+
+def _money(usd) -> str:
+    return "unknown" if usd is None else f"${usd:,.2f}"
 
 
 def node_table(cluster, current: bool = False) -> None:

@@ -89,7 +89,9 @@ def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: P
             store.save(Record(cluster, "creating", time.time()))
             report("waiting for ssh on every node")
             wait_for_ssh(cluster, ssh_timeout)
-            pinned = pin_host_keys(cluster, dict(launched.host_keys), p.known_hosts)
+            known = dict(provider.host_keys(cluster))
+            known.update(launched.host_keys)
+            pinned = pin_host_keys(cluster, known, p.known_hosts)
             report(f"host keys pinned for {len(pinned)} node(s) in {p.known_hosts}")
             hf = hosts_file(cluster)
             with SshPool(ssh_settings(cluster, store)) as pool:
@@ -189,6 +191,16 @@ def setup_nodes(cluster: Cluster, pool: SshPool, targets: list[SshTarget], pinne
     if not report.all_ok:
         bad = "; ".join(f"{r.host}: {r.error}" for r in report.failed)
         raise UnreachableError(f"could not set up every node: {bad}")
+    # The internal key must open every node to the others. Cloud nodes only know the operator key
+    # (their key pair) from boot, so it is authorized here, once, for every provider alike.
+    internal_pub = p.internal_key.with_name(p.internal_key.name + ".pub").read_text().strip()
+    line = shlex.quote(internal_pub)
+    authorize = (f"umask 077; mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
+                 f"(grep -qxF {line} ~/.ssh/authorized_keys || printf '%s\\n' {line} >> ~/.ssh/authorized_keys)")
+    report = pool.run(targets, authorize, timeout=60)
+    if not report.all_ok:
+        bad = "; ".join(f"{r.host}: {r.error or r.stderr.strip()[-200:]}" for r in report.failed)
+        raise UnreachableError(f"could not authorize the cluster key on every node: {bad}")
     if not cluster.members:
         return
     checks = " ".join(
@@ -209,3 +221,33 @@ def down(name: str, store: StateStore, provider: Provider, report: Report = lamb
         if teardown.clean:
             store.delete(name)
         return teardown
+
+
+# ---- the local record against the provider's view ---------------------------------------------------
+def disagreements(record: Record | None, status) -> list[str]:
+    """Where the local record and the provider's view (a ClusterStatus, or None) of one cluster differ."""
+    notes = []
+    if record is None:
+        if status is not None:
+            notes.append("no local record on this machine (its keys are elsewhere or lost); "
+                         f"`clusterctl down {status.name}` still removes it")
+        return notes
+    name = record.cluster.name
+    if status is None or (not status.nodes and not status.other):
+        notes.append(f"the local record says {record.status}, but the provider has nothing for it "
+                     f"(`clusterctl down {name}` removes the stale record)")
+        return notes
+    if not status.nodes:
+        notes.append(f"no nodes, but {len(status.other)} resource(s) remain (`clusterctl down {name}` removes them)")
+        return notes
+    if record.status != "up":
+        notes.append(f"the local record says {record.status} (an `up` did not finish)")
+    mine = {n.instance_id or n.private_ip for n in record.cluster.nodes}
+    theirs = {s.node.instance_id or s.node.private_ip for s in status.nodes}
+    if mine != theirs:
+        notes.append(f"nodes differ: the record has {len(mine)}, the provider {len(theirs)} "
+                     f"({len(mine - theirs)} only in the record, {len(theirs - mine)} only in the provider)")
+    stopped = [s.node.name for s in status.nodes if s.state not in ("running",)]
+    if stopped:
+        notes.append(f"not running: {', '.join(stopped)}")
+    return notes

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
-from clusterctl.types import Cluster, ClusterSpec
+from clusterctl.types import Cluster, ClusterSpec, Node
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,52 @@ class Launched:
 
 
 @dataclass(frozen=True)
+class Plan:
+    """What `up` would create, said before anything is created (no mutating call)."""
+
+    lines: tuple[str, ...]
+    hourly_usd: float | None = 0.0  # the whole cluster; None when a price is unknown
+    prices_date: str | None = None  # the date of the built-in price table, when prices come from it
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: Node
+    state: str  # "running", "pending", "stopped", ...
+    zone: str = ""
+    launched_at: float | None = None  # epoch seconds
+    hourly_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """A cluster as the provider sees it now (for `ls` and `status`)."""
+
+    name: str
+    provider: str
+    region: str
+    instance_type: str
+    nodes: tuple[NodeStatus, ...]
+    other: tuple[str, ...] = ()  # resources without nodes (e.g. a VPC left by an interrupted `up`)
+
+    @property
+    def hourly_usd(self) -> float | None:
+        running = [n for n in self.nodes if n.state in ("pending", "running")]
+        if any(n.hourly_usd is None for n in running):
+            return None
+        return sum(n.hourly_usd or 0.0 for n in running)
+
+    def cost_so_far(self, now: float) -> float | None:
+        total = 0.0
+        for n in self.nodes:
+            if n.launched_at is None or n.hourly_usd is None:
+                return None
+            if n.state in ("pending", "running"):
+                total += max(0.0, now - n.launched_at) / 3600.0 * n.hourly_usd
+        return total
+
+
+@dataclass(frozen=True)
 class Teardown:
     removed: tuple[str, ...]  # one line per resource removed
     left: tuple[str, ...]  # what a final sweep still found (empty when all is gone)
@@ -41,14 +87,27 @@ class Teardown:
 class Provider(Protocol):
     name: str
 
-    def plan(self, spec: ClusterSpec) -> list[str]:
-        """Human lines saying what `up` will create (no mutation)."""
+    def plan(self, spec: ClusterSpec) -> Plan:
+        """What `up` will create and what it costs per hour (read-only calls only)."""
+
+    def dry_run(self, spec: ClusterSpec) -> list[str]:
+        """Ask the provider whether `up` would be allowed, without creating anything (EC2 DryRun)."""
 
     def launch(self, spec: ClusterSpec, keys: ClusterKeys) -> Launched:
         """Create all nodes or none; found again by tags/names on re-run."""
 
+    def host_keys(self, cluster: Cluster) -> Mapping[str, tuple[str, ...]]:
+        """Host keys learned out of band once the nodes answer ssh (e.g. cloud-init's console output),
+        by ssh address. Nodes missing here are pinned at first contact."""
+
     def find(self, name: str) -> Cluster | None:
         """The cluster as the provider sees it, from tags/names alone (no local state needed)."""
+
+    def status(self, name: str) -> ClusterStatus | None:
+        """Nodes, states, zones, launch times and prices, from the provider alone."""
+
+    def resources(self, name: str) -> list[str]:
+        """One line per resource the cluster holds (what `down` is about to remove)."""
 
     def terminate(self, name: str) -> Teardown:
         """Remove everything the cluster created, found by tags/names, and prove it is gone."""

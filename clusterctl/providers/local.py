@@ -16,7 +16,7 @@ from pathlib import Path
 
 from clusterctl.errors import ConfigError
 from clusterctl.providers import netns
-from clusterctl.providers.base import ClusterKeys, Launched, Teardown
+from clusterctl.providers.base import ClusterKeys, ClusterStatus, Launched, NodeStatus, Plan, Teardown
 from clusterctl.state import StateStore
 from clusterctl.types import Cluster, ClusterSpec, Node
 
@@ -44,13 +44,30 @@ class LocalProvider:
     def __init__(self, store: StateStore | None = None):
         self.store = store or StateStore()
 
-    def plan(self, spec: ClusterSpec) -> list[str]:
+    def plan(self, spec: ClusterSpec) -> Plan:
         slots = spec.slots or 1
-        return [
+        return Plan((
             f"{spec.nodes} namespace nodes on this machine ({slots} slot(s) each), each with its own sshd and home",
             "a private bridge with no route out; a per-cluster ssh key; host keys pinned at creation",
             "cost: $0.00/hour",
-        ]
+        ), hourly_usd=0.0)
+
+    def dry_run(self, spec: ClusterSpec) -> list[str]:
+        return ["local nodes need root, ip and sshd: " + ("present" if os.geteuid() == 0 else "not root")]
+
+    def host_keys(self, cluster: Cluster) -> dict[str, tuple[str, ...]]:
+        return {}  # every node's key is known at creation (Launched.host_keys)
+
+    def status(self, name: str) -> ClusterStatus | None:
+        cluster = self.find(name)
+        if cluster is None:
+            return None
+        return ClusterStatus(name, self.name, cluster.region, cluster.instance_type,
+                             tuple(NodeStatus(n, "running", "local", cluster.created_at or None, 0.0) for n in cluster.nodes))
+
+    def resources(self, name: str) -> list[str]:
+        left = netns.leftovers(name)
+        return [f"namespace {ns}" for ns in left.netns] + [f"link {link}" for link in left.links]
 
     def launch(self, spec: ClusterSpec, keys: ClusterKeys) -> Launched:
         netns.require_root()

@@ -1,0 +1,1293 @@
+"""The AWS provider: the only module that talks to EC2 (and to IAM and SSM for what EC2 needs).
+
+boto3 response dicts never leave this module: everything returned is a typed value (Cluster, Plan,
+ClusterStatus, Teardown). Everything a cluster owns carries the tag `clusterctl:cluster=NAME` from
+the moment it is created (TagSpecifications / Tags on the create call itself), so `down` finds it by
+tags alone, with or without the local record, even after a Ctrl-C between any two calls.
+
+`up` (launch) is a list of idempotent steps, each of which first looks for what an earlier run made:
+    network (VPC, internet gateway, one subnet per AZ; or --vpc/--subnet) -> security group ->
+    placement group -> key pair (the operator key, imported) -> IAM role + instance profile ->
+    one RunInstances with MinCount = MaxCount = N (all or nothing) per AZ tried, with a ClientToken
+    saved before the call -> wait until running -> name the nodes.
+botocore runs in standard retry mode (throttling and 5xx are retried with backoff, and a retried
+RunInstances carries the same ClientToken, so a lost response never doubles the cluster).
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from clusterctl.errors import CapacityError, ClusterctlError, ConfigError, ProvisionError, WaitTimeout
+from clusterctl.providers import aws_catalog as catalog
+from clusterctl.providers.base import ClusterKeys, ClusterStatus, Launched, NodeStatus, Plan, Teardown
+from clusterctl.state import StateStore, atomic_write
+from clusterctl.types import Cluster, ClusterSpec, Node
+
+TAG = "clusterctl:cluster"
+TAG_ROLE = "clusterctl:role"
+TAG_INDEX = "clusterctl:index"
+TAG_SLOTS = "clusterctl:slots"
+TAG_USER = "clusterctl:ssh-user"
+TAG_REGION = "clusterctl:region"
+IMAGE_USER_TAG = "clusterctl:ssh-user"  # an image may say which user logs in (custom AMIs)
+
+DEFAULT_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-ubuntu-22.04/latest/ami-id"
+DEFAULT_CIDR = "10.0.0.0/16"
+CHECKIP_URL = "https://checkip.amazonaws.com"
+IAM_PATH = "/clusterctl/"
+
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+CAPACITY_CODES = {
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
+    "InsufficientCapacityOnHost", "Unsupported", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet",
+}
+QUOTA_CODES = {"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "VolumeLimitExceeded"}
+DEPENDENCY_CODES = {"DependencyViolation", "InvalidPlacementGroup.InUse", "DeleteConflict", "ResourceInUse",
+                    "InvalidNetworkInterface.InUse", "VolumeInUse"}
+NOT_FOUND = re.compile(r"(NotFound|NoSuchEntity|\.Malformed|InvalidPlacementGroup\.Unknown|InvalidKeyPair\.NotFound)")
+
+Report = Callable[[str], None]
+
+
+def _no_report(_: str) -> None:
+    pass
+
+
+# ---- options ----------------------------------------------------------------------------------------
+VOLUME_TYPES = ("io2", "io1", "gp3", "gp2")
+IOPS_RANGE = {"io2": (100, 256000), "io1": (100, 64000), "gp3": (3000, 16000)}
+IOPS_PER_GB = {"io2": 1000, "io1": 50, "gp3": 500}
+
+
+@dataclass(frozen=True)
+class AwsOptions:
+    ami: str | None = None
+    ami_parameter: str = DEFAULT_AMI_PARAMETER
+    ssh_user: str | None = None
+    volume_size: int = 200
+    volume_type: str = "io2"
+    iops: int | None = None  # None: 10000 for io1/io2, the included 3000 for gp3
+    spot: bool = False
+    vpc: str | None = None
+    subnets: tuple[str, ...] = ()
+    cidr: str = DEFAULT_CIDR
+    ssh_cidr: str | None = None  # None: the caller's public address /32, detected
+    s3_read: tuple[str, ...] = ()  # s3://bucket/prefix the nodes may read
+    private_ips: bool = False  # no public addresses; the operator reaches the private ones (VPN, same VPC)
+    placement: bool = True
+
+    @classmethod
+    def from_spec(cls, spec: ClusterSpec) -> "AwsOptions":
+        o = dict(spec.options or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(o) - known)
+        if unknown:
+            raise ConfigError(f"unknown AWS option(s): {', '.join(unknown)}")
+        o = {k: v for k, v in o.items() if v is not None}
+        for k in ("subnets", "s3_read"):
+            if k in o:
+                o[k] = tuple(o[k])
+        opts = cls(**o)
+        opts.validate()
+        return opts
+
+    @property
+    def effective_iops(self) -> int | None:
+        if self.volume_type in ("io1", "io2"):
+            return self.iops or 10000
+        if self.volume_type == "gp3":
+            return self.iops or 3000
+        return None
+
+    def validate(self) -> None:
+        if self.volume_type not in VOLUME_TYPES:
+            raise ConfigError(f"--volume-type must be one of {', '.join(VOLUME_TYPES)}, not {self.volume_type!r}")
+        if not 8 <= int(self.volume_size) <= 16384:
+            raise ConfigError(f"--volume-size must be 8..16384 GB, not {self.volume_size}")
+        if self.iops is not None:
+            if self.volume_type not in IOPS_RANGE:
+                raise ConfigError(f"--iops does not apply to {self.volume_type} volumes", "use io2, io1 or gp3")
+            lo, hi = IOPS_RANGE[self.volume_type]
+            if not lo <= self.iops <= hi:
+                raise ConfigError(f"--iops for {self.volume_type} must be {lo}..{hi}, not {self.iops}")
+        iops = self.effective_iops
+        if iops and self.volume_type in IOPS_PER_GB and iops > IOPS_PER_GB[self.volume_type] * self.volume_size \
+                and not (self.volume_type == "gp3" and iops == 3000):
+            raise ConfigError(f"{iops} IOPS needs at least {-(-iops // IOPS_PER_GB[self.volume_type])} GB of "
+                              f"{self.volume_type} ({IOPS_PER_GB[self.volume_type]} IOPS per GB)",
+                              "raise --volume-size or lower --iops")
+        if self.ssh_cidr is not None:
+            try:
+                net = ipaddress.ip_network(self.ssh_cidr, strict=False)
+            except ValueError:
+                raise ConfigError(f"--ssh-cidr {self.ssh_cidr!r} is not an address range",
+                                  "give one like 203.0.113.7/32") from None
+            if net.version != 4:
+                raise ConfigError("--ssh-cidr must be IPv4 for now")
+        try:
+            net = ipaddress.ip_network(self.cidr)
+        except ValueError:
+            raise ConfigError(f"--cidr {self.cidr!r} is not a network", "give one like 10.0.0.0/16") from None
+        if net.version != 4 or not net.is_private or not 16 <= net.prefixlen <= 24:
+            raise ConfigError(f"--cidr {self.cidr} must be a private IPv4 network of /16 to /24")
+        for s in self.s3_read:
+            parse_s3(s)
+        if self.ami and not re.match(r"^ami-[0-9a-f]{8,17}$", self.ami):
+            raise ConfigError(f"--ami {self.ami!r} is not an image id", "give one like ami-0123456789abcdef0")
+        if self.ssh_user and not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", self.ssh_user):
+            raise ConfigError(f"--ssh-user {self.ssh_user!r} is not a login name")
+        if self.vpc and not re.match(r"^vpc-[0-9a-f]+$", self.vpc):
+            raise ConfigError(f"--vpc {self.vpc!r} is not a VPC id")
+        for s in self.subnets:
+            if not re.match(r"^subnet-[0-9a-f]+$", s):
+                raise ConfigError(f"--subnet {s!r} is not a subnet id")
+
+
+def parse_s3(uri: str) -> tuple[str, str]:
+    """'s3://bucket/some/prefix' (or 'bucket/prefix') -> (bucket, 'some/prefix')."""
+    rest = uri[5:] if uri.startswith("s3://") else uri
+    bucket, _, prefix = rest.partition("/")
+    if not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket) or "*" in prefix:
+        raise ConfigError(f"--s3-read {uri!r} is not an S3 location", "give one like s3://my-bucket/imagenet/")
+    return bucket, prefix
+
+
+def s3_read_policy(locations: Iterable[str]) -> dict:
+    """Read-only access to exactly the given prefixes (and listing them), nothing else."""
+    objects, lists = [], []
+    for uri in locations:
+        bucket, prefix = parse_s3(uri)
+        objects.append(f"arn:aws:s3:::{bucket}/{prefix}*")
+        lists.append({
+            "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}",
+            **({"Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}} if prefix else {}),
+        })
+    return {"Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects}, *lists]}
+
+
+EC2_TRUST = {"Version": "2012-10-17", "Statement": [
+    {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+
+
+# ---- small typed facts ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TypeInfo:
+    name: str
+    gpus: int  # 0 for CPU types
+    efa: bool
+    cluster_placement: bool
+    source: str  # "DescribeInstanceTypes" or "built-in table"
+    gpu_model: str = ""
+
+
+@dataclass(frozen=True)
+class Image:
+    id: str
+    name: str
+    ssh_user: str
+    root_device: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Network:
+    vpc: str
+    subnets: tuple[tuple[str, str], ...]  # (subnet id, AZ) in the order to try
+    created: bool  # made by clusterctl (and removed by `down`)
+
+
+@dataclass(frozen=True)
+class Resource:
+    kind: str
+    id: str
+    label: str = ""
+
+    def line(self) -> str:
+        return f"{self.kind} {self.id}" + (f" ({self.label})" if self.label else "")
+
+
+@dataclass
+class _Context:
+    spec: ClusterSpec
+    opts: AwsOptions
+    region: str
+    type: TypeInfo
+    image: Image
+    slots: int
+    price: catalog.Price
+    notes: list[str] = field(default_factory=list)
+
+
+def ssh_user_for_image(name: str, tags: Mapping[str, str]) -> str | None:
+    """The login user of an image: its `clusterctl:ssh-user` tag, else from the OS family in its name."""
+    if tags.get(IMAGE_USER_TAG):
+        return tags[IMAGE_USER_TAG]
+    n = (name or "").lower()
+    if "amazon linux" in n or "al2023" in n or n.startswith("amzn"):
+        return "ec2-user"
+    if "ubuntu" in n:
+        return "ubuntu"  # every Deep Learning AMI (Ubuntu ...) included
+    if "debian" in n:
+        return "admin"
+    if "rocky" in n:
+        return "rocky"
+    if "centos" in n:
+        return "centos"
+    if "rhel" in n or "red hat" in n:
+        return "ec2-user"
+    return None
+
+
+_KEYS_BLOCK = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----(.*?)-----END SSH HOST KEY KEYS-----", re.S)
+_KEY = re.compile(r"\b(ssh-ed25519|ecdsa-sha2-nistp(?:256|384|521)|ssh-rsa)\s+([A-Za-z0-9+/]+={0,3})")
+_CLOUD_INIT_DONE = re.compile(r"Cloud-init v\. \S+ finished at")
+_KEY_ORDER = {"ssh-ed25519": 0, "ecdsa-sha2-nistp256": 1, "ecdsa-sha2-nistp384": 1, "ecdsa-sha2-nistp521": 1, "ssh-rsa": 2}
+
+
+def host_keys_from_console(text: str) -> tuple[str, ...]:
+    """The host keys cloud-init printed (its last "SSH HOST KEY KEYS" block), ed25519 first."""
+    blocks = _KEYS_BLOCK.findall(text or "")
+    if not blocks:
+        return ()
+    keys = {f"{m.group(1)} {m.group(2)}" for m in _KEY.finditer(blocks[-1])}
+    return tuple(sorted(keys, key=lambda k: (_KEY_ORDER.get(k.split()[0], 9), k)))
+
+
+def detect_public_cidr(timeout: float = 5.0) -> str:
+    """The caller's public IPv4 address as a /32, from checkip (CLUSTERCTL_CHECKIP_URL overrides)."""
+    import urllib.request
+
+    url = os.environ.get("CLUSTERCTL_CHECKIP_URL") or CHECKIP_URL
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (fixed https URL or an override)
+            text = resp.read(64).decode().strip()
+        addr = ipaddress.ip_address(text)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"could not detect your public IP address from {url} ({exc.__class__.__name__})",
+                          "pass --ssh-cidr with the address range you connect from, e.g. 203.0.113.7/32") from None
+    if addr.version != 4:
+        raise ConfigError(f"your public address {addr} is IPv6", "pass --ssh-cidr with an IPv4 range")
+    return f"{addr}/32"
+
+
+def render_user_data(cluster: str, region: str, ssh_user: str, slots: int, internal_public_key: str) -> str:
+    import jinja2
+
+    text = _template_path("cloud-init.yaml.j2").read_text()
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    node = {"cluster": cluster, "region": region, "ssh_user": ssh_user, "slots": slots}
+    return env.from_string(text).render(cluster=cluster, internal_public_key=internal_public_key,
+                                        node_json=json.dumps(node, sort_keys=True) + "\n")
+
+
+def _template_path(name: str) -> Path:
+    here = Path(__file__).resolve().parent.parent
+    for base in (here / "_data" / "templates", here.parent / "templates"):
+        if (base / name).is_file():
+            return base / name
+    raise ConfigError(f"template {name} is missing from this installation", "reinstall clusterctl")
+
+
+def configured_region() -> str | None:
+    """The region boto3 would use (AWS_REGION, AWS_DEFAULT_REGION, the profile's), or None."""
+    import boto3
+
+    return boto3.session.Session().region_name or None
+
+
+def _token(name: str, attempt: int) -> str:
+    return f"{name}-{attempt}-{uuid.uuid4().hex[:20]}"  # at most 64 ASCII characters
+
+
+def node_names(cluster: str, count: int) -> list[str]:
+    return [f"{cluster}-leader"] + [f"{cluster}-member-{i}" for i in range(1, count)]
+
+
+def iam_name(cluster: str, region: str) -> str:
+    return f"clusterctl-{cluster}-{region}"  # IAM is global: the region keeps two regions' clusters apart
+
+
+def _tags(pairs: Mapping[str, str]) -> list[dict]:
+    return [{"Key": k, "Value": v} for k, v in pairs.items()]
+
+
+def _tagdict(resource: Mapping) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in resource.get("Tags", []) or []}
+
+
+def _code(exc: BaseException) -> str:
+    return getattr(exc, "response", {}).get("Error", {}).get("Code", "") if hasattr(exc, "response") else ""
+
+
+def _message(exc: BaseException) -> str:
+    return getattr(exc, "response", {}).get("Error", {}).get("Message", "") if hasattr(exc, "response") else str(exc)
+
+
+# ---- the provider -----------------------------------------------------------------------------------
+class AwsProvider:
+    name = "aws"
+
+    def __init__(self, store: StateStore | None = None, region: str | None = None, report: Report | None = None,
+                 poll_interval: float = 2.0, wait_timeout: float = 900.0, console_wait: float = 90.0,
+                 delete_timeout: float = 600.0):
+        self.store = store or StateStore()
+        self._region = region or None
+        self.report = report or _no_report
+        self.poll_interval = poll_interval
+        self.wait_timeout = wait_timeout
+        self.console_wait = console_wait
+        self.delete_timeout = delete_timeout
+        self._clients: dict[str, Any] = {}
+        self._ctx: _Context | None = None
+
+    # ---- clients ----------------------------------------------------------------------------------
+    @property
+    def region(self) -> str:
+        if not self._region:
+            import boto3
+
+            self._region = boto3.session.Session().region_name
+            if not self._region:
+                raise ConfigError("no AWS region given", "pass --region or set AWS_REGION (or a region in ~/.aws/config)")
+        return self._region
+
+    def client(self, service: str):
+        if service not in self._clients:
+            import boto3
+            from botocore.config import Config
+
+            attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or 8)
+            cfg = Config(retries={"mode": "standard", "max_attempts": max(1, attempts)}, connect_timeout=10,
+                         read_timeout=60, user_agent_extra="clusterctl")
+            self._clients[service] = boto3.session.Session(region_name=self.region).client(service, config=cfg)
+        return self._clients[service]
+
+    @property
+    def ec2(self):
+        return self.client("ec2")
+
+    @property
+    def iam(self):
+        return self.client("iam")
+
+    def _call(self, service: str, op: str, **kwargs) -> dict:
+        """One API call; AWS errors become one-line ClusterctlErrors (4), missing credentials 3."""
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+
+        try:
+            return getattr(self.client(service), op)(**kwargs)
+        except NoCredentialsError:
+            raise ConfigError("no AWS credentials found",
+                              "configure them (aws configure, AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)") from None
+        except NoRegionError:
+            raise ConfigError("no AWS region given", "pass --region or set AWS_REGION") from None
+        except ClientError:
+            raise
+        except BotoCoreError as exc:
+            raise ProvisionError(f"AWS {op}: {exc}") from None
+
+    def _api(self, service: str, op: str, **kwargs) -> dict:
+        """Like _call, but any AWS error is a ProvisionError naming the call."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return self._call(service, op, **kwargs)
+        except ClientError as exc:
+            raise self._error(op, exc) from None
+
+    def _error(self, op: str, exc: BaseException) -> ClusterctlError:
+        code, msg = _code(exc), _message(exc)
+        if code in ("AuthFailure", "UnauthorizedOperation", "AccessDenied", "AccessDeniedException",
+                    "InvalidClientTokenId", "SignatureDoesNotMatch", "ExpiredToken"):
+            return ProvisionError(f"AWS refused {op} ({code}): {msg}", "check the credentials' permissions")
+        if code in QUOTA_CODES:
+            return ProvisionError(f"AWS {op}: {code}: {msg}", "request a quota increase, or ask for fewer/smaller nodes")
+        if code in ("RequestLimitExceeded", "Throttling", "ThrottlingException"):
+            return ProvisionError(f"AWS kept throttling {op} after retries ({code})", "wait a minute and run it again")
+        return ProvisionError(f"AWS {op} failed: {code}: {msg}")
+
+    def _paginate(self, service: str, op: str, key: str, **kwargs) -> list[dict]:
+        from botocore.exceptions import ClientError
+
+        out: list[dict] = []
+        try:
+            for page in self.client(service).get_paginator(op).paginate(**kwargs):
+                out.extend(page.get(key, []))
+        except ClientError as exc:
+            raise self._error(op, exc) from None
+        return out
+
+    # ---- facts: type, image, price ---------------------------------------------------------------
+    def type_info(self, instance_type: str) -> TypeInfo:
+        from botocore.exceptions import ClientError
+
+        try:
+            found = self._call("ec2", "describe_instance_types", InstanceTypes=[instance_type]).get("InstanceTypes", [])
+        except ClientError as exc:
+            if _code(exc) not in ("InvalidInstanceType", "InvalidParameterValue"):
+                raise self._error("DescribeInstanceTypes", exc) from None
+            found = []
+        if found:
+            t = found[0]
+            gpus = sum(int(g.get("Count", 0)) for g in t.get("GpuInfo", {}).get("Gpus", []))
+            model = ", ".join(sorted({g.get("Name", "") for g in t.get("GpuInfo", {}).get("Gpus", [])}))
+            if not gpus and catalog.gpus(instance_type):
+                gpus, model = catalog.gpus(instance_type) or 0, model
+            strategies = t.get("PlacementGroupInfo", {}).get("SupportedStrategies", ["cluster"])
+            return TypeInfo(instance_type, gpus, bool(t.get("NetworkInfo", {}).get("EfaSupported", False)),
+                            "cluster" in strategies, "DescribeInstanceTypes", model)
+        gpus = catalog.gpus(instance_type)
+        if gpus is None and catalog.instance_price(instance_type) is None:
+            raise ConfigError(f"instance type {instance_type!r} is unknown in {self.region}",
+                              "check the spelling, or pick a type offered in this region")
+        return TypeInfo(instance_type, gpus or 0, catalog.efa(instance_type), True, "built-in table")
+
+    def image(self, opts: AwsOptions) -> Image:
+        from botocore.exceptions import ClientError
+
+        if opts.ami:
+            ami, source = opts.ami, "--ami"
+        else:
+            try:
+                ami = self._call("ssm", "get_parameter", Name=opts.ami_parameter)["Parameter"]["Value"]
+            except ClientError as exc:
+                if _code(exc) == "ParameterNotFound":
+                    raise ConfigError(f"SSM parameter {opts.ami_parameter} does not exist in {self.region}",
+                                      "pass --ami ami-..., or --ami-parameter with the image's public parameter") from None
+                raise self._error("ssm GetParameter", exc) from None
+            source = f"SSM {opts.ami_parameter}"
+        try:
+            images = self._call("ec2", "describe_images", ImageIds=[ami]).get("Images", [])
+        except ClientError as exc:
+            if NOT_FOUND.search(_code(exc)):
+                images = []
+            else:
+                raise self._error("DescribeImages", exc) from None
+        if not images:
+            raise ConfigError(f"image {ami} ({source}) does not exist in {self.region}", "pass another --ami")
+        img = images[0]
+        name = img.get("Name") or ami
+        user = opts.ssh_user or ssh_user_for_image(name, _tagdict(img))
+        if not user:
+            raise ConfigError(f"cannot tell the login user of image {ami} ({name})", "pass --ssh-user")
+        return Image(ami, name, user, img.get("RootDeviceName") or "/dev/sda1", source)
+
+    def context(self, spec: ClusterSpec) -> _Context:
+        if self._ctx is not None and self._ctx.spec == spec:
+            return self._ctx
+        opts = AwsOptions.from_spec(spec)
+        if spec.region:
+            self._region = spec.region
+        info = self.type_info(spec.instance_type)
+        image = self.image(opts)
+        slots = spec.slots or info.gpus or 1
+        ctx = _Context(spec, opts, self.region, info, image, slots,
+                       catalog.price(spec.instance_type, opts.volume_type, opts.volume_size, opts.effective_iops))
+        self._ctx = ctx
+        return ctx
+
+    # ---- plan / dry run ------------------------------------------------------------------------------
+    def plan(self, spec: ClusterSpec) -> Plan:
+        ctx = self.context(spec)
+        o, n, t = ctx.opts, spec.nodes, ctx.type
+        names = node_names(spec.name, n)
+        lines = [f"{n} x {t.name} in {ctx.region}, one Availability Zone, all or nothing: "
+                 f"{names[0]}" + (f", {names[1]} .. {names[-1]}" if n > 2 else (f", {names[1]}" if n == 2 else ""))]
+        gpu = (f"{t.gpus} GPU(s)" + (f" ({t.gpu_model})" if t.gpu_model else "") + " per node") if t.gpus else "no GPUs"
+        lines.append(f"slots: {ctx.slots} per node, {ctx.slots * n} in all ({gpu}, from {t.source}"
+                     + (", overridden by --slots" if spec.slots else "") + ")")
+        lines.append(f"image: {ctx.image.id} {ctx.image.name} (from {ctx.image.source}); login user {ctx.image.ssh_user}")
+        iops = o.effective_iops
+        lines.append(f"disk: {o.volume_size} GB {o.volume_type}" + (f" at {iops} IOPS" if iops else "")
+                     + ", encrypted, deleted with the node")
+        net = self._plan_network(ctx)
+        lines.append(net)
+        cidr = o.ssh_cidr or "your public IP /32 (detected at launch)"
+        lines.append(f"security group: all traffic within the cluster (in and out), ssh (22) from {cidr}")
+        if o.ssh_cidr and ipaddress.ip_network(o.ssh_cidr, strict=False).prefixlen == 0:
+            lines.append("WARNING: ssh is open to the whole internet (--ssh-cidr 0.0.0.0/0 was asked for)")
+        if o.placement and t.cluster_placement:
+            lines.append(f"placement group clusterctl-{spec.name} (cluster strategy)")
+        lines.append(f"network interface: {'EFA' if t.efa else 'ENA (no EFA on this type)'}; "
+                     + ("private addresses only" if o.private_ips else "a public address each for ssh"))
+        lines.append(f"key pair clusterctl-{spec.name} (this machine's per-cluster key; private half stays here)")
+        reads = ", ".join(o.s3_read) if o.s3_read else "no S3 access"
+        lines.append(f"IAM instance profile {iam_name(spec.name, ctx.region)}: {reads}; no AWS keys on nodes")
+        lines.append("IMDSv2 required; instance-initiated shutdown terminates"
+                     + ("; spot (one-time, terminated on interruption)" if o.spot else ""))
+        existing = self._instances(spec.name)
+        if existing:
+            lines.append(f"cluster {spec.name} already has {len(existing)} instance(s) in {ctx.region}: up reuses them")
+        per_node = ctx.price.per_node
+        hourly = None if per_node is None else per_node * n
+        if per_node is None:
+            lines.append(f"cost: unknown ({t.name} is not in the built-in price table of {catalog.PRICES_DATE}); "
+                         f"disks {catalog.money(ctx.price.volume_usd_per_hour * n)}/hour")
+        else:
+            kind = "spot: less than the on-demand " if o.spot else ""
+            lines.append(f"cost: {kind}{catalog.money(hourly)}/hour for the cluster "
+                         f"({n} x {catalog.money(ctx.price.instance_usd_per_hour)} instance + "
+                         f"{catalog.money(ctx.price.volume_usd_per_hour)} disk; {catalog.PRICES_REGION} on-demand "
+                         f"prices of {catalog.PRICES_DATE}, other regions differ)")
+        return Plan(tuple(lines), hourly, catalog.PRICES_DATE)
+
+    def _plan_network(self, ctx: _Context) -> str:
+        o = ctx.opts
+        if o.subnets or o.vpc:
+            net = self._existing_network(ctx, create=False)
+            azs = ", ".join(az for _, az in net.subnets)
+            return f"network: existing VPC {net.vpc}, subnet(s) in {azs} (not created, not deleted)"
+        vpc = self._find_one("describe_vpcs", "Vpcs", ctx.spec.name)
+        zones = self._zones_for(ctx, [z for z in self._zones()])
+        state = f"existing {vpc['VpcId']}" if vpc else "a new VPC"
+        return (f"network: {state} {o.cidr} with a subnet in each AZ; trying {', '.join(zones)} in that order "
+                "on insufficient capacity")
+
+    def dry_run(self, spec: ClusterSpec) -> list[str]:
+        """EC2's DryRun on the mutating calls that have it; nothing else that mutates is called."""
+        from botocore.exceptions import ClientError
+
+        ctx = self.context(spec)
+        o = ctx.opts
+        lines = []
+
+        def check(what: str, op: str, **kwargs) -> None:
+            try:
+                self._call("ec2", op, DryRun=True, **kwargs)
+                lines.append(f"{what}: the call returned without DryRun (unexpected)")
+            except ClientError as exc:
+                code = _code(exc)
+                if code == "DryRunOperation":
+                    lines.append(f"{what}: allowed (EC2 DryRun)")
+                elif code == "UnauthorizedOperation":
+                    raise ProvisionError(f"dry run: not permitted to {op} ({_message(exc)[:200]})",
+                                         "grant the credentials EC2 permissions") from None
+                else:
+                    raise self._error(f"{op} (DryRun)", exc) from None
+
+        tags = [{"ResourceType": "placement-group", "Tags": _tags({TAG: spec.name})}]
+        if o.placement and ctx.type.cluster_placement:
+            check("placement group", "create_placement_group", GroupName=f"clusterctl-{spec.name}",
+                  Strategy="cluster", TagSpecifications=tags)
+        params = self._run_params(ctx, subnet=o.subnets[0] if o.subnets else None, security_group=None,
+                                  placement_group=None, key_name=None, profile=None, token=None, internal_key="")
+        check(f"launch {spec.nodes} x {spec.instance_type}", "run_instances", **params)
+        lines.append("VPC, subnets, security group, key pair and IAM profile: not checked (no DryRun that creates nothing)")
+        return lines
+
+    # ---- launch -----------------------------------------------------------------------------------------
+    def launch(self, spec: ClusterSpec, keys: ClusterKeys) -> Launched:
+        ctx = self.context(spec)
+        name = spec.name
+        existing = self._instances(name)
+        if existing and len(existing) != spec.nodes:
+            raise ProvisionError(f"cluster {name} already has {len(existing)} instance(s) in {ctx.region}, not {spec.nodes}",
+                                 f"bring it down first: clusterctl down {name} --yes")
+        ssh_cidr = ctx.opts.ssh_cidr or (None if existing else detect_public_cidr())
+        net = self._existing_network(ctx, create=True) if (ctx.opts.vpc or ctx.opts.subnets) else self._ensure_network(ctx)
+        sg = self._ensure_security_group(ctx, net, ssh_cidr)
+        pg = self._ensure_placement_group(ctx) if ctx.opts.placement and ctx.type.cluster_placement else None
+        key = self._ensure_key_pair(ctx, keys.operator_public)
+        profile = self._ensure_instance_profile(ctx)
+        if existing:
+            bad = [i["InstanceId"] for i in existing if i["State"]["Name"] not in ("pending", "running")]
+            if bad:
+                raise ProvisionError(f"cluster {name} has instance(s) that are not running: {', '.join(bad)}",
+                                     f"bring it down first: clusterctl down {name} --yes")
+            self.report(f"found {len(existing)} running instance(s) of {name} by tags: reusing them")
+            ids = [i["InstanceId"] for i in existing]
+        else:
+            internal = keys.internal_public
+            ids = self._run_with_fallback(ctx, net, sg, pg, key, profile, internal)
+        instances = self._wait_running(ids)
+        instances = self._name_instances(name, instances)
+        cluster = self._cluster(name, instances, extra={
+            "vpc": net.vpc, "security_group": sg, "placement_group": pg or "", "key_pair": key,
+            "instance_profile": profile, "image": ctx.image.id, "image_name": ctx.image.name,
+            "network_created": "yes" if net.created else "no",
+        })
+        return Launched(cluster, {})
+
+    def _run_params(self, ctx: _Context, *, subnet: str | None, security_group: str | None, placement_group: str | None,
+                    key_name: str | None, profile: str | None, token: str | None, internal_key: str) -> dict:
+        o, spec = ctx.opts, ctx.spec
+        ebs: dict[str, Any] = {"VolumeSize": o.volume_size, "VolumeType": o.volume_type, "Encrypted": True,
+                               "DeleteOnTermination": True}
+        if o.effective_iops and o.volume_type in ("io1", "io2", "gp3"):
+            ebs["Iops"] = o.effective_iops
+        base_tags = {TAG: spec.name, TAG_REGION: ctx.region}
+        inst_tags = {**base_tags, "Name": f"{spec.name}-node", TAG_SLOTS: str(ctx.slots), TAG_USER: ctx.image.ssh_user}
+        tag_specs = [{"ResourceType": "instance", "Tags": _tags(inst_tags)},
+                     {"ResourceType": "volume", "Tags": _tags(base_tags)},
+                     {"ResourceType": "network-interface", "Tags": _tags(base_tags)}]
+        if o.spot:
+            tag_specs.append({"ResourceType": "spot-instances-request", "Tags": _tags(base_tags)})
+        nic: dict[str, Any] = {"DeviceIndex": 0, "DeleteOnTermination": True, "AssociatePublicIpAddress": not o.private_ips}
+        if subnet:
+            nic["SubnetId"] = subnet
+        if security_group:
+            nic["Groups"] = [security_group]
+        if ctx.type.efa:
+            nic["InterfaceType"] = "efa"
+        params: dict[str, Any] = {
+            "ImageId": ctx.image.id, "InstanceType": spec.instance_type, "MinCount": spec.nodes, "MaxCount": spec.nodes,
+            "NetworkInterfaces": [nic],
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
+            "BlockDeviceMappings": [{"DeviceName": ctx.image.root_device, "Ebs": ebs}],
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "TagSpecifications": tag_specs,
+            "UserData": render_user_data(spec.name, ctx.region, ctx.image.ssh_user, ctx.slots, internal_key),
+        }
+        if key_name:
+            params["KeyName"] = key_name
+        if token:
+            params["ClientToken"] = token
+        if placement_group:
+            params["Placement"] = {"GroupName": placement_group}
+        if profile:
+            params["IamInstanceProfile"] = {"Name": profile}
+        if o.spot:
+            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        return params
+
+    def _launch_file(self, name: str) -> Path:
+        return self.store.ensure_dir(name) / "aws-launch.json"
+
+    def _run_with_fallback(self, ctx: _Context, net: Network, sg: str, pg: str | None, key: str, profile: str,
+                           internal_key: str) -> list[str]:
+        """One all-or-nothing RunInstances per AZ until one has capacity. The ClientToken of each attempt
+        is saved before the call; botocore's retries of that call reuse it, and so does a later `up` whose
+        predecessor never saw the answer, so EC2 returns that launch instead of making a second one."""
+        name = ctx.spec.name
+        path = self._launch_file(name)
+        try:
+            saved = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            saved = {}
+        tried: list[str] = []
+        for attempt, (subnet, az) in enumerate(net.subnets, start=1):
+            reuse = saved.get("state") == "sent" and saved.get("subnet") == subnet
+            token = saved["token"] if reuse else _token(name, attempt)
+            params = self._run_params(ctx, subnet=subnet, security_group=sg, placement_group=pg, key_name=key,
+                                      profile=profile, token=token, internal_key=internal_key)
+            self.report(f"launching {ctx.spec.nodes} x {ctx.spec.instance_type} in {az}")
+            outcome, detail = self._run_once(path, params, subnet, az, attempt)
+            if outcome == "capacity":
+                tried.append(f"{az} ({detail})")
+                self.report(f"no capacity for {ctx.spec.nodes} x {ctx.spec.instance_type} in {az} ({detail}); "
+                            + ("trying the next AZ" if attempt < len(net.subnets) else "no AZ left"))
+                continue
+            ids = list(detail)
+            if len(ids) != ctx.spec.nodes:
+                raise ProvisionError(f"EC2 launched {len(ids)} instance(s), not {ctx.spec.nodes}")
+            return ids
+        raise CapacityError(
+            f"no capacity for {ctx.spec.nodes} x {ctx.spec.instance_type} in {ctx.region}: tried {', '.join(tried)}",
+            "try later, another region (--region) or type (--type), or fewer nodes; nothing was left running")
+
+    def _run_once(self, path: Path, params: dict, subnet: str, az: str, attempt: int) -> tuple[str, Any]:
+        from botocore.exceptions import ClientError
+
+        def save(state: str, **more) -> None:
+            atomic_write(path, json.dumps({"token": params["ClientToken"], "subnet": subnet, "az": az,
+                                           "state": state, "at": time.time(), **more}) + "\n")
+
+        save("sent")
+        profile_deadline = time.monotonic() + 120
+        while True:
+            try:
+                resp = self._call("ec2", "run_instances", **params)
+            except ClientError as exc:
+                code, msg = _code(exc), _message(exc)
+                if code == "InvalidParameterValue" and "iamInstanceProfile" in msg and time.monotonic() < profile_deadline:
+                    self.report("the new instance profile is not visible to EC2 yet; retrying")
+                    time.sleep(min(5.0, max(0.2, self.poll_interval)))
+                    continue
+                if code == "IdempotentParameterMismatch":  # an old token with other settings: start afresh
+                    params["ClientToken"] = _token(str(params["ClientToken"]).rsplit("-", 2)[0], attempt)
+                    save("sent")
+                    continue
+                if code in CAPACITY_CODES:
+                    save("failed", error=code)
+                    return "capacity", code
+                raise self._error("RunInstances", exc) from None
+            ids = [i["InstanceId"] for i in resp.get("Instances", [])]
+            save("launched", instances=ids)
+            return "launched", ids
+
+    def _wait_running(self, ids: list[str]) -> list[dict]:
+        """Bounded polling until every instance runs with its addresses; fails fast if one dies."""
+        from botocore.exceptions import ClientError
+
+        deadline = time.monotonic() + self.wait_timeout
+        self.report(f"waiting for {len(ids)} instance(s) to run")
+        while True:
+            try:
+                found = [i for r in self._call("ec2", "describe_instances", InstanceIds=ids)["Reservations"]
+                         for i in r["Instances"]]
+            except ClientError as exc:
+                if _code(exc) != "InvalidInstanceID.NotFound":  # not visible yet right after launch
+                    raise self._error("DescribeInstances", exc) from None
+                found = []
+            dead = [i for i in found if i["State"]["Name"] in ("shutting-down", "terminated", "stopping", "stopped")]
+            if dead:
+                why = "; ".join(f"{i['InstanceId']}: {i['State']['Name']} ({i.get('StateReason', {}).get('Message', '')})"
+                                for i in dead)
+                raise ProvisionError(f"instance(s) stopped while starting: {why}")
+            ready = [i for i in found if i["State"]["Name"] == "running" and i.get("PrivateIpAddress")
+                     and (i.get("PublicIpAddress") or not self._wants_public())]
+            if len(ready) == len(ids):
+                return ready
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"{len(ids) - len(ready)} of {len(ids)} instance(s) not running after "
+                                  f"{self.wait_timeout:.0f}s", "see the EC2 console; `clusterctl down` removes them")
+            time.sleep(self.poll_interval)
+
+    def _wants_public(self) -> bool:
+        return not (self._ctx and self._ctx.opts.private_ips)
+
+    def _name_instances(self, name: str, instances: list[dict]) -> list[dict]:
+        ordered = _ordered(instances)
+        names = node_names(name, len(ordered))
+        out = []
+        for index, (inst, node_name) in enumerate(zip(ordered, names)):
+            tags = _tagdict(inst)
+            want = {"Name": node_name, TAG_ROLE: "leader" if index == 0 else "member", TAG_INDEX: str(index)}
+            if any(tags.get(k) != v for k, v in want.items()):
+                self._api("ec2", "create_tags", Resources=[inst["InstanceId"]], Tags=_tags(want))
+            out.append({**inst, "Tags": _tags({**tags, **want})})
+        return out
+
+    def _cluster(self, name: str, instances: list[dict], extra: Mapping[str, str] | None = None) -> Cluster:
+        ordered = _ordered(instances)
+        nodes = []
+        for index, inst in enumerate(ordered):
+            tags = _tagdict(inst)
+            nodes.append(Node(
+                name=tags.get("Name") or node_names(name, len(ordered))[index],
+                private_ip=inst.get("PrivateIpAddress", ""),
+                slots=int(tags.get(TAG_SLOTS) or 1),
+                role="leader" if index == 0 else "member",
+                ssh_user=tags.get(TAG_USER) or "ubuntu",
+                public_ip=inst.get("PublicIpAddress") or None,
+                instance_id=inst["InstanceId"],
+            ))
+        first = ordered[0] if ordered else {}
+        facts = {"az": first.get("Placement", {}).get("AvailabilityZone", ""),
+                 "subnet": first.get("SubnetId", ""), **(extra or {})}
+        launched = min((_epoch(i.get("LaunchTime")) for i in ordered), default=time.time())
+        return Cluster(name=name, provider=self.name, nodes=tuple(nodes), region=self.region,
+                       instance_type=first.get("InstanceType", ""), created_at=launched,
+                       extra={k: str(v) for k, v in facts.items()})
+
+    # ---- shared resources (each step finds what an earlier run made before creating) ------------------
+    def _find_one(self, op: str, key: str, name: str, **filters) -> dict | None:
+        flt = [{"Name": f"tag:{TAG}", "Values": [name]}] + [{"Name": k, "Values": [v]} for k, v in filters.items()]
+        items = self._api("ec2", op, Filters=flt).get(key, [])
+        return items[0] if items else None
+
+    def _zones(self) -> list[str]:
+        zones = self._api("ec2", "describe_availability_zones",
+                          Filters=[{"Name": "state", "Values": ["available"]}]).get("AvailabilityZones", [])
+        return sorted(z["ZoneName"] for z in zones if z.get("ZoneType", "availability-zone") == "availability-zone")
+
+    def _zones_for(self, ctx: _Context, zones: list[str]) -> list[str]:
+        """The AZs that offer the type, in order; all of them when the API has no offerings for it."""
+        offers = self._paginate("ec2", "describe_instance_type_offerings", "InstanceTypeOfferings",
+                                LocationType="availability-zone",
+                                Filters=[{"Name": "instance-type", "Values": [ctx.spec.instance_type]}])
+        offered = {o["Location"] for o in offers}
+        if not offered:
+            return zones
+        return [z for z in zones if z in offered]
+
+    def _ensure_network(self, ctx: _Context) -> Network:
+        name, o = ctx.spec.name, ctx.opts
+        base = {TAG: name, TAG_REGION: ctx.region}
+        vpc = self._find_one("describe_vpcs", "Vpcs", name)
+        if vpc is None:
+            vpc = self._api("ec2", "create_vpc", CidrBlock=o.cidr, TagSpecifications=[
+                {"ResourceType": "vpc", "Tags": _tags({**base, "Name": f"clusterctl-{name}"})}])["Vpc"]
+            self.report(f"created VPC {vpc['VpcId']} ({o.cidr})")
+            self._api("ec2", "modify_vpc_attribute", VpcId=vpc["VpcId"], EnableDnsSupport={"Value": True})
+            self._api("ec2", "modify_vpc_attribute", VpcId=vpc["VpcId"], EnableDnsHostnames={"Value": True})
+        vpc_id = vpc["VpcId"]
+        cidr = ipaddress.ip_network(vpc.get("CidrBlock") or o.cidr)
+        if not o.private_ips:
+            igw = self._find_one("describe_internet_gateways", "InternetGateways", name)
+            if igw is None:
+                igw = self._api("ec2", "create_internet_gateway", TagSpecifications=[
+                    {"ResourceType": "internet-gateway", "Tags": _tags({**base, "Name": f"clusterctl-{name}"})}]
+                )["InternetGateway"]
+                self.report(f"created internet gateway {igw['InternetGatewayId']}")
+            if not any(a.get("VpcId") == vpc_id for a in igw.get("Attachments", [])):
+                self._api("ec2", "attach_internet_gateway", InternetGatewayId=igw["InternetGatewayId"], VpcId=vpc_id)
+            main = self._api("ec2", "describe_route_tables", Filters=[
+                {"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "association.main", "Values": ["true"]}]
+            ).get("RouteTables", [])
+            if main and not any(r.get("DestinationCidrBlock") == "0.0.0.0/0" for r in main[0].get("Routes", [])):
+                self._api("ec2", "create_route", RouteTableId=main[0]["RouteTableId"],
+                          DestinationCidrBlock="0.0.0.0/0", GatewayId=igw["InternetGatewayId"])
+        zones = self._zones()
+        have = {s["AvailabilityZone"]: s for s in self._api("ec2", "describe_subnets", Filters=[
+            {"Name": f"tag:{TAG}", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]).get("Subnets", [])}
+        blocks = list(cidr.subnets(new_prefix=min(28, cidr.prefixlen + 4)))
+        subnets = []
+        for index, az in enumerate(zones[:len(blocks)]):
+            sub = have.get(az)
+            if sub is None:
+                sub = self._api("ec2", "create_subnet", VpcId=vpc_id, AvailabilityZone=az, CidrBlock=str(blocks[index]),
+                                TagSpecifications=[{"ResourceType": "subnet", "Tags": _tags(
+                                    {**base, "Name": f"clusterctl-{name}-{az}"})}])["Subnet"]
+                self.report(f"created subnet {sub['SubnetId']} ({blocks[index]}, {az})")
+            subnets.append((sub["SubnetId"], az))
+        order = self._zones_for(ctx, [az for _, az in subnets])
+        by_az = dict((az, s) for s, az in subnets)
+        return Network(vpc_id, tuple((by_az[az], az) for az in order), True)
+
+    def _existing_network(self, ctx: _Context, create: bool) -> Network:
+        o = ctx.opts
+        if o.subnets:
+            subs = self._api("ec2", "describe_subnets", SubnetIds=list(o.subnets)).get("Subnets", [])
+            by_id = {s["SubnetId"]: s for s in subs}
+            ordered = [by_id[s] for s in o.subnets if s in by_id]
+        else:
+            ordered = sorted(self._api("ec2", "describe_subnets", Filters=[{"Name": "vpc-id", "Values": [o.vpc]}]
+                                       ).get("Subnets", []), key=lambda s: s["AvailabilityZone"])
+        if not ordered:
+            raise ConfigError(f"no subnets found for {'--subnet ' + ', '.join(o.subnets) if o.subnets else '--vpc ' + str(o.vpc)}",
+                              "check the ids and the region")
+        vpcs = {s["VpcId"] for s in ordered}
+        if len(vpcs) != 1 or (o.vpc and o.vpc not in vpcs):
+            raise ConfigError("the --subnet(s) must all be in one VPC (the --vpc, when given)")
+        order = self._zones_for(ctx, [s["AvailabilityZone"] for s in ordered])
+        pairs = tuple((s["SubnetId"], s["AvailabilityZone"]) for s in ordered if s["AvailabilityZone"] in order)
+        if not pairs:
+            raise ConfigError(f"{ctx.spec.instance_type} is not offered in the AZs of the given subnets")
+        return Network(vpcs.pop(), pairs, False)
+
+    def _ensure_security_group(self, ctx: _Context, net: Network, ssh_cidr: str | None) -> str:
+        from botocore.exceptions import ClientError
+
+        name = ctx.spec.name
+        sg = self._find_one("describe_security_groups", "SecurityGroups", name, **{"vpc-id": net.vpc})
+        if sg is None:
+            sg_id = self._api("ec2", "create_security_group", GroupName=f"clusterctl-{name}", VpcId=net.vpc,
+                              Description=f"clusterctl cluster {name}: all traffic within the cluster, ssh from one range",
+                              TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(
+                                  {TAG: name, TAG_REGION: ctx.region, "Name": f"clusterctl-{name}"})}])["GroupId"]
+            self.report(f"created security group {sg_id}")
+            sg = {"GroupId": sg_id, "IpPermissions": [], "IpPermissionsEgress": []}
+        sg_id = sg["GroupId"]
+        self_rule = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": sg_id, "Description": "within the cluster"}]}
+        wanted_in = [self_rule]
+        if ssh_cidr:
+            wanted_in.append({"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+                              "IpRanges": [{"CidrIp": ssh_cidr, "Description": "ssh from the operator"}]})
+        for op, rules, have in (("authorize_security_group_ingress", wanted_in, sg.get("IpPermissions", [])),
+                                ("authorize_security_group_egress", [self_rule], sg.get("IpPermissionsEgress", []))):
+            for rule in rules:
+                if _has_rule(have, rule):
+                    continue
+                try:
+                    self._call("ec2", op, GroupId=sg_id, IpPermissions=[rule])
+                except ClientError as exc:
+                    if _code(exc) != "InvalidPermission.Duplicate":
+                        raise self._error(op, exc) from None
+        return sg_id
+
+    def _ensure_placement_group(self, ctx: _Context) -> str:
+        from botocore.exceptions import ClientError
+
+        name = ctx.spec.name
+        group = f"clusterctl-{name}"
+        try:
+            found = self._call("ec2", "describe_placement_groups", GroupNames=[group]).get("PlacementGroups", [])
+        except ClientError as exc:
+            if not NOT_FOUND.search(_code(exc)):
+                raise self._error("DescribePlacementGroups", exc) from None
+            found = []
+        if found:
+            if _tagdict(found[0]).get(TAG) != name:
+                raise ConfigError(f"placement group {group} exists but is not clusterctl's cluster {name}",
+                                  "choose another --name")
+            return group
+        self._api("ec2", "create_placement_group", GroupName=group, Strategy="cluster", TagSpecifications=[
+            {"ResourceType": "placement-group", "Tags": _tags({TAG: name, TAG_REGION: ctx.region})}])
+        self.report(f"created placement group {group}")
+        return group
+
+    def _ensure_key_pair(self, ctx: _Context, public_key: str) -> str:
+        from botocore.exceptions import ClientError
+
+        name = ctx.spec.name
+        key_name = f"clusterctl-{name}"
+        try:
+            found = self._call("ec2", "describe_key_pairs", KeyNames=[key_name], IncludePublicKey=True).get("KeyPairs", [])
+        except ClientError as exc:
+            if not NOT_FOUND.search(_code(exc)):
+                raise self._error("DescribeKeyPairs", exc) from None
+            found = []
+        material = " ".join(public_key.split()[:2])
+        if found:
+            theirs = " ".join((found[0].get("PublicKey") or "").split()[:2])
+            if theirs and theirs != material:
+                raise ProvisionError(
+                    f"key pair {key_name} in {ctx.region} holds another key than this machine's for cluster {name}",
+                    f"the local state was lost or belongs elsewhere: `clusterctl down {name} --yes`, then up again")
+            return key_name
+        self._api("ec2", "import_key_pair", KeyName=key_name, PublicKeyMaterial=material.encode(), TagSpecifications=[
+            {"ResourceType": "key-pair", "Tags": _tags({TAG: name, TAG_REGION: ctx.region})}])
+        self.report(f"imported key pair {key_name}")
+        return key_name
+
+    def _ensure_instance_profile(self, ctx: _Context) -> str:
+        from botocore.exceptions import ClientError
+
+        name = ctx.spec.name
+        iname = iam_name(name, ctx.region)
+        tags = _tags({TAG: name, TAG_REGION: ctx.region})
+        try:
+            self._call("iam", "get_role", RoleName=iname)
+        except ClientError as exc:
+            if _code(exc) != "NoSuchEntity":
+                raise self._error("iam GetRole", exc) from None
+            self._api("iam", "create_role", RoleName=iname, Path=IAM_PATH, AssumeRolePolicyDocument=json.dumps(EC2_TRUST),
+                      Description=f"clusterctl cluster {name} in {ctx.region}: nodes' own identity", Tags=tags,
+                      MaxSessionDuration=3600)
+            self.report(f"created IAM role {iname}")
+        if ctx.opts.s3_read:
+            self._api("iam", "put_role_policy", RoleName=iname, PolicyName="s3-read",
+                      PolicyDocument=json.dumps(s3_read_policy(ctx.opts.s3_read)))
+        try:
+            prof = self._call("iam", "get_instance_profile", InstanceProfileName=iname)["InstanceProfile"]
+        except ClientError as exc:
+            if _code(exc) != "NoSuchEntity":
+                raise self._error("iam GetInstanceProfile", exc) from None
+            prof = self._api("iam", "create_instance_profile", InstanceProfileName=iname, Path=IAM_PATH,
+                             Tags=tags)["InstanceProfile"]
+            self.report(f"created IAM instance profile {iname}")
+        if not any(r.get("RoleName") == iname for r in prof.get("Roles", [])):
+            self._api("iam", "add_role_to_instance_profile", InstanceProfileName=iname, RoleName=iname)
+        return iname
+
+    # ---- after launch: host keys from the console -----------------------------------------------------
+    def host_keys(self, cluster: Cluster) -> dict[str, tuple[str, ...]]:
+        """Host keys cloud-init printed to each node's console. Polled (bounded) until the keys or the end
+        of cloud-init show up; a node whose console has neither by then is pinned at first contact."""
+        from botocore.exceptions import ClientError
+
+        found: dict[str, tuple[str, ...]] = {}
+        pending = {n.instance_id: n for n in cluster.nodes if n.instance_id}
+        deadline = time.monotonic() + self.console_wait
+        while pending:
+            for iid, node in list(pending.items()):
+                try:
+                    out = self._call("ec2", "get_console_output", InstanceId=iid).get("Output") or ""
+                except ClientError as exc:
+                    raise self._error("GetConsoleOutput", exc) from None
+                text = _decode_console(out)
+                keys = host_keys_from_console(text)
+                if keys:
+                    found[node.ssh_host] = keys
+                    del pending[iid]
+                elif _CLOUD_INIT_DONE.search(text):
+                    del pending[iid]  # cloud-init is done and printed no keys: first contact it is
+            if not pending or time.monotonic() > deadline:
+                break
+            time.sleep(self.poll_interval)
+        if found:
+            self.report(f"host keys of {len(found)} node(s) read from their console output (cloud-init)")
+        missing = [n.ssh_host for n in cluster.nodes if n.ssh_host not in found]
+        if missing:
+            self.report(f"no host keys in the console output of {len(missing)} node(s): pinning them at first contact")
+        return found
+
+    # ---- find / status / ls ---------------------------------------------------------------------------
+    def _instances(self, name: str | None, states: list[str] | None = None) -> list[dict]:
+        flt = [{"Name": "instance-state-name", "Values": states or ["pending", "running", "stopping", "stopped"]}]
+        flt.append({"Name": f"tag:{TAG}", "Values": [name]} if name else {"Name": "tag-key", "Values": [TAG]})
+        reservations = self._paginate("ec2", "describe_instances", "Reservations", Filters=flt)
+        return [i for r in reservations for i in r.get("Instances", [])]
+
+    def find(self, name: str) -> Cluster | None:
+        instances = self._instances(name)
+        if not instances:
+            return None
+        return self._cluster(name, instances)
+
+    def status(self, name: str) -> ClusterStatus | None:
+        return self._statuses(name).get(name)
+
+    def statuses(self) -> dict[str, ClusterStatus]:
+        """Every cluster of this account and region, in one DescribeInstances (plus the sweep of names)."""
+        out = self._statuses(None)
+        for name in self.all_clusters():
+            if name not in out:
+                out[name] = ClusterStatus(name, self.name, self.region, "", (),
+                                          tuple(r.line() for r in self._sweep(name)))
+        return dict(sorted(out.items()))
+
+    def _statuses(self, name: str | None) -> dict[str, ClusterStatus]:
+        by_cluster: dict[str, list[dict]] = {}
+        for inst in self._instances(name, LIVE_STATES):
+            by_cluster.setdefault(_tagdict(inst).get(TAG, ""), []).append(inst)
+        out = {}
+        volumes = self._volume_prices(name) if by_cluster else {}
+        for cname, instances in by_cluster.items():
+            cluster = self._cluster(cname, instances)
+            by_id = {i["InstanceId"]: i for i in instances}
+            nodes = []
+            for n in cluster.nodes:
+                inst = by_id[n.instance_id]
+                vol = volumes.get(n.instance_id or "", 0.0)
+                inst_price = catalog.instance_price(inst.get("InstanceType", ""))
+                nodes.append(NodeStatus(n, inst["State"]["Name"], inst.get("Placement", {}).get("AvailabilityZone", ""),
+                                        _epoch(inst.get("LaunchTime")), None if inst_price is None else inst_price + vol))
+            out[cname] = ClusterStatus(cname, self.name, self.region, cluster.instance_type, tuple(nodes))
+        if name is not None and name not in out:
+            left = self._sweep(name)
+            if left:
+                out[name] = ClusterStatus(name, self.name, self.region, "", (), tuple(r.line() for r in left))
+        return out
+
+    def _volume_prices(self, name: str | None) -> dict[str, float]:
+        """USD/hour of the tagged volumes attached to each instance (one DescribeVolumes)."""
+        flt = [{"Name": f"tag:{TAG}", "Values": [name]} if name else {"Name": "tag-key", "Values": [TAG]}]
+        out: dict[str, float] = {}
+        for vol in self._paginate("ec2", "describe_volumes", "Volumes", Filters=flt):
+            for att in vol.get("Attachments", []):
+                out[att["InstanceId"]] = out.get(att["InstanceId"], 0.0) + catalog.volume_price(
+                    vol.get("VolumeType", "gp3"), int(vol.get("Size", 0)), vol.get("Iops"))
+        return out
+
+    def all_clusters(self) -> list[str]:
+        names: set[str] = set()
+        for inst in self._instances(None, LIVE_STATES):
+            names.add(_tagdict(inst).get(TAG, ""))
+        key_filter = [{"Name": "tag-key", "Values": [TAG]}]
+        for op, key in (("describe_vpcs", "Vpcs"), ("describe_security_groups", "SecurityGroups"),
+                        ("describe_key_pairs", "KeyPairs"), ("describe_placement_groups", "PlacementGroups"),
+                        ("describe_subnets", "Subnets"), ("describe_internet_gateways", "InternetGateways"),
+                        ("describe_volumes", "Volumes")):
+            for item in self._api("ec2", op, Filters=key_filter).get(key, []):
+                names.add(_tagdict(item).get(TAG, ""))
+        for prof in self._paginate("iam", "list_instance_profiles", "InstanceProfiles", PathPrefix=IAM_PATH):
+            m = re.match(rf"^clusterctl-(.+)-{re.escape(self.region)}$", prof["InstanceProfileName"])
+            if m:
+                names.add(m.group(1))
+        for role in self._paginate("iam", "list_roles", "Roles", PathPrefix=IAM_PATH):
+            m = re.match(rf"^clusterctl-(.+)-{re.escape(self.region)}$", role["RoleName"])
+            if m:
+                names.add(m.group(1))
+        return sorted(n for n in names if n)
+
+    # ---- down ---------------------------------------------------------------------------------------
+    def _sweep(self, name: str) -> list[Resource]:
+        """Everything tagged for the cluster that still exists (and its IAM role/profile by name)."""
+        from botocore.exceptions import ClientError
+
+        tag = [{"Name": f"tag:{TAG}", "Values": [name]}]
+        found: list[Resource] = []
+        for inst in _ordered(self._instances(name, LIVE_STATES)):
+            found.append(Resource("instance", inst["InstanceId"], f"{_tagdict(inst).get('Name', '')}, {inst['State']['Name']}"))
+        for op, key, kind, id_key in (
+                ("describe_placement_groups", "PlacementGroups", "placement group", "GroupName"),
+                ("describe_key_pairs", "KeyPairs", "key pair", "KeyName"),
+                ("describe_security_groups", "SecurityGroups", "security group", "GroupId"),
+                ("describe_network_interfaces", "NetworkInterfaces", "network interface", "NetworkInterfaceId"),
+                ("describe_volumes", "Volumes", "volume", "VolumeId"),
+                ("describe_subnets", "Subnets", "subnet", "SubnetId"),
+                ("describe_internet_gateways", "InternetGateways", "internet gateway", "InternetGatewayId"),
+                ("describe_vpcs", "Vpcs", "VPC", "VpcId")):
+            for item in self._api("ec2", op, Filters=tag).get(key, []):
+                if kind == "volume" and item.get("State") == "deleted":
+                    continue
+                found.append(Resource(kind, item[id_key]))
+        iname = iam_name(name, self.region)
+        for kind, op, kw in (("IAM instance profile", "get_instance_profile", {"InstanceProfileName": iname}),
+                             ("IAM role", "get_role", {"RoleName": iname})):
+            try:
+                self._call("iam", op, **kw)
+                found.append(Resource(kind, iname))
+            except ClientError as exc:
+                if _code(exc) != "NoSuchEntity":
+                    raise self._error(f"iam {op}", exc) from None
+        return found
+
+    def resources(self, name: str) -> list[str]:
+        return [r.line() for r in self._sweep(name)]
+
+    def terminate(self, name: str) -> Teardown:
+        """Remove everything tagged for the cluster, in dependency order, waiting through dependency
+        errors (bounded), then prove by a fresh sweep that nothing tagged is left."""
+        removed: list[str] = []
+        deadline = time.monotonic() + self.delete_timeout
+        instances = self._instances(name, LIVE_STATES)
+        ids = [i["InstanceId"] for i in instances if i["State"]["Name"] != "shutting-down"]
+        if ids:
+            self._api("ec2", "terminate_instances", InstanceIds=ids)
+        if instances:
+            self._wait_terminated([i["InstanceId"] for i in instances], deadline)
+            removed += [f"instance {i['InstanceId']} ({_tagdict(i).get('Name', '')})" for i in _ordered(instances)]
+        tag = [{"Name": f"tag:{TAG}", "Values": [name]}]
+
+        def each(op: str, key: str, filters=tag) -> list[dict]:
+            return self._api("ec2", op, Filters=filters).get(key, [])
+
+        for pg in each("describe_placement_groups", "PlacementGroups"):
+            if self._delete(deadline, "ec2", "delete_placement_group", GroupName=pg["GroupName"]):
+                removed.append(f"placement group {pg['GroupName']}")
+        for kp in each("describe_key_pairs", "KeyPairs"):
+            if self._delete(deadline, "ec2", "delete_key_pair", KeyName=kp["KeyName"]):
+                removed.append(f"key pair {kp['KeyName']}")
+        for eni in each("describe_network_interfaces", "NetworkInterfaces"):
+            if eni.get("Status") == "available" and self._delete(
+                    deadline, "ec2", "delete_network_interface", NetworkInterfaceId=eni["NetworkInterfaceId"]):
+                removed.append(f"network interface {eni['NetworkInterfaceId']}")
+        for vol in each("describe_volumes", "Volumes"):
+            if vol.get("State") == "available" and self._delete(deadline, "ec2", "delete_volume", VolumeId=vol["VolumeId"]):
+                removed.append(f"volume {vol['VolumeId']}")
+        for sg in each("describe_security_groups", "SecurityGroups"):
+            if self._delete(deadline, "ec2", "delete_security_group", GroupId=sg["GroupId"]):
+                removed.append(f"security group {sg['GroupId']}")
+        for sub in each("describe_subnets", "Subnets"):
+            if self._delete(deadline, "ec2", "delete_subnet", SubnetId=sub["SubnetId"]):
+                removed.append(f"subnet {sub['SubnetId']} ({sub.get('AvailabilityZone', '')})")
+        for igw in each("describe_internet_gateways", "InternetGateways"):
+            for att in igw.get("Attachments", []):
+                self._delete(deadline, "ec2", "detach_internet_gateway", InternetGatewayId=igw["InternetGatewayId"],
+                             VpcId=att["VpcId"])
+            if self._delete(deadline, "ec2", "delete_internet_gateway", InternetGatewayId=igw["InternetGatewayId"]):
+                removed.append(f"internet gateway {igw['InternetGatewayId']}")
+        for vpc in each("describe_vpcs", "Vpcs"):
+            if self._delete(deadline, "ec2", "delete_vpc", VpcId=vpc["VpcId"]):
+                removed.append(f"VPC {vpc['VpcId']}")
+        removed += self._delete_iam(name, deadline)
+        left = tuple(r.line() for r in self._sweep(name))
+        return Teardown(tuple(removed), left)
+
+    def _wait_terminated(self, ids: list[str], deadline: float) -> None:
+        self.report(f"waiting for {len(ids)} instance(s) to terminate")
+        while True:
+            found = [i for r in self._api("ec2", "describe_instances", InstanceIds=ids)["Reservations"] for i in r["Instances"]]
+            if all(i["State"]["Name"] == "terminated" for i in found):
+                return
+            if time.monotonic() > deadline:
+                return  # the final sweep names what is left
+            time.sleep(self.poll_interval)
+
+    def _delete(self, deadline: float, service: str, op: str, **kwargs) -> bool:
+        """One delete, retried through dependency errors until the deadline. Already gone counts as done."""
+        from botocore.exceptions import ClientError
+
+        delay = min(0.5, self.poll_interval)
+        while True:
+            try:
+                self._call(service, op, **kwargs)
+                return True
+            except ClientError as exc:
+                code = _code(exc)
+                if NOT_FOUND.search(code) or code == "Gateway.NotAttached":
+                    return op.startswith("detach")
+                if code not in DEPENDENCY_CODES or time.monotonic() > deadline:
+                    if code in DEPENDENCY_CODES:
+                        self.report(f"gave up on {op} {kwargs}: {code}")
+                        return False
+                    raise self._error(op, exc) from None
+                self.report(f"{op}: {code}, waiting {delay:.1f}s")
+                time.sleep(delay)
+                delay = min(10.0, delay * 2)
+
+    def _delete_iam(self, name: str, deadline: float) -> list[str]:
+        from botocore.exceptions import ClientError
+
+        iname = iam_name(name, self.region)
+        removed = []
+        try:
+            prof = self._call("iam", "get_instance_profile", InstanceProfileName=iname)["InstanceProfile"]
+        except ClientError as exc:
+            if _code(exc) != "NoSuchEntity":
+                raise self._error("iam GetInstanceProfile", exc) from None
+            prof = None
+        if prof is not None:
+            for role in prof.get("Roles", []):
+                self._delete(deadline, "iam", "remove_role_from_instance_profile", InstanceProfileName=iname,
+                             RoleName=role["RoleName"])
+            if self._delete(deadline, "iam", "delete_instance_profile", InstanceProfileName=iname):
+                removed.append(f"IAM instance profile {iname}")
+        try:
+            self._call("iam", "get_role", RoleName=iname)
+        except ClientError as exc:
+            if _code(exc) != "NoSuchEntity":
+                raise self._error("iam GetRole", exc) from None
+            return removed
+        for policy in self._paginate("iam", "list_role_policies", "PolicyNames", RoleName=iname):
+            self._delete(deadline, "iam", "delete_role_policy", RoleName=iname, PolicyName=policy)
+        for attached in self._paginate("iam", "list_attached_role_policies", "AttachedPolicies", RoleName=iname):
+            self._delete(deadline, "iam", "detach_role_policy", RoleName=iname, PolicyArn=attached["PolicyArn"])
+        if self._delete(deadline, "iam", "delete_role", RoleName=iname):
+            removed.append(f"IAM role {iname}")
+        return removed
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+def _ordered(instances: list[dict]) -> list[dict]:
+    """Leader first, then members: by the index tag when named, else by launch index, then id."""
+    def key(i: dict):
+        tags = _tagdict(i)
+        index = tags.get(TAG_INDEX)
+        return (0 if index is not None else 1, int(index) if index and index.isdigit() else 0,
+                int(i.get("AmiLaunchIndex", 0)), i["InstanceId"])
+    return sorted(instances, key=key)
+
+
+def _has_rule(have: list[dict], rule: dict) -> bool:
+    for h in have:
+        if h.get("IpProtocol") != rule["IpProtocol"]:
+            continue
+        if rule["IpProtocol"] != "-1" and (h.get("FromPort"), h.get("ToPort")) != (rule.get("FromPort"), rule.get("ToPort")):
+            continue
+        if "UserIdGroupPairs" in rule and any(p.get("GroupId") == rule["UserIdGroupPairs"][0]["GroupId"]
+                                              for p in h.get("UserIdGroupPairs", [])):
+            return True
+        if "IpRanges" in rule and any(r.get("CidrIp") == rule["IpRanges"][0]["CidrIp"] for r in h.get("IpRanges", [])):
+            return True
+    return False
+
+
+def _epoch(value: Any) -> float:
+    if value is None:
+        return time.time()
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    try:
+        from datetime import datetime
+
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()
+
+
+def _decode_console(output: str) -> str:
+    """GetConsoleOutput's Output is base64 on the wire; boto3 hands it over as text, maybe still encoded."""
+    if not output:
+        return ""
+    if "\n" in output or " " in output:
+        return output
+    try:
+        return base64.b64decode(output, validate=True).decode(errors="replace")
+    except ValueError:
+        return output
