@@ -1,0 +1,129 @@
+"""`clusterctl sync` under faults, on real namespace nodes: a full disk, a node that drops off the network
+mid-copy, an rsync killed mid-file and resumed. A failed node is reported and never marked complete;
+the others are verified and marked; a re-run copies only what is missing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sync_support import (down_cluster, first_error_line, make_dataset, marker, netns_of, node_sha256, random_files,
+                          shape, sync, table_rows, tx_bytes, unshape, up_cluster)
+
+
+@pytest.fixture(scope="module")
+def c4(tmp_path_factory):
+    cluster = up_cluster(tmp_path_factory.mktemp("sync4"), 4)
+    yield cluster
+    down_cluster(cluster)
+
+
+def _du(cluster, index: int, path: str) -> int:
+    proc = cluster.node_exec(index, "du", "-sb", "--", path, check=False)
+    return int(proc.stdout.split()[0]) if proc.returncode == 0 else 0
+
+
+def _wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_disk_full_fails_that_node_only(c4, tmp_path):
+    src = tmp_path / "ds"
+    files = random_files(40, 1_000, prefix="small")
+    files["big.bin"] = os.urandom(3_000_000)
+    sums = make_dataset(src, files)
+    dst = "/root/full"
+    for i in range(4):
+        c4.node_exec(i, "mkdir", "-p", dst)
+    # node 1: 1 MB of space for 3 MB; node 2: room for the bytes but not for the files (20 inodes)
+    c4.node_exec(1, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", dst)
+    c4.node_exec(2, "mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=20", "tmpfs", dst)
+    try:
+        proc = sync(c4, str(src), dst)
+        assert proc.returncode == 1, proc.stderr
+        err = first_error_line(proc.stderr)
+        assert err.startswith("Error: 2 of 4 node(s) not verified, not marked complete")
+        assert f"{c4.hosts[1]}: failed: not enough space at /root/full: needs 3.0 MB, has 1.0 MB free" in err
+        assert f"{c4.hosts[2]}: failed:" in err
+        rows = table_rows(proc.stdout)
+        for i in (0, 3):
+            assert rows[c4.hosts[i]].rstrip().endswith("yes")
+            assert node_sha256(c4, i, dst) == sums and marker(c4, i, dst) is not None
+        for i in (1, 2):
+            assert "no: failed" in rows[c4.hosts[i]]
+            assert marker(c4, i, dst) is None  # never marked complete
+    finally:
+        for i in (1, 2):
+            c4.node_exec(i, "umount", dst, check=False)
+
+
+def test_node_unreachable_mid_copy_is_reported_and_the_rest_finish(c4, tmp_path):
+    src = tmp_path / "ds"
+    sums = make_dataset(src, random_files(4, 2_000_000, prefix="chunk", seed=9))
+    dst = "/tmp/unreach"
+    shape(c4, 1, "16mbit")  # the chain source -> 0 -> 1 -> 2 -> 3 runs at node 1's pace: ~4 s
+    ns = netns_of(c4, 1)
+    try:
+        p = c4.cli.popen("sync", "--cluster", c4.name, str(src), dst)
+        _wait_for(lambda: _du(c4, 1, dst) > 1_000_000, 30, "node 1 to receive 1 MB")
+        for chain in ("INPUT", "OUTPUT"):
+            subprocess.run(["ip", "netns", "exec", ns, "iptables", "-A", chain, "-j", "DROP"], check=True)
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 5, err
+        assert f"{c4.hosts[1]}: unreachable:" in first_error_line(err)
+        rows = table_rows(out)
+        for i in (0, 2, 3):  # downstream of the lost node too: repaired from a verified neighbour
+            assert rows[c4.hosts[i]].rstrip().endswith("yes"), out
+            assert node_sha256(c4, i, dst) == sums and marker(c4, i, dst) is not None
+    finally:
+        subprocess.run(["ip", "netns", "exec", ns, "iptables", "-F"], check=True)
+        unshape(c4, 1)
+    assert marker(c4, 1, dst) is None  # what it has is partial, and is not taken for a copy
+    assert node_sha256(c4, 1, dst) != sums
+    again = sync(c4, str(src), dst)
+    assert again.returncode == 0, again.stderr
+    rows = table_rows(again.stdout)
+    assert " 0 " in rows[c4.hosts[0]] and " 0 " in rows[c4.hosts[3]]
+    assert node_sha256(c4, 1, dst) == sums and marker(c4, 1, dst) is not None
+
+
+def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
+    src = tmp_path / "ds"
+    size = 6_000_000
+    sums = make_dataset(src, {"big.bin": os.urandom(size)})
+    dst = "/tmp/resume"
+    shape(c4, 3, "8mbit")  # ~1 MB/s to node 3
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "clusterctl", "sync", "--cluster", c4.name, "--strategy",
+                              "parallel", str(src), dst], cwd=c4.cli.cwd, env=c4.cli.env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+        _wait_for(lambda: _du(c4, 3, dst) > 1_500_000, 30, "node 3 to receive 1.5 MB")
+        os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 130, err
+        assert first_error_line(err) == "Error: interrupted"
+        partial = c4.node_exec(3, "stat", "-c", "%s", f"{dst}/.clusterctl-partial/big.bin", check=False)
+        assert partial.returncode == 0, "rsync kept no partial file"
+        kept = int(partial.stdout)
+        assert 1_000_000 < kept < size
+        assert marker(c4, 3, dst) is None
+        before = tx_bytes(c4, 3)
+        again = sync(c4, "--strategy", "parallel", str(src), dst)
+        assert again.returncode == 0, again.stderr
+        sent = tx_bytes(c4, 3) - before
+        assert sent < size - kept + 400_000, f"resumed run sent {sent} bytes; partial was {kept} of {size}"
+    finally:
+        unshape(c4, 3)
+    assert node_sha256(c4, 3, dst) == sums and marker(c4, 3, dst) is not None
+    assert c4.node_exec(3, "test", "-e", f"{dst}/.clusterctl-partial", check=False).returncode == 1
