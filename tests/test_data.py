@@ -1,0 +1,261 @@
+"""clusterctl.data and `clusterctl data`: folders of images and generated sets -> ImageNet-format TFRecords,
+read back by templates/train_imagenet.py's own input pipeline (its parse_record, records, eval_dataset and
+train_dataset functions), so writer and reader cannot drift apart."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from clusterctl import data
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATE = REPO / "templates" / "train_imagenet.py"
+FEATURES = ("image/height", "image/width", "image/colorspace", "image/channels", "image/class/label",
+            "image/class/synset", "image/class/text", "image/format", "image/filename", "image/encoded")
+
+
+@pytest.fixture(scope="module")
+def tf():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow
+
+    return tensorflow
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    """templates/train_imagenet.py as a module (it imports TensorFlow only inside its functions)."""
+    spec = importlib.util.spec_from_file_location("train_imagenet", TEMPLATE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def read_examples(tf, paths) -> list[dict]:
+    out = []
+    for rec in tf.data.TFRecordDataset([str(p) for p in paths]):
+        ex = tf.train.Example.FromString(rec.numpy())
+        f = ex.features.feature
+        row = {}
+        for k, v in f.items():
+            kind = v.WhichOneof("kind")
+            vals = list(getattr(v, kind).value)
+            row[k] = vals[0] if len(vals) == 1 else vals
+        out.append(row)
+    return out
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_HOME": str(cwd / "cchome"), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "clusterctl", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+# ---- a folder of images -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory, tf):
+    """The flowers layout: three class folders with RGB JPEGs, an RGBA PNG, a grayscale JPEG, a broken
+    .jpg and a LICENSE.txt; returns (folder, {filename: (class, pixels or None)})."""
+    import numpy as np
+
+    root = tmp_path_factory.mktemp("flowers")
+    rng = np.random.default_rng(7)
+    made: dict[str, tuple[str, object]] = {}
+    for cls in ("tulips", "daisy", "roses"):  # not in sorted order on purpose
+        d = root / cls
+        d.mkdir()
+        for i in range(5):
+            h, w = int(rng.integers(20, 40)), int(rng.integers(20, 40))
+            px = rng.integers(0, 255, size=(h, w, 3), dtype=np.uint8)
+            name = f"{cls}_{i}.jpg"
+            (d / name).write_bytes(tf.io.encode_jpeg(px, quality=95).numpy())
+            made[name] = (cls, None)
+    # smooth, so JPEG keeps it close (JPEG on white noise would not be)
+    yy, xx = np.mgrid[0:24, 0:30]
+    rgba = np.stack([xx * 8, yy * 10, (xx + yy) * 4, np.full_like(xx, 128)], -1).astype(np.uint8)
+    (root / "roses" / "rose_alpha.PNG").write_bytes(tf.io.encode_png(rgba).numpy())
+    made["rose_alpha.PNG"] = ("roses", rgba[..., :3])
+    gray = rng.integers(0, 255, size=(26, 22, 1), dtype=np.uint8)
+    (root / "daisy" / "daisy_gray.jpeg").write_bytes(tf.io.encode_jpeg(gray, quality=95).numpy())
+    made["daisy_gray.jpeg"] = ("daisy", None)
+    (root / "daisy" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 this is not a whole jpeg")
+    (root / "LICENSE.txt").write_text("CC-BY\n")
+    (root / "tulips" / "notes.txt").write_text("not an image\n")
+    return root, made
+
+
+def test_folder_to_tfrecords_through_the_cli_and_read_back(image_folder, tmp_path, tf):
+    src, made = image_folder
+    dst = tmp_path / "records"
+    proc = cli("data", "tfrecords", str(src), str(dst), "--validation-fraction", "0.2", "--train-shards", "3",
+               "--validation-shards", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped" in proc.stderr and "broken.jpg" in proc.stderr
+    assert "re-encoded" in proc.stderr  # the PNG and the grayscale JPEG
+
+    names = sorted(p.name for p in dst.iterdir())
+    assert names == ["dataset.json", "labels.txt", "train-00000-of-00003", "train-00001-of-00003",
+                     "train-00002-of-00003", "validation-00000-of-00002", "validation-00001-of-00002"]
+    # Classes in sorted folder order, label N on line N (1-based as ImageNet's records).
+    assert (dst / "labels.txt").read_text() == "daisy\nroses\ntulips\n"
+    label_of = {"daisy": 1, "roses": 2, "tulips": 3}
+
+    rows = read_examples(tf, sorted(dst.glob("train-*")) + sorted(dst.glob("validation-*")))
+    by_name = {r["image/filename"].decode(): r for r in rows}
+    # Every readable image once, the broken one nowhere, the text files nowhere.
+    assert sorted(by_name) == sorted(made) and len(rows) == len(made)
+    for name, r in by_name.items():
+        cls, pixels = made[name]
+        assert set(FEATURES) <= set(r), name
+        assert r["image/class/label"] == label_of[cls]
+        assert r["image/class/synset"].decode() == cls == r["image/class/text"].decode()
+        assert (r["image/format"], r["image/colorspace"], r["image/channels"]) == (b"JPEG", b"RGB", 3)
+        img = tf.io.decode_jpeg(r["image/encoded"]).numpy()
+        assert img.shape == (r["image/height"], r["image/width"], 3), name
+        source = (src / cls / name).read_bytes()
+        if name.endswith(".jpg"):
+            assert r["image/encoded"] == source, f"{name}: an RGB JPEG must be kept byte for byte"
+        if pixels is not None:  # the PNG: same picture, through JPEG at quality 95
+            assert abs(img.astype(int) - pixels.astype(int)).mean() < 12
+
+    meta = json.loads((dst / "dataset.json").read_text())
+    assert meta["format"] == "imagenet-tfrecord" and meta["label_base"] == 1 and meta["num_classes"] == 3
+    counts = {s: sum(1 for _ in tf.data.TFRecordDataset([str(dst / f) for f in meta["splits"][s]["shards"]]))
+              for s in ("train", "validation")}
+    assert counts == {s: meta["splits"][s]["examples"] for s in counts}
+    assert counts["validation"] >= 3  # at least one image of every class held out
+    info = data.read_info(dst)
+    assert info.classes == ("daisy", "roses", "tulips") and info.bytes == sum(
+        (dst / f).stat().st_size for f in info.files())
+
+
+def test_the_trainers_pipeline_reads_what_the_writer_wrote(tmp_path, tf, trainer):
+    info = data.write_synthetic(tmp_path / "ds", images=60, classes=6, validation_images=30, image_size=40,
+                                train_shards=3, validation_shards=2)
+    ds = tmp_path / "ds"
+    # The trainer's defaults for this folder: classes from dataset.json, labels 1-based.
+    meta = trainer.dataset_meta(str(ds))
+    assert meta["num_classes"] == 6 and meta["splits"]["train"]["examples"] == 60
+    args = trainer.parse_args(["--data", str(ds), "--model", "tiny", "--batch-size", "4", "--shuffle-buffer", "8"])
+    assert args.label_offset == 1 and args.image_size == 32
+
+    val_files = trainer.data_files(str(ds), "validation")
+    assert [Path(f).name for f in val_files] == list(info.splits["validation"].shards)
+    # parse_record: the 0-based labels the model trains on, from the 1-based records
+    written = [(r["image/filename"].decode(), r["image/class/label"]) for r in read_examples(tf, val_files)]
+    parsed = [(int(label), enc.numpy()) for enc, label, _ in
+              tf.data.TFRecordDataset(val_files).map(lambda s: trainer.parse_record(tf, s, args.label_offset))]
+    assert [lab for lab, _ in parsed] == [lab - 1 for _, lab in written]
+    assert Counter(lab for lab, _ in parsed) == Counter({k: 5 for k in range(6)})
+
+    # Evaluation: every record seen by exactly one rank, for 2 ranks over 2 files and 3 ranks over 2 files
+    for size in (1, 2, 3):
+        seen = []
+        for rank in range(size):
+            recs = trainer.records(tf, val_files, rank, size, training=False, seed=0)
+            seen += [tf.train.Example.FromString(r.numpy()).features.feature["image/filename"].bytes_list.value[0]
+                     for r in recs]
+        assert sorted(seen) == sorted(n.encode() for n, _ in written), f"size {size}"
+    labels_seen = []
+    for rank in range(2):
+        for images, labels in trainer.eval_dataset(tf, args, val_files, rank, 2):
+            assert images.shape[1:] == (32, 32, 3) and images.dtype == tf.float32
+            labels_seen += labels.numpy().tolist()
+    assert Counter(labels_seen) == Counter({k: 5 for k in range(6)})
+
+    # Training batches: augmented, normalised, fixed shape, labels in range; repeats past one epoch.
+    train_files = trainer.data_files(str(ds), "train")
+    batches = list(trainer.train_dataset(tf, args, train_files, 0, 2, seed=1).take(12))  # > 30 records/rank
+    assert all(b[0].shape == (4, 32, 32, 3) for b in batches)
+    labels = [int(x) for b in batches for x in b[1].numpy()]
+    assert set(labels) <= set(range(6)) and len(set(labels)) >= 4
+    pixels = tf.concat([b[0] for b in batches], 0)
+    assert -3.0 < float(tf.reduce_mean(pixels)) < 3.0 and float(tf.math.reduce_std(pixels)) > 0.1
+
+
+def test_synthetic_is_deterministic_balanced_and_manifest_friendly(tmp_path, tf):
+    a = data.write_synthetic(tmp_path / "a", images=40, classes=4, image_size=16, seed=3, workers=2)
+    b = data.write_synthetic(tmp_path / "b", images=40, classes=4, image_size=16, seed=3, workers=1)
+
+    def digest(root: Path) -> dict[str, str]:
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())}
+
+    # Same input and seed -> the same bytes, whatever the threads did: a manifest of it is stable.
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")], "temporary files left"
+    assert a.splits["train"].examples == 40 and a.splits["validation"].examples == 8
+    rows = read_examples(tf, [tmp_path / "a" / s for s in a.splits["train"].shards])
+    assert Counter(r["image/class/label"] for r in rows) == Counter({1: 10, 2: 10, 3: 10, 4: 10})
+    assert {(r["image/height"], r["image/width"]) for r in rows} == {(16, 16)}
+    c = data.write_synthetic(tmp_path / "c", images=40, classes=4, image_size=16, seed=4)
+    assert digest(tmp_path / "c") != digest(tmp_path / "a")
+    assert c.classes == ("class_000", "class_001", "class_002", "class_003")
+
+
+def test_presplit_folder_keeps_its_split(tmp_path, tf):
+    import numpy as np
+
+    for split, n in (("train", 3), ("val", 2)):
+        for cls in ("cat", "dog"):
+            d = tmp_path / "src" / split / cls
+            d.mkdir(parents=True)
+            for i in range(n):
+                px = np.full((12, 12, 3), 40 * i, dtype=np.uint8)
+                (d / f"{split}_{cls}_{i}.jpg").write_bytes(tf.io.encode_jpeg(px).numpy())
+    info = data.convert_folder(tmp_path / "src", tmp_path / "out")
+    assert info.classes == ("cat", "dog")
+    assert (info.splits["train"].examples, info.splits["validation"].examples) == (6, 4)
+    val = read_examples(tf, [tmp_path / "out" / s for s in info.splits["validation"].shards])
+    assert all(r["image/filename"].startswith(b"val_") for r in val)
+
+
+def test_refusals_and_no_half_written_dataset(tmp_path, image_folder):
+    src, _ = image_folder
+    dst = tmp_path / "d"
+    data.write_synthetic(dst, images=10, classes=2, image_size=8)
+    before = sorted(p.name for p in dst.iterdir())
+    proc = cli("data", "synthetic", str(dst), "--images", "10", "--classes", "2", cwd=tmp_path)
+    assert proc.returncode == 3 and "already holds a dataset" in proc.stderr and "--force" in proc.stderr
+    assert sorted(p.name for p in dst.iterdir()) == before
+    proc = cli("data", "synthetic", str(dst), "--images", "12", "--classes", "3", "--image-size", "8", "--force",
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((dst / "dataset.json").read_text())["num_classes"] == 3
+    assert not [p for p in dst.iterdir() if p.name.startswith(".")]
+
+    proc = cli("data", "tfrecords", str(tmp_path / "missing"), str(tmp_path / "x"), cwd=tmp_path)
+    assert proc.returncode == 3 and proc.stderr.startswith("Error: ") and "no such folder" in proc.stderr
+    empty = tmp_path / "empty"
+    (empty / "cls").mkdir(parents=True)
+    (empty / "cls" / "readme.txt").write_text("x")
+    proc = cli("data", "tfrecords", str(empty), str(tmp_path / "y"), cwd=tmp_path)
+    assert proc.returncode == 3 and "no class sub-folders with JPEG or PNG images" in proc.stderr
+    proc = cli("data", "synthetic", str(tmp_path / "z"), "--images", "2", "--classes", "5", cwd=tmp_path)
+    assert proc.returncode == 3 and "fewer than --classes" in proc.stderr
+    proc = cli("data", "tfrecords", str(src), str(tmp_path / "w"), "--train-shards", "0", cwd=tmp_path)
+    assert proc.returncode == 2 and "--train-shards must be at least 1" in proc.stderr
+
+
+def test_pure_helpers_and_no_tensorflow_at_import():
+    assert data.shard_name("train", 7, 1024) == "train-00007-of-01024"
+    # ImageNet's own shard counts for its sizes; small sets still get a few shards
+    assert data.default_shards("train", 1281167) == 1024 and data.default_shards("validation", 50000) == 128
+    assert data.default_shards("train", 100) == 8 and data.default_shards("validation", 2) == 2
+    assert data.default_shards("validation", 0) == 0
+    assert data.deal(list(range(7)), 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, clusterctl.data, clusterctl.train, clusterctl.cli; "
+                               "print(sorted(m for m in ('tensorflow', 'numpy', 'horovod') if m in sys.modules))"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "[]"
