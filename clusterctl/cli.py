@@ -660,6 +660,70 @@ def sync(
         raise err
 
 
+# ---- datasets --------------------------------------------------------------------------------------------
+data_app = typer.Typer(no_args_is_help=True, help="Make ImageNet-format TFRecord datasets (to rehearse before ImageNet).")
+app.add_typer(data_app, name="data")
+
+
+def _data_report(info) -> None:
+    from clusterctl import display
+
+    parts = ", ".join(f"{s.examples} {s.name} image(s) in {len(s.shards)} shard(s)" for s in info.splits.values())
+    display.info(f"{info.path}: {parts}, {info.num_classes} class(es), {info.bytes / 1e6:.1f} MB "
+                 f"in {info.seconds:.1f}s; labels.txt and dataset.json written")
+    if info.reencoded:
+        display.info(f"{info.reencoded} image(s) were PNG or not RGB and were re-encoded as RGB JPEG")
+    for path, why in info.skipped[:10]:
+        display.warn(f"skipped {path}: {why}")
+    if len(info.skipped) > 10:
+        display.warn(f"... and {len(info.skipped) - 10} more unreadable image(s)")
+
+
+@data_app.command("tfrecords")
+@command
+def data_tfrecords(
+    src: Path = typer.Argument(..., help="A folder of class sub-folders of JPEG/PNG images (or train/ and validation/ holding them)."),
+    dst: Path = typer.Argument(..., help="Folder to write train-*, validation-*, labels.txt, dataset.json into."),
+    validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="Share of each class held out (when SRC has no validation/)."),
+    train_shards: Optional[int] = typer.Option(None, "--train-shards", help="Default: 1024 for ImageNet's size, fewer for small sets."),
+    validation_shards: Optional[int] = typer.Option(None, "--validation-shards", help="Default: 128 for ImageNet's size, fewer for small sets."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the split and the shuffle."),
+    force: bool = typer.Option(False, "--force", help="Replace a dataset already in DST."),
+) -> None:
+    """Convert class sub-folders of images into ImageNet-format TFRecord shards with a labels file."""
+    from clusterctl import data
+
+    for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, not {value}")
+    _data_report(data.convert_folder(src, dst, train_shards=train_shards, validation_shards=validation_shards,
+                                     validation_fraction=validation_fraction, seed=seed, force=force))
+
+
+@data_app.command("synthetic")
+@command
+def data_synthetic(
+    dst: Path = typer.Argument(..., help="Folder to write the dataset into."),
+    images: int = typer.Option(..., "--images", help="Training images."),
+    classes: int = typer.Option(..., "--classes", help="Classes (balanced)."),
+    validation_images: Optional[int] = typer.Option(None, "--validation-images", help="Default: a fifth of --images."),
+    image_size: int = typer.Option(64, "--image-size", help="Side of the square images, in pixels."),
+    train_shards: Optional[int] = typer.Option(None, "--train-shards"),
+    validation_shards: Optional[int] = typer.Option(None, "--validation-shards"),
+    seed: int = typer.Option(0, "--seed"),
+    force: bool = typer.Option(False, "--force", help="Replace a dataset already in DST."),
+) -> None:
+    """Generate a small learnable image set in the same TFRecord format, for smoke tests."""
+    from clusterctl import data
+
+    for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, not {value}")
+    _data_report(data.write_synthetic(dst, images=images, classes=classes, validation_images=validation_images,
+                                      image_size=image_size, train_shards=train_shards,
+                                      validation_shards=validation_shards, seed=seed, force=force))
+
+
 def main() -> None:
     app(prog_name="clusterctl")
 
