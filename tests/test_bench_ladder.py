@@ -72,7 +72,7 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
     assert "CLUSTERCTL-BENCH result size=4" in log4  # Horovod's own size, from the real run
     assert (results_dir / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert found == [], f"a secret reached a node's process table: {found}"
-    left = cli("run", "--json", "pgrep -af 'bench_synthetic|horovod' || true; ls ~/clusterctl-jobs 2>/dev/null | wc -l")
+    left = cli("run", "--json", "pgrep -af '[b]ench_synthetic|[h]orovod' || true; ls ~/clusterctl-jobs 2>/dev/null | wc -l")
     for line in left.stdout.splitlines():
         r = json.loads(line)
         assert r["stdout"].strip() == "0", f"left on {r['host']}: {r['stdout']}"
@@ -100,5 +100,5 @@ def test_changed_member_key_stops_the_launch(cluster):
         assert "Host key verification failed" in (results_dir / "rung-np4.log").read_text()
     finally:
         cli("run", "mv ~/.ssh/known_hosts.bak ~/.ssh/known_hosts")
-    left = cli("run", "--json", "pgrep -af 'bench_synthetic|horovod' | wc -l")
+    left = cli("run", "--json", "pgrep -af '[b]ench_synthetic|[h]orovod' | wc -l")
     assert all(json.loads(line)["stdout"].strip() == "0" for line in left.stdout.splitlines())

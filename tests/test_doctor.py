@@ -46,7 +46,7 @@ def test_doctor_names_each_broken_node(local_cluster_factory):
     import importlib.metadata as md
 
     real = Path(str(md.distribution("tensorflow-cpu")._path))  # type: ignore[attr-defined]
-    fake = Path(tempfile.mkdtemp(prefix="fake-tf-"))
+    fake = Path(tempfile.mkdtemp(prefix="fake-tf-", dir="/var/tmp"))  # not /tmp: nodes have their own
     for f in real.iterdir():
         if f.is_file():
             (fake / f.name).write_bytes(f.read_bytes())
@@ -70,3 +70,6 @@ def test_doctor_names_each_broken_node(local_cluster_factory):
     report = json.loads(c.cli("doctor", "--json").stdout)
     assert report["ok"] is False
     assert report["nodes"][1]["cells"]["versions"]["status"] == "ok"
+    import shutil
+
+    shutil.rmtree(fake)
