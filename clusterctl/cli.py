@@ -590,8 +590,11 @@ def _reboot(inv, parallel: int, wait: float) -> int:
     if not bad:
         display.info(f"{len(inv.targets)} node(s) rebooted and answering ssh")
         return 0
-    refused = [w for w in bad.values() if str(w).startswith("refused")]
-    return int(ExitCode.CONFIG) if len(refused) == len(bad) else int(ExitCode.TIMEOUT)
+    if all(str(w).startswith("refused") for w in bad.values()):
+        return int(ExitCode.CONFIG)
+    if any("host key" in str(w) for w in bad.values()):
+        return int(ExitCode.UNREACHABLE)
+    return int(ExitCode.TIMEOUT)
 
 
 @app.command("agent")
@@ -612,6 +615,84 @@ def agent_(action: str = typer.Argument("status", help="status | stop")) -> None
         display.info("connection agent stopped" if agent.stop(root) else "no connection agent running")
     else:
         raise UsageError(f"unknown action {action!r}", "use status or stop")
+
+
+# ---- the synthetic benchmark -----------------------------------------------------------------------------
+@app.command()
+@command
+def bench(
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    synthetic: bool = typer.Option(False, "--synthetic", help="Synthetic images (the only kind; real data is `train`)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU smoke runs."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Images per process per step."),
+    steps: int = typer.Option(20, "--steps", help="Timed steps per rung."),
+    warmup: int = typer.Option(3, "--warmup-steps", help="Untimed steps first."),
+    ladder: Optional[str] = typer.Option(None, "--ladder", help="Process counts, e.g. 1,8,16,32 (default: 1, one node, all)."),
+    threshold: float = typer.Option(0.90, "--threshold", help="Scaling efficiency required per added node."),
+    mixed_precision: bool = typer.Option(False, "--mixed-precision", help="float16 compute."),
+    xla: bool = typer.Option(False, "--xla", help="Compile the step with XLA."),
+    timeout: float = typer.Option(900.0, "--timeout", help="Seconds each rung may take."),
+    python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
+    out: Path = typer.Option(Path("bench-results"), "--out", help="Folder for results.json, logs and scaling.png."),
+) -> None:
+    """Synthetic Horovod scaling ladder: 1 GPU, one node, all nodes, with a verdict."""
+    from clusterctl import bench as benchlib, display, inventory
+
+    if not synthetic:
+        raise UsageError("only --synthetic is supported", "run `clusterctl bench --synthetic`; real data is `clusterctl train`")
+    if model not in ("resnet50", "tiny"):
+        raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
+    if not 0 < threshold <= 1:
+        raise UsageError(f"--threshold must be in (0, 1], not {threshold}")
+    inv = inventory.resolve(hostsfile, cluster, _store())
+    rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
+    opts = benchlib.BenchOptions(model=model, batch_size=batch_size, steps=steps, warmup_steps=warmup,
+                                 mixed_precision=mixed_precision, xla=xla, threshold=threshold, timeout=timeout)
+    display.info(f"ladder: {', '.join(map(str, rungs))} process(es) on {len(inv.hosts.entries)} node(s), "
+                 f"model {model}, batch {batch_size}/process")
+    result = benchlib.run_ladder(inv, rungs, opts, out, python=python, on_event=display.BenchProgress())
+    display.ladder_table(result)
+    if result.judged and not result.passed:
+        raise typer.Exit(int(ExitCode.REMOTE_FAILED))
+
+
+# ---- the preflight check ---------------------------------------------------------------------------------
+@app.command()
+@command
+def doctor(
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    json_: bool = typer.Option(False, "--json", help="The report as JSON."),
+    python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
+    timeout: float = typer.Option(120.0, "--timeout", help="Seconds the probe may take on each node."),
+) -> None:
+    """Preflight: ssh mesh, versions, GPUs, disk, memory, clock, stale processes."""
+    import json as jsonlib
+
+    from clusterctl import display, doctor as doctorlib, inventory
+
+    store = _store()
+    inv = inventory.resolve(hostsfile, cluster, store)
+    report = doctorlib.run(inv, python=python, timeout=timeout, cloud=_cloud_facts(inv.cluster, store))
+    if json_:
+        sys.stdout.write(jsonlib.dumps(report.to_dict()) + "\n")
+    else:
+        display.doctor_table(report)
+    if any(n.cells["reachable"].status == "fail" for n in report.nodes):
+        raise typer.Exit(int(ExitCode.UNREACHABLE))
+    if not report.ok:
+        raise typer.Exit(int(ExitCode.REMOTE_FAILED))
+
+
+def _cloud_facts(cluster, store):
+    """Instance type / zone / placement per node, where the cluster's provider can say (AWS)."""
+    if cluster is None or cluster.provider == "local":
+        return None
+    from clusterctl import providers
+
+    impl = providers.get(cluster.provider, store=store)
+    return impl.node_facts(cluster.name) if hasattr(impl, "node_facts") else None
 
 
 # ---- the dataset on every node ---------------------------------------------------------------------------
@@ -658,6 +739,43 @@ def sync(
     err = report.error()
     if err is not None:
         raise err
+
+
+# ---- playbooks -------------------------------------------------------------------------------------------
+@app.command()
+@command
+def play(
+    playbook: str = typer.Argument(..., help="A playbook file, or the name of a shipped one (smoke, cleanup ...)."),
+    hostsfile: Optional[str] = typer.Option(None, "--hosts", help="A hosts file (default: the current cluster)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    var: List[str] = typer.Option([], "--var", help="Override a variable: --var name=value (repeatable)."),
+    start_from: Optional[str] = typer.Option(None, "--from", help="Resume from this step."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what each step would run; run nothing."),
+) -> None:
+    """Run a playbook: named steps of run, put, sync, bench, train, clean, doctor."""
+    from clusterctl import display, inventory, playbook as pb, resources
+
+    path = Path(playbook)
+    if not path.exists() and "/" not in playbook:
+        shipped = resources.folder("playbooks") / (playbook if playbook.endswith(".yaml") else f"{playbook}.yaml")
+        path = shipped if shipped.exists() else path
+    overrides = {}
+    for item in var:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--var takes name=value, not {item!r}")
+        overrides[key] = value
+    book = pb.load(path, overrides)
+    if dry_run:
+        for step in book.steps:
+            display.info(f"{step.name}: {pb.describe(step)}" + ("" if step.on_failure == "stop" else "  [on_failure: continue]"))
+        return
+    store = _store()
+    ctx = pb.Context(inventory.resolve(hostsfile, cluster, store), store, report=display.info)
+    results = pb.execute(book, ctx, start_from)
+    display.play_summary(results)
+    if not all(r.ok for r in results):
+        raise typer.Exit(int(ExitCode.REMOTE_FAILED))
 
 
 # ---- datasets --------------------------------------------------------------------------------------------

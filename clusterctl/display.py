@@ -21,7 +21,10 @@ def console(stderr: bool = False):
     if key not in _consoles:
         from rich.console import Console
 
-        _consoles[key] = Console(stderr=stderr, highlight=False, soft_wrap=True)
+        stream = sys.stderr if stderr else sys.stdout
+        # Piped output is read by people and scripts alike: do not squeeze tables into 80 columns.
+        width = None if stream.isatty() else 160
+        _consoles[key] = Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
     return _consoles[key]
 
 
@@ -229,6 +232,68 @@ def age(seconds: float) -> str:
     return f"{seconds // 86400}d"
 
 
+# ---- the benchmark ladder ----------------------------------------------------------------------------
+class BenchProgress:
+    """on_event of bench.run_ladder: a line per rung as it starts and ends (the table comes at the end)."""
+
+    def __init__(self):
+        self.started = 0.0
+
+    def __call__(self, kind: str, value) -> None:
+        import time
+
+        c = console(stderr=True)
+        if kind == "start":
+            self.started = time.monotonic()
+            c.print(f"[bold]rung: {value} process(es)[/] ...")
+        elif kind == "rung":
+            r = value
+            c.print(f"  {r.np:>4} procs on {r.nodes} node(s): {r.img_per_sec:10.1f} img/s, speedup {r.speedup:5.2f}x, "
+                    f"efficiency {r.efficiency:6.1%} ({r.seconds:.1f}s)")
+
+
+def ladder_table(ladder) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"Synthetic {ladder.model} ladder (batch {ladder.batch_size}/process)", header_style="bold")
+    for col in ("processes", "nodes", "img/s", "speedup", "efficiency", "per added node"):
+        t.add_column(col, justify="right")
+    for r in ladder.rungs:
+        t.add_row(str(r.np), str(r.nodes), f"{r.img_per_sec:.1f}", f"{r.speedup:.2f}x", f"{r.efficiency:.1%}",
+                  "-" if r.node_scaling is None else f"{r.node_scaling:.1%}")
+    c = console()
+    c.print(t)
+    last = ladder.rungs[-1]
+    if len(last.per_node) > 1:
+        nodes = Table(title=f"img/s per node at {last.np} processes", header_style="bold")
+        nodes.add_column("node")
+        nodes.add_column("img/s", justify="right")
+        for name, ips in last.per_node.items():
+            nodes.add_row(name + (" (slow)" if name in ladder.slow_nodes else ""), f"{ips:.1f}")
+        c.print(nodes)
+    style = ("green" if ladder.passed else "red") if ladder.judged else "yellow"
+    c.print(f"[{style}]{_esc(ladder.verdict)}[/]")
+    c.print(f"results: {_esc(ladder.results_dir)}/results.json, scaling.png, rung logs")
+
+
+# ---- the doctor --------------------------------------------------------------------------------------
+def doctor_table(report) -> None:
+    from rich.table import Table
+
+    marks = {"ok": "[green]ok[/]", "fail": "[bold red]FAIL[/]", "n/a": "[dim]n/a[/]"}
+    t = Table(title="clusterctl doctor", header_style="bold")
+    t.add_column("node")
+    for check in report.checks:
+        t.add_column(check)
+    for n in report.nodes:
+        t.add_row(_esc(n.host + (f" ({n.name})" if n.name else "")), *(marks[n.cells[c].status] for c in report.checks))
+    c = console()
+    c.print(t)
+    for line in report.failures():
+        c.print(f"[red]FAIL[/] {_esc(line)}")
+    c.print("[green]all checks passed[/]" if report.ok else f"[red]{len(report.failures())} check(s) failed[/]")
+
+
 # ---- sync ----------------------------------------------------------------------------------------------
 class SyncProgress:
     """transfer.Events drawn with rich: one bar per node (bytes, rate) plus the total, on stderr."""
@@ -305,3 +370,13 @@ def sync_table(report) -> None:
     console(stderr=True).print(f"[{style}]{ok} of {len(report.outcomes)} node(s) verified and marked complete: "
                                f"{report.files} file(s), {report.total_bytes:,} bytes, {report.strategy}, "
                                f"{report.seconds:.1f}s[/]")
+
+
+# ---- playbooks ---------------------------------------------------------------------------------------
+def play_summary(results) -> None:
+    c = console()
+    for r in results:
+        mark = "[dim]skip[/]" if r.skipped else ("[green]ok[/]" if r.ok else "[bold red]FAIL[/]")
+        c.print(f"{mark:>6} {_esc(r.step.name)} ({r.step.kind}): {_esc(r.detail)}")
+    failed = [r for r in results if not r.ok]
+    c.print("[green]playbook finished[/]" if not failed else f"[red]{len(failed)} step(s) failed[/]")
