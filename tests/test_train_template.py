@@ -1,0 +1,210 @@
+"""templates/train_imagenet.py for real: horovodrun, gloo, 2 processes on localhost, the tiny model on a
+generated TFRecord set. One job's whole life: train with checkpoints, lose a process in the middle (its
+rank SIGKILLed, as when a node dies), start it again and see it resume from the checkpoint, finish,
+evaluate; then evaluate the latest checkpoint alone with --eval-only.
+
+Never skipped: without TensorFlow and Horovod in the training Python it fails and says how to get them.
+CLUSTERCTL_TRAIN_PYTHON names that Python (default: the one running the tests).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl import train
+from clusterctl.horovod import horovodrun_argv, scrubbed_env
+
+pytestmark = pytest.mark.horovod
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATE = REPO / "templates" / "train_imagenet.py"
+PY = os.environ.get("CLUSTERCTL_TRAIN_PYTHON", sys.executable)
+HOROVODRUN = str(Path(PY).parent / "horovodrun")
+TIMEOUT_S = 240  # each launch; measured 10-20 s on 2 cores
+KILL_AT = 60  # the checkpoint step after which rank 1 dies
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod_present():
+    probe = subprocess.run([PY, "-c", "import horovod.tensorflow"], capture_output=True, text=True)
+    if probe.returncode != 0 or not Path(HOROVODRUN).exists():
+        pytest.fail(
+            f"{PY} cannot import horovod.tensorflow (or has no horovodrun beside it): install the training "
+            "extra (tensorflow-cpu 2.15.1, then horovod 0.28.1 built with gloo, see install.sh) or point "
+            f"CLUSTERCTL_TRAIN_PYTHON at a Python that has them.\n{probe.stderr[-2000:]}",
+            pytrace=False,
+        )
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def rank_pids(root: int, rank: int) -> list[int]:
+    """The trainer processes of `rank` under horovodrun (pid `root`), found by HOROVOD_RANK in their env."""
+    kids, todo, found = _children(), [root], []
+    while todo:
+        for pid in kids.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"HOROVOD_RANK={rank}".encode() in env and TEMPLATE.name.encode() in cmd:
+                found.append(pid)
+    return found
+
+
+def processes_mentioning(text: str) -> list[str]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd:
+                out.append(f"{d}: {cmd[:200]}")
+    return out
+
+
+class Job:
+    def __init__(self, tmp: Path, data: Path):
+        self.tmp, self.data, self.model_dir = tmp, data, tmp / "model"
+        self.opts = train.TrainOptions(
+            data=str(data), model="tiny", epochs=12, batch_size=16, model_dir=str(self.model_dir),
+            base_lr=2.0, warmup_epochs=1, checkpoint_every=20, keep_checkpoints=3, log_every=10,
+            extra=("--shuffle-buffer", "256"))
+
+    def argv(self) -> list[str]:
+        script = train.trainer_argv(PY, str(TEMPLATE), self.opts)
+        return horovodrun_argv(2, "localhost:2", script, horovodrun=HOROVODRUN)
+
+    def run(self, kill_rank1_after: str | None = None) -> tuple[int, str, float | None]:
+        """Run to the end, or SIGKILL rank 1 once `kill_rank1_after` appears in the output; returns
+        (exit status, output, seconds horovodrun took to exit after the kill)."""
+        env = scrubbed_env({**os.environ, "AWS_SECRET_ACCESS_KEY": "planted-by-test"})
+        proc = subprocess.Popen(self.argv(), cwd=self.tmp, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lines: list[str] = []
+        killed_at = None
+        deadline = time.monotonic() + TIMEOUT_S
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if kill_rank1_after and killed_at is None and kill_rank1_after in line:
+                    victims = rank_pids(proc.pid, 1)
+                    assert victims, "no rank 1 process found under horovodrun"
+                    for pid in victims:
+                        os.kill(pid, signal.SIGKILL)
+                    killed_at = time.monotonic()
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+            code = proc.wait(timeout=max(1, deadline - time.monotonic()))
+        except (TimeoutError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"horovodrun did not finish in {TIMEOUT_S} s:\n{''.join(lines)[-4000:]}")
+        return code, "".join(lines), (time.monotonic() - killed_at) if killed_at else None
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    """640 training and 128 validation images, 10 classes, 32 px, made by the real CLI."""
+    tmp = tmp_path_factory.mktemp("trainset")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_HOME": str(tmp / "cchome")}
+    proc = subprocess.run([PY, "-m", "clusterctl", "data", "synthetic", str(tmp / "data"), "--images", "640",
+                           "--classes", "10", "--validation-images", "128", "--image-size", "32",
+                           "--train-shards", "4", "--validation-shards", "2"],
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return tmp / "data"
+
+
+def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
+    job = Job(tmp_path, dataset)
+
+    # ---- 1: the job loses rank 1 right after the checkpoint at step 60
+    code, out1, exit_after_kill = job.run(kill_rank1_after=f"checkpoint step={KILL_AT} ")
+    assert code != 0, out1[-3000:]
+    assert exit_after_kill is not None and exit_after_kill < 60, "horovodrun did not notice the dead rank"
+    log1 = train.parse_train_log(out1)
+    run1 = log1.current
+    assert run1.start is not None and run1.start.size == 2 and run1.start.start_step == 0
+    assert (run1.start.global_batch, run1.start.steps_per_epoch, run1.start.total_steps) == (32, 20, 240)
+    assert run1.resumed_from is None and run1.done is None and run1.eval is None
+    assert [c.step for c in run1.checkpoints][:3] == [20, 40, 60]
+    assert run1.rows[0].step == 1 and run1.rows[-1].step < 240
+    st = train.status(log1, running=False)
+    assert st.state == "failed" and st.reason == "process 1 exited 137 (killed: SIGKILL or out of memory)"
+    assert st.last_checkpoint.step >= KILL_AT
+    # Horovod has no fault tolerance: the job is gone everywhere, nothing of it left running.
+    time.sleep(1)
+    assert processes_mentioning(str(job.model_dir)) == []
+    saved = sorted(int(p.name.split("-")[1].split(".")[0]) for p in (job.model_dir / "checkpoints").glob("ckpt-*.index"))
+    assert saved[-1] == st.last_checkpoint.step and len(saved) <= 3  # --keep-checkpoints 3
+
+    # ---- 2: the same command again resumes from that checkpoint, finishes, evaluates
+    code, out2, _ = job.run()
+    assert code == 0, out2[-3000:]
+    run2 = train.parse_train_log(out2).current
+    resumed = saved[-1]
+    assert run2.start.start_step == resumed and run2.resumed_from.step == resumed
+    assert run2.resumed_from.path.endswith(f"ckpt-{resumed}")
+    assert run2.rows[0].step == resumed + 1, "the step did not continue from the checkpoint"
+    assert run2.done is not None and run2.done.complete and run2.done.step == 240
+    assert run2.checkpoints[-1].step == 240 and run2.checkpoints[-1].epoch == 12
+    ev = run2.eval
+    assert ev is not None and ev.step == 240 and ev.examples == 128 and ev.size == 2
+    assert ev.top1 >= 30.0, f"top-1 {ev.top1}% is near chance (10%): the model did not learn"
+    assert ev.top5 >= ev.top1
+    # the learning rate schedule went on where it was: warm-up done, then decayed to ~0 at the end
+    assert run2.rows[0].lr < run2.start.peak_lr and run2.rows[-1].lr < 0.01 * run2.start.peak_lr
+    assert run2.rows[-1].loss < run1.rows[0].loss
+
+    # Both runs in one log (as `clusterctl logs` would show them): one restart, finished.
+    both = train.parse_train_log(out1 + out2)
+    st = train.status(both, running=False)
+    assert len(both.runs) == 2 and st.restarts == 1 and st.state == "finished"
+    assert (st.step, st.epoch, st.result) == (240, 12.0, ev) and st.eta_s == 0.0
+    assert st.total_elapsed_s > st.elapsed_s > 0
+    assert list((job.model_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+    # ---- 3: --eval-only on one process (as `clusterctl eval` does on the leader): same checkpoint, same result
+    opts = train.TrainOptions(data=str(dataset), model="tiny", batch_size=16, model_dir=str(job.model_dir),
+                              eval_only=True, no_gpu=True)
+    proc = subprocess.run(train.trainer_argv(PY, str(TEMPLATE), opts), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, env=scrubbed_env(dict(os.environ)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    alone = train.parse_eval(proc.stdout)
+    assert alone.size == 1 and alone.step == 240 and alone.epoch == 12.0 and alone.examples == 128
+    assert alone.checkpoint.endswith("ckpt-240")
+    # rank 0's weights and batch-norm statistics everywhere: the number of processes does not change the result
+    assert abs(alone.top1 - ev.top1) < 100 / 128 and abs(alone.top5 - ev.top5) < 100 / 128
+    print("\n" + "".join(line for line in (out1 + out2 + proc.stdout).splitlines(keepends=True)
+                         if train.MARK in line or "Validation:" in line))
+
+
+def test_eval_only_without_a_checkpoint_fails_with_its_reason(tmp_path, dataset):
+    opts = train.TrainOptions(data=str(dataset), model="tiny", model_dir=str(tmp_path / "empty"), eval_only=True)
+    proc = subprocess.run(train.trainer_argv(PY, str(TEMPLATE), opts), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == train.EXIT_CHECKPOINT, proc.stderr[-2000:]
+    with pytest.raises(ValueError, match="no evaluation: the trainer reported no_checkpoint"):
+        train.parse_eval(proc.stdout)

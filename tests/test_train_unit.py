@@ -1,0 +1,216 @@
+"""clusterctl.train without running anything: the trainer's argv, and its log read back into typed values,
+against logs captured from real runs of templates/train_imagenet.py (tests/data/train_*.log): horovodrun -np 2
+--gloo on localhost, the tiny model on `clusterctl data synthetic` (640 images, 10 classes, 32 px); rank 1
+SIGKILLed after the step-60 checkpoint (killed), the same command again (resumed), then --eval-only on one
+process (eval_only), and --eval-only on an empty model dir (no_checkpoint)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clusterctl import train
+from clusterctl.train import CheckpointSaved, TrainOptions, TrainRow
+
+DATA = Path(__file__).parent / "data"
+KILLED = (DATA / "train_tiny_np2_killed.log").read_text()
+RESUMED = (DATA / "train_tiny_np2_resumed.log").read_text()
+EVAL_ONLY = (DATA / "train_tiny_eval_only.log").read_text()
+NO_CHECKPOINT = (DATA / "train_no_checkpoint.log").read_text()
+
+
+# ---- the killed run -----------------------------------------------------------------------------------
+def test_killed_run_parsed():
+    log = train.parse_train_log(KILLED)
+    assert len(log.runs) == 1
+    run = log.current
+    s = run.start
+    assert (s.size, s.model, s.batch, s.global_batch, s.train_examples) == (2, "tiny", 16, 32, 640)
+    assert (s.steps_per_epoch, s.epochs, s.total_steps, s.stop_step, s.start_step) == (20, 12.0, 240, 240, 0)
+    assert s.peak_lr == 0.25 and s.fields["schedule"] == "cosine" and s.fields["validation_files"] == "2"
+    assert run.rows[0] == TrainRow(1, 0.05, 5.5, 2.2511, 2.2533, 0.0125, 14.2)
+    assert run.rows[-1] == TrainRow(60, 3.0, 859.6, 1.3317, 1.3379, 0.231111, 16.0)
+    assert [r.step for r in run.rows] == [1, 10, 20, 30, 40, 50, 60]
+    assert run.checkpoints == (
+        CheckpointSaved(20, 1, "/tmp/m4/checkpoints/ckpt-20"),
+        CheckpointSaved(40, 2, "/tmp/m4/checkpoints/ckpt-40"),
+        CheckpointSaved(60, 3, "/tmp/m4/checkpoints/ckpt-60"),
+    )
+    assert run.done is None and run.eval is None and run.resumed_from is None and run.errors == ()
+    # horovodrun's own verdict, read from its RuntimeError
+    assert run.failure == "process 1 exited 137 (killed: SIGKILL or out of memory)"
+
+
+def test_killed_run_status():
+    st = train.status(train.parse_train_log(KILLED), running=False)
+    assert st.state == "failed" and st.reason == "process 1 exited 137 (killed: SIGKILL or out of memory)"
+    assert (st.step, st.epoch, st.stop_step, st.size, st.restarts) == (60, 3.0, 240, 2, 0)
+    assert st.last_checkpoint == CheckpointSaved(60, 3, "/tmp/m4/checkpoints/ckpt-60")
+    assert st.eta_s is None and st.result is None
+    assert (st.loss, st.lr, st.elapsed_s) == (1.3317, 0.231111, 16.0)
+    # The rate: the last 5 rows, leaving out step 1 (graph tracing)
+    assert st.img_per_sec == pytest.approx((1713.9 + 756.3 + 1491.0 + 936.6 + 859.6) / 5)
+
+
+# ---- the resumed run ----------------------------------------------------------------------------------
+def test_resumed_run_continues_from_the_checkpoint_and_evaluates():
+    run = train.parse_train_log(RESUMED).current
+    assert run.start.start_step == 60
+    assert run.resumed_from == CheckpointSaved(60, 3, "/tmp/m4/checkpoints/ckpt-60")
+    assert run.rows[0].step == 61 and run.rows[-1] == TrainRow(240, 12.0, 1528.5, 1.0745, 1.0828, 0.000013, 19.4)
+    assert [c.step for c in run.checkpoints] == list(range(80, 241, 20))
+    assert run.done == train.TrainDone(240, 12.0, True, 19.4214, 502.293)
+    ev = run.eval
+    assert (ev.step, ev.epoch, ev.top1, ev.top5, ev.examples, ev.size) == (240, 12.0, 68.75, 100.0, 128, 2)
+    assert ev.loss == 0.73982 and ev.checkpoint == "/tmp/m4/checkpoints/ckpt-240"
+    assert ev.time == "2026-11-21T22:59:49Z"
+    assert train.parse_eval(RESUMED) == ev
+
+
+def test_status_of_the_whole_job_across_the_restart():
+    log = train.parse_train_log(KILLED + RESUMED)
+    assert len(log.runs) == 2 and log.runs[0].failure and log.runs[1].resumed_from.step == 60
+    st = train.status(log, running=False)
+    assert st.state == "finished" and st.reason is None
+    assert (st.step, st.epoch, st.epochs, st.restarts, st.resumed_from_step) == (240, 12.0, 12.0, 1, 60)
+    assert st.eta_s == 0.0 and st.result.top1 == 68.75
+    assert st.elapsed_s == 19.4214 and st.total_elapsed_s == pytest.approx(16.0 + 19.4214)
+    assert st.last_checkpoint.step == 240
+
+
+def test_status_of_a_live_log_cut_mid_line():
+    """What `clusterctl status` sees while the job runs: the log up to the step-150 row, then half a line."""
+    cut = RESUMED.index("CLUSTERCTL-TRAIN     160")
+    live = RESUMED[:cut] + "CLUSTERCTL-TRAIN     16"  # horovodrun's prefix was written, the row was not
+    st = train.status(train.parse_train_log(live), running=True)
+    assert st.state == "running" and st.reason is None
+    assert (st.step, st.epoch, st.loss, st.lr) == (150, 7.5, 1.245, 0.0915)
+    rate = (1991.7 + 1822.4 + 1894.1 + 2044.1 + 1431.9) / 5  # rows 110-150
+    assert st.img_per_sec == pytest.approx(rate)
+    assert st.eta_s == pytest.approx((240 - 150) * 32 / rate)
+    assert st.cost_to_finish(24.48 * 4) == pytest.approx(24.48 * 4 * st.eta_s / 3600)
+    assert st.last_checkpoint.step == 140
+    # the process gone without a `done` line: stopped, with no ETA
+    gone = train.status(train.parse_train_log(live), running=False)
+    assert gone.state == "stopped" and gone.eta_s is None and "without finishing" in gone.reason
+    # finished training, evaluation still running
+    done_only = RESUMED[: RESUMED.index("[0]<stdout>:CLUSTERCTL-TRAIN eval")]
+    assert train.status(train.parse_train_log(done_only), running=True).state == "evaluating"
+    # nothing marked yet: horovodrun and TensorFlow still starting
+    noise = KILLED[: KILLED.index("[0]<stdout>:CLUSTERCTL-TRAIN start")]
+    assert train.status(train.parse_train_log(noise), running=True).state == "starting"
+    header_only = RESUMED[: RESUMED.index("CLUSTERCTL-TRAIN      61") - len("[0]<stdout>:")]
+    st = train.status(train.parse_train_log(header_only), running=True)
+    assert st.state == "starting" and st.step == 60 and st.eta_s is None
+
+
+# ---- evaluation alone ---------------------------------------------------------------------------------
+def test_eval_only_output():
+    ev = train.parse_eval(EVAL_ONLY)
+    assert (ev.step, ev.epoch, ev.top1, ev.top5, ev.examples, ev.size) == (240, 12.0, 68.75, 100.0, 128, 1)
+    # the same checkpoint as the 2-process evaluation at the end of training, the same numbers
+    assert (ev.top1, ev.top5, ev.loss, ev.checkpoint) == (68.75, 100.0, 0.73982, "/tmp/m4/checkpoints/ckpt-240")
+    log = train.parse_train_log(RESUMED + EVAL_ONLY)
+    assert len(log.runs) == 2 and log.runs[1].start is None and log.eval.size == 1
+    assert train.status(log, running=False).state == "finished"
+
+
+def test_eval_only_without_checkpoint():
+    with pytest.raises(ValueError, match=r"^no evaluation: the trainer reported no_checkpoint$"):
+        train.parse_eval(NO_CHECKPOINT)
+    st = train.status(train.parse_train_log(NO_CHECKPOINT), running=False)
+    assert st.state == "failed" and st.reason == "no_checkpoint"
+    with pytest.raises(ValueError, match="no evaluation: process 1 exited 137"):
+        train.parse_eval(KILLED)
+    with pytest.raises(ValueError, match="no 'CLUSTERCTL-TRAIN eval' line"):
+        train.parse_eval("just noise\n")
+
+
+# ---- robustness ---------------------------------------------------------------------------------------
+def test_any_prefix_and_carriage_returns():
+    plain = train.parse_train_log(RESUMED)
+    stamped = "".join(
+        line.replace("[0]<stdout>:", "Sat Nov 21 22:59:30 2026[0]<stdout>:") for line in RESUMED.splitlines(True))
+    tmux = RESUMED.replace("\n", "\r\n")
+    assert train.parse_train_log(stamped) == plain == train.parse_train_log(tmux)
+
+
+def test_malformed_marked_lines_name_their_line():
+    with pytest.raises(ValueError, match="line 2: a table row needs 7 columns"):
+        train.parse_train_log("noise\nCLUSTERCTL-TRAIN 10 0.5 1.0\n")
+    with pytest.raises(ValueError, match="line 1: table header"):
+        train.parse_train_log("CLUSTERCTL-TRAIN Step Epoch Speed Loss FinLoss LR\n")
+    with pytest.raises(ValueError, match="line 1: start line has no size="):
+        train.parse_train_log("CLUSTERCTL-TRAIN start model=tiny\n")
+    with pytest.raises(ValueError, match=r"line 1: top1='high' is not a float"):
+        train.parse_train_log("CLUSTERCTL-TRAIN eval step=1 epoch=1 top1=high top5=2 loss=1 examples=3\n")
+    with pytest.raises(ValueError, match="'junk' is not key=value"):
+        train.parse_train_log("CLUSTERCTL-TRAIN checkpoint junk\n")
+    # values with spaces are shell-quoted by the trainer and read back whole
+    run = train.parse_train_log("CLUSTERCTL-TRAIN checkpoint step=5 epoch=0 path='/data/my run/ckpt-5'\n").current
+    assert run.checkpoints == (CheckpointSaved(5, 0, "/data/my run/ckpt-5"),)
+
+
+# ---- the command line ---------------------------------------------------------------------------------
+def test_trainer_argv_golden():
+    opts = TrainOptions(data="/data/imagenet", epochs=90, batch_size=256, model_dir="/home/u/job/model",
+                        checkpoint_every=500, log_every=50, mixed_precision=True, xla=True, expect_size=256)
+    assert train.trainer_argv("/opt/venv/bin/python", "/home/u/job/train_imagenet.py", opts) == [
+        "/opt/venv/bin/python", "/home/u/job/train_imagenet.py", "--data", "/data/imagenet", "--model", "resnet50",
+        "--epochs", "90", "--batch-size", "256", "--model-dir", "/home/u/job/model", "--checkpoint-every", "500",
+        "--log-every", "50", "--expect-size", "256", "--mixed-precision", "--xla",
+    ]
+    synth = TrainOptions(data="/ignored", synthetic=True, model="tiny", epochs=0.5, max_steps=30, no_eval=True,
+                         extra=("--seed", "7"))
+    assert train.trainer_argv("python3", "t.py", synth) == [
+        "python3", "t.py", "--model", "tiny", "--epochs", "0.5", "--max-steps", "30", "--synthetic", "--no-eval",
+        "--seed", "7"]
+    with pytest.raises(ValueError, match="give a data folder"):
+        train.trainer_argv("python3", "t.py", TrainOptions())
+    with pytest.raises(ValueError, match="may not start with '-'"):
+        train.trainer_argv("python3", "t.py", TrainOptions(data="--evil"))
+    with pytest.raises(ValueError, match="resnet50 or tiny"):
+        train.trainer_argv("python3", "t.py", TrainOptions(data="/d", model="vgg"))
+
+
+def test_trainer_accepts_every_flag_the_argv_builder_writes():
+    """The builder's flags exist in the template's parser (it is imported, TensorFlow is not)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_imagenet", DATA.parent.parent / "templates" / "train_imagenet.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    every = TrainOptions(data="/d", model="tiny", epochs=2, batch_size=8, model_dir="/m", image_size=32, max_steps=9,
+                         base_lr=0.2, warmup_epochs=1, checkpoint_every=5, keep_checkpoints=2, log_every=3,
+                         mixed_precision=True, xla=True, no_eval=True, no_gpu=True, expect_size=4)
+    args = mod.parse_args(train.trainer_argv("py", "t.py", every)[2:])
+    assert (args.data, args.model, args.epochs, args.batch_size, args.model_dir, args.max_steps) == (
+        "/d", "tiny", 2.0, 8, "/m", 9)
+    assert (args.checkpoint_every, args.keep_checkpoints, args.log_every, args.expect_size) == (5, 2, 3, 4)
+    assert args.mixed_precision and args.xla and args.no_eval and args.no_gpu and not args.eval_only
+    assert mod.MARK == train.MARK and mod.COLUMNS == train.COLUMNS
+    assert (mod.EXIT_CHECKPOINT, mod.EXIT_NO_DATA, mod.EXIT_SIZE_MISMATCH) == (
+        train.EXIT_CHECKPOINT, train.EXIT_NO_DATA, train.EXIT_SIZE_MISMATCH)
+
+
+def test_learning_rate_schedule_of_the_template():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_imagenet", DATA.parent.parent / "templates" / "train_imagenet.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lr = mod.learning_rate
+    # warm-up: linear to the peak over the warm-up steps, then the decays
+    assert lr(0, 1.0, 100, 1000, "cosine") == pytest.approx(0.01)
+    assert lr(99, 1.0, 100, 1000, "cosine") == pytest.approx(1.0)
+    assert lr(100, 1.0, 100, 1000, "cosine") == pytest.approx(1.0)
+    assert lr(550, 1.0, 100, 1000, "cosine") == pytest.approx(0.5)
+    assert lr(1000, 1.0, 100, 1000, "cosine") == pytest.approx(0.0)
+    assert lr(550, 1.0, 100, 1000, "poly") == pytest.approx(0.25)
+    assert [lr(s, 1.0, 100, 900, "step") for s in (200, 300, 600, 800)] == pytest.approx([1.0, 0.1, 0.01, 0.001])
+
+
+def test_format_duration():
+    assert [train.format_duration(s) for s in (None, 0, 59.4, 61, 3599, 3600 * 3 + 420, 86400 * 2 + 3600 * 4)] == [
+        "-", "0s", "59s", "1m01s", "59m59s", "3h07m", "2d04h"]
