@@ -333,18 +333,25 @@ def cmd_s3list(args: dict) -> dict:
             for obj in page.get("Contents", []):
                 key = obj["Key"]
                 rel = key[len(prefix):]
-                if rel == "" or rel.endswith("/"):
-                    continue  # the prefix itself, or a "folder" marker
+                folder = rel.endswith("/")  # a console "folder": an empty directory on the nodes
+                rel = rel.rstrip("/")
+                if rel == "":
+                    continue  # the prefix itself
                 problem = path_problem(rel)
                 if problem:
                     raise AgentError(f"S3 key {key!r} cannot be a file under DST: {problem}", EXIT_INPUT)
+                if folder:
+                    rel += "/_"  # only its parents (itself included) become directories
                 e = {"p": rel, "t": "f", "s": int(obj["Size"]), "etag": obj["ETag"].strip('"')}
                 if "SHA256" in (obj.get("ChecksumAlgorithm") or []):
                     head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
                     value = head.get("ChecksumSHA256") or ""
                     if value and "-" not in value:
                         e["sha256b64"] = value
-                entries[rel] = e
+                if not folder:
+                    if rel in entries:
+                        raise AgentError(f"S3 keys clash at {rel!r} (a file and a folder)", EXIT_INPUT)
+                    entries[rel] = e
                 parts = rel.split("/")[:-1]
                 for i in range(1, len(parts) + 1):
                     d = "/".join(parts[:i])

@@ -294,6 +294,7 @@ class _Node:
     bad_bytes: int = 0
     free: int = 0
     alive: bool = True
+    last_error: str = ""  # why its last copy attempt failed, when the copy said so
 
     @property
     def label(self) -> str:
@@ -428,7 +429,8 @@ class Syncer:
                 self._check_all(broken, reset=False)
             for n in self._live(todo):
                 if n.bad:
-                    self._fail(n, "failed", f"{len(n.bad)} file(s) still differ from the manifest, e.g. {n.bad[0]!r}")
+                    self._fail(n, "failed", f"{len(n.bad)} file(s) still differ from the manifest, e.g. {n.bad[0]!r}"
+                               + (f" ({n.last_error})" if n.last_error else ""))
         self._cleanup()
 
     # ---- manifest ----------------------------------------------------------------------------------
@@ -638,7 +640,10 @@ class Syncer:
             dest = f"{receiver.target.user}@{_host_for_rsync(receiver.target.hostname)}:{receiver.root}/"
             argv = [*RSYNC_BASE, "-e", str(wrapper), f"--files-from={list_path}",
                     self.src_root.rstrip("/") + "/", dest]
-            ok = run_rsync(self.children, argv, progress, self.timeout) == 0
+            rc = run_rsync(self.children, argv, progress, self.timeout)
+            ok = rc == 0
+            if not ok:
+                receiver.last_error = f"rsync exited {rc}"
             receiver.outcome.seconds = time.monotonic() - self.start
             return ok
         node = self.leader if from_leader else sender
@@ -660,6 +665,9 @@ class Syncer:
 
         r = self.pool.run_one(node.target, f"bash -c {shlex.quote(cmd)}", timeout=self.timeout, on_line=on_line)
         receiver.outcome.seconds = time.monotonic() - self.start
+        if not r.ok:
+            tail = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("rsync")][-1:]
+            receiver.last_error = f"rsync from {node.label}: " + (tail[0] if tail else r.error or f"exit {r.exit_code}")
         return r.ok
 
     def _tree(self, todo: list[_Node]) -> None:
@@ -690,6 +698,9 @@ class Syncer:
     def _repair(self, broken: list[_Node]) -> None:
         """rsync only the bad files, from verified nodes (spread over them) or else from the source."""
         good = [n for n in self._live() if not n.bad and n not in broken and n.root]
+        if not good and self.source.kind == "s3":
+            self._fan(broken, self._s3_pull)
+            return
         jobs = []
         for i, n in enumerate(broken):
             sender = good[i % len(good)] if good else None
@@ -717,7 +728,8 @@ class Syncer:
             self._fail(n, "unreachable", r.error or "unreachable")
         elif r.exit_code == sync_agent.EXIT_INPUT:
             self._failed_result(n, r, data, "s3")
-        # other failures: the check that follows finds what is missing, and the node is retried once
+        elif r.exit_code != 0:  # the check that follows finds what is missing; the node is retried
+            n.last_error = "s3: " + str((data or {}).get("error") or r.stderr.strip()[-200:])
 
 
 def _mb(n: int) -> str:

@@ -1,0 +1,173 @@
+"""`clusterctl sync s3://...`: every node pulls its own copy with its own credentials (here a config file
+in the node's home, as an instance profile would be on EC2), against moto's S3 server on this machine's
+loopback, which each node reaches through an ssh reverse tunnel to its own loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from sync_support import down_cluster, first_error_line, marker, node_sha256, sync, table_rows, up_cluster
+
+KEY_ID = "AKIACLUSTERCTLTEST01"
+SECRET = "s3cr3t-clusterctl-test-9f8e7d6c5b4a"
+BUCKET = "cc-data"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3env(tmp_path_factory):
+    from moto.server import ThreadedMotoServer
+    import boto3
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    cluster = up_cluster(tmp_path_factory.mktemp("syncs3"), 3)
+    tunnels = []
+    try:
+        cdir = cluster.cli.home / "clusters" / cluster.name
+        for i, host in enumerate(cluster.hosts):
+            home = cdir / "nodes" / str(i) / "home"  # the node's /root, seen from this machine
+            (home / ".aws").mkdir(mode=0o700)
+            (home / ".aws" / "credentials").write_text(
+                f"[default]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {SECRET}\n")
+            (home / ".aws" / "config").write_text("[default]\nregion = us-east-1\n")
+            tunnels.append(subprocess.Popen(
+                ["ssh", "-N", "-F", "/dev/null", "-i", str(cdir / "id_ed25519"), "-o", "IdentitiesOnly=yes",
+                 "-o", f"UserKnownHostsFile={cdir / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes",
+                 "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
+                 "-R", f"127.0.0.1:{port}:127.0.0.1:{port}", f"root@{host}"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                              aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
+        client.create_bucket(Bucket=BUCKET)
+        objects = {
+            "one.bin": os.urandom(100_000),
+            "dir with space/it's $x \"q\".bin": os.urandom(3_000),
+            "deep/a/b/c.txt": b"deep" * 100,
+        }
+        for rel, data in objects.items():
+            client.put_object(Bucket=BUCKET, Key=f"data/{rel}", Body=data)
+        sha = os.urandom(50_000)
+        client.put_object(Bucket=BUCKET, Key="data/sha.bin", Body=sha, ChecksumAlgorithm="SHA256")
+        objects["sha.bin"] = sha
+        multi = os.urandom(5 * 1024 * 1024 + 4321)  # two parts: a multipart ETag
+        up = client.create_multipart_upload(Bucket=BUCKET, Key="data/multi.bin")
+        parts = []
+        for n, chunk in enumerate((multi[:5 * 1024 * 1024], multi[5 * 1024 * 1024:]), 1):
+            r = client.upload_part(Bucket=BUCKET, Key="data/multi.bin", UploadId=up["UploadId"], PartNumber=n, Body=chunk)
+            parts.append({"PartNumber": n, "ETag": r["ETag"]})
+        client.complete_multipart_upload(Bucket=BUCKET, Key="data/multi.bin", UploadId=up["UploadId"],
+                                         MultipartUpload={"Parts": parts})
+        objects["multi.bin"] = multi
+        client.put_object(Bucket=BUCKET, Key="data/empty/", Body=b"")  # a console "folder"
+        client.put_object(Bucket=BUCKET, Key="evil/../../escape", Body=b"x")
+        for t in tunnels:
+            assert t.poll() is None, t.stderr.read()
+        sums = {k: hashlib.sha256(v).hexdigest() for k, v in objects.items()}
+        yield cluster, f"http://127.0.0.1:{port}", sums, client
+    finally:
+        for t in tunnels:
+            t.terminate()
+            t.wait(timeout=10)
+        down_cluster(cluster)
+        server.stop()
+
+
+class CommandLineWatch:
+    """Reads every process's command line on this machine (the nodes' included) while a sync runs."""
+
+    def __init__(self, needles: tuple[str, ...]):
+        self.needles = [n.encode() for n in needles]
+        self.seen: list[str] = []
+        self.scans = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for d in os.listdir("/proc"):
+                if d.isdigit():
+                    try:
+                        cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if any(n in cmd for n in self.needles):
+                        self.seen.append(cmd.replace(b"\0", b" ").decode(errors="replace"))
+            self.scans += 1
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join(timeout=10)
+
+
+def test_every_node_pulls_verified_with_no_key_on_any_command_line(s3env):
+    cluster, endpoint, sums, _ = s3env
+    with CommandLineWatch((SECRET, KEY_ID)) as watch:
+        proc = sync(cluster, "--endpoint-url", endpoint, f"s3://{BUCKET}/data", "/tmp/s3data")
+    assert proc.returncode == 0, proc.stderr
+    assert watch.scans > 3 and watch.seen == []
+    assert SECRET not in proc.stdout + proc.stderr and KEY_ID not in proc.stdout + proc.stderr
+    for i in range(3):
+        assert node_sha256(cluster, i, "/tmp/s3data") == sums
+        m = marker(cluster, i, "/tmp/s3data")
+        assert m is not None and m["files"] == len(sums) and m["source"] == f"s3://{BUCKET}/data/"
+        assert cluster.node_exec(i, "test", "-d", "/tmp/s3data/empty").returncode == 0
+    assert all(r.rstrip().endswith("yes") for r in table_rows(proc.stdout).values())
+
+
+def test_rerun_pulls_only_the_corrupted_object(s3env):
+    cluster, endpoint, sums, _ = s3env
+    dst = "/tmp/s3fix"
+    assert sync(cluster, "--endpoint-url", endpoint, f"s3://{BUCKET}/data/", dst).returncode == 0
+    cluster.node_exec(1, "python3", "-c",
+                      "import os,sys; p=sys.argv[1]; st=os.stat(p); b=bytearray(open(p,'rb').read()); b[10]^=1; "
+                      "open(p,'wb').write(b); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))", f"{dst}/multi.bin")
+    proc = sync(cluster, "--endpoint-url", endpoint, f"s3://{BUCKET}/data/", dst)
+    assert proc.returncode == 0, proc.stderr
+    rows = table_rows(proc.stdout)
+    assert f"{5 * 1024 * 1024 + 4321:,}" in rows[cluster.hosts[1]]
+    assert " 0 " in rows[cluster.hosts[0]] and " 0 " in rows[cluster.hosts[2]]
+    assert node_sha256(cluster, 1, dst) == sums
+
+
+def test_s3_bad_input(s3env):
+    cluster, endpoint, _, _ = s3env
+    proc = sync(cluster, "--endpoint-url", endpoint, f"s3://{BUCKET}/evil", "/tmp/evil")
+    assert proc.returncode == 3
+    assert "cannot be a file under DST" in first_error_line(proc.stderr)
+    assert cluster.node_exec(0, "test", "-e", "/escape", check=False).returncode == 1
+    proc = sync(cluster, "--endpoint-url", endpoint, "s3://no-such-bucket/x", "/tmp/nob")
+    assert proc.returncode == 3 and "NoSuchBucket" in first_error_line(proc.stderr)
+    proc = sync(cluster, "--endpoint-url", "file:///etc", f"s3://{BUCKET}/data", "/tmp/x")
+    assert proc.returncode == 2 and "is not an http(s) URL" in first_error_line(proc.stderr)
+
+
+def test_no_credentials_on_the_nodes_is_one_clear_error(s3env):
+    cluster, endpoint, _, _ = s3env
+    cdir = cluster.cli.home / "clusters" / cluster.name / "nodes"
+    for i in range(3):
+        (cdir / str(i) / "home" / ".aws" / "credentials").rename(cdir / str(i) / "home" / ".aws" / "moved")
+    try:
+        proc = sync(cluster, "--endpoint-url", endpoint, f"s3://{BUCKET}/data", "/tmp/nocreds")
+        assert proc.returncode == 3
+        assert "no AWS credentials on this node" in first_error_line(proc.stderr)
+    finally:
+        for i in range(3):
+            (cdir / str(i) / "home" / ".aws" / "moved").rename(cdir / str(i) / "home" / ".aws" / "credentials")
