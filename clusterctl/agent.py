@@ -348,17 +348,14 @@ class Agent:
         threading.Thread(target=_warm_imports, daemon=True).start()
         try:
             while not self.stopping.is_set():
+                with self.lock:
+                    idle = self.active == 0 and time.monotonic() - self.last > self.idle
+                if idle:
+                    break
                 try:
                     conn, _ = srv.accept()
                 except socket.timeout:
-                    with self.lock:
-                        idle = self.active == 0 and time.monotonic() - self.last > self.idle
-                    if idle:
-                        break
                     continue
-                with self.lock:
-                    self.active += 1
-                    self.last = time.monotonic()
                 threading.Thread(target=self._client, args=(conn,), daemon=True).start()
         finally:
             srv.close()
@@ -395,8 +392,15 @@ class Agent:
             elif op == "stop":
                 self.stopping.set()
                 _send(conn, {"t": "stopping", "pid": os.getpid()})
-            elif op == "run":
-                self._run(conn, reader, req)
+            elif op == "run":  # only runs count as activity (a status query does not keep it alive)
+                with self.lock:
+                    self.active += 1
+                try:
+                    self._run(conn, reader, req)
+                finally:
+                    with self.lock:
+                        self.active -= 1
+                        self.last = time.monotonic()
             else:
                 _send(conn, {"t": "error", "message": f"unknown op {op!r}"})
         except Exception as exc:  # one bad client never takes the agent down
@@ -409,9 +413,6 @@ class Agent:
                 conn.close()
             except OSError:
                 pass
-            with self.lock:
-                self.active -= 1
-                self.last = time.monotonic()
 
     def _run(self, conn: socket.socket, reader, req: dict) -> None:
         settings = SshSettings(**req["settings"])

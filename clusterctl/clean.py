@@ -147,6 +147,9 @@ def wait_rebooted(pool_factory, targets: Sequence, boot_ids: dict[str, str], tim
                 pending.pop(r.host, None)
             elif r.ok:
                 why[r.host] = "still up with the old boot id (the reboot has not happened yet)"
+            elif r.error and "host key" in r.error:  # it is back, with a key we refuse: no use waiting
+                why[r.host] = r.error
+                pending.pop(r.host, None)
             else:
                 why[r.host] = r.error or f"exit {r.exit_code}"
         if pending:

@@ -77,6 +77,10 @@ def targets_from_hosts(
         if opts.get("proxyjump") and opts["proxyjump"].lower() != "none" and depth < 5:
             jump = resolve(opts["proxyjump"].split(",")[0].strip(), depth + 1)
         ids = tuple(identity) or tuple(os.path.expanduser(i) for i in opts.get("identityfile", []) if os.path.exists(os.path.expanduser(i)))
+        # ssh's default keys, found here (not by whichever process ends up dialling: the agent may have
+        # another HOME), so the same run always offers the same keys
+        ids = ids or tuple(str(k) for k in (Path.home() / ".ssh" / n for n in ("id_ed25519", "id_ecdsa", "id_rsa"))
+                           if k.is_file())
         return SshTarget(
             label=alias,
             hostname=opts.get("hostname", alias),
@@ -190,6 +194,15 @@ class SshPool:
                 self._clients[key] = c
             return c
 
+    def _drop(self, target: SshTarget, client) -> None:
+        with self._lock:
+            if self._clients.get(self._key(target)) is client:
+                del self._clients[self._key(target)]
+        try:
+            client.close()
+        except Exception:
+            pass
+
     def recheck_host_keys(self) -> int:
         """Drop cached connections whose server key is no longer the one pinned in known_hosts (or whose
         transport died). Returns how many were dropped. Cheap: one read of the file."""
@@ -224,7 +237,10 @@ class SshPool:
 
         ct = self.settings.connect_timeout
         if target.proxy_jump is not None:
-            jump = self.client(target.proxy_jump)
+            try:
+                jump = self.client(target.proxy_jump)
+            except Exception as exc:
+                raise JumpHostError(target.proxy_jump, exc) from exc
             sock = jump.get_transport().open_channel(
                 "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=ct
             )
@@ -272,9 +288,18 @@ class SshPool:
         try:
             try:
                 chan = client.get_transport().open_session(timeout=self.settings.connect_timeout)
-            except Exception as exc:  # a cached connection to a host that went away since
-                return HostResult(target.label, None, error=f"connection lost: {describe_connect_error(target, exc)}",
-                                  duration_s=time.monotonic() - start)
+            except Exception as first:  # a kept connection whose host went away (or rebooted) since: dial once more
+                transport = client.get_transport()
+                self._drop(target, client)
+                if transport is not None and transport.is_active():  # alive but silent: no second wait
+                    return HostResult(target.label, None, error=f"connection lost: {describe_connect_error(target, first)}",
+                                      duration_s=time.monotonic() - start)
+                try:
+                    client = self.client(target)
+                    chan = client.get_transport().open_session(timeout=self.settings.connect_timeout)
+                except Exception as exc:
+                    return HostResult(target.label, None, error=describe_connect_error(target, exc),
+                                      duration_s=time.monotonic() - start)
             chan.exec_command(wrap_command(command) if stdin is None else command)
             if stdin is not None:
                 chan.sendall(stdin)
@@ -474,10 +499,20 @@ def _sftp_makedirs(sftp, path: str) -> None:
             sftp.mkdir(current, mode=0o700)
 
 
+class JumpHostError(Exception):
+    """The ProxyJump host of a target could not be reached."""
+
+    def __init__(self, jump: SshTarget, cause: BaseException):
+        super().__init__(str(cause))
+        self.jump, self.cause = jump, cause
+
+
 def describe_connect_error(target: SshTarget, exc: BaseException) -> str:
     """One line saying why a host could not be reached, and what to do about host keys."""
     import paramiko
 
+    if isinstance(exc, JumpHostError):
+        return f"through jump host {exc.jump.label}: {describe_connect_error(exc.jump, exc.cause)}"
     where = f"{target.hostname}:{target.port}"
     if isinstance(exc, paramiko.BadHostKeyException):
         return (f"host key for {where} has CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()[:16]}...): "

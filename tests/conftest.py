@@ -96,6 +96,26 @@ def node_pid(cluster: str, index: int) -> int:
 
 @pytest.fixture
 def local_cluster_factory(cli: Cli):
+    yield from _cluster_factory(cli)
+
+
+@pytest.fixture(scope="module")
+def module_cli(tmp_path_factory) -> Cli:
+    """A CLUSTERCTL_HOME and working folder shared by one test module."""
+    base = tmp_path_factory.mktemp("mod")
+    (base / "work").mkdir()
+    return Cli(base / "cchome", base / "work")
+
+
+@pytest.fixture(scope="module")
+def module_cluster_factory(module_cli: Cli):
+    """local_cluster_factory shared by a module's tests: each cluster comes up once, goes down at the end
+    (bring-ups are the slow part of the suite). Each `up` rewrites the module's ./hosts: tests that hold
+    several clusters read a cluster's own hosts file from its state folder."""
+    yield from _cluster_factory(module_cli)
+
+
+def _cluster_factory(cli: Cli):
     made: list[str] = []
 
     def make(nodes: int = 3, slots: int = 2, extra: tuple[str, ...] = ()) -> LocalCluster:
@@ -115,8 +135,16 @@ def local_cluster_factory(cli: Cli):
         cli("down", name, "--yes", timeout=120)
         left = netns.leftovers(name)
         assert left.empty, f"cluster {name} left {left.describe()}"
+    if made:
+        from clusterctl import agent
+
+        assert agent.ping(cli.home) is None, "a connection agent is still running after down"
 
 
 @pytest.fixture
 def local_cluster(local_cluster_factory) -> LocalCluster:
     return local_cluster_factory(3, 2)
+
+
+# AWS for the tests: moto on 127.0.0.1 with its gaps filled, instances backed by namespace nodes (motoaws.py).
+from motoaws import aws, aws_cli  # noqa: E402,F401
