@@ -50,11 +50,9 @@ case "$MODE" in
     cd "$work"
     trap 'clusterctl down demo --yes >/dev/null 2>&1 || true' EXIT
     clusterctl up --provider local --name demo --nodes 2 --slots 2 --yes
-    if clusterctl --help | grep -q '^ *bench '; then
-      clusterctl bench --synthetic --model tiny --cluster demo
-    else
-      clusterctl run --cluster demo 'echo "$(hostname): $(nproc) cpus, python $(python3 -V 2>&1)"'
-    fi
+    clusterctl run --cluster demo --group 'uname -sr; nproc'
+    clusterctl doctor --cluster demo
+    clusterctl bench --synthetic --model tiny --cluster demo
     clusterctl down demo --yes
     trap - EXIT
     ;;
