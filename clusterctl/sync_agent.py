@@ -426,14 +426,14 @@ def cmd_s3pull(args: dict) -> dict:
             return f"{p}: {exc.strerror or exc}"
         except Exception as exc:
             return f"{p}: {_s3_error(exc)}"
-        finally:
-            try:
-                os.rmdir(pdir)
-            except OSError:
-                pass
 
     with ThreadPoolExecutor(max_workers=int(args.get("workers", 8))) as pool:
         errors = [r for r in pool.map(one, wanted) if r]
+    for pdir in {os.path.join(os.path.dirname(os.path.join(root, p)), PARTIAL_DIR) for p in wanted}:
+        try:
+            os.rmdir(pdir)  # only once every pull is over: the threads share these folders
+        except OSError:
+            pass
     sys.stderr.write(f"CCSYNC-BYTES {progress.done}\n")
     if errors:
         raise AgentError(f"{len(errors)} object(s) failed, first: {errors[0]}")

@@ -730,6 +730,7 @@ class Syncer:
             self._failed_result(n, r, data, "s3")
         elif r.exit_code != 0:  # the check that follows finds what is missing; the node is retried
             n.last_error = "s3: " + str((data or {}).get("error") or r.stderr.strip()[-200:])
+            self.events.phase(f"{n.label}: {n.last_error} (will retry what is missing)")
 
 
 def _mb(n: int) -> str:
