@@ -326,8 +326,9 @@ class SshPool:
     def _kill(self, client, sid: int) -> str:
         """Kill the remote session and its descendants; '' when verified gone, else why not."""
         try:
-            chan = client.get_transport().open_session(timeout=5)
-            chan.settimeout(15)
+            # bounded like a connect: a host that went silent must not hold the whole run much longer
+            chan = client.get_transport().open_session(timeout=min(5.0, self.settings.connect_timeout))
+            chan.settimeout(max(10.0, self.settings.connect_timeout))
             chan.exec_command(kill_command(sid))
             chan.shutdown_write()
             err = b""
