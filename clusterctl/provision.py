@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -77,6 +78,11 @@ def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: P
                 report(f"cluster {spec.name} is already up ({len(live.nodes)} nodes); nothing to do")
                 store.set_current(spec.name)
                 return live
+        elif provider.find(spec.name) is not None:
+            # Never adopt (nor, on failure, remove) a cluster this machine holds no keys for.
+            raise ProvisionError(f"cluster {spec.name} already exists ({provider.name}) but this machine has no record "
+                                 "of it (nor its keys)",
+                                 f"remove it with `clusterctl down {spec.name} --yes`, or choose another --name")
         p = paths(store, spec.name)
         store.ensure_dir(spec.name)
         operator = sshkeys.ensure_keypair(p.operator_key, f"clusterctl-{spec.name}-operator")
@@ -126,20 +132,24 @@ def _why(exc: BaseException) -> str:
 def wait_for_ssh(cluster: Cluster, timeout: float) -> None:
     """Every node's ssh port answers (concurrently), or WaitTimeout naming the ones that did not."""
     deadline = time.monotonic() + timeout
+    stop = threading.Event()  # set on the way out (Ctrl-C included), so no worker outlives this call
 
     def one(node) -> str | None:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stop.is_set():
             try:
                 with socket.create_connection((node.ssh_host, node.ssh_port), timeout=2.0) as s:
                     s.settimeout(5.0)
                     if s.recv(4).startswith(b"SSH-"):
                         return None
             except OSError:
-                time.sleep(0.5)
+                stop.wait(0.5)
         return node.ssh_host
 
     with ThreadPoolExecutor(max_workers=min(64, len(cluster.nodes))) as pool:
-        missing = [h for h in pool.map(one, cluster.nodes) if h]
+        try:
+            missing = [h for h in pool.map(one, cluster.nodes) if h]
+        finally:
+            stop.set()
     if missing:
         raise WaitTimeout(f"no ssh answer within {timeout:.0f}s from {', '.join(missing)}",
                           "check the nodes' security group and that they booted")

@@ -46,7 +46,11 @@ DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-u
 DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250101"
 NODE_IMAGE_NAME = "clusterctl-test-node (namespace node, root login)"
 P3_AZS = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f"]
-NETNS_PREFIX = "ccmoto-"  # not "clusterctl-": a local `down --all` elsewhere must never see these nodes
+# Not "clusterctl-": a local `down --all` must never see these nodes; and per process, because another pytest
+# on the same machine may run these tests at the same time and clean up after itself.
+NETNS_PREFIX = f"ccm{os.getpid()}-"
+RESERVE_LINK = f"ccmr{os.getpid()}"[:15]
+RESERVE_LOCK = "/run/clusterctl-moto-tests.lock"
 CHECKIP_ADDRESS = "203.0.113.7"
 
 
@@ -132,12 +136,25 @@ class MotoAws:
         netns.sshd_config = lambda address, port: orig_sshd_config(address, port).replace(
             f"ListenAddress {address}:{port}", f"ListenAddress 0.0.0.0:{port}")
 
-        used = netns.networks_in_use()
-        self.owned = next(n for n in (ipaddress.ip_network(f"10.{i}.0.0/16") for i in range(230, 255))
+        # Pick this test's private /16 and "public" /24 and reserve them at once (an address of each on a link of
+        # this process, under a lock), so a concurrent pytest never picks the same ones.
+        import fcntl
+
+        fd = os.open(RESERVE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            used = netns.networks_in_use()
+            self.owned = next(n for n in (ipaddress.ip_network(f"10.{i}.0.0/16") for i in range(230, 255))
+                              if not any(n.overlaps(u) for u in used))
+            public = next(n for n in ipaddress.ip_network("198.18.0.0/16").subnets(new_prefix=24)
                           if not any(n.overlaps(u) for u in used))
-        public = next(n for n in ipaddress.ip_network("198.18.0.0/16").subnets(new_prefix=24)
-                      if not any(n.overlaps(u) for u in used))
-        self.public_pool = [str(h) for h in list(public.hosts())[9:]]
+            subprocess.run(["ip", "link", "del", RESERVE_LINK], capture_output=True)
+            subprocess.run(["ip", "link", "add", RESERVE_LINK, "type", "bridge"], check=True)
+            for addr in (self.owned[-2], public[-2]):
+                subprocess.run(["ip", "addr", "add", f"{addr}/32", "dev", RESERVE_LINK], check=True)
+        finally:
+            os.close(fd)
+        self.public_pool = [str(h) for h in list(public.hosts())[9:200]]
         self.node_root = node_root
         self.seed()
 
@@ -153,6 +170,7 @@ class MotoAws:
         for bridge, _ in list(self.bridges.values()):
             subprocess.run(["ip", "link", "del", bridge], capture_output=True)
         self.bridges.clear()
+        subprocess.run(["ip", "link", "del", RESERVE_LINK], capture_output=True)
         left = [n for n in os.listdir("/run/netns") if n.startswith(NETNS_PREFIX)] if os.path.isdir("/run/netns") else []
         for ns in left:
             netns.destroy(ns[len(NETNS_PREFIX):].rsplit("-", 1)[0])
@@ -332,7 +350,8 @@ class MotoAws:
         ns = self.nodes[iid].netns
         for pid in netns.netns_pids(ns):
             try:
-                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"sshd"):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"[listener]" in cmd or cmd.split(b"\0")[0].endswith(b"sshd"):  # sshd retitles itself
                     return subprocess.run(["nsenter", "-t", str(pid), "-a", *argv], capture_output=True, text=True,
                                           timeout=60)
             except FileNotFoundError:
@@ -679,6 +698,7 @@ def server() -> MotoAws:
     if _SERVER is None:
         for k in [k for k in os.environ if k.startswith("AWS_")]:
             os.environ.pop(k)  # no real AWS settings in this process either
+        os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"  # the tests register the two images they use
         _SERVER = MotoAws()
     return _SERVER
 

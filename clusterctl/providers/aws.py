@@ -368,7 +368,7 @@ class AwsProvider:
             from botocore.config import Config
 
             attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or 8)
-            cfg = Config(retries={"mode": "standard", "max_attempts": max(1, attempts)}, connect_timeout=10,
+            cfg = Config(retries={"mode": "standard", "total_max_attempts": max(1, attempts)}, connect_timeout=10,
                          read_timeout=60, user_agent_extra="clusterctl")
             self._clients[service] = boto3.session.Session(region_name=self.region).client(service, config=cfg)
         return self._clients[service]

@@ -1,0 +1,170 @@
+"""The AWS provider's pure parts: prices, GPU table, options, console parsing, image users, user data, policy,
+and how a local record is compared with the cloud. No AWS, no moto."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clusterctl.errors import ConfigError
+from clusterctl.providers import aws, aws_catalog as catalog
+from clusterctl.providers.base import ClusterStatus, NodeStatus
+from clusterctl.provision import disagreements
+from clusterctl.state import Record
+from clusterctl.types import Cluster, ClusterSpec, Node
+
+DATA = Path(__file__).parent / "data"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9vZGJ5ZSBjbHVzdGVyY3RsIHRlc3Qga2V5IDAwMDAwMDA clusterctl-demo-internal"
+
+
+def test_price_table_has_the_recipe_type_and_a_date():
+    assert catalog.instance_price("p3.16xlarge") == 24.48
+    assert catalog.PRICES_DATE.count("-") == 2
+    assert catalog.gpus("p3.16xlarge") == 8 and catalog.gpus("p3.8xlarge") == 4
+    assert catalog.efa("p3dn.24xlarge") and not catalog.efa("p3.16xlarge")
+    assert catalog.instance_price("no.such") is None and catalog.money(None) == "unknown"
+
+
+def test_volume_prices_follow_ebs_pricing():
+    io2 = catalog.volume_price("io2", 200, 10000)
+    assert io2 == pytest.approx((200 * 0.125 + 10000 * 0.065) / 730)
+    assert catalog.volume_price("gp3", 200, 3000) == pytest.approx(200 * 0.08 / 730)  # 3000 IOPS are included
+    assert catalog.volume_price("gp3", 200, 10000) == pytest.approx((200 * 0.08 + 7000 * 0.005) / 730)
+    p = catalog.price("p3.16xlarge", "io2", 200, 10000)
+    assert p.per_node == pytest.approx(24.48 + io2)
+    assert catalog.price("zz.unknown", "gp3", 8, None).per_node is None
+
+
+def _opts(**options) -> aws.AwsOptions:
+    return aws.AwsOptions.from_spec(ClusterSpec("c", "aws", 2, instance_type="p3.16xlarge", options=options))
+
+
+def test_options_defaults_are_the_recipe():
+    o = _opts()
+    assert (o.volume_size, o.volume_type, o.effective_iops) == (200, "io2", 10000)
+    assert o.ami_parameter.startswith("/aws/service/deeplearning/ami/") and o.ssh_cidr is None
+    assert _opts(volume_type="gp3").effective_iops == 3000
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"volume_type": "st1"}, "--volume-type must be one of"),
+    ({"volume_type": "gp3", "iops": 20000}, "--iops for gp3 must be 3000..16000"),
+    ({"volume_type": "gp2", "iops": 3000}, "--iops does not apply to gp2"),
+    ({"volume_type": "io1", "volume_size": 100, "iops": 10000}, "needs at least 200 GB of io1"),
+    ({"ssh_cidr": "not-an-address"}, "is not an address range"),
+    ({"cidr": "8.8.0.0/16"}, "must be a private IPv4 network"),
+    ({"cidr": "10.0.0.0/8"}, "must be a private IPv4 network of /16 to /24"),
+    ({"s3_read": ["s3://Bad_Bucket/x"]}, "is not an S3 location"),
+    ({"ami": "image-1"}, "is not an image id"),
+    ({"subnets": ["sub-1"]}, "is not a subnet id"),
+    ({"bogus": 1}, "unknown AWS option"),
+])
+def test_bad_options_are_config_errors(options, message):
+    with pytest.raises(ConfigError) as err:
+        _opts(**options)
+    assert message in err.value.one_line()
+
+
+def test_s3_read_policy_reads_only_the_prefixes():
+    policy = aws.s3_read_policy(["s3://data-bucket/imagenet/", "other-bucket"])
+    get, list1, list2 = policy["Statement"]
+    assert get["Action"] == ["s3:GetObject"]
+    assert get["Resource"] == ["arn:aws:s3:::data-bucket/imagenet/*", "arn:aws:s3:::other-bucket/*"]
+    assert list1["Resource"] == "arn:aws:s3:::data-bucket"
+    assert list1["Condition"] == {"StringLike": {"s3:prefix": ["imagenet/*"]}}
+    assert "Condition" not in list2
+    assert all("Put" not in json.dumps(s) and "Delete" not in json.dumps(s) for s in policy["Statement"])
+
+
+CONSOLE = """\
+[   10.1] cloud-init[800]: Cloud-init v. 24.1 running 'modules:final'
+ec2: #############################################################
+ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----
+ec2: 256 SHA256:abc root@ip-10-0-0-4 (ED25519)
+ec2: -----END SSH HOST KEY FINGERPRINTS-----
+-----BEGIN SSH HOST KEY KEYS-----
+ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY= root@ip-10-0-0-4
+ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst root@ip-10-0-0-4
+-----END SSH HOST KEY KEYS-----
+[   12.0] cloud-init[800]: Cloud-init v. 24.1 finished at Mon, 01 Jan 2025 00:00:12 +0000.
+"""
+
+
+def test_host_keys_come_from_cloud_inits_keys_block_ed25519_first():
+    keys = aws.host_keys_from_console(CONSOLE)
+    assert keys == ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst",
+                    "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY=")
+    rebooted = CONSOLE + CONSOLE.replace("IFirst", "ISecond")
+    assert aws.host_keys_from_console(rebooted)[0].endswith("ISecond")  # the last block is the current one
+    assert aws.host_keys_from_console("Linux version 6.8\nno keys here\n") == ()
+    assert aws.host_keys_from_console("") == ()
+
+
+def test_console_output_is_decoded_when_still_base64():
+    import base64
+
+    assert aws._decode_console(base64.b64encode(CONSOLE.encode()).decode()) == CONSOLE
+    assert aws._decode_console(CONSOLE) == CONSOLE
+
+
+@pytest.mark.parametrize("name, tags, user", [
+    ("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250101", {}, "ubuntu"),
+    ("Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.3 (Amazon Linux 2)", {}, "ec2-user"),
+    ("al2023-ami-2023.5.20240701.0-kernel-6.1-x86_64", {}, "ec2-user"),
+    ("debian-12-amd64-20240717-1811", {}, "admin"),
+    ("my-golden-image", {"clusterctl:ssh-user": "root"}, "root"),
+    ("my-golden-image", {}, None),
+])
+def test_login_user_comes_from_the_image(name, tags, user):
+    assert aws.ssh_user_for_image(name, tags) == user
+
+
+def test_user_data_matches_the_golden_file_and_is_yaml():
+    text = aws.render_user_data("demo", "us-east-1", "ubuntu", 8, KEY)
+    assert text == (DATA / "aws_cloud_init_demo.yaml").read_text()
+    doc = yaml.safe_load(text)
+    assert text.startswith("#cloud-config\n")
+    assert doc["ssh_authorized_keys"] == [KEY] and doc["ssh_pwauth"] is False and doc["disable_root"] is True
+    assert json.loads(doc["write_files"][1]["content"]) == {"cluster": "demo", "region": "us-east-1", "slots": 8,
+                                                            "ssh_user": "ubuntu"}
+    assert "AWS_" not in text and "PRIVATE KEY" not in text
+
+
+def test_node_names_and_tokens():
+    assert aws.node_names("demo", 3) == ["demo-leader", "demo-member-1", "demo-member-2"]
+    t1, t2 = aws._token("a-very-long-cluster-name-of-31ch", 1), aws._token("x", 1)
+    assert t1 != aws._token("a-very-long-cluster-name-of-31ch", 1) and len(t1) <= 64 and t2.startswith("x-1-")
+    assert aws.iam_name("demo", "us-east-1") == "clusterctl-demo-us-east-1"
+
+
+def _cluster(ids=("i-1", "i-2")) -> Cluster:
+    nodes = tuple(Node(f"c-{i}", f"10.0.0.{n + 4}", 8, "leader" if n == 0 else "member", instance_id=i)
+                  for n, i in enumerate(ids))
+    return Cluster("c", "aws", nodes, "us-east-1", "p3.16xlarge", 1000.0)
+
+
+def _status(ids=("i-1", "i-2"), state="running", other=()) -> ClusterStatus:
+    c = _cluster(ids)
+    return ClusterStatus("c", "aws", "us-east-1", "p3.16xlarge",
+                         tuple(NodeStatus(n, state, "us-east-1a", 1000.0, 25.0) for n in c.nodes), other)
+
+
+def test_status_costs():
+    st = _status()
+    assert st.hourly_usd == 50.0
+    assert st.cost_so_far(1000.0 + 1800) == pytest.approx(25.0)  # two nodes, half an hour each
+    assert _status(state="stopped").hourly_usd == 0.0
+
+
+def test_record_and_cloud_disagreements():
+    rec = Record(_cluster(), "up", 0.0)
+    assert disagreements(rec, _status()) == []
+    assert "no local record" in disagreements(None, _status())[0]
+    assert "provider has nothing" in disagreements(rec, None)[0]
+    assert "2 resource(s) remain" in disagreements(rec, _status(ids=(), other=("VPC vpc-1", "key pair k")))[0]
+    assert "nodes differ" in disagreements(rec, _status(ids=("i-1", "i-9")))[0]
+    assert "not running: c-i-1, c-i-2" in disagreements(rec, _status(state="stopped"))
+    assert "an `up` did not finish" in disagreements(Record(_cluster(), "creating", 0.0), _status())[0]
