@@ -63,9 +63,9 @@ class HostPrinter:
                 style = self.colour.get(host, "white")
                 mark = "[red]![/]" if stream == "stderr" else " "
                 console().print(f"[{style}]{_esc(prefix)}[/]{mark}| {_esc(line)}")
-            else:
+            else:  # `host: line`, unpadded, as pdsh prints it (dshbak and grep read it back)
                 out = sys.stdout if stream == "stdout" else sys.stderr
-                out.write(f"{prefix}: {line}\n")
+                out.write(f"{host}: {line}\n")
                 out.flush()
 
 

@@ -191,3 +191,15 @@ def test_targets_carry_absolute_paths_through_the_agent(tmp_path, monkeypatch):
     back = agent.target_from_dict(agent.target_to_dict(t))
     assert back.identity_files == (str(tmp_path / "k1"),) and back.proxy_jump.identity_files == (str(tmp_path / "key"),)
     assert (back.hostname, back.port, back.user, back.proxy_jump.hostname) == ("10.0.0.2", 2222, "root", "10.0.0.1")
+
+
+def test_disk_table_flags_nodes_under_ten_percent(capsys):
+    from clusterctl import display
+
+    display.disk_table(clean.parse_disk("10.0.0.2", "/ 1000000 950000 50000\n") +
+                       clean.parse_disk("10.0.0.3", "/ 1000000 100000 900000\n"))
+    out, err = capsys.readouterr()
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert "LOW" in rows["10.0.0.2"] and "5%" in rows["10.0.0.2"]
+    assert "LOW" not in rows["10.0.0.3"] and "90%" in rows["10.0.0.3"]
+    assert "under 10% free on 10.0.0.2" in err

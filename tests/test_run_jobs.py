@@ -1,0 +1,138 @@
+"""Detached jobs (run --detach, logs, kill) and clean (kill, logs, disk, reboot) on a real local cluster."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from clusterctl.providers import netns
+
+
+@pytest.fixture(scope="module")
+def c(module_cluster_factory):
+    return module_cluster_factory(2, 1)
+
+
+def on_nodes(c, *argv: str) -> list[str]:
+    return [c.node_exec(i, *argv, check=False).stdout for i in range(len(c.hosts))]
+
+
+def running(c, pattern: str) -> list[bool]:
+    return [c.node_exec(i, "pgrep", "-f", pattern, check=False).returncode == 0 for i in range(len(c.hosts))]
+
+
+def test_detached_job_logs_follow_and_exit_status(c):
+    proc = c.cli("run", "--detach", "steps", "hosts", "for i in 1 2 3; do echo step $i on $(hostname); sleep 0.4; done; exit 3")
+    assert proc.returncode == 0, proc.stderr
+    for h in c.hosts:
+        assert f"{h}: started job steps; log: /root/.clusterctl/jobs/steps.log" in proc.stdout
+    again = c.cli("run", "--detach", "steps", "hosts", "true")
+    assert again.returncode == 3 and "job steps is still running here: clusterctl kill steps" in again.stderr
+    follow = c.cli("logs", "-f", "steps", timeout=60)
+    assert follow.returncode == 3, follow.stderr  # the job's own exit status, once it ended everywhere
+    for i, h in enumerate(c.hosts):
+        name = f"{c.name}-leader" if i == 0 else f"{c.name}-member-{i}"
+        assert [line for line in follow.stdout.splitlines() if line.startswith(h + ": ")] == [
+            f"{h}: step {n} on {name}" for n in (1, 2, 3)]
+    assert on_nodes(c, "tmux", "ls") == ["", ""]  # the session ended with the job
+    again = c.cli("logs", "steps")
+    assert again.returncode == 3 and sorted(again.stdout.splitlines()) == sorted(follow.stdout.splitlines())
+    missing = c.cli("logs", "nosuchjob")
+    assert missing.returncode == 3 and "no job nosuchjob on this host" in missing.stderr
+
+
+def test_detached_job_survives_disconnect_and_kill_ends_its_whole_tree(c):
+    cmd = ("python3 -c 'import subprocess, time; subprocess.Popen([\"setsid\", \"sleep\", \"7341\"]); "
+           "print(\"ready\", flush=True); time.sleep(7342)'")
+    assert c.cli("run", "--detach", "train", "hosts", cmd).returncode == 0
+    deadline = time.monotonic() + 20
+    while not all(running(c, "^sleep 7341$")):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    # every connection closes (the laptop goes away): the job keeps running
+    assert c.cli("agent", "stop").returncode == 0
+    time.sleep(0.5)
+    assert all(running(c, "time.sleep.7342")) and all(running(c, "^sleep 7341$"))
+    logs = c.cli("logs", "train")
+    assert logs.returncode == 0 and all(f"{h}: ready" in logs.stdout for h in c.hosts)
+
+    kill = c.cli("kill", "--grace", "0.5", "train")
+    assert kill.returncode == 0, kill.stderr
+    assert all(f"{h}: killed job train" in kill.stdout for h in c.hosts)
+    assert running(c, "time.sleep.7342") == [False, False]
+    assert running(c, "^sleep 7341$") == [False, False]  # it left the session (setsid): the tree still caught it
+    assert on_nodes(c, "tmux", "ls") == ["", ""]
+    after = c.cli("logs", "train")
+    assert after.returncode == 123 and "exit 137" in after.stderr  # killed: 128+9, capped for the tool
+    again = c.cli("kill", "train")
+    assert again.returncode == 0 and all(f"{h}: job train is not running here" in again.stdout for h in c.hosts)
+
+
+def test_clean_kills_python_trees_only_and_verifies(c):
+    start = ("setsid nohup python3 -c 'import subprocess; subprocess.run([\"sleep\", \"7351\"])' >/dev/null 2>&1 & "
+             "setsid nohup sleep 7352 >/dev/null 2>&1 & echo started")
+    assert c.cli("run", "hosts", start).returncode == 0
+    deadline = time.monotonic() + 20
+    while not all(running(c, "^sleep 7351$")):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    proc = c.cli("clean", "hosts")
+    assert proc.returncode == 0, proc.stderr
+    for h in c.hosts:
+        line = next(x for x in proc.stdout.splitlines() if x.startswith(h + ": killed"))
+        assert "killed 2 process(es): " in line and "python3[" in line and "sleep[" in line
+    assert running(c, "^sleep 7351$") == [False, False] and running(c, "python3 -c") == [False, False]
+    assert running(c, "^sleep 7352$") == [True, True]  # not a python tree: left alone
+    again = c.cli("clean", "--kill", "hosts")
+    assert again.returncode == 0 and again.stdout.count(": nothing to kill") == 2
+    for i in range(len(c.hosts)):
+        c.node_exec(i, "pkill", "-f", "^sleep 7352$", check=False)
+
+
+def test_clean_logs_folder_with_refusals(c):
+    assert c.cli("run", "hosts", "mkdir -p ~/logs/run1 /tmp/ckpt/run1 && touch ~/logs/run1/x ~/keep").returncode == 0
+    no_yes = c.cli("clean", "--logs", "~/logs")
+    assert no_yes.returncode == 2 and "needs confirmation: pass --yes" in no_yes.stderr
+    assert on_nodes(c, "ls", "/root/logs") == ["run1\n", "run1\n"]
+
+    outside = c.cli("clean", "--logs", "/tmp/ckpt", "--yes")
+    assert outside.returncode == 3
+    assert outside.stderr.count("refused: /tmp/ckpt is outside the login user's home /root (--force to allow)") >= 2
+    assert on_nodes(c, "ls", "/tmp/ckpt") == ["run1\n", "run1\n"]
+    top = c.cli("clean", "--logs", "/tmp", "--force", "--yes")
+    assert top.returncode == 3 and "refused: /tmp is a top-level folder (even with --force)" in top.stderr
+    for bad, why in (("/", "refuses to remove /"), ("~", "home itself"), ("", "not an empty path")):
+        proc = c.cli("clean", "--logs", bad, "--yes")
+        assert proc.returncode == 2 and why in proc.stderr and proc.stdout == ""
+
+    ok = c.cli("clean", "--logs", "~/logs", "--yes")
+    assert ok.returncode == 0, ok.stderr
+    assert all(f"{h}: removed /root/logs" in ok.stdout for h in c.hosts)
+    forced = c.cli("clean", "--logs", "/tmp/ckpt", "--force", "--yes")
+    assert forced.returncode == 0 and all(f"{h}: removed /tmp/ckpt" in forced.stdout for h in c.hosts)
+    assert all("keep" in out and "logs" not in out for out in on_nodes(c, "ls", "/root"))
+    assert all("ckpt" not in out for out in on_nodes(c, "ls", "/tmp"))
+
+
+def test_clean_disk_table(c):
+    proc = c.cli("clean", "--disk")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["HOST", "MOUNT", "SIZE", "USED", "FREE", "FREE%"]
+    for h in c.hosts:
+        mounts = [line.split()[1] for line in lines[1:] if line.split()[0] == h]
+        assert "/" in mounts and "/tmp" in mounts  # each node's own /tmp is its own file system
+
+
+def test_clean_reboot_restarts_every_node(c):
+    assert c.cli("run", "hosts", "touch /tmp/before-reboot ~/survives").returncode == 0
+    pids = [netns.netns_pids(netns.netns_name(c.name, i)) for i in range(len(c.hosts))]
+    proc = c.cli("clean", "--reboot", "--yes")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 node(s) rebooted and answering ssh" in proc.stderr
+    after = [netns.netns_pids(netns.netns_name(c.name, i)) for i in range(len(c.hosts))]
+    assert all(not set(a) & set(b) for a, b in zip(pids, after))  # every old process is gone
+    check = c.cli("run", "hosts", "ls /tmp; ls ~")
+    assert check.returncode == 0
+    assert "before-reboot" not in check.stdout and check.stdout.count("survives") == 2
