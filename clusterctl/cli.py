@@ -842,6 +842,203 @@ def data_synthetic(
                                       validation_shards=validation_shards, seed=seed, force=force))
 
 
+# ---- parameter sweeps ------------------------------------------------------------------------------------
+@app.command(context_settings={"allow_interspersed_args": False})
+@command
+def sweep(
+    cmd: Optional[List[str]] = typer.Argument(None, metavar="-- CMD ...",
+                                              help="The trial's command: {NAME} takes each parameter's value, "
+                                                   "{python} the nodes' Python, {trial} the trial number."),
+    grid: List[str] = typer.Option([], "--grid", metavar="NAME=V1,V2", help="Values of one parameter (repeatable): every combination is a trial."),
+    range_: List[str] = typer.Option([], "--range", metavar="NAME=LOW:HIGH[:log|int]", help="A range to sample with --random (repeatable)."),
+    random_k: Optional[int] = typer.Option(None, "--random", metavar="K", help="K random trials from --range (and --grid values) instead of the grid."),
+    seed: int = typer.Option(0, "--seed", help="Seed of --random."),
+    gpus_per_trial: int = typer.Option(1, "--gpus-per-trial", help="GPUs (slots of one node) each trial gets."),
+    metric: Optional[str] = typer.Option(None, "--metric", metavar="REGEX",
+                                         help="The last output line matching REGEX gives the metric (its group 1, else the "
+                                              "number in or after the match). Default: the last JSON line's \"metric\"."),
+    metric_key: str = typer.Option("metric", "--metric-key", help="The key of the metric in a JSON output line."),
+    goal: str = typer.Option("max", "--goal", help="max or min: which metric is best."),
+    files: List[str] = typer.Option([], "--file", metavar="PATH",
+                                    help="Copy to every node's sweep folder, where trials run (repeatable); a shipped "
+                                         "template's name (train_imagenet.py) works too."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="Run trials in this folder on the nodes instead."),
+    trial_timeout: Optional[float] = typer.Option(None, "--trial-timeout", help="Seconds a trial may run before it is killed."),
+    node_timeout: float = typer.Option(30.0, "--node-timeout", help="Seconds of failed ssh before a node is dead and its trials re-queued."),
+    detach: bool = typer.Option(False, "--detach", help="Start the sweep and return (then --status, --attach, --cancel)."),
+    status: bool = typer.Option(False, "--status", help="Show a sweep's trials now (from another terminal too)."),
+    attach: bool = typer.Option(False, "--attach", help="Watch a sweep until it ends, then write its results here."),
+    cancel: bool = typer.Option(False, "--cancel", help="End every trial of a sweep and stop it."),
+    sweep_id: Optional[str] = typer.Option(None, "--id", help="The sweep for --status/--attach/--cancel (default: the latest)."),
+    json_: bool = typer.Option(False, "--json", help="With --status: the scheduler's whole state as JSON."),
+    out: Path = typer.Option(Path("sweep-results"), "--out", help="Folder for <time>/results.json, logs and the plot."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
+    hostsfile: Optional[str] = typer.Option(None, "--hosts", help="A hosts file instead of a cluster."),
+    python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
+    poll: float = typer.Option(1.0, "--poll", help="Seconds between the scheduler's rounds (and this watch's)."),
+) -> None:
+    """Parallel experiments: a grid or random search, one trial per GPU across every node, run detached."""
+    import json as jsonlib
+
+    from clusterctl import display, inventory, resources, sweep as sweeplib
+    from clusterctl.remote import SshPool
+
+    modes = [name for name, on in (("--status", status), ("--attach", attach), ("--cancel", cancel), ("--detach", detach)) if on]
+    if len(modes) > 1:
+        raise UsageError(f"{' and '.join(modes)} do not go together")
+    control = status or attach or cancel
+    if control and (cmd or grid or range_ or random_k is not None or files):
+        raise UsageError(f"{modes[0]} takes no command or parameters", "name the sweep with --id (default: the latest)")
+    if sweep_id is not None and not control:
+        raise UsageError("--id goes with --status, --attach or --cancel")
+    if json_ and not status:
+        raise UsageError("--json goes with --status")
+    if not 0.1 <= poll <= 60:
+        raise UsageError("--poll must be 0.1..60 seconds")
+    if sweep_id is not None:
+        sweeplib.validate_id(sweep_id)
+    spec = None
+    if not control:
+        if goal not in ("max", "min"):
+            raise UsageError(f"--goal must be max or min, not {goal!r}")
+        if gpus_per_trial < 1:
+            raise UsageError(f"--gpus-per-trial must be at least 1, not {gpus_per_trial}")
+        if trial_timeout is not None and trial_timeout <= 0:
+            raise UsageError("--trial-timeout must be positive")
+        if node_timeout <= 0:
+            raise UsageError("--node-timeout must be positive")
+        sweeplib.check_metric(metric)
+        grid_values = sweeplib.parse_grid(grid)
+        ranges = sweeplib.parse_ranges(range_)
+        combos = sweeplib.expand(grid_values, ranges, random_k, seed)
+        staged = []
+        for f in files:
+            path = Path(f).expanduser()
+            if not path.is_file() and "/" not in f:
+                try:
+                    path = resources.template_path(f)
+                except ClusterctlError:
+                    pass
+            if not path.is_file():
+                raise UsageError(f"--file {f}: no such file here (nor a shipped template)")
+            staged.append((path.name, path.read_bytes()))
+        if len({n for n, _ in staged}) != len(staged):
+            raise UsageError("--file: two files have the same name")
+        sweeplib.build_trials(cmd or [], combos[:1], "python")  # a bad command template fails before connecting
+    inv = inventory.resolve(hostsfile, cluster, _store())
+    py = sweeplib.python_for(inv.cluster, python)
+    if not control:
+        trials = sweeplib.build_trials(cmd or [], combos, py)
+        params = tuple(combos[0])
+        for name in sweeplib.unused(cmd or [], params):
+            display.warn(f"parameter {name} is not used in the command (no {{{name}}} in it)")
+        spec = sweeplib.SweepSpec(tuple(cmd or ()), tuple(trials), params, gpus_per_trial, metric, metric_key, goal,
+                                  tuple(staged), workdir, trial_timeout, node_timeout, poll,
+                                  tuple(n for n, r in ranges.items() if r.scale == "log"))
+    with SshPool(inv.settings) as pool:
+        leader = inv.targets[0]
+        if spec is not None:
+            sid, folder = sweeplib.start(pool, inv, spec, py)
+            slots = sum(e.slots for e in inv.hosts.entries) // gpus_per_trial
+            display.info(f"sweep {sid}: {len(spec.trials)} trial(s) on {len(inv.hosts.entries)} node(s), up to {slots} "
+                         f"at once; scheduler detached on the leader {leader.label} (tmux {sid}), trials' logs in {folder}")
+            if detach:
+                display.info(f"follow it with: clusterctl sweep --attach --id {sid}  (or --status, --cancel)")
+                return
+            _sweep_watch(pool, inv, sid, out, poll)
+            return
+        sid = sweeplib.validate_id(sweep_id) if sweep_id else sweeplib.latest(pool, leader)
+        if status:
+            snap = sweeplib.read_state(pool, leader, sid)
+            if json_:
+                sys.stdout.write(jsonlib.dumps({"id": sid, "scheduler": "running" if snap.alive else "stopped",
+                                                "state": snap.state}) + "\n")
+                return
+            if snap.state is None:
+                display.info(f"sweep {sid}: the scheduler has not written its state yet"
+                             + ("" if snap.alive else f" and is not running; see `clusterctl logs {sid}`"))
+                return
+            _sweep_show(snap.state, sort=snap.state.get("status") in sweeplib.ENDED)
+            display.info(_sweep_summary(snap.state) + ("" if snap.alive or snap.state.get("status") in sweeplib.ENDED
+                                                       else "; the scheduler is not running (--cancel ends its trials)"))
+            return
+        if cancel:
+            state = sweeplib.cancel(pool, leader, sid, py)
+            _sweep_show(state, sort=False)
+            display.info(_sweep_summary(state))
+            return
+        _sweep_watch(pool, inv, sid, out, poll)
+
+
+def _sweep_summary(state: dict) -> str:
+    counts: dict = {}
+    for t in state.get("trials", []):
+        counts[t["state"]] = counts.get(t["state"], 0) + 1
+    dead = [n["host"] for n in state.get("nodes", []) if not n.get("alive")]
+    text = f"sweep {state.get('id')} {state.get('status')}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    return text + (f"; dead node(s): {', '.join(dead)}" if dead else "")
+
+
+def _sweep_show(state: dict, sort: bool, title: Optional[str] = None) -> None:
+    from clusterctl import display, sweep as sweeplib
+
+    meta = state.get("meta") or {}
+    params = meta.get("params") or (list(state["trials"][0]["params"]) if state.get("trials") else [])
+    display.sweep_table(sweeplib.rows(state, params, meta.get("goal", "max"), sort), params,
+                        meta.get("metric", "metric"), title)
+
+
+def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
+    """Follow a sweep to its end, then: the sorted table, results.json, the logs, the plot; exit status."""
+    from clusterctl import display, sweep as sweeplib
+    from clusterctl.errors import RemoteCommandError
+
+    leader = inv.targets[0]
+    seen: dict = {"prev": None, "params": None, "view": None}
+
+    def on_state(state: dict) -> None:
+        meta = state.get("meta") or {}
+        if seen["view"] is None:
+            seen["params"] = meta.get("params") or list(state["trials"][0]["params"])
+            seen["view"] = display.SweepProgress(seen["params"], meta.get("metric", "metric")).__enter__()
+        seen["view"].update(sweeplib.rows(state, seen["params"], meta.get("goal", "max"), sort=False),
+                            _sweep_summary(state), sweeplib.events(seen["prev"], state))
+        seen["prev"] = state
+
+    try:
+        state = sweeplib.follow(pool, leader, sid, on_state, poll=poll)
+    except KeyboardInterrupt:
+        display.info(f"stopped watching; sweep {sid} goes on on the leader: "
+                     f"clusterctl sweep --status | --attach | --cancel  (--id {sid})")
+        raise
+    finally:
+        if seen["view"] is not None:
+            seen["view"].__exit__(None, None, None)
+    meta = state.get("meta") or {}
+    params, goal = meta.get("params") or list(state["trials"][0]["params"]), meta.get("goal", "max")
+    folder = sweeplib.results_dir(out)
+    missing = sweeplib.collect_logs(pool, inv, state, folder)
+    sweeplib.write_results(folder, state, {"cluster": inv.cluster.name if inv.cluster else None, **meta})
+    plotted = sweeplib.plot(state, params, meta.get("metric", "metric"), goal, folder / "metric_vs_params.png",
+                            meta.get("log_scale") or ())
+    _sweep_show(state, sort=True, title=f"sweep {sid}: {meta.get('metric', 'metric')} ({goal}), best first")
+    top = sweeplib.best(state, goal)
+    display.info(_sweep_summary(state))
+    if top is not None:
+        display.info(f"best: trial {top['id']} (" + " ".join(f"{k}={v}" for k, v in top["params"].items())
+                     + f") {meta.get('metric', 'metric')} {top['metric']:.6g}")
+    if missing:
+        display.warn(f"no logs from {', '.join(missing)} (node dead or unreachable)")
+    display.info(f"results: {folder}/results.json, logs/" + (", metric_vs_params.png" if plotted else ""))
+    trials = state.get("trials", [])
+    if state.get("status") == "cancelled":
+        raise RemoteCommandError(f"sweep {sid} was cancelled", f"results so far are in {folder}")
+    bad = [t for t in trials if t.get("state") != "done" or t.get("metric") is None]
+    if bad:
+        raise RemoteCommandError(f"{len(bad)} of {len(trials)} trial(s) did not finish with a metric "
+                                 f"({', '.join(str(t['id']) for t in bad[:10])})", f"see their logs in {folder}/logs")
+
+
 def main() -> None:
     app(prog_name="clusterctl")
 

@@ -380,3 +380,62 @@ def play_summary(results) -> None:
         c.print(f"{mark:>6} {_esc(r.step.name)} ({r.step.kind}): {_esc(r.detail)}")
     failed = [r for r in results if not r.ok]
     c.print("[green]playbook finished[/]" if not failed else f"[red]{len(failed)} step(s) failed[/]")
+
+
+# ---- sweeps --------------------------------------------------------------------------------------------
+_SWEEP_STYLE = {"done": "green", "running": "cyan", "starting": "cyan", "queued": "dim", "failed": "red",
+                "lost": "red", "cancelled": "yellow"}
+
+
+def _sweep_rich_table(rows: Sequence[dict], params: Sequence[str], metric_name: str, title: str | None = None):
+    from rich.table import Table
+
+    t = Table(title=title, box=None, header_style="bold", title_justify="left")
+    for col, just in [("TRIAL", "right"), *((p.upper(), "right") for p in params), ("NODE/GPU", "left"),
+                      ("STATE", "left"), ("ELAPSED", "right"), (metric_name.upper(), "right"), ("", "left")]:
+        t.add_column(_esc(col), justify=just)
+    for r in rows:
+        style = _SWEEP_STYLE.get(r["state"], "")
+        mark = "[bold green]best[/]" if r["best"] else ""
+        note = f"[dim]{_esc(r['note'])}[/]" if r["note"] else ""
+        t.add_row(r["trial"], *(_esc(v) for v in r["params"]), _esc(r["node"]),
+                  f"[{style}]{_esc(r['state'])}[/]" if style else _esc(r["state"]), r["elapsed"],
+                  _esc(r["metric"]), " ".join(x for x in (mark, note) if x))
+    return t
+
+
+def sweep_table(rows: Sequence[dict], params: Sequence[str], metric_name: str, title: str | None = None) -> None:
+    """The sweep's trials as a table on stdout (the caller orders the rows)."""
+    console().print(_sweep_rich_table(rows, params, metric_name, title))
+
+
+class SweepProgress:
+    """The live view of a running sweep: a table redrawn in place on a terminal; elsewhere, one line per
+    change (trial started / finished / re-queued, node dead) on stderr."""
+
+    def __init__(self, params: Sequence[str], metric_name: str):
+        self.params, self.metric_name = list(params), metric_name
+        self.live = None
+        self.tty = sys.stderr.isatty()
+
+    def __enter__(self) -> "SweepProgress":
+        if self.tty:
+            from rich.live import Live
+
+            self.live = Live(console=console(stderr=True), refresh_per_second=4, transient=True)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def update(self, rows: Sequence[dict], summary: str, lines: Sequence[str]) -> None:
+        if self.live is not None:
+            from rich.console import Group
+            from rich.text import Text
+
+            self.live.update(Group(_sweep_rich_table(rows, self.params, self.metric_name), Text(summary)))
+        else:
+            for line in lines:
+                info(line)

@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--epochs", type=float, default=90)
     m.add_argument("--max-steps", type=int, default=None,
                    help="stop at this global step (the schedule still spans --epochs)")
-    m.add_argument("--base-lr", type=float, default=0.1,
+    m.add_argument("--base-lr", "--lr", type=float, default=0.1,
                    help="learning rate per 256 images; the peak is base-lr * global batch / 256")
     m.add_argument("--warmup-epochs", type=float, default=5, help="linear warm-up from ~0 to the peak")
     m.add_argument("--lr-schedule", choices=("cosine", "step", "poly"), default="cosine",
@@ -591,6 +591,9 @@ def evaluate(tf, hvd, args, model, step: int, steps_per_epoch: int, checkpoint: 
              time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
              seconds=time.time() - t, size=size)
         print(f"Validation: top-1 {top1_pct:.2f}%  top-5 {topk_pct:.2f}%  on {n} images at step {step}", flush=True)
+        # for `clusterctl sweep` (its default metric is a JSON line's "metric")
+        print(json.dumps({"metric": round(top1_pct, 3), "top1": round(top1_pct, 3), "top5": round(topk_pct, 3),
+                          "eval_loss": float(loss / max(n, 1)), "step": int(step)}), flush=True)
         if writer is not None:
             with writer.as_default(step=step):
                 tf.summary.scalar("eval/top1", top1_pct)

@@ -1,0 +1,475 @@
+"""clusterctl sweep without a cluster: trials from grids and ranges, command templates, the metric, the
+scheduler's slot assignment, its node-side shell scripts run for real here, and the whole scheduler
+against fake nodes (an `ssh` stand-in that runs the script locally, or fails like a dead node)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import random
+import re
+import shlex
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl import sweep
+from clusterctl.errors import UsageError
+from clusterctl.remote import TREE_FN
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEDULER = REPO / "templates" / "sweep_scheduler.py"
+
+
+def load_scheduler():
+    spec = importlib.util.spec_from_file_location("sweep_scheduler", SCHEDULER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+S = load_scheduler()
+
+
+# ---- trials ------------------------------------------------------------------------------------------------
+def test_grid_is_every_combination_first_flag_slowest():
+    grid = sweep.parse_grid(["lr=0.1,0.01", "batch=32,64,128"])
+    assert grid == {"lr": ["0.1", "0.01"], "batch": ["32", "64", "128"]}
+    combos = sweep.expand(grid)
+    assert len(combos) == 6
+    assert combos[0] == {"lr": "0.1", "batch": "32"} and combos[2] == {"lr": "0.1", "batch": "128"}
+    assert combos[3] == {"lr": "0.01", "batch": "32"}
+    assert len({tuple(c.items()) for c in combos}) == 6
+
+
+@pytest.mark.parametrize("items, needle", [
+    (["lr"], "NAME=V1,V2"),
+    (["lr="], "empty value"),
+    (["lr=0.1,,0.2"], "empty value"),
+    (["lr=0.1,0.1"], "listed twice"),
+    (["lr=1", "lr=2"], "given twice"),
+    (["1lr=1"], "not a name"),
+    (["python=1"], "filled in by clusterctl"),
+    (["trial=1"], "filled in by clusterctl"),
+])
+def test_bad_grids_are_refused(items, needle):
+    with pytest.raises(UsageError, match=needle):
+        sweep.parse_grid(items)
+
+
+def test_random_samples_stay_in_their_ranges_and_repeat_with_the_seed():
+    ranges = sweep.parse_ranges(["lr=1e-4:1e-1:log", "batch=16:128:int", "dropout=0.1:0.5"])
+    grid = {"opt": ["sgd", "adam"]}
+    combos = sweep.expand(grid, ranges, random_k=200, seed=7)
+    assert len(combos) == 200
+    lrs = [float(c["lr"]) for c in combos]
+    assert all(1e-4 * 0.999 <= x <= 1e-1 * 1.001 for x in lrs)
+    # log-uniform: about half the samples below the geometric middle (1e-2.5), far more than uniform would give
+    below = sum(x < 10 ** -2.5 for x in lrs)
+    assert 70 <= below <= 130
+    assert all(re.fullmatch(r"\d+", c["batch"]) and 16 <= int(c["batch"]) <= 128 for c in combos)
+    assert all(0.1 <= float(c["dropout"]) <= 0.5 for c in combos)
+    assert {c["opt"] for c in combos} == {"sgd", "adam"}
+    assert sweep.expand(grid, ranges, random_k=200, seed=7) == combos
+    assert sweep.expand(grid, ranges, random_k=200, seed=8) != combos
+
+
+@pytest.mark.parametrize("grid, ranges, k, needle", [
+    ({}, ["lr=0.1:1"], None, "needs --random"),
+    ({}, [], None, "nothing to sweep"),
+    ({"lr": ["1"]}, ["lr=0.1:1"], 3, "both as --grid and --range"),
+    ({}, [], 3, "none given"),
+    ({"lr": ["1"]}, [], 0, "at least 1"),
+])
+def test_bad_sweeps_are_refused(grid, ranges, k, needle):
+    with pytest.raises(UsageError, match=needle):
+        sweep.expand(grid, sweep.parse_ranges(ranges), k)
+
+
+@pytest.mark.parametrize("item, needle", [
+    ("lr=1:0.1", "LOW must be below HIGH"),
+    ("lr=0:1:log", "above 0"),
+    ("lr=1.5:4:int", "whole numbers"),
+    ("lr=a:b", "not numbers"),
+    ("lr=1:2:cubic", "not linear, log or int"),
+    ("lr=1", "NAME=LOW:HIGH"),
+])
+def test_bad_ranges_are_refused(item, needle):
+    with pytest.raises(UsageError, match=needle):
+        sweep.parse_ranges([item])
+
+
+def test_command_words_are_filled_then_quoted():
+    trials = sweep.build_trials(["{python}", "train.py", "--lr={lr}", "--name", "{name}", "--out", "run{trial}"],
+                                [{"lr": "0.1", "name": "a b; rm -rf /"}], "/opt/py/bin/python")
+    assert len(trials) == 1 and trials[0].id == 1
+    assert shlex.split(trials[0].command) == ["/opt/py/bin/python", "train.py", "--lr=0.1", "--name", "a b; rm -rf /",
+                                              "--out", "run1"]
+
+
+def test_one_word_command_is_shell_text_with_quoted_values():
+    cmd = sweep.render_command(["python t.py --tag {tag} > out-${HOME}.txt; echo {tag}"], {"tag": "x y"})
+    assert cmd == "python t.py --tag 'x y' > out-${HOME}.txt; echo 'x y'"
+    out = subprocess.run(["sh", "-c", sweep.render_command(["printf '%s|' {a} {b}"], {"a": "1 2", "b": "$(id)"})],
+                         capture_output=True, text=True).stdout
+    assert out == "1 2|$(id)|"
+
+
+def test_unknown_placeholder_and_missing_command_are_refused():
+    with pytest.raises(UsageError, match=r"\{batch\}"):
+        sweep.build_trials(["python", "t.py", "--lr", "{lr}", "--batch", "{batch}"], [{"lr": "1"}], "python")
+    with pytest.raises(UsageError, match="no command"):
+        sweep.build_trials([], [{"lr": "1"}], "python")
+    assert sweep.unused(["python", "t.py", "{lr}"], ["lr", "batch"]) == ["batch"]
+
+
+def test_metric_name_comes_from_the_regex_or_the_key():
+    assert sweep.SweepSpec((), (), (), metric_regex=r"accuracy: (\S+)").metric_name == "accuracy"
+    assert sweep.SweepSpec((), (), (), metric_regex=r"(?P<val_loss>\S+) loss").metric_name == "val_loss"
+    assert sweep.SweepSpec((), (), (), metric_regex=r"\s+top1=(\S+)").metric_name == "metric"
+    assert sweep.SweepSpec((), (), (), metric_key="top1").metric_name == "top1"
+
+
+# ---- the metric ----------------------------------------------------------------------------------------------
+LOG = """epoch 1 accuracy: 0.50 loss 2.0
+{"metric": 0.61, "top1": 55.5}
+epoch 2 accuracy: 0.75 (best 0.80) loss 1.0
+noise 3
+"""
+
+
+@pytest.mark.parametrize("regex, key, want", [
+    (r"accuracy: (\S+)", "metric", 0.75),  # group 1 of the last matching line
+    (r"accuracy", "metric", 0.75),  # the first number after the match
+    (r"accuracy: [0-9.]+", "metric", 0.75),  # no group: the last number in the match
+    (r"best (?P<value>[0-9.]+)", "metric", 0.80),
+    (r"loss", "metric", 1.0),
+    (r"no such line", "metric", 0.61),  # falls back to the JSON line
+    (None, "metric", 0.61),
+    (None, "top1", 55.5),
+    (None, "missing", None),
+])
+def test_metric_is_the_last_matching_line_or_the_json_line(regex, key, want):
+    assert S.parse_metric(LOG, regex, key) == want
+
+
+def test_metric_ignores_non_numbers_and_non_finite_values():
+    assert S.parse_metric('{"metric": NaN}\n{"metric": true}\n{"metric": "0.3"}\n', None) is None
+    assert S.parse_metric("acc: nan\nacc: 0.4\nacc: nan\n", r"acc: (\S+)") == 0.4
+    assert S.parse_metric("", r"acc") is None
+
+
+# ---- slot assignment -----------------------------------------------------------------------------------------
+def _trial(i, state="queued", node=None, gpus=None, requeued=0):
+    return {"id": i, "state": state, "node": node, "gpus": gpus, "requeued": requeued}
+
+
+def _node(host, slots, alive=True, failing=None):
+    return {"host": host, "slots": slots, "alive": alive, "failing_since": failing}
+
+
+def test_assign_spreads_over_nodes_and_queues_the_rest():
+    nodes = [_node("a", 2), _node("b", 2)]
+    trials = [_trial(i) for i in range(1, 7)]
+    plan = S.assign(nodes, trials, 1)
+    assert [(t["id"], h, g) for t, h, g in plan] == [(1, "a", [0]), (2, "b", [0]), (3, "a", [1]), (4, "b", [1])]
+
+
+def test_assign_respects_busy_slots_dead_nodes_requeued_first_and_gpus_per_trial():
+    nodes = [_node("a", 4), _node("b", 4, alive=False), _node("c", 4, failing=1.0), _node("d", 3)]
+    trials = [_trial(1, "running", "a", [1]), _trial(2), _trial(3), _trial(4, requeued=1), _trial(5)]
+    plan = S.assign(nodes, trials, 2)
+    assert [(t["id"], h, g) for t, h, g in plan] == [(4, "a", [0, 2]), (2, "d", [0, 1])]
+
+
+def test_assign_never_gives_a_slot_twice():
+    rng = random.Random(3)
+    for _ in range(300):
+        nodes = [_node(f"n{i}", rng.randint(1, 8), alive=rng.random() > 0.2) for i in range(rng.randint(1, 5))]
+        g = rng.randint(1, 3)
+        trials = []
+        for i in range(rng.randint(0, 30)):
+            n = rng.choice(nodes)
+            free = S.free_slots(n, trials)
+            if n["alive"] and len(free) >= g and rng.random() < 0.4:
+                trials.append(_trial(i, "running", n["host"], free[:g]))
+            else:
+                trials.append(_trial(i))
+        plan = S.assign(nodes, trials, g)
+        for t, host, gpus in plan:
+            t.update(state="running", node=host, gpus=gpus)
+        for n in nodes:
+            used = [s for t in trials if t["node"] == n["host"] and t["state"] == "running" for s in t["gpus"]]
+            assert len(used) == len(set(used)) and all(0 <= s < n["slots"] for s in used)
+            assert n["alive"] or not any(h == n["host"] for _, h, _ in plan)
+        assert all(len(gpus) == g for _, _, gpus in plan)
+        # nothing left queued that would still fit somewhere
+        if any(t["state"] == "queued" for t in trials):
+            assert not any(n["alive"] and len(S.free_slots(n, trials)) >= g for n in nodes)
+
+
+# ---- the node-side scripts, run here -------------------------------------------------------------------------
+def _sh(script: str) -> str:
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60).stdout
+
+
+def live_sessions() -> set[str]:
+    """Session ids of every process here that is not a zombie (an exited child not yet reaped)."""
+    return set(_sh("ps -e -o sid= -o stat= | awk '$2 !~ /^Z/ {print $1}'").split())
+
+
+def test_start_poll_and_kill_scripts_on_this_machine(tmp_path):
+    d = str(tmp_path / "sweep dir")
+    work = tmp_path / "work"
+    work.mkdir()
+    items = [(1, "echo gpu=$CUDA_VISIBLE_DEVICES trial=$CLUSTERCTL_TRIAL p=$P pwd=$(pwd); echo 'acc: 0.5'; exit 3", [2, 3],
+              {"P": "x y"}),
+             (2, "sleep 30 & sleep 30; echo never", [0], {})]
+    out = _sh(S.start_script(d, items, workdir=str(work), path_prefix="/nonexistent/bin"))
+    started = {i: S.stamp(v) for kind, i, v, _ in S.records(out) if kind == "started"}
+    assert set(started) == {1, 2} and all(sid > 1 and when > time.time() - 60 for sid, when in started.values())
+    sids = {i: sid for i, (sid, _) in started.items()}
+    deadline = time.time() + 10
+    while not os.path.exists(f"{d}/trial-0001.exit"):
+        assert time.time() < deadline
+        time.sleep(0.05)
+    recs = {i: (kind, v, text) for kind, i, v, text in S.records(_sh(S.poll_script(d, list(sids.items()))))}
+    assert recs[2][0] == "run"
+    kind, value, text = recs[1]
+    assert kind == "exit" and S.stamp(value)[0] == 3
+    assert f"gpu=2,3 trial=1 p=x y pwd={work}" in text and S.parse_metric(text, r"acc: (\S+)") == 0.5
+    # the kill ends the whole session, the backgrounded child included, and says so by its status
+    r = subprocess.run(["sh", "-c", S.kill_script([sids[2]], TREE_FN, grace=0.5)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert str(sids[2]) not in live_sessions()
+    recs = {i: kind for kind, i, _, _ in S.records(_sh(S.poll_script(d, [(2, sids[2])])))}
+    assert recs == {2: "gone"}
+
+
+def test_a_missing_workdir_fails_the_trial_not_the_node(tmp_path):
+    d = str(tmp_path / "s")
+    out = _sh(S.start_script(d, [(7, "echo hi", [0], {})], workdir=str(tmp_path / "nope")))
+    sid, _ = S.stamp(next(v for kind, i, v, _ in S.records(out) if kind == "started"))
+    time.sleep(0.3)
+    kind, _, value, text = S.records(_sh(S.poll_script(d, [(7, sid)])))[0]
+    assert kind == "exit" and S.stamp(value)[0] == 96 and "nope" in text
+
+
+# ---- the scheduler against fake nodes ------------------------------------------------------------------------
+FAKE_SSH = r"""#!/bin/sh
+# ssh stand-in: runs the remote script here; a node listed in $FAKE_DEAD refuses like a dead sshd
+for a; do prev=$last; last=$a; done
+case " $* " in *" -O exit "*) exit 0;; esac
+host=${prev#*@}
+if [ -e "$FAKE_DEAD/$host" ]; then echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255; fi
+echo "$host" >> "$FAKE_DEAD/calls"
+exec sh -c "$last"
+"""
+
+TRIAL = ("echo START $(date +%s.%N) $CLUSTERCTL_TRIAL $CUDA_VISIBLE_DEVICES; sleep {sleep}; "
+         "echo END $(date +%s.%N); echo '{{\"metric\": {m}}}'")
+
+
+def _config(tmp_path, trials, nodes=(("n1", 2), ("n2", 2)), **extra):
+    d = tmp_path / "sweep"
+    d.mkdir()
+    dead = tmp_path / "dead"
+    dead.mkdir()
+    ssh = tmp_path / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(ssh.stat().st_mode | stat.S_IXUSR)
+    cfg = {"id": "sweep-20240101-000000-abcd", "nodes": [{"host": h, "slots": s} for h, s in nodes],
+           "gpus_per_trial": 1, "trials": trials, "metric": {"regex": None, "key": "metric"}, "env": {},
+           "path_prefix": None, "workdir": None, "trial_timeout": None, "node_timeout": 0.3, "poll": 0.2,
+           "max_requeue": 1, "ssh": [str(ssh)], "user": None, "tree_fn": TREE_FN, "meta": {"params": ["x"]}}
+    cfg.update(extra)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d, dead
+
+
+def _scheduler(d, dead):
+    env = dict(os.environ, FAKE_DEAD=str(dead))
+    return subprocess.Popen([sys.executable, str(SCHEDULER), str(d)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _state(d) -> dict:
+    try:
+        return json.loads((d / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _wait(cond, timeout=30.0, what="condition"):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_scheduler_runs_each_trial_once_and_requeues_a_dead_nodes_trials(tmp_path):
+    trials = [{"id": i, "params": {"x": str(i)}, "command": TRIAL.format(sleep=1.0, m=i / 10)} for i in range(1, 7)]
+    d, dead = _config(tmp_path, trials)
+    proc = _scheduler(d, dead)
+    try:
+        _wait(lambda: sum(t["state"] == "running" for t in _state(d).get("trials", [])) == 4, what="4 running")
+        st = _state(d)
+        on_n2 = [t for t in st["trials"] if t["state"] == "running" and t["node"] == "n2"]
+        assert len(on_n2) == 2
+        for t in on_n2:  # n2 "dies": its processes end and its sshd stops answering
+            os.killpg(t["sid"], signal.SIGKILL)
+        (dead / "n2").touch()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    st = _state(d)
+    assert st["status"] == "done", out
+    assert [n["alive"] for n in st["nodes"]] == [True, False]
+    assert "Connection refused" in st["nodes"][1]["why"]
+    for t in st["trials"]:
+        assert t["state"] == "done" and t["metric"] == pytest.approx(t["id"] / 10)
+        assert t["attempts"][-1]["outcome"] == "done" and t["node"] == t["attempts"][-1]["node"]
+    moved = {t["id"] for t in on_n2}
+    for t in st["trials"]:
+        if t["id"] in moved:
+            assert [a["node"] for a in t["attempts"]] == ["n2", "n1"] and t["attempts"][0]["outcome"] == "node died"
+            assert t["requeued"] == 1
+        else:
+            assert len(t["attempts"]) == 1 and t["requeued"] == 0
+    # never two trials on one slot at once
+    spans = sorted((a["node"], tuple(a["gpus"]), a["started"], a["ended"]) for t in st["trials"] for a in t["attempts"])
+    for (n1, g1, s1, e1), (n2, g2, s2, e2) in zip(spans, spans[1:]):
+        if (n1, g1) == (n2, g2):
+            assert e1 <= s2
+    assert "trial" in out and "node n2 is dead" in out
+
+
+def test_scheduler_fails_a_trial_twice_orphaned_and_honours_cancel_and_timeouts(tmp_path):
+    trials = [{"id": 1, "params": {"x": "1"}, "command": "exit 4"},
+              {"id": 2, "params": {"x": "2"}, "command": "echo no metric here"},
+              {"id": 3, "params": {"x": "3"}, "command": "sleep 30"},
+              {"id": 4, "params": {"x": "4"}, "command": "sleep 30"},
+              {"id": 5, "params": {"x": "5"}, "command": "sleep 30"}]
+    d, dead = _config(tmp_path, trials, nodes=(("n1", 3),), trial_timeout=1.0)
+    proc = _scheduler(d, dead)
+    try:
+        _wait(lambda: _state(d).get("trials", [{}] * 5)[2].get("state") == "failed", what="the timeout")
+        _wait(lambda: _state(d)["trials"][4].get("state") == "running", what="trial 5 to start")
+        (d / "cancel").touch()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    st = _state(d)
+    by = {t["id"]: t for t in st["trials"]}
+    assert st["status"] == "cancelled", out
+    assert (by[1]["state"], by[1]["exit_code"], by[1]["error"]) == ("failed", 4, "exit 4")
+    assert (by[2]["state"], by[2]["metric"], by[2]["error"]) == ("done", None, "no metric in its output")
+    assert by[3]["state"] == "failed" and by[3]["error"] == "timed out after 1s"
+    assert by[5]["state"] == "cancelled" and by[5]["attempts"][-1]["outcome"] == "cancelled"
+    assert not {str(by[i]["sid"]) for i in (3, 4, 5)} & live_sessions()
+
+
+def test_cancel_mode_ends_the_trials_of_a_sweep_whose_scheduler_is_gone(tmp_path):
+    trials = [{"id": i, "params": {"x": str(i)}, "command": "sleep 30"} for i in (1, 2)]
+    d, dead = _config(tmp_path, trials)
+    proc = _scheduler(d, dead)
+    _wait(lambda: sum(t["state"] == "running" for t in _state(d).get("trials", [])) == 2, what="2 running")
+    os.killpg(proc.pid, signal.SIGKILL)  # the scheduler dies; its trials run on
+    proc.wait()
+    sids = [t["sid"] for t in _state(d)["trials"]]
+    assert all(str(s) in live_sessions() for s in sids)
+    r = subprocess.run([sys.executable, str(SCHEDULER), str(d), "--cancel"], env=dict(os.environ, FAKE_DEAD=str(dead)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not any(str(s) in live_sessions() for s in sids)
+    st = _state(d)
+    assert st["status"] == "cancelled" and {t["state"] for t in st["trials"]} == {"cancelled"}
+
+
+# ---- results ---------------------------------------------------------------------------------------------------
+def _done_state():
+    trials = []
+    for i, (lr, m) in enumerate([("0.1", 0.5), ("0.01", 0.9), ("0.001", 0.7)], start=1):
+        trials.append({"id": i, "params": {"lr": lr, "opt": "sgd" if i % 2 else "adam"}, "state": "done", "metric": m,
+                       "node": "10.0.0.2", "gpus": [i - 1], "started": 100.0, "ended": 102.5, "error": None,
+                       "requeued": 1 if i == 3 else 0, "attempts": []})
+    trials.append({"id": 4, "params": {"lr": "1", "opt": "sgd"}, "state": "failed", "metric": None, "node": "10.0.0.3",
+                   "gpus": [0], "started": 100.0, "ended": 101.0, "error": "exit 1", "requeued": 0, "attempts": []})
+    return {"id": "sweep-20240101-000000-abcd", "status": "failed", "trials": trials, "nodes": []}
+
+
+def test_rows_are_ranked_by_the_goal_with_failures_last():
+    st = _done_state()
+    assert [t["id"] for t in sweep.ranked(st, "max")] == [2, 3, 1, 4]
+    assert [t["id"] for t in sweep.ranked(st, "min")] == [1, 3, 2, 4]
+    rows = sweep.rows(st, ["lr", "opt"], "max", sort=True, now=200.0)
+    assert rows[0]["best"] and rows[0]["trial"] == "2" and rows[0]["params"] == ["0.01", "adam"]
+    assert rows[0]["node"] == "10.0.0.2/gpu1" and rows[0]["elapsed"] == "2.5s" and rows[0]["metric"] == "0.9"
+    assert "re-run after its node died" in rows[1]["note"]
+    assert rows[-1]["state"] == "failed" and rows[-1]["metric"] == "-" and rows[-1]["note"] == "exit 1"
+    assert [r["trial"] for r in sweep.rows(st, ["lr"], "max", sort=False)] == ["1", "2", "3", "4"]
+
+
+def test_events_say_what_changed():
+    st = _done_state()
+    before = json.loads(json.dumps(st))
+    for t in before["trials"]:
+        t.update(state="running", metric=None)
+    before["trials"][3]["state"] = "queued"
+    lines = sweep.events(before, st)
+    assert "trial 2 done after 2.5s: metric 0.9" in lines
+    assert "trial 4 failed after 1.0s: exit 1" in lines
+    assert sweep.events(st, st) == []
+
+
+def test_results_json_and_plot(tmp_path):
+    st = _done_state()
+    folder = sweep.results_dir(tmp_path / "sweep-results")
+    again = sweep.results_dir(tmp_path / "sweep-results")
+    assert folder != again and folder.parent == again.parent
+    path = sweep.write_results(folder, st, {"goal": "max", "metric": "acc", "params": ["lr", "opt"]})
+    doc = json.loads(path.read_text())
+    assert doc["best"]["id"] == 2 and [t["id"] for t in doc["trials"]] == [2, 3, 1, 4] and doc["metric"] == "acc"
+    png = folder / "metric_vs_params.png"
+    assert sweep.plot(st, ["lr", "opt"], "acc", "max", png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
+    empty = {"trials": [dict(t, state="failed", metric=None) for t in st["trials"]]}
+    assert not sweep.plot(empty, ["lr"], "acc", "max", tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
+
+
+# ---- the CLI refuses bad input before anything connects ------------------------------------------------------
+@pytest.mark.parametrize("args, needle", [
+    (["--range", "lr=0.1:1", "--", "echo", "{lr}"], "--range needs --random"),
+    (["--grid", "lr=1", "--", "echo", "{lr}", "{bs}"], "{bs}"),
+    (["--status", "--cancel"], "do not go together"),
+    (["--status", "--grid", "lr=1"], "takes no command"),
+    (["--grid", "lr=1", "--goal", "best", "--", "echo"], "--goal must be max or min"),
+    (["--grid", "lr=1", "--metric", "acc(", "--", "echo"], "not a regular expression"),
+    (["--grid", "lr=1", "--gpus-per-trial", "0", "--", "echo"], "at least 1"),
+    (["--grid", "lr=1", "--file", "no-such-file.py", "--", "echo"], "no such file"),
+    (["--status", "--id", "nope"], "not a sweep id"),
+    (["--grid", "lr=1", "--id", "sweep-20240101-000000-abcd", "--", "echo"], "--id goes with"),
+])
+def test_cli_usage_errors(cli, args, needle):
+    r = cli("sweep", *args)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and r.stderr.startswith("Error: ")
+
+
+def test_the_shipped_trainer_takes_the_usual_flags():
+    spec = importlib.util.spec_from_file_location("train_imagenet", REPO / "templates" / "train_imagenet.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = mod.parse_args(["--synthetic", "--lr", "0.05", "--batch-size", "16"])
+    assert args.base_lr == 0.05 and args.batch_size == 16
