@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Putting one dataset on N nodes: `clusterctl sync` against what users would otherwise run.
+
+Builds a local cluster (namespace nodes, real sshd), shapes every link with tc htb (the host side of
+every veth, every node's eth0, and the bridge: the source's side), makes a dataset of a few hundred MB
+in a few thousand files, and times, one after another on the same cluster:
+
+    clusterctl sync      the pipelined relay (chain), end to end: manifest, stream, sha256 check, marker
+    sequential           the recipe's copyclust loop: rsync -a to one node after another
+    parallel             rsync -a from the source to every node at once
+    tree                 a binary tree of rsync hops (every node that has the data sends to one more)
+    bare chain           tar | tee | ssh down the nodes by hand (no manifest, no verification)
+
+Each as a ratio to the one-copy limit (dataset size / link rate), with the machine's CPU use, and every
+node's copy checked against the source (sha256 of every file). Needs root. Example:
+
+    python bench/sync_bench.py --nodes 4 8 --rate 450 --size-mb 400 --files 2000
+    python bench/sync_bench.py --nodes 8 --rate 150 --methods clusterctl
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from clusterctl.providers import netns  # noqa: E402
+
+DST = "/tmp/bench-data"  # each node's /tmp is its own tmpfs
+METHODS = ("clusterctl", "sequential", "parallel", "tree", "bare-chain")
+
+
+def sh(argv, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, **kw)
+
+
+class Bench:
+    def __init__(self, nodes: int, rate_mbit: float, home: Path, work: Path):
+        self.n, self.rate, self.home, self.work = nodes, rate_mbit, home, work
+        self.name = "sb" + uuid.uuid4().hex[:6]
+        self.env = {**os.environ, "CLUSTERCTL_HOME": str(home)}
+        self.hosts: list[str] = []
+
+    # ---- cluster and shaping --------------------------------------------------------------------------
+    def up(self) -> None:
+        sh(["clusterctl", "up", "--provider", "local", "--name", self.name, "--nodes", str(self.n), "--yes",
+            "--hosts-file", str(self.work / "hosts")], env=self.env)
+        self.hosts = [line.split()[0] for line in (self.work / "hosts").read_text().splitlines()]
+        cdir = self.home / "clusters" / self.name
+        self.ssh = ["ssh", "-F", "/dev/null", "-i", str(cdir / "id_ed25519"), "-o", "IdentitiesOnly=yes",
+                    "-o", f"UserKnownHostsFile={cdir / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes",
+                    "-o", "BatchMode=yes", "-l", "root"]
+
+    def down(self) -> None:
+        subprocess.run(["clusterctl", "down", self.name, "--yes"], env=self.env, capture_output=True)
+
+    def shape(self) -> None:
+        rate = f"{self.rate}mbit"
+        burst = "256k"
+        qdisc = lambda dev: [  # noqa: E731
+            ["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
+            ["tc", "class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", rate,
+             "ceil", rate, "burst", burst, "cburst", burst]]
+        for cmd in qdisc(netns.bridge_name(self.name)):  # the source's side: this machine into the bridge
+            sh(cmd)
+        for i in range(self.n):
+            for cmd in qdisc(netns.veth_name(self.name, i)):  # into node i
+                sh(cmd)
+            for cmd in qdisc("eth0"):  # out of node i
+                sh(["ip", "netns", "exec", netns.netns_name(self.name, i), *cmd])
+
+    def measure_link(self, megabytes: int = 60) -> float:
+        """Raw TCP from this machine into node 0 (no ssh): what one shaped link really carries, Mbit/s."""
+        port = 5599
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", netns.netns_name(self.name, 0), "python3", "-c",
+             "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+             f"s.bind(('{self.hosts[0]}',{port}));s.listen(1);c,_=s.accept()\n"
+             "while c.recv(1<<20): pass"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import socket
+
+        data = b"\0" * (1 << 20)
+        for _ in range(100):
+            try:
+                s = socket.create_connection((self.hosts[0], port), timeout=10)
+                break
+            except ConnectionRefusedError:
+                time.sleep(0.1)
+        with s:
+            start = time.perf_counter()
+            for _ in range(megabytes):
+                s.sendall(data)
+        s.close()
+        server.wait(timeout=30)
+        return megabytes * (1 << 20) * 8 / 1e6 / (time.perf_counter() - start)
+
+    # ---- helpers ----------------------------------------------------------------------------------------
+    def on(self, host: str, command: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.ssh, host, command], capture_output=True, text=True, check=check)
+
+    def clear(self) -> None:
+        with ThreadPoolExecutor(self.n) as ex:
+            list(ex.map(lambda h: self.on(h, f"rm -rf {DST}"), self.hosts))
+
+    def digests(self) -> list[str]:
+        cmd = f"cd {DST} && find . -type f ! -path './.clusterctl-sync/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum"
+        with ThreadPoolExecutor(self.n) as ex:
+            return list(ex.map(lambda h: self.on(h, cmd, check=False).stdout.split()[0:1], self.hosts))
+
+    # ---- the methods --------------------------------------------------------------------------------
+    def m_clusterctl(self, src: Path) -> None:
+        sh(["clusterctl", "sync", "--cluster", self.name, str(src), DST], env={**self.env, "COLUMNS": "120"})
+
+    def _rsync_to(self, src: str, host: str) -> list[str]:
+        return ["rsync", "-a", "-e", shlex.join(self.ssh), src.rstrip("/") + "/", f"{host}:{DST}/"]
+
+    def m_sequential(self, src: Path) -> None:
+        for h in self.hosts:
+            sh(self._rsync_to(str(src), h))
+
+    def m_parallel(self, src: Path) -> None:
+        with ThreadPoolExecutor(self.n) as ex:
+            list(ex.map(lambda h: sh(self._rsync_to(str(src), h)), self.hosts))
+
+    def m_tree(self, src: Path) -> None:
+        holders, pending = [None], list(self.hosts)
+        while pending:
+            hops = [(h, pending.pop(0)) for h in list(holders) if pending]
+
+            def hop(pair):
+                a, b = pair
+                if a is None:
+                    sh(self._rsync_to(str(src), b))
+                else:
+                    self.on(a, f"rsync -a {DST}/ {b}:{DST}/")
+
+            with ThreadPoolExecutor(len(hops)) as ex:
+                list(ex.map(hop, hops))
+            holders += [b for _, b in hops]
+
+    def m_bare_chain(self, src: Path) -> None:
+        # by hand: each node extracts and forwards with tee; the last only extracts
+        cmd = f"mkdir -p {DST} && tar -C {DST} -xf -"
+        for h in reversed(self.hosts[1:]):
+            cmd = (f"mkdir -p {DST} && tee >(ssh -o BatchMode=yes {h} {shlex.quote(cmd)} >/dev/null 2>&1) "
+                   f"| tar -C {DST} -xf -")
+            cmd = f"bash -c {shlex.quote(cmd)}"
+        tar = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
+        subprocess.run([*self.ssh, self.hosts[0], cmd], stdin=tar.stdout, check=True, capture_output=True)
+        tar.wait()
+        time.sleep(0.5)  # the last hops finish their writes after the first ssh returns
+
+
+def cpu_busy() -> tuple[float, float]:
+    with open("/proc/stat") as f:
+        parts = [float(x) for x in f.readline().split()[1:]]
+    idle = parts[3] + parts[4]
+    return sum(parts) - idle, sum(parts)
+
+
+def make_dataset(root: Path, size_mb: int, files: int) -> tuple[int, str]:
+    root.mkdir(parents=True, exist_ok=True)
+    per = size_mb * 1_000_000 // files
+    block = os.urandom(1 << 20)
+    for i in range(files):
+        sub = root / f"shard-{i % 16:02d}"
+        sub.mkdir(exist_ok=True)
+        off = (i * 7919) % ((1 << 20) - 1)
+        data = (block[off:] + block[:off]) * (per // (1 << 20) + 1)
+        (sub / f"img-{i:05d}.bin").write_bytes(i.to_bytes(8, "big") + data[: per - 8])
+    out = subprocess.run(f"cd {shlex.quote(str(root))} && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum"
+                         " | sha256sum", shell=True, capture_output=True, text=True, executable="/bin/bash")
+    return per * files, out.stdout.split()[0]
+
+
+def run(args) -> list[dict]:
+    work = Path(tempfile.mkdtemp(prefix="sync-bench-", dir="/var/tmp"))
+    results = []
+    try:
+        src = work / "dataset"
+        size, digest = make_dataset(src, args.size_mb, args.files)
+        limit = size * 8 / (args.rate * 1e6)
+        print(f"dataset: {size / 1e6:.0f} MB in {args.files} files; links at {args.rate} Mbit/s; "
+              f"one-copy limit {limit:.1f} s", flush=True)
+        for n in args.nodes:
+            b = Bench(n, args.rate, work / f"home{n}", work)
+            b.up()
+            try:
+                b.shape()
+                link = b.measure_link()
+                print(f"N={n}: one shaped link carries {link:.0f} Mbit/s of raw TCP", flush=True)
+                for method in args.methods:
+                    b.clear()
+                    subprocess.run(["sync"])
+                    c0 = cpu_busy()
+                    t0 = time.perf_counter()
+                    getattr(b, "m_" + method.replace("-", "_"))(src)
+                    secs = time.perf_counter() - t0
+                    c1 = cpu_busy()
+                    cores = os.cpu_count() or 1
+                    cpu = (c1[0] - c0[0]) / max(1e-9, c1[1] - c0[1])
+                    ok = sum(1 for d in b.digests() if d == [digest])
+                    row = {"nodes": n, "rate_mbit": args.rate, "method": method, "seconds": round(secs, 2),
+                           "ratio": round(secs / limit, 2), "cpu_busy": round(cpu, 3),
+                           "cpu_core_seconds": round(cpu * cores * secs, 1), "verified_nodes": ok,
+                           "size_bytes": size, "files": args.files, "link_mbit_measured": round(link)}
+                    results.append(row)
+                    print(f"  {method:<11} {secs:7.1f} s  {secs / limit:5.2f}x the one-copy limit  "
+                          f"CPU {cpu:6.1%} of {cores} cores  verified {ok}/{n}", flush=True)
+                b.clear()
+            finally:
+                b.down()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--rate", type=float, default=450.0, help="Mbit/s of every link")
+    p.add_argument("--size-mb", type=int, default=400)
+    p.add_argument("--files", type=int, default=2000)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--json", type=Path, help="also write the results here")
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("Error: the benchmark makes namespace nodes and shapes links: run it as root")
+    results = run(args)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
