@@ -14,7 +14,10 @@ from typing import Callable, List, Optional
 
 import typer
 
+from clusterctl import _fastargs
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError
+
+_fastargs.install()  # plain str/int/float/bool options without pydantic: ~0.1 s less per invocation
 
 app = typer.Typer(
     add_completion=False,
@@ -435,7 +438,7 @@ def run(
     raise typer.Exit(report.exit_code)
 
 
-@app.command()
+@app.command(short_help="Stream a detached job's output.")
 @command
 def logs(
     name: str = typer.Argument(..., help="The job's name (as given to run --detach)."),
@@ -460,7 +463,7 @@ def logs(
     raise typer.Exit(report.exit_code)
 
 
-@app.command("kill")
+@app.command("kill", short_help="End a detached job on every node.")
 @command
 def kill_(
     name: str = typer.Argument(..., help="The job's name (as given to run --detach)."),
@@ -486,7 +489,7 @@ def kill_(
     raise typer.Exit(report.exit_code)
 
 
-@app.command()
+@app.command(short_help="Kill leftovers, remove logs, disks, reboot.")
 @command
 def clean(
     hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
@@ -597,7 +600,7 @@ def _reboot(inv, parallel: int, wait: float) -> int:
     return int(ExitCode.TIMEOUT)
 
 
-@app.command("agent")
+@app.command("agent", short_help="Status or stop of the connection agent.")
 @command
 def agent_(action: str = typer.Argument("status", help="status | stop")) -> None:
     """The background holder of reused ssh connections: status, or stop it (down stops it too)."""
