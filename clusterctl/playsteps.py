@@ -83,4 +83,33 @@ def _bench(step: Step, ctx: Context) -> tuple[bool, str]:
     return (ladder.passed or not ladder.judged), f"{summary}; {ladder.verdict}"
 
 
-_HANDLERS = {"run": _run, "put": _put, "doctor": _doctor, "bench": _bench}
+def _clean(step: Step, ctx: Context) -> tuple[bool, str]:
+    """The troubleshooting list: kill leftover jobs, remove a log folder, show disk (clean.py's commands)."""
+    from clusterctl import clean
+    from clusterctl.remote import SshPool
+
+    p = step.params
+    inv = ctx.inventory
+    actions = []
+    if p.get("kill", not (p.get("logs") or p.get("disk"))):
+        actions.append(("kill", clean.kill_command()))
+    if p.get("logs"):
+        clean.check_logs_path(str(p["logs"]))
+        actions.append(("logs", clean.logs_command(str(p["logs"]), bool(p.get("force", False)))))
+    if p.get("disk"):
+        actions.append(("disk", clean.DISK_COMMAND))
+    details, ok = [], True
+    with SshPool(inv.settings) as pool:
+        for what, command in actions:
+            report = pool.run(inv.targets, command, timeout=120)
+            ok = ok and report.all_ok
+            if what == "disk":
+                rows = [row for r in report if r.ok for row in clean.parse_disk(r.host, r.stdout)]
+                for row in rows:
+                    ctx.report(f"  {row.host} {row.mount}: {row.free_fraction:.0%} free" + (" LOW" if row.low else ""))
+            bad = [f"{r.host}: {r.error or r.stderr.strip()[-120:]}" for r in report if not r.ok]
+            details.append(f"{what}: " + ("; ".join(bad) if bad else f"ok on {len(report)} node(s)"))
+    return ok, "; ".join(details)
+
+
+_HANDLERS = {"run": _run, "put": _put, "doctor": _doctor, "bench": _bench, "clean": _clean}

@@ -1,0 +1,84 @@
+"""Every shipped playbook, run for real on a local cluster."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+
+import pytest
+
+from conftest import Cli, LocalCluster, require_root
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from clusterctl.providers import netns
+
+    require_root()
+    base = tmp_path_factory.mktemp("play")
+    (base / "work").mkdir()
+    cli = Cli(base / "home", base / "work")
+    name = "tp" + uuid.uuid4().hex[:6]
+    proc = cli("up", "--provider", "local", "--name", name, "--nodes", "2", "--slots", "1", "--yes")
+    assert proc.returncode == 0, proc.stderr
+    hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
+    yield LocalCluster(name, cli, hosts)
+    cli("down", name, "--yes")
+    assert netns.leftovers(name).empty
+
+
+def test_smoke_playbook(cluster):
+    cli = cluster.cli
+    dry = cli("play", "smoke", "--dry-run", "--var", "model=tiny", "--var", "steps=4")
+    assert dry.returncode == 0
+    assert "ladder: clusterctl bench --model tiny --batch-size 64 --steps 4" in dry.stderr
+    proc = cli("play", "smoke", "--var", "model=tiny", "--var", "steps=4", "--var", "batch_size=16", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok preflight (doctor): all checks passed" in proc.stdout
+    assert "ok ladder (bench): 1:" in proc.stdout and "2:" in proc.stdout
+    assert "playbook finished" in proc.stdout
+
+
+def test_cleanup_playbook_kills_removes_and_reports(cluster):
+    cli = cluster.cli
+    for i in (0, 1):
+        cluster.node_exec(i, "sh", "-c", f"mkdir -p /root/imagenet_resnet && echo x > /root/imagenet_resnet/ckpt && "
+                                         f"setsid {sys.executable} -c 'import time; time.sleep(600)' "
+                                         "</dev/null >/dev/null 2>&1 &")
+    before = cli("run", "--json", "pgrep -c -x 'python[0-9.]*' || true")
+    assert all(json.loads(line)["stdout"].strip() == "1" for line in before.stdout.splitlines()), before.stdout
+    proc = cli("play", "cleanup", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok kill (clean): kill: ok on 2 node(s)" in proc.stdout
+    assert "ok disk (clean)" in proc.stdout and "/: " in proc.stderr
+    after = cli("run", "--json", "pgrep -c -x 'python[0-9.]*'; test -e ~/imagenet_resnet && echo present || echo gone")
+    for line in after.stdout.splitlines():
+        r = json.loads(line)
+        assert r["stdout"].split() == ["0", "gone"], r
+
+
+def test_playbook_errors_before_anything_runs(cluster, tmp_path):
+    cli = cluster.cli
+    book = tmp_path / "bad.yaml"
+    book.write_text("steps:\n  - name: first\n    run: {command: 'touch ~/ran'}\n  - name: second\n    bogus: {}\n")
+    proc = cli("play", str(book))
+    assert proc.returncode == 3
+    assert proc.stderr.strip().startswith("Error: bad.yaml:5: unknown step kind or key 'bogus'")
+    check = cli("run", "--json", "test -e ~/ran && echo ran || echo clean")
+    assert all(json.loads(line)["stdout"].strip() == "clean" for line in check.stdout.splitlines())
+
+
+def test_from_resumes_at_a_step(cluster, tmp_path):
+    cli = cluster.cli
+    book = tmp_path / "steps.yaml"
+    book.write_text("steps:\n  - name: a\n    run: {command: 'echo a >> ~/trail'}\n"
+                    "  - name: b\n    run: {command: 'echo b >> ~/trail', nodes: leader}\n"
+                    "  - name: c\n    run: {command: 'false'}\n    on_failure: continue\n"
+                    "  - name: d\n    run: {command: 'echo d >> ~/trail', nodes: members}\n")
+    proc = cli("play", str(book), "--from", "b")
+    assert proc.returncode == 1  # step c failed (and the play went on)
+    trail = cli("run", "--json", "cat ~/trail; rm -f ~/trail")
+    got = {json.loads(line)["host"]: json.loads(line)["stdout"].split() for line in trail.stdout.splitlines()}
+    assert got == {cluster.hosts[0]: ["b"], cluster.hosts[1]: ["d"]}
+    assert "FAIL c (run)" in proc.stdout and "skip a (run)" in proc.stdout
