@@ -299,7 +299,7 @@ def cmd_manifest(args: dict) -> dict:
     if not os.path.isdir(root):
         raise AgentError(f"no such directory: {root}", EXIT_INPUT)
     entries = scan(root, int(args.get("workers", 4)))
-    return {"root": root, "entries": entries}
+    return {"root": root, "real": os.path.realpath(root), "home": os.path.expanduser("~"), "entries": entries}
 
 
 # ---- S3 ---------------------------------------------------------------------------------------------

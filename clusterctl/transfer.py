@@ -465,6 +465,8 @@ class Syncer:
                                      ExitCode.REMOTE_FAILED)
             self.entries = data["entries"]
             self.src_root = data.get("root", "")
+            if src.kind == "leader":
+                self._check_overlap(data)
         for e in self.entries:
             problem = sync_agent.path_problem(e["p"])
             if problem:
@@ -513,13 +515,17 @@ class Syncer:
                 self.events.progress(n.label, n.outcome.bytes)
 
         self._fan(self._live(nodes), one)
-        if self.source.kind == "leader" and reset and self.leader.alive and self.leader.root:
-            self._check_overlap()
 
-    def _check_overlap(self) -> None:
-        a, b = self.src_root.rstrip("/") + "/", self.leader.root.rstrip("/") + "/"
-        if a != b and (a.startswith(b) or b.startswith(a)):
-            raise UsageError(f"on the leader, SRC {self.src_root} and DST {self.leader.root} are inside one another")
+    def _check_overlap(self, data: dict) -> None:
+        """Before anything is touched: on the leader, DST inside SRC (or SRC inside DST) is refused; the
+        check of DST (with --delete) would otherwise remove parts of the source."""
+        dst = self.dst if self.dst.startswith("/") else posixpath.join(data.get("home", "/root"), self.dst)
+        dst = posixpath.normpath(dst).rstrip("/") + "/"
+        for src in {self.src_root, data.get("real", self.src_root)}:
+            a = src.rstrip("/") + "/"
+            if a != dst and (a.startswith(dst) or dst.startswith(a)):
+                raise UsageError(f"on the leader, SRC {src} and DST {dst.rstrip('/')} are inside one another",
+                                 "sync into a folder of its own")
 
     def _cleanup(self) -> None:
         self._fan(self.nodes, lambda n: self.pool.run_one(n.target, f"rm -rf -- {shlex.quote(self.work)}", timeout=30)
@@ -614,7 +620,7 @@ class Syncer:
             return
         list_path = Path(self._tmp.name) / "relay.list"
         list_path.write_bytes(lst)
-        tar = ["tar", "-C", self.src_root, "--null", "--no-recursion", "-T", str(list_path), "-cf", "-"]
+        tar = ["tar", "-C", self.src_root, "--null", "--verbatim-files-from", "--no-recursion", "-T", str(list_path), "-cf", "-"]
         ssh = operator_ssh(head.target, self.known_hosts, self.managed) + [
             "--", head.target.hostname, f"bash {shlex.quote(self.work + '/relay.sh')}"]
         run_pipeline(self.children, tar, ssh, on_stderr, self.timeout)
@@ -776,7 +782,7 @@ def source_script(src_root: str, work: str) -> bytes:
     """On the leader, when it is the source: the tar of the listed paths, into its own relay."""
     q = shlex.quote
     return (f"#!/bin/bash\nset -o pipefail\ncd \"$HOME\" || exit 1\n"
-            f"tar -C {q(src_root)} --null --no-recursion -T {q(work + '/relay.list')} -cf - "
+            f"tar -C {q(src_root)} --null --verbatim-files-from --no-recursion -T {q(work + '/relay.list')} -cf - "
             f"| bash {q(work + '/relay.sh')}\n").encode()
 
 

@@ -154,3 +154,13 @@ def test_bad_input_is_one_error_line_with_its_exit_code(c3, tmp_path):
     assert proc.returncode == 2 and "expected [HOSTS] SRC DST" in first_error_line(proc.stderr)
     for i in range(3):
         assert c3.node_exec(i, "test", "-e", "/tmp/x", check=False).returncode == 1  # nothing was touched
+
+
+def test_src_and_dst_inside_one_another_on_the_leader_is_refused_before_anything_is_touched(c3):
+    c3.node_exec(0, "sh", "-c", "mkdir -p /root/ovl/sub && echo keep > /root/ovl/a && echo keep > /root/ovl/sub/b")
+    for src, dst in (("leader:ovl", "ovl/sub"), ("leader:/root/ovl/sub", "~/ovl"), ("leader:ovl/", "/root/ovl/sub/x")):
+        proc = sync(c3, "--delete", src, dst)
+        assert proc.returncode == 2, (src, dst, proc.stderr)
+        assert "are inside one another" in first_error_line(proc.stderr)
+    assert c3.node_exec(0, "cat", "/root/ovl/a", "/root/ovl/sub/b").stdout == "keep\nkeep\n"
+    assert c3.node_exec(0, "ls", "-A", "/root/ovl/sub").stdout.split() == ["b"]
