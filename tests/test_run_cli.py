@@ -110,6 +110,21 @@ def test_ctrl_c_kills_every_remote_tree_and_exits_130(c, agent):
     assert left_on_nodes(c, f"sleep {marker[6:]}|python3 -c") == {}, (out, err)
 
 
+def test_cli_killed_outright_still_stops_remote_commands(c):
+    """SIGKILL gives the CLI no chance to clean up: the agent sees its socket close and kills the trees."""
+    proc = c.cli.popen("run", "hosts", "sleep 6311 & sleep 6312; true")
+    try:
+        wait_running(c, "^sleep 6312$")
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 15
+    while left_on_nodes(c, "^sleep 631[12]$"):
+        assert time.monotonic() < deadline, left_on_nodes(c, "^sleep 631[12]$")
+        time.sleep(0.1)
+
+
 def test_connections_are_reused_across_invocations(c):
     def client_ports(env=None) -> dict[str, str]:
         proc = c.cli("run", "--json", "hosts", 'echo "$SSH_CONNECTION"', env=env)

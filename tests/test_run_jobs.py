@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -56,6 +57,17 @@ def test_detached_job_survives_disconnect_and_kill_ends_its_whole_tree(c):
     assert all(running(c, "time.sleep.7342")) and all(running(c, "^sleep 7341$"))
     logs = c.cli("logs", "train")
     assert logs.returncode == 0 and all(f"{h}: ready" in logs.stdout for h in c.hosts)
+    # Ctrl-C on `logs -f` stops the following, never the job
+    follow = c.cli.popen("logs", "-f", "train")
+    try:
+        seen = [follow.stdout.readline() for _ in c.hosts]
+        assert sorted(seen) == sorted(f"{h}: ready\n" for h in c.hosts)
+        follow.send_signal(signal.SIGINT)
+        assert follow.wait(timeout=30) == 130
+    finally:
+        follow.kill()
+    assert all(running(c, "time.sleep.7342")) and all(running(c, "^sleep 7341$"))
+    assert running(c, "tail -n") == [False, False]
 
     kill = c.cli("kill", "--grace", "0.5", "train")
     assert kill.returncode == 0, kill.stderr
