@@ -329,6 +329,7 @@ def status(
         if record is None:
             store.load(n)  # raises "no cluster named ..."
         display.node_table(record.cluster, current=n == store.current())
+        _train_status(n)
         return
     reg = region or (record.cluster.region if record is not None and record.cluster.provider == "aws" else None)
     st = _provider(kind, store, reg).status(n)
@@ -340,6 +341,8 @@ def status(
         st = ClusterStatus(n, kind, record.cluster.region, record.cluster.instance_type, ())
     display.cluster_status(st, time.time(), current=n == store.current(),
                            notes=provision.disagreements(record, st if (st.nodes or st.other) else None))
+    if record is not None:
+        _train_status(n)
 
 
 @app.command()
@@ -441,7 +444,7 @@ def run(
 @app.command(short_help="Stream a detached job's output.")
 @command
 def logs(
-    name: str = typer.Argument(..., help="The job's name (as given to run --detach)."),
+    name: Optional[str] = typer.Argument(None, help="The job's name (as given to run --detach); default: the training job, from the leader."),
     hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends everywhere."),
     cluster: Optional[str] = _SSH["cluster"],
@@ -456,6 +459,8 @@ def logs(
     Exit status: the job's worst exit status once it ended (0 while it still runs)."""
     from clusterctl import display, jobs
 
+    if name is None:
+        return _train_logs(hostsfile, cluster, follow, connect_timeout)
     cmd = jobs.logs_command(name, follow)
     inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
     report = _fan_out(inv, cmd, parallel)
@@ -782,7 +787,8 @@ def play(
 
 
 # ---- datasets --------------------------------------------------------------------------------------------
-data_app = typer.Typer(no_args_is_help=True, help="Make ImageNet-format TFRecord datasets (to rehearse before ImageNet).")
+data_app = typer.Typer(no_args_is_help=True, short_help="Make ImageNet-format TFRecord datasets.",
+                       help="Make ImageNet-format TFRecord datasets (to rehearse before ImageNet).")
 app.add_typer(data_app, name="data")
 
 
@@ -811,7 +817,10 @@ def data_tfrecords(
     seed: int = typer.Option(0, "--seed", help="Seed of the split and the shuffle."),
     force: bool = typer.Option(False, "--force", help="Replace a dataset already in DST."),
 ) -> None:
-    """Convert class sub-folders of images into ImageNet-format TFRecord shards with a labels file."""
+    """Image folders to ImageNet-format TFRecords.
+
+    Class sub-folders of JPEG/PNG images (the flowers layout, or train/ and validation/ holding them)
+    become train-*/validation-* TFRecord shards with labels.txt and dataset.json."""
     from clusterctl import data
 
     for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards)):
@@ -834,7 +843,10 @@ def data_synthetic(
     seed: int = typer.Option(0, "--seed"),
     force: bool = typer.Option(False, "--force", help="Replace a dataset already in DST."),
 ) -> None:
-    """Generate a small learnable image set in the same TFRecord format, for smoke tests."""
+    """A small generated set, same format.
+
+    Generated images a small CNN can learn (a hue and stripes per class, noise), in the same
+    ImageNet TFRecord format, for smoke tests and rehearsals."""
     from clusterctl import data
 
     for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards)):
@@ -1040,6 +1052,175 @@ def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
     if bad:
         raise RemoteCommandError(f"{len(bad)} of {len(trials)} trial(s) did not finish with a metric "
                                  f"({', '.join(str(t['id']) for t in bad[:10])})", f"see their logs in {folder}/logs")
+
+
+# ---- training ------------------------------------------------------------------------------------------
+def _train_inventory(hostsfile, cluster, connect_timeout: float = 10.0):
+    from clusterctl import inventory
+
+    return inventory.resolve(hostsfile, cluster, _store(), inventory.SshOverrides(connect_timeout=connect_timeout))
+
+
+def _print_line(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+@app.command()
+@command
+def train(
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Dataset folder on every node (ImageNet-format TFRecords, put there by `clusterctl sync`)."),
+    synthetic: bool = typer.Option(False, "--synthetic", help="Random in-memory images instead of --data."),
+    model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU rehearsals."),
+    epochs: float = typer.Option(90, "--epochs"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Images per process per step (trainer default 64)."),
+    model_dir: Optional[str] = typer.Option(None, "--model-dir", help="Checkpoints and TensorBoard logs on the leader (default ~/clusterctl-train/model); a restart resumes from it."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints (also at every epoch)."),
+    log_every: Optional[int] = typer.Option(None, "--log-every", help="Steps between log lines."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop at this step (the schedule still spans --epochs)."),
+    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="Learning rate per 256 images (scaled with the global batch)."),
+    warmup_epochs: Optional[float] = typer.Option(None, "--warmup-epochs"),
+    mixed_precision: bool = typer.Option(False, "--mixed-precision"),
+    xla: bool = typer.Option(False, "--xla"),
+    trainer_arg: List[str] = typer.Option([], "--trainer-arg", help="One more argument for train_imagenet.py (repeatable)."),
+    np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
+    python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (exit status: the job's)."),
+    force: bool = typer.Option(False, "--force", help="Stop a job still running first."),
+    stop: bool = typer.Option(False, "--stop", help="Stop the training job everywhere, and start nothing."),
+    no_verify_data: bool = typer.Option(False, "--no-verify-data", help="Skip the check that `clusterctl sync` verified the data on every node."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+) -> None:
+    """Start training on the leader, in tmux.
+
+    Horovod over every slot, launched by horovodrun on the leader inside tmux; returns at once (--wait
+    follows it). Refuses while a job runs (--force stops it first) or when the data is not verified on
+    every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
+    from clusterctl import display, train as trainlib
+
+    inv = _train_inventory(hostsfile, cluster)
+    store = _store()
+    if stop:
+        job = trainlib.require_job(store, inv)
+        trainlib.stop(inv, job)
+        display.info(f"stopped {job.job} on every node")
+        return
+    if synthetic == bool(data):
+        raise UsageError("give --data DIR or --synthetic (one of them)")
+    if model not in ("resnet50", "tiny"):
+        raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
+    for flag, value in (("--batch-size", batch_size), ("--checkpoint-every", checkpoint_every),
+                        ("--log-every", log_every), ("--max-steps", max_steps), ("--np", np_)):
+        if value is not None and value < (0 if flag == "--checkpoint-every" else 1):
+            raise UsageError(f"{flag} must be at least {0 if flag == '--checkpoint-every' else 1}, not {value}")
+    if epochs <= 0:
+        raise UsageError("--epochs must be positive")
+    opts = trainlib.TrainOptions(
+        data=data, synthetic=synthetic, model=model, epochs=epochs, batch_size=batch_size, model_dir=model_dir,
+        max_steps=max_steps, base_lr=base_lr, warmup_epochs=warmup_epochs, checkpoint_every=checkpoint_every,
+        log_every=log_every, mixed_precision=mixed_precision, xla=xla, extra=tuple(trainer_arg))
+    job = trainlib.start(inv, store, opts, np=np_, python=python, force=force, verify_data=not no_verify_data,
+                         report=display.info)
+    display.info(f"started training job {job.job}: {job.np} process(es), leader {job.leader} (tmux session "
+                 f"{job.job}); checkpoints in {job.model_dir}")
+    if not wait:
+        display.info("follow it: clusterctl logs -f; where it is: clusterctl status")
+        return
+    code = trainlib.follow(inv, job, _print_line)
+    if code != 0:
+        raise typer.Exit(int(ExitCode.REMOTE_FAILED))
+
+
+@app.command("eval")
+@command
+def eval_(
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the evaluation's own output."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds the evaluation may take."),
+) -> None:
+    """Top-1/top-5 of the latest checkpoint.
+
+    Evaluates the training job's latest checkpoint on the leader alone (GPUs hidden while it trains)."""
+    from clusterctl import display, train as trainlib
+
+    inv = _train_inventory(hostsfile, cluster)
+    job = trainlib.require_job(_store(), inv)
+    result = trainlib.evaluate(inv, job, on_line=_print_line if verbose else None, timeout=timeout)
+    display.train_eval(result)
+
+
+@app.command()
+@command
+def tensorboard(
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    port: int = typer.Option(6006, "--port", help="Local port of the tunnel (127.0.0.1 only)."),
+    remote_port: int = typer.Option(6006, "--remote-port", help="TensorBoard's port on the leader (127.0.0.1 only)."),
+) -> None:
+    """TensorBoard on the leader, via ssh tunnel.
+
+    TensorBoard bound to the leader's 127.0.0.1 (never an open port), reached through an ssh tunnel to
+    local --port; Ctrl-C ends both."""
+    from clusterctl import display, train as trainlib
+
+    for flag, value in (("--port", port), ("--remote-port", remote_port)):
+        if not 1 <= value <= 65535:
+            raise UsageError(f"{flag} must be 1-65535, not {value}")
+    inv = _train_inventory(hostsfile, cluster)
+    job = trainlib.require_job(_store(), inv)
+    tunnel = trainlib.open_tensorboard(inv, job, port, remote_port)
+    try:
+        display.info(f"TensorBoard of {job.job}: http://127.0.0.1:{port}/ (Ctrl-C to stop)")
+        code = tunnel.wait()
+        raise ClusterctlError(f"the ssh tunnel ended (exit {code})", "run `clusterctl tensorboard` again")
+    finally:
+        trainlib.close_tensorboard(inv, tunnel)
+
+
+def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> None:
+    """`clusterctl logs` without a job name: the training job's log, from the leader."""
+    from clusterctl import train as trainlib
+
+    inv = _train_inventory(hostsfile, cluster, connect_timeout)
+    job = trainlib.require_job(_store(), inv)
+    if follow:
+        code = trainlib.follow(inv, job, _print_line)
+        raise typer.Exit(0 if code == 0 else int(ExitCode.REMOTE_FAILED))
+    text, _running = trainlib.read_log(inv, job)
+    sys.stdout.write(text)
+
+
+def _train_status(name: str) -> None:
+    """The training job's place, when the cluster has one (`status` calls this after its node table)."""
+    from clusterctl import display, inventory, train as trainlib
+
+    store = _store()
+    try:
+        inv = inventory.resolve(None, name, store)
+    except ClusterctlError:
+        return
+    job = trainlib.load_job(store, inv)
+    if job is None:
+        return
+    try:
+        st = trainlib.job_status(inv, job)
+    except ClusterctlError as exc:
+        display.warn(f"training job {job.job}: {exc.one_line()}")
+        return
+    hourly = None
+    if inv.cluster is not None and inv.cluster.provider == "local":
+        hourly = 0.0
+    elif inv.cluster is not None:
+        try:
+            from clusterctl.providers import aws_catalog
+
+            each = aws_catalog.instance_price(inv.cluster.instance_type)
+            hourly = None if each is None else each * len(inv.cluster.nodes)
+        except Exception:
+            hourly = None
+    display.train_status(job, st, hourly)
 
 
 def main() -> None:

@@ -439,3 +439,40 @@ class SweepProgress:
         else:
             for line in lines:
                 info(line)
+
+
+# ---- training ----------------------------------------------------------------------------------------
+def train_eval(result) -> None:
+    """`clusterctl eval`: the recipe's evaluation line, top-1/top-5 in percent."""
+    from rich.table import Table
+
+    t = Table(box=None, header_style="bold")
+    for col in ("STEP", "EPOCH", "TOP-1", "TOP-5", "LOSS", "IMAGES", "CHECKPOINT", "TIME (UTC)"):
+        t.add_column(col)
+    t.add_row(str(result.step), f"{result.epoch:.1f}", f"{result.top1:.2f}%", f"{result.top5:.2f}%",
+              f"{result.loss:.3f}", str(result.examples), _esc(result.checkpoint.rsplit("/", 1)[-1] or "-"),
+              _esc(result.time or "-"))
+    console().print(t)
+
+
+def train_status(job, st, dollars_per_hour) -> None:
+    """The training job under `status`: state, step, epoch, img/s, loss, elapsed, ETA and its cost."""
+    from clusterctl.train import format_duration
+
+    c = console()
+    c.print(f"[bold]training[/] {_esc(job.job)}: {st.state}"
+            + (f" ({_esc(st.reason)})" if st.reason else "")
+            + (f", restarted {st.restarts}x" if st.restarts else ""))
+    if st.stop_step:
+        c.print(f"  step {st.step}/{st.stop_step}  epoch {st.epoch:.2f}/{st.epochs:g}  "
+                f"{'-' if st.img_per_sec is None else f'{st.img_per_sec:,.1f}'} img/s  "
+                f"loss {'-' if st.loss is None else f'{st.loss:.4f}'}  lr {'-' if st.lr is None else f'{st.lr:.6f}'}  "
+                f"{st.size} process(es)")
+    cost = None if dollars_per_hour is None else st.cost_to_finish(dollars_per_hour)
+    c.print(f"  elapsed {format_duration(st.elapsed_s)} (all runs {format_duration(st.total_elapsed_s)})  "
+            f"ETA {format_duration(st.eta_s)}  cost to finish {_money(cost)}")
+    if st.last_checkpoint is not None:
+        c.print(f"  last checkpoint: step {st.last_checkpoint.step} ({_esc(st.last_checkpoint.path)})")
+    if st.result is not None:
+        r = st.result
+        c.print(f"  evaluation: top-1 {r.top1:.2f}%  top-5 {r.top5:.2f}%  at step {r.step} ({r.examples} images)")

@@ -26,7 +26,7 @@ EXIT_SIZE_MISMATCH = 3
 EXIT_CHECKPOINT = 4
 EXIT_NO_DATA = 5
 
-_MARKED = re.compile(rf"{MARK}\s+(.*?)\s*$")
+_MARKED = re.compile(rf".*{MARK}\s+(.*?)\s*$")  # the last mark of a line (two lines run together)
 _HOROVOD_FAILED = re.compile(r"Horovod detected that one or more processes exited with non-zero status")
 _PROCESS_NAME = re.compile(r"^\s*Process name:\s*(\S+)")
 _EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d+)")
@@ -230,10 +230,11 @@ def _get(fields: Mapping[str, str], key: str, typ, lineno: int, kind: str):
         raise ValueError(f"train log line {lineno}: {key}={raw!r} is not a {typ.__name__}") from None
 
 
-def parse_train_log(text: str) -> TrainLog:
+def parse_train_log(text: str, strict: bool = True) -> TrainLog:
     """Read the trainer's output (horovodrun's, or rank 0's own). Lines without the mark are noise and
     skipped. A last line without its newline is still being written and is ignored. A marked line that
-    does not parse raises ValueError naming its line number."""
+    does not parse raises ValueError naming its line number (strict), or is skipped (not strict: for
+    watching a live job, whose log a crash may have cut anywhere)."""
     lines = text.splitlines()
     if lines and not text.endswith(("\n", "\r")):
         lines = lines[:-1]
@@ -262,63 +263,68 @@ def parse_train_log(text: str) -> TrainLog:
         m = _MARKED.search(line)
         if not m:
             continue
-        body = m.group(1)
-        head = body.split(None, 1)[0] if body else ""
-        if head == "Step":
-            if tuple(body.split()) != COLUMNS:
-                raise ValueError(f"train log line {lineno}: table header {body.split()} is not {list(COLUMNS)}")
-            continue
-        if head[:1].isdigit():
-            parts = body.split()
-            if len(parts) != len(COLUMNS):
-                raise ValueError(f"train log line {lineno}: a table row needs {len(COLUMNS)} columns: {body!r}")
-            try:
-                row = TrainRow(int(parts[0]), *(float(p) for p in parts[1:]))
-            except ValueError:
-                raise ValueError(f"train log line {lineno}: not a table row: {body!r}") from None
+        try:
+            body = m.group(1)
+            head = body.split(None, 1)[0] if body else ""
+            if head == "Step":
+                if tuple(body.split()) != COLUMNS:
+                    raise ValueError(f"train log line {lineno}: table header {body.split()} is not {list(COLUMNS)}")
+                continue
+            if head[:1].isdigit():
+                parts = body.split()
+                if len(parts) != len(COLUMNS):
+                    raise ValueError(f"train log line {lineno}: a table row needs {len(COLUMNS)} columns: {body!r}")
+                try:
+                    row = TrainRow(int(parts[0]), *(float(p) for p in parts[1:]))
+                except ValueError:
+                    raise ValueError(f"train log line {lineno}: not a table row: {body!r}") from None
+                if cur is None:
+                    cur = _RunBuilder(None)
+                cur.rows.append(row)
+                continue
+            kind, _, rest = body.partition(" ")
+            f = _kv(rest, lineno)
+            if kind == "start":
+                g = lambda k, t: _get(f, k, t, lineno, kind)  # noqa: E731
+                started = TrainStart(
+                    size=g("size", int), model=g("model", str), batch=g("batch", int),
+                    global_batch=g("global_batch", int), train_examples=g("train_examples", int),
+                    steps_per_epoch=g("steps_per_epoch", int), epochs=g("epochs", float),
+                    total_steps=g("total_steps", int), stop_step=g("stop_step", int),
+                    start_step=g("start_step", int), peak_lr=g("peak_lr", float), fields=dict(f))
+                if cur is not None:
+                    runs.append(cur.build())
+                failed_at = None
+                cur = _RunBuilder(started)
+                continue
+            if kind == "eval" and (cur is None or cur.eval is not None or cur.failure):
+                # an --eval-only run (no start line), or a second evaluation after a finished one
+                if cur is not None:
+                    runs.append(cur.build())
+                cur = _RunBuilder(None)
             if cur is None:
                 cur = _RunBuilder(None)
-            cur.rows.append(row)
-            continue
-        kind, _, rest = body.partition(" ")
-        f = _kv(rest, lineno)
-        if kind == "start":
-            if cur is not None:
-                runs.append(cur.build())
-            failed_at = None
             g = lambda k, t: _get(f, k, t, lineno, kind)  # noqa: E731
-            cur = _RunBuilder(TrainStart(
-                size=g("size", int), model=g("model", str), batch=g("batch", int),
-                global_batch=g("global_batch", int), train_examples=g("train_examples", int),
-                steps_per_epoch=g("steps_per_epoch", int), epochs=g("epochs", float),
-                total_steps=g("total_steps", int), stop_step=g("stop_step", int), start_step=g("start_step", int),
-                peak_lr=g("peak_lr", float), fields=dict(f)))
-            continue
-        if kind == "eval" and (cur is None or cur.eval is not None or cur.failure):
-            # an --eval-only run (no start line), or a second evaluation after a finished one
-            if cur is not None:
-                runs.append(cur.build())
-            cur = _RunBuilder(None)
-        if cur is None:
-            cur = _RunBuilder(None)
-        g = lambda k, t: _get(f, k, t, lineno, kind)  # noqa: E731
-        if kind == "resume":
-            cur.resumed_from = CheckpointSaved(g("step", int), g("epoch", int), g("checkpoint", str))
-        elif kind == "checkpoint":
-            cur.checkpoints.append(CheckpointSaved(g("step", int), g("epoch", int), g("path", str)))
-        elif kind == "done":
-            cur.done = TrainDone(g("step", int), g("epoch", float), g("complete", bool), g("elapsed", float),
-                                 g("img_per_sec", float))
-        elif kind == "eval":
-            cur.eval = EvalResult(
-                step=g("step", int), epoch=g("epoch", float), top1=g("top1", float), top5=g("top5", float),
-                loss=g("loss", float), examples=g("examples", int), checkpoint=f.get("checkpoint", ""),
-                size=int(f.get("size", "1")), time=f.get("time", ""))
-        elif kind == "error":
-            cur.errors.append(TrainEvent(kind, dict(f)))
-        elif kind == "warning":
-            cur.warnings.append(TrainEvent(kind, dict(f)))
-        # other kinds: newer trainers may add some; nothing here needs them
+            if kind == "resume":
+                cur.resumed_from = CheckpointSaved(g("step", int), g("epoch", int), g("checkpoint", str))
+            elif kind == "checkpoint":
+                cur.checkpoints.append(CheckpointSaved(g("step", int), g("epoch", int), g("path", str)))
+            elif kind == "done":
+                cur.done = TrainDone(g("step", int), g("epoch", float), g("complete", bool), g("elapsed", float),
+                                     g("img_per_sec", float))
+            elif kind == "eval":
+                cur.eval = EvalResult(
+                    step=g("step", int), epoch=g("epoch", float), top1=g("top1", float), top5=g("top5", float),
+                    loss=g("loss", float), examples=g("examples", int), checkpoint=f.get("checkpoint", ""),
+                    size=int(f.get("size", "1")), time=f.get("time", ""))
+            elif kind == "error":
+                cur.errors.append(TrainEvent(kind, dict(f)))
+            elif kind == "warning":
+                cur.warnings.append(TrainEvent(kind, dict(f)))
+            # other kinds: newer trainers may add some; nothing here needs them
+        except ValueError:
+            if strict:
+                raise
     if cur is not None:
         runs.append(cur.build())
     return TrainLog(tuple(runs))
@@ -437,3 +443,394 @@ def format_duration(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+# ---- the job on a cluster ----------------------------------------------------------------------------
+# templates/train_imagenet.py runs under horovodrun on the leader (clusterctl.launch: a job folder at the
+# same path on every node, a scrubbed environment, host keys checked), inside a tmux session there
+# (clusterctl.jobs: the log at ~/.clusterctl/jobs/JOB.log on the leader, its exit status beside it), so
+# closing the laptop changes nothing. Checkpoints and TensorBoard logs go to the model folder on the
+# leader (rank 0's disk), which stays the same from one launch to the next: that is what a restart
+# resumes from. clusterctl remembers the last launch locally (train.json) for logs / status / eval.
+
+RECORD = "train.json"
+MODEL_DIR = "clusterctl-train/model"  # under the leader's login home, unless --model-dir says otherwise
+TENSORBOARD_SESSION = "clusterctl-tensorboard"
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """The last training launch on a cluster, as clusterctl remembers it."""
+
+    key: str  # the cluster's name (or hosts-<digest> for a plain hosts file)
+    job: str  # launch job name = tmux session on the leader
+    job_dir: str  # the job folder on every node (train_imagenet.py, hvd_launch.py, hosts)
+    home: str  # the login home on the nodes
+    leader: str  # the leader's label (hosts-file token)
+    model_dir: str
+    np: int
+    python: str
+    options: Mapping[str, object]  # TrainOptions as a dict (paths absolute on the nodes)
+    started_at: float
+    previous: tuple[str, ...] = ()  # earlier launches of this job (restarts), oldest first
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.home}/.clusterctl/jobs/{self.job}.log"
+
+    def train_options(self) -> TrainOptions:
+        opts = dict(self.options)
+        opts["extra"] = tuple(opts.get("extra", ()))
+        return TrainOptions(**opts)  # type: ignore[arg-type]
+
+    def to_json(self) -> str:
+        import dataclasses
+        import json
+
+        d = dataclasses.asdict(self)
+        d["previous"] = list(self.previous)
+        return json.dumps(d, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainJob":
+        import json
+
+        d = json.loads(text)
+        d["previous"] = tuple(d.get("previous", ()))
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def node_path(path: str, home: str) -> str:
+    """A path as the nodes' shells would read it: `~/x` and relative paths are under the login home."""
+    if not path or any(c in path for c in "\n\r\0"):
+        raise ValueError(f"bad path {path!r}")
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return f"{home}/{path[2:]}"
+    if path.startswith("~"):
+        raise ValueError(f"{path}: only ~/ (the login user's home) is understood")
+    return path if path.startswith("/") else f"{home}/{path}"
+
+
+def data_check_command(data_dir: str) -> str:
+    """Prints `shards TRAIN VALIDATION` then the sync completion marker (one JSON line) or `unverified`."""
+    q = shlex.quote(data_dir)
+    return (f"cd {q} 2>/dev/null || {{ echo missing; exit 0; }}; "
+            "t=0; v=0; for f in train-*; do [ -f \"$f\" ] && t=$((t+1)); done; "
+            "for f in validation-*; do [ -f \"$f\" ] && v=$((v+1)); done; echo \"shards $t $v\"; "
+            "cat .clusterctl-sync/COMPLETE 2>/dev/null || echo unverified")
+
+
+def data_problems(outputs: Mapping[str, str | None]) -> list[str]:
+    """What is wrong with the data on the nodes, from each node's data_check_command output (None: the
+    node could not be asked). Every node needs shards and a completion marker, all of the same manifest."""
+    import json
+
+    problems, digests = [], {}
+    for host, out in outputs.items():
+        if out is None:
+            problems.append(f"{host}: could not check (unreachable)")
+            continue
+        lines = out.strip().splitlines()
+        if not lines or lines[0] == "missing":
+            problems.append(f"{host}: no such folder")
+            continue
+        parts = lines[0].split()
+        if len(parts) != 3 or parts[0] != "shards" or parts[1] == "0":
+            problems.append(f"{host}: no train-* shards")
+            continue
+        if len(lines) < 2 or lines[1] == "unverified":
+            problems.append(f"{host}: not verified by `clusterctl sync` (no completion marker)")
+            continue
+        try:
+            digests[host] = json.loads(lines[1])["manifest_sha256"]
+        except (ValueError, KeyError, TypeError):
+            problems.append(f"{host}: unreadable completion marker")
+    if len(set(digests.values())) > 1:
+        first = next(iter(digests.values()))
+        odd = [h for h, d in digests.items() if d != first]
+        problems.append(f"{', '.join(odd)}: a different dataset than {next(iter(digests))} (another manifest)")
+    return problems
+
+
+def _record_path(store, inv) -> "object":
+    import hashlib
+    from pathlib import Path
+
+    if inv.cluster is not None:
+        return Path(store.cluster_dir(inv.cluster.name)) / RECORD
+    digest = hashlib.sha256(inv.hosts.render().encode()).hexdigest()[:12]
+    return Path(store.root) / "train" / f"hosts-{digest}.json"
+
+
+def load_job(store, inv) -> TrainJob | None:
+    path = _record_path(store, inv)
+    try:
+        return TrainJob.from_json(path.read_text())  # type: ignore[attr-defined]
+    except FileNotFoundError:
+        return None
+
+
+def require_job(store, inv) -> TrainJob:
+    from clusterctl.errors import ConfigError
+
+    job = load_job(store, inv)
+    if job is None:
+        where = inv.cluster.name if inv.cluster is not None else "these hosts"
+        raise ConfigError(f"no training job on {where}", "start one with `clusterctl train --data DIR`")
+    return job
+
+
+def _save_job(store, inv, job: TrainJob) -> None:
+    from clusterctl.state import atomic_write
+
+    path = _record_path(store, inv)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # type: ignore[attr-defined]
+    atomic_write(path, job.to_json())
+
+
+def _alive_command(session: str) -> str:
+    return f"tmux has-session -t {shlex.quote('=' + session)} 2>/dev/null && echo alive || echo gone"
+
+
+def is_running(pool, leader, job: TrainJob) -> bool | None:
+    """Whether the job's tmux session still lives on the leader (None: the leader did not answer)."""
+    r = pool.run_one(leader, _alive_command(job.job), timeout=30)
+    if r.exit_code is None:
+        return None
+    return r.stdout.strip() == "alive"
+
+
+def _stop(pool, targets, job: TrainJob) -> None:
+    """End a launch everywhere: its tmux session and process tree on the leader, any rank left on any node."""
+    from clusterctl import jobs, launch
+
+    pool.run_one(targets[0], jobs.kill_job_command(job.job), timeout=60)
+    launch.kill_job(pool, targets, launch.Job(job.job, job.home))
+
+
+def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str | None = None,
+          force: bool = False, verify_data: bool = True, report=lambda _m: None) -> TrainJob:
+    """Launch the trainer on the cluster and return at once (the job runs in tmux on the leader)."""
+    import time as _time
+    from dataclasses import asdict, replace
+
+    from clusterctl import jobs, launch, resources
+    from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
+    from clusterctl.remote import SshPool
+
+    total = inv.hosts.total_slots
+    np = np or total
+    if not 1 <= np <= total:
+        raise UsageError(f"--np {np}: the hosts have {total} slot(s)")
+    hosts = launch.rung_hosts(inv.hosts, np)
+    targets = list(inv.targets[: len(hosts.entries)])
+    python = python or launch.node_python(inv.cluster)
+    with SshPool(inv.settings) as pool:
+        leader = inv.targets[0]
+        job = launch.new_job(pool, leader, "train")
+        previous = load_job(store, inv)
+        if previous is not None:
+            alive = is_running(pool, leader, previous)
+            if alive and not force:
+                raise ConfigError(f"training job {previous.job} is still running on {previous.leader}",
+                                  "follow it with `clusterctl logs -f`, or pass --force to stop it and start again")
+            if alive or force:
+                report(f"stopping {previous.job} everywhere")
+                _stop(pool, list(inv.targets), previous)
+        try:
+            data = node_path(opts.data, job.home) if opts.data and not opts.synthetic else None
+            model_dir = node_path(opts.model_dir or f"~/{MODEL_DIR}", job.home)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if data and verify_data:
+            checks = pool.run(targets, data_check_command(data), timeout=60)
+            problems = data_problems({r.host: (r.stdout if r.exit_code == 0 else None) for r in checks})
+            if problems:
+                raise ConfigError(f"the data {data} is not ready on every node: {'; '.join(problems)}",
+                                  f"copy and verify it with `clusterctl sync SRC {opts.data}` "
+                                  "(or pass --no-verify-data when it is on a shared file system)")
+        opts = replace(opts, data=data, model_dir=model_dir, expect_size=np)
+        script = f"{job.dir}/{TEMPLATE}"
+        report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
+        launch.stage(pool, targets, job, {TEMPLATE: resources.template_bytes(TEMPLATE)}, hosts)
+        env = launch.job_env(inv.cluster, python)
+        cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env)
+        r = pool.run_one(leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd),
+                         timeout=60)
+        if r.exit_code is None:
+            raise UnreachableError(f"could not start the job on the leader {leader.label}: {r.error}")
+        if r.exit_code != 0:
+            raise RemoteCommandError(f"could not start the job on the leader {leader.label} "
+                                     f"(exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}")
+        # Earlier launches that trained into the same model folder are this job's history (its restarts).
+        same = previous is not None and previous.model_dir == model_dir
+        earlier = ((*previous.previous, previous.job) if same else ())
+        record = TrainJob(key=inv.cluster.name if inv.cluster is not None else "hosts", job=job.name,
+                          job_dir=job.dir, home=job.home, leader=leader.label, model_dir=model_dir, np=np,
+                          python=python, options={**asdict(opts), "extra": list(opts.extra)},
+                          started_at=_time.time(), previous=earlier[-20:])
+        _save_job(store, inv, record)
+        return record
+
+
+def history_command(job: TrainJob, launches: int = 10) -> str:
+    """Print the logs of the job's last `launches` launches (restarts first, the current one last)."""
+    from clusterctl import jobs
+
+    names = [jobs.validate_job_name(n) for n in (*job.previous, job.job)][-launches:]
+    # a newline after each earlier log (a killed job may have stopped mid-line), none after the live one
+    earlier = "".join(f'cat "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null && echo; ' for n in names[:-1])
+    return earlier + f'cat "{jobs.JOBS_DIR}/{names[-1]}.log" 2>/dev/null; true'
+
+
+def read_log(inv, job: TrainJob) -> tuple[str, bool | None]:
+    """The job's log from the leader (every launch of it: a restart's log follows the one it resumed),
+    and whether it still runs."""
+    from clusterctl.errors import UnreachableError
+    from clusterctl.remote import SshPool
+
+    with SshPool(inv.settings) as pool:
+        leader = inv.targets[0]
+        r = pool.run_one(leader, history_command(job), timeout=120)
+        if r.exit_code is None:
+            raise UnreachableError(f"cannot read the log on {leader.label}: {r.error}")
+        return r.stdout, is_running(pool, leader, job)
+
+
+def job_status(inv, job: TrainJob) -> TrainStatus:
+    text, running = read_log(inv, job)
+    return status(parse_train_log(text, strict=False), running=running)
+
+
+def follow(inv, job: TrainJob, on_line) -> int:
+    """Stream the job's log until it ends; the job's exit status (0 while it still runs after a drop)."""
+    from clusterctl import jobs
+    from clusterctl.errors import UnreachableError
+    from clusterctl.remote import SshPool
+
+    with SshPool(inv.settings) as pool:
+        r = pool.run_one(inv.targets[0], jobs.logs_command(job.job, follow=True),
+                         on_line=lambda _h, _s, line: on_line(line))
+    if r.exit_code is None:
+        raise UnreachableError(f"lost the log of {job.job}: {r.error}")
+    return r.exit_code
+
+
+def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> EvalResult:
+    """--eval-only of the latest checkpoint, on the leader alone (GPUs hidden while the job trains)."""
+    from dataclasses import replace
+
+    from clusterctl import launch, resources
+    from clusterctl.errors import RemoteCommandError, UnreachableError
+    from clusterctl.remote import SshPool
+
+    opts = replace(job.train_options(), eval_only=True, expect_size=None, no_eval=False)
+    script = f"{job.job_dir}/{TEMPLATE}"
+    with SshPool(inv.settings) as pool:
+        leader = inv.targets[0]
+        running = is_running(pool, leader, job)
+        if running:
+            opts = replace(opts, no_gpu=True)
+        put = pool.put([leader], {script: (resources.template_bytes(TEMPLATE), 0o644)})
+        if not put.all_ok:
+            raise UnreachableError(f"cannot copy {TEMPLATE} to the leader {leader.label}")
+        env = {**launch.job_env(inv.cluster, job.python)}
+        if running:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        path = f"{job.python.rsplit('/', 1)[0]}:{launch.BASE_PATH}"
+        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        cmd = (f"cd {shlex.quote(job.job_dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
+               f"PATH={shlex.quote(path)} {assigns} {shlex.join(trainer_argv(job.python, script, opts))} 2>&1")
+        r = pool.run_one(leader, cmd, timeout=timeout,
+                         on_line=(lambda _h, _s, line: on_line(line)) if on_line else None)
+    if r.exit_code is None:
+        raise UnreachableError(f"evaluation on {leader.label} did not finish: {r.error}")
+    try:
+        return parse_eval(r.stdout)
+    except ValueError as exc:
+        raise RemoteCommandError(f"evaluation failed on {leader.label} (exit {r.exit_code}): {exc}",
+                                 (r.stdout + r.stderr).strip().splitlines()[-1][:300] if (r.stdout + r.stderr).strip()
+                                 else None) from None
+
+
+def stop(inv, job: TrainJob) -> None:
+    from clusterctl.remote import SshPool
+
+    with SshPool(inv.settings) as pool:
+        _stop(pool, list(inv.targets), job)
+
+
+def tensorboard_command(job: TrainJob, port: int) -> str:
+    """TensorBoard on the leader, bound to 127.0.0.1 only (reached through an ssh tunnel, never a port)."""
+    logdir = f"{job.model_dir}/tensorboard"
+    return (f"exec env -i HOME=\"$HOME\" LANG=C.UTF-8 PATH={shlex.quote(job.python.rsplit('/', 1)[0] + ':' + '/usr/bin:/bin')} "
+            f"{shlex.quote(job.python)} -m tensorboard.main --logdir {shlex.quote(logdir)} --host 127.0.0.1 "
+            f"--port {int(port)} 2>&1")
+
+
+def open_tensorboard(inv, job: TrainJob, local_port: int, remote_port: int = 6006, wait_s: float = 120.0):
+    """Start TensorBoard on the leader (tmux session clusterctl-tensorboard, 127.0.0.1 only; an existing
+    one is reused) and an ssh tunnel 127.0.0.1:local_port -> leader's 127.0.0.1:remote_port, host key
+    checked. Returns the tunnel process (subprocess.Popen); close_tensorboard ends both."""
+    import subprocess
+    import time as _time
+
+    from clusterctl import jobs, transfer
+    from clusterctl.errors import RemoteCommandError, UnreachableError
+    from clusterctl.remote import SshPool
+
+    leader = inv.targets[0]
+    with SshPool(inv.settings) as pool:
+        r = pool.run_one(leader, jobs.detach_command(TENSORBOARD_SESSION, tensorboard_command(job, remote_port)),
+                         timeout=60)
+        if r.exit_code not in (0, 3):  # 3: already running, reuse it
+            raise RemoteCommandError(f"could not start TensorBoard on {leader.label}: "
+                                     f"{(r.error or r.stderr or r.stdout).strip()[-300:]}")
+        probe = (f"{shlex.quote(job.python)} -c 'import socket,sys; socket.create_connection((\"127.0.0.1\", "
+                 f"{int(remote_port)}), 2)' 2>/dev/null")
+        deadline = _time.monotonic() + wait_s
+        alive = _alive_command(TENSORBOARD_SESSION)
+        while True:
+            if pool.run_one(leader, probe, timeout=30).exit_code == 0:
+                break
+            gone = pool.run_one(leader, alive, timeout=30).stdout.strip() == "gone"
+            if gone or _time.monotonic() > deadline:
+                log = pool.run_one(leader, jobs.logs_command(TENSORBOARD_SESSION), timeout=30).stdout
+                why = "exited" if gone else f"did not answer within {wait_s:.0f}s"
+                raise RemoteCommandError(f"TensorBoard {why} on {leader.label}",
+                                         log.strip().splitlines()[-1][:300] if log.strip() else None)
+            _time.sleep(1)
+    argv = transfer.operator_ssh(leader, inv.settings.known_hosts, inv.cluster is not None)
+    argv += ["-N", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{int(local_port)}:127.0.0.1:{int(remote_port)}",
+             leader.hostname]
+    tunnel = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    import socket
+
+    deadline = _time.monotonic() + 30
+    while _time.monotonic() < deadline:
+        if tunnel.poll() is not None:
+            raise UnreachableError(f"the ssh tunnel to {leader.label} failed: {tunnel.stderr.read().strip()[-300:]}")
+        try:
+            socket.create_connection(("127.0.0.1", local_port), 1).close()
+            return tunnel
+        except OSError:
+            _time.sleep(0.2)
+    tunnel.kill()
+    raise UnreachableError(f"the ssh tunnel to {leader.label} did not open local port {local_port}")
+
+
+def close_tensorboard(inv, tunnel) -> None:
+    from clusterctl import jobs
+    from clusterctl.remote import SshPool
+
+    if tunnel is not None and tunnel.poll() is None:
+        tunnel.terminate()
+        try:
+            tunnel.wait(5)
+        except Exception:
+            tunnel.kill()
+    with SshPool(inv.settings) as pool:
+        pool.run_one(inv.targets[0], jobs.kill_job_command(TENSORBOARD_SESSION, 2.0), timeout=60)

@@ -214,3 +214,60 @@ def test_learning_rate_schedule_of_the_template():
 def test_format_duration():
     assert [train.format_duration(s) for s in (None, 0, 59.4, 61, 3599, 3600 * 3 + 420, 86400 * 2 + 3600 * 4)] == [
         "-", "0s", "59s", "1m01s", "59m59s", "3h07m", "2d04h"]
+
+
+# ---- the job on a cluster: the pure parts -------------------------------------------------------------
+def test_a_killed_log_followed_by_its_restart_and_a_cut_line():
+    """The history `status` reads: a launch killed mid-line, then the launch that resumed it."""
+    cut = KILLED.index("CLUSTERCTL-TRAIN      60") + len("CLUSTERCTL-TRAIN      6")
+    torn = KILLED[:cut] + "\n" + RESUMED  # history_command adds the newline after an earlier log
+    with pytest.raises(ValueError, match="a table row needs 7 columns"):
+        train.parse_train_log(torn)
+    log = train.parse_train_log(torn, strict=False)
+    assert len(log.runs) == 2 and log.runs[0].rows[-1].step == 50 and log.runs[1].resumed_from.step == 60
+    # two lines run together: the last mark on the line wins
+    joined = KILLED[:cut] + RESUMED
+    assert train.parse_train_log(joined, strict=False).runs[1].start.start_step == 60
+
+
+def test_node_path():
+    assert train.node_path("~/imagenet_data", "/home/ubuntu") == "/home/ubuntu/imagenet_data"
+    assert train.node_path("~", "/root") == "/root"
+    assert train.node_path("data/x", "/root") == "/root/data/x"
+    assert train.node_path("/mnt/data", "/root") == "/mnt/data"
+    for bad in ("~other/x", "", "a\nb"):
+        with pytest.raises(ValueError):
+            train.node_path(bad, "/root")
+
+
+def test_data_problems():
+    marker = '{"files": 8, "manifest_sha256": "%s", "source": "/x"}'
+    good = {"10.0.0.2": "shards 4 2\n" + marker % "aa", "10.0.0.3": "shards 4 2\n" + marker % "aa"}
+    assert train.data_problems(good) == []
+    assert train.data_problems({**good, "10.0.0.4": "missing\n"}) == ["10.0.0.4: no such folder"]
+    assert train.data_problems({**good, "10.0.0.4": "shards 0 0\nunverified\n"}) == ["10.0.0.4: no train-* shards"]
+    assert train.data_problems({**good, "10.0.0.4": "shards 4 2\nunverified\n"}) == [
+        "10.0.0.4: not verified by `clusterctl sync` (no completion marker)"]
+    assert train.data_problems({**good, "10.0.0.4": None}) == ["10.0.0.4: could not check (unreachable)"]
+    assert train.data_problems({**good, "10.0.0.4": "shards 4 2\n" + marker % "bb"}) == [
+        "10.0.0.4: a different dataset than 10.0.0.2 (another manifest)"]
+    assert train.data_check_command("/data/my set").startswith("cd '/data/my set' ")
+
+
+def test_train_job_record_and_history_command():
+    job = train.TrainJob(key="c1", job="train-20261121-230757-15810", job_dir="/root/clusterctl-jobs/train-x",
+                         home="/root", leader="10.0.0.2", model_dir="/root/runs/tiny", np=4,
+                         python="/opt/v/bin/python", options={"data": "/root/ds", "model": "tiny", "extra": ["--seed", "1"]},
+                         started_at=1.5, previous=("train-20261121-230653-11508",))
+    back = train.TrainJob.from_json(job.to_json())
+    assert back == job and back.train_options() == TrainOptions(data="/root/ds", model="tiny", extra=("--seed", "1"))
+    assert job.log_path == "/root/.clusterctl/jobs/train-20261121-230757-15810.log"
+    assert train.history_command(job) == (
+        'cat "$HOME/.clusterctl/jobs/train-20261121-230653-11508.log" 2>/dev/null && echo; '
+        'cat "$HOME/.clusterctl/jobs/train-20261121-230757-15810.log" 2>/dev/null; true')
+    from clusterctl.errors import UsageError
+
+    with pytest.raises(UsageError):
+        train.history_command(train.TrainJob(**{**job.__dict__, "job": "x; rm -rf ~"}))
+    tb = train.tensorboard_command(job, 6006)
+    assert "--host 127.0.0.1 --port 6006" in tb and "--logdir /root/runs/tiny/tensorboard" in tb
