@@ -424,8 +424,13 @@ class Syncer:
                 broken = [n for n in self._live(todo) if n.bad]
                 if not broken:
                     break
-                self.events.phase(f"repairing {len(broken)} node(s) with rsync of the bad files only")
-                self._repair(broken)
+                for n in broken:
+                    if n.last_error:
+                        self.events.phase(f"{n.label}: {n.last_error}")
+                        n.last_error = ""
+                where = "a verified neighbour" if attempt == 0 else "the source"
+                self.events.phase(f"repairing {len(broken)} node(s): the bad files only, from {where}")
+                self._repair(broken, from_source=attempt > 0)
                 self._check_all(broken, reset=False)
             for n in self._live(todo):
                 if n.bad:
@@ -646,10 +651,10 @@ class Syncer:
             dest = f"{receiver.target.user}@{_host_for_rsync(receiver.target.hostname)}:{receiver.root}/"
             argv = [*RSYNC_BASE, "-e", str(wrapper), f"--files-from={list_path}",
                     self.src_root.rstrip("/") + "/", dest]
-            rc = run_rsync(self.children, argv, progress, self.timeout)
+            rc, err = run_rsync(self.children, argv, progress, self.timeout)
             ok = rc == 0
             if not ok:
-                receiver.last_error = f"rsync exited {rc}"
+                receiver.last_error = "rsync from the source: " + _why_rsync(err, f"exit {rc}")
             receiver.outcome.seconds = time.monotonic() - self.start
             return ok
         node = self.leader if from_leader else sender
@@ -672,8 +677,7 @@ class Syncer:
         r = self.pool.run_one(node.target, f"bash -c {shlex.quote(cmd)}", timeout=self.timeout, on_line=on_line)
         receiver.outcome.seconds = time.monotonic() - self.start
         if not r.ok:
-            tail = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("rsync")][-1:]
-            receiver.last_error = f"rsync from {node.label}: " + (tail[0] if tail else r.error or f"exit {r.exit_code}")
+            receiver.last_error = f"rsync from {node.label}: " + _why_rsync(r.stderr, r.error or f"exit {r.exit_code}")
         return r.ok
 
     def _tree(self, todo: list[_Node]) -> None:
@@ -701,9 +705,9 @@ class Syncer:
             self._fan(hops, hop)
             holders += [b for _, b in hops if results.get(b.index) and not (leader_src and b is self.leader)]
 
-    def _repair(self, broken: list[_Node]) -> None:
+    def _repair(self, broken: list[_Node], from_source: bool = False) -> None:
         """rsync only the bad files, from verified nodes (spread over them) or else from the source."""
-        good = [n for n in self._live() if not n.bad and n not in broken and n.root]
+        good = [] if from_source else [n for n in self._live() if not n.bad and n not in broken and n.root]
         if not good and self.source.kind == "s3":
             self._fan(broken, self._s3_pull)
             return
@@ -739,6 +743,16 @@ class Syncer:
             self.events.phase(f"{n.label}: {n.last_error} (will retry what is missing)")
 
 
+def _why_rsync(stderr: str, default: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for pattern in (r"Host key verification failed", r"Permission denied|No space|connect to host|Connection (refused|timed)"):
+        for ln in lines:
+            if re.search(pattern, ln):
+                return ln[:200]
+    tail = [ln for ln in lines if ln.startswith("rsync")][-1:]
+    return tail[0][:200] if tail else default
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
@@ -768,11 +782,11 @@ def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: S
         # ssh's stdout/stderr are pipes of its own: ssh makes its fds non-blocking, which must not leak
         lines.append(f"{{ {ssh} -- {q(child.address)} {q(remote)} < {fifo} 2>&1 >/dev/null | cat >&2; }} &")
     ck = f"--checkpoint={TAR_CHECKPOINT}", f"--checkpoint-action=echo=CCSYNC-TAR {index} %u"
-    extract = ("tar -C " + q(root) + " -xf - " + " ".join(q(c) for c in ck)) if root is not None else "cat >/dev/null"
+    extract = ("tar -C " + q(root) + " -xf - " + " ".join(q(c) for c in ck)) if root is not None else None
     if fifos:
-        lines.append(f"tee -p {' '.join(fifos)} | {extract}")
+        lines.append(f"tee -p {' '.join(fifos)} " + (f"| {extract}" if extract else ">/dev/null"))
     else:
-        lines.append(extract)
+        lines.append(extract or "cat >/dev/null")
     lines += ['rc="${PIPESTATUS[*]}"', "wait", f'echo "CCSYNC-RC {index} $rc" >&2',
               "rm -f " + " ".join(fifos) if fifos else "true"]
     return ("\n".join(lines) + "\n").encode()
@@ -836,7 +850,9 @@ def run_pipeline(children: Children, producer: list[str], consumer: list[str], o
         children.done(a, b)
 
 
-def run_rsync(children: Children, argv: list[str], progress: Callable[[int], None], timeout: float | None) -> int:
+def run_rsync(children: Children, argv: list[str], progress: Callable[[int], None],
+              timeout: float | None) -> tuple[int, str]:
+    """rsync on this machine, its --info=progress2 bytes to `progress`; (exit status, stderr)."""
     proc = children.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     errs: list[bytes] = []
     t = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)
@@ -850,7 +866,9 @@ def run_rsync(children: Children, argv: list[str], progress: Callable[[int], Non
                 done = _rsync_bytes(part.decode(errors="replace"))
                 if done is not None:
                     progress(done)
-        return proc.wait(timeout=timeout)
+        rc = proc.wait(timeout=timeout)
+        t.join(timeout=10)
+        return rc, b"".join(errs).decode(errors="replace")
     except BaseException:
         proc.kill()
         raise

@@ -127,3 +127,26 @@ def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
         unshape(c4, 3)
     assert node_sha256(c4, 3, dst) == sums and marker(c4, 3, dst) is not None
     assert c4.node_exec(3, "test", "-e", f"{dst}/.clusterctl-partial", check=False).returncode == 1
+
+
+def test_a_hop_to_a_node_with_a_wrong_host_key_is_refused_and_the_node_still_gets_a_checked_copy(c4, tmp_path):
+    from clusterctl.sshkeys import generate_ed25519
+
+    src = tmp_path / "ds"
+    sums = make_dataset(src, random_files(6, 20_000, seed=11))
+    dst = "/tmp/hostkey"
+    bad_key = generate_ed25519("impostor")[1].rsplit(" ", 1)[0]
+    kh = "/root/.ssh/known_hosts"
+    original = c4.node_exec(0, "cat", kh).stdout
+    forged = "".join(f"{c4.hosts[1]} {bad_key}\n" if line.startswith(f"{c4.hosts[1]} ") else line + "\n"
+                     for line in original.splitlines())
+    c4.node_exec(0, "python3", "-c", "import sys; open(sys.argv[1],'w').write(sys.argv[2])", kh, forged)
+    try:
+        proc = sync(c4, str(src), dst)  # the chain's hop 0 -> 1 must not connect to a node it cannot trust
+    finally:
+        c4.node_exec(0, "python3", "-c", "import sys; open(sys.argv[1],'w').write(sys.argv[2])", kh, original)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{c4.hosts[1]}: rsync from {c4.hosts[0]}: Host key verification failed." in proc.stderr
+    assert "from the source" in proc.stderr  # the second repair round goes to the source
+    for i in range(4):
+        assert node_sha256(c4, i, dst) == sums and marker(c4, i, dst) is not None
