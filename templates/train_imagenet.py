@@ -20,7 +20,8 @@ are `CLUSTERCTL-TRAIN <kind> key=value ...` (values shell-quoted when needed) an
 (the recipe's Step/Epoch/Speed/Loss/FinLoss/LR table: img/s for all processes together, Loss the
 cross-entropy averaged over all ranks and the steps since the last line, TotalLoss with weight decay,
 Elapsed seconds since this process started). Kinds: start, resume, checkpoint, warning, done, eval, error.
-`eval` carries top1/top5 in percent.
+`eval` carries top1/top5 in percent, and is followed by the same as one JSON line of its own
+({"metric": top1, "top1": ..., "top5": ..., "eval_loss": ..., "step": ...}) for `clusterctl sweep`.
 
 Fault tolerance: Horovod has none, so checkpoints are the way back. Rank 0 saves every
 --checkpoint-every steps and at every epoch end (ckpt-<step>, the last --keep-checkpoints kept); on

@@ -189,6 +189,7 @@ def test_trainer_accepts_every_flag_the_argv_builder_writes():
         "/d", "tiny", 2.0, 8, "/m", 9)
     assert (args.checkpoint_every, args.keep_checkpoints, args.log_every, args.expect_size) == (5, 2, 3, 4)
     assert args.mixed_precision and args.xla and args.no_eval and args.no_gpu and not args.eval_only
+    assert mod.parse_args(["--synthetic", "--lr", "0.4"]).base_lr == 0.4  # --lr: clusterctl sweep's name for it
     assert mod.MARK == train.MARK and mod.COLUMNS == train.COLUMNS
     assert (mod.EXIT_CHECKPOINT, mod.EXIT_NO_DATA, mod.EXIT_SIZE_MISMATCH) == (
         train.EXIT_CHECKPOINT, train.EXIT_NO_DATA, train.EXIT_SIZE_MISMATCH)
