@@ -135,7 +135,10 @@ def up(
     confirm_above: float = typer.Option(10.0, "--confirm-above", help="Ask before launching above this many $/hour."),
     ssh_timeout: float = typer.Option(600.0, "--ssh-timeout", help="Seconds to wait for every node's ssh."),
 ) -> None:
-    """Bring up identical nodes with pinned host keys and a hosts file."""
+    """Bring up identical nodes, keys pinned, hosts file written.
+
+    One network, one zone, one placement group; safe to re-run and to interrupt.
+    """
     from clusterctl import display, provision
     from clusterctl.providers.aws_catalog import money
     from clusterctl.state import validate_name
@@ -352,7 +355,7 @@ def hosts(
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
     format_: str = typer.Option("slots", "--format", "-f", help="slots | horovod | mpi | tf-config | json"),
 ) -> None:
-    """Print the hosts file for horovodrun, mpirun, TF_CONFIG or JSON."""
+    """Print the hosts file for horovodrun, mpirun, TF_CONFIG."""
     from clusterctl import provision
     from clusterctl.hostsfile import HostsFile
 
@@ -644,7 +647,7 @@ def bench(
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     out: Path = typer.Option(Path("bench-results"), "--out", help="Folder for results.json, logs and scaling.png."),
 ) -> None:
-    """Synthetic Horovod scaling ladder: 1 GPU, one node, all nodes, with a verdict."""
+    """Synthetic Horovod ladder: 1 GPU, 1 node, all; a verdict."""
     from clusterctl import bench as benchlib, display, inventory
 
     if not synthetic:
@@ -675,7 +678,10 @@ def doctor(
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds the probe may take on each node."),
 ) -> None:
-    """Preflight: ssh mesh, versions, GPUs, disk, memory, clock, stale processes."""
+    """Preflight checks that silently ruin multi-node training.
+
+    ssh mesh, versions, GPUs, disk, memory, clock, stale processes, cloud placement.
+    """
     import json as jsonlib
 
     from clusterctl import display, doctor as doctorlib, inventory
@@ -719,7 +725,10 @@ def sync(
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint the nodes use (e.g. a test server)."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
 ) -> None:
-    """Put a dataset on every node, fast (a pipelined relay), verified (sha256 manifest), resumable."""
+    """Put a dataset on every node: fast, verified, resumable.
+
+    A pipelined relay by default, a sha256 manifest checked on every node.
+    """
     from clusterctl import display, inventory, transfer
     from clusterctl.remote import SshPool
 
@@ -760,7 +769,7 @@ def play(
     start_from: Optional[str] = typer.Option(None, "--from", help="Resume from this step."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what each step would run; run nothing."),
 ) -> None:
-    """Run a playbook: named steps of run, put, sync, bench, train, clean, doctor."""
+    """Run a playbook of named steps (run, put, sync, bench ...)."""
     from clusterctl import display, inventory, playbook as pb, resources
 
     path = Path(playbook)
@@ -892,7 +901,10 @@ def sweep(
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     poll: float = typer.Option(1.0, "--poll", help="Seconds between the scheduler's rounds (and this watch's)."),
 ) -> None:
-    """Parallel experiments: a grid or random search, one trial per GPU across every node, run detached."""
+    """Parallel experiments: one trial per GPU, run detached.
+
+    A grid or random search across every node.
+    """
     import json as jsonlib
 
     from clusterctl import display, inventory, resources, sweep as sweeplib
