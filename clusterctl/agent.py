@@ -242,18 +242,27 @@ def run(targets: Sequence[SshTarget], settings: SshSettings, command: str, *, pa
 def _run_via_agent(root: Path, targets, settings, command, parallel, timeout, on_line) -> RunReport:
     req = {"op": "run", "build": _build_id(), "targets": [target_to_dict(t) for t in targets],
            "settings": settings_to_dict(settings), "command": command, "parallel": parallel, "timeout": timeout}
+    interrupted = False
     for attempt in range(2):
         try:
             s = _ensure(root)
         except OSError as exc:
             raise AgentUnavailable(f"cannot reach the connection agent ({exc})") from None
+        reader = _Lines(s)
         try:
             s.sendall((json.dumps(req) + "\n").encode())
-            reader = s.makefile("rb")
-            first = reader.readline()
+            first = reader.readline()  # the agent acknowledges at once ("started"), or refuses
         except OSError:
-            s.close()
             first = b""
+        except KeyboardInterrupt:  # before the acknowledgement: cancel all the same, then wait for `done`
+            interrupted = True
+            try:
+                s.sendall(b'{"op": "cancel"}\n')
+            except OSError:
+                s.close()
+                raise KeyboardInterrupt from None
+            s.settimeout(30.0)
+            first = b'{"t": "started"}\n'
         event = json.loads(first) if first else {"t": "error", "stale": True, "message": "agent closed the connection"}
         if event.get("t") == "error" and event.get("stale") and attempt == 0:
             s.close()
@@ -264,7 +273,6 @@ def _run_via_agent(root: Path, targets, settings, command, parallel, timeout, on
         s.close()
         raise AgentUnavailable(f"the connection agent refused the request: {event.get('message')}")
     results: dict[str, HostResult] = {}
-    interrupted = False
     try:
         while True:
             try:
@@ -289,13 +297,36 @@ def _run_via_agent(root: Path, targets, settings, command, parallel, timeout, on
                 break
     finally:
         s.close()
-    if interrupted:
-        raise KeyboardInterrupt
     missing = [t.label for t in targets if t.label not in results]
     for label in missing:
-        results[label] = HostResult(label, None, error="the connection agent stopped before this host finished "
-                                                       f"(see {root / 'agent.log'})")
-    return RunReport(tuple(results[t.label] for t in targets))
+        results[label] = HostResult(label, None, error=(
+            "interrupted; remote processes may remain" if interrupted else
+            f"the connection agent stopped before this host finished (see {root / 'agent.log'})"))
+    report = RunReport(tuple(results[t.label] for t in targets))
+    if interrupted:
+        from clusterctl.remote import Interrupted
+
+        raise Interrupted(report)
+    return report
+
+
+class _Lines:
+    """readline() straight over recv(): a Ctrl-C inside recv() loses no byte (a buffered file object
+    interrupted mid-read may), so after `cancel` the client still reads every result to `done`."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = b""
+
+    def readline(self) -> bytes:
+        while b"\n" not in self.buf:
+            data = self.sock.recv(65536)
+            if not data:
+                line, self.buf = self.buf, b""
+                return line
+            self.buf += data
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line + b"\n"
 
 
 def _handle(event: dict, results: dict, on_line: OnLine | None) -> None:
@@ -442,6 +473,7 @@ class Agent:
             send({"t": "l", "h": host, "s": 1 if stream == "stderr" else 0, "l": text})
 
         threading.Thread(target=watch, daemon=True).start()
+        send({"t": "started"})
         report = pool.run(targets, req["command"], parallel=int(req.get("parallel") or 64),
                           timeout=req.get("timeout"), on_line=on_line, cancel=cancel)
         for r in report:

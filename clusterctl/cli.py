@@ -61,8 +61,9 @@ def command(fn: Callable) -> Callable:
                 traceback.print_exc()
             display.error(exc.one_line())
             raise typer.Exit(int(exc.exit_code))
-        except KeyboardInterrupt:
-            display.error("interrupted")
+        except KeyboardInterrupt as exc:
+            done = exc.summary() if hasattr(exc, "summary") else ""  # a fan-out says what it stopped
+            display.error(f"interrupted: {done}" if done else "interrupted")
             raise typer.Exit(int(ExitCode.INTERRUPTED))
 
     return wrapper

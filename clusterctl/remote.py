@@ -32,6 +32,20 @@ OnLine = Callable[[str, str, str], None]  # (host label, "stdout"|"stderr", line
 MAX_CAPTURE = 4 * 1024 * 1024  # per stream per host; the tail is kept beyond that
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a fan-out, after the remote commands were stopped: what became of each host."""
+
+    def __init__(self, report: RunReport):
+        super().__init__()
+        self.report = report
+
+    def summary(self) -> str:
+        left = [r.host for r in self.report if r.error and "may remain" in r.error]
+        if left:
+            return f"remote processes may remain on {', '.join(left)}"
+        return f"the command was stopped on every host ({len(self.report)})"
+
+
 @dataclass(frozen=True)
 class SshTarget:
     label: str  # what the user calls the host (hosts-file token); used in output
@@ -396,9 +410,13 @@ class SshPool:
             self.cancel.set()
             if cancel is not None:
                 cancel.set()
-            wait(futures, timeout=10)  # workers see the event, kill their remote commands, return
+            wait(futures, timeout=30)  # workers see the event, kill their remote commands, return
             pool.shutdown(wait=False, cancel_futures=True)
-            raise
+            for f, t in futures.items():
+                if t.label not in results:
+                    results[t.label] = (f.result() if f.done() and not f.cancelled() else
+                                        HostResult(t.label, None, error="interrupted; remote processes may remain"))
+            raise Interrupted(RunReport(tuple(results[t.label] for t in targets))) from None
         pool.shutdown(wait=True)
         return RunReport(tuple(results[t.label] for t in targets))
 

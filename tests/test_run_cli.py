@@ -106,7 +106,7 @@ def test_ctrl_c_kills_every_remote_tree_and_exits_130(c, agent):
     finally:
         proc.kill()
     assert proc.returncode == 130, (out, err)
-    assert err.strip().splitlines()[-1] == "Error: interrupted"
+    assert err.strip().splitlines()[-1] == "Error: interrupted: the command was stopped on every host (3)"
     assert left_on_nodes(c, f"sleep {marker[6:]}|python3 -c") == {}, (out, err)
 
 
