@@ -75,7 +75,7 @@ def test_node_unreachable_mid_copy_is_reported_and_the_rest_finish(c4, tmp_path)
     ns = netns_of(c4, 1)
     try:
         p = c4.cli.popen("sync", "--cluster", c4.name, str(src), dst)
-        _wait_for(lambda: _du(c4, 1, dst) > 1_000_000, 30, "node 1 to receive 1 MB")
+        _wait_for(lambda: _du(c4, 1, dst) > 1_000_000, 120, "node 1 to receive 1 MB")
         for chain in ("INPUT", "OUTPUT"):
             subprocess.run(["ip", "netns", "exec", ns, "iptables", "-A", chain, "-j", "DROP"], check=True)
         out, err = p.communicate(timeout=180)
@@ -108,13 +108,13 @@ def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
                               "parallel", str(src), dst], cwd=c4.cli.cwd, env=c4.cli.env(), text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                              start_new_session=True)
-        _wait_for(lambda: _du(c4, 3, dst) > 1_500_000, 30, "node 3 to receive 1.5 MB")
+        _wait_for(lambda: _du(c4, 3, dst) > 1_500_000, 120, "node 3 to receive 1.5 MB")
         os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
         out, err = p.communicate(timeout=60)
         assert p.returncode == 130, err
         assert first_error_line(err) == "Error: interrupted"
         partial = c4.node_exec(3, "stat", "-c", "%s", f"{dst}/.clusterctl-partial/big.bin", check=False)
-        assert partial.returncode == 0, "rsync kept no partial file"
+        assert partial.returncode == 0, f"rsync kept no partial file: {c4.node_exec(3, 'ls', '-laR', dst).stdout}"
         kept = int(partial.stdout)
         assert 1_000_000 < kept < size
         assert marker(c4, 3, dst) is None
