@@ -112,4 +112,60 @@ def _clean(step: Step, ctx: Context) -> tuple[bool, str]:
     return ok, "; ".join(details)
 
 
-_HANDLERS = {"run": _run, "put": _put, "doctor": _doctor, "bench": _bench, "clean": _clean}
+def _sync(step: Step, ctx: Context) -> tuple[bool, str]:
+    from clusterctl import transfer
+    from clusterctl.remote import SshPool
+
+    p = step.params
+    inv = ctx.inventory
+    strategy = str(p.get("strategy", "chain"))
+    if strategy not in transfer.STRATEGIES:
+        raise PlaybookError(f"step {step.name!r}: unknown strategy {strategy!r}")
+    dst = str(p["dst"])
+    transfer.check_dst(dst)
+    source = transfer.parse_source(str(p["src"]))
+
+    class Phases(transfer.Events):
+        def phase(self, text: str) -> None:
+            ctx.report(f"  {text}")
+
+    with SshPool(inv.settings) as pool:
+        report = transfer.Syncer(inv.targets, inv.hosts.hosts, inv.settings.known_hosts, pool, source, dst,
+                                 strategy=strategy, fanout=int(p.get("fanout", 1)), delete=bool(p.get("delete", False)),
+                                 endpoint_url=p.get("endpoint_url") or None, managed=inv.cluster is not None,
+                                 events=Phases()).run()
+    err = report.error()
+    if err is not None:
+        return False, err.one_line()
+    return True, f"{report.files} file(s), {report.total_bytes} bytes verified on {len(report.outcomes)} node(s)"
+
+
+def _train(step: Step, ctx: Context) -> tuple[bool, str]:
+    from clusterctl import train
+
+    p = step.params
+    synthetic = bool(p.get("synthetic", False))
+    opts = train.TrainOptions(
+        data=None if synthetic else str(p["data"]) if p.get("data") else None, synthetic=synthetic,
+        model=str(p.get("model", "resnet50")), epochs=float(p["epochs"]) if p.get("epochs") else None,
+        batch_size=int(p["batch_size"]) if p.get("batch_size") else None,
+        extra=tuple(str(x) for x in (p.get("extra") or ())))
+    if not synthetic and not opts.data:
+        raise PlaybookError(f"step {step.name!r}: train needs data or synthetic: true")
+    job = train.start(ctx.inventory, ctx.store, opts, report=ctx.report)
+    if not p.get("wait", True):
+        return True, f"started {job.job} (not waited for)"
+    code = train.follow(ctx.inventory, job, lambda line: ctx.report(f"  {line}"))
+    return code == 0, f"{job.job} exited {code}"
+
+
+def _eval(step: Step, ctx: Context) -> tuple[bool, str]:
+    from clusterctl import train
+
+    job = train.require_job(ctx.store, ctx.inventory)
+    result = train.evaluate(ctx.inventory, job)
+    return True, f"top-1 {result.top1:.2f}%, top-5 {result.top5:.2f}% at step {result.step}"
+
+
+_HANDLERS = {"run": _run, "put": _put, "doctor": _doctor, "bench": _bench, "clean": _clean,
+             "sync": _sync, "train": _train, "eval": _eval}

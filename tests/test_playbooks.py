@@ -82,3 +82,22 @@ def test_from_resumes_at_a_step(cluster, tmp_path):
     got = {json.loads(line)["host"]: json.loads(line)["stdout"].split() for line in trail.stdout.splitlines()}
     assert got == {cluster.hosts[0]: ["b"], cluster.hosts[1]: ["d"]}
     assert "FAIL c (run)" in proc.stdout and "skip a (run)" in proc.stdout
+
+
+def test_imagenet_playbook_on_a_tiny_generated_dataset(cluster):
+    cli = cluster.cli
+    made = cli("data", "synthetic", "tinyset", "--images", "160", "--classes", "4", "--image-size", "32", timeout=300)
+    assert made.returncode == 0, made.stderr
+    proc = cli("play", "imagenet", "--var", f"data={cli.cwd / 'tinyset'}", "--var", "dst=tinyset",
+               "--var", "model=tiny", "--var", "epochs=2", "--var", "batch_size=8", "--var", "bench_steps=4",
+               timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "ok sync (sync):" in out and "verified on 2 node(s)" in out
+    assert "ok preflight (doctor): all checks passed" in out
+    assert "ok train (train):" in out and "exited 0" in out
+    assert "ok evaluate (eval): top-1" in out
+    top1 = float(out.split("ok evaluate (eval): top-1 ")[1].split("%")[0])
+    assert 0.0 <= top1 <= 100.0
+    left = cli("run", "--json", "pgrep -c -f '[t]rain_imagenet|[h]orovod' || true")
+    assert all(json.loads(line)["stdout"].strip() == "0" for line in left.stdout.splitlines())
