@@ -984,9 +984,11 @@ def sweep(
                 return
             if snap.state is None:
                 display.info(f"sweep {sid}: the scheduler has not written its state yet"
-                             + ("" if snap.alive else f" and is not running; see `clusterctl logs {sid}`"))
+                             + ("" if snap.alive else f" and is not running; see ~/.clusterctl/jobs/{sid}.log on the leader"))
                 return
             _sweep_show(snap.state, sort=snap.state.get("status") in sweeplib.ENDED)
+            if not snap.alive and snap.state.get("status") not in sweeplib.ENDED and snap.log_tail.strip():
+                display.warn("the scheduler's last words: " + " / ".join(snap.log_tail.strip().splitlines()[-3:]))
             display.info(_sweep_summary(snap.state) + ("" if snap.alive or snap.state.get("status") in sweeplib.ENDED
                                                        else "; the scheduler is not running (--cancel ends its trials)"))
             return
@@ -1052,6 +1054,8 @@ def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
     _sweep_show(state, sort=True, title=f"sweep {sid}: {meta.get('metric', 'metric')} ({goal}), best first")
     top = sweeplib.best(state, goal)
     display.info(_sweep_summary(state))
+    if state.get("error"):
+        display.warn(state["error"])
     if top is not None:
         display.info(f"best: trial {top['id']} (" + " ".join(f"{k}={v}" for k, v in top["params"].items())
                      + f") {meta.get('metric', 'metric')} {top['metric']:.6g}")

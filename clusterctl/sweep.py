@@ -280,10 +280,20 @@ def sweep_dir(home: str, sweep_id: str) -> str:
 
 
 def running_sweeps(pool, leader) -> list[str]:
-    r = pool.run_one(leader, "tmux ls -F '#{session_name}' 2>/dev/null | grep '^sweep-' || true", timeout=30)
+    """Sweeps whose scheduler still runs on the leader and has not ended (one that just wrote its final
+    state may still be closing its connections)."""
+    cmd = ("for s in $(tmux ls -F '#{session_name}' 2>/dev/null | grep '^sweep-'); do "
+           f'printf "%s %s\\n" "$s" "$(grep -o \'"status": "[a-z]*"\' "$HOME/{SWEEPS}/$s/state.json" 2>/dev/null | head -n 1)"; '
+           "done; true")
+    r = pool.run_one(leader, cmd, timeout=30)
     if not r.ok:
         raise UnreachableError(f"cannot reach the leader {leader.label}: {r.error or r.stderr.strip()}")
-    return [s for s in r.stdout.split() if _ID.match(s)]
+    busy = []
+    for line in r.stdout.splitlines():
+        name, _, status = line.partition(" ")
+        if _ID.match(name) and not any(f'"{s}"' in status for s in ENDED):
+            busy.append(name)
+    return busy
 
 
 def start(pool, inv, spec: SweepSpec, python: str, sweep_id: str | None = None) -> tuple[str, str]:
@@ -376,10 +386,10 @@ def follow(pool, leader, sweep_id: str, on_state: Callable[[dict], None], poll: 
             status = (snap.state or {}).get("status", "not started")
             raise RemoteCommandError(f"the scheduler of {sweep_id} stopped on the leader while the sweep was {status}"
                                      + (f": {snap.log_tail.strip().splitlines()[-1]}" if snap.log_tail.strip() else ""),
-                                     f"see `clusterctl logs {sweep_id} --cluster ...`; end its trials with --cancel")
+                                     f"see ~/.clusterctl/jobs/{sweep_id}.log on the leader; end its trials with --cancel")
         if snap.state is None and time.monotonic() - began > start_timeout:
             raise RemoteCommandError(f"the scheduler of {sweep_id} wrote no state in {start_timeout:.0f}s",
-                                     f"see `clusterctl logs {sweep_id}`")
+                                     f"see ~/.clusterctl/jobs/{sweep_id}.log on the leader")
         time.sleep(poll)
 
 
@@ -405,7 +415,7 @@ def cancel(pool, leader, sweep_id: str, python: str, timeout: float = 60.0) -> d
             time.sleep(0.5)
         else:
             raise RemoteCommandError(f"the scheduler of {n} did not finish cancelling in {timeout:.0f}s",
-                                     f"see `clusterctl logs {n}`")
+                                     f"see ~/.clusterctl/jobs/{n}.log on the leader")
     r = pool.run_one(leader, f"{shlex.quote(python)} {d}/{SCHEDULER} {d} --cancel", timeout=120)
     if not r.ok:
         raise RemoteCommandError(f"cancelling {n} on the leader failed: {(r.error or r.stderr).strip()}")
