@@ -59,6 +59,8 @@ def bench(nodes: int, rounds: int, seq_rounds: int, work: Path) -> dict[str, lis
     cwd.mkdir(parents=True)
     env = {**os.environ, "CLUSTERCTL_HOME": str(home)}
     env.pop("CLUSTERCTL_AGENT", None)
+    # as an installed wheel: bytecode cached (the warm-up run writes it), so no run recompiles clusterctl
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     print(f"\n== {nodes} nodes: bringing up local cluster {name} ...", flush=True)
     start = time.monotonic()
     sh([*CLUSTERCTL, "up", "--provider", "local", "--nodes", str(nodes), "--name", name, "--yes"], env=env, cwd=cwd)

@@ -118,18 +118,25 @@ def grouped_output(report) -> None:
 
 
 def summary(report, tail_lines: int = 3) -> None:
-    c = console(stderr=True)
+    """To stderr: hosts ok / failed / unreachable / timed out, then one line per host that was not ok.
+    Plain text when stderr is not a terminal (no rich import: it is most of a repeated run's start-up)."""
     counts = {s: len(report.by_status(s)) for s in ("ok", "failed", "unreachable", "timeout")}
     line = ", ".join(f"{n} {'timed out' if s == 'timeout' else s}" for s, n in counts.items() if n or s == "ok")
-    style = "green" if report.all_ok else "red"
-    c.print(f"[{style}]{len(report)} host(s): {line}[/]")
+    lines = [(f"{len(report)} host(s): {line}", "green" if report.all_ok else "red", None)]
     for r in report:
         if r.status == "failed":
             tail = " / ".join(r.stderr.strip().splitlines()[-tail_lines:])
-            c.print(f"  [red]{_esc(r.host)}[/]: exit {r.exit_code}" + (f": {_esc(tail)}" if tail else ""))
+            lines.append((f"exit {r.exit_code}" + (f": {tail}" if tail else ""), None, r.host))
         elif r.status in ("unreachable", "timeout"):
             label = "timed out" if r.status == "timeout" else r.status
-            c.print(f"  [red]{_esc(r.host)}[/]: {label}: {_esc(r.error or '')}")
+            lines.append((f"{label}: {r.error or ''}", None, r.host))
+    if not sys.stderr.isatty():
+        sys.stderr.write("".join(f"  {host}: {text}\n" if host else f"{text}\n" for text, _, host in lines))
+        sys.stderr.flush()
+        return
+    c = console(stderr=True)
+    for text, style, host in lines:
+        c.print(f"  [red]{_esc(host)}[/]: {_esc(text)}" if host else f"[{style}]{_esc(text)}[/]")
 
 
 def disk_table(rows) -> None:

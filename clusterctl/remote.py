@@ -113,9 +113,10 @@ SID_MARK = "\x1eclusterctl-sid "  # starts the one line of stderr that carries t
 
 def wrap_command(command: str, token: str = "") -> str:
     """Run `command` in the login shell with stdin closed, first reporting this ssh session's id on
-    stderr (sshd makes every exec session a new session whose leader is this shell: $$ is the id)."""
-    return (f"printf '\\036clusterctl-sid %s\\n' \"$$\" >&2; "
-            f'exec "${{SHELL:-/bin/sh}}" -c {shlex.quote(command)} </dev/null')
+    stderr (sshd makes every exec session a new session whose leader is this shell: $$ is the id).
+    The command is eval'd by that same shell, as `ssh host CMD` would run it: no second shell starts."""
+    return (f"printf '\\036clusterctl-sid %s\\n' \"$$\" >&2; exec </dev/null; "
+            f"eval {shlex.quote(command)}")
 
 
 # The pids of session $1 and of every descendant of its processes (descendants may have left the session
