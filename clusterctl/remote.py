@@ -87,6 +87,11 @@ def targets_from_hosts(
         alias, _, p = rest.partition(":")
         validate_host(alias, "host")
         opts = cfg.lookup(alias)
+        if opts.get("proxycommand") and opts["proxycommand"].lower() != "none" and not opts.get("proxyjump"):
+            from clusterctl.errors import ConfigError
+
+            raise ConfigError(f"the ssh config of {alias} uses ProxyCommand, which clusterctl does not run "
+                              "(it would dial the host directly instead)", "use ProxyJump, or a hosts file without it")
         jump = None
         if opts.get("proxyjump") and opts["proxyjump"].lower() != "none" and depth < 5:
             jump = resolve(opts["proxyjump"].split(",")[0].strip(), depth + 1)

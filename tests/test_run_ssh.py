@@ -187,3 +187,12 @@ def test_no_agent_forwarding_and_stdin_closed(c, user_home):
                  env={"SSH_AUTH_SOCK": str(sock)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("agent=none") == 3 and proc.stdout.count("stdin=0") == 3
+
+
+def test_proxycommand_is_refused_not_bypassed(c, tmp_path):
+    cfg = tmp_path / "config"
+    cfg.write_text(f"Host via-cmd\n    HostName {c.hosts[0]}\n    ProxyCommand nc %h %p\n")
+    (c.cli.cwd / "via-cmd").write_text("via-cmd\n")
+    proc = c.cli("run", "--ssh-config", str(cfg), "via-cmd", "true", env={"HOME": str(tmp_path)})
+    assert proc.returncode == 3
+    assert proc.stderr.startswith("Error: the ssh config of via-cmd uses ProxyCommand") and proc.stdout == ""
