@@ -60,6 +60,9 @@ def test_chain_copies_hostile_paths_to_every_node_verified(c3, hostile_src):
     total = sum(len(v) for v in HOSTILE.values())
     assert f"{total:,}" in rows[c3.hosts[2]]
     assert "3 of 3 node(s) verified and marked complete" in proc.stderr
+    bars = [line for line in proc.stderr.splitlines() if "MB" in line or "kB" in line]
+    assert any(line.startswith("total") for line in bars)  # the progress: the total and one bar per node
+    assert all(any(line.startswith(f"{h} verified") for line in bars) for h in c3.hosts), proc.stderr
 
 
 def test_rerun_copies_nothing_and_a_flipped_byte_is_found_and_fixed(c3, tmp_path):
