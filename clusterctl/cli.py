@@ -133,20 +133,23 @@ def up(
     s3_read: List[str] = typer.Option([], "--s3-read", help="s3://bucket/prefix the nodes may read (repeatable)."),
     private_ips: bool = typer.Option(False, "--private-ips", help="No public addresses: reach nodes by private IP (VPN/VPC)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and check permissions; create nothing."),
-    confirm_above: float = typer.Option(10.0, "--confirm-above", help="Ask before launching above this many $/hour."),
+    max_hourly: float = typer.Option(50.0, "--max-hourly", "--confirm-above", help="Ask before launching above this many $/hour."),
     ssh_timeout: float = typer.Option(600.0, "--ssh-timeout", help="Seconds to wait for every node's ssh."),
+    idle_stop: str = typer.Option("60m", "--idle-stop", help="Stop the cluster after this long with nothing busy (off: never)."),
+    max_lifetime: Optional[str] = typer.Option(None, "--max-lifetime", help="Stop it this long after it was made, busy or not (e.g. 12h)."),
 ) -> None:
     """Bring up identical nodes, keys pinned, hosts file written.
 
     One network, one zone, one placement group; safe to re-run and to interrupt.
     """
-    from clusterctl import display, provision
+    from clusterctl import autostop, display, provision
     from clusterctl.providers.aws_catalog import money
     from clusterctl.state import validate_name
     from clusterctl.types import ClusterSpec
 
     store = _store()
     name = validate_name(name or ("local" if provider == "local" else "cluster"))
+    stop_rules = autostop.settings(idle_stop, max_lifetime)
     if slots is not None and not 1 <= slots <= 1024:
         raise UsageError(f"--slots must be 1..1024, not {slots}")
     if nodes < 1:
@@ -159,17 +162,19 @@ def up(
                    "volume_type": volume_type, "iops": iops, "spot": spot, "vpc": vpc, "subnets": tuple(subnet),
                    "cidr": cidr, "ssh_cidr": ssh_cidr, "s3_read": tuple(s3_read), "private_ips": private_ips}
     spec = ClusterSpec(name=name, provider=provider, nodes=nodes, slots=slots,
-                       instance_type=type_ if provider != "local" else "local", region=region or "", options=options)
+                       instance_type=type_ if provider != "local" else "local", region=region or "", options=options,
+                       autostop=stop_rules)
     impl = _provider(provider, store, region)
     plan = impl.plan(spec)
     for line in plan.lines:
         display.info(f"plan: {line}")
+    display.info(f"plan: autostop: {autostop.describe(stop_rules)}")
     if dry_run:
         for line in impl.dry_run(spec):
             display.info(f"dry run: {line}")
         display.info("dry run: nothing was created")
         return
-    if plan.hourly_usd is None or plan.hourly_usd > confirm_above:
+    if plan.hourly_usd is None or plan.hourly_usd > max_hourly:
         cost = "an unknown price" if plan.hourly_usd is None else f"{money(plan.hourly_usd)}/hour"
         _confirm(f"Launch {nodes} x {type_} at {cost}?", yes)
     start = time.monotonic()
@@ -269,9 +274,14 @@ def ls(
     if provider == "aws" or region:
         regions = {region} if region else (regions or {None})
     rows, seen = [], set()
+    totals = {"hourly": 0.0, "so_far": 0.0, "unknown": 0}
     for reg in sorted(regions, key=str):
         impl = _provider("aws", store, reg)
         for cname, st in impl.statuses().items():
+            hourly, so_far = st.hourly_usd, st.cost_so_far(now)
+            totals["hourly"] += hourly or 0.0
+            totals["so_far"] += so_far or 0.0
+            totals["unknown"] += hourly is None or so_far is None
             rec = records.get(cname)
             rec = rec if rec is not None and rec.cluster.provider == "aws" else None
             seen.add(cname)
@@ -300,13 +310,18 @@ def ls(
             continue
         rows.append({"name": cname + (" *" if cname == current else ""), "provider": c.provider, "region": c.region,
                      "nodes": len(c.nodes), "type": c.instance_type, "az": "-", "state": r.status,
-                     "uptime": display.age(now - c.created_at), "$/hour": "$0.00" if c.provider == "local" else "-",
-                     "cost so far": "$0.00" if c.provider == "local" else "-", "note": ""})
+                     "uptime": display.age(now - c.created_at) if r.status == "up" else "-",
+                     "$/hour": "$0.00" if c.provider == "local" else "-",
+                     "cost so far": "$0.00" if c.provider == "local" else "-", "note": r.note})
     if not rows:
         display.info("no clusters; bring one up with `clusterctl up --provider local --nodes 2`")
         return
     display.cluster_table(rows, ("name", "provider", "region", "nodes", "type", "az", "state", "uptime", "$/hour",
                                  "cost so far", "note"))
+    display.info(f"total: {display._money(totals['hourly'])}/hour now, {display._money(totals['so_far'])} so far "
+                 f"for {len(rows)} cluster(s)" + (f" ({totals['unknown']} cluster(s) of unknown price not counted)"
+                                                  if totals["unknown"] else "")
+                 + " (built-in on-demand prices; not a bill)")
 
 
 @app.command()

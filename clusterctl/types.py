@@ -75,6 +75,19 @@ class Cluster:
 
 
 @dataclass(frozen=True)
+class Autostop:
+    """When the cluster stops itself (see autostop.py): after `idle_stop_s` seconds with nothing busy, and
+    `max_lifetime_s` seconds after it was made; None turns either off."""
+
+    idle_stop_s: int | None = 3600
+    max_lifetime_s: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.idle_stop_s or self.max_lifetime_s)
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """What the user asked for; providers turn it into a Cluster."""
 
@@ -85,6 +98,7 @@ class ClusterSpec:
     instance_type: str = "local"
     region: str = "local"
     options: Mapping[str, object] = field(default_factory=dict)  # provider-specific settings
+    autostop: Autostop | None = None  # None: no watchdog on the nodes
 
 
 HostStatus = Literal["ok", "failed", "unreachable", "timeout"]

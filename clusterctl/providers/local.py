@@ -27,6 +27,12 @@ def node_names(cluster: str, count: int) -> list[str]:
     return [f"{cluster}-leader"] + [f"{cluster}-member-{i}" for i in range(1, count)]
 
 
+def _autostop_extra(spec: ClusterSpec) -> dict[str, str]:
+    from clusterctl import autostop
+
+    return autostop.extra(spec.autostop)
+
+
 @contextlib.contextmanager
 def _net_lock():
     """One `up` at a time picks a subnet and makes its bridge, so two clusters never take the same one."""
@@ -103,6 +109,12 @@ class LocalProvider:
             made.append(netns.create_node(spec.name, bridge, subnet, s, specs, nodes_root / str(s.index), authorized))
         with ThreadPoolExecutor(max_workers=min(32, len(made))) as pool:
             list(pool.map(lambda n: netns.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made))
+        created = time.time()
+        if spec.autostop is not None:  # the watchdog in the leader, and the host-side supervisor (autostop.py)
+            from clusterctl import autostop
+
+            autostop.install_local(self.store, spec.name, len(made), spec.autostop, created)
+            autostop.start_supervisor(self.store, spec.name)
 
         cluster = Cluster(
             name=spec.name,
@@ -113,8 +125,8 @@ class LocalProvider:
             ),
             region="local",
             instance_type="local",
-            created_at=time.time(),
-            extra={"bridge": bridge, "subnet": str(subnet), "gateway": gateway},
+            created_at=created,
+            extra={"bridge": bridge, "subnet": str(subnet), "gateway": gateway, **_autostop_extra(spec)},
         )
         return Launched(cluster, {n.address: (n.host_public_key,) for n in made})
 
@@ -126,6 +138,9 @@ class LocalProvider:
         return None
 
     def terminate(self, name: str) -> Teardown:
+        from clusterctl import autostop
+
+        autostop.stop_supervisor(name)  # first: it must not take the nodes' end for the watchdog's power-off
         before = netns.leftovers(name)
         left = netns.destroy(name)
         removed = [f"namespace {ns}" for ns in before.netns if ns not in left.netns]

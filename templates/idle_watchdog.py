@@ -1,0 +1,392 @@
+#!/usr/bin/env python3
+"""clusterctl's autostop watchdog: power the cluster off when it has been idle, or up, for too long.
+
+Standard library only; shipped by clusterctl (templates/idle_watchdog.py). On AWS every node runs it as
+the systemd unit clusterctl-autostop (from the user data) and a shutdown terminates the instance; on the
+local provider it runs inside the leader node and a host-side supervisor removes the cluster.
+
+  idle_watchdog.py run --dir DIR             watch; power off when idle (--idle-stop) or too old (--max-lifetime)
+  idle_watchdog.py probe                     this node's activity as one JSON line (what `run` asks every node)
+  idle_watchdog.py status --dir DIR          settings, state and time left as one JSON line
+  idle_watchdog.py keep --dir DIR --for S    no stop of any kind before now + S seconds
+  idle_watchdog.py off|on --dir DIR          disable / enable
+
+DIR holds config.json (written by clusterctl: the settings), state.json (written here at every check),
+watchdog.log (why it fired) and, once it fired, fired.json.
+
+Busy means, on any node of the cluster: a GPU in use (nvidia-smi), or on nodes without GPUs a training
+process (python, horovodrun, mpirun, orted ...) or an ssh session that runs, or since the last check
+ran, a command. Kept-open ssh connections with nothing running, system daemons, and clusterctl's own
+checks (anything running this script) do not count. The node whose address is first in the hosts file
+(the leader) decides for the whole cluster: it asks every member over ssh, and when it fires it powers
+the members off first, then itself. A member defers to the leader while the leader answers on port 22,
+and acts alone (on its own activity) when there is no hosts file yet or the leader is gone.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+MARK = "idle_watchdog.py"  # clusterctl's own processes carry this in their command line
+TRAINING = re.compile(r"^(python[0-9.]*|horovodrun|mpirun|mpiexec|orted|prted|prterun|torchrun|deepspeed|hydra_pmi_proxy)$")
+DEFAULTS = {"enabled": True, "idle_stop": 3600, "max_lifetime": None, "keep_until": None, "created_at": None,
+            "poll": 30, "poweroff": "shutdown", "user": "root", "python": "/usr/bin/python3", "script": None,
+            "gpu_busy_percent": 1, "cluster": ""}
+
+
+# ---- files --------------------------------------------------------------------------------------------
+def read_json(path, default=None):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def write_json(path, data):
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, sort_keys=True)
+        f.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def load_config(d):
+    cfg = dict(DEFAULTS)
+    cfg.update(read_json(os.path.join(d, "config.json"), {}) or {})
+    return cfg
+
+
+def edit_config(d, **changes):
+    cfg = read_json(os.path.join(d, "config.json"), {}) or {}
+    cfg.update(changes)
+    write_json(os.path.join(d, "config.json"), cfg)
+    return cfg
+
+
+def log(d, text):
+    line = time.strftime("%Y-%m-%dT%H:%M:%S%z") + " " + text
+    print(line, flush=True)
+    try:
+        with open(os.path.join(d, "watchdog.log"), "a") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass
+
+
+# ---- what runs on this node ---------------------------------------------------------------------------
+def _read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def processes():
+    """pid -> (ppid, comm, cmdline, start ticks, faults of reaped children, cgroup) for every live process."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        stat = _read(f"/proc/{name}/stat")
+        if not stat:
+            continue
+        stat = stat.decode(errors="replace")
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        f = stat[stat.rindex(")") + 2:].split()
+        if f[0] in ("Z", "X"):
+            continue
+        cmd = (_read(f"/proc/{name}/cmdline") or b"").replace(b"\0", b" ").decode(errors="replace").strip()
+        cgroup = (_read(f"/proc/{name}/cgroup") or b"").decode(errors="replace")
+        # fields after the comm: state ppid ... cminflt(8) ... cmajflt(10) ... starttime(19)
+        out[int(name)] = (int(f[1]), comm, cmd, int(f[19]), int(f[8]) + int(f[10]), cgroup)
+    return out
+
+
+def gpu_use(threshold):
+    """Utilization per GPU (percent), or None without nvidia-smi (or when it does not answer)."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=30)
+        values = [int(v.strip()) for v in r.stdout.split("\n") if v.strip()]
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return values if r.returncode == 0 and values else None
+
+
+def probe(threshold=1):
+    procs = processes()
+    mine = {os.getpid()}
+    pid = os.getpid()
+    while pid in procs and pid > 1:  # this probe, and what started it (the ssh command of the leader's check)
+        pid = procs[pid][0]
+        mine.add(pid)
+    training, sessions = [], {}
+    for pid, (ppid, comm, cmd, start, faults, cgroup) in procs.items():
+        if pid in mine or MARK in cmd or "system.slice" in cgroup:
+            continue
+        if TRAINING.match(comm):
+            training.append(f"{comm}[{pid}] {cmd[:80]}".strip())
+    for pid, (ppid, comm, cmd, start, faults, cgroup) in procs.items():
+        if comm == "sshd" and "@" in cmd:  # "sshd: user@notty" / "sshd: user@pts/0": a logged-in session
+            kids = [{"cmd": c[:80], "own": MARK in c} for p, (pp, _, c, *_rest) in procs.items() if pp == pid]
+            sessions[f"{pid}:{start}"] = {"faults": faults, "children": kids}
+    return {"gpus": gpu_use(threshold), "training": sorted(training), "sessions": sessions}
+
+
+def busy_reasons(host, pr, seen, own, first, threshold=1):
+    """Why node `host` is busy now (empty: idle). `seen`: its sessions at the last check; `own`: session keys
+    known to be clusterctl's own checks (updated here)."""
+    if pr.get("gpus"):
+        return [f"{host}: GPU {i} at {u}%" for i, u in enumerate(pr["gpus"]) if u >= threshold]
+    reasons = [f"{host}: {t}" for t in pr.get("training", [])]
+    for key, s in pr.get("sessions", {}).items():
+        kids = s.get("children", [])
+        if kids and all(k["own"] for k in kids):
+            own.add(f"{host}/{key}")
+        if f"{host}/{key}" in own:
+            continue
+        if any(not k["own"] for k in kids):
+            reasons.append(f"{host}: ssh session running {next(k['cmd'] for k in kids if not k['own'])}")
+        elif key in seen and s["faults"] > seen[key]["faults"]:
+            reasons.append(f"{host}: a command ran in an ssh session")
+        elif key not in seen and not first and s["faults"] > 0:
+            reasons.append(f"{host}: a new ssh session ran a command")
+    return reasons
+
+
+# ---- the cluster ---------------------------------------------------------------------------------------
+def hosts_file(cfg):
+    path = os.path.expanduser(f"~{cfg['user']}/hosts")
+    try:
+        with open(path) as f:
+            return [line.split()[0] for line in f if line.strip() and not line.startswith("#")]
+    except OSError:
+        return []
+
+
+def own_addresses():
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return set(out.split()) | {socket.gethostname()}
+
+
+def answers(host, port=22, timeout=3.0):
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def ssh(cfg, host, command, timeout):
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2", host, command]
+    if os.geteuid() == 0 and cfg["user"] != "root":
+        argv = ["runuser", "-u", cfg["user"], "--"] + argv
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return subprocess.CompletedProcess(argv, 255, "", str(exc))
+
+
+def probe_members(cfg, members):
+    """host -> probe of that member (None when it did not answer), all members at once."""
+    result = {}
+    script = cfg.get("script") or os.path.abspath(__file__)
+
+    def one(host):
+        r = ssh(cfg, host, f"{cfg['python']} {script} probe", timeout=60)
+        try:
+            result[host] = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+        except (ValueError, IndexError):
+            result[host] = None
+
+    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    return result
+
+
+def poweroff_command(cfg):
+    if cfg["poweroff"] == "node-init":  # a namespace node: its PID 1 ends, and every process of it with it
+        return "kill -TERM 1"
+    return "shutdown -h now" if cfg["user"] == "root" else "sudo -n shutdown -h now"
+
+
+def poweroff_self(cfg, d):
+    if cfg["poweroff"] == "node-init":
+        os.kill(1, signal.SIGTERM)
+        return
+    comm = (_read("/proc/1/comm") or b"").decode().strip()
+    if comm == "sshd":  # PID 1 is sshd: a namespace node sharing the host's init; never shut that down
+        log(d, "refusing to run shutdown: PID 1 is sshd (a namespace node); set poweroff to node-init")
+        return
+    subprocess.run(["shutdown", "-h", "now"], timeout=60)
+
+
+# ---- deadlines ------------------------------------------------------------------------------------------
+def plan(cfg, last_active, started, now):
+    """When the cluster stops and why: {"stop_at": epoch or None, "why": "idle-stop"|"max-lifetime"|None, ...}."""
+    keep = cfg.get("keep_until") or 0
+    out = {"stop_at": None, "why": None, "idle_for": max(0.0, now - max(last_active, started)),
+           "idle_at": None, "lifetime_at": None}
+    if not cfg.get("enabled", True):
+        return out
+    if cfg.get("idle_stop"):
+        out["idle_at"] = max(last_active, started, keep) + float(cfg["idle_stop"])
+    if cfg.get("max_lifetime"):
+        born = cfg.get("created_at") or started
+        out["lifetime_at"] = max(born + float(cfg["max_lifetime"]), keep)
+    options = [(t, why) for t, why in ((out["idle_at"], "idle-stop"), (out["lifetime_at"], "max-lifetime")) if t]
+    if options:
+        out["stop_at"], out["why"] = min(options)
+    return out
+
+
+def status(d):
+    cfg = load_config(d)
+    state = read_json(os.path.join(d, "state.json"), {}) or {}
+    now = time.time()
+    pid = state.get("pid")
+    alive = bool(pid) and os.path.exists(f"/proc/{pid}") and MARK in (_read(f"/proc/{pid}/cmdline") or b"").decode(errors="replace")
+    started = state.get("started_at") or now
+    p = plan(cfg, state.get("last_active") or started, started, now)
+    return {"config": cfg, "state": state, "running": alive, "now": now, "plan": p,
+            "fired": read_json(os.path.join(d, "fired.json"))}
+
+
+def _name_process():
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, b"cc-autostop", 0, 0, 0)  # PR_SET_NAME: never taken for a training process
+    except Exception:
+        pass
+
+
+def run(d):
+    _name_process()
+    os.makedirs(d, exist_ok=True)
+    started = time.time()
+    last_active, last_reason = started, "the watchdog started"
+    seen, own, first, leader_gone = {}, set(), True, 0
+    cfg = load_config(d)
+    log(d, f"started (pid {os.getpid()}): idle-stop {cfg.get('idle_stop')}s, max-lifetime {cfg.get('max_lifetime')}s, "
+           f"enabled {cfg.get('enabled')}")
+    while True:
+        cfg = load_config(d)
+        now = time.time()
+        threshold = cfg.get("gpu_busy_percent", 1)
+        hosts = hosts_file(cfg)
+        mine = own_addresses()
+        role = "alone"
+        if hosts:
+            if hosts[0] in mine:
+                role = "leader"
+            elif answers(hosts[0]):
+                role, leader_gone = "member", 0
+            else:
+                leader_gone += 1
+                role = "member" if leader_gone < 3 else "alone"
+        if not cfg.get("enabled", True) or role == "member":
+            last_active, last_reason = now, ("autostop is off" if not cfg.get("enabled", True)
+                                             else f"the leader {hosts[0]} decides")
+        else:
+            here = probe(threshold)
+            reasons = busy_reasons("this node", here, seen.get("", {}), own, first, threshold)
+            seen[""] = here.get("sessions", {})
+            members = [h for h in hosts[1:] if h not in mine] if role == "leader" else []
+            probes = probe_members(cfg, members) if members else {}
+            for host, pr in probes.items():
+                if pr is not None:
+                    reasons += busy_reasons(host, pr, seen.get(host, {}), own, first, threshold)
+                    seen[host] = pr.get("sessions", {})
+            if reasons:
+                last_active, last_reason = now, "; ".join(reasons)[:300]
+            first = False
+        if role == "member" or not cfg.get("enabled", True):
+            seen, first = {}, True  # sessions seen before a pause say nothing about activity after it
+        p = plan(cfg, last_active, started, now)
+        write_json(os.path.join(d, "state.json"), {
+            "pid": os.getpid(), "started_at": started, "checked_at": now, "last_active": last_active,
+            "last_reason": last_reason, "role": role, "plan": p})
+        if p["stop_at"] is not None and now >= p["stop_at"]:
+            if p["why"] == "idle-stop":
+                why = (f"idle-stop: nothing busy for {int(now - max(last_active, started))}s (limit "
+                       f"{int(cfg['idle_stop'])}s); last activity: {last_reason}")
+            else:
+                why = f"max-lifetime: up {int(now - (cfg.get('created_at') or started))}s (limit {int(cfg['max_lifetime'])}s)"
+            fire(cfg, d, why, [h for h in hosts[1:] if h not in mine] if role == "leader" else [])
+            return
+        time.sleep(max(1, int(cfg.get("poll") or 30)))
+
+
+def fire(cfg, d, why, members):
+    log(d, f"firing: {why}")
+    write_json(os.path.join(d, "fired.json"), {"at": time.time(), "reason": why, "cluster": cfg.get("cluster", "")})
+    if members:
+        log(d, f"powering off {len(members)} member(s): {', '.join(members)}")
+        threads = [threading.Thread(target=ssh, args=(cfg, h, poweroff_command(cfg), 20), daemon=True) for h in members]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    log(d, "powering off this node")
+    poweroff_self(cfg, d)
+    time.sleep(60)
+
+
+def main(argv):
+    if not argv or argv[0] not in ("run", "probe", "status", "keep", "off", "on"):
+        sys.stderr.write(__doc__)
+        return 2
+    cmd, args = argv[0], argv[1:]
+
+    def opt(name):
+        return args[args.index(name) + 1] if name in args and args.index(name) + 1 < len(args) else None
+
+    d = opt("--dir")
+    if cmd == "probe":
+        print(json.dumps(probe()))
+        return 0
+    if d is None:
+        sys.stderr.write(f"{cmd} needs --dir DIR\n")
+        return 2
+    if cmd == "run":
+        run(d)
+    elif cmd == "status":
+        print(json.dumps(status(d), sort_keys=True))
+    elif cmd == "keep":
+        seconds = float(opt("--for"))
+        edit_config(d, keep_until=time.time() + seconds)
+        log(d, f"keep: no stop before {int(seconds)}s from now")
+        print(json.dumps(status(d), sort_keys=True))
+    else:
+        changes = {"enabled": cmd == "on"}
+        for flag, key in (("--idle-stop", "idle_stop"), ("--max-lifetime", "max_lifetime")):
+            if opt(flag) is not None:  # seconds, or "none"
+                changes[key] = None if opt(flag) == "none" else int(float(opt(flag)))
+        edit_config(d, **changes)
+        log(d, f"autostop turned {cmd}" + "".join(f", {k} {v}" for k, v in changes.items() if k != "enabled"))
+        print(json.dumps(status(d), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
