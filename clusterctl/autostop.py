@@ -386,6 +386,63 @@ def edit_local(store, name: str, nodes: int, **changes) -> None:
             watchdog().edit_config(str(d), **changes)
 
 
+def remote_status(cluster, store, timeout: float = 20.0) -> dict | None:
+    """The leader's watchdog status over ssh (a fresh connection, not the agent's: it must not look like
+    activity), or None when it does not answer."""
+    from clusterctl import provision
+    from clusterctl.remote import SshPool
+
+    target = provision.ssh_targets(cluster, store)[0]
+    with SshPool(provision.ssh_settings(cluster, store, connect_timeout=5.0)) as pool:
+        r = pool.run_one(target, remote_command("status"), timeout=timeout)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1]) if r.ok else None
+    except (ValueError, IndexError):
+        return None
+
+
+def status_lines(store, record) -> list[str]:
+    """What `status` says about autostop for a cluster with a local record."""
+    c = record.cluster
+    if record.status == "stopped" and record.note:
+        return [f"autostop: {record.note}"]
+    if c.provider == "local":
+        return summary(local_status(store, c.name), from_extra(c.extra), c.created_at)
+    try:
+        st = remote_status(c, store)
+    except Exception:  # unreachable, keys gone ...: say what is known from the settings
+        st = None
+    return summary(st, from_extra(c.extra), c.created_at)
+
+
+def change(store, record, action: str, **values) -> list[str]:
+    """keep / off / on on every node of the cluster; returns one line per node that did not take it.
+    values: seconds (keep), idle_stop / max_lifetime (on: seconds, or None to clear)."""
+    c = record.cluster
+    if action == "keep":
+        changes: dict = {"keep_until": time.time() + float(values["seconds"])}
+        args = ("--for", str(int(values["seconds"])))
+    else:
+        changes = {"enabled": action == "on"}
+        args = ()
+        for key, flag in (("idle_stop", "--idle-stop"), ("max_lifetime", "--max-lifetime")):
+            if key in values:
+                changes[key] = values[key]
+                args += (flag, "none" if values[key] is None else str(int(values[key])))
+    if c.provider == "local":
+        if local_status(store, c.name) is None:
+            return [f"{c.name}: no autostop watchdog on this cluster (it was brought up without one)"]
+        edit_local(store, c.name, len(c.nodes), **changes)
+        return []
+    from clusterctl import provision
+    from clusterctl.remote import SshPool
+
+    with SshPool(provision.ssh_settings(c, store, connect_timeout=10.0)) as pool:
+        report = pool.run(provision.ssh_targets(c, store), remote_command(action, *args), timeout=60)
+    return [f"{r.host}: {r.error or (r.stderr.strip() or r.stdout.strip())[-200:] or f'exit {r.exit_code}'}"
+            for r in report if not r.ok]
+
+
 def summary(st: dict | None, fallback: Autostop | None = None, created_at: float | None = None,
             now: float | None = None) -> list[str]:
     """Lines for `status`: when the cluster stops and why, from the watchdog's own status (or, when the

@@ -348,7 +348,9 @@ def status(
         if record is None:
             store.load(n)  # raises "no cluster named ..."
         display.node_table(record.cluster, current=n == store.current())
-        _train_status(n)
+        _autostop_status(store, record)
+        if record.status == "up":
+            _train_status(n)
         return
     reg = region or (record.cluster.region if record is not None and record.cluster.provider == "aws" else None)
     st = _provider(kind, store, reg).status(n)
@@ -361,7 +363,157 @@ def status(
     display.cluster_status(st, time.time(), current=n == store.current(),
                            notes=provision.disagreements(record, st if (st.nodes or st.other) else None))
     if record is not None:
+        if st.nodes or record.status == "stopped":
+            _autostop_status(store, record)
         _train_status(n)
+
+
+def _autostop_status(store, record) -> None:
+    from clusterctl import autostop, display
+
+    for line in autostop.status_lines(store, record):
+        display.console().print(display._esc(line))
+
+
+@app.command()
+@command
+def keep(
+    name: Optional[str] = typer.Argument(None, help="Cluster (default: the current one)."),
+    for_: str = typer.Option(..., "--for", help="How long nothing may stop it, e.g. 4h."),
+) -> None:
+    """Keep a cluster up a while longer, idle or not."""
+    from clusterctl import autostop, display
+
+    seconds = autostop.parse_duration(for_, "--for", allow_off=False)
+    store = _store()
+    record = store.resolve(name)
+    failed = autostop.change(store, record, "keep", seconds=seconds)
+    until = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() + seconds))
+    _autostop_done(record, failed, f"cluster {record.cluster.name}: autostop waits until {until} "
+                                   f"({autostop.human(seconds)} from now); then idle-stop and max lifetime apply again")
+    _autostop_status(store, record)
+
+
+@app.command("autostop")
+@command
+def autostop_(
+    name: Optional[str] = typer.Argument(None, help="Cluster (default: the current one)."),
+    off: bool = typer.Option(False, "--off", help="Never stop it by itself (it runs until `down`)."),
+    on: bool = typer.Option(False, "--on", help="Turn autostop back on."),
+    idle_stop: Optional[str] = typer.Option(None, "--idle-stop", help="New idle limit, e.g. 30m (off: none)."),
+    max_lifetime: Optional[str] = typer.Option(None, "--max-lifetime", help="New lifetime limit from creation, e.g. 12h (off: none)."),
+) -> None:
+    """Show or change when a cluster stops itself."""
+    from clusterctl import autostop, display
+
+    if off and (on or idle_stop or max_lifetime):
+        raise UsageError("--off goes alone")
+    store = _store()
+    record = store.resolve(name)
+    c = record.cluster
+    if off:
+        failed = autostop.change(store, record, "off")
+        _autostop_done(record, failed, f"cluster {c.name}: autostop is off")
+        if not failed:
+            hourly = _hourly(c)
+            display.warn(f"{c.name} now runs until `clusterctl down {c.name}`, costing "
+                         f"{display._money(hourly)}/hour while it does; `clusterctl autostop {c.name} --on` undoes this")
+    elif on or idle_stop or max_lifetime:
+        values: dict = {}
+        if idle_stop:
+            values["idle_stop"] = autostop.parse_duration(idle_stop, "--idle-stop")
+        if max_lifetime:
+            values["max_lifetime"] = autostop.parse_duration(max_lifetime, "--max-lifetime")
+        failed = autostop.change(store, record, "on", **values)
+        _autostop_done(record, failed, f"cluster {c.name}: autostop is on")
+    _autostop_status(store, record)
+
+
+def _autostop_done(record, failed: list, message: str) -> None:
+    from clusterctl import display
+    from clusterctl.errors import UnreachableError
+
+    if failed:
+        for line in failed:
+            display.warn(line)
+        raise UnreachableError(f"the change did not reach every node of {record.cluster.name} ({len(failed)} failed)",
+                               "run the command again once the nodes answer")
+    display.info(message)
+
+
+def _hourly(cluster) -> float | None:
+    from clusterctl import costs
+
+    return costs.hourly(cluster)
+
+
+@app.command()
+@command
+def gc(
+    older_than: Optional[str] = typer.Option(None, "--older-than", help="Only clusters at least this old, e.g. 2h."),
+    provider: Optional[str] = typer.Option(None, "--provider", help="aws or local (default: both)."),
+    region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the AWS config's)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Find and remove everything clusterctl left behind.
+
+    Every resource tagged by clusterctl in the AWS region (with or without a local record) and every
+    local cluster on this machine, shown with age and owner, removed as `down` would.
+    """
+    from clusterctl import autostop, display, gc as gclib, provision
+    from clusterctl.errors import ConfigError
+    from clusterctl.state import validate_name
+
+    if provider not in (None, "aws", "local"):
+        raise UsageError(f"unknown provider {provider!r}", "use aws or local")
+    limit = autostop.parse_duration(older_than, "--older-than", allow_off=False) if older_than else None
+    store = _store()
+    records = {r.cluster.name: r for r in store.list()}
+    found: list = []
+    impls: dict = {}
+    if provider in (None, "aws"):
+        from clusterctl.providers.aws import configured_region
+
+        reg = region or configured_region()
+        if reg:
+            impls["aws"] = _provider("aws", store, reg)
+            found += gclib.group(impls["aws"].inventory(), "aws", impls["aws"].region, records)
+        elif provider == "aws":
+            raise UsageError("no AWS region given", "pass --region or set AWS_REGION")
+        else:
+            display.info("aws: no region configured, not looked at (--region R looks there)")
+    if provider in (None, "local"):
+        impls["local"] = _provider("local", store)
+        found += gclib.group(gclib.local_found(), "local", "local", records)
+    now = time.time()
+    chosen = gclib.select(found, limit, now)
+    if not found:
+        display.info("nothing found: clusterctl left nothing behind")
+        return
+    display.gc_table(found, chosen, now)
+    if not chosen:
+        display.info(f"nothing is older than {older_than}")
+        return
+    total = sum(len(c.found) for c in chosen)
+    _confirm(f"Remove {total} resource(s) of {len(chosen)} cluster(s) ({', '.join(c.name for c in chosen)})?", yes)
+    from clusterctl import agent
+
+    agent.stop(store.root)
+    failed = []
+    for c in chosen:
+        try:
+            validate_name(c.name)
+            teardown = provision.down(c.name, store, impls[c.provider], report=display.info)
+        except ConfigError:  # a tag value clusterctl would never write: no record can exist, remove by tag
+            teardown = impls[c.provider].terminate(c.name)
+        if teardown.clean:
+            display.info(f"cluster {c.name} ({c.where}) is gone: nothing of it is left")
+        else:
+            failed.append(f"{c.name}: {'; '.join(teardown.left)}")
+    if failed:
+        from clusterctl.errors import ProvisionError
+
+        raise ProvisionError(f"some resources remain ({' | '.join(failed)})", "run `clusterctl gc` again")
 
 
 @app.command()
@@ -680,8 +832,26 @@ def bench(
                  f"model {model}, batch {batch_size}/process")
     result = benchlib.run_ladder(inv, rungs, opts, out, python=python, on_event=display.BenchProgress())
     display.ladder_table(result)
+    _bench_cost(inv, result, model)
     if result.judged and not result.passed:
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
+
+
+def _bench_cost(inv, ladder, model: str) -> None:
+    """What the ladder cost, and what an ImageNet epoch costs at the rate measured on the top rung."""
+    from clusterctl import costs, display
+
+    per_hour = costs.hourly(inv.cluster)
+    seconds = sum(r.seconds for r in ladder.rungs)
+    display.info(f"cost: this ladder ran {costs.duration(seconds)}"
+                 + (f" on a {costs.money(per_hour)}/hour cluster: about {costs.money(costs.run_cost(seconds, per_hour))}"
+                    if per_hour is not None else " (price unknown: a hosts file, not a cluster clusterctl made)"))
+    top = max(ladder.rungs, key=lambda r: r.np, default=None)
+    if top is not None and top.img_per_sec > 0:
+        display.info(f"cost: {costs.epoch_line(top.img_per_sec, per_hour)}; 90 epochs about "
+                     f"{costs.money(costs.run_cost(90 * costs.IMAGENET_TRAIN_IMAGES / top.img_per_sec, per_hour))}")
+        if inv.cluster is not None:
+            costs.save_measured(_store(), inv.cluster.name, top.img_per_sec, top.np, model)
 
 
 # ---- the preflight check ---------------------------------------------------------------------------------
@@ -1156,12 +1326,57 @@ def train(
                          report=display.info)
     display.info(f"started training job {job.job}: {job.np} process(es), leader {job.leader} (tmux session "
                  f"{job.job}); checkpoints in {job.model_dir}")
+    _train_estimate(inv, job, opts)
     if not wait:
         display.info("follow it: clusterctl logs -f; where it is: clusterctl status")
         return
+    began = time.monotonic()
     code = trainlib.follow(inv, job, _print_line)
+    from clusterctl import costs
+
+    per_hour = costs.hourly(inv.cluster)
+    took = time.monotonic() - began
+    display.info(f"cost: this run took {costs.duration(took)}" + (
+        f" on a {costs.money(per_hour)}/hour cluster: about {costs.money(costs.run_cost(took, per_hour))}"
+        if per_hour is not None else ""))
     if code != 0:
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
+
+
+def _train_estimate(inv, job, opts) -> None:
+    """The run's estimated cost: images to train (the dataset's count x epochs, or --max-steps) at the img/s
+    `bench` measured on this cluster for this model."""
+    import json as jsonlib
+    import shlex
+
+    from clusterctl import costs, display
+    from clusterctl.remote import SshPool
+
+    per_hour = costs.hourly(inv.cluster)
+    measured = costs.load_measured(_store(), inv.cluster.name) if inv.cluster is not None else None
+    if measured is None or measured.get("model") != opts.model:
+        display.info(f"cost: {costs.money(per_hour)}/hour; no img/s measured for {opts.model} on this cluster yet "
+                     f"(`clusterctl bench --synthetic --model {opts.model}` measures it; `clusterctl status` shows "
+                     "the cost to finish once the job runs)")
+        return
+    images, what = None, ""
+    if opts.max_steps:
+        images, what = opts.max_steps * (opts.batch_size or 64) * job.np, f"{opts.max_steps} step(s)"
+    elif job.options.get("data"):
+        with SshPool(inv.settings) as pool:
+            r = pool.run_one(inv.targets[0], f"cat {shlex.quote(job.options['data'])}/dataset.json", timeout=30)
+        try:
+            per_epoch = int(jsonlib.loads(r.stdout)["splits"]["train"]["examples"]) if r.ok else None
+        except (ValueError, KeyError, TypeError):
+            per_epoch = None
+        if per_epoch:
+            images, what = int(per_epoch * opts.epochs), f"{opts.epochs:g} epoch(s) of {per_epoch:,} images"
+    if images is None:
+        images, what = int(costs.IMAGENET_TRAIN_IMAGES * opts.epochs), f"{opts.epochs:g} ImageNet-sized epoch(s)"
+    rate = float(measured["img_per_sec"]) * job.np / max(1, int(measured.get("np") or job.np))
+    display.info(f"cost: estimated {costs.epoch_line(rate, per_hour, images, 1.0, what)} (from the "
+                 f"{float(measured['img_per_sec']):,.0f} img/s `bench` measured at {measured.get('np')} process(es), "
+                 "scaled linearly; `clusterctl status` shows the cost to finish from the job's own rate)")
 
 
 @app.command("eval")

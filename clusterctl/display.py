@@ -210,6 +210,25 @@ def cluster_status(status, now: float, current: bool = False, notes: Sequence[st
         c.print(f"[yellow]note:[/] {_esc(note)}")
 
 
+def gc_table(found, chosen, now: float) -> None:
+    """`gc`: one row per cluster found (age, owner, record here), then each resource of the ones to remove."""
+    from rich.table import Table
+
+    picked = {(c.provider, c.region, c.name) for c in chosen}
+    t = Table(box=None, header_style="bold")
+    for col in ("CLUSTER", "WHERE", "AGE", "OWNER", "RECORD HERE", "RESOURCES", ""):
+        t.add_column(col)
+    for c in found:
+        t.add_row(_esc(c.name), c.where, age(now - c.created_at) if c.created_at else "?", _esc(c.owner or "?"),
+                  c.record or "none", _esc(c.kinds()),
+                  "remove" if (c.provider, c.region, c.name) in picked else "kept (younger)")
+    console().print(t)
+    for c in chosen:
+        for f in c.found:
+            info(f"  {c.name}: {f.kind} {f.id}" + (f" ({f.state})" if f.state else "")
+                 + (f", {age(now - f.created_at)} old" if f.created_at else ""))
+
+
 def _money(usd) -> str:
     return "unknown" if usd is None else f"${usd:,.2f}"
 

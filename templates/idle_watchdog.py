@@ -241,6 +241,15 @@ def poweroff_self(cfg, d):
 
 
 # ---- deadlines ------------------------------------------------------------------------------------------
+def boot_time():
+    """When this machine booted (a cloud node: about when it was launched), or None."""
+    try:
+        with open("/proc/uptime") as f:
+            return time.time() - float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def plan(cfg, last_active, started, now):
     """When the cluster stops and why: {"stop_at": epoch or None, "why": "idle-stop"|"max-lifetime"|None, ...}."""
     keep = cfg.get("keep_until") or 0
@@ -251,7 +260,7 @@ def plan(cfg, last_active, started, now):
     if cfg.get("idle_stop"):
         out["idle_at"] = max(last_active, started, keep) + float(cfg["idle_stop"])
     if cfg.get("max_lifetime"):
-        born = cfg.get("created_at") or started
+        born = cfg.get("created_at") or boot_time() or started
         out["lifetime_at"] = max(born + float(cfg["max_lifetime"]), keep)
     options = [(t, why) for t, why in ((out["idle_at"], "idle-stop"), (out["lifetime_at"], "max-lifetime")) if t]
     if options:
@@ -331,7 +340,8 @@ def run(d):
                 why = (f"idle-stop: nothing busy for {int(now - max(last_active, started))}s (limit "
                        f"{int(cfg['idle_stop'])}s); last activity: {last_reason}")
             else:
-                why = f"max-lifetime: up {int(now - (cfg.get('created_at') or started))}s (limit {int(cfg['max_lifetime'])}s)"
+                born = cfg.get("created_at") or boot_time() or started
+                why = f"max-lifetime: up {int(now - born)}s (limit {int(cfg['max_lifetime'])}s)"
             fire(cfg, d, why, [h for h in hosts[1:] if h not in mine] if role == "leader" else [])
             return
         time.sleep(max(1, int(cfg.get("poll") or 30)))

@@ -29,9 +29,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 from clusterctl.errors import CapacityError, ClusterctlError, ConfigError, ProvisionError, WaitTimeout
 from clusterctl.providers import aws_catalog as catalog
-from clusterctl.providers.base import ClusterKeys, ClusterStatus, Launched, NodeStatus, Plan, Teardown
+from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeStatus, Plan, Teardown
 from clusterctl.state import StateStore, atomic_write
-from clusterctl.types import Cluster, ClusterSpec, Node
+from clusterctl.types import Autostop, Cluster, ClusterSpec, Node
 
 TAG = "clusterctl:cluster"
 TAG_ROLE = "clusterctl:role"
@@ -39,6 +39,7 @@ TAG_INDEX = "clusterctl:index"
 TAG_SLOTS = "clusterctl:slots"
 TAG_USER = "clusterctl:ssh-user"
 TAG_REGION = "clusterctl:region"
+TAG_OWNER = "clusterctl:owner"  # user@host that made it (shown by `gc`)
 IMAGE_USER_TAG = "clusterctl:ssh-user"  # an image may say which user logs in (custom AMIs)
 
 DEFAULT_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-ubuntu-22.04/latest/ami-id"
@@ -61,6 +62,23 @@ Report = Callable[[str], None]
 
 def _no_report(_: str) -> None:
     pass
+
+
+def _autostop_extra(spec: ClusterSpec) -> dict[str, str]:
+    from clusterctl import autostop
+
+    return autostop.extra(spec.autostop)
+
+
+_OWNER: dict[str, str] = {}
+
+
+def _owner() -> str:
+    if "v" not in _OWNER:
+        from clusterctl import autostop
+
+        _OWNER["v"] = autostop.owner()
+    return _OWNER["v"]
 
 
 # ---- options ----------------------------------------------------------------------------------------
@@ -281,14 +299,18 @@ def detect_public_cidr(timeout: float = 5.0) -> str:
     return f"{addr}/32"
 
 
-def render_user_data(cluster: str, region: str, ssh_user: str, slots: int, internal_public_key: str) -> str:
+def render_user_data(cluster: str, region: str, ssh_user: str, slots: int, internal_public_key: str,
+                     autostop: Autostop | None = None) -> str:
     import jinja2
+
+    from clusterctl import autostop as autostop_lib
 
     text = _template_path("cloud-init.yaml.j2").read_text()
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     node = {"cluster": cluster, "region": region, "ssh_user": ssh_user, "slots": slots}
+    watchdog = autostop_lib.cloud_init(cluster, autostop, ssh_user) if autostop is not None else None
     return env.from_string(text).render(cluster=cluster, internal_public_key=internal_public_key,
-                                        node_json=json.dumps(node, sort_keys=True) + "\n")
+                                        node_json=json.dumps(node, sort_keys=True) + "\n", autostop=watchdog)
 
 
 def _template_path(name: str) -> Path:
@@ -615,7 +637,7 @@ class AwsProvider:
         cluster = self._cluster(name, instances, extra={
             "vpc": net.vpc, "security_group": sg, "placement_group": pg or "", "key_pair": key,
             "instance_profile": profile, "image": ctx.image.id, "image_name": ctx.image.name,
-            "network_created": "yes" if net.created else "no",
+            "network_created": "yes" if net.created else "no", **_autostop_extra(spec),
         })
         return Launched(cluster, {})
 
@@ -626,7 +648,7 @@ class AwsProvider:
                                "DeleteOnTermination": True}
         if o.effective_iops and o.volume_type in ("io1", "io2", "gp3"):
             ebs["Iops"] = o.effective_iops
-        base_tags = {TAG: spec.name, TAG_REGION: ctx.region}
+        base_tags = {TAG: spec.name, TAG_REGION: ctx.region, TAG_OWNER: _owner()}
         inst_tags = {**base_tags, "Name": f"{spec.name}-node", TAG_SLOTS: str(ctx.slots), TAG_USER: ctx.image.ssh_user}
         tag_specs = [{"ResourceType": "instance", "Tags": _tags(inst_tags)},
                      {"ResourceType": "volume", "Tags": _tags(base_tags)},
@@ -647,7 +669,8 @@ class AwsProvider:
             "BlockDeviceMappings": [{"DeviceName": ctx.image.root_device, "Ebs": ebs}],
             "InstanceInitiatedShutdownBehavior": "terminate",
             "TagSpecifications": tag_specs,
-            "UserData": render_user_data(spec.name, ctx.region, ctx.image.ssh_user, ctx.slots, internal_key),
+            "UserData": render_user_data(spec.name, ctx.region, ctx.image.ssh_user, ctx.slots, internal_key,
+                                         autostop=spec.autostop),
         }
         if key_name:
             params["KeyName"] = key_name
@@ -815,7 +838,7 @@ class AwsProvider:
 
     def _ensure_network(self, ctx: _Context) -> Network:
         name, o = ctx.spec.name, ctx.opts
-        base = {TAG: name, TAG_REGION: ctx.region}
+        base = {TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner()}
         vpc = self._find_one("describe_vpcs", "Vpcs", name)
         if vpc is None:
             vpc = self._api("ec2", "create_vpc", CidrBlock=o.cidr, TagSpecifications=[
@@ -887,7 +910,7 @@ class AwsProvider:
             sg_id = self._api("ec2", "create_security_group", GroupName=f"clusterctl-{name}", VpcId=net.vpc,
                               Description=f"clusterctl cluster {name}: all traffic within the cluster, ssh from one range",
                               TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(
-                                  {TAG: name, TAG_REGION: ctx.region, "Name": f"clusterctl-{name}"})}])["GroupId"]
+                                  {TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner(), "Name": f"clusterctl-{name}"})}])["GroupId"]
             self.report(f"created security group {sg_id}")
             sg = {"GroupId": sg_id, "IpPermissions": [], "IpPermissionsEgress": []}
         sg_id = sg["GroupId"]
@@ -925,7 +948,7 @@ class AwsProvider:
                                   "choose another --name")
             return group
         self._api("ec2", "create_placement_group", GroupName=group, Strategy="cluster", TagSpecifications=[
-            {"ResourceType": "placement-group", "Tags": _tags({TAG: name, TAG_REGION: ctx.region})}])
+            {"ResourceType": "placement-group", "Tags": _tags({TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner()})}])
         self.report(f"created placement group {group}")
         return group
 
@@ -949,7 +972,7 @@ class AwsProvider:
                     f"the local state was lost or belongs elsewhere: `clusterctl down {name} --yes`, then up again")
             return key_name
         self._api("ec2", "import_key_pair", KeyName=key_name, PublicKeyMaterial=material.encode(), TagSpecifications=[
-            {"ResourceType": "key-pair", "Tags": _tags({TAG: name, TAG_REGION: ctx.region})}])
+            {"ResourceType": "key-pair", "Tags": _tags({TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner()})}])
         self.report(f"imported key pair {key_name}")
         return key_name
 
@@ -958,7 +981,7 @@ class AwsProvider:
 
         name = ctx.spec.name
         iname = iam_name(name, ctx.region)
-        tags = _tags({TAG: name, TAG_REGION: ctx.region})
+        tags = _tags({TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner()})
         try:
             self._call("iam", "get_role", RoleName=iname)
         except ClientError as exc:
@@ -1093,6 +1116,45 @@ class AwsProvider:
             if m:
                 names.add(m.group(1))
         return sorted(n for n in names if n)
+
+    def inventory(self) -> list[Found]:
+        """Everything of this account and region (and its IAM entities) that carries clusterctl's tag, with
+        when it was made and by whom, whatever cluster it belongs to and whether or not a record of it exists
+        anywhere (for `gc`; `terminate(name)` removes a cluster's share)."""
+        key = [{"Name": "tag-key", "Values": [TAG]}]
+        out: list[Found] = []
+
+        def add(item: dict, kind: str, rid: str, created: Any = None, state: str = "") -> None:
+            tags = _tagdict(item)
+            out.append(Found(tags.get(TAG, ""), kind, rid, _epoch(created) if created else None,
+                             tags.get(TAG_OWNER, ""), state))
+
+        for inst in _ordered(self._instances(None, LIVE_STATES)):
+            add(inst, "instance", inst["InstanceId"], inst.get("LaunchTime"), inst["State"]["Name"])
+        for op, key_name, kind, id_key, time_key in (
+                ("describe_placement_groups", "PlacementGroups", "placement group", "GroupName", None),
+                ("describe_key_pairs", "KeyPairs", "key pair", "KeyName", "CreateTime"),
+                ("describe_security_groups", "SecurityGroups", "security group", "GroupId", None),
+                ("describe_network_interfaces", "NetworkInterfaces", "network interface", "NetworkInterfaceId", None),
+                ("describe_volumes", "Volumes", "volume", "VolumeId", "CreateTime"),
+                ("describe_subnets", "Subnets", "subnet", "SubnetId", None),
+                ("describe_internet_gateways", "InternetGateways", "internet gateway", "InternetGatewayId", None),
+                ("describe_vpcs", "Vpcs", "VPC", "VpcId", None)):
+            for item in self._api("ec2", op, Filters=key).get(key_name, []):
+                if kind == "volume" and item.get("State") in ("deleted", "deleting"):
+                    continue
+                add(item, kind, item[id_key], item.get(time_key) if time_key else None,
+                    item.get("State") or item.get("Status") or "")
+        pattern = re.compile(rf"^clusterctl-(.+)-{re.escape(self.region)}$")
+        for kind, op, key_name, name_key in (("IAM instance profile", "list_instance_profiles", "InstanceProfiles",
+                                              "InstanceProfileName"), ("IAM role", "list_roles", "Roles", "RoleName")):
+            for item in self._paginate("iam", op, key_name, PathPrefix=IAM_PATH):
+                m = pattern.match(item[name_key])
+                if m:
+                    tags = _tagdict(item)
+                    out.append(Found(m.group(1), kind, item[name_key], _epoch(item.get("CreateDate")),
+                                     tags.get(TAG_OWNER, "")))
+        return out
 
     # ---- down ---------------------------------------------------------------------------------------
     def _sweep(self, name: str) -> list[Resource]:

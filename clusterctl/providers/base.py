@@ -75,6 +75,18 @@ class ClusterStatus:
 
 
 @dataclass(frozen=True)
+class Found:
+    """One resource a provider made for a cluster, found by its tag or name alone (for `gc`)."""
+
+    cluster: str
+    kind: str  # "instance", "VPC", "IAM role", "namespace" ...
+    id: str
+    created_at: float | None = None  # epoch seconds, where the provider says
+    owner: str = ""  # user@host that made it, where known
+    state: str = ""
+
+
+@dataclass(frozen=True)
 class Teardown:
     removed: tuple[str, ...]  # one line per resource removed
     left: tuple[str, ...]  # what a final sweep still found (empty when all is gone)
