@@ -103,6 +103,8 @@ def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: P
             with SshPool(ssh_settings(cluster, store)) as pool:
                 setup_nodes(cluster, pool, ssh_targets(cluster, store), pinned, p, hf)
                 report("the leader reaches every member over ssh with host keys checked")
+                for warning in check_gpus(cluster, pool, ssh_targets(cluster, store)):
+                    report(f"warning: {warning}")
             atomic_write(p.hosts, hf.render(), mode=0o644)
             if hosts_out is not None:
                 atomic_write(hosts_out, hf.render(), mode=0o644)
@@ -220,6 +222,26 @@ def setup_nodes(cluster: Cluster, pool: SshPool, targets: list[SshTarget], pinne
     if not result.ok or result.stdout.strip():
         detail = result.error or result.stdout.strip().replace("\n", ", ") or result.stderr.strip()[-200:]
         raise ProvisionError(f"the leader cannot ssh to every member: {detail}")
+
+
+GPU_PROBE = ("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L 2>/dev/null | grep -c '^GPU '; "
+             "else echo none; fi; true")
+
+
+def check_gpus(cluster: Cluster, pool: SshPool, targets: list[SshTarget]) -> list[str]:
+    """Slots against the GPUs nvidia-smi sees, on the nodes that have nvidia-smi; one warning per mismatch."""
+    report = pool.run(targets, GPU_PROBE, timeout=60)
+    counts = {n.name: (r.stdout.strip() if r.ok else None) for n, r in zip(cluster.nodes, report)}
+    return gpu_mismatches(cluster, counts)
+
+
+def gpu_mismatches(cluster: Cluster, counts: dict[str, str | None]) -> list[str]:
+    out = []
+    for n in cluster.nodes:
+        seen = (counts.get(n.name) or "").strip()
+        if seen.isdigit() and int(seen) != n.slots:
+            out.append(f"{n.name}: nvidia-smi sees {seen} GPU(s) but the hosts file says slots={n.slots}")
+    return out
 
 
 # ---- down -------------------------------------------------------------------------------------------

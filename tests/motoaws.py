@@ -117,6 +117,8 @@ class MotoAws:
         self.nodes: dict[str, BackedNode] = {}
         self.bridges: dict[str, tuple[str, str]] = {}  # subnet id -> (bridge, gateway)
         self.console_mode = "cloud-init"  # "cloud-init" (real keys) | "no-keys" | "wrong-key"
+        self.world_ssh = False  # a test that asks for --ssh-cidr 0.0.0.0/0 sets this
+        self.fake_gpus: int | None = None  # give every new node an nvidia-smi that lists this many GPUs
         self.owned: ipaddress.IPv4Network | None = None  # instances launched in here get namespace nodes
         self.public_pool: list[str] = []
         self.node_root: Path | None = None
@@ -189,6 +191,8 @@ class MotoAws:
             self.tokens.clear()
             self.instance_groups.clear()
             self.console_mode = "cloud-init"
+            self.world_ssh = False
+            self.fake_gpus = None
 
     def seed(self) -> None:
         """The DLAMI (found through its SSM parameter) and the image of the test nodes (root login)."""
@@ -295,6 +299,50 @@ class MotoAws:
                      if self._instance_cluster(iid, region) == cluster]
         return left
 
+    def leftovers(self, region: str = REGION) -> list[str]:
+        """Everything tagged by clusterctl (any cluster) that still exists, and clusterctl's IAM entities."""
+        ec2 = self.client("ec2", region)
+        key = [{"Name": "tag-key", "Values": ["clusterctl:cluster"]}]
+        left = [f"instance {i['InstanceId']}" for r in ec2.describe_instances(Filters=key)["Reservations"]
+                for i in r["Instances"] if i["State"]["Name"] != "terminated"]
+        for op, k in (("describe_vpcs", "Vpcs"), ("describe_subnets", "Subnets"), ("describe_security_groups", "SecurityGroups"),
+                      ("describe_internet_gateways", "InternetGateways"), ("describe_key_pairs", "KeyPairs"),
+                      ("describe_placement_groups", "PlacementGroups"), ("describe_network_interfaces", "NetworkInterfaces")):
+            left += [f"{k} {json.dumps(i, default=str)[:80]}" for i in getattr(ec2, op)(Filters=key)[k]]
+        left += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes(Filters=key)["Volumes"]
+                 if v["State"] not in ("deleted", "deleting")]
+        iam = self.client("iam", region)
+        left += [f"role {r['RoleName']}" for r in iam.list_roles(PathPrefix="/clusterctl/")["Roles"]]
+        left += [f"profile {p['InstanceProfileName']}"
+                 for p in iam.list_instance_profiles(PathPrefix="/clusterctl/")["InstanceProfiles"]]
+        return left
+
+    def audit(self) -> list[str]:
+        """What every test must leave true: each real RunInstances carried IMDSv2 required, encrypted volumes,
+        the instance profile, the cluster tag and the placement group; no rule opened ssh to the world unless
+        the test asked for it (world_ssh)."""
+        problems = []
+        for c in self.actions("RunInstances"):
+            p = c.params
+            if p.get("DryRun") == "true":
+                continue
+            want = {"MetadataOptions.HttpTokens": "required", "BlockDeviceMapping.1.Ebs.Encrypted": "true",
+                    "InstanceInitiatedShutdownBehavior": "terminate"}
+            problems += [f"RunInstances {k}={p.get(k)!r}" for k, v in want.items() if p.get(k) != v]
+            if not (p.get("IamInstanceProfile.Name") or p.get("IamInstanceProfile.Arn")):
+                problems.append("RunInstances without an instance profile")
+            if not p.get("Placement.GroupName"):
+                problems.append("RunInstances without a placement group")
+            tagged = [k for k, v in p.items() if k.endswith(".Key") and v == "clusterctl:cluster"
+                      and p.get(k.rsplit(".", 3)[0] + ".ResourceType") == "instance"]
+            if not tagged:
+                problems.append("RunInstances without the clusterctl:cluster instance tag")
+        for c in self.actions("AuthorizeSecurityGroupIngress"):
+            world = [k for k, v in c.params.items() if k.endswith("CidrIp") and v == "0.0.0.0/0"]
+            if world and not self.world_ssh:
+                problems.append(f"ssh opened to 0.0.0.0/0: {c.params}")
+        return problems
+
     def _instance_cluster(self, iid: str, region: str) -> str | None:
         try:
             inst = self.ec2_backend(region).get_instance(iid)
@@ -331,6 +379,25 @@ class MotoAws:
         with self.lock:
             self.nodes[instance.id] = BackedNode(instance.id, instance.private_ip, public, made.host_public_key,
                                                  made.netns, node_dir / "home")
+        if self.fake_gpus is not None:
+            self._fake_nvidia_smi(instance.id, self.fake_gpus)
+
+    def _fake_nvidia_smi(self, iid: str, gpus: int) -> None:
+        """An nvidia-smi on this node only (a tmpfs over /usr/local/bin in its own mount namespace)."""
+        lines = "".join(f"GPU {i}: Tesla V100-SXM2-16GB (UUID: GPU-{i:08x})\\n" for i in range(gpus))
+        script = f"#!/bin/sh\nprintf '{lines}'\n"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                out = self.node_exec(iid, "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /usr/local/bin && "
+                                     f"printf '%s' \"$0\" > /usr/local/bin/nvidia-smi && chmod 755 /usr/local/bin/nvidia-smi",
+                                     script)
+                assert out.returncode == 0, out.stderr
+                return
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def destroy_node(self, iid: str) -> None:
         from clusterctl.providers import netns
@@ -722,6 +789,8 @@ def aws(tmp_path: Path):
     srv.begin(tmp_path / "ec2-nodes")
     try:
         yield srv
+        problems = srv.audit() + [f"left behind: {x}" for x in srv.leftovers()]
+        assert problems == [], problems
     finally:
         srv.end()
         cleanup_netns_leftovers()

@@ -79,6 +79,7 @@ def test_dry_run_prints_the_plan_and_creates_nothing(aws, aws_cli):
 
 
 def test_dry_run_says_so_when_ssh_is_opened_to_the_world_and_types_fall_back_to_the_table(aws, aws_cli):
+    aws.world_ssh = True
     proc = ok(aws_cli("up", "--nodes", "2", "--type", "p3.8xlarge", "--ssh-cidr", "0.0.0.0/0", "--dry-run"))
     assert "WARNING: ssh is open to the whole internet (--ssh-cidr 0.0.0.0/0 was asked for)" in proc.stderr
     assert "slots: 4 per node, 8 in all (4 GPU(s) per node, from built-in table)" in proc.stderr
@@ -239,9 +240,14 @@ def test_existing_vpc_and_subnet_are_used_and_left_alone(aws, aws_cli):
     block = str(next(aws.owned.subnets(new_prefix=24)))
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=block, AvailabilityZone="us-east-1c")["Subnet"]["SubnetId"]
     before = len(aws.actions())
-    proc = ok(aws_cli(*aws_cli.up_args("own", 2, "--subnet", subnet, "--ssh-cidr", "192.0.2.0/24")))
-    assert f"network: existing VPC {vpc}" in proc.stderr
-    assert {i["SubnetId"] for i in instances(aws, "own")} == {subnet}
+    proc = ok(aws_cli(*aws_cli.up_args("own", 2, "--subnet", subnet, "--ssh-cidr", "192.0.2.0/24", "--private-ips")))
+    assert f"network: existing VPC {vpc}" in proc.stderr and "private addresses only" in proc.stderr
+    found = instances(aws, "own")
+    assert {i["SubnetId"] for i in found} == {subnet} and not any(i.get("PublicIpAddress") for i in found)
+    assert aws.actions("RunInstances")[0].params["NetworkInterface.1.AssociatePublicIpAddress"] == "false"
+    known = (state_dir(aws_cli, "own") / "known_hosts").read_text()
+    assert sorted(line.split()[0] for line in known.splitlines()) == sorted(i["PrivateIpAddress"] for i in found)
+    assert "2 host(s): 2 ok" in ok(aws_cli("run", "true")).stderr
     assert not [c for c in aws.actions()[before:] if c.action in ("CreateVpc", "CreateSubnet", "CreateInternetGateway")]
     ok(aws_cli("down", "own", "--yes"))
     assert_gone(aws, aws_cli, "own")
@@ -267,8 +273,11 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
 # ---- host keys -------------------------------------------------------------------------------------------------
 def test_without_keys_in_the_console_nodes_are_pinned_at_first_contact(aws, aws_cli):
     aws.console_mode = "no-keys"
+    aws.fake_gpus = 4  # and the nodes' nvidia-smi disagrees with the 8 GPUs of p3.16xlarge: up says so
     proc = ok(aws_cli(*aws_cli.up_args("tofu", 2)))
     assert "no host keys in the console output of 2 node(s): pinning them at first contact" in proc.stderr
+    assert "warning: tofu-leader: nvidia-smi sees 4 GPU(s) but the hosts file says slots=8" in proc.stderr
+    assert "warning: tofu-member-1: nvidia-smi sees 4 GPU(s)" in proc.stderr
     known = sorted((state_dir(aws_cli, "tofu") / "known_hosts").read_text().splitlines())
     assert known == sorted(f"{n.public_ip} {n.host_key}" for n in aws.nodes.values())
     ok(aws_cli("down", "tofu", "--yes"))
@@ -317,9 +326,14 @@ def test_no_capacity_anywhere_fails_with_what_was_tried_and_leaves_nothing(aws, 
 def test_throttling_is_retried_with_backoff(aws, aws_cli):
     aws.throttle("CreateSecurityGroup", 2)
     aws.throttle("DescribeInstances", 2)
+    # ... and a new instance profile that EC2 does not see yet (IAM is eventually consistent)
+    aws.fail("RunInstances", "InvalidParameterValue", times=1, message="Value (clusterctl-slow-us-east-1) for "
+             "parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name")
     proc = ok(aws_cli(*aws_cli.up_args("slow", 1)))
     sg = aws.actions("CreateSecurityGroup")
     assert [c.status for c in sg] == [503, 503, 200]
+    assert [c.status for c in aws.actions("RunInstances")] == [400, 200]
+    assert "the new instance profile is not visible to EC2 yet; retrying" in proc.stderr
     assert len(aws.sweep("slow")) > 0 and "cluster slow is up" in proc.stderr
     aws.throttle("DeleteVpc", 5)  # more than botocore's attempts: down says so, and a second down finishes
     proc = aws_cli("down", "slow", "--yes")

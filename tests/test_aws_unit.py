@@ -61,6 +61,7 @@ def test_options_defaults_are_the_recipe():
     ({"ami": "image-1"}, "is not an image id"),
     ({"subnets": ["sub-1"]}, "is not a subnet id"),
     ({"bogus": 1}, "unknown AWS option"),
+    ({"private_ips": True}, "--private-ips needs --vpc or --subnet"),
 ])
 def test_bad_options_are_config_errors(options, message):
     with pytest.raises(ConfigError) as err:
@@ -168,3 +169,16 @@ def test_record_and_cloud_disagreements():
     assert "nodes differ" in disagreements(rec, _status(ids=("i-1", "i-9")))[0]
     assert "not running: c-i-1, c-i-2" in disagreements(rec, _status(state="stopped"))
     assert "an `up` did not finish" in disagreements(Record(_cluster(), "creating", 0.0), _status())[0]
+
+
+def test_slots_are_checked_against_nvidia_smi_where_it_exists():
+    from clusterctl.provision import GPU_PROBE, gpu_mismatches
+
+    c = _cluster(("i-1", "i-2", "i-3"))
+    counts = {"c-i-1": "8", "c-i-2": "none", "c-i-3": "4"}
+    assert gpu_mismatches(c, counts) == ["c-i-3: nvidia-smi sees 4 GPU(s) but the hosts file says slots=8"]
+    assert gpu_mismatches(c, {"c-i-1": None, "c-i-2": "", "c-i-3": "8"}) == []
+    import subprocess
+
+    out = subprocess.run(["sh", "-c", GPU_PROBE], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0 and out.stdout == "none\n"  # no nvidia-smi here: nothing to check

@@ -160,6 +160,9 @@ class AwsOptions:
             raise ConfigError(f"--cidr {self.cidr} must be a private IPv4 network of /16 to /24")
         for s in self.s3_read:
             parse_s3(s)
+        if self.private_ips and not (self.vpc or self.subnets):
+            raise ConfigError("--private-ips needs --vpc or --subnet",
+                              "a VPC clusterctl creates has no way in but public addresses")
         if self.ami and not re.match(r"^ami-[0-9a-f]{8,17}$", self.ami):
             raise ConfigError(f"--ami {self.ami!r} is not an image id", "give one like ami-0123456789abcdef0")
         if self.ssh_user and not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", self.ssh_user):
