@@ -391,7 +391,10 @@ def test_down_waits_through_dependency_errors(aws, aws_cli):
 
 
 def test_a_cluster_left_creating_is_reconciled_by_the_next_up(aws, aws_cli):
-    ok(aws_cli(*aws_cli.up_args("again", 2)))
+    # (and a VPC that EC2 does not know yet right after creating it is waited for)
+    aws.fail("CreateSubnet", "InvalidVpcID.NotFound", times=1, message="The vpc ID 'vpc-x' does not exist")
+    proc = ok(aws_cli(*aws_cli.up_args("again", 2)))
+    assert "create_subnet: InvalidVpcID.NotFound right after creating it; waiting" in proc.stderr
     path = state_dir(aws_cli, "again") / "cluster.json"
     data = json.loads(path.read_text())
     data["status"] = "creating"

@@ -58,6 +58,7 @@ DEPENDENCY_CODES = {"DependencyViolation", "InvalidPlacementGroup.InUse", "Delet
 NOT_FOUND = re.compile(r"(NotFound|NoSuchEntity|\.Malformed|InvalidPlacementGroup\.Unknown|InvalidKeyPair\.NotFound)")
 
 Report = Callable[[str], None]
+_SETTLING = re.compile(r"^Invalid(Vpc|Subnet|Group|InternetGateway|RouteTable|PlacementGroup|KeyPair)(ID)?\.NotFound$")
 
 
 def _no_report(_: str) -> None:
@@ -430,6 +431,23 @@ class AwsProvider:
             return self._call(service, op, **kwargs)
         except ClientError as exc:
             raise self._error(op, exc) from None
+
+    def _settled(self, service: str, op: str, **kwargs) -> dict:
+        """A call about something this run just created: EC2 is eventually consistent, so "<Thing>.NotFound"
+        right after the create is waited through (bounded), then it is an error like any other."""
+        from botocore.exceptions import ClientError
+
+        deadline = time.monotonic() + 60
+        delay = 0.2
+        while True:
+            try:
+                return self._call(service, op, **kwargs)
+            except ClientError as exc:
+                if not _SETTLING.match(_code(exc)) or time.monotonic() > deadline:
+                    raise self._error(op, exc) from None
+                self.report(f"{op}: {_code(exc)} right after creating it; waiting {delay:.1f}s")
+                time.sleep(delay)
+                delay = min(5.0, delay * 2)
 
     def _error(self, op: str, exc: BaseException) -> ClusterctlError:
         code, msg = _code(exc), _message(exc)
@@ -847,8 +865,8 @@ class AwsProvider:
             vpc = self._api("ec2", "create_vpc", CidrBlock=o.cidr, TagSpecifications=[
                 {"ResourceType": "vpc", "Tags": _tags({**base, "Name": f"clusterctl-{name}"})}])["Vpc"]
             self.report(f"created VPC {vpc['VpcId']} ({o.cidr})")
-            self._api("ec2", "modify_vpc_attribute", VpcId=vpc["VpcId"], EnableDnsSupport={"Value": True})
-            self._api("ec2", "modify_vpc_attribute", VpcId=vpc["VpcId"], EnableDnsHostnames={"Value": True})
+            self._settled("ec2", "modify_vpc_attribute", VpcId=vpc["VpcId"], EnableDnsSupport={"Value": True})
+            self._settled("ec2", "modify_vpc_attribute", VpcId=vpc["VpcId"], EnableDnsHostnames={"Value": True})
         vpc_id = vpc["VpcId"]
         cidr = ipaddress.ip_network(vpc.get("CidrBlock") or o.cidr)
         if not o.private_ips:
@@ -859,12 +877,12 @@ class AwsProvider:
                 )["InternetGateway"]
                 self.report(f"created internet gateway {igw['InternetGatewayId']}")
             if not any(a.get("VpcId") == vpc_id for a in igw.get("Attachments", [])):
-                self._api("ec2", "attach_internet_gateway", InternetGatewayId=igw["InternetGatewayId"], VpcId=vpc_id)
+                self._settled("ec2", "attach_internet_gateway", InternetGatewayId=igw["InternetGatewayId"], VpcId=vpc_id)
             main = self._api("ec2", "describe_route_tables", Filters=[
                 {"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "association.main", "Values": ["true"]}]
             ).get("RouteTables", [])
             if main and not any(r.get("DestinationCidrBlock") == "0.0.0.0/0" for r in main[0].get("Routes", [])):
-                self._api("ec2", "create_route", RouteTableId=main[0]["RouteTableId"],
+                self._settled("ec2", "create_route", RouteTableId=main[0]["RouteTableId"],
                           DestinationCidrBlock="0.0.0.0/0", GatewayId=igw["InternetGatewayId"])
         zones = self._zones()
         have = {s["AvailabilityZone"]: s for s in self._api("ec2", "describe_subnets", Filters=[
@@ -874,7 +892,7 @@ class AwsProvider:
         for index, az in enumerate(zones[:len(blocks)]):
             sub = have.get(az)
             if sub is None:
-                sub = self._api("ec2", "create_subnet", VpcId=vpc_id, AvailabilityZone=az, CidrBlock=str(blocks[index]),
+                sub = self._settled("ec2", "create_subnet", VpcId=vpc_id, AvailabilityZone=az, CidrBlock=str(blocks[index]),
                                 TagSpecifications=[{"ResourceType": "subnet", "Tags": _tags(
                                     {**base, "Name": f"clusterctl-{name}-{az}"})}])["Subnet"]
                 self.report(f"created subnet {sub['SubnetId']} ({blocks[index]}, {az})")
@@ -905,12 +923,10 @@ class AwsProvider:
         return Network(vpcs.pop(), pairs, False)
 
     def _ensure_security_group(self, ctx: _Context, net: Network, ssh_cidr: str | None) -> str:
-        from botocore.exceptions import ClientError
-
         name = ctx.spec.name
         sg = self._find_one("describe_security_groups", "SecurityGroups", name, **{"vpc-id": net.vpc})
         if sg is None:
-            sg_id = self._api("ec2", "create_security_group", GroupName=f"clusterctl-{name}", VpcId=net.vpc,
+            sg_id = self._settled("ec2", "create_security_group", GroupName=f"clusterctl-{name}", VpcId=net.vpc,
                               Description=f"clusterctl cluster {name}: all traffic within the cluster, ssh from one range",
                               TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(
                                   {TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner(), "Name": f"clusterctl-{name}"})}])["GroupId"]
@@ -928,10 +944,10 @@ class AwsProvider:
                 if _has_rule(have, rule):
                     continue
                 try:
-                    self._call("ec2", op, GroupId=sg_id, IpPermissions=[rule])
-                except ClientError as exc:
-                    if _code(exc) != "InvalidPermission.Duplicate":
-                        raise self._error(op, exc) from None
+                    self._settled("ec2", op, GroupId=sg_id, IpPermissions=[rule])
+                except ClusterctlError as exc:
+                    if "InvalidPermission.Duplicate" not in exc.message:
+                        raise
         return sg_id
 
     def _ensure_placement_group(self, ctx: _Context) -> str:
