@@ -399,6 +399,9 @@ def test_a_cluster_left_creating_is_reconciled_by_the_next_up(aws, aws_cli):
     data = json.loads(path.read_text())
     data["status"] = "creating"
     path.write_text(json.dumps(data))
+    proc = aws_cli(*aws_cli.up_args("again", 3))  # another size is refused before anything happens
+    assert proc.returncode == 4 and "cluster again already has 2 instance(s) in us-east-1, not 3" in one_error_line(proc)
+    assert len(instances(aws, "again")) == 2
     proc = ok(aws_cli(*aws_cli.up_args("again", 2)))
     assert "found 2 running instance(s) of again by tags: reusing them" in proc.stderr
     assert len(aws.actions("RunInstances")) == 1 and len(aws.actions("CreateVpc")) == 1

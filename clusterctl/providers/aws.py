@@ -570,6 +570,9 @@ class AwsProvider:
         lines.append("IMDSv2 required; instance-initiated shutdown terminates"
                      + ("; spot (one-time, terminated on interruption)" if o.spot else ""))
         existing = self._instances(spec.name)
+        if existing and len(existing) != n:  # said here, before `up` starts (whose failures clean up)
+            raise ProvisionError(f"cluster {spec.name} already has {len(existing)} instance(s) in {ctx.region}, not {n}",
+                                 f"use --nodes {len(existing)}, another --name, or bring it down first")
         if existing:
             lines.append(f"cluster {spec.name} already has {len(existing)} instance(s) in {ctx.region}: up reuses them")
         per_node = ctx.price.per_node
