@@ -348,7 +348,7 @@ def read_state(pool, leader, sweep_id: str) -> Snapshot:
     cmd = (f'd="$HOME/{SWEEPS}/{n}"; [ -d "$d" ] || {{ echo "no sweep {n} on this cluster" >&2; exit 3; }}; '
            f'cat "$d/state.json" 2>/dev/null; printf "\\n{MARK}"; '
            f"tmux has-session -t {shlex.quote('=' + n)} 2>/dev/null && echo alive || "
-           f'{{ echo gone; tail -n 15 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; }}')
+           f'{{ echo gone; tail -n 15 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; }}; true')
     r = pool.run_one(leader, cmd, timeout=30)
     if r.exit_code == 3:
         raise ConfigError(f"no sweep {n} on this cluster", "see `clusterctl sweep --status` for the latest one")
@@ -485,8 +485,9 @@ def where(t: dict) -> str:
 
 
 def rows(state: dict, params: Sequence[str], goal: str, sort: bool, now: float | None = None) -> list[dict]:
-    """Table rows (strings) for display: trial, each parameter, node/gpu, state, elapsed, metric."""
-    now = time.time() if now is None else now
+    """Table rows (strings) for display: trial, each parameter, node/gpu, state, elapsed, metric. A running
+    trial's elapsed time is reckoned to the state's last update (the cluster's clocks, not this machine's)."""
+    now = (state.get("updated") or time.time()) if now is None else now
     trials = ranked(state, goal) if sort else sorted(state.get("trials", []), key=lambda t: t["id"])
     top = best(state, goal)
     out = []

@@ -132,6 +132,35 @@ def test_grid_runs_every_trial_once_one_per_slot_and_finds_the_best(c):
         assert not c.node_exec(i, "pgrep", "-af", "[t]rial.py|[s]weep_scheduler", check=False).stdout.strip()
 
 
+def test_random_samples_with_two_gpus_per_trial_and_shell_text(c):
+    before = existing_results(c)
+    shell = ('echo START $(date +%s.%N) $(hostname) $CUDA_VISIBLE_DEVICES {trial}; echo PWD $(pwd); sleep 1; '
+             'echo END $(date +%s.%N); echo "x is" {x} for {name}')  # values arrive quoted: {name} has a space
+    r = c.cli("sweep", "--cluster", c.name, "--random", "4", "--seed", "5", "--range", "x=1:1000:int",
+              "--grid", "name=a b,c", "--gpus-per-trial", "2", "--workdir", "/tmp", "--metric", r"x is (\d+)",
+              "--goal", "min", "--", shell, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    folder = results_of(c, before)
+    doc = json.loads((folder / "results.json").read_text())
+    trials = sorted(doc["trials"], key=lambda t: t["id"])
+    xs = [int(t["params"]["x"]) for t in trials]
+    assert len(trials) == 4 and all(1 <= x <= 1000 for x in xs) and len(set(xs)) > 1
+    assert {t["params"]["name"] for t in trials} <= {"a b", "c"}
+    runs = []
+    for t in trials:
+        assert t["state"] == "done" and t["metric"] == int(t["params"]["x"]) and t["gpus"] == [0, 1]
+        log = (folder / "logs" / f"trial-{t['id']:04d}.log").read_text()
+        assert "PWD /tmp\n" in log and f"for {t['params']['name']}\n" in log
+        (run,) = runs_in(log)
+        assert run["gpu"] == "0,1" and run["trial"] == t["id"]
+        runs.append(run)
+    for a, b in combinations(runs, 2):  # a node runs one two-GPU trial at a time
+        if a["host"] == b["host"]:
+            assert a["end"] <= b["start"] or b["end"] <= a["start"], (a, b)
+    assert doc["best"]["metric"] == min(xs) and doc["goal"] == "min" and doc["metric"] == "x"
+    assert "up to 2 at once" in r.stderr
+
+
 def test_a_sweep_over_the_shipped_trainer_works_out_of_the_box(c):
     """--file names a shipped template; the trainer takes --lr and prints a JSON line the sweep reads."""
     before = existing_results(c)
