@@ -249,7 +249,7 @@ def run(args) -> list[dict]:
                 b.shape()
                 link = b.measure_link()
                 print(f"N={n}: one shaped link carries {link:.0f} Mbit/s of raw TCP", flush=True)
-                for method in args.methods:
+                for method in [m for _ in range(args.repeat) for m in args.methods]:
                     b.clear()
                     subprocess.run(["sync"])
                     c0, o0 = cpu_busy(), own.seconds()
@@ -289,11 +289,22 @@ def main() -> None:
     p.add_argument("--size-mb", type=int, default=400)
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--repeat", type=int, default=1, help="run every method this many times (rounds interleaved)")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("Error: the benchmark makes namespace nodes and shapes links: run it as root")
     results = run(args)
+    if args.repeat > 1:
+        print("best of", args.repeat, "(the machine is shared: the fastest round is the least disturbed one):")
+        best: dict[tuple, dict] = {}
+        for r in results:
+            key = (r["nodes"], r["method"])
+            if key not in best or r["seconds"] < best[key]["seconds"]:
+                best[key] = r
+        for (n, method), r in best.items():
+            print(f"  N={n} {method:<11} {r['seconds']:7.1f} s  {r['ratio']:5.2f}x  own CPU {r['own_cpu_seconds']:5.1f} "
+                  f"core-s  machine {r['machine_cpu_busy']:4.0%} busy  verified {r['verified_nodes']}/{n}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
