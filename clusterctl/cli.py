@@ -1217,7 +1217,7 @@ def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
             seen["params"] = meta.get("params") or list(state["trials"][0]["params"])
             seen["view"] = display.SweepProgress(seen["params"], meta.get("metric", "metric")).__enter__()
         seen["view"].update(sweeplib.rows(state, seen["params"], meta.get("goal", "max"), sort=False),
-                            _sweep_summary(state), sweeplib.events(seen["prev"], state))
+                            _sweep_summary(state), sweeplib.events(seen["prev"], state, meta.get("metric", "metric")))
         seen["prev"] = state
 
     try:

@@ -509,7 +509,7 @@ def rows(state: dict, params: Sequence[str], goal: str, sort: bool, now: float |
     return out
 
 
-def events(prev: dict | None, cur: dict) -> list[str]:
+def events(prev: dict | None, cur: dict, metric_name: str = "metric") -> list[str]:
     """One line per change between two states (for output that is not a terminal)."""
     lines = []
     old_nodes = {n["host"]: n for n in (prev or {}).get("nodes", [])}
@@ -522,12 +522,13 @@ def events(prev: dict | None, cur: dict) -> list[str]:
         params = " ".join(f"{k}={v}" for k, v in t["params"].items())
         attempts, old_attempts = len(t.get("attempts", [])), len(o.get("attempts", []))
         if t.get("requeued", 0) > o.get("requeued", 0):
-            lines.append(f"trial {t['id']} ({params}) re-queued: its node {t['attempts'][-1]['node']} died")
+            died = [a["node"] for a in t.get("attempts", []) if a.get("outcome") == "node died"]
+            lines.append(f"trial {t['id']} ({params}) re-queued: its node {died[-1] if died else '?'} died")
         if attempts > old_attempts and t.get("state") in ("running",) + FINAL:
             lines.append(f"trial {t['id']} ({params}) started on {where(t)}")
         if t.get("state") in FINAL and o.get("state") not in FINAL:
             secs = elapsed(t, time.time())
-            what = f"metric {t['metric']:.6g}" if t.get("metric") is not None else (t.get("error") or "no metric")
+            what = f"{metric_name} {t['metric']:.6g}" if t.get("metric") is not None else (t.get("error") or "no metric")
             took = f" after {secs:.1f}s" if secs is not None else ""
             lines.append(f"trial {t['id']} {t['state']}{took}: {what}")
     return lines

@@ -430,6 +430,11 @@ def test_events_say_what_changed():
     assert "trial 2 done after 2.5s: metric 0.9" in lines
     assert "trial 4 failed after 1.0s: exit 1" in lines
     assert sweep.events(st, st) == []
+    assert "trial 2 done after 2.5s: acc 0.9" in sweep.events(before, st, "acc")
+    moved = json.loads(json.dumps(st))
+    moved["trials"][2]["attempts"] = [{"node": "10.0.0.3", "outcome": "node died"}, {"node": "10.0.0.2", "outcome": "done"}]
+    before["trials"][2]["requeued"] = 0
+    assert "trial 3 (lr=0.001 opt=sgd) re-queued: its node 10.0.0.3 died" in sweep.events(before, moved)
 
 
 def test_results_json_and_plot(tmp_path):
