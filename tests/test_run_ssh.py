@@ -196,3 +196,16 @@ def test_proxycommand_is_refused_not_bypassed(c, tmp_path):
     proc = c.cli("run", "--ssh-config", str(cfg), "via-cmd", "true", env={"HOME": str(tmp_path)})
     assert proc.returncode == 3
     assert proc.stderr.startswith("Error: the ssh config of via-cmd uses ProxyCommand") and proc.stdout == ""
+
+
+def test_reboot_of_a_plain_hosts_file_never_reaches_a_namespace_node(c, user_home):
+    """Not known as a local cluster (an alias), so `clean --reboot` would send `reboot`: a node whose
+    PID 1 is sshd refuses it (there it would reach this machine's init), and nothing is restarted."""
+    from conftest import node_pid
+
+    before = node_pid(c.name, 0)
+    (c.cli.cwd / "bastion-only").write_text("bastion\n")
+    proc = c.cli("clean", "--reboot", "--yes", "--wait", "20", "bastion-only", env={"HOME": str(user_home)})
+    assert proc.returncode == 3, proc.stderr
+    assert "bastion: refused: PID 1 here is sshd" in proc.stderr
+    assert node_pid(c.name, 0) == before
