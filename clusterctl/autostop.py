@@ -307,6 +307,7 @@ def supervise(name: str, poll: float = 0.5) -> int:
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     init: int | None = None
+    looked = 0.0
     _say(f"supervising local cluster {name} (pid {os.getpid()})")
     while not stop["now"]:
         if not (Path("/run/netns") / ns).exists():
@@ -314,7 +315,8 @@ def supervise(name: str, poll: float = 0.5) -> int:
             return 0
         if fired.exists():
             return _power_off(store, name, ns, fired)
-        if init is None or not _alive(init):
+        if (init is None or not _alive(init)) and time.monotonic() - looked >= (2.0 if init is None else 0.0):
+            looked = time.monotonic()  # a node without PID 1 (killed, rebooting) is looked for every 2s only
             now_init = node_init_pid(ns)
             if now_init is not None:
                 _say(f"leader PID 1 is {now_init}: starting the watchdog in it")

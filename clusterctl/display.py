@@ -216,11 +216,12 @@ def gc_table(found, chosen, now: float) -> None:
 
     picked = {(c.provider, c.region, c.name) for c in chosen}
     t = Table(box=None, header_style="bold")
-    for col in ("CLUSTER", "WHERE", "AGE", "OWNER", "RECORD HERE", "RESOURCES", ""):
+    for col in ("CLUSTER", "WHERE", "AGE", "OWNER", "RECORD HERE", "NODES", "RESOURCES", ""):
         t.add_column(col)
     for c in found:
+        nodes = sum(f.kind in ("instance", "namespace") for f in c.found)
         t.add_row(_esc(c.name), c.where, age(now - c.created_at) if c.created_at else "?", _esc(c.owner or "?"),
-                  c.record or "none", _esc(c.kinds()),
+                  c.record or "none", str(nodes), str(len(c.found)),
                   "remove" if (c.provider, c.region, c.name) in picked else "kept (younger)")
     console().print(t)
     for c in chosen:

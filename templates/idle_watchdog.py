@@ -72,9 +72,10 @@ def edit_config(d, **changes):
     return cfg
 
 
-def log(d, text):
+def log(d, text, echo=True):
     line = time.strftime("%Y-%m-%dT%H:%M:%S%z") + " " + text
-    print(line, flush=True)
+    if echo:  # the watchdog's own output goes to the journal; a command's output is its JSON alone
+        print(line, flush=True)
     try:
         with open(os.path.join(d, "watchdog.log"), "a") as f:
             f.write(line + "\n")
@@ -290,11 +291,10 @@ def _name_process():
 
 
 def run(d):
-    _name_process()
     os.makedirs(d, exist_ok=True)
     started = time.time()
     last_active, last_reason = started, "the watchdog started"
-    seen, own, first, leader_gone = {}, set(), True, 0
+    seen, own, first, leader_gone, failing = {}, set(), True, 0, {}
     cfg = load_config(d)
     log(d, f"started (pid {os.getpid()}): idle-stop {cfg.get('idle_stop')}s, max-lifetime {cfg.get('max_lifetime')}s, "
            f"enabled {cfg.get('enabled')}")
@@ -323,9 +323,14 @@ def run(d):
             members = [h for h in hosts[1:] if h not in mine] if role == "leader" else []
             probes = probe_members(cfg, members) if members else {}
             for host, pr in probes.items():
-                if pr is not None:
-                    reasons += busy_reasons(host, pr, seen.get(host, {}), own, first, threshold)
-                    seen[host] = pr.get("sessions", {})
+                if pr is None:  # up but not answering the check (load, a blip): busy, for one idle window at most
+                    since = failing.setdefault(host, now)
+                    if now - since < float(cfg.get("idle_stop") or 0) and answers(host):
+                        reasons.append(f"{host}: did not answer the check since {int(now - since)}s")
+                    continue
+                failing.pop(host, None)
+                reasons += busy_reasons(host, pr, seen.get(host, {}), own, first, threshold)
+                seen[host] = pr.get("sessions", {})
             if reasons:
                 last_active, last_reason = now, "; ".join(reasons)[:300]
             first = False
@@ -367,6 +372,7 @@ def main(argv):
         sys.stderr.write(__doc__)
         return 2
     cmd, args = argv[0], argv[1:]
+    _name_process()  # probes on members too: never counted as someone's python process
 
     def opt(name):
         return args[args.index(name) + 1] if name in args and args.index(name) + 1 < len(args) else None
@@ -385,7 +391,7 @@ def main(argv):
     elif cmd == "keep":
         seconds = float(opt("--for"))
         edit_config(d, keep_until=time.time() + seconds)
-        log(d, f"keep: no stop before {int(seconds)}s from now")
+        log(d, f"keep: no stop before {int(seconds)}s from now", echo=False)
         print(json.dumps(status(d), sort_keys=True))
     else:
         changes = {"enabled": cmd == "on"}
@@ -393,7 +399,8 @@ def main(argv):
             if opt(flag) is not None:  # seconds, or "none"
                 changes[key] = None if opt(flag) == "none" else int(float(opt(flag)))
         edit_config(d, **changes)
-        log(d, f"autostop turned {cmd}" + "".join(f", {k} {v}" for k, v in changes.items() if k != "enabled"))
+        log(d, f"autostop turned {cmd}" + "".join(f", {k} {v}" for k, v in changes.items() if k != "enabled"),
+            echo=False)
         print(json.dumps(status(d), sort_keys=True))
     return 0
 

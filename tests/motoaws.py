@@ -399,6 +399,18 @@ class MotoAws:
                     raise
                 time.sleep(0.05)
 
+    def shutdown_from_inside(self, iid: str, region: str = REGION) -> str:
+        """What EC2 does when an instance shuts itself down (autostop's `shutdown -h now`): its
+        InstanceInitiatedShutdownBehavior picks terminate (the instance, its node and its disk go) or stop.
+        Returns the instance's state afterwards."""
+        backend = self.ec2_backend(region)
+        inst = backend.get_instance(iid)
+        if inst.instance_initiated_shutdown_behavior == "terminate":
+            backend.terminate_instances([iid])  # the patched path: the namespace node goes with it
+        else:
+            backend.stop_instances([iid])
+        return backend.get_instance(iid).state
+
     def destroy_node(self, iid: str) -> None:
         from clusterctl.providers import netns
 

@@ -1,0 +1,190 @@
+"""Autostop, gc and costs without nodes: durations, the watchdog's rules and deadlines, the files it
+reads and writes, what the user data carries, what `gc` keeps, what a run costs."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from clusterctl import autostop, costs, gc
+from clusterctl.errors import UsageError
+from clusterctl.providers import aws
+from clusterctl.providers.base import Found
+from clusterctl.types import Autostop, Cluster, Node
+from conftest import REPO
+
+W = autostop.watchdog()
+SCRIPT = REPO / "templates" / "idle_watchdog.py"
+
+
+@pytest.mark.parametrize("text, seconds", [("20s", 20), ("30m", 1800), ("12h", 43200), ("1h30m", 5400), ("2d", 172800),
+                                           ("1.5h", 5400), ("off", None), ("0", None), ("never", None)])
+def test_durations(text, seconds):
+    assert autostop.parse_duration(text, "--idle-stop") == seconds
+
+
+@pytest.mark.parametrize("text", ["30", "m", "-5m", "1 h", "soon", ""])
+def test_bad_durations_are_usage_errors(text):
+    with pytest.raises(UsageError, match="is not a duration"):
+        autostop.parse_duration(text, "--idle-stop")
+    with pytest.raises(UsageError):
+        autostop.parse_duration("off", "--for", allow_off=False)
+
+
+def test_settings_default_and_description():
+    assert autostop.settings(None, None) == Autostop(3600, None)
+    a = autostop.settings("30m", "12h")
+    assert a == Autostop(1800, 43200) and autostop.poll_seconds(a) == 30
+    assert autostop.poll_seconds(Autostop(20, None)) == 2 and autostop.poll_seconds(Autostop(None, 30)) == 3
+    assert "after 30m with nothing busy" in autostop.describe(a) and "at the latest 12h00m after" in autostop.describe(a)
+    assert autostop.describe(Autostop(None, None)).startswith("off")
+    assert autostop.from_extra(autostop.extra(a)) == a and autostop.from_extra({}) is None
+    assert autostop.from_extra(autostop.extra(Autostop(None, 60))) == Autostop(None, 60)
+    assert [autostop.human(s) for s in (5, 119, 150, 3600, 5400, 90000, None)] == \
+        ["5s", "119s", "2m30s", "60m", "90m", "25h00m", "-"]
+
+
+# ---- the watchdog's deadlines ---------------------------------------------------------------------------
+def test_plan_idle_lifetime_keep_and_off():
+    cfg = {"enabled": True, "idle_stop": 60, "max_lifetime": 3600, "created_at": 1000.0, "keep_until": None}
+    p = W.plan(cfg, last_active=1100.0, started=1000.0, now=1130.0)
+    assert (p["stop_at"], p["why"], p["idle_for"]) == (1160.0, "idle-stop", 30.0)
+    p = W.plan(cfg, last_active=4590.0, started=1000.0, now=4595.0)
+    assert (p["stop_at"], p["why"]) == (4600.0, "max-lifetime")  # lifetime comes first
+    p = W.plan({**cfg, "keep_until": 9000.0}, last_active=1100.0, started=1000.0, now=1130.0)
+    assert (p["stop_at"], p["why"]) == (9000.0, "max-lifetime") and p["idle_at"] == 9060.0
+    assert W.plan({**cfg, "enabled": False}, 1100.0, 1000.0, 1130.0)["stop_at"] is None
+    assert W.plan({**cfg, "idle_stop": None, "max_lifetime": None}, 1100.0, 1000.0, 1130.0)["stop_at"] is None
+    # no launch time in the settings (AWS): --max-lifetime counts from the node's boot
+    p = W.plan({**cfg, "created_at": None, "idle_stop": None}, time.time(), time.time(), time.time())
+    assert p["lifetime_at"] == pytest.approx(W.boot_time() + 3600, abs=2)
+
+
+# ---- the watchdog's activity rules ------------------------------------------------------------------------
+def _session(faults, *children):
+    return {"faults": faults, "children": [{"cmd": c, "own": "idle_watchdog.py" in c} for c in children]}
+
+
+def test_gpu_nodes_are_busy_only_when_a_gpu_is():
+    own: set = set()
+    busy = {"gpus": [0, 87], "training": ["python3[5] train.py"], "sessions": {"1:1": _session(9, "bash")}}
+    assert W.busy_reasons("n1", busy, {}, own, False) == ["n1: GPU 1 at 87%"]
+    assert W.busy_reasons("n1", {**busy, "gpus": [0, 0]}, {}, own, False) == []  # a shell or an idle kernel: idle
+
+
+def test_cpu_nodes_training_processes_and_ssh_commands():
+    own: set = set()
+    assert W.busy_reasons("n", {"gpus": None, "training": ["python3[7] x.py"], "sessions": {}}, {}, own, False) == \
+        ["n: python3[7] x.py"]
+    now = {"1:5": _session(400, "sleep 25")}
+    assert W.busy_reasons("n", {"gpus": None, "training": [], "sessions": now}, {}, own, False) == \
+        ["n: ssh session running sleep 25"]
+    # a kept connection with nothing running: idle; the same one after a command ended in between: busy
+    kept = {"1:5": _session(400)}
+    assert W.busy_reasons("n", {"training": [], "sessions": kept}, kept, own, False) == []
+    assert W.busy_reasons("n", {"training": [], "sessions": {"1:5": _session(800)}}, kept, own, False) == \
+        ["n: a command ran in an ssh session"]
+    # a connection first seen after it ran something: busy, except on the first check (no history yet)
+    assert W.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, False) == ["n: a new ssh session ran a command"]
+    assert W.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, True) == []
+    # clusterctl's own checks never count, not even after they ended
+    probe = {"2:9": _session(300, "/usr/bin/python3 /opt/clusterctl/idle_watchdog.py status --dir d")}
+    assert W.busy_reasons("n", {"training": [], "sessions": probe}, {}, own, False) == [] and "n/2:9" in own
+    assert W.busy_reasons("n", {"training": [], "sessions": {"2:9": _session(700)}}, probe, own, False) == []
+
+
+def test_probe_sees_this_machines_processes_but_not_itself(tmp_path):
+    sleeper = subprocess.Popen(["/usr/bin/python3", "-c", "import time; time.sleep(30)"])
+    try:
+        out = subprocess.run([sys.executable, str(SCRIPT), "probe"], capture_output=True, text=True, timeout=60)
+        pr = json.loads(out.stdout)
+        assert any(f"[{sleeper.pid}]" in t for t in pr["training"]), pr["training"]
+        assert not any("idle_watchdog.py" in t for t in pr["training"])
+        assert isinstance(pr["sessions"], dict)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_settings_files_keep_off_on_and_status(tmp_path):
+    d = str(tmp_path)
+    W.write_json(os.path.join(d, "config.json"),
+                 autostop.node_config("c", Autostop(60, None), poweroff="node-init", user="root", script="s",
+                                      created_at=time.time()))
+    run = lambda *a: json.loads(subprocess.run([sys.executable, str(SCRIPT), *a, "--dir", d],  # noqa: E731
+                                               capture_output=True, text=True, check=True).stdout)
+    st = run("status")
+    assert st["running"] is False and st["config"]["idle_stop"] == 60 and st["plan"]["why"] == "idle-stop"
+    st = run("keep", "--for", "7200")
+    assert 7100 < st["config"]["keep_until"] - time.time() <= 7200
+    assert run("off")["config"]["enabled"] is False and run("off")["plan"]["stop_at"] is None
+    st = run("on", "--idle-stop", "1800", "--max-lifetime", "none")
+    assert (st["config"]["enabled"], st["config"]["idle_stop"], st["config"]["max_lifetime"]) == (True, 1800, None)
+    log = (tmp_path / "watchdog.log").read_text()
+    assert "keep: no stop before 7200s from now" in log and "autostop turned off" in log
+    lines = autostop.summary({**st, "running": True})
+    assert lines[0].startswith("autostop: stops in ") and "idle-stop 30m" in lines[0]
+    assert any(line.startswith("autostop: kept until ") for line in lines)
+    assert autostop.summary({**run("off"), "running": True})[0].startswith("autostop: OFF")
+    assert autostop.summary(None, Autostop(1800, 3600), created_at=time.time() - 600)[1].startswith(
+        "autostop: stops at the latest in 50m")
+
+
+def test_a_namespace_node_is_never_shut_down_through_the_hosts_init(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(W.subprocess, "run", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(W, "_read", lambda path: b"sshd\n" if path == "/proc/1/comm" else b"")
+    W.poweroff_self({"poweroff": "shutdown", "user": "root"}, str(tmp_path))
+    assert calls == [] and "refusing to run shutdown: PID 1 is sshd" in (tmp_path / "watchdog.log").read_text()
+    assert W.poweroff_command({"poweroff": "shutdown", "user": "ubuntu"}) == "sudo -n shutdown -h now"
+    assert W.poweroff_command({"poweroff": "node-init", "user": "root"}) == "kill -TERM 1"
+
+
+# ---- AWS: the user data ------------------------------------------------------------------------------------
+def test_user_data_carries_the_watchdog_and_is_the_same_bytes_every_time():
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9vZGJ5ZSBjbHVzdGVyY3RsIHRlc3Qga2V5IDAwMDAwMDA x"
+    text = aws.render_user_data("demo", "us-east-1", "ubuntu", 8, key, autostop=Autostop(1800, 43200))
+    assert text == aws.render_user_data("demo", "us-east-1", "ubuntu", 8, key, autostop=Autostop(1800, 43200))
+    assert len(text.encode()) < 16384  # EC2's limit for user data
+    doc = yaml.safe_load(text)
+    files = {f["path"]: f for f in doc["write_files"]}
+    assert gzip.decompress(base64.b64decode(files[autostop.AWS_SCRIPT]["content"])) == SCRIPT.read_bytes()
+    assert files[autostop.AWS_SCRIPT]["encoding"] == "gz+b64" and files[autostop.AWS_SCRIPT]["permissions"] == "0755"
+    cfg = json.loads(files[f"{autostop.AWS_DIR}/config.json"]["content"])
+    assert cfg == {**cfg, "idle_stop": 1800, "max_lifetime": 43200, "created_at": None, "poweroff": "shutdown",
+                   "user": "ubuntu", "script": autostop.AWS_SCRIPT, "enabled": True}
+    assert doc["runcmd"] == [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "clusterctl-autostop.service"]]
+    assert "Restart=always" in files["/etc/systemd/system/clusterctl-autostop.service"]["content"]
+    cmd = autostop.remote_command("keep", "--for", "3600")
+    assert "idle_watchdog.py keep --dir /var/lib/clusterctl/autostop --for 3600" in cmd and "sudo -n" in cmd
+
+
+# ---- gc and costs --------------------------------------------------------------------------------------------
+def test_gc_groups_by_cluster_and_keeps_the_young_and_the_unknown():
+    now = 100_000.0
+    found = [Found("a", "instance", "i-1", now - 3 * 3600, "ann@lap"), Found("a", "VPC", "vpc-1", None, "ann@lap"),
+             Found("b", "key pair", "k", now - 600, "bob@desk"), Found("c", "VPC", "vpc-2")]
+    groups = gc.group(found, "aws", "us-east-1", {})
+    assert [(g.name, len(g.found), g.owner, g.record) for g in groups] == [("a", 2, "ann@lap", ""), ("b", 1, "bob@desk", ""),
+                                                                          ("c", 1, "", "")]
+    assert groups[0].created_at == now - 3 * 3600 and groups[2].created_at is None
+    assert [g.name for g in gc.select(groups, 2 * 3600, now)] == ["a"]
+    assert [g.name for g in gc.select(groups, None, now)] == ["a", "b", "c"]
+
+
+def test_costs():
+    c = Cluster("c", "aws", tuple(Node(f"n{i}", f"10.0.0.{i}", 8, "member") for i in range(4)), "us-east-1", "p3.16xlarge")
+    assert costs.hourly(c) == pytest.approx(4 * 24.48)
+    assert costs.hourly(Cluster("l", "local", ())) == 0.0 and costs.hourly(None) is None
+    assert costs.run_cost(1800, 97.92) == pytest.approx(48.96)
+    line = costs.epoch_line(1281.167, 97.92)
+    assert line == "at 1,281 img/s, one ImageNet epoch (1,281,167 images) takes 16m and costs about $27.20"
+    assert costs.epoch_line(100, None).endswith("(price unknown)")
