@@ -294,6 +294,13 @@ def main() -> None:
     args = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("Error: the benchmark makes namespace nodes and shapes links: run it as root")
+    import signal
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)  # also when started in the background, where SIGINT is ignored
+    signal.signal(signal.SIGTERM, stop)  # either way the cluster goes down and the cgroup is removed
     results = run(args)
     if args.repeat > 1:
         print("best of", args.repeat, "(the machine is shared: the fastest round is the least disturbed one):")
