@@ -386,7 +386,7 @@ def keep(
 
     seconds = autostop.parse_duration(for_, "--for", allow_off=False)
     store = _store()
-    record = store.resolve(name)
+    record = _running(store.resolve(name))
     failed = autostop.change(store, record, "keep", seconds=seconds)
     until = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() + seconds))
     _autostop_done(record, failed, f"cluster {record.cluster.name}: autostop waits until {until} "
@@ -411,6 +411,8 @@ def autostop_(
     store = _store()
     record = store.resolve(name)
     c = record.cluster
+    if off or on or idle_stop or max_lifetime:
+        _running(record)
     if off:
         failed = autostop.change(store, record, "off")
         _autostop_done(record, failed, f"cluster {c.name}: autostop is off")
@@ -427,6 +429,16 @@ def autostop_(
         failed = autostop.change(store, record, "on", **values)
         _autostop_done(record, failed, f"cluster {c.name}: autostop is on")
     _autostop_status(store, record)
+
+
+def _running(record):
+    if record.status != "up":
+        from clusterctl.errors import StateError
+
+        why = f" ({record.note})" if record.note else ""
+        raise StateError(f"cluster {record.cluster.name} is {record.status}{why}",
+                         "bring it up again with `clusterctl up`, or remove its record with `clusterctl down`")
+    return record
 
 
 def _autostop_done(record, failed: list, message: str) -> None:

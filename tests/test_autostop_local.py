@@ -77,9 +77,13 @@ def test_idle_cluster_stops_after_its_last_command_busy_one_does_not_old_one_doe
     assert rec["status"] == "stopped", rec
     assert rec["note"].startswith("stopped by autostop at ") and "idle-stop: nothing busy for " in rec["note"]
     assert "(limit 20s); last activity: " in rec["note"] and "ssh session" in rec["note"], rec["note"]
-    row = next(line for line in cli("ls").stdout.splitlines() if line.strip().startswith(idle.name))
+    proc = cli("ls")
+    row = next(line for line in proc.stdout.splitlines() if line.strip().startswith(idle.name))
     assert "stopped" in row and "stopped by autostop" in row, row
+    assert "total: $0.00/hour now, $0.00 so far for 3 cluster(s)" in proc.stderr, proc.stderr
     assert "autostop: stopped by autostop at" in cli("status", idle.name).stdout
+    proc = cli("keep", idle.name, "--for", "1h")
+    assert proc.returncode == 3 and f"Error: cluster {idle.name} is stopped (stopped by autostop at" in proc.stderr
 
     # old: max lifetime wins over a busy job
     assert _wait_gone(cli, old.name, 30) is not None, f"{old.name} outlived --max-lifetime 30s"

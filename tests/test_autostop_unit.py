@@ -188,3 +188,30 @@ def test_costs():
     line = costs.epoch_line(1281.167, 97.92)
     assert line == "at 1,281 img/s, one ImageNet epoch (1,281,167 images) takes 16m and costs about $27.20"
     assert costs.epoch_line(100, None).endswith("(price unknown)")
+
+
+def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from clusterctl import bench, cli
+    from clusterctl.state import StateStore
+
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
+    c = Cluster("c", "aws", tuple(Node(f"n{i}", f"10.0.0.{i}", 8, "member") for i in range(2)), "us-east-1", "p3.16xlarge")
+    inv = SimpleNamespace(cluster=c)
+    rung = lambda np_, ips, s: bench.Rung(np_, 1 + np_ // 9, ips, 1.0, 1.0, None, {}, s, "log")  # noqa: E731
+    ladder = bench.Ladder((rung(1, 100.0, 60.0), rung(16, 1500.0, 120.0)), 0.9, True, "ok")
+    cli._bench_cost(inv, ladder, "resnet50")
+    err = capsys.readouterr().err
+    assert "cost: this ladder ran 3m on a $48.96/hour cluster: about $2.45" in err
+    assert ("cost: at 1,500 img/s, one ImageNet epoch (1,281,167 images) takes 14m and costs about $11.62; "
+            "90 epochs about $1,045.43") in err, err
+    assert costs.load_measured(StateStore(tmp_path), "c")["img_per_sec"] == 1500.0
+
+    opts = SimpleNamespace(model="resnet50", max_steps=None, epochs=2.0, batch_size=None)
+    cli._train_estimate(inv, SimpleNamespace(np=8, options={}), opts)
+    err = capsys.readouterr().err
+    assert ("cost: estimated at 750 img/s, 2 ImageNet-sized epoch(s) (2,562,334 images) takes 56m and costs about "
+            "$46.46 (from the 1,500 img/s `bench` measured at 16 process(es), scaled linearly") in err, err
+    cli._train_estimate(inv, SimpleNamespace(np=8, options={}), SimpleNamespace(**{**vars(opts), "model": "tiny"}))
+    assert "no img/s measured for tiny on this cluster yet" in capsys.readouterr().err

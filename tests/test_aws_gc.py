@@ -12,8 +12,10 @@ import json
 import re
 import shutil
 
+import pytest
 import yaml
 
+from clusterctl.providers import aws_catalog as catalog
 from conftest import REPO
 from motoaws import REGION, decode_user_data
 from test_aws import instances, ok, one_error_line
@@ -45,6 +47,12 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     # Every resource carries its owner.
     owners = {t["Value"] for i in _tagged_instances(aws, None) for t in i["Tags"] if t["Key"] == "clusterctl:owner"}
     assert len(owners) == 1 and re.fullmatch(r"[^@]+@\S+", owners.pop())
+
+    # ls: cost so far per cluster, and the total of both (3 nodes at the instance and io2 disk prices)
+    proc = ok(aws_cli("ls"))
+    m = re.search(r"total: \$([\d.,]+)/hour now, \$[\d.,]+ so far for 2 cluster\(s\)", proc.stderr)
+    assert m and float(m.group(1)) == pytest.approx(3 * (24.48 + catalog.volume_price("io2", 200, 10000)), abs=0.01), \
+        proc.stderr
 
     # status: this node image has no watchdog (no cloud-init in moto), so the time left comes from the settings.
     proc = ok(aws_cli("status", "gca"))
