@@ -42,7 +42,7 @@ def test_bad_durations_are_usage_errors(text):
 def test_settings_default_and_description():
     assert autostop.settings(None, None) == Autostop(3600, None)
     a = autostop.settings("30m", "12h")
-    assert a == Autostop(1800, 43200) and autostop.poll_seconds(a) == 30
+    assert a == Autostop(1800, 43200) and autostop.poll_seconds(a) == 60
     assert autostop.poll_seconds(Autostop(20, None)) == 2 and autostop.poll_seconds(Autostop(None, 30)) == 3
     assert "after 30m with nothing busy" in autostop.describe(a) and "at the latest 12h00m after" in autostop.describe(a)
     assert autostop.describe(Autostop(None, None)).startswith("off")
