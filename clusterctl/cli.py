@@ -234,9 +234,10 @@ def down(
     if not targets:
         display.info("no clusters found")
         return
+    known = _ages_and_owners(targets, impl_for) if all_ else {}
     for n, kind, reg in targets:
         found = impl_for(kind, reg).resources(n)
-        where = f"{kind}{', ' + impl_for(kind, reg).region if kind == 'aws' else ''}"
+        where = f"{kind}{', ' + impl_for(kind, reg).region if kind == 'aws' else ''}" + known.get((n, kind), "")
         display.info(f"cluster {n} ({where}): " + (f"{len(found)} resource(s) to remove" if found else "nothing found"))
         for line in found:
             display.info(f"  {line}")
@@ -255,6 +256,20 @@ def down(
         from clusterctl.errors import ProvisionError
 
         raise ProvisionError(f"some resources remain ({' | '.join(failed)})", "run `clusterctl down` again")
+
+
+def _ages_and_owners(targets, impl_for) -> dict:
+    """(name, provider) -> ", age 3h10m, owner ann@laptop" for `down --all` (from the same search as `gc`)."""
+    from clusterctl import display, gc as gclib
+
+    out, now = {}, time.time()
+    for kind, reg in sorted({(k, r or "") for _, k, r in targets}):
+        impl = impl_for(kind, reg or None)
+        found = impl.inventory() if kind == "aws" else gclib.local_found() if kind == "local" else []
+        for c in gclib.group(found, kind, reg, {}):
+            out[(c.name, kind)] = (f", age {display.age(now - c.created_at)}" if c.created_at else "") + \
+                (f", owner {c.owner}" if c.owner else "")
+    return out
 
 
 @app.command("ls")

@@ -100,6 +100,9 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     assert "nothing is older than 2h" in proc.stderr and "kept (younger)" in proc.stdout
     assert not [c for c in aws.actions()[before:] if re.match(r"(Delete|Terminate|Detach|Remove)", c.action)]
 
+    proc = aws_cli("down", "--all", "--provider", "aws")  # down --all finds the same, with age and owner
+    assert proc.returncode == 2 and re.search(r"cluster gca \(aws, us-east-1, age \d+s, owner [^@]+@\S+\): \d+ resource",
+                                              proc.stderr), proc.stderr
     proc = ok(aws_cli("gc", "--provider", "aws", "--yes"))
     assert "cluster gca (aws us-east-1) is gone" in proc.stderr and "cluster gcb (aws us-east-1) is gone" in proc.stderr
     assert aws.leftovers() == [] and aws.sweep("gca") == [] and aws.sweep("gcb") == []
