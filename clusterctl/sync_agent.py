@@ -440,6 +440,74 @@ def cmd_s3pull(args: dict) -> dict:
     return {"root": root, "bytes": progress.done}
 
 
+# ---- relay ------------------------------------------------------------------------------------------
+def cmd_relay(args: dict) -> dict | None:
+    """stdin to stdout and to the fifo --out at once, like `tee -p`, but with no copy in between: tee(2)
+    duplicates the pipe's pages into the fifo, splice(2) moves them to stdout. An output whose reader is
+    gone (a dead hop, a tar that stopped on a full disk) is dropped and the other goes on. Anything but
+    pipes: a plain read/write loop."""
+    import ctypes
+    import fcntl
+
+    out = os.open(args["out"], os.O_WRONLY)
+    for fd in (0, 1, out):
+        try:
+            fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer, larger reads and writes downstream
+        except OSError:
+            pass
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.tee.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
+    libc.tee.restype = ctypes.c_ssize_t
+    outs = [out, 1]  # the fifo (next hop), stdout (tar)
+    zero_copy = True
+    while outs:
+        if zero_copy and len(outs) == 2:
+            n = libc.tee(0, outs[0], 1 << 20, 0)
+            if n < 0:
+                err = ctypes.get_errno()
+                if err == 32:  # EPIPE: the next hop is gone
+                    outs.pop(0)
+                    continue
+                zero_copy = False  # EINVAL: not pipes
+                continue
+            if n == 0:
+                break
+            left = n
+            while left:
+                try:
+                    left -= os.splice(0, outs[1], left)
+                except BrokenPipeError:  # tar is gone: drop the bytes the hop already has, go on
+                    outs.pop(1)
+                    while left:
+                        left -= len(os.read(0, left))
+            continue
+        if zero_copy and len(outs) == 1:
+            try:
+                n = os.splice(0, outs[0], 1 << 20)
+            except BrokenPipeError:
+                outs.pop()
+                break
+            except OSError:
+                zero_copy = False
+                continue
+            if n == 0:
+                break
+            continue
+        data = os.read(0, 1 << 20)
+        if not data:
+            break
+        for fd in list(outs):
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            except BrokenPipeError:
+                outs.remove(fd)
+    while os.read(0, 1 << 20):  # both outputs gone: drain, so the sender upstream is not blocked
+        pass
+    return None
+
+
 # ---- main -------------------------------------------------------------------------------------------
 def parse(argv: list[str]) -> tuple[str, dict]:
     if not argv:
@@ -467,10 +535,13 @@ def parse(argv: list[str]) -> tuple[str, dict]:
 def main(argv: list[str]) -> int:
     try:
         cmd, args = parse(argv)
-        fn = {"check": cmd_check, "manifest": cmd_manifest, "s3list": cmd_s3list, "s3pull": cmd_s3pull}.get(cmd)
+        fn = {"check": cmd_check, "manifest": cmd_manifest, "s3list": cmd_s3list, "s3pull": cmd_s3pull,
+              "relay": cmd_relay}.get(cmd)
         if fn is None:
             raise AgentError(f"unknown command {cmd!r}", 2)
         result = fn(args)
+        if result is None:  # relay: stdout is the data
+            return 0
         out = json.dumps(result, ensure_ascii=True)
         sys.stdout.write(out + "\n")
         return 0

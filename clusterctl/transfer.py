@@ -587,7 +587,7 @@ class Syncer:
         for n in relay + ([self.leader] if leader_src else []):
             kids = plan.children.get(SOURCE if (leader_src and n is self.leader) else n.label, ())
             root = n.root if n.label in extract else None
-            scripts[n.label] = relay_script(n.index, root, [by_label[c] for c in kids], hop, self.work)
+            scripts[n.label] = relay_script(n.index, root, [by_label[c] for c in kids], hop, self.work, self.python)
         lst = self._write_list(paths)
         uploads = {label: {f"{self.work}/relay.sh": (body, 0o700)} for label, body in scripts.items()}
         if leader_src:
@@ -766,12 +766,15 @@ def _rsync_bytes(line: str) -> int | None:
 
 
 # ---- scripts the nodes run --------------------------------------------------------------------------
-def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: Sequence[str], work: str) -> bytes:
+def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: Sequence[str], work: str,
+                 python: str = "python3") -> bytes:
     """The relay on one node: read the tar stream on stdin, forward it to every child's relay (tee into
-    their ssh; a child that dies is dropped and the rest go on), and extract it into `root`."""
+    their ssh; a child that dies is dropped and the rest go on), and extract it into `root`. With one
+    child (a chain), the agent's zero-copy relay (tee(2)/splice(2)) stands in for tee."""
     q = shlex.quote
     w = f'"$HOME"/{q(work)}'
-    lines = ["#!/bin/bash", f"# clusterctl sync relay of node {index}", "set -u", f"W={w}"]
+    lines = ["#!/bin/bash", f"# clusterctl sync relay of node {index}", "set -u", f"W={w}",
+             f'P={q(python)}; [ -x "$P" ] || P=python3']
     fifos = []
     for i, child in enumerate(children):
         fifo = f'"$W/fifo.{i}"'
@@ -783,7 +786,9 @@ def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: S
         lines.append(f"{{ {ssh} -- {q(child.address)} {q(remote)} < {fifo} 2>&1 >/dev/null | cat >&2; }} &")
     ck = f"--checkpoint={TAR_CHECKPOINT}", f"--checkpoint-action=echo=CCSYNC-TAR {index} %u"
     extract = ("tar -C " + q(root) + " -xf - " + " ".join(q(c) for c in ck)) if root is not None else None
-    if fifos:
+    if len(fifos) == 1 and extract:
+        lines.append(f'"$P" "$W/agent.py" relay --out {fifos[0]} | {extract}')
+    elif fifos:
         lines.append(f"tee -p {' '.join(fifos)} " + (f"| {extract}" if extract else ">/dev/null"))
     else:
         lines.append(extract or "cat >/dev/null")

@@ -113,8 +113,13 @@ def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
         out, err = p.communicate(timeout=60)
         assert p.returncode == 130, err
         assert first_error_line(err) == "Error: interrupted"
-        partial = c4.node_exec(3, "stat", "-c", "%s", f"{dst}/.clusterctl-partial/big.bin", check=False)
-        assert partial.returncode == 0, f"rsync kept no partial file: {c4.node_exec(3, 'ls', '-laR', dst).stdout}"
+        # the node's rsync sees its sender gone a moment later, and keeps what it has in the partial dir
+        part = f"{dst}/.clusterctl-partial/big.bin"
+        try:
+            _wait_for(lambda: c4.node_exec(3, "test", "-f", part, check=False).returncode == 0, 60, "a partial")
+        except AssertionError:
+            raise AssertionError(f"rsync kept no partial file: {c4.node_exec(3, 'ls', '-laR', dst).stdout}")
+        partial = c4.node_exec(3, "stat", "-c", "%s", part)
         kept = int(partial.stdout)
         assert 1_000_000 < kept < size
         assert marker(c4, 3, dst) is None

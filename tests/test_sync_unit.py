@@ -189,8 +189,30 @@ def test_relay_script_quotes_every_path_and_pins_host_keys(tmp_path):
     assert "StrictHostKeyChecking=yes" in text and "UserKnownHostsFile=~/.ssh/known_hosts" in text
     assert "aes128-gcm@openssh.com" in text and "Compression=no" in text
     assert f"tar -C {shlex.quote(root)} -xf -" in text
-    assert "tee -p" in text
+    assert '"$P" "$W/agent.py" relay --out "$W/fifo.0" | tar' in text  # a chain: the zero-copy relay
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # it parses
+    two = transfer.relay_script(0, root, [child, child], hop, ".clusterctl/sync/abc").decode()
+    assert 'tee -p "$W/fifo.0" "$W/fifo.1" | tar' in two  # fan-out: tee
+    subprocess.run(["bash", "-n"], input=two, text=True, check=True)
+
+
+@pytest.mark.parametrize("case", ["both", "hop dies", "tar dies"])
+def test_zero_copy_relay_gives_both_outputs_every_byte_and_survives_either_dying(tmp_path, case):
+    data = os.urandom(3_000_000)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    hop_reader = "head -c 1000 >/dev/null" if case == "hop dies" else "sha256sum"
+    tar_reader = "head -c 1000 >/dev/null" if case == "tar dies" else "sha256sum"
+    script = (f"{hop_reader} < {shlex.quote(str(fifo))} > {tmp_path}/hop.out & "
+              f"python3 {shlex.quote(sync_agent.__file__)} relay --out {shlex.quote(str(fifo))} | {tar_reader} "
+              f"> {tmp_path}/tar.out; wait")
+    proc = subprocess.run(["bash", "-c", script], input=data, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    want = hashlib.sha256(data).hexdigest()
+    if case != "hop dies":
+        assert (tmp_path / "hop.out").read_text().split()[0] == want
+    if case != "tar dies":
+        assert (tmp_path / "tar.out").read_text().split()[0] == want
 
 
 def test_operator_ssh_uses_the_clusters_key_and_known_hosts_only():
