@@ -185,6 +185,16 @@ def own_addresses():
     return set(out.split()) | {socket.gethostname()}
 
 
+def is_me(address):
+    """An address of this node? (A datagram socket "connected" to a local address takes it as its source.)"""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((address, 9))
+            return s.getsockname()[0] == address
+    except OSError:
+        return False
+
+
 def answers(host, port=22, timeout=3.0):
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -306,7 +316,7 @@ def run(d):
         mine = own_addresses()
         role = "alone"
         if hosts:
-            if hosts[0] in mine:
+            if hosts[0] in mine or is_me(hosts[0]):
                 role = "leader"
             elif answers(hosts[0]):
                 role, leader_gone = "member", 0
