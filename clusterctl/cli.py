@@ -397,7 +397,7 @@ def keep(
     for_: str = typer.Option(..., "--for", help="How long nothing may stop it, e.g. 4h."),
 ) -> None:
     """Keep a cluster up a while longer, idle or not."""
-    from clusterctl import autostop, display
+    from clusterctl import autostop
 
     seconds = autostop.parse_duration(for_, "--for", allow_off=False)
     store = _store()

@@ -10,7 +10,6 @@ import shlex
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 from clusterctl import launch, resources
 from clusterctl.remote import SshPool

@@ -167,7 +167,7 @@ def _render(value: Any, variables: Mapping[str, str], where: str) -> Any:
         return value
     for name in _VAR.findall(value):
         if name not in variables:
-            raise PlaybookError(f"{where}: unknown variable {name!r}", f"declare it under vars:")
+            raise PlaybookError(f"{where}: unknown variable {name!r}", "declare it under vars:")
     whole = _VAR.fullmatch(value.strip())
     if whole:
         return yaml.safe_load(str(variables[whole.group(1)])) if variables[whole.group(1)] != "" else ""

@@ -19,11 +19,10 @@ import shlex
 import socket
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from clusterctl.hostsfile import validate_host
 from clusterctl.types import HostResult, RunReport

@@ -12,7 +12,6 @@ import ipaddress
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from clusterctl.errors import ConfigError
 from clusterctl.providers import netns

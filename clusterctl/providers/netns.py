@@ -238,15 +238,9 @@ def restart_node(ns: str, hostname: str, address: str, node_dir: Path, port: int
     if not (Path("/run/netns") / ns).exists():
         raise ProvisionError(f"node namespace {ns} does not exist", "bring the cluster up again")
     deadline = time.monotonic() + timeout
-    while pids := netns_pids(ns):
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if time.monotonic() > deadline:
-            raise WaitTimeout(f"processes of node {hostname} survived SIGKILL for {timeout:.0f}s: {pids}")
-        time.sleep(0.02)
+    survivors = kill_netns(ns, timeout)
+    if survivors:
+        raise WaitTimeout(f"processes of node {hostname} survived SIGKILL for {timeout:.0f}s: {survivors}")
     pid = start_node(ns, hostname, node_dir)
     wait_port(address, port, max(1.0, deadline - time.monotonic()), pid, node_dir / "sshd.log")
     return pid
@@ -346,19 +340,25 @@ def leftovers(cluster: str) -> Leftovers:
     return Leftovers(tuple(namespaces), tuple(cluster_links(cluster)), pids, etc_dirs)
 
 
+def kill_netns(ns: str, timeout: float) -> list[int]:
+    """SIGKILL every process in the namespace until none is left; the survivors after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while pids := netns_pids(ns):
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            return pids
+        time.sleep(0.02)
+    return []
+
+
 def destroy(cluster: str, timeout: float = 10.0) -> Leftovers:
     """Kill every process in the cluster's namespaces, delete them, the links and config; return what is left."""
     for ns in cluster_netns(cluster):
-        deadline = time.monotonic() + timeout
-        while pids := netns_pids(ns):
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
+        kill_netns(ns, timeout)
         _run(["ip", "netns", "del", ns], check=False)
     for link in cluster_links(cluster):
         _run(["ip", "link", "del", link], check=False)
