@@ -12,22 +12,10 @@ CANARY = "AKIAZZZZCANARY000000"
 
 
 @pytest.fixture(scope="module")
-def cluster(request, tmp_path_factory):
+def cluster(module_cluster_factory):
     """One 2-node cluster shared by this module's tests (bringing nodes up is cheap, Horovod runs are not)."""
-    from conftest import Cli, require_root
-    from clusterctl.providers import netns
-    import uuid
-
-    require_root()
-    base = tmp_path_factory.mktemp("bench")
-    (base / "work").mkdir()
-    cli = Cli(base / "home", base / "work")
-    name = "tb" + uuid.uuid4().hex[:6]
-    proc = cli("up", "--provider", "local", "--name", name, "--nodes", "2", "--slots", "2", "--yes")
-    assert proc.returncode == 0, proc.stderr
-    yield cli, name
-    cli("down", name, "--yes")
-    assert netns.leftovers(name).empty
+    c = module_cluster_factory(2, 2)
+    return c.cli, c.name
 
 
 def watch_for_canary(name: str, stop: threading.Event, found: list[str]) -> None:

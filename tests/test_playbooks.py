@@ -4,28 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 
 import pytest
 
-from conftest import Cli, LocalCluster, require_root
+from conftest import LocalCluster
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    from clusterctl.providers import netns
-
-    require_root()
-    base = tmp_path_factory.mktemp("play")
-    (base / "work").mkdir()
-    cli = Cli(base / "home", base / "work")
-    name = "tp" + uuid.uuid4().hex[:6]
-    proc = cli("up", "--provider", "local", "--name", name, "--nodes", "2", "--slots", "1", "--yes")
-    assert proc.returncode == 0, proc.stderr
-    hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
-    yield LocalCluster(name, cli, hosts)
-    cli("down", name, "--yes")
-    assert netns.leftovers(name).empty
+def cluster(module_cluster_factory) -> LocalCluster:
+    return module_cluster_factory(2, 1)
 
 
 def test_smoke_playbook(cluster):
