@@ -46,6 +46,23 @@ class Cli:
                                 text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
 
 
+# The Python with TensorFlow + Horovod that the template tests run (CLUSTERCTL_TRAIN_PYTHON overrides).
+TRAIN_PY = os.environ.get("CLUSTERCTL_TRAIN_PYTHON", sys.executable)
+HOROVODRUN = str(Path(TRAIN_PY).parent / "horovodrun")
+
+
+@pytest.fixture(scope="module")
+def horovod_present() -> None:
+    probe = subprocess.run([TRAIN_PY, "-c", "import horovod.tensorflow"], capture_output=True, text=True)
+    if probe.returncode != 0 or not Path(HOROVODRUN).exists():
+        pytest.fail(
+            f"{TRAIN_PY} cannot import horovod.tensorflow (or has no horovodrun beside it): install the training "
+            "extra (tensorflow-cpu 2.15.1, then horovod 0.28.1 built with gloo, see install.sh) or point "
+            f"CLUSTERCTL_TRAIN_PYTHON at a Python that has them.\n{probe.stderr[-2000:]}",
+            pytrace=False,
+        )
+
+
 @pytest.fixture
 def cli(tmp_path: Path) -> Cli:
     home = tmp_path / "cchome"
