@@ -15,7 +15,7 @@ MODE=${1:-deps}
 case "$MODE" in demo|test|deps) ;; *) echo "Error: unknown mode '$MODE': use demo, test or deps" >&2; exit 2;; esac
 
 PKGS="openssh-server openssh-client rsync tmux iproute2 iptables procps psmisc util-linux ca-certificates
-      python3.11 python3.11-venv python3.11-dev build-essential cmake git pdsh clustershell"
+      python3.11 python3.11-venv python3.11-dev build-essential cmake git pdsh clustershell zstd"
 missing=$(dpkg-query -W -f='${Package} ${Status}\n' $PKGS 2>/dev/null | awk '$NF!="installed"{print $1}'; \
           for p in $PKGS; do dpkg-query -W "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$(echo "$missing" | tr -d '[:space:]')" ]; then
@@ -34,11 +34,28 @@ PIP="$VENV/bin/pip"
 echo "== pip: clusterctl[train,test]"
 "$PIP" install -q --disable-pip-version-check -e "$HERE[train,test]"
 
-# Horovod must be built against this exact TensorFlow: no build isolation, no wheel cache.
+# The wheelhouse: every wheel the node runtime needs (clusterctl/runtime/spec.py), Horovod built here once
+# against this exact TensorFlow. Local clusters' runtimes and this venv's Horovod install from it, offline.
+WHEELS=${CLUSTERCTL_WHEELHOUSE:-/var/cache/clusterctl/wheelhouse}
+REQS=$("$VENV/bin/python" -m clusterctl.runtime requirements)
+stamp="$WHEELS/.complete-v2-$(printf '%s' "$REQS" | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "== wheelhouse: $WHEELS"
+  mkdir -p "$WHEELS"
+  if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
+    echo "== horovod: building its wheel against TensorFlow with gloo (about 2-5 minutes, once per machine)"
+    # No build isolation and no wheel cache: the wheel must be built against this venv's TF (FACTS.md).
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+    HOROVOD_WITHOUT_MPI=1 "$PIP" wheel -q --disable-pip-version-check --no-deps --no-cache-dir \
+      --no-build-isolation -w "$WHEELS" "$(echo "$REQS" | grep '^horovod==')"
+  fi
+  # Everything else, dependencies included (Horovod's come from its wheel just built, found in the folder).
+  # shellcheck disable=SC2086
+  "$PIP" download -q --disable-pip-version-check --find-links "$WHEELS" -d "$WHEELS" $REQS
+  touch "$stamp"
+fi
 if ! "$VENV/bin/python" -c "import horovod.tensorflow" >/dev/null 2>&1; then
-  echo "== horovod 0.28.1: building against TensorFlow 2.15.1 with gloo (about 2-5 minutes)"
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-  HOROVOD_WITHOUT_MPI=1 "$PIP" install -q --no-cache-dir --no-build-isolation horovod==0.28.1
+  "$PIP" install -q --disable-pip-version-check --no-index --find-links "$WHEELS" "$(echo "$REQS" | grep '^horovod==')"
 fi
 ln -sf "$VENV/bin/clusterctl" /usr/local/bin/clusterctl
 ln -sf "$VENV/bin/horovodrun" /usr/local/bin/horovodrun 2>/dev/null || true

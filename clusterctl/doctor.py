@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from clusterctl import launch, resources
 from clusterctl.remote import SshPool
 
-CHECKS = ("reachable", "same-type", "ssh-mesh", "versions", "gpus", "disk", "memory", "clock", "stale-procs")
+CHECKS = ("reachable", "same-type", "ssh-mesh", "versions", "runtime", "gpus", "disk", "memory", "clock", "stale-procs")
 MIN_DISK_PCT = 10.0
 MIN_MEM_GB = 1.0
 MAX_SKEW_S = 2.0
@@ -61,10 +61,12 @@ def parse_facts(text: str) -> dict[str, str]:
 
 
 def judge(facts: dict[str, dict[str, str]], slots: dict[str, int], operator_time: dict[str, tuple[float, float]],
-          unreachable: dict[str, str], cloud: dict[str, dict[str, str]] | None = None) -> DoctorReport:
+          unreachable: dict[str, str], cloud: dict[str, dict[str, str]] | None = None,
+          runtime: str | None = None) -> DoctorReport:
     """facts: host -> the probe's key=value facts; operator_time: host -> the operator's clock just
     before and after the probe (the node's clock must fall inside, give or take MAX_SKEW_S);
-    cloud: host -> {"type", "zone", "placement"} where the provider knows them."""
+    cloud: host -> {"type", "zone", "placement"} where the provider knows them; runtime: the node
+    runtime id the cluster record names (None: a hosts file, or the user's own Python)."""
     hosts = list(slots)
     reachable = [h for h in hosts if h not in unreachable]
 
@@ -102,6 +104,7 @@ def judge(facts: dict[str, dict[str, str]], slots: dict[str, int], operator_time
                                                                 not any(d.startswith(k) for d in diffs)]))
         else:
             cells["versions"] = Cell("ok", f"tf {f.get('tensorflow')}, horovod {f.get('horovod')}")
+        cells["runtime"] = _runtime_cell(f.get("runtime", "none"), runtime)
         gpus = f.get("gpus", "n/a")
         if gpus == "n/a":
             cells["gpus"] = Cell("n/a", "no nvidia-smi")
@@ -128,6 +131,16 @@ def judge(facts: dict[str, dict[str, str]], slots: dict[str, int], operator_time
             cells["stale-procs"] = Cell("ok")
         reports.append(NodeReport(h, f.get("hostname", ""), cells, f))
     return DoctorReport(tuple(reports), CHECKS)
+
+
+def _runtime_cell(found: str, expected: str | None) -> Cell:
+    if expected is None:
+        return Cell("n/a", "no node runtime recorded")
+    if found in ("", "none"):
+        return Cell("fail", f"node runtime {expected} is missing (`clusterctl up` installs it)")
+    if found != expected:
+        return Cell("fail", f"node runtime {found} != {expected}, the cluster's")
+    return Cell("ok", found)
 
 
 def _float(text: str | None) -> float | None:
@@ -161,4 +174,10 @@ def run(inv, python: str | None = None, timeout: float = 120.0, cloud: dict[str,
             operator_time[r.host] = (started[r.host], started[r.host] + r.duration_s)
         else:
             unreachable[r.host] = r.error or f"probe failed: {r.stderr.strip()[-200:]}"
-    return judge(facts, slots, operator_time, unreachable, cloud)
+    return judge(facts, slots, operator_time, unreachable, cloud, runtime=recorded_runtime(inv.cluster))
+
+
+def recorded_runtime(cluster) -> str | None:
+    """The runtime id in the cluster record, where `up` installed one."""
+    rid = cluster.extra.get("runtime", "") if cluster is not None else ""
+    return rid if rid not in ("", "none", "own") else None

@@ -113,7 +113,7 @@ def _clean(step: Step, ctx: Context) -> tuple[bool, str]:
 
 
 def _sync(step: Step, ctx: Context) -> tuple[bool, str]:
-    from clusterctl import transfer
+    from clusterctl import launch, transfer
     from clusterctl.remote import SshPool
 
     p = step.params
@@ -133,7 +133,7 @@ def _sync(step: Step, ctx: Context) -> tuple[bool, str]:
         report = transfer.Syncer(inv.targets, inv.hosts.hosts, inv.settings.known_hosts, pool, source, dst,
                                  strategy=strategy, fanout=int(p.get("fanout", 1)), delete=bool(p.get("delete", False)),
                                  endpoint_url=p.get("endpoint_url") or None, managed=inv.cluster is not None,
-                                 events=Phases()).run()
+                                 events=Phases(), node_python=launch.node_python(inv.cluster)).run()
     err = report.error()
     if err is not None:
         return False, err.one_line()

@@ -18,6 +18,12 @@ def folder(kind: str) -> Path:
     raise ConfigError(f"the shipped {kind}/ folder is missing from this installation", "reinstall clusterctl")
 
 
+def source_checkout() -> Path | None:
+    """The repository folder when clusterctl runs from a checkout (editable install), else None."""
+    top = _PKG.parent
+    return top if (top / "pyproject.toml").is_file() and (top / "templates").is_dir() else None
+
+
 def template_path(name: str) -> Path:
     path = folder("templates") / name
     if not path.is_file():

@@ -22,6 +22,12 @@ PYEOF
 else
   echo "python=missing"
 fi
+# the node runtime this Python belongs to (its marker, written last by the runtime's installer)
+case "$PY" in
+  /*) M="$(dirname "$(dirname "$PY")")/.clusterctl-runtime.json"
+      if [ -f "$M" ]; then echo "runtime=$(sed -n 's/.*"id": *"\([0-9a-f]*\)".*/\1/p' "$M")"; else echo "runtime=none"; fi ;;
+  *) echo "runtime=none" ;;
+esac
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo "gpus=$(timeout 20 nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)"
   echo "cuda_driver=$(timeout 20 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1)"

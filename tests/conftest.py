@@ -135,11 +135,13 @@ def module_cluster_factory(module_cli: Cli):
 def _cluster_factory(cli: Cli):
     made: list[str] = []
 
-    def make(nodes: int = 3, slots: int = 2, extra: tuple[str, ...] = ()) -> LocalCluster:
+    def make(nodes: int = 3, slots: int = 2, extra: tuple[str, ...] = (), runtime: bool = False) -> LocalCluster:
         require_root()
         name = "t" + uuid.uuid4().hex[:8]
+        # The node runtime (TensorFlow + Horovod, relayed and unpacked on every node) only where a test runs
+        # Horovod: it is built once per machine (cached outside CLUSTERCTL_HOME), relayed on every `up`.
         proc = cli("up", "--provider", "local", "--name", name, "--nodes", str(nodes), "--slots", str(slots),
-                   "--yes", *extra, timeout=120)
+                   "--yes", *(() if runtime else ("--runtime", "none")), *extra, timeout=900 if runtime else 120)
         made.append(name)
         assert proc.returncode == 0, proc.stderr
         hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]

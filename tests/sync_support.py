@@ -14,12 +14,14 @@ from conftest import Cli, LocalCluster, require_root
 DST_MARKER = ".clusterctl-sync/COMPLETE"
 
 
-def up_cluster(base: Path, nodes: int) -> LocalCluster:
+def up_cluster(base: Path, nodes: int, runtime: bool = False) -> LocalCluster:
+    """runtime: the node runtime on every node (S3 pulls run on its boto3); else --runtime none."""
     require_root()
     cli = Cli(base / "cchome", base / "work")
     cli.cwd.mkdir(parents=True, exist_ok=True)
     name = "s" + uuid.uuid4().hex[:8]
-    proc = cli("up", "--provider", "local", "--name", name, "--nodes", str(nodes), "--slots", "1", "--yes", timeout=120)
+    proc = cli("up", "--provider", "local", "--name", name, "--nodes", str(nodes), "--slots", "1", "--yes",
+               *(() if runtime else ("--runtime", "none")), timeout=900 if runtime else 120)
     assert proc.returncode == 0, proc.stderr
     hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
     return LocalCluster(name, cli, hosts)

@@ -14,7 +14,7 @@ CANARY = "AKIAZZZZCANARY000000"
 @pytest.fixture(scope="module")
 def cluster(module_cluster_factory):
     """One 2-node cluster shared by this module's tests (bringing nodes up is cheap, Horovod runs are not)."""
-    c = module_cluster_factory(2, 2)
+    c = module_cluster_factory(2, 2, runtime=True)
     return c.cli, c.name
 
 

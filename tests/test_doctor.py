@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -37,25 +36,30 @@ def test_judge_gpus_against_slots_and_cloud_placement():
 
 
 def test_doctor_names_each_broken_node(local_cluster_factory):
-    c = local_cluster_factory(3, 1)
+    c = local_cluster_factory(3, 1, runtime=True)
     healthy = c.cli("doctor", "--json")
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
-    assert json.loads(healthy.stdout)["ok"] is True
+    report = json.loads(healthy.stdout)
+    assert report["ok"] is True
+    record = json.loads((c.cli.home / "clusters" / c.name / "cluster.json").read_text())["cluster"]["extra"]
+    rid = record["runtime"]
+    assert {n["cells"]["runtime"]["why"] for n in report["nodes"]} == {rid}  # one runtime id on every node
 
-    # leader: another TensorFlow version (a dist-info bind-mounted over the real one, in that node only)
-    import importlib.metadata as md
-
-    real = Path(str(md.distribution("tensorflow-cpu")._path))  # type: ignore[attr-defined]
+    # leader: another TensorFlow version (a dist-info bind-mounted over the runtime's, in that node only)
+    node_opt = c.cli.home / "clusters" / c.name / "nodes" / "0" / "opt"  # the leader's /opt, seen from here
+    real_here = next(node_opt.glob(f"clusterctl-runtime/{rid}/lib/python3*/site-packages/tensorflow_cpu-*.dist-info"))
+    real = "/opt/" + str(real_here.relative_to(node_opt))
     fake = Path(tempfile.mkdtemp(prefix="fake-tf-", dir="/var/tmp"))  # not /tmp: nodes have their own
-    for f in real.iterdir():
+    for f in real_here.iterdir():
         if f.is_file():
             (fake / f.name).write_bytes(f.read_bytes())
     meta = fake / "METADATA"
     meta.write_text(meta.read_text().replace("Version: 2.15.1", "Version: 2.14.0", 1))
-    c.node_exec(0, "mount", "--bind", str(fake), str(real))
-    # member 1: a stale training process
-    c.node_exec(1, "sh", "-c", f"setsid {sys.executable} -c 'import time; time.sleep(600)' train_imagenet.py "
+    c.node_exec(0, "mount", "--bind", str(fake), real)
+    # member 1: a stale training process, and another runtime's marker (as if a different build were there)
+    c.node_exec(1, "sh", "-c", "setsid /usr/bin/python3 -c 'import time; time.sleep(600)' train_imagenet.py "
                                "</dev/null >/dev/null 2>&1 &")
+    c.node_exec(1, "sed", "-i", f"s/{rid}/0123456789abcdef/", f"/opt/clusterctl-runtime/{rid}/.clusterctl-runtime.json")
     # member 2: cannot reach member 1 (its packets to member 1's sshd are rejected)
     subprocess.run(["ip", "netns", "exec", netns.netns_name(c.name, 2), "iptables", "-A", "OUTPUT", "-d", c.hosts[1],
                     "-p", "tcp", "--dport", "22", "-j", "REJECT"], check=True)
@@ -66,7 +70,8 @@ def test_doctor_names_each_broken_node(local_cluster_factory):
     assert f"FAIL {c.hosts[0]} versions: tensorflow 2.14.0 != 2.15.1" in fails
     assert any(line.startswith(f"FAIL {c.hosts[1]} stale-procs: 1 training process(es)") for line in fails), fails
     assert f"FAIL {c.hosts[2]} ssh-mesh: cannot ssh to {c.hosts[1]}" in fails
-    assert len(fails) == 3, fails
+    assert f"FAIL {c.hosts[1]} runtime: node runtime 0123456789abcdef != {rid}, the cluster's" in fails
+    assert len(fails) == 4, fails
     report = json.loads(c.cli("doctor", "--json").stdout)
     assert report["ok"] is False
     assert report["nodes"][1]["cells"]["versions"]["status"] == "ok"

@@ -102,7 +102,7 @@ def test_two_ups_of_one_cluster_cannot_interleave(cli):
 
     store = StateStore(cli.home)
     with store.lock(name):
-        proc = cli("up", "--provider", "local", "--name", name, "--nodes", "1", "--yes")
+        proc = cli("up", "--provider", "local", "--name", name, "--nodes", "1", "--yes", "--runtime", "none")
     assert proc.returncode == 3
     assert f"cluster '{name}' is busy: another clusterctl (pid {os.getpid()})" in proc.stderr
     assert not netns.cluster_netns(name)
@@ -111,7 +111,7 @@ def test_two_ups_of_one_cluster_cannot_interleave(cli):
 def test_needs_root(cli):
     require_root()
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-                           *cli_argv(), "up", "--provider", "local", "--name", "noroot", "--nodes", "1", "--yes"],
+                           *cli_argv(), "up", "--provider", "local", "--name", "noroot", "--nodes", "1", "--yes", "--runtime", "none"],
                           cwd="/", env=cli.env({"CLUSTERCTL_HOME": "/tmp/clusterctl-noroot-home"}), capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 3, proc.stderr
@@ -128,7 +128,7 @@ def cli_argv() -> list[str]:
 def test_interrupted_up_leaves_nothing(cli):
     require_root()
     name = "tint" + str(os.getpid() % 1000)
-    proc = cli.popen("up", "--provider", "local", "--name", name, "--nodes", "6", "--yes")
+    proc = cli.popen("up", "--provider", "local", "--name", name, "--nodes", "6", "--yes", "--runtime", "none")
     deadline = time.monotonic() + 30
     while not netns.cluster_netns(name) and time.monotonic() < deadline:  # interrupt mid-creation
         time.sleep(0.005)

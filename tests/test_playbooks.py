@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
@@ -12,7 +11,7 @@ from conftest import LocalCluster
 
 @pytest.fixture(scope="module")
 def cluster(module_cluster_factory) -> LocalCluster:
-    return module_cluster_factory(2, 1)
+    return module_cluster_factory(2, 1, runtime=True)
 
 
 def test_smoke_playbook(cluster):
@@ -31,7 +30,7 @@ def test_cleanup_playbook_kills_removes_and_reports(cluster):
     cli = cluster.cli
     for i in (0, 1):
         cluster.node_exec(i, "sh", "-c", f"mkdir -p /root/imagenet_resnet && echo x > /root/imagenet_resnet/ckpt && "
-                                         f"setsid {sys.executable} -c 'import time; time.sleep(600)' "
+                                         "setsid /usr/bin/python3 -c 'import time; time.sleep(600)' "
                                          "</dev/null >/dev/null 2>&1 &")
     before = cli("run", "--json", "pgrep -c -x 'python[0-9.]*' || true")
     assert all(json.loads(line)["stdout"].strip() == "1" for line in before.stdout.splitlines()), before.stdout

@@ -42,7 +42,7 @@ def score(lr: float, batch: int) -> float:
 
 @pytest.fixture(scope="module")
 def c(module_cluster_factory):
-    cluster = module_cluster_factory(2, 2)
+    cluster = module_cluster_factory(2, 2, runtime=True)
     (cluster.cli.cwd / "trial.py").write_text(TRIAL)
     return cluster
 
@@ -225,7 +225,7 @@ def test_status_and_cancel_from_another_terminal(c):
 
 
 def test_a_node_killed_mid_sweep_has_its_trials_rerun_elsewhere(module_cluster_factory):
-    c = module_cluster_factory(2, 2)  # its own cluster: this test kills a node
+    c = module_cluster_factory(2, 2, runtime=True)  # its own cluster: this test kills a node
     (c.cli.cwd / "trial.py").write_text(TRIAL)
     start = c.cli("sweep", "--cluster", c.name, "--detach", "--node-timeout", "2", "--file", "trial.py", *GRID,
                   "--", "python", "trial.py", "lr={lr}", "batch={batch}", "sleep=2", "member_sleep=120", timeout=120)

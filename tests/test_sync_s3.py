@@ -34,7 +34,7 @@ def s3env(tmp_path_factory):
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    cluster = up_cluster(tmp_path_factory.mktemp("syncs3"), 3)
+    cluster = up_cluster(tmp_path_factory.mktemp("syncs3"), 3, runtime=True)  # the nodes pull with boto3
     tunnels = []
     try:
         cdir = cluster.cli.home / "clusters" / cluster.name

@@ -47,7 +47,7 @@ def free_port() -> int:
 
 
 def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_path):
-    cluster = local_cluster_factory(2, 2)
+    cluster = local_cluster_factory(2, 2, runtime=True)
     cli = cluster.cli
     proc = cli("data", "synthetic", "ds", "--images", "640", "--classes", "10", "--image-size", "32",
                "--train-shards", "4", "--validation-shards", "2")

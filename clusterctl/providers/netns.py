@@ -6,7 +6,9 @@ PID, UTS and mount namespaces, in which OpenSSH sshd runs as PID 1. Inside a nod
     tmpfs, so a file copied to one node is not on another and tmux sockets do not collide;
   * /etc/hosts and /etc/hostname come from /etc/netns/<ns>/ (ip netns exec bind-mounts them), so the
     node's own hostname resolves, as gloo requires;
-  * the rest of the file system (Python, installed packages) is the host's, as on identical nodes.
+  * /opt is the node's own and /usr/local an empty skeleton; the operator's clusterctl files (state with
+    its private keys, venv, checkout, runtime cache) are covered: the rest of the file system is the
+    host's base OS, as an AMI would give, never the operator's Python environment.
 There is no default route: nodes reach only each other and the bridge's own address (the operator).
 
 Everything is named after the cluster, so teardown finds it again with no state at all.
@@ -23,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,16 +210,53 @@ def create_node(
     return NetNode(node.index, node.hostname, node.address, ns, pid, public.rsplit(" ", 1)[0])
 
 
+# What an AMI's /usr/local holds: empty folders (Debian's skeleton).
+USR_LOCAL_SKELETON = ("bin", "etc", "games", "include", "lib", "man", "sbin", "share", "src")
+
+
+def operator_paths() -> list[str]:
+    """This machine's clusterctl files that a node must not see (it shares the base OS, never the
+    operator's environment): its state (private keys), the runtime cache and wheelhouse, the venv running
+    clusterctl, and a source checkout. Paths under what a node already has of its own are left out."""
+    from clusterctl import resources, state
+    from clusterctl.runtime import cache
+
+    found = [str(state.home()), str(cache.cache_root()), str(cache.wheelhouse()),
+             str(resources.source_checkout() or "")]
+    if sys.prefix != sys.base_prefix:  # a venv (install.sh's /opt/clusterctl/venv, or a user's)
+        found.append(sys.prefix)
+    own = ("/root", "/tmp", "/opt", "/usr/local", "/dev/shm", "/proc", "/sys", "/etc/ssh")
+    out: list[str] = []
+    for p in found:
+        real = os.path.realpath(p) if p else ""
+        if not real or real == "/" or not os.path.isdir(real) or real in out:
+            continue
+        if any(real == o or real.startswith(o + "/") for o in own):
+            continue
+        out.append(real)
+    return sorted(out)
+
+
 def start_node(ns: str, hostname: str, node_dir: Path, tmp_size: str = "2g") -> int:
     """Start the node's PID 1 (sshd) in namespace `ns` with its own hostname, mounts and a fresh /tmp;
-    returns the host PID of the unshare process. Used at creation and by `restart_node`."""
-    etc_ssh, home = node_dir / "etc-ssh", node_dir / "home"
+    returns the host PID of the unshare process. Used at creation and by `restart_node`.
+
+    Inside, the node has the base OS and nothing of the operator's: /opt is the node's own (empty at
+    first, as on an AMI; the node runtime goes there), /usr/local is an empty skeleton, and the
+    operator's clusterctl files (`operator_paths`) are covered by empty read-only tmpfs."""
+    etc_ssh, home, opt = node_dir / "etc-ssh", node_dir / "home", node_dir / "opt"
+    opt.mkdir(mode=0o755, exist_ok=True)
+    skeleton = " ".join(shlex.quote(f"/usr/local/{d}") for d in USR_LOCAL_SKELETON)
     inner = " && ".join(
         [
             f"hostname {shlex.quote(hostname)}",
-            # Order matters: sources may live under /root or /tmp, so bind them before covering those.
+            # Order matters: sources may live under /root, /tmp or the operator's paths, so bind them first.
             f"mount --bind {shlex.quote(str(etc_ssh))} /etc/ssh",
             f"mount --bind {shlex.quote(str(home))} /root",
+            f"mount --bind {shlex.quote(str(opt))} /opt",
+            *[f"mount -t tmpfs -o ro,size=4k,mode=0755 clusterctl-hidden {shlex.quote(p)}" for p in operator_paths()],
+            "mount -t tmpfs -o mode=0755 tmpfs /usr/local",
+            f"mkdir -p {skeleton}",
             f"mount -t tmpfs -o size={tmp_size},mode=1777 tmpfs /tmp",
             "mount -t tmpfs -o mode=1777 tmpfs /dev/shm",
             f"exec {SSHD} -D -e -f /etc/ssh/sshd_config",

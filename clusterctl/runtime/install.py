@@ -1,0 +1,252 @@
+"""`up`'s runtime step: every node gets the same verified runtime, and the cluster record says which.
+
+    probe every node (OS, arch, python3, CUDA: all alike, or stop) -> id -> nodes that already have it
+    are left alone -> a pack: this machine's cache (local clusters), the S3 cache (`--runtime-cache`),
+    or built on the leader (AWS: it reaches the package index) -> relayed to the nodes with sync's
+    pipelined chain (sha256-checked) -> unpacked and verified on every node, marker written last.
+
+A node never runs the operator's interpreter: the record's extra["python"] is the runtime's Python (or
+the user's own `--python`), and launch.node_python reads it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Callable, Literal, Mapping, Sequence
+
+from clusterctl import resources
+from clusterctl.errors import ConfigError, ProvisionError, UnreachableError, UsageError
+from clusterctl.remote import SshPool, SshTarget
+from clusterctl.runtime import spec as rt
+from clusterctl.types import Cluster
+
+Report = Callable[[str], None]
+Mode = Literal["install", "none", "own"]
+WORK = ".clusterctl/runtime"  # under the login home: scripts, and the incoming pack (removed once installed)
+INSTALL_TIMEOUT_S = 1800.0
+BUILD_TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True)
+class RuntimeRequest:
+    """What `up` was asked for: install the runtime (default), none (`--runtime none`), or the user's own
+    interpreter (`--python PATH`, checked by `doctor`)."""
+
+    mode: Mode = "install"
+    python: str = ""  # mode "own"
+    cache: str = ""  # s3://bucket/prefix: AWS clusters fetch a built runtime from there, or put theirs there
+    wheels: str = ""  # a wheel folder URL the leader installs from (--find-links), e.g. a private mirror
+
+    def __post_init__(self) -> None:
+        if self.mode == "own" and not self.python.startswith("/"):
+            raise UsageError(f"--python {self.python!r} must be an absolute path on the nodes", "e.g. /usr/bin/python3")
+        if self.cache and not self.cache.startswith("s3://"):
+            raise UsageError(f"--runtime-cache {self.cache!r} is not an s3://bucket/prefix")
+
+
+def record(request: RuntimeRequest) -> dict[str, str]:
+    """The cluster record's fields for a request that installs nothing."""
+    if request.mode == "own":
+        return {"runtime": "own", "python": request.python}
+    return {"runtime": "none"}
+
+
+def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str],
+            known_hosts: str, request: RuntimeRequest, report: Report, *,
+            s3: "S3Cache | None" = None) -> dict[str, str]:
+    """Install (or find) the runtime on every node; the record's extra fields: runtime id and python."""
+    if request.mode != "install":
+        return record(request)
+    platform = probe(pool, targets, [n.name for n in cluster.nodes])
+    spec = rt.RuntimeSpec(gpu=platform.gpu)
+    rid = rt.runtime_id(spec, platform)
+    fields = {"runtime": rid, "python": rt.python_of(rid)}
+    missing = [t for t, has in zip(targets, present(pool, targets, rid)) if not has]
+    if not missing:
+        report(f"node runtime {rid} is already on every node")
+        return fields
+    report(f"node runtime {rid}: {platform.os} {platform.arch}, python {platform.python}, "
+           f"CUDA {platform.cuda}; TensorFlow {spec.tensorflow} ({'GPU' if spec.gpu else 'CPU'}), "
+           f"Horovod {spec.horovod}; {len(missing)} node(s) need it")
+    incoming = f"{WORK}/incoming/{rid}"
+    if cluster.provider == "local":
+        from clusterctl.runtime import cache
+
+        folder, built = cache.ensure(spec, platform, report)
+        report(f"node runtime {rid}: {'built and cached' if built else 'from the cache'} at {folder}")
+        relay(pool, targets, addresses, known_hosts, f"{folder}", incoming, report, leader_source=False)
+    else:
+        _on_leader(pool, targets, rid, spec, platform, incoming, request, report, s3)
+        relay(pool, targets, addresses, known_hosts, incoming, incoming, report, leader_source=True)
+    unpack(pool, targets, [n.name for n in cluster.nodes], rid, incoming, report)
+    return fields
+
+
+def probe(pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str]) -> rt.Platform:
+    results = pool.run(targets, rt.PLATFORM_PROBE, timeout=60)
+    platforms: dict[str, rt.Platform] = {}
+    for name, r in zip(names, results):
+        if not r.ok:
+            raise UnreachableError(f"cannot read {name}'s platform: {r.error or r.stderr.strip()[-200:]}")
+        p = rt.parse_platform(r.stdout)
+        if p is None:
+            raise ProvisionError(f"{name} has no python3, which the node runtime is built on",
+                                 "use an image with python3, or --runtime none")
+        platforms[name] = p
+    first = platforms[names[0]]
+    odd = [n for n in names if platforms[n] != first]
+    if odd:
+        p = platforms[odd[0]]
+        raise ProvisionError(f"nodes differ: {names[0]} is {first.os}/{first.arch}/python {first.python}/CUDA "
+                             f"{first.cuda}, {odd[0]} is {p.os}/{p.arch}/python {p.python}/CUDA {p.cuda}",
+                             "one runtime serves identical nodes only: use one image and type")
+    return first
+
+
+def present(pool: SshPool, targets: Sequence[SshTarget], rid: str) -> list[bool]:
+    marker = shlex.quote(f"{rt.prefix(rid)}/{rt.MARKER}")
+    results = pool.run(targets, f"test -f {marker} && echo yes || echo no", timeout=60)
+    return [r.ok and r.stdout.strip() == "yes" for r in results]
+
+
+def relay(pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str], known_hosts: str, src: str,
+          dst: str, report: Report, leader_source: bool) -> None:
+    """The pack onto every node with sync's relay: checked against its sha256 on every node."""
+    from clusterctl import transfer
+
+    source = transfer.Source("leader", path=src) if leader_source else transfer.Source("local", path=src)
+    syncer = transfer.Syncer(targets, addresses, known_hosts, pool, source, dst, managed=True,
+                             events=_Progress(report), node_python="python3")
+    result = syncer.run()
+    err = result.error()
+    if err is not None:
+        raise ProvisionError(f"the node runtime did not reach every node: {err.message}", "run `clusterctl up` again")
+    report(f"node runtime relayed to {len(targets)} node(s) in {result.seconds:.1f}s, sha256 checked on each")
+
+
+def unpack(pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str], rid: str, incoming: str,
+           report: Report) -> None:
+    script = f"{WORK}/runtime_install.sh"
+    put = pool.put(targets, {script: (resources.template_bytes("runtime_install.sh"), 0o700)})
+    bad = [f"{n}: {r.error}" for n, r in zip(names, put) if not r.ok]
+    if bad:
+        raise UnreachableError(f"could not send the runtime installer: {'; '.join(bad)}")
+    results = pool.run(targets, rt.shell(rt.install_argv(script, rid, incoming)), timeout=INSTALL_TIMEOUT_S)
+    failed = [f"{n}: {r.error or (r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}"
+              for n, r in zip(names, results) if not r.ok]
+    if failed:
+        raise ProvisionError(f"the node runtime did not install on {len(failed)} node(s): {'; '.join(failed[:3])}",
+                             "run `clusterctl up` again: it resumes where it stopped")
+    report(f"node runtime {rid} unpacked and verified on {len(targets)} node(s) at {rt.prefix(rid)}")
+
+
+def _on_leader(pool: SshPool, targets: Sequence[SshTarget], rid: str, spec: rt.RuntimeSpec, platform: rt.Platform,
+               out: str, request: RuntimeRequest, report: Report, s3: "S3Cache | None") -> None:
+    """The pack in the leader's `out` folder: fetched from the S3 cache, else built there (and cached)."""
+    leader = targets[0]
+    if s3 is not None and s3.has(rid):
+        report(f"node runtime {rid}: fetching from the cache {s3.url(rid)}")
+        r = pool.run_one(leader, fetch_command(s3.get_urls(rid), out), timeout=BUILD_TIMEOUT_S)
+        if r.ok:
+            return
+        report(f"node runtime {rid}: the cache could not be read ({(r.stderr.strip() or r.error or '')[-200:]}); "
+               "building instead")
+    script = f"{WORK}/runtime_build.sh"
+    put = pool.put_one(leader, {script: (resources.template_bytes("runtime_build.sh"), 0o700)})
+    if not put.ok:
+        raise UnreachableError(f"cannot reach the leader {leader.label}: {put.error}")
+    build = rt.Build(rid, spec, platform, out, find_links=request.wheels, no_index=False)
+    report(f"node runtime {rid}: building on the leader {leader.label}"
+           + (f" with wheels from {request.wheels}" if request.wheels else " from the package index"))
+
+    def on_line(_host: str, _stream: str, line: str) -> None:
+        if line.startswith("runtime: "):
+            report(f"  {leader.label}: {line[len('runtime: '):]}")
+
+    r = pool.run_one(leader, rt.shell(rt.build_argv(script, build)), timeout=BUILD_TIMEOUT_S, on_line=on_line)
+    if not r.ok:
+        tail = " | ".join(r.stderr.strip().splitlines()[-3:]) or r.error or f"exit {r.exit_code}"
+        raise ProvisionError(f"building the node runtime on the leader failed: {tail}", "see the lines above")
+    if s3 is not None:
+        r = pool.run_one(leader, put_command(s3.put_urls(rid), out), timeout=BUILD_TIMEOUT_S)
+        report(f"node runtime {rid}: " + (f"cached at {s3.url(rid)}" if r.ok else
+                                          f"not cached ({(r.stderr.strip() or r.error or '')[-200:]})"))
+
+
+def fetch_command(urls: Mapping[str, str], out: str) -> str:
+    """curl the pack, then runtime.json (last, so a cut download never looks complete)."""
+    o = shlex.quote(out)
+    steps = [f"mkdir -p {o}", f"rm -f {o}/{rt.INFO}"]
+    for name in (rt.PACK, rt.INFO):
+        steps.append(f"curl -fsS --retry 3 -o {o}/{name}.partial {shlex.quote(urls[name])}")
+        steps.append(f"mv {o}/{name}.partial {o}/{name}")
+    return " && ".join(steps)
+
+
+def put_command(urls: Mapping[str, str], out: str) -> str:
+    """Upload with presigned PUT URLs: the nodes need no S3 write permission; runtime.json goes last."""
+    o = shlex.quote(out)
+    return " && ".join(f"curl -fsS --retry 3 -X PUT -T {o}/{name} {shlex.quote(urls[name])}"
+                       for name in (rt.PACK, rt.INFO))
+
+
+class _Progress:
+    """sync's events as report lines: one per phase, and per node at each quarter and when verified."""
+
+    def __init__(self, report: Report):
+        self.report, self.need_bytes, self.said = report, {}, {}
+
+    def phase(self, text: str) -> None:
+        self.report(f"  relay: {text}")
+
+    def need(self, host: str, total: int) -> None:
+        self.need_bytes[host], self.said[host] = total, 0
+
+    def progress(self, host: str, done: int) -> None:
+        total = self.need_bytes.get(host) or 0
+        if total:
+            quarter = min(4, int(4 * done / total))
+            if quarter > self.said.get(host, 0):
+                self.said[host] = quarter
+                self.report(f"  relay: {host} {25 * quarter}% of {total / 2**20:.0f} MiB")
+
+    def finished(self, outcome) -> None:
+        self.report(f"  relay: {outcome.host} {'verified' if outcome.status == 'ok' else outcome.status}"
+                    + (f": {outcome.detail}" if outcome.detail else ""))
+
+
+class S3Cache:
+    """A runtime cache under s3://bucket/prefix/<id>/: the operator checks it and hands the leader presigned
+    URLs (GET to fetch, PUT to fill), so no node needs S3 write access and nothing is listed by pattern."""
+
+    def __init__(self, url: str, client):
+        bucket, _, prefix = url[len("s3://"):].partition("/")
+        if not bucket:
+            raise ConfigError(f"--runtime-cache {url!r} names no bucket")
+        self.bucket, self.prefix, self.client = bucket, prefix.strip("/"), client
+
+    def key(self, rid: str, name: str) -> str:
+        return "/".join(p for p in (self.prefix, rid, name) if p)
+
+    def url(self, rid: str) -> str:
+        return f"s3://{self.bucket}/{self.key(rid, '')}"
+
+    def has(self, rid: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self.key(rid, rt.INFO))
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise ProvisionError(f"cannot read the runtime cache {self.url(rid)}: {exc}") from None
+
+    def get_urls(self, rid: str) -> dict[str, str]:
+        return {n: self.client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self.key(rid, n)},
+                                                      ExpiresIn=3600) for n in (rt.PACK, rt.INFO)}
+
+    def put_urls(self, rid: str) -> dict[str, str]:
+        return {n: self.client.generate_presigned_url("put_object", Params={"Bucket": self.bucket, "Key": self.key(rid, n)},
+                                                      ExpiresIn=3600) for n in (rt.PACK, rt.INFO)}

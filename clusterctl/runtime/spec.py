@@ -1,0 +1,143 @@
+"""What the node runtime is, and its id: pure values and the command lines built from them.
+
+The runtime is one Python environment (a venv on the image's own python3) with TensorFlow, Horovod built
+against it, boto3 and what the templates import. It lives at ROOT/<id> on every node, outside the login
+home, so horovodrun's remote ranks (which run the driver's interpreter path) find it everywhere.
+
+Its id hashes the spec and the platform it was built for (OS, Python, CUDA, architecture): a runtime is
+only ever reused where it was built for, and a cache entry is found again by id alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import asdict, dataclass
+
+ROOT = "/opt/clusterctl-runtime"
+MARKER = ".clusterctl-runtime.json"  # inside ROOT/<id>, written last: the runtime is complete and verified
+PACK = "runtime.tar.zst"  # what a builder makes and what the relay carries
+INFO = "runtime.json"  # beside PACK: id, spec, platform, files, bytes (the tree's size after unpacking)
+RECIPE = 1  # bump when the build steps change in a way the spec fields do not show
+
+HOROVOD_CPU_ENV = {
+    "HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_PYTORCH": "1",
+    "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_WITHOUT_MPI": "1",
+}
+# NCCL for the allreduce on GPUs; the DLAMI carries CUDA and NCCL under /usr/local/cuda.
+HOROVOD_GPU_ENV = {**HOROVOD_CPU_ENV, "HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_CUDA_HOME": "/usr/local/cuda",
+                   "HOROVOD_NCCL_LINK": "SHARED"}
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """The pinned packages. Horovod is installed in a second step, built against the TensorFlow installed
+    in the first (it only loads into the exact TF it was built against)."""
+
+    gpu: bool = False
+    tensorflow: str = "2.15.1"  # the newest TF that Horovod 0.28.1 runs with (Keras 3 breaks it)
+    horovod: str = "0.28.1"
+    # boto3: S3 pulls of `sync` and checkpoint uploads; setuptools<81: TensorBoard 2.15 imports pkg_resources.
+    extras: tuple[str, ...] = ("boto3==1.44.5", "setuptools==80.10.2", "wheel==0.48.0")
+    recipe: int = RECIPE
+
+    @property
+    def tensorflow_requirement(self) -> str:
+        # The GPU build brings CUDA/cuDNN wheels matched to this TF, so the image's CUDA version does not matter.
+        return f"tensorflow[and-cuda]=={self.tensorflow}" if self.gpu else f"tensorflow-cpu=={self.tensorflow}"
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        """First install step (everything but Horovod)."""
+        return (self.tensorflow_requirement, *self.extras)
+
+    @property
+    def horovod_requirement(self) -> str:
+        return f"horovod=={self.horovod}"
+
+    @property
+    def horovod_env(self) -> dict[str, str]:
+        return dict(HOROVOD_GPU_ENV if self.gpu else HOROVOD_CPU_ENV)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What a node is, as far as a built environment cares."""
+
+    os: str  # "debian 12", "ubuntu 22.04"
+    arch: str  # uname -m
+    python: str  # the image's python3 version, e.g. "3.11.2"
+    python_path: str  # its real path, e.g. /usr/bin/python3.11 (the venv's base interpreter)
+    cuda: str = "none"  # the CUDA version nvidia-smi reports, or none
+
+    @property
+    def gpu(self) -> bool:
+        return self.cuda != "none"
+
+
+# One shell line per fact; read-only; run on every node so a mixed cluster is caught before anything is built.
+PLATFORM_PROBE = (
+    '. /etc/os-release 2>/dev/null; echo "os=$ID $VERSION_ID"; echo "arch=$(uname -m)"; '
+    'P=$(command -v python3 || true); if [ -n "$P" ]; then P=$(readlink -f "$P"); echo "python_path=$P"; '
+    '"$P" -c "import platform; print(\'python=\' + platform.python_version())"; fi; '
+    'if command -v nvidia-smi >/dev/null 2>&1; then '
+    'echo "cuda=$(timeout 20 nvidia-smi 2>/dev/null | sed -n "s/.*CUDA Version: *\\([0-9.]*\\).*/\\1/p" | head -n1)"; '
+    'else echo "cuda=none"; fi'
+)
+
+
+def parse_platform(text: str) -> Platform | None:
+    """The probe's output, or None when the node has no python3 (the runtime needs the image's python3)."""
+    facts = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    if not facts.get("python_path") or not facts.get("python"):
+        return None
+    return Platform(os=facts.get("os", "?").strip(), arch=facts.get("arch", "?").strip(), python=facts["python"].strip(),
+                    python_path=facts["python_path"].strip(), cuda=(facts.get("cuda") or "none").strip() or "none")
+
+
+def runtime_id(spec: RuntimeSpec, platform: Platform) -> str:
+    """sha256 of the spec and the platform, 16 hex digits: the same inputs give the same id anywhere."""
+    text = json.dumps({"spec": asdict(spec), "platform": asdict(platform)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def prefix(rid: str) -> str:
+    return f"{ROOT}/{rid}"
+
+
+def python_of(rid: str) -> str:
+    return f"{prefix(rid)}/bin/python"
+
+
+@dataclass(frozen=True)
+class Build:
+    """Everything the build script needs, as values (rendered into its argv by `build_argv`)."""
+
+    rid: str
+    spec: RuntimeSpec
+    platform: Platform
+    out_dir: str  # where PACK and INFO are written
+    find_links: str = ""  # a wheel folder or URL to install from instead of the index (offline builds)
+    no_index: bool = False
+
+
+def build_argv(script: str, build: Build) -> list[str]:
+    """`bash SCRIPT ...` with every value its own argument (the script never evals them)."""
+    env = " ".join(f"{k}={v}" for k, v in sorted(build.spec.horovod_env.items()))
+    return ["bash", script, build.rid, build.platform.python_path, build.out_dir, " ".join(build.spec.requirements),
+            build.spec.horovod_requirement, env, build.find_links, "1" if build.no_index else "0",
+            json.dumps(info(build), sort_keys=True)]
+
+
+def info(build: Build) -> dict:
+    return {"id": build.rid, "spec": asdict(build.spec), "platform": asdict(build.platform), "python": python_of(build.rid)}
+
+
+def install_argv(script: str, rid: str, incoming: str) -> list[str]:
+    """`bash SCRIPT ID INCOMING`: unpack INCOMING/PACK to ROOT/ID, verify it against INFO, mark it complete."""
+    return ["bash", script, rid, incoming]
+
+
+def shell(argv: list[str]) -> str:
+    return shlex.join(argv)

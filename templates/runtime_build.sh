@@ -1,0 +1,71 @@
+#!/bin/bash
+# clusterctl: build the node runtime once, at its final path, and pack it for the relay.
+#   $1 id  $2 base python  $3 out dir  $4 requirements (space-separated)  $5 horovod requirement
+#   $6 Horovod build environment (space-separated K=V)  $7 find-links (wheel folder or URL, may be empty)
+#   $8 1: no index (offline, the find-links only)  $9 runtime.json content (the build's facts)
+# Writes OUT/runtime.tar.zst and OUT/runtime.json (last). A failed or interrupted build leaves neither.
+set -euo pipefail
+ID=$1 PY=$2 OUT=$3 REQS=$4 HVD=$5 HVD_ENV=$6 LINKS=$7 NOINDEX=$8 INFO=$9
+ROOT=/opt/clusterctl-runtime
+PREFIX=$ROOT/$ID
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo -n"
+
+# What the venv and the Horovod build need from the image (Ubuntu images may lack them; never on local nodes,
+# whose builder is the operator's machine with install.sh's packages).
+need=""
+"$PY" -c "import ensurepip" 2>/dev/null || need="$need python3-venv"
+[ -e "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] || need="$need python3-dev"
+command -v cmake >/dev/null || need="$need cmake"
+command -v g++ >/dev/null || need="$need g++"
+command -v zstd >/dev/null || need="$need zstd"
+if [ -n "$need" ]; then
+  echo "runtime: installing$need" >&2
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
+fi
+
+$SUDO mkdir -p "$ROOT"
+$SUDO chown "$(id -u):$(id -g)" "$ROOT"
+# PREFIX may be a mount point (a builder's private tmpfs): empty it, never remove it.
+if [ -d "$PREFIX" ]; then find "$PREFIX" -mindepth 1 -delete; fi
+rm -f "$OUT/runtime.tar.zst.partial"
+mkdir -p "$OUT"
+rm -f "$OUT/runtime.json" "$OUT/runtime.tar.zst"
+
+PIPARGS=(--no-cache-dir --disable-pip-version-check --progress-bar off)
+[ -n "$LINKS" ] && PIPARGS+=(--find-links "$LINKS")
+[ "$NOINDEX" = 1 ] && PIPARGS+=(--no-index)
+# This machine's pip settings are not the runtime's: only the arguments above decide where wheels come from.
+for v in $(env | sed -n 's/^\(PIP_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+export PIP_CONFIG_FILE=/dev/null
+
+echo "runtime: venv at $PREFIX on $("$PY" --version)" >&2
+"$PY" -m venv "$PREFIX"
+echo "runtime: installing $REQS" >&2
+# shellcheck disable=SC2086  # the requirements are words on purpose
+"$PREFIX/bin/pip" install -q "${PIPARGS[@]}" $REQS
+echo "runtime: $HVD against TensorFlow ($HVD_ENV)" >&2
+# Built against the TF just installed: no build isolation, no wheel cache (FACTS: the cache ignores the TF).
+# shellcheck disable=SC2086
+env $HVD_ENV "$PREFIX/bin/pip" install -q "${PIPARGS[@]}" --no-build-isolation "$HVD"
+"$PREFIX/bin/python" -c "import tensorflow, horovod.tensorflow, boto3" 2>/dev/null \
+  || { echo "runtime: the built environment cannot import tensorflow, horovod.tensorflow and boto3" >&2; exit 1; }
+
+files=$(find "$PREFIX" -type f | wc -l)
+bytes=$(find "$PREFIX" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%d", s}')
+echo "runtime: packing $files files, $((bytes / 1048576)) MiB" >&2
+tar -C / -cf - "${PREFIX#/}" | zstd -q -1 -T0 -o "$OUT/runtime.tar.zst.partial"
+mv "$OUT/runtime.tar.zst.partial" "$OUT/runtime.tar.zst"
+"$PY" - "$INFO" "$files" "$bytes" "$OUT/runtime.json" <<'PYEOF'
+import json, os, sys
+info = json.loads(sys.argv[1])
+info.update(files=int(sys.argv[2]), bytes=int(sys.argv[3]))
+tmp = sys.argv[4] + ".partial"
+with open(tmp, "w") as f:
+    json.dump(info, f, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+os.replace(tmp, sys.argv[4])
+PYEOF
+echo "runtime: built $ID" >&2
