@@ -86,7 +86,7 @@ def test_second_up_prints_the_cache_hit(cli: Cli, local_cluster_factory):
 
 
 def test_own_python_is_recorded_and_checked_by_doctor(local_cluster_factory):
-    c = local_cluster_factory(2, 1, extra=("--python", "/usr/bin/python3"))
+    c = local_cluster_factory(2, 1, extra=("--python", "/usr/bin/python3"), runtime=True)
     assert _record(c)["extra"] == {**_record(c)["extra"], "runtime": "own", "python": "/usr/bin/python3"}
     doctor = c.cli("doctor")
     assert doctor.returncode == 1  # the image's python3 has neither TensorFlow nor Horovod

@@ -145,6 +145,7 @@ class LocalProvider:
         removed = [f"namespace {ns}" for ns in before.netns if ns not in left.netns]
         removed += [f"link {link}" for link in before.links if link not in left.links]
         removed += [f"process {pid}" for pid in before.pids if pid not in left.pids]
+        removed += [f"node /opt {m}" for m in before.mounts if m not in left.mounts]
         nodes_dir = self.store.cluster_dir(name) / "nodes"
         if nodes_dir.exists():
             import shutil
