@@ -141,6 +141,7 @@ def run_ladder(inv, rungs: Sequence[int], opts: BenchOptions, out_root: Path, py
     out_dir.mkdir(parents=True, exist_ok=False)
     python = python or launch.node_python(inv.cluster)
     env = launch.job_env(inv.cluster, python)
+    gpus = horovod.gpus_per_node(inv.cluster)  # 0: no GPUs to prove (local nodes, CPU types, hosts files)
     runs = []
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
@@ -171,6 +172,11 @@ def run_ladder(inv, rungs: Sequence[int], opts: BenchOptions, out_root: Path, py
                 if run.size != np_:
                     raise BenchFailed(f"Horovod reported size {run.size}, but {np_} slots were asked for",
                                       f"see {out_dir / log}")
+                gpu_faults = horovod.device_problems(run.devices, run.size, gpus)
+                if gpu_faults:
+                    raise BenchFailed(f"rung of {np_} processes did not run one process per GPU: "
+                                      + "; ".join(gpu_faults), f"see {out_dir / log}; `clusterctl doctor` checks "
+                                      "the GPUs and versions of every node")
                 runs.append((np_, len(hosts.entries), run, seconds, log))
                 partial = analyze(runs, opts.threshold)
                 on_event("rung", partial.rungs[-1])

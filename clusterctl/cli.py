@@ -366,6 +366,7 @@ def status(
         _autostop_status(store, record)
         if record.status == "up":
             _train_status(n)
+            _launch_status(n)
         return
     reg = region or (record.cluster.region if record is not None and record.cluster.provider == "aws" else None)
     st = _provider(kind, store, reg).status(n)
@@ -381,6 +382,8 @@ def status(
         if st.nodes or record.status == "stopped":
             _autostop_status(store, record)
         _train_status(n)
+        if st.nodes:
+            _launch_status(n)
 
 
 def _autostop_status(store, record) -> None:
@@ -1404,6 +1407,68 @@ def _train_estimate(inv, job, opts) -> None:
     display.info(f"cost: estimated {costs.epoch_line(rate, per_hour, images, 1.0, what)} (from the "
                  f"{float(measured['img_per_sec']):,.0f} img/s `bench` measured at {measured.get('np')} process(es), "
                  "scaled linearly; `clusterctl status` shows the cost to finish from the job's own rate)")
+
+
+# ---- your own Horovod script -------------------------------------------------------------------------------
+@app.command(short_help="Run your own Horovod script on the cluster, in tmux.")
+@command
+def launch(
+    args: List[str] = typer.Argument(None, metavar="[HOSTS] -- python SCRIPT [ARGS]",
+                                     help="A hosts file (optional), then after -- the command every rank runs."),
+    np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
+    file: List[str] = typer.Option([], "--file", metavar="PATH", help="One more file for the job folder (repeatable); "
+                                   "the script named in the command is copied when it is a file here."),
+    name: Optional[str] = typer.Option(None, "--name", help="The job's name (default: launch-<time>-<pid>)."),
+    attach: bool = typer.Option(False, "--attach", help="Follow the job to its end (exit status: the job's)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+) -> None:
+    """Run your own Horovod script: horovodrun on the leader, detached in tmux.
+
+    The script and --file files go to one job folder at the same path on every node; the leading
+    `python` becomes the node runtime's Python; horovodrun runs over every slot (or --np) with host
+    keys checked and a scrubbed environment. Follow it with `clusterctl logs NAME`, end it with
+    `clusterctl kill NAME`; `clusterctl status` lists it."""
+    from clusterctl import display, userjob
+
+    hosts_path, command_argv = userjob.split_hosts(args or [])
+    the_plan = userjob.plan(command_argv, file, Path.cwd())  # bad input fails here, before any connection
+    if name is not None:
+        from clusterctl import jobs
+
+        jobs.validate_job_name(name)
+    userjob.check_np(np_, 1 << 30)  # the lower bound now; the slots once the hosts are known
+    inv = _train_inventory(hosts_path, cluster)
+    np_ = userjob.check_np(np_, inv.hosts.total_slots)
+    job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)
+    display.info(f"`{the_plan.command.python}` runs as the node runtime's Python on every node: {job.python}")
+    display.info(f"started job {job.job}: {job.np} process(es) on {len(job.nodes)} node(s), horovodrun on the "
+                 f"leader {job.leader} (tmux session {job.job}, folder {job.job_dir})")
+    if not attach:
+        display.info(f"follow it: clusterctl logs {job.job} -f; end it: clusterctl kill {job.job}")
+        return
+    try:
+        code = userjob.follow(inv, job, _print_line)
+    except KeyboardInterrupt:
+        display.info(f"detached; {job.job} keeps running (clusterctl kill {job.job} ends it)")
+        raise typer.Exit(int(ExitCode.INTERRUPTED))
+    if code != 0:
+        display.error(f"job {job.job} exited {code}")
+        raise typer.Exit(int(ExitCode.REMOTE_FAILED))
+
+
+def _launch_status(name: str) -> None:
+    """The cluster's `launch` jobs (running ones and the latest), after its node table in `status`."""
+    from clusterctl import display, inventory, userjob
+
+    store = _store()
+    try:
+        inv = inventory.resolve(None, name, store)
+        lines = userjob.status_lines(store, inv)
+    except ClusterctlError as exc:
+        display.warn(f"launch jobs: {exc.one_line()}")
+        return
+    for line in lines:
+        display.console().print(display._esc(line))
 
 
 @app.command("eval")

@@ -177,6 +177,97 @@ class BenchHost:
 
 
 @dataclass(frozen=True)
+class DeviceReport:
+    """Which GPU one rank computed on, as it said itself (the templates' `device` lines)."""
+
+    rank: int
+    host: str  # the node's hostname
+    local_rank: int
+    gpus: tuple[str, ...]  # the GPUs it used, as the node numbers them (CUDA ids); () = it ran on the CPU
+    logical: int  # GPU devices TensorFlow made in that process
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str], where: str) -> "DeviceReport":
+        try:
+            raw = fields["gpus"]
+            gpus = () if raw in ("", "none") else tuple(g for g in raw.split(",") if g)
+            return cls(int(fields["rank"]), fields["host"], int(fields["local_rank"]), gpus, int(fields["logical"]))
+        except KeyError as exc:
+            raise ValueError(f"{where}: device line has no {exc.args[0]}=") from None
+        except ValueError:
+            raise ValueError(f"{where}: device line with a field that is not a number: {dict(fields)}") from None
+
+
+def parse_devices(text: str, mark: str = MARK) -> tuple[DeviceReport, ...]:
+    """The `<mark> device` lines of the latest launch in a log (rank 0 prints them all at once, rank 0
+    first; a log holding several launches gives the last group). Any prefix before the mark is fine;
+    values may be shell-quoted (the trainer's style). ValueError on a malformed line."""
+    import shlex
+
+    groups: list[list[DeviceReport]] = []
+    key = f"{mark} device "
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        at = line.find(key)
+        if at < 0:
+            continue
+        try:
+            fields = dict(tok.split("=", 1) for tok in shlex.split(line[at + len(key):]))
+        except ValueError:
+            raise ValueError(f"line {lineno}: malformed device line: {line.strip()!r}") from None
+        report = DeviceReport.from_fields(fields, f"line {lineno}")
+        if report.rank == 0 or not groups:
+            groups.append([])
+        groups[-1].append(report)
+    return tuple(groups[-1]) if groups else ()
+
+
+def gpus_per_node(cluster) -> int:
+    """GPUs per node of a cluster whose instance type has them; 0 for local nodes, CPU types and plain
+    hosts files (nothing says what they have), where the GPU check does not apply."""
+    if cluster is None or cluster.provider == "local":
+        return 0
+    recorded = str(cluster.extra.get("gpus", ""))
+    if recorded.isdigit():
+        return int(recorded)
+    from clusterctl.providers import aws_catalog
+
+    return aws_catalog.gpus(cluster.instance_type) or 0
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))
+
+
+def device_problems(reports: Sequence[DeviceReport], size: int, gpus_per_node: int) -> list[str]:
+    """Why the ranks did not each compute on a GPU of their own, one line per node and fault; [] when
+    they did, or when the nodes have no GPUs (`gpus_per_node` 0: nothing to check)."""
+    if gpus_per_node <= 0:
+        return []
+    problems: list[str] = []
+    missing = sorted(set(range(size)) - {r.rank for r in reports})
+    if missing:
+        problems.append(f"rank(s) {_ranks(missing)} of {size} reported no device (a template older than clusterctl?)")
+    by_host: dict[str, list[DeviceReport]] = {}
+    for r in sorted(reports, key=lambda r: r.rank):
+        by_host.setdefault(r.host, []).append(r)
+    for host, ranks in by_host.items():
+        cpu = [r.rank for r in ranks if not r.gpus or r.logical < 1]
+        if cpu:
+            problems.append(f"{host}: rank(s) {_ranks(cpu)} ran on the CPU (TensorFlow found no usable GPU: "
+                            "a CPU-only TensorFlow, or CUDA/the driver failed to load)")
+        owners: dict[str, list[int]] = {}
+        for r in ranks:
+            for g in r.gpus:
+                owners.setdefault(g, []).append(r.rank)
+        for gpu, sharing in sorted(owners.items()):
+            if len(sharing) > 1:
+                why = (f"; {len(ranks)} processes on a node with {gpus_per_node} GPU(s): give it at most "
+                       f"{gpus_per_node} slots") if len(ranks) > gpus_per_node else ""
+                problems.append(f"{host}: ranks {_ranks(sharing)} share GPU {gpu}{why}")
+    return problems
+
+
+@dataclass(frozen=True)
 class BenchRun:
     size: int
     img_per_sec: float
@@ -185,6 +276,7 @@ class BenchRun:
     batch: int
     intervals: tuple[BenchInterval, ...]
     hosts: tuple[BenchHost, ...]
+    devices: tuple[DeviceReport, ...] = ()
 
     def per_node(self) -> dict[str, float]:
         """img/s summed per host name, in rank order of first appearance."""
@@ -219,6 +311,7 @@ def parse_bench_output(text: str) -> BenchRun:
     """
     intervals: list[BenchInterval] = []
     hosts: list[BenchHost] = []
+    devices: list[DeviceReport] = []
     result: dict[str, object] | None = None
     errors: list[str] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -241,6 +334,9 @@ def parse_bench_output(text: str) -> BenchRun:
                 kind, body, lineno,
                 {"size": int, "img_per_sec": float, "img_per_sec_per_proc": float, "model": str, "batch": int},
             )
+        elif kind == "device":
+            raw = dict(tok.split("=", 1) for tok in body.split())
+            devices.append(DeviceReport.from_fields(raw, f"bench output line {lineno}"))
         elif kind == "error":
             errors.append(body.strip())
         # other kinds ("start", and any later ones) carry nothing the result needs
@@ -248,4 +344,5 @@ def parse_bench_output(text: str) -> BenchRun:
         if errors:
             raise ValueError(f"the benchmark reported an error and no result: {'; '.join(errors)}")
         raise ValueError(f"no '{MARK} result' line in the benchmark output (did every rank start?)")
-    return BenchRun(intervals=tuple(intervals), hosts=tuple(hosts), **result)  # type: ignore[arg-type]
+    return BenchRun(intervals=tuple(intervals), hosts=tuple(hosts), devices=tuple(devices),
+                    **result)  # type: ignore[arg-type]

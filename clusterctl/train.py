@@ -284,6 +284,8 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:
                 continue
             kind, _, rest = body.partition(" ")
             f = _kv(rest, lineno)
+            if kind == "device":
+                continue  # which GPU each rank has: printed before `start`, read by horovod.parse_devices
             if kind == "start":
                 g = lambda k, t: _get(f, k, t, lineno, kind)  # noqa: E731
                 started = TrainStart(
@@ -590,6 +592,35 @@ def _save_job(store, inv, job: TrainJob) -> None:
     atomic_write(path, job.to_json())
 
 
+GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
+
+
+def wait_for_devices(pool, leader, job_name: str, np: int, gpus: int, timeout: float = GPU_CHECK_TIMEOUT_S,
+                     poll: float = 2.0) -> list[str] | None:
+    """Read the job's log on the leader until every rank said which GPU it has; then the problems
+    (horovod.device_problems: [] when each rank has a GPU of its own). None when the job ended first or
+    `timeout` passed: nothing proven either way (`status` and the log say why it ended)."""
+    import time as _time
+
+    from clusterctl import horovod, jobs
+
+    n = jobs.validate_job_name(job_name)
+    cmd = f'head -c 4000000 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; echo; {_alive_command(n)}'
+    deadline = _time.monotonic() + timeout
+    while True:
+        r = pool.run_one(leader, cmd, timeout=60)
+        text, _, alive = r.stdout.rstrip("\n").rpartition("\n")
+        try:
+            reports = horovod.parse_devices(text, MARK)
+        except ValueError:
+            reports = ()
+        if len(reports) >= np:
+            return horovod.device_problems(reports, np, gpus)
+        if (r.exit_code == 0 and alive.strip() == "gone") or _time.monotonic() > deadline:
+            return None
+        _time.sleep(poll)
+
+
 def _alive_command(session: str) -> str:
     return f"tmux has-session -t {shlex.quote('=' + session)} 2>/dev/null && echo alive || echo gone"
 
@@ -611,12 +642,15 @@ def _stop(pool, targets, job: TrainJob) -> None:
 
 
 def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str | None = None,
-          force: bool = False, verify_data: bool = True, report=lambda _m: None) -> TrainJob:
-    """Launch the trainer on the cluster and return at once (the job runs in tmux on the leader)."""
+          force: bool = False, verify_data: bool = True, report=lambda _m: None,
+          gpu_check_timeout: float = GPU_CHECK_TIMEOUT_S) -> TrainJob:
+    """Launch the trainer on the cluster and return (the job runs in tmux on the leader). On a cluster
+    whose type has GPUs, first wait until every rank said which GPU it computes on: a rank on the CPU or
+    two ranks on one GPU stop the job and raise RemoteCommandError."""
     import time as _time
     from dataclasses import asdict, replace
 
-    from clusterctl import jobs, launch, resources
+    from clusterctl import horovod, jobs, launch, resources
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
     from clusterctl.remote import SshPool
 
@@ -672,6 +706,18 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
                           python=python, options={**asdict(opts), "extra": list(opts.extra)},
                           started_at=_time.time(), previous=earlier[-20:])
         _save_job(store, inv, record)
+        gpus = horovod.gpus_per_node(inv.cluster)
+        if gpus:
+            report(f"waiting until each of the {np} processes reports its GPU ({gpus} per node)")
+            problems = wait_for_devices(pool, leader, job.name, np, gpus, gpu_check_timeout)
+            if problems:
+                _stop(pool, list(inv.targets), record)
+                raise RemoteCommandError(f"training job {job.name} stopped: not one process per GPU: "
+                                         + "; ".join(problems),
+                                         "see `clusterctl logs`; `clusterctl doctor` checks every node's GPUs")
+            if problems is None:
+                report("no GPU report from every process yet (the job ended or is slow to start): "
+                       "see `clusterctl status` and `clusterctl logs`")
         return record
 
 

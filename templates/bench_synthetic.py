@@ -8,6 +8,7 @@ clusterctl.
 Only rank 0 prints, and only lines that start with `CLUSTERCTL-BENCH` are meant for machines
 (clusterctl.horovod.parse_bench_output reads them):
 
+    CLUSTERCTL-BENCH device rank=1 host=node-1 local_rank=1 gpus=1 logical=1   (one per rank; gpus=none: CPU)
     CLUSTERCTL-BENCH start size=4 model=tiny batch=32 warmup_steps=3 steps=20 interval=10 gpus=0 ...
     CLUSTERCTL-BENCH interval step=10 img_per_sec=123.4 size=4
     CLUSTERCTL-BENCH host rank=1 name=node-1 local_rank=0 img_per_sec=30.9
@@ -54,6 +55,21 @@ def emit(kind: str, /, **fields: object) -> None:
     for key, value in fields.items():
         parts.append(f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}")
     print(" ".join(parts), flush=True)
+
+
+def device_report(tf) -> tuple[str, int]:
+    """The GPUs this process computes on, as its node numbers them (CUDA_VISIBLE_DEVICES mapped back), and
+    how many GPU devices TensorFlow made: ("none", 0) when it runs on the CPU. clusterctl checks these
+    against the node's slots: a GPU node's rank on the CPU, or two ranks on one GPU, fail the run."""
+    logical = len(tf.config.list_logical_devices("GPU"))
+    if not logical:
+        return "none", 0
+    order = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    ids = []
+    for dev in tf.config.get_visible_devices("GPU"):
+        i = int(dev.name.rsplit(":", 1)[1])
+        ids.append(order[i] if i < len(order) else str(i))
+    return ",".join(ids) or "none", logical
 
 
 def build_model(tf, name: str):
@@ -111,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
             tf.config.threading.set_inter_op_parallelism_threads(threads)
         except RuntimeError:
             pass  # TF already initialised its runtime; its defaults still work
+
+    # Every rank says which GPU it has (after the device set-up above: this starts TensorFlow's runtime).
+    gpu_ids, logical = device_report(tf)
+    devices = hvd.allgather_object((rank, socket.gethostname(), local_rank, gpu_ids, logical))
+    if rank == 0:
+        for r, host, lrank, ids, n in devices:
+            emit("device", rank=r, host=host, local_rank=lrank, gpus=ids, logical=n)
 
     loss_scaling = False
     if args.mixed_precision:

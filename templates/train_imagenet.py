@@ -19,7 +19,10 @@ are `CLUSTERCTL-TRAIN <kind> key=value ...` (values shell-quoted when needed) an
 
 (the recipe's Step/Epoch/Speed/Loss/FinLoss/LR table: img/s for all processes together, Loss the
 cross-entropy averaged over all ranks and the steps since the last line, TotalLoss with weight decay,
-Elapsed seconds since this process started). Kinds: start, resume, checkpoint, warning, done, eval, error.
+Elapsed seconds since this process started). Kinds: device, start, resume, checkpoint, warning, done, eval,
+error. `device` comes once per rank, first: `device rank=R host=H local_rank=L gpus=ID logical=N`, the GPU
+the rank computes on as its node numbers it (gpus=none: the CPU), which clusterctl checks against the
+node's slots.
 `eval` carries top1/top5 in percent, and is followed by the same as one JSON line of its own
 ({"metric": top1, "top1": ..., "top5": ..., "eval_loss": ..., "step": ...}) for `clusterctl sweep`.
 
@@ -42,6 +45,7 @@ import json
 import math
 import os
 import shlex
+import socket
 import sys
 import time
 
@@ -138,6 +142,20 @@ def _fmt(value: object) -> str:
 
 def emit(event: str, **fields: object) -> None:
     print(" ".join([MARK, event] + [f"{k}={_fmt(v)}" for k, v in fields.items()]), flush=True)
+
+
+def device_report(tf) -> tuple[str, int]:
+    """The GPUs this process computes on, as its node numbers them (CUDA_VISIBLE_DEVICES mapped back), and
+    how many GPU devices TensorFlow made: ("none", 0) when it runs on the CPU."""
+    logical = len(tf.config.list_logical_devices("GPU"))
+    if not logical:
+        return "none", 0
+    order = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    ids = []
+    for dev in tf.config.get_visible_devices("GPU"):
+        i = int(dev.name.rsplit(":", 1)[1])
+        ids.append(order[i] if i < len(order) else str(i))
+    return ",".join(ids) or "none", logical
 
 
 def table_header() -> None:
@@ -349,6 +367,13 @@ def main(argv: list[str] | None = None) -> int:
             tf.config.threading.set_inter_op_parallelism_threads(threads)
         except RuntimeError:
             pass
+
+    # Every rank says which GPU it has (after the device set-up above: this starts TensorFlow's runtime).
+    gpu_ids, logical = device_report(tf)
+    devices = hvd.allgather_object((rank, socket.gethostname(), local_rank, gpu_ids, logical))
+    if chief:
+        for r, host, lrank, ids, n in devices:
+            emit("device", rank=r, host=host, local_rank=lrank, gpus=ids, logical=n)
 
     loss_scaling = False
     precision = "float32"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.horovod import horovodrun_argv, parse_bench_output, scrubbed_env
+from clusterctl.horovod import device_problems, horovodrun_argv, parse_bench_output, scrubbed_env
 
 pytestmark = pytest.mark.horovod
 
@@ -62,6 +62,12 @@ def test_tiny_bench_two_processes(tmp_path):
     assert len(run.intervals) == 2 and all(i.img_per_sec > 0 and i.size == 2 for i in run.intervals)
     assert sorted((h.rank, h.local_rank) for h in run.hosts) == [(0, 0), (1, 1)]
     assert all(h.img_per_sec > 0 for h in run.hosts)
+    # every rank said where it computed: the CPU here (gpus=none), fine on a node without GPUs only
+    assert sorted((d.rank, d.local_rank, d.gpus, d.logical) for d in run.devices) == [(0, 0, (), 0), (1, 1, (), 0)]
+    assert "gpus=none logical=0" in out
+    assert device_problems(run.devices, 2, 0) == []
+    assert device_problems(run.devices, 2, 4)[0].endswith("ran on the CPU (TensorFlow found no usable GPU: "
+                                                           "a CPU-only TensorFlow, or CUDA/the driver failed to load)")
     print(f"wall {wall:.1f} s, {run.img_per_sec:.0f} img/s")
 
 

@@ -193,3 +193,87 @@ def test_import_stays_cheap():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parent.parent)
     assert out.stdout.strip() == "[]"
+
+
+# ---- which GPU each rank used (templates' `device` lines) --------------------------------------------
+from clusterctl.horovod import DeviceReport, device_problems, gpus_per_node, parse_devices  # noqa: E402
+from clusterctl.types import Cluster, Node  # noqa: E402
+
+
+def _devices(*rows: str, mark: str = "CLUSTERCTL-BENCH") -> str:
+    return "".join(f"[0]<stdout>:{mark} device {row}\n" for row in rows)
+
+
+GOOD_2x2 = _devices("rank=0 host=node-0 local_rank=0 gpus=0 logical=1", "rank=1 host=node-0 local_rank=1 gpus=1 logical=1",
+                    "rank=2 host=node-1 local_rank=0 gpus=0 logical=1", "rank=3 host=node-1 local_rank=1 gpus=1 logical=1")
+
+
+def test_parse_devices_reads_every_rank_past_any_prefix():
+    reps = parse_devices("TF noise\n" + GOOD_2x2)
+    assert reps == (DeviceReport(0, "node-0", 0, ("0",), 1), DeviceReport(1, "node-0", 1, ("1",), 1),
+                    DeviceReport(2, "node-1", 0, ("0",), 1), DeviceReport(3, "node-1", 1, ("1",), 1))
+
+
+def test_parse_devices_cpu_uuid_quoted_and_last_launch_only():
+    first = _devices("rank=0 host=a local_rank=0 gpus=0 logical=1", mark="CLUSTERCTL-TRAIN")
+    second = _devices("rank=0 host=a local_rank=0 gpus=none logical=0",
+                      "rank=1 host=a local_rank=1 gpus='GPU-1a2b,GPU-3c4d' logical=2", mark="CLUSTERCTL-TRAIN")
+    reps = parse_devices(first + "CLUSTERCTL-TRAIN done step=1\n" + second, "CLUSTERCTL-TRAIN")
+    assert reps == (DeviceReport(0, "a", 0, (), 0), DeviceReport(1, "a", 1, ("GPU-1a2b", "GPU-3c4d"), 2))
+    assert parse_devices(GOOD_2x2, "CLUSTERCTL-TRAIN") == ()  # another template's mark is not read
+
+
+def test_parse_devices_malformed_lines_raise():
+    with pytest.raises(ValueError, match="device line has no logical="):
+        parse_devices(_devices("rank=0 host=a local_rank=0 gpus=0"))
+    with pytest.raises(ValueError, match="not a number"):
+        parse_devices(_devices("rank=zero host=a local_rank=0 gpus=0 logical=1"))
+    with pytest.raises(ValueError, match="malformed device line"):
+        parse_devices(_devices("rank=0 host=a local_rank=0 gpus=0 logical=1 oops"))
+
+
+def test_judge_passes_one_gpu_per_rank_and_never_fires_without_gpus():
+    assert device_problems(parse_devices(GOOD_2x2), 4, 8) == []
+    cpu_only = parse_devices(GOOD_2x2.replace("gpus=0 logical=1", "gpus=none logical=0")
+                             .replace("gpus=1 logical=1", "gpus=none logical=0"))
+    assert device_problems(cpu_only, 4, 0) == []  # local nodes, CPU types: nothing to prove
+
+
+def test_judge_names_the_node_and_ranks_on_the_cpu():
+    text = GOOD_2x2.replace("rank=3 host=node-1 local_rank=1 gpus=1 logical=1", "rank=3 host=node-1 local_rank=1 gpus=none logical=0")
+    problems = device_problems(parse_devices(text), 4, 8)
+    assert len(problems) == 1 and problems[0].startswith("node-1: rank(s) 3 ran on the CPU")
+
+
+def test_judge_names_ranks_sharing_a_gpu_and_the_slots_hint():
+    text = GOOD_2x2.replace("rank=1 host=node-0 local_rank=1 gpus=1", "rank=1 host=node-0 local_rank=1 gpus=0")
+    assert device_problems(parse_devices(text), 4, 8) == ["node-0: ranks 0, 1 share GPU 0"]
+    # more processes than the node has GPUs: the template wraps round, and the hint says why
+    assert device_problems(parse_devices(text), 4, 1) == [
+        "node-0: ranks 0, 1 share GPU 0; 2 processes on a node with 1 GPU(s): give it at most 1 slots"]
+    # the same GPU number on two nodes is two GPUs
+    assert device_problems(parse_devices(GOOD_2x2), 4, 2) == []
+
+
+def test_judge_missing_ranks_and_a_logical_count_of_zero():
+    reps = parse_devices(GOOD_2x2)[:3]
+    assert device_problems(reps, 4, 8) == ["rank(s) 3 of 4 reported no device (a template older than clusterctl?)"]
+    odd = (DeviceReport(0, "n", 0, ("0",), 0),)
+    assert device_problems(odd, 1, 8)[0].startswith("n: rank(s) 0 ran on the CPU")
+
+
+def test_bench_output_carries_the_device_lines():
+    text = (GOOD_2x2 + "[0]<stdout>:CLUSTERCTL-BENCH result size=4 img_per_sec=100.0 img_per_sec_per_proc=25.0 "
+            "model=tiny batch=32\n")
+    run = parse_bench_output(text)
+    assert len(run.devices) == 4 and device_problems(run.devices, run.size, 8) == []
+
+
+def test_gpus_per_node_by_cluster_type():
+    node = (Node("n0", "10.0.0.4", 8, "leader"),)
+    assert gpus_per_node(None) == 0
+    assert gpus_per_node(Cluster("l", "local", node)) == 0
+    assert gpus_per_node(Cluster("a", "aws", node, instance_type="p3.16xlarge")) == 8
+    assert gpus_per_node(Cluster("a", "aws", node, instance_type="g4dn.12xlarge")) == 4
+    assert gpus_per_node(Cluster("a", "aws", node, instance_type="c5.xlarge")) == 0
+    assert gpus_per_node(Cluster("a", "aws", node, instance_type="c5.xlarge", extra={"gpus": "2"})) == 2

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl import train
-from clusterctl.horovod import horovodrun_argv, scrubbed_env
+from clusterctl.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
 
 pytestmark = pytest.mark.horovod
 
@@ -168,6 +168,10 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     # the learning rate schedule went on where it was: warm-up done, then decayed to ~0 at the end
     assert run2.rows[0].lr < run2.start.peak_lr and run2.rows[-1].lr < 0.01 * run2.start.peak_lr
     assert run2.rows[-1].loss < run1.rows[0].loss
+    # every rank said where it computes: on the CPU here, which only a node with GPUs would fail
+    devices = parse_devices(out2, train.MARK)
+    assert sorted((d.rank, d.local_rank, d.gpus, d.logical) for d in devices) == [(0, 0, (), 0), (1, 1, (), 0)]
+    assert device_problems(devices, 2, 0) == [] and "ran on the CPU" in device_problems(devices, 2, 8)[0]
 
     # Both runs in one log (as `clusterctl logs` would show them): one restart, finished.
     both = train.parse_train_log(out1 + out2)
@@ -199,3 +203,8 @@ def test_eval_only_without_a_checkpoint_fails_with_its_reason(tmp_path, dataset)
     assert proc.returncode == train.EXIT_CHECKPOINT, proc.stderr[-2000:]
     with pytest.raises(ValueError, match="no evaluation: the trainer reported no_checkpoint"):
         train.parse_eval(proc.stdout)
+    # one process, no horovodrun: it still says it runs on the CPU (rank 0, this machine's hostname)
+    import socket
+
+    assert [(d.rank, d.host, d.gpus, d.logical) for d in parse_devices(proc.stdout, train.MARK)] == [
+        (0, socket.gethostname(), (), 0)]

@@ -272,3 +272,25 @@ def test_train_job_record_and_history_command():
         train.history_command(train.TrainJob(**{**job.__dict__, "job": "x; rm -rf ~"}))
     tb = train.tensorboard_command(job, 6006)
     assert "--host 127.0.0.1 --port 6006" in tb and "--logdir /root/runs/tiny/tensorboard" in tb
+
+
+# ---- the trainer's `device` lines (which GPU each rank has) ---------------------------------------------
+def test_device_lines_before_start_open_no_run_of_their_own():
+    from clusterctl import horovod
+
+    def with_devices(log: str, gpus: str) -> str:
+        lines = [f"[0]<stdout>:CLUSTERCTL-TRAIN device rank={r} host=node-0 local_rank={r} gpus={gpus} logical=0\n"
+                 for r in range(2)]
+        return "".join(lines) + log
+
+    both = with_devices(KILLED, "none") + with_devices(RESUMED, "none")
+    plain = train.parse_train_log(KILLED + RESUMED)
+    log = train.parse_train_log(both)
+    assert len(log.runs) == 2 and log == plain
+    assert train.status(log, running=False) == train.status(plain, running=False)
+    reports = horovod.parse_devices(both, train.MARK)
+    assert [(r.rank, r.gpus) for r in reports] == [(0, ()), (1, ())]
+    assert horovod.device_problems(reports, 2, 0) == []  # local nodes: no GPU to prove
+    assert horovod.device_problems(reports, 2, 8) == ["node-0: rank(s) 0, 1 ran on the CPU (TensorFlow found no "
+                                                      "usable GPU: a CPU-only TensorFlow, or CUDA/the driver failed "
+                                                      "to load)"]
