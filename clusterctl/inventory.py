@@ -52,7 +52,8 @@ def resolve(hosts_path: str | None, cluster_name: str | None, store: StateStore,
 def _for_cluster(cluster: Cluster, store: StateStore, ssh: SshOverrides, hf: HostsFile) -> Inventory:
     targets = provision.ssh_targets(cluster, store)
     if ssh.user or ssh.identity:
-        targets = [SshTarget(t.label, t.hostname, t.port, ssh.user or t.user, tuple(ssh.identity) or t.identity_files)
+        targets = [SshTarget(t.label, t.hostname, t.port, ssh.user or t.user, tuple(ssh.identity) or t.identity_files,
+                             t.proxy_jump)  # members behind the leader stay behind it
                    for t in targets]
     settings = provision.ssh_settings(cluster, store, ssh.connect_timeout)
     by_ip = {n.private_ip: t for n, t in zip(cluster.nodes, targets)}

@@ -28,6 +28,11 @@ from clusterctl.types import Cluster, HostResult, RunReport
 
 JOBS = "clusterctl-jobs"  # under the login home of every node
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The DLAMI's EFA, aws-ofi-nccl (NCCL's EFA plugin) and CUDA libraries, kept under the scrubbed `env -i`
+# (the image sets them in login shells only): those that exist on the leader, which horovodrun passes to
+# every rank (identical nodes). None exists on a local node: then LD_LIBRARY_PATH is not set at all.
+NODE_LIB_DIRS = ("/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib", "/usr/local/cuda/lib64")
+LIB_PATH_SH = "L=; for d in " + " ".join(NODE_LIB_DIRS) + '; do [ -d "$d" ] && L="${L:+$L:}$d"; done;'
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,10 @@ def rung_hosts(hosts: HostsFile, np: int) -> HostsFile:
 def job_env(cluster: Cluster | None, python: str) -> dict[str, str]:
     """What every rank needs set, decided by clusterctl, not the user."""
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-    if cluster is not None and cluster.extra.get("efa") == "true":
-        env.update({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_PROTO": "simple"})
+    if cluster is not None and cluster.extra.get("efa") == "true":  # NCCL over libfabric's EFA (aws-ofi-nccl)
+        env["FI_PROVIDER"] = "efa"
+        if cluster.extra.get("efa_rdma") == "true":  # p4d/p5: device RDMA; p3dn's EFA has none
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
     if cluster is not None and cluster.provider != "local":
         env["NCCL_SOCKET_IFNAME"] = "^lo,docker"
     return env
@@ -97,8 +104,8 @@ def leader_command(job: Job, np: int, script_argv: Sequence[str], python: str,
     at = argv.index("@HOROVODRUN@")
     argv[at:at + 1] = [python, f"{job.dir}/hvd_launch.py"]
     path = f"{os.path.dirname(python)}:{BASE_PATH}"
-    return (f"cd {shlex.quote(job.dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
-            f"PATH={shlex.quote(path)} {shlex.join(argv)} 2>&1")
+    return (f"{LIB_PATH_SH} cd {shlex.quote(job.dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
+            f"PATH={shlex.quote(path)} ${{L:+LD_LIBRARY_PATH=\"$L\"}} {shlex.join(argv)} 2>&1")
 
 
 def run_on_leader(pool: SshPool, leader: SshTarget, command: str, timeout: float | None,

@@ -57,10 +57,19 @@ def hosts_file(cluster: Cluster) -> HostsFile:
     return HostsFile.from_pairs((n.private_ip, n.slots) for n in cluster.nodes)
 
 
+def behind_leader(cluster: Cluster, node) -> bool:
+    """A member without a public address in a cluster whose leader has one (EC2 gives none to instances with
+    several network interfaces; the leader has an Elastic IP): reached through the leader."""
+    return node.role != "leader" and not node.public_ip and bool(cluster.nodes and cluster.leader.public_ip)
+
+
 def ssh_targets(cluster: Cluster, store: StateStore) -> list[SshTarget]:
     key = str(paths(store, cluster.name).operator_key)
-    return [SshTarget(label=n.ssh_host, hostname=n.ssh_host, port=n.ssh_port, user=n.ssh_user, identity_files=(key,))
-            for n in cluster.nodes]
+    direct = [SshTarget(label=n.ssh_host, hostname=n.ssh_host, port=n.ssh_port, user=n.ssh_user, identity_files=(key,))
+              for n in cluster.nodes]
+    leader = direct[0] if direct else None
+    return [SshTarget(t.label, t.hostname, t.port, t.user, t.identity_files, proxy_jump=leader)
+            if behind_leader(cluster, n) else t for n, t in zip(cluster.nodes, direct)]
 
 
 def ssh_settings(cluster: Cluster, store: StateStore, connect_timeout: float = 10.0) -> SshSettings:
@@ -147,9 +156,12 @@ def wait_for_ssh(cluster: Cluster, timeout: float) -> None:
                 stop.wait(0.5)
         return node.ssh_host
 
-    with ThreadPoolExecutor(max_workers=min(64, len(cluster.nodes))) as pool:
+    # Members behind the leader are not dialled from here: their pinned console keys say sshd is up, and the
+    # first connection through the leader proves it (pin_host_keys).
+    direct = [n for n in cluster.nodes if not behind_leader(cluster, n)]
+    with ThreadPoolExecutor(max_workers=min(64, len(direct))) as pool:
         try:
-            missing = [h for h in pool.map(one, cluster.nodes) if h]
+            missing = [h for h in pool.map(one, direct) if h]
         finally:
             stop.set()
     if missing:
@@ -162,6 +174,13 @@ def pin_host_keys(cluster: Cluster, known: dict[str, tuple[str, ...]], path: Pat
     is pinned at first contact (its key recorded once, and never silently replaced afterwards)."""
     pinned = dict(known)
     for node in cluster.nodes:
+        if node.ssh_host not in pinned and behind_leader(cluster, node):
+            from clusterctl.errors import HostKeyError
+
+            raise HostKeyError(f"no host key for {node.name} ({node.ssh_host}) in its console output; a member reached "
+                               "through the leader is pinned from its console only",
+                               "check that the image runs cloud-init (it prints the keys), or pass --private-ips "
+                               "from inside the VPC")
         if node.ssh_host not in pinned:
             pinned[node.ssh_host] = (first_contact_key(node.ssh_host, node.ssh_port),)
     text = "".join(sshkeys.render_known_hosts({n.ssh_host: list(pinned[n.ssh_host])}, port=n.ssh_port)
@@ -224,22 +243,80 @@ def setup_nodes(cluster: Cluster, pool: SshPool, targets: list[SshTarget], pinne
         raise ProvisionError(f"the leader cannot ssh to every member: {detail}")
 
 
-GPU_PROBE = ("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L 2>/dev/null | grep -c '^GPU '; "
-             "else echo none; fi; true")
+# One line per node: "none" (no nvidia-smi), or "rc=<exit status> gpus=<count>" then nvidia-smi's first line
+# when it failed (the driver not loaded, a GPU fallen off the bus ...).
+GPU_PROBE = ("if command -v nvidia-smi >/dev/null 2>&1; then out=$(nvidia-smi -L 2>&1); rc=$?; "
+             "printf 'rc=%s gpus=%s\\n' \"$rc\" \"$(printf '%s\\n' \"$out\" | grep -c '^GPU ')\"; "
+             "[ \"$rc\" = 0 ] || printf '%s\\n' \"$out\" | head -n 1; else echo none; fi; true")
 
 
 def check_gpus(cluster: Cluster, pool: SshPool, targets: list[SshTarget]) -> list[str]:
-    """Slots against the GPUs nvidia-smi sees, on the nodes that have nvidia-smi; one warning per mismatch."""
+    """Slots against the GPUs nvidia-smi sees. A node of a GPU type (cluster.extra["gpus"] > 0) whose nvidia-smi
+    is missing, fails, or sees fewer GPUs than its slots fails `up` (a ProvisionError naming the nodes);
+    other mismatches are warnings."""
     report = pool.run(targets, GPU_PROBE, timeout=60)
     counts = {n.name: (r.stdout.strip() if r.ok else None) for n, r in zip(cluster.nodes, report)}
+    errors = gpu_failures(cluster, counts)
+    if errors:
+        raise ProvisionError(f"GPU check failed: {'; '.join(errors)}",
+                             "the image's NVIDIA driver may not drive this GPU (Volta needs R580 or older: see "
+                             "`up --dry-run`), or pass --slots to match the GPUs")
     return gpu_mismatches(cluster, counts)
 
 
-def gpu_mismatches(cluster: Cluster, counts: dict[str, str | None]) -> list[str]:
+def _gpu_probe(text: str | None) -> tuple[str, int | None, int | None, str]:
+    """("none"|"ran"|"unknown", exit status, GPUs seen, first error line) from GPU_PROBE's output (or a bare count)."""
+    lines = (text or "").strip().splitlines()
+    if not lines:
+        return "unknown", None, None, ""
+    head = lines[0].strip()
+    if head == "none":
+        return "none", None, None, ""
+    if head.isdigit():  # the older probe's answer: a count
+        return "ran", 0, int(head), ""
+    fields = dict(f.split("=", 1) for f in head.split() if "=" in f)
+    try:
+        return "ran", int(fields["rc"]), int(fields["gpus"]), (lines[1].strip() if len(lines) > 1 else "")
+    except (KeyError, ValueError):
+        return "unknown", None, None, head
+
+
+def _type_gpus(cluster: Cluster) -> int:
+    try:
+        return int(cluster.extra.get("gpus") or 0)
+    except ValueError:
+        return 0
+
+
+def gpu_failures(cluster: Cluster, counts: dict[str, str | None]) -> list[str]:
+    """The GPU nodes that cannot run their slots: one line each, naming the node."""
+    if _type_gpus(cluster) <= 0:
+        return []
     out = []
     for n in cluster.nodes:
-        seen = (counts.get(n.name) or "").strip()
-        if seen.isdigit() and int(seen) != n.slots:
+        kind, rc, seen, detail = _gpu_probe(counts.get(n.name))
+        if counts.get(n.name) is None:
+            out.append(f"{n.name}: the GPU probe did not run")
+        elif kind == "none":
+            out.append(f"{n.name}: no nvidia-smi on a {cluster.instance_type} ({_type_gpus(cluster)} GPUs)")
+        elif kind == "unknown":
+            out.append(f"{n.name}: unreadable GPU probe output {detail[:80]!r}")
+        elif rc != 0:
+            out.append(f"{n.name}: nvidia-smi failed (exit {rc}" + (f": {detail[:120]}" if detail else "") + ")")
+        elif seen is not None and seen < n.slots:
+            out.append(f"{n.name}: nvidia-smi sees {seen} GPU(s) but the node has slots={n.slots}")
+    return out
+
+
+def gpu_mismatches(cluster: Cluster, counts: dict[str, str | None]) -> list[str]:
+    """Warnings: a node whose nvidia-smi count differs from its slots, where that does not fail `up`."""
+    failing = {line.split(":", 1)[0] for line in gpu_failures(cluster, counts)}
+    out = []
+    for n in cluster.nodes:
+        kind, rc, seen, _ = _gpu_probe(counts.get(n.name))
+        if n.name in failing or kind != "ran" or rc != 0 or seen is None:
+            continue
+        if seen != n.slots:
             out.append(f"{n.name}: nvidia-smi sees {seen} GPU(s) but the hosts file says slots={n.slots}")
     return out
 

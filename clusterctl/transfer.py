@@ -260,7 +260,11 @@ def _host_for_rsync(host: str) -> str:
 def operator_ssh(target: SshTarget, known_hosts: str, managed: bool) -> list[str]:
     """OpenSSH argv from this machine to a node (data does not go through paramiko: too slow)."""
     argv = ["ssh"]
-    if managed:  # a cluster clusterctl made: its key and pinned known_hosts only, no user config
+    if managed and target.proxy_jump is not None:
+        # -J runs a second ssh for the jump host that inherits -F but none of the -o/-i given here: one config
+        # file carries the key, the pinned known_hosts and StrictHostKeyChecking=yes to both hops.
+        argv += ["-F", jump_ssh_config(target, known_hosts)]
+    elif managed:  # a cluster clusterctl made: its key and pinned known_hosts only, no user config
         argv += ["-F", "/dev/null", "-o", "IdentitiesOnly=yes"]
         for key in target.identity_files:
             argv += ["-i", key]
@@ -272,6 +276,29 @@ def operator_ssh(target: SshTarget, known_hosts: str, managed: bool) -> list[str
         j = target.proxy_jump
         argv += ["-J", f"{j.user}@{_host_for_rsync(j.hostname)}:{j.port}"]
     return argv
+
+
+def jump_ssh_config(target: SshTarget, known_hosts: str) -> str:
+    """The ssh_config (beside the cluster's known_hosts) that both hops of a managed ProxyJump read."""
+    def q(value: str) -> str:
+        return '"' + value.replace('"', "") + '"'
+
+    keys = tuple(dict.fromkeys(target.identity_files + target.proxy_jump.identity_files))
+    lines = ["# written by clusterctl for ProxyJump through the leader: both hops use these settings", "Host *",
+             "  IdentitiesOnly yes", *(f"  IdentityFile {q(k)}" for k in keys),
+             f"  UserKnownHostsFile {q(known_hosts)}", "  GlobalKnownHostsFile /dev/null",
+             "  StrictHostKeyChecking yes", "  BatchMode yes", "  ConnectTimeout 10", ""]
+    path = os.path.join(os.path.dirname(os.path.abspath(known_hosts)), "ssh_config")
+    text = "\n".join(lines)
+    try:
+        current = open(path).read()
+    except OSError:
+        current = None
+    if current != text:
+        from clusterctl.state import atomic_write
+
+        atomic_write(Path(path), text, mode=0o600)
+    return path
 
 
 def node_ssh(user: str, port: int, managed: bool) -> list[str]:

@@ -12,7 +12,16 @@ What is added to moto, and why:
     Iops honoured, the instance profile on every instance (moto: the first only), Placement.GroupName
     remembered;
   * p3.16xlarge in DescribeInstanceTypes and its AZ offerings;
-  * the Deep Learning AMI's SSM public parameter, and images for it and for the test nodes;
+  * the Deep Learning AMI's SSM public parameter, and images for it (owned by the DLAMI account, one of them
+    a Volta-capable release of the catalog's table) and for the test nodes;
+  * several network interfaces per instance on several network cards: moto keys an instance's interfaces by
+    device index alone, so an interface on card k > 0 is kept under device index 100*k + its index (the
+    request itself, recorded, carries what clusterctl sent; moto also drops InterfaceType=efa);
+  * Elastic IPs from the test's "public" range, added to the namespace node of the instance they are
+    associated with (and taken away again on disassociation);
+  * Service Quotas for EC2 (moto knows only "vpc"): the values in MotoAws.quotas; DescribeAccountAttributes'
+    vpc-max-elastic-ips from MotoAws.account_eips;
+  * an nvidia-smi in every node of a GPU type listing the type's GPUs (fake_gpus: "type", a count, or None);
   * GetConsoleOutput that looks like cloud-init's (host keys block, the "finished" line);
   * public addresses from 198.18.0.0/15 (a benchmarking range never routed on the internet) instead of
     moto's random 54.214.x.y, so nothing a test does can dial out;
@@ -42,8 +51,13 @@ from typing import Callable
 
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
-DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-ubuntu-22.04/latest/ami-id"
-DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250101"
+DLAMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+DLAMI_OWNER = "898082745236"
+DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20260430"  # R595: no Volta
+VOLTA_DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20251205"  # R580
+OLD_VOLTA_DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20251031"
+DEFAULT_QUOTAS = {"L-417A185B": 4096.0, "L-DB2E81BA": 4096.0, "L-1216C47A": 4096.0, "L-7212CCBC": 4096.0,
+                  "L-3819A6DF": 4096.0, "L-34B43A08": 4096.0, "L-0263D0A3": 5.0}
 NODE_IMAGE_NAME = "clusterctl-test-node (namespace node, root login)"
 P3_AZS = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f"]
 # Not "clusterctl-": a local `down --all` must never see these nodes; and per process, because another pytest
@@ -92,6 +106,8 @@ class BackedNode:
     host_key: str  # "ssh-ed25519 AAAA..."
     netns: str
     home: Path
+    bridge: str = ""
+    gateway: str = ""
 
 
 class MotoAws:
@@ -118,8 +134,11 @@ class MotoAws:
         self.bridges: dict[str, tuple[str, str]] = {}  # subnet id -> (bridge, gateway)
         self.console_mode = "cloud-init"  # "cloud-init" (real keys) | "no-keys" | "wrong-key"
         self.world_ssh = False  # a test that asks for --ssh-cidr 0.0.0.0/0 sets this
-        self.fake_gpus: int | None = None  # give every new node an nvidia-smi that lists this many GPUs
+        self.fake_gpus: int | str | None = "type"  # every new node's nvidia-smi lists: the type's GPUs, N, or none
+        self.quotas: dict[str, float] | None = dict(DEFAULT_QUOTAS)  # None: Service Quotas refuses (AccessDenied)
+        self.account_eips = 5
         self.owned: ipaddress.IPv4Network | None = None  # instances launched in here get namespace nodes
+        self.mirror_address = ""  # see begin()
         self.public_pool: list[str] = []
         self.node_root: Path | None = None
         self.checkip = _CheckIp()
@@ -157,6 +176,9 @@ class MotoAws:
         finally:
             os.close(fd)
         self.public_pool = [str(h) for h in list(public.hosts())[9:200]]
+        # An address of this machine that every backed node routes to (on its link): where a test serves what a
+        # real VPC reaches through its gateway (a package mirror, S3), bound there and nowhere else.
+        self.mirror_address = str(public[-2])
         self.node_root = node_root
         self.seed()
 
@@ -192,15 +214,30 @@ class MotoAws:
             self.instance_groups.clear()
             self.console_mode = "cloud-init"
             self.world_ssh = False
-            self.fake_gpus = None
+            self.fake_gpus = "type"
+            self.quotas = dict(DEFAULT_QUOTAS)
+            self.account_eips = 5
 
     def seed(self) -> None:
         """The DLAMI (found through its SSM parameter) and the image of the test nodes (root login)."""
         ec2 = self.client("ec2")
         dlami = ec2.register_image(Name=DLAMI_NAME, RootDeviceName="/dev/sda1")["ImageId"]
+        volta = ec2.register_image(Name=VOLTA_DLAMI_NAME, RootDeviceName="/dev/sda1")["ImageId"]
+        old_volta = ec2.register_image(Name=OLD_VOLTA_DLAMI_NAME, RootDeviceName="/dev/sda1")["ImageId"]
+        # the same name as the Volta release, newer, but not the DLAMI account's: never chosen
+        impostor = ec2.register_image(Name=VOLTA_DLAMI_NAME[:-2] + "31", RootDeviceName="/dev/sda1")["ImageId"]
         node = ec2.register_image(Name=NODE_IMAGE_NAME, RootDeviceName="/dev/sda1")["ImageId"]
         ec2.create_tags(Resources=[node], Tags=[{"Key": "clusterctl:ssh-user", "Value": "root"}])
-        self.dlami, self.node_image = dlami, node
+        amis = self.ec2_backend().amis
+        from datetime import datetime, timezone
+
+        for ami, created in ((dlami, "2026-04-30"), (volta, "2025-12-05"), (old_volta, "2025-10-31"),
+                             (impostor, "2025-12-31")):
+            amis[ami].creation_date = datetime.fromisoformat(created).replace(tzinfo=timezone.utc)
+            amis[ami].architecture = "x86_64"
+            if ami != impostor:
+                amis[ami].owner_id = DLAMI_OWNER
+        self.dlami, self.volta_dlami, self.impostor_dlami, self.node_image = dlami, volta, impostor, node
         from moto.ssm.models import Parameter, ssm_backends
         from moto.core.utils import utcnow
 
@@ -286,8 +323,11 @@ class MotoAws:
                              ("describe_internet_gateways", "InternetGateways", "InternetGatewayId"),
                              ("describe_key_pairs", "KeyPairs", "KeyName"),
                              ("describe_placement_groups", "PlacementGroups", "GroupName"),
-                             ("describe_network_interfaces", "NetworkInterfaces", "NetworkInterfaceId")):
-            left += [f"{key} {i[idk]}" for i in getattr(ec2, op)(Filters=tag)[key]]
+                             ("describe_network_interfaces", "NetworkInterfaces", "NetworkInterfaceId"),
+                             ("describe_addresses", "Addresses", "AllocationId"),
+                             ("describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId")):
+            left += [f"{key} {i[idk]}" for i in getattr(ec2, op)(Filters=tag)[key]
+                     if str(i.get("State", "")).lower() not in ("deleted", "deleting")]
         left += [f"Volumes {v['VolumeId']}" for v in ec2.describe_volumes(Filters=tag)["Volumes"]
                  if v["State"] not in ("deleted", "deleting")]
         iam = self.client("iam", region)
@@ -307,8 +347,10 @@ class MotoAws:
                 for i in r["Instances"] if i["State"]["Name"] != "terminated"]
         for op, k in (("describe_vpcs", "Vpcs"), ("describe_subnets", "Subnets"), ("describe_security_groups", "SecurityGroups"),
                       ("describe_internet_gateways", "InternetGateways"), ("describe_key_pairs", "KeyPairs"),
-                      ("describe_placement_groups", "PlacementGroups"), ("describe_network_interfaces", "NetworkInterfaces")):
-            left += [f"{k} {json.dumps(i, default=str)[:80]}" for i in getattr(ec2, op)(Filters=key)[k]]
+                      ("describe_placement_groups", "PlacementGroups"), ("describe_network_interfaces", "NetworkInterfaces"),
+                      ("describe_addresses", "Addresses"), ("describe_vpc_endpoints", "VpcEndpoints")):
+            left += [f"{k} {json.dumps(i, default=str)[:80]}" for i in getattr(ec2, op)(Filters=key)[k]
+                     if str(i.get("State", "")).lower() not in ("deleted", "deleting")]
         left += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes(Filters=key)["Volumes"]
                  if v["State"] not in ("deleted", "deleting")]
         iam = self.client("iam", region)
@@ -372,24 +414,54 @@ class MotoAws:
         spec = netns.NodeSpec(0, hostname, instance.private_ip)
         node_dir = self.node_root / instance.id
         made = netns.create_node(instance.id, bridge, net, spec, [spec], node_dir, key.strip() + "\n")
+        if self.mirror_address:
+            subprocess.run(["ip", "-n", made.netns, "route", "add", f"{self.mirror_address}/32", "dev", "eth0"], check=True)
         public = getattr(instance, "public_ip", None)
         if public:
             subprocess.run(["ip", "-n", made.netns, "addr", "add", f"{public}/32", "dev", "eth0"], check=True)
             subprocess.run(["ip", "route", "replace", f"{public}/32", "dev", bridge, "src", gateway], check=True)
         with self.lock:
             self.nodes[instance.id] = BackedNode(instance.id, instance.private_ip, public, made.host_public_key,
-                                                 made.netns, node_dir / "home")
-        if self.fake_gpus is not None:
-            self._fake_nvidia_smi(instance.id, self.fake_gpus)
+                                                 made.netns, node_dir / "home", bridge, gateway)
+        gpus = self.fake_gpus
+        if gpus == "type":
+            from moto.ec2.models.instance_types import INSTANCE_TYPES
+
+            info = INSTANCE_TYPES.get(instance.instance_type, {}).get("GpuInfo", {})
+            gpus = sum(int(g.get("Count", 0)) for g in info.get("Gpus", [])) or None
+        if gpus is not None:
+            self._fake_nvidia_smi(instance.id, int(gpus))
+
+    def add_public(self, iid: str, address: str) -> None:
+        """An Elastic IP associated with the instance: the node answers on it too."""
+        with self.lock:
+            node = self.nodes.get(iid)
+        if node is None:
+            return
+        subprocess.run(["ip", "-n", node.netns, "addr", "add", f"{address}/32", "dev", "eth0"], check=True)
+        subprocess.run(["ip", "route", "replace", f"{address}/32", "dev", node.bridge, "src", node.gateway], check=True)
+        node.public_ip = address
+
+    def remove_public(self, address: str) -> None:
+        with self.lock:
+            node = next((n for n in self.nodes.values() if n.public_ip == address), None)
+        subprocess.run(["ip", "route", "del", f"{address}/32"], capture_output=True)
+        if node is not None:
+            subprocess.run(["ip", "-n", node.netns, "addr", "del", f"{address}/32", "dev", "eth0"], capture_output=True)
+            node.public_ip = None
 
     def _fake_nvidia_smi(self, iid: str, gpus: int) -> None:
-        """An nvidia-smi on this node only (a tmpfs over /usr/local/bin in its own mount namespace)."""
+        """An nvidia-smi on this node only (a tmpfs over /usr/local/bin in its own mount namespace). A negative
+        count makes one that fails the way a driver that does not drive the GPU does."""
         lines = "".join(f"GPU {i}: Tesla V100-SXM2-16GB (UUID: GPU-{i:08x})\\n" for i in range(gpus))
         script = f"#!/bin/sh\nprintf '{lines}'\n"
+        if gpus < 0:
+            script = ("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA "
+                      "driver. Make sure that the latest NVIDIA driver is installed and running.'\nexit 9\n")
         deadline = time.monotonic() + 10
         while True:
             try:
-                out = self.node_exec(iid, "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /usr/local/bin && "
+                out = self.node_exec(iid, "sh", "-c", "mkdir -p /usr/local/bin && mount -t tmpfs -o size=1m tmpfs /usr/local/bin && "
                                      f"printf '%s' \"$0\" > /usr/local/bin/nvidia-smi && chmod 755 /usr/local/bin/nvidia-smi",
                                      script)
                 assert out.returncode == 0, out.stderr
@@ -433,7 +505,7 @@ class MotoAws:
                 if b"[listener]" in cmd or cmd.split(b"\0")[0].endswith(b"sshd"):  # sshd retitles itself
                     return subprocess.run(["nsenter", "-t", str(pid), "-a", *argv], capture_output=True, text=True,
                                           timeout=60)
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):  # a process that just ended
                 continue
         raise AssertionError(f"no sshd in {ns}")
 
@@ -483,19 +555,19 @@ def _flat(resp) -> dict:
     params = {}
     for k, v in (getattr(resp, "querystring", None) or {}).items():
         params[k] = v[0] if isinstance(v, list) and len(v) == 1 else v
-    if not params and getattr(resp, "body", None):
+    if getattr(resp, "body", None):  # JSON services (SSM, Service Quotas): the body's fields too
         try:
             body = resp.body.decode() if isinstance(resp.body, bytes) else resp.body
             data = json.loads(body)
             if isinstance(data, dict):
-                params = data
+                params.update(data)
         except (ValueError, TypeError, UnicodeDecodeError):
             pass
     return params
 
 
 def _error_response(service: str, code: str, message: str, status: int):
-    if service in ("ssm",):
+    if service in ("ssm", "service-quotas", "servicequotas"):
         body = json.dumps({"__type": code, "message": message})
         return status, {"status": status, "Content-Type": "application/x-amz-json-1.1"}, body
     if service == "iam":
@@ -763,6 +835,75 @@ def _install_patches(aws: MotoAws) -> None:
     EC2Response.create_placement_group = create_placement_group
     EC2Response.describe_placement_groups = describe_placement_groups
     EC2Response.delete_placement_group = delete_placement_group
+
+    # ---- several interfaces on several network cards (moto keys them by device index only) ------------
+    orig_prep = minst.Instance.prep_nics
+
+    def prep_nics(self, nic_spec, *args, **kwargs):
+        for nic in nic_spec or []:
+            card = int(nic.get("NetworkCardIndex") or 0)
+            if card > 0:
+                nic["DeviceIndex"] = str(100 * card + int(nic.get("DeviceIndex") or 0))
+        return orig_prep(self, nic_spec, *args, **kwargs)
+
+    minst.Instance.prep_nics = prep_nics
+
+    # ---- Elastic IPs from the test's range, on the namespace node they are associated with -----------
+    from moto.ec2.models import elastic_ip_addresses as eips
+
+    eips.random_ip = random_public_ip
+    orig_assoc = eips.ElasticAddressBackend.associate_address
+    orig_disassoc = eips.ElasticAddressBackend.disassociate_address
+
+    def associate_address(self, instance=None, eni=None, address=None, allocation_id=None, reassociate=False):
+        eip = orig_assoc(self, instance=instance, eni=eni, address=address, allocation_id=allocation_id,
+                         reassociate=reassociate)
+        owner = eip.instance or (eip.eni.instance if eip.eni is not None else None)
+        if owner is not None:
+            cur().add_public(owner.id, eip.public_ip)
+        return eip
+
+    def disassociate_address(self, address=None, association_id=None):
+        found = self.address_by_ip([address]) if address else self.address_by_association([association_id])
+        result = orig_disassoc(self, address=address, association_id=association_id)
+        for eip in found:
+            cur().remove_public(eip.public_ip)
+        return result
+
+    eips.ElasticAddressBackend.associate_address = associate_address
+    eips.ElasticAddressBackend.disassociate_address = disassociate_address
+
+    # ---- Service Quotas for EC2, and the account's Elastic IP limit ---------------------------------------
+    from moto.servicequotas import models as sq
+    from moto.servicequotas.exceptions import NoSuchResource
+
+    orig_quota = sq.ServiceQuotasBackend.get_service_quota
+
+    def get_service_quota(self, service_code, quota_code):
+        if service_code != "ec2":
+            return orig_quota(self, service_code, quota_code)
+        value = (cur().quotas or {}).get(quota_code)
+        if value is None:
+            raise NoSuchResource
+        return {"ServiceCode": "ec2", "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+                "QuotaArn": f"arn:aws:servicequotas:{self.region_name}:{ACCOUNT}:ec2/{quota_code}",
+                "QuotaCode": quota_code, "QuotaName": quota_code, "Value": float(value), "Unit": "None",
+                "Adjustable": True, "GlobalQuota": False}
+
+    sq.ServiceQuotasBackend.get_service_quota = get_service_quota
+
+    from moto.ec2.responses.account_attributes import AccountAttributes
+
+    orig_attrs = AccountAttributes.describe_account_attributes
+
+    def describe_account_attributes(self):
+        result = orig_attrs(self)
+        for attr in result.result["AccountAttributes"]:  # type: ignore[attr-defined]
+            if attr["AttributeName"] in ("vpc-max-elastic-ips", "max-elastic-ips"):
+                attr["AttributeValues"] = [{"AttributeValue": str(cur().account_eips)}]
+        return result
+
+    AccountAttributes.describe_account_attributes = describe_account_attributes
 
 
 def decode_user_data(call: Call) -> str:

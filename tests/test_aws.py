@@ -136,6 +136,9 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
     assert p["Placement.GroupName"] == f"clusterctl-{name}"
     assert p["InstanceInitiatedShutdownBehavior"] == "terminate" and p["KeyName"] == f"clusterctl-{name}"
     assert p["ClientToken"].startswith(f"{name}-1-")
+    # p3.16xlarge has no EFA: one plain interface with its public address
+    assert not [k for k in p if k.endswith("InterfaceType")] and "NetworkInterface.2.DeviceIndex" not in p
+    assert p["NetworkInterface.1.DeviceIndex"] == "0" and p["NetworkInterface.1.AssociatePublicIpAddress"] == "true"
     tag_specs = {p[k]: k for k in p if re.match(r"TagSpecification\.\d+\.ResourceType$", k)}
     assert {"instance", "volume", "network-interface"} <= set(tag_specs)
     for rtype, key in tag_specs.items():
@@ -257,9 +260,12 @@ def test_existing_vpc_and_subnet_are_used_and_left_alone(aws, aws_cli):
 def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
     proc = ok(aws_cli(*aws_cli.up_args("efa", 2, "--type", "p3dn.24xlarge", "--spot", "--volume-type", "gp3",
                                        "--s3-read", "s3://data/imagenet/")))
-    assert "network interface: EFA" in proc.stderr
+    assert "network interfaces: 1 EFA (one per network card); no device RDMA on this type" in proc.stderr
     p = aws.actions("RunInstances")[0].params
     assert p["NetworkInterface.1.InterfaceType"] == "efa" and p["InstanceType"] == "p3dn.24xlarge"
+    assert "NetworkInterface.2.DeviceIndex" not in p and p["NetworkInterface.1.AssociatePublicIpAddress"] == "true"
+    extra = json.loads((state_dir(aws_cli, "efa") / "cluster.json").read_text())["cluster"]["extra"]
+    assert (extra["efa"], extra["efa_interfaces"], extra["efa_rdma"]) == ("true", "1", "false")
     assert p["InstanceMarketOptions.MarketType"] == "spot" and p["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
     policy = aws.client("iam").get_role_policy(RoleName=f"clusterctl-efa-{REGION}", PolicyName="s3-read")
     doc = policy["PolicyDocument"]
@@ -273,10 +279,10 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
 # ---- host keys -------------------------------------------------------------------------------------------------
 def test_without_keys_in_the_console_nodes_are_pinned_at_first_contact(aws, aws_cli):
     aws.console_mode = "no-keys"
-    aws.fake_gpus = 4  # and the nodes' nvidia-smi disagrees with the 8 GPUs of p3.16xlarge: up says so
-    proc = ok(aws_cli(*aws_cli.up_args("tofu", 2)))
+    aws.fake_gpus = 4  # more GPUs than the 2 slots asked for: it runs, and up says so
+    proc = ok(aws_cli(*aws_cli.up_args("tofu", 2, "--slots", "2")))
     assert "no host keys in the console output of 2 node(s): pinning them at first contact" in proc.stderr
-    assert "warning: tofu-leader: nvidia-smi sees 4 GPU(s) but the hosts file says slots=8" in proc.stderr
+    assert "warning: tofu-leader: nvidia-smi sees 4 GPU(s) but the hosts file says slots=2" in proc.stderr
     assert "warning: tofu-member-1: nvidia-smi sees 4 GPU(s)" in proc.stderr
     known = sorted((state_dir(aws_cli, "tofu") / "known_hosts").read_text().splitlines())
     assert known == sorted(f"{n.public_ip} {n.host_key}" for n in aws.nodes.values())
@@ -458,3 +464,199 @@ def test_ctrl_c_after_a_node_step_leaves_nothing(aws, aws_cli, line):
         assert proc.returncode == 130, err
         assert "removing what it created" in err
     assert_gone(aws, aws_cli, "intr")
+
+
+# ---- the image that drives the GPU ------------------------------------------------------------------------------
+def test_volta_gets_an_r580_dlami_by_name_and_owner_other_types_the_current_one(aws, aws_cli):
+    from motoaws import DLAMI_NAME, DLAMI_OWNER, VOLTA_DLAMI_NAME
+
+    proc = ok(aws_cli("up", "--nodes", "2", "--type", "p3.16xlarge", "--dry-run"))
+    assert (f"plan: image: {aws.volta_dlami} {VOLTA_DLAMI_NAME}; NVIDIA driver R580 (580.105.08), CUDA 13.0 "
+            "(driver and CUDA from the DLAMI table of") in proc.stderr
+    assert f"newest such release of owner {DLAMI_OWNER}" in proc.stderr and aws.impostor_dlami not in proc.stderr
+    find = [c for c in aws.actions("DescribeImages") if c.params.get("Owner.1")]
+    assert len(find) == 1
+    p = find[0].params
+    assert p["Owner.1"] == "898082745236" and p["Filter.1.Name"] == "name"
+    patterns = sorted(v for k, v in p.items() if k.startswith("Filter.1.Value."))
+    assert patterns and all(v.startswith("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 202") for v in patterns)
+    assert (p["Filter.2.Name"], p["Filter.2.Value.1"], p["Filter.3.Name"], p["Filter.3.Value.1"]) == \
+        ("architecture", "x86_64", "state", "available")
+    assert not aws.actions("GetParameter")  # no SSM for Volta: `latest` may carry a driver without Volta
+
+    before = len(aws.calls)
+    proc = ok(aws_cli("up", "--nodes", "2", "--type", "p4d.24xlarge", "--dry-run"))
+    assert f"plan: image: {aws.dlami} {DLAMI_NAME}; NVIDIA driver R595" in proc.stderr and "CUDA 13.2" in proc.stderr
+    ssm = [c for c in aws.calls[before:] if c.action == "GetParameter"]
+    assert [c.params["Name"] for c in ssm] == [
+        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"]
+
+    # Where only the other spelling of the parameter exists, it is found there.
+    from moto.ssm.models import ssm_backends
+
+    from motoaws import ACCOUNT, DLAMI_PARAMETER
+
+    params = ssm_backends[ACCOUNT][REGION]._parameters
+    other = DLAMI_PARAMETER.replace("-gpu-ubuntu", "-ubuntu")
+    params[other] = params.pop(DLAMI_PARAMETER)
+    for version in params[other]:
+        version.name = other
+    before = len(aws.calls)
+    proc = ok(aws_cli("up", "--nodes", "1", "--type", "g4dn.12xlarge", "--dry-run"))
+    assert f"(from SSM {other})" in proc.stderr
+    assert [c.params["Name"] for c in aws.calls[before:] if c.action == "GetParameter"] == [DLAMI_PARAMETER, other]
+
+    # --ami and --ami-parameter still win, for Volta too
+    proc = ok(aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--ami", aws.node_image, "--dry-run"))
+    assert f"plan: image: {aws.node_image} clusterctl-test-node" in proc.stderr and "(from --ami)" in proc.stderr
+    assert "driver branch and CUDA not in clusterctl's DLAMI table" in proc.stderr
+
+
+def test_a_gpu_node_whose_nvidia_smi_sees_too_few_gpus_or_fails_fails_up_and_is_removed(aws, aws_cli):
+    aws.fake_gpus = 4  # p3.16xlarge: 8 slots
+    proc = aws_cli(*aws_cli.up_args("fewgpu", 2))
+    assert proc.returncode == 4, proc.stderr
+    assert one_error_line(proc) == (
+        "Error: GPU check failed: fewgpu-leader: nvidia-smi sees 4 GPU(s) but the node has slots=8; fewgpu-member-1: "
+        "nvidia-smi sees 4 GPU(s) but the node has slots=8: the image's NVIDIA driver may not drive this GPU (Volta "
+        "needs R580 or older: see `up --dry-run`), or pass --slots to match the GPUs")
+    assert "removed instance" in proc.stderr
+    assert_gone(aws, aws_cli, "fewgpu")
+
+    aws.fake_gpus = -1  # nvidia-smi fails: the driver does not drive the GPU
+    proc = aws_cli(*aws_cli.up_args("nodriver", 1))
+    assert proc.returncode == 4, proc.stderr
+    assert one_error_line(proc).startswith(
+        "Error: GPU check failed: nodriver-leader: nvidia-smi failed (exit 9: NVIDIA-SMI has failed because it "
+        "could not communicate with the NVIDIA driver.")
+    assert_gone(aws, aws_cli, "nodriver")
+
+    aws.fake_gpus = None  # a GPU type without nvidia-smi at all
+    proc = aws_cli(*aws_cli.up_args("nosmi", 1))
+    assert proc.returncode == 4 and "nosmi-leader: no nvidia-smi on a p3.16xlarge (8 GPUs)" in one_error_line(proc)
+    assert_gone(aws, aws_cli, "nosmi")
+
+    # a CPU type's node without nvidia-smi is fine
+    ok(aws_cli(*aws_cli.up_args("cpu", 1, "--type", "m5.large", "--volume-type", "gp3")))
+    ok(aws_cli("down", "cpu", "--yes"))
+    assert_gone(aws, aws_cli, "cpu")
+
+
+# ---- quotas --------------------------------------------------------------------------------------------------
+def _mutating(aws) -> list[str]:
+    return [c.action for c in aws.actions() if MUTATING.match(c.action) and c.action not in ("RegisterImage", "CreateTags")]
+
+
+def test_a_launch_over_the_vcpu_quota_stops_before_anything_is_created(aws, aws_cli):
+    aws.quotas["L-417A185B"] = 96.0
+    proc = aws_cli(*aws_cli.up_args("big", 2))
+    assert proc.returncode == 4
+    assert one_error_line(proc) == (
+        "Error: the Running On-Demand P instances quota (L-417A185B) in us-east-1 is 96 vCPUs with 0 in use; "
+        "2 x p3.16xlarge need 128 more: ask for an increase in the Service Quotas console (or `aws service-quotas "
+        "request-service-quota-increase --service-code ec2 --quota-code L-417A185B`), or ask for fewer or smaller "
+        "nodes; nothing was created")
+    assert _mutating(aws) == []
+    asked = aws.actions("GetServiceQuota")
+    assert [(c.params["ServiceCode"], c.params["QuotaCode"]) for c in asked] == [("ec2", "L-417A185B")]
+    assert_gone(aws, aws_cli, "big")
+
+    # one node fits (64 of 96); the plan says what it checked
+    proc = ok(aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--spot", "--dry-run"))
+    assert ("plan: quota: All P Spot Instance Requests (L-7212CCBC): 4096 vCPUs, 0 in use, this cluster needs 64 "
+            "(from Service Quotas)") in proc.stderr
+
+
+def test_the_elastic_ip_quota_falls_back_to_the_account_attribute_without_service_quotas(aws, aws_cli):
+    aws.quotas = None  # Service Quotas answers NoSuchResource for every EC2 quota
+    aws.account_eips = 0
+    proc = aws_cli(*aws_cli.up_args("noeip", 2, "--type", "p4d.24xlarge"))
+    assert proc.returncode == 4
+    assert one_error_line(proc).startswith(
+        "Error: the EC2-VPC Elastic IPs quota (L-0263D0A3) in us-east-1 is 0 addresses with 0 in use; "
+        "2 x p4d.24xlarge need 1 more")
+    assert _mutating(aws) == [] and aws.actions("DescribeAccountAttributes")
+    aws.account_eips = 5
+    proc = ok(aws_cli("up", "--nodes", "2", "--type", "p4d.24xlarge", "--dry-run"))
+    assert ("plan: quota: Running On-Demand P instances (L-417A185B): not checked (Service Quotas unavailable: "
+            "NoSuchResourceException); this cluster needs 192 vCPUs") in proc.stderr
+    assert ("plan: quota: EC2-VPC Elastic IPs (L-0263D0A3): 5 addresses, 0 in use, this cluster needs 1 (from EC2 "
+            "DescribeAccountAttributes vpc-max-elastic-ips)") in proc.stderr
+
+
+# ---- the whole fabric: several network cards ---------------------------------------------------------------------
+def test_multi_card_type_efa_on_every_card_elastic_ip_leader_members_through_it(aws, aws_cli):
+    name = "fabric"
+    proc = ok(aws_cli(*aws_cli.up_args(name, 3, "--type", "p4d.24xlarge"), timeout=300))
+    assert "allocated Elastic IP" in proc.stderr and "created S3 gateway endpoint" in proc.stderr
+
+    # RunInstances: 4 EFA interfaces on cards 0-3, device index 0 on card 0 and 1 on the others, no auto address
+    (run,) = aws.actions("RunInstances")
+    p = run.params
+    sg = aws.client("ec2").describe_security_groups(Filters=[{"Name": "tag:clusterctl:cluster", "Values": [name]}])
+    sg_id = sg["SecurityGroups"][0]["GroupId"]
+    for card in range(4):
+        n = card + 1
+        assert p[f"NetworkInterface.{n}.NetworkCardIndex"] == str(card)
+        assert p[f"NetworkInterface.{n}.DeviceIndex"] == ("0" if card == 0 else "1")
+        assert p[f"NetworkInterface.{n}.InterfaceType"] == "efa"
+        assert p[f"NetworkInterface.{n}.SubnetId"] == p["NetworkInterface.1.SubnetId"]
+        assert p[f"NetworkInterface.{n}.SecurityGroupId.1"] == sg_id
+        assert p[f"NetworkInterface.{n}.DeleteOnTermination"] == "true"
+        assert f"NetworkInterface.{n}.AssociatePublicIpAddress" not in p
+    assert "NetworkInterface.5.DeviceIndex" not in p
+
+    found = sorted(instances(aws, name), key=lambda i: int(next(t["Value"] for t in i["Tags"] if t["Key"] == "clusterctl:index")))
+    leader, members = found[0], found[1:]
+    ec2 = aws.client("ec2")
+    # The leader's Elastic IP: tagged, on its primary interface; members have no public address
+    (addr,) = ec2.describe_addresses(Filters=[{"Name": "tag:clusterctl:cluster", "Values": [name]}])["Addresses"]
+    primary = next(e for e in leader["NetworkInterfaces"] if e["Attachment"]["DeviceIndex"] == 0)
+    assert addr["NetworkInterfaceId"] == primary["NetworkInterfaceId"] and leader.get("PublicIpAddress") == addr["PublicIp"]
+    assert {t["Key"]: t["Value"] for t in addr["Tags"]}["clusterctl:owner"]
+    (assoc,) = aws.actions("AssociateAddress")
+    assert assoc.params["NetworkInterfaceId"] == primary["NetworkInterfaceId"]
+    assert assoc.params["AllocationId"] == addr["AllocationId"]
+    assert all(not m.get("PublicIpAddress") for m in members)
+    (alloc,) = aws.actions("AllocateAddress")
+    assert alloc.params["Domain"] == "vpc" and alloc.params["TagSpecification.1.ResourceType"] == "elastic-ip"
+
+    # The S3 gateway endpoint of the VPC: tagged, on its route table
+    (ep,) = ec2.describe_vpc_endpoints(Filters=[{"Name": "tag:clusterctl:cluster", "Values": [name]}])["VpcEndpoints"]
+    assert ep["ServiceName"] == f"com.amazonaws.{REGION}.s3" and ep["VpcEndpointType"] == "Gateway"
+    assert ep["VpcId"] == leader["VpcId"] and ep["RouteTableIds"]
+    (create,) = aws.actions("CreateVpcEndpoint")
+    assert create.params["VpcEndpointType"] == "Gateway" and create.params["TagSpecification.1.ResourceType"] == "vpc-endpoint"
+
+    # known_hosts: the leader under its Elastic IP, the members under their private addresses (reached through it)
+    known = sorted((state_dir(aws_cli, name) / "known_hosts").read_text().splitlines())
+    assert known == sorted([f"{addr['PublicIp']} {aws.nodes[leader['InstanceId']].host_key}"] +
+                           [f"{m['PrivateIpAddress']} {aws.nodes[m['InstanceId']].host_key}" for m in members])
+    record = json.loads((state_dir(aws_cli, name) / "cluster.json").read_text())["cluster"]
+    extra = record["extra"]
+    assert (extra["efa"], extra["efa_interfaces"], extra["efa_rdma"], extra["ssh_jump"], extra["elastic_ip"]) == \
+        ("true", "4", "true", "leader", addr["PublicIp"])
+
+    # run on every node: the members' sshd sees the connection come from the leader's private address
+    proc = ok(aws_cli("run", "echo from=${SSH_CONNECTION%% *}"))
+    assert "3 host(s): 3 ok" in proc.stderr
+    assert proc.stdout.count(f"from={leader['PrivateIpAddress']}") == 2, proc.stdout
+    for m in members:
+        assert re.search(rf"^{re.escape(m['PrivateIpAddress'])}\b.*from={re.escape(leader['PrivateIpAddress'])}$",
+                         proc.stdout, re.M), proc.stdout
+    # a wrong pinned key for the leader stops the members too (both hops are checked)
+    kh = state_dir(aws_cli, name) / "known_hosts"
+    good = kh.read_text()
+    from clusterctl.sshkeys import generate_ed25519
+
+    wrong = generate_ed25519("x")[1].rsplit(" ", 1)[0]
+    kh.write_text("".join(f"{addr['PublicIp']} {wrong}\n" if line.startswith(addr["PublicIp"] + " ") else line + "\n"
+                          for line in good.splitlines()))
+    proc = aws_cli("run", "true")
+    assert proc.returncode == 5 and "through jump host" in proc.stdout + proc.stderr
+    kh.write_text(good)
+
+    proc = ok(aws_cli("down", name, "--yes"))
+    assert "Elastic IP" in proc.stderr and "S3 gateway endpoint" in proc.stderr
+    assert_gone(aws, aws_cli, name)
+    assert aws.nodes == {} and ec2.describe_addresses()["Addresses"] == []

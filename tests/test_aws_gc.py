@@ -110,3 +110,20 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     assert aws.ec2_backend().get_instance(stranger_id).state == "running"
     proc = ok(aws_cli("gc", "--provider", "aws"))
     assert "nothing found" in proc.stderr
+
+
+def test_gc_finds_and_releases_the_elastic_ip_and_the_s3_endpoint_without_local_state(aws, aws_cli):
+    ok(aws_cli(*aws_cli.up_args("gce", 1, "--type", "p4d.24xlarge")))
+    ec2 = aws.client("ec2")
+    tag = [{"Name": "tag:clusterctl:cluster", "Values": ["gce"]}]
+    assert len(ec2.describe_addresses(Filters=tag)["Addresses"]) == 1
+    assert len(ec2.describe_vpc_endpoints(Filters=tag)["VpcEndpoints"]) == 1
+    shutil.rmtree(aws_cli.cli.home / "clusters")
+    proc = aws_cli("gc", "--provider", "aws")
+    kinds = {line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("  gce: ")}
+    assert any("Elastic IP" in k for k in kinds) and any("VPC endpoint" in k for k in kinds), proc.stderr
+    proc = ok(aws_cli("gc", "--provider", "aws", "--yes"))
+    assert "cluster gce (aws us-east-1) is gone" in proc.stderr
+    assert "Elastic IP eipalloc-" in proc.stderr and "S3 gateway endpoint vpce-" in proc.stderr
+    assert ec2.describe_addresses()["Addresses"] == [] and aws.sweep("gce") == [] and aws.leftovers() == []
+    assert [e["State"].lower() for e in ec2.describe_vpc_endpoints(Filters=tag)["VpcEndpoints"]] in ([], ["deleted"])

@@ -45,7 +45,7 @@ def _opts(**options) -> aws.AwsOptions:
 def test_options_defaults_are_the_recipe():
     o = _opts()
     assert (o.volume_size, o.volume_type, o.effective_iops) == (200, "io2", 10000)
-    assert o.ami_parameter.startswith("/aws/service/deeplearning/ami/") and o.ssh_cidr is None
+    assert o.ami_parameter is None and o.ssh_cidr is None  # None: the image follows the type's GPU generation
     assert _opts(volume_type="gp3").effective_iops == 3000
 
 
@@ -172,13 +172,124 @@ def test_record_and_cloud_disagreements():
 
 
 def test_slots_are_checked_against_nvidia_smi_where_it_exists():
-    from clusterctl.provision import GPU_PROBE, gpu_mismatches
+    from clusterctl.provision import GPU_PROBE, gpu_failures, gpu_mismatches
 
-    c = _cluster(("i-1", "i-2", "i-3"))
-    counts = {"c-i-1": "8", "c-i-2": "none", "c-i-3": "4"}
+    c = _cluster(("i-1", "i-2", "i-3"))  # no "gpus" in extra: as a hosts file or a local cluster, warnings only
+    counts = {"c-i-1": "rc=0 gpus=8", "c-i-2": "none", "c-i-3": "rc=0 gpus=4"}
+    assert gpu_failures(c, counts) == []
     assert gpu_mismatches(c, counts) == ["c-i-3: nvidia-smi sees 4 GPU(s) but the hosts file says slots=8"]
     assert gpu_mismatches(c, {"c-i-1": None, "c-i-2": "", "c-i-3": "8"}) == []
     import subprocess
 
     out = subprocess.run(["sh", "-c", GPU_PROBE], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0 and out.stdout == "none\n"  # no nvidia-smi here: nothing to check
+
+
+def test_a_gpu_node_short_of_gpus_or_with_a_failing_nvidia_smi_is_a_failure_naming_it():
+    from dataclasses import replace
+
+    from clusterctl.provision import gpu_failures, gpu_mismatches
+
+    c = replace(_cluster(("i-1", "i-2", "i-3", "i-4", "i-5")), extra={"gpus": "8"})
+    counts = {"c-i-1": "rc=0 gpus=8", "c-i-2": "rc=0 gpus=4", "c-i-3": "none",
+              "c-i-4": "rc=9 gpus=0\nNVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+              "c-i-5": None}
+    assert gpu_failures(c, counts) == [
+        "c-i-2: nvidia-smi sees 4 GPU(s) but the node has slots=8",
+        "c-i-3: no nvidia-smi on a p3.16xlarge (8 GPUs)",
+        "c-i-4: nvidia-smi failed (exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.)",
+        "c-i-5: the GPU probe did not run"]
+    assert gpu_mismatches(c, counts) == []  # failures are not repeated as warnings
+    # more GPUs than slots (--slots 2 on 8 GPUs) runs: a warning
+    fewer = replace(c, nodes=tuple(replace(n, slots=2) for n in c.nodes[:1]))
+    assert gpu_failures(fewer, {"c-i-1": "rc=0 gpus=8"}) == []
+    assert gpu_mismatches(fewer, {"c-i-1": "rc=0 gpus=8"}) == ["c-i-1: nvidia-smi sees 8 GPU(s) but the hosts file says slots=2"]
+    # a CPU type's nodes without nvidia-smi are fine
+    cpu = replace(c, instance_type="m5.large", extra={"gpus": "0"})
+    assert gpu_failures(cpu, {n.name: "none" for n in cpu.nodes}) == []
+
+
+# ---- images, EFA, quotas ------------------------------------------------------------------------------------
+def test_the_dlami_table_names_a_volta_release_with_its_source():
+    volta = catalog.volta_releases()
+    assert volta and all(r.driver_branch <= 580 and r.source.startswith("https://docs.aws.amazon.com/dlami/")
+                         for r in volta)
+    assert all("[" not in r.name_pattern for r in volta)  # EC2 name filters know * and ? only
+    assert catalog.DLAMI_OWNER == "898082745236"
+    base = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) "
+    r = catalog.dlami_release(base + "20251205")
+    assert (r.driver_branch, r.driver, r.cuda, r.volta) == (580, "580.105.08", "13.0", True)
+    r = catalog.dlami_release(base + "20260430")
+    assert (r.driver_branch, r.cuda, r.volta) == (595, "13.2", False)
+    assert catalog.dlami_release(base + "20250101") is None and catalog.dlami_release("my-image") is None
+    assert catalog.is_volta("p3.16xlarge") and catalog.is_volta("p3dn.24xlarge") and not catalog.is_volta("p4d.24xlarge")
+    assert [p.split("/")[6] for p in catalog.DLAMI_SSM_PARAMETERS] == [
+        "base-oss-nvidia-driver-gpu-ubuntu-22.04", "base-oss-nvidia-driver-ubuntu-22.04"]
+
+
+def _type(name, gpus=8, efa=True, cards=1, max_efa=1, rdma=False):
+    return aws.TypeInfo(name, gpus, efa, True, "test", "", vcpus=96, network_cards=cards, max_efa=max_efa, efa_rdma=rdma)
+
+
+def test_one_efa_interface_per_card_device_index_0_on_card_0_and_1_elsewhere():
+    from clusterctl.providers import aws_fabric as fabric
+
+    p4d = fabric.network_interfaces(_type("p4d.24xlarge", cards=4, max_efa=4), subnet="subnet-1",
+                                    security_group="sg-1", public=True)
+    assert p4d == [{"DeviceIndex": 0 if card == 0 else 1, "NetworkCardIndex": card, "InterfaceType": "efa",
+                    "DeleteOnTermination": True, "SubnetId": "subnet-1", "Groups": ["sg-1"]} for card in range(4)]
+    assert fabric.needs_elastic_ip(_type("p4d.24xlarge", cards=4, max_efa=4), private_ips=False)
+    assert not fabric.needs_elastic_ip(_type("p4d.24xlarge", cards=4, max_efa=4), private_ips=True)
+    p5 = fabric.network_interfaces(_type("p5.48xlarge", cards=32, max_efa=32), subnet=None, security_group=None, public=True)
+    assert len(p5) == 32 and [n["NetworkCardIndex"] for n in p5] == list(range(32))
+    capped = fabric.network_interfaces(_type("x.big", cards=4, max_efa=2), subnet=None, security_group=None, public=True)
+    assert len(capped) == 2  # no more EFA interfaces than the type takes
+    p3dn = fabric.network_interfaces(_type("p3dn.24xlarge"), subnet="s", security_group="g", public=True)
+    assert p3dn == [{"DeviceIndex": 0, "InterfaceType": "efa", "DeleteOnTermination": True, "SubnetId": "s",
+                     "Groups": ["g"], "AssociatePublicIpAddress": True}]
+    p3 = fabric.network_interfaces(_type("p3.16xlarge", efa=False, max_efa=0), subnet="s", security_group="g", public=False)
+    assert p3 == [{"DeviceIndex": 0, "DeleteOnTermination": True, "SubnetId": "s", "Groups": ["g"],
+                   "AssociatePublicIpAddress": False}]
+
+
+def test_vcpu_quota_classes():
+    assert catalog.vcpu_quota("p4d.24xlarge", False).code == "L-417A185B"
+    assert catalog.vcpu_quota("p3.16xlarge", True).code == "L-7212CCBC"
+    assert catalog.vcpu_quota("g4dn.12xlarge", False).code == "L-DB2E81BA"
+    assert catalog.vcpu_quota("vt1.3xlarge", False).code == "L-DB2E81BA"
+    assert catalog.vcpu_quota("m5.large", False).code == "L-1216C47A"
+    assert catalog.vcpu_quota("c5n.18xlarge", True).code == "L-34B43A08"
+    assert catalog.vcpu_quota("inf1.xlarge", False) is None and catalog.vcpu_quota("trn1.32xlarge", False) is None
+    assert catalog.vcpu_quota("x2idn.16xlarge", False) is None and catalog.vcpu_quota("f1.2xlarge", False) is None
+    assert catalog.efa_rdma("p4d.24xlarge") and catalog.efa_rdma("p5.48xlarge") and not catalog.efa_rdma("p3dn.24xlarge")
+
+
+def test_members_behind_the_leader_get_it_as_their_jump_host(tmp_path):
+    from clusterctl import provision
+    from clusterctl.state import StateStore
+    from clusterctl.transfer import operator_ssh
+
+    nodes = (Node("c-leader", "10.0.0.4", 8, "leader", "ubuntu", public_ip="198.18.0.9"),
+             Node("c-member-1", "10.0.0.5", 8, "member", "ubuntu"))
+    store = StateStore(tmp_path)
+    targets = provision.ssh_targets(Cluster("c", "aws", nodes, extra={"ssh_jump": "leader"}), store)
+    assert targets[0].proxy_jump is None and targets[0].hostname == "198.18.0.9"
+    assert targets[1].hostname == "10.0.0.5" and targets[1].proxy_jump == targets[0]
+    # every node with its own public address (or none has one): direct
+    direct = provision.ssh_targets(Cluster("c", "aws", (nodes[0], Node("m", "10.0.0.5", 8, "member", public_ip="198.18.0.10"))), store)
+    assert all(t.proxy_jump is None for t in direct)
+    private = provision.ssh_targets(Cluster("c", "aws", tuple(Node(n.name, n.private_ip, 8, n.role) for n in nodes)), store)
+    assert all(t.proxy_jump is None for t in private)
+    # the agent's wire format carries the jump host
+    from clusterctl import agent
+
+    assert agent.target_from_dict(json.loads(json.dumps(agent.target_to_dict(targets[1])))) == targets[1]
+    # OpenSSH: one config file gives both hops the key, the pinned known_hosts and StrictHostKeyChecking=yes
+    known = tmp_path / "known_hosts"
+    argv = operator_ssh(targets[1], str(known), managed=True)
+    config = argv[argv.index("-F") + 1]
+    assert argv[-2:] == ["-J", "ubuntu@198.18.0.9:22"] and "/dev/null" not in argv[:3]
+    text = Path(config).read_text()
+    assert f'UserKnownHostsFile "{known}"' in text and "StrictHostKeyChecking yes" in text
+    assert "GlobalKnownHostsFile /dev/null" in text and f'IdentityFile "{targets[0].identity_files[0]}"' in text
+    assert operator_ssh(targets[0], str(known), managed=True)[:3] == ["ssh", "-F", "/dev/null"]

@@ -65,8 +65,10 @@ def test_leader_command_golden():
     cmd = launch.leader_command(job, 4, ["/opt/v/bin/python", "/root/clusterctl-jobs/bench-x/bench_synthetic.py",
                                          "--model", "tiny"], "/opt/v/bin/python", {"TF_CPP_MIN_LOG_LEVEL": "2"})
     assert cmd == (
+        "L=; for d in /opt/amazon/efa/lib /opt/amazon/ofi-nccl/lib /usr/local/cuda/lib64; do "
+        "[ -d \"$d\" ] && L=\"${L:+$L:}$d\"; done; "
         "cd /root/clusterctl-jobs/bench-x && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
-        "PATH=/opt/v/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+        "PATH=/opt/v/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ${L:+LD_LIBRARY_PATH=\"$L\"} "
         "env TF_CPP_MIN_LOG_LEVEL=2 /opt/v/bin/python /root/clusterctl-jobs/bench-x/hvd_launch.py -np 4 "
         "--hostfile hosts --gloo --disable-cache --start-timeout 60 "
         "/opt/v/bin/python /root/clusterctl-jobs/bench-x/bench_synthetic.py --model tiny 2>&1"
@@ -76,9 +78,13 @@ def test_leader_command_golden():
 def test_job_env_carries_no_secret_and_sets_efa_where_present():
     from clusterctl.types import Cluster, Node
 
-    aws = Cluster("c", "aws", (Node("c-leader", "10.0.0.2", 8, "leader"),), extra={"efa": "true"})
+    aws = Cluster("c", "aws", (Node("c-leader", "10.0.0.2", 8, "leader"),), extra={"efa": "true", "efa_rdma": "true"})
     env = launch.job_env(aws, "/usr/bin/python3")
     assert env["FI_PROVIDER"] == "efa" and env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
+    assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"  # p4d/p5; p3dn's EFA has no device RDMA:
+    p3dn = Cluster("c", "aws", aws.nodes, extra={"efa": "true", "efa_rdma": "false"})
+    assert launch.job_env(p3dn, "/usr/bin/python3")["FI_PROVIDER"] == "efa"
+    assert "FI_EFA_USE_DEVICE_RDMA" not in launch.job_env(p3dn, "/usr/bin/python3")
     assert not [k for k in env if k.startswith("AWS_")]
     local = Cluster("l", "local", (Node("l-leader", "10.0.0.2", 2, "leader"),))
     assert "FI_PROVIDER" not in launch.job_env(local, "/usr/bin/python3")

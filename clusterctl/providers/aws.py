@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from clusterctl.errors import CapacityError, ClusterctlError, ConfigError, ProvisionError, WaitTimeout
 from clusterctl.providers import aws_catalog as catalog
+from clusterctl.providers import aws_fabric as fabric
 from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeStatus, Plan, Teardown
 from clusterctl.state import StateStore, atomic_write
 from clusterctl.types import Autostop, Cluster, ClusterSpec, Node
@@ -42,7 +43,7 @@ TAG_REGION = "clusterctl:region"
 TAG_OWNER = "clusterctl:owner"  # user@host that made it (shown by `gc`)
 IMAGE_USER_TAG = "clusterctl:ssh-user"  # an image may say which user logs in (custom AMIs)
 
-DEFAULT_AMI_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-ubuntu-22.04/latest/ami-id"
+DEFAULT_AMI_PARAMETER = catalog.DLAMI_SSM_PARAMETERS[0]
 DEFAULT_CIDR = "10.0.0.0/16"
 CHECKIP_URL = "https://checkip.amazonaws.com"
 IAM_PATH = "/clusterctl/"
@@ -91,7 +92,7 @@ IOPS_PER_GB = {"io2": 1000, "io1": 50, "gp3": 500}
 @dataclass(frozen=True)
 class AwsOptions:
     ami: str | None = None
-    ami_parameter: str = DEFAULT_AMI_PARAMETER
+    ami_parameter: str | None = None  # None: the DLAMI for the type's GPU generation (aws_catalog)
     ssh_user: str | None = None
     volume_size: int = 200
     volume_type: str = "io2"
@@ -211,6 +212,14 @@ class TypeInfo:
     cluster_placement: bool
     source: str  # "DescribeInstanceTypes" or "built-in table"
     gpu_model: str = ""
+    vcpus: int = 0  # 0: unknown
+    network_cards: int = 1
+    max_efa: int = 0  # EFA interfaces the type takes (0 without EFA)
+    efa_rdma: bool = False  # its EFA does device RDMA (aws_catalog.EFA_RDMA_FAMILIES)
+
+    @property
+    def volta(self) -> bool:
+        return bool(self.gpus) and catalog.is_volta(self.name, self.gpu_model)
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,15 @@ class Image:
     ssh_user: str
     root_device: str
     source: str
+    release: catalog.DlamiRelease | None = None  # the DLAMI table's row for it (driver branch, CUDA)
+
+    def describe(self) -> str:
+        """Name, driver branch and CUDA as the plan shows them."""
+        r = self.release
+        facts = (f"NVIDIA driver R{r.driver_branch} ({r.driver}), CUDA {r.cuda} (driver and CUDA from the DLAMI "
+                 f"table of {catalog.DLAMI_TABLE_DATE})" if r else "driver branch and CUDA not in clusterctl's DLAMI "
+                 f"table of {catalog.DLAMI_TABLE_DATE}")
+        return f"{self.id} {self.name}; {facts}"
 
 
 @dataclass(frozen=True)
@@ -488,28 +506,42 @@ class AwsProvider:
             if not gpus and catalog.gpus(instance_type):
                 gpus, model = catalog.gpus(instance_type) or 0, model
             strategies = t.get("PlacementGroupInfo", {}).get("SupportedStrategies", ["cluster"])
-            return TypeInfo(instance_type, gpus, bool(t.get("NetworkInfo", {}).get("EfaSupported", False)),
-                            "cluster" in strategies, "DescribeInstanceTypes", model)
+            net = t.get("NetworkInfo", {})
+            efa = bool(net.get("EfaSupported", False))
+            return TypeInfo(instance_type, gpus, efa, "cluster" in strategies, "DescribeInstanceTypes", model,
+                            vcpus=int(t.get("VCpuInfo", {}).get("DefaultVCpus", 0) or 0),
+                            network_cards=int(net.get("MaximumNetworkCards", 1) or 1),
+                            max_efa=int(net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 1 if efa else 0) or 0),
+                            efa_rdma=efa and catalog.efa_rdma(instance_type))
         gpus = catalog.gpus(instance_type)
         if gpus is None and catalog.instance_price(instance_type) is None:
             raise ConfigError(f"instance type {instance_type!r} is unknown in {self.region}",
                               "check the spelling, or pick a type offered in this region")
-        return TypeInfo(instance_type, gpus or 0, catalog.efa(instance_type), True, "built-in table")
+        efa = catalog.efa(instance_type)
+        return TypeInfo(instance_type, gpus or 0, efa, True, "built-in table", max_efa=1 if efa else 0,
+                        efa_rdma=efa and catalog.efa_rdma(instance_type))
 
-    def image(self, opts: AwsOptions) -> Image:
+    def image(self, opts: AwsOptions, info: TypeInfo | None = None) -> Image:
+        """--ami, else --ami-parameter, else by GPU generation: a Volta type gets the newest DLAMI release of
+        the table whose driver branch still drives Volta (found by name and owner), any other type the
+        current Base OSS Nvidia Driver DLAMI (SSM)."""
         from botocore.exceptions import ClientError
 
         if opts.ami:
             ami, source = opts.ami, "--ami"
+        elif opts.ami_parameter:
+            ami, source = self._ssm_image(opts.ami_parameter), f"SSM {opts.ami_parameter}"
+        elif info is not None and info.volta:
+            return self._volta_image(opts, info)
         else:
-            try:
-                ami = self._call("ssm", "get_parameter", Name=opts.ami_parameter)["Parameter"]["Value"]
-            except ClientError as exc:
-                if _code(exc) == "ParameterNotFound":
-                    raise ConfigError(f"SSM parameter {opts.ami_parameter} does not exist in {self.region}",
-                                      "pass --ami ami-..., or --ami-parameter with the image's public parameter") from None
-                raise self._error("ssm GetParameter", exc) from None
-            source = f"SSM {opts.ami_parameter}"
+            ami = source = ""
+            for i, name in enumerate(catalog.DLAMI_SSM_PARAMETERS):
+                try:
+                    ami, source = self._ssm_image(name), f"SSM {name}"
+                    break
+                except ConfigError:
+                    if i == len(catalog.DLAMI_SSM_PARAMETERS) - 1:
+                        raise
         try:
             images = self._call("ec2", "describe_images", ImageIds=[ami]).get("Images", [])
         except ClientError as exc:
@@ -519,12 +551,41 @@ class AwsProvider:
                 raise self._error("DescribeImages", exc) from None
         if not images:
             raise ConfigError(f"image {ami} ({source}) does not exist in {self.region}", "pass another --ami")
-        img = images[0]
+        return self._image_value(opts, images[0], source)
+
+    def _image_value(self, opts: AwsOptions, img: dict, source: str) -> Image:
+        ami = img["ImageId"]
         name = img.get("Name") or ami
         user = opts.ssh_user or ssh_user_for_image(name, _tagdict(img))
         if not user:
             raise ConfigError(f"cannot tell the login user of image {ami} ({name})", "pass --ssh-user")
-        return Image(ami, name, user, img.get("RootDeviceName") or "/dev/sda1", source)
+        return Image(ami, name, user, img.get("RootDeviceName") or "/dev/sda1", source, catalog.dlami_release(name))
+
+    def _ssm_image(self, parameter: str) -> str:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self._call("ssm", "get_parameter", Name=parameter)["Parameter"]["Value"]
+        except ClientError as exc:
+            if _code(exc) == "ParameterNotFound":
+                raise ConfigError(f"SSM parameter {parameter} does not exist in {self.region}",
+                                  "pass --ami ami-..., or --ami-parameter with the image's public parameter") from None
+            raise self._error("ssm GetParameter", exc) from None
+
+    def _volta_image(self, opts: AwsOptions, info: TypeInfo) -> Image:
+        rows = catalog.volta_releases()
+        images = self._api("ec2", "describe_images", Owners=[catalog.DLAMI_OWNER], Filters=[
+            {"Name": "name", "Values": [r.name_pattern for r in rows]},
+            {"Name": "architecture", "Values": ["x86_64"]}, {"Name": "state", "Values": ["available"]}]).get("Images", [])
+        images = [i for i in images if i.get("OwnerId", catalog.DLAMI_OWNER) == catalog.DLAMI_OWNER
+                  and (catalog.dlami_release(i.get("Name", "")) or rows[0]).volta]
+        if not images:
+            raise ConfigError(f"no Deep Learning AMI with an NVIDIA driver of R{catalog.VOLTA_LAST_BRANCH} or older "
+                              f"(the last for Volta) found in {self.region} for {info.name}",
+                              "pass --ami with an image whose driver drives V100 GPUs")
+        newest = max(images, key=lambda i: (i.get("CreationDate") or "", i.get("Name") or ""))
+        return self._image_value(opts, newest, f"DLAMI table: Volta ({info.gpu_model or 'V100'}) needs NVIDIA driver "
+                                 f"R{catalog.VOLTA_LAST_BRANCH} or older; newest such release of owner {catalog.DLAMI_OWNER}")
 
     def context(self, spec: ClusterSpec) -> _Context:
         if self._ctx is not None and self._ctx.spec == spec:
@@ -533,7 +594,7 @@ class AwsProvider:
         if spec.region:
             self._region = spec.region
         info = self.type_info(spec.instance_type)
-        image = self.image(opts)
+        image = self.image(opts, info)
         slots = spec.slots or info.gpus or 1
         ctx = _Context(spec, opts, self.region, info, image, slots,
                        catalog.price(spec.instance_type, opts.volume_type, opts.volume_size, opts.effective_iops))
@@ -550,7 +611,7 @@ class AwsProvider:
         gpu = (f"{t.gpus} GPU(s)" + (f" ({t.gpu_model})" if t.gpu_model else "") + " per node") if t.gpus else "no GPUs"
         lines.append(f"slots: {ctx.slots} per node, {ctx.slots * n} in all ({gpu}, from {t.source}"
                      + (", overridden by --slots" if spec.slots else "") + ")")
-        lines.append(f"image: {ctx.image.id} {ctx.image.name} (from {ctx.image.source}); login user {ctx.image.ssh_user}")
+        lines.append(f"image: {ctx.image.describe()} (from {ctx.image.source}); login user {ctx.image.ssh_user}")
         iops = o.effective_iops
         lines.append(f"disk: {o.volume_size} GB {o.volume_type}" + (f" at {iops} IOPS" if iops else "")
                      + ", encrypted, deleted with the node")
@@ -562,8 +623,7 @@ class AwsProvider:
             lines.append("WARNING: ssh is open to the whole internet (--ssh-cidr 0.0.0.0/0 was asked for)")
         if o.placement and t.cluster_placement:
             lines.append(f"placement group clusterctl-{spec.name} (cluster strategy)")
-        lines.append(f"network interface: {'EFA' if t.efa else 'ENA (no EFA on this type)'}; "
-                     + ("private addresses only" if o.private_ips else "a public address each for ssh"))
+        lines.append(self._plan_interfaces(ctx))
         lines.append(f"key pair clusterctl-{spec.name} (this machine's per-cluster key; private half stays here)")
         reads = ", ".join(o.s3_read) if o.s3_read else "no S3 access"
         lines.append(f"IAM instance profile {iam_name(spec.name, ctx.region)}: {reads}; no AWS keys on nodes")
@@ -575,6 +635,9 @@ class AwsProvider:
                                  f"use --nodes {len(existing)}, another --name, or bring it down first")
         if existing:
             lines.append(f"cluster {spec.name} already has {len(existing)} instance(s) in {ctx.region}: up reuses them")
+        else:  # before anything is created: a launch over a quota stops here (one Error: line)
+            for check in fabric.check_quotas(self, ctx):
+                lines.append(f"quota: {check.line()}")
         per_node = ctx.price.per_node
         hourly = None if per_node is None else per_node * n
         if per_node is None:
@@ -588,6 +651,22 @@ class AwsProvider:
                          f"prices of {catalog.PRICES_DATE}, other regions differ)")
         return Plan(tuple(lines), hourly, catalog.PRICES_DATE)
 
+    def _plan_interfaces(self, ctx: _Context) -> str:
+        t, o = ctx.type, ctx.opts
+        count = fabric.efa_count(t)
+        if not count:
+            nics = "network interface: ENA (no EFA on this type)"
+        else:
+            nics = (f"network interfaces: {count} EFA (one per network card" + (", device index 0 on card 0 and 1 on "
+                    "the others" if count > 1 else "") + "); " + ("RDMA on (FI_EFA_USE_DEVICE_RDMA=1)" if t.efa_rdma
+                                                              else "no device RDMA on this type"))
+        if o.private_ips:
+            return nics + "; private addresses only"
+        if fabric.needs_elastic_ip(t, o.private_ips):
+            return (nics + "; several interfaces get no automatic public address: the leader gets an Elastic IP "
+                    "(tagged, released by down), members are reached through the leader (ProxyJump, host keys pinned)")
+        return nics + "; a public address each for ssh"
+
     def _plan_network(self, ctx: _Context) -> str:
         o = ctx.opts
         if o.subnets or o.vpc:
@@ -597,8 +676,8 @@ class AwsProvider:
         vpc = self._find_one("describe_vpcs", "Vpcs", ctx.spec.name)
         zones = self._zones_for(ctx, [z for z in self._zones()])
         state = f"existing {vpc['VpcId']}" if vpc else "a new VPC"
-        return (f"network: {state} {o.cidr} with a subnet in each AZ; trying {', '.join(zones)} in that order "
-                "on insufficient capacity")
+        return (f"network: {state} {o.cidr} with a subnet in each AZ and an S3 gateway endpoint (free); trying "
+                f"{', '.join(zones)} in that order on insufficient capacity")
 
     def dry_run(self, spec: ClusterSpec) -> list[str]:
         """EC2's DryRun on the mutating calls that have it; nothing else that mutates is called."""
@@ -658,12 +737,24 @@ class AwsProvider:
             ids = self._run_with_fallback(ctx, net, sg, pg, key, profile, internal)
         instances = self._wait_running(ids)
         instances = self._name_instances(name, instances)
-        cluster = self._cluster(name, instances, extra={
-            "vpc": net.vpc, "security_group": sg, "placement_group": pg or "", "key_pair": key,
-            "instance_profile": profile, "image": ctx.image.id, "image_name": ctx.image.name,
-            "network_created": "yes" if net.created else "no", **_autostop_extra(spec),
-        })
-        return Launched(cluster, {})
+        extra = {"vpc": net.vpc, "security_group": sg, "placement_group": pg or "", "key_pair": key,
+                 "instance_profile": profile, "image": ctx.image.id, "image_name": ctx.image.name,
+                 "network_created": "yes" if net.created else "no", **self._fabric_extra(ctx), **_autostop_extra(spec)}
+        if fabric.needs_elastic_ip(ctx.type, ctx.opts.private_ips):
+            leader = _ordered(instances)[0]
+            address = fabric.ensure_elastic_ip(self, ctx, leader)
+            instances = [{**i, "PublicIpAddress": address} if i is leader else {**i, "PublicIpAddress": None}
+                         for i in instances]
+            extra.update({"elastic_ip": address, "ssh_jump": "leader"})
+        return Launched(self._cluster(name, instances, extra=extra), {})
+
+    @staticmethod
+    def _fabric_extra(ctx: _Context) -> dict[str, str]:
+        """What the launch needs to know of the node's fabric and image (launch.job_env, doctor)."""
+        t, r = ctx.type, ctx.image.release
+        return {"efa": "true" if fabric.efa_count(t) else "false", "efa_interfaces": str(fabric.efa_count(t)),
+                "efa_rdma": "true" if fabric.efa_count(t) and t.efa_rdma else "false", "gpus": str(t.gpus),
+                "driver_branch": str(r.driver_branch) if r else "", "cuda": r.cuda if r else ""}
 
     def _run_params(self, ctx: _Context, *, subnet: str | None, security_group: str | None, placement_group: str | None,
                     key_name: str | None, profile: str | None, token: str | None, internal_key: str) -> dict:
@@ -679,16 +770,10 @@ class AwsProvider:
                      {"ResourceType": "network-interface", "Tags": _tags(base_tags)}]
         if o.spot:
             tag_specs.append({"ResourceType": "spot-instances-request", "Tags": _tags(base_tags)})
-        nic: dict[str, Any] = {"DeviceIndex": 0, "DeleteOnTermination": True, "AssociatePublicIpAddress": not o.private_ips}
-        if subnet:
-            nic["SubnetId"] = subnet
-        if security_group:
-            nic["Groups"] = [security_group]
-        if ctx.type.efa:
-            nic["InterfaceType"] = "efa"
+        nics = fabric.network_interfaces(ctx.type, subnet=subnet, security_group=security_group, public=not o.private_ips)
         params: dict[str, Any] = {
             "ImageId": ctx.image.id, "InstanceType": spec.instance_type, "MinCount": spec.nodes, "MaxCount": spec.nodes,
-            "NetworkInterfaces": [nic],
+            "NetworkInterfaces": nics,
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             "BlockDeviceMappings": [{"DeviceName": ctx.image.root_device, "Ebs": ebs}],
             "InstanceInitiatedShutdownBehavior": "terminate",
@@ -794,7 +879,7 @@ class AwsProvider:
                                 for i in dead)
                 raise ProvisionError(f"instance(s) stopped while starting: {why}")
             ready = [i for i in found if i["State"]["Name"] == "running" and i.get("PrivateIpAddress")
-                     and (i.get("PublicIpAddress") or not self._wants_public())]
+                     and (i.get("PublicIpAddress") or not self._public_at_launch())]
             if len(ready) == len(ids):
                 return ready
             if time.monotonic() > deadline:
@@ -802,8 +887,11 @@ class AwsProvider:
                                   f"{self.wait_timeout:.0f}s", "see the EC2 console; `clusterctl down` removes them")
             time.sleep(self.poll_interval)
 
-    def _wants_public(self) -> bool:
-        return not (self._ctx and self._ctx.opts.private_ips)
+    def _public_at_launch(self) -> bool:
+        """EC2 gives each node a public address at launch: not with --private-ips, nor with several
+        interfaces (the leader's Elastic IP comes after)."""
+        ctx = self._ctx
+        return not (ctx and (ctx.opts.private_ips or fabric.interface_count(ctx.type) > 1))
 
     def _name_instances(self, name: str, instances: list[dict]) -> list[dict]:
         ordered = _ordered(instances)
@@ -900,6 +988,7 @@ class AwsProvider:
                                     {**base, "Name": f"clusterctl-{name}-{az}"})}])["Subnet"]
                 self.report(f"created subnet {sub['SubnetId']} ({blocks[index]}, {az})")
             subnets.append((sub["SubnetId"], az))
+        fabric.ensure_s3_endpoint(self, ctx, vpc_id)
         order = self._zones_for(ctx, [az for _, az in subnets])
         by_az = dict((az, s) for s, az in subnets)
         return Network(vpc_id, tuple((by_az[az], az) for az in order), True)
@@ -1123,12 +1212,10 @@ class AwsProvider:
         for inst in self._instances(None, LIVE_STATES):
             names.add(_tagdict(inst).get(TAG, ""))
         key_filter = [{"Name": "tag-key", "Values": [TAG]}]
-        for op, key in (("describe_vpcs", "Vpcs"), ("describe_security_groups", "SecurityGroups"),
-                        ("describe_key_pairs", "KeyPairs"), ("describe_placement_groups", "PlacementGroups"),
-                        ("describe_subnets", "Subnets"), ("describe_internet_gateways", "InternetGateways"),
-                        ("describe_volumes", "Volumes")):
+        for op, key, kind, _, _ in TAGGED_KINDS:
             for item in self._api("ec2", op, Filters=key_filter).get(key, []):
-                names.add(_tagdict(item).get(TAG, ""))
+                if not _gone(kind, item):
+                    names.add(_tagdict(item).get(TAG, ""))
         for prof in self._paginate("iam", "list_instance_profiles", "InstanceProfiles", PathPrefix=IAM_PATH):
             m = re.match(rf"^clusterctl-(.+)-{re.escape(self.region)}$", prof["InstanceProfileName"])
             if m:
@@ -1153,17 +1240,9 @@ class AwsProvider:
 
         for inst in _ordered(self._instances(None, LIVE_STATES)):
             add(inst, "instance", inst["InstanceId"], inst.get("LaunchTime"), inst["State"]["Name"])
-        for op, key_name, kind, id_key, time_key in (
-                ("describe_placement_groups", "PlacementGroups", "placement group", "GroupName", None),
-                ("describe_key_pairs", "KeyPairs", "key pair", "KeyName", "CreateTime"),
-                ("describe_security_groups", "SecurityGroups", "security group", "GroupId", None),
-                ("describe_network_interfaces", "NetworkInterfaces", "network interface", "NetworkInterfaceId", None),
-                ("describe_volumes", "Volumes", "volume", "VolumeId", "CreateTime"),
-                ("describe_subnets", "Subnets", "subnet", "SubnetId", None),
-                ("describe_internet_gateways", "InternetGateways", "internet gateway", "InternetGatewayId", None),
-                ("describe_vpcs", "Vpcs", "VPC", "VpcId", None)):
+        for op, key_name, kind, id_key, time_key in TAGGED_KINDS:
             for item in self._api("ec2", op, Filters=key).get(key_name, []):
-                if kind == "volume" and item.get("State") in ("deleted", "deleting"):
+                if _gone(kind, item):
                     continue
                 add(item, kind, item[id_key], item.get(time_key) if time_key else None,
                     item.get("State") or item.get("Status") or "")
@@ -1187,17 +1266,9 @@ class AwsProvider:
         found: list[Resource] = []
         for inst in _ordered(self._instances(name, LIVE_STATES)):
             found.append(Resource("instance", inst["InstanceId"], f"{_tagdict(inst).get('Name', '')}, {inst['State']['Name']}"))
-        for op, key, kind, id_key in (
-                ("describe_placement_groups", "PlacementGroups", "placement group", "GroupName"),
-                ("describe_key_pairs", "KeyPairs", "key pair", "KeyName"),
-                ("describe_security_groups", "SecurityGroups", "security group", "GroupId"),
-                ("describe_network_interfaces", "NetworkInterfaces", "network interface", "NetworkInterfaceId"),
-                ("describe_volumes", "Volumes", "volume", "VolumeId"),
-                ("describe_subnets", "Subnets", "subnet", "SubnetId"),
-                ("describe_internet_gateways", "InternetGateways", "internet gateway", "InternetGatewayId"),
-                ("describe_vpcs", "Vpcs", "VPC", "VpcId")):
+        for op, key, kind, id_key, _ in TAGGED_KINDS:
             for item in self._api("ec2", op, Filters=tag).get(key, []):
-                if kind == "volume" and item.get("State") == "deleted":
+                if _gone(kind, item):
                     continue
                 found.append(Resource(kind, item[id_key]))
         iname = iam_name(name, self.region)
@@ -1231,6 +1302,7 @@ class AwsProvider:
         def each(op: str, key: str, filters=tag) -> list[dict]:
             return self._api("ec2", op, Filters=filters).get(key, [])
 
+        removed += fabric.release_elastic_ips(self, name, deadline)
         for pg in each("describe_placement_groups", "PlacementGroups"):
             if self._delete(deadline, "ec2", "delete_placement_group", GroupName=pg["GroupName"]):
                 removed.append(f"placement group {pg['GroupName']}")
@@ -1244,6 +1316,9 @@ class AwsProvider:
         for vol in each("describe_volumes", "Volumes"):
             if vol.get("State") == "available" and self._delete(deadline, "ec2", "delete_volume", VolumeId=vol["VolumeId"]):
                 removed.append(f"volume {vol['VolumeId']}")
+        for ep in fabric.live_endpoints(each("describe_vpc_endpoints", "VpcEndpoints")):
+            if self._delete(deadline, "ec2", "delete_vpc_endpoints", VpcEndpointIds=[ep["VpcEndpointId"]]):
+                removed.append(f"S3 gateway endpoint {ep['VpcEndpointId']}")
         for sg in each("describe_security_groups", "SecurityGroups"):
             if self._delete(deadline, "ec2", "delete_security_group", GroupId=sg["GroupId"]):
                 removed.append(f"security group {sg['GroupId']}")
@@ -1328,6 +1403,29 @@ class AwsProvider:
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
+# Every kind of EC2 resource a cluster may own, found by its tag (instances and IAM apart): `down`, `gc`,
+# `ls` and the sweeps all read this one list. (describe op, response key, kind, id key, creation-time key)
+TAGGED_KINDS = (
+    ("describe_placement_groups", "PlacementGroups", "placement group", "GroupName", None),
+    ("describe_key_pairs", "KeyPairs", "key pair", "KeyName", "CreateTime"),
+    ("describe_addresses", "Addresses", "Elastic IP", "AllocationId", None),
+    ("describe_security_groups", "SecurityGroups", "security group", "GroupId", None),
+    ("describe_network_interfaces", "NetworkInterfaces", "network interface", "NetworkInterfaceId", None),
+    ("describe_volumes", "Volumes", "volume", "VolumeId", "CreateTime"),
+    ("describe_vpc_endpoints", "VpcEndpoints", "VPC endpoint", "VpcEndpointId", "CreationTimestamp"),
+    ("describe_subnets", "Subnets", "subnet", "SubnetId", None),
+    ("describe_internet_gateways", "InternetGateways", "internet gateway", "InternetGatewayId", None),
+    ("describe_vpcs", "Vpcs", "VPC", "VpcId", None),
+)
+
+
+def _gone(kind: str, item: Mapping) -> bool:
+    """Deleted things some describes still list for a while."""
+    state = str(item.get("State") or "").lower()
+    return (kind == "volume" and state in ("deleted", "deleting")) or (
+        kind == "VPC endpoint" and state in ("deleted", "deleting"))
+
+
 def _ordered(instances: list[dict]) -> list[dict]:
     """Leader first, then members: by the index tag when named, else by launch index, then id."""
     def key(i: dict):

@@ -113,3 +113,116 @@ def money(usd: float | None) -> str:
     if usd is None:
         return "unknown"
     return f"${usd:,.2f}"
+
+
+# ---- images: which Deep Learning AMI drives which GPU generation -------------------------------------
+# DescribeImages carries no driver field, so the driver branch and CUDA of each DLAMI release come from
+# AWS's release notes, kept here by name pattern (EC2 name filters: * and ? only). A Volta type (V100: p3,
+# p3dn) needs a driver branch of R580 or older: NVIDIA's R580 is the last branch that supports Volta, and
+# the Base OSS DLAMIs of 2026 ship R595. Checked on DLAMI_TABLE_DATE; add a row when AWS publishes one.
+DLAMI_TABLE_DATE = "2026-10-08"
+DLAMI_OWNER = "898082745236"  # amazon's Deep Learning AMI account (the owner of every DLAMI)
+DLAMI_SSM_PARAMETERS = (  # the Base OSS Nvidia Driver GPU DLAMI, x86_64, Ubuntu 22.04; first found wins
+    # "ami_type is the AMI's name without deep, learning and ami" (DLAMI guide, find-dlami-id): the release
+    # notes' spelling; the same guide's own example omits "gpu", so that spelling is tried second.
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-ubuntu-22.04/latest/ami-id",
+)
+VOLTA_LAST_BRANCH = 580
+VOLTA_FAMILIES = frozenset({"p3", "p3dn"})
+_BASE_OSS = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) "
+_NOTES = "https://docs.aws.amazon.com/dlami/latest/devguide/"
+
+
+@dataclass(frozen=True)
+class DlamiRelease:
+    name_pattern: str  # EC2 DescribeImages name filter
+    driver_branch: int  # NVIDIA driver branch, e.g. 580
+    driver: str  # the full driver version of the release notes
+    cuda: str  # the default CUDA of the image (others may sit beside it)
+    source: str  # the release note it was read from
+
+    @property
+    def volta(self) -> bool:
+        return self.driver_branch <= VOLTA_LAST_BRANCH
+
+
+# Newest first; the first pattern an image name matches describes it. The x86_64 rows were read from the
+# same-date Base OSS release notes of the family (x86_64 and ARM64 releases of one date carry one driver).
+DLAMI_RELEASES: tuple[DlamiRelease, ...] = (
+    DlamiRelease(_BASE_OSS + "20260[4-9]*", 595, "595.58.03-595.91.07", "13.2",
+                 _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2404-2026-04-30.html (595.58.03, CUDA 13.2)"),
+    DlamiRelease(_BASE_OSS + "20261*", 595, "595.91.07", "13.2",
+                 _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2026-10-08.html (595.91.07, CUDA 13.2)"),
+    DlamiRelease(_BASE_OSS + "202601*", 580, "580.105.08", "13.0",
+                 _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2026-01-08.html (580.105.08, CUDA 13.0)"),
+    DlamiRelease(_BASE_OSS + "202512*", 580, "580.105.08", "13.0",
+                 _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2404-2025-12-10.html (580.105.08, CUDA 13.0)"),
+    DlamiRelease(_BASE_OSS + "202510*", 580, "580.95.05", "12.9",
+                 _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2025-11-10.html (release 20251031: "
+                 "580.95.05, CUDA 12.9)"),
+)
+
+
+def dlami_release(image_name: str) -> DlamiRelease | None:
+    """The table's row for an image name (EC2's * and ? wildcards, plus [..] ranges), or None."""
+    import fnmatch
+
+    return next((r for r in DLAMI_RELEASES if fnmatch.fnmatchcase(image_name or "", r.name_pattern)), None)
+
+
+def volta_releases() -> tuple[DlamiRelease, ...]:
+    return tuple(r for r in DLAMI_RELEASES if r.volta)
+
+
+def family(instance_type: str) -> str:
+    return instance_type.split(".", 1)[0].lower()
+
+
+def is_volta(instance_type: str, gpu_model: str = "") -> bool:
+    return family(instance_type) in VOLTA_FAMILIES or "V100" in (gpu_model or "")
+
+
+# ---- EFA ------------------------------------------------------------------------------------------------
+# Types whose EFA does RDMA (device RDMA for NCCL's aws-ofi-nccl, FI_EFA_USE_DEVICE_RDMA=1). p3dn and the
+# g4dn/g5 EFA types have EFA without RDMA reads. DescribeInstanceTypes says nothing about it.
+EFA_RDMA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6-b300", "trn1", "trn1n", "trn2"})
+
+
+def efa_rdma(instance_type: str) -> bool:
+    return family(instance_type) in EFA_RDMA_FAMILIES
+
+
+# ---- quotas -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Quota:
+    code: str  # Service Quotas code (service "ec2")
+    name: str
+    unit: str  # "vCPUs" | "addresses"
+
+
+_STANDARD = "Standard (A, C, D, H, I, M, R, T, Z)"
+_VCPU_QUOTAS: dict[str, tuple[Quota, Quota]] = {  # letter class -> (on-demand, spot)
+    "p": (Quota("L-417A185B", "Running On-Demand P instances", "vCPUs"),
+          Quota("L-7212CCBC", "All P Spot Instance Requests", "vCPUs")),
+    "g": (Quota("L-DB2E81BA", "Running On-Demand G and VT instances", "vCPUs"),
+          Quota("L-3819A6DF", "All G and VT Spot Instance Requests", "vCPUs")),
+    "standard": (Quota("L-1216C47A", f"Running On-Demand {_STANDARD} instances", "vCPUs"),
+                 Quota("L-34B43A08", f"All {_STANDARD} Spot Instance Requests", "vCPUs")),
+}
+EIP_QUOTA = Quota("L-0263D0A3", "EC2-VPC Elastic IPs", "addresses")
+
+
+def vcpu_quota(instance_type: str, spot: bool) -> Quota | None:
+    """The regional vCPU quota a type counts against; None for classes not in the table (F, X, Inf, ...)."""
+    fam = family(instance_type)
+    letters = "".join(ch for ch in fam.split("-")[0] if ch.isalpha())[:3]
+    if fam.startswith("vt") or (fam[:1] == "g" and fam[1:2].isdigit()):
+        key = "g"
+    elif fam[:1] == "p" and fam[1:2].isdigit():
+        key = "p"
+    elif fam[:1] in "acdhimrtz" and not letters.startswith(("inf", "dl", "trn", "hpc")):  # own quotas
+        key = "standard"
+    else:
+        return None
+    return _VCPU_QUOTAS[key][1 if spot else 0]
