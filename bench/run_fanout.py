@@ -63,7 +63,8 @@ def bench(nodes: int, rounds: int, seq_rounds: int, work: Path) -> dict[str, lis
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     print(f"\n== {nodes} nodes: bringing up local cluster {name} ...", flush=True)
     start = time.monotonic()
-    sh([*CLUSTERCTL, "up", "--provider", "local", "--nodes", str(nodes), "--name", name, "--yes"], env=env, cwd=cwd)
+    sh([*CLUSTERCTL, "up", "--provider", "local", "--nodes", str(nodes), "--name", name, "--yes", "--runtime", "none"],
+       env=env, cwd=cwd)
     print(f"   up in {time.monotonic() - start:.1f}s", flush=True)
     try:
         state = home / "clusters" / name

@@ -57,7 +57,7 @@ class Bench:
     # ---- cluster and shaping --------------------------------------------------------------------------
     def up(self) -> None:
         sh(["clusterctl", "up", "--provider", "local", "--name", self.name, "--nodes", str(self.n), "--yes",
-            "--hosts-file", str(self.work / "hosts")], env=self.env)
+            "--runtime", "none", "--hosts-file", str(self.work / "hosts")], env=self.env)
         self.hosts = [line.split()[0] for line in (self.work / "hosts").read_text().splitlines()]
         cdir = self.home / "clusters" / self.name
         self.ssh = ["ssh", "-F", "/dev/null", "-i", str(cdir / "id_ed25519"), "-o", "IdentitiesOnly=yes",
@@ -187,7 +187,7 @@ class OwnCpu:
     ROOT = Path("/sys/fs/cgroup/cpuacct")
 
     def __init__(self):
-        self.path = self.ROOT / f"clusterctl-sync-bench-{os.getpid()}"
+        self.path = self.ROOT / f"clusterctl-bench-{os.getpid()}"
         self.ok = False
         try:
             self.path.mkdir()

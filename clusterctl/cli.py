@@ -137,8 +137,12 @@ def up(
     ssh_timeout: float = typer.Option(600.0, "--ssh-timeout", help="Seconds to wait for every node's ssh."),
     idle_stop: str = typer.Option("60m", "--idle-stop", help="Stop the cluster after this long with nothing busy (off: never)."),
     max_lifetime: Optional[str] = typer.Option(None, "--max-lifetime", help="Stop it this long after it was made, busy or not (e.g. 12h)."),
+    runtime: str = typer.Option("install", "--runtime", help="install: the node runtime (TensorFlow + Horovod) on every node; none: skip it."),
+    python: Optional[str] = typer.Option(None, "--python", help="Bring your own: this Python on the nodes runs the jobs (no runtime installed)."),
+    runtime_cache: Optional[str] = typer.Option(None, "--runtime-cache", help="AWS: s3://bucket/prefix where built runtimes are kept and reused."),
+    runtime_wheels: Optional[str] = typer.Option(None, "--runtime-wheels", help="AWS: a wheel mirror URL (every wheel the runtime needs) the leader installs from instead of PyPI."),
 ) -> None:
-    """Bring up identical nodes, keys pinned, hosts file written.
+    """Bring up identical nodes, keys pinned, runtime installed.
 
     One network, one zone, one placement group; safe to re-run and to interrupt.
     """
@@ -164,11 +168,13 @@ def up(
     spec = ClusterSpec(name=name, provider=provider, nodes=nodes, slots=slots,
                        instance_type=type_ if provider != "local" else "local", region=region or "", options=options,
                        autostop=stop_rules)
+    request = _runtime_request(runtime, python, runtime_cache, runtime_wheels, provider)
     impl = _provider(provider, store, region)
     plan = impl.plan(spec)
     for line in plan.lines:
         display.info(f"plan: {line}")
     display.info(f"plan: autostop: {autostop.describe(stop_rules)}")
+    display.info(f"plan: node runtime: {_runtime_line(request)}")
     if dry_run:
         for line in impl.dry_run(spec):
             display.info(f"dry run: {line}")
@@ -179,10 +185,46 @@ def up(
         _confirm(f"Launch {nodes} x {type_} at {cost}?", yes)
     start = time.monotonic()
     cluster = provision.up(spec, store, impl, hosts_out=hosts_file, report=lambda m: display.info(m),
-                           ssh_timeout=ssh_timeout)
+                           ssh_timeout=ssh_timeout, runtime=request,
+                           runtime_cache=_runtime_s3(request.cache, region) if request.cache else None)
     display.info(f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
                  f"in {time.monotonic() - start:.1f}s; hosts file: {hosts_file}")
     display.node_table(cluster)
+
+
+def _runtime_request(runtime: str, python: Optional[str], cache: Optional[str], wheels: Optional[str], provider: str):
+    from clusterctl.runtime.install import RuntimeRequest
+
+    if runtime not in ("install", "none"):
+        raise UsageError(f"unknown --runtime {runtime!r}", "use install or none")
+    if python is not None and runtime == "none":
+        raise UsageError("--python and --runtime none together", "give one of them")
+    if (cache or wheels) and provider != "aws":
+        raise UsageError("--runtime-cache and --runtime-wheels are for AWS clusters",
+                         "local clusters build the runtime once on this machine and cache it here")
+    if python is not None:
+        return RuntimeRequest("own", python=python)
+    return RuntimeRequest(runtime, cache=cache or "", wheels=wheels or "")  # type: ignore[arg-type]  # checked above
+
+
+def _runtime_line(request) -> str:
+    from clusterctl.runtime.spec import ROOT, RuntimeSpec
+
+    if request.mode == "none":
+        return "none (--runtime none): jobs need a Python with TensorFlow and Horovod on the nodes"
+    if request.mode == "own":
+        return f"your own Python {request.python} (`clusterctl doctor` checks it has TensorFlow and Horovod)"
+    s = RuntimeSpec()
+    where = f"; cache {request.cache}" if request.cache else ""
+    return f"TensorFlow {s.tensorflow} + Horovod {s.horovod} at {ROOT}/<id> on every node{where}"
+
+
+def _runtime_s3(url: str, region: Optional[str]):
+    import boto3
+
+    from clusterctl.runtime.install import S3Cache
+
+    return S3Cache(url, boto3.session.Session(region_name=region or None).client("s3"))
 
 
 @app.command()
@@ -945,7 +987,7 @@ def sync(
 
     A pipelined relay by default, a sha256 manifest checked on every node.
     """
-    from clusterctl import display, inventory, transfer
+    from clusterctl import display, inventory, launch, transfer
     from clusterctl.remote import SshPool
 
     if len(args) not in (2, 3):
@@ -966,7 +1008,8 @@ def sync(
     with SshPool(inv.settings) as pool, display.SyncProgress(labels) as events:
         syncer = transfer.Syncer(inv.targets, inv.hosts.hosts, inv.settings.known_hosts, pool, source, dst,
                                  strategy=strategy, fanout=fanout, delete=delete, endpoint_url=endpoint_url,
-                                 managed=inv.cluster is not None, events=events)
+                                 managed=inv.cluster is not None, events=events,
+                                 node_python=launch.node_python(inv.cluster))
         report = syncer.run()
     display.sync_table(report)
     err = report.error()

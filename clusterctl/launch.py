@@ -7,14 +7,14 @@
 Why this shape (shared/FACTS.md): horovodrun runs `cd <driver cwd>` and `env <driver env>` on every
 rank, so the cwd must exist everywhere and the environment must hold no secret; the remote ranks run
 the driver's Python path, so that path must exist on every node; launched from outside the nodes its
-rendezvous server binds an address the nodes may not reach.
+rendezvous server binds an address the nodes may not reach. The Python is the node runtime's
+(runtime/), the same absolute path on every node.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,11 +53,12 @@ def new_job(pool: SshPool, leader: SshTarget, prefix: str) -> Job:
 
 
 def node_python(cluster: Cluster | None) -> str:
-    """The Python every rank runs: the cluster's recorded one, or (local nodes share this machine's
-    file system) the interpreter running clusterctl."""
+    """The Python every rank runs: the cluster's recorded one (its node runtime, or the user's own
+    `up --python`), else the nodes' python3 (a plain hosts file; `--python` overrides). Never this
+    machine's interpreter: no node has its path."""
     if cluster is not None and cluster.extra.get("python"):
         return cluster.extra["python"]
-    return sys.executable
+    return "python3"
 
 
 def rung_hosts(hosts: HostsFile, np: int) -> HostsFile:
@@ -103,7 +104,7 @@ def leader_command(job: Job, np: int, script_argv: Sequence[str], python: str,
                                    start_timeout=start_timeout, horovodrun="@HOROVODRUN@")
     at = argv.index("@HOROVODRUN@")
     argv[at:at + 1] = [python, f"{job.dir}/hvd_launch.py"]
-    path = f"{os.path.dirname(python)}:{BASE_PATH}"
+    path = f"{os.path.dirname(python)}:{BASE_PATH}" if python.startswith("/") else BASE_PATH
     return (f"{LIB_PATH_SH} cd {shlex.quote(job.dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
             f"PATH={shlex.quote(path)} ${{L:+LD_LIBRARY_PATH=\"$L\"}} {shlex.join(argv)} 2>&1")
 

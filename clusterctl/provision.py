@@ -1,13 +1,15 @@
 """`up` and `down` as idempotent steps, the same for every provider after launch:
 
     keys -> launch (provider) -> wait for ssh -> pin host keys -> hand out the cluster key,
-    known_hosts and hosts file -> prove leader-to-member ssh -> write ./hosts and the record.
+    known_hosts and hosts file -> prove leader-to-member ssh -> GPUs -> the node runtime
+    (runtime/install.py) -> write ./hosts and the record.
 
 A failed or interrupted `up` removes what it created (found by tags/names) and says what it removed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import socket
 import threading
@@ -22,6 +24,8 @@ from clusterctl.errors import ClusterctlError, ProvisionError, UnreachableError,
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, Provider, Teardown
 from clusterctl.remote import SshPool, SshSettings, SshTarget
+from clusterctl.runtime.install import RuntimeRequest, S3Cache
+from clusterctl.runtime.install import install as install_runtime
 from clusterctl.state import Record, StateStore, atomic_write
 from clusterctl.types import Cluster, ClusterSpec
 
@@ -78,7 +82,8 @@ def ssh_settings(cluster: Cluster, store: StateStore, connect_timeout: float = 1
 
 # ---- up ---------------------------------------------------------------------------------------------
 def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: Path | None = Path("hosts"),
-       report: Report = lambda _: None, ssh_timeout: float = 300.0) -> Cluster:
+       report: Report = lambda _: None, ssh_timeout: float = 300.0, runtime: RuntimeRequest = RuntimeRequest("none"),
+       runtime_cache: S3Cache | None = None) -> Cluster:
     with store.lock(spec.name):
         if store.exists(spec.name):
             record = store.load(spec.name)
@@ -114,6 +119,10 @@ def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: P
                 report("the leader reaches every member over ssh with host keys checked")
                 for warning in check_gpus(cluster, pool, ssh_targets(cluster, store)):
                     report(f"warning: {warning}")
+                # The nodes' training environment; the record says which (launch.node_python reads it).
+                fields = install_runtime(cluster, pool, ssh_targets(cluster, store), hf.hosts, str(p.known_hosts),
+                                         runtime, report, s3=runtime_cache)
+            cluster = dataclasses.replace(cluster, extra={**cluster.extra, **fields})
             atomic_write(p.hosts, hf.render(), mode=0o644)
             if hosts_out is not None:
                 atomic_write(hosts_out, hf.render(), mode=0o644)

@@ -30,7 +30,6 @@ import posixpath
 import re
 import shlex
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -343,7 +342,7 @@ class Syncer:
         self.strategy, self.fanout, self.delete, self.endpoint_url = strategy, fanout, delete, endpoint_url
         self.known_hosts, self.managed = known_hosts, managed
         self.events = events or Events()
-        self.python = node_python or sys.executable
+        self.python = node_python or "python3"  # the record's runtime Python where the caller has one
         self.timeout = timeout
         self.token = uuid.uuid4().hex[:12]
         self.work = f"{WORK}/{self.token}"

@@ -35,6 +35,9 @@ rm -f "$OUT/runtime.json" "$OUT/runtime.tar.zst"
 
 PIPARGS=(--no-cache-dir --disable-pip-version-check --progress-bar off)
 [ -n "$LINKS" ] && PIPARGS+=(--find-links "$LINKS")
+case "$LINKS" in  # a plain-http mirror the user named explicitly (pip ignores it otherwise)
+  http://*) h=${LINKS#http://}; h=${h%%/*}; PIPARGS+=(--trusted-host "${h%%:*}") ;;
+esac
 [ "$NOINDEX" = 1 ] && PIPARGS+=(--no-index)
 # This machine's pip settings are not the runtime's: only the arguments above decide where wheels come from.
 for v in $(env | sed -n 's/^\(PIP_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done

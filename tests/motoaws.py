@@ -962,8 +962,10 @@ class AwsCli:
 
     def up_args(self, name: str, nodes: int = 2, *extra: str, image: str | None = None) -> list[str]:
         """`up` against moto with namespace-backed nodes: the test's CIDR and the root-login node image."""
+        # --runtime none unless a test asks (a later "--runtime install" in extra wins): building the node
+        # runtime on a namespace leader needs a wheel source it can reach (see test_runtime_aws.py).
         return ["up", "--name", name, "--nodes", str(nodes), "--type", "p3.16xlarge", "--cidr", str(self.aws.owned),
-                "--ami", image or self.aws.node_image, "--yes", *extra]
+                "--ami", image or self.aws.node_image, "--yes", "--runtime", "none", *extra]
 
 
 @pytest.fixture

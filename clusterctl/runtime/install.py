@@ -36,7 +36,7 @@ class RuntimeRequest:
     mode: Mode = "install"
     python: str = ""  # mode "own"
     cache: str = ""  # s3://bucket/prefix: AWS clusters fetch a built runtime from there, or put theirs there
-    wheels: str = ""  # a wheel folder URL the leader installs from (--find-links), e.g. a private mirror
+    wheels: str = ""  # a complete wheel folder URL the leader installs from instead of the index (--no-index)
 
     def __post_init__(self) -> None:
         if self.mode == "own" and not self.python.startswith("/"):
@@ -156,7 +156,8 @@ def _on_leader(pool: SshPool, targets: Sequence[SshTarget], rid: str, spec: rt.R
     put = pool.put_one(leader, {script: (resources.template_bytes("runtime_build.sh"), 0o700)})
     if not put.ok:
         raise UnreachableError(f"cannot reach the leader {leader.label}: {put.error}")
-    build = rt.Build(rid, spec, platform, out, find_links=request.wheels, no_index=False)
+    # A wheel mirror is used alone (air-gapped VPCs; install.sh's wheelhouse served over HTTP is one).
+    build = rt.Build(rid, spec, platform, out, find_links=request.wheels, no_index=bool(request.wheels))
     report(f"node runtime {rid}: building on the leader {leader.label}"
            + (f" with wheels from {request.wheels}" if request.wheels else " from the package index"))
 
@@ -166,8 +167,11 @@ def _on_leader(pool: SshPool, targets: Sequence[SshTarget], rid: str, spec: rt.R
 
     r = pool.run_one(leader, rt.shell(rt.build_argv(script, build)), timeout=BUILD_TIMEOUT_S, on_line=on_line)
     if not r.ok:
-        tail = " | ".join(r.stderr.strip().splitlines()[-3:]) or r.error or f"exit {r.exit_code}"
-        raise ProvisionError(f"building the node runtime on the leader failed: {tail}", "see the lines above")
+        lines = [line for line in r.stderr.strip().splitlines() if not line.startswith("runtime: ")]
+        for line in lines[-15:]:
+            report(f"  {leader.label}: {line}")
+        last = lines[-1] if lines else (r.error or f"exit {r.exit_code}")
+        raise ProvisionError(f"building the node runtime on the leader failed: {last}", "see the lines above")
     if s3 is not None:
         r = pool.run_one(leader, put_command(s3.put_urls(rid), out), timeout=BUILD_TIMEOUT_S)
         report(f"node runtime {rid}: " + (f"cached at {s3.url(rid)}" if r.ok else
