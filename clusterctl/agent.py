@@ -48,7 +48,7 @@ def _build_id() -> str:
     from clusterctl import __version__
 
     stamps = []
-    for name in ("agent.py", "remote.py", "types.py"):
+    for name in ("agent.py", "remote.py", "sshconfig.py", "types.py"):
         try:
             stamps.append(str((_HERE / name).stat().st_mtime_ns))
         except OSError:
@@ -96,12 +96,19 @@ def target_to_dict(t: SshTarget) -> dict:
         "label": t.label, "hostname": t.hostname, "port": t.port, "user": t.user,
         "identity_files": [os.path.abspath(os.path.expanduser(i)) for i in t.identity_files],
         "proxy_jump": target_to_dict(t.proxy_jump) if t.proxy_jump is not None else None,
+        # per host: its trusted key files and alias, and the ssh-agent of the command that asks (the
+        # agent process outlives shells: it never uses its own SSH_AUTH_SOCK)
+        "known_hosts": [os.path.abspath(os.path.expanduser(k)) for k in t.known_hosts],
+        "host_key_alias": t.host_key_alias, "identity_agent": t.identity_agent,
+        "identities_only": t.identities_only, "connect_timeout": t.connect_timeout, "ssh_config": t.ssh_config,
     }
 
 
 def target_from_dict(d: dict) -> SshTarget:
     return SshTarget(d["label"], d["hostname"], int(d["port"]), d["user"], tuple(d["identity_files"]),
-                     target_from_dict(d["proxy_jump"]) if d.get("proxy_jump") else None)
+                     target_from_dict(d["proxy_jump"]) if d.get("proxy_jump") else None,
+                     tuple(d.get("known_hosts") or ()), d.get("host_key_alias"), d.get("identity_agent"),
+                     bool(d.get("identities_only")), d.get("connect_timeout"), d.get("ssh_config"))
 
 
 def settings_to_dict(s: SshSettings) -> dict:
@@ -202,7 +209,8 @@ def _ensure(root: Path) -> socket.socket:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "clusterctl.agent", "--socket", str(path), "--idle", str(idle_timeout())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", start_new_session=True, close_fds=True,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                env={**{k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"},  # asked per request
+                     "PYTHONPATH": os.pathsep.join(
                     p for p in (str(_HERE.parent), os.environ.get("PYTHONPATH", "")) if p)},
             )
         finally:

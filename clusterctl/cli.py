@@ -616,7 +616,7 @@ def _ssh_opts():
         user=typer.Option(None, "--user", "-l", help="Login user."),
         identity=typer.Option([], "--identity", "-i", help="Private key file (repeatable)."),
         known_hosts=typer.Option(None, "--known-hosts", help="known_hosts file to trust."),
-        ssh_config=typer.Option(None, "--ssh-config", help="ssh config file (default ~/.ssh/config)."),
+        ssh_config=typer.Option(None, "--ssh-config", help="ssh config file (default ~/.ssh/config), read as OpenSSH does (ssh -G)."),
     )
 
 
@@ -630,9 +630,24 @@ def _inventory(hosts_path, cluster, parallel, connect_timeout, user, identity, k
         raise UsageError("--parallel must be at least 1")
     if connect_timeout <= 0:
         raise UsageError("--connect-timeout must be positive")
-    return inventory.resolve(hosts_path, cluster, _store(), inventory.SshOverrides(
-        user=user, identity=tuple(identity), known_hosts=known_hosts, ssh_config=ssh_config,
-        connect_timeout=connect_timeout))
+    return _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config, connect_timeout)
+
+
+def _resolve_hosts(hosts_path, cluster, user=None, identity=(), known_hosts=None, ssh_config=None,
+                   connect_timeout: float = 10.0, store=None):
+    """The inventory with the shared ssh options (flags win over the ssh config; a ConnectTimeout in the
+    config applies unless --connect-timeout was given)."""
+    import click
+
+    from clusterctl import display, inventory
+
+    ctx = click.get_current_context(silent=True)
+    given = True
+    if ctx is not None and "connect_timeout" in ctx.params:
+        given = ctx.get_parameter_source("connect_timeout") != click.core.ParameterSource.DEFAULT
+    return inventory.resolve(hosts_path, cluster, store or _store(), inventory.SshOverrides(
+        user=user, identity=tuple(identity or ()), known_hosts=known_hosts, ssh_config=ssh_config,
+        connect_timeout=connect_timeout, connect_timeout_given=given), warn=display.warn)
 
 
 def _fan_out(inv, cmd: str, parallel: int, timeout: float | None = None, live: bool = True):
@@ -886,6 +901,10 @@ def bench(
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds each rung may take."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     out: Path = typer.Option(Path("bench-results"), "--out", help="Folder for results.json, logs and scaling.png."),
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
 ) -> None:
     """Synthetic Horovod ladder: 1 GPU, 1 node, all; a verdict."""
     from clusterctl import bench as benchlib, display, inventory
@@ -896,7 +915,7 @@ def bench(
         raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
     if not 0 < threshold <= 1:
         raise UsageError(f"--threshold must be in (0, 1], not {threshold}")
-    inv = inventory.resolve(hostsfile, cluster, _store())
+    inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
     opts = benchlib.BenchOptions(model=model, batch_size=batch_size, steps=steps, warmup_steps=warmup,
                                  mixed_precision=mixed_precision, xla=xla, threshold=threshold, timeout=timeout)
@@ -935,6 +954,10 @@ def doctor(
     json_: bool = typer.Option(False, "--json", help="The report as JSON."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds the probe may take on each node."),
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
 ) -> None:
     """Preflight checks that silently ruin multi-node training.
 
@@ -945,7 +968,7 @@ def doctor(
     from clusterctl import display, doctor as doctorlib, inventory
 
     store = _store()
-    inv = inventory.resolve(hostsfile, cluster, store)
+    inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config, store=store)
     report = doctorlib.run(inv, python=python, timeout=timeout, cloud=_cloud_facts(inv.cluster, store))
     if json_:
         sys.stdout.write(jsonlib.dumps(report.to_dict()) + "\n")
@@ -982,6 +1005,10 @@ def sync(
     delete: bool = typer.Option(False, "--delete", help="Mirror: remove files on the nodes that SRC does not have."),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint the nodes use (e.g. a test server)."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
 ) -> None:
     """Put a dataset on every node: fast, verified, resumable.
 
@@ -999,7 +1026,7 @@ def sync(
         raise UsageError("--fanout must be at least 1")
     transfer.check_dst(dst)
     source = transfer.parse_source(src)
-    inv = inventory.resolve(hosts_path, cluster, _store(), inventory.SshOverrides(connect_timeout=connect_timeout))
+    inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config, connect_timeout)
     labels = [t.label for t in inv.targets]
     if plan:
         for line in transfer.render_plan(strategy, labels, source, fanout, labels[0] if labels else None):
@@ -1159,6 +1186,10 @@ def sweep(
     hostsfile: Optional[str] = typer.Option(None, "--hosts", help="A hosts file instead of a cluster."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     poll: float = typer.Option(1.0, "--poll", help="Seconds between the scheduler's rounds (and this watch's)."),
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
 ) -> None:
     """Parallel experiments: one trial per GPU, run detached.
 
@@ -1211,7 +1242,7 @@ def sweep(
         if len({n for n, _ in staged}) != len(staged):
             raise UsageError("--file: two files have the same name")
         sweeplib.build_trials(cmd or [], combos[:1], "python")  # a bad command template fails before connecting
-    inv = inventory.resolve(hostsfile, cluster, _store())
+    inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     py = sweeplib.python_for(inv.cluster, python)
     if not control:
         trials = sweeplib.build_trials(cmd or [], combos, py)
@@ -1366,6 +1397,10 @@ def train(
     stop: bool = typer.Option(False, "--stop", help="Stop the training job everywhere, and start nothing."),
     no_verify_data: bool = typer.Option(False, "--no-verify-data", help="Skip the check that `clusterctl sync` verified the data on every node."),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
 ) -> None:
     """Start training on the leader, in tmux.
 
@@ -1374,7 +1409,7 @@ def train(
     every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
     from clusterctl import display, train as trainlib
 
-    inv = _train_inventory(hostsfile, cluster)
+    inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     store = _store()
     if stop:
         job = trainlib.require_job(store, inv)
@@ -1464,6 +1499,10 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", help="The job's name (default: launch-<time>-<pid>)."),
     attach: bool = typer.Option(False, "--attach", help="Follow the job to its end (exit status: the job's)."),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
 ) -> None:
     """Run your own Horovod script: horovodrun on the leader, detached in tmux.
 
@@ -1480,7 +1519,7 @@ def launch(
 
         jobs.validate_job_name(name)
     userjob.check_np(np_, 1 << 30)  # the lower bound now; the slots once the hosts are known
-    inv = _train_inventory(hosts_path, cluster)
+    inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config)
     np_ = userjob.check_np(np_, inv.hosts.total_slots)
     job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)
     display.info(f"`{the_plan.command.python}` runs as the node runtime's Python on every node: {job.python}")

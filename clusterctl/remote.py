@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -53,6 +53,13 @@ class SshTarget:
     user: str = "root"
     identity_files: tuple[str, ...] = ()
     proxy_jump: "SshTarget | None" = None
+    # per host, from the user's ssh config (a plain hosts file); a cluster's targets leave them empty
+    known_hosts: tuple[str, ...] = ()  # the files trusted for this host (empty: SshSettings.known_hosts)
+    host_key_alias: str | None = None  # the name its key is pinned under
+    identity_agent: str | None = None  # the ssh-agent socket to ask (the caller's SSH_AUTH_SOCK or IdentityAgent)
+    identities_only: bool = False
+    connect_timeout: float | None = None  # ConnectTimeout from the config (the flag wins)
+    ssh_config: str | None = None  # the --ssh-config it was read from, for OpenSSH calls (-F)
 
 
 @dataclass(frozen=True)
@@ -73,42 +80,75 @@ def targets_from_hosts(
     port: int | None = None,
     identity: Sequence[str] = (),
     ssh_config: str | None = None,
+    known_hosts: str | None = None,
+    warnings: list[str] | None = None,
 ) -> list[SshTarget]:
-    """Targets for a plain hosts file, honouring ~/.ssh/config (Host aliases, User, Port, IdentityFile,
-    ProxyJump) the way `ssh HOST` would. Explicit flags win over the config."""
-    import paramiko
+    """Targets for a plain hosts file, resolved the way `ssh HOST` would (OpenSSH's own `ssh -G`: Include,
+    Match, HostName, User, Port, IdentityFile, IdentitiesOnly, IdentityAgent, UserKnownHostsFile,
+    GlobalKnownHostsFile, HostKeyAlias, ProxyJump, ConnectTimeout). Explicit flags win over the config.
+    A config that would lower host key checking is noted in `warnings` (it does not lower ours)."""
+    from clusterctl import sshconfig
+    from clusterctl.errors import ConfigError
 
-    path = Path(ssh_config).expanduser() if ssh_config else Path.home() / ".ssh" / "config"
-    cfg = paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
-
-    def resolve(spec: str, depth: int = 0) -> SshTarget:
+    def split(spec: str) -> tuple[str | None, str, int | None]:
         u, _, rest = spec.rpartition("@") if "@" in spec else (None, "", spec)
-        alias, _, p = rest.partition(":")
-        validate_host(alias, "host")
-        opts = cfg.lookup(alias)
-        if opts.get("proxycommand") and opts["proxycommand"].lower() != "none" and not opts.get("proxyjump"):
-            from clusterctl.errors import ConfigError
+        if rest.startswith("["):
+            alias, _, p = rest[1:].partition("]")
+            p = p[1:] if p.startswith(":") else ""
+        else:
+            alias, _, p = rest.partition(":") if rest.count(":") == 1 else (rest, "", "")
+        return u or None, alias, int(p) if p.isdigit() else None
 
+    lax: dict[str, list[str]] = {}
+
+    def build(alias: str, hc, depth: int, u: str | None, p: int | None) -> SshTarget:
+        if hc.proxy_command and not hc.proxy_jump:
             raise ConfigError(f"the ssh config of {alias} uses ProxyCommand, which clusterctl does not run "
                               "(it would dial the host directly instead)", "use ProxyJump, or a hosts file without it")
+        if hc.strict_host_key_checking in ("no", "accept-new", "off"):
+            lax.setdefault(hc.strict_host_key_checking, []).append(alias)
         jump = None
-        if opts.get("proxyjump") and opts["proxyjump"].lower() != "none" and depth < 5:
-            jump = resolve(opts["proxyjump"].split(",")[0].strip(), depth + 1)
-        ids = tuple(identity) or tuple(os.path.expanduser(i) for i in opts.get("identityfile", []) if os.path.exists(os.path.expanduser(i)))
-        # ssh's default keys, found here (not by whichever process ends up dialling: the agent may have
-        # another HOME), so the same run always offers the same keys
-        ids = ids or tuple(str(k) for k in (Path.home() / ".ssh" / n for n in ("id_ed25519", "id_ecdsa", "id_rsa"))
-                           if k.is_file())
+        if hc.proxy_jump and depth < 5:
+            # ProxyJump a,b: reach a (as its own config says), from a reach b, from b the host
+            for hop in (h.strip() for h in hc.proxy_jump.split(",")):
+                hu, halias, hp = split(hop)
+                validate_host(halias, "ProxyJump host")
+                (hhc,) = sshconfig.lookup([(halias, hu, hp)], ssh_config)
+                t = build(halias, hhc, depth + 1, hu, hp)
+                jump = t if jump is None else replace(t, proxy_jump=jump)
+        if identity:
+            ids = tuple(os.path.abspath(os.path.expanduser(i)) for i in identity)
+        else:  # what OpenSSH would offer: the files that exist (a .pub alone names an agent key)
+            ids = tuple(i for i in hc.identity_files if os.path.exists(i) or os.path.exists(i + ".pub"))
+        agent = os.environ.get("SSH_AUTH_SOCK") if hc.identity_agent == "SSH_AUTH_SOCK" else hc.identity_agent
+        kh = (os.path.abspath(os.path.expanduser(known_hosts)),) if known_hosts else \
+            tuple(f for f in hc.user_known_hosts + hc.global_known_hosts)
         return SshTarget(
             label=alias,
-            hostname=opts.get("hostname", alias),
-            port=int(p or (port if depth == 0 and port else None) or opts.get("port", 22)),
-            user=(u or (user if depth == 0 else None) or opts.get("user") or getpass.getuser()),
+            hostname=hc.hostname or alias,
+            port=int(p or (port if depth == 0 and port else None) or hc.port),
+            user=(u or (user if depth == 0 else None) or hc.user or getpass.getuser()),
             identity_files=ids,
             proxy_jump=jump,
+            known_hosts=kh,
+            host_key_alias=hc.host_key_alias,
+            identity_agent=agent or None,
+            identities_only=hc.identities_only,
+            connect_timeout=hc.connect_timeout,
+            ssh_config=os.path.abspath(os.path.expanduser(ssh_config)) if ssh_config else None,
         )
 
-    return [resolve(h) for h in hosts]
+    parsed = [split(h) for h in hosts]
+    for _, alias, _ in parsed:
+        validate_host(alias, "host")
+    configs = sshconfig.lookup([(alias, u if u else user, p or port) for u, alias, p in parsed], ssh_config)
+    targets = [build(alias, hc, 0, u, p) for (u, alias, p), hc in zip(parsed, configs)]
+    if warnings is not None:
+        for value, names in lax.items():
+            shown = ", ".join(dict.fromkeys(names[:3])) + (" ..." if len(set(names)) > 3 else "")
+            warnings.append(f"the ssh config sets StrictHostKeyChecking {value} for {shown}: clusterctl still "
+                            "refuses unknown and changed host keys")
+    return targets
 
 
 # ---- the remote wrapper ----------------------------------------------------------------------------
@@ -188,8 +228,7 @@ class SshPool:
 
     @staticmethod
     def _key(target: SshTarget) -> tuple:
-        jump = SshPool._key(target.proxy_jump) if target.proxy_jump is not None else None
-        return (target.hostname, target.port, target.user, target.identity_files, jump)
+        return (replace(target, label=""),)  # everything but the label decides the connection
 
     def client(self, target: SshTarget):
         key = self._key(target)
@@ -225,22 +264,19 @@ class SshPool:
     def recheck_host_keys(self) -> int:
         """Drop cached connections whose server key is no longer the one pinned in known_hosts (or whose
         transport died). Returns how many were dropped. Cheap: one read of the file."""
-        import paramiko
-
-        try:
-            pinned = paramiko.HostKeys(self.settings.known_hosts)
-        except (OSError, IOError):
-            pinned = paramiko.HostKeys()
+        files: dict[tuple[str, ...], object] = {}
         dropped = []
         with self._lock:
             for key, c in list(self._clients.items()):
-                hostname, port = key[0], key[1]
+                target = key[0]
+                kh = target.known_hosts or (self.settings.known_hosts,)
+                if kh not in files:
+                    files[kh] = _host_keys(kh)
                 t = c.get_transport()
-                name = hostname if port == 22 else f"[{hostname}]:{port}"
                 ok = False
                 if t is not None and t.is_active():
                     server = t.get_remote_server_key()
-                    want = pinned.lookup(name)
+                    want = files[kh].lookup(_pinned_name(target))
                     ok = want is not None and want.get(server.get_name()) == server
                 if not ok:
                     dropped.append(self._clients.pop(key))
@@ -252,9 +288,7 @@ class SshPool:
         return len(dropped)
 
     def _connect(self, target: SshTarget):
-        import paramiko
-
-        ct = self.settings.connect_timeout
+        ct = target.connect_timeout or self.settings.connect_timeout  # ConnectTimeout, unless --connect-timeout
         if target.proxy_jump is not None:
             try:
                 jump = self.client(target.proxy_jump)
@@ -265,29 +299,56 @@ class SshPool:
             )
         else:
             sock = _dial(target.hostname, target.port, ct)
-        client = paramiko.SSHClient()
-        if os.path.exists(self.settings.known_hosts):
-            client.load_host_keys(self.settings.known_hosts)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
-            client.connect(
-                target.hostname,
-                port=target.port,
-                username=target.user,
-                key_filename=list(target.identity_files) or None,
-                timeout=ct,
-                banner_timeout=ct,
-                auth_timeout=ct,
-                channel_timeout=ct,
-                allow_agent=self.settings.allow_agent,
-                look_for_keys=not target.identity_files,
-                sock=sock,
-            )
+            return self._handshake(target, sock, ct)
         except BaseException:
-            client.close()
             sock.close()
             raise
-        return client
+
+    def _handshake(self, target: SshTarget, sock, ct: float):
+        """Transport, host key against the target's pinned files (under its HostKeyAlias, if any), then
+        public keys in OpenSSH's order: agent keys only when this pool may use an agent."""
+        import paramiko
+
+        from clusterctl import sshconfig
+
+        transport = paramiko.Transport(sock)
+        client = paramiko.SSHClient()
+        client._transport = transport  # noqa: SLF001  (callers use get_transport/open_sftp/close)
+        try:
+            transport.banner_timeout = ct
+            transport.auth_timeout = ct
+            transport.handshake_timeout = ct
+            transport.start_client(timeout=ct)
+            server = transport.get_remote_server_key()
+            pinned = _host_keys(target.known_hosts or (self.settings.known_hosts,))
+            name = _pinned_name(target)
+            want = pinned.lookup(name)
+            if want is None:
+                raise paramiko.SSHException(f"Server {name!r} not found in known_hosts")
+            if want.get(server.get_name()) != server:
+                raise paramiko.BadHostKeyException(name, server, next(iter(want.values())))
+            agent = target.identity_agent if self.settings.allow_agent else None
+            keys, locked, conn = sshconfig.candidate_keys(
+                target.identity_files, target.identities_only or not self.settings.allow_agent, agent)
+            try:
+                last: Exception | None = None
+                for key in keys:
+                    try:
+                        transport.auth_publickey(target.user, key)
+                        if transport.is_authenticated():
+                            return client
+                    except paramiko.AuthenticationException as exc:
+                        last = exc
+                if locked:
+                    raise sshconfig.PassphraseKey(locked[0])
+                raise last or paramiko.AuthenticationException("no key to offer")
+            finally:
+                if conn is not None:
+                    conn._close()  # noqa: SLF001  (AgentSSH has no public close)
+        except BaseException:
+            client.close()
+            raise
 
     # ---- one host ----------------------------------------------------------------------------------
     def run_one(self, target: SshTarget, command: str, timeout: float | None = None,
@@ -523,6 +584,25 @@ def _sftp_makedirs(sftp, path: str) -> None:
             sftp.mkdir(current, mode=0o700)
 
 
+def _pinned_name(target: SshTarget) -> str:
+    """The known_hosts name OpenSSH looks a host's key up by: its HostKeyAlias as is, else [host]:port."""
+    if target.host_key_alias:
+        return target.host_key_alias
+    return target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}"
+
+
+def _host_keys(files: Sequence[str]):
+    import paramiko
+
+    keys = paramiko.HostKeys()
+    for f in files:
+        try:
+            keys.load(os.path.expanduser(f))
+        except (OSError, IOError):
+            pass
+    return keys
+
+
 class JumpHostError(Exception):
     """The ProxyJump host of a target could not be reached."""
 
@@ -535,6 +615,10 @@ def describe_connect_error(target: SshTarget, exc: BaseException) -> str:
     """One line saying why a host could not be reached, and what to do about host keys."""
     import paramiko
 
+    from clusterctl.sshconfig import PassphraseKey
+
+    if isinstance(exc, PassphraseKey):
+        return f"authentication failed for {target.user}@{target.hostname}:{target.port}: {exc}"
     if isinstance(exc, JumpHostError):
         return f"through jump host {exc.jump.label}: {describe_connect_error(exc.jump, exc.cause)}"
     where = f"{target.hostname}:{target.port}"

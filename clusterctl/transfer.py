@@ -267,8 +267,14 @@ def operator_ssh(target: SshTarget, known_hosts: str, managed: bool) -> list[str
         argv += ["-F", "/dev/null", "-o", "IdentitiesOnly=yes"]
         for key in target.identity_files:
             argv += ["-i", key]
-    else:
+    else:  # a plain hosts file: the user's config (-F when --ssh-config named one), the files it pins keys in
+        if target.ssh_config:
+            argv += ["-F", target.ssh_config]
         argv += [f"-i{k}" for k in target.identity_files]
+        if target.known_hosts:  # OpenSSH takes a list here; the first -o wins over the config
+            known_hosts = " ".join(shlex.quote(k) if " " in k else k for k in target.known_hosts)
+        if target.host_key_alias:
+            argv += ["-o", f"HostKeyAlias={target.host_key_alias}"]
     argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null", *HOP_OPTIONS,
              "-p", str(target.port), "-l", target.user]
     if target.proxy_jump is not None:

@@ -1,0 +1,308 @@
+"""A plain hosts file is reached the way OpenSSH reaches it: OpenSSH itself is the judge.
+
+Configs with Include (config.d/*), Match, per-host UserKnownHostsFile, HostKeyAlias, ProxyJump, a
+non-default port and a passphrase-protected key that only a real ssh-agent (started here) serves, against
+real sshd namespace nodes: `clusterctl run --ssh-config CFG` must reach the hosts, users and keys that
+`ssh -G -F CFG HOST` resolves, and land where `ssh -F CFG HOST` lands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+PASSPHRASE = "correct horse battery staple"
+
+
+@pytest.fixture(scope="module")
+def c(module_cluster_factory):
+    return module_cluster_factory(3, 1)
+
+
+@pytest.fixture(scope="module")
+def forward(c):
+    """127.0.0.1:PORT -> member 2's sshd: a host on a non-default port."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    stop = threading.Event()
+
+    def pipe(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def serve():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except (socket.timeout, OSError):
+                continue
+            up = socket.create_connection((c.hosts[2], 22), timeout=5)
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    stop.set()
+    t.join(5)
+    srv.close()
+
+
+def _start_agent(d: Path, name: str) -> tuple[subprocess.Popen, str]:
+    sock = str(d / f"{name}.sock")
+    proc = subprocess.Popen(["ssh-agent", "-D", "-a", sock], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        if os.path.exists(sock):
+            break
+        time.sleep(0.05)
+    assert os.path.exists(sock), "ssh-agent did not start"
+    return proc, sock
+
+
+def _ssh_add(key: Path, sock: str, d: Path) -> None:
+    askpass = d / "askpass.sh"
+    askpass.write_text(f"#!/bin/sh\necho {shlex.quote(PASSPHRASE)}\n")
+    askpass.chmod(0o700)
+    env = {**os.environ, "SSH_AUTH_SOCK": sock, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force",
+           "DISPLAY": ":0"}
+    proc = subprocess.run(["ssh-add", str(key)], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def setup(c, forward, tmp_path_factory):
+    """A config folder: config (Include config.d/*), per-host known_hosts files, an agent-only key."""
+    d = tmp_path_factory.mktemp("sshcfg")
+    (d / "config.d").mkdir()
+    key = d / "agentkey"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", PASSPHRASE, "-C", "agent-only", "-f", str(key)],
+                   check=True)
+    pub = (d / "agentkey.pub").read_text().strip()
+    # only this key will be offered: the nodes accept it (the cluster key is in no config here)
+    ok = c.cli("run", "hosts", f"echo {shlex.quote(pub)} >> ~/.ssh/authorized_keys")
+    assert ok.returncode == 0, ok.stderr
+    agent, sock = _start_agent(d, "agent-a")
+    _ssh_add(key, sock, d)
+
+    pinned = {line.split()[0]: line.split(None, 1)[1]
+              for line in (c.cli.home / "clusters" / c.name / "known_hosts").read_text().splitlines() if line.strip()}
+    (d / "kh_leader").write_text(f"{c.hosts[0]} {pinned[c.hosts[0]]}\n")  # the leader only, by address
+    (d / "kh_alias").write_text(f"node-one {pinned[c.hosts[1]]}\n")  # member 1 only under its HostKeyAlias
+    (d / "kh_fwd").write_text(f"[127.0.0.1]:{forward} {pinned[c.hosts[2]]}\n")  # member 2 at the forward port
+    (d / "kh_m2").write_text(f"{c.hosts[2]} {pinned[c.hosts[2]]}\n")
+    (d / "config").write_text(f"""\
+Include {d}/config.d/*
+
+Match originalhost jumped
+    HostName {c.hosts[2]}
+    ProxyJump lead
+    UserKnownHostsFile {d}/kh_m2
+
+Host *
+    User root
+    IdentityFile {key}.pub
+    IdentitiesOnly yes
+    GlobalKnownHostsFile /dev/null
+    BatchMode yes
+""")
+    (d / "config.d" / "10-nodes").write_text(f"""\
+Host lead
+    HostName {c.hosts[0]}
+    UserKnownHostsFile {d}/kh_leader
+Host one
+    HostName {c.hosts[1]}
+    HostKeyAlias node-one
+    UserKnownHostsFile {d}/kh_alias
+Host fwd
+    HostName 127.0.0.1
+    Port {forward}
+    UserKnownHostsFile {d}/kh_fwd
+""")
+    (c.cli.cwd / "aliases").write_text("lead\none\nfwd\njumped\n")
+    yield d, sock
+    agent.send_signal(signal.SIGTERM)  # the agent this test started, by its own handle
+    agent.wait(10)
+
+
+PROBE = 'echo "$SSH_CONNECTION"; hostname; whoami; echo "${SSH_AUTH_SOCK:-no-agent-forwarded}"'
+
+
+def _ssh_g(cfg: Path, host: str) -> dict:
+    out = subprocess.run(["ssh", "-G", "-F", str(cfg), host], capture_output=True, text=True, check=True).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def _ssh_g_all(cfg: Path, host: str, name: str) -> list[str]:
+    out = subprocess.run(["ssh", "-G", "-F", str(cfg), host], capture_output=True, text=True, check=True).stdout
+    return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(name + " ")]
+
+
+def test_clusterctl_reaches_what_openssh_resolves_and_reaches(c, setup):
+    from clusterctl import sshconfig
+
+    d, sock = setup
+    cfg = d / "config"
+    env = {"SSH_AUTH_SOCK": sock}
+    proc = c.cli("run", "--json", "--ssh-config", str(cfg), "aliases", PROBE, env=env)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["host"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert list(rows) == ["lead", "one", "fwd", "jumped"]
+    resolved = sshconfig.lookup([(h, None, None) for h in rows], str(cfg))
+    for alias, hc in zip(rows, resolved):
+        g = _ssh_g(cfg, alias)
+        # what clusterctl read is what OpenSSH resolves (Include, Match, ports, files, alias)
+        assert (hc.hostname, hc.user, str(hc.port)) == (g["hostname"], g["user"], g["port"])
+        assert hc.user_known_hosts == tuple(g["userknownhostsfile"].split())
+        assert hc.host_key_alias == g.get("hostkeyalias")
+        assert hc.proxy_jump == g.get("proxyjump")
+        assert hc.identity_files == tuple(os.path.expanduser(p) for p in _ssh_g_all(cfg, alias, "identityfile"))
+        assert hc.identities_only and g["identitiesonly"] == "yes"
+        # and where OpenSSH lands, clusterctl lands: same server address and port, same client side, same node/user
+        real = subprocess.run(["ssh", "-F", str(cfg), alias, PROBE], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "SSH_AUTH_SOCK": sock}, stdin=subprocess.DEVNULL)
+        assert real.returncode == 0, (alias, real.stderr)
+        ours, theirs = rows[alias]["stdout"].splitlines(), real.stdout.splitlines()
+        assert ours[0].split()[0] == theirs[0].split()[0] and ours[0].split()[2:] == theirs[0].split()[2:], alias
+        assert ours[1:] == theirs[1:], alias
+        assert ours[3] == "no-agent-forwarded"
+    assert rows["jumped"]["stdout"].split()[0] == c.hosts[0]  # arrived through the leader
+    assert rows["fwd"]["stdout"].splitlines()[1] == f"{c.name}-member-2"
+    assert rows["one"]["stdout"].splitlines()[1] == f"{c.name}-member-1"
+
+
+def test_the_agent_of_each_invocation_is_asked(c, setup, tmp_path):
+    d, sock = setup
+    cfg = d / "config"
+    (c.cli.cwd / "lead-only").write_text("lead\n")
+    ok = c.cli("run", "--ssh-config", str(cfg), "lead-only", "true", env={"SSH_AUTH_SOCK": sock})
+    assert ok.returncode == 0, ok.stderr
+    # the connection agent (started above with agent A) must not lend agent A to a shell without one
+    proc = c.cli("run", "--ssh-config", str(cfg), "lead-only", "true", env={"SSH_AUTH_SOCK": ""})
+    assert proc.returncode == 5
+    assert f"{d}/agentkey is passphrase-protected: add it to ssh-agent" in proc.stderr
+    assert proc.stderr.count("Traceback") == 0
+    # a second agent of another shell holding the same key: asked, though the connection agent started under A
+    other, sock_b = _start_agent(tmp_path, "agent-b")
+    try:
+        _ssh_add(d / "agentkey", sock_b, tmp_path)
+        ok = c.cli("run", "--ssh-config", str(cfg), "lead-only", "hostname", env={"SSH_AUTH_SOCK": sock_b})
+        assert ok.returncode == 0, ok.stderr
+        assert f"lead: {c.name}-leader" in ok.stdout
+        # IdentityAgent in the config names the agent, whatever SSH_AUTH_SOCK says
+        named = tmp_path / "named"
+        named.write_text(f"Host lead\n    IdentityAgent {sock_b}\nInclude {cfg}\n")
+        ok = c.cli("run", "--ssh-config", str(named), "lead-only", "whoami", env={"SSH_AUTH_SOCK": ""})
+        assert ok.returncode == 0, ok.stderr
+    finally:
+        other.send_signal(signal.SIGTERM)
+        other.wait(10)
+
+
+def test_known_hosts_are_per_host_and_alias_pinned(c, setup, tmp_path):
+    d, sock = setup
+    # `one` pinned only under its HostKeyAlias: the file of `lead` does not make it trusted, nor the reverse
+    cfg = tmp_path / "swapped"
+    text = (d / "config.d" / "10-nodes").read_text()
+    cfg.write_text(text.replace(f"{d}/kh_alias", f"{d}/kh_leader") + (d / "config").read_text().split("\n", 1)[1])
+    (c.cli.cwd / "one-only").write_text("one\n")
+    proc = c.cli("run", "--ssh-config", str(cfg), "one-only", "true", env={"SSH_AUTH_SOCK": sock})
+    assert proc.returncode == 5
+    assert f"host key for {c.hosts[1]}:22 is not pinned in known_hosts: refusing to connect" in proc.stderr
+    # the alias pinned with another host's key: a CHANGED key, refused
+    wrong = tmp_path / "kh_wrong"
+    wrong.write_text("node-one " + (d / "kh_leader").read_text().split(None, 1)[1])
+    cfg.write_text(text.replace(f"{d}/kh_alias", str(wrong)) + (d / "config").read_text().split("\n", 1)[1])
+    proc = c.cli("run", "--ssh-config", str(cfg), "one-only", "true", env={"SSH_AUTH_SOCK": sock})
+    assert proc.returncode == 5 and "has CHANGED" in proc.stderr
+    # --known-hosts wins over the config's files
+    flag = c.cli("run", "--ssh-config", str(d / "config"), "--known-hosts", str(d / "kh_leader"), "one-only", "true",
+                 env={"SSH_AUTH_SOCK": sock})
+    assert flag.returncode == 5 and "is not pinned in known_hosts" in flag.stderr
+
+
+def test_lax_host_key_checking_in_the_config_is_said_once_and_not_followed(c, setup, tmp_path):
+    d, sock = setup
+    cfg = tmp_path / "lax"
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    cfg.write_text(f"Host *\n    StrictHostKeyChecking no\n    UserKnownHostsFile {empty}\n"
+                   f"    IdentityFile {d}/agentkey.pub\n    User root\n    GlobalKnownHostsFile /dev/null\n")
+    proc = c.cli("run", "--ssh-config", str(cfg), "hosts", "true", env={"SSH_AUTH_SOCK": sock})
+    assert proc.returncode == 5
+    assert proc.stderr.count("StrictHostKeyChecking no") == 1
+    assert "clusterctl still refuses unknown and changed host keys" in proc.stderr
+    assert proc.stderr.count("is not pinned in known_hosts: refusing to connect") == 3
+    assert empty.read_text() == ""
+
+
+def test_an_edit_of_an_included_file_is_seen(c, setup, tmp_path):
+    d, sock = setup
+    cfg = tmp_path / "config"
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    cfg.write_text(f"Include {inc}/*\n" + (d / "config").read_text().split("\n", 1)[1])
+    (inc / "a").write_text(f"Host moving\n    HostName {c.hosts[0]}\n    UserKnownHostsFile {d}/kh_leader\n")
+    (c.cli.cwd / "moving").write_text("moving\n")
+    first = c.cli("run", "--ssh-config", str(cfg), "moving", "hostname", env={"SSH_AUTH_SOCK": sock})
+    assert first.returncode == 0 and f"moving: {c.name}-leader" in first.stdout, first.stderr
+    (inc / "a").write_text(f"Host moving\n    HostName {c.hosts[1]}\n    HostKeyAlias node-one\n"
+                           f"    UserKnownHostsFile {d}/kh_alias\n")
+    moved = c.cli("run", "--ssh-config", str(cfg), "moving", "hostname", env={"SSH_AUTH_SOCK": sock})
+    assert moved.returncode == 0 and f"moving: {c.name}-member-1" in moved.stdout, moved.stderr
+    # a new file that the glob now matches, read before the old one (a first match wins in ssh_config)
+    # (the alias of file a would still apply, as in OpenSSH: this file sets its own)
+    (tmp_path / "kh_two").write_text("member-two " + (d / "kh_m2").read_text().split(None, 1)[1])
+    (inc / "0-new").write_text(f"Host moving\n    HostName {c.hosts[2]}\n    HostKeyAlias member-two\n"
+                               f"    UserKnownHostsFile {tmp_path}/kh_two\n")
+    again = c.cli("run", "--ssh-config", str(cfg), "moving", "hostname", env={"SSH_AUTH_SOCK": sock})
+    assert again.returncode == 0 and f"moving: {c.name}-member-2" in again.stdout, again.stderr
+
+
+def test_sync_takes_the_ssh_options_and_openssh_reads_the_config(c, setup, tmp_path):
+    d, sock = setup
+    src = tmp_path / "data"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(4096))
+    (c.cli.cwd / "two").write_text("lead\none\n")
+    proc = c.cli("sync", "--ssh-config", str(d / "config"), "two", str(src), "/tmp/ssh-config-sync",
+                 env={"SSH_AUTH_SOCK": sock}, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for i in (0, 1):
+        got = c.node_exec(i, "sha256sum", "/tmp/ssh-config-sync/a.bin").stdout.split()[0]
+        assert got == subprocess.run(["sha256sum", str(src / "a.bin")], capture_output=True, text=True).stdout.split()[0]
+
+
+def test_every_host_command_takes_the_shared_ssh_options(cli):
+    for cmd in ("run", "logs", "kill", "clean", "sync", "doctor", "bench", "train", "launch", "sweep"):
+        out = cli(cmd, "--help", env={"COLUMNS": "300"}).stdout
+        for flag in ("--ssh-config", "--known-hosts", "--user", "--identity"):
+            assert flag in out, (cmd, flag)
+
+
+def test_agent_wire_format_carries_the_per_host_settings():
+    from clusterctl import agent
+    from clusterctl.remote import SshTarget
+
+    jump = SshTarget("j", "10.0.0.1", 22, "root", ("/k",), None, ("/kh1",), "jalias", "/a.sock", True, 3.0, "/cfg")
+    t = SshTarget("h", "10.0.0.2", 2222, "u", ("/k2.pub",), jump, ("/kh2", "/kh3"), "halias", None, False, None, None)
+    assert agent.target_from_dict(json.loads(json.dumps(agent.target_to_dict(t)))) == t
