@@ -675,6 +675,9 @@ def run(
     identity: List[str] = _SSH["identity"],
     known_hosts: Optional[str] = _SSH["known_hosts"],
     ssh_config: Optional[str] = _SSH["ssh_config"],
+    failed_hosts: Optional[str] = typer.Option(None, "--failed-hosts", metavar="FILE",
+                                               help="Write the hosts that failed or were unreachable to FILE, a hosts "
+                                                    "file: `clusterctl run FILE CMD` retries just those."),
 ) -> None:
     """Run a command on every node at once."""
     from clusterctl import display
@@ -690,6 +693,8 @@ def run(
         cmd = jobs.detach_command(detach, cmd)  # validates NAME before anything connects
     inv = _inventory(hosts_path, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
     report = _fan_out(inv, cmd, parallel, timeout, live=not (group or json_))
+    if failed_hosts is not None:
+        _write_failed_hosts(inv, report, failed_hosts)
     if json_:
         display.json_lines(report)
     elif group:
@@ -697,6 +702,18 @@ def run(
     if not json_:
         display.summary(report)
     raise typer.Exit(report.exit_code)
+
+
+def _write_failed_hosts(inv, report, path: str) -> None:
+    """pssh -o / clush -b habits: the hosts to retry, with their slots (an empty file when none failed, so an
+    old list never lingers)."""
+    from clusterctl import display
+    from clusterctl.state import atomic_write
+
+    bad = {r.host for r in report if not r.ok}
+    text = "".join(f"{e.host} slots={e.slots}\n" for e in inv.hosts.entries if e.host in bad)
+    atomic_write(Path(path).expanduser(), text, mode=0o644)
+    display.info(f"{len(bad)} failed host(s) written to {path}" if bad else f"no host failed: {path} is empty")
 
 
 @app.command(short_help="Stream a detached job's output.")

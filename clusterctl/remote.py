@@ -100,6 +100,7 @@ def targets_from_hosts(
         return u or None, alias, int(p) if p.isdigit() else None
 
     lax: dict[str, list[str]] = {}
+    jumps: dict[tuple, object] = {}
 
     def build(alias: str, hc, depth: int, u: str | None, p: int | None) -> SshTarget:
         if hc.proxy_command and not hc.proxy_jump:
@@ -113,7 +114,9 @@ def targets_from_hosts(
             for hop in (h.strip() for h in hc.proxy_jump.split(",")):
                 hu, halias, hp = split(hop)
                 validate_host(halias, "ProxyJump host")
-                (hhc,) = sshconfig.lookup([(halias, hu, hp)], ssh_config)
+                if (halias, hu, hp) not in jumps:  # one look-up per bastion, not one per host behind it
+                    (jumps[(halias, hu, hp)],) = sshconfig.lookup([(halias, hu, hp)], ssh_config)
+                hhc = jumps[(halias, hu, hp)]
                 t = build(halias, hhc, depth + 1, hu, hp)
                 jump = t if jump is None else replace(t, proxy_jump=jump)
         if identity:

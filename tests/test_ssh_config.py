@@ -306,3 +306,20 @@ def test_agent_wire_format_carries_the_per_host_settings():
     jump = SshTarget("j", "10.0.0.1", 22, "root", ("/k",), None, ("/kh1",), "jalias", "/a.sock", True, 3.0, "/cfg")
     t = SshTarget("h", "10.0.0.2", 2222, "u", ("/k2.pub",), jump, ("/kh2", "/kh3"), "halias", None, False, None, None)
     assert agent.target_from_dict(json.loads(json.dumps(agent.target_to_dict(t)))) == t
+
+
+def test_failed_hosts_file_retries_just_those(c, setup, tmp_path):
+    d, sock = setup
+    out = tmp_path / "retry"
+    out.write_text("stale 10.0.0.1 slots=1\n")
+    cmd = f'[ "$(hostname)" != {c.name}-member-1 ] && [ "$(hostname)" != {c.name}-leader ]'
+    proc = c.cli("run", "--ssh-config", str(d / "config"), "--failed-hosts", str(out), "aliases", cmd,
+                 env={"SSH_AUTH_SOCK": sock})
+    assert proc.returncode == 1, proc.stderr
+    assert out.read_text() == "lead slots=1\none slots=1\n"
+    assert "2 failed host(s) written to" in proc.stderr
+    again = c.cli("run", "--ssh-config", str(d / "config"), "--failed-hosts", str(out), str(out), "hostname",
+                  env={"SSH_AUTH_SOCK": sock})
+    assert again.returncode == 0, again.stderr
+    assert sorted(line.split()[-1] for line in again.stdout.splitlines()) == [f"{c.name}-leader", f"{c.name}-member-1"]
+    assert out.read_text() == ""  # nothing failed this time: no stale list left
