@@ -402,8 +402,7 @@ class Leftovers:
 def leftovers(cluster: str) -> Leftovers:
     namespaces = cluster_netns(cluster)
     pids = tuple(p for ns in namespaces for p in netns_pids(ns))
-    prefix = f"{NETNS_PREFIX}{cluster}-"
-    etc_dirs = tuple(sorted(str(p) for p in Path("/etc/netns").glob(f"{prefix}*"))) if Path("/etc/netns").is_dir() else ()
+    etc_dirs = tuple(str(p) for p in _etc_dirs(cluster))
     return Leftovers(tuple(namespaces), tuple(cluster_links(cluster)), pids, etc_dirs, tuple(opt_mounts(cluster)))
 
 
@@ -431,8 +430,16 @@ def destroy(cluster: str, timeout: float = 10.0) -> Leftovers:
         _run(["ip", "link", "del", link], check=False)
     for mount in opt_mounts(cluster):  # the nodes are gone: their /opt goes with them
         _run(["umount", "-l", mount], check=False)
-    prefix = f"{NETNS_PREFIX}{cluster}-"
-    if Path("/etc/netns").is_dir():
-        for d in Path("/etc/netns").glob(f"{prefix}*"):
-            shutil.rmtree(d, ignore_errors=True)
+    for d in _etc_dirs(cluster):
+        shutil.rmtree(d, ignore_errors=True)
     return leftovers(cluster)
+
+
+def _etc_dirs(cluster: str) -> list[Path]:
+    """This cluster's /etc/netns folders only: `clusterctl-a-*` would also match cluster a-1's."""
+    prefix = f"{NETNS_PREFIX}{cluster}-"
+    try:
+        names = os.listdir("/etc/netns")
+    except FileNotFoundError:
+        return []
+    return sorted(Path("/etc/netns") / n for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
