@@ -35,11 +35,22 @@ def generate_ed25519(comment: str) -> tuple[str, str]:
 def ensure_keypair(path: Path, comment: str) -> KeyPair:
     """Load the key at `path`, or make it once. Idempotent, so a re-run `up` keeps the same key."""
     pub = path.with_name(path.name + ".pub")
-    if not path.exists() or not pub.exists():
+    if not path.exists():
         private, public = generate_ed25519(comment)
         atomic_write(path, private, mode=0o600)
         atomic_write(pub, public + "\n", mode=0o644)
+    elif not pub.exists():  # never replace a private key that exists: nodes may trust only it
+        atomic_write(pub, public_line_of(path, comment) + "\n", mode=0o644)
     return KeyPair(path, pub.read_text().strip())
+
+
+def public_line_of(path: Path, comment: str) -> str:
+    """The public key line of the (unencrypted OpenSSH) private key at `path`."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    return f"{public} {comment}"
 
 
 def known_hosts_host(host: str, port: int = 22) -> str:

@@ -51,6 +51,8 @@ class Record:
 class StateStore:
     def __init__(self, root: Path | None = None):
         self.root = Path(root) if root else home()
+        self.damaged: list[str] = []  # what the last list() skipped, one line each
+        tighten(self.root)
 
     # ---- paths ---------------------------------------------------------------------------------
     def cluster_dir(self, name: str) -> Path:
@@ -129,15 +131,27 @@ class StateStore:
                 "move it aside; `clusterctl down NAME` still finds the cluster's resources without it",
             ) from None
 
-    def list(self) -> list[Record]:
+    def list(self, warn=None) -> list[Record]:
+        """Every readable record. A damaged one is skipped, not fatal: it is reported (through `warn`, by
+        default on stderr) and kept in self.damaged, so ls, gc and down --all go on with the others."""
         records = []
+        self.damaged = []
         base = self.root / "clusters"
         if not base.is_dir():
             return records
         for d in sorted(base.iterdir()):
             path = d / "cluster.json"
             if path.is_file():
-                records.append(self._parse(path, path.read_text()))
+                try:
+                    records.append(self._parse(path, path.read_text(errors="replace")))
+                except (StateError, OSError) as exc:
+                    line = f"skipped cluster {d.name!r}: {exc}"
+                    self.damaged.append(line)
+                    if warn is None:
+                        from clusterctl import display
+
+                        warn = display.warn
+                    warn(line)
         return records
 
     def delete(self, name: str) -> None:
@@ -167,6 +181,16 @@ class StateStore:
             if name is None:
                 raise StateError("no cluster given and none is current", "pass --cluster NAME or a hosts file")
         return self.load(name)
+
+
+def tighten(root: Path) -> None:
+    """An existing CLUSTERCTL_HOME of ours is made 0700 (keys, records and the agent socket live there)."""
+    try:
+        st = root.stat()
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(root, 0o700)
+    except OSError:
+        pass
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
