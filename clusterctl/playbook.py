@@ -129,7 +129,9 @@ def load(path: str | Path, overrides: Mapping[str, str] | None = None) -> Playbo
         if extra:
             raise PlaybookError(f"{where}:{pnode.start_mark.line + 1}: {kind} step {name!r} has no field "
                                 f"{sorted(extra)[0]!r}", f"fields: {', '.join(sorted(required | optional))}")
-        params = _render(params_raw, variables, f"{where}:{pnode.start_mark.line + 1}")
+        at = f"{where}:{pnode.start_mark.line + 1}"
+        # a run step's command is shell: variables go in quoted ({{ v | raw }} opts out)
+        params = {k: _render(v, variables, at, shell=(kind == "run" and k == "command")) for k, v in params_raw.items()}
         if params.get("nodes", "all") not in ("all", "leader", "members"):
             raise PlaybookError(f"{where}:{line}: nodes is all, leader or members, not {params['nodes']!r}")
         steps.append(Step(name, kind, params, on_failure, line))
@@ -151,27 +153,40 @@ def _plain(yaml, node, where: str) -> str:
     return str(node.value)
 
 
-_VAR = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*}}")
+_VAR = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\|\s*([A-Za-z_]+)\s*)?}}")
 
 
-def _render(value: Any, variables: Mapping[str, str], where: str) -> Any:
+def _render(value: Any, variables: Mapping[str, str], where: str, shell: bool = False) -> Any:
     """Substitute {{ var }} in every string; an unknown variable is an error. A string that is exactly
-    one variable becomes that value as typed YAML would read it (so `steps: "{{ n }}"` is a number)."""
+    one variable becomes that value as typed YAML would read it (so `steps: "{{ n }}"` is a number), but
+    never null (`--var logs=~` stays the text ~). shell: a shell command, every value goes in
+    shlex-quoted unless written {{ var | raw }}."""
+    import shlex
+
     import yaml
 
     if isinstance(value, dict):
-        return {k: _render(v, variables, where) for k, v in value.items()}
+        return {k: _render(v, variables, where, shell) for k, v in value.items()}
     if isinstance(value, list):
-        return [_render(v, variables, where) for v in value]
+        return [_render(v, variables, where, shell) for v in value]
     if not isinstance(value, str):
         return value
-    for name in _VAR.findall(value):
+    for name, flt in _VAR.findall(value):
         if name not in variables:
             raise PlaybookError(f"{where}: unknown variable {name!r}", "declare it under vars:")
+        if flt and flt != "raw":
+            raise PlaybookError(f"{where}: unknown filter {flt!r} on {name!r}", "the one filter is `raw`")
+
+    def sub(m: re.Match) -> str:
+        text = str(variables[m.group(1)])
+        return text if not shell or m.group(2) == "raw" else shlex.quote(text)
+
     whole = _VAR.fullmatch(value.strip())
-    if whole:
-        return yaml.safe_load(str(variables[whole.group(1)])) if variables[whole.group(1)] != "" else ""
-    return _VAR.sub(lambda m: str(variables[m.group(1)]), value)
+    if whole and not shell:
+        text = str(variables[whole.group(1)])
+        typed = yaml.safe_load(text) if text != "" else ""
+        return text if typed is None else typed
+    return _VAR.sub(sub, value)
 
 
 # ---- running ---------------------------------------------------------------------------------------------

@@ -91,9 +91,11 @@ def _clean(step: Step, ctx: Context) -> tuple[bool, str]:
     p = step.params
     inv = ctx.inventory
     actions = []
-    if p.get("kill", not (p.get("logs") or p.get("disk"))):
+    if "logs" in p and not isinstance(p["logs"], str):  # a rendered variable must never turn into "no logs"
+        raise PlaybookError(f"clean step {step.name!r}: logs must be a folder, not {p['logs']!r}")
+    if p.get("kill", not ("logs" in p or p.get("disk"))):
         actions.append(("kill", clean.kill_command()))
-    if p.get("logs"):
+    if "logs" in p:
         clean.check_logs_path(str(p["logs"]))
         actions.append(("logs", clean.logs_command(str(p["logs"]), bool(p.get("force", False)))))
     if p.get("disk"):
