@@ -127,6 +127,10 @@ def _connect(path: Path, timeout: float = 2.0) -> socket.socket:
     s.settimeout(timeout)
     try:
         s.connect(str(path))
+        # the server must be of our own uid: a socket planted by another user would see every command
+        _pid, uid, _gid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid != os.getuid():
+            raise OSError(f"the agent socket {path} is served by uid {uid}, not this user")
     except OSError:
         s.close()
         raise

@@ -29,6 +29,8 @@ from clusterctl.types import HostResult, RunReport
 
 OnLine = Callable[[str, str, str], None]  # (host label, "stdout"|"stderr", line without newline)
 MAX_CAPTURE = 4 * 1024 * 1024  # per stream per host; the tail is kept beyond that
+MAX_LINE = 64 * 1024  # an unfinished line is cut (delivered in pieces) beyond this
+EOF_GRACE = 5.0  # after the exit status, how long a silent channel may keep us waiting for its EOF
 
 
 class Interrupted(KeyboardInterrupt):
@@ -526,7 +528,11 @@ def _pump(chan, label: str, on_line: OnLine | None, timeout: float | None, start
             del buf[: len(buf) - MAX_CAPTURE]
         if on_line is not None:
             text = partial[stream] + data
-            *lines, partial[stream] = text.split(b"\n")
+            *lines, rest = text.split(b"\n")
+            while len(rest) > MAX_LINE:  # a line without end: delivered in pieces, never held whole
+                lines.append(rest[:MAX_LINE])
+                rest = rest[MAX_LINE:]
+            partial[stream] = rest
             for line in lines:
                 on_line(label, stream, line.decode(errors="replace"))
 
@@ -535,23 +541,29 @@ def _pump(chan, label: str, on_line: OnLine | None, timeout: float | None, start
             _deliver("stderr", bytes(head))
         return _flush(bufs, partial, on_line, label) + (timed_out,)
 
+    quiet_since = None  # exit status seen, no data since: OpenSSH may send the status before the last output
     while True:
-        if chan.recv_ready():
-            feed("stdout", chan.recv(65536))
-            continue
-        if chan.recv_stderr_ready():
-            feed("stderr", chan.recv_stderr(65536))
-            continue
-        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-            break
-        if chan.closed or chan.eof_received and chan.exit_status_ready():
-            break
-        if chan.eof_received and chan.get_transport() is not None and not chan.get_transport().is_active():
-            break
+        # deadline and Ctrl-C first, on every turn: a command that never stops printing still stops
         if timeout is not None and time.monotonic() - start > timeout:
             return finish(True)
         if cancel.is_set():
             return finish(False)
+        if chan.recv_ready():
+            feed("stdout", chan.recv(65536))
+            quiet_since = None
+            continue
+        if chan.recv_stderr_ready():
+            feed("stderr", chan.recv_stderr(65536))
+            quiet_since = None
+            continue
+        if chan.closed or chan.eof_received and chan.exit_status_ready():
+            break
+        if chan.eof_received and chan.get_transport() is not None and not chan.get_transport().is_active():
+            break
+        if chan.exit_status_ready():  # wait for EOF too; a silent background holder of stdout ends the wait
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since > EOF_GRACE:
+                break
         select.select([chan], [], [], 0.1)
     return finish(False)
 
