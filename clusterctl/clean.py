@@ -6,8 +6,10 @@ chooses, confirms and renders.
   kill   SIGKILL every process tree rooted at a python / horovodrun / mpirun / orted process of the
          login user (STOP first so nothing forks away), then verify none is left, and, where nvidia-smi
          exists, that no process holds a GPU.
-  logs   remove one folder; refuse an empty path, `/`, the home itself, or (without force) anything
-         outside the login user's home. With force, still at least two levels deep (/data/ckpt).
+  logs   remove one folder, resolved on the node (symlinks followed); refuse an empty path, `/`, a system
+         folder (or inside one), the home itself or any folder holding it, a tree that holds an .ssh
+         folder, or (without force) anything outside the login user's home. With force, still at least
+         two levels deep (/data/ckpt). The same rules as `sync --delete` (sync_agent.dst_problem).
   disk   free/used of the file systems holding /, the home and /tmp.
   reboot the local provider restarts the node itself (see providers/local.py); elsewhere `reboot`
          runs (through sudo -n when not root) and the node's boot id must change, with a timeout.
@@ -22,6 +24,7 @@ from typing import Sequence
 
 from clusterctl.errors import UsageError
 from clusterctl.remote import TREE_FN
+from clusterctl.sync_agent import SYSTEM_TREES
 
 KILL_NAMES = r"^(python[0-9.]*|horovodrun|mpirun|mpiexec|orted|prted|prterun)$"
 LOW_DISK_FREE = 0.10  # nodes under 10% free are flagged
@@ -67,6 +70,9 @@ def check_logs_path(path: str) -> str:
     return p
 
 
+SYSTEM_CASE = "|".join(f"{t}|{t}/*" for t in SYSTEM_TREES)
+
+
 def logs_command(path: str, force: bool = False) -> str:
     """Remove folder `path` (absolute, `~/...`, or relative to the home) after resolving it on the node."""
     p = check_logs_path(path)
@@ -77,10 +83,15 @@ def logs_command(path: str, force: bool = False) -> str:
         'refuse() { echo "refused: $*" >&2; exit 3; }; '
         '[ "$real" = / ] && refuse "$d resolves to /"; '
         '[ "$real" = "$home" ] && refuse "$d is the login user\'s home itself"; '
+        # the same rules as `sync --delete` (sync_agent.dst_problem), on the resolved path
+        f'case "$real" in {SYSTEM_CASE}) refuse "$real is a system folder";; esac; '
+        'case "$home/" in "$real"/*) refuse "$real holds the login user\'s home $home";; esac; '
         'case "$real/" in "$home"/*) ;; *) '
         + ('case "$real" in /*/*) ;; *) refuse "$real is a top-level folder (even with --force)";; esac;; '
            if force else 'refuse "$real is outside the login user\'s home $home (--force to allow)";; ')
         + "esac; "
+        's=$(find "$real" -name .ssh -print -quit 2>/dev/null); '
+        '[ -n "$s" ] && refuse "$real holds an .ssh folder ($s)"; '
         'if [ ! -e "$real" ] && [ ! -L "$real" ]; then echo "nothing at $real"; exit 0; fi; '
         'rm -rf -- "$real" && [ ! -e "$real" ] && echo "removed $real"'
     )

@@ -261,8 +261,42 @@ def resolve_root(dst: str) -> str:
     return root
 
 
+# Never written into (nor anything inside them), whatever the flags: the system's own trees.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                "/snap", "/sys", "/usr", "/var")
+
+
+def dst_problem(real: str, home: str, delete: bool) -> str | None:
+    """Why DST (already realpath'd, symlinks followed) must not be synced into, or None. The same rules
+    as `clean --logs` (clean.logs_command): with --delete, or for a removal, `delete` is True."""
+    if real == "/":
+        return "it resolves to /"
+    for tree in SYSTEM_TREES:
+        if real == tree or real.startswith(tree + "/"):
+            return f"{real} is a system folder ({tree})"
+    if real == home or home.startswith(real.rstrip("/") + "/"):
+        return f"{real} is the login home {home} or holds it"
+    if delete:
+        if real.count("/") == 1:
+            return f"{real} is a top-level folder (--delete would empty it)"
+        for dirpath, dirnames, filenames in os.walk(real, followlinks=False):
+            if ".ssh" in dirnames or ".ssh" in filenames or os.path.basename(dirpath) == ".ssh":
+                return f"{real} holds an .ssh folder ({dirpath}): --delete could lock users out"
+    return None
+
+
+def safe_root(dst: str, delete: bool) -> str:
+    """DST resolved on this node (symlinks followed), refused (exit 2) before anything in it is touched."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    real = os.path.realpath(resolve_root(dst))
+    problem = dst_problem(real, home, delete)
+    if problem:
+        raise AgentError(f"refusing to sync into {dst}: {problem}", 2)
+    return real
+
+
 def cmd_check(args: dict) -> dict:
-    root = resolve_root(args["dst"])
+    root = safe_root(args["dst"], bool(args.get("delete")))
     state = os.path.join(root, STATE_DIR)
     marker = os.path.join(state, MARKER)
     if args.get("reset"):
@@ -382,7 +416,7 @@ class _Progress:
 
 
 def cmd_s3pull(args: dict) -> dict:
-    root = resolve_root(args["dst"])
+    root = safe_root(args["dst"], False)
     entries = {e["p"]: e for e in load_manifest(args["manifest"])}
     with open(args["only"], "rb") as f:
         wanted = [p for p in f.read().decode("utf-8", "surrogateescape").split("\0") if p]
@@ -533,6 +567,7 @@ def parse(argv: list[str]) -> tuple[str, dict]:
 
 
 def main(argv: list[str]) -> int:
+    args: dict = {}
     try:
         cmd, args = parse(argv)
         fn = {"check": cmd_check, "manifest": cmd_manifest, "s3list": cmd_s3list, "s3pull": cmd_s3pull,
@@ -542,15 +577,24 @@ def main(argv: list[str]) -> int:
         result = fn(args)
         if result is None:  # relay: stdout is the data
             return 0
-        out = json.dumps(result, ensure_ascii=True)
-        sys.stdout.write(out + "\n")
+        _emit(result, args.get("out"))
         return 0
     except AgentError as exc:
-        sys.stdout.write(json.dumps({"error": str(exc)}) + "\n")
+        _emit({"error": str(exc)}, args.get("out"))
         return exc.code
     except OSError as exc:
-        sys.stdout.write(json.dumps({"error": f"{exc.strerror or exc}: {exc.filename or ''}".strip()}) + "\n")
+        _emit({"error": f"{exc.strerror or exc}: {exc.filename or ''}".strip()}, args.get("out"))
         return EXIT_FAILED
+
+
+def _emit(result: dict, out: str | None) -> None:
+    """The result as one JSON line on stdout, or, with --out, into that file (fetched by SFTP: no cap on
+    its size, where the ssh output of a command keeps only its last MiBs) and a short line on stdout."""
+    text = json.dumps(result, ensure_ascii=True) + "\n"
+    if out:
+        atomic_write(out, text.encode())
+        text = json.dumps({"out": out, **({"error": result["error"]} if "error" in result else {})}) + "\n"
+    sys.stdout.write(text)
 
 
 if __name__ == "__main__":

@@ -372,7 +372,8 @@ class Syncer:
 
     def _agent(self, node: _Node, *args: str, timeout: float | None = None,
                on_line: Callable[[str, str, str], None] | None = None) -> tuple[dict | None, HostResult]:
-        r = self.pool.run_one(node.target, self._py("agent.py", *args), timeout=timeout, on_line=on_line)
+        out = f"{self.work}/out-{uuid.uuid4().hex[:8]}.json"  # the result comes back by SFTP: no output cap
+        r = self.pool.run_one(node.target, self._py("agent.py", *args, "--out", out), timeout=timeout, on_line=on_line)
         data = None
         for line in reversed(r.stdout.strip().splitlines()):
             try:
@@ -380,7 +381,25 @@ class Syncer:
                 break
             except ValueError:
                 continue
+        if isinstance(data, dict) and data.get("out") == out:
+            try:
+                data = json.loads(self._fetch(node, out))
+            except (OSError, ValueError) as exc:
+                data = {"error": f"cannot read the agent's result {out}: {exc}"}
         return data, r
+
+    def _fetch(self, node: _Node, path: str) -> bytes:
+        """A file of the node (relative to the login home) by SFTP, then removed there."""
+        client = self.pool.client(node.target)
+        sftp = client.open_sftp()
+        try:
+            with sftp.open(path, "rb") as f:
+                f.prefetch()
+                data = f.read()
+            sftp.remove(path)
+            return data
+        finally:
+            sftp.close()
 
     def _fail(self, node: _Node, status: NodeStatus, detail: str) -> None:
         if node.outcome.status == "ok" or status == "unreachable":
