@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Cli, LocalCluster, require_root
+from conftest import Cli, LocalCluster, require_root
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +98,12 @@ def test_clean_logs_refuses_system_folders_and_ssh_trees(c):
     _on_nodes(c, f"mkdir -p {base}/ckpt/.ssh && echo keep > {base}/ckpt/.ssh/authorized_keys")
     var = Path(f"/var/tmp/cc-safe-{uuid.uuid4().hex[:8]}")  # shared with the nodes; a decoy
     (var / "ckpt").mkdir(parents=True)
-    ssh_tree = c.cli("clean", "--cluster", c.name, "--logs", f"{base}/ckpt", "--force", "--yes")
-    assert ssh_tree.returncode == 3 and "holds an .ssh folder" in ssh_tree.stderr, ssh_tree.stderr
-    assert _on_nodes(c, f"cat {base}/ckpt/.ssh/authorized_keys") == ["keep\n"] * 2
-    # inside /var, reached through a symlink: --force allowed it before (two levels deep)
-    _on_nodes(c, f"ln -s {var} {base}/var")
     try:
+        ssh_tree = c.cli("clean", "--cluster", c.name, "--logs", f"{base}/ckpt", "--force", "--yes")
+        assert ssh_tree.returncode == 3 and "holds an .ssh folder" in ssh_tree.stderr, ssh_tree.stderr
+        assert _on_nodes(c, f"cat {base}/ckpt/.ssh/authorized_keys") == ["keep\n"] * 2
+        # inside /var, reached through a symlink: --force allowed it before (two levels deep)
+        _on_nodes(c, f"ln -s {var} {base}/var")
         system = c.cli("clean", "--cluster", c.name, "--logs", f"{base}/var", "--force", "--yes")
         assert system.returncode == 3 and "system folder" in system.stderr, system.stderr
         assert (var / "ckpt").is_dir()
