@@ -189,7 +189,21 @@ def up(
                            runtime_cache=_runtime_s3(request.cache, region) if request.cache else None)
     display.info(f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
                  f"in {time.monotonic() - start:.1f}s; hosts file: {hosts_file}")
+    _ssh_entry(cluster, store)
     display.node_table(cluster)
+
+
+def _ssh_entry(cluster, store) -> None:
+    """`ssh NAME` / `ssh NAME-member-1`: the cluster's OpenSSH config (see sshentry)."""
+    from clusterctl import display, sshentry
+
+    try:
+        path = sshentry.write(cluster, store)
+    except OSError as exc:
+        display.warn(f"could not write the cluster's ssh config ({exc}); `clusterctl ssh` still works")
+        return
+    display.info(f"ssh config: {path} (ssh -F {path} {cluster.name}; or `Include {sshentry.folder()}/*.conf` "
+                 "at the top of ~/.ssh/config, then `ssh " + cluster.name + "`)")
 
 
 def _runtime_request(runtime: str, python: Optional[str], cache: Optional[str], wheels: Optional[str], provider: str):
@@ -292,6 +306,9 @@ def down(
         teardown = provision.down(n, store, impl_for(kind, reg), report=display.info)
         if teardown.clean:
             display.info(f"cluster {n} is gone: nothing tagged for it is left")
+            from clusterctl import sshentry
+
+            sshentry.remove(n)  # its ssh config entry goes with it
         else:
             failed.append(f"{n}: {'; '.join(teardown.left)}")
     if failed:
@@ -714,6 +731,38 @@ def _write_failed_hosts(inv, report, path: str) -> None:
     text = "".join(f"{e.host} slots={e.slots}\n" for e in inv.hosts.entries if e.host in bad)
     atomic_write(Path(path).expanduser(), text, mode=0o644)
     display.info(f"{len(bad)} failed host(s) written to {path}" if bad else f"no host failed: {path} is empty")
+
+
+@app.command("ssh", short_help="A shell or a command on a node, host keys checked.",
+             context_settings={"allow_interspersed_args": False})
+@command
+def ssh_(
+    args: Optional[List[str]] = typer.Argument(None, metavar="[NODE] [-- CMD ...]",
+                                               help="A node (leader, member-N, its index or address; default: the "
+                                                    "leader), then the command (default: an interactive shell)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
+) -> None:
+    """A shell (a real tty) or a command on a node, with OpenSSH and the cluster's pinned host keys."""
+    import os
+
+    from clusterctl import sshentry
+
+    store = _store()
+    record = store.resolve(cluster)
+    args = list(args or [])
+    node = None
+    if args:
+        try:
+            node = sshentry.node_alias(record.cluster, args[0])
+            args = args[1:]
+        except UsageError:
+            if len(args) == 1:  # one word that names no node: a typo of a node more likely than a command
+                raise
+    alias = sshentry.node_alias(record.cluster, node)
+    path = sshentry.write(record.cluster, store)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp("ssh", ["ssh", "-F", str(path), alias, *args])
 
 
 @app.command(short_help="Stream a detached job's output.")

@@ -323,3 +323,49 @@ def test_failed_hosts_file_retries_just_those(c, setup, tmp_path):
     assert again.returncode == 0, again.stderr
     assert sorted(line.split()[-1] for line in again.stdout.splitlines()) == [f"{c.name}-leader", f"{c.name}-member-1"]
     assert out.read_text() == ""  # nothing failed this time: no stale list left
+
+
+def test_up_writes_an_ssh_config_that_openssh_uses_and_down_removes_it(cli, tmp_path):
+    from conftest import require_root
+
+    require_root()
+    import uuid
+
+    folder = tmp_path / "ssh-entries"
+    env = {"CLUSTERCTL_SSH_DIR": str(folder)}
+    name = "t" + uuid.uuid4().hex[:8]
+    up = cli("up", "--provider", "local", "--name", name, "--nodes", "2", "--slots", "1", "--yes",
+             "--runtime", "none", env=env, timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr
+        conf = folder / f"{name}.conf"
+        assert conf.is_file() and f"ssh config: {conf}" in up.stderr
+        text = conf.read_text()
+        assert f"Host {name} {name}-leader" in text and "StrictHostKeyChecking yes" in text
+        # OpenSSH itself, host keys checked against the cluster's pinned file only
+        for alias, want in ((name, f"{name}-leader"), (f"{name}-member-1", f"{name}-member-1")):
+            g = _ssh_g(conf, alias)
+            assert g["stricthostkeychecking"] == "true" and g["userknownhostsfile"].endswith("/known_hosts")
+            real = subprocess.run(["ssh", "-F", str(conf), alias, "hostname"], capture_output=True, text=True,
+                                  timeout=60, stdin=subprocess.DEVNULL, env={**os.environ, "SSH_AUTH_SOCK": ""})
+            assert real.returncode == 0 and real.stdout.strip() == want, real.stderr
+        # a wrong pin is refused by OpenSSH through this config
+        kh = Path(g["userknownhostsfile"])
+        saved = kh.read_text()
+        lines = saved.splitlines()
+        kh.write_text("\n".join([lines[0].split()[0] + " " + lines[1].split(None, 1)[1], *lines[1:]]) + "\n")
+        bad = subprocess.run(["ssh", "-F", str(conf), name, "true"], capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL)
+        kh.write_text(saved)
+        assert bad.returncode == 255 and "HOST IDENTIFICATION HAS CHANGED" in bad.stderr
+        # clusterctl ssh NODE -- CMD
+        proc = cli("ssh", "member-1", "--", "hostname", env=env)
+        assert proc.returncode == 0 and proc.stdout.strip() == f"{name}-member-1", proc.stderr
+        proc = cli("ssh", "--", "echo", "on", "the", "leader", env=env)
+        assert proc.returncode == 0 and proc.stdout.strip() == "on the leader", proc.stderr
+        proc = cli("ssh", "member-9", env=env)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"Error: cluster {name} has no node 'member-9'")
+    finally:
+        down = cli("down", name, "--yes", env=env, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not (folder / f"{name}.conf").exists()
