@@ -119,6 +119,9 @@ def up(
     region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the AWS config's)."),
     hosts_file: Path = typer.Option(Path("hosts"), "--hosts-file", help="Where to write the hosts file."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    ssh_config_entry: Optional[bool] = typer.Option(None, "--ssh-config-entry/--no-ssh-config-entry",
+                                                    help="Add `Include ~/.ssh/clusterctl/*.conf` to ~/.ssh/config (once) so "
+                                                         "`ssh NAME` works (default: ask on a terminal)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="Image id (default: the current Deep Learning AMI)."),
     ami_parameter: Optional[str] = typer.Option(None, "--ami-parameter", help="SSM public parameter naming the image."),
     ssh_user: Optional[str] = typer.Option(None, "--ssh-user", help="Login user (default: from the image; ubuntu for the DLAMI)."),
@@ -189,21 +192,30 @@ def up(
                            runtime_cache=_runtime_s3(request.cache, region) if request.cache else None)
     display.info(f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
                  f"in {time.monotonic() - start:.1f}s; hosts file: {hosts_file}")
-    _ssh_entry(cluster, store)
+    _ssh_entry(cluster, store, ssh_config_entry)
     display.node_table(cluster)
 
 
-def _ssh_entry(cluster, store) -> None:
-    """`ssh NAME` / `ssh NAME-member-1`: the cluster's OpenSSH config (see sshentry)."""
+def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:
+    """`ssh NAME` / `ssh NAME-member-1`: the cluster's OpenSSH config (see sshentry), and with the user's
+    consent (the flag, or asked on a terminal) the one Include line in ~/.ssh/config that finds it."""
     from clusterctl import display, sshentry
 
     try:
         path = sshentry.write(cluster, store)
+        if entry is None and not sshentry.has_include() and sys.stdin.isatty() and sys.stderr.isatty():
+            entry = typer.confirm(f"Add `{sshentry.include_line()}` to {sshentry.user_config()} so `ssh {cluster.name}` "
+                                  "works?", default=True, err=True)
+        if entry and sshentry.add_include():
+            display.info(f"added `{sshentry.include_line()}` at the top of {sshentry.user_config()}")
     except OSError as exc:
         display.warn(f"could not write the cluster's ssh config ({exc}); `clusterctl ssh` still works")
         return
-    display.info(f"ssh config: {path} (ssh -F {path} {cluster.name}; or `Include {sshentry.folder()}/*.conf` "
-                 "at the top of ~/.ssh/config, then `ssh " + cluster.name + "`)")
+    if sshentry.has_include():
+        display.info(f"ssh config: {path} (ssh {cluster.name}, ssh {cluster.nodes[-1].name})")
+    else:
+        display.info(f"ssh config: {path} (ssh -F {path} {cluster.name}; `up --ssh-config-entry` adds "
+                     f"`{sshentry.include_line()}` to {sshentry.user_config()} for `ssh {cluster.name}`)")
 
 
 def _runtime_request(runtime: str, python: Optional[str], cache: Optional[str], wheels: Optional[str], provider: str):

@@ -5,8 +5,9 @@ reach its nodes with host keys checked.
 home, which is where OpenSSH looks, whatever $HOME says) with one `Host` block per node (`NAME` and
 `NAME-leader` for the leader, `NAME-member-N`): the cluster key only, its pinned known_hosts,
 StrictHostKeyChecking yes, and ProxyJump through the leader for members without a public address.
-`down` removes it. `Include ~/.ssh/clusterctl/*.conf` in ~/.ssh/config makes `ssh NAME` work; without
-it, `ssh -F FOLDER/NAME.conf NAME` (what `clusterctl ssh` runs).
+`down` removes it. `Include FOLDER/*.conf` at the top of the `config` beside FOLDER (~/.ssh/config) makes
+`ssh NAME` work: `up --ssh-config-entry` adds that one line (once; asked on a terminal); without it,
+`ssh -F FOLDER/NAME.conf NAME` (what `clusterctl ssh` runs).
 """
 
 from __future__ import annotations
@@ -86,3 +87,41 @@ def node_alias(cluster: Cluster, node: str | None) -> str:
             return n.name
     raise UsageError(f"cluster {cluster.name} has no node {node!r}",
                      "name one as leader, member-N, its index or its address (see `clusterctl status`)")
+
+
+def user_config() -> Path:
+    """The ssh config that OpenSSH reads for this user: the `config` beside FOLDER (~/.ssh/config)."""
+    return folder().parent / "config"
+
+
+def include_line() -> str:
+    default = folder() == Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "clusterctl"
+    where = "~/.ssh/clusterctl" if default and not os.environ.get("CLUSTERCTL_SSH_DIR") else str(folder())
+    return f"Include {where}/*.conf"
+
+
+def has_include() -> bool:
+    try:
+        text = user_config().read_text()
+    except OSError:
+        return False
+    want = include_line().split(None, 1)[1]
+    return any(line.strip().lower().startswith("include") and want in line for line in text.splitlines())
+
+
+def add_include() -> bool:
+    """Put the Include line at the top of the user's ssh config (first, so it applies to every host and
+    no `Host` block above it captures it). False when it was there already."""
+    from clusterctl.state import atomic_write
+
+    if has_include():
+        return False
+    path = user_config()
+    try:
+        text, mode = path.read_text(), path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        text, mode = "", 0o600
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write(path, f"# clusters made by clusterctl: ssh NAME, ssh NAME-member-1\n{include_line()}\n\n" + text,
+                 mode=mode)
+    return True
