@@ -435,6 +435,7 @@ def status(
             store.load(n)  # raises "no cluster named ..."
         display.node_table(record.cluster, current=n == store.current())
         _autostop_status(store, record)
+        _runtime_status(record)
         if record.status == "up":
             _train_status(n)
             _launch_status(n)
@@ -452,9 +453,17 @@ def status(
     if record is not None:
         if st.nodes or record.status == "stopped":
             _autostop_status(store, record)
+        _runtime_status(record)
         _train_status(n)
         if st.nodes:
             _launch_status(n)
+
+
+def _runtime_status(record) -> None:
+    from clusterctl import display
+    from clusterctl.runtime.install import describe
+
+    display.console().print(display._esc(describe(record.cluster.extra)))
 
 
 def _autostop_status(store, record) -> None:

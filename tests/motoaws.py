@@ -139,6 +139,7 @@ class MotoAws:
         self.account_eips = 5
         self.owned: ipaddress.IPv4Network | None = None  # instances launched in here get namespace nodes
         self.mirror_address = ""  # see begin()
+        self.public_net = ""
         self.public_pool: list[str] = []
         self.node_root: Path | None = None
         self.checkip = _CheckIp()
@@ -179,6 +180,7 @@ class MotoAws:
         # An address of this machine that every backed node routes to (on its link): where a test serves what a
         # real VPC reaches through its gateway (a package mirror, S3), bound there and nowhere else.
         self.mirror_address = str(public[-2])
+        self.public_net = str(public)
         self.node_root = node_root
         self.seed()
 
@@ -416,6 +418,9 @@ class MotoAws:
         made = netns.create_node(instance.id, bridge, net, spec, [spec], node_dir, key.strip() + "\n")
         if self.mirror_address:
             subprocess.run(["ip", "-n", made.netns, "route", "add", f"{self.mirror_address}/32", "dev", "eth0"], check=True)
+            # Nodes reach each other's public addresses (on EC2 through the internet gateway; here on the link,
+            # where each node holds its own): horovodrun may pick the one an interface lists first.
+            subprocess.run(["ip", "-n", made.netns, "route", "add", self.public_net, "dev", "eth0"], check=True)
         public = getattr(instance, "public_ip", None)
         if public:
             subprocess.run(["ip", "-n", made.netns, "addr", "add", f"{public}/32", "dev", "eth0"], check=True)

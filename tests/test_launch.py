@@ -184,9 +184,7 @@ def test_own_keras_script_on_2_nodes_x_2_slots(cluster):
     assert len(set(hosts)) == 2 and all(hosts.count(h) == 2 for h in hosts), hosts
     pythons = {p for _s, _h, p in ranks.values()}
     assert len(pythons) == 1
-    expected = recorded_python(cluster)
-    if expected:
-        assert pythons == {expected}, "the ranks did not run the cluster's node runtime Python"
+    assert pythons == {recorded_python(cluster)}, "the ranks did not run the cluster's node runtime Python"
     assert len(re.findall(r"DONE rank=\d loss=\d", proc.stdout)) == 4
 
     # `logs NAME`: the ranks' output from the leader, a note from the member; exit 0 (the job's status)

@@ -63,6 +63,8 @@ def test_up_installs_one_verified_runtime_and_reuses_the_cache(local_cluster_fac
         assert marker["id"] == rid and marker["files"] > 1000 and marker["python"] == python
         assert out[2:] == ["base-clean", "0"], out  # the image's python3 untouched; the pack removed
 
+    st = c.cli("status", c.name)
+    assert f"runtime: {rid}, {python} on every node" in st.stdout, st.stdout
     # a second cluster: the cache is warm, nothing is built
     d = local_cluster_factory(1, 1, runtime=True)
     assert _record(d)["extra"]["runtime"] == rid

@@ -52,6 +52,16 @@ def record(request: RuntimeRequest) -> dict[str, str]:
     return {"runtime": "none"}
 
 
+def describe(extra: Mapping[str, str]) -> str:
+    """The record's runtime, for `status`."""
+    rid, python = extra.get("runtime", ""), extra.get("python", "")
+    if rid == "own":
+        return f"runtime: your own Python {python}"
+    if rid in ("", "none"):
+        return "runtime: none (`up --runtime none`, or made before the node runtime existed)"
+    return f"runtime: {rid}, {python} on every node"
+
+
 def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str],
             known_hosts: str, request: RuntimeRequest, report: Report, *,
             s3: "S3Cache | None" = None) -> dict[str, str]:
@@ -234,7 +244,7 @@ class S3Cache:
         return "/".join(p for p in (self.prefix, rid, name) if p)
 
     def url(self, rid: str) -> str:
-        return f"s3://{self.bucket}/{self.key(rid, '')}"
+        return f"s3://{self.bucket}/{self.key(rid, '')}/"
 
     def has(self, rid: str) -> bool:
         from botocore.exceptions import ClientError

@@ -1,0 +1,135 @@
+"""The node runtime on an AWS cluster, end to end: moto's EC2 and S3 behind namespace instances whose base OS
+has no TensorFlow. The leader builds the runtime (from a wheel mirror it reaches, as a VPC's nodes reach PyPI),
+packs it, puts it in the S3 cache through presigned URLs, relays it to the members; a second cluster takes it
+from the cache and builds nothing. Then doctor, the synthetic ladder across 2 nodes x 2 slots, and down.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from test_launch import HELPER, RANK_LINE, SCRIPT
+
+pytestmark = [pytest.mark.integration, pytest.mark.horovod]
+
+WHEELHOUSE = Path("/var/cache/clusterctl/wheelhouse")  # install.sh's
+BUCKET = "cc-runtime-cache"
+
+
+class _Forward:
+    """TCP from (address, port) to 127.0.0.1:target: moto's server as the nodes reach S3 through the mirror
+    address. Every connection is closed with the test."""
+
+    def __init__(self, address: str, target: int):
+        self.sock = socket.create_server((address, 0))
+        self.port, self.target, self.conns = self.sock.getsockname()[1], target, []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while len(self.conns) < 4096:  # bounded: a test makes a few hundred connections at most
+            try:
+                a, _ = self.sock.accept()
+            except OSError:
+                return
+            b = socket.create_connection(("127.0.0.1", self.target))
+            self.conns += [a, b]
+            for x, y in ((a, b), (b, a)):
+                threading.Thread(target=self._pipe, args=(x, y), daemon=True).start()
+
+    @staticmethod
+    def _pipe(x: socket.socket, y: socket.socket) -> None:
+        try:
+            while data := x.recv(1 << 16):
+                y.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                y.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def mirror(aws):
+    """The wheelhouse over HTTP and S3 through a forwarder, both on the address every backed node routes to."""
+    assert any(WHEELHOUSE.glob("horovod-*.whl")), "run ./install.sh deps: it builds the wheelhouse"
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(WHEELHOUSE))
+    handler.log_message = lambda *a: None  # type: ignore[method-assign]  # quiet server
+    http = ThreadingHTTPServer((aws.mirror_address, 0), handler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    port = int(aws.endpoint.rsplit(":", 1)[1].strip("/"))
+    s3 = _Forward(aws.mirror_address, port)
+    aws.client("s3").create_bucket(Bucket=BUCKET)
+    yield f"http://{aws.mirror_address}:{http.server_address[1]}/", f"http://{aws.mirror_address}:{s3.port}"
+    http.shutdown()
+    s3.close()
+
+
+def _record(cli, name: str) -> dict:
+    return json.loads((cli.home / "clusters" / name / "cluster.json").read_text())["cluster"]["extra"]
+
+
+def test_leader_builds_caches_relays_and_a_second_cluster_reuses(aws, aws_cli, mirror):
+    wheels, endpoint = mirror
+    env = {"AWS_ENDPOINT_URL": endpoint}
+    args = ("--type", "c5.xlarge", "--slots", "2", "--runtime", "install", "--runtime-wheels", wheels,
+            "--runtime-cache", f"s3://{BUCKET}/runtimes")
+    # Each cluster in its own half of the test's range: the fixture's bridges for a subnet outlive its cluster.
+    halves = list(aws.owned.subnets(new_prefix=17))
+    first = aws_cli(*aws_cli.up_args("rta", 2, *args, "--cidr", str(halves[0])), env=env, timeout=1500)
+    assert first.returncode == 0, first.stdout + first.stderr
+    out = first.stderr
+    assert "plan: node runtime: TensorFlow 2.15.1 + Horovod 0.28.1" in out
+    assert f"building on the leader" in out and f"with wheels from {wheels}" in out, out
+    rid = _record(aws_cli.cli, "rta")["runtime"]
+    assert f"cached at s3://{BUCKET}/runtimes/{rid}/" in out, out
+    assert "unpacked and verified on 2 node(s)" in out
+    keys = {o["Key"] for o in aws.client("s3").list_objects_v2(Bucket=BUCKET)["Contents"]}
+    assert keys == {f"runtimes/{rid}/runtime.tar.zst", f"runtimes/{rid}/runtime.json"}
+
+    cli = aws_cli.cli
+    doctor = cli("doctor", "--cluster", "rta", "--json", env=aws.env(**env))
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert {n["cells"]["runtime"]["why"] for n in json.loads(doctor.stdout)["nodes"]} == {rid}
+    # AWS clusters are judged; these two "instances" share this machine's 2 cores, so the bar is set low
+    bench = cli("bench", "--synthetic", "--model", "tiny", "--steps", "4", "--warmup-steps", "1", "--batch-size", "16",
+                "--threshold", "0.05", "--cluster", "rta", env=aws.env(**env), timeout=900)
+    logs = "".join(p.read_text()[-3000:] for p in sorted((cli.cwd / "bench-results").glob("*/rung-*.log")))
+    assert bench.returncode == 0, bench.stdout + bench.stderr + logs
+    assert "4 procs on 2 node(s)" in bench.stderr + bench.stdout, bench.stdout + bench.stderr
+    # the user's own TF2 Keras + Horovod script: 4 ranks on 2 nodes, each running the runtime's Python
+    (cli.cwd / "my_train.py").write_text(SCRIPT)
+    (cli.cwd / "helper.py").write_text(HELPER)
+    launch = cli("launch", "--cluster", "rta", "--file", "helper.py", "--name", "own", "--attach", "--",
+                 "python", "my_train.py", "--steps", "2", env=aws.env(**env), timeout=600)
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    ranks = {int(m.group(1)): m.groups()[1:] for m in RANK_LINE.finditer(launch.stdout)}
+    assert sorted(ranks) == [0, 1, 2, 3], launch.stdout[-3000:]
+    assert len({host for _s, host, _p in ranks.values()}) == 2
+    assert {py for _s, _h, py in ranks.values()} == {f"/opt/clusterctl-runtime/{rid}/bin/python"}
+
+    down = aws_cli("down", "rta", "--yes", env=env, timeout=600)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert aws.sweep("rta") == []
+
+    second = aws_cli(*aws_cli.up_args("rtb", 1, *args, "--cidr", str(halves[1])), env=env, timeout=900)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"fetching from the cache s3://{BUCKET}/runtimes/{rid}/" in second.stderr, second.stderr
+    assert "building on the leader" not in second.stderr
+    assert _record(cli, "rtb")["runtime"] == rid
+    down = aws_cli("down", "rtb", "--yes", env=env, timeout=600)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert aws.sweep("rtb") == []
