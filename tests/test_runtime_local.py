@@ -54,7 +54,7 @@ def test_up_installs_one_verified_runtime_and_reuses_the_cache(local_cluster_fac
                                   "print(sys.executable, tf.__version__)'; "
                                   f"cat /opt/clusterctl-runtime/{rid}/.clusterctl-runtime.json; echo; "
                                   "python3 -c 'import tensorflow' >/dev/null 2>&1 && echo base-has-tf || echo base-clean; "
-                                  "ls -A ~/.clusterctl/runtime/incoming | wc -l", timeout=300)
+                                  "ls -A /opt/clusterctl-runtime/.incoming | wc -l", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for line in proc.stdout.splitlines():
         out = json.loads(line)["stdout"].splitlines()

@@ -23,7 +23,10 @@ from clusterctl.types import Cluster
 
 Report = Callable[[str], None]
 Mode = Literal["install", "none", "own"]
-WORK = ".clusterctl/runtime"  # under the login home: scripts, and the incoming pack (removed once installed)
+WORK = ".clusterctl/runtime"  # under the login home: the scripts
+# The pack lands beside the runtime (same file system: on local nodes a tmpfs, never the slow home disk) and is
+# removed once installed.
+INCOMING = f"{rt.ROOT}/.incoming"
 INSTALL_TIMEOUT_S = 1800.0
 BUILD_TIMEOUT_S = 3600.0
 
@@ -72,14 +75,14 @@ def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addre
     spec = rt.RuntimeSpec(gpu=platform.gpu)
     rid = rt.runtime_id(spec, platform)
     fields = {"runtime": rid, "python": rt.python_of(rid)}
-    missing = [t for t, has in zip(targets, present(pool, targets, rid)) if not has]
+    missing = [t for t, has in zip(targets, prepare(pool, targets, [n.name for n in cluster.nodes], rid)) if not has]
     if not missing:
         report(f"node runtime {rid} is already on every node")
         return fields
     report(f"node runtime {rid}: {platform.os} {platform.arch}, python {platform.python}, "
            f"CUDA {platform.cuda}; TensorFlow {spec.tensorflow} ({'GPU' if spec.gpu else 'CPU'}), "
            f"Horovod {spec.horovod}; {len(missing)} node(s) need it")
-    incoming = f"{WORK}/incoming/{rid}"
+    incoming = f"{INCOMING}/{rid}"
     if cluster.provider == "local":
         from clusterctl.runtime import cache
 
@@ -114,10 +117,18 @@ def probe(pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str]) -> 
     return first
 
 
-def present(pool: SshPool, targets: Sequence[SshTarget], rid: str) -> list[bool]:
-    marker = shlex.quote(f"{rt.prefix(rid)}/{rt.MARKER}")
-    results = pool.run(targets, f"test -f {marker} && echo yes || echo no", timeout=60)
-    return [r.ok and r.stdout.strip() == "yes" for r in results]
+def prepare(pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str], rid: str) -> list[bool]:
+    """ROOT made and owned by the login user on every node (sudo where it is not root); which nodes hold
+    the runtime already (its marker)."""
+    root, marker = shlex.quote(rt.ROOT), shlex.quote(f"{rt.prefix(rid)}/{rt.MARKER}")
+    command = (f'S=""; [ "$(id -u)" = 0 ] || S="sudo -n"; $S mkdir -p {root} && $S chown "$(id -u):$(id -g)" {root} '
+               f"&& {{ test -f {marker} && echo yes || echo no; }}")
+    results = pool.run(targets, command, timeout=60)
+    bad = [f"{n}: {r.error or r.stderr.strip()[-200:]}" for n, r in zip(names, results) if not r.ok]
+    if bad:
+        raise ProvisionError(f"cannot make {rt.ROOT} on {len(bad)} node(s): {'; '.join(bad[:3])}",
+                             "the login user needs root or passwordless sudo (as on the DLAMI)")
+    return [r.stdout.strip() == "yes" for r in results]
 
 
 def relay(pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str], known_hosts: str, src: str,
