@@ -48,6 +48,9 @@ def resolve(hosts_path: str | None, cluster_name: str | None, store: StateStore,
                                      known_hosts=ssh.known_hosts, warnings=notes)
         if ssh.connect_timeout_given:
             targets = [_without_config_timeout(t) for t in targets]
+        from clusterctl import sshconfig
+
+        sshconfig.check_keys_usable(targets)
         if notes and warn is not None:
             for note in notes:
                 warn(note)

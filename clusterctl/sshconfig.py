@@ -337,3 +337,35 @@ def candidate_keys(identity_files: Sequence[str], identities_only: bool, agent_s
                 from_disk.append(key)
     keys = from_agent + ([] if identities_only else list(by_blob.values())) + from_disk
     return keys, locked, agent
+
+
+def check_keys_usable(targets) -> None:
+    """Fail before dialling when a host has no agent to ask and every key it would offer is
+    passphrase-protected: `Error: KEY is passphrase-protected: add it to ssh-agent`, not one failure per host."""
+    states: dict[str, str] = {}
+
+    def state(path: str) -> str:
+        private = path[:-4] if path.endswith(".pub") else path
+        if private not in states:
+            if not os.path.exists(private):
+                states[private] = "missing"
+            else:
+                key, why = _load_private(private)
+                states[private] = "ok" if key is not None else "locked" if why == "passphrase" else "missing"
+        return states[private]
+
+    def walk(t):
+        while t is not None:
+            yield t
+            t = t.proxy_jump
+
+    for target in targets:
+        for t in walk(target):
+            if not t.identity_files or (t.identity_agent and os.path.exists(t.identity_agent)):
+                continue
+            found = [(f, state(f)) for f in t.identity_files]
+            if not any(s == "ok" for _, s in found):
+                locked = [f for f, s in found if s == "locked"]
+                if locked:
+                    key = locked[0][:-4] if locked[0].endswith(".pub") else locked[0]
+                    raise ConfigError(f"{key} is passphrase-protected: add it to ssh-agent")

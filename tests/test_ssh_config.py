@@ -199,9 +199,18 @@ def test_the_agent_of_each_invocation_is_asked(c, setup, tmp_path):
     assert ok.returncode == 0, ok.stderr
     # the connection agent (started above with agent A) must not lend agent A to a shell without one
     proc = c.cli("run", "--ssh-config", str(cfg), "lead-only", "true", env={"SSH_AUTH_SOCK": ""})
+    assert proc.returncode == 3
+    assert proc.stderr.splitlines()[0] == f"Error: {d}/agentkey is passphrase-protected: add it to ssh-agent"
+    assert len(proc.stderr.splitlines()) <= 2 and proc.stdout == ""
+    # an agent that answers but does not hold the key: the connection says so, per host
+    empty, sock_e = _start_agent(tmp_path, "agent-empty")
+    try:
+        proc = c.cli("run", "--ssh-config", str(cfg), "lead-only", "true", env={"SSH_AUTH_SOCK": sock_e})
+    finally:
+        empty.send_signal(signal.SIGTERM)
+        empty.wait(10)
     assert proc.returncode == 5
     assert f"{d}/agentkey is passphrase-protected: add it to ssh-agent" in proc.stderr
-    assert proc.stderr.count("Traceback") == 0
     # a second agent of another shell holding the same key: asked, though the connection agent started under A
     other, sock_b = _start_agent(tmp_path, "agent-b")
     try:
