@@ -15,7 +15,7 @@ MODE=${1:-deps}
 case "$MODE" in demo|test|deps) ;; *) echo "Error: unknown mode '$MODE': use demo, test or deps" >&2; exit 2;; esac
 
 PKGS="openssh-server openssh-client rsync tmux iproute2 iptables procps psmisc util-linux ca-certificates
-      python3.11 python3.11-venv python3.11-dev build-essential cmake git pdsh clustershell zstd"
+      python3.11 python3.11-venv python3.11-dev build-essential cmake git pdsh clustershell zstd curl"
 missing=$(dpkg-query -W -f='${Package} ${Status}\n' $PKGS 2>/dev/null | awk '$NF!="installed"{print $1}'; \
           for p in $PKGS; do dpkg-query -W "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$(echo "$missing" | tr -d '[:space:]')" ]; then

@@ -26,6 +26,7 @@ class Cli:
     def env(self, extra: dict | None = None) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env["CLUSTERCTL_HOME"] = str(self.home)
+        env["CLUSTERCTL_SSH_DIR"] = str(self.home / "ssh-config.d")  # `up`'s ssh config entries: not the real ~/.ssh
         env["PYTHONPATH"] = str(REPO)
         env.setdefault("COLUMNS", "200")
         env.update(extra or {})

@@ -11,15 +11,15 @@ import json
 import socket
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
+from clusterctl.runtime import cache
 from test_launch import HELPER, RANK_LINE, SCRIPT
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
-WHEELHOUSE = Path("/var/cache/clusterctl/wheelhouse")  # install.sh's
+WHEELHOUSE = cache.wheelhouse()  # install.sh's
 BUCKET = "cc-runtime-cache"
 
 
