@@ -662,7 +662,6 @@ _SSH = _ssh_opts()
 
 
 def _inventory(hosts_path, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config):
-    from clusterctl import inventory
 
     if parallel < 1:
         raise UsageError("--parallel must be at least 1")
@@ -994,7 +993,7 @@ def bench(
     ssh_config: Optional[str] = _SSH["ssh_config"],
 ) -> None:
     """Synthetic Horovod ladder: 1 GPU, 1 node, all; a verdict."""
-    from clusterctl import bench as benchlib, display, inventory
+    from clusterctl import bench as benchlib, display
 
     if not synthetic:
         raise UsageError("only --synthetic is supported", "run `clusterctl bench --synthetic`; real data is `clusterctl train`")
@@ -1052,7 +1051,7 @@ def doctor(
     """
     import json as jsonlib
 
-    from clusterctl import display, doctor as doctorlib, inventory
+    from clusterctl import display, doctor as doctorlib
 
     store = _store()
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config, store=store)
@@ -1101,7 +1100,7 @@ def sync(
 
     A pipelined relay by default, a sha256 manifest checked on every node.
     """
-    from clusterctl import display, inventory, launch, transfer
+    from clusterctl import display, launch, transfer
     from clusterctl.remote import SshPool
 
     if len(args) not in (2, 3):
@@ -1284,7 +1283,7 @@ def sweep(
     """
     import json as jsonlib
 
-    from clusterctl import display, inventory, resources, sweep as sweeplib
+    from clusterctl import display, resources, sweep as sweeplib
     from clusterctl.remote import SshPool
 
     modes = [name for name, on in (("--status", status), ("--attach", attach), ("--cancel", cancel), ("--detach", detach)) if on]
@@ -1494,7 +1493,7 @@ def train(
     Horovod over every slot, launched by horovodrun on the leader inside tmux; returns at once (--wait
     follows it). Refuses while a job runs (--force stops it first) or when the data is not verified on
     every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
-    from clusterctl import display, train as trainlib
+    from clusterctl import display, launch as launchlib, train as trainlib
 
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     store = _store()
@@ -1526,7 +1525,7 @@ def train(
         display.info("follow it: clusterctl logs -f; where it is: clusterctl status")
         return
     began = time.monotonic()
-    code = trainlib.follow(inv, job, _print_line)
+    code = launchlib.follow(inv, job.job, _print_line)
     from clusterctl import costs
 
     per_hour = costs.hourly(inv.cluster)
@@ -1597,7 +1596,7 @@ def launch(
     `python` becomes the node runtime's Python; horovodrun runs over every slot (or --np) with host
     keys checked and a scrubbed environment. Follow it with `clusterctl logs NAME`, end it with
     `clusterctl kill NAME`; `clusterctl status` lists it."""
-    from clusterctl import display, userjob
+    from clusterctl import display, launch as launchlib, userjob
 
     hosts_path, command_argv = userjob.split_hosts(args or [])
     the_plan = userjob.plan(command_argv, file, Path.cwd())  # bad input fails here, before any connection
@@ -1616,7 +1615,7 @@ def launch(
         display.info(f"follow it: clusterctl logs {job.job} -f; end it: clusterctl kill {job.job}")
         return
     try:
-        code = userjob.follow(inv, job, _print_line)
+        code = launchlib.follow(inv, job.job, _print_line)
     except KeyboardInterrupt:
         display.info(f"detached; {job.job} keeps running (clusterctl kill {job.job} ends it)")
         raise typer.Exit(int(ExitCode.INTERRUPTED))
@@ -1689,12 +1688,12 @@ def tensorboard(
 
 def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> None:
     """`clusterctl logs` without a job name: the training job's log, from the leader."""
-    from clusterctl import train as trainlib
+    from clusterctl import launch as launchlib, train as trainlib
 
     inv = _train_inventory(hostsfile, cluster, connect_timeout)
     job = trainlib.require_job(_store(), inv)
     if follow:
-        code = trainlib.follow(inv, job, _print_line)
+        code = launchlib.follow(inv, job.job, _print_line)
         raise typer.Exit(0 if code == 0 else int(ExitCode.REMOTE_FAILED))
     text, _running = trainlib.read_log(inv, job)
     sys.stdout.write(text)

@@ -18,7 +18,7 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from clusterctl import horovod, resources
 from clusterctl.errors import UnreachableError
@@ -124,3 +124,16 @@ def kill_job(pool: SshPool, targets: Sequence[SshTarget], job: Job) -> RunReport
 
 def remove_job(pool: SshPool, targets: Sequence[SshTarget], job: Job) -> RunReport:
     return pool.run(targets, f"rm -rf -- {shlex.quote(job.dir)}", timeout=30)
+
+
+def follow(inv, job_name: str, on_line: Callable[[str], None]) -> int:
+    """Stream a detached job's log (train or launch) from the leader until it ends; the job's exit status
+    (0 while it still runs after a dropped connection)."""
+    from clusterctl import jobs
+
+    with SshPool(inv.settings) as pool:
+        r = pool.run_one(inv.targets[0], jobs.logs_command(job_name, follow=True),
+                         on_line=lambda _h, _s, line: on_line(line))
+    if r.exit_code is None:
+        raise UnreachableError(f"lost the log of {job_name}: {r.error}")
+    return r.exit_code

@@ -750,20 +750,6 @@ def job_status(inv, job: TrainJob) -> TrainStatus:
     return status(parse_train_log(text, strict=False), running=running)
 
 
-def follow(inv, job: TrainJob, on_line) -> int:
-    """Stream the job's log until it ends; the job's exit status (0 while it still runs after a drop)."""
-    from clusterctl import jobs
-    from clusterctl.errors import UnreachableError
-    from clusterctl.remote import SshPool
-
-    with SshPool(inv.settings) as pool:
-        r = pool.run_one(inv.targets[0], jobs.logs_command(job.job, follow=True),
-                         on_line=lambda _h, _s, line: on_line(line))
-    if r.exit_code is None:
-        raise UnreachableError(f"lost the log of {job.job}: {r.error}")
-    return r.exit_code
-
-
 def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> EvalResult:
     """--eval-only of the latest checkpoint, on the leader alone (GPUs hidden while the job trains)."""
     from dataclasses import replace

@@ -296,7 +296,7 @@ def start(inv, store, the_plan: Plan, *, np: int | None = None, name: str | None
     """Stage, then start horovodrun detached on the leader; returns once it runs there."""
     from dataclasses import replace
 
-    from clusterctl import jobs, launch, resources
+    from clusterctl import jobs, launch
     from clusterctl.remote import SshPool
 
     np = check_np(np, inv.hosts.total_slots)
@@ -349,19 +349,6 @@ def start(inv, store, the_plan: Plan, *, np: int | None = None, name: str | None
                        np=np, python=python, command=the_plan.command.shown, started_at=time.time())
     _save(store, inv, [j for j in load_jobs(store, inv) if j.job != job.name] + [record])
     return record
-
-
-def follow(inv, job: LaunchJob, on_line: Callable[[str], None]) -> int:
-    """Stream the job's log from the leader until it ends; its exit status (0 while it still runs)."""
-    from clusterctl import jobs
-    from clusterctl.remote import SshPool
-
-    with SshPool(inv.settings) as pool:
-        r = pool.run_one(inv.targets[0], jobs.logs_command(job.job, follow=True),
-                         on_line=lambda _h, _s, line: on_line(line))
-    if r.exit_code is None:
-        raise UnreachableError(f"lost the log of {job.job}: {r.error}")
-    return r.exit_code
 
 
 def states(inv, names: Sequence[str]) -> dict[str, str]:
