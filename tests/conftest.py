@@ -7,8 +7,11 @@ and a machine without them fails these tests loudly rather than skipping them.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +65,58 @@ def horovod_present() -> None:
             f"CLUSTERCTL_TRAIN_PYTHON at a Python that has them.\n{probe.stderr[-2000:]}",
             pytrace=False,
         )
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
+    """predicate()'s first truthy value within `timeout` seconds, or the test fails naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class Forward:
+    """A TCP forwarder in this process: connections to `listen` (address, port; port 0 picks one) are piped to
+    `target`. For a host on another port or address than its sshd's; closed with close()."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]):
+        self.srv = socket.create_server(listen)
+        self.port, self.target, self.stop = self.srv.getsockname()[1], target, threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _serve(self) -> None:
+        self.srv.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.srv.accept()
+            except (socket.timeout, OSError):
+                continue
+            up = socket.create_connection(self.target, timeout=5)
+            for a, b in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.srv.close()
 
 
 @pytest.fixture

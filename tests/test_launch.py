@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import time
-from pathlib import Path
 
 import pytest
 
 from clusterctl import userjob
 from clusterctl.errors import UsageError
+from conftest import wait_for
 
 # ---- pure: the command and the files ---------------------------------------------------------------------
 
@@ -156,16 +155,6 @@ def job_processes(cluster, job: str) -> dict[int, str]:
         ps = cluster.node_exec(i, "ps", "-ww", "-eo", "pid,args", check=False).stdout  # -ww: whole lines
         out[i] = "\n".join(line for line in ps.splitlines() if f"clusterctl-jobs/{job}" in line)
     return out
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 @pytest.mark.integration

@@ -5,15 +5,14 @@ from known_hosts; no agent forwarding. Against a real local cluster whose leader
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
 from clusterctl.providers import netns
 from clusterctl.sshkeys import generate_ed25519
+from conftest import Forward
 
 
 @pytest.fixture(scope="module")
@@ -24,41 +23,9 @@ def c(module_cluster_factory):
 @pytest.fixture(scope="module")
 def forward(c):
     """127.0.0.1:PORT -> member 1's sshd, so a config can use Port with a loopback HostName."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    stop = threading.Event()
-
-    def pipe(a, b):
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def serve():
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except (socket.timeout, OSError):
-                continue
-            up = socket.create_connection((c.hosts[1], 22), timeout=5)
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join(5)
-    srv.close()
+    f = Forward(("127.0.0.1", 0), (c.hosts[1], 22))
+    yield f.port
+    f.close()
 
 
 @pytest.fixture(scope="module")

@@ -8,58 +8,19 @@ from __future__ import annotations
 
 import functools
 import json
-import socket
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from clusterctl.runtime import cache
+from conftest import Forward
 from test_launch import HELPER, RANK_LINE, SCRIPT
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
 WHEELHOUSE = cache.wheelhouse()  # install.sh's
 BUCKET = "cc-runtime-cache"
-
-
-class _Forward:
-    """TCP from (address, port) to 127.0.0.1:target: moto's server as the nodes reach S3 through the mirror
-    address. Every connection is closed with the test."""
-
-    def __init__(self, address: str, target: int):
-        self.sock = socket.create_server((address, 0))
-        self.port, self.target, self.conns = self.sock.getsockname()[1], target, []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while len(self.conns) < 4096:  # bounded: a test makes a few hundred connections at most
-            try:
-                a, _ = self.sock.accept()
-            except OSError:
-                return
-            b = socket.create_connection(("127.0.0.1", self.target))
-            self.conns += [a, b]
-            for x, y in ((a, b), (b, a)):
-                threading.Thread(target=self._pipe, args=(x, y), daemon=True).start()
-
-    @staticmethod
-    def _pipe(x: socket.socket, y: socket.socket) -> None:
-        try:
-            while data := x.recv(1 << 16):
-                y.sendall(data)
-        except OSError:
-            pass
-        finally:
-            try:
-                y.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self.sock.close()
-        for c in self.conns:
-            c.close()
 
 
 @pytest.fixture
@@ -71,7 +32,7 @@ def mirror(aws):
     http = ThreadingHTTPServer((aws.mirror_address, 0), handler)
     threading.Thread(target=http.serve_forever, daemon=True).start()
     port = int(aws.endpoint.rsplit(":", 1)[1].strip("/"))
-    s3 = _Forward(aws.mirror_address, port)
+    s3 = Forward((aws.mirror_address, 0), ("127.0.0.1", port))
     aws.client("s3").create_bucket(Bucket=BUCKET)
     yield f"http://{aws.mirror_address}:{http.server_address[1]}/", f"http://{aws.mirror_address}:{s3.port}"
     http.shutdown()
@@ -93,7 +54,7 @@ def test_leader_builds_caches_relays_and_a_second_cluster_reuses(aws, aws_cli, m
     assert first.returncode == 0, first.stdout + first.stderr
     out = first.stderr
     assert "plan: node runtime: TensorFlow 2.15.1 + Horovod 0.28.1" in out
-    assert f"building on the leader" in out and f"with wheels from {wheels}" in out, out
+    assert "building on the leader" in out and f"with wheels from {wheels}" in out, out
     rid = _record(aws_cli.cli, "rta")["runtime"]
     assert f"cached at s3://{BUCKET}/runtimes/{rid}/" in out, out
     assert "unpacked and verified on 2 node(s)" in out

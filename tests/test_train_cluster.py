@@ -12,12 +12,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
 from clusterctl import train
+from conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
@@ -28,16 +28,6 @@ TRAIN = ["train", "--data", "/root/ds", "--model", "tiny", "--epochs", "20", "--
 
 def leader_log(cluster, job: str) -> str:
     return cluster.node_exec(0, "sh", "-c", f"cat ~/.clusterctl/jobs/{job}.log 2>/dev/null; true").stdout
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def free_port() -> int:

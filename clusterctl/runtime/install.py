@@ -71,11 +71,12 @@ def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addre
     """Install (or find) the runtime on every node; the record's extra fields: runtime id and python."""
     if request.mode != "install":
         return record(request)
-    platform = probe(pool, targets, [n.name for n in cluster.nodes])
+    names = [n.name for n in cluster.nodes]
+    platform = probe(pool, targets, names)
     spec = rt.RuntimeSpec(gpu=platform.gpu)
     rid = rt.runtime_id(spec, platform)
     fields = {"runtime": rid, "python": rt.python_of(rid)}
-    missing = [t for t, has in zip(targets, prepare(pool, targets, [n.name for n in cluster.nodes], rid)) if not has]
+    missing = [t for t, has in zip(targets, prepare(pool, targets, names, rid)) if not has]
     if not missing:
         report(f"node runtime {rid} is already on every node")
         return fields
@@ -83,16 +84,16 @@ def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addre
            f"CUDA {platform.cuda}; TensorFlow {spec.tensorflow} ({'GPU' if spec.gpu else 'CPU'}), "
            f"Horovod {spec.horovod}; {len(missing)} node(s) need it")
     incoming = f"{INCOMING}/{rid}"
-    if cluster.provider == "local":
+    if cluster.provider == "local":  # local nodes have this machine's base OS: it builds for them
         from clusterctl.runtime import cache
 
         folder, built = cache.ensure(spec, platform, report)
         report(f"node runtime {rid}: {'built and cached' if built else 'from the cache'} at {folder}")
-        relay(pool, targets, addresses, known_hosts, f"{folder}", incoming, report, leader_source=False)
+        relay(pool, targets, addresses, known_hosts, str(folder), incoming, report, leader_source=False)
     else:
         _on_leader(pool, targets, rid, spec, platform, incoming, request, report, s3)
         relay(pool, targets, addresses, known_hosts, incoming, incoming, report, leader_source=True)
-    unpack(pool, targets, [n.name for n in cluster.nodes], rid, incoming, report)
+    unpack(pool, targets, names, rid, incoming, report)
     return fields
 
 
