@@ -674,14 +674,19 @@ def _resolve_hosts(hosts_path, cluster, user=None, identity=(), known_hosts=None
                    connect_timeout: float = 10.0, store=None):
     """The inventory with the shared ssh options (flags win over the ssh config; a ConnectTimeout in the
     config applies unless --connect-timeout was given)."""
-    import click
+    try:  # newer typer carries its own click (and may not install click): its context is the live one
+        from typer._click.core import ParameterSource
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click.core import ParameterSource
+        from click.globals import get_current_context
 
     from clusterctl import display, inventory
 
-    ctx = click.get_current_context(silent=True)
+    ctx = get_current_context(silent=True)
     given = True
     if ctx is not None and "connect_timeout" in ctx.params:
-        given = ctx.get_parameter_source("connect_timeout") != click.core.ParameterSource.DEFAULT
+        given = ctx.get_parameter_source("connect_timeout") != ParameterSource.DEFAULT
     return inventory.resolve(hosts_path, cluster, store or _store(), inventory.SshOverrides(
         user=user, identity=tuple(identity or ()), known_hosts=known_hosts, ssh_config=ssh_config,
         connect_timeout=connect_timeout, connect_timeout_given=given), warn=display.warn)
@@ -1002,6 +1007,7 @@ def bench(
     if not 0 < threshold <= 1:
         raise UsageError(f"--threshold must be in (0, 1], not {threshold}")
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
     opts = benchlib.BenchOptions(model=model, batch_size=batch_size, steps=steps, warmup_steps=warmup,
                                  mixed_precision=mixed_precision, xla=xla, threshold=threshold, timeout=timeout)
@@ -1119,7 +1125,7 @@ def sync(
             sys.stdout.write(line + "\n")
         return
     with SshPool(inv.settings) as pool, display.SyncProgress(labels) as events:
-        syncer = transfer.Syncer(inv.targets, inv.hosts.hosts, inv.settings.known_hosts, pool, source, dst,
+        syncer = transfer.Syncer(inv.targets, [e.address for e in inv.hosts.entries], inv.settings.known_hosts, pool, source, dst,
                                  strategy=strategy, fanout=fanout, delete=delete, endpoint_url=endpoint_url,
                                  managed=inv.cluster is not None, events=events,
                                  node_python=launch.node_python(inv.cluster))
@@ -1502,6 +1508,7 @@ def train(
         trainlib.stop(inv, job)
         display.info(f"stopped {job.job} on every node")
         return
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     if synthetic == bool(data):
         raise UsageError("give --data DIR or --synthetic (one of them)")
     if model not in ("resnet50", "tiny"):
@@ -1606,6 +1613,7 @@ def launch(
         jobs.validate_job_name(name)
     userjob.check_np(np_, 1 << 30)  # the lower bound now; the slots once the hosts are known
     inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config)
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     np_ = userjob.check_np(np_, inv.hosts.total_slots)
     job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)
     display.info(f"`{the_plan.command.python}` runs as the node runtime's Python on every node: {job.python}")

@@ -153,7 +153,7 @@ def _float(text: str | None) -> float | None:
 def run(inv, python: str | None = None, timeout: float = 120.0, cloud: dict[str, dict[str, str]] | None = None) -> DoctorReport:
     """Probe every node at once and judge the facts."""
     python = python or launch.node_python(inv.cluster)
-    peers = {t.label: " ".join(e.host for e in inv.hosts.entries if e.host != h)
+    peers = {t.label: " ".join(e.address for e in inv.hosts.entries if e.host != h)
              for t, h in zip(inv.targets, inv.hosts.hosts)}
     slots = {t.label: e.slots for t, e in zip(inv.targets, inv.hosts.entries)}
     with SshPool(inv.settings) as pool:

@@ -48,6 +48,35 @@ def host_problem(token: str) -> str | None:
     return None
 
 
+def split_port(token: str) -> tuple[str, int | None]:
+    """`host:PORT`, `[v6]`, `[v6]:PORT` -> (address, port or None); a bare address comes back as it is.
+    Malformed forms come back unchanged so host_problem names them."""
+    if token.startswith("["):
+        inner, sep, rest = token[1:].partition("]")
+        if not sep or ":" not in inner:
+            return token, None
+        if rest == "":
+            return inner, None
+        if rest.startswith(":") and rest[1:].isdigit() and rest[1:].isascii():
+            return inner, int(rest[1:])
+        return token, None
+    if token.count(":") == 1:
+        host, _, port = token.partition(":")
+        if port.isdigit() and port.isascii():
+            return host, int(port)
+    return token, None
+
+
+def entry_problem(token: str) -> str | None:
+    """host_problem for a hosts-file token, which may carry an ssh port (`host:2222`, `[fd00::5]:2222`)."""
+    address, port = split_port(token)
+    if port is not None and not 1 <= port <= 65535:
+        return f"port {port} of {token!r} is not between 1 and 65535"
+    if address != token:
+        return host_problem(address)
+    return host_problem(token)
+
+
 def validate_host(token: str, where: str = "host") -> str:
     problem = host_problem(token)
     if problem:
@@ -57,8 +86,16 @@ def validate_host(token: str, where: str = "host") -> str:
 
 @dataclass(frozen=True)
 class HostEntry:
-    host: str
+    host: str  # as written: what ssh is given (`host`, `host:2222`, `[fd00::5]:2222`)
     slots: int = 1
+
+    @property
+    def address(self) -> str:
+        return split_port(self.host)[0]
+
+    @property
+    def port(self) -> int | None:
+        return split_port(self.host)[1]
 
 
 @dataclass(frozen=True)
@@ -84,7 +121,9 @@ class HostsFile:
                 raise HostsFileError(f"{where}: control character {bad[0]!r} in line", "remove it")
             tokens = line.split()
             host, options = tokens[0], tokens[1:]
-            validate_host(host, where)
+            problem = entry_problem(host)
+            if problem:
+                raise HostsFileError(f"{where}: {problem}", "fix that entry; hosts are addresses or DNS names")
             slots = 1
             for opt in options:
                 key, sep, value = opt.partition("=")
@@ -97,9 +136,10 @@ class HostsFile:
                     raise HostsFileError(f"{where}: slots must be a whole number from 1 to {MAX_SLOTS}, not {value!r}")
                 if key == "slots":
                     slots = int(value)
-            if host in seen:
-                raise HostsFileError(f"{where}: host {host!r} is listed twice (first on line {seen[host]})")
-            seen[host] = lineno
+            key = _endpoint(host)  # fd00::5 and [fd00::5], or fd00::5 and fd00:0::5, are one host
+            if key in seen:
+                raise HostsFileError(f"{where}: host {host!r} is listed twice (first on line {seen[key]})")
+            seen[key] = lineno
             entries.append(HostEntry(host, slots))
         if not entries:
             raise HostsFileError(f"{source}: no hosts in the file", "add one `HOST slots=N` line per node")
@@ -136,17 +176,28 @@ class HostsFile:
     def render(self) -> str:
         return "".join(f"{e.host} slots={e.slots}\n" for e in self.entries)
 
+    def check_launchable(self) -> None:
+        """horovodrun and mpirun take one ssh port for every host (-p): entries with their own port are refused."""
+        with_port = [e.host for e in self.entries if e.port is not None]
+        if with_port:
+            from clusterctl.errors import UsageError
+
+            raise UsageError(f"horovodrun takes one ssh port for all hosts, so {with_port[0]!r} (a host with its "
+                             "own port) cannot be launched", "use hosts whose sshd listens on port 22")
+
     def render_mpi(self) -> str:
+        self.check_launchable()
         return "".join(f"{e.host} slots={e.slots} max_slots={e.slots}\n" for e in self.entries)
 
     def horovod_arg(self) -> str:
         """The `-H h1:8,h2:8` string of horovodrun and mpirun."""
-        return ",".join(f"{_bracket_v6(e.host)}:{e.slots}" for e in self.entries)
+        self.check_launchable()
+        return ",".join(f"{_bracket_v6(e.address)}:{e.slots}" for e in self.entries)
 
     def tf_config(self, ps_port: int = 2222, worker_port: int = 2223, task: tuple[str, int] = ("worker", 0)) -> str:
         """TF_CONFIG: one parameter server per host, one worker per slot (ports counting up per host)."""
-        ps = [f"{_bracket_v6(e.host)}:{ps_port}" for e in self.entries]
-        workers = [f"{_bracket_v6(e.host)}:{worker_port + i}" for e in self.entries for i in range(e.slots)]
+        ps = [f"{_bracket_v6(e.address)}:{ps_port}" for e in self.entries]
+        workers = [f"{_bracket_v6(e.address)}:{worker_port + i}" for e in self.entries for i in range(e.slots)]
         return json.dumps({"cluster": {"ps": ps, "worker": workers}, "task": {"type": task[0], "index": task[1]}})
 
     def to_json(self) -> str:
@@ -165,6 +216,15 @@ class HostsFile:
 
             raise UsageError(f"unknown format {fmt!r}", f"use one of {', '.join(renderers)}")
         return renderers[fmt]()
+
+
+def _endpoint(token: str) -> tuple[str, int | None]:
+    address, port = split_port(token)
+    try:
+        address = str(ipaddress.ip_address(address))
+    except ValueError:
+        address = address.lower()
+    return address, port
 
 
 def _bracket_v6(host: str) -> str:

@@ -132,7 +132,7 @@ def _sync(step: Step, ctx: Context) -> tuple[bool, str]:
             ctx.report(f"  {text}")
 
     with SshPool(inv.settings) as pool:
-        report = transfer.Syncer(inv.targets, inv.hosts.hosts, inv.settings.known_hosts, pool, source, dst,
+        report = transfer.Syncer(inv.targets, [e.address for e in inv.hosts.entries], inv.settings.known_hosts, pool, source, dst,
                                  strategy=strategy, fanout=int(p.get("fanout", 1)), delete=bool(p.get("delete", False)),
                                  endpoint_url=p.get("endpoint_url") or None, managed=inv.cluster is not None,
                                  events=Phases(), node_python=launch.node_python(inv.cluster)).run()

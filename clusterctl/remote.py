@@ -147,7 +147,8 @@ def targets_from_hosts(
     for _, alias, _ in parsed:
         validate_host(alias, "host")
     configs = sshconfig.lookup([(alias, u if u else user, p or port) for u, alias, p in parsed], ssh_config)
-    targets = [build(alias, hc, 0, u, p) for (u, alias, p), hc in zip(parsed, configs)]
+    # labelled as written, so `host:2222` and `[fd00::5]:2222` match their hosts-file entries
+    targets = [replace(build(alias, hc, 0, u, p), label=h) for h, (u, alias, p), hc in zip(hosts, parsed, configs)]
     if warnings is not None:
         for value, names in lax.items():
             shown = ", ".join(dict.fromkeys(names[:3])) + (" ..." if len(set(names)) > 3 else "")
