@@ -1335,6 +1335,7 @@ def sweep(
             raise UsageError("--file: two files have the same name")
         sweeplib.build_trials(cmd or [], combos[:1], "python")  # a bad command template fails before connecting
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
+    inv.hosts.check_launchable("the sweep scheduler (ssh from the leader to each node)")
     py = sweeplib.python_for(inv.cluster, python)
     if not control:
         trials = sweeplib.build_trials(cmd or [], combos, py)

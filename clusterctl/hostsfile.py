@@ -176,13 +176,13 @@ class HostsFile:
     def render(self) -> str:
         return "".join(f"{e.host} slots={e.slots}\n" for e in self.entries)
 
-    def check_launchable(self) -> None:
+    def check_launchable(self, who: str = "horovodrun") -> None:
         """horovodrun and mpirun take one ssh port for every host (-p): entries with their own port are refused."""
         with_port = [e.host for e in self.entries if e.port is not None]
         if with_port:
             from clusterctl.errors import UsageError
 
-            raise UsageError(f"horovodrun takes one ssh port for all hosts, so {with_port[0]!r} (a host with its "
+            raise UsageError(f"{who} takes one ssh port for all hosts, so {with_port[0]!r} (a host with its "
                              "own port) cannot be launched", "use hosts whose sshd listens on port 22")
 
     def render_mpi(self) -> str:

@@ -4,7 +4,8 @@ Member 1 runs a second sshd (started here, inside the node) on port 2222, on its
 IPv6 address the test gives its eth0 (the bridge gets one in the same /64). `run` and `sync` reach it
 through `ADDR:2222` and `[V6]:2222` with host keys pinned under OpenSSH's `[host]:port` names; OpenSSH
 itself (`ssh -F CFG -p 2222 HOST`) lands in the same place. horovodrun cannot take per-host ports, so
-`launch` and `bench` refuse such a file in one line (exit 2).
+`launch`, `bench` and `sweep` (whose scheduler ssh-es from the leader the same way) refuse such a file in
+one line (exit 2).
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def test_sync_reaches_ported_and_ipv6_hosts(c, setup, tmp_path):
 @pytest.mark.parametrize("argv", [
     ("launch", "HOSTS", "--", "python", "-c", "print(1)"),
     ("bench", "HOSTS", "--synthetic"),
+    ("sweep", "--hosts", "HOSTS", "--grid", "x=1,2", "--", "python", "-c", "print({x})"),
 ])
 def test_horovod_commands_refuse_per_host_ports_in_one_line(c, setup, argv):
     d, v4, v6 = setup
@@ -122,4 +124,4 @@ def test_horovod_commands_refuse_per_host_ports_in_one_line(c, setup, argv):
     proc = c.cli(args[0], "--ssh-config", str(d / "config"), *args[1:])
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
-    assert len(errors) == 1 and "one ssh port for all hosts" in errors[0], proc.stderr
+    assert len(errors) == 1 and "takes one ssh port for all hosts" in errors[0], proc.stderr
