@@ -143,7 +143,7 @@ def _sync(step: Step, ctx: Context) -> tuple[bool, str]:
 
 
 def _train(step: Step, ctx: Context) -> tuple[bool, str]:
-    from clusterctl import train
+    from clusterctl import launch, train
 
     p = step.params
     synthetic = bool(p.get("synthetic", False))
@@ -157,7 +157,7 @@ def _train(step: Step, ctx: Context) -> tuple[bool, str]:
     job = train.start(ctx.inventory, ctx.store, opts, report=ctx.report)
     if not p.get("wait", True):
         return True, f"started {job.job} (not waited for)"
-    code = train.follow(ctx.inventory, job, lambda line: ctx.report(f"  {line}"))
+    code = launch.follow(ctx.inventory, job.job, lambda line: ctx.report(f"  {line}"))
     return code == 0, f"{job.job} exited {code}"
 
 
