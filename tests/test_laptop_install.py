@@ -75,7 +75,9 @@ def test_the_wheel_without_extras_drives_aws_from_another_python(laptop, aws, aw
     row = next(line for line in ls.stdout.splitlines() if line.strip().startswith("lap"))
     assert "aws" in row and "1 running" in row
 
-    down = _run(laptop, cli, env, "down", "--all", "--yes")
+    # --provider aws: without it, `down --all` would also take down every local cluster on this machine,
+    # other test runs' included
+    down = _run(laptop, cli, env, "down", "--all", "--provider", "aws", "--yes")
     assert down.returncode == 0, down.stdout + down.stderr
     assert "cluster lap is gone" in down.stderr and aws.nodes == {}
 
