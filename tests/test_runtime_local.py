@@ -46,6 +46,25 @@ def test_a_node_sees_nothing_of_the_operator(local_cluster_factory):
     assert _record(c)["extra"]["runtime"] == "none"
 
 
+def test_a_home_under_root_as_by_default(tmp_path):
+    """CLUSTERCTL_HOME under /root (the default ~/.clusterctl): the node's binds come from there before the node's
+    own /root covers it."""
+    import shutil
+    import uuid
+
+    home = Path("/root") / f".clusterctl-test-{uuid.uuid4().hex[:8]}"
+    cli = Cli(home, tmp_path)
+    name = "h" + uuid.uuid4().hex[:7]
+    try:
+        up = cli("up", "--provider", "local", "--name", name, "--nodes", "1", "--yes", "--runtime", "none")
+        assert up.returncode == 0, up.stderr
+        run = cli("run", "--json", "ls -A /opt | wc -l; test -d ~/.ssh && echo own-home")
+        assert run.returncode == 0 and json.loads(run.stdout)["stdout"].split() == ["0", "own-home"], run.stdout
+    finally:
+        cli("down", name, "--yes", timeout=120)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def test_up_installs_one_verified_runtime_and_reuses_the_cache(local_cluster_factory):
     c = local_cluster_factory(2, 2, runtime=True)
     extra = _record(c)["extra"]

@@ -263,6 +263,13 @@ def opt_mounts(cluster: str) -> list[str]:
     return sorted(set(found))
 
 
+def _binds(node_dir: Path) -> list[tuple[Path, str]]:
+    """The node's own /etc/ssh, /opt and /root, ordered so that none covers node_dir before its turn."""
+    binds = [(node_dir / "etc-ssh", "/etc/ssh"), (node_dir / "opt", "/opt"), (node_dir / "home", "/root")]
+    real = os.path.realpath(node_dir)
+    return sorted(binds, key=lambda b: real == b[1] or real.startswith(b[1] + "/"))
+
+
 def start_node(ns: str, hostname: str, node_dir: Path, tmp_size: str = "2g") -> int:
     """Start the node's PID 1 (sshd) in namespace `ns` with its own hostname, mounts and a fresh /tmp;
     returns the host PID of the unshare process. Used at creation and by `restart_node`.
@@ -270,16 +277,16 @@ def start_node(ns: str, hostname: str, node_dir: Path, tmp_size: str = "2g") -> 
     Inside, the node has the base OS and nothing of the operator's: /opt is the node's own (empty at
     first, as on an AMI; the node runtime goes there), /usr/local is an empty skeleton, and the
     operator's clusterctl files (`operator_paths`) are covered by empty read-only tmpfs."""
-    etc_ssh, home, opt = node_dir / "etc-ssh", node_dir / "home", node_dir / "opt"
+    opt = node_dir / "opt"
     mount_opt(ns, opt)
     skeleton = " ".join(shlex.quote(f"/usr/local/{d}") for d in USR_LOCAL_SKELETON)
     inner = " && ".join(
         [
             f"hostname {shlex.quote(hostname)}",
-            # Order matters: sources may live under /root, /tmp or the operator's paths, so bind them first.
-            f"mount --bind {shlex.quote(str(etc_ssh))} /etc/ssh",
-            f"mount --bind {shlex.quote(str(home))} /root",
-            f"mount --bind {shlex.quote(str(opt))} /opt",
+            # Order matters: the sources live in node_dir, which may be under /root (the default
+            # CLUSTERCTL_HOME), /opt, /tmp or the operator's paths: bind them all before any of those is covered,
+            # and the target that holds node_dir last.
+            *[f"mount --bind {shlex.quote(str(src))} {target}" for src, target in _binds(node_dir)],
             *[f"mount -t tmpfs -o ro,size=4k,mode=0755 clusterctl-hidden {shlex.quote(p)}" for p in operator_paths()],
             "mount -t tmpfs -o mode=0755 tmpfs /usr/local",
             f"mkdir -p {skeleton}",
