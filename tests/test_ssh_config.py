@@ -12,14 +12,14 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from conftest import Forward
 
 PASSPHRASE = "correct horse battery staple"
 
@@ -32,41 +32,9 @@ def c(module_cluster_factory):
 @pytest.fixture(scope="module")
 def forward(c):
     """127.0.0.1:PORT -> member 2's sshd: a host on a non-default port."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    stop = threading.Event()
-
-    def pipe(a, b):
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def serve():
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except (socket.timeout, OSError):
-                continue
-            up = socket.create_connection((c.hosts[2], 22), timeout=5)
-            for a, b in ((conn, up), (up, conn)):
-                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield srv.getsockname()[1]
-    stop.set()
-    t.join(5)
-    srv.close()
+    f = Forward(("127.0.0.1", 0), (c.hosts[2], 22))
+    yield f.port
+    f.close()
 
 
 def _start_agent(d: Path, name: str) -> tuple[subprocess.Popen, str]:
