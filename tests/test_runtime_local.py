@@ -85,12 +85,37 @@ def test_up_installs_one_verified_runtime_and_reuses_the_cache(local_cluster_fac
 
     st = c.cli("status", c.name)
     assert f"runtime: {rid}, {python} on every node" in st.stdout, st.stdout
+    _reinstall_sends_only_what_is_missing(c, rid)
     # a second cluster: the cache is warm, nothing is built
     d = local_cluster_factory(1, 1, runtime=True)
     assert _record(d)["extra"]["runtime"] == rid
     doctor = d.cli("doctor", "--json")
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert json.loads(doctor.stdout)["nodes"][0]["cells"]["runtime"] == {"status": "ok", "why": rid}
+
+
+def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
+    """One node loses its runtime: a second install relays and unpacks on that node alone."""
+    from clusterctl import provision
+    from clusterctl.remote import SshPool
+    from clusterctl.runtime.install import RuntimeRequest, install
+    from clusterctl.state import StateStore
+
+    store = StateStore(c.cli.home)
+    cluster = store.load(c.name).cluster
+    lines: list[str] = []
+    with SshPool(provision.ssh_settings(cluster, store)) as pool:
+        targets = provision.ssh_targets(cluster, store)
+        gone = pool.run_one(targets[1], f"rm -rf /opt/clusterctl-runtime/{rid}", timeout=60)
+        assert gone.ok, gone.stderr
+        fields = install(cluster, pool, targets, provision.hosts_file(cluster).hosts,
+                         str(provision.paths(store, c.name).known_hosts), RuntimeRequest("install"), lines.append)
+    assert fields["runtime"] == rid
+    text = "\n".join(lines)
+    assert "1 node(s) need it" in text and "relayed to 1 node(s)" in text, text
+    assert "unpacked and verified on 1 node(s)" in text, text
+    check = c.cli("run", "--json", f"test -f /opt/clusterctl-runtime/{rid}/.clusterctl-runtime.json && echo ok")
+    assert [json.loads(line)["stdout"].strip() for line in check.stdout.splitlines()] == ["ok", "ok"], check.stdout
 
 
 def test_second_up_prints_the_cache_hit(cli: Cli, local_cluster_factory):

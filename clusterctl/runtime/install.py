@@ -76,24 +76,27 @@ def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addre
     spec = rt.RuntimeSpec(gpu=platform.gpu)
     rid = rt.runtime_id(spec, platform)
     fields = {"runtime": rid, "python": rt.python_of(rid)}
-    missing = [t for t, has in zip(targets, prepare(pool, targets, names, rid)) if not has]
-    if not missing:
+    have = prepare(pool, targets, names, rid)
+    need = [i for i, has in enumerate(have) if not has]
+    if not need:
         report(f"node runtime {rid} is already on every node")
         return fields
     report(f"node runtime {rid}: {platform.os} {platform.arch}, python {platform.python}, "
            f"CUDA {platform.cuda}; TensorFlow {spec.tensorflow} ({'GPU' if spec.gpu else 'CPU'}), "
-           f"Horovod {spec.horovod}; {len(missing)} node(s) need it")
+           f"Horovod {spec.horovod}; {len(need)} node(s) need it")
     incoming = f"{INCOMING}/{rid}"
     if cluster.provider == "local":  # local nodes have this machine's base OS: it builds for them
         from clusterctl.runtime import cache
 
         folder, built = cache.ensure(spec, platform, report)
         report(f"node runtime {rid}: {'built and cached' if built else 'from the cache'} at {folder}")
-        relay(pool, targets, addresses, known_hosts, str(folder), incoming, report, leader_source=False)
-    else:
+        # Only the nodes without it: a re-run after a partial `up` sends nothing twice.
+        relay(pool, [targets[i] for i in need], [addresses[i] for i in need], known_hosts, str(folder), incoming,
+              report, leader_source=False)
+    else:  # the leader is the relay's source, so it stays in the chain
         _on_leader(pool, targets, rid, spec, platform, incoming, request, report, s3)
         relay(pool, targets, addresses, known_hosts, incoming, incoming, report, leader_source=True)
-    unpack(pool, targets, names, rid, incoming, report)
+    unpack(pool, [targets[i] for i in need], [names[i] for i in need], rid, incoming, report)
     return fields
 
 
