@@ -28,9 +28,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 from clusterctl.errors import UsageError
 from clusterctl.types import Autostop
@@ -84,8 +88,8 @@ def describe(a: Autostop | None) -> str:
         return "off: the cluster runs until `clusterctl down`"
     parts = []
     if a.idle_stop_s:
-        parts.append(f"after {human(a.idle_stop_s)} with nothing busy (no GPU in use; on CPU nodes no training "
-                     "process and no ssh command)")
+        parts.append(f"after {human(a.idle_stop_s)} with nothing busy (no GPU in use, no training process, no ssh "
+                     "command, no sync or launch of clusterctl running)")
     if a.max_lifetime_s:
         parts.append(f"at the latest {human(a.max_lifetime_s)} after it was made")
     return "stops itself " + ", and ".join(parts) + " (`clusterctl keep NAME --for 4h` extends)"
@@ -441,6 +445,68 @@ def change(store, record, action: str, **values) -> list[str]:
 
     with SshPool(provision.ssh_settings(c, store, connect_timeout=10.0)) as pool:
         report = pool.run(provision.ssh_targets(c, store), remote_command(action, *args), timeout=60)
+    return [f"{r.host}: {r.error or (r.stderr.strip() or r.stdout.strip())[-200:] or f'exit {r.exit_code}'}"
+            for r in report if not r.ok]
+
+
+# ---- leases: long operations keep the cluster up while they run --------------------------------------------
+LEASE_TTL = 600.0  # a lease outlives its operator by at most this (a laptop closed mid-sync); renewed every third
+
+
+@contextmanager
+def lease(store, cluster, what: str, ttl: float = LEASE_TTL, warn: Callable[[str], None] | None = None):
+    """Hold an autostop lease on `cluster` (a Cluster of a record, or None for a plain hosts file: nothing to
+    hold) while the block runs: the watchdog counts it as activity. Renewed in the background, released at the
+    end whatever happens; a node that does not take it is a warning, never a failure of the operation."""
+    if cluster is None or from_extra(cluster.extra) is None:
+        yield None
+        return
+    lease_id = f"{re.sub(r'[^A-Za-z0-9_.-]', '-', what)[:20]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    text = f"clusterctl {what} from {owner()}"
+    stop = threading.Event()
+
+    def hold(take: bool) -> None:
+        try:
+            failed = _lease_all(store, cluster, lease_id, ttl if take else None, text)
+        except Exception as exc:  # noqa: BLE001  (unreachable leader, keys gone: the operation goes on)
+            failed = [f"{cluster.name}: {exc}"]
+        if failed and warn is not None:
+            warn(f"autostop lease for this {what} not {'taken' if take else 'released'} on: {'; '.join(failed)[:300]}")
+
+    def renew() -> None:
+        while not stop.wait(ttl / 3):
+            hold(True)
+
+    hold(True)
+    renewer = threading.Thread(target=renew, name="autostop-lease", daemon=True)
+    renewer.start()
+    try:
+        yield lease_id
+    finally:
+        stop.set()
+        renewer.join(30)
+        hold(False)
+
+
+def _lease_all(store, cluster, lease_id: str, seconds: float | None, what: str) -> list[str]:
+    """Take (seconds) or release (None) a lease on every node's watchdog; one line per node that did not."""
+    if cluster.provider == "local":
+        for i in range(len(cluster.nodes)):
+            d = str(local_dir(store, cluster.name, i))
+            if not os.path.exists(os.path.join(d, "config.json")):
+                continue
+            if seconds is None:
+                watchdog().release_lease(d, lease_id)
+            else:
+                watchdog().take_lease(d, lease_id, seconds, what)
+        return []
+    from clusterctl import provision
+    from clusterctl.remote import SshPool
+
+    args = ("--id", lease_id) + (("--for", str(int(seconds)), "--what", what) if seconds is not None else ())
+    with SshPool(provision.ssh_settings(cluster, store, connect_timeout=10.0)) as pool:
+        report = pool.run(provision.ssh_targets(cluster, store),
+                          remote_command("lease" if seconds is not None else "release", *args), timeout=60)
     return [f"{r.host}: {r.error or (r.stderr.strip() or r.stdout.strip())[-200:] or f'exit {r.exit_code}'}"
             for r in report if not r.ok]
 

@@ -1124,7 +1124,10 @@ def sync(
         for line in transfer.render_plan(strategy, labels, source, fanout, labels[0] if labels else None):
             sys.stdout.write(line + "\n")
         return
-    with SshPool(inv.settings) as pool, display.SyncProgress(labels) as events:
+    from clusterctl import autostop
+
+    with autostop.lease(_store(), inv.cluster, "sync", warn=display.warn), SshPool(inv.settings) as pool, \
+            display.SyncProgress(labels) as events:  # the lease: autostop counts the copy as activity
         syncer = transfer.Syncer(inv.targets, [e.address for e in inv.hosts.entries], inv.settings.known_hosts, pool, source, dst,
                                  strategy=strategy, fanout=fanout, delete=delete, endpoint_url=endpoint_url,
                                  managed=inv.cluster is not None, events=events,
@@ -1616,7 +1619,10 @@ def launch(
     inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config)
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     np_ = userjob.check_np(np_, inv.hosts.total_slots)
-    job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)
+    from clusterctl import autostop
+
+    with autostop.lease(_store(), inv.cluster, "launch", warn=display.warn):  # autostop waits for the start
+        job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)
     display.info(f"`{the_plan.command.python}` runs as the node runtime's Python on every node: {job.python}")
     display.info(f"started job {job.job}: {job.np} process(es) on {len(job.nodes)} node(s), horovodrun on the "
                  f"leader {job.leader} (tmux session {job.job}, folder {job.job_dir})")
@@ -1624,7 +1630,8 @@ def launch(
         display.info(f"follow it: clusterctl logs {job.job} -f; end it: clusterctl kill {job.job}")
         return
     try:
-        code = launchlib.follow(inv, job.job, _print_line)
+        with autostop.lease(_store(), inv.cluster, "launch --attach", warn=display.warn):
+            code = launchlib.follow(inv, job.job, _print_line)
     except KeyboardInterrupt:
         display.info(f"detached; {job.job} keeps running (clusterctl kill {job.job} ends it)")
         raise typer.Exit(int(ExitCode.INTERRUPTED))

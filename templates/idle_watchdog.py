@@ -9,15 +9,19 @@ local provider it runs inside the leader node and a host-side supervisor removes
   idle_watchdog.py probe                     this node's activity as one JSON line (what `run` asks every node)
   idle_watchdog.py status --dir DIR          settings, state and time left as one JSON line
   idle_watchdog.py keep --dir DIR --for S    no stop of any kind before now + S seconds
+  idle_watchdog.py lease --dir DIR --id ID --for S [--what TEXT]   busy until now + S (renewed while it runs)
+  idle_watchdog.py release --dir DIR --id ID                       that lease ends now
   idle_watchdog.py off|on --dir DIR          disable / enable
 
 DIR holds config.json (written by clusterctl: the settings), state.json (written here at every check),
-watchdog.log (why it fired) and, once it fired, fired.json.
+watchdog.log (why it fired), leases/ID.json (one per long clusterctl operation that runs: sync, launch)
+and, once it fired, fired.json.
 
-Busy means, on any node of the cluster: a GPU in use (nvidia-smi), or on nodes without GPUs a training
-process (python, horovodrun, mpirun, orted ...) or an ssh session that runs, or since the last check
-ran, a command. Kept-open ssh connections with nothing running, system daemons, and clusterctl's own
-checks (anything running this script) do not count. The node whose address is first in the hosts file
+Busy means, when ANY of these says so: a GPU in use (nvidia-smi), a training process (python,
+horovodrun, mpirun, orted ...), an ssh session that runs, or since the last check ran, a command (on any
+node of the cluster), or a lease that has not expired (on the deciding node). A node with idle GPUs is
+not idle while a copy or a shell runs on it. Kept-open ssh connections with nothing running, system
+daemons, and clusterctl's own checks (anything running this script) do not count. The node whose address is first in the hosts file
 (the leader) decides for the whole cluster: it asks every member over ssh, and when it fires it powers
 the members off first, then itself. A member defers to the leader while the leader answers on port 22,
 and acts alone (on its own activity) when there is no hosts file yet or the leader is gone.
@@ -147,11 +151,11 @@ def probe(threshold=1):
 
 
 def busy_reasons(host, pr, seen, own, first, threshold=1):
-    """Why node `host` is busy now (empty: idle). `seen`: its sessions at the last check; `own`: session keys
-    known to be clusterctl's own checks (updated here)."""
-    if pr.get("gpus"):
-        return [f"{host}: GPU {i} at {u}%" for i, u in enumerate(pr["gpus"]) if u >= threshold]
-    reasons = [f"{host}: {t}" for t in pr.get("training", [])]
+    """Why node `host` is busy now (empty: idle): every signal counts, GPUs or not (idle GPUs do not make a
+    running copy or shell idle). `seen`: its sessions at the last check; `own`: session keys known to be
+    clusterctl's own checks (updated here)."""
+    reasons = [f"{host}: GPU {i} at {u}%" for i, u in enumerate(pr.get("gpus") or []) if u >= threshold]
+    reasons += [f"{host}: {t}" for t in pr.get("training", [])]
     for key, s in pr.get("sessions", {}).items():
         kids = s.get("children", [])
         if kids and all(k["own"] for k in kids):
@@ -164,6 +168,53 @@ def busy_reasons(host, pr, seen, own, first, threshold=1):
             reasons.append(f"{host}: a command ran in an ssh session")
         elif key not in seen and not first and s["faults"] > 0:
             reasons.append(f"{host}: a new ssh session ran a command")
+    return reasons
+
+
+# ---- leases: a long clusterctl operation (sync, launch) holds one while it runs ------------------------------
+def _lease_path(d, lease_id):
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,80}", lease_id or "") or lease_id.startswith("."):
+        raise ValueError(f"bad lease id {lease_id!r}")
+    return os.path.join(d, "leases", lease_id + ".json")
+
+
+def take_lease(d, lease_id, seconds, what=""):
+    """Busy until now + seconds; the operation renews it while it runs and releases it at its end (a lease
+    of an operator that vanished expires by itself)."""
+    path = _lease_path(d, lease_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_json(path, {"until": time.time() + float(seconds), "what": str(what)[:120]})
+
+
+def release_lease(d, lease_id):
+    try:
+        os.unlink(_lease_path(d, lease_id))
+    except FileNotFoundError:
+        pass
+
+
+def leases(d, now=None):
+    """Reasons for the leases that have not expired; expired ones are removed."""
+    now = time.time() if now is None else now
+    reasons = []
+    folder = os.path.join(d, "leases")
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        info = read_json(os.path.join(folder, name))
+        until = float((info or {}).get("until") or 0) if isinstance(info, dict) else 0
+        if until > now:
+            reasons.append(f"lease {name[:-5]}: {info.get('what') or 'a clusterctl operation'} runs "
+                           f"(for {int(until - now)}s more unless renewed)")
+        elif info is not None or now - os.path.getmtime(os.path.join(folder, name)) > 60:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
     return reasons
 
 
@@ -328,7 +379,7 @@ def run(d):
                                              else f"the leader {hosts[0]} decides")
         else:
             here = probe(threshold)
-            reasons = busy_reasons("this node", here, seen.get("", {}), own, first, threshold)
+            reasons = leases(d, now) + busy_reasons("this node", here, seen.get("", {}), own, first, threshold)
             seen[""] = here.get("sessions", {})
             members = [h for h in hosts[1:] if h not in mine] if role == "leader" else []
             probes = probe_members(cfg, members) if members else {}
@@ -378,7 +429,7 @@ def fire(cfg, d, why, members):
 
 
 def main(argv):
-    if not argv or argv[0] not in ("run", "probe", "status", "keep", "off", "on"):
+    if not argv or argv[0] not in ("run", "probe", "status", "keep", "off", "on", "lease", "release"):
         sys.stderr.write(__doc__)
         return 2
     cmd, args = argv[0], argv[1:]
@@ -398,6 +449,16 @@ def main(argv):
         run(d)
     elif cmd == "status":
         print(json.dumps(status(d), sort_keys=True))
+    elif cmd in ("lease", "release"):
+        try:
+            if cmd == "lease":
+                take_lease(d, opt("--id"), float(opt("--for")), opt("--what") or "")
+            else:
+                release_lease(d, opt("--id"))
+        except (TypeError, ValueError) as exc:
+            sys.stderr.write(f"{cmd}: {exc}\n")
+            return 2
+        print(json.dumps({"lease": opt("--id"), "held": cmd == "lease"}))
     elif cmd == "keep":
         seconds = float(opt("--for"))
         edit_config(d, keep_until=time.time() + seconds)

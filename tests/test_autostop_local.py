@@ -113,3 +113,66 @@ def cli_store(cli):
     from clusterctl.state import StateStore
 
     return StateStore(cli.home)
+
+
+NVIDIA_SMI = "#!/bin/sh\necho 0\necho 0\n"  # two GPUs, both idle: what a p3 shows during a copy or a pip install
+
+
+def test_gpu_cluster_with_idle_gpus_stays_up_while_a_command_or_a_sync_runs(local_cluster_factory, tmp_path):
+    """Issue 14: on GPU nodes the watchdog looked at GPU use only. A stand-in nvidia-smi (each node's /usr/local
+    is its own tmpfs) reports two idle GPUs; a command longer than --idle-stop must keep the cluster up, and a
+    sync holds a lease while it runs, released after it (also when it fails)."""
+    c = local_cluster_factory(2, 1, ("--idle-stop", "20s"))
+    for i in range(2):
+        c.node_exec(i, "sh", "-c", 'mkdir -p /usr/local/bin && printf "%s" "$0" > /usr/local/bin/nvidia-smi && '
+                                   "chmod 755 /usr/local/bin/nvidia-smi", NVIDIA_SMI)
+    # the leader's watchdog sees the GPUs: its own probe, run the way it runs inside the node
+    pids = [p for p in netns.netns_pids(netns.netns_name(c.name, 0)) if autostop.SCRIPT in autostop._cmdline(p)]
+    assert pids, "no watchdog in the leader"
+    probe = c.node_exec(0, "/usr/bin/python3", f"{autostop.LOCAL_NODE_DIR}/{autostop.SCRIPT}", "probe",
+                        "--dir", autostop.LOCAL_NODE_DIR)
+    assert json.loads(probe.stdout)["gpus"] == [0, 0], probe.stdout
+    env = dict(e.split("=", 1) for e in open(f"/proc/{pids[0]}/environ").read().split("\0") if "=" in e)
+    assert "/usr/local/bin" in env.get("PATH", "").split(":"), env.get("PATH")
+
+    # a command longer than --idle-stop on the member: idle GPUs, but the node is not idle
+    member = c.cli.cwd / "member"
+    member.write_text(f"{c.hosts[1]} slots=1\n")
+    proc = c.cli("run", "--cluster", c.name, str(member), "sleep 40", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert netns.cluster_netns(c.name) and _answers(c.hosts[0]), "stopped while a command ran on idle GPUs"
+    assert _record(c.cli, c.name)["status"] == "up"
+    st = json.loads((autostop.local_dir(cli_store(c.cli), c.name) / "state.json").read_text())
+    assert f"{c.hosts[1]}: " in st["last_reason"] and "ssh session" in st["last_reason"], st
+
+    # a sync holds a lease while it runs (on every node's watchdog folder), gone after it
+    src = tmp_path / "data"
+    src.mkdir()
+    for i in range(200):
+        (src / f"f{i:04d}.bin").write_bytes(bytes([i % 256]) * 20000)
+    folders = [autostop.local_dir(cli_store(c.cli), c.name, i) / "leases" for i in range(2)]
+
+    def sync_watching_leases(*args: str):
+        p = c.cli.popen("sync", "--cluster", c.name, *args)
+        seen: dict = {}
+        while p.poll() is None:
+            for f in folders:
+                for lease in (f.glob("*.json") if f.exists() else []):
+                    try:
+                        seen[lease.name] = json.loads(lease.read_text())
+                    except (OSError, ValueError):
+                        pass
+            time.sleep(0.01)
+        out, err = p.communicate()
+        return p.returncode, out + err, seen
+
+    rc, out, seen = sync_watching_leases(str(src), "/tmp/cc-lease-data")
+    assert rc == 0, out
+    assert seen and all(n.startswith("sync-") for n in seen), seen
+    assert all("clusterctl sync from " in v["what"] and v["until"] > time.time() for v in seen.values()), seen
+    assert not any(list(f.glob("*.json")) for f in folders if f.exists()), "the lease outlived the sync"
+    # a sync that fails on the nodes (a top-level DST with --delete is refused there): released as well
+    rc, out, seen = sync_watching_leases("--delete", str(src), "/cc-lease-top")
+    assert rc == 2 and "top-level" in out, out
+    assert seen, "no lease during the refused sync"
+    assert not any(list(f.glob("*.json")) for f in folders if f.exists()), "a failed sync left its lease"

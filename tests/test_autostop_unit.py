@@ -73,11 +73,41 @@ def _session(faults, *children):
     return {"faults": faults, "children": [{"cmd": c, "own": "idle_watchdog.py" in c} for c in children]}
 
 
-def test_gpu_nodes_are_busy_only_when_a_gpu_is():
+def test_gpu_nodes_are_busy_when_any_signal_says_so():
     own: set = set()
     busy = {"gpus": [0, 87], "training": ["python3[5] train.py"], "sessions": {"1:1": _session(9, "bash")}}
-    assert W.busy_reasons("n1", busy, {}, own, False) == ["n1: GPU 1 at 87%"]
-    assert W.busy_reasons("n1", {**busy, "gpus": [0, 0]}, {}, own, False) == []  # a shell or an idle kernel: idle
+    assert W.busy_reasons("n1", busy, {}, own, False) == ["n1: GPU 1 at 87%", "n1: python3[5] train.py",
+                                                          "n1: ssh session running bash"]
+    # idle GPUs do not make a copy or a shell idle (this returned [] before: a 3-hour sync was stopped)
+    assert W.busy_reasons("n1", {**busy, "gpus": [0, 0]}, {}, own, False) == ["n1: python3[5] train.py",
+                                                                               "n1: ssh session running bash"]
+    assert W.busy_reasons("n1", {"gpus": [0, 0], "training": [], "sessions": {}}, {}, own, False) == []
+
+
+def test_leases_count_until_they_expire_or_are_released(tmp_path):
+    d = str(tmp_path)
+    assert W.leases(d) == []
+    W.take_lease(d, "sync-1-ab", 60, "clusterctl sync from me@laptop")
+    W.take_lease(d, "old", 1, "x")
+    now = time.time()
+    reasons = W.leases(d, now + 5)
+    assert len(reasons) == 1 and reasons[0].startswith("lease sync-1-ab: clusterctl sync from me@laptop runs")
+    assert sorted(os.listdir(tmp_path / "leases")) == ["sync-1-ab.json"]  # the expired one was removed
+    W.release_lease(d, "sync-1-ab")
+    W.release_lease(d, "sync-1-ab")  # twice: no error
+    assert W.leases(d) == []
+    for bad in ("../x", "", ".hidden", "a/b"):
+        with pytest.raises(ValueError):
+            W.take_lease(d, bad, 5)
+    # the command line the operator runs on a cloud node
+    proc = subprocess.run([sys.executable, str(SCRIPT), "lease", "--dir", d, "--id", "l1", "--for", "30", "--what", "sync"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and json.loads(proc.stdout) == {"lease": "l1", "held": True}, proc.stderr
+    assert W.leases(d)[0].startswith("lease l1: sync runs")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "release", "--dir", d, "--id", "l1"], capture_output=True, text=True)
+    assert proc.returncode == 0 and W.leases(d) == []
+    assert subprocess.run([sys.executable, str(SCRIPT), "lease", "--dir", d, "--id", "../l1", "--for", "3"],
+                          capture_output=True, text=True).returncode == 2
 
 
 def test_cpu_nodes_training_processes_and_ssh_commands():
