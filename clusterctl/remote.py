@@ -209,7 +209,9 @@ class SshPool:
         self.settings = settings
         self._clients: dict[tuple, object] = {}
         self._locks: dict[tuple, threading.Lock] = {}
-        self._failed: dict[tuple, BaseException] = {}  # jump hosts that failed during the current call
+        # a failed dial, shared by the callers of one fan-out (a dead jump host is dialled once), forgotten after
+        # a connect timeout so that a later call re-dials (a leader that rebooted is reached again)
+        self._failed: dict[tuple, tuple[BaseException, float]] = {}
         self._lock = threading.Lock()
         self.cancel = threading.Event()
 
@@ -252,7 +254,7 @@ class SshPool:
                 c = self._connect(target)
             except Exception as exc:
                 with self._lock:
-                    self._failed[key] = exc
+                    self._failed[key] = (exc, time.monotonic())
                 raise
             with self._lock:
                 self._clients[key] = c

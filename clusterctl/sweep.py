@@ -363,20 +363,27 @@ def read_state(pool, leader, sweep_id: str) -> Snapshot:
     return Snapshot(state, alive_line.strip() == "alive", log_tail)
 
 
+RECONNECT_S = 300.0  # how long a watch re-dials a leader it lost (a reboot, a network blip) before it gives up
+
+
 def follow(pool, leader, sweep_id: str, on_state: Callable[[dict], None], poll: float = 1.0,
-           start_timeout: float = 60.0) -> dict:
-    """Read the state every `poll` seconds until the sweep ends; the final state."""
+           start_timeout: float = 60.0, reconnect: float = RECONNECT_S) -> dict:
+    """Read the state every `poll` seconds until the sweep ends; the final state. A leader that stops
+    answering is re-dialled with backoff for `reconnect` seconds (the sweep goes on without us)."""
+    from clusterctl import retry
+
     began = time.monotonic()
-    failures = 0
+    lost: float | None = None
+    delays = retry.backoff(poll, 15.0)
     while True:
         try:
             snap = read_state(pool, leader, sweep_id)
-            failures = 0
-        except UnreachableError:
-            failures += 1
-            if failures >= 5:
-                raise
-            time.sleep(poll)
+            lost, delays = None, retry.backoff(poll, 15.0)
+        except UnreachableError as exc:
+            lost = time.monotonic() if lost is None else lost
+            if time.monotonic() - lost >= reconnect:
+                raise UnreachableError(f"{exc} (re-dialled for {reconnect:.0f}s)") from None
+            time.sleep(next(delays))
             continue
         if snap.state is not None:
             on_state(snap.state)

@@ -325,3 +325,30 @@ def test_down_a_leaves_the_etc_netns_of_a_1(cli: Cli):
             cli("down", name, "--yes", timeout=120)
         for name in (a, f"{a}-1"):
             assert netns.leftovers(name).empty
+
+
+# ---- a lost connection is re-dialled with backoff, not cached for ever ------------------------------------
+def test_sweep_attach_redials_a_leader_that_comes_back(c):
+    """The leader refuses ssh from outside for 8 s (its own loopback, where the scheduler reaches the leader's
+    trials, stays open; established connections get a reset too): --attach gave up after 5 s before."""
+    from clusterctl.providers import netns
+
+    start = c.cli("sweep", "--cluster", c.name, "--detach", "--metric", r"score: (\S+)", "--grid", "x=1,2",
+                  "--", "sh", "-c", "sleep 6; echo score: {x}", timeout=120)
+    assert start.returncode == 0, start.stderr
+    sid = start.stderr.split("sweep ", 1)[1].split(":", 1)[0]
+    ns = netns.netns_name(c.name, 0)
+    rule = ["INPUT", "!", "-i", "lo", "-p", "tcp", "--dport", "22", "-j", "REJECT", "--reject-with", "tcp-reset"]
+    attach = c.cli.popen("sweep", "--cluster", c.name, "--attach", "--id", sid)
+    try:
+        time.sleep(2)
+        subprocess.run(["ip", "netns", "exec", ns, "iptables", "-I", *rule], check=True)
+        blocked = time.monotonic()
+        time.sleep(8)
+        assert attach.poll() is None, f"attach gave up while the leader was away: {attach.communicate()}"
+    finally:
+        subprocess.run(["ip", "netns", "exec", ns, "iptables", "-D", *rule], capture_output=True)
+    out, err = attach.communicate(timeout=120)
+    assert attach.returncode == 0, out + err
+    assert time.monotonic() - blocked < 60
+    assert "2 done" in err or "done" in err, err
