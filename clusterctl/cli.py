@@ -1096,6 +1096,8 @@ def sync(
     plan: bool = typer.Option(False, "--plan", help="Print who sends to whom, and copy nothing."),
     delete: bool = typer.Option(False, "--delete", help="Mirror: remove files on the nodes that SRC does not have."),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint the nodes use (e.g. a test server)."),
+    stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="chain: seconds with no data moving before the "
+                                        "node that stopped taking it is reported failed and cut out (the rest finish)."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
     user: Optional[str] = _SSH["user"],
     identity: List[str] = _SSH["identity"],
@@ -1116,6 +1118,8 @@ def sync(
         raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(transfer.STRATEGIES)}")
     if fanout < 1:
         raise UsageError("--fanout must be at least 1")
+    if not stall_timeout > 0:
+        raise UsageError(f"--stall-timeout must be positive, not {stall_timeout:g}")
     transfer.check_dst(dst)
     source = transfer.parse_source(src)
     inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config, connect_timeout)
@@ -1131,7 +1135,7 @@ def sync(
         syncer = transfer.Syncer(inv.targets, [e.address for e in inv.hosts.entries], inv.settings.known_hosts, pool, source, dst,
                                  strategy=strategy, fanout=fanout, delete=delete, endpoint_url=endpoint_url,
                                  managed=inv.cluster is not None, events=events,
-                                 node_python=launch.node_python(inv.cluster))
+                                 node_python=launch.node_python(inv.cluster), stall_timeout=stall_timeout)
         report = syncer.run()
     display.sync_table(report)
     err = report.error()

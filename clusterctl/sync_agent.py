@@ -479,9 +479,35 @@ def cmd_relay(args: dict) -> dict | None:
     """stdin to stdout and to the fifo --out at once, like `tee -p`, but with no copy in between: tee(2)
     duplicates the pipe's pages into the fifo, splice(2) moves them to stdout. An output whose reader is
     gone (a dead hop, a tar that stopped on a full disk) is dropped and the other goes on. Anything but
-    pipes: a plain read/write loop."""
+    pipes: a plain read/write loop.
+
+    With --index I, a thread says every second on stderr what the copy waits for, when it has waited a
+    second or more: `CCSYNC-HOP I in|hop|ext SECONDS` (input from upstream, the next hop, this node's tar).
+    The operator's stall timeout reads these to name the node that stopped taking data."""
     import ctypes
     import fcntl
+    import select
+
+    state = {"what": "run", "since": time.monotonic()}
+
+    def waiting(what: str) -> None:
+        if state["what"] != what:
+            state["what"], state["since"] = what, time.monotonic()
+
+    def beat(index: str) -> None:
+        while True:
+            time.sleep(1.0)
+            held = time.monotonic() - state["since"]
+            if state["what"] != "run" and held >= 1.0:
+                try:
+                    os.write(2, f"CCSYNC-HOP {index} {state['what']} {int(held)}\n".encode())
+                except OSError:
+                    return
+
+    if args.get("index") is not None:
+        threading.Thread(target=beat, args=(str(int(args["index"])),), daemon=True).start()
+    stdin_ready = select.poll()
+    stdin_ready.register(0, select.POLLIN | select.POLLHUP)
 
     out = os.open(args["out"], os.O_WRONLY)
     for fd in (0, 1, out):
@@ -495,7 +521,10 @@ def cmd_relay(args: dict) -> dict | None:
     outs = [out, 1]  # the fifo (next hop), stdout (tar)
     zero_copy = True
     while outs:
+        waiting("in")
+        stdin_ready.poll()  # data (or EOF) upstream: from here on a wait is the outputs'
         if zero_copy and len(outs) == 2:
+            waiting("hop")
             n = libc.tee(0, outs[0], 1 << 20, 0)
             if n < 0:
                 err = ctypes.get_errno()
@@ -507,6 +536,7 @@ def cmd_relay(args: dict) -> dict | None:
             if n == 0:
                 break
             left = n
+            waiting("ext")
             while left:
                 try:
                     left -= os.splice(0, outs[1], left)
@@ -516,6 +546,7 @@ def cmd_relay(args: dict) -> dict | None:
                         left -= len(os.read(0, left))
             continue
         if zero_copy and len(outs) == 1:
+            waiting("hop" if outs[0] != 1 else "ext")
             try:
                 n = os.splice(0, outs[0], 1 << 20)
             except BrokenPipeError:
@@ -531,12 +562,14 @@ def cmd_relay(args: dict) -> dict | None:
         if not data:
             break
         for fd in list(outs):
+            waiting("ext" if fd == 1 else "hop")
             try:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
             except BrokenPipeError:
                 outs.remove(fd)
+    waiting("run")
     while os.read(0, 1 << 20):  # both outputs gone: drain, so the sender upstream is not blocked
         pass
     return None

@@ -52,6 +52,7 @@ HOP_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "
                "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR")
 RSYNC_BASE = ("rsync", "-a", "-s", "-I", "--from0", "--partial-dir=" + sync_agent.PARTIAL_DIR, "--timeout=60",
               "--info=progress2", "--no-inc-recursive")
+STALL_TIMEOUT = 120.0  # sync --stall-timeout: seconds a chain may move no data before the node that stopped is cut out
 TAR_CHECKPOINT = 100  # records of 10240 bytes: a progress line per ~1 MB per node
 WORK = ".clusterctl/sync"  # under the login home of every node
 
@@ -337,11 +338,14 @@ class Syncer:
     def __init__(self, targets: Sequence[SshTarget], addresses: Sequence[str], known_hosts: str, pool: SshPool,
                  source: Source, dst: str, *, strategy: str = "chain", fanout: int = 1, delete: bool = False,
                  endpoint_url: str | None = None, managed: bool = True, events: Events | None = None,
-                 node_python: str | None = None, timeout: float | None = None):
+                 node_python: str | None = None, timeout: float | None = None,
+                 stall_timeout: float | None = STALL_TIMEOUT):
         if strategy not in STRATEGIES:
             raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
         if fanout < 1:
             raise UsageError("--fanout must be at least 1")
+        if stall_timeout is not None and not stall_timeout > 0:
+            raise UsageError(f"--stall-timeout must be positive, not {stall_timeout:g}")
         if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
             raise UsageError(f"--endpoint-url {endpoint_url!r} is not an http(s) URL")
         self.pool, self.source, self.dst = pool, source, check_dst(dst)
@@ -350,6 +354,7 @@ class Syncer:
         self.events = events or Events()
         self.python = node_python or "python3"  # the record's runtime Python where the caller has one
         self.timeout = timeout
+        self.stall_timeout = stall_timeout
         self.token = uuid.uuid4().hex[:12]
         self.work = f"{WORK}/{self.token}"
         self.nodes = [_Node(i, t, a, NodeOutcome(t.label)) for i, (t, a) in enumerate(zip(targets, addresses))]
@@ -653,23 +658,46 @@ class Syncer:
         self._fan(list(uploads), lambda label: put(label))
         by_index = {n.index: n for n in self.nodes}
         done_at: dict[int, int] = {}
+        cancel = threading.Event()  # a leader source's command, when its own relay stalled
+        watch = StallWatch(plan, self.stall_timeout) if self.stall_timeout else None
 
         def on_stderr(line: str) -> None:
             rc = re.search(r"CCSYNC-RC (\d+) ", line)
             if rc and int(rc.group(1)) in by_index:
                 by_index[int(rc.group(1))].outcome.seconds = time.monotonic() - self.start
+                if watch:
+                    watch.moved()
             m = re.search(r"CCSYNC-TAR (\d+) (\d+)", line)
             if m:
                 idx, ck = int(m.group(1)), int(m.group(2))
                 if idx in by_index:
                     done_at[idx] = ck * TAR_CHECKPOINT * 10240
                     self.events.progress(by_index[idx].label, min(done_at[idx], by_index[idx].outcome.bytes))
+                    if watch:
+                        watch.moved(by_index[idx].label)
+            h = re.search(r"CCSYNC-HOP (\d+) (in|hop|ext) (\d+)", line)
+            if h and watch and int(h.group(1)) in by_index:
+                watch.report(by_index[int(h.group(1))].label, h.group(2), float(h.group(3)))
+
+        def stalled(label: str | None) -> None:
+            if label is None:  # nothing moves and no node can be named: end the relay, repair decides
+                self.events.phase(f"the relay moved no data for {2 * watch.limit:g}s; ending it (repair follows)")
+                self._end_relay(leader_src, cancel)
+                self._fan([by_label[x] for x in watch.below(SOURCE) if x in by_label], self._kill_relay)
+                return
+            self._cut_stalled(by_label[label], watch, by_label, leader_src, cancel)
 
         if leader_src:
             if not self.leader.alive:
                 return
-            self.pool.run_one(self.leader.target, f"bash {shlex.quote(self.work + '/source.sh')}", timeout=self.timeout,
-                              on_line=lambda _h, stream, line: on_stderr(line))
+            if watch:
+                watch.start(stalled)
+            try:
+                self.pool.run_one(self.leader.target, f"bash {shlex.quote(self.work + '/source.sh')}",
+                                  timeout=self.timeout, on_line=lambda _h, stream, line: on_stderr(line), cancel=cancel)
+            finally:
+                if watch:
+                    watch.stop()
             return
         head = by_label[plan.children[SOURCE][0]]
         if not head.alive:
@@ -679,7 +707,40 @@ class Syncer:
         tar = ["tar", "-C", self.src_root, "--null", "--verbatim-files-from", "--no-recursion", "-T", str(list_path), "-cf", "-"]
         ssh = operator_ssh(head.target, self.known_hosts, self.managed) + [
             "--", head.target.hostname, f"bash {shlex.quote(self.work + '/relay.sh')}"]
-        run_pipeline(self.children, tar, ssh, on_stderr, self.timeout)
+        if watch:
+            watch.start(stalled)
+        try:
+            run_pipeline(self.children, tar, ssh, on_stderr, self.timeout)
+        finally:
+            if watch:
+                watch.stop()
+
+    def _cut_stalled(self, node: _Node, watch: "StallWatch", by_label: dict, leader_src: bool,
+                     cancel: threading.Event) -> None:
+        """A relay node took no data for --stall-timeout: report it, cut its hop (the rest of the chain goes on;
+        the nodes after it are repaired from verified neighbours), kill its relay and those below it."""
+        self._fail(node, "failed", f"stalled: took no data for {watch.limit:g}s (sync --stall-timeout); "
+                                   f"cut out of the chain")
+        self.events.phase(f"{node.label}: took no data for {watch.limit:g}s; cut out of the chain")
+        parent = watch.parent.get(node.label, SOURCE)
+        if parent == SOURCE:
+            self._end_relay(leader_src, cancel)
+        else:  # the parent drops that hop: its ssh into the node dies, its relay goes on with its own copy
+            pattern = f"-- {re.escape(node.address)} bash {re.escape(self.work)}/relay[.]sh"
+            self.pool.run_one(by_label[parent].target, f"pkill -KILL -f -- {shlex.quote(pattern)}; true", timeout=15)
+        self._fan([node] + [by_label[x] for x in watch.below(node.label) if x in by_label], self._kill_relay)
+
+    def _end_relay(self, leader_src: bool, cancel: threading.Event) -> None:
+        if leader_src:
+            cancel.set()  # ends the leader's source command (its remote session is killed)
+        else:
+            self.children.kill_all()  # the local tar | ssh into the head
+
+    def _kill_relay(self, n: _Node) -> None:
+        """This sync's relay processes on node n (its tar too, stopped or not), best effort and bounded."""
+        w = re.escape(self.work)
+        pattern = f"{w}/relay[.]sh|{w}/agent[.]py relay|echo=CCSYNC-TA[R] {n.index} "  # [R]: not this shell
+        self.pool.run_one(n.target, f"pkill -KILL -f -- {shlex.quote(pattern)}; true", timeout=15)
 
     # ---- rsync hops ------------------------------------------------------------------------------
     def _rsync(self, sender: _Node | None, receiver: _Node, paths: list[str]) -> bool:
@@ -838,7 +899,7 @@ def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: S
     ck = f"--checkpoint={TAR_CHECKPOINT}", f"--checkpoint-action=echo=CCSYNC-TAR {index} %u"
     extract = ("tar -C " + q(root) + " -xf - " + " ".join(q(c) for c in ck)) if root is not None else None
     if len(fifos) == 1 and extract:
-        lines.append(f'"$P" "$W/agent.py" relay --out {fifos[0]} | {extract}')
+        lines.append(f'"$P" "$W/agent.py" relay --index {index} --out {fifos[0]} | {extract}')
     elif fifos:
         lines.append(f"tee -p {' '.join(fifos)} " + (f"| {extract}" if extract else ">/dev/null"))
     else:
@@ -854,6 +915,93 @@ def source_script(src_root: str, work: str) -> bytes:
     return (f"#!/bin/bash\nset -o pipefail\ncd \"$HOME\" || exit 1\n"
             f"tar -C {q(src_root)} --null --verbatim-files-from --no-recursion -T {q(work + '/relay.list')} -cf - "
             f"| bash {q(work + '/relay.sh')}\n").encode()
+
+
+# ---- the relay's stall timeout ---------------------------------------------------------------------------
+class StallWatch:
+    """The chain's progress timeout per hop. Every node's relay says (CCSYNC-HOP) what it has been waiting for:
+    input, its next hop or its own tar. When no node moved data for `limit` seconds, the node that stopped
+    taking it is the deepest one whose own tar is stuck, or the next hop of the deepest one stuck on its hop;
+    a head that never said anything nor extracted anything is the head. Each stalled node is cut once. When
+    no node can be named after twice the limit, on_stall(None): the relay is ended, and repair decides."""
+
+    def __init__(self, plan: RelayPlan, limit: float):
+        self.limit = limit
+        self.parent = {child: parent for parent, child in plan.edges()}
+        self.children = plan.children
+        self.depth: dict[str, int] = {}
+        for parent, child in plan.edges():
+            self.depth[child] = self.depth.get(parent, 0) + 1
+        self.progress_at = time.monotonic()
+        self.took: set[str] = set()  # nodes whose tar extracted something
+        self.hops: dict[str, tuple[str, float, float]] = {}  # label -> (waiting for, since, when said)
+        self.cut: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def moved(self, label: str | None = None) -> None:
+        self.progress_at = time.monotonic()
+        if label is not None:
+            self.took.add(label)
+
+    def report(self, label: str, what: str, held: float) -> None:
+        now = time.monotonic()
+        self.hops[label] = (what, now - held, now)
+
+    def below(self, label: str) -> list[str]:
+        out, todo = [], list(self.children.get(label, ()))
+        while todo:
+            x = todo.pop(0)
+            out.append(x)
+            todo += self.children.get(x, ())
+        return out
+
+    def culprit(self, now: float) -> str | None:
+        """The node to cut, "" for none yet, None to end the relay."""
+        if now - self.progress_at < self.limit:
+            return ""
+        fresh = {label: (what, since) for label, (what, since, said) in self.hops.items()
+                 if now - said < 3.0 and label not in self.cut}
+        suspects = []
+        for label, (what, since) in fresh.items():
+            if now - since < self.limit / 2:
+                continue
+            if what == "ext":
+                suspects.append(label)
+            elif what == "hop":
+                suspects += [c for c in self.children.get(label, ()) if c not in self.cut]
+        if suspects:
+            return max(suspects, key=lambda x: self.depth.get(x, 0))
+        heads = [h for h in self.children.get(SOURCE, ()) if h not in self.cut]
+        if len(heads) == 1 and not fresh and heads[0] not in self.hops and heads[0] not in self.took:
+            return heads[0]  # it never took anything, and nothing moves
+        return None if now - self.progress_at >= 2 * self.limit else ""
+
+    def start(self, on_stall: Callable[[str | None], None]) -> None:
+        def loop() -> None:
+            while not self._stop.wait(1.0):
+                label = self.culprit(time.monotonic())
+                if label == "":
+                    continue
+                if label is not None:
+                    self.cut.add(label)
+                    self.cut.update(self.below(label))  # fed by it: their silence says nothing now
+                try:
+                    on_stall(label)
+                except Exception:  # noqa: BLE001  (a failed cut must not end the watch; the check comes after)
+                    pass
+                finally:
+                    self.moved()
+                if label is None:
+                    return
+
+        self._thread = threading.Thread(target=loop, name="sync-stall-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
 
 
 # ---- local processes --------------------------------------------------------------------------------

@@ -155,3 +155,78 @@ def test_a_hop_to_a_node_with_a_wrong_host_key_is_refused_and_the_node_still_get
     assert "from the source" in proc.stderr  # the second repair round goes to the source
     for i in range(4):
         assert node_sha256(c4, i, dst) == sums and marker(c4, i, dst) is not None
+
+
+def _tar_of_relay(cluster, index: int) -> int | None:
+    """Host PID of the relay's `tar -x` on node `index` (its checkpoint option names the node)."""
+    from clusterctl.providers import netns
+
+    for pid in netns.netns_pids(netns_of(cluster, index)):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"tar") and f"--checkpoint-action=echo=CCSYNC-TAR {index} %u".encode() in argv:
+            return pid
+    return None
+
+
+def test_a_stalled_node_is_cut_out_of_the_chain_and_the_rest_finish(c4, tmp_path):
+    """Issue 14: a node that stops taking data (its tar stopped, not dead: the connection stays up) hung the
+    chain for ever. With --stall-timeout 4 it is named failed within seconds; the nodes before it finish, the
+    ones after it are repaired from a verified neighbour."""
+    src = tmp_path / "ds"
+    sums = make_dataset(src, random_files(4, 2_000_000, prefix="chunk", seed=21))
+    dst = "/tmp/stall"
+    shape(c4, 1, "16mbit")  # the chain runs at node 1's pace: time to stop it mid-copy
+    stopped = None
+    try:
+        began = time.monotonic()
+        p = c4.cli.popen("sync", "--cluster", c4.name, "--stall-timeout", "4", str(src), dst)
+        _wait_for(lambda: _du(c4, 1, dst) > 500_000 and _tar_of_relay(c4, 1), 120, "node 1 to receive 0.5 MB")
+        stopped = _tar_of_relay(c4, 1)
+        os.kill(stopped, signal.SIGSTOP)
+        out, err = p.communicate(timeout=120)
+        took = time.monotonic() - began
+    finally:
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        unshape(c4, 1)
+    assert p.returncode == 1, out + err
+    assert took < 60, f"the sync took {took:.0f}s"
+    line = first_error_line(err)
+    assert line.startswith("Error: 1 of 4 node(s) not verified"), line
+    assert f"{c4.hosts[1]}: failed: stalled: took no data for 4s" in line, line
+    rows = table_rows(out)
+    for i in (0, 2, 3):
+        assert rows[c4.hosts[i]].rstrip().endswith("yes"), out
+        assert node_sha256(c4, i, dst) == sums and marker(c4, i, dst) is not None
+    assert "no: failed" in rows[c4.hosts[1]] and marker(c4, 1, dst) is None
+    assert _tar_of_relay(c4, 1) is None  # its relay was killed, stopped tar included
+    again = sync(c4, str(src), dst)  # a re-run completes it
+    assert again.returncode == 0, again.stderr
+    assert node_sha256(c4, 1, dst) == sums and marker(c4, 1, dst) is not None
+
+
+def test_stall_watch_names_the_node_that_stopped_taking_data():
+    from clusterctl.transfer import StallWatch, plan_relay
+
+    plan = plan_relay(["a", "b", "c", "d"])  # source -> a -> b -> c -> d
+    w = StallWatch(plan, 4.0)
+    now = w.progress_at
+    assert w.culprit(now + 1) == ""  # data moved recently
+    w.report("a", "hop", 5)
+    w.report("b", "hop", 5)  # a and b both wait on their next hop: c is the one that stopped
+    w.hops = {k: (what, since, now + 5) for k, (what, since, _) in w.hops.items()}
+    assert w.culprit(now + 5) == "c"
+    w.report("c", "ext", 5)  # c's own tar is stuck: c again
+    w.hops = {k: (what, since, now + 5) for k, (what, since, _) in w.hops.items()}
+    assert w.culprit(now + 5) == "c"
+    w2 = StallWatch(plan, 4.0)
+    assert w2.culprit(w2.progress_at + 5) == "a"  # nothing said, nothing taken: the head
+    w2.moved("a")
+    assert w2.culprit(w2.progress_at + 5) == "" and w2.culprit(w2.progress_at + 9) is None  # unknown: end the relay
+    assert w.below("b") == ["c", "d"] and w.parent["a"] == "source"

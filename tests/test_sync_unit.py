@@ -189,7 +189,7 @@ def test_relay_script_quotes_every_path_and_pins_host_keys(tmp_path):
     assert "StrictHostKeyChecking=yes" in text and "UserKnownHostsFile=~/.ssh/known_hosts" in text
     assert "aes128-gcm@openssh.com" in text and "Compression=no" in text
     assert f"tar -C {shlex.quote(root)} -xf -" in text
-    assert '"$P" "$W/agent.py" relay --out "$W/fifo.0" | tar' in text  # a chain: the zero-copy relay
+    assert '"$P" "$W/agent.py" relay --index 0 --out "$W/fifo.0" | tar' in text  # a chain: the zero-copy relay
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # it parses
     two = transfer.relay_script(0, root, [child, child], hop, ".clusterctl/sync/abc").decode()
     assert 'tee -p "$W/fifo.0" "$W/fifo.1" | tar' in two  # fan-out: tee
