@@ -983,8 +983,10 @@ def bench(
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
     model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU smoke runs."),
     batch_size: int = typer.Option(32, "--batch-size", help="Images per process per step."),
-    steps: int = typer.Option(20, "--steps", help="Timed steps per rung."),
-    warmup: int = typer.Option(3, "--warmup-steps", help="Untimed steps first."),
+    steps: int = typer.Option(10, "--steps", help="Steps per timed batch."),
+    iters: int = typer.Option(10, "--iters", help="Timed batches per rung (mean +- 1.96 sigma over them)."),
+    warmup: int = typer.Option(10, "--warmup-steps", help="Untimed steps first (at least 10)."),
+    input_only: bool = typer.Option(False, "--input-only", help="Time the input pipeline alone (no model)."),
     ladder: Optional[str] = typer.Option(None, "--ladder", help="Process counts, e.g. 1,8,16,32 (default: 1, one node, all)."),
     threshold: float = typer.Option(0.90, "--threshold", help="Scaling efficiency required per added node."),
     mixed_precision: bool = typer.Option(False, "--mixed-precision", help="float16 compute."),
@@ -1006,35 +1008,36 @@ def bench(
         raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
     if not 0 < threshold <= 1:
         raise UsageError(f"--threshold must be in (0, 1], not {threshold}")
+    if warmup < benchlib.MIN_WARMUP or iters < benchlib.MIN_ITERS or steps < 1 or batch_size < 1:
+        raise UsageError(f"--warmup-steps must be at least {benchlib.MIN_WARMUP}, --iters at least "
+                         f"{benchlib.MIN_ITERS}, --steps and --batch-size at least 1")
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
-    opts = benchlib.BenchOptions(model=model, batch_size=batch_size, steps=steps, warmup_steps=warmup,
-                                 mixed_precision=mixed_precision, xla=xla, threshold=threshold, timeout=timeout)
+    opts = benchlib.BenchOptions(model=model, batch_size=batch_size, steps=steps, iters=iters, warmup_steps=warmup,
+                                 mixed_precision=mixed_precision, xla=xla, input_only=input_only,
+                                 threshold=threshold, timeout=timeout)
     display.info(f"ladder: {', '.join(map(str, rungs))} process(es) on {len(inv.hosts.entries)} node(s), "
                  f"model {model}, batch {batch_size}/process")
     result = benchlib.run_ladder(inv, rungs, opts, out, python=python, on_event=display.BenchProgress())
     display.ladder_table(result)
-    _bench_cost(inv, result, model)
+    _bench_cost(inv, result, "input-pipeline" if input_only else model)
+    if result.judged and result.status == "INCONCLUSIVE":
+        raise typer.Exit(int(ExitCode.INCONCLUSIVE))
     if result.judged and not result.passed:
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
 
 
 def _bench_cost(inv, ladder, model: str) -> None:
-    """What the ladder cost, and what an ImageNet epoch costs at the rate measured on the top rung."""
-    from clusterctl import costs, display
+    """What the ladder cost, and what ImageNet costs at the rate measured on the top rung (bench.cost_lines)."""
+    from clusterctl import bench as benchlib, costs, display
 
     per_hour = costs.hourly(inv.cluster)
-    seconds = sum(r.seconds for r in ladder.rungs)
-    display.info(f"cost: this ladder ran {costs.duration(seconds)}"
-                 + (f" on a {costs.money(per_hour)}/hour cluster: about {costs.money(costs.run_cost(seconds, per_hour))}"
-                    if per_hour is not None else " (price unknown: a hosts file, not a cluster clusterctl made)"))
+    for line in benchlib.cost_lines(ladder, per_hour, model):
+        display.info(line)
     top = max(ladder.rungs, key=lambda r: r.np, default=None)
-    if top is not None and top.img_per_sec > 0:
-        display.info(f"cost: {costs.epoch_line(top.img_per_sec, per_hour)}; 90 epochs about "
-                     f"{costs.money(costs.run_cost(90 * costs.IMAGENET_TRAIN_IMAGES / top.img_per_sec, per_hour))}")
-        if inv.cluster is not None:
-            costs.save_measured(_store(), inv.cluster.name, top.img_per_sec, top.np, model)
+    if top is not None and top.img_per_sec > 0 and inv.cluster is not None and model != "input-pipeline":
+        costs.save_measured(_store(), inv.cluster.name, top.img_per_sec, top.np, model)
 
 
 # ---- the preflight check ---------------------------------------------------------------------------------

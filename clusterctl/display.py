@@ -272,7 +272,7 @@ class BenchProgress:
         c = console(stderr=True)
         if kind == "start":
             self.started = time.monotonic()
-            c.print(f"[bold]rung: {value} process(es)[/] ...")
+            c.print(f"[bold]rung: {value}{' process(es)' if isinstance(value, int) else ''}[/] ...")
         elif kind == "rung":
             r = value
             c.print(f"  {r.np:>4} procs on {r.nodes} node(s): {r.img_per_sec:10.1f} img/s, speedup {r.speedup:5.2f}x, "
@@ -283,22 +283,26 @@ def ladder_table(ladder) -> None:
     from rich.table import Table
 
     t = Table(title=f"Synthetic {ladder.model} ladder (batch {ladder.batch_size}/process)", header_style="bold")
-    for col in ("processes", "nodes", "img/s", "speedup", "efficiency", "per added node"):
+    for col in ("processes", "nodes", "img/s (+- 1.96 sigma)", "speedup", "efficiency", "per process vs one node"):
         t.add_column(col, justify="right")
     for r in ladder.rungs:
-        t.add_row(str(r.np), str(r.nodes), f"{r.img_per_sec:.1f}", f"{r.speedup:.2f}x", f"{r.efficiency:.1%}",
-                  "-" if r.node_scaling is None else f"{r.node_scaling:.1%}")
+        t.add_row(str(r.np), str(r.nodes), f"{r.img_per_sec:.1f} +- {r.conf:.1f}", f"{r.speedup:.2f}x",
+                  f"{r.efficiency:.1%}",
+                  "-" if r.node_scaling is None else f"{r.node_scaling:.1%} +- {r.node_scaling_conf:.1%}")
     c = console()
     c.print(t)
-    last = ladder.rungs[-1]
-    if len(last.per_node) > 1:
-        nodes = Table(title=f"img/s per node at {last.np} processes", header_style="bold")
+    if ladder.alone:
+        nodes = Table(title="each node alone, all at once: img/s per process", header_style="bold")
         nodes.add_column("node")
-        nodes.add_column("img/s", justify="right")
-        for name, ips in last.per_node.items():
-            nodes.add_row(name + (" (slow)" if name in ladder.slow_nodes else ""), f"{ips:.1f}")
+        nodes.add_column("processes", justify="right")
+        nodes.add_column("img/s per process (+- 1.96 sigma)", justify="right")
+        for a in ladder.alone:
+            nodes.add_row(_esc(a.node + (f" ({a.hostname})" if a.hostname else "")
+                               + (" (slow)" if a.node in ladder.slow_nodes else "")),
+                          str(a.np), f"{a.per_proc:.1f} +- {a.conf:.1f}")
         c.print(nodes)
-    style = ("green" if ladder.passed else "red") if ladder.judged else "yellow"
+    style = ("green" if ladder.passed else "yellow" if ladder.status == "INCONCLUSIVE" else "red") \
+        if ladder.judged else "yellow"
     c.print(f"[{style}]{_esc(ladder.verdict)}[/]")
     c.print(f"results: {_esc(ladder.results_dir)}/results.json, scaling.png, rung logs")
 

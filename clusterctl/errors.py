@@ -16,6 +16,7 @@ class ExitCode(IntEnum):
     CONFIG = 3  # bad config, input, hosts file or local state
     PROVISION = 4  # provisioning failed: capacity, quota, cloud error
     UNREACHABLE = 5  # some hosts could not be reached over ssh
+    INCONCLUSIVE = 6  # bench: the measured interval straddles the threshold, no verdict
     TIMEOUT = 124  # a command or wait ran out of time (like timeout(1))
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 

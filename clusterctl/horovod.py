@@ -174,6 +174,7 @@ class BenchHost:
     name: str
     local_rank: int
     img_per_sec: float
+    conf: float = 0.0  # 1.96 standard deviations over the timed batches (0: an older template said nothing)
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,7 @@ class BenchRun:
     intervals: tuple[BenchInterval, ...]
     hosts: tuple[BenchHost, ...]
     devices: tuple[DeviceReport, ...] = ()
+    conf: float = 0.0  # img/s: 1.96 standard deviations of the total over the timed batches
 
     def per_node(self) -> dict[str, float]:
         """img/s summed per host name, in rank order of first appearance."""
@@ -289,11 +291,14 @@ class BenchRun:
 _LINE = re.compile(rf"{MARK}\s+(\w+)((?:\s+[\w.-]+=\S*)*)\s*$")
 
 
-def _fields(kind: str, body: str, lineno: int, need: dict[str, type]) -> dict[str, object]:
+def _fields(kind: str, body: str, lineno: int, need: dict[str, type],
+            optional: dict[str, type] | None = None) -> dict[str, object]:
     raw = dict(tok.split("=", 1) for tok in body.split())
     out: dict[str, object] = {}
-    for key, typ in need.items():
+    for key, typ in {**need, **(optional or {})}.items():
         if key not in raw:
+            if key not in need:
+                continue
             raise ValueError(f"bench output line {lineno}: {kind} line has no {key}=")
         try:
             out[key] = typ(raw[key])
@@ -325,7 +330,8 @@ def parse_bench_output(text: str) -> BenchRun:
             f = _fields(kind, body, lineno, {"step": int, "img_per_sec": float, "size": int})
             intervals.append(BenchInterval(**f))  # type: ignore[arg-type]
         elif kind == "host":
-            f = _fields(kind, body, lineno, {"rank": int, "name": str, "local_rank": int, "img_per_sec": float})
+            f = _fields(kind, body, lineno, {"rank": int, "name": str, "local_rank": int, "img_per_sec": float},
+                        {"conf": float})
             hosts.append(BenchHost(**f))  # type: ignore[arg-type]
         elif kind == "result":
             if result is not None:
@@ -333,6 +339,7 @@ def parse_bench_output(text: str) -> BenchRun:
             result = _fields(
                 kind, body, lineno,
                 {"size": int, "img_per_sec": float, "img_per_sec_per_proc": float, "model": str, "batch": int},
+                {"conf": float},
             )
         elif kind == "device":
             raw = dict(tok.split("=", 1) for tok in body.split())

@@ -98,9 +98,11 @@ def stage(pool: SshPool, targets: Sequence[SshTarget], job: Job, files: Mapping[
 
 
 def leader_command(job: Job, np: int, script_argv: Sequence[str], python: str,
-                   env: Mapping[str, str], start_timeout: int = horovod.DEFAULT_START_TIMEOUT_S) -> str:
-    """The shell command run on the leader: horovodrun in the job folder, in a scrubbed environment."""
-    argv = horovod.horovodrun_argv(np, Path("hosts"), list(script_argv), extra_env=dict(env),
+                   env: Mapping[str, str], start_timeout: int = horovod.DEFAULT_START_TIMEOUT_S,
+                   hosts: "HostsFile | str | Path" = Path("hosts")) -> str:
+    """The shell command run on the leader: horovodrun in the job folder, in a scrubbed environment.
+    `hosts`: the job's hosts file by default; `localhost:N` runs a node on its own (bench's per-node rung)."""
+    argv = horovod.horovodrun_argv(np, hosts, list(script_argv), extra_env=dict(env),
                                    start_timeout=start_timeout, horovodrun="@HOROVODRUN@")
     at = argv.index("@HOROVODRUN@")
     argv[at:at + 1] = [python, f"{job.dir}/hvd_launch.py"]

@@ -5,15 +5,23 @@ TensorFlow 2 + horovod.tensorflow, random images made on the device, so the numb
 the allreduce and nothing of storage. Standalone on purpose: nodes have TensorFlow and Horovod, not
 clusterctl.
 
+Timing follows Horovod's tensorflow2_synthetic_benchmark.py: at least 10 untimed warm-up steps, then
+--iters timed batches of --steps steps each; the result is the mean over the batches +- 1.96 standard
+deviations (conf=), so a caller can tell a real difference from noise.
+
 Only rank 0 prints, and only lines that start with `CLUSTERCTL-BENCH` are meant for machines
 (clusterctl.horovod.parse_bench_output reads them):
 
     CLUSTERCTL-BENCH device rank=1 host=node-1 local_rank=1 gpus=1 logical=1   (one per rank; gpus=none: CPU)
-    CLUSTERCTL-BENCH start size=4 model=tiny batch=32 warmup_steps=3 steps=20 interval=10 gpus=0 ...
-    CLUSTERCTL-BENCH interval step=10 img_per_sec=123.4 size=4
-    CLUSTERCTL-BENCH host rank=1 name=node-1 local_rank=0 img_per_sec=30.9
-    CLUSTERCTL-BENCH result size=4 img_per_sec=123.6 img_per_sec_per_proc=30.9 model=tiny batch=32
+    CLUSTERCTL-BENCH start size=4 model=tiny batch=32 warmup_steps=10 steps=10 iters=10 gpus=0 ...
+    CLUSTERCTL-BENCH interval step=10 img_per_sec=123.4 size=4                 (one per timed batch)
+    CLUSTERCTL-BENCH host rank=1 name=node-1 local_rank=0 img_per_sec=30.9 conf=1.2
+    CLUSTERCTL-BENCH result size=4 img_per_sec=123.6 img_per_sec_per_proc=30.9 model=tiny batch=32 conf=4.1
     CLUSTERCTL-BENCH error kind=size_mismatch size=2 expected=4          (then exit status 3)
+
+--input-only times the input pipeline alone (JPEG decode, random crop and flip, resize, batch, prefetch;
+no model, no allreduce in the steps): when it is not well above the model's img/s, feeding is the
+bottleneck.
 """
 
 from __future__ import annotations
@@ -35,15 +43,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=("resnet50", "tiny"), default="resnet50")
     p.add_argument("--batch-size", type=int, default=32, help="images per process per step")
-    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (graph tracing, broadcast)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up")
-    p.add_argument("--interval", type=int, default=10, help="timed steps per interval line")
+    p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps first (graph tracing, broadcast)")
+    p.add_argument("--steps", type=int, default=10, help="steps per timed batch")
+    p.add_argument("--iters", type=int, default=10, help="timed batches (the spread is taken over these)")
+    p.add_argument("--input-only", action="store_true", help="time the input pipeline alone, no model")
     p.add_argument("--mixed-precision", action="store_true")
     p.add_argument("--xla", action="store_true", help="compile the training step with XLA")
     p.add_argument("--expect-size", type=int, default=None, help="fail unless Horovod's size is exactly this")
     p.add_argument("--seed", type=int, default=1234)
     args = p.parse_args(argv)
-    for name in ("batch_size", "warmup_steps", "steps", "interval"):
+    for name in ("batch_size", "warmup_steps", "steps", "iters"):
         if getattr(args, name) < 1:
             # warm-up >= 1: the first step traces the graph and is followed by the broadcast; never timed.
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -144,81 +153,117 @@ def main(argv: list[str] | None = None) -> int:
 
     tf.random.set_seed(args.seed + rank)
     model, shape, classes = build_model(tf, args.model)
-    opt = tf.keras.optimizers.SGD(learning_rate=0.01 * size)
-    if loss_scaling:
-        opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if args.input_only:
+        batches = iter(input_pipeline(tf, args.batch_size, shape, args.seed + rank))
 
-    # One fixed random batch, made on this process's device: no input pipeline in the measurement.
-    images = tf.random.uniform((args.batch_size, *shape))
-    labels = tf.random.uniform((args.batch_size,), maxval=classes, dtype=tf.int64)
-
-    # XLA compiles the model's forward pass (and so its gradient); Horovod's collectives have no XLA kernels
-    # on CPU, so the step around it that holds the allreduce stays an ordinary graph.
-    def forward(x):
-        return model(x, training=True)
-
-    if args.xla:
-        forward = tf.function(forward, jit_compile=True)
-
-    @tf.function
-    def train_step():
-        with tf.GradientTape() as tape:
-            logits = tf.cast(forward(images), tf.float32)
-            loss = loss_fn(labels, logits)
-            scaled = opt.get_scaled_loss(loss) if loss_scaling else loss
-        tape = hvd.DistributedGradientTape(tape)
-        grads = tape.gradient(scaled, model.trainable_variables)
+        def train_step():
+            return next(batches)[0]
+    else:
+        opt = tf.keras.optimizers.SGD(learning_rate=0.01 * size)
         if loss_scaling:
-            grads = opt.get_unscaled_gradients(grads)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+            opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        # One fixed random batch, made on this process's device: no input pipeline in the measurement.
+        images = tf.random.uniform((args.batch_size, *shape))
+        labels = tf.random.uniform((args.batch_size,), maxval=classes, dtype=tf.int64)
+
+        # XLA compiles the model's forward pass (and so its gradient); Horovod's collectives have no XLA
+        # kernels on CPU, so the step around it that holds the allreduce stays an ordinary graph.
+        def forward(x):
+            return model(x, training=True)
+
+        if args.xla:
+            forward = tf.function(forward, jit_compile=True)
+
+        @tf.function
+        def train_step():
+            with tf.GradientTape() as tape:
+                logits = tf.cast(forward(images), tf.float32)
+                loss = loss_fn(labels, logits)
+                scaled = opt.get_scaled_loss(loss) if loss_scaling else loss
+            tape = hvd.DistributedGradientTape(tape)
+            grads = tape.gradient(scaled, model.trainable_variables)
+            if loss_scaling:
+                grads = opt.get_unscaled_gradients(grads)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
 
     loss = train_step()
-    # After the first step the optimizer's slots exist too, so one broadcast makes every rank start alike.
-    opt_vars = opt.variables() if callable(opt.variables) else opt.variables
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    hvd.broadcast_variables(opt_vars, root_rank=0)
+    if not args.input_only:
+        # After the first step the optimizer's slots exist too, so one broadcast makes every rank start alike.
+        opt_vars = opt.variables() if callable(opt.variables) else opt.variables
+        hvd.broadcast_variables(model.variables, root_rank=0)
+        hvd.broadcast_variables(opt_vars, root_rank=0)
     for _ in range(args.warmup_steps - 1):
         loss = train_step()
     loss.numpy()  # wait for the warm-up to finish before the clock starts
 
     if rank == 0:
         emit(
-            "start", size=size, model=args.model, batch=args.batch_size, warmup_steps=args.warmup_steps,
-            steps=args.steps, interval=args.interval, gpus=len(gpus), mixed_precision=int(args.mixed_precision),
-            xla=int(args.xla),
+            "start", size=size, model="input-pipeline" if args.input_only else args.model, batch=args.batch_size,
+            warmup_steps=args.warmup_steps, steps=args.steps, iters=args.iters, gpus=len(gpus),
+            mixed_precision=int(args.mixed_precision), xla=int(args.xla),
         )
 
-    timed = 0.0
-    done = 0
-    while done < args.steps:
-        n = min(args.interval, args.steps - done)
+    local_rates, totals = [], []
+    for i in range(args.iters):
         t0 = time.perf_counter()
-        for _ in range(n):
+        for _ in range(args.steps):
             loss = train_step()
         loss.numpy()  # the copy to the host waits for the device: GPU kernels run asynchronously
-        dt = time.perf_counter() - t0
-        timed += dt
-        done += n
+        rate = args.batch_size * args.steps / (time.perf_counter() - t0)
+        local_rates.append(rate)
         # The total is the sum of what every rank measured, not rank 0's rate times size.
-        total = float(hvd.allreduce(tf.constant(args.batch_size * n / dt, tf.float64), op=hvd.Sum))
+        totals.append(float(hvd.allreduce(tf.constant(rate, tf.float64), op=hvd.Sum)))
         if rank == 0:
-            emit("interval", step=done, img_per_sec=total, size=size)
+            emit("interval", step=(i + 1) * args.steps, img_per_sec=totals[-1], size=size)
 
-    local_rate = args.batch_size * args.steps / timed
-    rates = hvd.allgather(tf.constant([[local_rate, float(local_rank)]], tf.float64)).numpy()
+    local_mean, local_conf = mean_conf(local_rates)
+    rates = hvd.allgather(tf.constant([[local_mean, local_conf, float(local_rank)]], tf.float64)).numpy()
     names = hvd.allgather_object(socket.gethostname())
     if rank == 0:
-        for r, ((rate, lrank), name) in enumerate(zip(rates, names)):
-            emit("host", rank=r, name=name, local_rank=int(lrank), img_per_sec=float(rate))
-        total = float(rates[:, 0].sum())
+        for r, ((rate, conf, lrank), name) in enumerate(zip(rates, names)):
+            emit("host", rank=r, name=name, local_rank=int(lrank), img_per_sec=float(rate), conf=float(conf))
+        total, conf = mean_conf(totals)
         emit(
-            "result", size=size, img_per_sec=total, img_per_sec_per_proc=total / size, model=args.model,
-            batch=args.batch_size,
+            "result", size=size, img_per_sec=total, img_per_sec_per_proc=total / size,
+            model="input-pipeline" if args.input_only else args.model, batch=args.batch_size, conf=conf,
         )
     return 0
 
+
+def mean_conf(values: list[float]) -> tuple[float, float]:
+    """Mean and 1.96 standard deviations (population, as Horovod's benchmark computes them)."""
+    mean = sum(values) / len(values)
+    return mean, 1.96 * (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int):
+    """ImageNet's training-side pipeline on in-memory JPEGs: parallel decode_and_crop_jpeg, flip, resize,
+    batch, prefetch. The JPEGs are made once here (no disk in the measurement: it times decoding and
+    augmentation, the part that eats a node's CPUs)."""
+    side = max(64, shape[0] * 2)
+    gen = tf.random.Generator.from_seed(seed)
+    jpegs = [tf.io.encode_jpeg(tf.cast(gen.uniform((side, side, 3), maxval=255), tf.uint8)) for _ in range(16)]
+    ds = tf.data.Dataset.from_tensor_slices(tf.stack(jpegs)).repeat()
+
+    def decode(data):
+        bbox = tf.zeros((1, 0, 4), tf.float32)  # no box: the whole image, as ImageNet's loaders do
+        y, x, _ = tf.unstack(tf.image.extract_jpeg_shape(data))
+        begin, size_, _ = tf.image.sample_distorted_bounding_box(
+            tf.stack([y, x, 3]), bbox, area_range=(0.08, 1.0), aspect_ratio_range=(0.75, 1.33),
+            use_image_if_no_bounding_boxes=True)
+        oy, ox, _ = tf.unstack(begin)
+        h, w, _ = tf.unstack(size_)
+        image = tf.image.decode_and_crop_jpeg(data, tf.stack([oy, ox, h, w]), channels=3)
+        image = tf.image.random_flip_left_right(image)
+        return tf.image.resize(image, shape[:2]) / 255.0
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = max(1, os.cpu_count() or 1)
+    return (ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(batch, drop_remainder=True)
+            .map(lambda x: (x, tf.zeros((batch,), tf.int64))).prefetch(tf.data.AUTOTUNE).with_options(options))
 
 if __name__ == "__main__":
     sys.exit(main())

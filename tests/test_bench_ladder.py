@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -43,7 +46,7 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
     watcher = threading.Thread(target=watch_for_canary, args=(name, stop, found), daemon=True)
     watcher.start()
     try:
-        proc = cli("bench", "--synthetic", "--model", "tiny", "--steps", "6", "--warmup-steps", "2", "--out", "res",
+        proc = cli("bench", "--synthetic", "--model", "tiny", "--steps", "3", "--iters", "3", "--out", "res",
                    env={"AWS_SECRET_ACCESS_KEY": CANARY, "MY_TOKEN": CANARY}, timeout=600)
     finally:
         stop.set()
@@ -56,6 +59,12 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
     assert [r["nodes"] for r in results["rungs"]] == [1, 1, 2]
     assert all(r["img_per_sec"] > 0 for r in results["rungs"])
     assert set(results["rungs"][-1]["per_node"]) == {f"{name}-leader", f"{name}-member-1"}
+    assert all(r["conf"] > 0 for r in results["rungs"])  # mean +- 1.96 sigma over the timed batches
+    hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
+    assert [(a["node"], a["hostname"], a["np"]) for a in results["alone"]] == [
+        (hosts[0], f"{name}-leader", 2), (hosts[1], f"{name}-member-1", 2)]
+    assert all(a["per_proc"] > 0 for a in results["alone"])
+    assert "cost: lower bound only: the tiny model" in proc.stdout + proc.stderr
     log4 = (results_dir / "rung-np4.log").read_text()
     assert "CLUSTERCTL-BENCH result size=4" in log4  # Horovod's own size, from the real run
     assert (results_dir / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -78,11 +87,17 @@ def test_changed_member_key_stops_the_launch(cluster):
                                 f"sed -i 's|^{hosts[1]} .*|{hosts[1]} {key}|' ~/.ssh/known_hosts")
     assert edit.returncode == 0, edit.stderr
     try:
-        start = time.monotonic()
-        proc = cli("bench", "--synthetic", "--model", "tiny", "--ladder", "4", "--steps", "4", "--out", "res2",
-                   "--timeout", "120", timeout=300)
-        assert proc.returncode == 1, proc.stdout + proc.stderr
-        assert "Error: rung of 4 processes failed" in proc.stderr
+        # the ladder always holds the full-node rung (2, on the leader alone): time the 4-process rung by itself
+        proc = cli.popen("bench", "--synthetic", "--model", "tiny", "--ladder", "4", "--steps", "3", "--iters", "3",
+                         "--out", "res2", "--timeout", "120")
+        err = []
+        for line in proc.stderr:
+            err.append(line)
+            if "rung: 4 process(es)" in line:
+                start = time.monotonic()
+        out = proc.stdout.read()
+        assert proc.wait(timeout=300) == 1, out + "".join(err)
+        assert "Error: rung of 4 processes failed" in "".join(err)
         assert time.monotonic() - start < 100
         (results_dir,) = (cli.cwd / "res2").iterdir()
         assert "Host key verification failed" in (results_dir / "rung-np4.log").read_text()
@@ -90,3 +105,66 @@ def test_changed_member_key_stops_the_launch(cluster):
         cli("run", "mv ~/.ssh/known_hosts.bak ~/.ssh/known_hosts")
     left = cli("run", "--json", "pgrep -af '[b]ench_synthetic|[h]orovod' | wc -l")
     assert all(json.loads(line)["stdout"].strip() == "0" for line in left.stdout.splitlines())
+
+
+@contextmanager
+def cpu_quota(cluster: str, index: int, cores: float):
+    """Hold every process of node `index` (its namespace's process tree: sshd, the PID 1 netns.py starts,
+    and all it forks later) to `cores` CPUs with a cgroup of our own, removed afterwards. cgroup v2's
+    cpu.max where the unified hierarchy has the cpu controller; else v1's cfs quota (this machine mounts
+    cgroups hybrid, with cpu on v1: the same CFS bandwidth limit under another file name)."""
+    from clusterctl.providers import netns
+
+    period = 100_000
+    quota = int(cores * period)
+    unified = Path("/sys/fs/cgroup")
+    v2 = (unified / "cgroup.controllers").exists() and "cpu" in (unified / "cgroup.controllers").read_text().split()
+    root = unified if v2 else unified / "cpu"
+    group = root / f"clusterctl-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        if v2:
+            (group / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        for pid in netns.netns_pids(netns.netns_name(cluster, index)):
+            try:
+                (group / "cgroup.procs").write_text(str(pid))
+            except (ProcessLookupError, OSError):
+                pass  # gone meanwhile
+        yield
+    finally:
+        for _ in range(50):  # back to the root group, forks included, then the group can go
+            pids = (group / "cgroup.procs").read_text().split()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    (root / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+        group.rmdir()
+
+
+def test_a_node_slow_on_its_own_is_named_and_only_it(cluster):
+    """Issue 15: with an allreduce every step all ranks run at the slowest one's pace, so the joint rung cannot
+    say who is slow. Each node alone, all at once, can: member 1 is held to 0.2 of a CPU for its 2 processes
+    while the leader's share the machine's other cores. Tolerance: named when its per-process img/s, even at the
+    top of its 1.96-sigma interval, is under 80% of the median node's; the test also asks it to be under half
+    the leader's (expected about a tenth; the machine is shared, so not tighter)."""
+    cli, name = cluster
+    hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
+    with cpu_quota(name, 1, 0.2):
+        proc = cli("bench", "--synthetic", "--model", "tiny", "--ladder", "2", "--steps", "3", "--iters", "4",
+                   "--out", "res3", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # local nodes: named, not judged
+    (results_dir,) = (cli.cwd / "res3").iterdir()
+    results = json.loads((results_dir / "results.json").read_text())
+    assert results["slow_nodes"] == [hosts[1]], results["alone"]
+    leader, member = results["alone"]
+    print(f"alone, img/s per process: leader {leader['per_proc']:.1f} +- {leader['conf']:.1f}, "
+          f"member {member['per_proc']:.1f} +- {member['conf']:.1f}")
+    assert member["per_proc"] < 0.5 * leader["per_proc"], results["alone"]
+    assert results["verdict"].endswith(f"slow node(s) on their own: {hosts[1]})")
+    assert [r["np"] for r in results["rungs"]] == [2]  # the joint rung ran on the leader alone, at full speed

@@ -48,8 +48,7 @@ def run_horovodrun(argv: list[str], cwd: Path) -> tuple[int, str, float]:
 
 
 def bench_argv(*extra: str) -> list[str]:
-    script = [PY, str(TEMPLATE), "--model", "tiny", "--batch-size", "32", "--warmup-steps", "3",
-              "--steps", "20", "--interval", "10", *extra]
+    script = [PY, str(TEMPLATE), "--model", "tiny", "--batch-size", "32", "--steps", "5", "--iters", "4", *extra]
     return horovodrun_argv(2, "localhost:2", script, horovodrun=HOROVODRUN)
 
 
@@ -59,7 +58,15 @@ def test_tiny_bench_two_processes(tmp_path):
     run = parse_bench_output(out)
     assert run.size == 2
     assert run.img_per_sec > 0
-    assert len(run.intervals) == 2 and all(i.img_per_sec > 0 and i.size == 2 for i in run.intervals)
+    # Horovod's reference timing: 10 warm-up steps by default, then --iters timed batches, mean +- 1.96 sigma
+    assert "warmup_steps=10 steps=5 iters=4" in out
+    assert [i.step for i in run.intervals] == [5, 10, 15, 20]
+    assert all(i.img_per_sec > 0 and i.size == 2 for i in run.intervals)
+    totals = [i.img_per_sec for i in run.intervals]
+    mean = sum(totals) / 4
+    assert run.img_per_sec == pytest.approx(mean, abs=0.01)
+    assert run.conf == pytest.approx(1.96 * (sum((t - mean) ** 2 for t in totals) / 4) ** 0.5, abs=0.01)
+    assert run.conf > 0 and all(h.conf > 0 for h in run.hosts)
     assert sorted((h.rank, h.local_rank) for h in run.hosts) == [(0, 0), (1, 1)]
     assert all(h.img_per_sec > 0 for h in run.hosts)
     # every rank said where it computed: the CPU here (gpus=none), fine on a node without GPUs only
@@ -78,3 +85,11 @@ def test_size_mismatch_fails_loudly(tmp_path):
     assert "Horovod size is 2 but 4 processes were expected" in out
     with pytest.raises(ValueError, match="kind=size_mismatch size=2 expected=4"):
         parse_bench_output(out)
+
+
+def test_input_pipeline_alone(tmp_path):
+    """--input-only: JPEG decode, crop, flip, resize, batch without a model, so a feeding bottleneck shows."""
+    code, out, _ = run_horovodrun(bench_argv("--expect-size", "2", "--input-only"), tmp_path)
+    assert code == 0, out[-4000:]
+    run = parse_bench_output(out)
+    assert run.model == "input-pipeline" and run.size == 2 and run.img_per_sec > 0 and len(run.intervals) == 4

@@ -12,9 +12,14 @@ from clusterctl.hostsfile import HostsFile
 HOSTS = HostsFile.parse("10.0.0.2 slots=8\n10.0.0.3 slots=8\n10.0.0.4 slots=8\n10.0.0.5 slots=8\n")
 
 
-def run(size: int, ips: float, per_host: dict[str, float] | None = None) -> BenchRun:
+def run(size: int, ips: float, per_host: dict[str, float] | None = None, conf: float = 0.0) -> BenchRun:
     hosts = tuple(BenchHost(i, name, 0, v) for i, (name, v) in enumerate((per_host or {}).items()))
-    return BenchRun(size, ips, ips / size, "resnet50", 64, (), hosts)
+    return BenchRun(size, ips, ips / size, "resnet50", 64, (), hosts, conf=conf)
+
+
+def rungs_of(hosts: HostsFile, ips: dict[int, float], conf: float = 0.0, per_node: dict | None = None):
+    return [(n, bench.nodes_used(hosts, n), run(n, ips[n], (per_node or {}).get(n), conf * ips[n]), 1.0, f"r{n}")
+            for n in sorted(ips)]
 
 
 def test_default_ladder_is_one_gpu_one_node_all():
@@ -22,42 +27,72 @@ def test_default_ladder_is_one_gpu_one_node_all():
     assert bench.default_ladder(HostsFile.parse("a slots=1")) == [1]
 
 
-def test_parse_ladder_checks_bounds():
+def test_parse_ladder_checks_bounds_and_always_holds_a_full_node():
     assert bench.parse_ladder("16, 1,8,32", HOSTS) == [1, 8, 16, 32]
+    assert bench.parse_ladder("1,16,32", HOSTS) == [1, 8, 16, 32]  # the full node it is judged against
+    assert bench.parse_ladder("1,8,20", HOSTS) == [1, 8, 20]
     for bad in ("0,8", "1,64", "x", ""):
         with pytest.raises(UsageError):
             bench.parse_ladder(bad, HOSTS)
 
 
-def test_rung_hosts_fill_the_leader_first():
-    assert launch.rung_hosts(HOSTS, 1).render() == "10.0.0.2 slots=1\n"
-    assert launch.rung_hosts(HOSTS, 8).render() == "10.0.0.2 slots=8\n"
-    assert launch.rung_hosts(HOSTS, 12).render() == "10.0.0.2 slots=8\n10.0.0.3 slots=4\n"
-    with pytest.raises(ValueError):
-        launch.rung_hosts(HOSTS, 33)
+def test_ladder_1_16_32_with_16_gpus_at_twice_one_gpu_fails():
+    # Issue 15: judged against the 1-GPU rung as "one node", this read PASS 100%.
+    rungs = bench.parse_ladder("1,16,32", HOSTS)
+    ladder = bench.analyze(rungs_of(HOSTS, dict(zip(rungs, (400.0, 3100.0, 800.0, 1600.0)))), 0.9,
+                           bench.full_node_np(HOSTS))
+    assert not ladder.passed and ladder.status == "FAIL"
+    assert ladder.verdict.startswith("FAIL: at 16 processes on 2 nodes each process gives 13% +- 0% of a process on "
+                                     "one full node (8 processes; threshold 90%)")
+    with pytest.raises(ValueError, match="needs a full-node rung"):
+        bench.analyze(rungs_of(HOSTS, {1: 400.0, 16: 800.0}), 0.9, 8)
 
 
-def test_analyze_passes_near_linear_scaling_and_names_a_slow_node():
-    per_node = {"n0": 2900.0, "n1": 2850.0, "n2": 2880.0, "n3": 1500.0}
-    ladder = bench.analyze([(1, 1, run(1, 400.0), 1.0, "a"), (8, 1, run(8, 3000.0), 1.0, "b"),
-                            (32, 4, run(32, 10800.0, per_node), 1.0, "c")], 0.9)
-    one, node, full = ladder.rungs
-    assert one.speedup == 1.0 and node.speedup == pytest.approx(7.5)
-    assert node.efficiency == pytest.approx(7.5 / 8) and node.node_scaling is None
-    assert full.node_scaling == pytest.approx(10800 / (4 * 3000))
-    assert ladder.passed and ladder.verdict.startswith("PASS: 4 nodes give 90% of 4x")
-    assert ladder.slow_nodes == ("n3",) and "slow node(s): n3" in ladder.verdict
+def test_ladder_1_8_20_with_perfect_scaling_passes_and_names_no_node():
+    # Issue 15: 20 processes on 8+8+4 slots read FAIL 83% (against 3 whole nodes) and named the half-full node.
+    per_node = {20: {"n0": 2400.0, "n1": 2400.0, "n2": 1200.0}}
+    ladder = bench.analyze(rungs_of(HOSTS, {1: 300.0, 8: 2400.0, 20: 6000.0}, per_node=per_node), 0.9, 8)
+    assert ladder.passed and ladder.status == "PASS" and ladder.slow_nodes == ()
+    assert ladder.rungs[-1].node_scaling == pytest.approx(1.0)
+    assert "slow" not in ladder.verdict and "each process gives 100% +- 0%" in ladder.verdict
 
 
-def test_analyze_fails_poor_scaling():
-    ladder = bench.analyze([(1, 1, run(1, 400.0), 1.0, "a"), (8, 1, run(8, 3000.0), 1.0, "b"),
-                            (16, 2, run(16, 4000.0), 1.0, "c")], 0.9)
-    assert not ladder.passed and ladder.verdict.startswith("FAIL: 2 nodes give 67% of 2x one node's img/s")
+def test_verdict_needs_the_interval_clear_of_the_threshold():
+    hosts = HostsFile.parse("a slots=8\nb slots=8\n")
+    # 92% of a full node's per-process rate, each rate +- 5%: 92% +- 7% straddles 90%
+    noisy = bench.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, conf=0.05), 0.9, 8)
+    assert noisy.status == "INCONCLUSIVE" and not noisy.passed
+    assert noisy.verdict.startswith("INCONCLUSIVE: at 16 processes on 2 nodes each process gives 92% +- 7%")
+    assert noisy.rungs[-1].node_scaling_conf == pytest.approx(0.92 * (2 * 0.05 ** 2) ** 0.5)
+    tight = bench.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, conf=0.005), 0.9, 8)
+    assert tight.status == "PASS" and tight.passed
+    low = bench.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 4800.0}, conf=0.02), 0.9, 8)
+    assert low.status == "FAIL"  # 80% +- 2.3%
 
 
-def test_analyze_one_node_cluster_judges_per_process_efficiency():
+def test_one_node_cluster_judges_per_process_efficiency():
     ladder = bench.analyze([(1, 1, run(1, 100.0), 1.0, "a"), (4, 1, run(4, 380.0), 1.0, "b")], 0.9)
-    assert ladder.passed and "4 processes give 95% of linear scaling" in ladder.verdict
+    assert ladder.passed and "4 processes give 95% +- 0% of linear scaling" in ladder.verdict
+
+
+def test_stragglers_are_nodes_slow_on_their_own():
+    alone = [bench.NodeAlone("n0", "h0", 2, 50.0, 2.0), bench.NodeAlone("n1", "h1", 2, 48.0, 2.0),
+             bench.NodeAlone("n2", "h2", 1, 20.0, 3.0)]
+    assert bench.stragglers(alone) == ("n2",)
+    assert bench.stragglers(alone[:2]) == ()
+    # within its interval of the bar: not named
+    assert bench.stragglers([*alone[:2], bench.NodeAlone("n2", "h2", 1, 36.0, 4.0)]) == ()
+    assert bench.stragglers(alone[:1]) == ()
+
+
+def test_costs_of_the_tiny_model_are_a_lower_bound():
+    ladder = bench.analyze([(1, 1, run(1, 100.0), 60.0, "a"), (4, 1, run(4, 380.0), 60.0, "b")], 0.9)
+    tiny = bench.cost_lines(ladder, 3.0, "tiny")
+    assert tiny[0] == "cost: this ladder ran 2m on a $3.00/hour cluster: about $0.10"
+    assert tiny[1].startswith("cost: lower bound only: the tiny model at 380 img/s would train 90 ImageNet epochs")
+    assert "ResNet-50 is far slower" in tiny[1] and "90 epochs about" not in tiny[1]
+    real = bench.cost_lines(ladder, 3.0, "resnet50")
+    assert real[1].startswith("cost: at 380 img/s, one ImageNet epoch") and "90 epochs about $" in real[1]
 
 
 def test_leader_command_golden():

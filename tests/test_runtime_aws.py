@@ -66,7 +66,7 @@ def test_leader_builds_caches_relays_and_a_second_cluster_reuses(aws, aws_cli, m
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert {n["cells"]["runtime"]["why"] for n in json.loads(doctor.stdout)["nodes"]} == {rid}
     # AWS clusters are judged; these two "instances" share this machine's 2 cores, so the bar is set low
-    bench = cli("bench", "--synthetic", "--model", "tiny", "--steps", "4", "--warmup-steps", "1", "--batch-size", "16",
+    bench = cli("bench", "--synthetic", "--model", "tiny", "--steps", "4", "--iters", "3", "--batch-size", "16",
                 "--threshold", "0.05", "--cluster", "rta", env=aws.env(**env), timeout=900)
     logs = "".join(p.read_text()[-3000:] for p in sorted((cli.cwd / "bench-results").glob("*/rung-*.log")))
     assert bench.returncode == 0, bench.stdout + bench.stderr + logs
