@@ -1049,6 +1049,8 @@ def doctor(
     json_: bool = typer.Option(False, "--json", help="The report as JSON."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds the probe may take on each node."),
+    fabric: bool = typer.Option(False, "--fabric", help="Also measure allreduce bandwidth: the cluster, and ring neighbours."),
+    fabric_mb: float = typer.Option(64.0, "--fabric-mb", help="MiB per allreduce in the --fabric test."),
     user: Optional[str] = _SSH["user"],
     identity: List[str] = _SSH["identity"],
     known_hosts: Optional[str] = _SSH["known_hosts"],
@@ -1056,7 +1058,8 @@ def doctor(
 ) -> None:
     """Preflight checks that silently ruin multi-node training.
 
-    ssh mesh, versions, GPUs, disk, memory, clock, stale processes, cloud placement.
+    ssh mesh, versions, GPUs, disk, memory, clock, stale processes, cloud placement; with --fabric, the
+    allreduce bandwidth of the cluster and of each node's ring neighbours, the slow node named.
     """
     import json as jsonlib
 
@@ -1064,7 +1067,14 @@ def doctor(
 
     store = _store()
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config, store=store)
+    if fabric and not 0 < fabric_mb <= 4096:
+        raise UsageError(f"--fabric-mb must be in (0, 4096], not {fabric_mb}")
+    if fabric:
+        inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     report = doctorlib.run(inv, python=python, timeout=timeout, cloud=_cloud_facts(inv.cluster, store))
+    if fabric:
+        report = doctorlib.with_fabric(report, doctorlib.fabric(inv, python=python, mb=fabric_mb,
+                                                                timeout=max(timeout, 300.0)))
     if json_:
         sys.stdout.write(jsonlib.dumps(report.to_dict()) + "\n")
     else:

@@ -320,6 +320,14 @@ def doctor_table(report) -> None:
         t.add_row(_esc(n.host + (f" ({n.name})" if n.name else "")), *(marks[n.cells[c].status] for c in report.checks))
     c = console()
     c.print(t)
+    if report.fabric is not None:
+        f = report.fabric
+        c.print("fabric: cluster allreduce " + (f"{f.cluster.busbw_gbit:.2f} +- {f.cluster.conf:.2f} Gbit/s busbw"
+                                                if not f.cluster.error else f"failed: {_esc(f.cluster.error)}"))
+        for p in f.pairs:
+            c.print(f"fabric: pair {_esc(' <-> '.join(p.hosts))}: "
+                    + (f"{p.busbw_gbit:.2f} +- {p.conf:.2f} Gbit/s" if not p.error else f"failed: {_esc(p.error)}"))
+        c.print(f"fabric: judged against {_esc(f.reference)}")
     for line in report.failures():
         c.print(f"[red]FAIL[/] {_esc(line)}")
     c.print("[green]all checks passed[/]" if report.ok else f"[red]{len(report.failures())} check(s) failed[/]")

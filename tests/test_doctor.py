@@ -78,3 +78,65 @@ def test_doctor_names_each_broken_node(local_cluster_factory):
     import shutil
 
     shutil.rmtree(fake)
+
+
+def test_ring_rounds_never_put_a_node_in_two_pairs_at_once():
+    assert doctor.ring_rounds(1) == [] and doctor.ring_rounds(2) == [[(0, 1)]]
+    assert doctor.ring_rounds(3) == [[(0, 1)], [(1, 2)], [(2, 0)]]
+    assert doctor.ring_rounds(4) == [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]
+    for n in range(3, 12):
+        rounds = doctor.ring_rounds(n)
+        assert sorted(e for r in rounds for e in r) == sorted((i, (i + 1) % n) for i in range(n))
+        assert all(len({x for e in r for x in e}) == 2 * len(r) for r in rounds)
+
+
+def test_judge_fabric_names_the_node_whose_every_pair_is_slow():
+    A = doctor.Allreduce
+    pairs = [A(("a", "b"), 0.80, 0.02), A(("b", "c"), 0.21, 0.01), A(("c", "d"), 0.19, 0.01), A(("d", "a"), 0.78, 0.03)]
+    fab = doctor.judge_fabric(["a", "b", "c", "d"], A(("a", "b", "c", "d"), 0.3), pairs)
+    assert fab.slow == ("c",) and fab.best == {"a": 0.80, "b": 0.80, "c": 0.21, "d": 0.78}
+    assert fab.why["c"] == "best pair 0.21 Gbit/s < 50% of the median node's 0.79 Gbit/s"
+    # against the instance type's floor when there is one: every node under it is named
+    floor = doctor.FABRIC_FLOORS["p4d.24xlarge"]
+    assert "single-flow limit" in floor[1]
+    fab = doctor.judge_fabric(["a", "b", "c", "d"], A(("a",)), pairs, floor)
+    assert fab.slow == ("a", "b", "c", "d") and fab.reference.startswith("floor 5 Gbit/s busbw per pair")
+    # two nodes: one pair, nobody to blame without a floor; a failed pair names its nodes
+    assert doctor.judge_fabric(["a", "b"], A(("a", "b")), [A(("a", "b"), 0.1)]).slow == ()
+    failed = doctor.judge_fabric(["a", "b", "c"], A(("a",)), [A(("a", "b"), 0.8), A(("b", "c"), error="no result"),
+                                                             A(("c", "a"), error="no result")])
+    assert failed.slow == ("c",) and failed.why["c"] == "no pair allreduce finished: no result"
+
+
+def shape(name: str, index: int, rate: str) -> None:
+    """htb on node `index`'s link both ways (this kernel has htb but no netem): into the node on the bridge's
+    veth, out of it on the node's eth0. The links go with the cluster at down."""
+    for dev, prefix in ((netns.veth_name(name, index), []), ("eth0", ["ip", "netns", "exec", netns.netns_name(name, index)])):
+        subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
+                       check=True)
+        subprocess.run([*prefix, "tc", "class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate",
+                        rate, "ceil", rate, "burst", "256k", "cburst", "256k"], check=True)
+
+
+def test_doctor_fabric_names_the_node_with_a_quarter_link(local_cluster_factory):
+    """Real Horovod allreduce (gloo) over 3 namespace nodes; member 1's link shaped to 50 Mbit/s, the others'
+    to 200: its pairs both run at about a quarter, its neighbours each have one full-rate pair."""
+    c = local_cluster_factory(3, 1, runtime=True)
+    for i in range(3):
+        shape(c.name, i, "50mbit" if i == 1 else "200mbit")
+    proc = c.cli("doctor", "--fabric", "--fabric-mb", "4", "--json", timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    fab = report["fabric"]
+    assert fab["slow"] == [c.hosts[1]], fab
+    assert fab["cluster"]["busbw_gbit"] > 0 and not fab["cluster"]["error"]
+    assert sorted(tuple(p["hosts"]) for p in fab["pairs"]) == sorted(
+        [(c.hosts[0], c.hosts[1]), (c.hosts[1], c.hosts[2]), (c.hosts[2], c.hosts[0])])
+    # measured against the shaping: the slow node's best pair near a quarter of the others' (tolerance 0.1-0.45)
+    best = fab["best"]
+    assert 0.1 < best[c.hosts[1]] / min(best[c.hosts[0]], best[c.hosts[2]]) < 0.45, best
+    assert best[c.hosts[0]] < 0.25, best  # the 200 Mbit/s shaping holds: busbw cannot pass the link
+    cells = {n["host"]: n["cells"]["fabric"] for n in report["nodes"]}
+    assert cells[c.hosts[1]]["status"] == "fail" and "< 50% of the median node's" in cells[c.hosts[1]]["why"]
+    assert cells[c.hosts[0]]["status"] == "ok" and cells[c.hosts[2]]["status"] == "ok"
+    assert [n for n in report["nodes"] if any(x["status"] == "fail" for k, x in n["cells"].items() if k != "fabric")] == []
