@@ -9,7 +9,11 @@ use the node's own (instance profile, or ~/.aws config). Sub-commands print one 
                                         first; --delete removes what M does not list; --mark writes
                                         the marker, last, when everything matched
     s3list BUCKET PREFIX                a manifest made from the bucket's listing (size, ETag/SHA256)
-    s3pull --dst DST --manifest M --bucket B --prefix P --only LIST   pull the listed objects
+    s3pull --dst DST --manifest M --bucket B --prefix P --only LIST [--record]   pull the listed objects,
+                                        each checked against S3's checksum (MD5 ETag, ChecksumSHA256) or
+                                        the sha256 in M; where S3 gives nothing checkable (SSE-KMS, a
+                                        multipart ETag of unknown part size) --record takes the object as
+                                        pulled and returns its streamed sha256 ("recorded"), else it fails
 
 A manifest is JSON: {"entries": [{"p": path, "t": "f"|"d"|"l", "s": size, "h": sha256, "l": link
 target, "etag": S3 ETag, "sha256b64": S3 ChecksumSHA256}], ...}. Paths are relative, '/'-separated,
@@ -319,6 +323,16 @@ def cmd_check(args: dict) -> dict:
         info = {"manifest_sha256": digest, "files": sum(1 for e in entries if e["t"] == "f"),
                 "bytes": sum(e.get("s", 0) for e in entries), "source": args["mark"], "verified_at": time.time()}
         try:
+            saved = os.path.join(state, "manifest.json")
+            with open(args["manifest"], "rb") as f:
+                current = f.read()
+            try:
+                with open(saved, "rb") as f:
+                    same = f.read() == current
+            except OSError:
+                same = False
+            if not same:  # the manifest changed since --reset (S3: sha256s recorded by the first node)
+                atomic_write(saved, current)
             atomic_write(marker, (json.dumps(info, sort_keys=True) + "\n").encode())
             marked = True
         except OSError as exc:
@@ -427,6 +441,9 @@ def cmd_s3pull(args: dict) -> dict:
         if entries[p]["t"] == "d":
             os.makedirs(os.path.join(root, p), exist_ok=True)
 
+    record = bool(args.get("record"))
+    recorded: dict[str, str] = {}
+
     def one(p: str) -> str | None:
         e = entries[p]
         if e["t"] != "f":
@@ -440,18 +457,47 @@ def cmd_s3pull(args: dict) -> dict:
             if have > e["s"]:
                 os.unlink(part)
                 have = 0
+            sha, md5, kms = hashlib.sha256(), hashlib.md5(), False  # streamed: the data is read once
+            if have:
+                with open(part, "rb", buffering=0) as f:
+                    while b := f.read(CHUNK):
+                        sha.update(b)
+                        md5.update(b)
             if have < e["s"] or e["s"] == 0:
                 kw = {"Bucket": bucket, "Key": prefix + p, "IfMatch": '"' + e["etag"] + '"'}
                 if have:
                     kw["Range"] = f"bytes={have}-"
-                body = s3.get_object(**kw)["Body"]
+                resp = s3.get_object(**kw)
+                # SSE-KMS (and SSE-C): the ETag is not the MD5 of the data, S3 vouches for nothing we can check
+                kms = resp.get("ServerSideEncryption") in ("aws:kms", "aws:kms:dsse") or bool(resp.get("SSECustomerAlgorithm"))
+                body = resp["Body"]
                 with open(part, "ab" if have else "wb") as f:
                     for chunk in iter(lambda: body.read(CHUNK), b""):
                         f.write(chunk)
+                        sha.update(chunk)
+                        md5.update(chunk)
                         progress.add(len(chunk))
-            if os.path.getsize(part) != e["s"] or not entry_ok(os.path.dirname(part), {**e, "p": os.path.basename(part)}):
+            problem = None
+            if os.path.getsize(part) != e["s"]:
+                problem = "content does not match S3's checksum"
+            elif "h" in e or e.get("sha256b64"):  # S3's SHA256, or the one the first node recorded
+                if not (sha.hexdigest() == e["h"] if "h" in e
+                        else base64.b64encode(sha.digest()).decode() == e["sha256b64"]):
+                    problem = "content does not match " + ("the sha256 recorded by the first node" if "h" in e
+                                                           else "S3's checksum")
+            elif not kms and "-" not in e["etag"]:
+                if md5.hexdigest() != e["etag"]:
+                    problem = "content does not match S3's checksum"
+            elif kms or not etag_matches(part, e["etag"], e["s"]):  # a multipart ETag of unknown part size
+                if record:
+                    with recorded_lock:
+                        recorded[p] = sha.hexdigest()
+                else:
+                    problem = ("S3 gives no checksum for it (SSE-KMS or a multipart ETag) and no node recorded one "
+                               "to check it against")
+            if problem:
                 os.unlink(part)
-                return f"{p}: content does not match S3's checksum"
+                return f"{p}: {problem}"
             if os.path.lexists(full) and os.path.isdir(full) and not os.path.islink(full):
                 shutil.rmtree(full)
             os.replace(part, full)
@@ -461,6 +507,7 @@ def cmd_s3pull(args: dict) -> dict:
         except Exception as exc:
             return f"{p}: {_s3_error(exc)}"
 
+    recorded_lock = threading.Lock()
     with ThreadPoolExecutor(max_workers=int(args.get("workers", 8))) as pool:
         errors = [r for r in pool.map(one, wanted) if r]
     for pdir in {os.path.join(os.path.dirname(os.path.join(root, p)), PARTIAL_DIR) for p in wanted}:
@@ -471,7 +518,7 @@ def cmd_s3pull(args: dict) -> dict:
     sys.stderr.write(f"CCSYNC-BYTES {progress.done}\n")
     if errors:
         raise AgentError(f"{len(errors)} object(s) failed, first: {errors[0]}")
-    return {"root": root, "bytes": progress.done}
+    return {"root": root, "bytes": progress.done, "recorded": recorded}
 
 
 # ---- relay ------------------------------------------------------------------------------------------
@@ -584,7 +631,7 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     i = 0
     while i < len(rest):
         a = rest[i]
-        if a in ("--reset", "--delete"):
+        if a in ("--reset", "--delete", "--record"):
             args[a[2:]] = True
         elif a.startswith("--"):
             args[a[2:].replace("-", "_")] = rest[i + 1]

@@ -362,6 +362,7 @@ class Syncer:
         self.entries: list[dict] = []
         self.manifest_bytes = b""
         self.src_root = ""  # the source folder, resolved where it is
+        self.recorder: str | None = None  # S3: the node whose pull recorded sha256s (once per sync)
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.children = Children()
 
@@ -597,8 +598,7 @@ class Syncer:
         for n in todo:
             self.events.need(n.label, n.bad_bytes)
         if self.source.kind == "s3":
-            self.events.phase(f"{len(todo)} node(s) pulling from {self.source.describe()} at once")
-            self._fan(todo, self._s3_pull)
+            self._s3_round(todo)
             return
         if self.strategy == "chain":
             union: set[str] = set()
@@ -821,7 +821,7 @@ class Syncer:
         """rsync only the bad files, from verified nodes (spread over them) or else from the source."""
         good = [] if from_source else [n for n in self._live() if not n.bad and n not in broken and n.root]
         if not good and self.source.kind == "s3":
-            self._fan(broken, self._s3_pull)
+            self._s3_round(broken)
             return
         jobs = []
         for i, n in enumerate(broken):
@@ -830,7 +830,43 @@ class Syncer:
         self._fan(jobs, lambda job: self._rsync(job[0], job[1], job[1].bad))
 
     # ---- S3 --------------------------------------------------------------------------------------
-    def _s3_pull(self, n: _Node) -> None:
+    def _s3_round(self, nodes: list[_Node]) -> None:
+        """Every node pulls its own copy. Objects S3 gives no checkable checksum for (SSE-KMS, a multipart
+        ETag of unknown part size) are pulled first by one node, which records their streamed sha256 into the
+        manifest; the others are then checked against it (once per sync: later rounds have it)."""
+        nodes = self._live(nodes)
+        if nodes and self.recorder is None:
+            first, nodes = nodes[0], nodes[1:]
+            self.events.phase(f"{first.label} pulling from {self.source.describe()} first (it records the sha256 of "
+                              "objects S3 gives no checksum for)")
+            recorded = self._s3_pull(first, record=True)
+            if recorded is not None:
+                self.recorder = first.label
+                if recorded:
+                    self._adopt_recorded(first, recorded)
+        if nodes:
+            self.events.phase(f"{len(nodes)} node(s) pulling from {self.source.describe()} at once")
+            self._fan(nodes, self._s3_pull)
+
+    def _adopt_recorded(self, first: _Node, recorded: dict[str, str]) -> None:
+        for e in self.entries:
+            if e["p"] in recorded and "h" not in e and not e.get("sha256b64"):
+                e["h"] = recorded[e["p"]]
+        self.manifest_bytes = json.dumps({"entries": self.entries, "source": self.source.describe()},
+                                         ensure_ascii=True).encode()
+        self.events.phase(f"{len(recorded)} object(s) have no checksum S3 vouches for (SSE-KMS, or a multipart ETag "
+                          f"of unknown part size): their sha256 as pulled by {first.label} is recorded, and every other "
+                          "node's copy is checked against it")
+
+        def one(n: _Node) -> None:
+            r = self.pool.put_one(n.target, {f"{self.work}/manifest.json": (self.manifest_bytes, 0o600)})
+            if not r.ok:
+                self._fail(n, "unreachable", r.error or "upload failed")
+
+        self._fan(self._live(), one)
+
+    def _s3_pull(self, n: _Node, record: bool = False) -> dict[str, str] | None:
+        """Pull n's bad objects; with `record`, what it recorded (None when the pull did not succeed)."""
         r = self.pool.put_one(n.target, {f"{self.work}/s3.list": (self._write_list(n.bad), 0o600)})
         if not r.ok:
             self._fail(n, "unreachable", r.error or "upload failed")
@@ -839,6 +875,8 @@ class Syncer:
                 self.source.bucket, "--prefix", self.source.prefix, "--only", f"{self.work}/s3.list"]
         if self.endpoint_url:
             args += ["--endpoint-url", self.endpoint_url]
+        if record:
+            args.append("--record")
 
         def on_line(_h: str, stream: str, line: str) -> None:
             m = re.match(r"CCSYNC-BYTES (\d+)", line)
@@ -853,6 +891,9 @@ class Syncer:
         elif r.exit_code != 0:  # the check that follows finds what is missing; the node is retried
             n.last_error = "s3: " + str((data or {}).get("error") or r.stderr.strip()[-200:])
             self.events.phase(f"{n.label}: {n.last_error} (will retry what is missing)")
+        else:
+            return dict((data or {}).get("recorded") or {})
+        return None
 
 
 def _why_rsync(stderr: str, default: str) -> str:

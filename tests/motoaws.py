@@ -23,8 +23,13 @@ What is added to moto, and why:
     vpc-max-elastic-ips from MotoAws.account_eips;
   * an nvidia-smi in every node of a GPU type listing the type's GPUs (fake_gpus: "type", a count, or None);
   * GetConsoleOutput that looks like cloud-init's (host keys block, the "finished" line);
+  * filter values with EC2's wildcard semantics everywhere (`*` any run, `?` one character, a backslash
+    before either makes it literal, nothing else special): moto's own matching is fnmatch (brackets are classes) on some paths and
+    plain membership on others (several values; the placement groups added here);
   * public addresses from 198.18.0.0/15 (a benchmarking range never routed on the internet) instead of
     moto's random 54.214.x.y, so nothing a test does can dial out;
+  * S3: an SSE-KMS object's ETag is opaque, as on S3 (not the MD5 of its data, which moto gives):
+    opaque_kms_etags(), for the S3 servers of the sync tests;
   * faults: an error for an action (capacity in one AZ, throttling, dependency errors), a lost response
     (done, then a 500), and gates that hold a response until the test has interrupted the CLI.
 Each instance launched into the test's own address range gets a namespace node (netns.create_node)
@@ -976,3 +981,24 @@ class AwsCli:
 @pytest.fixture
 def aws_cli(aws, cli) -> AwsCli:
     return AwsCli(aws, cli)
+
+
+def opaque_kms_etags() -> None:
+    """S3 gives an SSE-KMS object an ETag that is not the MD5 of its data; moto gives the MD5. Patch moto's
+    keys (in this process, so a ThreadedMotoServer started here serves it) to answer an opaque one. Idempotent."""
+    import hashlib
+
+    from moto.s3.models import FakeKey
+
+    if getattr(FakeKey.etag.fget, "clusterctl_kms", False):
+        return
+    plain = FakeKey.etag.fget
+
+    def etag(self) -> str:
+        value = plain(self)
+        if getattr(self, "encryption", None) in ("aws:kms", "aws:kms:dsse"):
+            return '"' + hashlib.md5(b"kms-opaque:" + value.encode()).hexdigest() + '"'
+        return value
+
+    etag.clusterctl_kms = True
+    FakeKey.etag = property(etag)

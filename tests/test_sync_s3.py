@@ -5,6 +5,7 @@ loopback, which each node reaches through an ssh reverse tunnel to its own loopb
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -188,3 +189,63 @@ def test_no_credentials_on_the_nodes_is_one_clear_error(s3env):
     finally:
         for i in range(3):
             (cdir / str(i) / "home" / ".aws" / "moved").rename(cdir / str(i) / "home" / ".aws" / "credentials")
+
+
+def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_node_recorded(s3env, tmp_path,
+                                                                                              monkeypatch):
+    """Issue 14: an SSE-KMS object's ETag is not an MD5, and a multipart ETag of a part size that is not a
+    whole MiB cannot be recomputed: neither ever verified, so such a sync failed on every node, every time."""
+    from motoaws import opaque_kms_etags
+
+    from clusterctl import sync_agent
+
+    cluster, endpoint, _, client = s3env
+    opaque_kms_etags()  # as on S3 (moto gives such an object its MD5)
+    kms = os.urandom(200_000)
+    client.put_object(Bucket=BUCKET, Key="kms/secret.bin", Body=kms, ServerSideEncryption="aws:kms")
+    assert client.head_object(Bucket=BUCKET, Key="kms/secret.bin")["ETag"].strip('"') != hashlib.md5(kms).hexdigest()
+    part = 5 * 1024 * 1024 + 1000  # not a whole MiB
+    odd = os.urandom(part + 77_777)
+    up = client.create_multipart_upload(Bucket=BUCKET, Key="kms/odd.bin")
+    parts = [{"PartNumber": n, "ETag": client.upload_part(Bucket=BUCKET, Key="kms/odd.bin", UploadId=up["UploadId"],
+                                                          PartNumber=n, Body=chunk)["ETag"]}
+             for n, chunk in enumerate((odd[:part], odd[part:]), 1)]
+    client.complete_multipart_upload(Bucket=BUCKET, Key="kms/odd.bin", UploadId=up["UploadId"],
+                                     MultipartUpload={"Parts": parts})
+    assert client.head_object(Bucket=BUCKET, Key="kms/odd.bin")["ETag"].strip('"').endswith("-2")
+    client.put_object(Bucket=BUCKET, Key="kms/plain.txt", Body=b"plain")  # an MD5 ETag: S3's own check
+    want = {"secret.bin": hashlib.sha256(kms).hexdigest(), "odd.bin": hashlib.sha256(odd).hexdigest(),
+            "plain.txt": hashlib.sha256(b"plain").hexdigest()}
+
+    proc = sync(cluster, "--endpoint-url", endpoint, f"s3://{BUCKET}/kms", "/tmp/s3kms")
+    assert proc.returncode == 0, proc.stderr
+    assert (f"2 object(s) have no checksum S3 vouches for (SSE-KMS, or a multipart ETag of unknown part size): "
+            f"their sha256 as pulled by {cluster.hosts[0]} is recorded, and every other node's copy is checked "
+            "against it") in " ".join(proc.stderr.split()), proc.stderr
+    for i in range(3):
+        assert node_sha256(cluster, i, "/tmp/s3kms") == want
+        assert marker(cluster, i, "/tmp/s3kms") is not None
+        # the manifest every copy was verified against carries the recorded sha256 of those two
+        saved = json.loads(cluster.node_exec(i, "cat", f"/tmp/s3kms/{sync_agent.STATE_DIR}/manifest.json").stdout)
+        hashes = {e["p"]: e.get("h") for e in saved["entries"]}
+        assert hashes == {"secret.bin": want["secret.bin"], "odd.bin": want["odd.bin"], "plain.txt": None}
+
+    # the node side: a pull whose data differs from the recorded sha256 is refused, and without a recorded one
+    # (and without --record) such an object is never taken on trust
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    listing = tmp_path / "s3list.json"
+    assert sync_agent.main(["s3list", BUCKET, "kms/", "--endpoint-url", endpoint, "--out", str(listing)]) == 0
+    entries = json.loads(listing.read_text())["entries"]
+    only = tmp_path / "only"
+    only.write_bytes(b"secret.bin\0")
+    for h, expect in ((None, "S3 gives no checksum for it (SSE-KMS or a multipart ETag) and no node recorded one"),
+                      ("0" * 64, "content does not match the sha256 recorded by the first node")):
+        manifest = tmp_path / "m.json"
+        manifest.write_text(json.dumps({"entries": [{**e, **({"h": h} if h else {})} for e in entries]}))
+        out = tmp_path / "out.json"
+        rc = sync_agent.main(["s3pull", "--dst", str(tmp_path / "dst"), "--manifest", str(manifest), "--bucket", BUCKET,
+                              "--prefix", "kms/", "--only", str(only), "--endpoint-url", endpoint, "--out", str(out)])
+        assert rc != 0 and expect in json.loads(out.read_text())["error"]
+        assert not (tmp_path / "dst" / "secret.bin").exists()
