@@ -101,6 +101,7 @@ def target_to_dict(t: SshTarget) -> dict:
         "known_hosts": [os.path.abspath(os.path.expanduser(k)) for k in t.known_hosts],
         "host_key_alias": t.host_key_alias, "identity_agent": t.identity_agent,
         "identities_only": t.identities_only, "connect_timeout": t.connect_timeout, "ssh_config": t.ssh_config,
+        "certificate_files": [os.path.abspath(os.path.expanduser(c)) for c in t.certificate_files],
     }
 
 
@@ -108,7 +109,8 @@ def target_from_dict(d: dict) -> SshTarget:
     return SshTarget(d["label"], d["hostname"], int(d["port"]), d["user"], tuple(d["identity_files"]),
                      target_from_dict(d["proxy_jump"]) if d.get("proxy_jump") else None,
                      tuple(d.get("known_hosts") or ()), d.get("host_key_alias"), d.get("identity_agent"),
-                     bool(d.get("identities_only")), d.get("connect_timeout"), d.get("ssh_config"))
+                     bool(d.get("identities_only")), d.get("connect_timeout"), d.get("ssh_config"),
+                     tuple(d.get("certificate_files") or ()))
 
 
 def settings_to_dict(s: SshSettings) -> dict:

@@ -62,6 +62,7 @@ class SshTarget:
     identities_only: bool = False
     connect_timeout: float | None = None  # ConnectTimeout from the config (the flag wins)
     ssh_config: str | None = None  # the --ssh-config it was read from, for OpenSSH calls (-F)
+    certificate_files: tuple[str, ...] = ()  # CertificateFile: offered on the private key each certifies
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,9 @@ def targets_from_hosts(
     warnings: list[str] | None = None,
 ) -> list[SshTarget]:
     """Targets for a plain hosts file, resolved the way `ssh HOST` would (OpenSSH's own `ssh -G`: Include,
-    Match, HostName, User, Port, IdentityFile, IdentitiesOnly, IdentityAgent, UserKnownHostsFile,
-    GlobalKnownHostsFile, HostKeyAlias, ProxyJump, ConnectTimeout). Explicit flags win over the config.
+    Match, HostName, User, Port, IdentityFile, IdentitiesOnly, IdentityAgent, CertificateFile,
+    UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias, ProxyJump, ConnectTimeout). Explicit flags win
+    over the config.
     A config that would lower host key checking is noted in `warnings` (it does not lower ours)."""
     from clusterctl import sshconfig
     from clusterctl.errors import ConfigError
@@ -141,6 +143,7 @@ def targets_from_hosts(
             identities_only=hc.identities_only,
             connect_timeout=hc.connect_timeout,
             ssh_config=os.path.abspath(os.path.expanduser(ssh_config)) if ssh_config else None,
+            certificate_files=tuple(f for f in hc.certificate_files if os.path.isfile(f)),
         )
 
     parsed = [split(h) for h in hosts]
@@ -248,8 +251,8 @@ class SshPool:
                 failed = self._failed.get(key)
             if c is not None and c.get_transport() is not None and c.get_transport().is_active():
                 return c
-            if failed is not None:
-                raise failed
+            if failed is not None and time.monotonic() - failed[1] < self.settings.connect_timeout:
+                raise failed[0]
             try:
                 c = self._connect(target)
             except Exception as exc:
@@ -338,7 +341,8 @@ class SshPool:
                 raise paramiko.BadHostKeyException(name, server, next(iter(want.values())))
             agent = target.identity_agent if self.settings.allow_agent else None
             keys, locked, conn = sshconfig.candidate_keys(
-                target.identity_files, target.identities_only or not self.settings.allow_agent, agent)
+                target.identity_files, target.identities_only or not self.settings.allow_agent, agent,
+                target.certificate_files)
             try:
                 last: Exception | None = None
                 for key in keys:

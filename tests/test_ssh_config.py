@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -282,7 +283,8 @@ def test_agent_wire_format_carries_the_per_host_settings():
     from clusterctl.remote import SshTarget
 
     jump = SshTarget("j", "10.0.0.1", 22, "root", ("/k",), None, ("/kh1",), "jalias", "/a.sock", True, 3.0, "/cfg")
-    t = SshTarget("h", "10.0.0.2", 2222, "u", ("/k2.pub",), jump, ("/kh2", "/kh3"), "halias", None, False, None, None)
+    t = SshTarget("h", "10.0.0.2", 2222, "u", ("/k2.pub",), jump, ("/kh2", "/kh3"), "halias", None, False, None, None,
+                  ("/k2-user.cert",))
     assert agent.target_from_dict(json.loads(json.dumps(agent.target_to_dict(t)))) == t
 
 
@@ -362,3 +364,184 @@ def test_up_writes_an_ssh_config_that_openssh_uses_and_down_removes_it(cli, tmp_
     assert not (folder / f"{name}.conf").exists()
     gone = subprocess.run(["ssh", "-G", "-F", str(user_config), f"{name}-member-1"], capture_output=True, text=True)
     assert f"hostname {name}-member-1" in gone.stdout  # no entry any more: the alias is just a name
+
+
+# ---- OpenSSH user certificates ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def user_ca(c, setup, tmp_path_factory):
+    """A user CA that every node's sshd trusts (TrustedUserCAKeys, sshd reloaded inside the node), and keys
+    that are in no authorized_keys: only a certificate signed by the CA lets them in."""
+    from conftest import wait_for
+
+    d = tmp_path_factory.mktemp("userca")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "user-ca", "-f", str(d / "ca")], check=True)
+    ca_pub = (d / "ca.pub").read_text().strip()
+    for i in range(3):
+        c.node_exec(i, "sh", "-c", f"echo {shlex.quote(ca_pub)} > /etc/ssh/user_ca.pub && "
+                                   "echo 'TrustedUserCAKeys /etc/ssh/user_ca.pub' >> /etc/ssh/sshd_config")
+        c.node_exec(i, "kill", "-HUP", "1")  # sshd (the node's PID 1) re-executes itself with the new config
+
+    def banner(host: str) -> bool:
+        import socket
+
+        try:
+            with socket.create_connection((host, 22), timeout=1) as s:
+                return s.recv(4).startswith(b"SSH-")
+        except OSError:
+            return False
+
+    for h in c.hosts:
+        wait_for(lambda: banner(h), 20, f"sshd of {h} back after its reload")
+    (d / "certs").mkdir()
+    for name, passphrase in (("diskkey", ""), ("agentcertkey", PASSPHRASE), ("implicitkey", "")):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", str(d / name)],
+                       check=True)
+        subprocess.run(["ssh-keygen", "-q", "-s", str(d / "ca"), "-I", name, "-n", "root", "-V", "-5m:+1d",
+                        str(d / f"{name}.pub")], check=True, capture_output=True)
+        if name != "implicitkey":  # kept beside only for the key whose certificate OpenSSH finds by its name
+            (d / f"{name}-cert.pub").rename(d / "certs" / f"{name}.cert")
+    for i in range(3):
+        keys = c.node_exec(i, "cat", "/root/.ssh/authorized_keys").stdout
+        for name in ("diskkey", "agentcertkey", "implicitkey"):
+            assert (d / f"{name}.pub").read_text().split()[1] not in keys  # the plain keys are trusted nowhere
+    return d
+
+
+def _cert_config(setup_dir: Path, path: Path, identity: str, certificate: str | None) -> Path:
+    """The test's hosts (Include config.d/*, the jumped host behind `lead`) with only `identity` to offer."""
+    d = setup_dir
+    main = (d / "config").read_text()
+    common = main[main.index("Host *"):].replace(f"IdentityFile {d}/agentkey.pub", f"IdentityFile {identity}")
+    if certificate:
+        common += f"    CertificateFile {certificate}\n"
+    path.write_text(main[:main.index("Host *")] + common)
+    return path
+
+
+def _reach(c, cfg: Path, hosts: str, env: dict) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = c.cli("run", "--json", "--ssh-config", str(cfg), hosts, PROBE, env=env)
+    return proc, {r["host"]: r for r in map(json.loads, proc.stdout.splitlines())}
+
+
+def _openssh(cfg: Path, alias: str, sock: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ssh", "-F", str(cfg), alias, PROBE], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SSH_AUTH_SOCK": sock}, stdin=subprocess.DEVNULL)
+
+
+def _same_landing(ours: str, theirs: str, alias: str) -> None:
+    ours_l, theirs_l = ours.splitlines(), theirs.splitlines()
+    assert ours_l[0].split()[0] == theirs_l[0].split()[0] and ours_l[0].split()[2:] == theirs_l[0].split()[2:], alias
+    assert ours_l[1:] == theirs_l[1:], alias
+
+
+@pytest.mark.parametrize("agent_mode", ["connection agent", "in process"])
+def test_certificate_file_authenticates_a_key_on_disk(c, setup, user_ca, tmp_path, agent_mode):
+    from clusterctl import sshconfig
+
+    d, _ = setup
+    cert = user_ca / "certs" / "diskkey.cert"
+    cfg = _cert_config(d, tmp_path / "cert_config", str(user_ca / "diskkey"), str(cert))
+    env = {"SSH_AUTH_SOCK": "", **({"CLUSTERCTL_AGENT": "0"} if agent_mode == "in process" else {})}
+    proc, rows = _reach(c, cfg, "aliases", env)
+    assert proc.returncode == 0, proc.stderr
+    assert list(rows) == ["lead", "one", "fwd", "jumped"]  # `jumped` authenticates by certificate on both hops
+    for alias, hc in zip(rows, sshconfig.lookup([(h, None, None) for h in rows], str(cfg))):
+        assert hc.certificate_files == tuple(_ssh_g_all(cfg, alias, "certificatefile")) == (str(cert),)
+        real = _openssh(cfg, alias, "")
+        assert real.returncode == 0, (alias, real.stderr)
+        _same_landing(rows[alias]["stdout"], real.stdout, alias)
+    # without the certificate the key is nobody's: OpenSSH and clusterctl both fail
+    bare = _cert_config(d, tmp_path / "bare_config", str(user_ca / "diskkey"), None)
+    assert _openssh(bare, "lead", "").returncode == 255
+    proc, rows = _reach(c, bare, "aliases", env)
+    assert proc.returncode == 5 and [r["status"] for r in rows.values()] == ["unreachable"] * 4, proc.stdout
+    assert all("authentication failed for root@" in r["error"] for r in rows.values())  # `jumped`: at its jump host
+
+
+def test_implicit_certificate_beside_the_identity_file(c, setup, user_ca, tmp_path):
+    d, _ = setup
+    cfg = _cert_config(d, tmp_path / "implicit_config", str(user_ca / "implicitkey"), None)
+    assert _ssh_g_all(cfg, "lead", "certificatefile") == []  # OpenSSH finds FILE-cert.pub by itself
+    proc, rows = _reach(c, cfg, "aliases", {"SSH_AUTH_SOCK": ""})
+    assert proc.returncode == 0, proc.stderr
+    for alias in ("lead", "jumped"):
+        real = _openssh(cfg, alias, "")
+        assert real.returncode == 0, (alias, real.stderr)
+        _same_landing(rows[alias]["stdout"], real.stdout, alias)
+
+
+def test_certificate_file_on_a_key_served_by_ssh_agent(c, setup, user_ca, tmp_path):
+    d, _ = setup
+    agent, sock = _start_agent(tmp_path, "agent-cert")
+    try:
+        _ssh_add(user_ca / "agentcertkey", sock, tmp_path)  # the key only: its certificate is not beside it
+        listed = subprocess.run(["ssh-add", "-L"], env={**os.environ, "SSH_AUTH_SOCK": sock}, capture_output=True,
+                                text=True).stdout
+        assert "cert-v01" not in listed
+        cert = user_ca / "certs" / "agentcertkey.cert"
+        cfg = _cert_config(d, tmp_path / "agent_cert_config", f"{user_ca}/agentcertkey.pub", str(cert))
+        (c.cli.cwd / "lead-only").write_text("lead\n")
+        proc, rows = _reach(c, cfg, "aliases", {"SSH_AUTH_SOCK": sock})  # through the connection agent
+        assert proc.returncode == 0, proc.stderr
+        for alias in rows:
+            real = _openssh(cfg, alias, sock)
+            assert real.returncode == 0, (alias, real.stderr)
+            _same_landing(rows[alias]["stdout"], real.stdout, alias)
+        # the agent's key without the certificate: refused by sshd, for OpenSSH and for clusterctl
+        bare = _cert_config(d, tmp_path / "agent_bare_config", f"{user_ca}/agentcertkey.pub", None)
+        assert _openssh(bare, "lead", sock).returncode == 255
+        proc, rows = _reach(c, bare, "lead-only", {"SSH_AUTH_SOCK": sock})
+        assert proc.returncode == 5 and "authentication failed for root@" in rows["lead"]["error"], proc.stdout
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(10)
+
+
+def test_certificate_keys_are_matched_by_the_key_they_certify(user_ca):
+    """A certificate goes on the key it certifies only (not on another key of the same type)."""
+    from clusterctl import sshconfig
+
+    cert = sshconfig._cert(str(user_ca / "certs" / "diskkey.cert"))
+    assert sshconfig.certifies(cert, sshconfig._public_blob(str(user_ca / "diskkey.pub")))
+    assert not sshconfig.certifies(cert, sshconfig._public_blob(str(user_ca / "implicitkey.pub")))
+    assert sshconfig._cert(str(user_ca / "diskkey.pub")) is None
+
+
+def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_path):
+    """check_keys_usable runs in every `run` over a plain hosts file: it tells locked keys from usable ones
+    by the file's header (OpenSSH's `ssh-keygen -y -P ''` is the judge), without importing paramiko (whose
+    import cost every command ~0.3 s, seconds on a busy machine)."""
+    from clusterctl import sshconfig
+
+    keys = []
+    for kind in ("ed25519", "rsa", "ecdsa"):
+        for fmt in ("RFC4716", "PEM"):
+            for pw in ("", "pw"):
+                key = tmp_path / f"{kind}-{fmt}-{pw or 'none'}"
+                made = subprocess.run(["ssh-keygen", "-q", "-t", kind, "-m", fmt, "-N", pw, "-f", str(key)],
+                                      capture_output=True)
+                if made.returncode == 0:  # OpenSSL 3 builds refuse some encrypted PEM: openssl makes those below
+                    keys.append(key)
+    for name, extra in (("pkcs8-none", []), ("pkcs8-pw", ["-aes256", "-pass", "pass:pw"])):
+        subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-out", str(tmp_path / name), *extra], check=True,
+                       capture_output=True)
+        keys.append(tmp_path / name)
+    states = {}
+    for key in keys:
+        openssh = subprocess.run(["ssh-keygen", "-y", "-P", "", "-f", str(key)], capture_output=True)
+        states[key.name] = sshconfig.private_key_state(str(key))
+        assert states[key.name] == ("ok" if openssh.returncode == 0 else "locked"), key
+        assert sshconfig.private_key_state(str(key) + ".pub") == "missing"
+    assert {"ok", "locked"} == set(states.values()) and states["pkcs8-pw"] == "locked"
+    target = SimpleNamespace(identity_files=(str(tmp_path / "ed25519-RFC4716-pw.pub"),), identity_agent=None,
+                             proxy_jump=None)
+    code = ("import sys; from types import SimpleNamespace as S; from clusterctl import sshconfig, errors\n"
+            f"t = S(identity_files=({str(tmp_path / 'rsa-PEM-none')!r},), identity_agent=None, proxy_jump=None)\n"
+            "sshconfig.check_keys_usable([t]); print('paramiko' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert out.stdout.strip() == "False", out.stderr
+    from clusterctl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ed25519-RFC4716-pw is passphrase-protected: add it to ssh-agent"):
+        sshconfig.check_keys_usable([target])
