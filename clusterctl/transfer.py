@@ -272,15 +272,22 @@ def operator_ssh(target: SshTarget, known_hosts: str, managed: bool) -> list[str
         if target.ssh_config:
             argv += ["-F", target.ssh_config]
         argv += [f"-i{k}" for k in target.identity_files]
-        if target.known_hosts:  # OpenSSH takes a list here; the first -o wins over the config
-            known_hosts = " ".join(shlex.quote(k) if " " in k else k for k in target.known_hosts)
         if target.host_key_alias:
             argv += ["-o", f"HostKeyAlias={target.host_key_alias}"]
-    argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null", *HOP_OPTIONS,
+    pinned = known_hosts
+    if not managed and target.known_hosts:  # OpenSSH takes a list here; the first -o wins over the config
+        pinned = " ".join(shlex.quote(k) if " " in k else k for k in target.known_hosts)
+    argv += ["-o", f"UserKnownHostsFile={pinned}", "-o", "GlobalKnownHostsFile=/dev/null", *HOP_OPTIONS,
              "-p", str(target.port), "-l", target.user]
-    if target.proxy_jump is not None:
+    if target.proxy_jump is not None and managed:
         j = target.proxy_jump
         argv += ["-J", f"{j.user}@{_host_for_rsync(j.hostname)}:{j.port}"]
+    elif target.proxy_jump is not None:
+        # -J would start the jump's ssh with -F alone: none of its pinned files, strict checking or keys.
+        # The jump gets this function's own argv as ProxyCommand instead (% is a token mark there).
+        j = target.proxy_jump
+        hop = operator_ssh(j, known_hosts, managed) + ["-W", f"[{target.hostname}]:{target.port}", "--", j.hostname]
+        argv += ["-o", "ProxyCommand=" + shlex.join(hop).replace("%", "%%")]
     return argv
 
 

@@ -507,6 +507,62 @@ def test_certificate_keys_are_matched_by_the_key_they_certify(user_ca):
     assert sshconfig._cert(str(user_ca / "diskkey.pub")) is None
 
 
+# ---- sync's own OpenSSH calls through a ProxyJump of the user's config ---------------------------------
+def test_sync_reaches_a_host_behind_a_proxyjump_of_the_config(c, setup, tmp_path):
+    d, sock = setup
+    src = tmp_path / "data"
+    src.mkdir()
+    (src / "b.bin").write_bytes(os.urandom(8192))
+    (c.cli.cwd / "jumped-only").write_text("jumped\n")
+    proc = c.cli("sync", "--ssh-config", str(d / "config"), "jumped-only", str(src), "/tmp/ssh-config-jump-sync",
+                 env={"SSH_AUTH_SOCK": sock}, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = c.node_exec(2, "sha256sum", "/tmp/ssh-config-jump-sync/b.bin").stdout.split()[0]
+    assert got == subprocess.run(["sha256sum", str(src / "b.bin")], capture_output=True, text=True).stdout.split()[0]
+
+
+@pytest.mark.parametrize("pin", ["right", "wrong"])
+def test_syncs_openssh_jump_hop_checks_the_jump_hosts_pinned_key_strictly(c, setup, tmp_path, monkeypatch, pin):
+    """The config's `Host *` would accept-new into an empty file: the jump hop of sync's OpenSSH call still
+    checks the key pinned for the jump host (its own UserKnownHostsFile), strictly, and writes nothing."""
+    from clusterctl import transfer
+    from clusterctl.remote import targets_from_hosts
+
+    d, sock = setup
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
+    empty = tmp_path / "kh_empty"
+    empty.write_text("")
+    wrong = tmp_path / "kh_lead_wrong"
+    wrong.write_text(f"{c.hosts[0]} " + (d / "kh_m2").read_text().split(None, 1)[1])  # member 2's key for the leader
+    cfg = tmp_path / "config"
+    cfg.write_text(f"""\
+Host lead
+    HostName {c.hosts[0]}
+    UserKnownHostsFile {d / 'kh_leader' if pin == 'right' else wrong}
+Match originalhost jumped
+    HostName {c.hosts[2]}
+    ProxyJump lead
+    UserKnownHostsFile {d}/kh_m2
+Host *
+    User root
+    IdentityFile {d}/agentkey.pub
+    IdentitiesOnly yes
+    UserKnownHostsFile {empty}
+    GlobalKnownHostsFile /dev/null
+    StrictHostKeyChecking accept-new
+    BatchMode yes
+""")
+    (t,) = targets_from_hosts(["jumped"], ssh_config=str(cfg))
+    argv = transfer.operator_ssh(t, str(empty), managed=False) + ["--", t.hostname, "hostname"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "SSH_AUTH_SOCK": sock})
+    if pin == "right":
+        assert proc.returncode == 0 and proc.stdout.strip() == f"{c.name}-member-2", proc.stderr
+    else:
+        assert proc.returncode == 255 and "Host key verification failed" in proc.stderr, proc.stdout + proc.stderr
+    assert empty.read_text() == ""  # nothing accepted anywhere
+
+
 def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_path):
     """check_keys_usable runs in every `run` over a plain hosts file: it tells locked keys from usable ones
     by the file's header (OpenSSH's `ssh-keygen -y -P ''` is the judge), without importing paramiko (whose
