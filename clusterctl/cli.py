@@ -1065,10 +1065,10 @@ def doctor(
 
     from clusterctl import display, doctor as doctorlib
 
-    store = _store()
-    inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config, store=store)
     if fabric and not 0 < fabric_mb <= 4096:
         raise UsageError(f"--fabric-mb must be in (0, 4096], not {fabric_mb}")
+    store = _store()
+    inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config, store=store)
     if fabric:
         inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     report = doctorlib.run(inv, python=python, timeout=timeout, cloud=_cloud_facts(inv.cluster, store))

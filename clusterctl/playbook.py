@@ -28,7 +28,7 @@ STEP_KINDS: dict[str, tuple[set[str], set[str]]] = {
     "run": ({"command"}, {"nodes", "timeout", "expect"}),
     "put": ({"template", "dest"}, {"nodes", "mode", "vars"}),
     "doctor": (set(), {"python"}),
-    "bench": (set(), {"model", "ladder", "batch_size", "steps", "warmup_steps", "threshold", "timeout", "out"}),
+    "bench": (set(), {"model", "ladder", "batch_size", "steps", "iters", "warmup_steps", "threshold", "timeout", "out"}),
     "sync": ({"src", "dst"}, {"strategy", "fanout", "delete", "endpoint_url"}),
     "train": (set(), {"data", "epochs", "batch_size", "model", "synthetic", "wait", "extra"}),
     "eval": (set(), {"data", "model"}),

@@ -75,7 +75,9 @@ def _bench(step: Step, ctx: Context) -> tuple[bool, str]:
     inv = ctx.inventory
     rungs = bench.parse_ladder(str(p["ladder"]), inv.hosts) if p.get("ladder") else bench.default_ladder(inv.hosts)
     opts = bench.BenchOptions(model=str(p.get("model", "resnet50")), batch_size=int(p.get("batch_size", 32)),
-                              steps=int(p.get("steps", 20)), warmup_steps=int(p.get("warmup_steps", 3)),
+                              steps=int(p.get("steps", 10)), iters=int(p.get("iters", 10)),
+                              # Horovod's reference warms up 10 steps: fewer would time graph tracing
+                              warmup_steps=max(bench.MIN_WARMUP, int(p.get("warmup_steps", bench.MIN_WARMUP))),
                               threshold=float(p.get("threshold", bench.DEFAULT_THRESHOLD)),
                               timeout=float(p.get("timeout", 900)))
     ladder = bench.run_ladder(inv, rungs, opts, Path(str(p.get("out", "bench-results"))))

@@ -134,6 +134,7 @@ def test_doctor_fabric_names_the_node_with_a_quarter_link(local_cluster_factory)
         [(c.hosts[0], c.hosts[1]), (c.hosts[1], c.hosts[2]), (c.hosts[2], c.hosts[0])])
     # measured against the shaping: the slow node's best pair near a quarter of the others' (tolerance 0.1-0.45)
     best = fab["best"]
+    print(f"fabric busbw Gbit/s: cluster {fab['cluster']['busbw_gbit']:.3f}, best pair per node {best}")
     assert 0.1 < best[c.hosts[1]] / min(best[c.hosts[0]], best[c.hosts[2]]) < 0.45, best
     assert best[c.hosts[0]] < 0.25, best  # the 200 Mbit/s shaping holds: busbw cannot pass the link
     cells = {n["host"]: n["cells"]["fabric"] for n in report["nodes"]}
