@@ -42,10 +42,16 @@ def _answers(host: str) -> bool:
 
 
 def test_idle_cluster_stops_after_its_last_command_busy_one_does_not_old_one_does(local_cluster_factory):
+    # on a loaded machine one bring-up takes longer than --idle-stop: the first two are held off (--off)
+    # until the last is up, then turned on with their limit (idle time counts from then)
     idle = local_cluster_factory(2, 1, ("--idle-stop", "20s"))
-    busy = local_cluster_factory(2, 1, ("--idle-stop", "20s"))
-    old = local_cluster_factory(1, 1, ("--idle-stop", "off", "--max-lifetime", "30s"))
     cli = idle.cli
+    assert cli("autostop", idle.name, "--off").returncode == 0
+    busy = local_cluster_factory(2, 1, ("--idle-stop", "20s"))
+    assert cli("autostop", busy.name, "--off").returncode == 0
+    old = local_cluster_factory(1, 1, ("--idle-stop", "off", "--max-lifetime", "30s"))
+    for c in (idle, busy):
+        assert cli("autostop", c.name, "--on", "--idle-stop", "20s").returncode == 0
     for c in (idle, busy, old):
         assert autostop.supervisors(c.name), f"no supervisor for {c.name}"
 
