@@ -1500,7 +1500,14 @@ def train(
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop at this step (the schedule still spans --epochs)."),
     base_lr: Optional[float] = typer.Option(None, "--base-lr", help="Learning rate per 256 images (scaled with the global batch)."),
     warmup_epochs: Optional[float] = typer.Option(None, "--warmup-epochs"),
-    mixed_precision: bool = typer.Option(False, "--mixed-precision"),
+    mixed_precision: bool = typer.Option(False, "--mixed-precision", help="float16 on GPUs, bfloat16 on CPUs (--precision mixed)."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="auto (the trainer's default: float16 with loss scaling on GPUs with tensor cores, compute capability 7.0+, else fp32), fp32, float16, bfloat16 or mixed."),
+    fp32: bool = typer.Option(False, "--fp32", help="No mixed precision, even on tensor-core GPUs (--precision fp32)."),
+    fp16_allreduce: bool = typer.Option(False, "--fp16-allreduce", help="Compress gradients to float16 for the allreduce."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="default (cosine decay, label smoothing 0.1) or goyal (Goyal et al. 2017: /10 at epochs 30, 60, 80 of 90, 5 warm-up epochs, no label smoothing, zero last BN gamma per residual block)."),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Also evaluate every N epochs during training (all processes, each validation image once)."),
+    fusion_threshold_mb: float = typer.Option(64.0, "--fusion-threshold-mb", help="Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB."),
+    cycle_time_ms: float = typer.Option(1.0, "--cycle-time-ms", help="Horovod's cycle time (HOROVOD_CYCLE_TIME), ms."),
     xla: bool = typer.Option(False, "--xla"),
     trainer_arg: List[str] = typer.Option([], "--trainer-arg", help="One more argument for train_imagenet.py (repeatable)."),
     np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
@@ -1540,10 +1547,28 @@ def train(
             raise UsageError(f"{flag} must be at least {0 if flag == '--checkpoint-every' else 1}, not {value}")
     if epochs <= 0:
         raise UsageError("--epochs must be positive")
+    if fp32:
+        if precision not in (None, "fp32"):
+            raise UsageError(f"--fp32 and --precision {precision} say different things", "give one of them")
+        precision = "fp32"
+    if mixed_precision and precision is not None:
+        raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
+    if precision is not None and precision not in trainlib.PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(trainlib.PRECISIONS)}")
+    if recipe is not None and recipe not in trainlib.RECIPES:
+        raise UsageError(f"unknown recipe {recipe!r}", f"use one of {', '.join(trainlib.RECIPES)}")
+    if eval_every is not None and eval_every < 1:
+        raise UsageError(f"--eval-every must be at least 1, not {eval_every}")
+    if fusion_threshold_mb < 0 or cycle_time_ms <= 0:
+        raise UsageError("--fusion-threshold-mb must not be negative and --cycle-time-ms must be positive")
     opts = trainlib.TrainOptions(
         data=data, synthetic=synthetic, model=model, epochs=epochs, batch_size=batch_size, model_dir=model_dir,
         max_steps=max_steps, base_lr=base_lr, warmup_epochs=warmup_epochs, checkpoint_every=checkpoint_every,
         log_every=log_every, mixed_precision=mixed_precision, xla=xla, extra=tuple(trainer_arg))
+    from dataclasses import replace
+
+    opts = replace(opts, precision=precision, fp16_allreduce=fp16_allreduce, recipe=recipe, eval_every=eval_every,
+                   fusion_threshold_mb=fusion_threshold_mb, cycle_time_ms=cycle_time_ms)
     job = trainlib.start(inv, store, opts, np=np_, python=python, force=force, verify_data=not no_verify_data,
                          report=display.info)
     display.info(f"started training job {job.job}: {job.np} process(es), leader {job.leader} (tmux session "

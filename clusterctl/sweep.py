@@ -172,9 +172,28 @@ class Trial:
     command: str
 
 
+def check_model_dir(template: Sequence[str]) -> None:
+    """Trials run at the same time in one folder: the shipped trainer's --model-dir must differ per trial
+    ({trial} in it), or be left out (the trainer then uses train_out/<sweep>/trial-<N>). A shared one would
+    let trials overwrite and resume each other's checkpoints."""
+    words = shlex.split(template[0]) if len(template) == 1 else list(template)
+    if not any("train_imagenet" in w for w in words):
+        return
+    for i, w in enumerate(words):
+        value = w.split("=", 1)[1] if w.startswith("--model-dir=") else (
+            words[i + 1] if w == "--model-dir" and i + 1 < len(words) else None)
+        if value is not None and "{trial}" not in value:
+            raise UsageError(f"--model-dir {value!r} would be shared by every trial (they would resume each other's "
+                             "checkpoints)", "put {trial} in it (--model-dir run{trial}) or leave it out")
+
+
 def build_trials(template: Sequence[str], combos: Sequence[Mapping[str, str]], python: str) -> list[Trial]:
     if not template or not "".join(template).strip():
         raise UsageError("no command to sweep", "put it after --: clusterctl sweep --grid lr=0.1,0.01 -- python train.py --lr {lr}")
+    try:
+        check_model_dir(template)
+    except ValueError:
+        pass  # shell text shlex cannot split: the shell will say
     names = list(combos[0]) if combos else []
     unknown = [p for p in placeholders(template) if p not in names and p not in RESERVED]
     if unknown:

@@ -25,6 +25,8 @@ COLUMNS = ("Step", "Epoch", "img/s", "Loss", "TotalLoss", "LR", "Elapsed")
 EXIT_SIZE_MISMATCH = 3
 EXIT_CHECKPOINT = 4
 EXIT_NO_DATA = 5
+EXIT_BAD_LABELS = 6
+EXIT_HPARAMS = 7
 
 _MARKED = re.compile(rf".*{MARK}\s+(.*?)\s*$")  # the last mark of a line (two lines run together)
 _HOROVOD_FAILED = re.compile(r"Horovod detected that one or more processes exited with non-zero status")
@@ -51,6 +53,12 @@ class TrainOptions:
     keep_checkpoints: int | None = None
     log_every: int | None = None
     mixed_precision: bool = False
+    precision: str | None = None  # auto | fp32 | float16 | bfloat16 | mixed (the trainer's default: auto)
+    fp16_allreduce: bool = False
+    recipe: str | None = None  # default | goyal
+    eval_every: int | None = None  # epochs between evaluations during training
+    fusion_threshold_mb: float | None = None  # Horovod's tensor fusion buffer (an environment variable, not a flag)
+    cycle_time_ms: float | None = None  # Horovod's cycle time (likewise)
     xla: bool = False
     no_eval: bool = False
     eval_only: bool = False
@@ -63,12 +71,43 @@ _VALUE_FLAGS = (
     ("data", "--data"), ("model", "--model"), ("epochs", "--epochs"), ("batch_size", "--batch-size"),
     ("model_dir", "--model-dir"), ("image_size", "--image-size"), ("max_steps", "--max-steps"),
     ("base_lr", "--base-lr"), ("warmup_epochs", "--warmup-epochs"), ("checkpoint_every", "--checkpoint-every"),
+    ("precision", "--precision"), ("recipe", "--recipe"), ("eval_every", "--eval-every"),
     ("keep_checkpoints", "--keep-checkpoints"), ("log_every", "--log-every"), ("expect_size", "--expect-size"),
 )
 _SWITCHES = (
     ("synthetic", "--synthetic"), ("mixed_precision", "--mixed-precision"), ("xla", "--xla"),
     ("no_eval", "--no-eval"), ("eval_only", "--eval-only"), ("no_gpu", "--no-gpu"),
+    ("fp16_allreduce", "--fp16-allreduce"),
 )
+PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")
+RECIPES = ("default", "goyal")
+# Horovod's tensor fusion buffer as its tensor-fusion docs give it (64 MB; 0.21+ builds default to 128 MB)
+# and its cycle time (1 ms, its default since 0.21): set explicitly so every rank runs with the same.
+FUSION_THRESHOLD_MB = 64.0
+CYCLE_TIME_MS = 1.0
+
+
+def horovod_env(opts: TrainOptions) -> dict[str, str]:
+    """HOROVOD_FUSION_THRESHOLD (bytes) and HOROVOD_CYCLE_TIME (ms) for every rank."""
+    mb = FUSION_THRESHOLD_MB if opts.fusion_threshold_mb is None else opts.fusion_threshold_mb
+    ms = CYCLE_TIME_MS if opts.cycle_time_ms is None else opts.cycle_time_ms
+    if mb < 0 or ms <= 0:
+        raise ValueError("the fusion threshold must not be negative and the cycle time must be positive")
+    return {"HOROVOD_FUSION_THRESHOLD": str(int(mb * 1024 * 1024)), "HOROVOD_CYCLE_TIME": f"{ms:g}"}
+
+
+def check_s3_uri(uri: str) -> tuple[str, str]:
+    """(bucket, prefix ending in /) of --checkpoint-to; UsageError for anything but s3://bucket/prefix."""
+    from clusterctl.errors import UsageError
+
+    m = re.fullmatch(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/([^*?\s]*))?", uri)
+    if not m:
+        raise UsageError(f"--checkpoint-to {uri!r} is not an S3 location", "give one like s3://my-bucket/checkpoints/run1")
+    prefix = (m.group(2) or "").strip("/")
+    if not prefix:
+        raise UsageError(f"--checkpoint-to {uri!r} needs a prefix (the nodes may write there only)",
+                         "give one like s3://my-bucket/checkpoints/run1")
+    return m.group(1), prefix + "/"
 
 
 def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:
@@ -77,6 +116,10 @@ def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:
         raise ValueError("give a data folder or synthetic=True")
     if opts.model not in ("resnet50", "tiny"):
         raise ValueError(f"model must be resnet50 or tiny, not {opts.model!r}")
+    if opts.precision is not None and opts.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
+    if opts.recipe is not None and opts.recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, not {opts.recipe!r}")
     argv = [python, script]
     for name, flag in _VALUE_FLAGS:
         value = getattr(opts, name)
@@ -166,6 +209,7 @@ class TrainRun:
     warnings: tuple[TrainEvent, ...] = ()
     errors: tuple[TrainEvent, ...] = ()
     failure: str | None = None  # horovodrun's own verdict when a process died (e.g. "process 1 exited 137")
+    evals: tuple[EvalResult, ...] = ()  # the --eval-every evaluations during training (final=0)
 
 
 @dataclass(frozen=True)
@@ -196,10 +240,11 @@ class _RunBuilder:
         self.warnings: list[TrainEvent] = []
         self.errors: list[TrainEvent] = []
         self.failure: str | None = None
+        self.evals: list[EvalResult] = []
 
     def build(self) -> TrainRun:
         return TrainRun(self.start, self.resumed_from, tuple(self.rows), tuple(self.checkpoints), self.done,
-                        self.eval, tuple(self.warnings), tuple(self.errors), self.failure)
+                        self.eval, tuple(self.warnings), tuple(self.errors), self.failure, tuple(self.evals))
 
 
 def _kv(body: str, lineno: int) -> dict[str, str]:
@@ -299,7 +344,8 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:
                 failed_at = None
                 cur = _RunBuilder(started)
                 continue
-            if kind == "eval" and (cur is None or cur.eval is not None or cur.failure):
+            periodic = kind == "eval" and f.get("final") == "0"
+            if kind == "eval" and not periodic and (cur is None or cur.eval is not None or cur.failure):
                 # an --eval-only run (no start line), or a second evaluation after a finished one
                 if cur is not None:
                     runs.append(cur.build())
@@ -315,10 +361,14 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:
                 cur.done = TrainDone(g("step", int), g("epoch", float), g("complete", bool), g("elapsed", float),
                                      g("img_per_sec", float))
             elif kind == "eval":
-                cur.eval = EvalResult(
+                result = EvalResult(
                     step=g("step", int), epoch=g("epoch", float), top1=g("top1", float), top5=g("top5", float),
                     loss=g("loss", float), examples=g("examples", int), checkpoint=f.get("checkpoint", ""),
                     size=int(f.get("size", "1")), time=f.get("time", ""))
+                if periodic:
+                    cur.evals.append(result)
+                else:
+                    cur.eval = result
             elif kind == "error":
                 cur.errors.append(TrainEvent(kind, dict(f)))
             elif kind == "warning":
@@ -689,7 +739,7 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
         script = f"{job.dir}/{TEMPLATE}"
         report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
         launch.stage(pool, targets, job, {TEMPLATE: resources.template_bytes(TEMPLATE)}, hosts)
-        env = launch.job_env(inv.cluster, python)
+        env = {**launch.job_env(inv.cluster, python), **horovod_env(opts)}
         cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env)
         r = pool.run_one(leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd),
                          timeout=60)

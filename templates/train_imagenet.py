@@ -32,8 +32,16 @@ start it restores the latest one (model, optimizer state, step, epoch) and broad
 so only rank 0 needs --model-dir. After a resume the input pipeline starts a fresh shuffle; it does not
 replay the exact images of the interrupted epoch.
 
+Resuming: every variable the checkpoint tracks (the model, the optimizer with its momentum, and a loss-scale
+optimizer's loss scale and its counter) goes from rank 0 to every rank after the restore, and at the end
+the ranks compare a fingerprint of those variables (`sync` line). `hparams.json` beside the checkpoints
+records the hyperparameters they were trained with; a resume under other ones is refused (exit 7): give
+another --model-dir. Under `clusterctl sweep` (CLUSTERCTL_SWEEP and CLUSTERCTL_TRIAL set) the default
+--model-dir is train_out/<sweep>/trial-<N>, one per trial.
+
 Exit status: 0 done; 2 bad arguments; 3 Horovod size differs from --expect-size; 4 nothing to evaluate
-or a checkpoint that does not fit the model; 5 no data files.
+or a checkpoint that does not fit the model; 5 no data files; 6 labels outside 0..classes-1 after
+--label-offset; 7 the checkpoint was trained with other hyperparameters.
 """
 
 from __future__ import annotations
@@ -56,6 +64,9 @@ MARK = "CLUSTERCTL-TRAIN"
 EXIT_SIZE_MISMATCH = 3
 EXIT_CHECKPOINT = 4
 EXIT_NO_DATA = 5
+EXIT_BAD_LABELS = 6
+EXIT_HPARAMS = 7
+BAD_LABEL = "label outside 0..classes-1 after --label-offset"
 IMAGENET_TRAIN_EXAMPLES = 1281167
 IMAGENET_VALIDATION_EXAMPLES = 50000
 MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -65,6 +76,26 @@ _T0 = time.time()
 
 
 # ---- arguments ---------------------------------------------------------------------------------------
+# What a recipe sets when its flag is not given. Goyal et al. 2017, "Accurate, Large Minibatch SGD":
+# /10 at epochs 30, 60, 80 of 90 (the step schedule's 1/3, 2/3, 8/9), 5 warm-up epochs, no label
+# smoothing, and gamma 0 for the last batch norm of each residual block (zero_gamma).
+RECIPES = {
+    "default": {"lr_schedule": "cosine", "warmup_epochs": 5.0, "label_smoothing": 0.1},
+    "goyal": {"lr_schedule": "step", "warmup_epochs": 5.0, "label_smoothing": 0.0},
+}
+# The flags a checkpoint's run is defined by (hparams.json): resuming under other values would mix two runs.
+HPARAMS = ("model", "image_size", "num_classes", "batch_size", "epochs", "base_lr", "recipe", "warmup_epochs",
+           "lr_schedule", "momentum", "weight_decay", "label_smoothing", "label_offset", "min_crop_area", "seed")
+
+
+def default_model_dir(env) -> str:
+    """train_out; one folder per trial under clusterctl sweep, whose trials share a working folder."""
+    sweep, trial = env.get("CLUSTERCTL_SWEEP", ""), env.get("CLUSTERCTL_TRIAL", "")
+    if sweep and trial:
+        return os.path.join("train_out", os.path.basename(sweep), f"trial-{os.path.basename(trial)}")
+    return "train_out"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = p.add_argument_group("data")
@@ -86,23 +117,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stop at this global step (the schedule still spans --epochs)")
     m.add_argument("--base-lr", "--lr", type=float, default=0.1,
                    help="learning rate per 256 images; the peak is base-lr * global batch / 256")
-    m.add_argument("--warmup-epochs", type=float, default=5, help="linear warm-up from ~0 to the peak")
-    m.add_argument("--lr-schedule", choices=("cosine", "step", "poly"), default="cosine",
-                   help="decay after the warm-up (step: /10 at 1/3, 2/3 and 8/9 of the epochs)")
+    m.add_argument("--recipe", choices=tuple(RECIPES), default="default",
+                   help="default: cosine decay, label smoothing 0.1; goyal: Goyal et al. 2017 (step decay at "
+                        "30/60/80 of 90 epochs, label smoothing 0, last BN gamma of each residual block zero)")
+    m.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up from ~0 to the peak (5)")
+    m.add_argument("--lr-schedule", choices=("cosine", "step", "poly"), default=None,
+                   help="decay after the warm-up (step: /10 at 1/3, 2/3 and 8/9 of the epochs); default: the recipe's")
     m.add_argument("--momentum", type=float, default=0.9)
     m.add_argument("--weight-decay", type=float, default=1e-4, help="L2 on conv and dense kernels")
-    m.add_argument("--label-smoothing", type=float, default=0.1)
-    m.add_argument("--mixed-precision", action="store_true",
-                   help="float16 with loss scaling on GPUs, bfloat16 on CPUs")
+    m.add_argument("--label-smoothing", type=float, default=None, help="default: the recipe's")
+    m.add_argument("--precision", choices=("auto", "fp32", "float16", "bfloat16", "mixed"), default="auto",
+                   help="auto: float16 with loss scaling on GPUs with tensor cores (compute capability 7.0+), "
+                        "else fp32; mixed: float16 on GPUs, bfloat16 on CPUs; float16 always has loss scaling")
+    m.add_argument("--mixed-precision", dest="precision", action="store_const", const="mixed",
+                   help="same as --precision mixed")
+    m.add_argument("--fp32", dest="precision", action="store_const", const="fp32", help="same as --precision fp32")
     m.add_argument("--xla", action="store_true", help="compile the model with XLA")
     m.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for the allreduce")
     m.add_argument("--seed", type=int, default=1234)
     o = p.add_argument_group("checkpoints, logs, evaluation")
-    o.add_argument("--model-dir", default="train_out", help="checkpoints and TensorBoard logs (rank 0's disk)")
+    o.add_argument("--model-dir", default=None,
+                   help="checkpoints and TensorBoard logs (rank 0's disk); default train_out, and under "
+                        "clusterctl sweep train_out/<sweep>/trial-<N>")
     o.add_argument("--checkpoint-every", type=int, default=1000, help="steps between checkpoints (0: epochs only)")
     o.add_argument("--keep-checkpoints", type=int, default=5)
     o.add_argument("--log-every", type=int, default=100, help="steps between table lines")
     o.add_argument("--no-eval", action="store_true", help="skip the evaluation after training")
+    o.add_argument("--eval-every", type=int, default=0,
+                   help="also evaluate every N epochs during training, on all ranks (0: only at the end)")
     o.add_argument("--eval-only", action="store_true", help="evaluate the latest checkpoint and exit")
     o.add_argument("--eval-batch-size", type=int, default=None, help="default: --batch-size")
     o.add_argument("--eval-steps", type=int, default=None,
@@ -115,7 +157,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("batch_size", "log_every", "keep_checkpoints", "shuffle_buffer"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("checkpoint_every", "warmup_epochs", "weight_decay", "label_smoothing", "base_lr"):
+    for name, value in RECIPES[args.recipe].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.model_dir is None:
+        args.model_dir = default_model_dir(os.environ)
+    for name in ("checkpoint_every", "warmup_epochs", "weight_decay", "label_smoothing", "base_lr", "eval_every"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must not be negative")
     if args.epochs <= 0:
@@ -191,8 +238,23 @@ def dataset_meta(data_dir: str | None) -> dict:
     return meta
 
 
-def parse_record(tf, serialized, label_offset: int):
-    """One serialized Example -> (JPEG bytes, 0-based label, boxes [1, N, 4] as ymin, xmin, ymax, xmax)."""
+def label_problem(meta: dict, label_offset: int, classes: int) -> str | None:
+    """Why the labels of a dataset.json (label_base, num_classes) fall outside 0..classes-1 after the
+    offset; None when they fit or the metadata does not say."""
+    base, n = meta.get("label_base"), meta.get("num_classes")
+    if not isinstance(base, int) or not isinstance(n, int) or n < 1:
+        return None
+    low, high = base - label_offset, base + n - 1 - label_offset
+    if low < 0 or high > classes - 1:
+        return (f"labels {base}..{base + n - 1} minus --label-offset {label_offset} are {low}..{high}, "
+                f"outside 0..{classes - 1}: use --label-offset {base}")
+    return None
+
+
+def parse_record(tf, serialized, label_offset: int, classes: int | None = None):
+    """One serialized Example -> (JPEG bytes, 0-based label, boxes [1, N, 4] as ymin, xmin, ymax, xmax).
+    With `classes`, a label outside 0..classes-1 raises InvalidArgumentError (one_hot would silently make
+    it an all-zero target)."""
     features = {
         "image/encoded": tf.io.FixedLenFeature([], tf.string, default_value=""),
         "image/class/label": tf.io.FixedLenFeature([], tf.int64, default_value=-1),
@@ -201,6 +263,9 @@ def parse_record(tf, serialized, label_offset: int):
         features[f"image/object/bbox/{k}"] = tf.io.VarLenFeature(tf.float32)
     p = tf.io.parse_single_example(serialized, features)
     label = tf.cast(p["image/class/label"], tf.int32) - label_offset
+    if classes is not None:
+        tf.debugging.assert_less(label, classes, message=BAD_LABEL)
+        tf.debugging.assert_non_negative(label, message=BAD_LABEL)
     box = tf.stack([tf.sparse.to_dense(p[f"image/object/bbox/{k}"]) for k in ("ymin", "xmin", "ymax", "xmax")],
                    axis=-1)
     return p["image/encoded"], label, tf.reshape(box, [1, -1, 4])
@@ -211,17 +276,19 @@ def _normalize(tf, image):
     return (image - tf.constant(MEAN_RGB)) / tf.constant(STDDEV_RGB)
 
 
-def preprocess_train(tf, encoded, box, size: int, min_area: float):
-    """The Inception-style random crop (guided by the boxes when there are any), resize, flip."""
+def preprocess_train(tf, encoded, box, size: int, min_area: float, seed):
+    """The Inception-style random crop (guided by the boxes when there are any), resize, flip; `seed`
+    (shape [2]) decides both, so each rank and each restart draws its own (see augment_seeds)."""
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     shape = tf.image.extract_jpeg_shape(encoded)
-    begin, crop, _ = tf.image.sample_distorted_bounding_box(
-        shape, bounding_boxes=box, min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3),
+    begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
+        shape, bounding_boxes=box, seed=crop_seed, min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3),
         area_range=(min_area, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
     y, x, _ = tf.unstack(begin)
     h, w, _ = tf.unstack(crop)
     image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
     image = tf.image.resize(image, [size, size], method="bilinear")
-    image = tf.image.random_flip_left_right(image)
+    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
     return _normalize(tf, image)
 
 
@@ -235,42 +302,72 @@ def preprocess_eval(tf, encoded, size: int):
     return _normalize(tf, image)
 
 
-def records(tf, files: list[str], rank: int, size: int, *, training: bool, seed: int):
+def augment_seeds(tf, seed: int):
+    """An endless stream of [2]-shaped seeds, one per training image, for the stateless crop and flip.
+    `seed` is data_seed(): it differs by rank and by the step a run starts from, so ranks and restarts
+    do not draw the same augmentation sequence (the global seed alone would give every rank the same)."""
+    return tf.data.Dataset.random(seed=seed).batch(2)
+
+
+def data_seed(seed: int, rank: int, start_step: int) -> int:
+    """A different shuffle and augmentation on every (re)start, different on every rank."""
+    return seed + 7919 * rank + 104729 * start_step
+
+
+def input_threads(cpus: int | None, local_size: int) -> int:
+    """The input pipeline's threads for one process: the node's CPUs shared by its processes."""
+    return max(1, (cpus or 1) // max(1, local_size))
+
+
+def records(tf, files: list[str], rank: int, size: int, *, training: bool, seed: int, threads: int = 8):
     """This rank's records. Each file goes to one rank when there are at least as many files as ranks
-    (every record read once per pass, by exactly one rank); with fewer files, records are dealt out."""
+    (every record read once per pass, by exactly one rank); with fewer files, records are dealt out.
+    Up to `threads` files are read in parallel."""
     if len(files) >= size:
         ds = tf.data.Dataset.from_tensor_slices(files).shard(size, rank)
         if training:
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
         ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
-                           cycle_length=min(8, max(1, len(files) // size)), block_length=1,
+                           cycle_length=min(threads, max(1, len(files) // size)), block_length=1,
                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
         return ds
     ds = tf.data.TFRecordDataset(files, buffer_size=8 << 20).shard(size, rank)
     return ds.repeat() if training else ds
 
 
-def train_dataset(tf, args, files: list[str], rank: int, size: int, seed: int):
-    ds = records(tf, files, rank, size, training=True, seed=seed)
+def _sized(tf, ds, threads: int):
+    """The pipeline's own thread pool, the node's CPUs shared by its processes (not each process all)."""
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads
+    options.threading.max_intra_op_parallelism = 1
+    return ds.with_options(options)
+
+
+def train_dataset(tf, args, files: list[str], rank: int, size: int, seed: int, classes: int | None = None,
+                  threads: int = 8):
+    ds = records(tf, files, rank, size, training=True, seed=seed, threads=threads)
     ds = ds.shuffle(args.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    # The seed rides with each record through the parallel map: the same image gets the same crop
+    # whichever thread decodes it.
+    ds = tf.data.Dataset.zip((ds, augment_seeds(tf, seed)))
 
-    def fn(serialized):
-        encoded, label, box = parse_record(tf, serialized, args.label_offset)
-        return preprocess_train(tf, encoded, box, args.image_size, args.min_crop_area), label
+    def fn(serialized, aug_seed):
+        encoded, label, box = parse_record(tf, serialized, args.label_offset, classes)
+        return preprocess_train(tf, encoded, box, args.image_size, args.min_crop_area, aug_seed), label
 
-    ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    return ds.batch(args.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    ds = ds.map(fn, num_parallel_calls=threads, deterministic=False)
+    return _sized(tf, ds.batch(args.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE), threads)
 
 
-def eval_dataset(tf, args, files: list[str], rank: int, size: int):
-    ds = records(tf, files, rank, size, training=False, seed=0)
+def eval_dataset(tf, args, files: list[str], rank: int, size: int, threads: int = 8):
+    ds = records(tf, files, rank, size, training=False, seed=0, threads=threads)
 
     def fn(serialized):
         encoded, label, _ = parse_record(tf, serialized, args.label_offset)
         return preprocess_eval(tf, encoded, args.image_size), label
 
-    ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(args.eval_batch_size).prefetch(tf.data.AUTOTUNE)
+    ds = ds.map(fn, num_parallel_calls=threads)
+    return _sized(tf, ds.batch(args.eval_batch_size).prefetch(tf.data.AUTOTUNE), threads)
 
 
 def synthetic_dataset(tf, args, classes: int, seed: int, batch: int):
@@ -315,6 +412,65 @@ def build_model(tf, name: str, size: int, classes: int):
     )
 
 
+def zero_last_gammas(model) -> int:
+    """Goyal et al.: gamma 0 in the last batch norm of each residual block, so every block starts as the
+    identity. Keras' ResNet-50 names that layer conv<S>_block<B>_3_bn. How many were set."""
+    import re
+
+    n = 0
+    for layer in model.layers:
+        if re.fullmatch(r"conv\d+_block\d+_3_bn", layer.name) and getattr(layer, "gamma", None) is not None:
+            layer.gamma.assign(layer.gamma * 0)
+            n += 1
+    return n
+
+
+def checkpoint_variables(tf, ckpt) -> list:
+    """Every variable the checkpoint tracks, each once: the model, the optimizer with its slots, and a
+    LossScaleOptimizer's loss scale and its counter (which its .variables leaves out in Keras 2.15)."""
+    seen, out = set(), []
+    for obj in tf.train.TrackableView(ckpt).descendants():
+        if isinstance(obj, tf.Variable) and obj.ref() not in seen:
+            seen.add(obj.ref())
+            out.append(obj)
+    return out
+
+
+def choose_precision(requested: str, gpu_capabilities: list) -> str:
+    """The Keras policy: float32, mixed_float16 or mixed_bfloat16. auto is mixed_float16 on GPUs with
+    tensor cores (compute capability 7.0 and up: V100 and later), float32 elsewhere."""
+    if requested == "fp32":
+        return "float32"
+    if requested == "float16":
+        return "mixed_float16"
+    if requested == "bfloat16":
+        return "mixed_bfloat16"
+    if requested == "mixed":
+        return "mixed_float16" if gpu_capabilities else "mixed_bfloat16"
+    if gpu_capabilities and all(c is not None and tuple(c) >= (7, 0) for c in gpu_capabilities):
+        return "mixed_float16"
+    return "float32"
+
+
+def check_hparams(path: str, hparams: dict, has_checkpoint: bool) -> str | None:
+    """Compare with the hparams.json beside the checkpoints (written when missing). Why a resume under
+    these hyperparameters is refused, or None."""
+    if os.path.isfile(path):
+        with open(path) as f:
+            saved = json.load(f)
+        diff = [f"{k} {saved[k]!r} -> {hparams[k]!r}" for k in hparams if k in saved and saved[k] != hparams[k]]
+        if diff and has_checkpoint:
+            return (f"the checkpoints in {os.path.dirname(path)} were trained with other hyperparameters "
+                    f"({', '.join(diff)}); give another --model-dir or the same flags")
+        if not diff:
+            return None
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(hparams, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return None
+
+
 def learning_rate(step: float, peak: float, warmup_steps: float, total_steps: float, schedule: str) -> float:
     """The large-minibatch recipe: linear warm-up to `peak`, then cosine / step / polynomial decay.
     Pure Python (the step is known on the host), so the value logged is the value used."""
@@ -328,11 +484,6 @@ def learning_rate(step: float, peak: float, warmup_steps: float, total_steps: fl
         return peak * (1 - done) ** 2
     frac = step / max(1.0, total_steps)
     return peak * 0.1 ** sum(frac >= b for b in (1 / 3, 2 / 3, 8 / 9))
-
-
-def _variables(obj) -> list:
-    v = obj.variables
-    return list(v() if callable(v) else v)
 
 
 # ---- main --------------------------------------------------------------------------------------------
@@ -355,13 +506,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_gpu and gpus:
         tf.config.set_visible_devices([], "GPU")
         gpus = []
+    capabilities = []
+    # This host's cores shared between its processes: the input pipeline's threads (and on CPU the model's).
+    threads = input_threads(os.cpu_count(), hvd.local_size())
     if gpus:
         gpu = gpus[local_rank % len(gpus)]
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
+        try:
+            capabilities = [tf.config.experimental.get_device_details(gpu).get("compute_capability")]
+        except (ValueError, RuntimeError):
+            capabilities = [None]
     else:
-        # CPU runs: share this host's cores between its processes instead of oversubscribing them.
-        threads = max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
         try:
             tf.config.threading.set_intra_op_parallelism_threads(threads)
             tf.config.threading.set_inter_op_parallelism_threads(threads)
@@ -375,12 +531,10 @@ def main(argv: list[str] | None = None) -> int:
         for r, host, lrank, ids, n in devices:
             emit("device", rank=r, host=host, local_rank=lrank, gpus=ids, logical=n)
 
-    loss_scaling = False
-    precision = "float32"
-    if args.mixed_precision:
-        precision = "mixed_float16" if gpus else "mixed_bfloat16"
+    precision = choose_precision(args.precision, capabilities)
+    if precision != "float32":
         tf.keras.mixed_precision.set_global_policy(precision)
-        loss_scaling = precision == "mixed_float16"
+    loss_scaling = precision == "mixed_float16"
 
     # ---- the data and what it implies
     meta = dataset_meta(None if args.synthetic else args.data)
@@ -411,6 +565,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         train_examples = count_records(tf, hvd, train_files) if train_files else 0
 
+    bad_labels = None if args.synthetic else label_problem(meta, args.label_offset, classes)
+    if bad_labels:
+        if chief:
+            emit("error", kind="bad_labels", message=bad_labels)
+            print(f"train_imagenet: Error: {bad_labels}", file=sys.stderr, flush=True)
+        return EXIT_BAD_LABELS
+
     global_batch = args.batch_size * size
     steps_per_epoch = max(1, train_examples // global_batch)
     total_steps = max(1, int(round(args.epochs * steps_per_epoch)))
@@ -421,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     # ---- model, optimizer, checkpoint
     tf.random.set_seed(args.seed)  # the same initial weights everywhere (and the broadcast makes sure)
     model = build_model(tf, args.model, args.image_size, classes)
+    zeroed = zero_last_gammas(model) if args.recipe == "goyal" else 0
     opt = tf.keras.optimizers.SGD(learning_rate=peak_lr, momentum=args.momentum)
     inner = opt
     if loss_scaling:
@@ -439,7 +601,15 @@ def main(argv: list[str] | None = None) -> int:
     if chief:
         os.makedirs(ckpt_dir, exist_ok=True)
         manager = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=args.keep_checkpoints)
-        if manager.latest_checkpoint:
+        hparams = {k: getattr(args, k) for k in HPARAMS if k != "num_classes"}
+        hparams["num_classes"] = classes
+        mismatch = None if args.eval_only else check_hparams(
+            os.path.join(ckpt_dir, "hparams.json"), hparams, bool(manager.latest_checkpoint))
+        if mismatch:
+            emit("error", kind="hparams_mismatch", message=mismatch)
+            print(f"train_imagenet: Error: {mismatch}", file=sys.stderr, flush=True)
+            status = EXIT_HPARAMS
+        elif manager.latest_checkpoint:
             try:
                 ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
                 restored = manager.latest_checkpoint
@@ -454,11 +624,16 @@ def main(argv: list[str] | None = None) -> int:
     status = int(hvd.broadcast(tf.constant(status, tf.int32), root_rank=0, name="restore_status"))
     if status:
         return status
-    hvd.broadcast_variables(model.variables + _variables(opt) + [step_var, epoch_var, batch_var], root_rank=0)
+    # Everything the checkpoint holds, not model + opt.variables: a LossScaleOptimizer's loss scale is not
+    # among its .variables, and a rank left at the initial scale unscales the averaged gradients differently.
+    ckpt.save_counter  # noqa: B018 - made on every rank (restore makes it on rank 0 alone): the same list everywhere
+    ckpt.save_counter  # created lazily (by a restore or a save): make it on every rank, so all list the same
+    tracked = checkpoint_variables(tf, ckpt)
+    hvd.broadcast_variables(tracked, root_rank=0)
     start_step = int(step_var.numpy())
     saved_batch = int(batch_var.numpy())
 
-    eval_kwargs = dict(classes=classes, val_files=val_files)
+    eval_kwargs = dict(classes=classes, val_files=val_files, threads=threads)
     if args.eval_only:
         # Epochs as the training run counted them (its global batch, not this evaluation's).
         saved_spe = max(1, train_examples // saved_batch) if saved_batch > 0 else steps_per_epoch
@@ -478,7 +653,11 @@ def main(argv: list[str] | None = None) -> int:
              batch=args.batch_size, global_batch=global_batch, train_examples=train_examples,
              steps_per_epoch=steps_per_epoch, epochs=float(args.epochs), total_steps=total_steps,
              stop_step=stop_step, start_step=start_step, peak_lr=peak_lr, schedule=args.lr_schedule,
-             precision=precision, xla=args.xla, gpus=len(gpus), synthetic=args.synthetic,
+             precision=precision, loss_scaling=loss_scaling, fp16_allreduce=args.fp16_allreduce,
+             recipe=args.recipe, label_smoothing=args.label_smoothing, zero_gamma_layers=zeroed,
+             eval_every=args.eval_every, input_threads=threads,
+             fusion_threshold=os.environ.get("HOROVOD_FUSION_THRESHOLD", ""),
+             cycle_time_ms=os.environ.get("HOROVOD_CYCLE_TIME", ""), xla=args.xla, gpus=len(gpus), synthetic=args.synthetic,
              data=args.data or "", model_dir=args.model_dir, train_files=len(train_files),
              validation_files=len(val_files))
         if restored:
@@ -496,12 +675,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return evaluate(tf, hvd, args, model, start_step, steps_per_epoch, restored, writer=writer, **eval_kwargs)
 
-    # A different shuffle on every (re)start, different on every rank.
-    data_seed = args.seed + 7919 * rank + 104729 * start_step
+    # A different shuffle and augmentation on every (re)start, different on every rank.
+    seed = data_seed(args.seed, rank, start_step)
     if args.synthetic:
-        train_ds = synthetic_dataset(tf, args, classes, data_seed, args.batch_size)
+        train_ds = synthetic_dataset(tf, args, classes, seed, args.batch_size)
     else:
-        train_ds = train_dataset(tf, args, train_files, rank, size, data_seed)
+        train_ds = train_dataset(tf, args, train_files, rank, size, seed, classes, threads)
+    if gpus:
+        train_ds = train_ds.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
 
     loss_fn = tf.keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
     decay_vars = [v for v in model.trainable_variables if "kernel" in v.name]
@@ -540,7 +721,16 @@ def main(argv: list[str] | None = None) -> int:
     lr = learning_rate(step, peak_lr, warmup_steps, total_steps, args.lr_schedule)
     while step < stop_step:
         lr = learning_rate(step, peak_lr, warmup_steps, total_steps, args.lr_schedule)
-        images, labels = next(it)
+        try:
+            images, labels = next(it)
+        except tf.errors.InvalidArgumentError as exc:
+            if BAD_LABEL not in str(exc):
+                raise
+            # Any rank may meet it first: it says so itself; horovodrun then ends the others.
+            message = f"a {BAD_LABEL} in rank {rank}'s data at step {step + 1}: check --label-offset and --num-classes"
+            emit("error", kind="bad_labels", rank=rank, step=step + 1, message=message)
+            print(f"train_imagenet: Error: {message}", file=sys.stderr, flush=True)
+            return EXIT_BAD_LABELS
         train_step(images, labels, tf.constant(lr, tf.float32))
         step += 1
         if step % args.log_every == 0 or step == start_step + 1 or step == stop_step:
@@ -565,7 +755,19 @@ def main(argv: list[str] | None = None) -> int:
             t = time.time()
             path = manager.save(checkpoint_number=step)
             emit("checkpoint", step=step, epoch=int(epoch_var.numpy()), path=path, seconds=time.time() - t)
+        if (args.eval_every and epoch_end and (step // steps_per_epoch) % args.eval_every == 0
+                and (step < stop_step or args.no_eval)):
+            # All ranks, each validation image once (the final evaluation's sharding); not the sweep's metric.
+            evaluate(tf, hvd, args, model, step, steps_per_epoch, manager.latest_checkpoint if manager else "",
+                     writer=writer, final=False, **eval_kwargs)
+    # Batch-norm moving statistics are each rank's own (not averaged), the epoch and the save counter are
+    # set by rank 0 when it saves; everything else must be the same.
+    own = {v.ref() for v in model.non_trainable_variables} | {epoch_var.ref(), ckpt.save_counter.ref()}
+    sync = replicas_agree(tf, hvd, [v for v in tracked if v.ref() not in own], opt if loss_scaling else None)
     if chief:
+        emit("sync", step=step, identical=sync[0], variables=len(tracked) - len(own), loss_scales=sync[1])
+        if not sync[0]:
+            emit("warning", kind="replicas_differ", step=step, loss_scales=sync[1], variables=sync[2])
         writer.flush()
         trained = time.time() - run_start
         emit("done", step=step, epoch=step / steps_per_epoch, complete=step >= total_steps, elapsed=time.time() - _T0,
@@ -577,9 +779,23 @@ def main(argv: list[str] | None = None) -> int:
                     writer=writer, **eval_kwargs)
 
 
+def replicas_agree(tf, hvd, variables: list, loss_scale_opt=None) -> tuple[bool, str, str]:
+    """Whether every rank holds the same values of `variables` (a float64 sum and sum of squares of each,
+    gathered), each rank's loss scale ("-" without loss scaling), and the first names that differ."""
+    fp = tf.stack([tf.stack([tf.reduce_sum(tf.cast(v, tf.float64)), tf.reduce_sum(tf.cast(v, tf.float64) ** 2)])
+                   for v in variables])
+    scale = float(loss_scale_opt.loss_scale.numpy()) if loss_scale_opt is not None else -1.0
+    every = hvd.allgather_object((fp.numpy().tolist(), scale))
+    identical = all(f == every[0][0] and s == every[0][1] for f, s in every)
+    scales = ",".join("-" if s < 0 else f"{s:g}" for _, s in every)
+    differ = [v.name for i, v in enumerate(variables) if any(f[i] != every[0][0][i] for f, _ in every)]
+    return identical, scales, ",".join(differ[:5]) or "-"
+
+
 def evaluate(tf, hvd, args, model, step: int, steps_per_epoch: int, checkpoint: str, *, classes: int,
-             val_files: list[str], writer=None) -> int:
-    """top-1 / top-5 over the validation shards, each record seen by exactly one rank; one collective at the end."""
+             val_files: list[str], writer=None, threads: int = 8, final: bool = True) -> int:
+    """top-1 / top-5 over the validation shards, each record seen by exactly one rank; one collective at the end.
+    A periodic one (final=False) says final=0 on its line and prints no JSON line for the sweep."""
     rank, size = hvd.rank(), hvd.size()
     # Batch-norm statistics are not averaged during training: every rank evaluates rank 0's model (the
     # one in the checkpoint), so the result does not depend on the number of processes.
@@ -588,7 +804,7 @@ def evaluate(tf, hvd, args, model, step: int, steps_per_epoch: int, checkpoint: 
         ds = synthetic_dataset(tf, args, classes, args.seed + 31 * rank + 1, args.eval_batch_size)
         limit = args.eval_steps or 10
     else:
-        ds = eval_dataset(tf, args, val_files, rank, size)
+        ds = eval_dataset(tf, args, val_files, rank, size, threads)
         limit = args.eval_steps
     k = min(5, classes)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
@@ -615,11 +831,12 @@ def evaluate(tf, hvd, args, model, step: int, steps_per_epoch: int, checkpoint: 
         emit("eval", step=step, epoch=step / steps_per_epoch, top1=round(top1_pct, 3), top5=round(topk_pct, 3),
              loss=loss / max(n, 1), examples=n, k=k, checkpoint=checkpoint or "",
              time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-             seconds=time.time() - t, size=size)
+             seconds=time.time() - t, size=size, final=final)
         print(f"Validation: top-1 {top1_pct:.2f}%  top-5 {topk_pct:.2f}%  on {n} images at step {step}", flush=True)
         # for `clusterctl sweep` (its default metric is a JSON line's "metric")
-        print(json.dumps({"metric": round(top1_pct, 3), "top1": round(top1_pct, 3), "top5": round(topk_pct, 3),
-                          "eval_loss": float(loss / max(n, 1)), "step": int(step)}), flush=True)
+        if final:
+            print(json.dumps({"metric": round(top1_pct, 3), "top1": round(top1_pct, 3), "top5": round(topk_pct, 3),
+                              "eval_loss": float(loss / max(n, 1)), "step": int(step)}), flush=True)
         if writer is not None:
             with writer.as_default(step=step):
                 tf.summary.scalar("eval/top1", top1_pct)

@@ -180,6 +180,36 @@ def test_a_sweep_over_the_shipped_trainer_works_out_of_the_box(c):
     assert "TOP1" in r.stdout
 
 
+def test_sweeps_over_the_trainer_never_resume_another_trials_checkpoint(c):
+    """Two sweeps in one working folder, the trainer's --model-dir left out: each trial trains into its own
+    folder (train_out/<sweep>/trial-<N>) with its hyperparameters recorded beside its checkpoints. Before,
+    every trial trained into ./train_out: the second sweep found the first one's finished run, resumed it
+    and reported that run's top-1 as its own."""
+    cmd = ("python ~/clusterctl-sweeps/$CLUSTERCTL_SWEEP/train_imagenet.py --synthetic --model tiny --lr {lr} "
+           "--batch-size 16 --max-steps 4 --epochs 1 --train-examples 64 --warmup-epochs 0 --eval-steps 2 --log-every 2")
+    where = {h: i for i, h in enumerate(c.hosts)}
+    for grid in ("lr=0.05", "lr=0.4,0.2"):
+        before = existing_results(c)
+        r = c.cli("sweep", "--cluster", c.name, "--file", "train_imagenet.py", "--workdir", "~/shared-work",
+                  "--grid", grid, "--metric-key", "top1", "--", cmd, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        folder = results_of(c, before)
+        doc = json.loads((folder / "results.json").read_text())
+        assert {t["state"] for t in doc["trials"]} == {"done"}
+        for t in doc["trials"]:
+            log = (folder / "logs" / f"trial-{t['id']:04d}.log").read_text()
+            assert "CLUSTERCTL-TRAIN resume" not in log and " start_step=0 " in log, log[-2000:]
+            model_dir = f"train_out/{doc['id']}/trial-{t['id']}"
+            assert f"model_dir={model_dir} " in log
+            hp = json.loads(c.node_exec(where[t["node"]], "cat", f"/root/shared-work/{model_dir}/checkpoints/hparams.json").stdout)
+            assert hp["base_lr"] == float(t["params"]["lr"])
+
+    # a --model-dir every trial would share is refused before anything starts
+    r = c.cli("sweep", "--cluster", c.name, "--file", "train_imagenet.py", "--grid", "lr=0.1,0.2", "--",
+              "python", "train_imagenet.py", "--synthetic", "--lr", "{lr}", "--model-dir", "out", timeout=60)
+    assert r.returncode == 2 and r.stderr.count("Error:") == 1 and "{trial}" in r.stderr, r.stderr
+
+
 def test_status_and_cancel_from_another_terminal(c):
     # watching in one process; Ctrl-C there stops the watching, not the sweep
     watch = c.cli.popen("sweep", "--cluster", c.name, "--file", "trial.py", "--metric", r"score: (\S+)", "--goal", "min",

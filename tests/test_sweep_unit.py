@@ -478,3 +478,17 @@ def test_the_shipped_trainer_takes_the_usual_flags():
     spec.loader.exec_module(mod)
     args = mod.parse_args(["--synthetic", "--lr", "0.05", "--batch-size", "16"])
     assert args.base_lr == 0.05 and args.batch_size == 16
+
+
+def test_the_trainer_model_dir_must_differ_per_trial():
+    # trials run at once in one folder: a shared --model-dir lets them resume each other's checkpoints
+    for template in (["python", "train_imagenet.py", "--lr", "{lr}", "--model-dir", "shared"],
+                     ["python", "train_imagenet.py", "--lr", "{lr}", "--model-dir=run-{lr}"],
+                     ["python train_imagenet.py --lr {lr} --model-dir out"]):
+        with pytest.raises(UsageError, match=r"would be shared by every trial") as err:
+            sweep.build_trials(template, [{"lr": "0.1"}], "py")
+        assert "{trial}" in err.value.hint
+    for template in (["python", "train_imagenet.py", "--lr", "{lr}", "--model-dir", "run{trial}"],
+                     ["python", "train_imagenet.py", "--lr", "{lr}"],  # the trainer's per-trial default
+                     ["python", "mine.py", "--lr", "{lr}", "--model-dir", "shared"]):  # not the shipped trainer
+        assert len(sweep.build_trials(template, [{"lr": "0.1"}, {"lr": "0.2"}], "py")) == 2

@@ -9,6 +9,7 @@ CLUSTERCTL_TRAIN_PYTHON names that Python (default: the one running the tests).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -208,3 +209,91 @@ def test_eval_only_without_a_checkpoint_fails_with_its_reason(tmp_path, dataset)
 
     assert [(d.rank, d.host, d.gpus, d.logical) for d in parse_devices(proc.stdout, train.MARK)] == [
         (0, socket.gethostname(), (), 0)]
+
+
+def _template_script(body: str, *args: str) -> str:
+    """Run `body` in the training Python with the template imported as `t` (and tf); its stdout."""
+    head = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('t', {str(TEMPLATE)!r})\n"
+            "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
+            "import tensorflow as tf\n")
+    proc = subprocess.run([PY, "-c", head + body, *args], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_crops_and_flips_differ_by_rank_and_restart_and_repeat_for_the_same_ones(dataset):
+    # One shard read in order by rank 0 and rank 1 (each given a copy of it), from step 0 and step 100: with
+    # the global seed alone, every rank and every restart drew the same crops and flips.
+    out = _template_script(
+        "import hashlib\n"
+        "args = t.parse_args(['--data', sys.argv[1], '--model', 'tiny', '--batch-size', '16', '--shuffle-buffer', '1'])\n"
+        "files = t.data_files(sys.argv[1], 'train')[:1] * 2  # each rank of 2 reads the same shard\n"
+        "for rank, start in ((0, 0), (1, 0), (0, 100), (0, 0)):\n"
+        "    tf.random.set_seed(args.seed)\n"
+        "    ds = t.train_dataset(tf, args, files, rank, 2, t.data_seed(args.seed, rank, start), 10, threads=1)\n"
+        "    images, labels = next(iter(ds))\n"
+        "    print(rank, start, hashlib.sha256(images.numpy().tobytes()).hexdigest(), labels.numpy().tolist())\n",
+        str(dataset))
+    rows = [line.split(" ", 3) for line in out.splitlines()]
+    (r0, s0, h0, l0), (r1, _, h1, l1), (_, _, h_restart, l_restart), (_, _, h_again, l_again) = rows
+    assert l0 == l1 == l_restart == l_again, "the same images, in the same order, for every case"
+    assert h0 != h1, "ranks 0 and 1 drew the same crops and flips"
+    assert h0 != h_restart, "a restart drew the same crops and flips as the first start"
+    assert h0 == h_again, "the same rank and start step must draw the same augmentation"
+
+
+def test_goyal_zeroes_the_last_batch_norm_gamma_of_every_residual_block():
+    out = _template_script(
+        "m = t.build_model(tf, 'resnet50', 32, 10)\n"
+        "print('ZEROED', t.zero_last_gammas(m))\n"
+        "g = {l.name: float(tf.reduce_sum(tf.abs(l.gamma))) for l in m.layers if l.name.endswith('_bn')}\n"
+        "print('LAST', sorted({v for k, v in g.items() if k.endswith('_3_bn')}))\n"
+        "print('OTHER', min(v for k, v in g.items() if not k.endswith('_3_bn')))\n")
+    assert "ZEROED 16" in out  # ResNet-50: 3 + 4 + 6 + 3 blocks
+    assert "LAST [0.0]" in out
+    assert float(out.split("OTHER ")[1].split()[0]) > 0
+
+
+def _single(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    """The trainer as one process without horovodrun (Horovod size 1)."""
+    return subprocess.run([PY, str(TEMPLATE), *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, env=scrubbed_env(dict(os.environ)))
+
+
+def test_a_checkpoint_refuses_to_resume_under_other_hyperparameters(tmp_path):
+    common = ["--synthetic", "--model", "tiny", "--batch-size", "8", "--no-eval", "--model-dir", "m", "--log-every", "1"]
+    first = _single(tmp_path, *common, "--lr", "0.1", "--max-steps", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = json.loads((tmp_path / "m" / "checkpoints" / "hparams.json").read_text())
+    assert saved["base_lr"] == 0.1 and saved["batch_size"] == 8 and saved["recipe"] == "default"
+
+    other = _single(tmp_path, *common, "--lr", "0.4", "--max-steps", "4")
+    assert other.returncode == train.EXIT_HPARAMS, other.stdout[-2000:] + other.stderr[-2000:]
+    errors = [ln for ln in other.stderr.splitlines() if "Error:" in ln]
+    assert len(errors) == 1 and "base_lr 0.1 -> 0.4" in errors[0] and "--model-dir" in errors[0], other.stderr[-2000:]
+    run = train.parse_train_log(other.stdout).current
+    assert run.errors[0].fields["kind"] == "hparams_mismatch" and run.rows == ()
+
+    same = _single(tmp_path, *common, "--lr", "0.1", "--max-steps", "4")
+    assert same.returncode == 0, same.stderr[-3000:]
+    run = train.parse_train_log(same.stdout).current
+    assert run.resumed_from.step == 2 and run.done.step == 4
+
+
+def test_labels_out_of_range_stop_the_run_without_dataset_json(tmp_path, dataset):
+    # Shards alone (no dataset.json to check against before the start): the input pipeline catches the
+    # first label outside 0..classes-1 and the run stops with exit 6 instead of training on zero targets.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in dataset.glob("*-*-of-*"):
+        (bare / f.name).write_bytes(f.read_bytes())
+    proc = _single(tmp_path, "--data", str(bare), "--model", "tiny", "--batch-size", "16", "--num-classes", "10",
+                   "--label-offset", "0", "--train-examples", "640", "--max-steps", "40", "--no-eval",
+                   "--model-dir", "m")
+    assert proc.returncode == train.EXIT_BAD_LABELS, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = train.parse_train_log(proc.stdout).current
+    err = run.errors[0].fields
+    assert err["kind"] == "bad_labels" and int(err["step"]) <= 5, err  # label 10 is 1 image in 10: soon
+    assert "--label-offset" in err["message"]
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("train_imagenet: Error:")]

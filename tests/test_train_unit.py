@@ -6,6 +6,8 @@ process (eval_only), and --eval-only on an empty model dir (no_checkpoint)."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -188,7 +190,7 @@ def test_trainer_accepts_every_flag_the_argv_builder_writes():
     assert (args.data, args.model, args.epochs, args.batch_size, args.model_dir, args.max_steps) == (
         "/d", "tiny", 2.0, 8, "/m", 9)
     assert (args.checkpoint_every, args.keep_checkpoints, args.log_every, args.expect_size) == (5, 2, 3, 4)
-    assert args.mixed_precision and args.xla and args.no_eval and args.no_gpu and not args.eval_only
+    assert args.precision == "mixed" and args.xla and args.no_eval and args.no_gpu and not args.eval_only
     assert mod.parse_args(["--synthetic", "--lr", "0.4"]).base_lr == 0.4  # --lr: clusterctl sweep's name for it
     assert mod.MARK == train.MARK and mod.COLUMNS == train.COLUMNS
     assert (mod.EXIT_CHECKPOINT, mod.EXIT_NO_DATA, mod.EXIT_SIZE_MISMATCH) == (
@@ -294,3 +296,108 @@ def test_device_lines_before_start_open_no_run_of_their_own():
     assert horovod.device_problems(reports, 2, 8) == ["node-0: rank(s) 0, 1 ran on the CPU (TensorFlow found no "
                                                       "usable GPU: a CPU-only TensorFlow, or CUDA/the driver failed "
                                                       "to load)"]
+
+
+# ---- issue 15: precision, recipes, labels, periodic evaluations, Horovod's tuning ----------------------
+def _template():
+    """templates/train_imagenet.py as a module (it imports TensorFlow only inside main)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_imagenet_t", Path(__file__).parent.parent / "templates" /
+                                                  "train_imagenet.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_precision_auto_is_float16_only_on_tensor_core_gpus():
+    t = _template()
+    assert t.choose_precision("auto", []) == "float32"  # CPU
+    assert t.choose_precision("auto", [(7, 0)]) == "mixed_float16"  # V100
+    assert t.choose_precision("auto", [(8, 0)]) == "mixed_float16"  # A100
+    assert t.choose_precision("auto", [(6, 1)]) == "float32"  # P100-era: no tensor cores
+    assert t.choose_precision("auto", [None]) == "float32"  # capability unknown: do not guess
+    assert t.choose_precision("fp32", [(8, 0)]) == "float32"
+    assert t.choose_precision("float16", []) == "mixed_float16"  # forced, even on a CPU (tests, old GPUs)
+    assert t.choose_precision("bfloat16", [(8, 0)]) == "mixed_bfloat16"
+    assert t.choose_precision("mixed", []) == "mixed_bfloat16" and t.choose_precision("mixed", [(7, 5)]) == "mixed_float16"
+    args = t.parse_args(["--synthetic"])
+    assert args.precision == "auto"
+    assert t.parse_args(["--synthetic", "--fp32"]).precision == "fp32"
+    assert t.parse_args(["--synthetic", "--mixed-precision"]).precision == "mixed"
+
+
+def test_recipes_fill_only_what_is_not_given():
+    t = _template()
+    d = t.parse_args(["--synthetic"])
+    assert (d.recipe, d.lr_schedule, d.label_smoothing, d.warmup_epochs) == ("default", "cosine", 0.1, 5.0)
+    g = t.parse_args(["--synthetic", "--recipe", "goyal"])
+    assert (g.lr_schedule, g.label_smoothing, g.warmup_epochs) == ("step", 0.0, 5.0)
+    assert t.parse_args(["--synthetic", "--recipe", "goyal", "--label-smoothing", "0.2"]).label_smoothing == 0.2
+    # the step schedule is Goyal's: /10 at epochs 30, 60 and 80 of 90
+    peak, spe = 1.0, 100
+    lr = [t.learning_rate(e * spe, peak, 5 * spe, 90 * spe, "step") for e in (29, 30, 59, 60, 79, 80, 89)]
+    assert lr == pytest.approx([1, 0.1, 0.1, 0.01, 0.01, 0.001, 0.001])
+
+
+def test_label_range_from_dataset_json():
+    t = _template()
+    meta = {"label_base": 1, "num_classes": 10}
+    assert t.label_problem(meta, 1, 10) is None
+    msg = t.label_problem(meta, 0, 10)
+    assert "1..10 minus --label-offset 0 are 1..10, outside 0..9" in msg and "use --label-offset 1" in msg
+    assert t.label_problem({"label_base": 0, "num_classes": 1000}, 1, 1000).startswith("labels 0..999")
+    assert t.label_problem({}, 0, 10) is None  # no metadata: the input pipeline checks each record
+
+
+def test_sweep_trials_get_their_own_model_dir_and_input_threads_share_the_cpus():
+    t = _template()
+    assert t.default_model_dir({}) == "train_out"
+    assert t.default_model_dir({"CLUSTERCTL_SWEEP": "sweep-20260101-000000-ab12", "CLUSTERCTL_TRIAL": "3"}) == \
+        "train_out/sweep-20260101-000000-ab12/trial-3"
+    assert t.parse_args(["--synthetic"]).model_dir in ("train_out",) or os.environ.get("CLUSTERCTL_TRIAL")
+    assert (t.input_threads(96, 8), t.input_threads(2, 4), t.input_threads(None, 1)) == (12, 1, 1)
+    assert t.data_seed(1, 0, 0) != t.data_seed(1, 1, 0) != t.data_seed(1, 0, 100)
+
+
+def test_hparams_json_refuses_a_resume_under_other_values(tmp_path):
+    t = _template()
+    path = str(tmp_path / "hparams.json")
+    hp = {"base_lr": 0.1, "batch_size": 64}
+    assert t.check_hparams(path, hp, has_checkpoint=False) is None
+    assert json.loads(Path(path).read_text()) == hp
+    assert t.check_hparams(path, dict(hp), has_checkpoint=True) is None
+    why = t.check_hparams(path, {**hp, "base_lr": 0.4}, has_checkpoint=True)
+    assert "base_lr 0.1 -> 0.4" in why and "another --model-dir" in why
+    # no checkpoint yet (a run that died before its first save): the new values are recorded instead
+    assert t.check_hparams(path, {**hp, "base_lr": 0.4}, has_checkpoint=False) is None
+    assert json.loads(Path(path).read_text())["base_lr"] == 0.4
+
+
+def test_periodic_evaluations_stay_in_their_run():
+    start = ("CLUSTERCTL-TRAIN start size=4 model=tiny batch=8 global_batch=32 train_examples=640 steps_per_epoch=20 "
+             "epochs=2 total_steps=40 stop_step=40 start_step=0 peak_lr=0.125\n")
+    ev = ("CLUSTERCTL-TRAIN eval step={s} epoch={e} top1={t} top5=90 loss=1.5 examples=128 k=5 checkpoint=c "
+          "time=T seconds=1 size=4 final={f}\n")
+    text = start + ev.format(s=20, e=1, t=40, f=0) + "CLUSTERCTL-TRAIN done step=40 epoch=2 complete=1 elapsed=9 " \
+        "img_per_sec=5\n" + ev.format(s=40, e=2, t=55, f=1)
+    log = train.parse_train_log(text)
+    assert len(log.runs) == 1
+    run = log.current
+    assert [(e.step, e.top1) for e in run.evals] == [(20, 40.0)] and run.eval.top1 == 55.0
+    assert train.parse_eval(text).step == 40
+    # an older trainer's eval line (no final=) is the final one, as before
+    assert train.parse_train_log(start + ev.format(s=40, e=2, t=55, f=1).replace(" final=1", "")).current.eval.step == 40
+
+
+def test_train_options_reach_the_trainer_and_horovod():
+    argv = train.trainer_argv("py", "t.py", TrainOptions(synthetic=True, precision="float16", recipe="goyal",
+                                                          eval_every=2, fp16_allreduce=True))
+    assert argv[argv.index("--precision") + 1] == "float16" and argv[argv.index("--recipe") + 1] == "goyal"
+    assert argv[argv.index("--eval-every") + 1] == "2" and "--fp16-allreduce" in argv
+    with pytest.raises(ValueError, match="precision must be one of"):
+        train.trainer_argv("py", "t.py", TrainOptions(synthetic=True, precision="half"))
+    assert train.horovod_env(TrainOptions()) == {"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024),
+                                                 "HOROVOD_CYCLE_TIME": "1"}
+    assert train.horovod_env(TrainOptions(fusion_threshold_mb=0, cycle_time_ms=3.5)) == {
+        "HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "3.5"}
