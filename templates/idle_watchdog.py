@@ -210,9 +210,10 @@ def leases(d, now=None):
         if until > now:
             reasons.append(f"lease {name[:-5]}: {info.get('what') or 'a clusterctl operation'} runs "
                            f"(for {int(until - now)}s more unless renewed)")
-        elif info is not None or now - os.path.getmtime(os.path.join(folder, name)) > 60:
+        else:  # expired, or unreadable for a minute (a lease released meanwhile is simply gone)
             try:
-                os.unlink(os.path.join(folder, name))
+                if info is not None or now - os.path.getmtime(os.path.join(folder, name)) > 60:
+                    os.unlink(os.path.join(folder, name))
             except OSError:
                 pass
     return reasons

@@ -96,6 +96,12 @@ def test_leases_count_until_they_expire_or_are_released(tmp_path):
     W.release_lease(d, "sync-1-ab")
     W.release_lease(d, "sync-1-ab")  # twice: no error
     assert W.leases(d) == []
+    # a lease released between the listing and the read (here: a name that resolves to nothing) is no crash
+    os.symlink(tmp_path / "nowhere", tmp_path / "leases" / "raced.json")
+    (tmp_path / "leases" / "torn.json").write_text("{")  # unreadable, but young: kept for now
+    assert W.leases(d) == [] and (tmp_path / "leases" / "torn.json").exists()
+    assert W.leases(d, time.time() + 120) == [] and not (tmp_path / "leases" / "torn.json").exists()
+    (tmp_path / "leases" / "raced.json").unlink()
     for bad in ("../x", "", ".hidden", "a/b"):
         with pytest.raises(ValueError):
             W.take_lease(d, bad, 5)
