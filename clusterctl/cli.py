@@ -1216,25 +1216,48 @@ def _data_report(info) -> None:
 @data_app.command("tfrecords")
 @command
 def data_tfrecords(
-    src: Path = typer.Argument(..., help="A folder of class sub-folders of JPEG/PNG images (or train/ and validation/ holding them)."),
-    dst: Path = typer.Argument(..., help="Folder to write train-*, validation-*, labels.txt, dataset.json into."),
+    src: str = typer.Argument(..., help="A folder of class sub-folders of JPEG/PNG images (or train/ and validation/ holding them); with --on leader a folder there or s3://bucket/prefix."),
+    dst: str = typer.Argument(..., help="Folder to write train-*, validation-*, labels.txt, dataset.json into (with --on leader: on the leader)."),
     validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="Share of each class held out (when SRC has no validation/)."),
     train_shards: Optional[int] = typer.Option(None, "--train-shards", help="Default: 1024 for ImageNet's size, fewer for small sets."),
     validation_shards: Optional[int] = typer.Option(None, "--validation-shards", help="Default: 128 for ImageNet's size, fewer for small sets."),
     seed: int = typer.Option(0, "--seed", help="Seed of the split and the shuffle."),
     force: bool = typer.Option(False, "--force", help="Replace a dataset already in DST."),
+    val_labels: Optional[Path] = typer.Option(None, "--val-labels", metavar="FILE", help="Classes of a flat val/ folder (ImageNet's 50,000 images without class sub-folders): LOC_val_solution.csv, or the devkit's ground truth with --val-synsets."),
+    val_synsets: Optional[Path] = typer.Option(None, "--val-synsets", metavar="FILE", help="The devkit's synset list for --val-labels ground truth (line N: the synset of class ID N)."),
+    on: Optional[str] = typer.Option(None, "--on", metavar="leader", help="Convert on the cluster's leader (SRC and DST there; SRC may be s3://), with the node runtime's Python."),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint the leader uses for an s3:// SRC (e.g. a test server)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="With --on leader: a cluster by name (default: the current)."),
 ) -> None:
     """Image folders to ImageNet-format TFRecords.
 
     Class sub-folders of JPEG/PNG images (the flowers layout, or train/ and validation/ holding them)
-    become train-*/validation-* TFRecord shards with labels.txt and dataset.json."""
-    from clusterctl import data
+    become train-*/validation-* TFRecord shards with labels.txt and dataset.json. ImageNet's flat val/
+    needs --val-labels. --on leader converts where the data is (then `clusterctl sync leader:DST DST`)."""
+    import re
+
+    from clusterctl import data, display
 
     for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be at least 1, not {value}")
+    if on is None and (src.startswith("s3://") or endpoint_url):
+        raise UsageError("an s3:// SRC (and --endpoint-url) needs --on leader", "the leader reads it with its instance profile")
+    if on is not None:
+        if on != "leader":
+            raise UsageError(f"--on {on!r}: only `--on leader` is understood")
+        if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
+            raise UsageError(f"--endpoint-url {endpoint_url!r} is not an http(s) URL")
+        inv = _resolve_hosts(None, cluster)
+        _data_report(data.convert_on_leader(inv, src, dst, val_labels=val_labels, val_synsets=val_synsets,
+                                            on_line=display.info, train_shards=train_shards,
+                                            validation_shards=validation_shards,
+                                            validation_fraction=validation_fraction, seed=seed, force=force,
+                                            endpoint_url=endpoint_url))
+        return
     _data_report(data.convert_folder(src, dst, train_shards=train_shards, validation_shards=validation_shards,
-                                     validation_fraction=validation_fraction, seed=seed, force=force))
+                                     validation_fraction=validation_fraction, seed=seed, force=force,
+                                     val_labels=val_labels, val_synsets=val_synsets))
 
 
 @data_app.command("synthetic")

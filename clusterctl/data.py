@@ -25,6 +25,8 @@ import json
 import math
 import os
 import random
+import re
+import shlex
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -123,27 +125,133 @@ def _images(folder: Path) -> tuple[list[Path], list[Path]]:
     return images, other
 
 
-def scan_folder(src: str | os.PathLike[str], *, validation_fraction: float = 0.1, seed: int = 0) -> FolderScan:
+_SYNSET_CSV_HEADER = "ImageId,PredictionString"
+_VAL_NUMBER = re.compile(r"_(\d+)$")  # ILSVRC2012_val_00000001 -> 1
+
+
+def read_val_labels(path: str | os.PathLike[str], synsets: str | os.PathLike[str] | None = None) -> Callable[[str], str | None]:
+    """The class (synset) of each image of a flat validation folder, from ImageNet's own files: the
+    `LOC_val_solution.csv` style CSV (`ImageId,PredictionString`, the synset first in the string), or the
+    devkit's ground truth (`ILSVRC2012_validation_ground_truth.txt`: line N is the class ID of image N,
+    matched by the number at the end of its name) with `synsets`, the devkit's synset list (line N: the
+    synset of class ID N, e.g. `n01440764 tench`). Returns image stem -> synset (None: not listed)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--val-labels {path}: cannot read it ({exc})") from None
+    body = [ln.strip() for ln in lines if ln.strip()]
+    if body and body[0].replace(" ", "") == _SYNSET_CSV_HEADER:
+        if synsets is not None:
+            raise ConfigError(f"--val-synsets is for the devkit's ground truth, not the CSV {path}")
+        table = {}
+        for n, line in enumerate(body[1:], start=2):
+            image, sep, rest = line.partition(",")
+            if not sep or not image.strip() or not rest.split():
+                raise ConfigError(f"--val-labels {path}:{n}: not `ImageId,synset ...`: {line[:80]!r}")
+            table[image.strip()] = rest.split()[0]
+        return table.get
+    if body and all(ln.isdigit() for ln in body):
+        if synsets is None:
+            raise ConfigError(f"--val-labels {path} is the devkit's ground truth (class IDs): it needs the synset list",
+                              "give --val-synsets FILE too (line N: the synset of class ID N)")
+        try:
+            ids = [ln.split()[0] for ln in Path(synsets).read_text(encoding="utf-8-sig").splitlines() if ln.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--val-synsets {synsets}: cannot read it ({exc})") from None
+        truth = []
+        for n, line in enumerate(body, start=1):
+            k = int(line)
+            if not 1 <= k <= len(ids):
+                raise ConfigError(f"--val-labels {path}:{n}: class ID {k} is not in --val-synsets {synsets} "
+                                  f"(1..{len(ids)})")
+            truth.append(ids[k - 1])
+
+        def by_number(stem: str) -> str | None:
+            m = _VAL_NUMBER.search(stem)
+            i = int(m.group(1)) if m else 0
+            return truth[i - 1] if 1 <= i <= len(truth) else None
+
+        return by_number
+    raise ConfigError(f"--val-labels {path}: neither a LOC_val_solution.csv-style CSV ({_SYNSET_CSV_HEADER}) nor "
+                      "the devkit's ground truth (one class ID per line)")
+
+
+def _flat_validation(folder: Path, labels, label_file, classes: set[str]) -> tuple[dict[str, list[Path]], list[str]]:
+    """A validation folder of images without class sub-folders, sorted into classes by `labels`; an image
+    without a label, or labelled with a class train/ does not have, stops the conversion (none is dropped)."""
+    images, other = [], []
+    for p in sorted(folder.iterdir()):
+        if p.is_file() and not p.name.startswith("."):
+            (images if p.suffix.lower() in IMAGE_EXTENSIONS else other).append(p)
+    per_class: dict[str, list[Path]] = {}
+    unlabelled, unknown = [], []
+    for p in images:
+        synset = labels(p.stem)
+        if synset is None:
+            unlabelled.append(p.name)
+        elif synset not in classes:
+            unknown.append(f"{p.name} ({synset})")
+        else:
+            per_class.setdefault(synset, []).append(p)
+    if unlabelled:
+        raise ConfigError(f"{len(unlabelled)} of the {len(images)} images in {folder} have no class in "
+                          f"{label_file} (first: {unlabelled[0]})", "give the labels file of this validation set")
+    if unknown:
+        raise ConfigError(f"{len(unknown)} images in {folder} are of a class train/ has no folder for "
+                          f"(first: {unknown[0]})", "the labels file and train/ must name the same synsets")
+    return per_class, [str(p) for p in other]
+
+
+def scan_folder(src: str | os.PathLike[str], *, validation_fraction: float = 0.1, seed: int = 0,
+                val_labels: str | os.PathLike[str] | None = None,
+                val_synsets: str | os.PathLike[str] | None = None) -> FolderScan:
     """Class sub-folders of images (the flowers layout), or train/ and validation/ (or val/) folders each
     holding the same class sub-folders. Classes are the sorted folder names; label N is the Nth (1-based).
     Without a split on disk, `validation_fraction` of each class (at least one image when the class has
-    two or more) goes to validation, chosen with `seed`."""
+    two or more) goes to validation, chosen with `seed`. ImageNet's flat val/ (images without class
+    sub-folders) needs `val_labels` (read_val_labels); without it such a folder is an error, never skipped."""
     root = Path(src)
     if not root.is_dir():
         raise ConfigError(f"{src}: no such folder", "give a folder of class sub-folders of JPEG/PNG images")
     if not 0 <= validation_fraction < 1:
         raise ConfigError(f"validation fraction must be in [0, 1), not {validation_fraction}")
+    if val_synsets is not None and val_labels is None:
+        raise ConfigError("--val-synsets goes with --val-labels (the devkit's ground truth)")
+    labels = read_val_labels(val_labels, val_synsets) if val_labels is not None else None
     names = {p.name for p in _class_dirs(root)}
     val_name = next((n for n in _VALIDATION_DIRS if n in names), None)
     presplit = "train" in names and val_name is not None
+    if labels is not None and not presplit:
+        raise ConfigError(f"--val-labels: {src} has no train/ and val/ (or validation/) folders",
+                          "lay it out as SRC/train/SYNSET/*.JPEG and SRC/val/*.JPEG")
     per_split: dict[str, dict[str, list[Path]]] = {s: {} for s in SPLITS}
     ignored: list[str] = []
     if presplit:
-        for split, folder in (("train", root / "train"), ("validation", root / val_name)):  # type: ignore[operator]
-            for d in _class_dirs(folder):
-                imgs, other = _images(d)
-                per_split[split][d.name] = imgs
-                ignored += [str(p) for p in other]
+        val_folder = root / val_name  # type: ignore[operator]
+        flat = any(p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS for p in val_folder.iterdir())
+        if flat and _class_dirs(val_folder):
+            raise ConfigError(f"{val_folder} holds both images and class sub-folders",
+                              "keep one layout: class sub-folders, or a flat folder with --val-labels")
+        if flat and labels is None:
+            n = sum(1 for p in val_folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+            raise ConfigError(f"{val_folder} holds {n} images without class sub-folders",
+                              "give their classes with --val-labels LOC_val_solution.csv (or the devkit's "
+                              "ground truth with --val-synsets)")
+        if labels is not None and not flat:
+            raise ConfigError(f"--val-labels: {val_folder} has no images of its own (class sub-folders already "
+                              "say the classes)", "leave out --val-labels")
+        for d in _class_dirs(root / "train"):
+            imgs, other = _images(d)
+            per_split["train"][d.name] = imgs
+            ignored += [str(p) for p in other]
+        if flat:
+            per_split["validation"], other_files = _flat_validation(
+                val_folder, labels, val_labels, {c for c, imgs in per_split["train"].items() if imgs})
+            ignored += other_files
+        for d in ([] if flat else _class_dirs(val_folder)):
+            imgs, other = _images(d)
+            per_split["validation"][d.name] = imgs
+            ignored += [str(p) for p in other]
         train_classes = set(per_split["train"])
         extra = sorted(set(per_split["validation"]) - train_classes)
         if extra:
@@ -336,11 +444,15 @@ def convert_folder(
     force: bool = False,
     workers: int | None = None,
     progress: Progress | None = None,
+    val_labels: str | os.PathLike[str] | None = None,
+    val_synsets: str | os.PathLike[str] | None = None,
 ) -> DatasetInfo:
     """A folder of class sub-folders of JPEG/PNG images -> ImageNet-format TFRecord shards in `dst`.
-    Unreadable images are skipped and reported in DatasetInfo.skipped; if none can be read, ConfigError."""
+    Unreadable images are skipped and reported in DatasetInfo.skipped; if none can be read, ConfigError.
+    A flat val/ folder takes its classes from `val_labels` (see read_val_labels)."""
     t0 = time.monotonic()
-    scan = scan_folder(src, validation_fraction=validation_fraction, seed=seed)
+    scan = scan_folder(src, validation_fraction=validation_fraction, seed=seed, val_labels=val_labels,
+                       val_synsets=val_synsets)
     dst = Path(dst)
     _check_dst(dst, force)
     tf = _tf()
@@ -481,3 +593,108 @@ def read_info(path: str | os.PathLike[str]) -> DatasetInfo:
     classes = tuple(line for line in (root / "labels.txt").read_text().splitlines() if line)
     splits = {s: SplitInfo(s, int(v["examples"]), tuple(v["shards"])) for s, v in meta["splits"].items()}
     return DatasetInfo(root, classes, splits, bytes=_size(root, _files(splits)))
+
+
+# ---- on the leader -----------------------------------------------------------------------------------------
+CONVERTER = "tfrecords_convert.py"  # templates/: run on the leader with a copy of this module beside it
+_RESULT = "CLUSTERCTL-DATA "
+_FAILED = "CLUSTERCTL-DATA-ERROR "
+
+
+def leader_argv(python: str, src: str, dst: str, *, train_shards: int | None = None,
+                validation_shards: int | None = None, validation_fraction: float = 0.1, seed: int = 0,
+                force: bool = False, val_labels: bool = False, val_synsets: bool = False,
+                endpoint_url: str | None = None) -> list[str]:
+    """The converter's command line on the leader (paths already as the leader reads them)."""
+    argv = [python, CONVERTER, src, dst, "--validation-fraction", repr(validation_fraction), "--seed", str(seed)]
+    for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards),
+                        ("--endpoint-url", endpoint_url)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += (["--force"] if force else []) + (["--val-labels", "val_labels"] if val_labels else [])
+    return argv + (["--val-synsets", "val_synsets"] if val_synsets else [])
+
+
+def parse_leader_result(text: str) -> DatasetInfo:
+    """The converter's last result line; its error line raised as the same ClusterctlError class."""
+    from clusterctl.errors import ExitCode, RemoteCommandError, UsageError
+
+    for line in reversed(text.splitlines()):
+        if _FAILED in line:
+            e = json.loads(line.split(_FAILED, 1)[1])
+            cls = UsageError if e.get("exit") == int(ExitCode.USAGE) else ConfigError
+            raise cls(e["message"], e.get("hint"))
+        if _RESULT in line:
+            r = json.loads(line.split(_RESULT, 1)[1])
+            splits = {k: SplitInfo(k, int(v["examples"]), tuple(v["shards"])) for k, v in r["splits"].items()}
+            return DatasetInfo(Path(r["path"]), tuple(r["classes"]), splits, tuple(tuple(s) for s in r["skipped"]),
+                               int(r["reencoded"]), float(r["seconds"]), int(r["bytes"]))
+    tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
+    raise RemoteCommandError("the conversion on the leader failed", tail[0][:300])
+
+
+def convert_on_leader(inv, src: str, dst: str, *, val_labels: str | os.PathLike[str] | None = None,
+                      val_synsets: str | os.PathLike[str] | None = None, on_line=lambda _l: None,
+                      **options) -> DatasetInfo:
+    """`data tfrecords --on leader`: convert where the images are (a folder on the leader, or s3://... read
+    with the nodes' instance profile), writing the shards on the leader, for `sync leader:DST ...`. Runs with
+    the node runtime's Python, detached in tmux on the leader (a dropped connection loses nothing), the
+    output followed here."""
+    from clusterctl import jobs, launch, resources, train
+    from clusterctl.errors import RemoteCommandError, UnreachableError, UsageError
+    from clusterctl.remote import SshPool
+
+    if src.startswith("s3://"):
+        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?", src):
+            raise UsageError(f"{src!r} is not an S3 location", "give one like s3://my-bucket/imagenet/")
+    elif any(c in src for c in "\n\r\0") or not src:
+        raise UsageError(f"bad source path {src!r}")
+    labels = {}
+    for name, path in (("val_labels", val_labels), ("val_synsets", val_synsets)):
+        if path is not None:
+            try:
+                labels[name] = Path(path).read_bytes()
+            except OSError as exc:
+                raise ConfigError(f"--{name.replace('_', '-')} {path}: {exc.strerror or exc}") from None
+    if "val_synsets" in labels and "val_labels" not in labels:
+        raise ConfigError("--val-synsets goes with --val-labels (the devkit's ground truth)")
+    python = launch.node_python(inv.cluster)
+    with SshPool(inv.settings) as pool:
+        leader = inv.targets[0]
+        job = launch.new_job(pool, leader, "data")
+        try:
+            where_src = src if src.startswith("s3://") else train.node_path(src, job.home)
+            where_dst = train.node_path(dst, job.home)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        pkg = f"{job.dir}/pkg/clusterctl"
+        files = {f"{job.dir}/{CONVERTER}": (resources.template_bytes(CONVERTER), 0o644),
+                 f"{pkg}/__init__.py": (b"", 0o644),
+                 f"{pkg}/data.py": (Path(__file__).read_bytes(), 0o644),
+                 f"{pkg}/errors.py": ((Path(__file__).parent / "errors.py").read_bytes(), 0o644),
+                 **{f"{job.dir}/{k}": (v, 0o644) for k, v in labels.items()}}
+        put = pool.put([leader], files)
+        if not put.all_ok:
+            raise UnreachableError(f"cannot copy the converter to the leader {leader.label}: {put.failed[0].error}")
+        argv = leader_argv(python, where_src, where_dst, val_labels="val_labels" in labels,
+                           val_synsets="val_synsets" in labels, **options)
+        path = f"{os.path.dirname(python)}:{launch.BASE_PATH}" if python.startswith("/") else launch.BASE_PATH
+        cmd = (f"cd {shlex.quote(job.dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
+               f"PATH={shlex.quote(path)} TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 {shlex.join(argv)}")
+        r = pool.run_one(leader, jobs.detach_command(job.name, cmd), timeout=60)
+        if r.exit_code != 0:
+            raise RemoteCommandError(f"could not start the conversion on {leader.label}",
+                                     (r.error or r.stderr or r.stdout).strip()[-300:] or None)
+    lines: list[str] = []
+
+    def line(text: str) -> None:
+        lines.append(text)
+        if not text.startswith((_RESULT, _FAILED)):
+            on_line(text)
+
+    launch.follow(inv, job.name, line)
+    try:
+        return parse_leader_result("\n".join(lines))
+    finally:
+        with SshPool(inv.settings) as pool:
+            launch.remove_job(pool, [inv.targets[0]], job)

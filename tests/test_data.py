@@ -259,3 +259,81 @@ def test_pure_helpers_and_no_tensorflow_at_import():
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == "[]"
+
+
+# ---- ImageNet's flat val/ ---------------------------------------------------------------------------
+def imagenet_layout(root: Path, tf) -> dict[str, str]:
+    """train/<synset>/*.JPEG for three synsets and the official flat val/ of ILSVRC2012_val_<N>.JPEG (with a
+    LICENSE beside them); returns image stem -> synset of the validation images."""
+    import numpy as np
+
+    synsets = ("n01440764", "n01443537", "n02119789")  # sorted: labels 1, 2, 3
+    for k, s in enumerate(synsets):
+        d = root / "train" / s
+        d.mkdir(parents=True)
+        for i in range(2):
+            (d / f"{s}_{i}.JPEG").write_bytes(tf.io.encode_jpeg(np.full((10, 10, 3), 30 * k, np.uint8)).numpy())
+    (root / "val").mkdir()
+    truth = {}
+    for n in range(1, 8):
+        s = synsets[(n * 2) % 3]
+        stem = f"ILSVRC2012_val_{n:08d}"
+        (root / "val" / f"{stem}.JPEG").write_bytes(tf.io.encode_jpeg(np.full((10, 10, 3), n, np.uint8)).numpy())
+        truth[stem] = s
+    (root / "val" / "LICENSE.txt").write_text("terms\n")
+    return truth
+
+
+def test_flat_val_folder_with_labels_csv_or_devkit_ground_truth(tmp_path, tf):
+    src = tmp_path / "imagenet"
+    truth = imagenet_layout(src, tf)
+
+    # before: the 7 validation images were dropped without a word; now it is a one-line error
+    proc = cli("data", "tfrecords", str(src), str(tmp_path / "none"), cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"Error: {src / 'val'} holds 7 images without class sub-folders: give their classes with --val-labels "
+        "LOC_val_solution.csv (or the devkit's ground truth with --val-synsets)"]
+    assert not (tmp_path / "none").exists()
+
+    # LOC_val_solution.csv: ImageId,PredictionString (synset x y x y, maybe several boxes), rows in any order
+    csv = tmp_path / "LOC_val_solution.csv"
+    rows = [f"{stem},{s} 10 20 100 200 {s} 1 2 3 4" for stem, s in sorted(truth.items(), reverse=True)]
+    csv.write_text("ImageId,PredictionString\n" + "\n".join(rows) + "\n")
+    proc = cli("data", "tfrecords", str(src), str(tmp_path / "a"), "--val-labels", str(csv), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    labels = ("n01440764", "n01443537", "n02119789")
+    for out in ("a",):
+        info = data.read_info(tmp_path / out)
+        assert info.splits["validation"].examples == 7 and info.splits["train"].examples == 6
+        val = read_examples(tf, [tmp_path / out / s for s in info.splits["validation"].shards])
+        got = {r["image/filename"].decode().rsplit(".", 1)[0]: (r["image/class/synset"].decode(), r["image/class/label"])
+               for r in val}
+        assert got == {stem: (s, labels.index(s) + 1) for stem, s in truth.items()}
+
+    # the devkit: ground truth (line N = class ID of image N) + its synset list in ID order (not sorted)
+    id_order = ["n02119789 kit fox, Vulpes macrotis", "n01443537 goldfish", "n01440764 tench"]
+    (tmp_path / "synsets.txt").write_text("\n".join(id_order) + "\n")
+    ids = [str([s.split()[0] for s in id_order].index(truth[f"ILSVRC2012_val_{n:08d}"]) + 1) for n in range(1, 8)]
+    (tmp_path / "gt.txt").write_text("\n".join(ids) + "\n")
+    info = data.convert_folder(src, tmp_path / "b", val_labels=tmp_path / "gt.txt", val_synsets=tmp_path / "synsets.txt")
+    val = read_examples(tf, [tmp_path / "b" / s for s in info.splits["validation"].shards])
+    assert {r["image/filename"].decode().rsplit(".", 1)[0]: r["image/class/synset"].decode() for r in val} == truth
+
+    # one-line errors, nothing written: anything else, a devkit file without its synsets, an unlabelled image
+    bad = tmp_path / "labels.json"
+    bad.write_text('{"ILSVRC2012_val_00000001": "n01440764"}\n')
+    for args, message in (
+        (("--val-labels", str(bad)), "neither a LOC_val_solution.csv-style CSV (ImageId,PredictionString) nor the "
+                                     "devkit's ground truth"),
+        (("--val-labels", str(tmp_path / "gt.txt")), "is the devkit's ground truth (class IDs): it needs the synset "
+                                                     "list: give --val-synsets FILE too"),
+        (("--val-synsets", str(tmp_path / "synsets.txt")), "--val-synsets goes with --val-labels"),
+    ):
+        proc = cli("data", "tfrecords", str(src), str(tmp_path / "c"), *args, cwd=tmp_path)
+        assert proc.returncode == 3 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert message in proc.stderr and proc.stderr.startswith("Error: "), proc.stderr
+    csv.write_text("ImageId,PredictionString\n" + "\n".join(rows[1:]) + "\n")  # one image left without a class
+    proc = cli("data", "tfrecords", str(src), str(tmp_path / "c"), "--val-labels", str(csv), cwd=tmp_path)
+    assert proc.returncode == 3 and "1 of the 7 images in" in proc.stderr and "have no class in" in proc.stderr
+    assert not (tmp_path / "c").exists()
