@@ -115,6 +115,7 @@ def test_sync_reaches_ported_and_ipv6_hosts(c, setup, tmp_path):
 @pytest.mark.parametrize("argv", [
     ("launch", "HOSTS", "--", "python", "-c", "print(1)"),
     ("bench", "HOSTS", "--synthetic"),
+    ("train", "HOSTS", "--synthetic", "--model", "tiny"),
     ("sweep", "--hosts", "HOSTS", "--grid", "x=1,2", "--", "python", "-c", "print({x})"),
 ])
 def test_horovod_commands_refuse_per_host_ports_in_one_line(c, setup, argv):
