@@ -369,7 +369,6 @@ class Syncer:
         self.entries: list[dict] = []
         self.manifest_bytes = b""
         self.src_root = ""  # the source folder, resolved where it is
-        self.recorder: str | None = None  # S3: the node whose pull recorded sha256s (once per sync)
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.children = Children()
 
@@ -838,34 +837,44 @@ class Syncer:
 
     # ---- S3 --------------------------------------------------------------------------------------
     def _s3_round(self, nodes: list[_Node]) -> None:
-        """Every node pulls its own copy. Objects S3 gives no checkable checksum for (SSE-KMS, a multipart
-        ETag of unknown part size) are pulled first by one node, which records their streamed sha256 into the
-        manifest; the others are then checked against it (once per sync: later rounds have it)."""
+        """Every node pulls its own copy, all at once. Objects S3 gives no checkable checksum for (SSE-KMS, a
+        multipart ETag of unknown part size) are taken as pulled (--record) and their streamed sha256 returned;
+        the first node in host order that pulled one gives the sha256 that goes into the manifest, and every
+        node's copy is then checked against it (the check after the pulls; a copy that differs is repaired)."""
         nodes = self._live(nodes)
-        if nodes and self.recorder is None:
-            first, nodes = nodes[0], nodes[1:]
-            self.events.phase(f"{first.label} pulling from {self.source.describe()} first (it records the sha256 of "
-                              "objects S3 gives no checksum for)")
-            recorded = self._s3_pull(first, record=True)
-            if recorded is not None:
-                self.recorder = first.label
-                if recorded:
-                    self._adopt_recorded(first, recorded)
-        if nodes:
-            self.events.phase(f"{len(nodes)} node(s) pulling from {self.source.describe()} at once")
-            self._fan(nodes, self._s3_pull)
-
-    def _adopt_recorded(self, first: _Node, recorded: dict[str, str]) -> None:
-        for e in self.entries:
-            if e["p"] in recorded and "h" not in e and not e.get("sha256b64"):
-                e["h"] = recorded[e["p"]]
-        self.manifest_bytes = json.dumps({"entries": self.entries, "source": self.source.describe()},
-                                         ensure_ascii=True).encode()
-        self.events.phase(f"{len(recorded)} object(s) have no checksum S3 vouches for (SSE-KMS, or a multipart ETag "
-                          f"of unknown part size): their sha256 as pulled by {first.label} is recorded, and every other "
-                          "node's copy is checked against it")
+        if not nodes:
+            return
+        self.events.phase(f"{len(nodes)} node(s) pulling from {self.source.describe()} at once")
+        recorded: dict[int, dict[str, str]] = {}
 
         def one(n: _Node) -> None:
+            got = self._s3_pull(n, record=True)
+            if got:
+                recorded[n.index] = got
+
+        self._fan(nodes, one)
+        reference: dict[str, tuple[str, str]] = {}
+        for n in sorted(nodes, key=lambda x: x.index):
+            for path, digest in recorded.get(n.index, {}).items():
+                reference.setdefault(path, (digest, n.label))
+        if reference:
+            self._adopt_recorded(reference)
+
+    def _adopt_recorded(self, reference: dict[str, tuple[str, str]]) -> None:
+        adopted: dict[str, str] = {}
+        for e in self.entries:
+            if e["p"] in reference and "h" not in e and not e.get("sha256b64"):
+                e["h"], adopted[e["p"]] = reference[e["p"]]
+        if not adopted:
+            return
+        self.manifest_bytes = json.dumps({"entries": self.entries, "source": self.source.describe()},
+                                         ensure_ascii=True).encode()
+        by = ", ".join(sorted(set(adopted.values())))
+        self.events.phase(f"{len(adopted)} object(s) have no checksum S3 vouches for (SSE-KMS, or a multipart ETag "
+                          f"of unknown part size): their sha256 as pulled by {by} is recorded, and every other "
+                          "node's copy is checked against it")
+
+        def put(n: _Node) -> None:
             r = self.pool.put_one(n.target, {f"{self.work}/manifest.json": (self.manifest_bytes, 0o600)})
             if not r.ok:
                 self._fail(n, "unreachable", r.error or "upload failed")
