@@ -879,7 +879,7 @@ class Syncer:
             if not r.ok:
                 self._fail(n, "unreachable", r.error or "upload failed")
 
-        self._fan(self._live(), one)
+        self._fan(self._live(), put)
 
     def _s3_pull(self, n: _Node, record: bool = False) -> dict[str, str] | None:
         """Pull n's bad objects; with `record`, what it recorded (None when the pull did not succeed)."""
