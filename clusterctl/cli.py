@@ -138,6 +138,9 @@ def up(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and check permissions; create nothing."),
     max_hourly: float = typer.Option(50.0, "--max-hourly", "--confirm-above", help="Ask before launching above this many $/hour."),
     ssh_timeout: float = typer.Option(600.0, "--ssh-timeout", help="Seconds to wait for every node's ssh."),
+    trust_first_contact: bool = typer.Option(False, "--trust-first-contact",
+                                             help="AWS: accept the host key a node shows at first contact when its "
+                                                  "console has none (default: fail, exit 5)."),
     idle_stop: str = typer.Option("60m", "--idle-stop", help="Stop the cluster after this long with nothing busy (off: never)."),
     max_lifetime: Optional[str] = typer.Option(None, "--max-lifetime", help="Stop it this long after it was made, busy or not (e.g. 12h)."),
     runtime: str = typer.Option("install", "--runtime", help="install: the node runtime (TensorFlow + Horovod) on every node; none: skip it."),
@@ -188,7 +191,7 @@ def up(
         _confirm(f"Launch {nodes} x {type_} at {cost}?", yes)
     start = time.monotonic()
     cluster = provision.up(spec, store, impl, hosts_out=hosts_file, report=lambda m: display.info(m),
-                           ssh_timeout=ssh_timeout, runtime=request,
+                           ssh_timeout=ssh_timeout, runtime=request, trust_first_contact=trust_first_contact,
                            runtime_cache=_runtime_s3(request.cache, region) if request.cache else None)
     display.info(f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
                  f"in {time.monotonic() - start:.1f}s; hosts file: {hosts_file}")
@@ -261,6 +264,7 @@ def down(
     provider: Optional[str] = typer.Option(None, "--provider", help="Where to look when the local record is gone."),
     region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the record's, else the AWS config's)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    force: bool = typer.Option(False, "--force", help="AWS: also another owner's cluster of this name (no record here)."),
 ) -> None:
     """Remove a cluster and all it created; prove nothing is left.
 
@@ -276,6 +280,8 @@ def down(
         key = (kind, reg or "") if kind == "aws" else (kind, "")
         if key not in impls:
             impls[key] = _provider(kind, store, reg)
+            if kind == "aws":
+                impls[key].force = force
         return impls[key]
 
     targets: list = []  # (name, provider kind, region)
@@ -303,13 +309,29 @@ def down(
         display.info("no clusters found")
         return
     known = _ages_and_owners(targets, impl_for) if all_ else {}
+    if all_ and not force:  # another owner's cluster (no record here) is kept; --force includes it
+        mine = []
+        for t in targets:
+            try:
+                impl_for(t[1], t[2]).resources(t[0])
+                mine.append(t)
+            except UsageError as exc:
+                display.info(f"cluster {t[0]}: kept ({exc.message}; --force removes it)")
+        targets = mine
+        if not targets:
+            display.info("no clusters of yours found")
+            return
+    owners: dict = {}
     for n, kind, reg in targets:
-        found = impl_for(kind, reg).resources(n)
+        found = impl_for(kind, reg).resources(n)  # another owner's cluster: refused here, before anything changes
+        if kind == "aws":
+            owners[n] = impl_for(kind, reg).owners(n)
         where = f"{kind}{', ' + impl_for(kind, reg).region if kind == 'aws' else ''}" + known.get((n, kind), "")
         display.info(f"cluster {n} ({where}): " + (f"{len(found)} resource(s) to remove" if found else "nothing found"))
         for line in found:
             display.info(f"  {line}")
-    _confirm(f"Remove cluster(s) {', '.join(t[0] for t in targets)} and everything they created?", yes)
+    _confirm(f"Remove cluster(s) {', '.join(t[0] + (' (owner ' + ', '.join(owners[t[0]]) + ')' if owners.get(t[0]) else '') for t in targets)} "
+             "and everything they created?", yes)
     from clusterctl import agent
 
     agent.stop(store.root)  # the connection agent holds ssh connections to these nodes: nothing stays running
@@ -564,14 +586,15 @@ def gc(
     provider: Optional[str] = typer.Option(None, "--provider", help="aws or local (default: both)."),
     region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the AWS config's)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    force: bool = typer.Option(False, "--force", help="Also another owner's clusters (their owner tag is not yours)."),
 ) -> None:
     """Find and remove everything clusterctl left behind.
 
     Every resource tagged by clusterctl in the AWS region (with or without a local record) and every
-    local cluster on this machine, shown with age and owner, removed as `down` would.
+    local cluster on this machine, shown with age and owner; on AWS exactly the listed resource ids are
+    removed, and another owner's clusters only with --force.
     """
     from clusterctl import autostop, display, gc as gclib, provision
-    from clusterctl.errors import ConfigError
     from clusterctl.state import validate_name
 
     if provider not in (None, "aws", "local"):
@@ -596,26 +619,35 @@ def gc(
         impls["local"] = _provider("local", store)
         found += gclib.group(gclib.local_found(), "local", "local", records)
     now = time.time()
-    chosen = gclib.select(found, limit, now)
+    chosen = [c for c in gclib.select(found, limit, now) if force or c.mine]
     if not found:
         display.info("nothing found: clusterctl left nothing behind")
         return
     display.gc_table(found, chosen, now)
+    others = [c for c in gclib.select(found, limit, now) if not c.mine and c not in chosen]
+    if others:
+        display.info(f"kept: {len(others)} cluster(s) of other owners ("
+                     + ", ".join(f"{c.name} of {c.owner or 'unknown'}" for c in others) + "); --force removes them")
     if not chosen:
-        display.info(f"nothing is older than {older_than}")
+        display.info(f"nothing is older than {older_than}" if older_than and not others else "nothing of yours to remove")
         return
     total = sum(len(c.found) for c in chosen)
-    _confirm(f"Remove {total} resource(s) of {len(chosen)} cluster(s) ({', '.join(c.name for c in chosen)})?", yes)
+    _confirm(f"Remove {total} resource(s) of {len(chosen)} cluster(s) ("
+             + ", ".join(c.name + ("" if c.mine else f" (owner {c.owner or 'unknown'})") for c in chosen) + ")?", yes)
     from clusterctl import agent
 
     agent.stop(store.root)
     failed = []
     for c in chosen:
-        try:
-            validate_name(c.name)
-            teardown = provision.down(c.name, store, impls[c.provider], report=display.info)
-        except ConfigError:  # a tag value clusterctl would never write: no record can exist, remove by tag
-            teardown = impls[c.provider].terminate(c.name)
+        if c.provider == "aws":  # exactly the resource ids listed and confirmed, never a search by tag value
+            teardown = impls["aws"].remove(c.found)
+            for line in teardown.removed:
+                display.info(f"removed {line}")
+            if teardown.clean and gclib.record_of(c, records) is not None:
+                with store.lock(c.name):
+                    store.delete(c.name)
+        else:
+            teardown = provision.down(validate_name(c.name), store, impls[c.provider], report=display.info)
         if teardown.clean:
             display.info(f"cluster {c.name} ({c.where}) is gone: nothing of it is left")
         else:

@@ -214,7 +214,7 @@ def gc_table(found, chosen, now: float) -> None:
     """`gc`: one row per cluster found (age, owner, record here), then each resource of the ones to remove."""
     from rich.table import Table
 
-    picked = {(c.provider, c.region, c.name) for c in chosen}
+    picked = {id(c) for c in chosen}  # per identity: two owners' clusters may share a name
     t = Table(box=None, header_style="bold")
     for col in ("CLUSTER", "WHERE", "AGE", "OWNER", "RECORD HERE", "NODES", "RESOURCES", ""):
         t.add_column(col)
@@ -222,7 +222,8 @@ def gc_table(found, chosen, now: float) -> None:
         nodes = sum(f.kind in ("instance", "namespace") for f in c.found)
         t.add_row(_esc(c.name), c.where, age(now - c.created_at) if c.created_at else "?", _esc(c.owner or "?"),
                   c.record or "none", str(nodes), str(len(c.found)),
-                  "remove" if (c.provider, c.region, c.name) in picked else "kept (younger)")
+                  "remove" if id(c) in picked else "kept (younger)" if getattr(c, "mine", True)
+                  else "kept (another owner's: --force)")
     console().print(t)
     for c in chosen:
         for f in c.found:

@@ -2,12 +2,16 @@
 
 AWS: every resource of the region (and IAM) tagged `clusterctl:cluster` (AwsProvider.inventory); this
 machine: every local cluster's namespaces and config folders (providers/netns.py). Each cluster is shown
-with its age (its oldest resource) and owner (the `clusterctl:owner` tag: user@host that made it), and is
-removed by its provider's own terminate, the same as `clusterctl down` (nothing here deletes anything).
+with its age (its oldest resource) and owner (the `clusterctl:owner` tag: user@host that made it). On AWS a
+cluster is one identity (its name and `clusterctl:id`; before ids, name and owner), and what is removed is
+exactly the resource ids listed and confirmed (AwsProvider.remove), never a search by tag value (EC2 reads `*`
+in one as a wildcard); another owner's clusters are kept unless --force. Local clusters are removed by
+their provider's terminate, as `down` does (nothing here deletes anything).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -25,6 +29,8 @@ class Leftover:
     region: str
     found: tuple[Found, ...]
     record: str  # the local record's status here ("up", "stopped" ...), "" when this machine has none
+    cluster_id: str = ""  # AWS: its `clusterctl:id` ("" for clusters made before ids: name + owner)
+    mine: bool = True  # made by this user@host (another owner's is removed only with --force)
 
     @property
     def created_at(self) -> float | None:
@@ -76,16 +82,33 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def group(found: list[Found], provider: str, region: str, records: dict) -> list[Leftover]:
-    by: dict[str, list[Found]] = {}
+def group(found: list[Found], provider: str, region: str, records: dict, me: str | None = None) -> list[Leftover]:
+    """One Leftover per identity: name and cluster id (before ids: name and owner)."""
+    if me is None:
+        from clusterctl import autostop
+
+        me = autostop.owner()
+    by: dict[tuple[str, str, str], list[Found]] = {}
     for f in found:
-        by.setdefault(f.cluster, []).append(f)
+        by.setdefault((f.cluster, f.cluster_id, "" if f.cluster_id else f.owner), []).append(f)
     out = []
-    for name, items in sorted(by.items()):
+    for (name, cid, _), items in sorted(by.items()):
         rec = records.get(name)
-        status = rec.status if rec is not None and rec.cluster.provider == provider else ""
-        out.append(Leftover(name, provider, region, tuple(items), status))
+        status = rec.status if rec is not None and _same(rec.cluster, provider, cid) else ""
+        c = Leftover(name, provider, region, tuple(items), status, cid)
+        out.append(dataclasses.replace(c, mine=provider == "local" or c.owner == me))
     return out
+
+
+def _same(cluster, provider: str, cluster_id: str) -> bool:
+    """The local record is this identity's (a record made before ids matches the id-less identity)."""
+    return cluster.provider == provider and (provider != "aws" or cluster.extra.get("cluster_id", "") == cluster_id)
+
+
+def record_of(c: Leftover, records: dict):
+    """The local record that belongs to this leftover (removed with it), or None."""
+    rec = records.get(c.name)
+    return rec if rec is not None and _same(rec.cluster, c.provider, c.cluster_id) else None
 
 
 def select(leftovers: list[Leftover], older_than: float | None, now: float | None = None) -> list[Leftover]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from clusterctl import sshkeys
-from clusterctl.errors import ClusterctlError, ProvisionError, UnreachableError, WaitTimeout
+from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, UnreachableError, WaitTimeout
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, Provider, Teardown
 from clusterctl.remote import SshPool, SshSettings, SshTarget
@@ -83,18 +83,26 @@ def ssh_settings(cluster: Cluster, store: StateStore, connect_timeout: float = 1
 # ---- up ---------------------------------------------------------------------------------------------
 def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: Path | None = Path("hosts"),
        report: Report = lambda _: None, ssh_timeout: float = 300.0, runtime: RuntimeRequest = RuntimeRequest("none"),
-       runtime_cache: S3Cache | None = None) -> Cluster:
+       runtime_cache: S3Cache | None = None, trust_first_contact: bool = False) -> Cluster:
     with store.lock(spec.name):
+        found = None
         if store.exists(spec.name):
             record = store.load(spec.name)
             live = provider.find(spec.name)
             if record.status == "up" and live is not None:
+                refresh = getattr(provider, "refresh_access", None)  # AWS: the ssh rule becomes this run's
+                if refresh is not None:
+                    refresh(spec, record.cluster)
                 report(f"cluster {spec.name} is already up ({len(live.nodes)} nodes); nothing to do")
                 store.set_current(spec.name)
                 return live
-        elif provider.find(spec.name) is not None:
+        else:
+            found = provider.find(spec.name)
+        if found is not None:
             # Never adopt (nor, on failure, remove) a cluster this machine holds no keys for.
-            raise ProvisionError(f"cluster {spec.name} already exists ({provider.name}) but this machine has no record "
+            owner = found.extra.get("owner", "")
+            raise ProvisionError(f"cluster {spec.name} already exists ({provider.name}"
+                                 + (f", owner {owner}" if owner else "") + ") but this machine has no record "
                                  "of it (nor its keys)",
                                  f"remove it with `clusterctl down {spec.name} --yes`, or choose another --name")
         p = paths(store, spec.name)
@@ -111,6 +119,18 @@ def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: P
             wait_for_ssh(cluster, ssh_timeout)
             known = dict(provider.host_keys(cluster))
             known.update(launched.host_keys)
+            unverified = [n for n in cluster.nodes if n.ssh_host not in known]
+            if unverified and not trust_first_contact:
+                # Fail closed: the cluster's private key goes only to nodes whose key came from an authenticated
+                # source (the provider's API), unless the operator accepts first contact.
+                raise HostKeyError(f"no host key for {len(unverified)} node(s) ({', '.join(n.name for n in unverified)}) "
+                                   "from an authenticated source (their console output); clusterctl does not trust "
+                                   "first contact", "check that the image runs cloud-init, or pass "
+                                   "--trust-first-contact to accept the keys they show (the cluster key is then sent "
+                                   "to them)")
+            if unverified:
+                report(f"trusting first contact for {len(unverified)} node(s) (--trust-first-contact): "
+                       + ", ".join(n.name for n in unverified))
             pinned = pin_host_keys(cluster, known, p.known_hosts)
             report(f"host keys pinned for {len(pinned)} node(s) in {p.known_hosts}")
             hf = hosts_file(cluster)
@@ -184,8 +204,6 @@ def pin_host_keys(cluster: Cluster, known: dict[str, tuple[str, ...]], path: Pat
     pinned = dict(known)
     for node in cluster.nodes:
         if node.ssh_host not in pinned and behind_leader(cluster, node):
-            from clusterctl.errors import HostKeyError
-
             raise HostKeyError(f"no host key for {node.name} ({node.ssh_host}) in its console output; a member reached "
                                "through the leader is pinned from its console only",
                                "check that the image runs cloud-init (it prints the keys), or pass --private-ips "

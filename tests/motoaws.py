@@ -44,6 +44,7 @@ import copy
 import ipaddress
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -317,6 +318,24 @@ class MotoAws:
         with self.lock:
             return [c for c in self.calls if name is None or c.action == name]
 
+    def role_tags(self, role: str) -> dict:
+        return {t["Key"]: t["Value"] for t in self.client("iam").get_role(RoleName=role)["Role"].get("Tags", [])}
+
+    def iam_of(self, cluster: str, region: str = REGION) -> list[str]:
+        """clusterctl's IAM roles and instance profiles of a cluster: by their tags (named by the cluster id), or
+        by a name made before ids (clusterctl-NAME-REGION)."""
+        iam = self.client("iam", region)
+        out = []
+        for kind, listing, key, get, name_key, item in (
+                ("role", "list_roles", "Roles", "get_role", "RoleName", "Role"),
+                ("profile", "list_instance_profiles", "InstanceProfiles", "get_instance_profile",
+                 "InstanceProfileName", "InstanceProfile")):
+            for x in getattr(iam, listing)(PathPrefix="/clusterctl/")[key]:
+                tags = {t["Key"]: t["Value"] for t in getattr(iam, get)(**{name_key: x[name_key]})[item].get("Tags", [])}
+                if tags.get("clusterctl:cluster") == cluster or x[name_key] == f"clusterctl-{cluster}-{region}":
+                    out.append(f"{kind} {x[name_key]}")
+        return out
+
     # ---- the tag sweep of the tests (independent of clusterctl's) -------------------------------------
     def sweep(self, cluster: str, region: str = REGION) -> list[str]:
         ec2 = self.client("ec2", region)
@@ -337,10 +356,7 @@ class MotoAws:
                      if str(i.get("State", "")).lower() not in ("deleted", "deleting")]
         left += [f"Volumes {v['VolumeId']}" for v in ec2.describe_volumes(Filters=tag)["Volumes"]
                  if v["State"] not in ("deleted", "deleting")]
-        iam = self.client("iam", region)
-        left += [f"role {r['RoleName']}" for r in iam.list_roles()["Roles"] if f"-{cluster}-" in r["RoleName"]]
-        left += [f"profile {p['InstanceProfileName']}" for p in iam.list_instance_profiles()["InstanceProfiles"]
-                 if f"-{cluster}-" in p["InstanceProfileName"]]
+        left += self.iam_of(cluster, region)
         with self.lock:
             left += [f"namespace node of {iid}" for iid, n in self.nodes.items()
                      if self._instance_cluster(iid, region) == cluster]
@@ -612,6 +628,8 @@ def _install_patches(aws: MotoAws) -> None:
     def cur() -> MotoAws:
         return _INSTALLED["aws"]
 
+    _ec2_wildcards()
+
     # ---- every call: record, inject faults, hold at gates -----------------------------------------
     orig_call_action = core_responses.BaseResponse.call_action
 
@@ -810,13 +828,13 @@ def _install_patches(aws: MotoAws) -> None:
             def ok(g, key=key, values=values):
                 tags = {t["Key"]: t["Value"] for t in g["Tags"]}
                 if key.startswith("tag:"):
-                    return tags.get(key[4:]) in values
+                    return key[4:] in tags and ec2_matches(tags[key[4:]], values)
                 if key == "tag-key":
-                    return any(v in tags for v in values)
+                    return any(ec2_matches(k, values) for k in tags)
                 if key == "group-name":
-                    return g["GroupName"] in values
+                    return ec2_matches(g["GroupName"], values)
                 if key == "strategy":
-                    return g["Strategy"] in values
+                    return ec2_matches(g["Strategy"], values)
                 return True
             groups = [g for g in groups if ok(g)]
         return ActionResult({"PlacementGroups": groups})
@@ -914,6 +932,54 @@ def _install_patches(aws: MotoAws) -> None:
         return result
 
     AccountAttributes.describe_account_attributes = describe_account_attributes
+
+
+def ec2_pattern(value: str) -> str:
+    """EC2's reading of a filter value as a regex: `*` any run, `?` one character, a backslash makes the next
+    character literal; everything else (brackets included) is itself."""
+    out, i = [], 0
+    while i < len(value):
+        ch = value[i]
+        if ch == "\\" and i + 1 < len(value):
+            out.append(re.escape(value[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if ch == "*" else "." if ch == "?" else re.escape(ch))
+        i += 1
+    return "(?s:" + "".join(out) + r")\Z"
+
+
+def ec2_matches(value, patterns) -> bool:
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    return value is not None and any(re.match(ec2_pattern(p), str(value)) for p in patterns)
+
+
+def _ec2_wildcards() -> None:
+    """moto's filters, EC2's wildcard semantics (see the module docstring)."""
+    from moto.ec2 import utils as eutils
+    from moto.ec2.models import tags as etags
+
+    class _Patterns:  # what moto.ec2.utils calls through its `fnmatch` module name
+        @staticmethod
+        def fnmatch(value, pattern) -> bool:
+            return ec2_matches(value, [pattern])
+
+        translate = staticmethod(ec2_pattern)
+
+    eutils.fnmatch = _Patterns
+    eutils.simple_aws_filter_to_re = ec2_pattern
+    etags.simple_aws_filter_to_re = ec2_pattern
+    orig_is_filter_matching = eutils.is_filter_matching
+
+    def is_filter_matching(obj, _filter, filter_value):
+        value = obj.get_filter_value(_filter)
+        if isinstance(filter_value, list) and len(filter_value) > 1 and isinstance(value, (list, set, tuple)) \
+                and all(isinstance(v, str) for v in value):
+            return any(ec2_matches(v, filter_value) for v in value)  # several values: any of them, wildcards too
+        return orig_is_filter_matching(obj, _filter, filter_value)
+
+    eutils.is_filter_matching = is_filter_matching
 
 
 def decode_user_data(call: Call) -> str:

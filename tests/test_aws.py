@@ -46,6 +46,14 @@ def assert_gone(aws, aws_cli, name: str) -> None:
     assert not (state_dir(aws_cli, name) / "cluster.json").exists()
 
 
+def cluster_id(aws_cli, name: str, home: Path | None = None) -> str:
+    """The cluster's id, from its record."""
+    record = json.loads(((home or aws_cli.cli.home) / "clusters" / name / "cluster.json").read_text())
+    cid = record["cluster"]["extra"]["cluster_id"]
+    assert re.fullmatch(r"[0-9a-f]{12}", cid), cid
+    return cid
+
+
 def instances(aws, name: str | None = None, states=("pending", "running")) -> list[dict]:
     flt = [{"Name": "instance-state-name", "Values": list(states)}]
     if name:
@@ -121,6 +129,8 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
     name = "e2e"
     proc = ok(aws_cli(*aws_cli.up_args(name, 4), timeout=300))
     assert "host keys of 4 node(s) read from their console output (cloud-init)" in proc.stderr
+    # p3.16xlarge is Xen: its console is read without Latest=True (EC2 refuses it there)
+    assert aws.actions("GetConsoleOutput") and not [c for c in aws.actions("GetConsoleOutput") if "Latest" in c.params]
     assert "the leader reaches every member over ssh with host keys checked" in proc.stderr
 
     # One RunInstances for all four, and it carries everything the audit asks for.
@@ -132,9 +142,10 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
     assert p["BlockDeviceMapping.1.Ebs.Encrypted"] == "true" and p["BlockDeviceMapping.1.Ebs.VolumeType"] == "io2"
     assert p["BlockDeviceMapping.1.Ebs.Iops"] == "10000" and p["BlockDeviceMapping.1.Ebs.VolumeSize"] == "200"
     assert p["BlockDeviceMapping.1.Ebs.DeleteOnTermination"] == "true"
-    assert p["IamInstanceProfile.Name"] == f"clusterctl-{name}-{REGION}"
-    assert p["Placement.GroupName"] == f"clusterctl-{name}"
-    assert p["InstanceInitiatedShutdownBehavior"] == "terminate" and p["KeyName"] == f"clusterctl-{name}"
+    cid = cluster_id(aws_cli, name)  # the random id made at creation: IAM by it, groups by name and it
+    assert p["IamInstanceProfile.Name"] == f"clusterctl-{cid}"
+    assert p["Placement.GroupName"] == f"clusterctl-{name}-{cid}"
+    assert p["InstanceInitiatedShutdownBehavior"] == "terminate" and p["KeyName"] == f"clusterctl-{name}-{cid}"
     assert p["ClientToken"].startswith(f"{name}-1-")
     # p3.16xlarge has no EFA: one plain interface with its public address
     assert not [k for k in p if k.endswith("InterfaceType")] and "NetworkInterface.2.DeviceIndex" not in p
@@ -145,7 +156,7 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
         prefix = key.rsplit(".", 1)[0]
         tags = {p[f"{prefix}.Tag.{i}.Key"]: p[f"{prefix}.Tag.{i}.Value"]
                 for i in range(1, 10) if f"{prefix}.Tag.{i}.Key" in p}
-        assert tags["clusterctl:cluster"] == name, (rtype, tags)
+        assert tags["clusterctl:cluster"] == name and tags["clusterctl:id"] == cid, (rtype, tags)
     user_data = decode_user_data(runs[0])
     assert user_data.startswith("#cloud-config\n") and "clusterctl-e2e-internal" in user_data
 
@@ -155,7 +166,7 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
     ec2 = aws.client("ec2")
     assocs = ec2.describe_iam_instance_profile_associations()["IamInstanceProfileAssociations"]
     assert {a["InstanceId"] for a in assocs} == {i["InstanceId"] for i in found}
-    assert all(a["IamInstanceProfile"]["Arn"].endswith(f"/clusterctl-{name}-{REGION}") for a in assocs)
+    assert all(a["IamInstanceProfile"]["Arn"].endswith(f"/clusterctl-{cid}") for a in assocs)
     vols = ec2.describe_volumes(Filters=[{"Name": "tag:clusterctl:cluster", "Values": [name]}])["Volumes"]
     assert len(vols) == 4 and all(v["Encrypted"] and v["VolumeType"] == "io2" and v["Iops"] == 10000 for v in vols)
 
@@ -267,7 +278,7 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
     extra = json.loads((state_dir(aws_cli, "efa") / "cluster.json").read_text())["cluster"]["extra"]
     assert (extra["efa"], extra["efa_interfaces"], extra["efa_rdma"]) == ("true", "1", "false")
     assert p["InstanceMarketOptions.MarketType"] == "spot" and p["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
-    policy = aws.client("iam").get_role_policy(RoleName=f"clusterctl-efa-{REGION}", PolicyName="s3-read")
+    policy = aws.client("iam").get_role_policy(RoleName=f"clusterctl-{cluster_id(aws_cli, 'efa')}", PolicyName="s3-read")
     doc = policy["PolicyDocument"]
     doc = json.loads(doc) if isinstance(doc, str) else doc
     assert doc["Statement"][0] == {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["arn:aws:s3:::data/imagenet/*"]}
@@ -277,11 +288,24 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
 
 
 # ---- host keys -------------------------------------------------------------------------------------------------
-def test_without_keys_in_the_console_nodes_are_pinned_at_first_contact(aws, aws_cli):
+def test_without_keys_in_the_console_nodes_are_pinned_at_first_contact_only_when_asked(aws, aws_cli):
     aws.console_mode = "no-keys"
+    # Fail closed: no key from the console, no --trust-first-contact: one line, exit 5, nothing left; it fails
+    # before pinning, so before the cluster's private key is handed to any node.
+    proc = aws_cli(*aws_cli.up_args("tofu", 2, "--slots", "2"))
+    assert proc.returncode == 5, proc.stderr
+    assert one_error_line(proc).startswith("Error: no host key for 2 node(s) (tofu-leader, tofu-member-1) from an "
+                                           "authenticated source (their console output); clusterctl does not trust "
+                                           "first contact: check that the image runs cloud-init, or pass "
+                                           "--trust-first-contact"), proc.stderr
+    assert "removed instance" in proc.stderr and "host keys pinned" not in proc.stderr
+    assert_gone(aws, aws_cli, "tofu")
+    assert len(aws.actions("RunInstances")) == 1 and aws.nodes == {}
+
     aws.fake_gpus = 4  # more GPUs than the 2 slots asked for: it runs, and up says so
-    proc = ok(aws_cli(*aws_cli.up_args("tofu", 2, "--slots", "2")))
-    assert "no host keys in the console output of 2 node(s): pinning them at first contact" in proc.stderr
+    proc = ok(aws_cli(*aws_cli.up_args("tofu", 2, "--slots", "2", "--trust-first-contact")))
+    assert "no host keys in the console output of 2 node(s)" in proc.stderr
+    assert "trusting first contact for 2 node(s) (--trust-first-contact): tofu-leader, tofu-member-1" in proc.stderr
     assert "warning: tofu-leader: nvidia-smi sees 4 GPU(s) but the hosts file says slots=2" in proc.stderr
     assert "warning: tofu-member-1: nvidia-smi sees 4 GPU(s)" in proc.stderr
     known = sorted((state_dir(aws_cli, "tofu") / "known_hosts").read_text().splitlines())

@@ -78,6 +78,10 @@ def test_s3_read_policy_reads_only_the_prefixes():
     assert list1["Condition"] == {"StringLike": {"s3:prefix": ["imagenet/*"]}}
     assert "Condition" not in list2
     assert all("Put" not in json.dumps(s) and "Delete" not in json.dumps(s) for s in policy["Statement"])
+    # A prefix is a folder: s3://data/imagenet never reaches data/imagenet-private/ (issue 14)
+    get, listing = aws.s3_read_policy(["s3://data/imagenet"])["Statement"]
+    assert get["Resource"] == ["arn:aws:s3:::data/imagenet/*"]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["imagenet/*"]}}
 
 
 CONSOLE = """\

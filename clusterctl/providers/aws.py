@@ -41,6 +41,7 @@ TAG_SLOTS = "clusterctl:slots"
 TAG_USER = "clusterctl:ssh-user"
 TAG_REGION = "clusterctl:region"
 TAG_OWNER = "clusterctl:owner"  # user@host that made it (shown by `gc`)
+TAG_ID = "clusterctl:id"  # the random id of the cluster, made at its creation: with the name, its identity
 IMAGE_USER_TAG = "clusterctl:ssh-user"  # an image may say which user logs in (custom AMIs)
 
 DEFAULT_AMI_PARAMETER = catalog.DLAMI_SSM_PARAMETERS[0]
@@ -59,6 +60,10 @@ DEPENDENCY_CODES = {"DependencyViolation", "InvalidPlacementGroup.InUse", "Delet
 NOT_FOUND = re.compile(r"(NotFound|NoSuchEntity|\.Malformed|InvalidPlacementGroup\.Unknown|InvalidKeyPair\.NotFound)")
 
 Report = Callable[[str], None]
+CLUSTER_ID = re.compile(r"^[0-9a-f]{12}$")
+# How long `up` reads the consoles for cloud-init's host keys. Without Latest=True (Xen types) EC2 posts console
+# output only every few minutes after boot, so this is generous; with it (Nitro) the keys show within seconds.
+CONSOLE_WAIT = 600.0
 _SETTLING = re.compile(r"^Invalid(Vpc|Subnet|Group|InternetGateway|RouteTable|PlacementGroup|KeyPair)(ID)?\.NotFound$")
 
 
@@ -177,12 +182,13 @@ class AwsOptions:
 
 
 def parse_s3(uri: str) -> tuple[str, str]:
-    """'s3://bucket/some/prefix' (or 'bucket/prefix') -> (bucket, 'some/prefix')."""
+    """'s3://bucket/some/prefix' (or 'bucket/prefix') -> (bucket, 'some/prefix/'); '' for the whole bucket."""
     rest = uri[5:] if uri.startswith("s3://") else uri
     bucket, _, prefix = rest.partition("/")
-    if not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket) or "*" in prefix:
+    if not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket) or "*" in prefix or "?" in prefix:
         raise ConfigError(f"--s3-read {uri!r} is not an S3 location", "give one like s3://my-bucket/imagenet/")
-    return bucket, prefix
+    # A prefix is a folder: s3://b/imagenet grants b/imagenet/..., never b/imagenet-private/...
+    return bucket, (prefix.rstrip("/") + "/") if prefix.strip("/") else ""
 
 
 def s3_read_policy(locations: Iterable[str]) -> dict:
@@ -216,6 +222,7 @@ class TypeInfo:
     network_cards: int = 1
     max_efa: int = 0  # EFA interfaces the type takes (0 without EFA)
     efa_rdma: bool = False  # its EFA does device RDMA (aws_catalog.EFA_RDMA_FAMILIES)
+    nitro: bool = False  # Nitro (or bare metal): GetConsoleOutput takes Latest=True
 
     @property
     def volta(self) -> bool:
@@ -255,6 +262,55 @@ class Resource:
 
     def line(self) -> str:
         return f"{self.kind} {self.id}" + (f" ({self.label})" if self.label else "")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which resources are one cluster's. Its identity is its name plus the random id made when it was created
+    (tagged `clusterctl:id` on everything, and in the record); for a cluster made before ids existed, its name
+    plus its owner tag (and no id tag). `every`: any identity of the name (for display only, never to change)."""
+
+    name: str
+    id: str = ""
+    owner: str = ""
+    every: bool = False
+
+    def filters(self) -> list[dict]:
+        """Server-side narrowing only: EC2 reads `*` and `?` in filter values as wildcards, so every answer is
+        checked again with holds(). The name and id are validated and hold neither."""
+        flt = [{"Name": f"tag:{TAG}", "Values": [self.name]}]
+        if self.id:
+            flt.append({"Name": f"tag:{TAG_ID}", "Values": [self.id]})
+        return flt
+
+    def holds(self, tags: Mapping[str, str]) -> bool:
+        if tags.get(TAG) != self.name:
+            return False
+        if self.every:
+            return True
+        if self.id:
+            return tags.get(TAG_ID) == self.id
+        return TAG_ID not in tags and tags.get(TAG_OWNER, "") == self.owner
+
+    @property
+    def group(self) -> str:
+        """The name of its placement group, key pair and security group (names EC2 keeps unique per region)."""
+        return f"clusterctl-{self.name}-{self.id}" if self.id else f"clusterctl-{self.name}"
+
+    def iam(self, region: str) -> str:
+        """Its IAM role and instance profile (IAM is global; at most 64 characters: by the id)."""
+        return f"clusterctl-{self.id}" if self.id else iam_name(self.name, region)
+
+    def tags(self, region: str) -> dict[str, str]:
+        return {TAG: self.name, **({TAG_ID: self.id} if self.id else {}), TAG_REGION: region,
+                TAG_OWNER: self.owner or _owner()}
+
+    def label(self) -> str:
+        return f"id {self.id}, owner {self.owner or 'unknown'}" if self.id else f"owner {self.owner or 'unknown'}, no id"
+
+
+def new_cluster_id() -> str:
+    return uuid.uuid4().hex[:12]
 
 
 @dataclass
@@ -383,8 +439,8 @@ class AwsProvider:
     name = "aws"
 
     def __init__(self, store: StateStore | None = None, region: str | None = None, report: Report | None = None,
-                 poll_interval: float = 2.0, wait_timeout: float = 900.0, console_wait: float = 90.0,
-                 delete_timeout: float = 600.0):
+                 poll_interval: float = 2.0, wait_timeout: float = 900.0, console_wait: float = CONSOLE_WAIT,
+                 delete_timeout: float = 600.0, force: bool = False):
         self.store = store or StateStore()
         self._region = region or None
         self.report = report or _no_report
@@ -394,6 +450,9 @@ class AwsProvider:
         self.delete_timeout = delete_timeout
         self._clients: dict[str, Any] = {}
         self._ctx: _Context | None = None
+        self.force = force  # down/gc may remove another owner's cluster
+        self._scopes: dict[str, Scope] = {}  # the clusters this process launches (or found in their record)
+        self._launching: set[str] = set()
 
     # ---- clients ----------------------------------------------------------------------------------
     @property
@@ -489,6 +548,72 @@ class AwsProvider:
             raise self._error(op, exc) from None
         return out
 
+    # ---- identity: which resources are this cluster's ---------------------------------------------------
+    def _id_file(self, name: str) -> Path:
+        return self.store.cluster_dir(name) / "aws-id"
+
+    def known_scope(self, name: str) -> Scope | None:
+        """The cluster's identity from this machine: the record's id (a record made before ids: name + this
+        machine's owner tag), else the id an interrupted `up` saved before creating anything."""
+        if name in self._scopes:
+            return self._scopes[name]
+        from clusterctl.errors import StateError
+
+        scope = None
+        if self.store.exists(name):
+            cluster = self.store.load(name).cluster
+            if cluster.provider == self.name:
+                cid = cluster.extra.get("cluster_id", "")
+                scope = Scope(name, cid, cluster.extra.get("owner") or _owner())
+        if scope is None and self._id_file(name).is_file():
+            scope = Scope(name, self._id_file(name).read_text().strip(), _owner())
+        if scope is not None and scope.id and not CLUSTER_ID.match(scope.id):
+            raise StateError(f"the record of cluster {name} holds a bad cluster id {scope.id!r}",
+                             "move its folder aside; `clusterctl down NAME` still finds it by tags")
+        if scope is not None:
+            self._scopes[name] = scope
+        return scope
+
+    def _launch_scope(self, name: str) -> Scope:
+        """The identity `up` creates under: the known one, else a new random id, saved before anything is made."""
+        scope = self.known_scope(name)
+        if scope is None:
+            scope = Scope(name, new_cluster_id(), _owner())
+            atomic_write(self.store.ensure_dir(name) / "aws-id", scope.id + "\n")
+            self._scopes[name] = scope
+        return scope
+
+    def identities(self, name: str) -> list[Scope]:
+        """Every identity that holds resources tagged with this name (by id; before ids, by owner)."""
+        found: dict[tuple[str, str], Scope] = {}
+        for f in self._listing(Scope(name, every=True)):
+            key = (f.cluster_id, "" if f.cluster_id else f.owner)
+            found.setdefault(key, Scope(name, f.cluster_id, f.owner))
+        return sorted(found.values(), key=lambda s: (s.owner, s.id))
+
+    def _scopes_for(self, name: str) -> list[Scope]:
+        """What `down NAME` removes: the identity this machine knows, else every identity of the name that is this
+        owner's; another owner's only with force (a UsageError naming the owner otherwise, before any change)."""
+        if name in self._launching:  # the rollback of this process's own `up`: only its own identity
+            scope = self.known_scope(name)
+            return [scope] if scope is not None else []
+        known = self.known_scope(name)
+        if known is not None:
+            return [known]
+        found = self.identities(name)
+        foreign = [s for s in found if s.owner != _owner()]
+        if foreign and not self.force:
+            from clusterctl.errors import UsageError
+
+            raise UsageError(f"cluster {name} in {self.region} belongs to another owner "
+                             f"({'; '.join(s.label() for s in foreign)}) and this machine has no record of it",
+                             "pass --force to remove it anyway")
+        return found
+
+    def owners(self, name: str) -> list[str]:
+        """The owners of what `down NAME` would remove (for the confirmation prompt)."""
+        return sorted({s.owner or "unknown" for s in self._scopes_for(name)})
+
     # ---- facts: type, image, price ---------------------------------------------------------------
     def type_info(self, instance_type: str) -> TypeInfo:
         from botocore.exceptions import ClientError
@@ -512,7 +637,8 @@ class AwsProvider:
                             vcpus=int(t.get("VCpuInfo", {}).get("DefaultVCpus", 0) or 0),
                             network_cards=int(net.get("MaximumNetworkCards", 1) or 1),
                             max_efa=int(net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 1 if efa else 0) or 0),
-                            efa_rdma=efa and catalog.efa_rdma(instance_type))
+                            efa_rdma=efa and catalog.efa_rdma(instance_type),
+                            nitro=t.get("Hypervisor") == "nitro" or bool(t.get("BareMetal")))
         gpus = catalog.gpus(instance_type)
         if gpus is None and catalog.instance_price(instance_type) is None:
             raise ConfigError(f"instance type {instance_type!r} is unknown in {self.region}",
@@ -621,15 +747,22 @@ class AwsProvider:
         lines.append(f"security group: all traffic within the cluster (in and out), ssh (22) from {cidr}")
         if o.ssh_cidr and ipaddress.ip_network(o.ssh_cidr, strict=False).prefixlen == 0:
             lines.append("WARNING: ssh is open to the whole internet (--ssh-cidr 0.0.0.0/0 was asked for)")
+        scope = self.known_scope(spec.name)
+        group = scope.group if scope else f"clusterctl-{spec.name}-<id>"
+        lines.append("identity: " + (f"id {scope.id} (from this machine's record)" if scope and scope.id else
+                                     f"name and owner {scope.owner} (made before cluster ids)" if scope else
+                                     "a new random id, tagged clusterctl:id on everything (rollback, down and gc "
+                                     "touch only what carries it)"))
         if o.placement and t.cluster_placement:
-            lines.append(f"placement group clusterctl-{spec.name} (cluster strategy)")
+            lines.append(f"placement group {group} (cluster strategy)")
         lines.append(self._plan_interfaces(ctx))
-        lines.append(f"key pair clusterctl-{spec.name} (this machine's per-cluster key; private half stays here)")
-        reads = ", ".join(o.s3_read) if o.s3_read else "no S3 access"
-        lines.append(f"IAM instance profile {iam_name(spec.name, ctx.region)}: {reads}; no AWS keys on nodes")
+        lines.append(f"key pair {group} (this machine's per-cluster key; private half stays here)")
+        reads = ", ".join(f"s3://{b}/{p}" for b, p in map(parse_s3, o.s3_read)) if o.s3_read else "no S3 access"
+        lines.append(f"IAM instance profile {scope.iam(ctx.region) if scope else 'clusterctl-<id>'}: read {reads}; "
+                     "no AWS keys on nodes")
         lines.append("IMDSv2 required; instance-initiated shutdown terminates"
                      + ("; spot (one-time, terminated on interruption)" if o.spot else ""))
-        existing = self._instances(spec.name)
+        existing = self._instances(scope or Scope(spec.name, every=True))
         if existing and len(existing) != n:  # said here, before `up` starts (whose failures clean up)
             raise ProvisionError(f"cluster {spec.name} already has {len(existing)} instance(s) in {ctx.region}, not {n}",
                                  f"use --nodes {len(existing)}, another --name, or bring it down first")
@@ -673,7 +806,8 @@ class AwsProvider:
             net = self._existing_network(ctx, create=False)
             azs = ", ".join(az for _, az in net.subnets)
             return f"network: existing VPC {net.vpc}, subnet(s) in {azs} (not created, not deleted)"
-        vpc = self._find_one("describe_vpcs", "Vpcs", ctx.spec.name)
+        scope = self.known_scope(ctx.spec.name)
+        vpc = self._find_one("describe_vpcs", "Vpcs", scope) if scope else None
         zones = self._zones_for(ctx, [z for z in self._zones()])
         state = f"existing {vpc['VpcId']}" if vpc else "a new VPC"
         return (f"network: {state} {o.cidr} with a subnet in each AZ and an S3 gateway endpoint (free); trying "
@@ -701,11 +835,12 @@ class AwsProvider:
                 else:
                     raise self._error(f"{op} (DryRun)", exc) from None
 
-        tags = [{"ResourceType": "placement-group", "Tags": _tags({TAG: spec.name})}]
+        scope = self.known_scope(spec.name) or Scope(spec.name, new_cluster_id(), _owner())  # not saved: nothing is made
+        tags = [{"ResourceType": "placement-group", "Tags": _tags(scope.tags(ctx.region))}]
         if o.placement and ctx.type.cluster_placement:
-            check("placement group", "create_placement_group", GroupName=f"clusterctl-{spec.name}",
+            check("placement group", "create_placement_group", GroupName=scope.group,
                   Strategy="cluster", TagSpecifications=tags)
-        params = self._run_params(ctx, subnet=o.subnets[0] if o.subnets else None, security_group=None,
+        params = self._run_params(ctx, scope, subnet=o.subnets[0] if o.subnets else None, security_group=None,
                                   placement_group=None, key_name=None, profile=None, token=None, internal_key="")
         check(f"launch {spec.nodes} x {spec.instance_type}", "run_instances", **params)
         lines.append("VPC, subnets, security group, key pair and IAM profile: not checked (no DryRun that creates nothing)")
@@ -713,18 +848,20 @@ class AwsProvider:
 
     # ---- launch -----------------------------------------------------------------------------------------
     def launch(self, spec: ClusterSpec, keys: ClusterKeys) -> Launched:
+        self._launching.add(spec.name)
         ctx = self.context(spec)
         name = spec.name
-        existing = self._instances(name)
+        scope = self._launch_scope(name)
+        existing = self._instances(scope)
         if existing and len(existing) != spec.nodes:
             raise ProvisionError(f"cluster {name} already has {len(existing)} instance(s) in {ctx.region}, not {spec.nodes}",
                                  f"bring it down first: clusterctl down {name} --yes")
-        ssh_cidr = ctx.opts.ssh_cidr or (None if existing else detect_public_cidr())
-        net = self._existing_network(ctx, create=True) if (ctx.opts.vpc or ctx.opts.subnets) else self._ensure_network(ctx)
-        sg = self._ensure_security_group(ctx, net, ssh_cidr)
-        pg = self._ensure_placement_group(ctx) if ctx.opts.placement and ctx.type.cluster_placement else None
-        key = self._ensure_key_pair(ctx, keys.operator_public)
-        profile = self._ensure_instance_profile(ctx)
+        ssh_cidr = ctx.opts.ssh_cidr or detect_public_cidr()  # this run's range, and only it (the rest is revoked)
+        net = self._existing_network(ctx, create=True) if (ctx.opts.vpc or ctx.opts.subnets) else self._ensure_network(ctx, scope)
+        sg = self._ensure_security_group(ctx, scope, net, ssh_cidr)
+        pg = self._ensure_placement_group(ctx, scope) if ctx.opts.placement and ctx.type.cluster_placement else None
+        key = self._ensure_key_pair(ctx, scope, keys.operator_public)
+        profile = self._ensure_instance_profile(ctx, scope)
         if existing:
             bad = [i["InstanceId"] for i in existing if i["State"]["Name"] not in ("pending", "running")]
             if bad:
@@ -734,15 +871,17 @@ class AwsProvider:
             ids = [i["InstanceId"] for i in existing]
         else:
             internal = keys.internal_public
-            ids = self._run_with_fallback(ctx, net, sg, pg, key, profile, internal)
+            ids = self._run_with_fallback(ctx, scope, net, sg, pg, key, profile, internal)
         instances = self._wait_running(ids)
         instances = self._name_instances(name, instances)
         extra = {"vpc": net.vpc, "security_group": sg, "placement_group": pg or "", "key_pair": key,
                  "instance_profile": profile, "image": ctx.image.id, "image_name": ctx.image.name,
-                 "network_created": "yes" if net.created else "no", **self._fabric_extra(ctx), **_autostop_extra(spec)}
+                 "network_created": "yes" if net.created else "no", "cluster_id": scope.id, "owner": scope.owner,
+                 **self._fabric_extra(ctx), **_autostop_extra(spec)}
+        extra["spot"] = "true" if ctx.opts.spot else "false"  # train polls spot nodes' interruption notice
         if fabric.needs_elastic_ip(ctx.type, ctx.opts.private_ips):
             leader = _ordered(instances)[0]
-            address = fabric.ensure_elastic_ip(self, ctx, leader)
+            address = fabric.ensure_elastic_ip(self, ctx, scope, leader)
             instances = [{**i, "PublicIpAddress": address} if i is leader else {**i, "PublicIpAddress": None}
                          for i in instances]
             extra.update({"elastic_ip": address, "ssh_jump": "leader"})
@@ -756,14 +895,14 @@ class AwsProvider:
                 "efa_rdma": "true" if fabric.efa_count(t) and t.efa_rdma else "false", "gpus": str(t.gpus),
                 "driver_branch": str(r.driver_branch) if r else "", "cuda": r.cuda if r else ""}
 
-    def _run_params(self, ctx: _Context, *, subnet: str | None, security_group: str | None, placement_group: str | None,
+    def _run_params(self, ctx: _Context, scope: Scope, *, subnet: str | None, security_group: str | None, placement_group: str | None,
                     key_name: str | None, profile: str | None, token: str | None, internal_key: str) -> dict:
         o, spec = ctx.opts, ctx.spec
         ebs: dict[str, Any] = {"VolumeSize": o.volume_size, "VolumeType": o.volume_type, "Encrypted": True,
                                "DeleteOnTermination": True}
         if o.effective_iops and o.volume_type in ("io1", "io2", "gp3"):
             ebs["Iops"] = o.effective_iops
-        base_tags = {TAG: spec.name, TAG_REGION: ctx.region, TAG_OWNER: _owner()}
+        base_tags = scope.tags(ctx.region)
         inst_tags = {**base_tags, "Name": f"{spec.name}-node", TAG_SLOTS: str(ctx.slots), TAG_USER: ctx.image.ssh_user}
         tag_specs = [{"ResourceType": "instance", "Tags": _tags(inst_tags)},
                      {"ResourceType": "volume", "Tags": _tags(base_tags)},
@@ -797,8 +936,8 @@ class AwsProvider:
     def _launch_file(self, name: str) -> Path:
         return self.store.ensure_dir(name) / "aws-launch.json"
 
-    def _run_with_fallback(self, ctx: _Context, net: Network, sg: str, pg: str | None, key: str, profile: str,
-                           internal_key: str) -> list[str]:
+    def _run_with_fallback(self, ctx: _Context, scope: Scope, net: Network, sg: str, pg: str | None, key: str,
+                           profile: str, internal_key: str) -> list[str]:
         """One all-or-nothing RunInstances per AZ until one has capacity. The ClientToken of each attempt
         is saved before the call; botocore's retries of that call reuse it, and so does a later `up` whose
         predecessor never saw the answer, so EC2 returns that launch instead of making a second one."""
@@ -812,7 +951,7 @@ class AwsProvider:
         for attempt, (subnet, az) in enumerate(net.subnets, start=1):
             reuse = saved.get("state") == "sent" and saved.get("subnet") == subnet
             token = saved["token"] if reuse else _token(name, attempt)
-            params = self._run_params(ctx, subnet=subnet, security_group=sg, placement_group=pg, key_name=key,
+            params = self._run_params(ctx, scope, subnet=subnet, security_group=sg, placement_group=pg, key_name=key,
                                       profile=profile, token=token, internal_key=internal_key)
             self.report(f"launching {ctx.spec.nodes} x {ctx.spec.instance_type} in {az}")
             outcome, detail = self._run_once(path, params, subnet, az, attempt)
@@ -928,9 +1067,9 @@ class AwsProvider:
                        extra={k: str(v) for k, v in facts.items()})
 
     # ---- shared resources (each step finds what an earlier run made before creating) ------------------
-    def _find_one(self, op: str, key: str, name: str, **filters) -> dict | None:
-        flt = [{"Name": f"tag:{TAG}", "Values": [name]}] + [{"Name": k, "Values": [v]} for k, v in filters.items()]
-        items = self._api("ec2", op, Filters=flt).get(key, [])
+    def _find_one(self, op: str, key: str, scope: Scope, **filters) -> dict | None:
+        flt = scope.filters() + [{"Name": k, "Values": [v]} for k, v in filters.items()]
+        items = [i for i in self._api("ec2", op, Filters=flt).get(key, []) if scope.holds(_tagdict(i))]
         return items[0] if items else None
 
     def _zones(self) -> list[str]:
@@ -948,10 +1087,10 @@ class AwsProvider:
             return zones
         return [z for z in zones if z in offered]
 
-    def _ensure_network(self, ctx: _Context) -> Network:
+    def _ensure_network(self, ctx: _Context, scope: Scope) -> Network:
         name, o = ctx.spec.name, ctx.opts
-        base = {TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner()}
-        vpc = self._find_one("describe_vpcs", "Vpcs", name)
+        base = scope.tags(ctx.region)
+        vpc = self._find_one("describe_vpcs", "Vpcs", scope)
         if vpc is None:
             vpc = self._api("ec2", "create_vpc", CidrBlock=o.cidr, TagSpecifications=[
                 {"ResourceType": "vpc", "Tags": _tags({**base, "Name": f"clusterctl-{name}"})}])["Vpc"]
@@ -961,7 +1100,7 @@ class AwsProvider:
         vpc_id = vpc["VpcId"]
         cidr = ipaddress.ip_network(vpc.get("CidrBlock") or o.cidr)
         if not o.private_ips:
-            igw = self._find_one("describe_internet_gateways", "InternetGateways", name)
+            igw = self._find_one("describe_internet_gateways", "InternetGateways", scope)
             if igw is None:
                 igw = self._api("ec2", "create_internet_gateway", TagSpecifications=[
                     {"ResourceType": "internet-gateway", "Tags": _tags({**base, "Name": f"clusterctl-{name}"})}]
@@ -977,7 +1116,7 @@ class AwsProvider:
                           DestinationCidrBlock="0.0.0.0/0", GatewayId=igw["InternetGatewayId"])
         zones = self._zones()
         have = {s["AvailabilityZone"]: s for s in self._api("ec2", "describe_subnets", Filters=[
-            {"Name": f"tag:{TAG}", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]).get("Subnets", [])}
+            *scope.filters(), {"Name": "vpc-id", "Values": [vpc_id]}]).get("Subnets", []) if scope.holds(_tagdict(s))}
         blocks = list(cidr.subnets(new_prefix=min(28, cidr.prefixlen + 4)))
         subnets = []
         for index, az in enumerate(zones[:len(blocks)]):
@@ -988,7 +1127,7 @@ class AwsProvider:
                                     {**base, "Name": f"clusterctl-{name}-{az}"})}])["Subnet"]
                 self.report(f"created subnet {sub['SubnetId']} ({blocks[index]}, {az})")
             subnets.append((sub["SubnetId"], az))
-        fabric.ensure_s3_endpoint(self, ctx, vpc_id)
+        fabric.ensure_s3_endpoint(self, ctx, scope, vpc_id)
         order = self._zones_for(ctx, [az for _, az in subnets])
         by_az = dict((az, s) for s, az in subnets)
         return Network(vpc_id, tuple((by_az[az], az) for az in order), True)
@@ -1014,22 +1153,19 @@ class AwsProvider:
             raise ConfigError(f"{ctx.spec.instance_type} is not offered in the AZs of the given subnets")
         return Network(vpcs.pop(), pairs, False)
 
-    def _ensure_security_group(self, ctx: _Context, net: Network, ssh_cidr: str | None) -> str:
+    def _ensure_security_group(self, ctx: _Context, scope: Scope, net: Network, ssh_cidr: str) -> str:
         name = ctx.spec.name
-        sg = self._find_one("describe_security_groups", "SecurityGroups", name, **{"vpc-id": net.vpc})
+        sg = self._find_one("describe_security_groups", "SecurityGroups", scope, **{"vpc-id": net.vpc})
         if sg is None:
-            sg_id = self._settled("ec2", "create_security_group", GroupName=f"clusterctl-{name}", VpcId=net.vpc,
+            sg_id = self._settled("ec2", "create_security_group", GroupName=scope.group, VpcId=net.vpc,
                               Description=f"clusterctl cluster {name}: all traffic within the cluster, ssh from one range",
                               TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(
-                                  {TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner(), "Name": f"clusterctl-{name}"})}])["GroupId"]
+                                  {**scope.tags(ctx.region), "Name": scope.group})}])["GroupId"]
             self.report(f"created security group {sg_id}")
             sg = {"GroupId": sg_id, "IpPermissions": [], "IpPermissionsEgress": []}
         sg_id = sg["GroupId"]
         self_rule = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": sg_id, "Description": "within the cluster"}]}
-        wanted_in = [self_rule]
-        if ssh_cidr:
-            wanted_in.append({"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-                              "IpRanges": [{"CidrIp": ssh_cidr, "Description": "ssh from the operator"}]})
+        wanted_in = [self_rule, _ssh_rule(ssh_cidr)]
         for op, rules, have in (("authorize_security_group_ingress", wanted_in, sg.get("IpPermissions", [])),
                                 ("authorize_security_group_egress", [self_rule], sg.get("IpPermissionsEgress", []))):
             for rule in rules:
@@ -1040,13 +1176,38 @@ class AwsProvider:
                 except ClusterctlError as exc:
                     if "InvalidPermission.Duplicate" not in exc.message:
                         raise
+        self._revoke_other_ssh(sg_id, sg.get("IpPermissions", []), ssh_cidr)
         return sg_id
 
-    def _ensure_placement_group(self, ctx: _Context) -> str:
+    def _revoke_other_ssh(self, sg_id: str, have: list[dict], ssh_cidr: str) -> None:
+        """Ingress that reaches port 22 from any range but this run's is revoked (after this run's rule is in, so
+        there is no moment without it): an earlier run's /32 or a one-time 0.0.0.0/0 does not stay open."""
+        stale = _stale_ssh(have, ssh_cidr)
+        if stale:
+            self._settled("ec2", "revoke_security_group_ingress", GroupId=sg_id, IpPermissions=stale)
+            self.report(f"revoked ssh from {', '.join(_ranges(stale))} (this run allows {ssh_cidr} only)")
+
+    def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
+        """`up` of a cluster that is already up: its ssh rule becomes exactly this run's range."""
+        sg_id = cluster.extra.get("security_group", "")
+        if not sg_id:
+            return
+        ctx = self.context(spec)
+        ssh_cidr = ctx.opts.ssh_cidr or detect_public_cidr()
+        groups = self._api("ec2", "describe_security_groups", GroupIds=[sg_id]).get("SecurityGroups", [])
+        if not groups:
+            return
+        have = groups[0].get("IpPermissions", [])
+        if not _has_rule(have, _ssh_rule(ssh_cidr)):
+            self._settled("ec2", "authorize_security_group_ingress", GroupId=sg_id, IpPermissions=[_ssh_rule(ssh_cidr)])
+            self.report(f"ssh (22) allowed from {ssh_cidr}")
+        self._revoke_other_ssh(sg_id, have, ssh_cidr)
+
+    def _ensure_placement_group(self, ctx: _Context, scope: Scope) -> str:
         from botocore.exceptions import ClientError
 
         name = ctx.spec.name
-        group = f"clusterctl-{name}"
+        group = scope.group
         try:
             found = self._call("ec2", "describe_placement_groups", GroupNames=[group]).get("PlacementGroups", [])
         except ClientError as exc:
@@ -1054,20 +1215,20 @@ class AwsProvider:
                 raise self._error("DescribePlacementGroups", exc) from None
             found = []
         if found:
-            if _tagdict(found[0]).get(TAG) != name:
-                raise ConfigError(f"placement group {group} exists but is not clusterctl's cluster {name}",
+            if not scope.holds(_tagdict(found[0])):
+                raise ConfigError(f"placement group {group} exists but is not this cluster {name}'s ({scope.label()})",
                                   "choose another --name")
             return group
         self._api("ec2", "create_placement_group", GroupName=group, Strategy="cluster", TagSpecifications=[
-            {"ResourceType": "placement-group", "Tags": _tags({TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner()})}])
+            {"ResourceType": "placement-group", "Tags": _tags(scope.tags(ctx.region))}])
         self.report(f"created placement group {group}")
         return group
 
-    def _ensure_key_pair(self, ctx: _Context, public_key: str) -> str:
+    def _ensure_key_pair(self, ctx: _Context, scope: Scope, public_key: str) -> str:
         from botocore.exceptions import ClientError
 
         name = ctx.spec.name
-        key_name = f"clusterctl-{name}"
+        key_name = scope.group
         try:
             found = self._call("ec2", "describe_key_pairs", KeyNames=[key_name], IncludePublicKey=True).get("KeyPairs", [])
         except ClientError as exc:
@@ -1077,24 +1238,29 @@ class AwsProvider:
         material = " ".join(public_key.split()[:2])
         if found:
             theirs = " ".join((found[0].get("PublicKey") or "").split()[:2])
-            if theirs and theirs != material:
+            if (theirs and theirs != material) or not scope.holds(_tagdict(found[0])):
                 raise ProvisionError(
                     f"key pair {key_name} in {ctx.region} holds another key than this machine's for cluster {name}",
                     f"the local state was lost or belongs elsewhere: `clusterctl down {name} --yes`, then up again")
             return key_name
         self._api("ec2", "import_key_pair", KeyName=key_name, PublicKeyMaterial=material.encode(), TagSpecifications=[
-            {"ResourceType": "key-pair", "Tags": _tags({TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner()})}])
+            {"ResourceType": "key-pair", "Tags": _tags(scope.tags(ctx.region))}])
         self.report(f"imported key pair {key_name}")
         return key_name
 
-    def _ensure_instance_profile(self, ctx: _Context) -> str:
+    def _ensure_instance_profile(self, ctx: _Context, scope: Scope) -> str:
+        """The cluster's own role and profile, named by its id; one that exists under that name but carries
+        another identity's tags is never reused (nor its policy rewritten)."""
         from botocore.exceptions import ClientError
 
         name = ctx.spec.name
-        iname = iam_name(name, ctx.region)
-        tags = _tags({TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner()})
+        iname = scope.iam(ctx.region)
+        tags = _tags(scope.tags(ctx.region))
         try:
-            self._call("iam", "get_role", RoleName=iname)
+            role = self._call("iam", "get_role", RoleName=iname)["Role"]
+            if not scope.holds(_tagdict(role)):
+                raise ProvisionError(f"IAM role {iname} exists but is not this cluster {name}'s ({scope.label()})",
+                                     "choose another --name, or bring the other cluster down")
         except ClientError as exc:
             if _code(exc) != "NoSuchEntity":
                 raise self._error("iam GetRole", exc) from None
@@ -1107,6 +1273,9 @@ class AwsProvider:
                       PolicyDocument=json.dumps(s3_read_policy(ctx.opts.s3_read)))
         try:
             prof = self._call("iam", "get_instance_profile", InstanceProfileName=iname)["InstanceProfile"]
+            if not scope.holds(_tagdict(prof)):
+                raise ProvisionError(f"IAM instance profile {iname} exists but is not this cluster {name}'s",
+                                     "choose another --name, or bring the other cluster down")
         except ClientError as exc:
             if _code(exc) != "NoSuchEntity":
                 raise self._error("iam GetInstanceProfile", exc) from None
@@ -1119,18 +1288,29 @@ class AwsProvider:
 
     # ---- after launch: host keys from the console -----------------------------------------------------
     def host_keys(self, cluster: Cluster) -> dict[str, tuple[str, ...]]:
-        """Host keys cloud-init printed to each node's console. Polled (bounded) until the keys or the end
-        of cloud-init show up; a node whose console has neither by then is pinned at first contact."""
+        """Host keys cloud-init printed to each node's console: an authenticated source (EC2's API, signed and
+        over TLS). Read with Latest=True where the type takes it (Nitro: the console as it is now; other types
+        get what EC2 posted, some minutes after boot), polled for at most console_wait (CONSOLE_WAIT, 10
+        minutes) or until cloud-init says it finished without printing keys. A node missing here fails `up`
+        unless the operator accepts first contact (provision.pin_host_keys)."""
         from botocore.exceptions import ClientError
 
         found: dict[str, tuple[str, ...]] = {}
         pending = {n.instance_id: n for n in cluster.nodes if n.instance_id}
+        ctx = self._ctx
+        info = ctx.type if ctx is not None and ctx.type.name == cluster.instance_type else \
+            self.type_info(cluster.instance_type) if cluster.instance_type else None
+        latest = bool(info and info.nitro)
         deadline = time.monotonic() + self.console_wait
         while pending:
             for iid, node in list(pending.items()):
                 try:
-                    out = self._call("ec2", "get_console_output", InstanceId=iid).get("Output") or ""
+                    out = self._call("ec2", "get_console_output", InstanceId=iid,
+                                     **({"Latest": True} if latest else {})).get("Output") or ""
                 except ClientError as exc:
+                    if latest and _code(exc) in ("UnsupportedOperation", "InvalidParameterCombination"):
+                        latest = False  # the type said Nitro, EC2 disagrees: the posted console, then
+                        continue
                     raise self._error("GetConsoleOutput", exc) from None
                 text = _decode_console(out)
                 keys = host_keys_from_console(text)
@@ -1138,29 +1318,38 @@ class AwsProvider:
                     found[node.ssh_host] = keys
                     del pending[iid]
                 elif _CLOUD_INIT_DONE.search(text):
-                    del pending[iid]  # cloud-init is done and printed no keys: first contact it is
+                    del pending[iid]  # cloud-init is done and printed no keys: they will not come
             if not pending or time.monotonic() > deadline:
                 break
             time.sleep(self.poll_interval)
         if found:
-            self.report(f"host keys of {len(found)} node(s) read from their console output (cloud-init)")
+            self.report(f"host keys of {len(found)} node(s) read from their console output (cloud-init"
+                        + (", GetConsoleOutput Latest=True)" if latest else ")"))
         missing = [n.ssh_host for n in cluster.nodes if n.ssh_host not in found]
         if missing:
-            self.report(f"no host keys in the console output of {len(missing)} node(s): pinning them at first contact")
+            self.report(f"no host keys in the console output of {len(missing)} node(s) after "
+                        f"{self.console_wait:.0f}s at most: {', '.join(missing)}")
         return found
 
     # ---- find / status / ls ---------------------------------------------------------------------------
-    def _instances(self, name: str | None, states: list[str] | None = None) -> list[dict]:
+    def _instances(self, scope: Scope | None, states: list[str] | None = None) -> list[dict]:
+        """The scope's instances (every clusterctl instance with None), each checked against its tags."""
         flt = [{"Name": "instance-state-name", "Values": states or ["pending", "running", "stopping", "stopped"]}]
-        flt.append({"Name": f"tag:{TAG}", "Values": [name]} if name else {"Name": "tag-key", "Values": [TAG]})
+        flt += scope.filters() if scope is not None else [{"Name": "tag-key", "Values": [TAG]}]
         reservations = self._paginate("ec2", "describe_instances", "Reservations", Filters=flt)
-        return [i for r in reservations for i in r.get("Instances", [])]
+        return [i for r in reservations for i in r.get("Instances", [])
+                if (scope.holds(_tagdict(i)) if scope is not None else TAG in _tagdict(i))]
+
+    def _view(self, name: str) -> Scope:
+        """What `ls`/`status`/`find` show for a name: the identity this machine knows, else every one."""
+        return self.known_scope(name) or Scope(name, every=True)
 
     def find(self, name: str) -> Cluster | None:
-        instances = self._instances(name)
+        instances = self._instances(self._view(name))
         if not instances:
             return None
-        return self._cluster(name, instances)
+        tags = _tagdict(_ordered(instances)[0])
+        return self._cluster(name, instances, extra={"cluster_id": tags.get(TAG_ID, ""), "owner": tags.get(TAG_OWNER, "")})
 
     def status(self, name: str) -> ClusterStatus | None:
         return self._statuses(name).get(name)
@@ -1171,12 +1360,12 @@ class AwsProvider:
         for name in self.all_clusters():
             if name not in out:
                 out[name] = ClusterStatus(name, self.name, self.region, "", (),
-                                          tuple(r.line() for r in self._sweep(name)))
+                                          tuple(f.line() for f in self._listing(self._view(name))))
         return dict(sorted(out.items()))
 
     def _statuses(self, name: str | None) -> dict[str, ClusterStatus]:
         by_cluster: dict[str, list[dict]] = {}
-        for inst in self._instances(name, LIVE_STATES):
+        for inst in self._instances(self._view(name) if name else None, LIVE_STATES):
             by_cluster.setdefault(_tagdict(inst).get(TAG, ""), []).append(inst)
         out = {}
         volumes = self._volume_prices(name) if by_cluster else {}
@@ -1192,9 +1381,9 @@ class AwsProvider:
                                         _epoch(inst.get("LaunchTime")), None if inst_price is None else inst_price + vol))
             out[cname] = ClusterStatus(cname, self.name, self.region, cluster.instance_type, tuple(nodes))
         if name is not None and name not in out:
-            left = self._sweep(name)
+            left = self._listing(self._view(name))
             if left:
-                out[name] = ClusterStatus(name, self.name, self.region, "", (), tuple(r.line() for r in left))
+                out[name] = ClusterStatus(name, self.name, self.region, "", (), tuple(f.line() for f in left))
         return out
 
     def _volume_prices(self, name: str | None) -> dict[str, float]:
@@ -1202,141 +1391,177 @@ class AwsProvider:
         flt = [{"Name": f"tag:{TAG}", "Values": [name]} if name else {"Name": "tag-key", "Values": [TAG]}]
         out: dict[str, float] = {}
         for vol in self._paginate("ec2", "describe_volumes", "Volumes", Filters=flt):
+            if name and _tagdict(vol).get(TAG) != name:
+                continue
             for att in vol.get("Attachments", []):
                 out[att["InstanceId"]] = out.get(att["InstanceId"], 0.0) + catalog.volume_price(
                     vol.get("VolumeType", "gp3"), int(vol.get("Size", 0)), vol.get("Iops"))
         return out
 
     def all_clusters(self) -> list[str]:
-        names: set[str] = set()
-        for inst in self._instances(None, LIVE_STATES):
-            names.add(_tagdict(inst).get(TAG, ""))
-        key_filter = [{"Name": "tag-key", "Values": [TAG]}]
-        for op, key, kind, _, _ in TAGGED_KINDS:
-            for item in self._api("ec2", op, Filters=key_filter).get(key, []):
-                if not _gone(kind, item):
-                    names.add(_tagdict(item).get(TAG, ""))
-        for prof in self._paginate("iam", "list_instance_profiles", "InstanceProfiles", PathPrefix=IAM_PATH):
-            m = re.match(rf"^clusterctl-(.+)-{re.escape(self.region)}$", prof["InstanceProfileName"])
-            if m:
-                names.add(m.group(1))
-        for role in self._paginate("iam", "list_roles", "Roles", PathPrefix=IAM_PATH):
-            m = re.match(rf"^clusterctl-(.+)-{re.escape(self.region)}$", role["RoleName"])
-            if m:
-                names.add(m.group(1))
-        return sorted(n for n in names if n)
+        """The names (valid ones: anything else is reachable by `gc`, by resource id, only) of every cluster here."""
+        from clusterctl.state import validate_name
+
+        names = set()
+        for f in self._listing(None):
+            try:
+                names.add(validate_name(f.cluster))
+            except ConfigError:
+                pass
+        return sorted(names)
 
     def inventory(self) -> list[Found]:
         """Everything of this account and region (and its IAM entities) that carries clusterctl's tag, with
-        when it was made and by whom, whatever cluster it belongs to and whether or not a record of it exists
-        anywhere (for `gc`; `terminate(name)` removes a cluster's share)."""
-        key = [{"Name": "tag-key", "Values": [TAG]}]
+        when it was made, by whom and under which cluster id, whatever cluster it belongs to and whether or not a
+        record of it exists anywhere (for `gc`, which removes exactly these by id: remove())."""
+        return self._listing(None)
+
+    def _listing(self, scope: Scope | None) -> list[Found]:
+        """Every resource of the scope (every clusterctl resource with None) that still exists: instances, the
+        tagged kinds, the IAM role and instance profile; each checked against its tags exactly (EC2's filters
+        take `*` and `?` as wildcards)."""
+        flt = scope.filters() if scope is not None else [{"Name": "tag-key", "Values": [TAG]}]
         out: list[Found] = []
 
         def add(item: dict, kind: str, rid: str, created: Any = None, state: str = "") -> None:
             tags = _tagdict(item)
-            out.append(Found(tags.get(TAG, ""), kind, rid, _epoch(created) if created else None,
-                             tags.get(TAG_OWNER, ""), state))
+            if TAG in tags and (scope is None or scope.holds(tags)):
+                out.append(Found(tags[TAG], kind, rid, _epoch(created) if created else None,
+                                 tags.get(TAG_OWNER, ""), state, tags.get(TAG_ID, "")))
 
-        for inst in _ordered(self._instances(None, LIVE_STATES)):
+        for inst in _ordered(self._instances(scope, LIVE_STATES)):
             add(inst, "instance", inst["InstanceId"], inst.get("LaunchTime"), inst["State"]["Name"])
         for op, key_name, kind, id_key, time_key in TAGGED_KINDS:
-            for item in self._api("ec2", op, Filters=key).get(key_name, []):
-                if _gone(kind, item):
+            for item in self._api("ec2", op, Filters=flt).get(key_name, []):
+                if not _gone(kind, item):
+                    add(item, kind, item[id_key], item.get(time_key) if time_key else None,
+                        item.get("State") or item.get("Status") or "")
+        return out + self._iam_listing(scope)
+
+    def _iam_listing(self, scope: Scope | None) -> list[Found]:
+        """The scope's IAM instance profile and role: by name (the id's, or before ids name + region), else every
+        one under /clusterctl/ of this region, with their tags (IAM lists no tags: one Get each)."""
+        legacy = re.compile(rf"^clusterctl-(.+)-{re.escape(self.region)}$")
+        out: list[Found] = []
+        for kind, get, listing, key, name_key in (
+                ("IAM instance profile", "get_instance_profile", "list_instance_profiles", "InstanceProfiles",
+                 "InstanceProfileName"), ("IAM role", "get_role", "list_roles", "Roles", "RoleName")):
+            if scope is not None and not scope.every:
+                names = [scope.iam(self.region)]
+            else:
+                names = [i[name_key] for i in self._paginate("iam", listing, key, PathPrefix=IAM_PATH)
+                         if legacy.match(i[name_key]) or re.match(r"^clusterctl-[0-9a-f]{12}$", i[name_key])]
+            for iname in names:
+                item = self._iam_get(get, iname)
+                if item is None:
                     continue
-                add(item, kind, item[id_key], item.get(time_key) if time_key else None,
-                    item.get("State") or item.get("Status") or "")
-        pattern = re.compile(rf"^clusterctl-(.+)-{re.escape(self.region)}$")
-        for kind, op, key_name, name_key in (("IAM instance profile", "list_instance_profiles", "InstanceProfiles",
-                                              "InstanceProfileName"), ("IAM role", "list_roles", "Roles", "RoleName")):
-            for item in self._paginate("iam", op, key_name, PathPrefix=IAM_PATH):
-                m = pattern.match(item[name_key])
-                if m:
-                    tags = _tagdict(item)
-                    out.append(Found(m.group(1), kind, item[name_key], _epoch(item.get("CreateDate")),
-                                     tags.get(TAG_OWNER, "")))
+                tags = _tagdict(item)
+                if tags.get(TAG_REGION, self.region) != self.region:
+                    continue  # IAM is global: another region's cluster
+                if TAG not in tags and legacy.match(iname):
+                    tags = {TAG: legacy.match(iname).group(1)}  # type: ignore[union-attr]  # matched just above
+                if TAG in tags and (scope is None or scope.holds(tags)):
+                    out.append(Found(tags[TAG], kind, iname, _epoch(item.get("CreateDate")), tags.get(TAG_OWNER, ""),
+                                     "", tags.get(TAG_ID, "")))
         return out
 
-    # ---- down ---------------------------------------------------------------------------------------
-    def _sweep(self, name: str) -> list[Resource]:
-        """Everything tagged for the cluster that still exists (and its IAM role/profile by name)."""
+    def _iam_get(self, op: str, iname: str) -> dict | None:
         from botocore.exceptions import ClientError
 
-        tag = [{"Name": f"tag:{TAG}", "Values": [name]}]
-        found: list[Resource] = []
-        for inst in _ordered(self._instances(name, LIVE_STATES)):
-            found.append(Resource("instance", inst["InstanceId"], f"{_tagdict(inst).get('Name', '')}, {inst['State']['Name']}"))
-        for op, key, kind, id_key, _ in TAGGED_KINDS:
-            for item in self._api("ec2", op, Filters=tag).get(key, []):
-                if _gone(kind, item):
-                    continue
-                found.append(Resource(kind, item[id_key]))
-        iname = iam_name(name, self.region)
-        for kind, op, kw in (("IAM instance profile", "get_instance_profile", {"InstanceProfileName": iname}),
-                             ("IAM role", "get_role", {"RoleName": iname})):
-            try:
-                self._call("iam", op, **kw)
-                found.append(Resource(kind, iname))
-            except ClientError as exc:
-                if _code(exc) != "NoSuchEntity":
-                    raise self._error(f"iam {op}", exc) from None
-        return found
+        kw, key = ({"RoleName": iname}, "Role") if op == "get_role" else ({"InstanceProfileName": iname}, "InstanceProfile")
+        try:
+            return self._call("iam", op, **kw)[key]
+        except ClientError as exc:
+            if _code(exc) != "NoSuchEntity":
+                raise self._error(f"iam {op}", exc) from None
+            return None
 
+    # ---- down ---------------------------------------------------------------------------------------
     def resources(self, name: str) -> list[str]:
-        return [r.line() for r in self._sweep(name)]
+        return [f.line() for s in self._scopes_for(name) for f in self._listing(s)]
 
     def terminate(self, name: str) -> Teardown:
-        """Remove everything tagged for the cluster, in dependency order, waiting through dependency
-        errors (bounded), then prove by a fresh sweep that nothing tagged is left."""
+        """Remove everything of the cluster's identity (see _scopes_for), by id, in dependency order, waiting
+        through dependency errors (bounded), then prove by a fresh listing that nothing of it is left."""
+        scopes = self._scopes_for(name)
+        removed = self._remove([f for s in scopes for f in self._listing(s)])
+        return Teardown(tuple(removed), tuple(f.line() for s in scopes for f in self._listing(s)))
+
+    def remove(self, found: Iterable[Found]) -> Teardown:
+        """Exactly these resources (what `gc` listed and the operator confirmed), by their ids; then which of
+        them are still there. Nothing is looked up by a name or a tag value."""
+        items = list(found)
+        removed = self._remove(items)
+        wanted = {(f.kind, f.id) for f in items}
+        return Teardown(tuple(removed), tuple(f.line() for f in self._listing(None) if (f.kind, f.id) in wanted))
+
+    def _remove(self, items: list[Found]) -> list[str]:
+        by: dict[str, list[str]] = {}
+        for f in items:
+            if f.id not in by.setdefault(f.kind, []):
+                by[f.kind].append(f.id)
         removed: list[str] = []
         deadline = time.monotonic() + self.delete_timeout
-        instances = self._instances(name, LIVE_STATES)
-        ids = [i["InstanceId"] for i in instances if i["State"]["Name"] != "shutting-down"]
+
+        def described(op: str, key: str, id_filter: str, ids: list[str]) -> list[dict]:
+            if not ids:
+                return []
+            got = self._api("ec2", op, Filters=[{"Name": id_filter, "Values": ids}]).get(key, [])
+            return [i for i in got if any(i.get(k) in ids for k in ("NetworkInterfaceId", "VolumeId", "InternetGatewayId"))]
+
+        ids = by.get("instance", [])
         if ids:
-            self._api("ec2", "terminate_instances", InstanceIds=ids)
-        if instances:
-            self._wait_terminated([i["InstanceId"] for i in instances], deadline)
-            removed += [f"instance {i['InstanceId']} ({_tagdict(i).get('Name', '')})" for i in _ordered(instances)]
-        tag = [{"Name": f"tag:{TAG}", "Values": [name]}]
-
-        def each(op: str, key: str, filters=tag) -> list[dict]:
-            return self._api("ec2", op, Filters=filters).get(key, [])
-
-        removed += fabric.release_elastic_ips(self, name, deadline)
-        for pg in each("describe_placement_groups", "PlacementGroups"):
-            if self._delete(deadline, "ec2", "delete_placement_group", GroupName=pg["GroupName"]):
-                removed.append(f"placement group {pg['GroupName']}")
-        for kp in each("describe_key_pairs", "KeyPairs"):
-            if self._delete(deadline, "ec2", "delete_key_pair", KeyName=kp["KeyName"]):
-                removed.append(f"key pair {kp['KeyName']}")
-        for eni in each("describe_network_interfaces", "NetworkInterfaces"):
+            instances = [i for r in self._paginate("ec2", "describe_instances", "Reservations",
+                                                   Filters=[{"Name": "instance-id", "Values": ids}])
+                         for i in r.get("Instances", []) if i["InstanceId"] in ids]
+            live = [i for i in instances if i["State"]["Name"] != "terminated"]
+            stop = [i["InstanceId"] for i in live if i["State"]["Name"] != "shutting-down"]
+            if stop:
+                self._api("ec2", "terminate_instances", InstanceIds=stop)
+            if live:
+                self._wait_terminated([i["InstanceId"] for i in live], deadline)
+                removed += [f"instance {i['InstanceId']} ({_tagdict(i).get('Name', '')})" for i in _ordered(live)]
+        removed += fabric.release_elastic_ips(self, by.get("Elastic IP", []), deadline)
+        for group in by.get("placement group", []):
+            if self._delete(deadline, "ec2", "delete_placement_group", GroupName=group):
+                removed.append(f"placement group {group}")
+        for key in by.get("key pair", []):
+            if self._delete(deadline, "ec2", "delete_key_pair", KeyName=key):
+                removed.append(f"key pair {key}")
+        for eni in described("describe_network_interfaces", "NetworkInterfaces", "network-interface-id",
+                             by.get("network interface", [])):
             if eni.get("Status") == "available" and self._delete(
                     deadline, "ec2", "delete_network_interface", NetworkInterfaceId=eni["NetworkInterfaceId"]):
                 removed.append(f"network interface {eni['NetworkInterfaceId']}")
-        for vol in each("describe_volumes", "Volumes"):
+        for vol in described("describe_volumes", "Volumes", "volume-id", by.get("volume", [])):
             if vol.get("State") == "available" and self._delete(deadline, "ec2", "delete_volume", VolumeId=vol["VolumeId"]):
                 removed.append(f"volume {vol['VolumeId']}")
-        for ep in fabric.live_endpoints(each("describe_vpc_endpoints", "VpcEndpoints")):
-            if self._delete(deadline, "ec2", "delete_vpc_endpoints", VpcEndpointIds=[ep["VpcEndpointId"]]):
-                removed.append(f"S3 gateway endpoint {ep['VpcEndpointId']}")
-        for sg in each("describe_security_groups", "SecurityGroups"):
-            if self._delete(deadline, "ec2", "delete_security_group", GroupId=sg["GroupId"]):
-                removed.append(f"security group {sg['GroupId']}")
-        for sub in each("describe_subnets", "Subnets"):
-            if self._delete(deadline, "ec2", "delete_subnet", SubnetId=sub["SubnetId"]):
-                removed.append(f"subnet {sub['SubnetId']} ({sub.get('AvailabilityZone', '')})")
-        for igw in each("describe_internet_gateways", "InternetGateways"):
+        for ep in by.get("VPC endpoint", []):  # listed live (deleted ones are left out of listings)
+            if self._delete(deadline, "ec2", "delete_vpc_endpoints", VpcEndpointIds=[ep]):
+                removed.append(f"S3 gateway endpoint {ep}")
+        for sg in by.get("security group", []):
+            if self._delete(deadline, "ec2", "delete_security_group", GroupId=sg):
+                removed.append(f"security group {sg}")
+        for sub in by.get("subnet", []):
+            if self._delete(deadline, "ec2", "delete_subnet", SubnetId=sub):
+                removed.append(f"subnet {sub}")
+        for igw in described("describe_internet_gateways", "InternetGateways", "internet-gateway-id",
+                             by.get("internet gateway", [])):
             for att in igw.get("Attachments", []):
                 self._delete(deadline, "ec2", "detach_internet_gateway", InternetGatewayId=igw["InternetGatewayId"],
                              VpcId=att["VpcId"])
             if self._delete(deadline, "ec2", "delete_internet_gateway", InternetGatewayId=igw["InternetGatewayId"]):
                 removed.append(f"internet gateway {igw['InternetGatewayId']}")
-        for vpc in each("describe_vpcs", "Vpcs"):
-            if self._delete(deadline, "ec2", "delete_vpc", VpcId=vpc["VpcId"]):
-                removed.append(f"VPC {vpc['VpcId']}")
-        removed += self._delete_iam(name, deadline)
-        left = tuple(r.line() for r in self._sweep(name))
-        return Teardown(tuple(removed), left)
+        for vpc in by.get("VPC", []):
+            if self._delete(deadline, "ec2", "delete_vpc", VpcId=vpc):
+                removed.append(f"VPC {vpc}")
+        for iname in by.get("IAM instance profile", []):
+            if self._delete_profile(iname, deadline):
+                removed.append(f"IAM instance profile {iname}")
+        for iname in by.get("IAM role", []):
+            if self._delete_role(iname, deadline):
+                removed.append(f"IAM role {iname}")
+        return removed
 
     def _wait_terminated(self, ids: list[str], deadline: float) -> None:
         self.report(f"waiting for {len(ids)} instance(s) to terminate")
@@ -1370,36 +1595,23 @@ class AwsProvider:
                 time.sleep(delay)
                 delay = min(10.0, delay * 2)
 
-    def _delete_iam(self, name: str, deadline: float) -> list[str]:
-        from botocore.exceptions import ClientError
+    def _delete_profile(self, iname: str, deadline: float) -> bool:
+        prof = self._iam_get("get_instance_profile", iname)
+        if prof is None:
+            return False
+        for role in prof.get("Roles", []):
+            self._delete(deadline, "iam", "remove_role_from_instance_profile", InstanceProfileName=iname,
+                         RoleName=role["RoleName"])
+        return self._delete(deadline, "iam", "delete_instance_profile", InstanceProfileName=iname)
 
-        iname = iam_name(name, self.region)
-        removed = []
-        try:
-            prof = self._call("iam", "get_instance_profile", InstanceProfileName=iname)["InstanceProfile"]
-        except ClientError as exc:
-            if _code(exc) != "NoSuchEntity":
-                raise self._error("iam GetInstanceProfile", exc) from None
-            prof = None
-        if prof is not None:
-            for role in prof.get("Roles", []):
-                self._delete(deadline, "iam", "remove_role_from_instance_profile", InstanceProfileName=iname,
-                             RoleName=role["RoleName"])
-            if self._delete(deadline, "iam", "delete_instance_profile", InstanceProfileName=iname):
-                removed.append(f"IAM instance profile {iname}")
-        try:
-            self._call("iam", "get_role", RoleName=iname)
-        except ClientError as exc:
-            if _code(exc) != "NoSuchEntity":
-                raise self._error("iam GetRole", exc) from None
-            return removed
+    def _delete_role(self, iname: str, deadline: float) -> bool:
+        if self._iam_get("get_role", iname) is None:
+            return False
         for policy in self._paginate("iam", "list_role_policies", "PolicyNames", RoleName=iname):
             self._delete(deadline, "iam", "delete_role_policy", RoleName=iname, PolicyName=policy)
         for attached in self._paginate("iam", "list_attached_role_policies", "AttachedPolicies", RoleName=iname):
             self._delete(deadline, "iam", "detach_role_policy", RoleName=iname, PolicyArn=attached["PolicyArn"])
-        if self._delete(deadline, "iam", "delete_role", RoleName=iname):
-            removed.append(f"IAM role {iname}")
-        return removed
+        return self._delete(deadline, "iam", "delete_role", RoleName=iname)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
@@ -1448,6 +1660,41 @@ def _has_rule(have: list[dict], rule: dict) -> bool:
         if "IpRanges" in rule and any(r.get("CidrIp") == rule["IpRanges"][0]["CidrIp"] for r in h.get("IpRanges", [])):
             return True
     return False
+
+
+def _ssh_rule(cidr: str) -> dict:
+    return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+            "IpRanges": [{"CidrIp": cidr, "Description": "ssh from the operator"}]}
+
+
+def _stale_ssh(have: list[dict], cidr: str) -> list[dict]:
+    """The ranges of the ingress rules that let port 22 in from anywhere but `cidr` (IPv6 and prefix lists
+    included), each with its own rule's protocol and ports, as RevokeSecurityGroupIngress wants them."""
+    out = []
+    for h in have:
+        proto = str(h.get("IpProtocol"))
+        if proto not in ("tcp", "6", "-1"):
+            continue
+        if proto != "-1" and not int(h.get("FromPort", 0)) <= 22 <= int(h.get("ToPort", 65535)):
+            continue
+        ranges = [{"CidrIp": r["CidrIp"]} for r in h.get("IpRanges", [])
+                  if not (r.get("CidrIp") == cidr and (proto, h.get("FromPort"), h.get("ToPort")) == ("tcp", 22, 22))]
+        v6 = [{"CidrIpv6": r["CidrIpv6"]} for r in h.get("Ipv6Ranges", [])]
+        lists = [{"PrefixListId": r["PrefixListId"]} for r in h.get("PrefixListIds", [])]
+        if ranges or v6 or lists:
+            rule: dict[str, Any] = {"IpProtocol": proto}
+            if proto != "-1":
+                rule.update(FromPort=h.get("FromPort"), ToPort=h.get("ToPort"))
+            for k, v in (("IpRanges", ranges), ("Ipv6Ranges", v6), ("PrefixListIds", lists)):
+                if v:
+                    rule[k] = v
+            out.append(rule)
+    return out
+
+
+def _ranges(rules: list[dict]) -> list[str]:
+    return [r.get("CidrIp") or r.get("CidrIpv6") or r.get("PrefixListId") for rule in rules
+            for k in ("IpRanges", "Ipv6Ranges", "PrefixListIds") for r in rule.get(k, [])]
 
 
 def _epoch(value: Any) -> float:

@@ -22,7 +22,7 @@ from clusterctl.errors import ClusterctlError, ProvisionError
 from clusterctl.providers import aws_catalog as catalog
 
 if TYPE_CHECKING:  # pragma: no cover
-    from clusterctl.providers.aws import AwsProvider, TypeInfo, _Context
+    from clusterctl.providers.aws import AwsProvider, Scope, TypeInfo, _Context
 
 
 # ---- EFA ---------------------------------------------------------------------------------------------------
@@ -168,18 +168,19 @@ def primary_interface(instance: dict) -> str | None:
     return None
 
 
-def ensure_elastic_ip(p: "AwsProvider", ctx: "_Context", leader: dict) -> str:
-    """The cluster's one Elastic IP (found by its tag, else allocated with it), on the leader's primary
-    interface. Returns the address."""
-    from clusterctl.providers.aws import TAG, TAG_OWNER, TAG_REGION, _owner, _tags
+def ensure_elastic_ip(p: "AwsProvider", ctx: "_Context", scope: "Scope", leader: dict) -> str:
+    """The cluster's one Elastic IP (found by its identity's tags, else allocated with them), on the leader's
+    primary interface. Returns the address."""
+    from clusterctl.providers.aws import _tagdict, _tags
 
     name = ctx.spec.name
-    found = p._api("ec2", "describe_addresses", Filters=[{"Name": f"tag:{TAG}", "Values": [name]}]).get("Addresses", [])
+    found = [a for a in p._api("ec2", "describe_addresses", Filters=scope.filters()).get("Addresses", [])
+             if scope.holds(_tagdict(a))]
     if found:
         addr = found[0]
     else:
         addr = p._api("ec2", "allocate_address", Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": _tags(
-            {TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner(), "Name": f"clusterctl-{name}-leader"})}])
+            {**scope.tags(ctx.region), "Name": f"clusterctl-{name}-leader"})}])
         p.report(f"allocated Elastic IP {addr['PublicIp']} for the leader (several interfaces: no automatic public address)")
     eni = primary_interface(leader)
     if addr.get("NetworkInterfaceId") != eni or not eni:
@@ -188,11 +189,15 @@ def ensure_elastic_ip(p: "AwsProvider", ctx: "_Context", leader: dict) -> str:
     return addr["PublicIp"]
 
 
-def release_elastic_ips(p: "AwsProvider", name: str, deadline: float) -> list[str]:
-    from clusterctl.providers.aws import TAG
-
+def release_elastic_ips(p: "AwsProvider", allocation_ids: list[str], deadline: float) -> list[str]:
+    """Exactly these Elastic IPs (by allocation id): disassociated, then released."""
+    if not allocation_ids:
+        return []
     removed = []
-    for addr in p._api("ec2", "describe_addresses", Filters=[{"Name": f"tag:{TAG}", "Values": [name]}]).get("Addresses", []):
+    for addr in p._api("ec2", "describe_addresses", Filters=[{"Name": "allocation-id", "Values": list(allocation_ids)}]
+                       ).get("Addresses", []):
+        if addr.get("AllocationId") not in allocation_ids:
+            continue
         if addr.get("AssociationId"):
             p._delete(deadline, "ec2", "disassociate_address", AssociationId=addr["AssociationId"])
         if p._delete(deadline, "ec2", "release_address", AllocationId=addr["AllocationId"]):
@@ -205,20 +210,20 @@ def s3_service(region: str) -> str:
     return f"com.amazonaws.{region}.s3"
 
 
-def ensure_s3_endpoint(p: "AwsProvider", ctx: "_Context", vpc_id: str) -> str:
-    from clusterctl.providers.aws import TAG, TAG_OWNER, TAG_REGION, _owner, _tags
+def ensure_s3_endpoint(p: "AwsProvider", ctx: "_Context", scope: "Scope", vpc_id: str) -> str:
+    from clusterctl.providers.aws import _tagdict, _tags
 
     name = ctx.spec.name
     found = [e for e in p._api("ec2", "describe_vpc_endpoints", Filters=[
-        {"Name": f"tag:{TAG}", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]).get("VpcEndpoints", [])
-        if (e.get("State") or "").lower() not in ("deleted", "deleting")]
+        *scope.filters(), {"Name": "vpc-id", "Values": [vpc_id]}]).get("VpcEndpoints", [])
+        if (e.get("State") or "").lower() not in ("deleted", "deleting") and scope.holds(_tagdict(e))]
     if found:
         return found[0]["VpcEndpointId"]
     tables = p._api("ec2", "describe_route_tables", Filters=[{"Name": "vpc-id", "Values": [vpc_id]}]).get("RouteTables", [])
     ep = p._settled("ec2", "create_vpc_endpoint", VpcEndpointType="Gateway", VpcId=vpc_id,
                     ServiceName=s3_service(ctx.region), RouteTableIds=[t["RouteTableId"] for t in tables],
                     TagSpecifications=[{"ResourceType": "vpc-endpoint", "Tags": _tags(
-                        {TAG: name, TAG_REGION: ctx.region, TAG_OWNER: _owner(), "Name": f"clusterctl-{name}-s3"})}]
+                        {**scope.tags(ctx.region), "Name": f"clusterctl-{name}-s3"})}]
                     )["VpcEndpoint"]
     p.report(f"created S3 gateway endpoint {ep['VpcEndpointId']} (free; S3 without public addresses)")
     return ep["VpcEndpointId"]

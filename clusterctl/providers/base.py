@@ -84,6 +84,10 @@ class Found:
     created_at: float | None = None  # epoch seconds, where the provider says
     owner: str = ""  # user@host that made it, where known
     state: str = ""
+    cluster_id: str = ""  # the cluster's random id (AWS `clusterctl:id`); "" for clusters made before ids
+
+    def line(self) -> str:
+        return f"{self.kind} {self.id}" + (f" ({self.state})" if self.state else "")
 
 
 @dataclass(frozen=True)
