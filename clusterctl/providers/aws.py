@@ -514,17 +514,19 @@ class AwsProvider:
         right after the create is waited through (bounded), then it is an error like any other."""
         from botocore.exceptions import ClientError
 
+        from clusterctl.retry import backoff
+
         deadline = time.monotonic() + 60
-        delay = 0.2
+        delays = backoff(0.2, 5.0)
         while True:
             try:
                 return self._call(service, op, **kwargs)
             except ClientError as exc:
                 if not _SETTLING.match(_code(exc)) or time.monotonic() > deadline:
                     raise self._error(op, exc) from None
+                delay = next(delays)
                 self.report(f"{op}: {_code(exc)} right after creating it; waiting {delay:.1f}s")
                 time.sleep(delay)
-                delay = min(5.0, delay * 2)
 
     def _error(self, op: str, exc: BaseException) -> ClusterctlError:
         code, msg = _code(exc), _message(exc)
@@ -1577,7 +1579,9 @@ class AwsProvider:
         """One delete, retried through dependency errors until the deadline. Already gone counts as done."""
         from botocore.exceptions import ClientError
 
-        delay = min(0.5, self.poll_interval)
+        from clusterctl.retry import backoff
+
+        delays = backoff(min(0.5, self.poll_interval), 10.0)
         while True:
             try:
                 self._call(service, op, **kwargs)
@@ -1591,9 +1595,9 @@ class AwsProvider:
                         self.report(f"gave up on {op} {kwargs}: {code}")
                         return False
                     raise self._error(op, exc) from None
+                delay = next(delays)
                 self.report(f"{op}: {code}, waiting {delay:.1f}s")
                 time.sleep(delay)
-                delay = min(10.0, delay * 2)
 
     def _delete_profile(self, iname: str, deadline: float) -> bool:
         prof = self._iam_get("get_instance_profile", iname)
