@@ -1281,11 +1281,14 @@ def data_tfrecords(
         if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
             raise UsageError(f"--endpoint-url {endpoint_url!r} is not an http(s) URL")
         inv = _resolve_hosts(None, cluster)
-        _data_report(data.convert_on_leader(inv, src, dst, val_labels=val_labels, val_synsets=val_synsets,
-                                            on_line=display.info, train_shards=train_shards,
-                                            validation_shards=validation_shards,
-                                            validation_fraction=validation_fraction, seed=seed, force=force,
-                                            endpoint_url=endpoint_url))
+        from clusterctl import autostop
+
+        with autostop.lease(_store(), inv.cluster, "data", warn=display.warn):  # autostop waits for the conversion
+            _data_report(data.convert_on_leader(inv, src, dst, val_labels=val_labels, val_synsets=val_synsets,
+                                                on_line=display.info, train_shards=train_shards,
+                                                validation_shards=validation_shards,
+                                                validation_fraction=validation_fraction, seed=seed, force=force,
+                                                endpoint_url=endpoint_url))
         return
     _data_report(data.convert_folder(src, dst, train_shards=train_shards, validation_shards=validation_shards,
                                      validation_fraction=validation_fraction, seed=seed, force=force,
