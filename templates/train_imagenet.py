@@ -546,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         missing = []
         if not args.eval_only and not train_files:
             missing.append("train")
-        if (args.eval_only or not args.no_eval) and not val_files:
+        if (args.eval_only or not args.no_eval or args.eval_every) and not val_files:
             missing.append("validation")
         if missing:
             if chief:
@@ -626,7 +626,6 @@ def main(argv: list[str] | None = None) -> int:
         return status
     # Everything the checkpoint holds, not model + opt.variables: a LossScaleOptimizer's loss scale is not
     # among its .variables, and a rank left at the initial scale unscales the averaged gradients differently.
-    ckpt.save_counter  # noqa: B018 - made on every rank (restore makes it on rank 0 alone): the same list everywhere
     ckpt.save_counter  # created lazily (by a restore or a save): make it on every rank, so all list the same
     tracked = checkpoint_variables(tf, ckpt)
     hvd.broadcast_variables(tracked, root_rank=0)
