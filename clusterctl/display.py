@@ -516,3 +516,7 @@ def train_status(job, st, dollars_per_hour) -> None:
     if st.result is not None:
         r = st.result
         c.print(f"  evaluation: top-1 {r.top1:.2f}%  top-5 {r.top5:.2f}%  at step {r.step} ({r.examples} images)")
+    elif st.validation is not None:
+        v = st.validation
+        c.print(f"  validation during training: top-1 {v.top1:.2f}%  top-5 {v.top5:.2f}%  at epoch {v.epoch:g} "
+                f"(step {v.step}, {v.examples} images)")

@@ -420,6 +420,7 @@ class TrainStatus:
     last_checkpoint: CheckpointSaved | None
     result: EvalResult | None
     reason: str | None = None  # why it failed or stopped
+    validation: EvalResult | None = None  # the latest --eval-every evaluation during training
 
     def cost_to_finish(self, dollars_per_hour: float) -> float | None:
         """What the remaining steps cost at the cluster's hourly price (None while unknown)."""
@@ -480,7 +481,8 @@ def status(log: TrainLog, *, running: bool | None = None, recent: int = 5) -> Tr
         elapsed_s=elapsed, total_elapsed_s=before + elapsed, eta_s=eta, size=start.size if start else 0,
         restarts=len(prior), resumed_from_step=run.resumed_from.step if run.resumed_from else None,
         last_checkpoint=run.checkpoints[-1] if run.checkpoints else (run.resumed_from if run.resumed_from else None),
-        result=run.eval, reason=reason)
+        result=run.eval, reason=reason,
+        validation=next((r.evals[-1] for r in reversed(log.runs) if r.evals), None))
 
 
 def format_duration(seconds: float | None) -> str:

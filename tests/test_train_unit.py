@@ -386,6 +386,10 @@ def test_periodic_evaluations_stay_in_their_run():
     run = log.current
     assert [(e.step, e.top1) for e in run.evals] == [(20, 40.0)] and run.eval.top1 == 55.0
     assert train.parse_eval(text).step == 40
+    # `status` shows the latest one while the job trains, the final result once there is one
+    mid = train.status(train.parse_train_log(start + ev.format(s=20, e=1, t=40, f=0)), running=True)
+    assert mid.state == "starting" and mid.validation.top1 == 40.0 and mid.result is None
+    assert train.status(log, running=False).result.top1 == 55.0
     # an older trainer's eval line (no final=) is the final one, as before
     assert train.parse_train_log(start + ev.format(s=40, e=2, t=55, f=1).replace(" final=1", "")).current.eval.step == 40
 
