@@ -20,6 +20,8 @@ from typing import Mapping
 
 MARK = "CLUSTERCTL-TRAIN"
 TEMPLATE = "train_imagenet.py"
+COMPANION = "train_ckpt.py"  # the trainer imports it from its own folder: checkpoint manifests, copies, spot
+SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 5 seconds
 COLUMNS = ("Step", "Epoch", "img/s", "Loss", "TotalLoss", "LR", "Elapsed")
 # templates/train_imagenet.py's exit statuses
 EXIT_SIZE_MISMATCH = 3
@@ -64,6 +66,9 @@ class TrainOptions:
     eval_only: bool = False
     no_gpu: bool = False
     expect_size: int | None = None
+    checkpoint_copy: str | None = None  # a second node (as the leader's ssh reaches it) keeping a copy
+    checkpoint_to: str | None = None  # s3://bucket/prefix keeping a copy
+    spot_poll: float | None = None  # seconds between polls of the spot interruption notice
     extra: tuple[str, ...] = ()  # more trainer flags, passed as they are
 
 
@@ -73,6 +78,7 @@ _VALUE_FLAGS = (
     ("base_lr", "--base-lr"), ("warmup_epochs", "--warmup-epochs"), ("checkpoint_every", "--checkpoint-every"),
     ("precision", "--precision"), ("recipe", "--recipe"), ("eval_every", "--eval-every"),
     ("keep_checkpoints", "--keep-checkpoints"), ("log_every", "--log-every"), ("expect_size", "--expect-size"),
+    ("checkpoint_copy", "--checkpoint-copy"), ("checkpoint_to", "--checkpoint-to"), ("spot_poll", "--spot-poll"),
 )
 _SWITCHES = (
     ("synthetic", "--synthetic"), ("mixed_precision", "--mixed-precision"), ("xla", "--xla"),
@@ -504,8 +510,10 @@ def format_duration(seconds: float | None) -> str:
 # same path on every node, a scrubbed environment, host keys checked), inside a tmux session there
 # (clusterctl.jobs: the log at ~/.clusterctl/jobs/JOB.log on the leader, its exit status beside it), so
 # closing the laptop changes nothing. Checkpoints and TensorBoard logs go to the model folder on the
-# leader (rank 0's disk), which stays the same from one launch to the next: that is what a restart
-# resumes from. clusterctl remembers the last launch locally (train.json) for logs / status / eval.
+# leader (rank 0's disk), which stays the same from one launch to the next; every checkpoint is also
+# copied to the same folder on the second node and, with --checkpoint-to, to S3 (templates/train_ckpt.py).
+# A restart resumes from the newest complete one of those. clusterctl remembers the last launch locally
+# (train.json) for logs / status / eval.
 
 RECORD = "train.json"
 MODEL_DIR = "clusterctl-train/model"  # under the leader's login home, unless --model-dir says otherwise
@@ -695,10 +703,12 @@ def _stop(pool, targets, job: TrainJob) -> None:
 
 def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str | None = None,
           force: bool = False, verify_data: bool = True, report=lambda _m: None,
-          gpu_check_timeout: float = GPU_CHECK_TIMEOUT_S) -> TrainJob:
+          gpu_check_timeout: float = GPU_CHECK_TIMEOUT_S, checkpoint_copy: bool = True) -> TrainJob:
     """Launch the trainer on the cluster and return (the job runs in tmux on the leader). On a cluster
     whose type has GPUs, first wait until every rank said which GPU it computes on: a rank on the CPU or
-    two ranks on one GPU stop the job and raise RemoteCommandError."""
+    two ranks on one GPU stop the job and raise RemoteCommandError. With checkpoint_copy, the second
+    node of the hosts keeps a copy of every checkpoint; on spot nodes the trainer polls the interruption
+    notice."""
     import time as _time
     from dataclasses import asdict, replace
 
@@ -738,9 +748,14 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
                                   f"copy and verify it with `clusterctl sync SRC {opts.data}` "
                                   "(or pass --no-verify-data when it is on a shared file system)")
         opts = replace(opts, data=data, model_dir=model_dir, expect_size=np)
+        if checkpoint_copy and opts.checkpoint_copy is None and len(inv.hosts.entries) > 1:
+            opts = replace(opts, checkpoint_copy=inv.hosts.entries[1].host)
+        if opts.spot_poll is None and inv.cluster is not None and inv.cluster.extra.get("spot") == "true":
+            opts = replace(opts, spot_poll=SPOT_POLL_S)
         script = f"{job.dir}/{TEMPLATE}"
         report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
-        launch.stage(pool, targets, job, {TEMPLATE: resources.template_bytes(TEMPLATE)}, hosts)
+        launch.stage(pool, targets, job, {TEMPLATE: resources.template_bytes(TEMPLATE),
+                                          COMPANION: resources.template_bytes(COMPANION)}, hosts)
         env = {**launch.job_env(inv.cluster, python), **horovod_env(opts)}
         cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env)
         r = pool.run_one(leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd),
@@ -817,7 +832,8 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
         running = is_running(pool, leader, job)
         if running:
             opts = replace(opts, no_gpu=True)
-        put = pool.put([leader], {script: (resources.template_bytes(TEMPLATE), 0o644)})
+        put = pool.put([leader], {script: (resources.template_bytes(TEMPLATE), 0o644),
+                                  f"{job.job_dir}/{COMPANION}": (resources.template_bytes(COMPANION), 0o644)})
         if not put.all_ok:
             raise UnreachableError(f"cannot copy {TEMPLATE} to the leader {leader.label}")
         env = {**launch.job_env(inv.cluster, job.python)}

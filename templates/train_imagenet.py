@@ -39,6 +39,14 @@ records the hyperparameters they were trained with; a resume under other ones is
 another --model-dir. Under `clusterctl sweep` (CLUSTERCTL_SWEEP and CLUSTERCTL_TRIAL set) the default
 --model-dir is train_out/<sweep>/trial-<N>, one per trial.
 
+Copies and spot: each saved checkpoint gets a manifest of its files and sizes, written last (a checkpoint
+without one, or with a file missing or of another size, is never restored), and is copied in the
+background to --checkpoint-copy HOST (the same folder there, over the leader's ssh) and to --checkpoint-to
+s3://bucket/prefix (see train_ckpt.py, staged beside this script). On start, rank 0 restores the newest
+complete checkpoint of all three places. With --spot-poll, each node's first process polls its instance's
+spot interruption notice (IMDSv2); when one appears on any node, rank 0 checkpoints at once, waits for the
+copies, and the job ends with status 8 (rank 0's; the others exit 0): start it again with the same command.
+
 Exit status: 0 done; 2 bad arguments; 3 Horovod size differs from --expect-size; 4 nothing to evaluate
 or a checkpoint that does not fit the model; 5 no data files; 6 labels outside 0..classes-1 after
 --label-offset; 7 the checkpoint was trained with other hyperparameters.
@@ -73,6 +81,7 @@ MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 COLUMNS = ("Step", "Epoch", "img/s", "Loss", "TotalLoss", "LR", "Elapsed")
 _T0 = time.time()
+EXIT_SPOT = 8  # stopped after a spot interruption notice, its checkpoint saved and copied
 
 
 # ---- arguments ---------------------------------------------------------------------------------------
@@ -94,6 +103,16 @@ def default_model_dir(env) -> str:
     if sweep and trial:
         return os.path.join("train_out", os.path.basename(sweep), f"trial-{os.path.basename(trial)}")
     return "train_out"
+
+
+def _s3_uri(text: str) -> str:
+    import train_ckpt
+
+    try:
+        train_ckpt.parse_s3(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -141,6 +160,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "clusterctl sweep train_out/<sweep>/trial-<N>")
     o.add_argument("--checkpoint-every", type=int, default=1000, help="steps between checkpoints (0: epochs only)")
     o.add_argument("--keep-checkpoints", type=int, default=5)
+    o.add_argument("--checkpoint-copy", metavar="HOST", default=None,
+                   help="also copy every checkpoint to this node (ssh from rank 0's node), into the same folder")
+    o.add_argument("--checkpoint-to", metavar="S3_URI", type=_s3_uri, default=None,
+                   help="also upload every checkpoint to s3://bucket/prefix (boto3, the instance's own credentials)")
+    o.add_argument("--s3-endpoint-url", default=None, help="S3 endpoint for --checkpoint-to (a test server)")
+    o.add_argument("--spot-poll", type=float, default=0.0,
+                   help="seconds between polls of the spot interruption notice (IMDSv2); 0: do not poll")
+    o.add_argument("--imds-endpoint", default="http://169.254.169.254", help="the instance metadata service")
     o.add_argument("--log-every", type=int, default=100, help="steps between table lines")
     o.add_argument("--no-eval", action="store_true", help="skip the evaluation after training")
     o.add_argument("--eval-every", type=int, default=0,
@@ -595,11 +622,13 @@ def main(argv: list[str] | None = None) -> int:
     batch_var = tf.Variable(global_batch, dtype=tf.int64, trainable=False, name="global_batch")
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt, step=step_var, epoch=epoch_var, global_batch=batch_var)
     ckpt_dir = os.path.join(args.model_dir, "checkpoints")
+    copier = None
     manager = None
     restored = ""
     status = 0
     if chief:
         os.makedirs(ckpt_dir, exist_ok=True)
+        copier = choose_checkpoint(tf, args, ckpt_dir)
         manager = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=args.keep_checkpoints)
         hparams = {k: getattr(args, k) for k in HPARAMS if k != "num_classes"}
         hparams["num_classes"] = classes
@@ -713,12 +742,18 @@ def main(argv: list[str] | None = None) -> int:
 
     if chief:
         table_header()
+    import train_ckpt
+
+    # Each node's first process watches its own instance; a notice on any node stops every rank.
+    spot = train_ckpt.SpotWatch(args.imds_endpoint, args.spot_poll).start() if args.spot_poll and local_rank == 0 else None
     it = iter(train_ds)
     step = start_step
     last_step, last_time = step, time.time()
     run_start = last_time
     lr = learning_rate(step, peak_lr, warmup_steps, total_steps, args.lr_schedule)
     while step < stop_step:
+        if args.spot_poll and spot_notice(tf, hvd, spot):
+            return stop_for_spot(tf, hvd, args, manager, copier, epoch_var, step, steps_per_epoch, spot)
         lr = learning_rate(step, peak_lr, warmup_steps, total_steps, args.lr_schedule)
         try:
             images, labels = next(it)
@@ -753,6 +788,7 @@ def main(argv: list[str] | None = None) -> int:
             epoch_var.assign(step // steps_per_epoch)
             t = time.time()
             path = manager.save(checkpoint_number=step)
+            seal_checkpoint(copier, path, step)
             emit("checkpoint", step=step, epoch=int(epoch_var.numpy()), path=path, seconds=time.time() - t)
         if (args.eval_every and epoch_end and (step // steps_per_epoch) % args.eval_every == 0
                 and (step < stop_step or args.no_eval)):
@@ -772,10 +808,88 @@ def main(argv: list[str] | None = None) -> int:
         emit("done", step=step, epoch=step / steps_per_epoch, complete=step >= total_steps, elapsed=time.time() - _T0,
              img_per_sec=(step - start_step) * global_batch / max(trained, 1e-9))
         print(f"Finished in {trained:.1f} s", flush=True)
+    if copier is not None:
+        copier.wait()
     if args.no_eval:
         return 0
     return evaluate(tf, hvd, args, model, step, steps_per_epoch, manager.latest_checkpoint if manager else "",
                     writer=writer, **eval_kwargs)
+
+
+def choose_checkpoint(tf, args, ckpt_dir: str):
+    """Rank 0: point TensorFlow's checkpoint state at the newest complete checkpoint of the leader's folder,
+    the --checkpoint-copy node and --checkpoint-to (fetched here first when it is elsewhere), so the
+    CheckpointManager restores it; none complete: no state, a fresh start. Returns the Copier for saves."""
+    import train_ckpt
+
+    copies = []
+    if args.checkpoint_copy:
+        copies.append(train_ckpt.SshCopy(args.checkpoint_copy, os.path.abspath(ckpt_dir)))
+    if args.checkpoint_to:
+        copies.append(train_ckpt.S3Copy(args.checkpoint_to, args.s3_endpoint_url))
+    try:
+        path, place, manifest = train_ckpt.newest(ckpt_dir, copies, emit)
+    except Exception as exc:  # noqa: BLE001 - a failed fetch: what is complete here is still good
+        emit("warning", kind="checkpoint_fetch_failed", message=" ".join(str(exc).split())[:300])
+        path, place, manifest = train_ckpt.newest(ckpt_dir, [], emit)
+    state = os.path.join(ckpt_dir, "checkpoint")
+    if path is None:
+        if os.path.exists(state):
+            os.remove(state)
+    else:
+        complete, _ = train_ckpt.scan_listing(*train_ckpt.local_listing(ckpt_dir))
+        kept = [os.path.join(ckpt_dir, complete[s]["name"]) for s in sorted(complete)]
+        quiet = tf.get_logger().level
+        tf.get_logger().setLevel("ERROR")  # its deprecation note: the manager reads this very state file
+        try:
+            tf.compat.v1.train.update_checkpoint_state(ckpt_dir, path, all_model_checkpoint_paths=kept)
+        finally:
+            tf.get_logger().setLevel(quiet)
+        if place != "local":
+            emit("checkpoint_fetched", step=manifest["step"], place=place, path=path)
+    return train_ckpt.Copier(copies, args.keep_checkpoints, emit)
+
+
+def seal_checkpoint(copier, path: str, step: int) -> None:
+    """The manifest, written last, makes a saved checkpoint complete; then the copies, in the background."""
+    import train_ckpt
+
+    folder, name = os.path.split(path)
+    manifest = train_ckpt.make_manifest(folder, name, step)
+    train_ckpt.write_manifest(folder, manifest)
+    train_ckpt.prune_local(folder)
+    if copier is not None:
+        copier.submit(folder, manifest)
+
+
+def spot_notice(tf, hvd, spot) -> bool:
+    """Whether any node has an interruption notice (one tiny allreduce per step, only with --spot-poll)."""
+    mine = 1 if spot is not None and spot.notice is not None else 0
+    return int(hvd.allreduce(tf.constant(mine, tf.int32), op=hvd.Max, name="spot_notice").numpy()) > 0
+
+
+def stop_for_spot(tf, hvd, args, manager, copier, epoch_var, step: int, steps_per_epoch: int, spot) -> int:
+    """Checkpoint now (unless this step's is saved), wait for its copies, and stop every rank together."""
+    if manager is not None:
+        t = time.time()
+        path = manager.latest_checkpoint or ""
+        if not path.endswith(f"ckpt-{step}"):
+            epoch_var.assign(step // steps_per_epoch)
+            path = manager.save(checkpoint_number=step)
+            seal_checkpoint(copier, path, step)
+            emit("checkpoint", step=step, epoch=int(epoch_var.numpy()), path=path, seconds=time.time() - t,
+                 reason="spot")
+        if copier is not None:
+            copier.wait()
+        emit("error", kind="spot_interruption", step=step, checkpoint=path, at=f"{time.time():.3f}",
+             message=f"spot interruption notice: checkpoint {os.path.basename(path)} saved and copied; "
+                     "start the job again with the same command")
+    if spot is not None and spot.notice is not None:
+        emit("spot_notice", rank=hvd.rank(), seen_at=f"{spot.seen_at:.3f}", action=spot.notice.get("action", ""))
+    # Nobody exits before rank 0's checkpoint is safe; then only rank 0 says why (horovodrun ends every
+    # process once one has exited non-zero: the others exit 0, so the job's status is rank 0's).
+    hvd.allreduce(tf.constant(0, tf.int32), name="spot_saved")
+    return EXIT_SPOT if hvd.rank() == 0 else 0
 
 
 def replicas_agree(tf, hvd, variables: list, loss_scale_opt=None) -> tuple[bool, str, str]:
