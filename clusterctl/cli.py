@@ -1409,6 +1409,8 @@ def sweep(
             if not path.is_file():
                 raise UsageError(f"--file {f}: no such file here (nor a shipped template)")
             staged.append((path.name, path.read_bytes()))
+            if path.name == "train_imagenet.py":  # it imports its checkpoint module from its own folder
+                staged.append(("train_ckpt.py", resources.template_bytes("train_ckpt.py")))
         if len({n for n, _ in staged}) != len(staged):
             raise UsageError("--file: two files have the same name")
         sweeplib.build_trials(cmd or [], combos[:1], "python")  # a bad command template fails before connecting
@@ -1574,6 +1576,8 @@ def train(
     force: bool = typer.Option(False, "--force", help="Stop a job still running first."),
     stop: bool = typer.Option(False, "--stop", help="Stop the training job everywhere, and start nothing."),
     no_verify_data: bool = typer.Option(False, "--no-verify-data", help="Skip the check that `clusterctl sync` verified the data on every node."),
+    checkpoint_to: Optional[str] = typer.Option(None, "--checkpoint-to", metavar="S3_URI", help="Also upload every checkpoint to s3://bucket/prefix (the nodes' instance profile; on AWS clusters clusterctl grants it write on that prefix only)."),
+    no_checkpoint_copy: bool = typer.Option(False, "--no-checkpoint-copy", help="Do not keep a copy of every checkpoint on the second node."),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
     user: Optional[str] = _SSH["user"],
     identity: List[str] = _SSH["identity"],
@@ -1619,16 +1623,21 @@ def train(
         raise UsageError(f"--eval-every must be at least 1, not {eval_every}")
     if fusion_threshold_mb < 0 or cycle_time_ms <= 0:
         raise UsageError("--fusion-threshold-mb must not be negative and --cycle-time-ms must be positive")
+    if checkpoint_to is not None:
+        trainlib.check_s3_uri(checkpoint_to)
+        if inv.cluster is not None and inv.cluster.provider == "aws":
+            _provider("aws", store, inv.cluster.region).grant_checkpoint_write(inv.cluster, checkpoint_to)
     opts = trainlib.TrainOptions(
         data=data, synthetic=synthetic, model=model, epochs=epochs, batch_size=batch_size, model_dir=model_dir,
         max_steps=max_steps, base_lr=base_lr, warmup_epochs=warmup_epochs, checkpoint_every=checkpoint_every,
-        log_every=log_every, mixed_precision=mixed_precision, xla=xla, extra=tuple(trainer_arg))
+        log_every=log_every, mixed_precision=mixed_precision, xla=xla, checkpoint_to=checkpoint_to,
+        extra=tuple(trainer_arg))
     from dataclasses import replace
 
     opts = replace(opts, precision=precision, fp16_allreduce=fp16_allreduce, recipe=recipe, eval_every=eval_every,
                    fusion_threshold_mb=fusion_threshold_mb, cycle_time_ms=cycle_time_ms)
     job = trainlib.start(inv, store, opts, np=np_, python=python, force=force, verify_data=not no_verify_data,
-                         report=display.info)
+                         report=display.info, checkpoint_copy=not no_checkpoint_copy)
     display.info(f"started training job {job.job}: {job.np} process(es), leader {job.leader} (tmux session "
                  f"{job.job}); checkpoints in {job.model_dir}")
     _train_estimate(inv, job, opts)

@@ -205,6 +205,17 @@ def s3_read_policy(locations: Iterable[str]) -> dict:
             "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects}, *lists]}
 
 
+def s3_checkpoint_policy(uri: str) -> dict:
+    """Checkpoints under one prefix: write, read back, delete the old ones, list that prefix; nothing else."""
+    bucket, prefix = parse_s3(uri)
+    prefix = prefix.strip("/") + "/"  # a folder: b/run1 grants b/run1/..., never b/run10/...
+    return {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": ["s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+         "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*"]},
+        {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}",
+         "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}}]}
+
+
 EC2_TRUST = {"Version": "2012-10-17", "Statement": [
     {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
 
@@ -1287,6 +1298,17 @@ class AwsProvider:
         if not any(r.get("RoleName") == iname for r in prof.get("Roles", [])):
             self._api("iam", "add_role_to_instance_profile", InstanceProfileName=iname, RoleName=iname)
         return iname
+
+    def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
+        """`train --checkpoint-to`: the nodes' role may write checkpoints under `uri` only (its own inline
+        policy, replaced by the next --checkpoint-to)."""
+        role = cluster.extra.get("instance_profile", "")  # the role has the instance profile's name
+        if not role:
+            raise ConfigError(f"cluster {cluster.name} has no instance profile on record",
+                              "bring it up again with this clusterctl, or give the nodes S3 access yourself")
+        self._api("iam", "put_role_policy", RoleName=role, PolicyName="checkpoints-write",
+                  PolicyDocument=json.dumps(s3_checkpoint_policy(uri)))
+        self.report(f"IAM role {role} may write s3 checkpoints under {uri} (and nothing else)")
 
     # ---- after launch: host keys from the console -----------------------------------------------------
     def host_keys(self, cluster: Cluster) -> dict[str, tuple[str, ...]]:
