@@ -269,9 +269,9 @@ def run_ladder(inv, rungs: Sequence[int], opts: BenchOptions, out_root: Path, py
     judged = inv.cluster is None or inv.cluster.provider != "local"
     if not judged:
         verdict = f"not judged: local nodes share this machine's {os.cpu_count()} cores ({verdict})"
-    status = "FAIL" if slow and ladder.status == "PASS" else ladder.status
-    ladder = Ladder(ladder.rungs, ladder.threshold, status == "PASS", verdict, slow, judged,
-                    opts.model, opts.batch_size, str(out_dir), status, tuple(alone))
+    # A straggler names where to look; the verdict stays the scaling's (a slow node shows there, as lost img/s).
+    ladder = Ladder(ladder.rungs, ladder.threshold, ladder.passed, verdict, slow, judged,
+                    opts.model, opts.batch_size, str(out_dir), ladder.status, tuple(alone))
     (out_dir / "results.json").write_text(ladder.to_json() + "\n")
     plot(ladder, out_dir / "scaling.png")
     return ladder
