@@ -188,6 +188,8 @@ def test_sweeps_over_the_trainer_never_resume_another_trials_checkpoint(c):
     cmd = ("python ~/clusterctl-sweeps/$CLUSTERCTL_SWEEP/train_imagenet.py --synthetic --model tiny --lr {lr} "
            "--batch-size 16 --max-steps 4 --epochs 1 --train-examples 64 --warmup-epochs 0 --eval-steps 2 --log-every 2")
     where = {h: i for i, h in enumerate(c.hosts)}
+    for i in where.values():
+        c.node_exec(i, "mkdir", "-p", "/root/shared-work")
     for grid in ("lr=0.05", "lr=0.4,0.2"):
         before = existing_results(c)
         r = c.cli("sweep", "--cluster", c.name, "--file", "train_imagenet.py", "--workdir", "~/shared-work",
