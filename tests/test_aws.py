@@ -231,9 +231,9 @@ def test_down_and_ls_work_from_tags_when_the_local_state_is_gone(aws, aws_cli):
 
     # up neither adopts nor removes a cluster whose keys are gone.
     proc = aws_cli(*aws_cli.up_args("lost", 1))
-    assert proc.returncode == 4 and one_error_line(proc) == (
-        "Error: cluster lost already exists (aws) but this machine has no record of it (nor its keys): "
-        "remove it with `clusterctl down lost --yes`, or choose another --name")
+    assert proc.returncode == 4 and re.fullmatch(
+        r"Error: cluster lost already exists \(aws, owner [^@ ]+@\S+\) but this machine has no record of it \(nor its "
+        r"keys\): remove it with `clusterctl down lost --yes`, or choose another --name", one_error_line(proc)), proc.stderr
     assert len(instances(aws, "lost")) == 1 and len(aws.actions("RunInstances")) == 2
 
     # Behind clusterctl's back the instances of "kept" vanish: status says the record and the cloud disagree.

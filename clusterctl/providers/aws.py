@@ -770,8 +770,9 @@ class AwsProvider:
             lines.append(f"placement group {group} (cluster strategy)")
         lines.append(self._plan_interfaces(ctx))
         lines.append(f"key pair {group} (this machine's per-cluster key; private half stays here)")
-        reads = ", ".join(f"s3://{b}/{p}" for b, p in map(parse_s3, o.s3_read)) if o.s3_read else "no S3 access"
-        lines.append(f"IAM instance profile {scope.iam(ctx.region) if scope else 'clusterctl-<id>'}: read {reads}; "
+        reads = ("reads " + ", ".join(f"s3://{b}/{p}" for b, p in map(parse_s3, o.s3_read))) if o.s3_read \
+            else "no S3 access"
+        lines.append(f"IAM instance profile {scope.iam(ctx.region) if scope else 'clusterctl-<id>'}: {reads}; "
                      "no AWS keys on nodes")
         lines.append("IMDSv2 required; instance-initiated shutdown terminates"
                      + ("; spot (one-time, terminated on interruption)" if o.spot else ""))
