@@ -21,7 +21,6 @@ node's copy checked against the source (sha256 of every file). Needs root. Examp
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shlex

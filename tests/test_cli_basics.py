@@ -6,7 +6,6 @@ import re
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 from conftest import REPO
 

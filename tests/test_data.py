@@ -4,7 +4,6 @@ train_dataset functions), so writer and reader cannot drift apart."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
 import json
@@ -185,7 +184,7 @@ def test_the_trainers_pipeline_reads_what_the_writer_wrote(tmp_path, tf, trainer
 
 def test_synthetic_is_deterministic_balanced_and_manifest_friendly(tmp_path, tf):
     a = data.write_synthetic(tmp_path / "a", images=40, classes=4, image_size=16, seed=3, workers=2)
-    b = data.write_synthetic(tmp_path / "b", images=40, classes=4, image_size=16, seed=3, workers=1)
+    data.write_synthetic(tmp_path / "b", images=40, classes=4, image_size=16, seed=3, workers=1)
 
     def digest(root: Path) -> dict[str, str]:
         return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())}

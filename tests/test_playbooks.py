@@ -29,7 +29,7 @@ def test_smoke_playbook(cluster):
 def test_cleanup_playbook_kills_removes_and_reports(cluster):
     cli = cluster.cli
     for i in (0, 1):
-        cluster.node_exec(i, "sh", "-c", f"mkdir -p /root/imagenet_resnet && echo x > /root/imagenet_resnet/ckpt && "
+        cluster.node_exec(i, "sh", "-c", "mkdir -p /root/imagenet_resnet && echo x > /root/imagenet_resnet/ckpt && "
                                          "setsid /usr/bin/python3 -c 'import time; time.sleep(600)' "
                                          "</dev/null >/dev/null 2>&1 &")
     before = cli("run", "--json", "pgrep -c -x 'python[0-9.]*' || true")

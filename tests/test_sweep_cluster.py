@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from itertools import combinations
 from pathlib import Path
@@ -278,7 +277,7 @@ def test_a_node_killed_mid_sweep_has_its_trials_rerun_elsewhere(module_cluster_f
     folder = results_of(c, before)
     doc = json.loads((folder / "results.json").read_text())
     assert [n["alive"] for n in doc["nodes"]] == [True, False]
-    assert f"node {c.hosts[1]} is dead" in r.stderr and f"no logs from" not in r.stderr
+    assert f"node {c.hosts[1]} is dead" in r.stderr and "no logs from" not in r.stderr
     assert r.stderr.count(f"re-queued: its node {c.hosts[1]} died") == 2
     member_dir = c.cli.home / "clusters" / c.name / "nodes" / "1" / "home" / "clusterctl-sweeps" / sid
     ends = {}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import random
 import re
