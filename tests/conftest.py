@@ -78,6 +78,13 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def free_port() -> int:
+    """A loopback TCP port free right now (a test server binds it next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Forward:
     """A TCP forwarder in this process: connections to `listen` (address, port; port 0 picks one) are piped to
     `target`. For a host on another port or address than its sshd's; closed with close()."""

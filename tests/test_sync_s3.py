@@ -7,13 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
+from conftest import free_port
 from sync_support import down_cluster, first_error_line, marker, node_sha256, sync, table_rows, up_cluster
 
 KEY_ID = "AKIACLUSTERCTLTEST01"
@@ -21,18 +21,12 @@ SECRET = "s3cr3t-clusterctl-test-9f8e7d6c5b4a"
 BUCKET = "cc-data"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3env(tmp_path_factory):
     from moto.server import ThreadedMotoServer
     import boto3
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     cluster = up_cluster(tmp_path_factory.mktemp("syncs3"), 3, runtime=True)  # the nodes pull with boto3

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -17,19 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from clusterctl import train
-from conftest import wait_for
+from conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
 KEY_ID = "AKIACLUSTERCTLCKPT01"
 SECRET = "ckpt-s3cr3t-9f8e7d6c5b4a"
 BUCKET = "cc-ckpt"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Imds:

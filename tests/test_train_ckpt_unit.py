@@ -7,11 +7,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
 import pytest
+
+from conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("train_ckpt", REPO / "templates" / "train_ckpt.py")
@@ -54,9 +55,7 @@ def s3(monkeypatch):
     from moto.server import ThreadedMotoServer
     import boto3
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     for k, v in (("AWS_ACCESS_KEY_ID", "AKIATEST"), ("AWS_SECRET_ACCESS_KEY", "secret"),

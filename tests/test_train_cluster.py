@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -17,7 +16,7 @@ import urllib.request
 import pytest
 
 from clusterctl import train
-from conftest import wait_for
+from conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
@@ -28,12 +27,6 @@ TRAIN = ["train", "--data", "/root/ds", "--model", "tiny", "--epochs", "20", "--
 
 def leader_log(cluster, job: str) -> str:
     return cluster.node_exec(0, "sh", "-c", f"cat ~/.clusterctl/jobs/{job}.log 2>/dev/null; true").stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_path):
