@@ -604,3 +604,35 @@ def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_p
 
     with pytest.raises(ConfigError, match="ed25519-RFC4716-pw is passphrase-protected: add it to ssh-agent"):
         sshconfig.check_keys_usable([target])
+
+
+# ---- the cluster's own connections: the cluster key alone ----------------------------------------------
+def test_the_clusters_own_connections_never_ask_an_agent(c, setup, tmp_path):
+    """With the cluster key swapped for one no node takes, an ssh-agent holding a key every node accepts
+    (setup's; OpenSSH gets in with it) does not let `run --cluster` in, through the connection agent or in
+    process: the cluster's connections offer the cluster key only."""
+    d, sock = setup
+    state = c.cli.home / "clusters" / c.name
+    known_hosts = state / "known_hosts"
+    via_agent = subprocess.run(["ssh", "-F", "/dev/null", "-o", f"IdentityAgent={sock}", "-o", "BatchMode=yes",
+                                "-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes",
+                                f"root@{c.hosts[0]}", "true"], capture_output=True, text=True, timeout=60)
+    assert via_agent.returncode == 0, via_agent.stderr  # the agent's key is welcome on the nodes
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True)
+    key, pub = state / "id_ed25519", state / "id_ed25519.pub"
+    saved = key.read_bytes(), pub.read_bytes()
+    c.cli("agent", "stop")  # no connection made with the real key may be reused
+    try:
+        key.write_bytes((tmp_path / "stranger").read_bytes())
+        pub.write_bytes((tmp_path / "stranger.pub").read_bytes())
+        for env in ({"SSH_AUTH_SOCK": sock}, {"SSH_AUTH_SOCK": sock, "CLUSTERCTL_AGENT": "0"}):
+            proc = c.cli("run", "--cluster", c.name, "--json", "true", env=env, timeout=120)
+            assert proc.returncode != 0, (env, proc.stdout, proc.stderr)
+            statuses = [json.loads(line)["status"] for line in proc.stdout.splitlines() if line.strip()]
+            assert len(statuses) == 3 and "ok" not in statuses, proc.stdout + proc.stderr
+    finally:
+        key.write_bytes(saved[0])
+        pub.write_bytes(saved[1])
+        c.cli("agent", "stop")
+    back = c.cli("run", "--cluster", c.name, "true", timeout=120)
+    assert back.returncode == 0, back.stdout + back.stderr
