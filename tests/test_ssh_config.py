@@ -257,18 +257,23 @@ def test_an_edit_of_an_included_file_is_seen(c, setup, tmp_path):
     assert again.returncode == 0 and f"moving: {c.name}-member-2" in again.stdout, again.stderr
 
 
-def test_sync_takes_the_ssh_options_and_openssh_reads_the_config(c, setup, tmp_path):
+def _sync_one_file_with_the_config(c, setup, tmp_path, aliases: str, dst: str, nodes: tuple[int, ...]) -> None:
+    """`sync --ssh-config` of one random file to the hosts file of `aliases` (lines); it arrives whole on `nodes`."""
     d, sock = setup
     src = tmp_path / "data"
     src.mkdir()
-    (src / "a.bin").write_bytes(os.urandom(4096))
-    (c.cli.cwd / "two").write_text("lead\none\n")
-    proc = c.cli("sync", "--ssh-config", str(d / "config"), "two", str(src), "/tmp/ssh-config-sync",
+    (src / "f.bin").write_bytes(os.urandom(8192))
+    (c.cli.cwd / "sync-hosts").write_text(aliases)
+    proc = c.cli("sync", "--ssh-config", str(d / "config"), "sync-hosts", str(src), dst,
                  env={"SSH_AUTH_SOCK": sock}, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for i in (0, 1):
-        got = c.node_exec(i, "sha256sum", "/tmp/ssh-config-sync/a.bin").stdout.split()[0]
-        assert got == subprocess.run(["sha256sum", str(src / "a.bin")], capture_output=True, text=True).stdout.split()[0]
+    want = subprocess.run(["sha256sum", str(src / "f.bin")], capture_output=True, text=True).stdout.split()[0]
+    for i in nodes:
+        assert c.node_exec(i, "sha256sum", f"{dst}/f.bin").stdout.split()[0] == want
+
+
+def test_sync_takes_the_ssh_options_and_openssh_reads_the_config(c, setup, tmp_path):
+    _sync_one_file_with_the_config(c, setup, tmp_path, "lead\none\n", "/tmp/ssh-config-sync", (0, 1))
 
 
 def test_every_host_command_takes_the_shared_ssh_options(cli):
@@ -509,16 +514,7 @@ def test_certificate_keys_are_matched_by_the_key_they_certify(user_ca):
 
 # ---- sync's own OpenSSH calls through a ProxyJump of the user's config ---------------------------------
 def test_sync_reaches_a_host_behind_a_proxyjump_of_the_config(c, setup, tmp_path):
-    d, sock = setup
-    src = tmp_path / "data"
-    src.mkdir()
-    (src / "b.bin").write_bytes(os.urandom(8192))
-    (c.cli.cwd / "jumped-only").write_text("jumped\n")
-    proc = c.cli("sync", "--ssh-config", str(d / "config"), "jumped-only", str(src), "/tmp/ssh-config-jump-sync",
-                 env={"SSH_AUTH_SOCK": sock}, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    got = c.node_exec(2, "sha256sum", "/tmp/ssh-config-jump-sync/b.bin").stdout.split()[0]
-    assert got == subprocess.run(["sha256sum", str(src / "b.bin")], capture_output=True, text=True).stdout.split()[0]
+    _sync_one_file_with_the_config(c, setup, tmp_path, "jumped\n", "/tmp/ssh-config-jump-sync", (2,))
 
 
 @pytest.mark.parametrize("pin", ["right", "wrong"])

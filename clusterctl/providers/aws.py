@@ -1547,12 +1547,14 @@ class AwsProvider:
                 self._wait_terminated([i["InstanceId"] for i in live], deadline)
                 removed += [f"instance {i['InstanceId']} ({_tagdict(i).get('Name', '')})" for i in _ordered(live)]
         removed += fabric.release_elastic_ips(self, by.get("Elastic IP", []), deadline)
-        for group in by.get("placement group", []):
-            if self._delete(deadline, "ec2", "delete_placement_group", GroupName=group):
-                removed.append(f"placement group {group}")
-        for key in by.get("key pair", []):
-            if self._delete(deadline, "ec2", "delete_key_pair", KeyName=key):
-                removed.append(f"key pair {key}")
+        def each(kind: str, op: str, param: str, label: str | None = None, as_list: bool = False) -> None:
+            """The kinds removed by one call per id (in the order the calls below make them)."""
+            for rid in by.get(kind, []):
+                if self._delete(deadline, "ec2", op, **{param: [rid] if as_list else rid}):
+                    removed.append(f"{label or kind} {rid}")
+
+        each("placement group", "delete_placement_group", "GroupName")
+        each("key pair", "delete_key_pair", "KeyName")
         for eni in described("describe_network_interfaces", "NetworkInterfaces", "network-interface-id",
                              by.get("network interface", [])):
             if eni.get("Status") == "available" and self._delete(
@@ -1561,15 +1563,10 @@ class AwsProvider:
         for vol in described("describe_volumes", "Volumes", "volume-id", by.get("volume", [])):
             if vol.get("State") == "available" and self._delete(deadline, "ec2", "delete_volume", VolumeId=vol["VolumeId"]):
                 removed.append(f"volume {vol['VolumeId']}")
-        for ep in by.get("VPC endpoint", []):  # listed live (deleted ones are left out of listings)
-            if self._delete(deadline, "ec2", "delete_vpc_endpoints", VpcEndpointIds=[ep]):
-                removed.append(f"S3 gateway endpoint {ep}")
-        for sg in by.get("security group", []):
-            if self._delete(deadline, "ec2", "delete_security_group", GroupId=sg):
-                removed.append(f"security group {sg}")
-        for sub in by.get("subnet", []):
-            if self._delete(deadline, "ec2", "delete_subnet", SubnetId=sub):
-                removed.append(f"subnet {sub}")
+        # VPC endpoints are listed live (deleted ones are left out of listings)
+        each("VPC endpoint", "delete_vpc_endpoints", "VpcEndpointIds", "S3 gateway endpoint", as_list=True)
+        each("security group", "delete_security_group", "GroupId")
+        each("subnet", "delete_subnet", "SubnetId")
         for igw in described("describe_internet_gateways", "InternetGateways", "internet-gateway-id",
                              by.get("internet gateway", [])):
             for att in igw.get("Attachments", []):
@@ -1577,9 +1574,7 @@ class AwsProvider:
                              VpcId=att["VpcId"])
             if self._delete(deadline, "ec2", "delete_internet_gateway", InternetGatewayId=igw["InternetGatewayId"]):
                 removed.append(f"internet gateway {igw['InternetGatewayId']}")
-        for vpc in by.get("VPC", []):
-            if self._delete(deadline, "ec2", "delete_vpc", VpcId=vpc):
-                removed.append(f"VPC {vpc}")
+        each("VPC", "delete_vpc", "VpcId")
         for iname in by.get("IAM instance profile", []):
             if self._delete_profile(iname, deadline):
                 removed.append(f"IAM instance profile {iname}")
