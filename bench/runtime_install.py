@@ -46,10 +46,10 @@ def sh(argv, **kw) -> subprocess.CompletedProcess:
 def install_step(home: Path, name: str) -> str:
     """`up`'s runtime step on an existing cluster, as `up` runs it; returns the runtime id."""
     os.environ["CLUSTERCTL_HOME"] = str(home)
-    from clusterctl import provision
-    from clusterctl.remote import SshPool
+    from clusterctl.cluster import provision
+    from clusterctl.remote.ssh import SshPool
     from clusterctl.runtime.install import RuntimeRequest, install
-    from clusterctl.state import StateStore
+    from clusterctl.cluster.state import StateStore
 
     store = StateStore(home)
     cluster = store.load(name).cluster

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from clusterctl.providers import netns  # noqa: E402
+from clusterctl.providers.local import netns  # noqa: E402
 
 DST = "/tmp/bench-data"  # each node's /tmp is its own tmpfs
 METHODS = ("clusterctl", "sequential", "parallel", "tree", "bare-chain")

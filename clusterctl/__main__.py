@@ -1,3 +1,3 @@
-from clusterctl.cli import main
+from clusterctl.cli.app import main
 
 main()

@@ -10,7 +10,7 @@ Timing follows Horovod's tensorflow2_synthetic_benchmark.py: at least 10 untimed
 deviations (conf=), so a caller can tell a real difference from noise.
 
 Only rank 0 prints, and only lines that start with `CLUSTERCTL-BENCH` are meant for machines
-(clusterctl.horovod.parse_bench_output reads them):
+(clusterctl.workloads.horovod.parse_bench_output reads them):
 
     CLUSTERCTL-BENCH device rank=1 host=node-1 local_rank=1 gpus=1 logical=1   (one per rank; gpus=none: CPU)
     CLUSTERCTL-BENCH start size=4 model=tiny batch=32 warmup_steps=10 steps=10 iters=10 gpus=0 ...

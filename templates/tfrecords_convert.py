@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`clusterctl data tfrecords --on leader`: the conversion run on the leader, where the images are.
 
-Staged by clusterctl in a job folder on the leader with a copy of clusterctl's own data.py and errors.py
+Staged by clusterctl in a job folder on the leader with a copy of clusterctl's own data/tfrecords.py and errors.py
 (under pkg/clusterctl/), and run with the node runtime's Python (TensorFlow, boto3). SRC is a folder on the
 leader, or s3://bucket/prefix read with the instance's own credentials (its IAM instance profile): the
 objects are pulled to a hidden folder beside DST first, and removed once the shards are written.
@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "pkg"))
 
-from clusterctl import data  # noqa: E402
+from clusterctl.data import tfrecords as data  # noqa: E402
 from clusterctl.errors import ClusterctlError, ConfigError  # noqa: E402
 
 

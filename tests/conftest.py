@@ -160,7 +160,7 @@ class LocalCluster:
 
 def node_pid(cluster: str, index: int) -> int:
     """PID (host view) of the node's sshd, PID 1 of its namespaces."""
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     ns = netns.netns_name(cluster, index)
     for pid in netns.netns_pids(ns):
@@ -211,14 +211,14 @@ def _cluster_factory(cli: Cli):
         return LocalCluster(name, cli, hosts)
 
     yield make
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     for name in made:
         cli("down", name, "--yes", timeout=120)
         left = netns.leftovers(name)
         assert left.empty, f"cluster {name} left {left.describe()}"
     if made:
-        from clusterctl import agent
+        from clusterctl.remote import agent
 
         assert agent.ping(cli.home) is None, "a connection agent is still running after down"
 

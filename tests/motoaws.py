@@ -154,7 +154,7 @@ class MotoAws:
     # ---- per test ----------------------------------------------------------------------------------
     def begin(self, node_root: Path) -> None:
         self.reset()
-        from clusterctl.providers import netns
+        from clusterctl.providers.local import netns
 
         # While a test runs, namespace nodes made here use their own prefix, and their sshd listens on every
         # address of the node (private and "public"). Only this process is affected, only until end().
@@ -191,7 +191,7 @@ class MotoAws:
         self.seed()
 
     def end(self) -> None:
-        from clusterctl.providers import netns
+        from clusterctl.providers.local import netns
 
         for gate in self.gates:
             gate.release.set()
@@ -422,7 +422,7 @@ class MotoAws:
         ip = ipaddress.ip_address(instance.private_ip)
         if ip not in self.owned:
             return
-        from clusterctl.providers import netns
+        from clusterctl.providers.local import netns
 
         subnet = backend.get_subnet(instance.subnet_id)
         net = ipaddress.ip_network(subnet.cidr_block)
@@ -510,7 +510,7 @@ class MotoAws:
         return backend.get_instance(iid).state
 
     def destroy_node(self, iid: str) -> None:
-        from clusterctl.providers import netns
+        from clusterctl.providers.local import netns
 
         with self.lock:
             node = self.nodes.pop(iid, None)
@@ -522,7 +522,7 @@ class MotoAws:
 
     def node_exec(self, iid: str, *argv: str) -> subprocess.CompletedProcess:
         """Run a command inside the namespace node of an instance (its sshd's namespaces), bypassing ssh."""
-        from clusterctl.providers import netns
+        from clusterctl.providers.local import netns
 
         ns = self.nodes[iid].netns
         for pid in netns.netns_pids(ns):
@@ -542,7 +542,7 @@ class MotoAws:
         if node is not None and self.console_mode != "no-keys":
             key = node.host_key
             if self.console_mode == "wrong-key":
-                from clusterctl.sshkeys import generate_ed25519
+                from clusterctl.cluster.sshkeys import generate_ed25519
 
                 key = generate_ed25519("wrong")[1].rsplit(" ", 1)[0]
             lines += ["-----BEGIN SSH HOST KEY FINGERPRINTS-----",
@@ -623,7 +623,7 @@ def _install_patches(aws: MotoAws) -> None:
     from moto.ec2.responses import EC2Response
     from moto.ec2.responses.general import General
     from moto.core.responses import ActionResult
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     def cur() -> MotoAws:
         return _INSTALLED["aws"]

@@ -28,7 +28,7 @@ def up_cluster(base: Path, nodes: int, runtime: bool = False) -> LocalCluster:
 
 
 def down_cluster(cluster: LocalCluster) -> None:
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     cluster.cli("down", cluster.name, "--yes", timeout=120)
     left = netns.leftovers(cluster.name)
@@ -76,7 +76,7 @@ def marker(cluster: LocalCluster, index: int, root: str) -> dict | None:
 
 
 def veth(cluster: LocalCluster, index: int) -> str:
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     return netns.veth_name(cluster.name, index)
 
@@ -99,7 +99,7 @@ def tx_bytes(cluster: LocalCluster, index: int) -> int:
 
 
 def netns_of(cluster: LocalCluster, index: int) -> str:
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     return netns.netns_name(cluster.name, index)
 

@@ -11,8 +11,8 @@ import json
 import socket
 import time
 
-from clusterctl import autostop
-from clusterctl.providers import netns
+from clusterctl.autostop import settings as autostop
+from clusterctl.providers.local import netns
 
 
 def _record(cli, name: str) -> dict:
@@ -116,7 +116,7 @@ def test_idle_cluster_stops_after_its_last_command_busy_one_does_not_old_one_doe
 
 
 def cli_store(cli):
-    from clusterctl.state import StateStore
+    from clusterctl.cluster.state import StateStore
 
     return StateStore(cli.home)
 

@@ -14,9 +14,11 @@ import time
 import pytest
 import yaml
 
-from clusterctl import autostop, costs, gc
+from clusterctl.autostop import settings as autostop
+from clusterctl.cluster import costs
+from clusterctl.cluster import gc
 from clusterctl.errors import UsageError
-from clusterctl.providers import aws
+from clusterctl.providers.aws import provider as aws
 from clusterctl.providers.base import Found
 from clusterctl.types import Autostop, Cluster, Node
 from conftest import REPO
@@ -229,8 +231,9 @@ def test_costs():
 def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys):
     from types import SimpleNamespace
 
-    from clusterctl import bench, cli
-    from clusterctl.state import StateStore
+    from clusterctl.workloads import bench
+    from clusterctl.cli import app as cli
+    from clusterctl.cluster.state import StateStore
 
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     c = Cluster("c", "aws", tuple(Node(f"n{i}", f"10.0.0.{i}", 8, "member") for i in range(2)), "us-east-1", "p3.16xlarge")

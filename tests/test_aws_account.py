@@ -11,8 +11,8 @@ import re
 import time
 from datetime import timedelta
 
-from clusterctl import autostop
-from clusterctl.state import Record, StateStore
+from clusterctl.autostop import settings as autostop
+from clusterctl.cluster.state import Record, StateStore
 from clusterctl.types import Cluster
 from motoaws import CHECKIP_ADDRESS, REGION
 from test_aws import MUTATING, cluster_id, instances, ok, one_error_line, state_dir

@@ -15,7 +15,7 @@ import shutil
 import pytest
 import yaml
 
-from clusterctl.providers import aws_catalog as catalog
+from clusterctl.providers.aws import catalog
 from conftest import REPO
 from motoaws import REGION, decode_user_data
 from test_aws import instances, ok, one_error_line

@@ -10,10 +10,11 @@ import pytest
 import yaml
 
 from clusterctl.errors import ConfigError
-from clusterctl.providers import aws, aws_catalog as catalog
+from clusterctl.providers.aws import provider as aws
+from clusterctl.providers.aws import catalog
 from clusterctl.providers.base import ClusterStatus, NodeStatus
-from clusterctl.provision import disagreements
-from clusterctl.state import Record
+from clusterctl.cluster.provision import disagreements
+from clusterctl.cluster.state import Record
 from clusterctl.types import Cluster, ClusterSpec, Node
 
 DATA = Path(__file__).parent / "data"
@@ -176,7 +177,7 @@ def test_record_and_cloud_disagreements():
 
 
 def test_slots_are_checked_against_nvidia_smi_where_it_exists():
-    from clusterctl.provision import GPU_PROBE, gpu_failures, gpu_mismatches
+    from clusterctl.cluster.provision import GPU_PROBE, gpu_failures, gpu_mismatches
 
     c = _cluster(("i-1", "i-2", "i-3"))  # no "gpus" in extra: as a hosts file or a local cluster, warnings only
     counts = {"c-i-1": "rc=0 gpus=8", "c-i-2": "none", "c-i-3": "rc=0 gpus=4"}
@@ -192,7 +193,7 @@ def test_slots_are_checked_against_nvidia_smi_where_it_exists():
 def test_a_gpu_node_short_of_gpus_or_with_a_failing_nvidia_smi_is_a_failure_naming_it():
     from dataclasses import replace
 
-    from clusterctl.provision import gpu_failures, gpu_mismatches
+    from clusterctl.cluster.provision import gpu_failures, gpu_mismatches
 
     c = replace(_cluster(("i-1", "i-2", "i-3", "i-4", "i-5")), extra={"gpus": "8"})
     counts = {"c-i-1": "rc=0 gpus=8", "c-i-2": "rc=0 gpus=4", "c-i-3": "none",
@@ -236,7 +237,7 @@ def _type(name, gpus=8, efa=True, cards=1, max_efa=1, rdma=False):
 
 
 def test_one_efa_interface_per_card_device_index_0_on_card_0_and_1_elsewhere():
-    from clusterctl.providers import aws_fabric as fabric
+    from clusterctl.providers.aws import fabric
 
     p4d = fabric.network_interfaces(_type("p4d.24xlarge", cards=4, max_efa=4), subnet="subnet-1",
                                     security_group="sg-1", public=True)
@@ -269,9 +270,9 @@ def test_vcpu_quota_classes():
 
 
 def test_members_behind_the_leader_get_it_as_their_jump_host(tmp_path):
-    from clusterctl import provision
-    from clusterctl.state import StateStore
-    from clusterctl.transfer import operator_ssh
+    from clusterctl.cluster import provision
+    from clusterctl.cluster.state import StateStore
+    from clusterctl.data.sync import operator_ssh
 
     nodes = (Node("c-leader", "10.0.0.4", 8, "leader", "ubuntu", public_ip="198.18.0.9"),
              Node("c-member-1", "10.0.0.5", 8, "member", "ubuntu"))
@@ -285,7 +286,7 @@ def test_members_behind_the_leader_get_it_as_their_jump_host(tmp_path):
     private = provision.ssh_targets(Cluster("c", "aws", tuple(Node(n.name, n.private_ip, 8, n.role) for n in nodes)), store)
     assert all(t.proxy_jump is None for t in private)
     # the agent's wire format carries the jump host
-    from clusterctl import agent
+    from clusterctl.remote import agent
 
     assert agent.target_from_dict(json.loads(json.dumps(agent.target_to_dict(targets[1])))) == targets[1]
     # OpenSSH: one config file gives both hops the key, the pinned known_hosts and StrictHostKeyChecking=yes

@@ -77,7 +77,7 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
 
 def test_changed_member_key_stops_the_launch(cluster):
     cli, name = cluster
-    from clusterctl.sshkeys import generate_ed25519
+    from clusterctl.cluster.sshkeys import generate_ed25519
 
     hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
     _, impostor = generate_ed25519("impostor")
@@ -113,7 +113,7 @@ def cpu_quota(cluster: str, index: int, cores: float):
     and all it forks later) to `cores` CPUs with a cgroup of our own, removed afterwards. cgroup v2's
     cpu.max where the unified hierarchy has the cpu controller; else v1's cfs quota (this machine mounts
     cgroups hybrid, with cpu on v1: the same CFS bandwidth limit under another file name)."""
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     period = 100_000
     quota = int(cores * period)

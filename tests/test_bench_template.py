@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.horovod import device_problems, horovodrun_argv, parse_bench_output, scrubbed_env
+from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_bench_output, scrubbed_env
 
 pytestmark = pytest.mark.horovod
 

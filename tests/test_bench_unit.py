@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from clusterctl import bench, launch
+from clusterctl.workloads import bench
+from clusterctl.workloads import launch
 from clusterctl.errors import UsageError
-from clusterctl.horovod import BenchHost, BenchRun
+from clusterctl.workloads.horovod import BenchHost, BenchRun
 from clusterctl.hostsfile import HostsFile
 
 HOSTS = HostsFile.parse("10.0.0.2 slots=8\n10.0.0.3 slots=8\n10.0.0.4 slots=8\n10.0.0.5 slots=8\n")

@@ -1,4 +1,4 @@
-"""clusterctl.data and `clusterctl data`: folders of images and generated sets -> ImageNet-format TFRecords,
+"""clusterctl.data.tfrecords and `clusterctl data`: folders of images and generated sets -> ImageNet-format TFRecords,
 read back by templates/train_imagenet.py's own input pipeline (its parse_record, records, eval_dataset and
 train_dataset functions), so writer and reader cannot drift apart."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl import data
+from clusterctl.data import tfrecords as data
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "templates" / "train_imagenet.py"
@@ -253,7 +253,7 @@ def test_pure_helpers_and_no_tensorflow_at_import():
     assert data.default_shards("validation", 0) == 0
     assert data.deal(list(range(7)), 3) == [[0, 3, 6], [1, 4], [2, 5]]
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, clusterctl.data, clusterctl.train, clusterctl.cli; "
+        [sys.executable, "-c", "import sys, clusterctl.data.tfrecords, clusterctl.workloads.train_job, clusterctl.cli.app; "
                                "print(sorted(m for m in ('tensorflow', 'numpy', 'horovod') if m in sys.modules))"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert probe.returncode == 0, probe.stderr

@@ -7,8 +7,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from clusterctl import doctor
-from clusterctl.providers import netns
+from clusterctl.workloads import doctor
+from clusterctl.providers.local import netns
 
 
 def test_judge_flags_version_skew_and_clock():

@@ -1,4 +1,4 @@
-"""clusterctl.horovod without running anything: argv golden strings, the scrubbed environment, the parser
+"""clusterctl.workloads.horovod without running anything: argv golden strings, the scrubbed environment, the parser
 against a log captured from a real 2-process horovodrun run (tests/data/bench_tiny_np2.log)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.horovod import (
+from clusterctl.workloads.horovod import (
     BenchHost,
     BenchInterval,
     horovodrun_argv,
@@ -189,14 +189,14 @@ def test_parse_errors_are_clear():
 
 def test_import_stays_cheap():
     # `clusterctl --help` imports this module: it must not pull in TensorFlow or Horovod.
-    code = "import sys, clusterctl.horovod; print(sorted(m for m in ('tensorflow', 'horovod') if m in sys.modules))"
+    code = "import sys, clusterctl.workloads.horovod; print(sorted(m for m in ('tensorflow', 'horovod') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parent.parent)
     assert out.stdout.strip() == "[]"
 
 
 # ---- which GPU each rank used (templates' `device` lines) --------------------------------------------
-from clusterctl.horovod import DeviceReport, device_problems, gpus_per_node, parse_devices  # noqa: E402
+from clusterctl.workloads.horovod import DeviceReport, device_problems, gpus_per_node, parse_devices  # noqa: E402
 from clusterctl.types import Cluster, Node  # noqa: E402
 
 

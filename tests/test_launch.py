@@ -1,6 +1,6 @@
 """`clusterctl launch`: the user's own TF2 Keras + Horovod script (written here) across 2 nodes x 2 slots,
 horovodrun on the leader in tmux; `logs`, `status` and `kill` by the job's name; bad input refused in one
-line. The pure parts of clusterctl.userjob (the command, the files, the shell text) first."""
+line. The pure parts of clusterctl.workloads.userjob (the command, the files, the shell text) first."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from clusterctl import userjob
+from clusterctl.workloads import userjob
 from clusterctl.errors import UsageError
 from conftest import wait_for
 

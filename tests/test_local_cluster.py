@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 
-from clusterctl.providers import netns
+from clusterctl.providers.local import netns
 from conftest import require_root
 
 
@@ -84,7 +84,7 @@ def test_changed_host_key_is_refused(local_cluster_factory):
     kh = c.cli.home / "clusters" / c.name / "known_hosts"
     lines = kh.read_text().splitlines()
     # pin a different key for the member: the real one must now be refused, naming the host
-    from clusterctl.sshkeys import generate_ed25519
+    from clusterctl.cluster.sshkeys import generate_ed25519
 
     _, other = generate_ed25519("impostor")
     lines[1] = f"{c.hosts[1]} {' '.join(other.split()[:2])}"
@@ -98,7 +98,7 @@ def test_changed_host_key_is_refused(local_cluster_factory):
 def test_two_ups_of_one_cluster_cannot_interleave(cli):
     require_root()
     name = "tlock" + str(os.getpid() % 1000)
-    from clusterctl.state import StateStore
+    from clusterctl.cluster.state import StateStore
 
     store = StateStore(cli.home)
     with store.lock(name):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from clusterctl import playbook, resources
-from clusterctl.playbook import PlaybookError
+from clusterctl import resources
+from clusterctl.playbook import run as playbook
+from clusterctl.playbook.run import PlaybookError
 
 
 def write(tmp_path, text: str):

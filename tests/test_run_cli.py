@@ -141,7 +141,7 @@ def test_connections_are_reused_across_invocations(c):
 
 
 def test_agent_exits_when_idle(c):
-    from clusterctl import agent
+    from clusterctl.remote import agent
 
     assert c.cli("agent", "stop").returncode == 0
     assert c.cli("run", "hosts", "true", env={"CLUSTERCTL_AGENT_IDLE": "1"}).returncode == 0
@@ -152,7 +152,7 @@ def test_agent_exits_when_idle(c):
         time.sleep(0.2)
     assert agent.ping(c.cli.home) is None
     assert not agent.socket_path(c.cli.home).exists()
-    assert subprocess.run(["pgrep", "-f", f"clusterctl.agent --socket {agent.socket_path(c.cli.home)}"],
+    assert subprocess.run(["pgrep", "-f", f"clusterctl.remote.agent --socket {agent.socket_path(c.cli.home)}"],
                           capture_output=True).returncode == 1
 
 
@@ -175,7 +175,7 @@ def test_usage_errors_are_one_line(c):
 
 
 def test_down_stops_the_agent(local_cluster_factory):
-    from clusterctl import agent
+    from clusterctl.remote import agent
 
     one = local_cluster_factory(1, 1)
     assert one.cli("run", "hosts", "true").returncode == 0

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from clusterctl.providers import netns
+from clusterctl.providers.local import netns
 
 
 @pytest.fixture(scope="module")

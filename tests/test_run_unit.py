@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from clusterctl import clean, jobs, remote
+from clusterctl.remote import clean
+from clusterctl.remote import tmux as jobs
+from clusterctl.remote import ssh as remote
 from clusterctl.errors import HostsFileError, UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.types import HostResult, RunReport
@@ -172,7 +174,7 @@ def test_hostile_host_tokens_are_refused(entry):
 
 
 def test_agent_socket_path_is_short_and_private(tmp_path):
-    from clusterctl import agent
+    from clusterctl.remote import agent
 
     short = agent.socket_path(tmp_path)
     assert short == tmp_path / "agent.sock"
@@ -183,7 +185,7 @@ def test_agent_socket_path_is_short_and_private(tmp_path):
 
 
 def test_targets_carry_absolute_paths_through_the_agent(tmp_path, monkeypatch):
-    from clusterctl import agent
+    from clusterctl.remote import agent
 
     monkeypatch.chdir(tmp_path)
     jump = remote.SshTarget("b", "10.0.0.1", 22, "u", ("key",))
@@ -194,7 +196,7 @@ def test_targets_carry_absolute_paths_through_the_agent(tmp_path, monkeypatch):
 
 
 def test_disk_table_flags_nodes_under_ten_percent(capsys):
-    from clusterctl import display
+    from clusterctl.cli import display
 
     display.disk_table(clean.parse_disk("10.0.0.2", "/ 1000000 950000 50000\n") +
                        clean.parse_disk("10.0.0.3", "/ 1000000 100000 900000\n"))

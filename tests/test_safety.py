@@ -112,7 +112,7 @@ def test_clean_logs_refuses_system_folders_and_ssh_trees(c):
 
 
 # ---- many files: results come back by SFTP, never through the capped ssh output -------------------------
-CAPPED = ("import sys, runpy; import clusterctl.remote as r; r.MAX_CAPTURE = 1 << 16; "
+CAPPED = ("import sys, runpy; import clusterctl.remote.ssh as r; r.MAX_CAPTURE = 1 << 16; "
           "sys.argv = ['clusterctl'] + sys.argv[1:]; runpy.run_module('clusterctl', run_name='__main__')")
 
 
@@ -201,7 +201,7 @@ def test_a_damaged_record_does_not_break_ls_or_gc(c):
 
 
 def test_a_missing_public_key_never_replaces_the_private_key(c):
-    from clusterctl import sshkeys
+    from clusterctl.cluster import sshkeys
 
     key = c.cli.home / "clusters" / c.name / "id_ed25519"
     private, public = key.read_bytes(), Path(f"{key}.pub").read_text()
@@ -234,7 +234,7 @@ IMPOSTOR = textwrap.dedent("""
 
 
 def test_the_agent_client_refuses_a_socket_of_another_user(c):
-    from clusterctl import agent
+    from clusterctl.remote import agent
 
     agent.stop(c.cli.home)
     path = agent.socket_path(c.cli.home)
@@ -302,7 +302,7 @@ def test_playbook_logs_variable_set_to_tilde_does_not_kill(c, tmp_path):
 # ---- netns.destroy: cluster a never touches cluster a-1 ---------------------------------------------------
 def test_down_a_leaves_the_etc_netns_of_a_1(cli: Cli):
     require_root()
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     a = "p" + uuid.uuid4().hex[:8]
     made = []
@@ -331,7 +331,7 @@ def test_down_a_leaves_the_etc_netns_of_a_1(cli: Cli):
 def test_sweep_attach_redials_a_leader_that_comes_back(c):
     """The leader refuses ssh from outside for 8 s (its own loopback, where the scheduler reaches the leader's
     trials, stays open; established connections get a reset too): --attach gave up after 5 s before."""
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     start = c.cli("sweep", "--cluster", c.name, "--detach", "--metric", r"score: (\S+)", "--grid", "x=1,2",
                   "--", "sh", "-c", "sleep 6; echo score: {x}", timeout=120)
@@ -358,8 +358,8 @@ def test_syncs_openssh_jump_hop_of_a_cluster_gets_the_pinned_known_hosts_and_str
     """operator_ssh through the leader (AWS members without a public address): `-J` starts the jump's own ssh
     with `-F` alone, so the config file must carry the pinned known_hosts and strict checking for that hop.
     OpenSSH itself (`ssh -G` with that file, for the leader) is the judge."""
-    from clusterctl import transfer
-    from clusterctl.remote import SshTarget
+    from clusterctl.data import sync as transfer
+    from clusterctl.remote.ssh import SshTarget
 
     kh = tmp_path / "known_hosts"
     kh.write_text("")

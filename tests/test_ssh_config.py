@@ -128,7 +128,7 @@ def _ssh_g_all(cfg: Path, host: str, name: str) -> list[str]:
 
 
 def test_clusterctl_reaches_what_openssh_resolves_and_reaches(c, setup):
-    from clusterctl import sshconfig
+    from clusterctl.remote import sshconfig
 
     d, sock = setup
     cfg = d / "config"
@@ -284,8 +284,8 @@ def test_every_host_command_takes_the_shared_ssh_options(cli):
 
 
 def test_agent_wire_format_carries_the_per_host_settings():
-    from clusterctl import agent
-    from clusterctl.remote import SshTarget
+    from clusterctl.remote import agent
+    from clusterctl.remote.ssh import SshTarget
 
     jump = SshTarget("j", "10.0.0.1", 22, "root", ("/k",), None, ("/kh1",), "jalias", "/a.sock", True, 3.0, "/cfg")
     t = SshTarget("h", "10.0.0.2", 2222, "u", ("/k2.pub",), jump, ("/kh2", "/kh3"), "halias", None, False, None, None,
@@ -357,7 +357,7 @@ def test_up_writes_an_ssh_config_that_openssh_uses_and_down_removes_it(cli, tmp_
         include = f"Include {folder}/*.conf"
         assert user_config.read_text().splitlines()[1] == include
         assert user_config.read_text().endswith("Host elsewhere\n    HostName 192.0.2.1\n")
-        again = subprocess.run([sys.executable, "-c", "from clusterctl import sshentry; print(sshentry.add_include())"],
+        again = subprocess.run([sys.executable, "-c", "from clusterctl.cluster import sshentry; print(sshentry.add_include())"],
                                env={**cli.env(), **env}, capture_output=True, text=True)
         assert again.stdout.strip() == "False" and user_config.read_text().count(include) == 1
         real = subprocess.run(["ssh", "-F", str(user_config), f"{name}-member-1", "hostname"], capture_output=True,
@@ -441,7 +441,7 @@ def _same_landing(ours: str, theirs: str, alias: str) -> None:
 
 @pytest.mark.parametrize("agent_mode", ["connection agent", "in process"])
 def test_certificate_file_authenticates_a_key_on_disk(c, setup, user_ca, tmp_path, agent_mode):
-    from clusterctl import sshconfig
+    from clusterctl.remote import sshconfig
 
     d, _ = setup
     cert = user_ca / "certs" / "diskkey.cert"
@@ -504,7 +504,7 @@ def test_certificate_file_on_a_key_served_by_ssh_agent(c, setup, user_ca, tmp_pa
 
 def test_certificate_keys_are_matched_by_the_key_they_certify(user_ca):
     """A certificate goes on the key it certifies only (not on another key of the same type)."""
-    from clusterctl import sshconfig
+    from clusterctl.remote import sshconfig
 
     cert = sshconfig._cert(str(user_ca / "certs" / "diskkey.cert"))
     assert sshconfig.certifies(cert, sshconfig._public_blob(str(user_ca / "diskkey.pub")))
@@ -521,8 +521,8 @@ def test_sync_reaches_a_host_behind_a_proxyjump_of_the_config(c, setup, tmp_path
 def test_syncs_openssh_jump_hop_checks_the_jump_hosts_pinned_key_strictly(c, setup, tmp_path, monkeypatch, pin):
     """The config's `Host *` would accept-new into an empty file: the jump hop of sync's OpenSSH call still
     checks the key pinned for the jump host (its own UserKnownHostsFile), strictly, and writes nothing."""
-    from clusterctl import transfer
-    from clusterctl.remote import targets_from_hosts
+    from clusterctl.data import sync as transfer
+    from clusterctl.remote.ssh import targets_from_hosts
 
     d, sock = setup
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))
@@ -566,7 +566,7 @@ def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_p
     """check_keys_usable runs in every `run` over a plain hosts file: it tells locked keys from usable ones
     by the file's header (OpenSSH's `ssh-keygen -y -P ''` is the judge), without importing paramiko (whose
     import cost every command ~0.3 s, seconds on a busy machine)."""
-    from clusterctl import sshconfig
+    from clusterctl.remote import sshconfig
 
     keys = []
     for kind in ("ed25519", "rsa", "ecdsa"):
@@ -590,7 +590,7 @@ def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_p
     assert {"ok", "locked"} == set(states.values()) and states["pkcs8-pw"] == "locked"
     target = SimpleNamespace(identity_files=(str(tmp_path / "ed25519-RFC4716-pw.pub"),), identity_agent=None,
                              proxy_jump=None)
-    code = ("import sys; from types import SimpleNamespace as S; from clusterctl import sshconfig, errors\n"
+    code = ("import sys; from types import SimpleNamespace as S; from clusterctl import errors; from clusterctl.remote import sshconfig\n"
             f"t = S(identity_files=({str(tmp_path / 'rsa-PEM-none')!r},), identity_agent=None, proxy_jump=None)\n"
             "sshconfig.check_keys_usable([t]); print('paramiko' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -26,7 +26,7 @@ def c(module_cluster_factory):
 
 @pytest.fixture(scope="module")
 def setup(c, tmp_path_factory):
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     tag = c.name[1:]  # 8 hex digits, unique per cluster: its own ULA /64
     prefix = f"fdcc:{tag[:4]}:{tag[4:]}:1"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from clusterctl.errors import ConfigError, StateError
-from clusterctl.state import Record, StateStore
+from clusterctl.cluster.state import Record, StateStore
 from clusterctl.types import Cluster, Node
 
 
@@ -60,7 +60,7 @@ def test_lock_is_exclusive_and_names_the_holder(tmp_path):
     store = StateStore(tmp_path)
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from clusterctl.state import StateStore\n"
+         "import sys, time; from clusterctl.cluster.state import StateStore\n"
          f"s = StateStore({str(tmp_path)!r})\n"
          "with s.lock('alpha'):\n    print('locked', flush=True); time.sleep(30)"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})

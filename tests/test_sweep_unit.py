@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl import sweep
+from clusterctl.workloads import sweep
 from clusterctl.errors import UsageError
-from clusterctl.remote import TREE_FN
+from clusterctl.remote.ssh import TREE_FN
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEDULER = REPO / "templates" / "sweep_scheduler.py"

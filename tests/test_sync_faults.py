@@ -135,7 +135,7 @@ def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
 
 
 def test_a_hop_to_a_node_with_a_wrong_host_key_is_refused_and_the_node_still_gets_a_checked_copy(c4, tmp_path):
-    from clusterctl.sshkeys import generate_ed25519
+    from clusterctl.cluster.sshkeys import generate_ed25519
 
     src = tmp_path / "ds"
     sums = make_dataset(src, random_files(6, 20_000, seed=11))
@@ -159,7 +159,7 @@ def test_a_hop_to_a_node_with_a_wrong_host_key_is_refused_and_the_node_still_get
 
 def _tar_of_relay(cluster, index: int) -> int | None:
     """Host PID of the relay's `tar -x` on node `index` (its checkpoint option names the node)."""
-    from clusterctl.providers import netns
+    from clusterctl.providers.local import netns
 
     for pid in netns.netns_pids(netns_of(cluster, index)):
         try:
@@ -212,7 +212,7 @@ def test_a_stalled_node_is_cut_out_of_the_chain_and_the_rest_finish(c4, tmp_path
 
 
 def test_stall_watch_names_the_node_that_stopped_taking_data():
-    from clusterctl.transfer import StallWatch, plan_relay
+    from clusterctl.data.sync import StallWatch, plan_relay
 
     plan = plan_relay(["a", "b", "c", "d"])  # source -> a -> b -> c -> d
     w = StallWatch(plan, 4.0)

@@ -191,7 +191,7 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
     whole MiB cannot be recomputed: neither ever verified, so such a sync failed on every node, every time."""
     from motoaws import opaque_kms_etags
 
-    from clusterctl import sync_agent
+    from clusterctl.data import node_side as sync_agent
 
     cluster, endpoint, _, client = s3env
     opaque_kms_etags()  # as on S3 (moto gives such an object its MD5)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl import sync_agent, transfer
+from clusterctl.data import node_side as sync_agent
+from clusterctl.data import sync as transfer
 from clusterctl.errors import ConfigError, UsageError
-from clusterctl.remote import SshTarget
+from clusterctl.remote.ssh import SshTarget
 
 
 # ---- plans ------------------------------------------------------------------------------------------

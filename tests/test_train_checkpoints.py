@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from clusterctl import train
+from clusterctl.workloads import train_job as train
 from conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
@@ -272,7 +272,7 @@ def test_checkpoint_to_grants_the_nodes_role_write_on_that_prefix_only(monkeypat
     from moto.server import ThreadedMotoServer
     import boto3
 
-    from clusterctl.providers import aws
+    from clusterctl.providers.aws import provider as aws
     from clusterctl.types import Cluster
 
     port = free_port()

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from clusterctl import train
+from clusterctl.workloads import train_job as train
 from conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl import train
-from clusterctl.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
+from clusterctl.workloads import train_job as train
+from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
 
 pytestmark = pytest.mark.horovod
 

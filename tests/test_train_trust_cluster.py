@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from clusterctl import train
+from clusterctl.workloads import train_job as train
 from conftest import TRAIN_PY
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]

@@ -1,4 +1,4 @@
-"""clusterctl.train without running anything: the trainer's argv, and its log read back into typed values,
+"""clusterctl.workloads.train_job without running anything: the trainer's argv, and its log read back into typed values,
 against logs captured from real runs of templates/train_imagenet.py (tests/data/train_*.log): horovodrun -np 2
 --gloo on localhost, the tiny model on `clusterctl data synthetic` (640 images, 10 classes, 32 px); rank 1
 SIGKILLed after the step-60 checkpoint (killed), the same command again (resumed), then --eval-only on one
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl import train
-from clusterctl.train import CheckpointSaved, TrainOptions, TrainRow
+from clusterctl.workloads import train_job as train
+from clusterctl.workloads.train_job import CheckpointSaved, TrainOptions, TrainRow
 
 DATA = Path(__file__).parent / "data"
 KILLED = (DATA / "train_tiny_np2_killed.log").read_text()
@@ -278,7 +278,7 @@ def test_train_job_record_and_history_command():
 
 # ---- the trainer's `device` lines (which GPU each rank has) ---------------------------------------------
 def test_device_lines_before_start_open_no_run_of_their_own():
-    from clusterctl import horovod
+    from clusterctl.workloads import horovod
 
     def with_devices(log: str, gpus: str) -> str:
         lines = [f"[0]<stdout>:CLUSTERCTL-TRAIN device rank={r} host=node-0 local_rank={r} gpus={gpus} logical=0\n"

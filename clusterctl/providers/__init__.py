@@ -7,8 +7,8 @@ import importlib
 from clusterctl.errors import ConfigError
 
 _PROVIDERS = {
-    "local": ("clusterctl.providers.local", "LocalProvider"),
-    "aws": ("clusterctl.providers.aws", "AwsProvider"),
+    "local": ("clusterctl.providers.local.provider", "LocalProvider"),
+    "aws": ("clusterctl.providers.aws.provider", "AwsProvider"),
 }
 
 

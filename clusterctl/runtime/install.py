@@ -17,7 +17,7 @@ from typing import Callable, Literal, Mapping, Sequence
 
 from clusterctl import resources
 from clusterctl.errors import ConfigError, ProvisionError, UnreachableError, UsageError
-from clusterctl.remote import SshPool, SshTarget
+from clusterctl.remote.ssh import SshPool, SshTarget
 from clusterctl.runtime import spec as rt
 from clusterctl.types import Cluster
 
@@ -138,7 +138,7 @@ def prepare(pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str], r
 def relay(pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str], known_hosts: str, src: str,
           dst: str, report: Report, leader_source: bool) -> None:
     """The pack onto every node with sync's relay: checked against its sha256 on every node."""
-    from clusterctl import transfer
+    from clusterctl.data import sync as transfer
 
     source = transfer.Source("leader", path=src) if leader_source else transfer.Source("local", path=src)
     syncer = transfer.Syncer(targets, addresses, known_hosts, pool, source, dst, managed=True,

@@ -1,0 +1,389 @@
+"""`up` and `down` as idempotent steps, the same for every provider after launch:
+
+    keys -> launch (provider) -> wait for ssh -> pin host keys -> hand out the cluster key,
+    known_hosts and hosts file -> prove leader-to-member ssh -> GPUs -> the node runtime
+    (runtime/install.py) -> write ./hosts and the record.
+
+A failed or interrupted `up` removes what it created (found by tags/names) and says what it removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from clusterctl.cluster import sshkeys
+from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, UnreachableError, WaitTimeout
+from clusterctl.hostsfile import HostsFile
+from clusterctl.providers.base import ClusterKeys, Provider, Teardown
+from clusterctl.remote.ssh import SshPool, SshSettings, SshTarget
+from clusterctl.runtime.install import RuntimeRequest, S3Cache
+from clusterctl.runtime.install import install as install_runtime
+from clusterctl.cluster.state import Record, StateStore, atomic_write
+from clusterctl.types import Cluster, ClusterSpec
+
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    dir: Path
+
+    @property
+    def operator_key(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def internal_key(self) -> Path:
+        return self.dir / "internal_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def hosts(self) -> Path:
+        return self.dir / "hosts"
+
+
+def paths(store: StateStore, name: str) -> ClusterPaths:
+    return ClusterPaths(store.cluster_dir(name))
+
+
+def hosts_file(cluster: Cluster) -> HostsFile:
+    return HostsFile.from_pairs((n.private_ip, n.slots) for n in cluster.nodes)
+
+
+def behind_leader(cluster: Cluster, node) -> bool:
+    """A member without a public address in a cluster whose leader has one (EC2 gives none to instances with
+    several network interfaces; the leader has an Elastic IP): reached through the leader."""
+    return node.role != "leader" and not node.public_ip and bool(cluster.nodes and cluster.leader.public_ip)
+
+
+def ssh_targets(cluster: Cluster, store: StateStore) -> list[SshTarget]:
+    key = str(paths(store, cluster.name).operator_key)
+    direct = [SshTarget(label=n.ssh_host, hostname=n.ssh_host, port=n.ssh_port, user=n.ssh_user, identity_files=(key,))
+              for n in cluster.nodes]
+    leader = direct[0] if direct else None
+    return [SshTarget(t.label, t.hostname, t.port, t.user, t.identity_files, proxy_jump=leader)
+            if behind_leader(cluster, n) else t for n, t in zip(cluster.nodes, direct)]
+
+
+def ssh_settings(cluster: Cluster, store: StateStore, connect_timeout: float = 10.0) -> SshSettings:
+    return SshSettings(known_hosts=str(paths(store, cluster.name).known_hosts), connect_timeout=connect_timeout)
+
+
+# ---- up ---------------------------------------------------------------------------------------------
+def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: Path | None = Path("hosts"),
+       report: Report = lambda _: None, ssh_timeout: float = 300.0, runtime: RuntimeRequest = RuntimeRequest("none"),
+       runtime_cache: S3Cache | None = None, trust_first_contact: bool = False) -> Cluster:
+    with store.lock(spec.name):
+        found = None
+        if store.exists(spec.name):
+            record = store.load(spec.name)
+            live = provider.find(spec.name)
+            if record.status == "up" and live is not None:
+                refresh = getattr(provider, "refresh_access", None)  # AWS: the ssh rule becomes this run's
+                if refresh is not None:
+                    refresh(spec, record.cluster)
+                report(f"cluster {spec.name} is already up ({len(live.nodes)} nodes); nothing to do")
+                store.set_current(spec.name)
+                return live
+        else:
+            found = provider.find(spec.name)
+        if found is not None:
+            # Never adopt (nor, on failure, remove) a cluster this machine holds no keys for.
+            owner = found.extra.get("owner", "")
+            raise ProvisionError(f"cluster {spec.name} already exists ({provider.name}"
+                                 + (f", owner {owner}" if owner else "") + ") but this machine has no record "
+                                 "of it (nor its keys)",
+                                 f"remove it with `clusterctl down {spec.name} --yes`, or choose another --name")
+        p = paths(store, spec.name)
+        store.ensure_dir(spec.name)
+        operator = sshkeys.ensure_keypair(p.operator_key, f"clusterctl-{spec.name}-operator")
+        internal = sshkeys.ensure_keypair(p.internal_key, f"clusterctl-{spec.name}-internal")
+        keys = ClusterKeys(operator.public_line, internal.public_line, str(p.operator_key))
+        try:
+            report(f"launching {spec.nodes} node(s) with the {provider.name} provider")
+            launched = provider.launch(spec, keys)
+            cluster = launched.cluster
+            store.save(Record(cluster, "creating", time.time()))
+            report("waiting for ssh on every node")
+            wait_for_ssh(cluster, ssh_timeout)
+            known = dict(provider.host_keys(cluster))
+            known.update(launched.host_keys)
+            unverified = [n for n in cluster.nodes if n.ssh_host not in known]
+            if unverified and not trust_first_contact:
+                # Fail closed: the cluster's private key goes only to nodes whose key came from an authenticated
+                # source (the provider's API), unless the operator accepts first contact.
+                raise HostKeyError(f"no host key for {len(unverified)} node(s) ({', '.join(n.name for n in unverified)}) "
+                                   "from an authenticated source (their console output); clusterctl does not trust "
+                                   "first contact", "check that the image runs cloud-init, or pass "
+                                   "--trust-first-contact to accept the keys they show (the cluster key is then sent "
+                                   "to them)")
+            if unverified:
+                report(f"trusting first contact for {len(unverified)} node(s) (--trust-first-contact): "
+                       + ", ".join(n.name for n in unverified))
+            pinned = pin_host_keys(cluster, known, p.known_hosts)
+            report(f"host keys pinned for {len(pinned)} node(s) in {p.known_hosts}")
+            hf = hosts_file(cluster)
+            with SshPool(ssh_settings(cluster, store)) as pool:
+                setup_nodes(cluster, pool, ssh_targets(cluster, store), pinned, p, hf)
+                report("the leader reaches every member over ssh with host keys checked")
+                for warning in check_gpus(cluster, pool, ssh_targets(cluster, store)):
+                    report(f"warning: {warning}")
+                # The nodes' training environment; the record says which (launch.node_python reads it).
+                fields = install_runtime(cluster, pool, ssh_targets(cluster, store), hf.hosts, str(p.known_hosts),
+                                         runtime, report, s3=runtime_cache)
+            cluster = dataclasses.replace(cluster, extra={**cluster.extra, **fields})
+            atomic_write(p.hosts, hf.render(), mode=0o644)
+            if hosts_out is not None:
+                atomic_write(hosts_out, hf.render(), mode=0o644)
+            store.save(Record(cluster, "up", time.time()))
+            store.set_current(spec.name)
+            return cluster
+        except BaseException as exc:  # Ctrl-C included: leave nothing behind
+            report(f"up failed ({_why(exc)}); removing what it created")
+            teardown = provider.terminate(spec.name)
+            for line in teardown.removed:
+                report(f"  removed {line}")
+            if teardown.clean:
+                store.delete(spec.name)
+            else:
+                report(f"  still present: {'; '.join(teardown.left)} (run `clusterctl down {spec.name} --yes`)")
+            raise
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, ClusterctlError):
+        return exc.message
+    return f"{exc.__class__.__name__}: {exc}"
+
+
+def wait_for_ssh(cluster: Cluster, timeout: float) -> None:
+    """Every node's ssh port answers (concurrently), or WaitTimeout naming the ones that did not."""
+    deadline = time.monotonic() + timeout
+    stop = threading.Event()  # set on the way out (Ctrl-C included), so no worker outlives this call
+
+    def one(node) -> str | None:
+        while time.monotonic() < deadline and not stop.is_set():
+            try:
+                with socket.create_connection((node.ssh_host, node.ssh_port), timeout=2.0) as s:
+                    s.settimeout(5.0)
+                    if s.recv(4).startswith(b"SSH-"):
+                        return None
+            except OSError:
+                stop.wait(0.5)
+        return node.ssh_host
+
+    # Members behind the leader are not dialled from here: their pinned console keys say sshd is up, and the
+    # first connection through the leader proves it (pin_host_keys).
+    direct = [n for n in cluster.nodes if not behind_leader(cluster, n)]
+    with ThreadPoolExecutor(max_workers=min(64, len(direct))) as pool:
+        try:
+            missing = [h for h in pool.map(one, direct) if h]
+        finally:
+            stop.set()
+    if missing:
+        raise WaitTimeout(f"no ssh answer within {timeout:.0f}s from {', '.join(missing)}",
+                          "check the nodes' security group and that they booted")
+
+
+def pin_host_keys(cluster: Cluster, known: dict[str, tuple[str, ...]], path: Path) -> dict[str, tuple[str, ...]]:
+    """Write the cluster's known_hosts. Keys known at creation are used as they are; a node without one
+    is pinned at first contact (its key recorded once, and never silently replaced afterwards)."""
+    pinned = dict(known)
+    for node in cluster.nodes:
+        if node.ssh_host not in pinned and behind_leader(cluster, node):
+            raise HostKeyError(f"no host key for {node.name} ({node.ssh_host}) in its console output; a member reached "
+                               "through the leader is pinned from its console only",
+                               "check that the image runs cloud-init (it prints the keys), or pass --private-ips "
+                               "from inside the VPC")
+        if node.ssh_host not in pinned:
+            pinned[node.ssh_host] = (first_contact_key(node.ssh_host, node.ssh_port),)
+    text = "".join(sshkeys.render_known_hosts({n.ssh_host: list(pinned[n.ssh_host])}, port=n.ssh_port)
+                   for n in cluster.nodes)
+    atomic_write(path, text, mode=0o600)
+    return {n.ssh_host: pinned[n.ssh_host] for n in cluster.nodes}
+
+
+def first_contact_key(host: str, port: int) -> str:
+    import paramiko
+
+    sock = socket.create_connection((host, port), timeout=10)
+    t = paramiko.Transport(sock)
+    try:
+        t.get_security_options().key_types = ["ssh-ed25519"] + [
+            k for k in t.get_security_options().key_types if k != "ssh-ed25519"]
+        t.start_client(timeout=10)
+        key = t.get_remote_server_key()
+        return f"{key.get_name()} {key.get_base64()}"
+    finally:
+        t.close()
+
+
+def setup_nodes(cluster: Cluster, pool: SshPool, targets: list[SshTarget], pinned: dict[str, tuple[str, ...]],
+                p: ClusterPaths, hf: HostsFile) -> None:
+    """Hand every node the cluster's internal key, the node-side known_hosts and the hosts file, then
+    prove the leader reaches every member with host keys checked."""
+    node_view: dict[str, list[str]] = {}
+    for n in cluster.nodes:
+        node_view[n.private_ip] = list(pinned[n.ssh_host])
+        node_view[n.name] = list(pinned[n.ssh_host])
+    files = {
+        ".ssh/id_ed25519": (p.internal_key.read_bytes(), 0o600),
+        ".ssh/id_ed25519.pub": (p.internal_key.with_name(p.internal_key.name + ".pub").read_bytes(), 0o644),
+        ".ssh/known_hosts": (sshkeys.render_known_hosts(node_view).encode(), 0o644),
+        "hosts": (hf.render().encode(), 0o644),
+    }
+    report = pool.put(targets, files)
+    if not report.all_ok:
+        bad = "; ".join(f"{r.host}: {r.error}" for r in report.failed)
+        raise UnreachableError(f"could not set up every node: {bad}")
+    # The internal key must open every node to the others. Cloud nodes only know the operator key
+    # (their key pair) from boot, so it is authorized here, once, for every provider alike.
+    internal_pub = p.internal_key.with_name(p.internal_key.name + ".pub").read_text().strip()
+    line = shlex.quote(internal_pub)
+    authorize = (f"umask 077; mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
+                 f"(grep -qxF {line} ~/.ssh/authorized_keys || printf '%s\\n' {line} >> ~/.ssh/authorized_keys)")
+    report = pool.run(targets, authorize, timeout=60)
+    if not report.all_ok:
+        bad = "; ".join(f"{r.host}: {r.error or r.stderr.strip()[-200:]}" for r in report.failed)
+        raise UnreachableError(f"could not authorize the cluster key on every node: {bad}")
+    if not cluster.members:
+        return
+    checks = " ".join(
+        f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=10 {shlex.quote(m.private_ip)} true "
+        f"|| echo {shlex.quote(m.private_ip)};" for m in cluster.members)
+    result = pool.run_one(targets[0], checks, timeout=120)
+    if not result.ok or result.stdout.strip():
+        detail = result.error or result.stdout.strip().replace("\n", ", ") or result.stderr.strip()[-200:]
+        raise ProvisionError(f"the leader cannot ssh to every member: {detail}")
+
+
+# One line per node: "none" (no nvidia-smi), or "rc=<exit status> gpus=<count>" then nvidia-smi's first line
+# when it failed (the driver not loaded, a GPU fallen off the bus ...).
+GPU_PROBE = ("if command -v nvidia-smi >/dev/null 2>&1; then out=$(nvidia-smi -L 2>&1); rc=$?; "
+             "printf 'rc=%s gpus=%s\\n' \"$rc\" \"$(printf '%s\\n' \"$out\" | grep -c '^GPU ')\"; "
+             "[ \"$rc\" = 0 ] || printf '%s\\n' \"$out\" | head -n 1; else echo none; fi; true")
+
+
+def check_gpus(cluster: Cluster, pool: SshPool, targets: list[SshTarget]) -> list[str]:
+    """Slots against the GPUs nvidia-smi sees. A node of a GPU type (cluster.extra["gpus"] > 0) whose nvidia-smi
+    is missing, fails, or sees fewer GPUs than its slots fails `up` (a ProvisionError naming the nodes);
+    other mismatches are warnings."""
+    report = pool.run(targets, GPU_PROBE, timeout=60)
+    counts = {n.name: (r.stdout.strip() if r.ok else None) for n, r in zip(cluster.nodes, report)}
+    errors = gpu_failures(cluster, counts)
+    if errors:
+        raise ProvisionError(f"GPU check failed: {'; '.join(errors)}",
+                             "the image's NVIDIA driver may not drive this GPU (Volta needs R580 or older: see "
+                             "`up --dry-run`), or pass --slots to match the GPUs")
+    return gpu_mismatches(cluster, counts)
+
+
+def _gpu_probe(text: str | None) -> tuple[str, int | None, int | None, str]:
+    """("none"|"ran"|"unknown", exit status, GPUs seen, first error line) from GPU_PROBE's output (or a bare count)."""
+    lines = (text or "").strip().splitlines()
+    if not lines:
+        return "unknown", None, None, ""
+    head = lines[0].strip()
+    if head == "none":
+        return "none", None, None, ""
+    if head.isdigit():  # the older probe's answer: a count
+        return "ran", 0, int(head), ""
+    fields = dict(f.split("=", 1) for f in head.split() if "=" in f)
+    try:
+        return "ran", int(fields["rc"]), int(fields["gpus"]), (lines[1].strip() if len(lines) > 1 else "")
+    except (KeyError, ValueError):
+        return "unknown", None, None, head
+
+
+def _type_gpus(cluster: Cluster) -> int:
+    try:
+        return int(cluster.extra.get("gpus") or 0)
+    except ValueError:
+        return 0
+
+
+def gpu_failures(cluster: Cluster, counts: dict[str, str | None]) -> list[str]:
+    """The GPU nodes that cannot run their slots: one line each, naming the node."""
+    if _type_gpus(cluster) <= 0:
+        return []
+    out = []
+    for n in cluster.nodes:
+        kind, rc, seen, detail = _gpu_probe(counts.get(n.name))
+        if counts.get(n.name) is None:
+            out.append(f"{n.name}: the GPU probe did not run")
+        elif kind == "none":
+            out.append(f"{n.name}: no nvidia-smi on a {cluster.instance_type} ({_type_gpus(cluster)} GPUs)")
+        elif kind == "unknown":
+            out.append(f"{n.name}: unreadable GPU probe output {detail[:80]!r}")
+        elif rc != 0:
+            out.append(f"{n.name}: nvidia-smi failed (exit {rc}" + (f": {detail[:120]}" if detail else "") + ")")
+        elif seen is not None and seen < n.slots:
+            out.append(f"{n.name}: nvidia-smi sees {seen} GPU(s) but the node has slots={n.slots}")
+    return out
+
+
+def gpu_mismatches(cluster: Cluster, counts: dict[str, str | None]) -> list[str]:
+    """Warnings: a node whose nvidia-smi count differs from its slots, where that does not fail `up`."""
+    failing = {line.split(":", 1)[0] for line in gpu_failures(cluster, counts)}
+    out = []
+    for n in cluster.nodes:
+        kind, rc, seen, _ = _gpu_probe(counts.get(n.name))
+        if n.name in failing or kind != "ran" or rc != 0 or seen is None:
+            continue
+        if seen != n.slots:
+            out.append(f"{n.name}: nvidia-smi sees {seen} GPU(s) but the hosts file says slots={n.slots}")
+    return out
+
+
+# ---- down -------------------------------------------------------------------------------------------
+def down(name: str, store: StateStore, provider: Provider, report: Report = lambda _: None) -> Teardown:
+    with store.lock(name):
+        teardown = provider.terminate(name)
+        for line in teardown.removed:
+            report(f"removed {line}")
+        if teardown.clean:
+            store.delete(name)
+        return teardown
+
+
+# ---- the local record against the provider's view ---------------------------------------------------
+def disagreements(record: Record | None, status) -> list[str]:
+    """Where the local record and the provider's view (a ClusterStatus, or None) of one cluster differ."""
+    notes = []
+    if record is None:
+        if status is not None:
+            notes.append("no local record on this machine (its keys are elsewhere or lost); "
+                         f"`clusterctl down {status.name}` still removes it")
+        return notes
+    name = record.cluster.name
+    if status is None or (not status.nodes and not status.other):
+        notes.append(f"the local record says {record.status}, but the provider has nothing for it "
+                     f"(`clusterctl down {name}` removes the stale record)")
+        return notes
+    if not status.nodes:
+        notes.append(f"no nodes, but {len(status.other)} resource(s) remain (`clusterctl down {name}` removes them)")
+        return notes
+    if record.status != "up":
+        notes.append(f"the local record says {record.status} (an `up` did not finish)")
+    mine = {n.instance_id or n.private_ip for n in record.cluster.nodes}
+    theirs = {s.node.instance_id or s.node.private_ip for s in status.nodes}
+    if mine != theirs:
+        notes.append(f"nodes differ: the record has {len(mine)}, the provider {len(theirs)} "
+                     f"({len(mine - theirs)} only in the record, {len(theirs - mine)} only in the provider)")
+    stopped = [s.node.name for s in status.nodes if s.state not in ("running",)]
+    if stopped:
+        notes.append(f"not running: {', '.join(stopped)}")
+    return notes

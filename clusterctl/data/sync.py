@@ -1,0 +1,1137 @@
+"""Dataset distribution: put one folder (or S3 prefix) on every node, fast, and prove every copy whole.
+
+    source manifest -> pre-check every node (marker removed first) -> transport -> check -> repair
+    -> check -> completion marker (written last, only on a node whose copy matched the manifest)
+
+Transports (`--strategy`):
+  chain       the default: a pipelined relay. The source streams one tar to the first node, which
+              extracts it and, at the same moment, forwards the same bytes to the next node (tee into
+              that hop's ssh), and so on down the chain: every link carries the data once and all
+              links run at once. `--fanout K` splits the nodes after the first into K chains.
+  tree        rounds of whole-copy rsync hops: every node that has the data sends to one more.
+  parallel    every node rsyncs from the source at once.
+  sequential  one node after another (the recipe's copyclust loop).
+  S3 sources: every node pulls its copy itself, in parallel, with its own credentials.
+
+Whatever the transport, a node whose copy is short or wrong after it gets an rsync of just the bad
+files (`-I`: size and time are not trusted) from a verified neighbour, or from the source, so a
+broken link costs a re-copy of that node only. rsync keeps partial files in a private partial dir,
+so a killed transfer resumes, and a re-run copies only what is missing or wrong.
+
+Node-to-node hops use the node's own key and pinned known_hosts (StrictHostKeyChecking=yes). The
+scripts a node runs are uploaded as files and every path in them is shlex-quoted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import shlex
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal, Sequence
+
+from clusterctl.data import node_side as sync_agent
+from clusterctl.errors import ClusterctlError, ConfigError, ExitCode, UsageError
+from clusterctl.remote.ssh import SshPool, SshTarget
+from clusterctl.types import HostResult
+
+Strategy = Literal["chain", "tree", "parallel", "sequential"]
+STRATEGIES: tuple[str, ...] = ("chain", "tree", "parallel", "sequential")
+CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr"  # AES-NI first; no compression
+HOP_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "Compression=no",
+               "-c", CIPHERS, "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+               "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR")
+RSYNC_BASE = ("rsync", "-a", "-s", "-I", "--from0", "--partial-dir=" + sync_agent.PARTIAL_DIR, "--timeout=60",
+              "--info=progress2", "--no-inc-recursive")
+STALL_TIMEOUT = 120.0  # sync --stall-timeout: seconds a chain may move no data before the node that stopped is cut out
+TAR_CHECKPOINT = 100  # records of 10240 bytes: a progress line per ~1 MB per node
+WORK = ".clusterctl/sync"  # under the login home of every node
+
+
+# ---- inputs -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Source:
+    kind: Literal["local", "leader", "s3"]
+    path: str = ""  # local: absolute; leader: as given (resolved on the leader)
+    bucket: str = ""
+    prefix: str = ""
+
+    def describe(self) -> str:
+        if self.kind == "s3":
+            return f"s3://{self.bucket}/{self.prefix}"
+        return f"leader:{self.path}" if self.kind == "leader" else self.path
+
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+def _bad_chars(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def parse_source(text: str) -> Source:
+    if not text or _bad_chars(text):
+        raise UsageError(f"SRC {text!r} is empty or has control characters")
+    if text.startswith("s3://"):
+        bucket, _, prefix = text[5:].partition("/")
+        if not _BUCKET.match(bucket):
+            raise UsageError(f"SRC {text!r}: {bucket!r} is not an S3 bucket name")
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        return Source("s3", bucket=bucket, prefix=prefix)
+    if text.startswith("leader:"):
+        path = text[len("leader:"):]
+        if not path:
+            raise UsageError("SRC leader: needs a path, e.g. leader:~/imagenet_data")
+        return Source("leader", path=path)
+    path = os.path.abspath(os.path.expanduser(text))
+    if not os.path.isdir(path):
+        what = "is not a folder" if os.path.exists(path) else "does not exist"
+        raise ConfigError(f"SRC {text} {what}", "give a folder on this machine, leader:PATH or s3://bucket/prefix")
+    return Source("local", path=path)
+
+
+def check_dst(dst: str) -> str:
+    """DST as the nodes will read it (relative paths are in the login home). `/` and home are refused."""
+    if not dst or _bad_chars(dst):
+        raise UsageError(f"DST {dst!r} is empty or has control characters")
+    text = dst[2:] if dst.startswith("~/") else ("" if dst == "~" else dst)
+    if text.startswith("~"):
+        raise UsageError(f"DST {dst!r}: only ~/ (the login home) is understood")
+    norm = posixpath.normpath(text) if text else "."
+    if norm.startswith("/") and posixpath.normpath("/" + norm.lstrip("/")) == "/":
+        raise UsageError("refusing to sync into / (DST must be a folder of its own)")
+    if norm in (".", "..") or norm.startswith("../"):
+        raise UsageError(f"refusing to sync into {dst!r}: it is the login home or above it; name a folder in it")
+    return norm
+
+
+# ---- plans ------------------------------------------------------------------------------------------
+SOURCE = "source"
+
+
+@dataclass(frozen=True)
+class RelayPlan:
+    """Who streams to whom. `children[SOURCE]` are fed by the source (the operator or the leader)."""
+
+    children: dict[str, tuple[str, ...]]
+
+    def edges(self) -> list[tuple[str, str]]:
+        out, todo = [], [SOURCE]
+        while todo:
+            parent = todo.pop(0)
+            for child in self.children.get(parent, ()):
+                out.append((parent, child))
+                todo.append(child)
+        return out
+
+
+def plan_relay(nodes: Sequence[str], fanout: int = 1, source_is: str | None = None) -> RelayPlan:
+    """One stream from the source to the head, then `fanout` chains of the rest. When the source is a
+    node (the leader), it is the head itself."""
+    nodes = [n for n in nodes if n != source_is]
+    children: dict[str, tuple[str, ...]] = {}
+    if not nodes:
+        return RelayPlan(children)
+    if source_is is None:
+        head, rest = nodes[0], nodes[1:]
+        children[SOURCE] = (head,)
+    else:
+        head, rest = SOURCE, nodes
+    k = max(1, min(fanout, len(rest)))
+    size, extra = divmod(len(rest), k) if rest else (0, 0)
+    chains, start = [], 0
+    for i in range(k if rest else 0):
+        n = size + (1 if i < extra else 0)
+        chains.append(rest[start:start + n])
+        start += n
+    children[head] = tuple(c[0] for c in chains if c)
+    for chain in chains:
+        for a, b in zip(chain, chain[1:]):
+            children[a] = (b,)
+    return RelayPlan({k: v for k, v in children.items() if v})
+
+
+def plan_tree(nodes: Sequence[str], source_is: str | None = None) -> list[list[tuple[str, str]]]:
+    """Rounds of whole-copy hops: in each round every holder (the source included) sends to one more."""
+    pending = [n for n in nodes if n != source_is]
+    holders, rounds = [SOURCE], []
+    while pending:
+        hops = [(h, pending.pop(0)) for h in list(holders) if pending]
+        holders += [b for _, b in hops]
+        rounds.append(hops)
+    return rounds
+
+
+def render_plan(strategy: str, nodes: Sequence[str], source: Source, fanout: int, leader: str | None) -> list[str]:
+    src = f"source ({source.describe()})" if source.kind != "leader" else f"source (leader {leader}: {source.path})"
+    name = lambda n: src if n == SOURCE else n  # noqa: E731
+    if source.kind == "s3":
+        return [f"s3: every node pulls its own copy from {source.describe()} at once ({len(nodes)} node(s))"] + \
+               [f"  {source.describe()} -> {n}" for n in nodes]
+    source_is = leader if source.kind == "leader" else None
+    if strategy == "chain":
+        plan = plan_relay(nodes, fanout, source_is)
+        lines = [f"chain (fanout {fanout}): one tar stream per link, every node writes and forwards at once"]
+        if source_is is not None:
+            lines.append(f"  {leader} extracts its own copy from the stream (unless DST is the source folder)")
+        return lines + [f"  {name(a)} -> {b}" for a, b in plan.edges()]
+    if strategy == "tree":
+        lines = ["tree: rounds of whole-copy rsync hops; every node that has the data sends to one more"]
+        for i, hops in enumerate(plan_tree(nodes, source_is), 1):
+            lines.append(f"  round {i}: " + ", ".join(f"{name(a)} -> {b}" for a, b in hops))
+        return lines
+    receivers = [n for n in nodes if n != source_is]
+    if strategy == "parallel":
+        return [f"parallel: {len(receivers)} rsync(s) from the source at once"] + [f"  {src} -> {n}" for n in receivers]
+    return [f"sequential: {len(receivers)} rsync(s) from the source, one after another"] + \
+           [f"  {i}. {src} -> {n}" for i, n in enumerate(receivers, 1)]
+
+
+# ---- results ----------------------------------------------------------------------------------------
+NodeStatus = Literal["ok", "failed", "unreachable"]
+
+
+@dataclass
+class NodeOutcome:
+    host: str
+    status: NodeStatus = "ok"
+    bytes: int = 0  # bytes this sync had to put on the node
+    seconds: float = 0.0  # from the start until the node was verified (or given up)
+    verified: bool = False
+    detail: str = ""
+
+
+class SyncIncomplete(ClusterctlError):
+    def __init__(self, message: str, hint: str, code: ExitCode):
+        super().__init__(message, hint)
+        self.exit_code = code
+
+
+@dataclass
+class SyncReport:
+    outcomes: list[NodeOutcome]
+    total_bytes: int  # size of the dataset
+    seconds: float
+    strategy: str
+    files: int
+
+    @property
+    def exit_code(self) -> int:
+        if any(o.status == "unreachable" for o in self.outcomes):
+            return int(ExitCode.UNREACHABLE)
+        if any(o.status != "ok" for o in self.outcomes):
+            return int(ExitCode.REMOTE_FAILED)
+        return 0
+
+    def error(self) -> SyncIncomplete | None:
+        bad = [o for o in self.outcomes if o.status != "ok"]
+        if not bad:
+            return None
+        first = "; ".join(f"{o.host}: {o.status}: {o.detail}" for o in bad[:3])
+        return SyncIncomplete(f"{len(bad)} of {len(self.outcomes)} node(s) not verified, not marked complete ({first})",
+                              "fix them and run the same `clusterctl sync` again: it copies only what is missing",
+                              ExitCode(self.exit_code))
+
+
+class Events:
+    """What the library tells the display. The CLI passes one that draws; tests may pass none."""
+
+    def phase(self, text: str) -> None: ...
+    def need(self, host: str, total: int) -> None: ...  # this node will receive `total` bytes
+    def progress(self, host: str, done: int) -> None: ...  # bytes received so far (monotonic per phase)
+    def finished(self, outcome: NodeOutcome) -> None: ...
+
+
+# ---- ssh command lines ------------------------------------------------------------------------------
+def _host_for_rsync(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def operator_ssh(target: SshTarget, known_hosts: str, managed: bool) -> list[str]:
+    """OpenSSH argv from this machine to a node (data does not go through paramiko: too slow)."""
+    argv = ["ssh"]
+    if managed and target.proxy_jump is not None:
+        # -J runs a second ssh for the jump host that inherits -F but none of the -o/-i given here: one config
+        # file carries the key, the pinned known_hosts and StrictHostKeyChecking=yes to both hops.
+        argv += ["-F", jump_ssh_config(target, known_hosts)]
+    elif managed:  # a cluster clusterctl made: its key and pinned known_hosts only, no user config
+        argv += ["-F", "/dev/null", "-o", "IdentitiesOnly=yes"]
+        for key in target.identity_files:
+            argv += ["-i", key]
+    else:  # a plain hosts file: the user's config (-F when --ssh-config named one), the files it pins keys in
+        if target.ssh_config:
+            argv += ["-F", target.ssh_config]
+        argv += [f"-i{k}" for k in target.identity_files]
+        if target.host_key_alias:
+            argv += ["-o", f"HostKeyAlias={target.host_key_alias}"]
+    pinned = known_hosts
+    if not managed and target.known_hosts:  # OpenSSH takes a list here; the first -o wins over the config
+        pinned = " ".join(shlex.quote(k) if " " in k else k for k in target.known_hosts)
+    argv += ["-o", f"UserKnownHostsFile={pinned}", "-o", "GlobalKnownHostsFile=/dev/null", *HOP_OPTIONS,
+             "-p", str(target.port), "-l", target.user]
+    if target.proxy_jump is not None and managed:
+        j = target.proxy_jump
+        argv += ["-J", f"{j.user}@{_host_for_rsync(j.hostname)}:{j.port}"]
+    elif target.proxy_jump is not None:
+        # -J would start the jump's ssh with -F alone: none of its pinned files, strict checking or keys.
+        # The jump gets this function's own argv as ProxyCommand instead (% is a token mark there).
+        j = target.proxy_jump
+        hop = operator_ssh(j, known_hosts, managed) + ["-W", f"[{target.hostname}]:{target.port}", "--", j.hostname]
+        argv += ["-o", "ProxyCommand=" + shlex.join(hop).replace("%", "%%")]
+    return argv
+
+
+def jump_ssh_config(target: SshTarget, known_hosts: str) -> str:
+    """The ssh_config (beside the cluster's known_hosts) that both hops of a managed ProxyJump read."""
+    def q(value: str) -> str:
+        return '"' + value.replace('"', "") + '"'
+
+    keys = tuple(dict.fromkeys(target.identity_files + target.proxy_jump.identity_files))
+    lines = ["# written by clusterctl for ProxyJump through the leader: both hops use these settings", "Host *",
+             "  IdentitiesOnly yes", *(f"  IdentityFile {q(k)}" for k in keys),
+             f"  UserKnownHostsFile {q(known_hosts)}", "  GlobalKnownHostsFile /dev/null",
+             "  StrictHostKeyChecking yes", "  BatchMode yes", "  ConnectTimeout 10", ""]
+    path = os.path.join(os.path.dirname(os.path.abspath(known_hosts)), "ssh_config")
+    text = "\n".join(lines)
+    try:
+        current = open(path).read()
+    except OSError:
+        current = None
+    if current != text:
+        from clusterctl.cluster.state import atomic_write
+
+        atomic_write(Path(path), text, mode=0o600)
+    return path
+
+
+def node_ssh(user: str, port: int, managed: bool) -> list[str]:
+    """OpenSSH argv from one node to another: the node's cluster key and its pinned known_hosts."""
+    argv = ["ssh", *HOP_OPTIONS, "-p", str(port), "-l", user]
+    if managed:
+        argv[1:1] = ["-o", "IdentitiesOnly=yes", "-i", "~/.ssh/id_ed25519", "-o", "UserKnownHostsFile=~/.ssh/known_hosts"]
+    return argv
+
+
+# ---- the sync -------------------------------------------------------------------------------------------
+@dataclass
+class _Node:
+    index: int
+    target: SshTarget  # how the operator reaches it
+    address: str  # how the other nodes reach it (hosts-file token)
+    outcome: NodeOutcome
+    root: str = ""  # DST resolved on the node
+    bad: list[str] = field(default_factory=list)
+    bad_bytes: int = 0
+    free: int = 0
+    alive: bool = True
+    last_error: str = ""  # why its last copy attempt failed, when the copy said so
+
+    @property
+    def label(self) -> str:
+        return self.target.label
+
+
+class Syncer:
+    def __init__(self, targets: Sequence[SshTarget], addresses: Sequence[str], known_hosts: str, pool: SshPool,
+                 source: Source, dst: str, *, strategy: str = "chain", fanout: int = 1, delete: bool = False,
+                 endpoint_url: str | None = None, managed: bool = True, events: Events | None = None,
+                 node_python: str | None = None, timeout: float | None = None,
+                 stall_timeout: float | None = STALL_TIMEOUT):
+        if strategy not in STRATEGIES:
+            raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
+        if fanout < 1:
+            raise UsageError("--fanout must be at least 1")
+        if stall_timeout is not None and not stall_timeout > 0:
+            raise UsageError(f"--stall-timeout must be positive, not {stall_timeout:g}")
+        if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
+            raise UsageError(f"--endpoint-url {endpoint_url!r} is not an http(s) URL")
+        self.pool, self.source, self.dst = pool, source, check_dst(dst)
+        self.strategy, self.fanout, self.delete, self.endpoint_url = strategy, fanout, delete, endpoint_url
+        self.known_hosts, self.managed = known_hosts, managed
+        self.events = events or Events()
+        self.python = node_python or "python3"  # the record's runtime Python where the caller has one
+        self.timeout = timeout
+        self.stall_timeout = stall_timeout
+        self.token = uuid.uuid4().hex[:12]
+        self.work = f"{WORK}/{self.token}"
+        self.nodes = [_Node(i, t, a, NodeOutcome(t.label)) for i, (t, a) in enumerate(zip(targets, addresses))]
+        self.start = 0.0
+        self.entries: list[dict] = []
+        self.manifest_bytes = b""
+        self.src_root = ""  # the source folder, resolved where it is
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.children = Children()
+
+    # ---- helpers ---------------------------------------------------------------------------------------
+    @property
+    def leader(self) -> _Node:
+        return self.nodes[0]
+
+    def _py(self, script: str, *args: str) -> str:
+        py = shlex.quote(self.python)
+        return (f"P={py}; [ -x \"$P\" ] || P=python3; \"$P\" {shlex.quote(f'{self.work}/{script}')} "
+                + " ".join(shlex.quote(a) for a in args))
+
+    def _agent(self, node: _Node, *args: str, timeout: float | None = None,
+               on_line: Callable[[str, str, str], None] | None = None) -> tuple[dict | None, HostResult]:
+        out = f"{self.work}/out-{uuid.uuid4().hex[:8]}.json"  # the result comes back by SFTP: no output cap
+        r = self.pool.run_one(node.target, self._py("agent.py", *args, "--out", out), timeout=timeout, on_line=on_line)
+        data = None
+        for line in reversed(r.stdout.strip().splitlines()):
+            try:
+                data = json.loads(line)
+                break
+            except ValueError:
+                continue
+        if isinstance(data, dict) and data.get("out") == out:
+            try:
+                data = json.loads(self._fetch(node, out))
+            except (OSError, ValueError) as exc:
+                data = {"error": f"cannot read the agent's result {out}: {exc}"}
+        return data, r
+
+    def _fetch(self, node: _Node, path: str) -> bytes:
+        """A file of the node (relative to the login home) by SFTP, then removed there."""
+        client = self.pool.client(node.target)
+        sftp = client.open_sftp()
+        try:
+            with sftp.open(path, "rb") as f:
+                f.prefetch()
+                data = f.read()
+            sftp.remove(path)
+            return data
+        finally:
+            sftp.close()
+
+    def _fail(self, node: _Node, status: NodeStatus, detail: str) -> None:
+        if node.outcome.status == "ok" or status == "unreachable":
+            node.outcome.status = status
+            node.outcome.detail = " ".join(detail.split())[:300]
+        node.outcome.seconds = time.monotonic() - self.start
+        node.alive = False
+
+    def _failed_result(self, node: _Node, r: HostResult, data: dict | None, what: str) -> None:
+        if r.exit_code is None:
+            self._fail(node, "unreachable", r.error or "unreachable")
+        else:
+            why = (data or {}).get("error") or r.stderr.strip()[-200:] or f"exit {r.exit_code}"
+            self._fail(node, "failed", f"{what}: {why}")
+
+    def _live(self, nodes: Sequence[_Node] | None = None) -> list[_Node]:
+        return [n for n in (self.nodes if nodes is None else nodes) if n.alive]
+
+    def _fan(self, items: Sequence, fn: Callable[[object], None], parallel: int = 64) -> None:
+        """fn over items on a bounded pool. Ctrl-C stops local children and remote commands, then re-raises."""
+        if not items:
+            return
+        ex = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(items))))
+        futures = [ex.submit(fn, it) for it in items]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            self.interrupt()
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
+        ex.shutdown(wait=True)
+
+    def interrupt(self) -> None:
+        self.pool.cancel.set()
+        self.children.kill_all()
+
+    def _write_list(self, paths: Sequence[str]) -> bytes:
+        return b"".join(os.fsencode(p) + b"\0" for p in paths)
+
+    # ---- the run -----------------------------------------------------------------------------------
+    def run(self) -> SyncReport:
+        self.start = time.monotonic()
+        self._tmp = tempfile.TemporaryDirectory(prefix="clusterctl-sync-")
+        try:
+            self._run()
+        except BaseException:
+            self.interrupt()
+            raise
+        finally:
+            self._tmp.cleanup()
+        for n in self.nodes:
+            if n.alive:
+                n.outcome.verified = True
+            self.events.finished(n.outcome)
+        total = sum(e.get("s", 0) for e in self.entries)
+        files = sum(1 for e in self.entries if e["t"] == "f")
+        return SyncReport([n.outcome for n in self.nodes], total, time.monotonic() - self.start, self.strategy, files)
+
+    def _run(self) -> None:
+        self._manifest()
+        self._upload()
+        self.events.phase(f"checking {len(self._live())} node(s) against the manifest")
+        self._check_all(reset=True)
+        todo = [n for n in self._live() if n.bad]
+        for n in todo:
+            n.outcome.bytes = n.bad_bytes
+        if todo:
+            self._transport(todo)
+            self.events.phase("verifying every copy against the manifest")
+            self._check_all(todo, reset=False)
+            for attempt in range(2):
+                broken = [n for n in self._live(todo) if n.bad]
+                if not broken:
+                    break
+                for n in broken:
+                    if n.last_error:
+                        self.events.phase(f"{n.label}: {n.last_error}")
+                        n.last_error = ""
+                where = "a verified neighbour" if attempt == 0 else "the source"
+                self.events.phase(f"repairing {len(broken)} node(s): the bad files only, from {where}")
+                self._repair(broken, from_source=attempt > 0)
+                self._check_all(broken, reset=False)
+            for n in self._live(todo):
+                if n.bad:
+                    self._fail(n, "failed", f"{len(n.bad)} file(s) still differ from the manifest, e.g. {n.bad[0]!r}"
+                               + (f" ({n.last_error})" if n.last_error else ""))
+        self._cleanup()
+
+    # ---- manifest ----------------------------------------------------------------------------------
+    def _manifest(self) -> None:
+        src = self.source
+        if src.kind == "local":
+            self.events.phase(f"making the manifest of {src.path} (sha256 of every file)")
+            self.src_root = src.path
+            self.entries = sync_agent.scan(src.path, workers=min(4, os.cpu_count() or 1))
+        else:
+            self.events.phase("making the manifest on the leader" if src.kind == "leader"
+                              else f"listing {src.describe()} from the leader")
+            r = self.pool.put_one(self.leader.target, {f"{self.work}/agent.py": (self._agent_bytes(), 0o600)})
+            if not r.ok:
+                raise SyncIncomplete(f"cannot reach the leader {self.leader.label}: {r.error}", "check the cluster",
+                                     ExitCode.UNREACHABLE)
+            if src.kind == "leader":
+                data, r = self._agent(self.leader, "manifest", src.path)
+            else:
+                args = ["s3list", src.bucket, src.prefix]
+                if self.endpoint_url:
+                    args += ["--endpoint-url", self.endpoint_url]
+                data, r = self._agent(self.leader, *args)
+            if r.exit_code is None:
+                raise SyncIncomplete(f"the leader {self.leader.label} is unreachable: {r.error}", "check the cluster",
+                                     ExitCode.UNREACHABLE)
+            if r.exit_code != 0 or not data or "entries" not in data:
+                why = (data or {}).get("error") or r.stderr.strip()[-300:] or f"exit {r.exit_code}"
+                if r.exit_code == sync_agent.EXIT_INPUT:
+                    raise ConfigError(f"SRC {src.describe()}: {why}")
+                raise SyncIncomplete(f"could not read SRC {src.describe()} on the leader: {why}", "see the message",
+                                     ExitCode.REMOTE_FAILED)
+            self.entries = data["entries"]
+            self.src_root = data.get("root", "")
+            if src.kind == "leader":
+                self._check_overlap(data)
+        for e in self.entries:
+            problem = sync_agent.path_problem(e["p"])
+            if problem:
+                raise ConfigError(f"SRC {src.describe()}: {problem}")
+        self.manifest_bytes = json.dumps({"entries": self.entries, "source": src.describe()},
+                                         ensure_ascii=True).encode()
+
+    @staticmethod
+    def _agent_bytes() -> bytes:
+        return Path(sync_agent.__file__).read_bytes()
+
+    def _upload(self) -> None:
+        files = {f"{self.work}/agent.py": (self._agent_bytes(), 0o600),
+                 f"{self.work}/manifest.json": (self.manifest_bytes, 0o600)}
+
+        def one(n: _Node) -> None:
+            r = self.pool.put_one(n.target, files)
+            if not r.ok:
+                self._fail(n, "unreachable", r.error or "upload failed")
+
+        self.events.phase(f"sending the manifest ({len(self.entries)} entries) to {len(self.nodes)} node(s)")
+        self._fan(self.nodes, one)
+
+    def _check_all(self, nodes: Sequence[_Node] | None = None, reset: bool = False) -> None:
+        total = sum(e.get("s", 0) for e in self.entries)
+        timeout = self.timeout or 600 + total / 20e6
+
+        def one(n: _Node) -> None:
+            args = ["check", "--dst", self.dst, "--manifest", f"{self.work}/manifest.json", "--mark",
+                    self.source.describe(), "--workers", "4"]
+            if reset:
+                args.append("--reset")
+            if self.delete:
+                args.append("--delete")
+            data, r = self._agent(n, *args, timeout=timeout)
+            if r.exit_code != 0 or not data or "bad" not in data:
+                if r.exit_code == 2:
+                    raise UsageError(f"DST {self.dst!r}: {(data or {}).get('error', 'refused')}")
+                self._failed_result(n, r, data, "check")
+                return
+            n.root, n.bad, n.bad_bytes, n.free = data["root"], data["bad"], data["bad_bytes"], data["free"]
+            if reset and n.bad_bytes > n.free:
+                self._fail(n, "failed", f"not enough space at {n.root}: needs {_mb(n.bad_bytes)}, has {_mb(n.free)} free")
+            elif not n.bad and not n.outcome.seconds:
+                n.outcome.seconds = time.monotonic() - self.start
+                self.events.progress(n.label, n.outcome.bytes)
+
+        self._fan(self._live(nodes), one)
+
+    def _check_overlap(self, data: dict) -> None:
+        """Before anything is touched: on the leader, DST inside SRC (or SRC inside DST) is refused; the
+        check of DST (with --delete) would otherwise remove parts of the source."""
+        dst = self.dst if self.dst.startswith("/") else posixpath.join(data.get("home", "/root"), self.dst)
+        dst = posixpath.normpath(dst).rstrip("/") + "/"
+        for src in {self.src_root, data.get("real", self.src_root)}:
+            a = src.rstrip("/") + "/"
+            if a != dst and (a.startswith(dst) or dst.startswith(a)):
+                raise UsageError(f"on the leader, SRC {src} and DST {dst.rstrip('/')} are inside one another",
+                                 "sync into a folder of its own")
+
+    def _cleanup(self) -> None:
+        self._fan(self.nodes, lambda n: self.pool.run_one(n.target, f"rm -rf -- {shlex.quote(self.work)}", timeout=30)
+                  if n.outcome.status != "unreachable" else None)
+
+    # ---- transport ---------------------------------------------------------------------------------
+    def _transport(self, todo: list[_Node]) -> None:
+        for n in todo:
+            self.events.need(n.label, n.bad_bytes)
+        if self.source.kind == "s3":
+            self._s3_round(todo)
+            return
+        if self.strategy == "chain":
+            union: set[str] = set()
+            for n in todo:
+                union.update(n.bad)
+            sizes = {e["p"]: e.get("s", 0) for e in self.entries}
+            union_bytes = sum(sizes[p] for p in union)
+            relay = [n for n in todo if n.bad_bytes * 2 >= union_bytes]  # the nearly complete get rsync instead
+            if len(relay) < len(todo):
+                union = set().union(*(set(n.bad) for n in relay)) if relay else set()
+                union_bytes = sum(sizes[p] for p in union)
+            for n in relay:
+                n.outcome.bytes = union_bytes
+                self.events.need(n.label, union_bytes)
+            self.events.phase(f"streaming {_mb(union_bytes)} down a chain of {len(relay)} node(s)")
+            self._relay(relay, [e["p"] for e in self.entries if e["p"] in union])
+            rest = [n for n in todo if n not in relay]
+            if rest:
+                self._repair(rest)
+            return
+        if self.strategy == "tree":
+            self._tree(todo)
+        elif self.strategy == "parallel":
+            self.events.phase(f"{len(todo)} rsync(s) from the source at once")
+            self._fan(todo, lambda n: self._rsync(None, n, n.bad))
+        else:
+            self.events.phase(f"{len(todo)} rsync(s) from the source, one after another")
+            for n in todo:
+                if n.alive:
+                    self._rsync(None, n, n.bad)
+
+    # ---- chain relay -----------------------------------------------------------------------------
+    def _relay(self, relay: list[_Node], paths: list[str]) -> None:
+        if not relay:
+            return
+        by_label = {n.label: n for n in self.nodes}
+        leader_src = self.source.kind == "leader"
+        plan = plan_relay([n.label for n in relay], self.fanout, self.leader.label if leader_src else None)
+        hop = node_ssh(self.leader.target.user, self.leader.target.port, self.managed)
+        extract = {n.label for n in relay}
+        scripts: dict[str, bytes] = {}
+        for n in relay + ([self.leader] if leader_src else []):
+            kids = plan.children.get(SOURCE if (leader_src and n is self.leader) else n.label, ())
+            root = n.root if n.label in extract else None
+            scripts[n.label] = relay_script(n.index, root, [by_label[c] for c in kids], hop, self.work, self.python)
+        lst = self._write_list(paths)
+        uploads = {label: {f"{self.work}/relay.sh": (body, 0o700)} for label, body in scripts.items()}
+        if leader_src:
+            uploads[self.leader.label][f"{self.work}/relay.list"] = (lst, 0o600)
+            uploads[self.leader.label][f"{self.work}/source.sh"] = (source_script(self.src_root, self.work), 0o700)
+
+        def put(label: str) -> None:
+            r = self.pool.put_one(by_label[label].target, uploads[label])
+            if not r.ok:
+                self._fail(by_label[label], "unreachable", r.error or "upload failed")
+
+        self._fan(list(uploads), lambda label: put(label))
+        by_index = {n.index: n for n in self.nodes}
+        done_at: dict[int, int] = {}
+        cancel = threading.Event()  # a leader source's command, when its own relay stalled
+        watch = StallWatch(plan, self.stall_timeout) if self.stall_timeout else None
+
+        def on_stderr(line: str) -> None:
+            rc = re.search(r"CCSYNC-RC (\d+) ", line)
+            if rc and int(rc.group(1)) in by_index:
+                by_index[int(rc.group(1))].outcome.seconds = time.monotonic() - self.start
+                if watch:
+                    watch.moved()
+            m = re.search(r"CCSYNC-TAR (\d+) (\d+)", line)
+            if m:
+                idx, ck = int(m.group(1)), int(m.group(2))
+                if idx in by_index:
+                    done_at[idx] = ck * TAR_CHECKPOINT * 10240
+                    self.events.progress(by_index[idx].label, min(done_at[idx], by_index[idx].outcome.bytes))
+                    if watch:
+                        watch.moved(by_index[idx].label)
+            h = re.search(r"CCSYNC-HOP (\d+) (in|hop|ext) (\d+)", line)
+            if h and watch and int(h.group(1)) in by_index:
+                watch.report(by_index[int(h.group(1))].label, h.group(2), float(h.group(3)))
+
+        def stalled(label: str | None) -> None:
+            if label is None:  # nothing moves and no node can be named: end the relay, repair decides
+                self.events.phase(f"the relay moved no data for {2 * watch.limit:g}s; ending it (repair follows)")
+                self._end_relay(leader_src, cancel)
+                self._fan([by_label[x] for x in watch.below(SOURCE) if x in by_label], self._kill_relay)
+                return
+            self._cut_stalled(by_label[label], watch, by_label, leader_src, cancel)
+
+        if leader_src:
+            if not self.leader.alive:
+                return
+            if watch:
+                watch.start(stalled)
+            try:
+                self.pool.run_one(self.leader.target, f"bash {shlex.quote(self.work + '/source.sh')}",
+                                  timeout=self.timeout, on_line=lambda _h, stream, line: on_stderr(line), cancel=cancel)
+            finally:
+                if watch:
+                    watch.stop()
+            return
+        head = by_label[plan.children[SOURCE][0]]
+        if not head.alive:
+            return
+        list_path = Path(self._tmp.name) / "relay.list"
+        list_path.write_bytes(lst)
+        tar = ["tar", "-C", self.src_root, "--null", "--verbatim-files-from", "--no-recursion", "-T", str(list_path), "-cf", "-"]
+        ssh = operator_ssh(head.target, self.known_hosts, self.managed) + [
+            "--", head.target.hostname, f"bash {shlex.quote(self.work + '/relay.sh')}"]
+        if watch:
+            watch.start(stalled)
+        try:
+            run_pipeline(self.children, tar, ssh, on_stderr, self.timeout)
+        finally:
+            if watch:
+                watch.stop()
+
+    def _cut_stalled(self, node: _Node, watch: "StallWatch", by_label: dict, leader_src: bool,
+                     cancel: threading.Event) -> None:
+        """A relay node took no data for --stall-timeout: report it, cut its hop (the rest of the chain goes on;
+        the nodes after it are repaired from verified neighbours), kill its relay and those below it."""
+        self._fail(node, "failed", f"stalled: took no data for {watch.limit:g}s (sync --stall-timeout); "
+                                   f"cut out of the chain")
+        self.events.phase(f"{node.label}: took no data for {watch.limit:g}s; cut out of the chain")
+        parent = watch.parent.get(node.label, SOURCE)
+        if parent == SOURCE:
+            self._end_relay(leader_src, cancel)
+        else:  # the parent drops that hop: its ssh into the node dies, its relay goes on with its own copy
+            pattern = f"-- {re.escape(node.address)} bash {re.escape(self.work)}/relay[.]sh"
+            self.pool.run_one(by_label[parent].target, f"pkill -KILL -f -- {shlex.quote(pattern)}; true", timeout=15)
+        self._fan([node] + [by_label[x] for x in watch.below(node.label) if x in by_label], self._kill_relay)
+
+    def _end_relay(self, leader_src: bool, cancel: threading.Event) -> None:
+        if leader_src:
+            cancel.set()  # ends the leader's source command (its remote session is killed)
+        else:
+            self.children.kill_all()  # the local tar | ssh into the head
+
+    def _kill_relay(self, n: _Node) -> None:
+        """This sync's relay processes on node n (its tar too, stopped or not), best effort and bounded."""
+        w = re.escape(self.work)
+        pattern = f"{w}/relay[.]sh|{w}/agent[.]py relay|echo=CCSYNC-TA[R] {n.index} "  # [R]: not this shell
+        self.pool.run_one(n.target, f"pkill -KILL -f -- {shlex.quote(pattern)}; true", timeout=15)
+
+    # ---- rsync hops ------------------------------------------------------------------------------
+    def _rsync(self, sender: _Node | None, receiver: _Node, paths: list[str]) -> bool:
+        """Copy `paths` (the bad ones) to `receiver` from the source (None) or a verified node. True if rsync
+        exited 0 (the check after it is what counts)."""
+        if not receiver.alive:
+            return False
+        lst = self._write_list(paths)
+        dest = f"{receiver.target.user}@{_host_for_rsync(receiver.address)}:{receiver.root}/"
+        progress = lambda done: self.events.progress(receiver.label, min(done, receiver.outcome.bytes))  # noqa: E731
+        from_leader = sender is None and self.source.kind == "leader"
+        if sender is None and not from_leader:
+            list_path = Path(self._tmp.name) / f"rsync-{receiver.index}.list"
+            list_path.write_bytes(lst)
+            wrapper = Path(self._tmp.name) / f"ssh-{receiver.index}"
+            full = operator_ssh(receiver.target, self.known_hosts, self.managed)
+            ssh = [a for i, a in enumerate(full) if a != "-l" and full[i - 1] != "-l"]  # rsync passes the user
+            wrapper.write_text("#!/bin/sh\nexec " + shlex.join(ssh) + ' "$@"\n')
+            wrapper.chmod(0o700)
+            dest = f"{receiver.target.user}@{_host_for_rsync(receiver.target.hostname)}:{receiver.root}/"
+            argv = [*RSYNC_BASE, "-e", str(wrapper), f"--files-from={list_path}",
+                    self.src_root.rstrip("/") + "/", dest]
+            rc, err = run_rsync(self.children, argv, progress, self.timeout)
+            ok = rc == 0
+            if not ok:
+                receiver.last_error = "rsync from the source: " + _why_rsync(err, f"exit {rc}")
+            receiver.outcome.seconds = time.monotonic() - self.start
+            return ok
+        node = self.leader if from_leader else sender
+        src_dir = self.src_root if from_leader else node.root
+        if not node.alive:
+            return False
+        name = f"{self.work}/rsync-{receiver.index}.list"
+        r = self.pool.put_one(node.target, {name: (lst, 0o600)})
+        if not r.ok:
+            return False
+        e = shlex.join(node_ssh(receiver.target.user, receiver.target.port, self.managed))
+        cmd = shlex.join([*RSYNC_BASE, "-e", e, f"--files-from={name}", src_dir.rstrip("/") + "/", dest])
+        cmd = f"set -o pipefail; {cmd} | stdbuf -oL tr '\\r' '\\n'"
+
+        def on_line(_h: str, stream: str, line: str) -> None:
+            done = _rsync_bytes(line)
+            if done is not None:
+                progress(done)
+
+        r = self.pool.run_one(node.target, f"bash -c {shlex.quote(cmd)}", timeout=self.timeout, on_line=on_line)
+        receiver.outcome.seconds = time.monotonic() - self.start
+        if not r.ok:
+            receiver.last_error = f"rsync from {node.label}: " + _why_rsync(r.stderr, r.error or f"exit {r.exit_code}")
+        return r.ok
+
+    def _tree(self, todo: list[_Node]) -> None:
+        leader_src = self.source.kind == "leader"
+        by_label = {n.label: n for n in self.nodes}
+        rounds = plan_tree([n.label for n in todo], self.leader.label if leader_src else None)
+        holders: list[_Node | None] = [None]  # None: the source
+        pending = [by_label[b] for hops in rounds for _, b in hops]
+        # the leader's own copy, when it is the source: a local hop in the first round, using no link
+        extra = [self.leader] if leader_src and self.leader in todo else []
+        r = 0
+        while pending or extra:
+            r += 1
+            hops, extra = [(None, x) for x in extra], []
+            for h in list(holders):
+                if pending:
+                    hops.append((h, pending.pop(0)))
+            self.events.phase(f"tree round {r}: {len(hops)} rsync hop(s)")
+            results: dict[int, bool] = {}
+
+            def hop(pair):
+                a, b = pair
+                results[b.index] = self._rsync(a, b, b.bad)
+
+            self._fan(hops, hop)
+            holders += [b for _, b in hops if results.get(b.index) and not (leader_src and b is self.leader)]
+
+    def _repair(self, broken: list[_Node], from_source: bool = False) -> None:
+        """rsync only the bad files, from verified nodes (spread over them) or else from the source."""
+        good = [] if from_source else [n for n in self._live() if not n.bad and n not in broken and n.root]
+        if not good and self.source.kind == "s3":
+            self._s3_round(broken)
+            return
+        jobs = []
+        for i, n in enumerate(broken):
+            sender = good[i % len(good)] if good else None
+            jobs.append((sender, n))
+        self._fan(jobs, lambda job: self._rsync(job[0], job[1], job[1].bad))
+
+    # ---- S3 --------------------------------------------------------------------------------------
+    def _s3_round(self, nodes: list[_Node]) -> None:
+        """Every node pulls its own copy, all at once. Objects S3 gives no checkable checksum for (SSE-KMS, a
+        multipart ETag of unknown part size) are taken as pulled (--record) and their streamed sha256 returned;
+        the first node in host order that pulled one gives the sha256 that goes into the manifest, and every
+        node's copy is then checked against it (the check after the pulls; a copy that differs is repaired)."""
+        nodes = self._live(nodes)
+        if not nodes:
+            return
+        self.events.phase(f"{len(nodes)} node(s) pulling from {self.source.describe()} at once")
+        recorded: dict[int, dict[str, str]] = {}
+
+        def one(n: _Node) -> None:
+            got = self._s3_pull(n, record=True)
+            if got:
+                recorded[n.index] = got
+
+        self._fan(nodes, one)
+        reference: dict[str, tuple[str, str]] = {}
+        for n in sorted(nodes, key=lambda x: x.index):
+            for path, digest in recorded.get(n.index, {}).items():
+                reference.setdefault(path, (digest, n.label))
+        if reference:
+            self._adopt_recorded(reference)
+
+    def _adopt_recorded(self, reference: dict[str, tuple[str, str]]) -> None:
+        adopted: dict[str, str] = {}
+        for e in self.entries:
+            if e["p"] in reference and "h" not in e and not e.get("sha256b64"):
+                e["h"], adopted[e["p"]] = reference[e["p"]]
+        if not adopted:
+            return
+        self.manifest_bytes = json.dumps({"entries": self.entries, "source": self.source.describe()},
+                                         ensure_ascii=True).encode()
+        by = ", ".join(sorted(set(adopted.values())))
+        self.events.phase(f"{len(adopted)} object(s) have no checksum S3 vouches for (SSE-KMS, or a multipart ETag "
+                          f"of unknown part size): their sha256 as pulled by {by} is recorded, and every other "
+                          "node's copy is checked against it")
+
+        def put(n: _Node) -> None:
+            r = self.pool.put_one(n.target, {f"{self.work}/manifest.json": (self.manifest_bytes, 0o600)})
+            if not r.ok:
+                self._fail(n, "unreachable", r.error or "upload failed")
+
+        self._fan(self._live(), put)
+
+    def _s3_pull(self, n: _Node, record: bool = False) -> dict[str, str] | None:
+        """Pull n's bad objects; with `record`, what it recorded (None when the pull did not succeed)."""
+        r = self.pool.put_one(n.target, {f"{self.work}/s3.list": (self._write_list(n.bad), 0o600)})
+        if not r.ok:
+            self._fail(n, "unreachable", r.error or "upload failed")
+            return
+        args = ["s3pull", "--dst", self.dst, "--manifest", f"{self.work}/manifest.json", "--bucket",
+                self.source.bucket, "--prefix", self.source.prefix, "--only", f"{self.work}/s3.list"]
+        if self.endpoint_url:
+            args += ["--endpoint-url", self.endpoint_url]
+        if record:
+            args.append("--record")
+
+        def on_line(_h: str, stream: str, line: str) -> None:
+            m = re.match(r"CCSYNC-BYTES (\d+)", line)
+            if m:
+                self.events.progress(n.label, min(int(m.group(1)), n.outcome.bytes))
+
+        data, r = self._agent(n, *args, timeout=self.timeout, on_line=on_line)
+        if r.exit_code is None:
+            self._fail(n, "unreachable", r.error or "unreachable")
+        elif r.exit_code == sync_agent.EXIT_INPUT:
+            self._failed_result(n, r, data, "s3")
+        elif r.exit_code != 0:  # the check that follows finds what is missing; the node is retried
+            n.last_error = "s3: " + str((data or {}).get("error") or r.stderr.strip()[-200:])
+            self.events.phase(f"{n.label}: {n.last_error} (will retry what is missing)")
+        else:
+            return dict((data or {}).get("recorded") or {})
+        return None
+
+
+def _why_rsync(stderr: str, default: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for pattern in (r"Host key verification failed", r"Permission denied|No space|connect to host|Connection (refused|timed)"):
+        for ln in lines:
+            if re.search(pattern, ln):
+                return ln[:200]
+    tail = [ln for ln in lines if ln.startswith("rsync")][-1:]
+    return tail[0][:200] if tail else default
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+_PROGRESS = re.compile(r"^\s*([\d,]+)\s+\d+%")
+
+
+def _rsync_bytes(line: str) -> int | None:
+    m = _PROGRESS.match(line)
+    return int(m.group(1).replace(",", "")) if m else None
+
+
+# ---- scripts the nodes run --------------------------------------------------------------------------
+def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: Sequence[str], work: str,
+                 python: str = "python3") -> bytes:
+    """The relay on one node: read the tar stream on stdin, forward it to every child's relay (tee into
+    their ssh; a child that dies is dropped and the rest go on), and extract it into `root`. With one
+    child (a chain), the agent's zero-copy relay (tee(2)/splice(2)) stands in for tee."""
+    q = shlex.quote
+    w = f'"$HOME"/{q(work)}'
+    lines = ["#!/bin/bash", f"# clusterctl sync relay of node {index}", "set -u", f"W={w}",
+             f'P={q(python)}; [ -x "$P" ] || P=python3']
+    fifos = []
+    for i, child in enumerate(children):
+        fifo = f'"$W/fifo.{i}"'
+        fifos.append(fifo)
+        remote = f"bash {q(work + '/relay.sh')}"
+        ssh = " ".join(q(a) for a in hop)
+        lines.append(f"rm -f {fifo}; mkfifo -m 600 {fifo} || exit 1")
+        # ssh's stdout/stderr are pipes of its own: ssh makes its fds non-blocking, which must not leak
+        lines.append(f"{{ {ssh} -- {q(child.address)} {q(remote)} < {fifo} 2>&1 >/dev/null | cat >&2; }} &")
+    ck = f"--checkpoint={TAR_CHECKPOINT}", f"--checkpoint-action=echo=CCSYNC-TAR {index} %u"
+    extract = ("tar -C " + q(root) + " -xf - " + " ".join(q(c) for c in ck)) if root is not None else None
+    if len(fifos) == 1 and extract:
+        lines.append(f'"$P" "$W/agent.py" relay --index {index} --out {fifos[0]} | {extract}')
+    elif fifos:
+        lines.append(f"tee -p {' '.join(fifos)} " + (f"| {extract}" if extract else ">/dev/null"))
+    else:
+        lines.append(extract or "cat >/dev/null")
+    lines += ['rc="${PIPESTATUS[*]}"', "wait", f'echo "CCSYNC-RC {index} $rc" >&2',
+              "rm -f " + " ".join(fifos) if fifos else "true"]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def source_script(src_root: str, work: str) -> bytes:
+    """On the leader, when it is the source: the tar of the listed paths, into its own relay."""
+    q = shlex.quote
+    return (f"#!/bin/bash\nset -o pipefail\ncd \"$HOME\" || exit 1\n"
+            f"tar -C {q(src_root)} --null --verbatim-files-from --no-recursion -T {q(work + '/relay.list')} -cf - "
+            f"| bash {q(work + '/relay.sh')}\n").encode()
+
+
+# ---- the relay's stall timeout ---------------------------------------------------------------------------
+class StallWatch:
+    """The chain's progress timeout per hop. Every node's relay says (CCSYNC-HOP) what it has been waiting for:
+    input, its next hop or its own tar. When no node moved data for `limit` seconds, the node that stopped
+    taking it is the deepest one whose own tar is stuck, or the next hop of the deepest one stuck on its hop;
+    a head that never said anything nor extracted anything is the head. Each stalled node is cut once. When
+    no node can be named after twice the limit, on_stall(None): the relay is ended, and repair decides."""
+
+    def __init__(self, plan: RelayPlan, limit: float):
+        self.limit = limit
+        self.parent = {child: parent for parent, child in plan.edges()}
+        self.children = plan.children
+        self.depth: dict[str, int] = {}
+        for parent, child in plan.edges():
+            self.depth[child] = self.depth.get(parent, 0) + 1
+        self.progress_at = time.monotonic()
+        self.took: set[str] = set()  # nodes whose tar extracted something
+        self.hops: dict[str, tuple[str, float, float]] = {}  # label -> (waiting for, since, when said)
+        self.cut: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def moved(self, label: str | None = None) -> None:
+        self.progress_at = time.monotonic()
+        if label is not None:
+            self.took.add(label)
+
+    def report(self, label: str, what: str, held: float) -> None:
+        now = time.monotonic()
+        self.hops[label] = (what, now - held, now)
+
+    def below(self, label: str) -> list[str]:
+        out, todo = [], list(self.children.get(label, ()))
+        while todo:
+            x = todo.pop(0)
+            out.append(x)
+            todo += self.children.get(x, ())
+        return out
+
+    def culprit(self, now: float) -> str | None:
+        """The node to cut, "" for none yet, None to end the relay."""
+        if now - self.progress_at < self.limit:
+            return ""
+        fresh = {label: (what, since) for label, (what, since, said) in self.hops.items()
+                 if now - said < 3.0 and label not in self.cut}
+        suspects = []
+        for label, (what, since) in fresh.items():
+            if now - since < self.limit / 2:
+                continue
+            if what == "ext":
+                suspects.append(label)
+            elif what == "hop":
+                suspects += [c for c in self.children.get(label, ()) if c not in self.cut]
+        if suspects:
+            return max(suspects, key=lambda x: self.depth.get(x, 0))
+        heads = [h for h in self.children.get(SOURCE, ()) if h not in self.cut]
+        if len(heads) == 1 and not fresh and heads[0] not in self.hops and heads[0] not in self.took:
+            return heads[0]  # it never took anything, and nothing moves
+        return None if now - self.progress_at >= 2 * self.limit else ""
+
+    def start(self, on_stall: Callable[[str | None], None]) -> None:
+        def loop() -> None:
+            while not self._stop.wait(1.0):
+                label = self.culprit(time.monotonic())
+                if label == "":
+                    continue
+                if label is not None:
+                    self.cut.add(label)
+                    self.cut.update(self.below(label))  # fed by it: their silence says nothing now
+                try:
+                    on_stall(label)
+                except Exception:  # noqa: BLE001  (a failed cut must not end the watch; the check comes after)
+                    pass
+                finally:
+                    self.moved()
+                if label is None:
+                    return
+
+        self._thread = threading.Thread(target=loop, name="sync-stall-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+
+# ---- local processes --------------------------------------------------------------------------------
+class Children:
+    """The local processes a sync started, so Ctrl-C (or an error) stops exactly those."""
+
+    def __init__(self):
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def popen(self, argv: list[str], **kw) -> subprocess.Popen:
+        p = subprocess.Popen(argv, **kw)
+        with self._lock:
+            self._procs.add(p)
+        return p
+
+    def done(self, *procs: subprocess.Popen) -> None:
+        with self._lock:
+            for p in procs:
+                self._procs.discard(p)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def run_pipeline(children: Children, producer: list[str], consumer: list[str], on_stderr: Callable[[str], None],
+                 timeout: float | None) -> int:
+    """producer | consumer on this machine; the consumer's stderr lines go to on_stderr."""
+    a = children.popen(producer, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    b = children.popen(consumer, stdin=a.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    a.stdout.close()
+    errs: list[bytes] = []
+    t = threading.Thread(target=lambda: errs.append(a.stderr.read()), daemon=True)
+    t.start()
+    try:
+        for raw in iter(b.stderr.readline, b""):
+            on_stderr(raw.decode(errors="replace").rstrip("\n"))
+        rc = b.wait(timeout=timeout)
+        a.wait(timeout=30)
+        return rc
+    except BaseException:
+        for p in (a, b):
+            p.kill()
+        raise
+    finally:
+        children.done(a, b)
+
+
+def run_rsync(children: Children, argv: list[str], progress: Callable[[int], None],
+              timeout: float | None) -> tuple[int, str]:
+    """rsync on this machine, its --info=progress2 bytes to `progress`; (exit status, stderr)."""
+    proc = children.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    errs: list[bytes] = []
+    t = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)
+    t.start()
+    try:
+        buf = b""
+        while chunk := proc.stdout.read1(65536):
+            buf += chunk
+            *parts, buf = re.split(rb"[\r\n]", buf)
+            for part in parts:
+                done = _rsync_bytes(part.decode(errors="replace"))
+                if done is not None:
+                    progress(done)
+        rc = proc.wait(timeout=timeout)
+        t.join(timeout=10)
+        return rc, b"".join(errs).decode(errors="replace")
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
+        children.done(proc)

@@ -1,0 +1,704 @@
+"""Datasets in the ImageNet TFRecord format: from a folder of class sub-folders, or generated.
+
+The layout written to DST (flat, deterministic names, so a manifest of it is stable and a re-run with the
+same input and seed writes the same bytes):
+
+    DST/train-00000-of-00008 ... train-00007-of-00008        tf.train.Example records
+    DST/validation-00000-of-00004 ... validation-00003-of-00004
+    DST/labels.txt     line N is the class name of label N (labels are 1-based, as in ImageNet's records)
+    DST/dataset.json   counts, classes, shards; written last, so its presence means the set is whole
+
+Every shard is written under a hidden temporary name (`.train-00000-of-00008.tmp`) and renamed when
+complete: an interrupted run leaves no half shard under a real name. Each record carries the features of
+the standard ImageNet TFRecords (image/encoded as RGB JPEG, image/class/label, image/class/synset,
+image/class/text, image/height, image/width, image/channels, image/colorspace, image/format,
+image/filename); PNGs and grayscale/CMYK JPEGs are re-encoded as RGB JPEG, other JPEGs are kept byte for
+byte. templates/train_imagenet.py reads this format.
+
+TensorFlow is imported only inside the functions that encode or write (never at import time), so
+`clusterctl --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shlex
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from clusterctl.errors import ConfigError
+
+FORMAT = "imagenet-tfrecord"
+FORMAT_VERSION = 1
+LABEL_BASE = 1  # image/class/label of the first class, as in the ImageNet TFRecords (0 = background)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+SPLITS = ("train", "validation")
+_VALIDATION_DIRS = ("validation", "val")
+
+
+@dataclass(frozen=True)
+class ImageItem:
+    path: Path  # source file (absent for generated images)
+    label: int  # 1-based
+    synset: str  # class folder name
+    filename: str  # stored as image/filename
+
+
+@dataclass(frozen=True)
+class FolderScan:
+    """What a source folder holds, before anything is decoded."""
+
+    classes: tuple[str, ...]
+    splits: dict[str, tuple[ImageItem, ...]]  # train, validation
+    ignored: tuple[str, ...]  # files that are not JPEG/PNG (LICENSE.txt ...)
+    presplit: bool  # the folder had train/ and validation/ (or val/) sub-folders
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    name: str
+    examples: int
+    shards: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    path: Path
+    classes: tuple[str, ...]
+    splits: dict[str, SplitInfo]
+    skipped: tuple[tuple[str, str], ...] = ()  # (source file, why) for images that could not be read
+    reencoded: int = 0
+    seconds: float = 0.0
+    bytes: int = 0
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def files(self) -> list[str]:
+        return _files(self.splits)
+
+
+def _files(splits: dict[str, "SplitInfo"]) -> list[str]:
+    """Every file of the dataset, relative to its folder."""
+    return [s for sp in splits.values() for s in sp.shards] + ["labels.txt", "dataset.json"]
+
+
+# ---- pure helpers ----------------------------------------------------------------------------------
+def shard_name(split: str, index: int, count: int) -> str:
+    """The ImageNet scripts' names: train-00000-of-01024."""
+    return f"{split}-{index:05d}-of-{count:05d}"
+
+
+def default_shards(split: str, examples: int) -> int:
+    """1024 train / 128 validation shards for ImageNet's 1.28M / 50k images; small sets still get a few
+    shards, so several ranks can each read whole files."""
+    if examples <= 0:
+        return 0
+    if split == "train":
+        return min(1024, max(math.ceil(examples / 1250), min(8, examples)))
+    return min(128, max(math.ceil(examples / 390), min(4, examples)))
+
+
+def deal(items: Sequence, count: int) -> list[list]:
+    """Round-robin `items` into `count` shards (sizes differ by at most one)."""
+    return [list(items[i::count]) for i in range(count)]
+
+
+def _class_dirs(folder: Path) -> list[Path]:
+    return sorted((p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.name)
+
+
+def _images(folder: Path) -> tuple[list[Path], list[Path]]:
+    images, other = [], []
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts):
+            (images if p.suffix.lower() in IMAGE_EXTENSIONS else other).append(p)
+    return images, other
+
+
+_SYNSET_CSV_HEADER = "ImageId,PredictionString"
+_VAL_NUMBER = re.compile(r"_(\d+)$")  # ILSVRC2012_val_00000001 -> 1
+
+
+def read_val_labels(path: str | os.PathLike[str], synsets: str | os.PathLike[str] | None = None) -> Callable[[str], str | None]:
+    """The class (synset) of each image of a flat validation folder, from ImageNet's own files: the
+    `LOC_val_solution.csv` style CSV (`ImageId,PredictionString`, the synset first in the string), or the
+    devkit's ground truth (`ILSVRC2012_validation_ground_truth.txt`: line N is the class ID of image N,
+    matched by the number at the end of its name) with `synsets`, the devkit's synset list (line N: the
+    synset of class ID N, e.g. `n01440764 tench`). Returns image stem -> synset (None: not listed)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--val-labels {path}: cannot read it ({exc})") from None
+    body = [ln.strip() for ln in lines if ln.strip()]
+    if body and body[0].replace(" ", "") == _SYNSET_CSV_HEADER:
+        if synsets is not None:
+            raise ConfigError(f"--val-synsets is for the devkit's ground truth, not the CSV {path}")
+        table = {}
+        for n, line in enumerate(body[1:], start=2):
+            image, sep, rest = line.partition(",")
+            if not sep or not image.strip() or not rest.split():
+                raise ConfigError(f"--val-labels {path}:{n}: not `ImageId,synset ...`: {line[:80]!r}")
+            table[image.strip()] = rest.split()[0]
+        return table.get
+    if body and all(ln.isdigit() for ln in body):
+        if synsets is None:
+            raise ConfigError(f"--val-labels {path} is the devkit's ground truth (class IDs): it needs the synset list",
+                              "give --val-synsets FILE too (line N: the synset of class ID N)")
+        try:
+            ids = [ln.split()[0] for ln in Path(synsets).read_text(encoding="utf-8-sig").splitlines() if ln.strip()]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--val-synsets {synsets}: cannot read it ({exc})") from None
+        truth = []
+        for n, line in enumerate(body, start=1):
+            k = int(line)
+            if not 1 <= k <= len(ids):
+                raise ConfigError(f"--val-labels {path}:{n}: class ID {k} is not in --val-synsets {synsets} "
+                                  f"(1..{len(ids)})")
+            truth.append(ids[k - 1])
+
+        def by_number(stem: str) -> str | None:
+            m = _VAL_NUMBER.search(stem)
+            i = int(m.group(1)) if m else 0
+            return truth[i - 1] if 1 <= i <= len(truth) else None
+
+        return by_number
+    raise ConfigError(f"--val-labels {path}: neither a LOC_val_solution.csv-style CSV ({_SYNSET_CSV_HEADER}) nor "
+                      "the devkit's ground truth (one class ID per line)")
+
+
+def _flat_validation(folder: Path, labels, label_file, classes: set[str]) -> tuple[dict[str, list[Path]], list[str]]:
+    """A validation folder of images without class sub-folders, sorted into classes by `labels`; an image
+    without a label, or labelled with a class train/ does not have, stops the conversion (none is dropped)."""
+    images, other = [], []
+    for p in sorted(folder.iterdir()):
+        if p.is_file() and not p.name.startswith("."):
+            (images if p.suffix.lower() in IMAGE_EXTENSIONS else other).append(p)
+    per_class: dict[str, list[Path]] = {}
+    unlabelled, unknown = [], []
+    for p in images:
+        synset = labels(p.stem)
+        if synset is None:
+            unlabelled.append(p.name)
+        elif synset not in classes:
+            unknown.append(f"{p.name} ({synset})")
+        else:
+            per_class.setdefault(synset, []).append(p)
+    if unlabelled:
+        raise ConfigError(f"{len(unlabelled)} of the {len(images)} images in {folder} have no class in "
+                          f"{label_file} (first: {unlabelled[0]})", "give the labels file of this validation set")
+    if unknown:
+        raise ConfigError(f"{len(unknown)} images in {folder} are of a class train/ has no folder for "
+                          f"(first: {unknown[0]})", "the labels file and train/ must name the same synsets")
+    return per_class, [str(p) for p in other]
+
+
+def scan_folder(src: str | os.PathLike[str], *, validation_fraction: float = 0.1, seed: int = 0,
+                val_labels: str | os.PathLike[str] | None = None,
+                val_synsets: str | os.PathLike[str] | None = None) -> FolderScan:
+    """Class sub-folders of images (the flowers layout), or train/ and validation/ (or val/) folders each
+    holding the same class sub-folders. Classes are the sorted folder names; label N is the Nth (1-based).
+    Without a split on disk, `validation_fraction` of each class (at least one image when the class has
+    two or more) goes to validation, chosen with `seed`. ImageNet's flat val/ (images without class
+    sub-folders) needs `val_labels` (read_val_labels); without it such a folder is an error, never skipped."""
+    root = Path(src)
+    if not root.is_dir():
+        raise ConfigError(f"{src}: no such folder", "give a folder of class sub-folders of JPEG/PNG images")
+    if not 0 <= validation_fraction < 1:
+        raise ConfigError(f"validation fraction must be in [0, 1), not {validation_fraction}")
+    if val_synsets is not None and val_labels is None:
+        raise ConfigError("--val-synsets goes with --val-labels (the devkit's ground truth)")
+    labels = read_val_labels(val_labels, val_synsets) if val_labels is not None else None
+    names = {p.name for p in _class_dirs(root)}
+    val_name = next((n for n in _VALIDATION_DIRS if n in names), None)
+    presplit = "train" in names and val_name is not None
+    if labels is not None and not presplit:
+        raise ConfigError(f"--val-labels: {src} has no train/ and val/ (or validation/) folders",
+                          "lay it out as SRC/train/SYNSET/*.JPEG and SRC/val/*.JPEG")
+    per_split: dict[str, dict[str, list[Path]]] = {s: {} for s in SPLITS}
+    ignored: list[str] = []
+    if presplit:
+        val_folder = root / val_name  # type: ignore[operator]
+        flat = any(p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS for p in val_folder.iterdir())
+        if flat and _class_dirs(val_folder):
+            raise ConfigError(f"{val_folder} holds both images and class sub-folders",
+                              "keep one layout: class sub-folders, or a flat folder with --val-labels")
+        if flat and labels is None:
+            n = sum(1 for p in val_folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+            raise ConfigError(f"{val_folder} holds {n} images without class sub-folders",
+                              "give their classes with --val-labels LOC_val_solution.csv (or the devkit's "
+                              "ground truth with --val-synsets)")
+        if labels is not None and not flat:
+            raise ConfigError(f"--val-labels: {val_folder} has no images of its own (class sub-folders already "
+                              "say the classes)", "leave out --val-labels")
+        for d in _class_dirs(root / "train"):
+            imgs, other = _images(d)
+            per_split["train"][d.name] = imgs
+            ignored += [str(p) for p in other]
+        if flat:
+            per_split["validation"], other_files = _flat_validation(
+                val_folder, labels, val_labels, {c for c, imgs in per_split["train"].items() if imgs})
+            ignored += other_files
+        for d in ([] if flat else _class_dirs(val_folder)):
+            imgs, other = _images(d)
+            per_split["validation"][d.name] = imgs
+            ignored += [str(p) for p in other]
+        train_classes = set(per_split["train"])
+        extra = sorted(set(per_split["validation"]) - train_classes)
+        if extra:
+            raise ConfigError(f"{src}: validation classes with no train folder: {', '.join(extra[:5])}",
+                              "give validation/ the same class folders as train/")
+    else:
+        rng = random.Random(seed)
+        for d in _class_dirs(root):
+            imgs, other = _images(d)
+            ignored += [str(p) for p in other]
+            shuffled = list(imgs)
+            rng.shuffle(shuffled)
+            n_val = 0
+            if validation_fraction > 0 and len(shuffled) >= 2:
+                n_val = min(len(shuffled) - 1, max(1, round(len(shuffled) * validation_fraction)))
+            val = set(shuffled[:n_val])
+            per_split["train"][d.name] = [p for p in imgs if p not in val]
+            per_split["validation"][d.name] = [p for p in imgs if p in val]
+    classes = tuple(sorted(c for c in per_split["train"] if per_split["train"][c]))
+    if not classes:
+        raise ConfigError(f"{src}: no class sub-folders with JPEG or PNG images",
+                          "lay it out as SRC/CLASS/IMAGE.jpg, one folder per class")
+    label = {c: i + LABEL_BASE for i, c in enumerate(classes)}
+    splits: dict[str, tuple[ImageItem, ...]] = {}
+    for split in SPLITS:
+        items = []
+        for c in classes:
+            for p in per_split[split].get(c, []):
+                items.append(ImageItem(p, label[c], c, p.name))
+        if split == "train":
+            random.Random(seed + 1).shuffle(items)  # mixed classes in every shard, as ImageNet's own script does
+        splits[split] = tuple(items)
+    return FolderScan(classes, splits, tuple(ignored), presplit)
+
+
+def synthetic_pixels(label: int, classes: int, size: int, rng) -> "object":
+    """A generated RGB image (numpy uint8, size x size x 3) that a small CNN can learn to tell apart by
+    class: a hue per class, stripes whose direction and frequency depend on the class, and noise."""
+    import numpy as np
+
+    k = label - LABEL_BASE
+    # golden-ratio steps: neighbouring classes get distant hues; each image's hue, brightness and noise
+    # vary, so the classes overlap a little and accuracy is informative rather than 100%.
+    hue = (k * 0.61803398875 + rng.normal(0, 0.035)) % 1.0
+    h6 = hue * 6
+    i = int(h6) % 6
+    f = h6 - int(h6)
+    rgb = [(1, f, 0), (1 - f, 1, 0), (0, 1, f), (0, 1 - f, 1), (f, 0, 1), (1, 0, 1 - f)][i]
+    base = (np.array(rgb, dtype=np.float32) * 180 + 40) * rng.uniform(0.6, 1.25)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    angle = math.pi * ((k * 0.381966) % 1.0)
+    freq = 2 + (k % 5)
+    phase = rng.uniform(0, 2 * math.pi)
+    stripes = np.sin(2 * math.pi * freq * (xx * math.cos(angle) + yy * math.sin(angle)) + phase)
+    img = base[None, None, :] * (0.75 + 0.25 * stripes[..., None])
+    img = img + rng.normal(0, 40, size=(size, size, 3))
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+# ---- TensorFlow-side: encoding and writing ---------------------------------------------------------
+def _tf():
+    try:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf
+    except ImportError as exc:
+        raise ConfigError(f"writing TFRecords needs TensorFlow ({exc})",
+                          "install it: pip install 'clusterctl[train]'") from None
+    return tf
+
+
+def example_bytes(tf, *, encoded: bytes, label: int, synset: str, text: str, filename: str, height: int,
+                  width: int) -> bytes:
+    """One serialized tf.train.Example with the standard ImageNet features."""
+
+    def b(v: str | bytes):
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode() if isinstance(v, str) else v]))
+
+    def i(v: int):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
+
+    feats = {
+        "image/height": i(height),
+        "image/width": i(width),
+        "image/colorspace": b("RGB"),
+        "image/channels": i(3),
+        "image/class/label": i(label),
+        "image/class/synset": b(synset),
+        "image/class/text": b(text),
+        "image/format": b("JPEG"),
+        "image/filename": b(filename),
+        "image/encoded": b(encoded),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+
+def _is_jpeg(data: bytes) -> bool:
+    return data[:3] == b"\xff\xd8\xff"
+
+
+def to_rgb_jpeg(tf, data: bytes) -> tuple[bytes, int, int, bool]:
+    """(JPEG bytes, height, width, re-encoded?). RGB JPEGs are kept as they are; PNGs and grayscale or
+    CMYK JPEGs are decoded and written again as RGB JPEG (quality 95). Raises ValueError if unreadable."""
+    try:
+        if _is_jpeg(data):
+            h, w, c = (int(x) for x in tf.image.extract_jpeg_shape(data).numpy())
+            if c == 3:
+                tf.io.decode_jpeg(data, channels=3)  # a truncated or corrupt file fails here, not in training
+                return data, h, w, False
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    except tf.errors.OpError as exc:  # type: ignore[attr-defined]
+        raise ValueError(" ".join(str(exc).split())[:200]) from None
+    h, w = int(image.shape[0]), int(image.shape[1])
+    return tf.io.encode_jpeg(image, quality=95).numpy(), h, w, True
+
+
+def _ours(dst: Path) -> list[Path]:
+    """Files of a dataset this module wrote (or left half-written) in dst; nothing else is touched."""
+    if not dst.is_dir():
+        return []
+    return [p for p in sorted(dst.iterdir()) if p.name in ("labels.txt", "dataset.json", ".dataset.json.tmp")
+            or p.name.startswith(tuple(f"{s}-" for s in SPLITS)) or p.name.startswith(tuple(f".{s}-" for s in SPLITS))]
+
+
+def _check_dst(dst: Path, force: bool) -> None:
+    """Refuse early (before TensorFlow loads) a destination that is a file or already holds a dataset."""
+    if dst.exists() and not dst.is_dir():
+        raise ConfigError(f"{dst} exists and is not a folder")
+    ours = _ours(dst)
+    if ours and not force:
+        raise ConfigError(f"{dst} already holds a dataset ({ours[0].name} ...)", "pass --force to replace it")
+
+
+def _prepare_dst(dst: Path, force: bool) -> None:
+    _check_dst(dst, force)
+    dst.mkdir(parents=True, exist_ok=True)
+    for p in _ours(dst):
+        p.unlink()
+
+
+def _write_shard(tf, path: Path, records: Iterable[bytes]) -> int:
+    tmp = path.with_name(f".{path.name}.tmp")
+    n = 0
+    try:
+        with tf.io.TFRecordWriter(str(tmp)) as w:
+            for rec in records:
+                w.write(rec)
+                n += 1
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return n
+
+
+def _workers(n: int | None, shards: int) -> int:
+    return max(1, min(shards, n or os.cpu_count() or 1))
+
+
+def _finish(dst: Path, classes: Sequence[str], splits: dict[str, SplitInfo], source: str, *, extra: dict) -> None:
+    (dst / "labels.txt").write_text("".join(f"{c}\n" for c in classes))
+    meta = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "label_base": LABEL_BASE,
+        "num_classes": len(classes),
+        "source": source,
+        **extra,
+        "splits": {s.name: {"examples": s.examples, "shards": list(s.shards)} for s in splits.values()},
+    }
+    tmp = dst / ".dataset.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, dst / "dataset.json")
+
+
+def _size(dst: Path, names: Iterable[str]) -> int:
+    return sum((dst / n).stat().st_size for n in names)
+
+
+Progress = Callable[[str, int, int], None]  # (split, images done, images in split)
+
+
+def convert_folder(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    train_shards: int | None = None,
+    validation_shards: int | None = None,
+    validation_fraction: float = 0.1,
+    seed: int = 0,
+    force: bool = False,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    val_labels: str | os.PathLike[str] | None = None,
+    val_synsets: str | os.PathLike[str] | None = None,
+) -> DatasetInfo:
+    """A folder of class sub-folders of JPEG/PNG images -> ImageNet-format TFRecord shards in `dst`.
+    Unreadable images are skipped and reported in DatasetInfo.skipped; if none can be read, ConfigError.
+    A flat val/ folder takes its classes from `val_labels` (see read_val_labels)."""
+    t0 = time.monotonic()
+    scan = scan_folder(src, validation_fraction=validation_fraction, seed=seed, val_labels=val_labels,
+                       val_synsets=val_synsets)
+    dst = Path(dst)
+    _check_dst(dst, force)
+    tf = _tf()
+    _prepare_dst(dst, force)
+    skipped: list[tuple[str, str]] = []
+    counts = {"reencoded": 0}
+    lock = threading.Lock()
+    splits: dict[str, SplitInfo] = {}
+    for split in SPLITS:
+        items = scan.splits[split]
+        wanted = train_shards if split == "train" else validation_shards
+        count = min(len(items), wanted) if wanted else default_shards(split, len(items))
+        if count == 0:
+            splits[split] = SplitInfo(split, 0, ())
+            continue
+        names = [shard_name(split, i, count) for i in range(count)]
+        done = [0]
+
+        def records(part: list[ImageItem], split=split, items=items, done=done):
+            for item in part:
+                try:
+                    encoded, h, w, again = to_rgb_jpeg(tf, item.path.read_bytes())
+                except (OSError, ValueError) as exc:
+                    with lock:
+                        skipped.append((str(item.path), str(exc)))
+                    continue
+                with lock:
+                    counts["reencoded"] += again
+                    done[0] += 1
+                    n_done = done[0]
+                if progress:
+                    progress(split, n_done, len(items))
+                yield example_bytes(tf, encoded=encoded, label=item.label, synset=item.synset, text=item.synset,
+                                    filename=item.filename, height=h, width=w)
+
+        parts = deal(items, count)
+        with ThreadPoolExecutor(_workers(workers, count)) as pool:
+            written = sum(pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])),
+                                   zip(names, parts)))
+        splits[split] = SplitInfo(split, written, tuple(names))
+    if splits["train"].examples == 0:
+        raise ConfigError(f"{src}: none of the {len(scan.splits['train'])} training images could be read",
+                          f"first problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else None)
+    _finish(dst, scan.classes, splits, str(Path(src).resolve()),
+            extra={"presplit": scan.presplit, "validation_fraction": None if scan.presplit else validation_fraction,
+                   "seed": seed})
+    return DatasetInfo(dst, scan.classes, splits, tuple(sorted(skipped)), counts["reencoded"],
+                       time.monotonic() - t0, _size(dst, _files(splits)))
+
+
+def write_synthetic(
+    dst: str | os.PathLike[str],
+    *,
+    images: int,
+    classes: int,
+    validation_images: int | None = None,
+    image_size: int = 64,
+    train_shards: int | None = None,
+    validation_shards: int | None = None,
+    seed: int = 0,
+    force: bool = False,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> DatasetInfo:
+    """`images` generated training images (and `validation_images`, default a fifth of that, at least one
+    per class) of `classes` balanced classes, in the same format as convert_folder."""
+    if classes < 1:
+        raise ConfigError(f"--classes must be at least 1, not {classes}")
+    if images < classes:
+        raise ConfigError(f"--images {images} is fewer than --classes {classes}", "give every class an image")
+    if not 8 <= image_size <= 1024:
+        raise ConfigError(f"--image-size must be 8..1024, not {image_size}")
+    if validation_images is None:
+        validation_images = max(classes, images // 5)
+    if validation_images < 0:
+        raise ConfigError(f"--validation-images must not be negative, not {validation_images}")
+    t0 = time.monotonic()
+    dst = Path(dst)
+    _check_dst(dst, force)
+    tf = _tf()
+    import numpy as np
+
+    _prepare_dst(dst, force)
+    width = len(str(max(classes - 1, 1)))
+    names_of_classes = tuple(f"class_{k:0{max(3, width)}d}" for k in range(classes))
+    splits: dict[str, SplitInfo] = {}
+    for split, n, wanted, offset in (("train", images, train_shards, 0),
+                                     ("validation", validation_images, validation_shards, images)):
+        count = min(n, wanted) if wanted else default_shards(split, n)
+        if count == 0:
+            splits[split] = SplitInfo(split, 0, ())
+            continue
+        names = [shard_name(split, i, count) for i in range(count)]
+        done = [0]
+
+        lock = threading.Lock()
+
+        def records(indices: list[int], split=split, n=n, done=done, lock=lock):
+            for idx in indices:
+                label = idx % classes + LABEL_BASE
+                # One generator per image, seeded by its index: the same bytes whatever the thread order.
+                rng = np.random.default_rng([seed, idx])
+                pixels = synthetic_pixels(label, classes, image_size, rng)
+                encoded = tf.io.encode_jpeg(pixels, quality=90).numpy()
+                with lock:
+                    done[0] += 1
+                    n_done = done[0]
+                if progress:
+                    progress(split, n_done, n)
+                cls = names_of_classes[label - LABEL_BASE]
+                yield example_bytes(tf, encoded=encoded, label=label, synset=cls, text=cls,
+                                    filename=f"synthetic_{idx:08d}.JPEG", height=image_size, width=image_size)
+
+        indices = list(range(offset, offset + n))
+        if split == "train":
+            random.Random(seed).shuffle(indices)
+        parts = deal(indices, count)
+        with ThreadPoolExecutor(_workers(workers, count)) as pool:
+            written = sum(pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])),
+                                   zip(names, parts)))
+        splits[split] = SplitInfo(split, written, tuple(names))
+    _finish(dst, names_of_classes, splits, "synthetic", extra={"image_size": image_size, "seed": seed})
+    return DatasetInfo(dst, names_of_classes, splits, (), 0, time.monotonic() - t0, _size(dst, _files(splits)))
+
+
+def read_info(path: str | os.PathLike[str]) -> DatasetInfo:
+    """The DatasetInfo of a folder written by this module (from its dataset.json and labels.txt)."""
+    root = Path(path)
+    meta_path = root / "dataset.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{root}: no dataset.json", "write the dataset with `clusterctl data`") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{meta_path}: not JSON ({exc})") from None
+    if meta.get("format") != FORMAT:
+        raise ConfigError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    classes = tuple(line for line in (root / "labels.txt").read_text().splitlines() if line)
+    splits = {s: SplitInfo(s, int(v["examples"]), tuple(v["shards"])) for s, v in meta["splits"].items()}
+    return DatasetInfo(root, classes, splits, bytes=_size(root, _files(splits)))
+
+
+# ---- on the leader -----------------------------------------------------------------------------------------
+CONVERTER = "tfrecords_convert.py"  # templates/: run on the leader with a copy of this module beside it
+_RESULT = "CLUSTERCTL-DATA "
+_FAILED = "CLUSTERCTL-DATA-ERROR "
+
+
+def leader_argv(python: str, src: str, dst: str, *, train_shards: int | None = None,
+                validation_shards: int | None = None, validation_fraction: float = 0.1, seed: int = 0,
+                force: bool = False, val_labels: bool = False, val_synsets: bool = False,
+                endpoint_url: str | None = None) -> list[str]:
+    """The converter's command line on the leader (paths already as the leader reads them)."""
+    argv = [python, CONVERTER, src, dst, "--validation-fraction", repr(validation_fraction), "--seed", str(seed)]
+    for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards),
+                        ("--endpoint-url", endpoint_url)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += (["--force"] if force else []) + (["--val-labels", "val_labels"] if val_labels else [])
+    return argv + (["--val-synsets", "val_synsets"] if val_synsets else [])
+
+
+def parse_leader_result(text: str) -> DatasetInfo:
+    """The converter's last result line; its error line raised as the same ClusterctlError class."""
+    from clusterctl.errors import ExitCode, RemoteCommandError, UsageError
+
+    for line in reversed(text.splitlines()):
+        if _FAILED in line:
+            e = json.loads(line.split(_FAILED, 1)[1])
+            cls = UsageError if e.get("exit") == int(ExitCode.USAGE) else ConfigError
+            raise cls(e["message"], e.get("hint"))
+        if _RESULT in line:
+            r = json.loads(line.split(_RESULT, 1)[1])
+            splits = {k: SplitInfo(k, int(v["examples"]), tuple(v["shards"])) for k, v in r["splits"].items()}
+            return DatasetInfo(Path(r["path"]), tuple(r["classes"]), splits, tuple(tuple(s) for s in r["skipped"]),
+                               int(r["reencoded"]), float(r["seconds"]), int(r["bytes"]))
+    tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
+    raise RemoteCommandError("the conversion on the leader failed", tail[0][:300])
+
+
+def convert_on_leader(inv, src: str, dst: str, *, val_labels: str | os.PathLike[str] | None = None,
+                      val_synsets: str | os.PathLike[str] | None = None, on_line=lambda _l: None,
+                      **options) -> DatasetInfo:
+    """`data tfrecords --on leader`: convert where the images are (a folder on the leader, or s3://... read
+    with the nodes' instance profile), writing the shards on the leader, for `sync leader:DST ...`. Runs with
+    the node runtime's Python, detached in tmux on the leader (a dropped connection loses nothing), the
+    output followed here."""
+    from clusterctl import resources
+    from clusterctl.remote import tmux as jobs
+    from clusterctl.workloads import launch
+    from clusterctl.workloads import train_job as train
+    from clusterctl.errors import RemoteCommandError, UnreachableError, UsageError
+    from clusterctl.remote.ssh import SshPool
+
+    if src.startswith("s3://"):
+        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?", src):
+            raise UsageError(f"{src!r} is not an S3 location", "give one like s3://my-bucket/imagenet/")
+    elif any(c in src for c in "\n\r\0") or not src:
+        raise UsageError(f"bad source path {src!r}")
+    labels = {}
+    for name, path in (("val_labels", val_labels), ("val_synsets", val_synsets)):
+        if path is not None:
+            try:
+                labels[name] = Path(path).read_bytes()
+            except OSError as exc:
+                raise ConfigError(f"--{name.replace('_', '-')} {path}: {exc.strerror or exc}") from None
+    if "val_synsets" in labels and "val_labels" not in labels:
+        raise ConfigError("--val-synsets goes with --val-labels (the devkit's ground truth)")
+    python = launch.node_python(inv.cluster)
+    with SshPool(inv.settings) as pool:
+        leader = inv.targets[0]
+        job = launch.new_job(pool, leader, "data")
+        try:
+            where_src = src if src.startswith("s3://") else train.node_path(src, job.home)
+            where_dst = train.node_path(dst, job.home)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        pkg = f"{job.dir}/pkg/clusterctl"
+        files = {f"{job.dir}/{CONVERTER}": (resources.template_bytes(CONVERTER), 0o644),
+                 f"{pkg}/__init__.py": (b"", 0o644),
+                 f"{pkg}/data/__init__.py": (b"", 0o644),
+                 f"{pkg}/data/tfrecords.py": (Path(__file__).read_bytes(), 0o644),
+                 f"{pkg}/errors.py": ((Path(__file__).parent.parent / "errors.py").read_bytes(), 0o644),
+                 **{f"{job.dir}/{k}": (v, 0o644) for k, v in labels.items()}}
+        put = pool.put([leader], files)
+        if not put.all_ok:
+            raise UnreachableError(f"cannot copy the converter to the leader {leader.label}: {put.failed[0].error}")
+        argv = leader_argv(python, where_src, where_dst, val_labels="val_labels" in labels,
+                           val_synsets="val_synsets" in labels, **options)
+        path = f"{os.path.dirname(python)}:{launch.BASE_PATH}" if python.startswith("/") else launch.BASE_PATH
+        cmd = (f"cd {shlex.quote(job.dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
+               f"PATH={shlex.quote(path)} TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 {shlex.join(argv)}")
+        r = pool.run_one(leader, jobs.detach_command(job.name, cmd), timeout=60)
+        if r.exit_code != 0:
+            raise RemoteCommandError(f"could not start the conversion on {leader.label}",
+                                     (r.error or r.stderr or r.stdout).strip()[-300:] or None)
+    lines: list[str] = []
+
+    def line(text: str) -> None:
+        lines.append(text)
+        if not text.startswith((_RESULT, _FAILED)):
+            on_line(text)
+
+    launch.follow(inv, job.name, line)
+    try:
+        return parse_leader_result("\n".join(lines))
+    finally:
+        with SshPool(inv.settings) as pool:
+            launch.remove_job(pool, [inv.targets[0]], job)

@@ -1,0 +1,178 @@
+"""The built-in cluster: N namespace nodes with real sshd on this machine (see netns.py).
+
+It proves the provider interface covers fixed machines and gives every user a cluster to try with
+no cloud account. Resources are found by name (the local equivalent of tags).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from clusterctl.errors import ConfigError
+from clusterctl.providers.local import netns
+from clusterctl.providers.base import ClusterKeys, ClusterStatus, Launched, NodeStatus, Plan, Teardown
+from clusterctl.cluster.state import StateStore
+from clusterctl.types import Cluster, ClusterSpec, Node
+
+MAX_NODES = 250
+
+
+def node_names(cluster: str, count: int) -> list[str]:
+    return [f"{cluster}-leader"] + [f"{cluster}-member-{i}" for i in range(1, count)]
+
+
+def _autostop_extra(spec: ClusterSpec) -> dict[str, str]:
+    from clusterctl.autostop import settings as autostop
+
+    return autostop.extra(spec.autostop)
+
+
+@contextlib.contextmanager
+def _net_lock():
+    """One `up` at a time picks a subnet and makes its bridge, so two clusters never take the same one."""
+    fd = os.open(netns.NET_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+class LocalProvider:
+    name = "local"
+
+    def __init__(self, store: StateStore | None = None):
+        self.store = store or StateStore()
+
+    def plan(self, spec: ClusterSpec) -> Plan:
+        slots = spec.slots or 1
+        return Plan((
+            f"{spec.nodes} namespace nodes on this machine ({slots} slot(s) each), each with its own sshd and home",
+            "a private bridge with no route out; a per-cluster ssh key; host keys pinned at creation",
+            "cost: $0.00/hour",
+        ), hourly_usd=0.0)
+
+    def dry_run(self, spec: ClusterSpec) -> list[str]:
+        return ["local nodes need root, ip and sshd: " + ("present" if os.geteuid() == 0 else "not root")]
+
+    def host_keys(self, cluster: Cluster) -> dict[str, tuple[str, ...]]:
+        return {}  # every node's key is known at creation (Launched.host_keys)
+
+    def status(self, name: str) -> ClusterStatus | None:
+        cluster = self.find(name)
+        if cluster is None:
+            return None
+        return ClusterStatus(name, self.name, cluster.region, cluster.instance_type,
+                             tuple(NodeStatus(n, "running", "local", cluster.created_at or None, 0.0) for n in cluster.nodes))
+
+    def resources(self, name: str) -> list[str]:
+        left = netns.leftovers(name)
+        return [f"namespace {ns}" for ns in left.netns] + [f"link {link}" for link in left.links]
+
+    def launch(self, spec: ClusterSpec, keys: ClusterKeys) -> Launched:
+        netns.require_root()
+        if not 1 <= spec.nodes <= MAX_NODES:
+            raise ConfigError(f"--nodes must be 1..{MAX_NODES} for the local provider, not {spec.nodes}")
+        slots = spec.slots or 1
+        names = node_names(spec.name, spec.nodes)
+        opts = spec.options
+        with _net_lock():
+            if netns.cluster_netns(spec.name) or netns.cluster_links(spec.name):
+                raise ConfigError(
+                    f"local cluster {spec.name!r} already has namespaces on this machine",
+                    f"run `clusterctl down {spec.name} --yes` first",
+                )
+            if opts.get("addresses"):
+                addresses = [str(a) for a in opts["addresses"]]
+                subnet = ipaddress.ip_network(str(opts["subnet"]), strict=False)
+                gateway = str(opts.get("gateway") or next(subnet.hosts()))
+            else:
+                subnet = ipaddress.ip_network(str(opts["subnet"])) if opts.get("subnet") else netns.pick_subnet()
+                hosts = list(subnet.hosts())
+                gateway, addresses = str(hosts[0]), [str(h) for h in hosts[1:1 + spec.nodes]]
+            if len(addresses) != spec.nodes:
+                raise ConfigError(f"subnet {subnet} has room for {len(addresses)} nodes, not {spec.nodes}")
+            netns.check_subnet_free(subnet)
+            bridge = netns.create_bridge(spec.name, subnet, gateway)
+
+        specs = [netns.NodeSpec(i, names[i], addresses[i]) for i in range(spec.nodes)]
+        authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
+        nodes_root = self.store.ensure_dir(spec.name) / "nodes"
+        made: list[netns.NetNode] = []
+        for s in specs:
+            made.append(netns.create_node(spec.name, bridge, subnet, s, specs, nodes_root / str(s.index), authorized))
+        with ThreadPoolExecutor(max_workers=min(32, len(made))) as pool:
+            list(pool.map(lambda n: netns.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made))
+        created = time.time()
+        if spec.autostop is not None:  # the watchdog in the leader, and the host-side supervisor (autostop.py)
+            from clusterctl.autostop import settings as autostop
+
+            autostop.install_local(self.store, spec.name, len(made), spec.autostop, created)
+            autostop.start_supervisor(self.store, spec.name)
+
+        cluster = Cluster(
+            name=spec.name,
+            provider=self.name,
+            nodes=tuple(
+                Node(name=n.hostname, private_ip=n.address, slots=slots, role="leader" if n.index == 0 else "member")
+                for n in made
+            ),
+            region="local",
+            instance_type="local",
+            created_at=created,
+            extra={"bridge": bridge, "subnet": str(subnet), "gateway": gateway, **_autostop_extra(spec)},
+        )
+        return Launched(cluster, {n.address: (n.host_public_key,) for n in made})
+
+    def find(self, name: str) -> Cluster | None:
+        if not netns.cluster_netns(name):
+            return None
+        if self.store.exists(name):
+            return self.store.load(name).cluster
+        return None
+
+    def terminate(self, name: str) -> Teardown:
+        from clusterctl.autostop import settings as autostop
+
+        autostop.stop_supervisor(name)  # first: it must not take the nodes' end for the watchdog's power-off
+        before = netns.leftovers(name)
+        left = netns.destroy(name)
+        removed = [f"namespace {ns}" for ns in before.netns if ns not in left.netns]
+        removed += [f"link {link}" for link in before.links if link not in left.links]
+        removed += [f"process {pid}" for pid in before.pids if pid not in left.pids]
+        removed += [f"node /opt {m}" for m in before.mounts if m not in left.mounts]
+        nodes_dir = self.store.cluster_dir(name) / "nodes"
+        if nodes_dir.exists():
+            import shutil
+
+            shutil.rmtree(nodes_dir, ignore_errors=True)
+            removed.append(f"node homes {nodes_dir}")
+        return Teardown(tuple(removed), () if left.empty else (left.describe(),))
+
+    def all_clusters(self) -> list[str]:
+        return netns.all_clusters()
+
+    def reboot(self, cluster: Cluster, hosts, timeout: float = 60.0) -> dict[str, str | None]:
+        """Reboot nodes the local way (a namespace node has no kernel of its own, and `reboot` inside one
+        would reach the host's init): kill every process in the node, then start its sshd again with
+        the same host key, address and home and a fresh /tmp. ssh address -> None, or why it failed."""
+        wanted = set(hosts)
+        nodes_root = self.store.cluster_dir(cluster.name) / "nodes"
+        todo = [(i, n) for i, n in enumerate(cluster.nodes) if n.ssh_host in wanted]
+
+        def one(item) -> tuple[str, str | None]:
+            i, node = item
+            try:
+                netns.restart_node(netns.netns_name(cluster.name, i), node.name, node.private_ip,
+                                   nodes_root / str(i), port=node.ssh_port, timeout=timeout)
+                return node.ssh_host, None
+            except Exception as exc:
+                return node.ssh_host, getattr(exc, "message", None) or str(exc)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(todo)))) as pool:
+            return dict(pool.map(one, todo))

@@ -1,0 +1,168 @@
+"""`clusterctl clean`: the recipe's troubleshooting commands, done safely.
+
+The remote shell text is built here (values shlex-quoted), outputs are parsed here; the CLI only
+chooses, confirms and renders.
+
+  kill   SIGKILL every process tree rooted at a python / horovodrun / mpirun / orted process of the
+         login user (STOP first so nothing forks away), then verify none is left, and, where nvidia-smi
+         exists, that no process holds a GPU.
+  logs   remove one folder, resolved on the node (symlinks followed); refuse an empty path, `/`, a system
+         folder (or inside one), the home itself or any folder holding it, a tree that holds an .ssh
+         folder, or (without force) anything outside the login user's home. With force, still at least
+         two levels deep (/data/ckpt). The same rules as `sync --delete` (sync_agent.dst_problem).
+  disk   free/used of the file systems holding /, the home and /tmp.
+  reboot the local provider restarts the node itself (see providers/local.py); elsewhere `reboot`
+         runs (through sudo -n when not root) and the node's boot id must change, with a timeout.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from clusterctl.errors import UsageError
+from clusterctl.remote.ssh import TREE_FN
+from clusterctl.data.node_side import SYSTEM_TREES
+
+KILL_NAMES = r"^(python[0-9.]*|horovodrun|mpirun|mpiexec|orted|prted|prterun)$"
+LOW_DISK_FREE = 0.10  # nodes under 10% free are flagged
+
+
+def kill_command(pattern: str = KILL_NAMES) -> str:
+    q = shlex.quote(pattern)
+    return (
+        TREE_FN + "\n"
+        + f"re={q}; "
+        'p=$(cc_tree 0 "$re"); '
+        'if [ -z "$p" ]; then echo "nothing to kill"; else '
+        '  what=$(ps -o pid= -o comm= -p "$(echo $p | tr " " ,)" | awk \'{printf "%s%s[%s]", s, $2, $1; s=" "}\'); '
+        '  i=0; while q=$(cc_tree 0 "$re"); [ -n "$q" ] && [ $i -lt 50 ]; do '
+        '    kill -STOP $q 2>/dev/null; kill -KILL $(cc_tree 0 "$re") 2>/dev/null; sleep 0.05; i=$((i+1)); done; '
+        '  echo "killed $(echo $p | wc -w) process(es): $what"; '
+        "fi; "
+        'left=$(cc_tree 0 "$re"); '
+        '[ -z "$left" ] || { echo "still running after SIGKILL: $left" >&2; exit 1; }; '
+        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        "  g=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>&1) "
+        '    || { echo "nvidia-smi failed: $g" >&2; exit 1; }; '
+        '  [ -z "$g" ] || { echo "a GPU is still held by: $(echo "$g" | tr "\\n" ";")" >&2; exit 1; }; '
+        '  echo "no process holds a GPU"; '
+        "fi"
+    )
+
+
+def check_logs_path(path: str) -> str:
+    """Refusals that need no node: empty, `/`, the home itself (however spelled)."""
+    p = (path or "").strip()
+    if not p:
+        raise UsageError("--logs needs a folder, not an empty path")
+    if any(ord(c) < 32 for c in p):
+        raise UsageError(f"--logs: control character in {p!r}")
+    squeezed = "/".join(part for part in p.split("/") if part not in ("", "."))
+    if p.startswith("/") and squeezed == "":
+        raise UsageError("--logs refuses to remove / on every node")
+    if squeezed in ("", "~", "$HOME", "${HOME}") or p in (".", "./"):
+        raise UsageError(f"--logs refuses to remove the login user's home itself ({p!r})", "name a folder inside it")
+    if ".." in p.split("/"):
+        raise UsageError(f"--logs: {p!r} climbs with '..'", "give the folder's plain path")
+    return p
+
+
+SYSTEM_CASE = "|".join(f"{t}|{t}/*" for t in SYSTEM_TREES)
+
+
+def logs_command(path: str, force: bool = False) -> str:
+    """Remove folder `path` (absolute, `~/...`, or relative to the home) after resolving it on the node."""
+    p = check_logs_path(path)
+    return (
+        f"d={shlex.quote(p)}; "
+        'case "$d" in "~") d="$HOME";; "~/"*) d="$HOME/${d#??}";; /*) ;; *) d="$HOME/$d";; esac; '
+        'home=$(realpath -m -- "$HOME"); real=$(realpath -m -- "$d"); '
+        'refuse() { echo "refused: $*" >&2; exit 3; }; '
+        '[ "$real" = / ] && refuse "$d resolves to /"; '
+        '[ "$real" = "$home" ] && refuse "$d is the login user\'s home itself"; '
+        # the same rules as `sync --delete` (sync_agent.dst_problem), on the resolved path
+        f'case "$real" in {SYSTEM_CASE}) refuse "$real is a system folder";; esac; '
+        'case "$home/" in "$real"/*) refuse "$real holds the login user\'s home $home";; esac; '
+        'case "$real/" in "$home"/*) ;; *) '
+        + ('case "$real" in /*/*) ;; *) refuse "$real is a top-level folder (even with --force)";; esac;; '
+           if force else 'refuse "$real is outside the login user\'s home $home (--force to allow)";; ')
+        + "esac; "
+        's=$(find "$real" -name .ssh -print -quit 2>/dev/null); '
+        '[ -n "$s" ] && refuse "$real holds an .ssh folder ($s)"; '
+        'if [ ! -e "$real" ] && [ ! -L "$real" ]; then echo "nothing at $real"; exit 0; fi; '
+        'rm -rf -- "$real" && [ ! -e "$real" ] && echo "removed $real"'
+    )
+
+
+DISK_COMMAND = (
+    'df -P -k -- / "$HOME" /tmp 2>/dev/null | awk \'NR>1 && !seen[$6]++ {print $6, $2, $3, $4}\''
+)
+
+
+@dataclass(frozen=True)
+class DiskRow:
+    host: str
+    mount: str
+    size_kb: int
+    used_kb: int
+    free_kb: int
+
+    @property
+    def free_fraction(self) -> float:
+        return self.free_kb / self.size_kb if self.size_kb else 0.0
+
+    @property
+    def low(self) -> bool:
+        return self.free_fraction < LOW_DISK_FREE
+
+
+def parse_disk(host: str, stdout: str) -> list[DiskRow]:
+    rows = []
+    for line in stdout.splitlines():
+        parts = line.rsplit(None, 3)
+        if len(parts) == 4 and all(x.isdigit() for x in parts[1:]):
+            rows.append(DiskRow(host, parts[0], int(parts[1]), int(parts[2]), int(parts[3])))
+    return rows
+
+
+BOOT_ID_COMMAND = "cat /proc/sys/kernel/random/boot_id"
+
+# A node whose PID 1 is sshd is a container or a clusterctl local node: `reboot` there would talk to the
+# *host's* init, so it is refused. Otherwise reboot one second later, so this ssh command returns first.
+REBOOT_COMMAND = (
+    '[ "$(cat /proc/1/comm 2>/dev/null)" = sshd ] && '
+    '{ echo "refused: PID 1 here is sshd (a container or a local node), not an init that can reboot" >&2; exit 3; }; '
+    'if [ "$(id -u)" = 0 ]; then run=""; else run="sudo -n"; '
+    '  sudo -n true 2>/dev/null || { echo "refused: reboot needs root and sudo -n is not allowed" >&2; exit 3; }; fi; '
+    "cat /proc/sys/kernel/random/boot_id; "
+    'nohup $run sh -c "sleep 1; reboot" >/dev/null 2>&1 & exit 0'
+)
+
+
+def wait_rebooted(pool_factory, targets: Sequence, boot_ids: dict[str, str], timeout: float,
+                  poll: float = 2.0) -> dict[str, str | None]:
+    """Poll each host over fresh connections until its boot id differs from `boot_ids[label]` (or, with
+    no boot id known, until it answers at all). Returns label -> None (back) or why not, by `timeout`."""
+    deadline = time.monotonic() + timeout
+    pending = {t.label: t for t in targets}
+    why: dict[str, str | None] = {label: "no answer yet" for label in pending}
+    while pending and time.monotonic() < deadline:
+        with pool_factory() as pool:  # fresh connections every round: the old ones died with the node
+            report = pool.run(list(pending.values()), BOOT_ID_COMMAND, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+        for r in report:
+            if r.ok and r.stdout.strip() and r.stdout.strip() != boot_ids.get(r.host):
+                why[r.host] = None
+                pending.pop(r.host, None)
+            elif r.ok:
+                why[r.host] = "still up with the old boot id (the reboot has not happened yet)"
+            elif r.error and "host key" in r.error:  # it is back, with a key we refuse: no use waiting
+                why[r.host] = r.error
+                pending.pop(r.host, None)
+            else:
+                why[r.host] = r.error or f"exit {r.exit_code}"
+        if pending:
+            time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+    return why

@@ -1,0 +1,91 @@
+"""Detached jobs: a command in a tmux session on every host, its log, and its end.
+
+Pure: these functions build the remote shell text (every value clusterctl puts in it is shlex-quoted
+or validated) and parse nothing. On each host a job NAME is:
+    the tmux session NAME (attach with `tmux attach -t NAME` on the node),
+    ~/.clusterctl/jobs/NAME.log   everything it printed (stdout and stderr), appended live,
+    ~/.clusterctl/jobs/NAME.exit  its exit status, once it ended.
+The job's Python output is unbuffered (PYTHONUNBUFFERED=1), so `logs -f` shows lines as they come.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from clusterctl.errors import UsageError
+from clusterctl.remote.ssh import TREE_FN
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+JOBS_DIR = "$HOME/.clusterctl/jobs"  # expanded by the remote shell, always inside double quotes
+
+
+def validate_job_name(name: str) -> str:
+    if not _NAME.match(name or ""):
+        raise UsageError(f"invalid job name {name!r}",
+                         "use 1-63 letters, digits, '-' or '_', starting with a letter or digit")
+    return name
+
+
+def _paths(name: str) -> str:
+    n = validate_job_name(name)
+    return f'd="{JOBS_DIR}"; log="$d/{n}.log"; ex="$d/{n}.exit"; '
+
+
+def _pane_pid(name: str) -> str:
+    return f"tmux display-message -p -t {shlex.quote('=' + name + ':')} '#{{pane_pid}}' 2>/dev/null"
+
+
+def detach_command(name: str, command: str) -> str:
+    """Start `command` in tmux session `name`; refuse (exit 3) if that job is still running there."""
+    n = validate_job_name(name)
+    qn = shlex.quote("=" + n)
+    inner = (f'( "${{SHELL:-/bin/sh}}" -c {shlex.quote(command)}; echo $? > "{JOBS_DIR}/{n}.exit" ) 2>&1 '
+             f'| tee -a "{JOBS_DIR}/{n}.log"')
+    return (
+        "command -v tmux >/dev/null 2>&1 || { echo 'tmux is not installed on this host' >&2; exit 127; }; "
+        + _paths(n)
+        + 'mkdir -p "$d" && chmod 700 "$d" || exit 1; '
+        f"if tmux has-session -t {qn} 2>/dev/null; then "
+        f"echo {shlex.quote(f'job {n} is still running here: clusterctl kill {n}')} >&2; exit 3; fi; "
+        'rm -f "$ex"; : > "$log"; '
+        f"tmux new-session -d -s {shlex.quote(n)} -x 200 -y 50 -e PYTHONUNBUFFERED=1 {shlex.quote(inner)} || exit 1; "
+        f'echo "started job {n}; log: $log"'
+    )
+
+
+def logs_command(name: str, follow: bool = False) -> str:
+    """Print the job's log (with `follow`, until the job ends) and exit with the job's status once it
+    ended (0 while it still runs); exit 3 when there is no such job on the host."""
+    n = validate_job_name(name)
+    show = 'cat "$log"'
+    if follow:
+        show = (f'pid=$({_pane_pid(n)}); '
+                'if [ -n "$pid" ]; then tail -n +1 -s 0.2 --pid="$pid" -f "$log"; else cat "$log"; fi')
+    return (
+        _paths(n)
+        + f'[ -f "$log" ] || {{ echo {shlex.quote(f"no job {n} on this host")} >&2; exit 3; }}; '
+        + show + "; "
+        'if [ -f "$ex" ]; then exit "$(cat "$ex")"; fi; exit 0'
+    )
+
+
+def kill_job_command(name: str, grace: float = 3.0) -> str:
+    """End job `name`: SIGTERM to its whole process tree, SIGKILL after `grace` seconds, then verify."""
+    n = validate_job_name(name)
+    g = int(grace * 10)
+    return (
+        TREE_FN + "\n"
+        + _paths(n)
+        + f"pid=$({_pane_pid(n)}); "
+        f'if [ -z "$pid" ]; then echo {shlex.quote(f"job {n} is not running here")}; exit 0; fi; '
+        # the pane's session and every descendant (horovodrun's ranks leave the session: the tree catches them)
+        'p=$(cc_tree "$pid"); [ -n "$p" ] && kill -TERM $p 2>/dev/null; '
+        f'i=0; while [ -n "$(cc_tree "$pid")" ] && [ $i -lt {g} ]; do sleep 0.1; i=$((i+1)); done; '
+        'i=0; while p=$(cc_tree "$pid"); [ -n "$p" ] && [ $i -lt 50 ]; do kill -STOP $p 2>/dev/null; '
+        'kill -KILL $(cc_tree "$pid") 2>/dev/null; sleep 0.05; i=$((i+1)); done; '
+        f"tmux kill-session -t {shlex.quote('=' + n)} 2>/dev/null; "
+        'p=$(cc_tree "$pid"); [ -z "$p" ] || { echo "still running: $p" >&2; exit 1; }; '
+        '[ -f "$ex" ] || echo 137 > "$ex"; '  # killed: `logs` then reports 128+SIGKILL, not 0
+        f'echo {shlex.quote(f"killed job {n}")}'
+    )

@@ -1,0 +1,142 @@
+"""Run a Horovod job across a cluster the way a real cluster does: horovodrun on the leader.
+
+    stage the scripts in one job folder (same absolute path on every node) -> write the job's hosts
+    file -> on the leader: cd into the job folder, scrub the environment, run horovodrun through
+    templates/hvd_launch.py (host keys checked) -> afterwards, kill anything of the job left anywhere.
+
+Why this shape (shared/FACTS.md): horovodrun runs `cd <driver cwd>` and `env <driver env>` on every
+rank, so the cwd must exist everywhere and the environment must hold no secret; the remote ranks run
+the driver's Python path, so that path must exist on every node; launched from outside the nodes its
+rendezvous server binds an address the nodes may not reach. The Python is the node runtime's
+(runtime/), the same absolute path on every node.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from clusterctl import resources
+from clusterctl.workloads import horovod
+from clusterctl.errors import UnreachableError
+from clusterctl.hostsfile import HostEntry, HostsFile
+from clusterctl.remote.ssh import OnLine, SshPool, SshTarget
+from clusterctl.types import Cluster, HostResult, RunReport
+
+JOBS = "clusterctl-jobs"  # under the login home of every node
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The DLAMI's EFA, aws-ofi-nccl (NCCL's EFA plugin) and CUDA libraries, kept under the scrubbed `env -i`
+# (the image sets them in login shells only): those that exist on the leader, which horovodrun passes to
+# every rank (identical nodes). None exists on a local node: then LD_LIBRARY_PATH is not set at all.
+NODE_LIB_DIRS = ("/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib", "/usr/local/cuda/lib64")
+LIB_PATH_SH = "L=; for d in " + " ".join(NODE_LIB_DIRS) + '; do [ -d "$d" ] && L="${L:+$L:}$d"; done;'
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    home: str  # the login home on the nodes (identical nodes: the same everywhere)
+
+    @property
+    def dir(self) -> str:
+        return f"{self.home}/{JOBS}/{self.name}"
+
+
+def new_job(pool: SshPool, leader: SshTarget, prefix: str) -> Job:
+    result = pool.run_one(leader, 'printf %s "$HOME"', timeout=30)
+    if not result.ok or not result.stdout.startswith("/"):
+        raise UnreachableError(f"cannot reach the leader {leader.label}: {result.error or result.stderr.strip()}")
+    return Job(f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", result.stdout.strip())
+
+
+def node_python(cluster: Cluster | None) -> str:
+    """The Python every rank runs: the cluster's recorded one (its node runtime, or the user's own
+    `up --python`), else the nodes' python3 (a plain hosts file; `--python` overrides). Never this
+    machine's interpreter: no node has its path."""
+    if cluster is not None and cluster.extra.get("python"):
+        return cluster.extra["python"]
+    return "python3"
+
+
+def rung_hosts(hosts: HostsFile, np: int) -> HostsFile:
+    """The first `np` slots, leader first: 1 -> the leader alone, one node's slots -> the leader full."""
+    entries, left = [], np
+    for e in hosts.entries:
+        if left <= 0:
+            break
+        take = min(e.slots, left)
+        entries.append(HostEntry(e.host, take))
+        left -= take
+    if left > 0:
+        raise ValueError(f"{np} processes asked for, but the cluster has only {hosts.total_slots} slots")
+    return HostsFile(tuple(entries))
+
+
+def job_env(cluster: Cluster | None, python: str) -> dict[str, str]:
+    """What every rank needs set, decided by clusterctl, not the user."""
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    if cluster is not None and cluster.extra.get("efa") == "true":  # NCCL over libfabric's EFA (aws-ofi-nccl)
+        env["FI_PROVIDER"] = "efa"
+        if cluster.extra.get("efa_rdma") == "true":  # p4d/p5: device RDMA; p3dn's EFA has none
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    if cluster is not None and cluster.provider != "local":
+        env["NCCL_SOCKET_IFNAME"] = "^lo,docker"
+    return env
+
+
+def stage(pool: SshPool, targets: Sequence[SshTarget], job: Job, files: Mapping[str, bytes], hosts: HostsFile) -> None:
+    payload = {f"{job.dir}/{name}": (data, 0o644) for name, data in files.items()}
+    payload[f"{job.dir}/hvd_launch.py"] = (resources.template_bytes("hvd_launch.py"), 0o644)
+    payload[f"{job.dir}/hosts"] = (hosts.render().encode(), 0o644)
+    report = pool.put(targets, payload)
+    if not report.all_ok:
+        raise UnreachableError("could not copy the job to every node: "
+                               + "; ".join(f"{r.host}: {r.error}" for r in report.failed))
+
+
+def leader_command(job: Job, np: int, script_argv: Sequence[str], python: str,
+                   env: Mapping[str, str], start_timeout: int = horovod.DEFAULT_START_TIMEOUT_S,
+                   hosts: "HostsFile | str | Path" = Path("hosts")) -> str:
+    """The shell command run on the leader: horovodrun in the job folder, in a scrubbed environment.
+    `hosts`: the job's hosts file by default; `localhost:N` runs a node on its own (bench's per-node rung)."""
+    argv = horovod.horovodrun_argv(np, hosts, list(script_argv), extra_env=dict(env),
+                                   start_timeout=start_timeout, horovodrun="@HOROVODRUN@")
+    at = argv.index("@HOROVODRUN@")
+    argv[at:at + 1] = [python, f"{job.dir}/hvd_launch.py"]
+    path = f"{os.path.dirname(python)}:{BASE_PATH}" if python.startswith("/") else BASE_PATH
+    return (f"{LIB_PATH_SH} cd {shlex.quote(job.dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
+            f"PATH={shlex.quote(path)} ${{L:+LD_LIBRARY_PATH=\"$L\"}} {shlex.join(argv)} 2>&1")
+
+
+def run_on_leader(pool: SshPool, leader: SshTarget, command: str, timeout: float | None,
+                  on_line: OnLine | None = None) -> HostResult:
+    return pool.run_one(leader, command, timeout=timeout, on_line=on_line)
+
+
+def kill_job(pool: SshPool, targets: Sequence[SshTarget], job: Job) -> RunReport:
+    """End every process of the job on every node (ranks, horovodrun, its task services)."""
+    # A bracket in each pattern keeps pkill from matching the shell that runs it (its command line
+    # holds the pattern's text, which the regex itself does not match).
+    pattern = shlex.quote(f"{job.home}/{JOBS}/[{job.name[0]}]{job.name[1:]}")
+    return pool.run(targets, f"pkill -KILL -f -- {pattern}; pkill -KILL -f -- 'horovod[.]runner[.]'; true", timeout=30)
+
+
+def remove_job(pool: SshPool, targets: Sequence[SshTarget], job: Job) -> RunReport:
+    return pool.run(targets, f"rm -rf -- {shlex.quote(job.dir)}", timeout=30)
+
+
+def follow(inv, job_name: str, on_line: Callable[[str], None]) -> int:
+    """Stream a detached job's log (train or launch) from the leader until it ends; the job's exit status
+    (0 while it still runs after a dropped connection)."""
+    from clusterctl.remote import tmux as jobs
+
+    with SshPool(inv.settings) as pool:
+        r = pool.run_one(inv.targets[0], jobs.logs_command(job_name, follow=True),
+                         on_line=lambda _h, _s, line: on_line(line))
+    if r.exit_code is None:
+        raise UnreachableError(f"lost the log of {job_name}: {r.error}")
+    return r.exit_code

@@ -1,0 +1,943 @@
+"""The training job's lifecycle, as values: the trainer's command line, and its log read back.
+
+templates/train_imagenet.py (rank 0) writes every line for machines with the `CLUSTERCTL-TRAIN` mark:
+event lines `CLUSTERCTL-TRAIN <event> key=value ...` and the table
+
+    CLUSTERCTL-TRAIN    Step   Epoch      img/s      Loss  TotalLoss         LR   Elapsed
+    CLUSTERCTL-TRAIN      10    0.50     2735.0    1.7566     1.7588   0.125000       5.2
+
+The mark may follow any prefix (horovodrun's `[0]<stdout>:`, a timestamp, tmux's log). One log may
+hold several runs of one job (a crash, then a resumed run appended): each `start` line opens a run.
+Pure: no TensorFlow, no ssh, no clock unless given one.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Mapping
+
+MARK = "CLUSTERCTL-TRAIN"
+TEMPLATE = "train_imagenet.py"
+COMPANION = "train_ckpt.py"  # the trainer imports it from its own folder: checkpoint manifests, copies, spot
+SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 5 seconds
+COLUMNS = ("Step", "Epoch", "img/s", "Loss", "TotalLoss", "LR", "Elapsed")
+# templates/train_imagenet.py's exit statuses
+EXIT_SIZE_MISMATCH = 3
+EXIT_CHECKPOINT = 4
+EXIT_NO_DATA = 5
+EXIT_BAD_LABELS = 6
+EXIT_HPARAMS = 7
+
+_MARKED = re.compile(rf".*{MARK}\s+(.*?)\s*$")  # the last mark of a line (two lines run together)
+_HOROVOD_FAILED = re.compile(r"Horovod detected that one or more processes exited with non-zero status")
+_PROCESS_NAME = re.compile(r"^\s*Process name:\s*(\S+)")
+_EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d+)")
+
+
+# ---- the command line ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainOptions:
+    """What `clusterctl train` passes to the trainer; None leaves the trainer's default."""
+
+    data: str | None = None
+    synthetic: bool = False
+    model: str = "resnet50"
+    epochs: float | None = None
+    batch_size: int | None = None
+    model_dir: str | None = None
+    image_size: int | None = None
+    max_steps: int | None = None
+    base_lr: float | None = None
+    warmup_epochs: float | None = None
+    checkpoint_every: int | None = None
+    keep_checkpoints: int | None = None
+    log_every: int | None = None
+    mixed_precision: bool = False
+    precision: str | None = None  # auto | fp32 | float16 | bfloat16 | mixed (the trainer's default: auto)
+    fp16_allreduce: bool = False
+    recipe: str | None = None  # default | goyal
+    eval_every: int | None = None  # epochs between evaluations during training
+    fusion_threshold_mb: float | None = None  # Horovod's tensor fusion buffer (an environment variable, not a flag)
+    cycle_time_ms: float | None = None  # Horovod's cycle time (likewise)
+    xla: bool = False
+    no_eval: bool = False
+    eval_only: bool = False
+    no_gpu: bool = False
+    expect_size: int | None = None
+    checkpoint_copy: str | None = None  # a second node (as the leader's ssh reaches it) keeping a copy
+    checkpoint_to: str | None = None  # s3://bucket/prefix keeping a copy
+    spot_poll: float | None = None  # seconds between polls of the spot interruption notice
+    extra: tuple[str, ...] = ()  # more trainer flags, passed as they are
+
+
+_VALUE_FLAGS = (
+    ("data", "--data"), ("model", "--model"), ("epochs", "--epochs"), ("batch_size", "--batch-size"),
+    ("model_dir", "--model-dir"), ("image_size", "--image-size"), ("max_steps", "--max-steps"),
+    ("base_lr", "--base-lr"), ("warmup_epochs", "--warmup-epochs"), ("checkpoint_every", "--checkpoint-every"),
+    ("precision", "--precision"), ("recipe", "--recipe"), ("eval_every", "--eval-every"),
+    ("keep_checkpoints", "--keep-checkpoints"), ("log_every", "--log-every"), ("expect_size", "--expect-size"),
+    ("checkpoint_copy", "--checkpoint-copy"), ("checkpoint_to", "--checkpoint-to"), ("spot_poll", "--spot-poll"),
+)
+_SWITCHES = (
+    ("synthetic", "--synthetic"), ("mixed_precision", "--mixed-precision"), ("xla", "--xla"),
+    ("no_eval", "--no-eval"), ("eval_only", "--eval-only"), ("no_gpu", "--no-gpu"),
+    ("fp16_allreduce", "--fp16-allreduce"),
+)
+PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")
+RECIPES = ("default", "goyal")
+# Horovod's tensor fusion buffer as its tensor-fusion docs give it (64 MB; 0.21+ builds default to 128 MB)
+# and its cycle time (1 ms, its default since 0.21): set explicitly so every rank runs with the same.
+FUSION_THRESHOLD_MB = 64.0
+CYCLE_TIME_MS = 1.0
+
+
+def horovod_env(opts: TrainOptions) -> dict[str, str]:
+    """HOROVOD_FUSION_THRESHOLD (bytes) and HOROVOD_CYCLE_TIME (ms) for every rank."""
+    mb = FUSION_THRESHOLD_MB if opts.fusion_threshold_mb is None else opts.fusion_threshold_mb
+    ms = CYCLE_TIME_MS if opts.cycle_time_ms is None else opts.cycle_time_ms
+    if mb < 0 or ms <= 0:
+        raise ValueError("the fusion threshold must not be negative and the cycle time must be positive")
+    return {"HOROVOD_FUSION_THRESHOLD": str(int(mb * 1024 * 1024)), "HOROVOD_CYCLE_TIME": f"{ms:g}"}
+
+
+def check_s3_uri(uri: str) -> tuple[str, str]:
+    """(bucket, prefix ending in /) of --checkpoint-to; UsageError for anything but s3://bucket/prefix."""
+    from clusterctl.errors import UsageError
+
+    m = re.fullmatch(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/([^*?\s]*))?", uri)
+    if not m:
+        raise UsageError(f"--checkpoint-to {uri!r} is not an S3 location", "give one like s3://my-bucket/checkpoints/run1")
+    prefix = (m.group(2) or "").strip("/")
+    if not prefix:
+        raise UsageError(f"--checkpoint-to {uri!r} needs a prefix (the nodes may write there only)",
+                         "give one like s3://my-bucket/checkpoints/run1")
+    return m.group(1), prefix + "/"
+
+
+def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:
+    """`python script --flag value ...` for templates/train_imagenet.py (an argv: quote it with shlex.join)."""
+    if not opts.synthetic and not opts.data:
+        raise ValueError("give a data folder or synthetic=True")
+    if opts.model not in ("resnet50", "tiny"):
+        raise ValueError(f"model must be resnet50 or tiny, not {opts.model!r}")
+    if opts.precision is not None and opts.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
+    if opts.recipe is not None and opts.recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, not {opts.recipe!r}")
+    argv = [python, script]
+    for name, flag in _VALUE_FLAGS:
+        value = getattr(opts, name)
+        if value is None or (name == "data" and opts.synthetic):
+            continue
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+        if text.startswith("-") and name in ("data", "model_dir"):
+            raise ValueError(f"{flag} {text!r}: a path may not start with '-'")
+        argv += [flag, text]
+    argv += [flag for name, flag in _SWITCHES if getattr(opts, name)]
+    return argv + list(opts.extra)
+
+
+# ---- the log ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainRow:
+    step: int
+    epoch: float
+    img_per_sec: float  # all processes together, over the steps since the previous row
+    loss: float  # cross-entropy, mean over ranks and steps since the previous row
+    total_loss: float  # with weight decay (the recipe's FinLoss)
+    lr: float
+    elapsed: float  # seconds since the trainer process started
+
+
+@dataclass(frozen=True)
+class CheckpointSaved:
+    step: int
+    epoch: int
+    path: str
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    step: int
+    epoch: float
+    top1: float  # percent
+    top5: float  # percent (top-k with k = min(5, classes))
+    loss: float
+    examples: int
+    checkpoint: str
+    size: int  # processes that evaluated
+    time: str  # UTC, ISO 8601
+
+
+@dataclass(frozen=True)
+class TrainStart:
+    size: int
+    model: str
+    batch: int
+    global_batch: int
+    train_examples: int
+    steps_per_epoch: int
+    epochs: float
+    total_steps: int
+    stop_step: int
+    start_step: int
+    peak_lr: float
+    fields: Mapping[str, str] = field(default_factory=dict)  # every field of the line, as text
+
+
+@dataclass(frozen=True)
+class TrainDone:
+    step: int
+    epoch: float
+    complete: bool  # reached the last step of the schedule (not only --max-steps)
+    elapsed: float
+    img_per_sec: float
+
+
+@dataclass(frozen=True)
+class TrainEvent:
+    kind: str  # warning / error
+    fields: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """One process lifetime of the job: from its `start` line to its end (or the end of the log)."""
+
+    start: TrainStart | None  # None for an --eval-only run
+    resumed_from: CheckpointSaved | None = None
+    rows: tuple[TrainRow, ...] = ()
+    checkpoints: tuple[CheckpointSaved, ...] = ()
+    done: TrainDone | None = None
+    eval: EvalResult | None = None
+    warnings: tuple[TrainEvent, ...] = ()
+    errors: tuple[TrainEvent, ...] = ()
+    failure: str | None = None  # horovodrun's own verdict when a process died (e.g. "process 1 exited 137")
+    evals: tuple[EvalResult, ...] = ()  # the --eval-every evaluations during training (final=0)
+
+
+@dataclass(frozen=True)
+class TrainLog:
+    runs: tuple[TrainRun, ...]
+
+    @property
+    def current(self) -> TrainRun | None:
+        return self.runs[-1] if self.runs else None
+
+    @property
+    def eval(self) -> EvalResult | None:
+        """The latest evaluation in the log."""
+        for run in reversed(self.runs):
+            if run.eval is not None:
+                return run.eval
+        return None
+
+
+class _RunBuilder:
+    def __init__(self, start: TrainStart | None):
+        self.start = start
+        self.resumed_from: CheckpointSaved | None = None
+        self.rows: list[TrainRow] = []
+        self.checkpoints: list[CheckpointSaved] = []
+        self.done: TrainDone | None = None
+        self.eval: EvalResult | None = None
+        self.warnings: list[TrainEvent] = []
+        self.errors: list[TrainEvent] = []
+        self.failure: str | None = None
+        self.evals: list[EvalResult] = []
+
+    def build(self) -> TrainRun:
+        return TrainRun(self.start, self.resumed_from, tuple(self.rows), tuple(self.checkpoints), self.done,
+                        self.eval, tuple(self.warnings), tuple(self.errors), self.failure, tuple(self.evals))
+
+
+def _kv(body: str, lineno: int) -> dict[str, str]:
+    try:
+        tokens = shlex.split(body)
+    except ValueError as exc:
+        raise ValueError(f"train log line {lineno}: {exc}: {body!r}") from None
+    out: dict[str, str] = {}
+    for tok in tokens:
+        key, sep, value = tok.partition("=")
+        if not sep or not key:
+            raise ValueError(f"train log line {lineno}: {tok!r} is not key=value")
+        out[key] = value
+    return out
+
+
+def _get(fields: Mapping[str, str], key: str, typ, lineno: int, kind: str):
+    if key not in fields:
+        raise ValueError(f"train log line {lineno}: {kind} line has no {key}=")
+    raw = fields[key]
+    try:
+        if typ is bool:
+            return raw not in ("0", "false", "False", "")
+        if typ is int:
+            return int(float(raw)) if re.fullmatch(r"-?\d+(\.0*)?", raw) else int(raw)
+        return typ(raw)
+    except ValueError:
+        raise ValueError(f"train log line {lineno}: {key}={raw!r} is not a {typ.__name__}") from None
+
+
+def parse_train_log(text: str, strict: bool = True) -> TrainLog:
+    """Read the trainer's output (horovodrun's, or rank 0's own). Lines without the mark are noise and
+    skipped. A last line without its newline is still being written and is ignored. A marked line that
+    does not parse raises ValueError naming its line number (strict), or is skipped (not strict: for
+    watching a live job, whose log a crash may have cut anywhere)."""
+    lines = text.splitlines()
+    if lines and not text.endswith(("\n", "\r")):
+        lines = lines[:-1]
+    runs: list[TrainRun] = []
+    cur: _RunBuilder | None = None
+    failed_at: int | None = None
+    for lineno, raw in enumerate(lines, start=1):
+        line = raw.replace("\r", "")
+        if failed_at is not None and cur is not None:
+            m = _PROCESS_NAME.match(line)
+            if m:
+                cur.failure = f"process {m.group(1)} exited"
+                continue
+            m = _EXIT_CODE.match(line)
+            if m and cur.failure and cur.failure.endswith("exited"):
+                code = int(m.group(1))
+                why = {137: " (killed: SIGKILL or out of memory)", 143: " (SIGTERM)", 139: " (segfault)"}.get(code, "")
+                cur.failure += f" {code}{why}"
+                continue
+        if _HOROVOD_FAILED.search(line):
+            if cur is None:
+                cur = _RunBuilder(None)
+            cur.failure = cur.failure or "a process exited with non-zero status"
+            failed_at = lineno
+            continue
+        m = _MARKED.search(line)
+        if not m:
+            continue
+        try:
+            body = m.group(1)
+            head = body.split(None, 1)[0] if body else ""
+            if head == "Step":
+                if tuple(body.split()) != COLUMNS:
+                    raise ValueError(f"train log line {lineno}: table header {body.split()} is not {list(COLUMNS)}")
+                continue
+            if head[:1].isdigit():
+                parts = body.split()
+                if len(parts) != len(COLUMNS):
+                    raise ValueError(f"train log line {lineno}: a table row needs {len(COLUMNS)} columns: {body!r}")
+                try:
+                    row = TrainRow(int(parts[0]), *(float(p) for p in parts[1:]))
+                except ValueError:
+                    raise ValueError(f"train log line {lineno}: not a table row: {body!r}") from None
+                if cur is None:
+                    cur = _RunBuilder(None)
+                cur.rows.append(row)
+                continue
+            kind, _, rest = body.partition(" ")
+            f = _kv(rest, lineno)
+            if kind == "device":
+                continue  # which GPU each rank has: printed before `start`, read by horovod.parse_devices
+            if kind == "start":
+                g = lambda k, t: _get(f, k, t, lineno, kind)  # noqa: E731
+                started = TrainStart(
+                    size=g("size", int), model=g("model", str), batch=g("batch", int),
+                    global_batch=g("global_batch", int), train_examples=g("train_examples", int),
+                    steps_per_epoch=g("steps_per_epoch", int), epochs=g("epochs", float),
+                    total_steps=g("total_steps", int), stop_step=g("stop_step", int),
+                    start_step=g("start_step", int), peak_lr=g("peak_lr", float), fields=dict(f))
+                if cur is not None:
+                    runs.append(cur.build())
+                failed_at = None
+                cur = _RunBuilder(started)
+                continue
+            periodic = kind == "eval" and f.get("final") == "0"
+            if kind == "eval" and not periodic and (cur is None or cur.eval is not None or cur.failure):
+                # an --eval-only run (no start line), or a second evaluation after a finished one
+                if cur is not None:
+                    runs.append(cur.build())
+                cur = _RunBuilder(None)
+            if cur is None:
+                cur = _RunBuilder(None)
+            g = lambda k, t: _get(f, k, t, lineno, kind)  # noqa: E731
+            if kind == "resume":
+                cur.resumed_from = CheckpointSaved(g("step", int), g("epoch", int), g("checkpoint", str))
+            elif kind == "checkpoint":
+                cur.checkpoints.append(CheckpointSaved(g("step", int), g("epoch", int), g("path", str)))
+            elif kind == "done":
+                cur.done = TrainDone(g("step", int), g("epoch", float), g("complete", bool), g("elapsed", float),
+                                     g("img_per_sec", float))
+            elif kind == "eval":
+                result = EvalResult(
+                    step=g("step", int), epoch=g("epoch", float), top1=g("top1", float), top5=g("top5", float),
+                    loss=g("loss", float), examples=g("examples", int), checkpoint=f.get("checkpoint", ""),
+                    size=int(f.get("size", "1")), time=f.get("time", ""))
+                if periodic:
+                    cur.evals.append(result)
+                else:
+                    cur.eval = result
+            elif kind == "error":
+                cur.errors.append(TrainEvent(kind, dict(f)))
+            elif kind == "warning":
+                cur.warnings.append(TrainEvent(kind, dict(f)))
+            # other kinds: newer trainers may add some; nothing here needs them
+        except ValueError:
+            if strict:
+                raise
+    if cur is not None:
+        runs.append(cur.build())
+    return TrainLog(tuple(runs))
+
+
+def parse_eval(text: str) -> EvalResult:
+    """The latest top-1/top-5 in a trainer's output; ValueError (saying why, when it can) if there is none."""
+    log = parse_train_log(text if text.endswith("\n") else text + "\n")
+    result = log.eval
+    if result is not None:
+        return result
+    for run in reversed(log.runs):
+        if run.errors:
+            e = run.errors[-1].fields
+            raise ValueError(f"no evaluation: the trainer reported {e.get('kind', 'an error')}"
+                             + (f" ({e['message']})" if e.get("message") else ""))
+        if run.failure:
+            raise ValueError(f"no evaluation: {run.failure}")
+    raise ValueError(f"no '{MARK} eval' line in the output")
+
+
+# ---- status ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainStatus:
+    state: str  # starting | running | evaluating | finished | failed | stopped
+    step: int
+    stop_step: int
+    total_steps: int
+    epoch: float
+    epochs: float
+    img_per_sec: float | None  # recent rate, all processes
+    loss: float | None
+    total_loss: float | None
+    lr: float | None
+    elapsed_s: float  # this run, since its process started
+    total_elapsed_s: float  # every run of the job in the log
+    eta_s: float | None  # to the last step at the recent rate (evaluation not included)
+    size: int
+    restarts: int  # runs before the current one
+    resumed_from_step: int | None
+    last_checkpoint: CheckpointSaved | None
+    result: EvalResult | None
+    reason: str | None = None  # why it failed or stopped
+    validation: EvalResult | None = None  # the latest --eval-every evaluation during training
+
+    def cost_to_finish(self, dollars_per_hour: float) -> float | None:
+        """What the remaining steps cost at the cluster's hourly price (None while unknown)."""
+        return None if self.eta_s is None else dollars_per_hour * self.eta_s / 3600
+
+
+def status(log: TrainLog, *, running: bool | None = None, recent: int = 5) -> TrainStatus:
+    """Where the job is. `running` says whether its process still lives (the caller knows: tmux, ps);
+    None when unknown, and then a run without an end counts as running. The rate is the mean of the
+    last `recent` rows of the current run, leaving out its first row (graph tracing, not training)."""
+    run = log.current
+    if run is None or (run.start is None and run.eval is None and not run.rows and not run.errors
+                       and not run.failure):
+        return TrainStatus("starting" if running is not False else "stopped", 0, 0, 0, 0.0, 0.0, None, None, None,
+                           None, 0.0, 0.0, None, 0, 0, None, None, None,
+                           None if running is not False else "no training output")
+    start = run.start
+    prior = [r for r in log.runs[:-1] if r.start is not None]
+    start_step = start.start_step if start else 0
+    stop_step = start.stop_step if start else 0
+    total_steps = start.total_steps if start else 0
+    spe = start.steps_per_epoch if start else 0
+    last = run.rows[-1] if run.rows else None
+    step = max([start_step] + [r.step for r in run.rows] + ([run.done.step] if run.done else []))
+    if run.eval is not None and not start:
+        step = run.eval.step
+    epoch = step / spe if spe else (run.eval.epoch if run.eval else 0.0)
+    timed = [r for r in run.rows if r.step > start_step + 1][-recent:]
+    rate = sum(r.img_per_sec for r in timed) / len(timed) if timed else None
+    eta = None
+    if start and rate and rate > 0:
+        eta = max(0, stop_step - step) * start.global_batch / rate
+    elapsed = max([r.elapsed for r in run.rows] + ([run.done.elapsed] if run.done else []) + [0.0])
+    before = sum(max([r.elapsed for r in p.rows] + ([p.done.elapsed] if p.done else []) + [0.0]) for p in prior)
+
+    reason = None
+    if run.errors:
+        state = "failed"
+        e = run.errors[-1].fields
+        reason = e.get("kind", "error") + (f": {e['message']}" if e.get("message") else "")
+    elif run.failure:
+        state, reason = "failed", run.failure
+    elif run.eval is not None:
+        state = "finished"
+    elif run.done is not None:
+        no_eval = start is not None and start.fields.get("validation_files") == "0"
+        state = "finished" if running is False or no_eval else "evaluating"
+    elif running is False:
+        state, reason = "stopped", "the process ended without finishing (killed?)"
+    else:
+        state = "running" if run.rows else "starting"
+    if state in ("finished", "failed", "stopped"):
+        eta = 0.0 if state == "finished" else None
+    return TrainStatus(
+        state=state, step=step, stop_step=stop_step, total_steps=total_steps, epoch=epoch,
+        epochs=start.epochs if start else 0.0, img_per_sec=rate if rate is not None else (last.img_per_sec if last else None),
+        loss=last.loss if last else None, total_loss=last.total_loss if last else None, lr=last.lr if last else None,
+        elapsed_s=elapsed, total_elapsed_s=before + elapsed, eta_s=eta, size=start.size if start else 0,
+        restarts=len(prior), resumed_from_step=run.resumed_from.step if run.resumed_from else None,
+        last_checkpoint=run.checkpoints[-1] if run.checkpoints else (run.resumed_from if run.resumed_from else None),
+        result=run.eval, reason=reason,
+        validation=next((r.evals[-1] for r in reversed(log.runs) if r.evals), None))
+
+
+def format_duration(seconds: float | None) -> str:
+    """12s, 4m05s, 3h07m, 2d04h; '-' when unknown."""
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+# ---- the job on a cluster ----------------------------------------------------------------------------
+# templates/train_imagenet.py runs under horovodrun on the leader (clusterctl.workloads.launch: a job folder at the
+# same path on every node, a scrubbed environment, host keys checked), inside a tmux session there
+# (clusterctl.remote.tmux: the log at ~/.clusterctl/jobs/JOB.log on the leader, its exit status beside it), so
+# closing the laptop changes nothing. Checkpoints and TensorBoard logs go to the model folder on the
+# leader (rank 0's disk), which stays the same from one launch to the next; every checkpoint is also
+# copied to the same folder on the second node and, with --checkpoint-to, to S3 (templates/train_ckpt.py).
+# A restart resumes from the newest complete one of those. clusterctl remembers the last launch locally
+# (train.json) for logs / status / eval.
+
+RECORD = "train.json"
+MODEL_DIR = "clusterctl-train/model"  # under the leader's login home, unless --model-dir says otherwise
+TENSORBOARD_SESSION = "clusterctl-tensorboard"
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """The last training launch on a cluster, as clusterctl remembers it."""
+
+    key: str  # the cluster's name (or hosts-<digest> for a plain hosts file)
+    job: str  # launch job name = tmux session on the leader
+    job_dir: str  # the job folder on every node (train_imagenet.py, hvd_launch.py, hosts)
+    home: str  # the login home on the nodes
+    leader: str  # the leader's label (hosts-file token)
+    model_dir: str
+    np: int
+    python: str
+    options: Mapping[str, object]  # TrainOptions as a dict (paths absolute on the nodes)
+    started_at: float
+    previous: tuple[str, ...] = ()  # earlier launches of this job (restarts), oldest first
+
+    @property
+    def log_path(self) -> str:
+        return f"{self.home}/.clusterctl/jobs/{self.job}.log"
+
+    def train_options(self) -> TrainOptions:
+        opts = dict(self.options)
+        opts["extra"] = tuple(opts.get("extra", ()))
+        return TrainOptions(**opts)  # type: ignore[arg-type]
+
+    def to_json(self) -> str:
+        import dataclasses
+        import json
+
+        d = dataclasses.asdict(self)
+        d["previous"] = list(self.previous)
+        return json.dumps(d, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainJob":
+        import json
+
+        d = json.loads(text)
+        d["previous"] = tuple(d.get("previous", ()))
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def node_path(path: str, home: str) -> str:
+    """A path as the nodes' shells would read it: `~/x` and relative paths are under the login home."""
+    if not path or any(c in path for c in "\n\r\0"):
+        raise ValueError(f"bad path {path!r}")
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return f"{home}/{path[2:]}"
+    if path.startswith("~"):
+        raise ValueError(f"{path}: only ~/ (the login user's home) is understood")
+    return path if path.startswith("/") else f"{home}/{path}"
+
+
+def data_check_command(data_dir: str) -> str:
+    """Prints `shards TRAIN VALIDATION` then the sync completion marker (one JSON line) or `unverified`."""
+    q = shlex.quote(data_dir)
+    return (f"cd {q} 2>/dev/null || {{ echo missing; exit 0; }}; "
+            "t=0; v=0; for f in train-*; do [ -f \"$f\" ] && t=$((t+1)); done; "
+            "for f in validation-*; do [ -f \"$f\" ] && v=$((v+1)); done; echo \"shards $t $v\"; "
+            "cat .clusterctl-sync/COMPLETE 2>/dev/null || echo unverified")
+
+
+def data_problems(outputs: Mapping[str, str | None]) -> list[str]:
+    """What is wrong with the data on the nodes, from each node's data_check_command output (None: the
+    node could not be asked). Every node needs shards and a completion marker, all of the same manifest."""
+    import json
+
+    problems, digests = [], {}
+    for host, out in outputs.items():
+        if out is None:
+            problems.append(f"{host}: could not check (unreachable)")
+            continue
+        lines = out.strip().splitlines()
+        if not lines or lines[0] == "missing":
+            problems.append(f"{host}: no such folder")
+            continue
+        parts = lines[0].split()
+        if len(parts) != 3 or parts[0] != "shards" or parts[1] == "0":
+            problems.append(f"{host}: no train-* shards")
+            continue
+        if len(lines) < 2 or lines[1] == "unverified":
+            problems.append(f"{host}: not verified by `clusterctl sync` (no completion marker)")
+            continue
+        try:
+            digests[host] = json.loads(lines[1])["manifest_sha256"]
+        except (ValueError, KeyError, TypeError):
+            problems.append(f"{host}: unreadable completion marker")
+    if len(set(digests.values())) > 1:
+        first = next(iter(digests.values()))
+        odd = [h for h, d in digests.items() if d != first]
+        problems.append(f"{', '.join(odd)}: a different dataset than {next(iter(digests))} (another manifest)")
+    return problems
+
+
+def _record_path(store, inv) -> "object":
+    import hashlib
+    from pathlib import Path
+
+    if inv.cluster is not None:
+        return Path(store.cluster_dir(inv.cluster.name)) / RECORD
+    digest = hashlib.sha256(inv.hosts.render().encode()).hexdigest()[:12]
+    return Path(store.root) / "train" / f"hosts-{digest}.json"
+
+
+def load_job(store, inv) -> TrainJob | None:
+    path = _record_path(store, inv)
+    try:
+        return TrainJob.from_json(path.read_text())  # type: ignore[attr-defined]
+    except FileNotFoundError:
+        return None
+
+
+def require_job(store, inv) -> TrainJob:
+    from clusterctl.errors import ConfigError
+
+    job = load_job(store, inv)
+    if job is None:
+        where = inv.cluster.name if inv.cluster is not None else "these hosts"
+        raise ConfigError(f"no training job on {where}", "start one with `clusterctl train --data DIR`")
+    return job
+
+
+def _save_job(store, inv, job: TrainJob) -> None:
+    from clusterctl.cluster.state import atomic_write
+
+    path = _record_path(store, inv)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # type: ignore[attr-defined]
+    atomic_write(path, job.to_json())
+
+
+GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
+
+
+def wait_for_devices(pool, leader, job_name: str, np: int, gpus: int, timeout: float = GPU_CHECK_TIMEOUT_S,
+                     poll: float = 2.0) -> list[str] | None:
+    """Read the job's log on the leader until every rank said which GPU it has; then the problems
+    (horovod.device_problems: [] when each rank has a GPU of its own). None when the job ended first or
+    `timeout` passed: nothing proven either way (`status` and the log say why it ended)."""
+    import time as _time
+
+    from clusterctl.workloads import horovod
+    from clusterctl.remote import tmux as jobs
+
+    n = jobs.validate_job_name(job_name)
+    cmd = f'head -c 4000000 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; echo; {_alive_command(n)}'
+    deadline = _time.monotonic() + timeout
+    while True:
+        r = pool.run_one(leader, cmd, timeout=60)
+        text, _, alive = r.stdout.rstrip("\n").rpartition("\n")
+        try:
+            reports = horovod.parse_devices(text, MARK)
+        except ValueError:
+            reports = ()
+        if len(reports) >= np:
+            return horovod.device_problems(reports, np, gpus)
+        if (r.exit_code == 0 and alive.strip() == "gone") or _time.monotonic() > deadline:
+            return None
+        _time.sleep(poll)
+
+
+def _alive_command(session: str) -> str:
+    return f"tmux has-session -t {shlex.quote('=' + session)} 2>/dev/null && echo alive || echo gone"
+
+
+def is_running(pool, leader, job: TrainJob) -> bool | None:
+    """Whether the job's tmux session still lives on the leader (None: the leader did not answer)."""
+    r = pool.run_one(leader, _alive_command(job.job), timeout=30)
+    if r.exit_code is None:
+        return None
+    return r.stdout.strip() == "alive"
+
+
+def _stop(pool, targets, job: TrainJob) -> None:
+    """End a launch everywhere: its tmux session and process tree on the leader, any rank left on any node."""
+    from clusterctl.remote import tmux as jobs
+    from clusterctl.workloads import launch
+
+    pool.run_one(targets[0], jobs.kill_job_command(job.job), timeout=60)
+    launch.kill_job(pool, targets, launch.Job(job.job, job.home))
+
+
+def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str | None = None,
+          force: bool = False, verify_data: bool = True, report=lambda _m: None,
+          gpu_check_timeout: float = GPU_CHECK_TIMEOUT_S, checkpoint_copy: bool = True) -> TrainJob:
+    """Launch the trainer on the cluster and return (the job runs in tmux on the leader). On a cluster
+    whose type has GPUs, first wait until every rank said which GPU it computes on: a rank on the CPU or
+    two ranks on one GPU stop the job and raise RemoteCommandError. With checkpoint_copy, the second
+    node of the hosts keeps a copy of every checkpoint; on spot nodes the trainer polls the interruption
+    notice."""
+    import time as _time
+    from dataclasses import asdict, replace
+
+    from clusterctl import resources
+    from clusterctl.workloads import horovod
+    from clusterctl.remote import tmux as jobs
+    from clusterctl.workloads import launch
+    from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
+    from clusterctl.remote.ssh import SshPool
+
+    total = inv.hosts.total_slots
+    np = np or total
+    if not 1 <= np <= total:
+        raise UsageError(f"--np {np}: the hosts have {total} slot(s)")
+    hosts = launch.rung_hosts(inv.hosts, np)
+    targets = list(inv.targets[: len(hosts.entries)])
+    python = python or launch.node_python(inv.cluster)
+    with SshPool(inv.settings) as pool:
+        leader = inv.targets[0]
+        job = launch.new_job(pool, leader, "train")
+        previous = load_job(store, inv)
+        if previous is not None:
+            alive = is_running(pool, leader, previous)
+            if alive and not force:
+                raise ConfigError(f"training job {previous.job} is still running on {previous.leader}",
+                                  "follow it with `clusterctl logs -f`, or pass --force to stop it and start again")
+            if alive or force:
+                report(f"stopping {previous.job} everywhere")
+                _stop(pool, list(inv.targets), previous)
+        try:
+            data = node_path(opts.data, job.home) if opts.data and not opts.synthetic else None
+            model_dir = node_path(opts.model_dir or f"~/{MODEL_DIR}", job.home)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if data and verify_data:
+            checks = pool.run(targets, data_check_command(data), timeout=60)
+            problems = data_problems({r.host: (r.stdout if r.exit_code == 0 else None) for r in checks})
+            if problems:
+                raise ConfigError(f"the data {data} is not ready on every node: {'; '.join(problems)}",
+                                  f"copy and verify it with `clusterctl sync SRC {opts.data}` "
+                                  "(or pass --no-verify-data when it is on a shared file system)")
+        opts = replace(opts, data=data, model_dir=model_dir, expect_size=np)
+        if checkpoint_copy and opts.checkpoint_copy is None and len(inv.hosts.entries) > 1:
+            opts = replace(opts, checkpoint_copy=inv.hosts.entries[1].host)
+        if opts.spot_poll is None and inv.cluster is not None and inv.cluster.extra.get("spot") == "true":
+            opts = replace(opts, spot_poll=SPOT_POLL_S)
+        script = f"{job.dir}/{TEMPLATE}"
+        report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
+        launch.stage(pool, targets, job, {TEMPLATE: resources.template_bytes(TEMPLATE),
+                                          COMPANION: resources.template_bytes(COMPANION)}, hosts)
+        env = {**launch.job_env(inv.cluster, python), **horovod_env(opts)}
+        cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env)
+        r = pool.run_one(leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd),
+                         timeout=60)
+        if r.exit_code is None:
+            raise UnreachableError(f"could not start the job on the leader {leader.label}: {r.error}")
+        if r.exit_code != 0:
+            raise RemoteCommandError(f"could not start the job on the leader {leader.label} "
+                                     f"(exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}")
+        # Earlier launches that trained into the same model folder are this job's history (its restarts).
+        same = previous is not None and previous.model_dir == model_dir
+        earlier = ((*previous.previous, previous.job) if same else ())
+        record = TrainJob(key=inv.cluster.name if inv.cluster is not None else "hosts", job=job.name,
+                          job_dir=job.dir, home=job.home, leader=leader.label, model_dir=model_dir, np=np,
+                          python=python, options={**asdict(opts), "extra": list(opts.extra)},
+                          started_at=_time.time(), previous=earlier[-20:])
+        _save_job(store, inv, record)
+        gpus = horovod.gpus_per_node(inv.cluster)
+        if gpus:
+            report(f"waiting until each of the {np} processes reports its GPU ({gpus} per node)")
+            problems = wait_for_devices(pool, leader, job.name, np, gpus, gpu_check_timeout)
+            if problems:
+                _stop(pool, list(inv.targets), record)
+                raise RemoteCommandError(f"training job {job.name} stopped: not one process per GPU: "
+                                         + "; ".join(problems),
+                                         "see `clusterctl logs`; `clusterctl doctor` checks every node's GPUs")
+            if problems is None:
+                report("no GPU report from every process yet (the job ended or is slow to start): "
+                       "see `clusterctl status` and `clusterctl logs`")
+        return record
+
+
+def history_command(job: TrainJob, launches: int = 10) -> str:
+    """Print the logs of the job's last `launches` launches (restarts first, the current one last)."""
+    from clusterctl.remote import tmux as jobs
+
+    names = [jobs.validate_job_name(n) for n in (*job.previous, job.job)][-launches:]
+    # a newline after each earlier log (a killed job may have stopped mid-line), none after the live one
+    earlier = "".join(f'cat "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null && echo; ' for n in names[:-1])
+    return earlier + f'cat "{jobs.JOBS_DIR}/{names[-1]}.log" 2>/dev/null; true'
+
+
+def read_log(inv, job: TrainJob) -> tuple[str, bool | None]:
+    """The job's log from the leader (every launch of it: a restart's log follows the one it resumed),
+    and whether it still runs."""
+    from clusterctl.errors import UnreachableError
+    from clusterctl.remote.ssh import SshPool
+
+    with SshPool(inv.settings) as pool:
+        leader = inv.targets[0]
+        r = pool.run_one(leader, history_command(job), timeout=120)
+        if r.exit_code is None:
+            raise UnreachableError(f"cannot read the log on {leader.label}: {r.error}")
+        return r.stdout, is_running(pool, leader, job)
+
+
+def job_status(inv, job: TrainJob) -> TrainStatus:
+    text, running = read_log(inv, job)
+    return status(parse_train_log(text, strict=False), running=running)
+
+
+def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> EvalResult:
+    """--eval-only of the latest checkpoint, on the leader alone (GPUs hidden while the job trains)."""
+    from dataclasses import replace
+
+    from clusterctl import resources
+    from clusterctl.workloads import launch
+    from clusterctl.errors import RemoteCommandError, UnreachableError
+    from clusterctl.remote.ssh import SshPool
+
+    opts = replace(job.train_options(), eval_only=True, expect_size=None, no_eval=False)
+    script = f"{job.job_dir}/{TEMPLATE}"
+    with SshPool(inv.settings) as pool:
+        leader = inv.targets[0]
+        running = is_running(pool, leader, job)
+        if running:
+            opts = replace(opts, no_gpu=True)
+        put = pool.put([leader], {script: (resources.template_bytes(TEMPLATE), 0o644),
+                                  f"{job.job_dir}/{COMPANION}": (resources.template_bytes(COMPANION), 0o644)})
+        if not put.all_ok:
+            raise UnreachableError(f"cannot copy {TEMPLATE} to the leader {leader.label}")
+        env = {**launch.job_env(inv.cluster, job.python)}
+        if running:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        path = f"{job.python.rsplit('/', 1)[0]}:{launch.BASE_PATH}"
+        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        cmd = (f"cd {shlex.quote(job.job_dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
+               f"PATH={shlex.quote(path)} {assigns} {shlex.join(trainer_argv(job.python, script, opts))} 2>&1")
+        r = pool.run_one(leader, cmd, timeout=timeout,
+                         on_line=(lambda _h, _s, line: on_line(line)) if on_line else None)
+    if r.exit_code is None:
+        raise UnreachableError(f"evaluation on {leader.label} did not finish: {r.error}")
+    try:
+        return parse_eval(r.stdout)
+    except ValueError as exc:
+        raise RemoteCommandError(f"evaluation failed on {leader.label} (exit {r.exit_code}): {exc}",
+                                 (r.stdout + r.stderr).strip().splitlines()[-1][:300] if (r.stdout + r.stderr).strip()
+                                 else None) from None
+
+
+def stop(inv, job: TrainJob) -> None:
+    from clusterctl.remote.ssh import SshPool
+
+    with SshPool(inv.settings) as pool:
+        _stop(pool, list(inv.targets), job)
+
+
+def tensorboard_command(job: TrainJob, port: int) -> str:
+    """TensorBoard on the leader, bound to 127.0.0.1 only (reached through an ssh tunnel, never a port)."""
+    logdir = f"{job.model_dir}/tensorboard"
+    return (f"exec env -i HOME=\"$HOME\" LANG=C.UTF-8 PATH={shlex.quote(job.python.rsplit('/', 1)[0] + ':' + '/usr/bin:/bin')} "
+            f"{shlex.quote(job.python)} -m tensorboard.main --logdir {shlex.quote(logdir)} --host 127.0.0.1 "
+            f"--port {int(port)} 2>&1")
+
+
+def open_tensorboard(inv, job: TrainJob, local_port: int, remote_port: int = 6006, wait_s: float = 120.0):
+    """Start TensorBoard on the leader (tmux session clusterctl-tensorboard, 127.0.0.1 only; an existing
+    one is reused) and an ssh tunnel 127.0.0.1:local_port -> leader's 127.0.0.1:remote_port, host key
+    checked. Returns the tunnel process (subprocess.Popen); close_tensorboard ends both."""
+    import subprocess
+    import time as _time
+
+    from clusterctl.remote import tmux as jobs
+    from clusterctl.data import sync as transfer
+    from clusterctl.errors import RemoteCommandError, UnreachableError
+    from clusterctl.remote.ssh import SshPool
+
+    leader = inv.targets[0]
+    with SshPool(inv.settings) as pool:
+        r = pool.run_one(leader, jobs.detach_command(TENSORBOARD_SESSION, tensorboard_command(job, remote_port)),
+                         timeout=60)
+        if r.exit_code not in (0, 3):  # 3: already running, reuse it
+            raise RemoteCommandError(f"could not start TensorBoard on {leader.label}: "
+                                     f"{(r.error or r.stderr or r.stdout).strip()[-300:]}")
+        probe = (f"{shlex.quote(job.python)} -c 'import socket,sys; socket.create_connection((\"127.0.0.1\", "
+                 f"{int(remote_port)}), 2)' 2>/dev/null")
+        deadline = _time.monotonic() + wait_s
+        alive = _alive_command(TENSORBOARD_SESSION)
+        while True:
+            if pool.run_one(leader, probe, timeout=30).exit_code == 0:
+                break
+            gone = pool.run_one(leader, alive, timeout=30).stdout.strip() == "gone"
+            if gone or _time.monotonic() > deadline:
+                log = pool.run_one(leader, jobs.logs_command(TENSORBOARD_SESSION), timeout=30).stdout
+                why = "exited" if gone else f"did not answer within {wait_s:.0f}s"
+                raise RemoteCommandError(f"TensorBoard {why} on {leader.label}",
+                                         log.strip().splitlines()[-1][:300] if log.strip() else None)
+            _time.sleep(1)
+    argv = transfer.operator_ssh(leader, inv.settings.known_hosts, inv.cluster is not None)
+    argv += ["-N", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{int(local_port)}:127.0.0.1:{int(remote_port)}",
+             leader.hostname]
+    tunnel = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    import socket
+
+    deadline = _time.monotonic() + 30
+    while _time.monotonic() < deadline:
+        if tunnel.poll() is not None:
+            raise UnreachableError(f"the ssh tunnel to {leader.label} failed: {tunnel.stderr.read().strip()[-300:]}")
+        try:
+            socket.create_connection(("127.0.0.1", local_port), 1).close()
+            return tunnel
+        except OSError:
+            _time.sleep(0.2)
+    tunnel.kill()
+    raise UnreachableError(f"the ssh tunnel to {leader.label} did not open local port {local_port}")
+
+
+def close_tensorboard(inv, tunnel) -> None:
+    from clusterctl.remote import tmux as jobs
+    from clusterctl.remote.ssh import SshPool
+
+    if tunnel is not None and tunnel.poll() is None:
+        tunnel.terminate()
+        try:
+            tunnel.wait(5)
+        except Exception:
+            tunnel.kill()
+    with SshPool(inv.settings) as pool:
+        pool.run_one(inv.targets[0], jobs.kill_job_command(TENSORBOARD_SESSION, 2.0), timeout=60)
