@@ -101,7 +101,7 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     assert not [c for c in aws.actions()[before:] if re.match(r"(Delete|Terminate|Detach|Remove)", c.action)]
 
     proc = aws_cli("down", "--all", "--provider", "aws")  # down --all finds the same, with age and owner
-    assert proc.returncode == 2 and re.search(r"cluster gca \(aws, us-east-1, age \d+[sm], owner [^@]+@\S+\): \d+ resource",
+    assert proc.returncode == 2 and re.search(r"cluster gca \(aws, us-east-1, age (\d+s|\d+m(\d\ds)?), owner [^@]+@\S+\): \d+ resource",
                                               proc.stderr), proc.stderr
     proc = ok(aws_cli("gc", "--provider", "aws", "--yes"))
     assert "cluster gca (aws us-east-1) is gone" in proc.stderr and "cluster gcb (aws us-east-1) is gone" in proc.stderr

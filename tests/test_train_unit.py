@@ -214,11 +214,6 @@ def test_learning_rate_schedule_of_the_template():
     assert [lr(s, 1.0, 100, 900, "step") for s in (200, 300, 600, 800)] == pytest.approx([1.0, 0.1, 0.01, 0.001])
 
 
-def test_format_duration():
-    assert [train.format_duration(s) for s in (None, 0, 59.4, 61, 3599, 3600 * 3 + 420, 86400 * 2 + 3600 * 4)] == [
-        "-", "0s", "59s", "1m01s", "59m59s", "3h07m", "2d04h"]
-
-
 # ---- the job on a cluster: the pure parts -------------------------------------------------------------
 def test_a_killed_log_followed_by_its_restart_and_a_cut_line():
     """The history `status` reads: a launch killed mid-line, then the launch that resumed it."""

@@ -38,6 +38,7 @@ from typing import Callable
 
 from clusterctl.errors import UsageError
 from clusterctl.types import Autostop
+from clusterctl.units import duration
 
 SCRIPT = "idle_watchdog.py"
 AWS_DIR = "/var/lib/clusterctl/autostop"
@@ -65,19 +66,6 @@ def parse_duration(text: str | None, flag: str, allow_off: bool = True) -> int |
     return int(seconds)
 
 
-def human(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = max(0, int(round(seconds)))
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m" + (f"{s % 60:02d}s" if s < 600 and s % 60 else "")
-    if s < 172800:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
-
-
 def settings(idle_stop: str | None, max_lifetime: str | None) -> Autostop:
     return Autostop(parse_duration(idle_stop if idle_stop is not None else DEFAULT_IDLE, "--idle-stop"),
                     parse_duration(max_lifetime, "--max-lifetime") if max_lifetime else None)
@@ -88,10 +76,10 @@ def describe(a: Autostop | None) -> str:
         return "off: the cluster runs until `clusterctl down`"
     parts = []
     if a.idle_stop_s:
-        parts.append(f"after {human(a.idle_stop_s)} with nothing busy (no GPU in use, no training process, no ssh "
+        parts.append(f"after {duration(a.idle_stop_s)} with nothing busy (no GPU in use, no training process, no ssh "
                      "command, no sync or launch of clusterctl running)")
     if a.max_lifetime_s:
-        parts.append(f"at the latest {human(a.max_lifetime_s)} after it was made")
+        parts.append(f"at the latest {duration(a.max_lifetime_s)} after it was made")
     return "stops itself " + ", and ".join(parts) + " (`clusterctl keep NAME --for 4h` extends)"
 
 
@@ -521,11 +509,11 @@ def summary(st: dict | None, fallback: Autostop | None = None, created_at: float
             return ["autostop: no watchdog on this cluster"]
         if not fallback.enabled:
             return ["autostop: off"]
-        lines = [f"autostop: idle-stop {human(fallback.idle_stop_s) if fallback.idle_stop_s else 'off'}"
-                 + (f", max lifetime {human(fallback.max_lifetime_s)}" if fallback.max_lifetime_s else "")
+        lines = [f"autostop: idle-stop {duration(fallback.idle_stop_s) if fallback.idle_stop_s else 'off'}"
+                 + (f", max lifetime {duration(fallback.max_lifetime_s)}" if fallback.max_lifetime_s else "")
                  + " (the leader's watchdog did not answer: time left unknown)"]
         if fallback.max_lifetime_s and created_at:
-            lines.append(f"autostop: stops at the latest in {human(created_at + fallback.max_lifetime_s - now)} "
+            lines.append(f"autostop: stops at the latest in {duration(created_at + fallback.max_lifetime_s - now)} "
                          "(max lifetime)")
         return lines
     cfg, state, plan = st.get("config", {}), st.get("state", {}), st.get("plan", {})
@@ -541,17 +529,17 @@ def summary(st: dict | None, fallback: Autostop | None = None, created_at: float
     else:
         left = plan["stop_at"] - st.get("now", now)
         if plan.get("why") == "idle-stop":
-            lines = [f"autostop: stops in {human(left)} if nothing runs (idle-stop {human(cfg.get('idle_stop'))}, "
-                     f"idle for {human(plan.get('idle_for'))})"]
+            lines = [f"autostop: stops in {duration(left)} if nothing runs (idle-stop {duration(cfg.get('idle_stop'))}, "
+                     f"idle for {duration(plan.get('idle_for'))})"]
         else:
-            lines = [f"autostop: stops in {human(left)} (max lifetime {human(cfg.get('max_lifetime'))})"]
+            lines = [f"autostop: stops in {duration(left)} (max lifetime {duration(cfg.get('max_lifetime'))})"]
     if state.get("last_reason"):
-        lines.append(f"autostop: last activity {human(now - (state.get('last_active') or now))} ago: "
+        lines.append(f"autostop: last activity {duration(now - (state.get('last_active') or now))} ago: "
                      f"{state['last_reason']}")
     if cfg.get("keep_until") and cfg["keep_until"] > now:
         lines.append(f"autostop: kept until {time.strftime('%Y-%m-%d %H:%M', time.localtime(cfg['keep_until']))}")
     if plan.get("why") == "idle-stop" and plan.get("lifetime_at"):
-        lines.append(f"autostop: max lifetime ends in {human(plan['lifetime_at'] - now)}")
+        lines.append(f"autostop: max lifetime ends in {duration(plan['lifetime_at'] - now)}")
     return lines
 
 

@@ -16,6 +16,7 @@ import typer
 
 from clusterctl.cli import fastargs as _fastargs
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError
+from clusterctl.units import duration, money
 
 _fastargs.install()  # plain str/int/float/bool options without pydantic: ~0.1 s less per invocation
 
@@ -156,7 +157,6 @@ def up(
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display
     from clusterctl.cluster import provision
-    from clusterctl.providers.aws.catalog import money
     from clusterctl.cluster.state import validate_name
     from clusterctl.types import ClusterSpec
 
@@ -358,7 +358,6 @@ def down(
 
 def _ages_and_owners(targets, impl_for) -> dict:
     """(name, provider) -> ", age 3h10m, owner ann@laptop" for `down --all` (from the same search as `gc`)."""
-    from clusterctl.cli import display
     from clusterctl.cluster import gc as gclib
 
     out, now = {}, time.time()
@@ -366,7 +365,7 @@ def _ages_and_owners(targets, impl_for) -> dict:
         impl = impl_for(kind, reg or None)
         found = impl.inventory() if kind == "aws" else gclib.local_found() if kind == "local" else []
         for c in gclib.group(found, kind, reg, {}):
-            out[(c.name, kind)] = (f", age {display.age(now - c.created_at)}" if c.created_at else "") + \
+            out[(c.name, kind)] = (f", age {duration(now - c.created_at)}" if c.created_at else "") + \
                 (f", owner {c.owner}" if c.owner else "")
     return out
 
@@ -409,8 +408,8 @@ def ls(
                 "nodes": len(st.nodes), "type": st.instance_type or "-",
                 "az": ",".join(sorted({ns.zone for ns in st.nodes if ns.zone})) or "-",
                 "state": ", ".join(f"{v} {k}" for k, v in sorted(states.items())) or "no nodes",
-                "uptime": display.age(now - min(started)) if started else "-",
-                "$/hour": display._money(st.hourly_usd), "cost so far": display._money(st.cost_so_far(now)),
+                "uptime": duration(now - min(started)) if started else "-",
+                "$/hour": money(st.hourly_usd), "cost so far": money(st.cost_so_far(now)),
                 "note": "; ".join(provision.disagreements(rec, st)),
             })
     for cname, r in records.items():
@@ -425,7 +424,7 @@ def ls(
             continue
         rows.append({"name": cname + (" *" if cname == current else ""), "provider": c.provider, "region": c.region,
                      "nodes": len(c.nodes), "type": c.instance_type, "az": "-", "state": r.status,
-                     "uptime": display.age(now - c.created_at) if r.status == "up" else "-",
+                     "uptime": duration(now - c.created_at) if r.status == "up" else "-",
                      "$/hour": "$0.00" if c.provider == "local" else "-",
                      "cost so far": "$0.00" if c.provider == "local" else "-", "note": r.note})
     if not rows:
@@ -433,7 +432,7 @@ def ls(
         return
     display.cluster_table(rows, ("name", "provider", "region", "nodes", "type", "az", "state", "uptime", "$/hour",
                                  "cost so far", "note"))
-    display.info(f"total: {display._money(totals['hourly'])}/hour now, {display._money(totals['so_far'])} so far "
+    display.info(f"total: {money(totals['hourly'])}/hour now, {money(totals['so_far'])} so far "
                  f"for {len(rows)} cluster(s)" + (f" ({totals['unknown']} cluster(s) of unknown price not counted)"
                                                   if totals["unknown"] else "")
                  + " (built-in on-demand prices; not a bill)")
@@ -519,7 +518,7 @@ def keep(
     failed = autostop.change(store, record, "keep", seconds=seconds)
     until = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() + seconds))
     _autostop_done(record, failed, f"cluster {record.cluster.name}: autostop waits until {until} "
-                                   f"({autostop.human(seconds)} from now); then idle-stop and max lifetime apply again")
+                                   f"({duration(seconds)} from now); then idle-stop and max lifetime apply again")
     _autostop_status(store, record)
 
 
@@ -549,7 +548,7 @@ def autostop_(
         if not failed:
             hourly = _hourly(c)
             display.warn(f"{c.name} now runs until `clusterctl down {c.name}`, costing "
-                         f"{display._money(hourly)}/hour while it does; `clusterctl autostop {c.name} --on` undoes this")
+                         f"{money(hourly)}/hour while it does; `clusterctl autostop {c.name} --on` undoes this")
     elif on or idle_stop or max_lifetime:
         values: dict = {}
         if idle_stop:
@@ -1688,8 +1687,8 @@ def train(
 
     per_hour = costs.hourly(inv.cluster)
     took = time.monotonic() - began
-    display.info(f"cost: this run took {costs.duration(took)}" + (
-        f" on a {costs.money(per_hour)}/hour cluster: about {costs.money(costs.run_cost(took, per_hour))}"
+    display.info(f"cost: this run took {duration(took)}" + (
+        f" on a {money(per_hour)}/hour cluster: about {money(costs.run_cost(took, per_hour))}"
         if per_hour is not None else ""))
     if code != 0:
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
@@ -1708,7 +1707,7 @@ def _train_estimate(inv, job, opts) -> None:
     per_hour = costs.hourly(inv.cluster)
     measured = costs.load_measured(_store(), inv.cluster.name) if inv.cluster is not None else None
     if measured is None or measured.get("model") != opts.model:
-        display.info(f"cost: {costs.money(per_hour)}/hour; no img/s measured for {opts.model} on this cluster yet "
+        display.info(f"cost: {money(per_hour)}/hour; no img/s measured for {opts.model} on this cluster yet "
                      f"(`clusterctl bench --synthetic --model {opts.model}` measures it; `clusterctl status` shows "
                      "the cost to finish once the job runs)")
         return

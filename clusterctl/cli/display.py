@@ -11,6 +11,8 @@ import sys
 import threading
 from typing import Iterable, Sequence
 
+from clusterctl.units import duration, money
+
 _lock = threading.Lock()
 _consoles: dict[str, object] = {}
 _PALETTE = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
@@ -197,13 +199,13 @@ def cluster_status(status, now: float, current: bool = False, notes: Sequence[st
         t.add_column(col)
     for ns in status.nodes:
         n = ns.node
-        up = age(now - ns.launched_at) if ns.launched_at and ns.state in ("pending", "running") else "-"
+        up = duration(now - ns.launched_at) if ns.launched_at and ns.state in ("pending", "running") else "-"
         t.add_row(n.name, n.role, n.instance_id or "-", ns.zone or "-", ns.state, n.private_ip,
                   f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}", str(n.slots), up)
     if status.nodes:
         c.print(t)
     hourly, so_far = status.hourly_usd, status.cost_so_far(now)
-    c.print(f"cost: {_money(hourly)}/hour now, {_money(so_far)} so far (built-in on-demand prices; not a bill)")
+    c.print(f"cost: {money(hourly)}/hour now, {money(so_far)} so far (built-in on-demand prices; not a bill)")
     for line in status.other:
         c.print(f"  left without nodes: {_esc(line)}")
     for note in notes:
@@ -220,7 +222,7 @@ def gc_table(found, chosen, now: float) -> None:
         t.add_column(col)
     for c in found:
         nodes = sum(f.kind in ("instance", "namespace") for f in c.found)
-        t.add_row(_esc(c.name), c.where, age(now - c.created_at) if c.created_at else "?", _esc(c.owner or "?"),
+        t.add_row(_esc(c.name), c.where, duration(now - c.created_at) if c.created_at else "?", _esc(c.owner or "?"),
                   c.record or "none", str(nodes), str(len(c.found)),
                   "remove" if id(c) in picked else "kept (younger)" if getattr(c, "mine", True)
                   else "kept (another owner's: --force)")
@@ -228,11 +230,7 @@ def gc_table(found, chosen, now: float) -> None:
     for c in chosen:
         for f in c.found:
             info(f"  {c.name}: {f.kind} {f.id}" + (f" ({f.state})" if f.state else "")
-                 + (f", {age(now - f.created_at)} old" if f.created_at else ""))
-
-
-def _money(usd) -> str:
-    return "unknown" if usd is None else f"${usd:,.2f}"
+                 + (f", {duration(now - f.created_at)} old" if f.created_at else ""))
 
 
 def node_table(cluster, current: bool = False) -> None:
@@ -247,17 +245,6 @@ def node_table(cluster, current: bool = False) -> None:
     for n in cluster.nodes:
         t.add_row(n.name, n.role, n.private_ip, f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}", str(n.slots))
     c.print(t)
-
-
-def age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    if seconds < 172800:
-        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-    return f"{seconds // 86400}d"
 
 
 # ---- the benchmark ladder ----------------------------------------------------------------------------
@@ -497,7 +484,6 @@ def train_eval(result) -> None:
 
 def train_status(job, st, dollars_per_hour) -> None:
     """The training job under `status`: state, step, epoch, img/s, loss, elapsed, ETA and its cost."""
-    from clusterctl.workloads.train_job import format_duration
 
     c = console()
     c.print(f"[bold]training[/] {_esc(job.job)}: {st.state}"
@@ -509,8 +495,8 @@ def train_status(job, st, dollars_per_hour) -> None:
                 f"loss {'-' if st.loss is None else f'{st.loss:.4f}'}  lr {'-' if st.lr is None else f'{st.lr:.6f}'}  "
                 f"{st.size} process(es)")
     cost = None if dollars_per_hour is None else st.cost_to_finish(dollars_per_hour)
-    c.print(f"  elapsed {format_duration(st.elapsed_s)} (all runs {format_duration(st.total_elapsed_s)})  "
-            f"ETA {format_duration(st.eta_s)}  cost to finish {_money(cost)}")
+    c.print(f"  elapsed {duration(st.elapsed_s)} (all runs {duration(st.total_elapsed_s)})  "
+            f"ETA {duration(st.eta_s)}  cost to finish {money(cost)}")
     if st.last_checkpoint is not None:
         c.print(f"  last checkpoint: step {st.last_checkpoint.step} ({_esc(st.last_checkpoint.path)})")
     if st.result is not None:

@@ -1,7 +1,7 @@
 """What a run costs, from the built-in price table and the img/s measured on the cluster.
 
 Pure except for the small per-cluster file `measured.json` (the last `bench` rate, for `train`'s estimate).
-Prices are the dated on-demand table of providers/aws_catalog.py (instances only; disks are cents): an
+Prices are the dated on-demand table of providers/aws/catalog.py (instances only; disks are cents): an
 estimate, not a bill.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import time
+
+from clusterctl.units import duration, money
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 
@@ -23,16 +25,6 @@ def hourly(cluster) -> float | None:
 
     each = aws_catalog.instance_price(cluster.instance_type)
     return None if each is None else each * len(cluster.nodes)
-
-
-def money(usd: float | None) -> str:
-    return "unknown" if usd is None else f"${usd:,.2f}"
-
-
-def duration(seconds: float | None) -> str:
-    from clusterctl.autostop.settings import human
-
-    return human(seconds)
 
 
 def run_cost(seconds: float, per_hour: float | None) -> float | None:

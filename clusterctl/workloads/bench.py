@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from clusterctl import resources
+from clusterctl.units import duration, money
 from clusterctl.cluster import costs
 from clusterctl.workloads import horovod
 from clusterctl.workloads import launch
@@ -178,18 +179,18 @@ def cost_lines(ladder: Ladder, per_hour: float | None, model: str) -> list[str]:
     """What the ladder cost, and what ImageNet costs at the top rung's rate: a lower bound for the tiny
     model, whose img/s says nothing of ResNet-50's."""
     seconds = sum(r.seconds for r in ladder.rungs)
-    lines = [f"cost: this ladder ran {costs.duration(seconds)}"
-             + (f" on a {costs.money(per_hour)}/hour cluster: about {costs.money(costs.run_cost(seconds, per_hour))}"
+    lines = [f"cost: this ladder ran {duration(seconds)}"
+             + (f" on a {money(per_hour)}/hour cluster: about {money(costs.run_cost(seconds, per_hour))}"
                 if per_hour is not None else " (price unknown: a hosts file, not a cluster clusterctl made)")]
     top = max(ladder.rungs, key=lambda r: r.np, default=None)
     if top is None or top.img_per_sec <= 0:
         return lines
-    ninety = costs.money(costs.run_cost(90 * costs.IMAGENET_TRAIN_IMAGES / top.img_per_sec, per_hour))
+    ninety = money(costs.run_cost(90 * costs.IMAGENET_TRAIN_IMAGES / top.img_per_sec, per_hour))
     if model == "resnet50":
         lines.append(f"cost: {costs.epoch_line(top.img_per_sec, per_hour)}; 90 epochs about {ninety}")
     else:
         lines.append(f"cost: lower bound only: the {model} model at {top.img_per_sec:,.0f} img/s would train 90 "
-                     f"ImageNet epochs in {costs.duration(90 * costs.IMAGENET_TRAIN_IMAGES / top.img_per_sec)} "
+                     f"ImageNet epochs in {duration(90 * costs.IMAGENET_TRAIN_IMAGES / top.img_per_sec)} "
                      f"({ninety}); ResNet-50 is far slower (`--model resnet50` measures it)")
     return lines
 

@@ -491,20 +491,6 @@ def status(log: TrainLog, *, running: bool | None = None, recent: int = 5) -> Tr
         validation=next((r.evals[-1] for r in reversed(log.runs) if r.evals), None))
 
 
-def format_duration(seconds: float | None) -> str:
-    """12s, 4m05s, 3h07m, 2d04h; '-' when unknown."""
-    if seconds is None:
-        return "-"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
 # ---- the job on a cluster ----------------------------------------------------------------------------
 # templates/train_imagenet.py runs under horovodrun on the leader (clusterctl.workloads.launch: a job folder at the
 # same path on every node, a scrubbed environment, host keys checked), inside a tmux session there

@@ -109,12 +109,6 @@ def efa(instance_type: str) -> bool:
     return EFA.get(instance_type, False)
 
 
-def money(usd: float | None) -> str:
-    if usd is None:
-        return "unknown"
-    return f"${usd:,.2f}"
-
-
 # ---- images: which Deep Learning AMI drives which GPU generation -------------------------------------
 # DescribeImages carries no driver field, so the driver branch and CUDA of each DLAMI release come from
 # AWS's release notes, kept here by name pattern (EC2 name filters: * and ? only). A Volta type (V100: p3,

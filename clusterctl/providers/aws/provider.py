@@ -34,6 +34,7 @@ from clusterctl.providers.aws import fabric
 from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeStatus, Plan, Teardown
 from clusterctl.cluster.state import StateStore, atomic_write
 from clusterctl.types import Autostop, Cluster, ClusterSpec, Node
+from clusterctl.units import money
 
 TAG = "clusterctl:cluster"
 TAG_ROLE = "clusterctl:role"
@@ -784,12 +785,12 @@ class AwsProvider:
         hourly = None if per_node is None else per_node * n
         if per_node is None:
             lines.append(f"cost: unknown ({t.name} is not in the built-in price table of {catalog.PRICES_DATE}); "
-                         f"disks {catalog.money(ctx.price.volume_usd_per_hour * n)}/hour")
+                         f"disks {money(ctx.price.volume_usd_per_hour * n)}/hour")
         else:
             kind = "spot: less than the on-demand " if o.spot else ""
-            lines.append(f"cost: {kind}{catalog.money(hourly)}/hour for the cluster "
-                         f"({n} x {catalog.money(ctx.price.instance_usd_per_hour)} instance + "
-                         f"{catalog.money(ctx.price.volume_usd_per_hour)} disk; {catalog.PRICES_REGION} on-demand "
+            lines.append(f"cost: {kind}{money(hourly)}/hour for the cluster "
+                         f"({n} x {money(ctx.price.instance_usd_per_hour)} instance + "
+                         f"{money(ctx.price.volume_usd_per_hour)} disk; {catalog.PRICES_REGION} on-demand "
                          f"prices of {catalog.PRICES_DATE}, other regions differ)")
         return Plan(tuple(lines), hourly, catalog.PRICES_DATE)
 
