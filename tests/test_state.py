@@ -39,7 +39,7 @@ def test_current_cluster_is_the_default(tmp_path):
     store.set_current("beta")
     assert store.resolve(None).cluster.name == "beta"
     assert store.resolve("alpha").cluster.name == "alpha"
-    assert [r.cluster.name for r in store.list()] == ["alpha", "beta"]
+    assert [r.cluster.name for r in store.list()[0]] == ["alpha", "beta"]
     store.delete("beta")
     assert store.current() is None and not store.exists("beta")
 
@@ -54,6 +54,36 @@ def test_damaged_or_foreign_record_is_refused_and_kept(tmp_path, content):
         store.load("alpha")
     assert str(path) in info.value.one_line() and "damaged or not clusterctl's" in info.value.one_line()
     assert path.read_text() == content  # nothing overwritten
+
+
+def test_list_returns_the_damaged_records_and_prints_nothing(tmp_path, capfd):
+    store = StateStore(tmp_path)
+    store.save(Record(sample("alpha"), "stopped", 1.0, "stopped by autostop"))
+    store.ensure_dir("beta")
+    store.record_path("beta").write_text("{not json")
+    records, damaged = store.list()
+    assert [(r.cluster.name, r.status, r.note) for r in records] == [("alpha", "stopped", "stopped by autostop")]
+    assert len(damaged) == 1 and damaged[0].startswith("skipped cluster 'beta': state file ")
+    assert capfd.readouterr() == ("", "")  # the caller shows them: state does not reach up to the CLI
+
+
+def test_a_status_never_written_is_refused(tmp_path):
+    store = StateStore(tmp_path)
+    store.save(Record(sample(), "up", 1.0))
+    path = store.record_path("alpha")
+    path.write_text(path.read_text().replace('"status": "up"', '"status": "stopping"'))
+    with pytest.raises(StateError, match="damaged or not clusterctl's"):
+        store.load("alpha")
+
+
+def test_state_does_not_import_the_cli(tmp_path):
+    StateStore(tmp_path).ensure_dir("beta")
+    (tmp_path / "clusters" / "beta" / "cluster.json").write_text("[]")  # the branch that imported display
+    out = subprocess.run([sys.executable, "-c", "import sys; from clusterctl.cluster.state import StateStore; "
+                          f"assert StateStore({str(tmp_path)!r}).list()[1]; "
+                          "print(sorted(m for m in sys.modules if m.startswith('clusterctl.cli')))"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.stdout.strip() == "[]", out.stderr
 
 
 def test_lock_is_exclusive_and_names_the_holder(tmp_path):

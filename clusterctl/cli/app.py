@@ -291,7 +291,10 @@ def down(
 
     targets: list = []  # (name, provider kind, region)
     if all_:
-        records = {r.cluster.name: r.cluster for r in store.list()}
+        listed, damaged = store.list()
+        for line in damaged:
+            display.warn(line)
+        records = {r.cluster.name: r.cluster for r in listed}
         kinds = [provider] if provider else sorted({c.provider for c in records.values()} | {"local"}
                                                    | ({"aws"} if region else set()))
         aws_regions = {region} if region else ({c.region for c in records.values() if c.provider == "aws"} or {None})
@@ -383,7 +386,10 @@ def ls(
     store = _store()
     current = store.current()
     now = time.time()
-    records = {r.cluster.name: r for r in store.list()}
+    listed, damaged = store.list()
+    for line in damaged:
+        display.warn(line)
+    records = {r.cluster.name: r for r in listed}
     regions = {r.cluster.region for r in records.values() if r.cluster.provider == "aws"}
     if provider == "aws" or region:
         regions = {region} if region else (regions or {None})
@@ -613,7 +619,10 @@ def gc(
         raise UsageError(f"unknown provider {provider!r}", "use aws or local")
     limit = autostop.parse_duration(older_than, "--older-than", allow_off=False) if older_than else None
     store = _store()
-    records = {r.cluster.name: r for r in store.list()}
+    listed, damaged = store.list()
+    for line in damaged:
+        display.warn(line)
+    records = {r.cluster.name: r for r in listed}
     found: list = []
     impls: dict = {}
     if provider in (None, "aws"):

@@ -80,7 +80,7 @@ def _cluster_owning(hf: HostsFile, store: StateStore) -> Cluster | None:
     """The cluster whose hosts file this is (the ./hosts that `up` wrote, or a part of it), so its
     pinned keys are used. The current cluster wins when several hold these addresses."""
     try:
-        records = store.list()
+        records, _ = store.list()  # a damaged record owns no hosts file: `ls` names it
         current = store.current()
     except Exception:
         return None

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal, get_args
 
 from clusterctl.errors import ConfigError, StateError
 from clusterctl.types import Cluster
@@ -40,10 +40,18 @@ def home() -> Path:
     return Path(os.environ.get("CLUSTERCTL_HOME") or Path.home() / ".clusterctl")
 
 
+# What the record says of the cluster, as written:
+#   creating  `up` began (before the first resource): still running, or it crashed (status tells which)
+#   up        `up` finished; the nodes answered
+#   stopped   autostop tore it down (note says when and why); `down` removes the record instead
+Status = Literal["creating", "up", "stopped"]
+STATUSES: tuple[str, ...] = get_args(Status)
+
+
 @dataclass(frozen=True)
 class Record:
     cluster: Cluster
-    status: str  # "creating" | "up" | "stopping"
+    status: Status
     updated_at: float
     note: str = ""  # why the cluster is in this status (e.g. "idle-stop fired")
 
@@ -51,7 +59,6 @@ class Record:
 class StateStore:
     def __init__(self, root: Path | None = None):
         self.root = Path(root) if root else home()
-        self.damaged: list[str] = []  # what the last list() skipped, one line each
         tighten(self.root)
 
     # ---- paths ---------------------------------------------------------------------------------
@@ -119,9 +126,12 @@ class StateStore:
             data = json.loads(text)
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 raise ValueError("not a clusterctl state record")
+            status = data["status"]
+            if status not in STATUSES:
+                raise ValueError(f"status {status!r}")
             return Record(
                 cluster=Cluster.from_dict(data["cluster"]),
-                status=str(data["status"]),
+                status=status,
                 updated_at=float(data["updated_at"]),
                 note=str(data.get("note", "")),
             )
@@ -131,28 +141,22 @@ class StateStore:
                 "move it aside; `clusterctl down NAME` still finds the cluster's resources without it",
             ) from None
 
-    def list(self, warn=None) -> list[Record]:
-        """Every readable record. A damaged one is skipped, not fatal: it is reported (through `warn`, by
-        default on stderr) and kept in self.damaged, so ls, gc and down --all go on with the others."""
-        records = []
-        self.damaged = []
+    def list(self) -> tuple[list[Record], list[str]]:
+        """(every readable record, one line per damaged one). A damaged record is skipped, not fatal, so
+        ls, gc and down --all go on with the others; the caller shows the lines (state never prints)."""
+        records: list[Record] = []
+        damaged: list[str] = []
         base = self.root / "clusters"
         if not base.is_dir():
-            return records
+            return records, damaged
         for d in sorted(base.iterdir()):
             path = d / "cluster.json"
             if path.is_file():
                 try:
                     records.append(self._parse(path, path.read_text(errors="replace")))
                 except (StateError, OSError) as exc:
-                    line = f"skipped cluster {d.name!r}: {exc}"
-                    self.damaged.append(line)
-                    if warn is None:
-                        from clusterctl.cli import display
-
-                        warn = display.warn
-                    warn(line)
-        return records
+                    damaged.append(f"skipped cluster {d.name!r}: {exc}")
+        return records, damaged
 
     def delete(self, name: str) -> None:
         """Remove the cluster's record and keys (after its resources are gone)."""
