@@ -11,7 +11,7 @@ import ipaddress
 import json
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from clusterctl.errors import HostsFileError
 
@@ -108,7 +108,7 @@ class HostsFile:
     @classmethod
     def parse(cls, text: str, source: str = "hosts") -> "HostsFile":
         entries: list[HostEntry] = []
-        seen: dict[str, int] = {}
+        seen: dict[tuple[str, int | None], int] = {}
         # Split on \n only: splitlines() would also break at \r, \v, \x1c..., silently making hosts
         # out of a hostile token. A Windows \r\n ending is fine; any other control character is refused.
         for lineno, raw in enumerate(text.split("\n"), start=1):
@@ -136,10 +136,10 @@ class HostsFile:
                     raise HostsFileError(f"{where}: slots must be a whole number from 1 to {MAX_SLOTS}, not {value!r}")
                 if key == "slots":
                     slots = int(value)
-            key = _endpoint(host)  # fd00::5 and [fd00::5], or fd00::5 and fd00:0::5, are one host
-            if key in seen:
-                raise HostsFileError(f"{where}: host {host!r} is listed twice (first on line {seen[key]})")
-            seen[key] = lineno
+            endpoint = _endpoint(host)  # fd00::5 and [fd00::5], or fd00::5 and fd00:0::5, are one host
+            if endpoint in seen:
+                raise HostsFileError(f"{where}: host {host!r} is listed twice (first on line {seen[endpoint]})")
+            seen[endpoint] = lineno
             entries.append(HostEntry(host, slots))
         if not entries:
             raise HostsFileError(f"{source}: no hosts in the file", "add one `HOST slots=N` line per node")
@@ -204,7 +204,7 @@ class HostsFile:
         return json.dumps([{"host": e.host, "slots": e.slots} for e in self.entries])
 
     def render_as(self, fmt: str) -> str:
-        renderers = {
+        renderers: dict[str, Callable[[], str]] = {
             "slots": self.render,
             "mpi": self.render_mpi,
             "horovod": lambda: self.horovod_arg() + "\n",

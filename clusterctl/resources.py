@@ -35,7 +35,7 @@ def template_bytes(name: str) -> bytes:
     return template_path(name).read_bytes()
 
 
-def render(name: str, **variables) -> str:
+def render(name: str, **variables: object) -> str:
     """A jinja2 template from templates/, rendered strictly (an unknown variable is an error)."""
     import jinja2
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Literal, Mapping
+from typing import Any, Iterator, Literal, Mapping
 
 from clusterctl.errors import ExitCode
 
@@ -26,11 +26,11 @@ class Node:
         """The address the operator's machine dials."""
         return self.public_ip or self.private_ip
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Node":
+    def from_dict(cls, data: Mapping[str, Any]) -> "Node":
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
@@ -56,13 +56,13 @@ class Cluster:
     def total_slots(self) -> int:
         return sum(n.slots for n in self.nodes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["extra"] = dict(self.extra)
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Cluster":
+    def from_dict(cls, data: Mapping[str, Any]) -> "Cluster":
         return cls(
             name=data["name"],
             provider=data["provider"],
@@ -126,7 +126,7 @@ class HostResult:
             return "unreachable"
         return "ok" if self.exit_code == 0 else "failed"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["status"] = self.status
         return data

@@ -104,8 +104,8 @@ def build_model(tf, name: str):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    import tensorflow as tf
     import horovod.tensorflow as hvd
+    import tensorflow as tf
 
     hvd.init()
     rank, size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()

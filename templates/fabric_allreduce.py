@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mb <= 0 or args.warmup < 1 or args.iters < 2:
         p.error("--mb must be positive, --warmup at least 1, --iters at least 2")
 
-    import tensorflow as tf
     import horovod.tensorflow as hvd
+    import tensorflow as tf
 
     hvd.init()
     size = hvd.size()

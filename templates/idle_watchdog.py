@@ -138,12 +138,12 @@ def probe(threshold=1):
         pid = procs[pid][0]
         mine.add(pid)
     training, sessions = [], {}
-    for pid, (ppid, comm, cmd, start, faults, cgroup) in procs.items():
+    for pid, (_ppid, comm, cmd, _start, _faults, cgroup) in procs.items():
         if pid in mine or MARK in cmd or "system.slice" in cgroup:
             continue
         if TRAINING.match(comm):
             training.append(f"{comm}[{pid}] {cmd[:80]}".strip())
-    for pid, (ppid, comm, cmd, start, faults, cgroup) in procs.items():
+    for pid, (_ppid, comm, cmd, start, faults, _cgroup) in procs.items():
         if comm == "sshd" and "@" in cmd:  # "sshd: user@notty" / "sshd: user@pts/0": a logged-in session
             kids = [{"cmd": c[:80], "own": MARK in c} for p, (pp, _, c, *_rest) in procs.items() if pp == pid]
             sessions[f"{pid}:{start}"] = {"faults": faults, "children": kids}

@@ -405,7 +405,7 @@ class Scheduler:
             return
         with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
             results = list(pool.map(lambda h: (h, self.ssh(h, "true")), hosts))
-        for host, (ok, code, out, err) in results:
+        for host, (ok, code, _out, err) in results:
             if ok and code == 0:
                 self.node_ok(host)
             else:
@@ -422,7 +422,7 @@ class Scheduler:
         with ThreadPoolExecutor(max_workers=min(32, len(by_host))) as pool:
             results = list(pool.map(lambda h: (h, self.ssh(h, kill_script(by_host[h], self.cfg.get("tree_fn", "")),
                                                              timeout=60)), by_host))
-        for host, (ok, code, out, err) in results:
+        for host, (ok, code, _out, err) in results:
             if not ok or code != 0:
                 self.log(f"could not verify that the trials on {host} ended: {err.strip() or code}")
 

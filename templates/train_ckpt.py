@@ -294,7 +294,7 @@ def newest(folder: str, copies, report=lambda event, **f: None) -> tuple[str | N
     for c in copies:
         try:
             places.append((c.label, c, c.listing()))
-        except Exception as exc:  # noqa: BLE001 - a copy that cannot be read is not a reason to start over
+        except Exception as exc:  # a copy that cannot be read is not a reason to start over
             report("warning", kind="checkpoint_copy_unreadable", place=c.label, message=" ".join(str(exc).split())[:300])
     best = None
     for label, copy, (sizes, manifests) in places:
@@ -357,7 +357,7 @@ class Copier:
                     try:
                         c.push(folder, manifest, self.keep)
                         self.report("checkpoint_copy", step=manifest["step"], place=c.label, seconds=time.time() - t)
-                    except Exception as exc:  # noqa: BLE001 - reported; the next checkpoint tries again
+                    except Exception as exc:  # reported; the next checkpoint tries again
                         self.report("warning", kind="checkpoint_copy_failed", place=c.label, step=manifest["step"],
                                     message=" ".join(str(exc).split())[:300])
             finally:

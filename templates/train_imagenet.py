@@ -517,8 +517,8 @@ def learning_rate(step: float, peak: float, warmup_steps: float, total_steps: fl
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
-    import tensorflow as tf
     import horovod.tensorflow as hvd
+    import tensorflow as tf
 
     hvd.init()
     rank, size, local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
@@ -655,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
         return status
     # Everything the checkpoint holds, not model + opt.variables: a LossScaleOptimizer's loss scale is not
     # among its .variables, and a rank left at the initial scale unscales the averaged gradients differently.
-    ckpt.save_counter  # created lazily (by a restore or a save): make it on every rank, so all list the same
+    _ = ckpt.save_counter  # created lazily (by a restore or a save): make it on every rank, so all list the same
     tracked = checkpoint_variables(tf, ckpt)
     hvd.broadcast_variables(tracked, root_rank=0)
     start_step = int(step_var.numpy())
@@ -829,7 +829,7 @@ def choose_checkpoint(tf, args, ckpt_dir: str):
         copies.append(train_ckpt.S3Copy(args.checkpoint_to, args.s3_endpoint_url))
     try:
         path, place, manifest = train_ckpt.newest(ckpt_dir, copies, emit)
-    except Exception as exc:  # noqa: BLE001 - a failed fetch: what is complete here is still good
+    except Exception as exc:  # a failed fetch: what is complete here is still good
         emit("warning", kind="checkpoint_fetch_failed", message=" ".join(str(exc).split())[:300])
         path, place, manifest = train_ckpt.newest(ckpt_dir, [], emit)
     state = os.path.join(ckpt_dir, "checkpoint")

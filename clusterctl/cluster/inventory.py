@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from clusterctl.cluster import provision
+from clusterctl.cluster.state import StateStore
 from clusterctl.hostsfile import HostsFile
 from clusterctl.remote.ssh import SshSettings, SshTarget, targets_from_hosts, user_known_hosts
-from clusterctl.cluster.state import StateStore
 from clusterctl.types import Cluster
 
 
@@ -37,7 +37,7 @@ class SshOverrides:
 
 
 def resolve(hosts_path: str | None, cluster_name: str | None, store: StateStore,
-            ssh: SshOverrides = SshOverrides(), warn=None) -> Inventory:
+            ssh: SshOverrides = SshOverrides(), warn: Callable[[str], None] | None = None) -> Inventory:
     if hosts_path is not None:
         hf = HostsFile.read(hosts_path)
         cluster = _cluster_owning(hf, store)

@@ -17,17 +17,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from clusterctl.cluster import sshkeys
+from clusterctl.cluster.state import Record, StateStore, atomic_write
 from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, UnreachableError, WaitTimeout
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, Provider, Teardown
 from clusterctl.remote.ssh import SshPool, SshSettings, SshTarget
 from clusterctl.runtime.install import RuntimeRequest, S3Cache
 from clusterctl.runtime.install import install as install_runtime
-from clusterctl.cluster.state import Record, StateStore, atomic_write
-from clusterctl.types import Cluster, ClusterSpec
+from clusterctl.types import Cluster, ClusterSpec, Node
+
+if TYPE_CHECKING:
+    from clusterctl.providers.base import ClusterStatus
 
 Report = Callable[[str], None]
 
@@ -61,7 +64,7 @@ def hosts_file(cluster: Cluster) -> HostsFile:
     return HostsFile.from_pairs((n.private_ip, n.slots) for n in cluster.nodes)
 
 
-def behind_leader(cluster: Cluster, node) -> bool:
+def behind_leader(cluster: Cluster, node: Node) -> bool:
     """A member without a public address in a cluster whose leader has one (EC2 gives none to instances with
     several network interfaces; the leader has an Elastic IP): reached through the leader."""
     return node.role != "leader" and not node.public_ip and bool(cluster.nodes and cluster.leader.public_ip)
@@ -174,7 +177,7 @@ def wait_for_ssh(cluster: Cluster, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     stop = threading.Event()  # set on the way out (Ctrl-C included), so no worker outlives this call
 
-    def one(node) -> str | None:
+    def one(node: Node) -> str | None:
         while time.monotonic() < deadline and not stop.is_set():
             try:
                 with socket.create_connection((node.ssh_host, node.ssh_port), timeout=2.0) as s:
@@ -360,7 +363,7 @@ def down(name: str, store: StateStore, provider: Provider, report: Report = lamb
 
 
 # ---- the local record against the provider's view ---------------------------------------------------
-def disagreements(record: Record | None, status) -> list[str]:
+def disagreements(record: Record | None, status: ClusterStatus | None) -> list[str]:
     """Where the local record and the provider's view (a ClusterStatus, or None) of one cluster differ."""
     notes = []
     if record is None:

@@ -15,8 +15,12 @@ from __future__ import annotations
 import os
 import pwd
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clusterctl.types import Cluster
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.state import StateStore
 
 
 def folder() -> Path:
@@ -38,7 +42,7 @@ def _q(value: str) -> str:
     return '"' + value.replace('"', "") + '"'
 
 
-def render(cluster: Cluster, store) -> str:
+def render(cluster: Cluster, store: StateStore) -> str:
     from clusterctl.cluster import provision
 
     p = provision.paths(store, cluster.name)
@@ -59,7 +63,7 @@ def render(cluster: Cluster, store) -> str:
     return "\n".join(lines)
 
 
-def write(cluster: Cluster, store) -> Path:
+def write(cluster: Cluster, store: StateStore) -> Path:
     from clusterctl.cluster.state import atomic_write
 
     path = config_path(cluster.name)

@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from clusterctl.data.node_side import SYSTEM_TREES
 from clusterctl.errors import UsageError
 from clusterctl.remote.ssh import TREE_FN
-from clusterctl.data.node_side import SYSTEM_TREES
 
 KILL_NAMES = r"^(python[0-9.]*|horovodrun|mpirun|mpiexec|orted|prted|prterun)$"
 LOW_DISK_FREE = 0.10  # nodes under 10% free are flagged

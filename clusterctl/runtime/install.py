@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 
 from clusterctl import resources
 from clusterctl.errors import ConfigError, ProvisionError, UnreachableError, UsageError
 from clusterctl.remote.ssh import SshPool, SshTarget
 from clusterctl.runtime import spec as rt
 from clusterctl.types import Cluster
+
+if TYPE_CHECKING:
+    from clusterctl.data import sync as transfer
 
 Report = Callable[[str], None]
 Mode = Literal["install", "none", "own"]
@@ -142,7 +145,7 @@ def relay(pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str],
 
     source = transfer.Source("leader", path=src) if leader_source else transfer.Source("local", path=src)
     syncer = transfer.Syncer(targets, addresses, known_hosts, pool, source, dst, managed=True,
-                             events=_Progress(report), node_python="python3")
+                             events=_progress(report), node_python="python3")
     result = syncer.run()
     err = result.error()
     if err is not None:
@@ -220,29 +223,35 @@ def put_command(urls: Mapping[str, str], out: str) -> str:
                        for name in (rt.PACK, rt.INFO))
 
 
-class _Progress:
-    """sync's events as report lines: one per phase, and per node at each quarter and when verified."""
+def _progress(report: Report) -> transfer.Events:
+    """sync's events as report lines: one per phase, and per node at each quarter and when verified.
+    Built here because sync is imported only when a runtime is relayed (it costs `up` 80 ms otherwise)."""
+    from clusterctl.data import sync as transfer
 
-    def __init__(self, report: Report):
-        self.report, self.need_bytes, self.said = report, {}, {}
+    class Progress(transfer.Events):
+        def __init__(self) -> None:
+            self.need_bytes: dict[str, int] = {}
+            self.said: dict[str, int] = {}
 
-    def phase(self, text: str) -> None:
-        self.report(f"  relay: {text}")
+        def phase(self, text: str) -> None:
+            report(f"  relay: {text}")
 
-    def need(self, host: str, total: int) -> None:
-        self.need_bytes[host], self.said[host] = total, 0
+        def need(self, host: str, total: int) -> None:
+            self.need_bytes[host], self.said[host] = total, 0
 
-    def progress(self, host: str, done: int) -> None:
-        total = self.need_bytes.get(host) or 0
-        if total:
-            quarter = min(4, int(4 * done / total))
-            if quarter > self.said.get(host, 0):
-                self.said[host] = quarter
-                self.report(f"  relay: {host} {25 * quarter}% of {total / 2**20:.0f} MiB")
+        def progress(self, host: str, done: int) -> None:
+            total = self.need_bytes.get(host) or 0
+            if total:
+                quarter = min(4, int(4 * done / total))
+                if quarter > self.said.get(host, 0):
+                    self.said[host] = quarter
+                    report(f"  relay: {host} {25 * quarter}% of {total / 2**20:.0f} MiB")
 
-    def finished(self, outcome) -> None:
-        self.report(f"  relay: {outcome.host} {'verified' if outcome.status == 'ok' else outcome.status}"
-                    + (f": {outcome.detail}" if outcome.detail else ""))
+        def finished(self, outcome: transfer.NodeOutcome) -> None:
+            report(f"  relay: {outcome.host} {'verified' if outcome.status == 'ok' else outcome.status}"
+                   + (f": {outcome.detail}" if outcome.detail else ""))
+
+    return Progress()
 
 
 class S3Cache:

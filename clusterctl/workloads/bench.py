@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from clusterctl import resources
-from clusterctl.units import duration, money
 from clusterctl.cluster import costs
-from clusterctl.workloads import horovod
-from clusterctl.workloads import launch
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError
 from clusterctl.hostsfile import HostsFile
+from clusterctl.units import duration, money
+from clusterctl.workloads import horovod, launch
 
 DEFAULT_THRESHOLD = 0.90  # per process against one full node: the figure Horovod and the recipes report
 SLOW_NODE = 0.80  # a node whose per-process img/s alone is below this share of the median node's is named
@@ -139,20 +138,20 @@ def analyze(runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]], thres
         speedup = run.img_per_sec / base_run.img_per_sec if base_run.img_per_sec else 0.0
         efficiency = speedup / (np_ / base_np)
         scaling, scaling_conf = None, 0.0
-        if nodes > 1:
+        if nodes > 1 and full is not None:  # a multi-node ladder has its full-node rung: checked above
             fnp, frun = full[0], full[2]
             scaling, scaling_conf = _ratio_conf(run.img_per_sec / np_, run.conf / np_,
                                                 frun.img_per_sec / fnp, frun.conf / fnp)
         rungs.append(Rung(np_, nodes, run.img_per_sec, speedup, efficiency, scaling, run.per_node(), seconds, log,
                           run.conf, scaling_conf))
-    multi = [r for r in rungs if r.node_scaling is not None]
-    if multi:
-        judged = [(r, _status(r.node_scaling, r.node_scaling_conf, threshold)) for r in multi]
-        status = ("FAIL" if any(s == "FAIL" for _, s in judged)
-                  else "INCONCLUSIVE" if any(s == "INCONCLUSIVE" for _, s in judged) else "PASS")
-        worst = min((r for r, s in judged if s == status), key=lambda r: r.node_scaling)
+    multi = [(r, r.node_scaling) for r in rungs if r.node_scaling is not None]
+    if multi and full is not None:
+        judged = [(r, scaling, _status(scaling, r.node_scaling_conf, threshold)) for r, scaling in multi]
+        status = ("FAIL" if any(s == "FAIL" for _, _, s in judged)
+                  else "INCONCLUSIVE" if any(s == "INCONCLUSIVE" for _, _, s in judged) else "PASS")
+        worst, worst_scaling = min(((r, scaling) for r, scaling, s in judged if s == status), key=lambda x: x[1])
         verdict = (f"{status}: at {worst.np} processes on {worst.nodes} nodes each process gives "
-                   f"{worst.node_scaling:.0%} +- {worst.node_scaling_conf:.0%} of a process on one full node "
+                   f"{worst_scaling:.0%} +- {worst.node_scaling_conf:.0%} of a process on one full node "
                    f"({full[0]} processes; threshold {threshold:.0%})")
     else:
         last = rungs[-1]
@@ -317,7 +316,8 @@ def _nodes_alone(pool, inv, job, python, env, script, opts, out_dir: Path, gpus:
         log = f"alone-node{i}.log"
         (out_dir / log).write_text(r.stdout + r.stderr)
         run = _checked_run(r, slots[r.host], f"{r.host} on its own", out_dir / log, opts.timeout, gpus)
-        alone.append(NodeAlone(r.host, run.hosts[0].name if run.hosts else "", run.size, run.img_per_sec / run.size, run.conf / run.size, log))
+        alone.append(NodeAlone(r.host, run.hosts[0].name if run.hosts else "", run.size, run.img_per_sec / run.size,
+                               run.conf / run.size, log))
     on_event("alone", tuple(alone))
     return alone
 

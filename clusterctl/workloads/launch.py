@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from clusterctl import resources
-from clusterctl.workloads import horovod
 from clusterctl.errors import UnreachableError
 from clusterctl.hostsfile import HostEntry, HostsFile
 from clusterctl.remote.ssh import OnLine, SshPool, SshTarget
 from clusterctl.types import Cluster, HostResult, RunReport
+from clusterctl.workloads import horovod
 
 JOBS = "clusterctl-jobs"  # under the login home of every node
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

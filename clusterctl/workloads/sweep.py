@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from clusterctl import resources
+from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
 from clusterctl.remote import tmux as jobs
 from clusterctl.workloads import launch
-from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
 
 SWEEPS = "clusterctl-sweeps"  # under the login home of every node
 SCHEDULER = "sweep_scheduler.py"

@@ -260,7 +260,7 @@ class LaunchJob:
     def from_dict(cls, d: Mapping) -> "LaunchJob":
         d = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         d["nodes"] = tuple(d.get("nodes", ()))
-        return cls(**d)  # type: ignore[arg-type]
+        return cls(**d)
 
 
 def _record_path(store, inv) -> Path:
@@ -297,8 +297,8 @@ def start(inv, store, the_plan: Plan, *, np: int | None = None, name: str | None
     from dataclasses import replace
 
     from clusterctl.remote import tmux as jobs
-    from clusterctl.workloads import launch
     from clusterctl.remote.ssh import SshPool
+    from clusterctl.workloads import launch
 
     np = check_np(np, inv.hosts.total_slots)
     if name is not None:
