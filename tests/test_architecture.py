@@ -1,0 +1,223 @@
+"""Imports point one way: cli -> workloads/data/playbook -> cluster -> remote/providers/autostop -> core.
+
+Every `import` in every module of clusterctl/ counts, wherever it stands: at the top, inside a function (a
+lazy import is still a dependency, and still closes a cycle when the function runs), or under TYPE_CHECKING.
+The rules (docs/ARCHITECTURE.md draws them):
+- core (errors, types, hostsfile, resources, retry, units, proc, paths and the package's __init__) imports
+  nothing of clusterctl but core;
+- cluster/, remote/, providers/ and autostop/ import none of cli/, workloads/, playbook/;
+- data/, workloads/ and playbook/ do not import cli/; nothing imports cli/ but clusterctl/__main__.py;
+- no import cycle between modules (Tarjan's strongly connected components over the module graph).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "clusterctl"
+
+CORE = {"errors", "types", "hostsfile", "resources", "retry", "units", "proc", "paths"}
+# group -> groups it must not import (cli/ is forbidden to everyone but __main__, below).
+FORBIDDEN = {
+    "cluster": {"cli", "workloads", "playbook"},
+    "remote": {"cli", "workloads", "playbook"},
+    "providers": {"cli", "workloads", "playbook"},
+    "autostop": {"cli", "workloads", "playbook"},
+    "data": {"cli"},
+    "workloads": {"cli"},
+    "playbook": {"cli"},
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    where: str  # path:line of the import statement
+
+
+def module_names(package: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file under the package (a package is its __init__)."""
+    names = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def imports(package: Path) -> list[Edge]:
+    """Every import of a module of the package by a module of the package, at any depth of the syntax tree."""
+    modules = module_names(package)
+    edges: dict[Edge, None] = {}  # one edge per statement, in reading order
+    for source, path in modules.items():
+        is_package, shown = path.name == "__init__.py", path.relative_to(package.parent)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's own package upwards
+                    anchor = source.split(".")
+                    anchor = anchor if is_package else anchor[:-1]
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod.
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for target in targets:
+                while target and target not in modules:  # `import pkg.mod.attr`-like spellings: the module
+                    target = target.rpartition(".")[0]
+                if target and target != source:
+                    edges[Edge(source, target, f"{shown}:{node.lineno}")] = None
+    return list(edges)
+
+
+def group(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in CORE:
+        return "core"
+    if parts[1] == "__main__":
+        return "main"
+    return parts[1]
+
+
+def layering_violations(edges: list[Edge]) -> list[str]:
+    bad = []
+    for e in edges:
+        src, dst = group(e.source), group(e.target)
+        if src == dst:
+            continue
+        if src == "core":
+            bad.append(f"{e.where}: core module {e.source} imports {e.target} (core imports only core)")
+        elif dst == "cli" and src != "main":
+            bad.append(f"{e.where}: {e.source} imports {e.target} (only clusterctl/__main__.py imports cli/)")
+        elif dst in FORBIDDEN.get(src, ()):
+            bad.append(f"{e.where}: {e.source} imports {e.target} ({src}/ must not import {dst}/)")
+    return sorted(set(bad))
+
+
+def cycles(edges: list[Edge]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative), each as one closed path
+    through it with the import statements that make it."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.source, set()).add(e.target)
+        graph.setdefault(e.target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    sccs: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                scc = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    scc.append(member)
+                    if member == node:
+                        break
+                if len(scc) > 1:
+                    sccs.append(sorted(scc))
+    where = {(e.source, e.target): e.where for e in edges}
+    return [_closed_path(scc, graph, where) for scc in sccs]
+
+
+def _closed_path(scc: list[str], graph: dict[str, set[str]], where: dict[tuple[str, str], str]) -> list[str]:
+    """The shortest way from the SCC's first module back to itself, one line per import."""
+    start, members = scc[0], set(scc)
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier and start not in previous:
+        nxt = []
+        for node in frontier:
+            for child in sorted(graph[node] & members):
+                if child not in previous:
+                    previous[child] = node
+                    nxt.append(child)
+        frontier = nxt
+    path = [start]
+    node = previous[start]
+    while node != start:
+        path.append(node)
+        node = previous[node]
+    path.append(start)
+    path.reverse()
+    lines = [f"{a} -> {b}  ({where[a, b]})" for a, b in zip(path, path[1:])]
+    if len(members) > len(path) - 1:
+        lines.append(f"(the component also holds: {', '.join(sorted(members - set(path)))})")
+    return lines
+
+
+def test_imports_point_one_way():
+    edges = imports(PACKAGE)
+    assert len(edges) > 100, "the import graph is suspiciously small: is the parser reading the package?"
+    bad = layering_violations(edges)
+    assert not bad, "imports that point up:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles():
+    found = cycles(imports(PACKAGE))
+    assert not found, "import cycles:\n\n" + "\n\n".join("\n".join(c) for c in found)
+
+
+def test_the_checker_sees_function_level_imports_and_cycles(tmp_path):
+    """The rules above hold on a small package made to break them, so a green run means a clean tree."""
+    pkg = tmp_path / "clusterctl"
+    files = {
+        "__init__.py": "",
+        "__main__.py": "from clusterctl.cli.app import main\n",
+        "errors.py": "def f():\n    from clusterctl.cluster import state\n",
+        "cli/__init__.py": "",
+        "cli/app.py": "from clusterctl import errors\n",
+        "cluster/__init__.py": "",
+        "cluster/state.py": "import clusterctl.errors\n\ndef show():\n    from ..cli import app\n",
+        "playbook/__init__.py": "",
+        "playbook/run.py": "from clusterctl.playbook import steps\n",
+        "playbook/steps.py": "def go():\n    from . import run\n",
+        "workloads/__init__.py": "",
+        "workloads/bench.py": "from clusterctl.cluster.state import show\nfrom clusterctl.playbook.run import x\n",
+    }
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    edges = imports(pkg)
+    bad = layering_violations(edges)
+    assert bad == [
+        "clusterctl/cluster/state.py:4: clusterctl.cluster.state imports clusterctl.cli.app "
+        "(only clusterctl/__main__.py imports cli/)",
+        "clusterctl/errors.py:2: core module clusterctl.errors imports clusterctl.cluster.state "
+        "(core imports only core)",
+    ]
+    assert cycles(edges) == [
+        ["clusterctl.cli.app -> clusterctl.errors  (clusterctl/cli/app.py:1)",
+         "clusterctl.errors -> clusterctl.cluster.state  (clusterctl/errors.py:2)",
+         "clusterctl.cluster.state -> clusterctl.cli.app  (clusterctl/cluster/state.py:4)"],
+        ["clusterctl.playbook.run -> clusterctl.playbook.steps  (clusterctl/playbook/run.py:1)",
+         "clusterctl.playbook.steps -> clusterctl.playbook.run  (clusterctl/playbook/steps.py:2)"],
+    ]
