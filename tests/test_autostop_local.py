@@ -11,8 +11,12 @@ import json
 import socket
 import time
 
+import pytest
+
 from clusterctl.autostop import settings as autostop
 from clusterctl.providers.local import netns
+
+pytestmark = pytest.mark.integration
 
 
 def _record(cli, name: str) -> dict:

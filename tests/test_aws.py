@@ -18,6 +18,8 @@ import pytest
 
 from motoaws import CHECKIP_ADDRESS, REGION, decode_user_data
 
+pytestmark = pytest.mark.integration
+
 MUTATING = re.compile(r"^(Create|Run|Import|Put|Add|Attach|Authorize|Modify|Delete|Terminate|Associate|Register|"
                       r"Revoke|Detach|Remove|Start|Stop|Replace|Disassociate)")
 

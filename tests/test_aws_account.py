@@ -11,11 +11,15 @@ import re
 import time
 from datetime import timedelta
 
+import pytest
+
 from clusterctl.autostop import settings as autostop
 from clusterctl.cluster.state import Record, StateStore
 from clusterctl.types import Cluster
 from motoaws import CHECKIP_ADDRESS, REGION
 from test_aws import MUTATING, cluster_id, instances, ok, one_error_line, state_dir
+
+pytestmark = pytest.mark.integration
 
 ALICE = {"LOGNAME": "alice", "USER": "alice"}
 KINDS = (("describe_vpcs", "Vpcs", "VpcId"), ("describe_subnets", "Subnets", "SubnetId"),

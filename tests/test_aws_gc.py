@@ -20,6 +20,8 @@ from conftest import REPO
 from motoaws import REGION, decode_user_data
 from test_aws import instances, ok, one_error_line
 
+pytestmark = pytest.mark.integration
+
 
 def _tagged_instances(aws, name):
     return instances(aws, name, states=("pending", "running", "stopping", "stopped", "shutting-down"))

@@ -16,7 +16,7 @@ import pytest
 
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_bench_output, scrubbed_env
 
-pytestmark = pytest.mark.horovod
+pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "bench_synthetic.py"
 from conftest import HOROVODRUN, TRAIN_PY as PY  # noqa: E402

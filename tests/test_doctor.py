@@ -7,8 +7,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from clusterctl.workloads import doctor
 from clusterctl.providers.local import netns
+
+pytestmark = pytest.mark.integration
 
 
 def test_judge_flags_version_skew_and_clock():

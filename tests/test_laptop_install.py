@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+pytestmark = pytest.mark.integration
+
 OTHER_PYTHONS = ("3.13", "3.12")  # pyenv builds on this machine image; any that differs from the operator's
 
 

@@ -8,8 +8,12 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from clusterctl.providers.local import netns
 from conftest import require_root
+
+pytestmark = pytest.mark.integration
 
 
 def ssh_argv(cluster, host: str, *cmd: str) -> list[str]:

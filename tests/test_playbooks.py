@@ -8,6 +8,8 @@ import pytest
 
 from conftest import LocalCluster
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def cluster(module_cluster_factory) -> LocalCluster:

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def c(module_cluster_factory):

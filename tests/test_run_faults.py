@@ -16,6 +16,8 @@ from clusterctl.providers.local import netns
 from clusterctl.cluster.sshkeys import generate_ed25519
 from conftest import node_pid
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def c(module_cluster_factory):

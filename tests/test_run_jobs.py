@@ -9,6 +9,8 @@ import pytest
 
 from clusterctl.providers.local import netns
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def c(module_cluster_factory):

@@ -14,6 +14,8 @@ from clusterctl.providers.local import netns
 from clusterctl.cluster.sshkeys import generate_ed25519
 from conftest import Forward
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def c(module_cluster_factory):

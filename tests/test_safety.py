@@ -24,6 +24,8 @@ import pytest
 
 from conftest import Cli, LocalCluster, require_root
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def c(module_cluster_factory) -> LocalCluster:

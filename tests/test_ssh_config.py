@@ -22,6 +22,8 @@ import pytest
 
 from conftest import Forward
 
+pytestmark = pytest.mark.integration
+
 PASSPHRASE = "correct horse battery staple"
 
 

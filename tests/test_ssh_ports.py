@@ -18,6 +18,8 @@ import pytest
 
 from conftest import wait_for
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def c(module_cluster_factory):

@@ -14,6 +14,8 @@ import pytest
 
 from conftest import node_pid
 
+pytestmark = pytest.mark.integration
+
 # A trial: logs where and when it ran (its own clock), sleeps (member_sleep on the member: a node about to
 # be killed keeps its trials until it is), prints its metric (a function of its parameters whose best is
 # lr=0.1, batch=64) as a JSON line and as a text line.

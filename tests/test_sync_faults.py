@@ -15,6 +15,8 @@ import pytest
 from sync_support import (down_cluster, first_error_line, make_dataset, marker, netns_of, node_sha256, random_files,
                           shape, sync, table_rows, tx_bytes, unshape, up_cluster)
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def c4(tmp_path_factory):

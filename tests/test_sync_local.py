@@ -10,6 +10,8 @@ import pytest
 from sync_support import (down_cluster, first_error_line, make_dataset, marker, node_sha256, random_files, sync,
                           table_rows, up_cluster)
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def c3(tmp_path_factory):

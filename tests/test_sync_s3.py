@@ -16,6 +16,8 @@ import pytest
 from conftest import free_port
 from sync_support import down_cluster, first_error_line, marker, node_sha256, sync, table_rows, up_cluster
 
+pytestmark = pytest.mark.integration
+
 KEY_ID = "AKIACLUSTERCTLTEST01"
 SECRET = "s3cr3t-clusterctl-test-9f8e7d6c5b4a"
 BUCKET = "cc-data"

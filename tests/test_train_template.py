@@ -21,7 +21,7 @@ import pytest
 from clusterctl.workloads import train_job as train
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
 
-pytestmark = pytest.mark.horovod
+pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "templates" / "train_imagenet.py"
