@@ -73,7 +73,8 @@ class UnreachableError(ClusterctlError):
 
 
 class HostKeyError(UnreachableError):
-    """A host presented a key other than the pinned one (or none is pinned)."""
+    """`up` found no host key for a node from an authenticated source (its console output, or the leader
+    for members) and was not told --trust-first-contact: it fails closed rather than trust first contact."""
 
 
 class WaitTimeout(ClusterctlError):

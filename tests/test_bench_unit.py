@@ -19,7 +19,7 @@ def run(size: int, ips: float, per_host: dict[str, float] | None = None, conf: f
 
 
 def rungs_of(hosts: HostsFile, ips: dict[int, float], conf: float = 0.0, per_node: dict | None = None):
-    return [(n, bench.nodes_used(hosts, n), run(n, ips[n], (per_node or {}).get(n), conf * ips[n]), 1.0, f"r{n}")
+    return [(n, len(launch.rung_hosts(hosts, n).entries), run(n, ips[n], (per_node or {}).get(n), conf * ips[n]), 1.0, f"r{n}")
             for n in sorted(ips)]
 
 

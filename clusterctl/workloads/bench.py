@@ -98,10 +98,6 @@ def parse_ladder(text: str, hosts: HostsFile) -> list[int]:
     return sorted({*rungs, full_node_np(hosts)})
 
 
-def nodes_used(hosts: HostsFile, np: int) -> int:
-    return len(launch.rung_hosts(hosts, np).entries)
-
-
 def _ratio_conf(a: float, ca: float, b: float, cb: float) -> tuple[float, float]:
     """a/b and its 1.96-sigma half-width, by first-order propagation of the two relative errors."""
     if a <= 0 or b <= 0:

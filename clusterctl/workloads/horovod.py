@@ -21,8 +21,6 @@ from clusterctl.hostsfile import HostsFile, host_problem
 
 DEFAULT_START_TIMEOUT_S = 60  # horovodrun's own 30 s is tight for ssh checks to many fresh nodes
 MARK = "CLUSTERCTL-BENCH"
-# Exit status of templates/bench_synthetic.py when Horovod's size differs from --expect-size.
-BENCH_EXIT_SIZE_MISMATCH = 3
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
