@@ -1239,6 +1239,8 @@ def play(
     from clusterctl import resources
     from clusterctl.cli import display
     from clusterctl.cluster import inventory
+    from clusterctl.playbook import load as pbload
+    from clusterctl.playbook import model as pbmodel
     from clusterctl.playbook import run as pb
 
     path = Path(playbook)
@@ -1251,13 +1253,13 @@ def play(
         if not sep or not key:
             raise UsageError(f"--var takes name=value, not {item!r}")
         overrides[key] = value
-    book = pb.load(path, overrides)
+    book = pbload.load(path, overrides)
     if dry_run:
         for step in book.steps:
             display.info(f"{step.name}: {pb.describe(step)}" + ("" if step.on_failure == "stop" else "  [on_failure: continue]"))
         return
     store = _store()
-    ctx = pb.Context(inventory.resolve(hostsfile, cluster, store), store, report=display.info)
+    ctx = pbmodel.Context(inventory.resolve(hostsfile, cluster, store), store, report=display.info)
     results = pb.execute(book, ctx, start_from)
     display.play_summary(results)
     if not all(r.ok for r in results):
