@@ -53,7 +53,7 @@ class Leftover:
 
 def local_found() -> list[Found]:
     """Namespaces (and their config folders) of every local cluster on this machine."""
-    from clusterctl.autostop import settings as autostop
+    from clusterctl.proc import owner
     from clusterctl.providers.local import netns
 
     names = set(netns.all_clusters())
@@ -62,7 +62,7 @@ def local_found() -> list[Found]:
         for d in etc.iterdir():
             if d.name.startswith(netns.NETNS_PREFIX) and d.name.rsplit("-", 1)[-1].isdigit():
                 names.add(d.name[len(netns.NETNS_PREFIX):].rsplit("-", 1)[0])
-    me = autostop.owner()
+    me = owner()
     out = []
     for name in sorted(names):
         left = netns.leftovers(name)
@@ -85,9 +85,9 @@ def _mtime(path: Path) -> float | None:
 def group(found: list[Found], provider: str, region: str, records: dict, me: str | None = None) -> list[Leftover]:
     """One Leftover per identity: name and cluster id (before ids: name and owner)."""
     if me is None:
-        from clusterctl.autostop import settings as autostop
+        from clusterctl.proc import owner
 
-        me = autostop.owner()
+        me = owner()
     by: dict[tuple[str, str, str], list[Found]] = {}
     for f in found:
         by.setdefault((f.cluster, f.cluster_id, "" if f.cluster_id else f.owner), []).append(f)

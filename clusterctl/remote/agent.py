@@ -36,6 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
+from clusterctl.proc import alive
 from clusterctl.remote.ssh import OnLine, SshSettings, SshTarget
 from clusterctl.types import HostResult, RunReport
 
@@ -170,22 +171,14 @@ def stop(root: Path | None = None, timeout: float = 5.0) -> bool:
         return False
     pid = int(info.get("pid", 0))
     deadline = time.monotonic() + timeout
-    while pid and _alive(pid) and time.monotonic() < deadline:
+    while pid and alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    if pid and _alive(pid):
+    if pid and alive(pid):
         try:
             os.kill(pid, signal.SIGKILL)  # the agent this clusterctl started, by its pid
         except ProcessLookupError:
             pass
     return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _ensure(root: Path) -> socket.socket:

@@ -84,9 +84,9 @@ _OWNER: dict[str, str] = {}
 
 def _owner() -> str:
     if "v" not in _OWNER:
-        from clusterctl.autostop import settings as autostop
+        from clusterctl.proc import owner
 
-        _OWNER["v"] = autostop.owner()
+        _OWNER["v"] = owner()
     return _OWNER["v"]
 
 
