@@ -1177,6 +1177,8 @@ def sync(
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint the nodes use (e.g. a test server)."),
     stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="chain: seconds with no data moving before the "
                                         "node that stopped taking it is reported failed and cut out (the rest finish)."),
+    verify: str = typer.Option("stream", "--verify", help="stream: a chain node's copy is proved by the sha256 of "
+                               "every file as it was written (no second read); disk: every file read back and hashed."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
     user: Optional[str] = _SSH["user"],
     identity: List[str] = _SSH["identity"],
@@ -1201,6 +1203,8 @@ def sync(
         raise UsageError("--fanout must be at least 1")
     if not stall_timeout > 0:
         raise UsageError(f"--stall-timeout must be positive, not {stall_timeout:g}")
+    if verify not in transfer.VERIFY:
+        raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")
     transfer.check_dst(dst)
     source = transfer.parse_source(src)
     inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config, connect_timeout)
@@ -1216,7 +1220,8 @@ def sync(
         syncer = transfer.Syncer(inv.targets, [e.address for e in inv.hosts.entries], inv.settings.known_hosts, pool, source, dst,
                                  strategy=strategy, fanout=fanout, delete=delete, endpoint_url=endpoint_url,
                                  managed=inv.cluster is not None, events=events,
-                                 node_python=launch.node_python(inv.cluster), stall_timeout=stall_timeout)
+                                 node_python=launch.node_python(inv.cluster), stall_timeout=stall_timeout,
+                                 verify=verify)
         report = syncer.run()
     display.sync_table(report)
     err = report.error()
