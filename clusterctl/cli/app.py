@@ -1025,7 +1025,7 @@ def agent_(action: str = typer.Argument("status", help="status | stop")) -> None
     root = _store().root
     if action == "status":
         info = agent.ping(root)
-        if info is None or info.get("t") != "pong":
+        if info is None or info.get("event") != "pong":
             display.info("no connection agent running")
         else:
             display.info(f"connection agent pid {info['pid']}: {info['connections']} connection(s) open, "
