@@ -394,7 +394,7 @@ def render_user_data(cluster: str, region: str, ssh_user: str, slots: int, inter
                      autostop: Autostop | None = None) -> str:
     import jinja2
 
-    from clusterctl.autostop import settings as autostop_lib
+    from clusterctl.autostop import watchdog as autostop_lib
 
     text = resources.template_path("cloud-init.yaml.j2").read_text()
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)

@@ -109,11 +109,12 @@ class LocalProvider:
         with ThreadPoolExecutor(max_workers=min(32, len(made))) as pool:
             list(pool.map(lambda n: netns.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made))
         created = time.time()
-        if spec.autostop is not None:  # the watchdog in the leader, and the host-side supervisor (autostop.py)
-            from clusterctl.autostop import settings as autostop
+        if spec.autostop is not None:  # the watchdog in the leader, and its host-side supervisor (supervisor.py)
+            from clusterctl.autostop import watchdog
+            from clusterctl.providers.local import supervisor
 
-            autostop.install_local(self.store, spec.name, len(made), spec.autostop, created)
-            autostop.start_supervisor(self.store, spec.name)
+            watchdog.install_local(self.store, spec.name, len(made), spec.autostop, created)
+            supervisor.start_supervisor(self.store, spec.name)
 
         cluster = Cluster(
             name=spec.name,
@@ -137,9 +138,9 @@ class LocalProvider:
         return None
 
     def terminate(self, name: str) -> Teardown:
-        from clusterctl.autostop import settings as autostop
+        from clusterctl.providers.local import supervisor
 
-        autostop.stop_supervisor(name)  # first: it must not take the nodes' end for the watchdog's power-off
+        supervisor.stop_supervisor(name)  # first: it must not take the nodes' end for the watchdog's power-off
         before = netns.leftovers(name)
         left = netns.destroy(name)
         removed = [f"namespace {ns}" for ns in before.netns if ns not in left.netns]
