@@ -502,10 +502,11 @@ def _runtime_status(record) -> None:
 
 
 def _autostop_status(store, record) -> None:
-    from clusterctl.autostop import settings as autostop
+    from clusterctl.autostop import status as autostop_status
     from clusterctl.cli import display
+    from clusterctl.providers.local import supervisor
 
-    for line in autostop.status_lines(store, record):
+    for line in autostop_status.status_lines(store, record, supervisor.watchdog_running):
         display.console().print(display._esc(line))
 
 
@@ -516,12 +517,13 @@ def keep(
     for_: str = typer.Option(..., "--for", help="How long nothing may stop it, e.g. 4h."),
 ) -> None:
     """Keep a cluster up a while longer, idle or not."""
+    from clusterctl.autostop import control
     from clusterctl.autostop import settings as autostop
 
     seconds = autostop.parse_duration(for_, "--for", allow_off=False)
     store = _store()
     record = _running(store.resolve(name))
-    failed = autostop.change(store, record, "keep", seconds=seconds)
+    failed = control.change(store, record, "keep", seconds=seconds)
     until = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() + seconds))
     _autostop_done(record, failed, f"cluster {record.cluster.name}: autostop waits until {until} "
                                    f"({duration(seconds)} from now); then idle-stop and max lifetime apply again")
@@ -538,6 +540,7 @@ def autostop_(
     max_lifetime: Optional[str] = typer.Option(None, "--max-lifetime", help="New lifetime limit from creation, e.g. 12h (off: none)."),
 ) -> None:
     """Show or change when a cluster stops itself."""
+    from clusterctl.autostop import control
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display
 
@@ -549,7 +552,7 @@ def autostop_(
     if off or on or idle_stop or max_lifetime:
         _running(record)
     if off:
-        failed = autostop.change(store, record, "off")
+        failed = control.change(store, record, "off")
         _autostop_done(record, failed, f"cluster {c.name}: autostop is off")
         if not failed:
             hourly = _hourly(c)
@@ -561,7 +564,7 @@ def autostop_(
             values["idle_stop"] = autostop.parse_duration(idle_stop, "--idle-stop")
         if max_lifetime:
             values["max_lifetime"] = autostop.parse_duration(max_lifetime, "--max-lifetime")
-        failed = autostop.change(store, record, "on", **values)
+        failed = control.change(store, record, "on", **values)
         _autostop_done(record, failed, f"cluster {c.name}: autostop is on")
     _autostop_status(store, record)
 
@@ -1213,7 +1216,7 @@ def sync(
         for line in transfer.render_plan(strategy, labels, source, fanout, labels[0] if labels else None):
             sys.stdout.write(line + "\n")
         return
-    from clusterctl.autostop import settings as autostop
+    from clusterctl.autostop import control as autostop
 
     with autostop.lease(_store(), inv.cluster, "sync", warn=display.warn), SshPool(inv.settings) as pool, \
             display.SyncProgress(labels) as events:  # the lease: autostop counts the copy as activity
@@ -1328,7 +1331,7 @@ def data_tfrecords(
         if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
             raise UsageError(f"--endpoint-url {endpoint_url!r} is not an http(s) URL")
         inv = _resolve_hosts(None, cluster)
-        from clusterctl.autostop import settings as autostop
+        from clusterctl.autostop import control as autostop
 
         with autostop.lease(_store(), inv.cluster, "data", warn=display.warn):  # autostop waits for the conversion
             _data_report(data.convert_on_leader(inv, src, dst, val_labels=val_labels, val_synsets=val_synsets,
@@ -1784,7 +1787,7 @@ def launch(
     inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config)
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     np_ = userjob.check_np(np_, inv.hosts.total_slots)
-    from clusterctl.autostop import settings as autostop
+    from clusterctl.autostop import control as autostop
 
     with autostop.lease(_store(), inv.cluster, "launch", warn=display.warn):  # autostop waits for the start
         job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)
