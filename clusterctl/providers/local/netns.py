@@ -220,11 +220,10 @@ def operator_paths() -> list[str]:
     """This machine's clusterctl files that a node must not see (it shares the base OS, never the
     operator's environment): its state (private keys), the runtime cache and wheelhouse, the venv running
     clusterctl, and a source checkout. Paths under what a node already has of its own are left out."""
-    from clusterctl import resources
+    from clusterctl import paths, resources
     from clusterctl.cluster import state
-    from clusterctl.runtime import cache
 
-    found = [str(state.home()), str(cache.cache_root()), str(cache.wheelhouse()),
+    found = [str(state.home()), str(paths.runtime_cache()), str(paths.wheelhouse()),
              str(resources.source_checkout() or "")]
     if sys.prefix != sys.base_prefix:  # a venv (install.sh's /opt/clusterctl/venv, or a user's)
         found.append(sys.prefix)
