@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from clusterctl.autostop import settings as autostop
-from clusterctl.providers.local import netns
+from clusterctl.autostop import watchdog
+from clusterctl.providers.local import netns, supervisor
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def test_idle_cluster_stops_after_its_last_command_busy_one_does_not_old_one_doe
     for c in (idle, busy):
         assert cli("autostop", c.name, "--on", "--idle-stop", "20s").returncode == 0
     for c in (idle, busy, old):
-        assert autostop.supervisors(c.name), f"no supervisor for {c.name}"
+        assert supervisor.supervisors(c.name), f"no supervisor for {c.name}"
 
     # busy: a training-like process on the member only, detached (no ssh session stays open for it)
     member_hosts = cli.cwd / "busy-member"
@@ -80,9 +80,9 @@ def test_idle_cluster_stops_after_its_last_command_busy_one_does_not_old_one_doe
     # (its addresses may already serve another cluster on this machine: its namespaces and processes are what count)
     assert netns.leftovers(idle.name).empty and not (cli.home / "clusters" / idle.name / "nodes").exists()
     deadline = time.monotonic() + 10
-    while autostop.supervisors(idle.name) and time.monotonic() < deadline:
+    while supervisor.supervisors(idle.name) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert autostop.supervisors(idle.name) == []
+    assert supervisor.supervisors(idle.name) == []
     rec = _record(cli, idle.name)
     assert rec["status"] == "stopped", rec
     assert rec["note"].startswith("stopped by autostop at ") and "idle-stop: nothing busy for " in rec["note"]
@@ -109,7 +109,7 @@ def test_idle_cluster_stops_after_its_last_command_busy_one_does_not_old_one_doe
     # keep: no stop before then; --off: a warning; --on with a new limit
     proc = cli("keep", busy.name, "--for", "4h")
     assert proc.returncode == 0 and "autostop waits until" in proc.stderr and "autostop: kept until" in proc.stdout
-    cfg = json.loads((autostop.local_dir(cli_store(cli), busy.name) / "config.json").read_text())
+    cfg = json.loads((watchdog.local_dir(cli_store(cli), busy.name) / "config.json").read_text())
     assert 4 * 3600 - 60 < cfg["keep_until"] - time.time() <= 4 * 3600
     proc = cli("autostop", busy.name, "--off")
     assert proc.returncode == 0 and "Warning:" in proc.stderr and f"runs until `clusterctl down {busy.name}`" in proc.stderr
@@ -137,10 +137,10 @@ def test_gpu_cluster_with_idle_gpus_stays_up_while_a_command_or_a_sync_runs(loca
         c.node_exec(i, "sh", "-c", 'mkdir -p /usr/local/bin && printf "%s" "$0" > /usr/local/bin/nvidia-smi && '
                                    "chmod 755 /usr/local/bin/nvidia-smi", NVIDIA_SMI)
     # the leader's watchdog sees the GPUs: its own probe, run the way it runs inside the node
-    pids = [p for p in netns.netns_pids(netns.netns_name(c.name, 0)) if autostop.SCRIPT in autostop._cmdline(p)]
+    pids = [p for p in netns.netns_pids(netns.netns_name(c.name, 0)) if watchdog.SCRIPT in supervisor._cmdline(p)]
     assert pids, "no watchdog in the leader"
-    probe = c.node_exec(0, "/usr/bin/python3", f"{autostop.LOCAL_NODE_DIR}/{autostop.SCRIPT}", "probe",
-                        "--dir", autostop.LOCAL_NODE_DIR)
+    probe = c.node_exec(0, "/usr/bin/python3", f"{watchdog.LOCAL_NODE_DIR}/{watchdog.SCRIPT}", "probe",
+                        "--dir", watchdog.LOCAL_NODE_DIR)
     assert json.loads(probe.stdout)["gpus"] == [0, 0], probe.stdout
     env = dict(e.split("=", 1) for e in open(f"/proc/{pids[0]}/environ").read().split("\0") if "=" in e)
     assert "/usr/local/bin" in env.get("PATH", "").split(":"), env.get("PATH")
@@ -152,7 +152,7 @@ def test_gpu_cluster_with_idle_gpus_stays_up_while_a_command_or_a_sync_runs(loca
     assert proc.returncode == 0, proc.stderr
     assert netns.cluster_netns(c.name) and _answers(c.hosts[0]), "stopped while a command ran on idle GPUs"
     assert _record(c.cli, c.name)["status"] == "up"
-    st = json.loads((autostop.local_dir(cli_store(c.cli), c.name) / "state.json").read_text())
+    st = json.loads((watchdog.local_dir(cli_store(c.cli), c.name) / "state.json").read_text())
     assert f"{c.hosts[1]}: " in st["last_reason"] and "ssh session" in st["last_reason"], st
 
     # a sync holds a lease while it runs (on every node's watchdog folder), gone after it
@@ -160,7 +160,7 @@ def test_gpu_cluster_with_idle_gpus_stays_up_while_a_command_or_a_sync_runs(loca
     src.mkdir()
     for i in range(200):
         (src / f"f{i:04d}.bin").write_bytes(bytes([i % 256]) * 20000)
-    folders = [autostop.local_dir(cli_store(c.cli), c.name, i) / "leases" for i in range(2)]
+    folders = [watchdog.local_dir(cli_store(c.cli), c.name, i) / "leases" for i in range(2)]
 
     def sync_watching_leases(*args: str):
         p = c.cli.popen("sync", "--cluster", c.name, *args)

@@ -15,15 +15,18 @@ import pytest
 import yaml
 
 from clusterctl.autostop import settings as autostop
+from clusterctl.autostop import status, watchdog
 from clusterctl.cluster import costs
 from clusterctl.cluster import gc
 from clusterctl.errors import UsageError
+from clusterctl.proc import alive
 from clusterctl.providers.aws import provider as aws
 from clusterctl.providers.base import Found
+from clusterctl.providers.local import supervisor
 from clusterctl.types import Autostop, Cluster, Node
 from conftest import REPO
 
-W = autostop.watchdog()
+W = watchdog.watchdog()
 SCRIPT = REPO / "templates" / "idle_watchdog.py"
 
 
@@ -153,7 +156,7 @@ def test_probe_sees_this_machines_processes_but_not_itself(tmp_path):
 def test_settings_files_keep_off_on_and_status(tmp_path):
     d = str(tmp_path)
     W.write_json(os.path.join(d, "config.json"),
-                 autostop.node_config("c", Autostop(60, None), poweroff="node-init", user="root", script="s",
+                 watchdog.node_config("c", Autostop(60, None), poweroff="node-init", user="root", script="s",
                                       created_at=time.time()))
     run = lambda *a: json.loads(subprocess.run([sys.executable, str(SCRIPT), *a, "--dir", d],  # noqa: E731
                                                capture_output=True, text=True, check=True).stdout)
@@ -166,11 +169,11 @@ def test_settings_files_keep_off_on_and_status(tmp_path):
     assert (st["config"]["enabled"], st["config"]["idle_stop"], st["config"]["max_lifetime"]) == (True, 1800, None)
     log = (tmp_path / "watchdog.log").read_text()
     assert "keep: no stop before 7200s from now" in log and "autostop turned off" in log
-    lines = autostop.summary({**st, "running": True})
+    lines = status.summary({**st, "running": True})
     assert lines[0].startswith("autostop: stops in ") and "idle-stop 30m" in lines[0]
     assert any(line.startswith("autostop: kept until ") for line in lines)
-    assert autostop.summary({**run("off"), "running": True})[0].startswith("autostop: OFF")
-    assert autostop.summary(None, Autostop(1800, 3600), created_at=time.time() - 600)[1].startswith(
+    assert status.summary({**run("off"), "running": True})[0].startswith("autostop: OFF")
+    assert status.summary(None, Autostop(1800, 3600), created_at=time.time() - 600)[1].startswith(
         "autostop: stops at the latest in 50m")
 
 
@@ -192,15 +195,57 @@ def test_user_data_carries_the_watchdog_and_is_the_same_bytes_every_time():
     assert len(text.encode()) < 16384  # EC2's limit for user data
     doc = yaml.safe_load(text)
     files = {f["path"]: f for f in doc["write_files"]}
-    assert gzip.decompress(base64.b64decode(files[autostop.AWS_SCRIPT]["content"])) == SCRIPT.read_bytes()
-    assert files[autostop.AWS_SCRIPT]["encoding"] == "gz+b64" and files[autostop.AWS_SCRIPT]["permissions"] == "0755"
-    cfg = json.loads(files[f"{autostop.AWS_DIR}/config.json"]["content"])
+    assert gzip.decompress(base64.b64decode(files[watchdog.AWS_SCRIPT]["content"])) == SCRIPT.read_bytes()
+    assert files[watchdog.AWS_SCRIPT]["encoding"] == "gz+b64" and files[watchdog.AWS_SCRIPT]["permissions"] == "0755"
+    cfg = json.loads(files[f"{watchdog.AWS_DIR}/config.json"]["content"])
     assert cfg == {**cfg, "idle_stop": 1800, "max_lifetime": 43200, "created_at": None, "poweroff": "shutdown",
-                   "user": "ubuntu", "script": autostop.AWS_SCRIPT, "enabled": True}
+                   "user": "ubuntu", "script": watchdog.AWS_SCRIPT, "enabled": True}
     assert doc["runcmd"] == [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "clusterctl-autostop.service"]]
     assert "Restart=always" in files["/etc/systemd/system/clusterctl-autostop.service"]["content"]
-    cmd = autostop.remote_command("keep", "--for", "3600")
+    cmd = watchdog.remote_command("keep", "--for", "3600")
     assert "idle_watchdog.py keep --dir /var/lib/clusterctl/autostop --for 3600" in cmd and "sudo -n" in cmd
+
+
+# ---- the local supervisor's command line, and the package's imports -------------------------------------
+def test_supervisors_of_this_and_of_older_versions_are_found_by_argv_and_stopped(tmp_path):
+    """`down` finds a local cluster's supervisor by its argv: this version's (python -m clusterctl.providers.local
+    supervise NAME) and an older version's (python -m clusterctl.autostop supervise NAME) alike."""
+    name = f"argv{os.getpid()}"
+    for pkg in ("clusterctl/autostop", "clusterctl/providers/local"):  # stand-ins that only wait for SIGTERM
+        (tmp_path / pkg).mkdir(parents=True)
+        (tmp_path / pkg / "__main__.py").write_text("import time\ntime.sleep(60)\n")
+    for pkg in ("clusterctl", "clusterctl/autostop", "clusterctl/providers", "clusterctl/providers/local"):
+        (tmp_path / pkg / "__init__.py").write_text("")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    assert supervisor._argv(name)[1:] == ["-m", "clusterctl.providers.local", "supervise", name]
+    procs = [subprocess.Popen(supervisor._argv(name), env=env, cwd=tmp_path),
+             subprocess.Popen([sys.executable, "-m", "clusterctl.autostop", "supervise", name], env=env, cwd=tmp_path)]
+    other = subprocess.Popen([sys.executable, "-m", "clusterctl.autostop", "supervise", name + "x"], env=env,
+                             cwd=tmp_path)
+    try:
+        assert sorted(supervisor.supervisors(name)) == sorted(p.pid for p in procs)
+        assert sorted(supervisor.stop_supervisor(name)) == sorted(p.pid for p in procs)
+        assert not any(alive(p.pid) for p in procs) and supervisor.supervisors(name) == []
+        assert supervisor.supervisors(name + "x") == [other.pid]
+    finally:
+        for p in (*procs, other):
+            p.kill()
+            p.wait()
+
+
+def test_autostop_never_imports_a_provider():
+    """Providers import autostop (settings, the watchdog's files); autostop never imports a provider, not even
+    inside a function: the local provider's supervisor is given to it (status) or lives in providers/local."""
+    import ast
+
+    pkg = REPO / "clusterctl" / "autostop"
+    found = []
+    for path in sorted(pkg.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}:{node.lineno} {n}" for n in names if n.startswith("clusterctl.providers")]
+    assert found == []
 
 
 # ---- gc and costs --------------------------------------------------------------------------------------------

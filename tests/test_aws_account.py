@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from clusterctl.autostop import settings as autostop
+from clusterctl.proc import owner
 from clusterctl.cluster.state import Record, StateStore
 from clusterctl.types import Cluster
 from motoaws import CHECKIP_ADDRESS, REGION
@@ -133,7 +133,7 @@ def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_
 
 def test_a_cluster_made_before_ids_is_its_name_and_owner_and_another_owners_needs_force(aws, aws_cli):
     """A record without an id (made before ids): its identity is its name and this machine's owner tag."""
-    me = autostop.owner()
+    me = owner()
     ec2 = aws.client("ec2")
 
     def tagged(rtype: str, owner: str) -> list[dict]:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from clusterctl.proc import alive
 from clusterctl.providers.local import netns
 from conftest import require_root
 
@@ -77,7 +78,7 @@ def test_three_nodes_up_isolated_reachable_and_gone(local_cluster_factory):
     assert "nothing tagged for it is left" in down.stderr
     assert netns.leftovers(c.name).empty
     assert not [ns for ns in os.listdir("/run/netns") if c.name in ns and ns not in before_ns]
-    assert not [p for p in pids if netns.process_alive(p)]
+    assert not [p for p in pids if alive(p)]
     assert c.name not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
     assert not (cli.home / "clusters" / c.name).exists()
     assert cli("ls").stdout.count(c.name) == 0

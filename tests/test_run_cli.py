@@ -177,6 +177,7 @@ def test_usage_errors_are_one_line(c):
 
 
 def test_down_stops_the_agent(local_cluster_factory):
+    from clusterctl.proc import alive
     from clusterctl.remote import agent
 
     one = local_cluster_factory(1, 1)
@@ -187,6 +188,6 @@ def test_down_stops_the_agent(local_cluster_factory):
     assert down.returncode == 0, down.stderr
     assert agent.ping(one.cli.home) is None
     deadline = time.monotonic() + 5
-    while agent._alive(info["pid"]):
+    while alive(info["pid"]):
         assert time.monotonic() < deadline, "the agent process outlived down"
         time.sleep(0.05)

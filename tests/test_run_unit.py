@@ -14,6 +14,7 @@ from clusterctl.remote import tmux as jobs
 from clusterctl.remote import ssh as remote
 from clusterctl.errors import HostsFileError, UsageError
 from clusterctl.hostsfile import HostsFile
+from clusterctl.proc import alive
 from clusterctl.types import HostResult, RunReport
 
 HOSTILE = ["$(touch /tmp/pwned)", "`touch /tmp/pwned`", "a'; touch /tmp/pwned; '", 'x" ; touch /tmp/pwned ; "',
@@ -52,7 +53,7 @@ def test_kill_command_kills_session_and_escaped_descendants(tmp_path):
         proc = sh(remote.kill_command(sid), tmp_path)
         assert proc.returncode == 0, proc.stderr
         leader.wait(timeout=10)
-        assert not [p for p in victims if _alive(p)]
+        assert not [p for p in victims if alive(p)]
     finally:
         leader.kill()
         for p in _pids_of(f"^sleep {n}[.][12]$"):
@@ -62,14 +63,6 @@ def test_kill_command_kills_session_and_escaped_descendants(tmp_path):
 def _pids_of(pattern: str) -> list[int]:
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.parametrize("name", ["", "-x", "a b", "a;b", "$(id)", "a.b", "a:b", "x" * 64, "a\nb", "é"])

@@ -13,13 +13,13 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from clusterctl.runtime import cache
+from clusterctl import paths
 from conftest import Forward
 from test_launch import HELPER, RANK_LINE, SCRIPT
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
-WHEELHOUSE = cache.wheelhouse()  # install.sh's
+WHEELHOUSE = paths.wheelhouse()  # install.sh's
 BUCKET = "cc-runtime-cache"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.runtime import cache
+from clusterctl import paths
 from conftest import REPO, Cli
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,7 @@ def _record(c) -> dict:
 
 def test_a_node_sees_nothing_of_the_operator(local_cluster_factory):
     c = local_cluster_factory(1, 1)  # --runtime none
-    hidden = [sys.prefix, str(c.cli.home), str(REPO), str(cache.wheelhouse())]
+    hidden = [sys.prefix, str(c.cli.home), str(REPO), str(paths.wheelhouse())]
     for path in hidden:
         assert os.path.isdir(path), path  # there on this machine...
     listing = " ".join(f"$(ls -A {p} 2>/dev/null | wc -l)" for p in hidden)

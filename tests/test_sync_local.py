@@ -87,6 +87,62 @@ def test_rerun_copies_nothing_and_a_flipped_byte_is_found_and_fixed(c3, tmp_path
     _all_verified(c3, "/tmp/flip", sums)
 
 
+def _line(stderr: str, start: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(start)]
+
+
+def test_chain_copies_are_proved_by_their_hashes_as_written_and_verify_disk_reads_back(c3, tmp_path):
+    src = tmp_path / "ds"
+    sums = make_dataset(src, random_files(6, 30_000, seed=7))
+    proc = sync(c3, str(src), "/tmp/streamed")
+    assert proc.returncode == 0, proc.stderr
+    assert _line(proc.stderr, "verified: ") == ["verified: 18 file(s) by their sha256 as written, 0 read back"]
+    _all_verified(c3, "/tmp/streamed", sums)
+    proc = sync(c3, "--verify", "disk", str(src), "/tmp/read-back")
+    assert proc.returncode == 0, proc.stderr
+    assert _line(proc.stderr, "verified: ") == ["verified: 0 file(s) by their sha256 as written, 18 read back"]
+    _all_verified(c3, "/tmp/read-back", sums)
+    proc = sync(c3, "--verify", "twice", str(src), "/tmp/x")
+    assert proc.returncode == 2 and "unknown --verify 'twice'" in first_error_line(proc.stderr)
+
+
+def test_a_file_changed_at_the_source_after_the_manifest_is_caught_without_the_read_back(c3, tmp_path):
+    src = tmp_path / "ds"
+    make_dataset(src, random_files(4, 200_000, seed=9))
+    victim = src / "part-0002.bin"
+    st = victim.stat()
+    proc = c3.cli.popen("sync", "--cluster", c3.name, str(src), "/tmp/changed")
+    for line in proc.stderr:  # the manifest is made; nothing is streamed before it is on every node
+        if line.startswith("sending the manifest"):
+            break
+    data = bytearray(victim.read_bytes())
+    data[150_000] ^= 1  # the same size and mtime: what tar sends is not what the manifest says
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err
+    # every node's copy of it differs, found by its hash as written: no file read back in the first check
+    assert _line(err, "verified: ")[0] == "verified: 12 file(s) by their sha256 as written, 0 read back", err
+    assert "still differ from the manifest, e.g. 'part-0002.bin'" in err
+    for i in range(3):
+        assert marker(c3, i, "/tmp/changed") is None  # never marked complete
+
+
+def test_a_second_run_reuses_the_manifest_of_unchanged_files_and_rehashes_a_touched_one(c3, tmp_path):
+    src = tmp_path / "ds"
+    make_dataset(src, random_files(5, 10_000, seed=11))
+    first = sync(c3, str(src), "/tmp/reuse")
+    assert first.returncode == 0 and _line(first.stderr, "manifest: ")[0].startswith(
+        "manifest: 5 file(s) hashed, 0 unchanged since the last run"), first.stderr
+    again = sync(c3, str(src), "/tmp/reuse")
+    assert again.returncode == 0 and _line(again.stderr, "manifest: ")[0].startswith(
+        "manifest: 0 file(s) hashed, 5 unchanged since the last run"), again.stderr
+    os.utime(src / "part-0001.bin")  # touched: its mtime and ctime change, its content not
+    touched = sync(c3, str(src), "/tmp/reuse")
+    assert touched.returncode == 0 and _line(touched.stderr, "manifest: ")[0].startswith(
+        "manifest: 1 file(s) hashed, 4 unchanged since the last run"), touched.stderr
+
+
 def test_changed_source_unmarks_until_verified_and_delete_mirrors(c3, tmp_path):
     src = tmp_path / "ds"
     make_dataset(src, random_files(5, 10_000))

@@ -153,6 +153,105 @@ def test_check_replaces_wrong_types_and_delete_mirrors(tmp_path):
     assert not (dst / "extra").exists() and (dst / ".clusterctl-sync").is_dir()
 
 
+def _stream_into(tmp_path: Path, src: Path, dst: Path, tamper=None) -> Path:
+    """src as GNU tar streams it (the chain's way), through the agent's recv into tar -x at dst; tamper(bytes)
+    may change the stream on the way. The hashes recv kept, as the relay keeps them."""
+    names = [e["p"] for e in sync_agent.scan(str(src))]
+    stream = subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", "-", "-cf", "-"],
+                            input=b"".join(os.fsencode(n) + b"\0" for n in names), capture_output=True, check=True).stdout
+    if tamper:
+        stream = tamper(stream)
+    dst.mkdir(exist_ok=True)
+    hashes = tmp_path / "recv.json"
+    proc = subprocess.run(["bash", "-c", f"python3 {shlex.quote(sync_agent.__file__)} recv --hashes "
+                           f"{shlex.quote(str(hashes))} | tar -C {shlex.quote(str(dst))} -xf -; "
+                           'echo "${PIPESTATUS[*]}"'], input=stream, capture_output=True, check=True)
+    assert proc.stdout.split() == [b"0", b"0"], proc.stderr
+    return hashes
+
+
+def test_a_copy_hashed_as_written_is_verified_without_reading_it_back(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _tree(src)
+    os.link(src / "-lead", src / "hard")  # tar sends it as a link: it gets its target's hash
+    m = _manifest(tmp_path, src)
+    hashes = _stream_into(tmp_path, src, dst)
+    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "t",
+                     "--received", str(hashes))
+    assert rc == 0 and out["bad"] == [] and out["marked"]
+    assert out["reread"] == 0 and out["streamed"] == 4  # no file read back
+    # a byte flipped on disk after tar wrote it, size and mtime kept: the hashes as written do not see it,
+    # the read-back does (what --verify disk, resumed and repaired files get)
+    f = dst / "-lead"
+    st = f.stat()
+    data = bytearray(f.read_bytes())
+    data[5] ^= 1
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "t")
+    assert out["bad"] == ["-lead", "hard"] and out["reread"] == 4 and not out["marked"]
+
+
+def test_a_byte_changed_on_the_wire_is_caught_without_the_read_back(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _tree(src)
+    m = _manifest(tmp_path, src)
+    body = (src / "-lead").read_bytes()
+
+    def flip(stream: bytes) -> bytes:  # one byte of -lead's data, in the middle of the stream
+        at = stream.index(body[:64]) + 1000
+        return stream[:at] + bytes([stream[at] ^ 1]) + stream[at + 1:]
+
+    hashes = _stream_into(tmp_path, src, dst, flip)
+    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "t",
+                     "--received", str(hashes))
+    assert out["bad"] == ["-lead"] and out["bad_bytes"] == 3000 and not out["marked"]
+    assert out["reread"] == 0  # caught by its hash as written, not by reading it back
+    assert not (dst / ".clusterctl-sync" / "COMPLETE").exists()
+
+
+def test_recv_passes_a_stream_it_cannot_follow_through_whole_and_keeps_no_hashes(tmp_path):
+    data = os.urandom(200_000)
+    out = tmp_path / "h.json"
+    proc = subprocess.run(["python3", sync_agent.__file__, "recv", "--hashes", str(out)], input=data,
+                          capture_output=True)
+    assert proc.stdout == data and proc.returncode == 1 and not out.exists()
+    assert b"cannot follow the tar stream" in proc.stderr
+
+
+def test_manifest_cache_rehashes_only_what_changed(tmp_path):
+    src = tmp_path / "src"
+    _tree(src)
+    cache = tmp_path / "state" / "m.json"
+    rc, first = _agent("manifest", "--cache", str(cache), "--", str(src))
+    assert rc == 0 and first["hashed"] == 3
+    rc, again = _agent("manifest", "--cache", str(cache), "--", str(src))
+    assert again["hashed"] == 0 and again["entries"] == first["entries"]
+    f = src / "-lead"
+    st = f.stat()
+    f.write_bytes(b"y" * 3000)  # same size, mtime set back: the ctime still says it changed
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rc, third = _agent("manifest", "--cache", str(cache), "--", str(src))
+    assert third["hashed"] == 1
+    assert {e["p"]: e.get("h") for e in third["entries"]}["-lead"] == hashlib.sha256(b"y" * 3000).hexdigest()
+    data = json.loads(cache.read_text())
+    data["files"]["a b/it's $x"][1] = "0" * 64  # a cache that is not what was written is not used
+    cache.write_text(json.dumps(data))
+    rc, fourth = _agent("manifest", "--cache", str(cache), "--", str(src))
+    assert fourth["hashed"] == 3 and fourth["entries"] == third["entries"]
+
+
+def test_agent_argv_takes_values_that_start_with_a_dash():
+    cmd, args = sync_agent.parse(["check", "--dst", "-data", "--manifest", "m", "--reset", "--received", "-r"])
+    assert cmd == "check" and args == {"dst": "-data", "manifest": "m", "reset": True, "received": "-r"}
+    assert sync_agent.parse(["manifest", "--out", "o", "--", "-src"]) == ("manifest", {"root": "-src", "out": "o"})
+    assert sync_agent.parse(["s3list", "--", "b", "-p/"])[1] == {"bucket": "b", "prefix": "-p/"}
+    for bad in (["check", "--manifest", "m"], ["nope"], ["relay"], ["check", "--dst", "d", "--manifest", "m", "--x"]):
+        with pytest.raises(sync_agent.AgentError) as exc:
+            sync_agent.parse(bad)
+        assert exc.value.code == 2
+
+
 def test_hostile_manifest_paths_are_refused(tmp_path):
     for bad in ["../x", "/etc/passwd", "a/../../x", "a//b", ".clusterctl-sync/COMPLETE", "a/.clusterctl-partial/x"]:
         m = tmp_path / "m.json"
@@ -164,7 +263,7 @@ def test_hostile_manifest_paths_are_refused(tmp_path):
 def test_agent_refuses_root_and_missing_source(tmp_path):
     rc, out = _agent("check", "--dst", "/", "--manifest", "x")
     assert rc == 2 and "refusing" in out["error"]
-    rc, out = _agent("manifest", str(tmp_path / "nope"))
+    rc, out = _agent("manifest", "--", str(tmp_path / "nope"))
     assert rc == sync_agent.EXIT_INPUT and "no such directory" in out["error"]
 
 
@@ -190,11 +289,15 @@ def test_relay_script_quotes_every_path_and_pins_host_keys(tmp_path):
     assert "StrictHostKeyChecking=yes" in text and "UserKnownHostsFile=~/.ssh/known_hosts" in text
     assert "aes128-gcm@openssh.com" in text and "Compression=no" in text
     assert f"tar -C {shlex.quote(root)} -xf -" in text
-    assert '"$P" "$W/agent.py" relay --index 0 --out "$W/fifo.0" | tar' in text  # a chain: the zero-copy relay
+    recv = '"$P" "$W/agent.py" recv --hashes "$W/recv.part" | tar'  # every file hashed as it goes into tar
+    assert f'"$P" "$W/agent.py" relay --index 0 --out "$W/fifo.0" | {recv}' in text  # a chain: the zero-copy relay
+    assert 'mv -f "$W/recv.part" "$W/recv.json"' in text  # kept only when recv and tar both exited 0
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # it parses
     two = transfer.relay_script(0, root, [child, child], hop, ".clusterctl/sync/abc").decode()
-    assert 'tee -p "$W/fifo.0" "$W/fifo.1" | tar' in two  # fan-out: tee
+    assert f'tee -p "$W/fifo.0" "$W/fifo.1" | {recv}' in two  # fan-out: tee
     subprocess.run(["bash", "-n"], input=two, text=True, check=True)
+    disk = transfer.relay_script(0, root, [], hop, ".clusterctl/sync/abc", hash_stream=False).decode()
+    assert "recv" not in disk and f"tar -C {shlex.quote(root)} -xf -" in disk  # --verify disk: read back instead
 
 
 @pytest.mark.parametrize("case", ["both", "hop dies", "tar dies"])

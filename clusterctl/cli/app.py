@@ -77,11 +77,27 @@ def _store():
 
 
 def _provider(kind: str, store, region: str | None = None):
-    """A provider by name, in a region (where it has regions), reporting its progress on stderr."""
+    """A provider by name; the AWS one gets the region and reports its progress on stderr."""
     from clusterctl import providers
     from clusterctl.cli import display
 
-    return providers.get(kind, store=store, region=region or None, report=display.info)
+    if kind == "aws":
+        return providers.get("aws", store=store, region=region or None, report=display.info)
+    return providers.get(kind, store=store)
+
+
+def _where(name: str, region: str | None) -> str:
+    """The provider of a cluster that has no local record: local when it has namespaces here or when no
+    AWS region is configured (so it cannot be looked up in the cloud), else aws."""
+    from clusterctl.providers.local import netns
+
+    if name in netns.all_clusters():
+        return "local"
+    if region:
+        return "aws"
+    from clusterctl.providers.aws.provider import configured_region
+
+    return "aws" if configured_region() else "local"
 
 
 def _confirm(question: str, yes: bool) -> None:
@@ -259,59 +275,102 @@ def down(
     Everything is found by tags (or names), so this works without the local record.
     """
     from clusterctl.cli import display
-    from clusterctl.cluster import overview, provision
+    from clusterctl.cluster import provision
+    from clusterctl.cluster.state import validate_name
 
     store = _store()
-    providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg), force=force)
-    targets = overview.down_targets(store, providers, name, all_, provider, region, display.warn)
+    impls: dict = {}
+
+    def impl_for(kind: str, reg: str | None):
+        key = (kind, reg or "") if kind == "aws" else (kind, "")
+        if key not in impls:
+            impls[key] = _provider(kind, store, reg)
+            if kind == "aws":
+                impls[key].force = force
+        return impls[key]
+
+    targets: list = []  # (name, provider kind, region)
+    if all_:
+        listed, damaged = store.list()
+        for line in damaged:
+            display.warn(line)
+        records = {r.cluster.name: r.cluster for r in listed}
+        kinds = [provider] if provider else sorted({c.provider for c in records.values()} | {"local"}
+                                                   | ({"aws"} if region else set()))
+        aws_regions = {region} if region else ({c.region for c in records.values() if c.provider == "aws"} or {None})
+        for kind in kinds:
+            for reg in (aws_regions if kind == "aws" else {None}):
+                for n in impl_for(kind, reg).all_clusters():
+                    targets.append((n, kind, reg))
+        for n, c in records.items():
+            if (not provider or c.provider == provider) and not any(t[0] == n for t in targets):
+                targets.append((n, c.provider, c.region if c.provider == "aws" else None))
+    else:
+        n = validate_name(name or store.current() or "") if (name or store.current()) else ""
+        if not n:
+            raise UsageError("no cluster given and none is current", "name the cluster: clusterctl down NAME")
+        record = store.load(n).cluster if store.exists(n) else None
+        kind = provider or (record.provider if record else None) or _where(n, region)
+        reg = region or (record.region if record is not None and record.provider == "aws" else None)
+        targets.append((n, kind, reg))
     if not targets:
         display.info("no clusters found")
         return
-    known = {}
-    if all_:
-        now = time.time()
-        for key, (created, owner) in overview.ages_and_owners(targets, providers).items():
-            known[key] = (f", age {duration(now - created)}" if created else "") + (f", owner {owner}" if owner else "")
+    known = _ages_and_owners(targets, impl_for) if all_ else {}
     if all_ and not force:  # another owner's cluster (no record here) is kept; --force includes it
         mine = []
         for t in targets:
             try:
-                providers.get(t.provider, t.region).resources(t.name)
+                impl_for(t[1], t[2]).resources(t[0])
                 mine.append(t)
             except UsageError as exc:
-                display.info(f"cluster {t.name}: kept ({exc.message}; --force removes it)")
+                display.info(f"cluster {t[0]}: kept ({exc.message}; --force removes it)")
         targets = mine
         if not targets:
             display.info("no clusters of yours found")
             return
     owners: dict = {}
-    for t in targets:
-        impl = providers.get(t.provider, t.region)
-        found = impl.resources(t.name)  # another owner's cluster: refused here, before anything changes
-        owners[t.name] = impl.owners(t.name)
-        where = (t.provider if impl.region == t.provider else f"{t.provider}, {impl.region}") + known.get((t.name, t.provider), "")
-        display.info(f"cluster {t.name} ({where}): " + (f"{len(found)} resource(s) to remove" if found else "nothing found"))
+    for n, kind, reg in targets:
+        found = impl_for(kind, reg).resources(n)  # another owner's cluster: refused here, before anything changes
+        if kind == "aws":
+            owners[n] = impl_for(kind, reg).owners(n)
+        where = f"{kind}{', ' + impl_for(kind, reg).region if kind == 'aws' else ''}" + known.get((n, kind), "")
+        display.info(f"cluster {n} ({where}): " + (f"{len(found)} resource(s) to remove" if found else "nothing found"))
         for line in found:
             display.info(f"  {line}")
-    _confirm(f"Remove cluster(s) {', '.join(t.name + (' (owner ' + ', '.join(owners[t.name]) + ')' if owners.get(t.name) else '') for t in targets)} "
+    _confirm(f"Remove cluster(s) {', '.join(t[0] + (' (owner ' + ', '.join(owners[t[0]]) + ')' if owners.get(t[0]) else '') for t in targets)} "
              "and everything they created?", yes)
     from clusterctl.remote import agent
 
     agent.stop(store.root)  # the connection agent holds ssh connections to these nodes: nothing stays running
     failed = []
-    for t in targets:
-        teardown = provision.down(t.name, store, providers.get(t.provider, t.region), report=display.info)
+    for n, kind, reg in targets:
+        teardown = provision.down(n, store, impl_for(kind, reg), report=display.info)
         if teardown.clean:
-            display.info(f"cluster {t.name} is gone: nothing tagged for it is left")
+            display.info(f"cluster {n} is gone: nothing tagged for it is left")
             from clusterctl.cluster import sshentry
 
-            sshentry.remove(t.name)  # its ssh config entry goes with it
+            sshentry.remove(n)  # its ssh config entry goes with it
         else:
-            failed.append(f"{t.name}: {'; '.join(teardown.left)}")
+            failed.append(f"{n}: {'; '.join(teardown.left)}")
     if failed:
         from clusterctl.errors import ProvisionError
 
         raise ProvisionError(f"some resources remain ({' | '.join(failed)})", "run `clusterctl down` again")
+
+
+def _ages_and_owners(targets, impl_for) -> dict:
+    """(name, provider) -> ", age 3h10m, owner ann@laptop" for `down --all` (from the same search as `gc`)."""
+    from clusterctl.cluster import gc as gclib
+
+    out, now = {}, time.time()
+    for kind, reg in sorted({(k, r or "") for _, k, r in targets}):
+        impl = impl_for(kind, reg or None)
+        found = impl.inventory() if kind == "aws" else gclib.local_found() if kind == "local" else []
+        for c in gclib.group(found, kind, reg, {}):
+            out[(c.name, kind)] = (f", age {duration(now - c.created_at)}" if c.created_at else "") + \
+                (f", owner {c.owner}" if c.owner else "")
+    return out
 
 
 @app.command("ls")
@@ -322,16 +381,58 @@ def ls(
 ) -> None:
     """List clusters: nodes, type, AZ, state, uptime, cost so far."""
     from clusterctl.cli import display
-    from clusterctl.cluster import overview
+    from clusterctl.cluster import provision
 
     store = _store()
-    providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg))
-    found = overview.listing(store, providers, provider, region, display.warn)
-    totals = {"hourly": found.hourly_usd, "so_far": found.so_far_usd, "unknown": found.unknown}
-    rows = [{"name": r.name + (" *" if r.current else ""), "provider": r.provider, "region": r.region, "nodes": r.nodes,
-             "type": r.instance_type or "-", "az": r.zones or "-", "state": r.state, "uptime": duration(r.uptime_s),
-             "$/hour": money(r.hourly_usd) if r.priced else "-", "cost so far": money(r.so_far_usd) if r.priced else "-",
-             "note": r.note} for r in found.rows]
+    current = store.current()
+    now = time.time()
+    listed, damaged = store.list()
+    for line in damaged:
+        display.warn(line)
+    records = {r.cluster.name: r for r in listed}
+    regions = {r.cluster.region for r in records.values() if r.cluster.provider == "aws"}
+    if provider == "aws" or region:
+        regions = {region} if region else (regions or {None})
+    rows, seen = [], set()
+    totals = {"hourly": 0.0, "so_far": 0.0, "unknown": 0}
+    for reg in sorted(regions, key=str):
+        impl = _provider("aws", store, reg)
+        for cname, st in impl.statuses().items():
+            hourly, so_far = st.hourly_usd, st.cost_so_far(now)
+            totals["hourly"] += hourly or 0.0
+            totals["so_far"] += so_far or 0.0
+            totals["unknown"] += hourly is None or so_far is None
+            rec = records.get(cname)
+            rec = rec if rec is not None and rec.cluster.provider == "aws" else None
+            seen.add(cname)
+            states: dict[str, int] = {}
+            for ns in st.nodes:
+                states[ns.state] = states.get(ns.state, 0) + 1
+            started = [ns.launched_at for ns in st.nodes if ns.launched_at]
+            rows.append({
+                "name": cname + (" *" if cname == current else ""), "provider": "aws", "region": impl.region,
+                "nodes": len(st.nodes), "type": st.instance_type or "-",
+                "az": ",".join(sorted({ns.zone for ns in st.nodes if ns.zone})) or "-",
+                "state": ", ".join(f"{v} {k}" for k, v in sorted(states.items())) or "no nodes",
+                "uptime": duration(now - min(started)) if started else "-",
+                "$/hour": money(st.hourly_usd), "cost so far": money(st.cost_so_far(now)),
+                "note": "; ".join(provision.disagreements(rec, st)),
+            })
+    for cname, r in records.items():
+        if cname in seen:
+            continue
+        c = r.cluster
+        if c.provider == "aws" and c.region in regions:
+            note = "; ".join(provision.disagreements(r, None))
+            rows.append({"name": cname + (" *" if cname == current else ""), "provider": "aws", "region": c.region,
+                         "nodes": len(c.nodes), "type": c.instance_type, "az": c.extra.get("az", "-"),
+                         "state": "not in the cloud", "uptime": "-", "$/hour": "-", "cost so far": "-", "note": note})
+            continue
+        rows.append({"name": cname + (" *" if cname == current else ""), "provider": c.provider, "region": c.region,
+                     "nodes": len(c.nodes), "type": c.instance_type, "az": "-", "state": r.status,
+                     "uptime": duration(now - c.created_at) if r.status == "up" else "-",
+                     "$/hour": "$0.00" if c.provider == "local" else "-",
+                     "cost so far": "$0.00" if c.provider == "local" else "-", "note": r.note})
     if not rows:
         display.info("no clusters; bring one up with `clusterctl up --provider local --nodes 2`")
         return
@@ -355,7 +456,7 @@ def status(
     Says where the local record and the provider disagree.
     """
     from clusterctl.cli import display
-    from clusterctl.cluster import overview, provision
+    from clusterctl.cluster import provision
     from clusterctl.errors import StateError
     from clusterctl.cluster.state import validate_name
 
@@ -363,7 +464,7 @@ def status(
     n = name or store.resolve(None).cluster.name
     validate_name(n)
     record = store.load(n) if store.exists(n) else None
-    kind = provider or (record.cluster.provider if record is not None else overview.guess_provider(n, region))
+    kind = provider or (record.cluster.provider if record is not None else _where(n, region))
     if kind == "local":
         if record is None:
             store.load(n)  # raises "no cluster named ..."
@@ -401,10 +502,11 @@ def _runtime_status(record) -> None:
 
 
 def _autostop_status(store, record) -> None:
-    from clusterctl.autostop import settings as autostop
+    from clusterctl.autostop import status as autostop_status
     from clusterctl.cli import display
+    from clusterctl.providers.local import supervisor
 
-    for line in autostop.status_lines(store, record):
+    for line in autostop_status.status_lines(store, record, supervisor.watchdog_running):
         display.console().print(display._esc(line))
 
 
@@ -415,12 +517,13 @@ def keep(
     for_: str = typer.Option(..., "--for", help="How long nothing may stop it, e.g. 4h."),
 ) -> None:
     """Keep a cluster up a while longer, idle or not."""
+    from clusterctl.autostop import control
     from clusterctl.autostop import settings as autostop
 
     seconds = autostop.parse_duration(for_, "--for", allow_off=False)
     store = _store()
     record = _running(store.resolve(name))
-    failed = autostop.change(store, record, "keep", seconds=seconds)
+    failed = control.change(store, record, "keep", seconds=seconds)
     until = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() + seconds))
     _autostop_done(record, failed, f"cluster {record.cluster.name}: autostop waits until {until} "
                                    f"({duration(seconds)} from now); then idle-stop and max lifetime apply again")
@@ -437,6 +540,7 @@ def autostop_(
     max_lifetime: Optional[str] = typer.Option(None, "--max-lifetime", help="New lifetime limit from creation, e.g. 12h (off: none)."),
 ) -> None:
     """Show or change when a cluster stops itself."""
+    from clusterctl.autostop import control
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display
 
@@ -448,7 +552,7 @@ def autostop_(
     if off or on or idle_stop or max_lifetime:
         _running(record)
     if off:
-        failed = autostop.change(store, record, "off")
+        failed = control.change(store, record, "off")
         _autostop_done(record, failed, f"cluster {c.name}: autostop is off")
         if not failed:
             hourly = _hourly(c)
@@ -460,7 +564,7 @@ def autostop_(
             values["idle_stop"] = autostop.parse_duration(idle_stop, "--idle-stop")
         if max_lifetime:
             values["max_lifetime"] = autostop.parse_duration(max_lifetime, "--max-lifetime")
-        failed = autostop.change(store, record, "on", **values)
+        failed = control.change(store, record, "on", **values)
         _autostop_done(record, failed, f"cluster {c.name}: autostop is on")
     _autostop_status(store, record)
 
@@ -875,6 +979,7 @@ def _name_this_process() -> None:
 
 
 def _reboot(inv, parallel: int, wait: float) -> int:
+    from clusterctl import providers
     from clusterctl.remote import agent
     from clusterctl.remote import clean as cleanlib
     from clusterctl.cli import display
@@ -882,12 +987,10 @@ def _reboot(inv, parallel: int, wait: float) -> int:
 
     start = time.monotonic()
     agent.stop(_store().root)  # its connections die with the nodes
-    hosts = [t.label for t in inv.targets]
-    why = None
-    if inv.cluster is not None:  # the provider's own reboot, where it has one (local: restart each node's sshd)
-        why = _provider(inv.cluster.provider, _store(), inv.cluster.region).reboot(inv.cluster, hosts, timeout=wait)
-    if why is not None:
-        display.info(f"{len(hosts)} node(s) restarted by the {inv.cluster.provider} provider; waiting for their sshd")
+    if inv.cluster is not None and inv.cluster.provider == "local":
+        hosts = [t.label for t in inv.targets]
+        display.info(f"rebooting {len(hosts)} local node(s): every process in them is killed, sshd starts again")
+        why = providers.get("local", store=_store()).reboot(inv.cluster, hosts, timeout=wait)
         back = cleanlib.wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if why.get(t.label) is None],
                                       {}, max(1.0, wait - (time.monotonic() - start)))
         why.update(back)
@@ -925,7 +1028,7 @@ def agent_(action: str = typer.Argument("status", help="status | stop")) -> None
     root = _store().root
     if action == "status":
         info = agent.ping(root)
-        if info is None or info.get("t") != "pong":
+        if info is None or info.get("event") != "pong":
             display.info("no connection agent running")
         else:
             display.info(f"connection agent pid {info['pid']}: {info['connections']} connection(s) open, "
@@ -1052,13 +1155,13 @@ def doctor(
 
 
 def _cloud_facts(cluster, store):
-    """Instance type / zone / placement per node, as the cluster's provider sees them (None for a hosts file)."""
-    if cluster is None:
+    """Instance type / zone / placement per node, where the cluster's provider can say (AWS)."""
+    if cluster is None or cluster.provider == "local":
         return None
-    from clusterctl.workloads import doctor as doctorlib
+    from clusterctl import providers
 
-    impl = _provider(cluster.provider, store, cluster.region)
-    return doctorlib.placement_facts(cluster, impl.node_facts(cluster))
+    impl = providers.get(cluster.provider, store=store)
+    return impl.node_facts(cluster.name) if hasattr(impl, "node_facts") else None
 
 
 # ---- the dataset on every node ---------------------------------------------------------------------------
@@ -1077,6 +1180,8 @@ def sync(
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint the nodes use (e.g. a test server)."),
     stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="chain: seconds with no data moving before the "
                                         "node that stopped taking it is reported failed and cut out (the rest finish)."),
+    verify: str = typer.Option("stream", "--verify", help="stream: a chain node's copy is proved by the sha256 of "
+                               "every file as it was written (no second read); disk: every file read back and hashed."),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
     user: Optional[str] = _SSH["user"],
     identity: List[str] = _SSH["identity"],
@@ -1101,6 +1206,8 @@ def sync(
         raise UsageError("--fanout must be at least 1")
     if not stall_timeout > 0:
         raise UsageError(f"--stall-timeout must be positive, not {stall_timeout:g}")
+    if verify not in transfer.VERIFY:
+        raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")
     transfer.check_dst(dst)
     source = transfer.parse_source(src)
     inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config, connect_timeout)
@@ -1109,14 +1216,15 @@ def sync(
         for line in transfer.render_plan(strategy, labels, source, fanout, labels[0] if labels else None):
             sys.stdout.write(line + "\n")
         return
-    from clusterctl.autostop import settings as autostop
+    from clusterctl.autostop import control as autostop
 
     with autostop.lease(_store(), inv.cluster, "sync", warn=display.warn), SshPool(inv.settings) as pool, \
             display.SyncProgress(labels) as events:  # the lease: autostop counts the copy as activity
         syncer = transfer.Syncer(inv.targets, [e.address for e in inv.hosts.entries], inv.settings.known_hosts, pool, source, dst,
                                  strategy=strategy, fanout=fanout, delete=delete, endpoint_url=endpoint_url,
                                  managed=inv.cluster is not None, events=events,
-                                 node_python=launch.node_python(inv.cluster), stall_timeout=stall_timeout)
+                                 node_python=launch.node_python(inv.cluster), stall_timeout=stall_timeout,
+                                 verify=verify)
         report = syncer.run()
     display.sync_table(report)
     err = report.error()
@@ -1139,6 +1247,8 @@ def play(
     from clusterctl import resources
     from clusterctl.cli import display
     from clusterctl.cluster import inventory
+    from clusterctl.playbook import load as pbload
+    from clusterctl.playbook import model as pbmodel
     from clusterctl.playbook import run as pb
 
     path = Path(playbook)
@@ -1151,13 +1261,13 @@ def play(
         if not sep or not key:
             raise UsageError(f"--var takes name=value, not {item!r}")
         overrides[key] = value
-    book = pb.load(path, overrides)
+    book = pbload.load(path, overrides)
     if dry_run:
         for step in book.steps:
             display.info(f"{step.name}: {pb.describe(step)}" + ("" if step.on_failure == "stop" else "  [on_failure: continue]"))
         return
     store = _store()
-    ctx = pb.Context(inventory.resolve(hostsfile, cluster, store), store, report=display.info)
+    ctx = pbmodel.Context(inventory.resolve(hostsfile, cluster, store), store, report=display.info)
     results = pb.execute(book, ctx, start_from)
     display.play_summary(results)
     if not all(r.ok for r in results):
@@ -1221,7 +1331,7 @@ def data_tfrecords(
         if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
             raise UsageError(f"--endpoint-url {endpoint_url!r} is not an http(s) URL")
         inv = _resolve_hosts(None, cluster)
-        from clusterctl.autostop import settings as autostop
+        from clusterctl.autostop import control as autostop
 
         with autostop.lease(_store(), inv.cluster, "data", warn=display.warn):  # autostop waits for the conversion
             _data_report(data.convert_on_leader(inv, src, dst, val_labels=val_labels, val_synsets=val_synsets,
@@ -1571,8 +1681,8 @@ def train(
         raise UsageError("--fusion-threshold-mb must not be negative and --cycle-time-ms must be positive")
     if checkpoint_to is not None:
         trainlib.check_s3_uri(checkpoint_to)
-        if inv.cluster is not None:
-            _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(inv.cluster, checkpoint_to)
+        if inv.cluster is not None and inv.cluster.provider == "aws":
+            _provider("aws", store, inv.cluster.region).grant_checkpoint_write(inv.cluster, checkpoint_to)
     opts = trainlib.TrainOptions(
         data=data, synthetic=synthetic, model=model, epochs=epochs, batch_size=batch_size, model_dir=model_dir,
         max_steps=max_steps, base_lr=base_lr, warmup_epochs=warmup_epochs, checkpoint_every=checkpoint_every,
@@ -1677,7 +1787,7 @@ def launch(
     inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config)
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     np_ = userjob.check_np(np_, inv.hosts.total_slots)
-    from clusterctl.autostop import settings as autostop
+    from clusterctl.autostop import control as autostop
 
     with autostop.lease(_store(), inv.cluster, "launch", warn=display.warn):  # autostop waits for the start
         job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)
@@ -1797,7 +1907,18 @@ def _train_status(name: str) -> None:
     except ClusterctlError as exc:
         display.warn(f"training job {job.job}: {exc.one_line()}")
         return
-    display.train_status(job, st, _hourly(inv.cluster))
+    hourly = None
+    if inv.cluster is not None and inv.cluster.provider == "local":
+        hourly = 0.0
+    elif inv.cluster is not None:
+        try:
+            from clusterctl.providers.aws import catalog as aws_catalog
+
+            each = aws_catalog.instance_price(inv.cluster.instance_type)
+            hourly = None if each is None else each * len(inv.cluster.nodes)
+        except Exception:
+            hourly = None
+    display.train_status(job, st, hourly)
 
 
 def main() -> None:

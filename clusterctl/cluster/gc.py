@@ -1,7 +1,7 @@
 """`clusterctl gc`: everything clusterctl made, wherever it looks, whether or not this machine remembers it.
 
 AWS: every resource of the region (and IAM) tagged `clusterctl:cluster` (AwsProvider.inventory); this
-machine: every local cluster's namespaces and config folders (LocalProvider.inventory). Each cluster is shown
+machine: every local cluster's namespaces and config folders (providers/netns.py). Each cluster is shown
 with its age (its oldest resource) and owner (the `clusterctl:owner` tag: user@host that made it). On AWS a
 cluster is one identity (its name and `clusterctl:id`; before ids, name and owner), and what is removed is
 exactly the resource ids listed and confirmed (AwsProvider.remove), never a search by tag value (EC2 reads `*`
@@ -15,6 +15,7 @@ import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from clusterctl.providers.base import Found
 
@@ -50,12 +51,43 @@ class Leftover:
         return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
+def local_found() -> list[Found]:
+    """Namespaces (and their config folders) of every local cluster on this machine."""
+    from clusterctl.proc import owner
+    from clusterctl.providers.local import netns
+
+    names = set(netns.all_clusters())
+    etc = Path("/etc/netns")
+    if etc.is_dir():
+        for d in etc.iterdir():
+            if d.name.startswith(netns.NETNS_PREFIX) and d.name.rsplit("-", 1)[-1].isdigit():
+                names.add(d.name[len(netns.NETNS_PREFIX):].rsplit("-", 1)[0])
+    me = owner()
+    out = []
+    for name in sorted(names):
+        left = netns.leftovers(name)
+        for ns in left.netns:
+            out.append(Found(name, "namespace", ns, _mtime(Path("/run/netns") / ns), me,
+                             f"{len(netns.netns_pids(ns))} process(es)"))
+        out += [Found(name, "link", link, None, me) for link in left.links]
+        out += [Found(name, "config folder", d, _mtime(Path(d)), me) for d in left.etc_dirs
+                if not any(d.endswith("/" + ns) for ns in left.netns)]
+    return out
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
 def group(found: list[Found], provider: str, region: str, records: dict, me: str | None = None) -> list[Leftover]:
     """One Leftover per identity: name and cluster id (before ids: name and owner)."""
     if me is None:
-        from clusterctl.autostop import settings as autostop
+        from clusterctl.proc import owner
 
-        me = autostop.owner()
+        me = owner()
     by: dict[tuple[str, str, str], list[Found]] = {}
     for f in found:
         by.setdefault((f.cluster, f.cluster_id, "" if f.cluster_id else f.owner), []).append(f)

@@ -4,10 +4,17 @@ clusterctl uploads this file to every node it syncs (and to the source, when the
 leader) and runs it there with arguments it quotes itself. It never receives credentials: S3 pulls
 use the node's own (instance profile, or ~/.aws config). Sub-commands print one JSON object:
 
-    manifest ROOT                       the source's manifest (relative path, type, size, sha256)
+    manifest ROOT [--cache C]           the source's manifest (relative path, type, size, sha256); with
+                                        --cache, a file whose size, mtime, ctime and inode are those of
+                                        the last run keeps its sha256 (not read again)
     check --dst DST --manifest M [...]  verify DST against M; --reset removes the completion marker
                                         first; --delete removes what M does not list; --mark writes
-                                        the marker, last, when everything matched
+                                        the marker, last, when everything matched; --received H takes
+                                        a file whose sha256 as written (recv) matches M, and whose size
+                                        and mtime are still tar's, as proved without reading it back
+    recv --hashes H                     stdin to stdout (into tar -x) unchanged, hashing every tar
+                                        member's bytes on the way: H gets {path: [sha256, size, mtime]}
+    relay --out FIFO [--index I]        stdin to stdout and FIFO at once (the chain's zero-copy tee)
     s3list BUCKET PREFIX                a manifest made from the bucket's listing (size, ETag/SHA256)
     s3pull --dst DST --manifest M --bucket B --prefix P --only LIST [--record]   pull the listed objects,
                                         each checked against S3's checksum (MD5 ETag, ChecksumSHA256) or
@@ -22,6 +29,7 @@ never absolute, never with '.' or '..' components (a manifest that has one is re
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import json
@@ -45,10 +53,6 @@ class AgentError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILED):
         super().__init__(message)
         self.code = code
-
-
-def _fs(path: str) -> str:
-    return path  # JSON keeps undecodable bytes as lone surrogates; os functions take them back
 
 
 def path_problem(p: str) -> str | None:
@@ -92,8 +96,20 @@ def sha256_file(path: str) -> str:
 
 def scan(root: str, workers: int = 4) -> list[dict]:
     """Every directory, regular file and symlink under root (symlinks not followed), sorted by path."""
+    return scan_reusing(root, {}, workers)[0]
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    # ctime cannot be set back by anyone: a write or chmod since the last run changes it whatever mtime says
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def scan_reusing(root: str, known: dict[str, list], workers: int = 4) -> tuple[list[dict], dict[str, list], int]:
+    """scan(), where a file whose stat key (size, mtime, ctime, inode, device) is the one in `known`
+    (path -> [key, sha256], from the last run) keeps that sha256 unread. (entries, the new known, files hashed)."""
     entries: list[dict] = []
     files: list[dict] = []
+    keys: dict[str, list] = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         rel = os.path.relpath(dirpath, root)
         rel = "" if rel == "." else rel
@@ -117,13 +133,44 @@ def scan(root: str, workers: int = 4) -> list[dict]:
             elif stat.S_ISREG(st.st_mode):
                 e = {"p": p, "t": "f", "s": st.st_size}
                 entries.append(e)
-                files.append(e)
+                keys[p] = _stat_key(st)
+                old = known.get(p)
+                if old and old[0] == keys[p]:
+                    e["h"] = old[1]
+                else:
+                    files.append(e)
             # sockets, fifos and devices are not data: left out
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for e, h in zip(files, pool.map(lambda e: sha256_file(os.path.join(root, e["p"])), files)):
             e["h"] = h
     entries.sort(key=lambda e: e["p"].split("/"))
-    return entries
+    return entries, {p: [k, e["h"]] for e in entries if e["t"] == "f" for p, k in ((e["p"], keys[e["p"]]),)}, \
+        len(files)
+
+
+def load_scan_cache(path: str, root: str) -> dict[str, list]:
+    """The last run's {path: [stat key, sha256]} of root, or {} when missing, for another root, or not
+    the file it was (its own sha256 is stored in it)."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read().decode("utf-8", "surrogatepass"))
+        known = data["files"]
+        if data.get("root") != root or data.get("sha256") != _cache_digest(root, known):
+            return {}
+        return known
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _cache_digest(root: str, known: dict) -> str:
+    text = json.dumps([root, known], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def save_scan_cache(path: str, root: str, known: dict[str, list]) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    data = {"root": root, "files": known, "sha256": _cache_digest(root, known)}
+    atomic_write(path, json.dumps(data, ensure_ascii=True).encode())
 
 
 # ---- checking a copy --------------------------------------------------------------------------------
@@ -190,11 +237,16 @@ def _remove(full: str) -> None:
         os.unlink(full)
 
 
-def check(root: str, entries: list[dict], delete: bool, workers: int) -> tuple[list[str], int, int]:
-    """(bad paths, bytes of bad files, bytes present and right). Entries of the wrong type are removed
-    (a file where a directory belongs, a link in place of a file), so the copy can put the right one."""
+def check(root: str, entries: list[dict], delete: bool, workers: int,
+          received: dict[str, list] | None = None) -> tuple[list[str], int, int, int]:
+    """(bad paths, bytes of bad files, bytes present and right, files read back). Entries of the wrong
+    type are removed (a file where a directory belongs, a link in place of a file), so the copy can put
+    the right one. A file in `received` (recv's {path: [sha256, size, mtime]}) whose sha256 as written
+    is the manifest's, and whose size and mtime are still those tar wrote, is not read back: its hash
+    says it is right, or wrong."""
+    received = received or {}
     bad: list[str] = []
-    bad_bytes = 0
+    bad_bytes = good_bytes = 0
     to_hash: list[dict] = []
     for e in entries:
         full = os.path.join(root, e["p"])
@@ -215,12 +267,18 @@ def check(root: str, entries: list[dict], delete: bool, workers: int) -> tuple[l
             bad.append(e["p"])
             bad_bytes += e.get("s", 0)
         elif kind == "f":
+            got = received.get(e["p"])
             if st.st_size != e["s"]:
                 bad.append(e["p"])
                 bad_bytes += e["s"]
+            elif got and "h" in e and got[1] == st.st_size and int(got[2]) == int(st.st_mtime):
+                if got[0] == e["h"]:
+                    good_bytes += e["s"]
+                else:  # what arrived is not the source's manifest (changed on the way, or at the source)
+                    bad.append(e["p"])
+                    bad_bytes += e["s"]
             else:
                 to_hash.append(e)
-    good_bytes = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for e, ok in zip(to_hash, pool.map(lambda e: entry_ok(root, e), to_hash)):
             if ok:
@@ -230,7 +288,7 @@ def check(root: str, entries: list[dict], delete: bool, workers: int) -> tuple[l
                 bad_bytes += e["s"]
     if delete:
         delete_extras(root, {e["p"] for e in entries})
-    return bad, bad_bytes, good_bytes
+    return bad, bad_bytes, good_bytes, len(to_hash)
 
 
 def delete_extras(root: str, wanted: set[str]) -> None:
@@ -317,7 +375,11 @@ def cmd_check(args: dict) -> dict:
                 atomic_write(os.path.join(state, "manifest.json"), f.read())
     except OSError as exc:
         raise AgentError(f"cannot write {state}: {exc.strerror}") from None
-    bad, bad_bytes, good_bytes = check(root, entries, bool(args.get("delete")), int(args.get("workers", 4)))
+    received = load_received(args["received"]) if args.get("received") else {}
+    if received:
+        sync_fs(root)  # tar's writes on disk before its hashes count
+    bad, bad_bytes, good_bytes, reread = check(root, entries, bool(args.get("delete")), int(args.get("workers", 4)),
+                                               received)
     marked = False
     if not bad and args.get("mark") is not None:
         info = {"manifest_sha256": digest, "files": sum(1 for e in entries if e["t"] == "f"),
@@ -339,15 +401,91 @@ def cmd_check(args: dict) -> dict:
             raise AgentError(f"cannot write the completion marker: {exc.strerror}") from None
     vfs = os.statvfs(root)
     return {"root": root, "bad": bad, "bad_bytes": bad_bytes, "good_bytes": good_bytes, "digest": digest,
-            "marked": marked, "free": vfs.f_bavail * vfs.f_frsize}
+            "marked": marked, "free": vfs.f_bavail * vfs.f_frsize, "reread": reread,
+            "streamed": sum(1 for e in entries if e["t"] == "f") - reread}
+
+
+def load_received(path: str) -> dict[str, list]:
+    """recv's hashes, {} when there are none (the relay keeps them only when recv and tar both exited 0)."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8", "surrogatepass"))
+    except FileNotFoundError:
+        return {}
+
+
+def sync_fs(root: str) -> None:
+    """syncfs(2) of root's file system (one call for every file tar wrote), else sync(2)."""
+    import ctypes
+
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syncfs(fd) != 0:
+            os.sync()
+    except (OSError, AttributeError):
+        os.sync()
+    finally:
+        os.close(fd)
+
+
+class _PassThrough:
+    """A reader of fd `inp` that hands every byte it reads on to fd `out` first (tar's stdin), untouched."""
+
+    def __init__(self, inp: int, out: int):
+        self.inp, self.out = inp, out
+
+    def read(self, n: int = CHUNK) -> bytes:
+        data = os.read(self.inp, max(n, CHUNK))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.out, view):]
+        return data
+
+
+def cmd_recv(args: dict) -> None:
+    """stdin to stdout, and the sha256 of every regular file's bytes in the tar stream as they go by:
+    {path: [sha256, size, mtime]} into --hashes (hard links get their target's). Forwarding to the next
+    hop happens before this (the relay's tee), so hashing never holds the chain up more than tar does."""
+    import tarfile
+
+    src = _PassThrough(0, 1)
+    hashes: dict[str, list] = {}
+    problem = None
+    try:
+        with tarfile.open(fileobj=src, mode="r|", encoding="utf-8", errors="surrogateescape", bufsize=CHUNK) as tf:
+            for m in tf:
+                if m.isreg():
+                    h = hashlib.sha256()
+                    f = tf.extractfile(m)
+                    while b := f.read(CHUNK):
+                        h.update(b)
+                    hashes[m.name] = [h.hexdigest(), m.size, int(m.mtime)]
+                elif m.islnk() and m.linkname in hashes:
+                    hashes[m.name] = hashes[m.linkname][:2] + [int(m.mtime)]
+    except tarfile.TarError as exc:  # tar still gets every byte; the check reads the files back instead
+        problem = f"cannot follow the tar stream ({exc}): no hashes as written"
+    while src.read(CHUNK):  # the archive's end blocks, and anything after them: tar reads to the end
+        pass
+    if problem:
+        raise AgentError(problem)
+    atomic_write(args["hashes"], json.dumps(hashes, ensure_ascii=True).encode())
 
 
 def cmd_manifest(args: dict) -> dict:
     root = resolve_root(args["root"]) if args["root"] != "/" else "/"
     if not os.path.isdir(root):
         raise AgentError(f"no such directory: {root}", EXIT_INPUT)
-    entries = scan(root, int(args.get("workers", 4)))
-    return {"root": root, "real": os.path.realpath(root), "home": os.path.expanduser("~"), "entries": entries}
+    cache = args.get("cache")
+    known = load_scan_cache(cache, root) if cache else {}
+    entries, known, hashed = scan_reusing(root, known, int(args.get("workers", 4)))
+    if cache:
+        try:
+            save_scan_cache(cache, root, known)
+        except OSError:
+            pass  # only the next run's speed depends on it
+    return {"root": root, "real": os.path.realpath(root), "home": os.path.expanduser("~"), "entries": entries,
+            "hashed": hashed}
 
 
 # ---- S3 ---------------------------------------------------------------------------------------------
@@ -623,27 +761,58 @@ def cmd_relay(args: dict) -> dict | None:
 
 
 # ---- main -------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one JSON error and exit 2 (main's), not argparse's usage text and exit
+        raise AgentError(message, 2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="agent.py", add_help=False)
+    sub = parser.add_subparsers(dest="cmd", parser_class=_Parser)
+    sub.required = True
+    commands = {
+        "manifest": ([("root",)], ["--workers", "--cache", "--out"], []),
+        "check": ([], ["--dst", "--manifest", "--mark", "--workers", "--received", "--out"], ["--reset", "--delete"]),
+        "s3list": ([("bucket",), ("prefix",)], ["--endpoint-url", "--out"], []),
+        "s3pull": ([], ["--dst", "--manifest", "--bucket", "--prefix", "--only", "--endpoint-url", "--workers", "--out"],
+                   ["--record"]),
+        "relay": ([], ["--out", "--index"], []),
+        "recv": ([], ["--hashes"], []),
+    }
+    for name, (positional, options, flags) in commands.items():
+        p = sub.add_parser(name, add_help=False)
+        for (dest,) in positional:
+            p.add_argument(dest)
+        for opt in options:
+            p.add_argument(opt, required=opt in ("--dst", "--manifest", "--hashes") or (name == "relay" and opt == "--out")
+                           or (name == "s3pull" and opt in ("--bucket", "--prefix", "--only")))
+        for flag in flags:
+            p.add_argument(flag, action="store_true")
+    return parser
+
+
 def parse(argv: list[str]) -> tuple[str, dict]:
+    """(command, its arguments). Values are taken whole, even when they start with '-' (a DST such as
+    `-data`): every value option is joined to its value (`--dst=-data`) before argparse sees it, and
+    positional values follow `--`."""
     if not argv:
         raise AgentError("no command", 2)
-    cmd, rest, args = argv[0], argv[1:], {}
-    positional = []
-    i = 0
-    while i < len(rest):
-        a = rest[i]
-        if a in ("--reset", "--delete", "--record"):
-            args[a[2:]] = True
-        elif a.startswith("--"):
-            args[a[2:].replace("-", "_")] = rest[i + 1]
-            i += 1
-        else:
-            positional.append(a)
+    takes_value = {"--workers", "--cache", "--out", "--dst", "--manifest", "--mark", "--received", "--endpoint-url",
+                   "--bucket", "--prefix", "--only", "--index", "--hashes"}
+    joined, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--":
+            joined += argv[i:]
+            break
+        if argv[i] in takes_value and i + 1 < len(argv):
+            joined.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        joined.append(argv[i])
         i += 1
-    if cmd == "manifest":
-        args["root"] = positional[0]
-    elif cmd == "s3list":
-        args["bucket"], args["prefix"] = positional[0], positional[1]
-    return cmd, args
+    ns = vars(_parser().parse_args(joined))
+    cmd = ns.pop("cmd")
+    return cmd, {k: v for k, v in ns.items() if v is not None and v is not False}
 
 
 def main(argv: list[str]) -> int:
@@ -651,12 +820,10 @@ def main(argv: list[str]) -> int:
     try:
         cmd, args = parse(argv)
         fn = {"check": cmd_check, "manifest": cmd_manifest, "s3list": cmd_s3list, "s3pull": cmd_s3pull,
-              "relay": cmd_relay}.get(cmd)
-        if fn is None:
-            raise AgentError(f"unknown command {cmd!r}", 2)
+              "relay": cmd_relay, "recv": cmd_recv}[cmd]
+        if cmd in ("relay", "recv"):
+            return _stream(fn, args)
         result = fn(args)
-        if result is None:  # relay: stdout is the data
-            return 0
         _emit(result, args.get("out"))
         return 0
     except AgentError as exc:
@@ -665,6 +832,16 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         _emit({"error": f"{exc.strerror or exc}: {exc.filename or ''}".strip()}, args.get("out"))
         return EXIT_FAILED
+
+
+def _stream(fn, args: dict) -> int:
+    """relay and recv: stdout is the data (and relay's --out a fifo), so a failure is said on stderr."""
+    try:
+        fn(args)
+        return 0
+    except (AgentError, OSError) as exc:
+        sys.stderr.write(f"clusterctl sync {fn.__name__[4:]}: {exc}\n")
+        return getattr(exc, "code", EXIT_FAILED)
 
 
 def _emit(result: dict, out: str | None) -> None:

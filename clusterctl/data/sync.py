@@ -24,6 +24,7 @@ scripts a node runs are uploaded as files and every path in them is shlex-quoted
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
@@ -55,6 +56,8 @@ RSYNC_BASE = ("rsync", "-a", "-s", "-I", "--from0", "--partial-dir=" + sync_agen
 STALL_TIMEOUT = 120.0  # sync --stall-timeout: seconds a chain may move no data before the node that stopped is cut out
 TAR_CHECKPOINT = 100  # records of 10240 bytes: a progress line per ~1 MB per node
 WORK = ".clusterctl/sync"  # under the login home of every node
+CACHE = ".clusterctl/sync-manifests"  # a leader source's manifest kept for the next run (beside WORK, not in it)
+VERIFY = ("stream", "disk")  # sync --verify: the chain's hashes as written, or every file read back
 
 
 # ---- inputs -----------------------------------------------------------------------------------------
@@ -346,11 +349,14 @@ class Syncer:
                  source: Source, dst: str, *, strategy: str = "chain", fanout: int = 1, delete: bool = False,
                  endpoint_url: str | None = None, managed: bool = True, events: Events | None = None,
                  node_python: str | None = None, timeout: float | None = None,
-                 stall_timeout: float | None = STALL_TIMEOUT):
+                 stall_timeout: float | None = STALL_TIMEOUT, verify: str = "stream",
+                 cache_dir: Path | None = None):
         if strategy not in STRATEGIES:
             raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
         if fanout < 1:
             raise UsageError("--fanout must be at least 1")
+        if verify not in VERIFY:
+            raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")
         if stall_timeout is not None and not stall_timeout > 0:
             raise UsageError(f"--stall-timeout must be positive, not {stall_timeout:g}")
         if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
@@ -362,6 +368,12 @@ class Syncer:
         self.python = node_python or "python3"  # the record's runtime Python where the caller has one
         self.timeout = timeout
         self.stall_timeout = stall_timeout
+        self.verify = verify
+        if cache_dir is None:
+            from clusterctl.cluster import state
+
+            cache_dir = state.home() / "sync-manifests"
+        self.cache_dir = cache_dir  # a local source's manifest kept for the next run (the operator's state folder)
         self.token = uuid.uuid4().hex[:12]
         self.work = f"{WORK}/{self.token}"
         self.nodes = [_Node(i, t, a, NodeOutcome(t.label)) for i, (t, a) in enumerate(zip(targets, addresses))]
@@ -385,7 +397,8 @@ class Syncer:
     def _agent(self, node: _Node, *args: str, timeout: float | None = None,
                on_line: Callable[[str, str, str], None] | None = None) -> tuple[dict | None, HostResult]:
         out = f"{self.work}/out-{uuid.uuid4().hex[:8]}.json"  # the result comes back by SFTP: no output cap
-        r = self.pool.run_one(node.target, self._py("agent.py", *args, "--out", out), timeout=timeout, on_line=on_line)
+        r = self.pool.run_one(node.target, self._py("agent.py", args[0], "--out", out, *args[1:]), timeout=timeout,
+                              on_line=on_line)
         data = None
         for line in reversed(r.stdout.strip().splitlines()):
             try:
@@ -481,8 +494,9 @@ class Syncer:
             n.outcome.bytes = n.bad_bytes
         if todo:
             self._transport(todo)
-            self.events.phase("verifying every copy against the manifest")
-            self._check_all(todo, reset=False)
+            self.events.phase("verifying every copy against the manifest"
+                              + (" (read back: --verify disk)" if self.verify == "disk" else ""))
+            self._check_all(todo, reset=False, received=self.verify == "stream" and self.strategy == "chain")
             for attempt in range(2):
                 broken = [n for n in self._live(todo) if n.bad]
                 if not broken:
@@ -505,9 +519,16 @@ class Syncer:
     def _manifest(self) -> None:
         src = self.source
         if src.kind == "local":
-            self.events.phase(f"making the manifest of {src.path} (sha256 of every file)")
+            self.events.phase(f"making the manifest of {src.path} (sha256 of every file changed since the last run)")
             self.src_root = src.path
-            self.entries = sync_agent.scan(src.path, workers=min(4, os.cpu_count() or 1))
+            cache = self.cache_dir / f"{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}.json"
+            known = sync_agent.load_scan_cache(str(cache), src.path)
+            self.entries, known, hashed = sync_agent.scan_reusing(src.path, known, workers=min(4, os.cpu_count() or 1))
+            try:
+                sync_agent.save_scan_cache(str(cache), src.path, known)
+            except OSError as exc:  # only the next run's speed depends on it
+                self.events.phase(f"cannot keep the manifest for the next run in {cache}: {exc.strerror}")
+            self._said_hashed(hashed)
         else:
             self.events.phase("making the manifest on the leader" if src.kind == "leader"
                               else f"listing {src.describe()} from the leader")
@@ -516,12 +537,11 @@ class Syncer:
                 raise SyncIncomplete(f"cannot reach the leader {self.leader.label}: {r.error}", "check the cluster",
                                      ExitCode.UNREACHABLE)
             if src.kind == "leader":
-                data, r = self._agent(self.leader, "manifest", src.path)
+                cache = f"{CACHE}/{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}.json"
+                data, r = self._agent(self.leader, "manifest", "--cache", cache, "--", src.path)
             else:
-                args = ["s3list", src.bucket, src.prefix]
-                if self.endpoint_url:
-                    args += ["--endpoint-url", self.endpoint_url]
-                data, r = self._agent(self.leader, *args)
+                args = ["s3list"] + (["--endpoint-url", self.endpoint_url] if self.endpoint_url else [])
+                data, r = self._agent(self.leader, *args, "--", src.bucket, src.prefix)
             if r.exit_code is None:
                 raise SyncIncomplete(f"the leader {self.leader.label} is unreachable: {r.error}", "check the cluster",
                                      ExitCode.UNREACHABLE)
@@ -535,12 +555,18 @@ class Syncer:
             self.src_root = data.get("root", "")
             if src.kind == "leader":
                 self._check_overlap(data)
+                self._said_hashed(int(data.get("hashed", 0)))
         for e in self.entries:
             problem = sync_agent.path_problem(e["p"])
             if problem:
                 raise ConfigError(f"SRC {src.describe()}: {problem}")
         self.manifest_bytes = json.dumps({"entries": self.entries, "source": src.describe()},
                                          ensure_ascii=True).encode()
+
+    def _said_hashed(self, hashed: int) -> None:
+        files = sum(1 for e in self.entries if e["t"] == "f")
+        self.events.phase(f"manifest: {hashed} file(s) hashed, {files - hashed} unchanged since the last run "
+                          "(size, mtime, ctime and inode as then: their sha256 kept)")
 
     @staticmethod
     def _agent_bytes() -> bytes:
@@ -558,15 +584,20 @@ class Syncer:
         self.events.phase(f"sending the manifest ({len(self.entries)} entries) to {len(self.nodes)} node(s)")
         self._fan(self.nodes, one)
 
-    def _check_all(self, nodes: Sequence[_Node] | None = None, reset: bool = False) -> None:
+    def _check_all(self, nodes: Sequence[_Node] | None = None, reset: bool = False, received: bool = False) -> None:
+        """Check (and mark) every node's copy. With `received`, a chain node's files whose sha256 as written
+        (recv, on the stream) matches the manifest are taken without being read back."""
         total = sum(e.get("s", 0) for e in self.entries)
         timeout = self.timeout or 600 + total / 20e6
+        counts = {"streamed": 0, "reread": 0}
 
         def one(n: _Node) -> None:
             args = ["check", "--dst", self.dst, "--manifest", f"{self.work}/manifest.json", "--mark",
                     self.source.describe(), "--workers", "4"]
             if reset:
                 args.append("--reset")
+            if received:
+                args += ["--received", f"{self.work}/recv.json"]
             if self.delete:
                 args.append("--delete")
             data, r = self._agent(n, *args, timeout=timeout)
@@ -576,6 +607,8 @@ class Syncer:
                 self._failed_result(n, r, data, "check")
                 return
             n.root, n.bad, n.bad_bytes, n.free = data["root"], data["bad"], data["bad_bytes"], data["free"]
+            counts["streamed"] += int(data.get("streamed", 0))
+            counts["reread"] += int(data.get("reread", 0))
             if reset and n.bad_bytes > n.free:
                 self._fail(n, "failed", f"not enough space at {n.root}: needs {_mb(n.bad_bytes)}, has {_mb(n.free)} free")
             elif not n.bad and not n.outcome.seconds:
@@ -583,6 +616,9 @@ class Syncer:
                 self.events.progress(n.label, n.outcome.bytes)
 
         self._fan(self._live(nodes), one)
+        if not reset:
+            self.events.phase(f"verified: {counts['streamed']} file(s) by their sha256 as written, "
+                              f"{counts['reread']} read back")
 
     def _check_overlap(self, data: dict) -> None:
         """Before anything is touched: on the leader, DST inside SRC (or SRC inside DST) is refused; the
@@ -649,7 +685,8 @@ class Syncer:
         for n in relay + ([self.leader] if leader_src else []):
             kids = plan.children.get(SOURCE if (leader_src and n is self.leader) else n.label, ())
             root = n.root if n.label in extract else None
-            scripts[n.label] = relay_script(n.index, root, [by_label[c] for c in kids], hop, self.work, self.python)
+            scripts[n.label] = relay_script(n.index, root, [by_label[c] for c in kids], hop, self.work, self.python,
+                                            hash_stream=self.verify == "stream")
         lst = self._write_list(paths)
         uploads = {label: {f"{self.work}/relay.sh": (body, 0o700)} for label, body in scripts.items()}
         if leader_src:
@@ -745,7 +782,7 @@ class Syncer:
     def _kill_relay(self, n: _Node) -> None:
         """This sync's relay processes on node n (its tar too, stopped or not), best effort and bounded."""
         w = re.escape(self.work)
-        pattern = f"{w}/relay[.]sh|{w}/agent[.]py relay|echo=CCSYNC-TA[R] {n.index} "  # [R]: not this shell
+        pattern = f"{w}/relay[.]sh|{w}/agent[.]py (relay|recv)|echo=CCSYNC-TA[R] {n.index} "  # [R]: not this shell
         self.pool.run_one(n.target, f"pkill -KILL -f -- {shlex.quote(pattern)}; true", timeout=15)
 
     # ---- rsync hops ------------------------------------------------------------------------------
@@ -936,10 +973,12 @@ def _rsync_bytes(line: str) -> int | None:
 
 # ---- scripts the nodes run --------------------------------------------------------------------------
 def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: Sequence[str], work: str,
-                 python: str = "python3") -> bytes:
+                 python: str = "python3", hash_stream: bool = True) -> bytes:
     """The relay on one node: read the tar stream on stdin, forward it to every child's relay (tee into
     their ssh; a child that dies is dropped and the rest go on), and extract it into `root`. With one
-    child (a chain), the agent's zero-copy relay (tee(2)/splice(2)) stands in for tee."""
+    child (a chain), the agent's zero-copy relay (tee(2)/splice(2)) stands in for tee. With hash_stream,
+    the agent's recv sits before tar: it passes every byte on and hashes each file as it goes by, and its
+    hashes are kept (recv.json) only when recv and tar both exited 0, for the check to trust."""
     q = shlex.quote
     w = f'"$HOME"/{q(work)}'
     lines = ["#!/bin/bash", f"# clusterctl sync relay of node {index}", "set -u", f"W={w}",
@@ -955,14 +994,19 @@ def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: S
         lines.append(f"{{ {ssh} -- {q(child.address)} {q(remote)} < {fifo} 2>&1 >/dev/null | cat >&2; }} &")
     ck = f"--checkpoint={TAR_CHECKPOINT}", f"--checkpoint-action=echo=CCSYNC-TAR {index} %u"
     extract = ("tar -C " + q(root) + " -xf - " + " ".join(q(c) for c in ck)) if root is not None else None
+    hashing = bool(extract) and hash_stream
+    if hashing:
+        extract = f'"$P" "$W/agent.py" recv --hashes "$W/recv.part" | {extract}'
     if len(fifos) == 1 and extract:
         lines.append(f'"$P" "$W/agent.py" relay --index {index} --out {fifos[0]} | {extract}')
     elif fifos:
         lines.append(f"tee -p {' '.join(fifos)} " + (f"| {extract}" if extract else ">/dev/null"))
     else:
         lines.append(extract or "cat >/dev/null")
-    lines += ['rc="${PIPESTATUS[*]}"', "wait", f'echo "CCSYNC-RC {index} $rc" >&2',
+    lines += ['st=("${PIPESTATUS[@]}"); rc="${st[*]}"', "wait", f'echo "CCSYNC-RC {index} $rc" >&2',
               "rm -f " + " ".join(fifos) if fifos else "true"]
+    if hashing:  # recv and tar, the pipeline's last two, both whole: the hashes are those of what tar wrote
+        lines.append('[ "${st[-1]}" = 0 ] && [ "${st[-2]}" = 0 ] && mv -f "$W/recv.part" "$W/recv.json"; true')
     return ("\n".join(lines) + "\n").encode()
 
 

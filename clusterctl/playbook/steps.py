@@ -1,19 +1,31 @@
-"""What each playbook step does: the same library calls the CLI commands make, never a shell-out."""
+"""What each playbook step does: the same library calls the CLI commands make, never a shell-out.
+Each takes its step's typed spec (model.py), already checked whole by load.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
+from typing import Any, Callable
 
 from clusterctl.cluster import inventory as inventory_mod
-from clusterctl.playbook.run import Context, PlaybookError, Step
+from clusterctl.playbook.model import (
+    BenchSpec,
+    CleanSpec,
+    Context,
+    DoctorSpec,
+    EvalSpec,
+    PutSpec,
+    RunSpec,
+    Step,
+    SyncSpec,
+    TrainSpec,
+)
 
 
 def run_step(step: Step, ctx: Context) -> tuple[bool, str]:
-    handler = _HANDLERS.get(step.kind)
-    if handler is None:
-        raise PlaybookError(f"step {step.name!r}: {step.kind} steps are not available in this version")
-    return handler(step, ctx)
+    handler: Callable[[Any, Context], tuple[bool, str]] = _HANDLERS[type(step.spec)]
+    return handler(step.spec, ctx)
 
 
 def _targets(ctx: Context, on: str):
@@ -25,82 +37,71 @@ def _targets(ctx: Context, on: str):
     return inv
 
 
-def _run(step: Step, ctx: Context) -> tuple[bool, str]:
+def _run(s: RunSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.remote.ssh import SshPool
 
-    p = step.params
-    inv = _targets(ctx, str(p.get("nodes", "all")))
+    inv = _targets(ctx, s.nodes)
     if not inv.targets:
         return True, "no hosts to run on"
     with SshPool(inv.settings) as pool:
-        report = pool.run(inv.targets, str(p["command"]), timeout=p.get("timeout"),
-                          on_line=lambda h, s, line: ctx.report(f"  {h}: {line}"))
-    expect = p.get("expect") or {"exit": 0}
-    want_exit = expect.get("exit", 0)
-    pattern = expect.get("output")
+        report = pool.run(inv.targets, s.command, timeout=s.timeout,
+                          on_line=lambda h, _, line: ctx.report(f"  {h}: {line}"))
+    want_exit, pattern = s.expect.exit, s.expect.output
     bad = []
     for r in report:
         if r.exit_code != want_exit:
             bad.append(f"{r.host}: exit {r.exit_code if r.exit_code is not None else r.status} (expected {want_exit})")
-        elif pattern is not None and not re.search(str(pattern), r.stdout):
+        elif pattern is not None and not re.search(pattern, r.stdout):
             bad.append(f"{r.host}: output does not match {pattern!r}")
     return (not bad), "; ".join(bad) or f"{len(report)} host(s) as expected"
 
 
-def _put(step: Step, ctx: Context) -> tuple[bool, str]:
+def _put(s: PutSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl import resources
     from clusterctl.remote.ssh import SshPool
 
-    p = step.params
-    inv = _targets(ctx, str(p.get("nodes", "all")))
-    text = resources.render(str(p["template"]), **(p.get("vars") or {}))
-    mode = int(str(p.get("mode", "644")), 8)
+    inv = _targets(ctx, s.nodes)
+    text = resources.render(s.template, **s.vars)
     with SshPool(inv.settings) as pool:
-        report = pool.put(inv.targets, {str(p["dest"]): (text.encode(), mode)})
+        report = pool.put(inv.targets, {s.dest: (text.encode(), s.mode)})
     bad = [f"{r.host}: {r.error}" for r in report if not r.ok]
-    return (not bad), "; ".join(bad) or f"{p['dest']} on {len(report)} host(s)"
+    return (not bad), "; ".join(bad) or f"{s.dest} on {len(report)} host(s)"
 
 
-def _doctor(step: Step, ctx: Context) -> tuple[bool, str]:
+def _doctor(s: DoctorSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.workloads import doctor
 
-    report = doctor.run(ctx.inventory, python=step.params.get("python"))
+    report = doctor.run(ctx.inventory, python=s.python)
     return report.ok, "; ".join(report.failures()) or "all checks passed"
 
 
-def _bench(step: Step, ctx: Context) -> tuple[bool, str]:
+def _bench(s: BenchSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.workloads import bench
 
-    p = step.params
     inv = ctx.inventory
-    rungs = bench.parse_ladder(str(p["ladder"]), inv.hosts) if p.get("ladder") else bench.default_ladder(inv.hosts)
-    opts = bench.BenchOptions(model=str(p.get("model", "resnet50")), batch_size=int(p.get("batch_size", 32)),
-                              steps=int(p.get("steps", 10)), iters=int(p.get("iters", 10)),
-                              # Horovod's reference warms up 10 steps: fewer would time graph tracing
-                              warmup_steps=max(bench.MIN_WARMUP, int(p.get("warmup_steps", bench.MIN_WARMUP))),
-                              threshold=float(p.get("threshold", bench.DEFAULT_THRESHOLD)),
-                              timeout=float(p.get("timeout", 900)))
-    ladder = bench.run_ladder(inv, rungs, opts, Path(str(p.get("out", "bench-results"))))
+    rungs = bench.parse_ladder(s.ladder, inv.hosts) if s.ladder else bench.default_ladder(inv.hosts)
+    given = {f.name: getattr(s, f.name) for f in dataclasses.fields(bench.BenchOptions)
+             if getattr(s, f.name, None) is not None}  # the rest: BenchOptions' defaults
+    if "warmup_steps" in given:  # Horovod's reference warms up 10 steps: fewer would time graph tracing
+        given["warmup_steps"] = max(bench.MIN_WARMUP, given["warmup_steps"])
+    ladder = bench.run_ladder(inv, rungs, bench.BenchOptions(**given), Path(s.out))
     summary = ", ".join(f"{r.np}:{r.img_per_sec:.0f} img/s" for r in ladder.rungs)
     return (ladder.passed or not ladder.judged), f"{summary}; {ladder.verdict}"
 
 
-def _clean(step: Step, ctx: Context) -> tuple[bool, str]:
+def _clean(s: CleanSpec, ctx: Context) -> tuple[bool, str]:
     """The troubleshooting list: kill leftover jobs, remove a log folder, show disk (clean.py's commands)."""
     from clusterctl.remote import clean
     from clusterctl.remote.ssh import SshPool
 
-    p = step.params
     inv = ctx.inventory
     actions = []
-    if "logs" in p and not isinstance(p["logs"], str):  # a rendered variable must never turn into "no logs"
-        raise PlaybookError(f"clean step {step.name!r}: logs must be a folder, not {p['logs']!r}")
-    if p.get("kill", not ("logs" in p or p.get("disk"))):
+    if s.kill if s.kill is not None else not (s.logs is not None or s.disk):
         actions.append(("kill", clean.kill_command()))
-    if "logs" in p:
-        clean.check_logs_path(str(p["logs"]))
-        actions.append(("logs", clean.logs_command(str(p["logs"]), bool(p.get("force", False)))))
-    if p.get("disk"):
+    if s.logs is not None:
+        clean.check_logs_path(s.logs)
+        actions.append(("logs", clean.logs_command(s.logs, s.force)))
+    if s.disk:
         actions.append(("disk", clean.DISK_COMMAND))
     details, ok = [], True
     with SshPool(inv.settings) as pool:
@@ -116,28 +117,23 @@ def _clean(step: Step, ctx: Context) -> tuple[bool, str]:
     return ok, "; ".join(details)
 
 
-def _sync(step: Step, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.workloads import launch
+def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.data import sync as transfer
     from clusterctl.remote.ssh import SshPool
+    from clusterctl.workloads import launch
 
-    p = step.params
     inv = ctx.inventory
-    strategy = str(p.get("strategy", "chain"))
-    if strategy not in transfer.STRATEGIES:
-        raise PlaybookError(f"step {step.name!r}: unknown strategy {strategy!r}")
-    dst = str(p["dst"])
-    transfer.check_dst(dst)
-    source = transfer.parse_source(str(p["src"]))
+    transfer.check_dst(s.dst)
+    source = transfer.parse_source(s.src)
 
     class Phases(transfer.Events):
         def phase(self, text: str) -> None:
             ctx.report(f"  {text}")
 
     with SshPool(inv.settings) as pool:
-        report = transfer.Syncer(inv.targets, [e.address for e in inv.hosts.entries], inv.settings.known_hosts, pool, source, dst,
-                                 strategy=strategy, fanout=int(p.get("fanout", 1)), delete=bool(p.get("delete", False)),
-                                 endpoint_url=p.get("endpoint_url") or None, managed=inv.cluster is not None,
+        report = transfer.Syncer(inv.targets, [e.address for e in inv.hosts.entries], inv.settings.known_hosts, pool, source, s.dst,
+                                 strategy=s.strategy, fanout=s.fanout, delete=s.delete,
+                                 endpoint_url=s.endpoint_url or None, managed=inv.cluster is not None,
                                  events=Phases(), node_python=launch.node_python(inv.cluster)).run()
     err = report.error()
     if err is not None:
@@ -145,27 +141,20 @@ def _sync(step: Step, ctx: Context) -> tuple[bool, str]:
     return True, f"{report.files} file(s), {report.total_bytes} bytes verified on {len(report.outcomes)} node(s)"
 
 
-def _train(step: Step, ctx: Context) -> tuple[bool, str]:
+def _train(s: TrainSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.workloads import launch
     from clusterctl.workloads import train_job as train
 
-    p = step.params
-    synthetic = bool(p.get("synthetic", False))
-    opts = train.TrainOptions(
-        data=None if synthetic else str(p["data"]) if p.get("data") else None, synthetic=synthetic,
-        model=str(p.get("model", "resnet50")), epochs=float(p["epochs"]) if p.get("epochs") else None,
-        batch_size=int(p["batch_size"]) if p.get("batch_size") else None,
-        extra=tuple(str(x) for x in (p.get("extra") or ())))
-    if not synthetic and not opts.data:
-        raise PlaybookError(f"step {step.name!r}: train needs data or synthetic: true")
+    opts = train.TrainOptions(data=None if s.synthetic else s.data or None, synthetic=s.synthetic, model=s.model,
+                              epochs=s.epochs or None, batch_size=s.batch_size or None, extra=s.extra)
     job = train.start(ctx.inventory, ctx.store, opts, report=ctx.report)
-    if not p.get("wait", True):
+    if not s.wait:
         return True, f"started {job.job} (not waited for)"
     code = launch.follow(ctx.inventory, job.job, lambda line: ctx.report(f"  {line}"))
     return code == 0, f"{job.job} exited {code}"
 
 
-def _eval(step: Step, ctx: Context) -> tuple[bool, str]:
+def _eval(_: EvalSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.workloads import train_job as train
 
     job = train.require_job(ctx.store, ctx.inventory)
@@ -173,5 +162,6 @@ def _eval(step: Step, ctx: Context) -> tuple[bool, str]:
     return True, f"top-1 {result.top1:.2f}%, top-5 {result.top5:.2f}% at step {result.step}"
 
 
-_HANDLERS = {"run": _run, "put": _put, "doctor": _doctor, "bench": _bench, "clean": _clean,
-             "sync": _sync, "train": _train, "eval": _eval}
+_HANDLERS: dict[type, Callable[[Any, Context], tuple[bool, str]]] = {
+    RunSpec: _run, PutSpec: _put, DoctorSpec: _doctor, BenchSpec: _bench, CleanSpec: _clean, SyncSpec: _sync,
+    TrainSpec: _train, EvalSpec: _eval}

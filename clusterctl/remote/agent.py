@@ -17,8 +17,11 @@ CLUSTERCTL_HOME; later runs within the idle timeout reuse its connections and sk
     cannot be started the client says so once and runs in-process.
 
 Protocol: JSON lines. Client -> agent: one request ({"op": "run"|"ping"|"stop", "build": ...}),
-then optionally {"op": "cancel"}. Agent -> client: events {"t": "l"} (a line of output), {"t": "r"}
-(a host's result), {"t": "done"} or {"t": "error"}.
+then optionally {"op": "cancel"}. Agent -> client: events {"event": "started"}, {"event": "line",
+"host", "stream": "stdout"|"stderr", "text"}, {"event": "result", "result": HostResult.to_dict()},
+{"event": "done"}, or {"event": "error", "message", "stale": true when the builds differ}; a ping is
+answered {"event": "pong", ...}, a stop {"event": "stopping", "pid"}. An agent of another build (older
+ones spoke one-letter keys: {"t": "error", "stale": true}) is told by `stale` alone, and replaced.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
+from clusterctl.proc import alive
 from clusterctl.remote.ssh import OnLine, SshSettings, SshTarget
 from clusterctl.types import HostResult, RunReport
 
@@ -170,22 +174,14 @@ def stop(root: Path | None = None, timeout: float = 5.0) -> bool:
         return False
     pid = int(info.get("pid", 0))
     deadline = time.monotonic() + timeout
-    while pid and _alive(pid) and time.monotonic() < deadline:
+    while pid and alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    if pid and _alive(pid):
+    if pid and alive(pid):
         try:
             os.kill(pid, signal.SIGKILL)  # the agent this clusterctl started, by its pid
         except ProcessLookupError:
             pass
     return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _ensure(root: Path) -> socket.socket:
@@ -276,21 +272,22 @@ def _run_via_agent(root: Path, targets, settings, command, parallel, timeout, on
                 s.close()
                 raise KeyboardInterrupt from None
             s.settimeout(30.0)
-            first = b'{"t": "started"}\n'
-        event = json.loads(first) if first else {"t": "error", "stale": True, "message": "agent closed the connection"}
-        if event.get("t") == "error" and event.get("stale") and attempt == 0:
+            first = b'{"event": "started"}\n'
+        event = (json.loads(first) if first else
+                 {"event": "error", "stale": True, "message": "agent closed the connection"})
+        if event.get("stale") and attempt == 0:  # this key alone: an old agent names its events "t"
             s.close()
             stop(root)  # an agent of another build (an upgrade): replace it
             continue
         break
-    if event.get("t") == "error":
+    if event.get("event") != "started":  # refused, or an old agent's reply in keys this client does not read
         s.close()
         raise AgentUnavailable(f"the connection agent refused the request: {event.get('message')}")
     results: dict[str, HostResult] = {}
     try:
         while True:
             try:
-                if event.get("t") == "done":
+                if event.get("event") == "done":
                     break
                 _handle(event, results, on_line)
                 line = reader.readline()
@@ -344,11 +341,11 @@ class _Lines:
 
 
 def _handle(event: dict, results: dict, on_line: OnLine | None) -> None:
-    kind = event.get("t")
-    if kind == "l" and on_line is not None:
-        on_line(event["h"], "stderr" if event["s"] else "stdout", event["l"])
-    elif kind == "r":
-        r = event["r"]
+    kind = event.get("event")
+    if kind == "line" and on_line is not None:
+        on_line(event["host"], event["stream"], event["text"])
+    elif kind == "result":
+        r = event["result"]
         results[r["host"]] = HostResult(r["host"], r["exit_code"], r["stdout"], r["stderr"], r["error"],
                                         r["timed_out"], r["duration_s"])
 
@@ -427,16 +424,16 @@ class Agent:
             req = json.loads(line)
             op = req.get("op")
             if req.get("build") != self.build:
-                _send(conn, {"t": "error", "stale": True, "message": "agent of another clusterctl build",
+                _send(conn, {"event": "error", "stale": True, "message": "agent of another clusterctl build",
                              "pid": os.getpid()})
                 if op == "stop":
                     self.stopping.set()
                 return
             if op == "ping":
-                _send(conn, {"t": "pong", "pid": os.getpid(), "connections": self.connections(), "idle": self.idle})
+                _send(conn, {"event": "pong", "pid": os.getpid(), "connections": self.connections(), "idle": self.idle})
             elif op == "stop":
                 self.stopping.set()
-                _send(conn, {"t": "stopping", "pid": os.getpid()})
+                _send(conn, {"event": "stopping", "pid": os.getpid()})
             elif op == "run":  # only runs count as activity (a status query does not keep it alive)
                 with self.lock:
                     self.active += 1
@@ -447,10 +444,10 @@ class Agent:
                         self.active -= 1
                         self.last = time.monotonic()
             else:
-                _send(conn, {"t": "error", "message": f"unknown op {op!r}"})
+                _send(conn, {"event": "error", "message": f"unknown op {op!r}"})
         except Exception as exc:  # one bad client never takes the agent down
             try:
-                _send(conn, {"t": "error", "message": f"{exc.__class__.__name__}: {exc}"})
+                _send(conn, {"event": "error", "message": f"{exc.__class__.__name__}: {exc}"})
             except OSError:
                 pass
         finally:
@@ -484,15 +481,15 @@ class Agent:
             cancel.set()  # cancel, or EOF (the client exited or was killed)
 
         def on_line(host: str, stream: str, text: str) -> None:
-            send({"t": "l", "h": host, "s": 1 if stream == "stderr" else 0, "l": text})
+            send({"event": "line", "host": host, "stream": stream, "text": text})
 
         threading.Thread(target=watch, daemon=True).start()
-        send({"t": "started"})
+        send({"event": "started"})
         report = pool.run(targets, req["command"], parallel=int(req.get("parallel") or 64),
                           timeout=req.get("timeout"), on_line=on_line, cancel=cancel)
         for r in report:
-            send({"t": "r", "r": r.to_dict()})
-        send({"t": "done"})
+            send({"event": "result", "result": r.to_dict()})
+        send({"event": "done"})
 
 
 def _send(conn: socket.socket, event: dict) -> None:

@@ -19,24 +19,12 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from clusterctl import resources
+from clusterctl import paths, resources
 from clusterctl.errors import NeedsRootError, ProvisionError
 from clusterctl.runtime.spec import INFO, PACK, ROOT, Build, Platform, RuntimeSpec, build_argv, runtime_id
 
-DEFAULT_CACHE = "/var/cache/clusterctl/runtimes"
-DEFAULT_WHEELHOUSE = "/var/cache/clusterctl/wheelhouse"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("CLUSTERCTL_RUNTIME_CACHE") or DEFAULT_CACHE)
-
-
-def wheelhouse() -> Path:
-    return Path(os.environ.get("CLUSTERCTL_WHEELHOUSE") or DEFAULT_WHEELHOUSE)
-
-
 def entry(rid: str) -> Path:
-    return cache_root() / rid
+    return paths.runtime_cache() / rid
 
 
 def complete(rid: str) -> bool:
@@ -56,8 +44,8 @@ def ensure(spec: RuntimeSpec, platform: Platform, report: Callable[[str], None])
     if not os.path.exists(platform.python_path):
         raise ProvisionError(f"the nodes' python3 ({platform.python_path}) is not on this machine, so it cannot "
                              "build their runtime", "local nodes share this machine's base OS: install python3")
-    cache_root().mkdir(parents=True, exist_ok=True, mode=0o755)
-    lock = os.open(cache_root() / f".{rid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    paths.runtime_cache().mkdir(parents=True, exist_ok=True, mode=0o755)
+    lock = os.open(paths.runtime_cache() / f".{rid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another `up` may be building this very id: wait for it
         if complete(rid):
@@ -72,7 +60,7 @@ def ensure(spec: RuntimeSpec, platform: Platform, report: Callable[[str], None])
 
 def _sources() -> tuple[str, bool]:
     """install.sh's wheelhouse (offline, Horovod prebuilt) when it exists; else the package index."""
-    wh = wheelhouse()
+    wh = paths.wheelhouse()
     if wh.is_dir() and any(wh.glob("horovod-*.whl")):
         return str(wh), True
     return "", False

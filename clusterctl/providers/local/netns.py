@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterable
 
 from clusterctl.errors import NeedsRootError, ProvisionError, WaitTimeout
+from clusterctl.proc import alive
 
 NETNS_PREFIX = "clusterctl-"
 DEFAULT_POOL = ipaddress.ip_network("10.213.0.0/16")
@@ -219,11 +220,10 @@ def operator_paths() -> list[str]:
     """This machine's clusterctl files that a node must not see (it shares the base OS, never the
     operator's environment): its state (private keys), the runtime cache and wheelhouse, the venv running
     clusterctl, and a source checkout. Paths under what a node already has of its own are left out."""
-    from clusterctl import resources
+    from clusterctl import paths, resources
     from clusterctl.cluster import state
-    from clusterctl.runtime import cache
 
-    found = [str(state.home()), str(cache.cache_root()), str(cache.wheelhouse()),
+    found = [str(state.home()), str(paths.runtime_cache()), str(paths.wheelhouse()),
              str(resources.source_checkout() or "")]
     if sys.prefix != sys.base_prefix:  # a venv (install.sh's /opt/clusterctl/venv, or a user's)
         found.append(sys.prefix)
@@ -328,29 +328,12 @@ def wait_port(address: str, port: int, timeout: float, pid: int | None = None, l
                 return
         except OSError:
             pass
-        if pid is not None and not _alive(pid):
+        if pid is not None and not alive(pid):
             detail = log.read_text()[-300:].strip() if log and log.exists() else ""
             raise ProvisionError(f"sshd of node {address} exited at start: {detail}")
         if time.monotonic() > deadline:
             raise WaitTimeout(f"node {address} did not answer on port {port} within {timeout:.0f}s")
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        return waited == 0
-    except ChildProcessError:
-        return process_alive(pid)
-
-
-def process_alive(pid: int) -> bool:
-    """Running (a zombie waiting for its parent to reap it counts as gone: it holds nothing)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # ---- discovery and teardown -------------------------------------------------------------------------

@@ -12,13 +12,10 @@ import ipaddress
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Iterable
 
 from clusterctl.errors import ConfigError
 from clusterctl.providers.local import netns
-from clusterctl.providers.base import (ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, NodeStatus, Plan,
-                                      Teardown)
+from clusterctl.providers.base import ClusterKeys, ClusterStatus, Launched, NodeStatus, Plan, Teardown
 from clusterctl.cluster.state import StateStore
 from clusterctl.types import Cluster, ClusterSpec, Node
 
@@ -35,13 +32,6 @@ def _autostop_extra(spec: ClusterSpec) -> dict[str, str]:
     return autostop.extra(spec.autostop)
 
 
-def _mtime(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return None
-
-
 @contextlib.contextmanager
 def _net_lock():
     """One `up` at a time picks a subnet and makes its bridge, so two clusters never take the same one."""
@@ -55,23 +45,9 @@ def _net_lock():
 
 class LocalProvider:
     name = "local"
-    region = "local"
-    builds_runtime_locally = True  # the nodes have this machine's OS: it builds their runtime
 
-    def __init__(self, store: StateStore | None = None, region: str | None = None, report=None, force: bool = False):
-        self.store = store or StateStore()  # region, report: the contract's, nothing here is regional or slow
-        self.force = force  # every local cluster is this machine's user's: nothing to force
-
-    def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
-        pass  # the nodes' bridge has no route out: nobody else can reach them
-
-    def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
-        pass  # local nodes have no role of their own: they use the credentials they are given
-
-    def node_facts(self, cluster: Cluster) -> dict[str, NodeFacts]:
-        """Every node of the record on this machine and its cluster's bridge (the local placement)."""
-        bridge = cluster.extra.get("bridge", "")
-        return {n.name: NodeFacts(cluster.instance_type, cluster.region, bridge) for n in cluster.nodes}
+    def __init__(self, store: StateStore | None = None):
+        self.store = store or StateStore()
 
     def plan(self, spec: ClusterSpec) -> Plan:
         slots = spec.slots or 1
@@ -93,17 +69,6 @@ class LocalProvider:
             return None
         return ClusterStatus(name, self.name, cluster.region, cluster.instance_type,
                              tuple(NodeStatus(n, "running", "local", cluster.created_at or None, 0.0) for n in cluster.nodes))
-
-    def statuses(self) -> dict[str, ClusterStatus]:
-        out = {}
-        for name in self.all_clusters():
-            st = self.status(name)
-            if st is not None:
-                out[name] = st
-        return out
-
-    def owners(self, name: str) -> list[str]:
-        return []  # every local cluster is this machine's
 
     def resources(self, name: str) -> list[str]:
         left = netns.leftovers(name)
@@ -144,11 +109,12 @@ class LocalProvider:
         with ThreadPoolExecutor(max_workers=min(32, len(made))) as pool:
             list(pool.map(lambda n: netns.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made))
         created = time.time()
-        if spec.autostop is not None:  # the watchdog in the leader, and the host-side supervisor (autostop.py)
-            from clusterctl.autostop import settings as autostop
+        if spec.autostop is not None:  # the watchdog in the leader, and its host-side supervisor (supervisor.py)
+            from clusterctl.autostop import watchdog
+            from clusterctl.providers.local import supervisor
 
-            autostop.install_local(self.store, spec.name, len(made), spec.autostop, created)
-            autostop.start_supervisor(self.store, spec.name)
+            watchdog.install_local(self.store, spec.name, len(made), spec.autostop, created)
+            supervisor.start_supervisor(self.store, spec.name)
 
         cluster = Cluster(
             name=spec.name,
@@ -172,9 +138,9 @@ class LocalProvider:
         return None
 
     def terminate(self, name: str) -> Teardown:
-        from clusterctl.autostop import settings as autostop
+        from clusterctl.providers.local import supervisor
 
-        autostop.stop_supervisor(name)  # first: it must not take the nodes' end for the watchdog's power-off
+        supervisor.stop_supervisor(name)  # first: it must not take the nodes' end for the watchdog's power-off
         before = netns.leftovers(name)
         left = netns.destroy(name)
         removed = [f"namespace {ns}" for ns in before.netns if ns not in left.netns]
@@ -191,38 +157,6 @@ class LocalProvider:
 
     def all_clusters(self) -> list[str]:
         return netns.all_clusters()
-
-    def inventory(self) -> list[Found]:
-        """Namespaces (and their config folders) of every local cluster on this machine."""
-        from clusterctl.autostop import settings as autostop
-
-        names = set(netns.all_clusters())
-        etc = Path("/etc/netns")
-        if etc.is_dir():
-            for d in etc.iterdir():
-                if d.name.startswith(netns.NETNS_PREFIX) and d.name.rsplit("-", 1)[-1].isdigit():
-                    names.add(d.name[len(netns.NETNS_PREFIX):].rsplit("-", 1)[0])
-        me = autostop.owner()
-        out = []
-        for name in sorted(names):
-            left = netns.leftovers(name)
-            for ns in left.netns:
-                out.append(Found(name, "namespace", ns, _mtime(Path("/run/netns") / ns), me,
-                                 f"{len(netns.netns_pids(ns))} process(es)"))
-            out += [Found(name, "link", link, None, me) for link in left.links]
-            out += [Found(name, "config folder", d, _mtime(Path(d)), me) for d in left.etc_dirs
-                    if not any(d.endswith("/" + ns) for ns in left.netns)]
-        return out
-
-    def remove(self, found: Iterable[Found]) -> Teardown:
-        """Local resources go by cluster (a namespace without its sshd is no use): each named cluster's terminate."""
-        removed: list[str] = []
-        left: list[str] = []
-        for name in sorted({f.cluster for f in found}):
-            t = self.terminate(name)
-            removed += t.removed
-            left += t.left
-        return Teardown(tuple(removed), tuple(left))
 
     def reboot(self, cluster: Cluster, hosts, timeout: float = 60.0) -> dict[str, str | None]:
         """Reboot nodes the local way (a namespace node has no kernel of its own, and `reboot` inside one

@@ -1,0 +1,99 @@
+"""What `status` says about autostop: the leader watchdog's own status (a local node's files, or over ssh on
+a cloud node), as lines. When the cluster stops and why; from the settings alone when the leader does not
+answer. Operator side: it reads ssh targets from the cluster's record (cluster/provision.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable
+
+from clusterctl.autostop.settings import from_extra
+from clusterctl.autostop.watchdog import local_dir, remote_command, watchdog
+from clusterctl.types import Autostop
+from clusterctl.units import duration
+
+
+def local_status(store, name: str, running: Callable[[str], bool]) -> dict | None:
+    """A local leader's watchdog status from its files; `running(name)` says whether the watchdog process runs
+    in the leader (the local provider's supervisor.watchdog_running: the state's pid is the node's own view)."""
+    d = local_dir(store, name)
+    if not (d / "config.json").exists():
+        return None
+    st = watchdog().status(str(d))
+    st["running"] = running(name)
+    return st
+
+
+def remote_status(cluster, store, timeout: float = 20.0) -> dict | None:
+    """The leader's watchdog status over ssh (a fresh connection, not the agent's: it must not look like
+    activity), or None when it does not answer."""
+    from clusterctl.cluster import provision
+    from clusterctl.remote.ssh import SshPool
+
+    target = provision.ssh_targets(cluster, store)[0]
+    with SshPool(provision.ssh_settings(cluster, store, connect_timeout=5.0)) as pool:
+        r = pool.run_one(target, remote_command("status"), timeout=timeout)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1]) if r.ok else None
+    except (ValueError, IndexError):
+        return None
+
+
+def status_lines(store, record, local_running: Callable[[str], bool]) -> list[str]:
+    """What `status` says about autostop for a cluster with a local record. `local_running`: whether a local
+    cluster's watchdog runs (given by the caller, so autostop never imports the local provider)."""
+    c = record.cluster
+    if record.status == "stopped" and record.note:
+        return [f"autostop: {record.note}"]
+    if c.provider == "local":
+        return summary(local_status(store, c.name, local_running), from_extra(c.extra), c.created_at)
+    try:
+        st = remote_status(c, store)
+    except Exception:  # unreachable, keys gone ...: say what is known from the settings
+        st = None
+    return summary(st, from_extra(c.extra), c.created_at)
+
+
+def summary(st: dict | None, fallback: Autostop | None = None, created_at: float | None = None,
+            now: float | None = None) -> list[str]:
+    """Lines for `status`: when the cluster stops and why, from the watchdog's own status (or, when the
+    leader did not answer, from the settings alone)."""
+    now = now or time.time()
+    if st is None:
+        if fallback is None:
+            return ["autostop: no watchdog on this cluster"]
+        if not fallback.enabled:
+            return ["autostop: off"]
+        lines = [f"autostop: idle-stop {duration(fallback.idle_stop_s) if fallback.idle_stop_s else 'off'}"
+                 + (f", max lifetime {duration(fallback.max_lifetime_s)}" if fallback.max_lifetime_s else "")
+                 + " (the leader's watchdog did not answer: time left unknown)"]
+        if fallback.max_lifetime_s and created_at:
+            lines.append(f"autostop: stops at the latest in {duration(created_at + fallback.max_lifetime_s - now)} "
+                         "(max lifetime)")
+        return lines
+    cfg, state, plan = st.get("config", {}), st.get("state", {}), st.get("plan", {})
+    if st.get("fired"):
+        return [f"autostop: fired: {st['fired'].get('reason')}"]
+    if not cfg.get("enabled", True):
+        return ["autostop: OFF: the cluster runs (and costs) until `clusterctl down` "
+                "(`clusterctl autostop NAME --on` turns it back on)"]
+    if not st.get("running"):
+        lines = ["autostop: the watchdog is not running on the leader"]
+    elif plan.get("stop_at") is None:
+        return ["autostop: no limits set (`clusterctl autostop NAME --idle-stop 30m` sets one)"]
+    else:
+        left = plan["stop_at"] - st.get("now", now)
+        if plan.get("why") == "idle-stop":
+            lines = [f"autostop: stops in {duration(left)} if nothing runs (idle-stop {duration(cfg.get('idle_stop'))}, "
+                     f"idle for {duration(plan.get('idle_for'))})"]
+        else:
+            lines = [f"autostop: stops in {duration(left)} (max lifetime {duration(cfg.get('max_lifetime'))})"]
+    if state.get("last_reason"):
+        lines.append(f"autostop: last activity {duration(now - (state.get('last_active') or now))} ago: "
+                     f"{state['last_reason']}")
+    if cfg.get("keep_until") and cfg["keep_until"] > now:
+        lines.append(f"autostop: kept until {time.strftime('%Y-%m-%d %H:%M', time.localtime(cfg['keep_until']))}")
+    if plan.get("why") == "idle-stop" and plan.get("lifetime_at"):
+        lines.append(f"autostop: max lifetime ends in {duration(plan['lifetime_at'] - now)}")
+    return lines

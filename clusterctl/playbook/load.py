@@ -1,0 +1,211 @@
+"""Playbooks: the recipe's steps as YAML files that run (playbooks/*.yaml).
+
+    name: smoke
+    vars: {model: tiny}                 # defaults; --var k=v overrides
+    steps:
+      - name: preflight
+        doctor: {}
+      - name: ladder
+        bench: {model: "{{ model }}", ladder: "1,2"}
+        on_failure: stop                # or continue
+
+A step is one kind of model.SPECS; each calls the same library function the CLI command calls. The
+whole file is checked (kinds, fields and their types, variables: every string is rendered) before
+anything runs, and every error names file:line.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+from clusterctl.playbook.model import SPECS, OnFailure, Playbook, PlaybookError, Spec, Step, SyncSpec, TrainSpec
+from clusterctl.playbook.run import render
+
+STEP_KEYS = ("name", "on_failure")
+
+
+def load(path: str | Path, overrides: Mapping[str, str] | None = None) -> Playbook:
+    """Parse, validate and render a playbook; raise PlaybookError naming file:line on any problem."""
+    import yaml
+
+    path = Path(path)
+    where = path.name
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlaybookError(f"{path}: cannot read playbook ({exc.strerror})") from None
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 0
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise PlaybookError(f"{where}:{line}: bad YAML: {problem}") from None
+    if not isinstance(root, yaml.MappingNode):
+        raise PlaybookError(f"{where}:1: a playbook is a mapping with `steps:`")
+    top = _mapping(root)
+    for key, (knode, _) in top.items():
+        if key not in ("name", "description", "vars", "steps"):
+            raise PlaybookError(f"{where}:{knode.start_mark.line + 1}: unknown top-level key {key!r}")
+    defaults: dict[str, str] = {}
+    if "vars" in top:
+        vnode = top["vars"][1]
+        if not isinstance(vnode, yaml.MappingNode):
+            raise PlaybookError(f"{where}:{vnode.start_mark.line + 1}: `vars` is a mapping of name: default")
+        for k, (_, v) in _mapping(vnode).items():
+            defaults[k] = _plain(yaml, v, where)
+    for k in overrides or {}:
+        if k not in defaults:
+            raise PlaybookError(f"{where}: --var {k}: the playbook has no variable {k!r}",
+                                f"known: {', '.join(sorted(defaults)) or 'none'}")
+    variables = {**defaults, **(overrides or {})}
+    if "steps" not in top or not isinstance(top["steps"][1], yaml.SequenceNode):
+        raise PlaybookError(f"{where}:1: a playbook needs `steps:`, a list")
+    steps = []
+    seen: set[str] = set()
+    for i, snode in enumerate(top["steps"][1].value, start=1):
+        step = _step(yaml, snode, i, where, variables)
+        if step.name in seen:
+            raise PlaybookError(f"{where}:{step.line}: two steps are named {step.name!r}")
+        seen.add(step.name)
+        steps.append(step)
+    pb_name = _plain(yaml, top["name"][1], where) if "name" in top else path.stem
+    return Playbook(pb_name, str(path), tuple(steps), variables)
+
+
+def _step(yaml, snode, i: int, where: str, variables: Mapping[str, str]) -> Step:
+    line = snode.start_mark.line + 1
+    if not isinstance(snode, yaml.MappingNode):
+        raise PlaybookError(f"{where}:{line}: step {i} is not a mapping")
+    fields = _mapping(snode)
+    if "when" in fields:
+        raise PlaybookError(f"{where}:{fields['when'][0].start_mark.line + 1}: `when:` is not supported: every step "
+                            "runs, in order", "`on_failure: continue` goes on past a failed step; --from resumes at one")
+    kinds = [k for k in fields if k in SPECS]
+    unknown = [k for k in fields if k not in SPECS and k not in STEP_KEYS]
+    if unknown:
+        raise PlaybookError(f"{where}:{fields[unknown[0]][0].start_mark.line + 1}: unknown step kind or key "
+                            f"{unknown[0]!r}", f"a step is one of {', '.join(SPECS)}")
+    if len(kinds) != 1:
+        raise PlaybookError(f"{where}:{line}: step {i} must have exactly one of {', '.join(SPECS)}")
+    kind = kinds[0]
+    name = _plain(yaml, fields["name"][1], where) if "name" in fields else f"{i}-{kind}"
+    written = _plain(yaml, fields["on_failure"][1], where) if "on_failure" in fields else "stop"
+    if written not in ("stop", "continue"):
+        raise PlaybookError(f"{where}:{line}: on_failure is stop or continue, not {written!r}")
+    on_failure: OnFailure = "continue" if written == "continue" else "stop"
+    pnode = fields[kind][1]
+    raw = yaml.safe_load(yaml.serialize(pnode)) if not _is_null(pnode) else {}
+    if not isinstance(raw, dict):
+        raise PlaybookError(f"{where}:{pnode.start_mark.line + 1}: `{kind}:` takes a mapping of fields")
+    spec_type = SPECS[kind]
+    known = [f.name for f in dataclasses.fields(spec_type)]
+    required = [f.name for f in dataclasses.fields(spec_type)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [f for f in required if f not in raw]
+    if missing:
+        raise PlaybookError(f"{where}:{line}: {kind} step {name!r} is missing {', '.join(missing)}")
+    extra = sorted(k for k in raw if k not in known)
+    if extra:
+        raise PlaybookError(f"{where}:{pnode.start_mark.line + 1}: {kind} step {name!r} has no field {extra[0]!r}",
+                            f"fields: {', '.join(sorted(known)) or 'none'}")
+    at = f"{where}:{pnode.start_mark.line + 1}"
+    rendered = {k: render(v, variables, at, shell=(kind == "run" and k == "command")) for k, v in raw.items()}
+    spec = _build(spec_type, rendered, f"{where}:{line}: {kind} step {name!r}")
+    _check(spec, f"{where}:{line}: {kind} step {name!r}")
+    return Step(name, spec, tuple(raw), on_failure, line)
+
+
+def _build(spec_type: type, values: Mapping[str, Any], what: str) -> Any:
+    hints = typing.get_type_hints(spec_type)
+    args = {}
+    for f in dataclasses.fields(spec_type):
+        if f.name in values:
+            args[f.name] = _convert(values[f.name], hints[f.name], f.name, what, octal=f.metadata.get("octal", False))
+    return spec_type(**args)
+
+
+def _convert(value: Any, hint: Any, name: str, what: str, octal: bool = False) -> Any:
+    """The rendered YAML value as the spec's type says; a value that is not one is refused, never
+    guessed (`logs:` left empty must not become "no logs")."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):  # X | None: None is the default, never written
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+
+    def refuse(kind: str):
+        return PlaybookError(f"{what}: {name} takes {kind}, not {value!r}")
+
+    if origin is typing.Literal:
+        if value not in args:
+            raise PlaybookError(f"{what}: {name} is {', '.join(args[:-1])} or {args[-1]}, not {value!r}")
+        return value
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise refuse("a mapping")
+        extra = sorted(k for k in value if k not in {f.name for f in dataclasses.fields(hint)})
+        if extra:
+            raise PlaybookError(f"{what}: {name} has no field {extra[0]!r}",
+                                f"fields: {', '.join(f.name for f in dataclasses.fields(hint))}")
+        return _build(hint, value, f"{what}: {name}")
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise refuse("true or false")
+        return value
+    if hint in (str, int, float):
+        wanted = "octal digits (644)" if octal else {str: "a text", int: "a whole number", float: "a number"}[hint]
+        if isinstance(value, (bool, dict, list)) or value is None:
+            raise refuse(wanted)
+        try:
+            if octal:
+                return int(str(value), 8)
+            if hint is int and isinstance(value, float):
+                return _whole(value)
+            return hint(value)  # "3" read as text still counts as 3, as before the specs
+        except ValueError:
+            raise refuse(wanted) from None
+    if origin is tuple:  # tuple[str, ...]
+        if not isinstance(value, list):
+            raise refuse("a list")
+        return tuple(str(x) for x in value)
+    if origin in (collections.abc.Mapping, dict):
+        if not isinstance(value, dict):
+            raise refuse("a mapping")
+        return value
+    raise refuse(str(hint))  # a spec field of a type this function was not taught
+
+
+def _whole(value: float) -> int:
+    if not value.is_integer():
+        raise ValueError(value)
+    return int(value)
+
+
+def _check(spec: Spec, what: str) -> None:
+    """What a field's type cannot say."""
+    if isinstance(spec, SyncSpec):
+        from clusterctl.data.sync import STRATEGIES
+
+        if spec.strategy not in STRATEGIES:
+            raise PlaybookError(f"{what}: strategy is {', '.join(STRATEGIES)}, not {spec.strategy!r}")
+    if isinstance(spec, TrainSpec) and not spec.synthetic and not spec.data:
+        raise PlaybookError(f"{what}: train needs data or synthetic: true")
+
+
+def _mapping(node) -> dict[str, tuple[Any, Any]]:
+    return {k.value: (k, v) for k, v in node.value}
+
+
+def _is_null(node) -> bool:
+    return getattr(node, "tag", "").endswith(":null")
+
+
+def _plain(yaml, node, where: str) -> str:
+    if not isinstance(node, yaml.ScalarNode):
+        raise PlaybookError(f"{where}:{node.start_mark.line + 1}: expected a plain value")
+    return str(node.value)

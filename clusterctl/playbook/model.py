@@ -1,0 +1,142 @@
+"""A playbook as typed values: one frozen spec per step kind, what load.py builds and steps.py runs.
+
+A spec's fields are the step's YAML fields: a field without a default is required, the annotation is
+the type load.py converts the rendered value to (and refuses what does not convert), so adding a field
+is one line here and one use in steps.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Union
+
+from clusterctl.errors import ConfigError
+
+Nodes = Literal["all", "leader", "members"]
+OnFailure = Literal["stop", "continue"]
+
+
+class PlaybookError(ConfigError):
+    pass
+
+
+@dataclass(frozen=True)
+class Expect:
+    exit: int = 0
+    output: str | None = None  # a regular expression searched for in every host's stdout
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    command: str  # shell: variables go in shell-quoted ({{ v | raw }} opts out)
+    nodes: Nodes = "all"
+    timeout: float | None = None
+    expect: Expect = Expect()
+
+
+@dataclass(frozen=True)
+class PutSpec:
+    template: str
+    dest: str
+    nodes: Nodes = "all"
+    mode: int = field(default=0o644, metadata={"octal": True})  # written 644, as chmod takes it
+    vars: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DoctorSpec:
+    python: str | None = None
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """None: bench.BenchOptions' default (the one place the bench defaults are written)."""
+
+    model: str | None = None
+    ladder: str = ""  # empty: 1 GPU, one full node, every node
+    batch_size: int | None = None
+    steps: int | None = None
+    iters: int | None = None
+    warmup_steps: int | None = None
+    threshold: float | None = None
+    timeout: float | None = None
+    out: str = "bench-results"
+
+
+@dataclass(frozen=True)
+class SyncSpec:
+    src: str
+    dst: str
+    strategy: str = "chain"  # one of data.sync.STRATEGIES (load.py checks)
+    fanout: int = 1
+    delete: bool = False
+    endpoint_url: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    data: str | None = None
+    epochs: float | None = None
+    batch_size: int | None = None
+    model: str = "resnet50"
+    synthetic: bool = False
+    wait: bool = True
+    extra: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """The latest checkpoint of the cluster's training job, on the leader: nothing to choose."""
+
+
+@dataclass(frozen=True)
+class CleanSpec:
+    kill: bool | None = None  # None: kill unless the step only removes logs or shows disks
+    logs: str | None = None  # a folder under the login home
+    disk: bool = False
+    force: bool = False
+
+
+Spec = Union[RunSpec, PutSpec, DoctorSpec, BenchSpec, SyncSpec, TrainSpec, EvalSpec, CleanSpec]
+SPECS: dict[str, type] = {"run": RunSpec, "put": PutSpec, "doctor": DoctorSpec, "bench": BenchSpec,
+                          "sync": SyncSpec, "train": TrainSpec, "eval": EvalSpec, "clean": CleanSpec}
+_KIND = {spec: kind for kind, spec in SPECS.items()}
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    spec: Spec  # rendered: no template left in any string
+    given: tuple[str, ...]  # the fields the file sets, in its order (what --dry-run shows)
+    on_failure: OnFailure
+    line: int
+
+    @property
+    def kind(self) -> str:
+        return _KIND[type(self.spec)]
+
+
+@dataclass(frozen=True)
+class Playbook:
+    name: str
+    path: str
+    steps: tuple[Step, ...]
+    variables: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: Step
+    ok: bool
+    detail: str
+    skipped: bool = False
+
+
+@dataclass
+class Context:
+    """What steps run against; built by the caller (the CLI) from the cluster."""
+
+    inventory: Any
+    store: Any
+    report: Callable[[str], None] = lambda _: None
+    results: list[StepResult] = field(default_factory=list)

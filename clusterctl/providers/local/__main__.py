@@ -1,0 +1,21 @@
+"""`python -m clusterctl.providers.local supervise NAME`: the local provider's host-side autostop supervisor
+(supervisor.py). Running supervisors are found by this argv (supervisor.supervisors), so it stays stable."""
+
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "supervise":
+        from clusterctl.cluster.state import StateStore, validate_name
+        from clusterctl.providers.local.provider import LocalProvider
+        from clusterctl.providers.local.supervisor import supervise
+
+        name = validate_name(argv[1])
+        store = StateStore()
+        return supervise(name, store, LocalProvider(store).terminate)
+    sys.stderr.write("usage: python -m clusterctl.providers.local supervise NAME\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
