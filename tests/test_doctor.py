@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import tempfile
 from pathlib import Path
@@ -112,6 +113,133 @@ def test_judge_fabric_names_the_node_whose_every_pair_is_slow():
     assert failed.slow == ("c",) and failed.why["c"] == "no pair allreduce finished: no result"
 
 
+# ---- nccl-tests' all_reduce_perf where the image has it (no GPUs here: the parser, the argv, the choice) ------
+# all_reduce_perf's output as nccl-tests 2.x prints it (src/common.cu: the header, one row per size with the
+# root column, "Out of bounds values", "Avg bus bandwidth" with printf %g), 2 nodes x 8 GPUs
+NCCL_2X = """# nThread 1 nGpus 1 minBytes 8 maxBytes 67108864 step: 2(factor) warmup iters: 5 iters: 10 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid  41234 on ip-10-0-1-11 device  0 [0x10] NVIDIA A100-SXM4-40GB
+#  Rank  8 Group  0 Pid  39876 on ip-10-0-1-12 device  0 [0x10] NVIDIA A100-SXM4-40GB
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+           8             2     float     sum      -1    61.93    0.00    0.00      0    60.88    0.00    0.00      0
+        1024           256     float     sum      -1    64.17    0.02    0.03      0    63.90    0.02    0.03      0
+     1048576        262144     float     sum      -1    291.4    3.60    6.75      0    290.8    3.61    6.76      0
+    16777216       4194304     float     sum      -1   1203.5   13.94   26.14      0   1201.9   13.96   26.17      0
+    67108864      16777216     float     sum      -1    16195    4.14    7.77      0    16203    4.14    7.77      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 8.13801
+#
+"""
+# an older build: no root column, the largest error instead of a count
+NCCL_OLD = """#                                                     out-of-place                       in-place
+#       size         count    type   redop     time   algbw   busbw  error     time   algbw   busbw  error
+#        (B)    (elements)                     (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+           8             2   float     sum    163.4    0.00    0.00  2e-07    164.4    0.00    0.00  1e-07
+   536870912     134217728   float     sum    68411    7.85   14.72  5e-07    68398    7.85   14.72  5e-07
+  1073741824     268435456   float     sum   136720    7.85   14.73  5e-07   136705    7.85   14.73  5e-07
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 4.9e+00
+"""
+
+
+def test_all_reduce_perf_output_read_back():
+    res = doctor.parse_all_reduce_perf(NCCL_2X)
+    assert len(res.rows) == 5 and res.avg_busbw_gbyte == 8.13801 and res.out_of_bounds == 0 and res.wrong == 0
+    assert res.rows[2] == doctor.NcclRow(1048576, 262144, "float", "sum", 291.4, 3.60, 6.75, "0", 290.8, 3.61, 6.76, "0")
+    assert res.rows[-1].time_us == 16195 and res.peak_busbw_gbyte == 7.77  # the largest size, not the best one
+    # mpirun --tag-output (and srun -l) put the rank in front of every line
+    tagged = "".join(f"[1,0]<stdout>:{line}\n" for line in NCCL_2X.splitlines())
+    assert doctor.parse_all_reduce_perf(tagged) == res
+    assert doctor.parse_all_reduce_perf("".join(f"0: {line}\n" for line in NCCL_2X.splitlines())) == res
+    old = doctor.parse_all_reduce_perf(NCCL_OLD)
+    assert [r.size_bytes for r in old.rows] == [8, 536870912, 1073741824] and old.avg_busbw_gbyte == 4.9
+    assert old.rows[0].wrong == "2e-07" and old.wrong == 0 and old.peak_busbw_gbyte == 14.73
+    # a wrong result counts; a run that died before its summary is no result
+    bad = NCCL_2X.replace("26.14      0", "26.14      3").replace("values : 0 OK", "values : 3 FAILED")
+    got, parsed = doctor._nccl_allreduce(bad, ("a", "b"))
+    assert parsed.wrong == 3 and parsed.out_of_bounds == 3 and got.error == "all_reduce_perf found 3 wrong result(s)"
+    cut = NCCL_2X.split("# Out of bounds")[0] + "ip-10-0-1-12: Test NCCL failure common.cu:1012 'unhandled system error'\n"
+    with pytest.raises(ValueError, match="no all_reduce_perf result .*unhandled system error"):
+        doctor.parse_all_reduce_perf(cut)
+    got, parsed = doctor._nccl_allreduce(NCCL_2X, ("a", "b"))
+    assert parsed is not None and got == doctor.Allreduce(("a", "b"), 7.77 * 8)  # GB/s -> Gbit/s, like the gloo test
+
+
+def test_all_reduce_perf_argv_and_hostfile_from_the_hosts_file():
+    from clusterctl.hostsfile import HostsFile
+
+    tool = doctor.FabricTool("nccl-tests", "", "/usr/local/cuda-12.4/efa/test-cuda-12.4/all_reduce_perf",
+                             "/opt/amazon/openmpi/bin/mpirun")
+    argv = doctor.all_reduce_perf_argv(tool, 2, 8, "/home/ubuntu/clusterctl-jobs/fabric-1/mpi_hosts",
+                                       max_bytes=64 * 2**20, iters=10)
+    assert argv == ["/opt/amazon/openmpi/bin/mpirun", "--prefix", "/opt/amazon/openmpi", "-np", "16",
+                    "--hostfile", "/home/ubuntu/clusterctl-jobs/fabric-1/mpi_hosts", "--map-by", "ppr:8:node",
+                    "--bind-to", "none", "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG=WARN",
+                    "/usr/local/cuda-12.4/efa/test-cuda-12.4/all_reduce_perf", "-b", "8", "-e", "67108864", "-f", "2",
+                    "-g", "1", "-n", "10"]
+    root = doctor.all_reduce_perf_argv(doctor.FabricTool("nccl-tests", "", "/x y/all_reduce_perf", "mpirun"), 1, 1,
+                                       "/tmp/h", max_bytes=8, iters=1, as_root=True)
+    assert root[:2] == ["mpirun", "--allow-run-as-root"] and "--prefix" not in root
+    assert "'/x y/all_reduce_perf'" in shlex.join(root)  # a path with a space stays one word on the leader
+    with pytest.raises(ValueError):
+        doctor.all_reduce_perf_argv(tool, 2, 0, "/tmp/h", max_bytes=8, iters=1)
+    hosts = HostsFile.parse("10.0.1.11 slots=1\n10.0.1.12 slots=1\n")
+    assert doctor.mpi_hostfile(hosts, 8) == "10.0.1.11 slots=8 max_slots=8\n10.0.1.12 slots=8 max_slots=8\n"
+
+
+def test_nccl_tests_only_when_every_node_has_it_and_gpus():
+    arp, mpi = "/opt/nccl-tests/build/all_reduce_perf", "/opt/amazon/openmpi/bin/mpirun"
+    both = {"all_reduce_perf": arp, "mpirun": mpi}
+    tool = doctor.choose_fabric_tool({"a": both, "b": both}, gpus=8)
+    assert tool == doctor.FabricTool("nccl-tests", f"all_reduce_perf on every node ({arp}) through mpirun", arp, mpi)
+    for found, gpus, why in (
+        ({"a": both, "b": both}, 0, "no GPUs on these nodes"),
+        ({"a": both, "b": {"mpirun": mpi}}, 8, "all_reduce_perf not found on b"),
+        ({"a": both, "b": None}, 8, "all_reduce_perf not found on b"),  # the probe failed there
+        ({"a": {"all_reduce_perf": arp}, "b": both}, 8, "mpirun not found on a"),
+        ({"a": both, "b": {**both, "all_reduce_perf": "/usr/local/cuda/efa/test-cuda-12.4/all_reduce_perf"}}, 8,
+         "all_reduce_perf at different paths"),
+    ):
+        tool = doctor.choose_fabric_tool(found, gpus)
+        assert tool.name == "gloo" and tool.why.startswith(why) and tool.why.endswith("Horovod's allreduce over gloo")
+    assert doctor.parse_tools(f"all_reduce_perf {arp}\nmpirun {mpi}\nnoise\n") == both
+
+
+def test_the_probe_finds_all_reduce_perf_on_each_node_and_one_missing_means_gloo(local_cluster_factory):
+    """The probe's shell on real nodes (each has its own /opt): the first match of each path, nothing when absent
+    or not executable. An executable at the path is all the probe asks (whether it runs needs GPUs), so an
+    empty file made executable stands in for the binary, /bin/true for mpirun."""
+    from clusterctl.cluster import inventory
+    from clusterctl.cluster.state import StateStore
+    from clusterctl.remote.ssh import SshPool
+
+    c = local_cluster_factory(2, 1)
+    arp = "/opt/nccl-tests/build/all_reduce_perf"
+    for i in range(2):
+        c.node_exec(i, "sh", "-c", "mkdir -p /opt/amazon/openmpi/bin /opt/nccl-tests/build && "
+                                   f"cp /bin/true /opt/amazon/openmpi/bin/mpirun && touch {arp}")
+    c.node_exec(0, "chmod", "+x", arp)  # on node 1 the file is there but not executable: no binary
+    inv = inventory.resolve(None, c.name, StateStore(c.cli.home))
+
+    def probe() -> dict:
+        with SshPool(inv.settings) as pool:
+            report = pool.run(list(inv.targets), doctor.tools_probe_command(), timeout=60)
+        return {r.host: doctor.parse_tools(r.stdout) if r.exit_code == 0 else None for r in report}
+
+    found = probe()
+    assert found == {c.hosts[0]: {"all_reduce_perf": arp, "mpirun": "/opt/amazon/openmpi/bin/mpirun"},
+                     c.hosts[1]: {"mpirun": "/opt/amazon/openmpi/bin/mpirun"}}
+    tool = doctor.choose_fabric_tool(found, gpus=8)
+    assert tool.name == "gloo" and tool.why.startswith(f"all_reduce_perf not found on {c.hosts[1]}:")
+    c.node_exec(1, "chmod", "+x", arp)
+    assert doctor.choose_fabric_tool(probe(), gpus=8) == doctor.FabricTool(
+        "nccl-tests", f"all_reduce_perf on every node ({arp}) through mpirun", arp, "/opt/amazon/openmpi/bin/mpirun")
+
+
 def shape(name: str, index: int, rate: str) -> None:
     """htb on node `index`'s link both ways (this kernel has htb but no netem): into the node on the bridge's
     veth, out of it on the node's eth0. The links go with the cluster at down."""
@@ -133,6 +261,7 @@ def test_doctor_fabric_names_the_node_with_a_quarter_link(local_cluster_factory)
     report = json.loads(proc.stdout)
     fab = report["fabric"]
     assert fab["slow"] == [c.hosts[1]], fab
+    assert fab["tool"] == "gloo" and fab["tool_why"].startswith("no GPUs") and fab["nccl"] is None
     assert fab["cluster"]["busbw_gbit"] > 0 and not fab["cluster"]["error"]
     assert sorted(tuple(p["hosts"]) for p in fab["pairs"]) == sorted(
         [(c.hosts[0], c.hosts[1]), (c.hosts[1], c.hosts[2]), (c.hosts[2], c.hosts[0])])

@@ -310,11 +310,16 @@ def doctor_table(report) -> None:
     c.print(t)
     if report.fabric is not None:
         f = report.fabric
-        c.print("fabric: cluster allreduce " + (f"{f.cluster.busbw_gbit:.2f} +- {f.cluster.conf:.2f} Gbit/s busbw"
+        c.print(f"fabric: measured with {_esc(f.tool)}: {_esc(f.tool_why)}")
+        if f.nccl is not None:  # all_reduce_perf times each size many times; no spread to print
+            c.print(f"fabric: all_reduce_perf avg bus bandwidth {f.nccl.avg_busbw_gbyte:.2f} GB/s over "
+                    f"{len(f.nccl.rows)} sizes, {f.nccl.peak_busbw_gbyte:.2f} GB/s at the largest")
+        spread = (lambda a: "") if f.tool == "nccl-tests" else (lambda a: f" +- {a.conf:.2f}")
+        c.print("fabric: cluster allreduce " + (f"{f.cluster.busbw_gbit:.2f}{spread(f.cluster)} Gbit/s busbw"
                                                 if not f.cluster.error else f"failed: {_esc(f.cluster.error)}"))
         for p in f.pairs:
             c.print(f"fabric: pair {_esc(' <-> '.join(p.hosts))}: "
-                    + (f"{p.busbw_gbit:.2f} +- {p.conf:.2f} Gbit/s" if not p.error else f"failed: {_esc(p.error)}"))
+                    + (f"{p.busbw_gbit:.2f}{spread(p)} Gbit/s" if not p.error else f"failed: {_esc(p.error)}"))
         c.print(f"fabric: judged against {_esc(f.reference)}")
     for line in report.failures():
         c.print(f"[red]FAIL[/] {_esc(line)}")

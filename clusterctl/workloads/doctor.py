@@ -11,7 +11,7 @@ import shlex
 import statistics
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from clusterctl import resources
 from clusterctl.workloads import launch
@@ -221,6 +221,9 @@ class FabricReport:
     reference: str  # what the nodes were judged against
     slow: tuple[str, ...] = ()
     why: dict[str, str] = field(default_factory=dict)
+    tool: str = "gloo"  # what measured: "nccl-tests" (all_reduce_perf over mpirun) or "gloo" (Horovod's allreduce)
+    tool_why: str = ""
+    nccl: "NcclTestsResult | None" = None  # all_reduce_perf's own table over the whole cluster
 
 
 def parse_fabric(text: str, hosts: tuple[str, ...]) -> Allreduce:
@@ -279,45 +282,235 @@ def judge_fabric(nodes: list[str], cluster: Allreduce, pairs: list[Allreduce],
     return FabricReport(cluster, tuple(pairs), best, reference, slow, why)
 
 
+# ---- nccl-tests' all_reduce_perf, where the image has it ------------------------------------------------------
+# The DLAMI ships nccl-tests built with MPI under its CUDA (/usr/local/cuda-X/efa/test-cuda-X/all_reduce_perf,
+# the DLAMI developer guide's "Using EFA on the DLAMI"), and Open MPI from the EFA installer in
+# /opt/amazon/openmpi; a build by hand usually lands in /opt/nccl-tests/build. The globs are constants
+# without spaces: the probe's shell expands them (never quoted).
+NCCL_TESTS_GLOBS = ("/opt/nccl-tests/build/all_reduce_perf", "/usr/local/cuda/efa/test-cuda-*/all_reduce_perf",
+                    "/usr/local/cuda-*/efa/test-cuda-*/all_reduce_perf")
+MPIRUN_PATHS = ("/opt/amazon/openmpi/bin/mpirun",)
+MPI_HOSTS = "mpi_hosts"  # the mpirun hostfile in the job folder, from the hosts file (slots = GPUs per node)
+_NCCL_PREFIX = re.compile(r"^\s*(?:\[\d+,\d+\]<std\w+>:|\d+:)\s?")  # mpirun --tag-output, srun -l
+_NCCL_AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+(?:e[+-]?\d+)?)")  # printf %g
+_NCCL_OOB = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s+(\w+)")
+
+
+def tools_probe_command() -> str:
+    """Prints `all_reduce_perf PATH` and `mpirun PATH`, the first executable of each (nothing when absent)."""
+    mpis = " ".join(shlex.quote(p) for p in MPIRUN_PATHS)
+    return (f'for p in {" ".join(NCCL_TESTS_GLOBS)}; do [ -x "$p" ] && {{ echo "all_reduce_perf $p"; break; }}; done; '
+            f'for p in {mpis} "$(command -v mpirun)"; do [ -n "$p" ] && [ -x "$p" ] && {{ echo "mpirun $p"; break; }}; '
+            "done; true")
+
+
+def parse_tools(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name, _, path = line.strip().partition(" ")
+        if name in ("all_reduce_perf", "mpirun") and path.startswith("/"):
+            out.setdefault(name, path)
+    return out
+
+
+@dataclass(frozen=True)
+class FabricTool:
+    name: str  # "nccl-tests" or "gloo"
+    why: str
+    binary: str = ""  # all_reduce_perf, the same path on every node
+    mpirun: str = ""  # the leader's
+
+
+def choose_fabric_tool(found: dict[str, dict[str, str] | None], gpus: int) -> FabricTool:
+    """nccl-tests when the nodes have GPUs and every node has all_reduce_perf (at one path: mpirun starts the
+    same path everywhere) and mpirun; else Horovod's allreduce over gloo, with why. `found`: node -> its
+    parse_tools (None: the probe failed there). The first node is the leader."""
+    if gpus < 1:
+        return FabricTool("gloo", "no GPUs on these nodes: Horovod's allreduce over gloo")
+    for tool in ("all_reduce_perf", "mpirun"):
+        lacking = [h for h, f in found.items() if not f or tool not in f]
+        if lacking:
+            return FabricTool("gloo", f"{tool} not found on {', '.join(lacking)}: Horovod's allreduce over gloo")
+    paths = sorted({f["all_reduce_perf"] for f in found.values() if f})
+    if len(paths) > 1:
+        return FabricTool("gloo", f"all_reduce_perf at different paths ({', '.join(paths)}): Horovod's allreduce "
+                                  "over gloo")
+    leader = next(iter(found.values()))
+    return FabricTool("nccl-tests", f"all_reduce_perf on every node ({paths[0]}) through mpirun",
+                      paths[0], leader["mpirun"])  # type: ignore[index]
+
+
+def mpi_hostfile(hosts, gpus: int) -> str:
+    """mpirun's hostfile from the hosts file: each node once, one slot per GPU."""
+    from clusterctl.hostsfile import HostsFile
+
+    return HostsFile.from_pairs((e.host, gpus) for e in hosts.entries).render_mpi()
+
+
+def all_reduce_perf_argv(tool: FabricTool, nodes: int, gpus: int, hostfile: str, *, max_bytes: int, iters: int,
+                         as_root: bool = False) -> list[str]:
+    """mpirun of all_reduce_perf: one process per GPU (-g 1), 8 bytes to max_bytes doubling, `iters` timed
+    iterations per size. --prefix finds Open MPI's daemons on the other nodes; LD_LIBRARY_PATH (the EFA and
+    NCCL plugin libraries) goes to every rank. An argv: quote it with shlex.join."""
+    if nodes < 1 or gpus < 1 or max_bytes < 8 or iters < 1:
+        raise ValueError("nodes, gpus and iters must be positive, max_bytes at least 8")
+    prefix = tool.mpirun.rsplit("/bin/", 1)[0] if "/bin/" in tool.mpirun else None
+    argv = [tool.mpirun, *(["--allow-run-as-root"] if as_root else []), *(["--prefix", prefix] if prefix else []),
+            "-np", str(nodes * gpus), "--hostfile", hostfile, "--map-by", f"ppr:{gpus}:node", "--bind-to", "none",
+            "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG=WARN",
+            tool.binary, "-b", "8", "-e", str(max_bytes), "-f", "2", "-g", "1", "-n", str(iters)]
+    return argv
+
+
+@dataclass(frozen=True)
+class NcclRow:
+    """One size of all_reduce_perf's table: out-of-place, then in-place (bandwidths in GB/s, 10^9 bytes)."""
+
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    time_us: float
+    algbw_gbyte: float
+    busbw_gbyte: float
+    wrong: str  # "#wrong" (a count, nccl-tests 2.x) or "error" (the largest error, older builds); N/A unchecked
+    inplace_time_us: float
+    inplace_algbw_gbyte: float
+    inplace_busbw_gbyte: float
+    inplace_wrong: str
+
+
+@dataclass(frozen=True)
+class NcclTestsResult:
+    rows: tuple[NcclRow, ...]
+    avg_busbw_gbyte: float  # nccl-tests' "Avg bus bandwidth": the mean over every size, small ones included
+    out_of_bounds: int | None = None  # "Out of bounds values": results outside the check's tolerance
+
+    @property
+    def peak_busbw_gbyte(self) -> float:
+        """busbw at the largest size: the link's bandwidth (small sizes measure latency)."""
+        return max(self.rows, key=lambda r: r.size_bytes).busbw_gbyte
+
+    @property
+    def wrong(self) -> int:
+        """Wrong results counted by the check (nccl-tests 2.x; 0 for older builds, which print an error)."""
+        return sum(int(v) for r in self.rows for v in (r.wrong, r.inplace_wrong) if v.isdigit())
+
+
+def parse_all_reduce_perf(text: str) -> NcclTestsResult:
+    """all_reduce_perf's output (rank 0's table, the mpirun or srun tag in front of a line allowed) read
+    back; ValueError when it holds no table or no "Avg bus bandwidth" (a failed run). Rows have a root
+    column (-1) in nccl-tests 2.x, not in older builds."""
+    rows: list[NcclRow] = []
+    avg = oob = None
+    for raw in text.splitlines():
+        line = _NCCL_PREFIX.sub("", raw, count=1)
+        if m := _NCCL_AVG.search(line):
+            avg = float(m.group(1))
+            continue
+        if m := _NCCL_OOB.search(line):
+            oob = int(m.group(1))
+            continue
+        t = line.split()
+        if len(t) == 13 and re.fullmatch(r"-?\d+", t[4]):
+            t = t[:4] + t[5:]  # the root column
+        if len(t) != 12 or not (t[0].isdigit() and t[1].isdigit() and t[2].isalpha()):
+            continue
+        try:
+            rows.append(NcclRow(int(t[0]), int(t[1]), t[2], t[3], float(t[4]), float(t[5]), float(t[6]), t[7],
+                                float(t[8]), float(t[9]), float(t[10]), t[11]))
+        except ValueError:
+            continue
+    if not rows or avg is None:
+        tail = " ".join(x.strip() for x in text.strip().splitlines()[-3:])[-300:]
+        raise ValueError(f"no all_reduce_perf result ({tail or 'no output'})")
+    return NcclTestsResult(tuple(rows), avg, oob)
+
+
+def _nccl_allreduce(text: str, hosts: tuple[str, ...]) -> tuple[Allreduce, NcclTestsResult | None]:
+    """The run as the fabric check judges it: busbw at the largest size, in Gbit/s like the gloo test."""
+    try:
+        res = parse_all_reduce_perf(text)
+    except ValueError as exc:
+        return Allreduce(hosts, error=str(exc)), None
+    if res.wrong or res.out_of_bounds:
+        return Allreduce(hosts, res.peak_busbw_gbyte * 8, error=f"all_reduce_perf found {res.wrong or res.out_of_bounds} "
+                                                                 "wrong result(s)"), res
+    return Allreduce(hosts, res.peak_busbw_gbyte * 8), res
+
+
 def fabric(inv, python: str | None = None, mb: float = 64.0, iters: int = 10, timeout: float = 300.0) -> FabricReport:
-    """Horovod's allreduce (gloo, one process per node) over the whole cluster from the leader, then over every
-    pair of ring neighbours, each pair launched from its first node, the pairs of a round at once."""
+    """The allreduce bandwidth over the whole cluster from the leader, then over every pair of ring neighbours,
+    each pair launched from its first node, the pairs of a round at once: with nccl-tests' all_reduce_perf
+    through mpirun when every node has it and GPUs (choose_fabric_tool), else Horovod's allreduce (gloo,
+    one process per node)."""
+    from clusterctl.hostsfile import HostsFile
+    from clusterctl.workloads import horovod
+
     python = python or launch.node_python(inv.cluster)
     env = launch.job_env(inv.cluster, python)
     labels = [t.label for t in inv.targets]
     hosts = [e.host for e in inv.hosts.entries]
     script_args = ["--mb", str(mb), "--iters", str(iters)]
+    gpus = horovod.gpus_per_node(inv.cluster)
+    nccl: NcclTestsResult | None = None
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
+        probe = pool.run(inv.targets, tools_probe_command(), timeout=60) if gpus else ()
+        tool = choose_fabric_tool({r.host: parse_tools(r.stdout) if r.exit_code == 0 else None for r in probe}, gpus)
         job = launch.new_job(pool, leader, "fabric")
         script = f"{job.dir}/{FABRIC_SCRIPT}"
         try:
-            launch.stage(pool, inv.targets, job, {FABRIC_SCRIPT: resources.template_bytes(FABRIC_SCRIPT)}, inv.hosts)
+            files = {FABRIC_SCRIPT: resources.template_bytes(FABRIC_SCRIPT)}
+            if tool.name == "nccl-tests":
+                files[MPI_HOSTS] = mpi_hostfile(inv.hosts, gpus).encode()
+                for a, b in (pair for round_ in ring_rounds(len(hosts)) for pair in round_):
+                    two = HostsFile((inv.hosts.entries[a], inv.hosts.entries[b]))
+                    files[f"{MPI_HOSTS}.{a}-{b}"] = mpi_hostfile(two, gpus).encode()
+            launch.stage(pool, inv.targets, job, files, inv.hosts)
             n = len(hosts)
-            cmd = launch.leader_command(job, n, [python, script, *script_args], python, env,
-                                        hosts=",".join(f"{h}:1" for h in hosts))
-            r = launch.run_on_leader(pool, leader, cmd, timeout)
+
+            def command(nodes: int, hostfile: str, horovod_hosts: str) -> str:
+                if tool.name == "nccl-tests":
+                    argv = all_reduce_perf_argv(tool, nodes, gpus, f"{job.dir}/{hostfile}", max_bytes=int(mb * 2**20),
+                                                iters=iters, as_root=leader.user == "root")
+                    return (f'{launch.LIB_PATH_SH} cd {shlex.quote(job.dir)} && '
+                            f'LD_LIBRARY_PATH="$L${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" {shlex.join(argv)} 2>&1')
+                return launch.leader_command(job, nodes, [python, script, *script_args], python, env, hosts=horovod_hosts)
+
+            def measured(text: str, on: tuple[str, ...]) -> Allreduce:
+                nonlocal nccl
+                if tool.name != "nccl-tests":
+                    return parse_fabric(text, on)
+                got, res = _nccl_allreduce(text, on)
+                if len(on) == n:
+                    nccl = res
+                return got
+
+            r = launch.run_on_leader(pool, leader, command(n, MPI_HOSTS, ",".join(f"{h}:1" for h in hosts)), timeout)
             launch.kill_job(pool, inv.targets, job)
-            cluster = parse_fabric(r.stdout + r.stderr, tuple(labels))
+            cluster = measured(r.stdout + r.stderr, tuple(labels))
             pairs: list[Allreduce] = []
             for round_ in ring_rounds(n):
                 by_first = {labels[a]: (a, b) for a, b in round_}
 
-                def command(t) -> str:
+                def pair_command(t, by_first=by_first) -> str:
                     a, b = by_first[t.label]
-                    return launch.leader_command(job, 2, [python, script, *script_args], python, env,
-                                                 hosts=f"{hosts[a]}:1,{hosts[b]}:1")
+                    return command(2, f"{MPI_HOSTS}.{a}-{b}", f"{hosts[a]}:1,{hosts[b]}:1")
 
-                report = pool.run([inv.targets[a] for a, _ in round_], command, timeout=timeout)
+                report = pool.run([inv.targets[a] for a, _ in round_], pair_command, timeout=timeout)
                 launch.kill_job(pool, inv.targets, job)
                 for res in report:
                     a, b = by_first[res.host]
-                    pairs.append(parse_fabric(res.stdout + res.stderr, (labels[a], labels[b])))
+                    pairs.append(measured(res.stdout + res.stderr, (labels[a], labels[b])))
         finally:
             launch.kill_job(pool, inv.targets, job)
             launch.remove_job(pool, inv.targets, job)
     itype = inv.cluster.instance_type if inv.cluster is not None and inv.cluster.provider != "local" else None
-    return judge_fabric(labels, cluster, pairs, FABRIC_FLOORS.get(itype or ""))
+    # the floors are of the gloo test (one TCP flow); NCCL over EFA is judged against the median node
+    floor = FABRIC_FLOORS.get(itype or "") if tool.name == "gloo" else None
+    judged = judge_fabric(labels, cluster, pairs, floor)
+    return replace(judged, tool=tool.name, tool_why=tool.why, nccl=nccl)
 
 
 def with_fabric(report: DoctorReport, fab: FabricReport) -> DoctorReport:
