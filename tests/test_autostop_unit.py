@@ -14,10 +14,8 @@ import time
 import pytest
 import yaml
 
-from clusterctl.autostop import settings as autostop
-from clusterctl.autostop import status, watchdog
-from clusterctl.cluster import costs
-from clusterctl.cluster import gc
+from clusterctl.autostop import settings as autostop, status, watchdog
+from clusterctl.cluster import costs, gc
 from clusterctl.errors import UsageError
 from clusterctl.proc import alive
 from clusterctl.providers.aws import provider as aws
@@ -274,9 +272,9 @@ def test_costs():
 def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys):
     from types import SimpleNamespace
 
-    from clusterctl.workloads import bench
     from clusterctl.cli import app as cli
     from clusterctl.cluster.state import StateStore
+    from clusterctl.workloads import bench
 
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     c = Cluster("c", "aws", tuple(Node(f"n{i}", f"10.0.0.{i}", 8, "member") for i in range(2)), "us-east-1", "p3.16xlarge")

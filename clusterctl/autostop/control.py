@@ -69,7 +69,7 @@ def lease(store, cluster, what: str, ttl: float = LEASE_TTL, warn: Callable[[str
     def hold(take: bool) -> None:
         try:
             failed = _lease_all(store, cluster, lease_id, ttl if take else None, text)
-        except Exception as exc:  # noqa: BLE001  (unreachable leader, keys gone: the operation goes on)
+        except Exception as exc:  # unreachable leader, keys gone: the operation goes on
             failed = [f"{cluster.name}: {exc}"]
         if failed and warn is not None:
             warn(f"autostop lease for this {what} not {'taken' if take else 'released'} on: {'; '.join(failed)[:300]}")
