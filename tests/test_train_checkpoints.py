@@ -7,7 +7,9 @@ from the member node. Also the IAM grant `train --checkpoint-to` gives an AWS cl
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -16,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from clusterctl.workloads import train_job as train
-from conftest import free_port, wait_for
+from conftest import free_port, node_pid, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
@@ -260,12 +262,39 @@ def test_spot_notice_checkpoints_within_one_poll_and_stops_then_resumes(env):
     st = cli("status")
     assert re.search(rf"training {job1}: failed \(spot_interruption", st.stdout), st.stdout
 
-    # the same command again: resumes from the spot checkpoint (the notice is over: a new instance)
+    # The member's instance is gone with the notice: its sshd stops answering (SIGSTOP: put back below, the
+    # module's later tests use this cluster). The same command again: on a cluster not recorded as spot,
+    # that node is an error (exit 5, nothing started); recorded as spot (as `up --spot` records it), it is
+    # left out, named, and the run resumes on the leader alone from the spot checkpoint.
     imds.noticed_at = None
-    proc = cli(*cmd, "--wait", timeout=900)
+    member = cluster.hosts[1]
+    sshd = node_pid(cluster.name, 1)
+    record_path = cli.home / "clusters" / cluster.name / "cluster.json"
+    record = record_path.read_text()
+    os.kill(sshd, signal.SIGSTOP)
+    try:
+        refused = cli(*cmd, timeout=300)
+        assert refused.returncode == 5, refused.stderr
+        assert refused.stderr.strip().startswith(f"Error: 1 of 2 node(s) did not answer ({member}: "), refused.stderr
+        assert "bring them back" in refused.stderr and "started training job" not in refused.stderr
+        data = json.loads(record)
+        data["cluster"]["extra"]["spot"] = "true"
+        record_path.write_text(json.dumps(data))
+        proc = cli(*cmd, "--wait", timeout=900)
+    finally:
+        os.kill(sshd, signal.SIGCONT)
+        record_path.write_text(record)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert re.search(rf"spot cluster: left out {re.escape(member)} \(.+\), unreachable .*training on 1 of 2 "
+                     rf"node\(s\), leader {re.escape(cluster.hosts[0])}", proc.stderr), proc.stderr
     run2 = train.parse_train_log(proc.stdout).current
-    assert run2.resumed_from.step == step and run2.done.step == 120
+    assert run2.start.size == 2 and run2.resumed_from.path == f"{folder}/ckpt-{step}"  # the leader's 2 slots
+    # half the global batch: the trainer carries on at the step that has seen as many images (not from scratch)
+    changed = [{k: w.fields.get(k) for k in ("saved", "now", "step", "new_step")} for w in run2.warnings
+               if w.fields.get("kind") == "global_batch_changed"]
+    assert changed == [{"saved": "32", "now": "16", "step": str(step), "new_step": str(2 * step)}], run2.warnings
+    assert run2.start.start_step == run2.resumed_from.step == 2 * step and run2.done.step == 120
+    assert "[2]<stdout>" not in proc.stdout  # no process on the member
 
 
 def test_checkpoint_to_grants_the_nodes_role_write_on_that_prefix_only(monkeypatch):

@@ -400,3 +400,61 @@ def test_train_options_reach_the_trainer_and_horovod():
                                                  "HOROVOD_CYCLE_TIME": "1"}
     assert train.horovod_env(TrainOptions(fusion_threshold_mb=0, cycle_time_ms=3.5)) == {
         "HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "3.5"}
+
+
+# ---- which nodes a launch runs on (a spot node may be gone) ----------------------------------------------
+LABELS = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
+
+
+def test_every_node_answered_all_are_kept_the_first_leads():
+    for spot in (True, False):
+        assert train.choose_nodes(LABELS, [None, None, None], spot=spot, np_given=False) == train.NodeChoice((0, 1, 2))
+
+
+def test_a_spot_cluster_leaves_out_the_unreachable_and_the_next_node_leads():
+    choice = train.choose_nodes(LABELS, ["timed out", None, None], spot=True, np_given=False)
+    assert choice == train.NodeChoice((1, 2), ((0, "timed out"),))
+    line = train.left_out_line(LABELS, choice)
+    assert line == ("spot cluster: left out 10.0.0.1 (timed out), unreachable (an interrupted instance?); "
+                    "training on 2 of 3 node(s), leader 10.0.0.2")
+    choice = train.choose_nodes(LABELS, [None, "refused\nby host", "gone"], spot=True, np_given=False)
+    assert choice.keep == (0,) and [i for i, _ in choice.left_out] == [1, 2]
+    assert "left out 10.0.0.2 (refused by host), 10.0.0.3 (gone)" in train.left_out_line(LABELS, choice)
+
+
+def test_an_unreachable_node_is_an_error_off_spot_with_np_or_when_none_answers():
+    from clusterctl.errors import ExitCode, UnreachableError
+
+    cases = [
+        (dict(spot=False, np_given=False), [None, "timed out", None],
+         "1 of 3 node(s) did not answer (10.0.0.2: timed out): bring them back"),
+        (dict(spot=True, np_given=True), [None, "timed out", None],
+         "1 of 3 spot node(s) did not answer (10.0.0.2: timed out) and --np asks for a fixed number of processes: "
+         "run the same command without --np"),
+        (dict(spot=True, np_given=False), ["a", "b", "c"], "no node of the cluster answered (10.0.0.1: a; 10.0.0.2: b"),
+    ]
+    for kw, errors, start in cases:
+        with pytest.raises(UnreachableError) as exc:
+            train.choose_nodes(LABELS, errors, **kw)
+        assert exc.value.exit_code == ExitCode.UNREACHABLE and exc.value.one_line().startswith(start), exc.value.one_line()
+    with pytest.raises(ValueError):
+        train.choose_nodes(LABELS, [None], spot=True, np_given=False)
+
+
+def test_the_inventory_keeps_the_chosen_nodes_and_later_commands_find_the_jobs_leader():
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.hostsfile import HostsFile
+    from clusterctl.remote.ssh import SshSettings, SshTarget
+
+    hosts = HostsFile.parse("10.0.0.1 slots=2\n10.0.0.2 slots=2\n10.0.0.3 slots=1\n")
+    inv = Inventory(hosts, tuple(SshTarget(h, h) for h in LABELS), SshSettings("/kh"))
+    kept = train.keep_nodes(inv, (1, 2))
+    assert [e.host for e in kept.hosts.entries] == ["10.0.0.2", "10.0.0.3"] and kept.hosts.total_slots == 3
+    assert [t.label for t in kept.targets] == ["10.0.0.2", "10.0.0.3"] and kept.settings == inv.settings
+    job = train.TrainJob(key="c", job="train-1", job_dir="/d", home="/root", leader="10.0.0.2", model_dir="/m", np=3,
+                         python="/p", options={}, started_at=0.0, hosts=("10.0.0.2", "10.0.0.3"))
+    assert train.TrainJob.from_json(job.to_json()) == job
+    assert train.job_inventory(inv, job).targets[0].label == "10.0.0.2"
+    old = json.loads(job.to_json())
+    del old["hosts"]  # a record from before: the hosts' first node leads
+    assert train.job_inventory(inv, train.TrainJob.from_json(json.dumps(old))) is inv

@@ -1696,12 +1696,12 @@ def train(
                          report=display.info, checkpoint_copy=not no_checkpoint_copy)
     display.info(f"started training job {job.job}: {job.np} process(es), leader {job.leader} (tmux session "
                  f"{job.job}); checkpoints in {job.model_dir}")
-    _train_estimate(inv, job, opts)
+    _train_estimate(trainlib.job_inventory(inv, job), job, opts)
     if not wait:
         display.info("follow it: clusterctl logs -f; where it is: clusterctl status")
         return
     began = time.monotonic()
-    code = launchlib.follow(inv, job.job, _print_line)
+    code = launchlib.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
     from clusterctl.cluster import costs
 
     per_hour = costs.hourly(inv.cluster)
@@ -1871,7 +1871,7 @@ def tensorboard(
         code = tunnel.wait()
         raise ClusterctlError(f"the ssh tunnel ended (exit {code})", "run `clusterctl tensorboard` again")
     finally:
-        trainlib.close_tensorboard(inv, tunnel)
+        trainlib.close_tensorboard(trainlib.job_inventory(inv, job), tunnel)
 
 
 def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> None:
@@ -1882,7 +1882,7 @@ def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> Non
     inv = _train_inventory(hostsfile, cluster, connect_timeout)
     job = trainlib.require_job(_store(), inv)
     if follow:
-        code = launchlib.follow(inv, job.job, _print_line)
+        code = launchlib.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
         raise typer.Exit(0 if code == 0 else int(ExitCode.REMOTE_FAILED))
     text, _running = trainlib.read_log(inv, job)
     sys.stdout.write(text)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import io
+import logging
 import os
 import select
 import shlex
@@ -31,6 +32,9 @@ OnLine = Callable[[str, str, str], None]  # (host label, "stdout"|"stderr", line
 MAX_CAPTURE = 4 * 1024 * 1024  # per stream per host; the tail is kept beyond that
 MAX_LINE = 64 * 1024  # an unfinished line is cut (delivered in pieces) beyond this
 EOF_GRACE = 5.0  # after the exit status, how long a silent channel may keep us waiting for its EOF
+# A failed connect is a HostResult here; paramiko's transport thread would also print its traceback on
+# stderr (logging's last resort) before the one-line error.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class Interrupted(KeyboardInterrupt):

@@ -521,6 +521,7 @@ class TrainJob:
     options: Mapping[str, object]  # TrainOptions as a dict (paths absolute on the nodes)
     started_at: float
     previous: tuple[str, ...] = ()  # earlier launches of this job (restarts), oldest first
+    hosts: tuple[str, ...] = ()  # the nodes this launch runs on, leader first (labels; () in older records)
 
     @property
     def log_path(self) -> str:
@@ -537,6 +538,7 @@ class TrainJob:
 
         d = dataclasses.asdict(self)
         d["previous"] = list(self.previous)
+        d["hosts"] = list(self.hosts)
         return json.dumps(d, indent=2) + "\n"
 
     @classmethod
@@ -545,6 +547,7 @@ class TrainJob:
 
         d = json.loads(text)
         d["previous"] = tuple(d.get("previous", ()))
+        d["hosts"] = tuple(d.get("hosts", ()))
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
@@ -600,6 +603,71 @@ def data_problems(outputs: Mapping[str, str | None]) -> list[str]:
         odd = [h for h, d in digests.items() if d != first]
         problems.append(f"{', '.join(odd)}: a different dataset than {next(iter(digests))} (another manifest)")
     return problems
+
+
+@dataclass(frozen=True)
+class NodeChoice:
+    """The nodes a launch runs on (indices into the hosts, leader first) and those left out, with why."""
+
+    keep: tuple[int, ...]
+    left_out: tuple[tuple[int, str], ...] = ()
+
+
+def choose_nodes(labels: tuple[str, ...] | list[str], errors: list[str | None] | tuple[str | None, ...], *,
+                 spot: bool, np_given: bool) -> NodeChoice:
+    """Which nodes to train on, from one probe of each (errors[i]: None when node i answered, else why not).
+    On a spot cluster without --np, the unreachable nodes are left out (an interrupted instance is gone) and
+    the first reachable one leads. Anywhere else an unreachable node is an error (UnreachableError): the
+    job was asked for every node, and running on fewer would change it silently."""
+    from clusterctl.errors import UnreachableError
+
+    if len(labels) != len(errors):
+        raise ValueError("one probe result per node")
+    gone = tuple((i, e) for i, e in enumerate(errors) if e is not None)
+    keep = tuple(i for i, e in enumerate(errors) if e is None)
+    if not gone:
+        return NodeChoice(keep)
+    named = "; ".join(f"{labels[i]}: {e}" for i, e in gone)
+    if not keep:
+        raise UnreachableError(f"no node of the cluster answered ({named})",
+                               "check that the nodes run (`clusterctl status`), then run the same command again")
+    if not spot:
+        raise UnreachableError(f"{len(gone)} of {len(labels)} node(s) did not answer ({named})",
+                               "bring them back (`clusterctl status`, `clusterctl doctor`), or train on the others "
+                               "with a hosts file that leaves them out")
+    if np_given:
+        raise UnreachableError(f"{len(gone)} of {len(labels)} spot node(s) did not answer ({named}) and --np "
+                               "asks for a fixed number of processes",
+                               "run the same command without --np: it trains on the nodes that answer")
+    return NodeChoice(keep, gone)
+
+
+def left_out_line(labels, choice: NodeChoice) -> str:
+    """One line for the operator: which nodes a spot launch leaves out, why, and who leads."""
+    out = ", ".join(f"{labels[i]} ({' '.join(e.split())[:120]})" for i, e in choice.left_out)
+    return (f"spot cluster: left out {out}, unreachable (an interrupted instance?); training on "
+            f"{len(choice.keep)} of {len(labels)} node(s), leader {labels[choice.keep[0]]}")
+
+
+def keep_nodes(inv, keep: tuple[int, ...]):
+    """The inventory with the nodes at these indices only (in the hosts' order)."""
+    from clusterctl.cluster import inventory
+
+    return inventory.subset(inv, [inv.hosts.entries[i].host for i in keep])
+
+
+def job_inventory(inv, job: "TrainJob"):
+    """The inventory of the nodes the job runs on, its leader first: after a spot node was left out, the
+    leader may be another node than the hosts' first."""
+    labels = {t.label for t in inv.targets}
+    if not job.hosts or not set(job.hosts) <= labels:
+        return inv
+    from clusterctl.cluster import inventory
+
+    return inventory.subset(inv, job.hosts)
+
+
+PROBE_TIMEOUT_S = 30.0
 
 
 def _record_path(store, inv) -> "object":
@@ -685,7 +753,8 @@ def _stop(pool, targets, job: TrainJob) -> None:
     from clusterctl.remote import tmux as jobs
     from clusterctl.workloads import launch
 
-    pool.run_one(targets[0], jobs.kill_job_command(job.job), timeout=60)
+    leader = next((t for t in targets if t.label == job.leader), targets[0])
+    pool.run_one(leader, jobs.kill_job_command(job.job), timeout=60)
     launch.kill_job(pool, targets, launch.Job(job.job, job.home))
 
 
@@ -708,18 +777,30 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
     from clusterctl.remote.ssh import SshPool
 
     total = inv.hosts.total_slots
-    np = np or total
-    if not 1 <= np <= total:
+    if np is not None and not 1 <= np <= total:
         raise UsageError(f"--np {np}: the hosts have {total} slot(s)")
-    hosts = launch.rung_hosts(inv.hosts, np)
-    targets = list(inv.targets[: len(hosts.entries)])
+    spot = inv.cluster is not None and inv.cluster.extra.get("spot") == "true"
     python = python or launch.node_python(inv.cluster)
     with SshPool(inv.settings) as pool:
+        # One short round first: an unreachable node fails here, by name, before anything is staged; on a
+        # spot cluster it is left out instead (the connections stay open in the pool for what follows).
+        probe = pool.run(list(inv.targets), "true", timeout=PROBE_TIMEOUT_S)
+        labels = [t.label for t in inv.targets]
+        choice = choose_nodes(labels, [r.error or f"exit {r.exit_code}" if r.exit_code != 0 else None for r in probe],
+                              spot=spot, np_given=np is not None)
+        if choice.left_out:
+            report(left_out_line(labels, choice))
+            inv = keep_nodes(inv, choice.keep)
+        np = np or inv.hosts.total_slots
+        hosts = launch.rung_hosts(inv.hosts, np)
+        targets = list(inv.targets[: len(hosts.entries)])
         leader = inv.targets[0]
         job = launch.new_job(pool, leader, "train")
         previous = load_job(store, inv)
         if previous is not None:
-            alive = is_running(pool, leader, previous)
+            # asked where it ran: a spot restart may lead from another node than the last launch did
+            was = next((t for t in inv.targets if t.label == previous.leader), None)
+            alive = is_running(pool, was, previous) if was is not None else None
             if alive and not force:
                 raise ConfigError(f"training job {previous.job} is still running on {previous.leader}",
                                   "follow it with `clusterctl logs -f`, or pass --force to stop it and start again")
@@ -762,7 +843,8 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
         record = TrainJob(key=inv.cluster.name if inv.cluster is not None else "hosts", job=job.name,
                           job_dir=job.dir, home=job.home, leader=leader.label, model_dir=model_dir, np=np,
                           python=python, options={**asdict(opts), "extra": list(opts.extra)},
-                          started_at=_time.time(), previous=earlier[-20:])
+                          started_at=_time.time(), previous=earlier[-20:],
+                          hosts=tuple(t.label for t in targets))
         _save_job(store, inv, record)
         gpus = horovod.gpus_per_node(inv.cluster)
         if gpus:
@@ -795,6 +877,7 @@ def read_log(inv, job: TrainJob) -> tuple[str, bool | None]:
     from clusterctl.errors import UnreachableError
     from clusterctl.remote.ssh import SshPool
 
+    inv = job_inventory(inv, job)
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
         r = pool.run_one(leader, history_command(job), timeout=120)
@@ -819,6 +902,7 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
 
     opts = replace(job.train_options(), eval_only=True, expect_size=None, no_eval=False)
     script = f"{job.job_dir}/{TEMPLATE}"
+    inv = job_inventory(inv, job)
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
         running = is_running(pool, leader, job)
@@ -851,7 +935,7 @@ def stop(inv, job: TrainJob) -> None:
     from clusterctl.remote.ssh import SshPool
 
     with SshPool(inv.settings) as pool:
-        _stop(pool, list(inv.targets), job)
+        _stop(pool, list(job_inventory(inv, job).targets), job)
 
 
 def tensorboard_command(job: TrainJob, port: int) -> str:
@@ -874,6 +958,7 @@ def open_tensorboard(inv, job: TrainJob, local_port: int, remote_port: int = 600
     from clusterctl.errors import RemoteCommandError, UnreachableError
     from clusterctl.remote.ssh import SshPool
 
+    inv = job_inventory(inv, job)
     leader = inv.targets[0]
     with SshPool(inv.settings) as pool:
         r = pool.run_one(leader, jobs.detach_command(TENSORBOARD_SESSION, tensorboard_command(job, remote_port)),
@@ -927,3 +1012,4 @@ def close_tensorboard(inv, tunnel) -> None:
             tunnel.kill()
     with SshPool(inv.settings) as pool:
         pool.run_one(inv.targets[0], jobs.kill_job_command(TENSORBOARD_SESSION, 2.0), timeout=60)
+
