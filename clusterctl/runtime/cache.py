@@ -23,6 +23,7 @@ from clusterctl import paths, resources
 from clusterctl.errors import NeedsRootError, ProvisionError
 from clusterctl.runtime.spec import INFO, PACK, ROOT, Build, Platform, RuntimeSpec, build_argv, runtime_id
 
+
 def entry(rid: str) -> Path:
     return paths.runtime_cache() / rid
 
