@@ -6,10 +6,11 @@ import os
 import stat
 import subprocess
 import sys
+
 import pytest
 
-from clusterctl.errors import ConfigError, StateError
 from clusterctl.cluster.state import Record, StateStore
+from clusterctl.errors import ConfigError, StateError
 from clusterctl.types import Cluster, Node
 
 

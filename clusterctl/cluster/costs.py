@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING, Any
 
 from clusterctl.units import duration, money
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.state import StateStore
+    from clusterctl.types import Cluster
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 
 
-def hourly(cluster) -> float | None:
+def hourly(cluster: Cluster | None) -> float | None:
     """The cluster's $/hour (instances, built-in table); 0 for local clusters; None when unknown."""
     if cluster is None:
         return None
@@ -40,7 +45,7 @@ def epoch_line(img_per_sec: float, per_hour: float | None, images: int = IMAGENE
             + (f" and costs about {money(cost)}" if cost is not None else " (price unknown)"))
 
 
-def save_measured(store, cluster_name: str, img_per_sec: float, np: int, model: str) -> None:
+def save_measured(store: StateStore, cluster_name: str, img_per_sec: float, np: int, model: str) -> None:
     from clusterctl.cluster.state import atomic_write
 
     if img_per_sec <= 0:
@@ -49,8 +54,9 @@ def save_measured(store, cluster_name: str, img_per_sec: float, np: int, model: 
                  json.dumps({"img_per_sec": img_per_sec, "np": np, "model": model, "at": time.time()}) + "\n")
 
 
-def load_measured(store, cluster_name: str) -> dict | None:
+def load_measured(store: StateStore, cluster_name: str) -> dict[str, Any] | None:
     try:
-        return json.loads((store.cluster_dir(cluster_name) / "measured.json").read_text())
+        measured = json.loads((store.cluster_dir(cluster_name) / "measured.json").read_text())
     except (OSError, ValueError):
         return None
+    return measured if isinstance(measured, dict) else None
