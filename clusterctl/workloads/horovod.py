@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from clusterctl.hostsfile import HostsFile, host_problem
 
@@ -290,9 +290,10 @@ _LINE = re.compile(rf"{MARK}\s+(\w+)((?:\s+[\w.-]+=\S*)*)\s*$")
 
 
 def _fields(kind: str, body: str, lineno: int, need: dict[str, type],
-            optional: dict[str, type] | None = None) -> dict[str, object]:
+            optional: dict[str, type] | None = None) -> dict[str, Any]:
+    """The line's key=value fields, each converted to the type its spec names (so Any: typed at run time)."""
     raw = dict(tok.split("=", 1) for tok in body.split())
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     for key, typ in {**need, **(optional or {})}.items():
         if key not in raw:
             if key not in need:
@@ -315,7 +316,7 @@ def parse_bench_output(text: str) -> BenchRun:
     intervals: list[BenchInterval] = []
     hosts: list[BenchHost] = []
     devices: list[DeviceReport] = []
-    result: dict[str, object] | None = None
+    result: dict[str, Any] | None = None
     errors: list[str] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if MARK not in line:
@@ -326,11 +327,11 @@ def parse_bench_output(text: str) -> BenchRun:
         kind, body = m.group(1), m.group(2)
         if kind == "interval":
             f = _fields(kind, body, lineno, {"step": int, "img_per_sec": float, "size": int})
-            intervals.append(BenchInterval(**f))  # type: ignore[arg-type]
+            intervals.append(BenchInterval(**f))
         elif kind == "host":
             f = _fields(kind, body, lineno, {"rank": int, "name": str, "local_rank": int, "img_per_sec": float},
                         {"conf": float})
-            hosts.append(BenchHost(**f))  # type: ignore[arg-type]
+            hosts.append(BenchHost(**f))
         elif kind == "result":
             if result is not None:
                 raise ValueError(f"bench output line {lineno}: a second result line (two runs in one log?)")
@@ -350,4 +351,4 @@ def parse_bench_output(text: str) -> BenchRun:
             raise ValueError(f"the benchmark reported an error and no result: {'; '.join(errors)}")
         raise ValueError(f"no '{MARK} result' line in the benchmark output (did every rank start?)")
     return BenchRun(intervals=tuple(intervals), hosts=tuple(hosts), devices=tuple(devices),
-                    **result)  # type: ignore[arg-type]
+                    **result)

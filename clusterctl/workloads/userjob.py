@@ -126,7 +126,7 @@ class Plan:
         if c.code is not None:
             return head + ["-c", c.code, *c.args]
         script = f"{job_dir}/{self.script_name}" if self.script_name else c.script
-        return head + [script, *c.args]  # type: ignore[list-item]
+        return head + [script, *c.args]  # type: ignore[list-item]  # parsing made it a module, code or a script
 
 
 def plan(command: Sequence[str], files: Sequence[str], cwd: Path) -> Plan:
