@@ -219,6 +219,29 @@ def test_recv_passes_a_stream_it_cannot_follow_through_whole_and_keeps_no_hashes
     assert b"cannot follow the tar stream" in proc.stderr
 
 
+@pytest.mark.parametrize("fmt", ["gnu", "pax"])
+def test_tar_follower_hashes_long_names_and_links_fed_in_odd_pieces(tmp_path, fmt):
+    src = tmp_path / "src"
+    long = "x" * 150 + "/" + "y" * 120 + ".bin"  # past ustar's 100 characters: a GNU long name or a pax path
+    files = {long: os.urandom(70_001), "small": b"s", "empty": b""}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    os.link(src / long, src / "hard")
+    stream = subprocess.run(["tar", "-C", str(src), f"--format={fmt}", "-cf", "-", "."], capture_output=True,
+                            check=True).stdout
+    follower = sync_agent.TarFollower()
+    view, i, step = memoryview(stream), 0, 1
+    while i < len(view):  # pieces of 1, 2, 3 ... bytes: headers and data split anywhere
+        follower.feed(view[i:i + step])
+        i, step = i + step, step % 997 + 1
+    assert follower.done
+    got = {k.removeprefix("./"): v[:2] for k, v in follower.hashes.items()}
+    want = {k: [hashlib.sha256(v).hexdigest(), len(v)] for k, v in files.items()}
+    want["hard"] = want[long]
+    assert got == want
+
+
 def test_manifest_cache_rehashes_only_what_changed(tmp_path):
     src = tmp_path / "src"
     _tree(src)

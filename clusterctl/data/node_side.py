@@ -429,47 +429,125 @@ def sync_fs(root: str) -> None:
         os.close(fd)
 
 
-class _PassThrough:
-    """A reader of fd `inp` that hands every byte it reads on to fd `out` first (tar's stdin), untouched."""
+class TarFollower:
+    """Follows a tar stream fed in pieces (GNU, ustar and pax headers; long names and links) and hashes
+    every regular file's bytes in place (memoryview slices: no copy): {path: [sha256, size, mtime]}. Hard
+    links get their target's hash. A header whose checksum is wrong stops it (TarStreamError)."""
 
-    def __init__(self, inp: int, out: int):
-        self.inp, self.out = inp, out
+    def __init__(self):
+        self.hashes: dict[str, list] = {}
+        self.done = False
+        self._hdr = bytearray()
+        self._left = self._pad = 0
+        self._sink = None  # a sha256, a bytearray (long name, pax) or None (skipped)
+        self._member: tuple | None = None
+        self._long: dict[bytes, bytes] = {}  # b"L"/b"K": the next member's name/link; b"x": its pax records
 
-    def read(self, n: int = CHUNK) -> bytes:
-        data = os.read(self.inp, max(n, CHUNK))
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.out, view):]
-        return data
+    def feed(self, mv: memoryview) -> None:
+        i, end = 0, len(mv)
+        while i < end and not self.done:
+            if self._left:
+                take = min(self._left, end - i)
+                if self._sink is not None:
+                    self._sink.update(mv[i:i + take]) if not isinstance(self._sink, bytearray) \
+                        else self._sink.extend(mv[i:i + take])
+                i += take
+                self._left -= take
+                if not self._left:
+                    self._end()
+            elif self._pad:
+                take = min(self._pad, end - i)
+                i += take
+                self._pad -= take
+            else:
+                take = min(512 - len(self._hdr), end - i)
+                self._hdr += mv[i:i + take]
+                i += take
+                if len(self._hdr) == 512:
+                    self._header(bytes(self._hdr))
+                    self._hdr.clear()
+
+    @staticmethod
+    def _num(field: bytes) -> int:
+        if field[:1] and field[0] & 0x80:  # GNU base-256 (sizes of 8 GiB and more)
+            return int.from_bytes(field[1:], "big")
+        text = field.split(b"\0", 1)[0].strip()
+        return int(text, 8) if text else 0
+
+    def _header(self, h: bytes) -> None:
+        if h == bytes(512):
+            self.done = True  # the end-of-archive block
+            return
+        if self._num(h[148:156]) != sum(h[:148]) + 256 + sum(h[156:]):
+            raise TarStreamError("a tar header's checksum is wrong")
+        kind, size = h[156:157], self._num(h[124:136])
+        pax = self._pax(self._long.get(b"x", b""))
+        size = int(pax.get(b"size", size))
+        self._left, self._pad = size, -size % 512
+        if kind in (b"L", b"K", b"x"):  # describes the next member
+            self._sink, self._member = bytearray(), (kind,)
+        else:
+            name = self._long.get(b"L") or h[:100].split(b"\0", 1)[0]
+            if h[257:263] == b"ustar\0" and h[345] and b"L" not in self._long:
+                name = h[345:500].split(b"\0", 1)[0] + b"/" + name
+            name = pax.get(b"path", name)
+            link = pax.get(b"linkpath", self._long.get(b"K") or h[157:257].split(b"\0", 1)[0])
+            mtime = int(float(pax.get(b"mtime", self._num(h[136:148]))))
+            self._long = {}
+            decode = lambda b: b.decode("utf-8", "surrogateescape").rstrip("/")  # noqa: E731
+            self._sink = hashlib.sha256() if kind in (b"0", b"\0", b"7") else None
+            self._member = (kind, decode(name), decode(link), size, mtime)
+        if not self._left:
+            self._end()
+
+    @staticmethod
+    def _pax(data: bytes) -> dict[bytes, bytes]:
+        out, i = {}, 0
+        while i < len(data):
+            length = int(data[i:data.index(b" ", i)])
+            key, _, value = data[data.index(b" ", i) + 1:i + length - 1].partition(b"=")
+            out[key] = value
+            i += length
+        return out
+
+    def _end(self) -> None:
+        m, sink = self._member, self._sink
+        self._sink = None
+        if m[0] in (b"L", b"K", b"x"):
+            self._long[m[0]] = bytes(sink).rstrip(b"\0") if m[0] != b"x" else bytes(sink)
+        elif sink is not None:
+            self.hashes[m[1]] = [sink.hexdigest(), m[3], m[4]]
+        elif m[0] == b"1" and m[2] in self.hashes:
+            self.hashes[m[1]] = self.hashes[m[2]][:2] + [m[4]]
+
+
+class TarStreamError(Exception):
+    pass
 
 
 def cmd_recv(args: dict) -> None:
     """stdin to stdout, and the sha256 of every regular file's bytes in the tar stream as they go by:
-    {path: [sha256, size, mtime]} into --hashes (hard links get their target's). Forwarding to the next
-    hop happens before this (the relay's tee), so hashing never holds the chain up more than tar does."""
-    import tarfile
-
-    src = _PassThrough(0, 1)
-    hashes: dict[str, list] = {}
-    problem = None
-    try:
-        with tarfile.open(fileobj=src, mode="r|", encoding="utf-8", errors="surrogateescape", bufsize=CHUNK) as tf:
-            for m in tf:
-                if m.isreg():
-                    h = hashlib.sha256()
-                    f = tf.extractfile(m)
-                    while b := f.read(CHUNK):
-                        h.update(b)
-                    hashes[m.name] = [h.hexdigest(), m.size, int(m.mtime)]
-                elif m.islnk() and m.linkname in hashes:
-                    hashes[m.name] = hashes[m.linkname][:2] + [int(m.mtime)]
-    except tarfile.TarError as exc:  # tar still gets every byte; the check reads the files back instead
-        problem = f"cannot follow the tar stream ({exc}): no hashes as written"
-    while src.read(CHUNK):  # the archive's end blocks, and anything after them: tar reads to the end
-        pass
+    {path: [sha256, size, mtime]} into --hashes. Every piece is written on before it is looked at, and
+    forwarding to the next hop happened before this (the relay's tee), so hashing holds nothing up more
+    than tar does. A stream it cannot follow still reaches tar whole; it keeps no hashes then (exit 1)."""
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    follower, problem = TarFollower(), None
+    while n := os.readv(0, [buf]):
+        piece = view[:n]
+        out = piece
+        while out:
+            out = out[os.write(1, out):]
+        if problem is None:
+            try:
+                follower.feed(piece)
+            except (TarStreamError, ValueError) as exc:
+                problem = f"cannot follow the tar stream ({exc}): no hashes as written"
+    if problem is None and not follower.done:
+        problem = "the tar stream ended early: no hashes as written"
     if problem:
         raise AgentError(problem)
-    atomic_write(args["hashes"], json.dumps(hashes, ensure_ascii=True).encode())
+    atomic_write(args["hashes"], json.dumps(follower.hashes, ensure_ascii=True).encode())
 
 
 def cmd_manifest(args: dict) -> dict:
