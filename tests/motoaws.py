@@ -727,6 +727,7 @@ def _install_patches(aws: MotoAws) -> None:
             for inst in reservation.instances:
                 if group:
                     aws.instance_groups[inst.id] = group
+                    inst.placement.group_name = group  # DescribeInstances says Placement.GroupName, as EC2 does
         profile = {k: kwargs[k] for k in ("iam_instance_profile_name", "iam_instance_profile_arn") if kwargs.get(k)}
         for inst in reservation.instances:
             if profile:

@@ -201,6 +201,11 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
                       f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes {by_index[1]['PrivateIpAddress']} hostname"))
     assert proc.stdout.count("ip-" + by_index[1]["PrivateIpAddress"].replace(".", "-")) == 1
     assert "4 host(s): 4 ok" in proc.stderr
+    # doctor gets the instances' type, AZ and placement group from the provider and judges them the same
+    report = json.loads(aws_cli("doctor", "--json").stdout)
+    az = found[0]["Placement"]["AvailabilityZone"]
+    assert [n["cells"]["same-type"] for n in report["nodes"]] == \
+        [{"status": "ok", "why": f"p3.16xlarge, {az}, clusterctl-{name}-{cid}"}] * 4, report["nodes"]
 
     proc = ok(aws_cli("ls"))
     row = next(line for line in proc.stdout.splitlines() if line.strip().startswith(name))

@@ -274,3 +274,11 @@ def test_doctor_fabric_names_the_node_with_a_quarter_link(local_cluster_factory)
     assert cells[c.hosts[1]]["status"] == "fail" and "< 50% of the median node's" in cells[c.hosts[1]]["why"]
     assert cells[c.hosts[0]]["status"] == "ok" and cells[c.hosts[2]]["status"] == "ok"
     assert [n for n in report["nodes"] if any(x["status"] == "fail" for k, x in n["cells"].items() if k != "fabric")] == []
+
+
+def test_doctor_judges_the_local_providers_node_facts_through_the_cli(local_cluster_factory):
+    c = local_cluster_factory(2, 1)
+    report = json.loads(c.cli("doctor", "--json").stdout)  # no runtime: versions fail, placement is judged
+    bridge = json.loads((c.cli.home / "clusters" / c.name / "cluster.json").read_text())["cluster"]["extra"]["bridge"]
+    cells = [n["cells"]["same-type"] for n in report["nodes"]]
+    assert cells == [{"status": "ok", "why": f"local, local, {bridge}"}] * 2, cells

@@ -77,27 +77,11 @@ def _store():
 
 
 def _provider(kind: str, store, region: str | None = None):
-    """A provider by name; the AWS one gets the region and reports its progress on stderr."""
+    """A provider by name, in a region (where it has regions), reporting its progress on stderr."""
     from clusterctl import providers
     from clusterctl.cli import display
 
-    if kind == "aws":
-        return providers.get("aws", store=store, region=region or None, report=display.info)
-    return providers.get(kind, store=store)
-
-
-def _where(name: str, region: str | None) -> str:
-    """The provider of a cluster that has no local record: local when it has namespaces here or when no
-    AWS region is configured (so it cannot be looked up in the cloud), else aws."""
-    from clusterctl.providers.local import netns
-
-    if name in netns.all_clusters():
-        return "local"
-    if region:
-        return "aws"
-    from clusterctl.providers.aws.provider import configured_region
-
-    return "aws" if configured_region() else "local"
+    return providers.get(kind, store=store, region=region or None, report=display.info)
 
 
 def _confirm(question: str, yes: bool) -> None:
@@ -275,102 +259,59 @@ def down(
     Everything is found by tags (or names), so this works without the local record.
     """
     from clusterctl.cli import display
-    from clusterctl.cluster import provision
-    from clusterctl.cluster.state import validate_name
+    from clusterctl.cluster import overview, provision
 
     store = _store()
-    impls: dict = {}
-
-    def impl_for(kind: str, reg: str | None):
-        key = (kind, reg or "") if kind == "aws" else (kind, "")
-        if key not in impls:
-            impls[key] = _provider(kind, store, reg)
-            if kind == "aws":
-                impls[key].force = force
-        return impls[key]
-
-    targets: list = []  # (name, provider kind, region)
-    if all_:
-        listed, damaged = store.list()
-        for line in damaged:
-            display.warn(line)
-        records = {r.cluster.name: r.cluster for r in listed}
-        kinds = [provider] if provider else sorted({c.provider for c in records.values()} | {"local"}
-                                                   | ({"aws"} if region else set()))
-        aws_regions = {region} if region else ({c.region for c in records.values() if c.provider == "aws"} or {None})
-        for kind in kinds:
-            for reg in (aws_regions if kind == "aws" else {None}):
-                for n in impl_for(kind, reg).all_clusters():
-                    targets.append((n, kind, reg))
-        for n, c in records.items():
-            if (not provider or c.provider == provider) and not any(t[0] == n for t in targets):
-                targets.append((n, c.provider, c.region if c.provider == "aws" else None))
-    else:
-        n = validate_name(name or store.current() or "") if (name or store.current()) else ""
-        if not n:
-            raise UsageError("no cluster given and none is current", "name the cluster: clusterctl down NAME")
-        record = store.load(n).cluster if store.exists(n) else None
-        kind = provider or (record.provider if record else None) or _where(n, region)
-        reg = region or (record.region if record is not None and record.provider == "aws" else None)
-        targets.append((n, kind, reg))
+    providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg), force=force)
+    targets = overview.down_targets(store, providers, name, all_, provider, region, display.warn)
     if not targets:
         display.info("no clusters found")
         return
-    known = _ages_and_owners(targets, impl_for) if all_ else {}
+    known = {}
+    if all_:
+        now = time.time()
+        for key, (created, owner) in overview.ages_and_owners(targets, providers).items():
+            known[key] = (f", age {duration(now - created)}" if created else "") + (f", owner {owner}" if owner else "")
     if all_ and not force:  # another owner's cluster (no record here) is kept; --force includes it
         mine = []
         for t in targets:
             try:
-                impl_for(t[1], t[2]).resources(t[0])
+                providers.get(t.provider, t.region).resources(t.name)
                 mine.append(t)
             except UsageError as exc:
-                display.info(f"cluster {t[0]}: kept ({exc.message}; --force removes it)")
+                display.info(f"cluster {t.name}: kept ({exc.message}; --force removes it)")
         targets = mine
         if not targets:
             display.info("no clusters of yours found")
             return
     owners: dict = {}
-    for n, kind, reg in targets:
-        found = impl_for(kind, reg).resources(n)  # another owner's cluster: refused here, before anything changes
-        if kind == "aws":
-            owners[n] = impl_for(kind, reg).owners(n)
-        where = f"{kind}{', ' + impl_for(kind, reg).region if kind == 'aws' else ''}" + known.get((n, kind), "")
-        display.info(f"cluster {n} ({where}): " + (f"{len(found)} resource(s) to remove" if found else "nothing found"))
+    for t in targets:
+        impl = providers.get(t.provider, t.region)
+        found = impl.resources(t.name)  # another owner's cluster: refused here, before anything changes
+        owners[t.name] = impl.owners(t.name)
+        where = (t.provider if impl.region == t.provider else f"{t.provider}, {impl.region}") + known.get((t.name, t.provider), "")
+        display.info(f"cluster {t.name} ({where}): " + (f"{len(found)} resource(s) to remove" if found else "nothing found"))
         for line in found:
             display.info(f"  {line}")
-    _confirm(f"Remove cluster(s) {', '.join(t[0] + (' (owner ' + ', '.join(owners[t[0]]) + ')' if owners.get(t[0]) else '') for t in targets)} "
+    _confirm(f"Remove cluster(s) {', '.join(t.name + (' (owner ' + ', '.join(owners[t.name]) + ')' if owners.get(t.name) else '') for t in targets)} "
              "and everything they created?", yes)
     from clusterctl.remote import agent
 
     agent.stop(store.root)  # the connection agent holds ssh connections to these nodes: nothing stays running
     failed = []
-    for n, kind, reg in targets:
-        teardown = provision.down(n, store, impl_for(kind, reg), report=display.info)
+    for t in targets:
+        teardown = provision.down(t.name, store, providers.get(t.provider, t.region), report=display.info)
         if teardown.clean:
-            display.info(f"cluster {n} is gone: nothing tagged for it is left")
+            display.info(f"cluster {t.name} is gone: nothing tagged for it is left")
             from clusterctl.cluster import sshentry
 
-            sshentry.remove(n)  # its ssh config entry goes with it
+            sshentry.remove(t.name)  # its ssh config entry goes with it
         else:
-            failed.append(f"{n}: {'; '.join(teardown.left)}")
+            failed.append(f"{t.name}: {'; '.join(teardown.left)}")
     if failed:
         from clusterctl.errors import ProvisionError
 
         raise ProvisionError(f"some resources remain ({' | '.join(failed)})", "run `clusterctl down` again")
-
-
-def _ages_and_owners(targets, impl_for) -> dict:
-    """(name, provider) -> ", age 3h10m, owner ann@laptop" for `down --all` (from the same search as `gc`)."""
-    from clusterctl.cluster import gc as gclib
-
-    out, now = {}, time.time()
-    for kind, reg in sorted({(k, r or "") for _, k, r in targets}):
-        impl = impl_for(kind, reg or None)
-        found = impl.inventory() if kind == "aws" else gclib.local_found() if kind == "local" else []
-        for c in gclib.group(found, kind, reg, {}):
-            out[(c.name, kind)] = (f", age {duration(now - c.created_at)}" if c.created_at else "") + \
-                (f", owner {c.owner}" if c.owner else "")
-    return out
 
 
 @app.command("ls")
@@ -381,58 +322,16 @@ def ls(
 ) -> None:
     """List clusters: nodes, type, AZ, state, uptime, cost so far."""
     from clusterctl.cli import display
-    from clusterctl.cluster import provision
+    from clusterctl.cluster import overview
 
     store = _store()
-    current = store.current()
-    now = time.time()
-    listed, damaged = store.list()
-    for line in damaged:
-        display.warn(line)
-    records = {r.cluster.name: r for r in listed}
-    regions = {r.cluster.region for r in records.values() if r.cluster.provider == "aws"}
-    if provider == "aws" or region:
-        regions = {region} if region else (regions or {None})
-    rows, seen = [], set()
-    totals = {"hourly": 0.0, "so_far": 0.0, "unknown": 0}
-    for reg in sorted(regions, key=str):
-        impl = _provider("aws", store, reg)
-        for cname, st in impl.statuses().items():
-            hourly, so_far = st.hourly_usd, st.cost_so_far(now)
-            totals["hourly"] += hourly or 0.0
-            totals["so_far"] += so_far or 0.0
-            totals["unknown"] += hourly is None or so_far is None
-            rec = records.get(cname)
-            rec = rec if rec is not None and rec.cluster.provider == "aws" else None
-            seen.add(cname)
-            states: dict[str, int] = {}
-            for ns in st.nodes:
-                states[ns.state] = states.get(ns.state, 0) + 1
-            started = [ns.launched_at for ns in st.nodes if ns.launched_at]
-            rows.append({
-                "name": cname + (" *" if cname == current else ""), "provider": "aws", "region": impl.region,
-                "nodes": len(st.nodes), "type": st.instance_type or "-",
-                "az": ",".join(sorted({ns.zone for ns in st.nodes if ns.zone})) or "-",
-                "state": ", ".join(f"{v} {k}" for k, v in sorted(states.items())) or "no nodes",
-                "uptime": duration(now - min(started)) if started else "-",
-                "$/hour": money(st.hourly_usd), "cost so far": money(st.cost_so_far(now)),
-                "note": "; ".join(provision.disagreements(rec, st)),
-            })
-    for cname, r in records.items():
-        if cname in seen:
-            continue
-        c = r.cluster
-        if c.provider == "aws" and c.region in regions:
-            note = "; ".join(provision.disagreements(r, None))
-            rows.append({"name": cname + (" *" if cname == current else ""), "provider": "aws", "region": c.region,
-                         "nodes": len(c.nodes), "type": c.instance_type, "az": c.extra.get("az", "-"),
-                         "state": "not in the cloud", "uptime": "-", "$/hour": "-", "cost so far": "-", "note": note})
-            continue
-        rows.append({"name": cname + (" *" if cname == current else ""), "provider": c.provider, "region": c.region,
-                     "nodes": len(c.nodes), "type": c.instance_type, "az": "-", "state": r.status,
-                     "uptime": duration(now - c.created_at) if r.status == "up" else "-",
-                     "$/hour": "$0.00" if c.provider == "local" else "-",
-                     "cost so far": "$0.00" if c.provider == "local" else "-", "note": r.note})
+    providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg))
+    found = overview.listing(store, providers, provider, region, display.warn)
+    totals = {"hourly": found.hourly_usd, "so_far": found.so_far_usd, "unknown": found.unknown}
+    rows = [{"name": r.name + (" *" if r.current else ""), "provider": r.provider, "region": r.region, "nodes": r.nodes,
+             "type": r.instance_type or "-", "az": r.zones or "-", "state": r.state, "uptime": duration(r.uptime_s),
+             "$/hour": money(r.hourly_usd) if r.priced else "-", "cost so far": money(r.so_far_usd) if r.priced else "-",
+             "note": r.note} for r in found.rows]
     if not rows:
         display.info("no clusters; bring one up with `clusterctl up --provider local --nodes 2`")
         return
@@ -456,7 +355,7 @@ def status(
     Says where the local record and the provider disagree.
     """
     from clusterctl.cli import display
-    from clusterctl.cluster import provision
+    from clusterctl.cluster import overview, provision
     from clusterctl.errors import StateError
     from clusterctl.cluster.state import validate_name
 
@@ -464,7 +363,7 @@ def status(
     n = name or store.resolve(None).cluster.name
     validate_name(n)
     record = store.load(n) if store.exists(n) else None
-    kind = provider or (record.cluster.provider if record is not None else _where(n, region))
+    kind = provider or (record.cluster.provider if record is not None else overview.guess_provider(n, region))
     if kind == "local":
         if record is None:
             store.load(n)  # raises "no cluster named ..."
@@ -615,67 +514,32 @@ def gc(
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display
     from clusterctl.cluster import gc as gclib
-    from clusterctl.cluster import provision
-    from clusterctl.cluster.state import validate_name
+    from clusterctl.cluster import overview
 
-    if provider not in (None, "aws", "local"):
-        raise UsageError(f"unknown provider {provider!r}", "use aws or local")
     limit = autostop.parse_duration(older_than, "--older-than", allow_off=False) if older_than else None
     store = _store()
-    listed, damaged = store.list()
-    for line in damaged:
-        display.warn(line)
-    records = {r.cluster.name: r for r in listed}
-    found: list = []
-    impls: dict = {}
-    if provider in (None, "aws"):
-        from clusterctl.providers.aws.provider import configured_region
-
-        reg = region or configured_region()
-        if reg:
-            impls["aws"] = _provider("aws", store, reg)
-            found += gclib.group(impls["aws"].inventory(), "aws", impls["aws"].region, records)
-        elif provider == "aws":
-            raise UsageError("no AWS region given", "pass --region or set AWS_REGION")
-        else:
-            display.info("aws: no region configured, not looked at (--region R looks there)")
-    if provider in (None, "local"):
-        impls["local"] = _provider("local", store)
-        found += gclib.group(gclib.local_found(), "local", "local", records)
+    providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg), force=force)
     now = time.time()
-    chosen = [c for c in gclib.select(found, limit, now) if force or c.mine]
-    if not found:
+    found = gclib.scan(store, providers, provider, region, limit, force, display.warn, now)
+    for line in found.not_looked:
+        display.info(line)
+    if not found.found:
         display.info("nothing found: clusterctl left nothing behind")
         return
-    display.gc_table(found, chosen, now)
-    others = [c for c in gclib.select(found, limit, now) if not c.mine and c not in chosen]
-    if others:
-        display.info(f"kept: {len(others)} cluster(s) of other owners ("
-                     + ", ".join(f"{c.name} of {c.owner or 'unknown'}" for c in others) + "); --force removes them")
-    if not chosen:
-        display.info(f"nothing is older than {older_than}" if older_than and not others else "nothing of yours to remove")
+    display.gc_table(list(found.found), list(found.chosen), now)
+    if found.others:
+        display.info(f"kept: {len(found.others)} cluster(s) of other owners ("
+                     + ", ".join(f"{c.name} of {c.owner or 'unknown'}" for c in found.others) + "); --force removes them")
+    if not found.chosen:
+        display.info(f"nothing is older than {older_than}" if older_than and not found.others else "nothing of yours to remove")
         return
-    total = sum(len(c.found) for c in chosen)
-    _confirm(f"Remove {total} resource(s) of {len(chosen)} cluster(s) ("
-             + ", ".join(c.name + ("" if c.mine else f" (owner {c.owner or 'unknown'})") for c in chosen) + ")?", yes)
+    total = sum(len(c.found) for c in found.chosen)
+    _confirm(f"Remove {total} resource(s) of {len(found.chosen)} cluster(s) ("
+             + ", ".join(c.name + ("" if c.mine else f" (owner {c.owner or 'unknown'})") for c in found.chosen) + ")?", yes)
     from clusterctl.remote import agent
 
     agent.stop(store.root)
-    failed = []
-    for c in chosen:
-        if c.provider == "aws":  # exactly the resource ids listed and confirmed, never a search by tag value
-            teardown = impls["aws"].remove(c.found)
-            for line in teardown.removed:
-                display.info(f"removed {line}")
-            if teardown.clean and gclib.record_of(c, records) is not None:
-                with store.lock(c.name):
-                    store.delete(c.name)
-        else:
-            teardown = provision.down(validate_name(c.name), store, impls[c.provider], report=display.info)
-        if teardown.clean:
-            display.info(f"cluster {c.name} ({c.where}) is gone: nothing of it is left")
-        else:
-            failed.append(f"{c.name}: {'; '.join(teardown.left)}")
+    failed = gclib.remove(store, providers, found.chosen, display.info)
     if failed:
         from clusterctl.errors import ProvisionError
 
@@ -1155,13 +1019,13 @@ def doctor(
 
 
 def _cloud_facts(cluster, store):
-    """Instance type / zone / placement per node, where the cluster's provider can say (AWS)."""
-    if cluster is None or cluster.provider == "local":
+    """Instance type / zone / placement per node, as the cluster's provider sees them (None for a hosts file)."""
+    if cluster is None:
         return None
-    from clusterctl import providers
+    from clusterctl.workloads import doctor as doctorlib
 
-    impl = providers.get(cluster.provider, store=store)
-    return impl.node_facts(cluster.name) if hasattr(impl, "node_facts") else None
+    impl = _provider(cluster.provider, store, cluster.region)
+    return doctorlib.placement_facts(cluster, impl.node_facts(cluster))
 
 
 # ---- the dataset on every node ---------------------------------------------------------------------------
@@ -1681,8 +1545,8 @@ def train(
         raise UsageError("--fusion-threshold-mb must not be negative and --cycle-time-ms must be positive")
     if checkpoint_to is not None:
         trainlib.check_s3_uri(checkpoint_to)
-        if inv.cluster is not None and inv.cluster.provider == "aws":
-            _provider("aws", store, inv.cluster.region).grant_checkpoint_write(inv.cluster, checkpoint_to)
+        if inv.cluster is not None:
+            _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(inv.cluster, checkpoint_to)
     opts = trainlib.TrainOptions(
         data=data, synthetic=synthetic, model=model, epochs=epochs, batch_size=batch_size, model_dir=model_dir,
         max_steps=max_steps, base_lr=base_lr, warmup_epochs=warmup_epochs, checkpoint_every=checkpoint_every,
@@ -1907,18 +1771,7 @@ def _train_status(name: str) -> None:
     except ClusterctlError as exc:
         display.warn(f"training job {job.job}: {exc.one_line()}")
         return
-    hourly = None
-    if inv.cluster is not None and inv.cluster.provider == "local":
-        hourly = 0.0
-    elif inv.cluster is not None:
-        try:
-            from clusterctl.providers.aws import catalog as aws_catalog
-
-            each = aws_catalog.instance_price(inv.cluster.instance_type)
-            hourly = None if each is None else each * len(inv.cluster.nodes)
-        except Exception:
-            hourly = None
-    display.train_status(job, st, hourly)
+    display.train_status(job, st, _hourly(inv.cluster))
 
 
 def main() -> None:

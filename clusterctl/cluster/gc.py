@@ -1,12 +1,13 @@
 """`clusterctl gc`: everything clusterctl made, wherever it looks, whether or not this machine remembers it.
 
 AWS: every resource of the region (and IAM) tagged `clusterctl:cluster` (AwsProvider.inventory); this
-machine: every local cluster's namespaces and config folders (providers/netns.py). Each cluster is shown
+machine: every local cluster's namespaces and config folders (LocalProvider.inventory). Each cluster is shown
 with its age (its oldest resource) and owner (the `clusterctl:owner` tag: user@host that made it). On AWS a
 cluster is one identity (its name and `clusterctl:id`; before ids, name and owner), and what is removed is
 exactly the resource ids listed and confirmed (AwsProvider.remove), never a search by tag value (EC2 reads `*`
 in one as a wildcard); another owner's clusters are kept unless --force. Local clusters are removed by
-their provider's terminate, as `down` does (nothing here deletes anything).
+their provider's terminate, as `down` does. scan() finds and chooses (nothing changes); remove() removes
+what the user confirmed, each provider's remove(), and the record with it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Callable, Iterable
 
 from clusterctl.providers.base import Found
 
@@ -44,42 +45,11 @@ class Leftover:
 
     @property
     def where(self) -> str:
-        return f"aws {self.region}" if self.provider == "aws" else "local"
+        return self.provider if self.region in ("", self.provider) else f"{self.provider} {self.region}"
 
     def kinds(self) -> str:
         counts = Counter(f.kind for f in self.found)
         return ", ".join(f"{n} {kind}" for kind, n in counts.items())
-
-
-def local_found() -> list[Found]:
-    """Namespaces (and their config folders) of every local cluster on this machine."""
-    from clusterctl.proc import owner
-    from clusterctl.providers.local import netns
-
-    names = set(netns.all_clusters())
-    etc = Path("/etc/netns")
-    if etc.is_dir():
-        for d in etc.iterdir():
-            if d.name.startswith(netns.NETNS_PREFIX) and d.name.rsplit("-", 1)[-1].isdigit():
-                names.add(d.name[len(netns.NETNS_PREFIX):].rsplit("-", 1)[0])
-    me = owner()
-    out = []
-    for name in sorted(names):
-        left = netns.leftovers(name)
-        for ns in left.netns:
-            out.append(Found(name, "namespace", ns, _mtime(Path("/run/netns") / ns), me,
-                             f"{len(netns.netns_pids(ns))} process(es)"))
-        out += [Found(name, "link", link, None, me) for link in left.links]
-        out += [Found(name, "config folder", d, _mtime(Path(d)), me) for d in left.etc_dirs
-                if not any(d.endswith("/" + ns) for ns in left.netns)]
-    return out
-
-
-def _mtime(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return None
 
 
 def group(found: list[Found], provider: str, region: str, records: dict, me: str | None = None) -> list[Leftover]:
@@ -118,3 +88,64 @@ def select(leftovers: list[Leftover], older_than: float | None, now: float | Non
         return list(leftovers)
     now = now or time.time()
     return [c for c in leftovers if c.created_at is not None and now - c.created_at >= older_than]
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What `gc` found and what it would remove (nothing changed yet)."""
+
+    found: tuple[Leftover, ...]
+    chosen: tuple[Leftover, ...]  # old enough, and the user's (or --force)
+    others: tuple[Leftover, ...]  # old enough, but another owner's: kept without --force
+    not_looked: tuple[str, ...]  # one line per provider that was not asked, and why
+
+
+def scan(store, providers, provider: str | None, region: str | None, older_than: float | None, force: bool,
+         warn: Callable[[str], None], now: float | None = None) -> Scan:
+    """Every provider's inventory (or --provider's), grouped by cluster identity, chosen by age and owner.
+    A provider without a region (AWS, none configured) is skipped with a line, or refused when named."""
+    from clusterctl import providers as registry
+    from clusterctl.errors import ConfigError, UsageError
+
+    if provider is not None and provider not in registry.names():
+        raise UsageError(f"unknown provider {provider!r}", f"use {' or '.join(registry.names())}")
+    listed, damaged = store.list()
+    for line in damaged:
+        warn(line)
+    records = {r.cluster.name: r for r in listed}
+    found: list[Leftover] = []
+    not_looked = []
+    for kind in [provider] if provider else registry.names():
+        impl = providers.get(kind, region)
+        try:
+            where = impl.region
+        except ConfigError:
+            if provider is not None:
+                raise UsageError("no AWS region given", "pass --region or set AWS_REGION") from None
+            not_looked.append(f"{kind}: no region configured, not looked at (--region R looks there)")
+            continue
+        found += group(impl.inventory(), kind, where, records)
+    now = time.time() if now is None else now
+    old = select(found, older_than, now)
+    chosen = [c for c in old if force or c.mine]
+    others = [c for c in old if not c.mine and c not in chosen]
+    return Scan(tuple(found), tuple(chosen), tuple(others), tuple(not_looked))
+
+
+def remove(store, providers, chosen: Iterable[Leftover], report: Callable[[str], None]) -> list[str]:
+    """Remove exactly what each chosen cluster's provider found (and the cluster's record here, when it is
+    this identity's and nothing is left); one "name: what is left" line per cluster not wholly gone."""
+    records = {r.cluster.name: r for r in store.list()[0]}
+    failed = []
+    for c in chosen:
+        teardown = providers.get(c.provider, c.region).remove(c.found)
+        for line in teardown.removed:
+            report(f"removed {line}")
+        if teardown.clean and record_of(c, records) is not None:
+            with store.lock(c.name):
+                store.delete(c.name)
+        if teardown.clean:
+            report(f"cluster {c.name} ({c.where}) is gone: nothing of it is left")
+        else:
+            failed.append(f"{c.name}: {'; '.join(teardown.left)}")
+    return failed

@@ -93,9 +93,7 @@ def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: P
             record = store.load(spec.name)
             live = provider.find(spec.name)
             if record.status == "up" and live is not None:
-                refresh = getattr(provider, "refresh_access", None)  # AWS: the ssh rule becomes this run's
-                if refresh is not None:
-                    refresh(spec, record.cluster)
+                provider.refresh_access(spec, record.cluster)  # AWS: the ssh rule becomes this run's
                 report(f"cluster {spec.name} is already up ({len(live.nodes)} nodes); nothing to do")
                 store.set_current(spec.name)
                 return live
@@ -144,7 +142,8 @@ def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: P
                     report(f"warning: {warning}")
                 # The nodes' training environment; the record says which (launch.node_python reads it).
                 fields = install_runtime(cluster, pool, ssh_targets(cluster, store), hf.hosts, str(p.known_hosts),
-                                         runtime, report, s3=runtime_cache)
+                                         runtime, report, s3=runtime_cache,
+                                         build_here=provider.builds_runtime_locally)
             cluster = dataclasses.replace(cluster, extra={**cluster.extra, **fields})
             atomic_write(p.hosts, hf.render(), mode=0o644)
             if hosts_out is not None:

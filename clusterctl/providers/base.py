@@ -1,14 +1,28 @@
 """The Provider protocol: what every place nodes come from (a cloud, this machine) must answer.
 
-Providers return typed values only; their API responses never leave their module. Everything after
-launch (waiting for ssh, pinning host keys, handing out the cluster key, the hosts file) is common
-code in provision.py, the same for every provider.
+This is the whole contract: every method and attribute the CLI and the library call on a provider is
+declared here, so nothing probes a provider with hasattr/getattr or branches on its name. Providers
+return typed values only (the dataclasses below); their API responses never leave their module.
+Everything after launch (waiting for ssh, pinning host keys, handing out the cluster key, the hosts
+file) is common code in cluster/provision.py, the same for every provider.
+
+Lifecycle, in the order `up` / `down` call it:
+  plan -> dry_run (only with --dry-run) -> launch -> host_keys -> [refresh_access on a re-run]
+  resources -> terminate                     (`down`)
+Reading, never changing anything:
+  find, status, statuses, all_clusters       (`ls`, `status`, `down --all`)
+  inventory, owners                          (`gc`, `down --all`: what exists, by whom)
+  node_facts                                 (`doctor`'s same-type / zone / placement check)
+Changing a running cluster:
+  remove (`gc`: exactly the listed ids), reboot (`clean --reboot`), grant_checkpoint_write
+  (`train --checkpoint-to`).
+Capabilities (plain attributes): region, builds_runtime_locally, force.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Iterable, Mapping, Protocol
 
 from clusterctl.types import Cluster, ClusterSpec, Node
 
@@ -91,6 +105,15 @@ class Found:
 
 
 @dataclass(frozen=True)
+class NodeFacts:
+    """Where a node runs, as its provider knows it (`doctor` checks every node has the same)."""
+
+    instance_type: str
+    zone: str
+    placement: str = ""  # the placement group (AWS), the bridge (local); "" when none
+
+
+@dataclass(frozen=True)
 class Teardown:
     removed: tuple[str, ...]  # one line per resource removed
     left: tuple[str, ...]  # what a final sweep still found (empty when all is gone)
@@ -101,7 +124,15 @@ class Teardown:
 
 
 class Provider(Protocol):
-    name: str
+    name: str  # "aws", "local": what Cluster.provider and --provider say
+    # The region this instance works in ("local" for this machine); reading it may raise ConfigError when
+    # none is configured (AWS).
+    region: str
+    # True when this machine builds the node runtime for the nodes (they share its OS); False when the
+    # leader builds it (runtime/install.py).
+    builds_runtime_locally: bool
+    # `down`/`gc` may remove another owner's cluster (AWS owner tags); set by --force before any call.
+    force: bool
 
     def plan(self, spec: ClusterSpec) -> Plan:
         """What `up` will create and what it costs per hour (read-only calls only)."""
@@ -116,17 +147,47 @@ class Provider(Protocol):
         """Host keys learned out of band once the nodes answer ssh (e.g. cloud-init's console output),
         by ssh address. Nodes missing here are pinned at first contact."""
 
+    def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
+        """`up` of a cluster that is already up: bring who may reach it in line with this run's options
+        (AWS: the ssh rule becomes this run's range; local: nothing to do)."""
+
     def find(self, name: str) -> Cluster | None:
         """The cluster as the provider sees it, from tags/names alone (no local state needed)."""
 
     def status(self, name: str) -> ClusterStatus | None:
         """Nodes, states, zones, launch times and prices, from the provider alone."""
 
+    def statuses(self) -> dict[str, ClusterStatus]:
+        """Every cluster of this provider (and region), by name, as status() sees each (for `ls`)."""
+
+    def node_facts(self, cluster: Cluster) -> dict[str, NodeFacts]:
+        """Instance type, zone and placement of each node, by node name, as the provider sees them now
+        (nodes it does not know are missing)."""
+
     def resources(self, name: str) -> list[str]:
-        """One line per resource the cluster holds (what `down` is about to remove)."""
+        """One line per resource the cluster holds (what `down` is about to remove). Raises UsageError for
+        another owner's cluster unless `force` is set."""
+
+    def owners(self, name: str) -> list[str]:
+        """Who made the cluster (user@host), where the provider records it; [] when unknown."""
 
     def terminate(self, name: str) -> Teardown:
         """Remove everything the cluster created, found by tags/names, and prove it is gone."""
 
     def all_clusters(self) -> list[str]:
         """Names of every cluster of this provider that still has resources."""
+
+    def inventory(self) -> list[Found]:
+        """Every resource this provider made for any cluster, with or without a local record (for `gc`)."""
+
+    def remove(self, found: Iterable[Found]) -> Teardown:
+        """Remove exactly these resources (from inventory(), confirmed by the user), never a search by name."""
+
+    def reboot(self, cluster: Cluster, hosts: Iterable[str], timeout: float = 60.0) -> dict[str, str | None] | None:
+        """Restart the nodes at these ssh addresses by the provider's own means: address -> None, or why it
+        failed. None when the provider has none (a cloud VM has its own kernel): the caller then runs
+        `reboot` on the nodes over ssh."""
+
+    def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
+        """Let the nodes write checkpoints under `uri` (AWS: the nodes' IAM role; local: nothing to grant,
+        the nodes use whatever credentials they are given)."""

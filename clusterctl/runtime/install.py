@@ -70,8 +70,9 @@ def describe(extra: Mapping[str, str]) -> str:
 
 def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str],
             known_hosts: str, request: RuntimeRequest, report: Report, *,
-            s3: "S3Cache | None" = None) -> dict[str, str]:
-    """Install (or find) the runtime on every node; the record's extra fields: runtime id and python."""
+            s3: "S3Cache | None" = None, build_here: bool = False) -> dict[str, str]:
+    """Install (or find) the runtime on every node; the record's extra fields: runtime id and python.
+    build_here: the provider's builds_runtime_locally (the nodes have this machine's OS)."""
     if request.mode != "install":
         return record(request)
     names = [n.name for n in cluster.nodes]
@@ -88,7 +89,7 @@ def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addre
            f"CUDA {platform.cuda}; TensorFlow {spec.tensorflow} ({'GPU' if spec.gpu else 'CPU'}), "
            f"Horovod {spec.horovod}; {len(need)} node(s) need it")
     incoming = f"{INCOMING}/{rid}"
-    if cluster.provider == "local":  # local nodes have this machine's base OS: it builds for them
+    if build_here:  # the nodes have this machine's base OS: it builds for them
         from clusterctl.runtime import cache
 
         folder, built = cache.ensure(spec, platform, report)

@@ -98,9 +98,11 @@ def judge(facts: dict[str, dict[str, str]], slots: dict[str, int], operator_time
                 mine = cloud.get(h, {}).get(key, "")
                 if mine != common:
                     diffs.append(f"{key} {mine or '-'} != {common or '-'}")
-            cells["same-type"] = Cell("fail", "; ".join(diffs)) if diffs else Cell("ok")
+            mine = cloud.get(h, {})
+            cells["same-type"] = Cell("fail", "; ".join(diffs)) if diffs else Cell(
+                "ok", ", ".join(mine.get(k) or "-" for k in ("type", "zone", "placement")))
         else:
-            cells["same-type"] = Cell("n/a", "not a cloud cluster")
+            cells["same-type"] = Cell("n/a", "no provider facts (a hosts file)")
         mesh = f.get("mesh_fail", "")
         cells["ssh-mesh"] = Cell("fail", f"cannot ssh to {mesh}") if mesh else Cell("ok")
         diffs = [f"{k} {f.get(k, '?')} != {majority(k)}" for k in ("python", "tensorflow", "horovod", "nccl", "cuda_driver")
@@ -155,6 +157,13 @@ def _float(text: str | None) -> float | None:
         return float(text) if text is not None else None
     except ValueError:
         return None
+
+
+def placement_facts(cluster, facts) -> dict[str, dict[str, str]]:
+    """The provider's NodeFacts (by node name) as judge() takes them: by ssh address, the fan-out's label."""
+    address = {n.name: n.ssh_host for n in cluster.nodes}
+    return {address[name]: {"type": f.instance_type, "zone": f.zone, "placement": f.placement}
+            for name, f in facts.items() if name in address}
 
 
 def run(inv, python: str | None = None, timeout: float = 120.0, cloud: dict[str, dict[str, str]] | None = None) -> DoctorReport:

@@ -31,7 +31,7 @@ from clusterctl import resources
 from clusterctl.errors import CapacityError, ClusterctlError, ConfigError, ProvisionError, WaitTimeout
 from clusterctl.providers.aws import catalog
 from clusterctl.providers.aws import fabric
-from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeStatus, Plan, Teardown
+from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, NodeStatus, Plan, Teardown
 from clusterctl.cluster.state import StateStore, atomic_write
 from clusterctl.types import Autostop, Cluster, ClusterSpec, Node
 from clusterctl.units import money
@@ -444,6 +444,7 @@ def _message(exc: BaseException) -> str:
 # ---- the provider -----------------------------------------------------------------------------------
 class AwsProvider:
     name = "aws"
+    builds_runtime_locally = False  # the leader builds the node runtime (the DLAMI is not this machine's OS)
 
     def __init__(self, store: StateStore | None = None, region: str | None = None, report: Report | None = None,
                  poll_interval: float = 2.0, wait_timeout: float = 900.0, console_wait: float = CONSOLE_WAIT,
@@ -1374,6 +1375,21 @@ class AwsProvider:
 
     def status(self, name: str) -> ClusterStatus | None:
         return self._statuses(name).get(name)
+
+    def node_facts(self, cluster: Cluster) -> dict[str, NodeFacts]:
+        """Type, AZ and placement group of each node now, by node name (one DescribeInstances)."""
+        by_id = {i["InstanceId"]: i for i in self._instances(self._view(cluster.name), LIVE_STATES)}
+        out = {}
+        for n in cluster.nodes:
+            inst = by_id.get(n.instance_id or "")
+            if inst is not None:
+                placement = inst.get("Placement", {})
+                out[n.name] = NodeFacts(inst.get("InstanceType", ""), placement.get("AvailabilityZone", ""),
+                                        placement.get("GroupName", ""))
+        return out
+
+    def reboot(self, cluster: Cluster, hosts: Iterable[str], timeout: float = 60.0) -> None:
+        return None  # an instance has its own kernel: the caller reboots it over ssh and waits for its new boot id
 
     def statuses(self) -> dict[str, ClusterStatus]:
         """Every cluster of this account and region, in one DescribeInstances (plus the sweep of names)."""

@@ -12,11 +12,14 @@ import ipaddress
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterable
 
 from clusterctl.errors import ConfigError
 from clusterctl.providers.local import netns
-from clusterctl.providers.base import ClusterKeys, ClusterStatus, Launched, NodeStatus, Plan, Teardown
-from clusterctl.cluster.state import StateStore
+from clusterctl.providers.base import (ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, NodeStatus, Plan,
+                                      Teardown)
+from clusterctl.cluster.state import StateStore, validate_name
 from clusterctl.types import Cluster, ClusterSpec, Node
 
 MAX_NODES = 250
@@ -32,6 +35,13 @@ def _autostop_extra(spec: ClusterSpec) -> dict[str, str]:
     return autostop.extra(spec.autostop)
 
 
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
 @contextlib.contextmanager
 def _net_lock():
     """One `up` at a time picks a subnet and makes its bridge, so two clusters never take the same one."""
@@ -45,9 +55,23 @@ def _net_lock():
 
 class LocalProvider:
     name = "local"
+    region = "local"
+    builds_runtime_locally = True  # the nodes have this machine's OS: it builds their runtime
 
-    def __init__(self, store: StateStore | None = None):
-        self.store = store or StateStore()
+    def __init__(self, store: StateStore | None = None, region: str | None = None, report=None, force: bool = False):
+        self.store = store or StateStore()  # region, report: the contract's, nothing here is regional or slow
+        self.force = force  # every local cluster is this machine's user's: nothing to force
+
+    def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
+        pass  # the nodes' bridge has no route out: nobody else can reach them
+
+    def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
+        pass  # local nodes have no role of their own: they use the credentials they are given
+
+    def node_facts(self, cluster: Cluster) -> dict[str, NodeFacts]:
+        """Every node of the record on this machine and its cluster's bridge (the local placement)."""
+        bridge = cluster.extra.get("bridge", "")
+        return {n.name: NodeFacts(cluster.instance_type, cluster.region, bridge) for n in cluster.nodes}
 
     def plan(self, spec: ClusterSpec) -> Plan:
         slots = spec.slots or 1
@@ -69,6 +93,17 @@ class LocalProvider:
             return None
         return ClusterStatus(name, self.name, cluster.region, cluster.instance_type,
                              tuple(NodeStatus(n, "running", "local", cluster.created_at or None, 0.0) for n in cluster.nodes))
+
+    def statuses(self) -> dict[str, ClusterStatus]:
+        out = {}
+        for name in self.all_clusters():
+            st = self.status(name)
+            if st is not None:
+                out[name] = st
+        return out
+
+    def owners(self, name: str) -> list[str]:
+        return []  # every local cluster is this machine's
 
     def resources(self, name: str) -> list[str]:
         left = netns.leftovers(name)
@@ -157,6 +192,38 @@ class LocalProvider:
 
     def all_clusters(self) -> list[str]:
         return netns.all_clusters()
+
+    def inventory(self) -> list[Found]:
+        """Namespaces (and their config folders) of every local cluster on this machine."""
+        from clusterctl.proc import owner
+
+        names = set(netns.all_clusters())
+        etc = Path("/etc/netns")
+        if etc.is_dir():
+            for d in etc.iterdir():
+                if d.name.startswith(netns.NETNS_PREFIX) and d.name.rsplit("-", 1)[-1].isdigit():
+                    names.add(d.name[len(netns.NETNS_PREFIX):].rsplit("-", 1)[0])
+        me = owner()
+        out = []
+        for name in sorted(names):
+            left = netns.leftovers(name)
+            for ns in left.netns:
+                out.append(Found(name, "namespace", ns, _mtime(Path("/run/netns") / ns), me,
+                                 f"{len(netns.netns_pids(ns))} process(es)"))
+            out += [Found(name, "link", link, None, me) for link in left.links]
+            out += [Found(name, "config folder", d, _mtime(Path(d)), me) for d in left.etc_dirs
+                    if not any(d.endswith("/" + ns) for ns in left.netns)]
+        return out
+
+    def remove(self, found: Iterable[Found]) -> Teardown:
+        """Local resources go by cluster (a namespace without its sshd is no use): each named cluster's terminate."""
+        removed: list[str] = []
+        left: list[str] = []
+        for name in sorted({f.cluster for f in found}):
+            t = self.terminate(validate_name(name))
+            removed += t.removed
+            left += t.left
+        return Teardown(tuple(removed), tuple(left))
 
     def reboot(self, cluster: Cluster, hosts, timeout: float = 60.0) -> dict[str, str | None]:
         """Reboot nodes the local way (a namespace node has no kernel of its own, and `reboot` inside one

@@ -1,0 +1,183 @@
+"""What `ls` lists and what `down --all` removes: typed rows and targets, chosen here, rendered by cli/.
+
+Providers are made by the caller's factory (the CLI's reports progress on stderr), one per provider and
+region (Providers). Local clusters are listed from their records (their state is the record's: up, stopped
+by autostop ...); clusters of a cloud provider are asked of the provider in every region a record names
+(or the one given), so a cluster without a record here is listed too, and a record the cloud no longer
+knows says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from clusterctl.errors import UsageError
+from clusterctl.providers.base import Provider
+
+LOCAL = "local"  # the one provider whose clusters live on this machine, listed from their records
+
+
+@dataclass(frozen=True)
+class Target:
+    """One cluster `down` removes: its name, its provider, and the region to ask (None: the default)."""
+
+    name: str
+    provider: str
+    region: str | None = None
+
+
+class Providers:
+    """One provider per (name, region), made once by `make(name, region)`; --force is set on each."""
+
+    def __init__(self, make: Callable[[str, str | None], Provider], force: bool = False):
+        self._make, self._force, self._made = make, force, {}
+
+    def get(self, kind: str, region: str | None) -> Provider:
+        key = (kind, region or "")
+        if key not in self._made:
+            impl = self._made[key] = self._make(kind, region or None)
+            impl.force = self._force
+        return self._made[key]
+
+
+def _region(cluster) -> str | None:
+    """The region to ask a record's provider in (None for this machine: the local provider has one)."""
+    return None if cluster.provider == LOCAL else cluster.region
+
+
+def guess_provider(name: str, region: str | None) -> str:
+    """The provider of a cluster that has no local record: local when it has namespaces here or when no
+    AWS region is configured (so it cannot be looked up in the cloud), else aws."""
+    from clusterctl.providers.local import netns
+
+    if name in netns.all_clusters():
+        return LOCAL
+    if region:
+        return "aws"
+    from clusterctl.providers.aws.provider import configured_region
+
+    return "aws" if configured_region() else LOCAL
+
+
+def down_targets(store, providers: Providers, name: str | None, all_: bool, provider: str | None,
+                 region: str | None, warn: Callable[[str], None]) -> list[Target]:
+    """The clusters `down` is about: NAME (or the current one), or with --all every cluster the providers
+    still hold resources of, and every record here (of --provider only, when given)."""
+    from clusterctl.cluster.state import validate_name
+
+    targets: list[Target] = []
+    if all_:
+        listed, damaged = store.list()
+        for line in damaged:
+            warn(line)
+        records = {r.cluster.name: r.cluster for r in listed}
+        kinds = [provider] if provider else sorted({c.provider for c in records.values()} | {LOCAL}
+                                                   | ({"aws"} if region else set()))
+        for kind in kinds:
+            regions = {region} if region and kind != LOCAL else (
+                {_region(c) for c in records.values() if c.provider == kind} or {None})
+            for reg in sorted(regions, key=str):
+                for n in providers.get(kind, reg).all_clusters():
+                    targets.append(Target(n, kind, reg))
+        for n, c in records.items():
+            if (not provider or c.provider == provider) and not any(t.name == n for t in targets):
+                targets.append(Target(n, c.provider, _region(c)))
+        return targets
+    n = validate_name(name or store.current() or "") if (name or store.current()) else ""
+    if not n:
+        raise UsageError("no cluster given and none is current", "name the cluster: clusterctl down NAME")
+    record = store.load(n).cluster if store.exists(n) else None
+    kind = provider or (record.provider if record else None) or guess_provider(n, region)
+    return [Target(n, kind, region or (_region(record) if record is not None else None))]
+
+
+def ages_and_owners(targets: list[Target], providers: Providers) -> dict[tuple[str, str], tuple[float | None, str]]:
+    """(name, provider) -> (created_at, owner), from the same search as `gc` (for `down --all`'s listing)."""
+    from clusterctl.cluster import gc as gclib
+
+    out = {}
+    for kind, reg in sorted({(t.provider, t.region or "") for t in targets}):
+        impl = providers.get(kind, reg or None)
+        for c in gclib.group(impl.inventory(), kind, reg, {}):
+            out[(c.name, kind)] = (c.created_at, c.owner)
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of `ls`. Money: None is an unknown price; uptime None is not running."""
+
+    name: str
+    current: bool
+    provider: str
+    region: str
+    nodes: int
+    instance_type: str
+    zones: str  # "" when unknown
+    state: str
+    uptime_s: float | None
+    hourly_usd: float | None
+    so_far_usd: float | None
+    note: str
+    priced: bool = True  # False: no price to show at all (a record the cloud no longer knows)
+
+
+@dataclass(frozen=True)
+class Listing:
+    rows: tuple[Row, ...]
+    hourly_usd: float  # of the rows with a known price
+    so_far_usd: float
+    unknown: int  # rows whose price is unknown (not in the totals)
+
+
+def listing(store, providers: Providers, provider: str | None, region: str | None,
+            warn: Callable[[str], None], now: float | None = None) -> Listing:
+    """Every cluster: the cloud's view of every region a record names (or the one given) and every record."""
+    from clusterctl.cluster import provision
+
+    now = time.time() if now is None else now
+    current = store.current()
+    listed, damaged = store.list()
+    for line in damaged:
+        warn(line)
+    records = {r.cluster.name: r for r in listed}
+    regions = {r.cluster.region for r in records.values() if r.cluster.provider == "aws"}
+    if provider == "aws" or region:
+        regions = {region} if region else (regions or {None})
+    rows, seen = [], set()
+    hourly_sum, so_far_sum, unknown = 0.0, 0.0, 0
+    for reg in sorted(regions, key=str):
+        impl = providers.get("aws", reg)
+        for cname, st in impl.statuses().items():
+            hourly, so_far = st.hourly_usd, st.cost_so_far(now)
+            hourly_sum += hourly or 0.0
+            so_far_sum += so_far or 0.0
+            unknown += hourly is None or so_far is None
+            rec = records.get(cname)
+            rec = rec if rec is not None and rec.cluster.provider == impl.name else None
+            seen.add(cname)
+            states: dict[str, int] = {}
+            for ns in st.nodes:
+                states[ns.state] = states.get(ns.state, 0) + 1
+            started = [ns.launched_at for ns in st.nodes if ns.launched_at]
+            rows.append(Row(cname, cname == current, impl.name, impl.region, len(st.nodes), st.instance_type,
+                            ",".join(sorted({ns.zone for ns in st.nodes if ns.zone})),
+                            ", ".join(f"{v} {k}" for k, v in sorted(states.items())) or "no nodes",
+                            now - min(started) if started else None, hourly, so_far,
+                            "; ".join(provision.disagreements(rec, st))))
+    for cname, r in records.items():
+        if cname in seen:
+            continue
+        c = r.cluster
+        if c.provider != LOCAL and c.region in regions:
+            rows.append(Row(cname, cname == current, c.provider, c.region, len(c.nodes), c.instance_type,
+                            c.extra.get("az", ""), "not in the cloud", None, None, None,
+                            "; ".join(provision.disagreements(r, None)), priced=False))
+            continue
+        rows.append(Row(cname, cname == current, c.provider, c.region, len(c.nodes), c.instance_type, "", r.status,
+                        now - c.created_at if r.status == "up" else None,
+                        0.0 if c.provider == LOCAL else None, 0.0 if c.provider == LOCAL else None, r.note,
+                        priced=c.provider == LOCAL))
+    return Listing(tuple(rows), hourly_sum, so_far_sum, unknown)
