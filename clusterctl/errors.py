@@ -21,6 +21,17 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 
 
+def exit_status(timed_out: bool, unreachable: bool, worst: int) -> int:
+    """The run table's precedence, written once: a timeout beats unreachable hosts beats the worst other status."""
+    return int(ExitCode.TIMEOUT) if timed_out else int(ExitCode.UNREACHABLE) if unreachable else worst
+
+
+def combined(codes) -> int:
+    """Several steps' exit statuses as one (clean --kill --disk --reboot), by exit_status's precedence."""
+    codes = [int(c) for c in codes]
+    return exit_status(int(ExitCode.TIMEOUT) in codes, int(ExitCode.UNREACHABLE) in codes, max(codes, default=0))
+
+
 class ClusterctlError(Exception):
     """Base of every error that reaches the user. `hint` says what to do next."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Literal, Mapping
 
-from clusterctl.errors import ExitCode
+from clusterctl.errors import exit_status
 
 Role = Literal["leader", "member"]
 
@@ -172,9 +172,6 @@ class RunReport:
     @property
     def exit_code(self) -> int:
         """The tool's exit status for this run: timeout beats unreachable beats the worst remote code."""
-        if self.by_status("timeout"):
-            return int(ExitCode.TIMEOUT)
-        if self.by_status("unreachable"):
-            return int(ExitCode.UNREACHABLE)
         worst = max((r.exit_code or 0 for r in self.results), default=0)
-        return min(worst, MAX_PASSED_EXIT)
+        return exit_status(bool(self.by_status("timeout")), bool(self.by_status("unreachable")),
+                           min(worst, MAX_PASSED_EXIT))

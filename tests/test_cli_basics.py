@@ -100,3 +100,16 @@ def test_help_imports_nothing_heavy():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_several_steps_exit_with_the_run_tables_precedence():
+    """clean --kill --disk --reboot gives one status: timeout, then unreachable, then the worst other (the same
+    rule as one run's RunReport.exit_code, written once in errors.py)."""
+    from clusterctl.errors import ExitCode, combined
+    from clusterctl.types import HostResult, RunReport
+
+    assert combined([]) == 0 and combined([0, 1, 3]) == 3
+    assert combined([1, int(ExitCode.UNREACHABLE), 3]) == int(ExitCode.UNREACHABLE)
+    assert combined([int(ExitCode.UNREACHABLE), int(ExitCode.TIMEOUT), 1]) == int(ExitCode.TIMEOUT)
+    report = RunReport((HostResult("a", 7), HostResult("b", None, error="connection refused")))
+    assert report.exit_code == int(ExitCode.UNREACHABLE)

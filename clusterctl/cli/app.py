@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 import typer
 
 from clusterctl.cli import fastargs as _fastargs
-from clusterctl.errors import ClusterctlError, ExitCode, UsageError
+from clusterctl.errors import ClusterctlError, ExitCode, UsageError, combined
 from clusterctl.units import duration, money
 
 _fastargs.install()  # plain str/int/float/bool options without pydantic: ~0.1 s less per invocation
@@ -822,15 +822,7 @@ def clean(
         codes.append(report.exit_code)
     if reboot:
         codes.append(_reboot(inv, parallel, wait))
-    raise typer.Exit(_worst(codes))
-
-
-def _worst(codes: list[int]) -> int:
-    """The run table's precedence: timeout, then unreachable, then the worst other status."""
-    for special in (int(ExitCode.TIMEOUT), int(ExitCode.UNREACHABLE)):
-        if special in codes:
-            return special
-    return max(codes, default=0)
+    raise typer.Exit(combined(codes))
 
 
 def _name_this_process() -> None:
@@ -843,29 +835,13 @@ def _name_this_process() -> None:
 
 
 def _reboot(inv, parallel: int, wait: float) -> int:
-    from clusterctl import providers
-    from clusterctl.remote import agent
-    from clusterctl.remote import clean as cleanlib
     from clusterctl.cli import display
-    from clusterctl.remote.ssh import SshPool
+    from clusterctl.remote import clean as cleanlib
 
     start = time.monotonic()
-    agent.stop(_store().root)  # its connections die with the nodes
-    if inv.cluster is not None and inv.cluster.provider == "local":
-        hosts = [t.label for t in inv.targets]
-        display.info(f"rebooting {len(hosts)} local node(s): every process in them is killed, sshd starts again")
-        why = providers.get("local", store=_store()).reboot(inv.cluster, hosts, timeout=wait)
-        back = cleanlib.wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if why.get(t.label) is None],
-                                      {}, max(1.0, wait - (time.monotonic() - start)))
-        why.update(back)
-    else:
-        with SshPool(inv.settings) as pool:
-            report = pool.run(inv.targets, cleanlib.REBOOT_COMMAND, parallel=parallel, timeout=30)
-        boot_ids = {r.host: r.stdout.strip() for r in report if r.ok}
-        why = {r.host: (r.error or r.stderr.strip() or f"exit {r.exit_code}") for r in report if not r.ok}
-        display.info(f"reboot issued on {len(boot_ids)} node(s); waiting up to {wait:.0f}s for each to answer ssh again")
-        why.update(cleanlib.wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if t.label in boot_ids],
-                                          boot_ids, wait))
+    store = _store()
+    provider = _provider(inv.cluster.provider, store, inv.cluster.region) if inv.cluster is not None else None
+    why = cleanlib.reboot(inv, provider, parallel, wait, display.info, store.root)
     bad = {h: w for h, w in why.items() if w}
     for t in inv.targets:
         if why.get(t.label) is None:
@@ -1281,7 +1257,6 @@ def sweep(
     """
     import json as jsonlib
 
-    from clusterctl import resources
     from clusterctl.cli import display
     from clusterctl.workloads import sweep as sweeplib
     from clusterctl.remote.ssh import SshPool
@@ -1314,21 +1289,7 @@ def sweep(
         grid_values = sweeplib.parse_grid(grid)
         ranges = sweeplib.parse_ranges(range_)
         combos = sweeplib.expand(grid_values, ranges, random_k, seed)
-        staged = []
-        for f in files:
-            path = Path(f).expanduser()
-            if not path.is_file() and "/" not in f:
-                try:
-                    path = resources.template_path(f)
-                except ClusterctlError:
-                    pass
-            if not path.is_file():
-                raise UsageError(f"--file {f}: no such file here (nor a shipped template)")
-            staged.append((path.name, path.read_bytes()))
-            if path.name == "train_imagenet.py":  # it imports its checkpoint module from its own folder
-                staged.append(("train_ckpt.py", resources.template_bytes("train_ckpt.py")))
-        if len({n for n, _ in staged}) != len(staged):
-            raise UsageError("--file: two files have the same name")
+        staged = sweeplib.stage_files(files)
         sweeplib.build_trials(cmd or [], combos[:1], "python")  # a bad command template fails before connecting
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     inv.hosts.check_launchable("the sweep scheduler (ssh from the leader to each node)")
@@ -1367,24 +1328,15 @@ def sweep(
             _sweep_show(snap.state, sort=snap.state.get("status") in sweeplib.ENDED)
             if not snap.alive and snap.state.get("status") not in sweeplib.ENDED and snap.log_tail.strip():
                 display.warn("the scheduler's last words: " + " / ".join(snap.log_tail.strip().splitlines()[-3:]))
-            display.info(_sweep_summary(snap.state) + ("" if snap.alive or snap.state.get("status") in sweeplib.ENDED
+            display.info(sweeplib.summary(snap.state) + ("" if snap.alive or snap.state.get("status") in sweeplib.ENDED
                                                        else "; the scheduler is not running (--cancel ends its trials)"))
             return
         if cancel:
             state = sweeplib.cancel(pool, leader, sid, py)
             _sweep_show(state, sort=False)
-            display.info(_sweep_summary(state))
+            display.info(sweeplib.summary(state))
             return
         _sweep_watch(pool, inv, sid, out, poll)
-
-
-def _sweep_summary(state: dict) -> str:
-    counts: dict = {}
-    for t in state.get("trials", []):
-        counts[t["state"]] = counts.get(t["state"], 0) + 1
-    dead = [n["host"] for n in state.get("nodes", []) if not n.get("alive")]
-    text = f"sweep {state.get('id')} {state.get('status')}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-    return text + (f"; dead node(s): {', '.join(dead)}" if dead else "")
 
 
 def _sweep_show(state: dict, sort: bool, title: Optional[str] = None) -> None:
@@ -1403,27 +1355,12 @@ def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
     from clusterctl.workloads import sweep as sweeplib
     from clusterctl.errors import RemoteCommandError
 
-    leader = inv.targets[0]
-    seen: dict = {"prev": None, "params": None, "view": None}
-
-    def on_state(state: dict) -> None:
-        meta = state.get("meta") or {}
-        if seen["view"] is None:
-            seen["params"] = meta.get("params") or list(state["trials"][0]["params"])
-            seen["view"] = display.SweepProgress(seen["params"], meta.get("metric", "metric")).__enter__()
-        seen["view"].update(sweeplib.rows(state, seen["params"], meta.get("goal", "max"), sort=False),
-                            _sweep_summary(state), sweeplib.events(seen["prev"], state, meta.get("metric", "metric")))
-        seen["prev"] = state
-
     try:
-        state = sweeplib.follow(pool, leader, sid, on_state, poll=poll)
+        state = sweeplib.watch(pool, inv.targets[0], sid, display.SweepProgress, poll=poll)
     except KeyboardInterrupt:
         display.info(f"stopped watching; sweep {sid} goes on on the leader: "
                      f"clusterctl sweep --status | --attach | --cancel  (--id {sid})")
         raise
-    finally:
-        if seen["view"] is not None:
-            seen["view"].__exit__(None, None, None)
     meta = state.get("meta") or {}
     params, goal = meta.get("params") or list(state["trials"][0]["params"]), meta.get("goal", "max")
     folder = sweeplib.results_dir(out)
@@ -1433,7 +1370,7 @@ def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
                             meta.get("log_scale") or ())
     _sweep_show(state, sort=True, title=f"sweep {sid}: {meta.get('metric', 'metric')} ({goal}), best first")
     top = sweeplib.best(state, goal)
-    display.info(_sweep_summary(state))
+    display.info(sweeplib.summary(state))
     if state.get("error"):
         display.warn(state["error"])
     if top is not None:
@@ -1580,12 +1517,8 @@ def train(
 def _train_estimate(inv, job, opts) -> None:
     """The run's estimated cost: images to train (the dataset's count x epochs, or --max-steps) at the img/s
     `bench` measured on this cluster for this model."""
-    import json as jsonlib
-    import shlex
-
     from clusterctl.cluster import costs
     from clusterctl.cli import display
-    from clusterctl.remote.ssh import SshPool
 
     per_hour = costs.hourly(inv.cluster)
     measured = costs.load_measured(_store(), inv.cluster.name) if inv.cluster is not None else None
@@ -1598,12 +1531,9 @@ def _train_estimate(inv, job, opts) -> None:
     if opts.max_steps:
         images, what = opts.max_steps * (opts.batch_size or 64) * job.np, f"{opts.max_steps} step(s)"
     elif job.options.get("data"):
-        with SshPool(inv.settings) as pool:
-            r = pool.run_one(inv.targets[0], f"cat {shlex.quote(job.options['data'])}/dataset.json", timeout=30)
-        try:
-            per_epoch = int(jsonlib.loads(r.stdout)["splits"]["train"]["examples"]) if r.ok else None
-        except (ValueError, KeyError, TypeError):
-            per_epoch = None
+        from clusterctl.workloads import train_job as trainlib
+
+        per_epoch = trainlib.dataset_examples(inv, job.options["data"])
         if per_epoch:
             images, what = int(per_epoch * opts.epochs), f"{opts.epochs:g} epoch(s) of {per_epoch:,} images"
     if images is None:

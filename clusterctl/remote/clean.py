@@ -166,3 +166,29 @@ def wait_rebooted(pool_factory, targets: Sequence, boot_ids: dict[str, str], tim
         if pending:
             time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
     return why
+
+
+def reboot(inv, provider, parallel: int, wait: float, report, agent_root) -> dict[str, str | None]:
+    """`clean --reboot`: the provider's own restart where it has one (provider.reboot; `provider` None for a
+    hosts file), else `reboot` over ssh; then wait for each node to answer with a new boot id. Returns
+    label -> None (back) or why not. The connection agent is stopped first: its connections die with the nodes."""
+    from clusterctl.remote import agent
+    from clusterctl.remote.ssh import SshPool
+
+    start = time.monotonic()
+    agent.stop(agent_root)
+    hosts = [t.label for t in inv.targets]
+    why = provider.reboot(inv.cluster, hosts, timeout=wait) if provider is not None else None
+    if why is not None:
+        report(f"{len(hosts)} node(s) restarted by the {inv.cluster.provider} provider; waiting for their sshd")
+        why.update(wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if why.get(t.label) is None],
+                                 {}, max(1.0, wait - (time.monotonic() - start))))
+        return why
+    with SshPool(inv.settings) as pool:
+        result = pool.run(inv.targets, REBOOT_COMMAND, parallel=parallel, timeout=30)
+    boot_ids = {r.host: r.stdout.strip() for r in result if r.ok}
+    why = {r.host: (r.error or r.stderr.strip() or f"exit {r.exit_code}") for r in result if not r.ok}
+    report(f"reboot issued on {len(boot_ids)} node(s); waiting up to {wait:.0f}s for each to answer ssh again")
+    why.update(wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if t.label in boot_ids],
+                             boot_ids, wait))
+    return why

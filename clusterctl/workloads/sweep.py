@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from clusterctl import resources
-from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
+from clusterctl.errors import ClusterctlError, ConfigError, RemoteCommandError, UnreachableError, UsageError
 from clusterctl.remote import tmux as jobs
 from clusterctl.workloads import launch
 
@@ -632,3 +632,55 @@ def plot(state: dict, params: Sequence[str], metric_name: str, goal: str, path: 
 
 def python_for(cluster, python: str | None) -> str:
     return python or launch.node_python(cluster)
+
+
+def summary(state: dict) -> str:
+    """'sweep ID running: 3 done, 1 running; dead node(s): ...' (status lines and the watch's footer)."""
+    counts: dict = {}
+    for t in state.get("trials", []):
+        counts[t["state"]] = counts.get(t["state"], 0) + 1
+    dead = [n["host"] for n in state.get("nodes", []) if not n.get("alive")]
+    text = f"sweep {state.get('id')} {state.get('status')}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    return text + (f"; dead node(s): {', '.join(dead)}" if dead else "")
+
+
+def watch(pool, leader, sweep_id: str, open_view: Callable, poll: float = 1.0) -> dict:
+    """Follow a sweep to its end (follow()) and return its last state, shown in a view opened at the first
+    state, when the parameters are known: open_view(params, metric name) is a context manager with
+    update(rows, summary line, events); it is closed however the watch ends (Ctrl-C too)."""
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        seen: dict = {"prev": None, "params": None, "view": None}
+
+        def on_state(state: dict) -> None:
+            meta = state.get("meta") or {}
+            if seen["view"] is None:
+                seen["params"] = meta.get("params") or list(state["trials"][0]["params"])
+                seen["view"] = stack.enter_context(open_view(seen["params"], meta.get("metric", "metric")))
+            seen["view"].update(rows(state, seen["params"], meta.get("goal", "max"), sort=False),
+                                summary(state), events(seen["prev"], state, meta.get("metric", "metric")))
+            seen["prev"] = state
+
+        return follow(pool, leader, sweep_id, on_state, poll=poll)
+
+
+def stage_files(files: Sequence[str]) -> list[tuple[str, bytes]]:
+    """--file PATH (a file here, or a shipped template's name) as (name, bytes) for every node's sweep folder;
+    train_imagenet.py brings its checkpoint module along."""
+    staged = []
+    for f in files:
+        path = Path(f).expanduser()
+        if not path.is_file() and "/" not in f:
+            try:
+                path = resources.template_path(f)
+            except ClusterctlError:
+                pass
+        if not path.is_file():
+            raise UsageError(f"--file {f}: no such file here (nor a shipped template)")
+        staged.append((path.name, path.read_bytes()))
+        if path.name == "train_imagenet.py":  # it imports its checkpoint module from its own folder
+            staged.append(("train_ckpt.py", resources.template_bytes("train_ckpt.py")))
+    if len({n for n, _ in staged}) != len(staged):
+        raise UsageError("--file: two files have the same name")
+    return staged

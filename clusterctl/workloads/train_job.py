@@ -1013,3 +1013,17 @@ def close_tensorboard(inv, tunnel) -> None:
     with SshPool(inv.settings) as pool:
         pool.run_one(inv.targets[0], jobs.kill_job_command(TENSORBOARD_SESSION, 2.0), timeout=60)
 
+
+def dataset_examples(inv, data: str) -> int | None:
+    """The train split's example count from the dataset's dataset.json on the leader (`data tfrecords` writes
+    it), for the cost estimate; None when it cannot be read."""
+    import json
+
+    from clusterctl.remote.ssh import SshPool
+
+    with SshPool(inv.settings) as pool:
+        r = pool.run_one(inv.targets[0], f"cat {shlex.quote(data)}/dataset.json", timeout=30)
+    try:
+        return int(json.loads(r.stdout)["splits"]["train"]["examples"]) if r.ok else None
+    except (ValueError, KeyError, TypeError):
+        return None
