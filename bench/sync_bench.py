@@ -6,16 +6,21 @@ every veth, every node's eth0, and the bridge: the source's side), makes a datas
 in a few thousand files, and times, one after another on the same cluster:
 
     clusterctl sync      the pipelined relay (chain), end to end: manifest, stream, sha256 check, marker
+    clusterctl-disk      the same with --verify disk (every copy read back, as before verify-on-receive)
+    clusterctl-ref       another checkout's clusterctl (--ref-repo: e.g. the commit before a change)
     sequential           the recipe's copyclust loop: rsync -a to one node after another
     parallel             rsync -a from the source to every node at once
     tree                 a binary tree of rsync hops (every node that has the data sends to one more)
-    bare chain           tar | tee | ssh down the nodes by hand (no manifest, no verification)
+    bare chain           tar | tee | ssh down the nodes by hand (no manifest, no verification), aes128-gcm;
+                         bare-chain-chacha: the same with chacha20-poly1305 (the cipher choice, measured)
 
-Each as a ratio to the one-copy limit (dataset size / link rate), with the machine's CPU use, and every
-node's copy checked against the source (sha256 of every file). Needs root. Example:
+Each as a ratio to the one-copy limit (dataset size / link rate), with the machine's CPU use, the bench's
+own core-seconds per GB per hop (its cgroup: source, nodes and sshds; hops = N), and every node's copy
+checked against the source (sha256 of every file). Needs root. Example:
 
     python bench/sync_bench.py --nodes 4 8 --rate 450 --size-mb 400 --files 2000
     python bench/sync_bench.py --nodes 8 --rate 150 --methods clusterctl
+    python bench/sync_bench.py --small-files 200000 --nodes 4     # files/s against one bare tar | ssh copy
 """
 
 from __future__ import annotations
@@ -35,11 +40,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+CLI = [sys.executable, "-m", "clusterctl"]  # this checkout's (PYTHONPATH), not whichever is installed
 
 from clusterctl.providers.local import netns  # noqa: E402
 
 DST = "/tmp/bench-data"  # each node's /tmp is its own tmpfs
-METHODS = ("clusterctl", "sequential", "parallel", "tree", "bare-chain")
+METHODS = ("clusterctl", "clusterctl-disk", "clusterctl-ref", "sequential", "parallel", "tree", "bare-chain",
+           "bare-chain-chacha", "bare-one")
+CIPHER = {"aes": "aes128-gcm@openssh.com", "chacha": "chacha20-poly1305@openssh.com"}
 
 
 def sh(argv, **kw) -> subprocess.CompletedProcess:
@@ -47,15 +55,16 @@ def sh(argv, **kw) -> subprocess.CompletedProcess:
 
 
 class Bench:
-    def __init__(self, nodes: int, rate_mbit: float, home: Path, work: Path):
+    def __init__(self, nodes: int, rate_mbit: float, home: Path, work: Path, ref_repo: Path | None = None):
         self.n, self.rate, self.home, self.work = nodes, rate_mbit, home, work
         self.name = "sb" + uuid.uuid4().hex[:6]
-        self.env = {**os.environ, "CLUSTERCTL_HOME": str(home)}
+        self.env = {**os.environ, "CLUSTERCTL_HOME": str(home), "PYTHONPATH": str(REPO)}  # this checkout's code
+        self.ref_repo = ref_repo
         self.hosts: list[str] = []
 
     # ---- cluster and shaping --------------------------------------------------------------------------
     def up(self) -> None:
-        sh(["clusterctl", "up", "--provider", "local", "--name", self.name, "--nodes", str(self.n), "--yes",
+        sh([*CLI, "up", "--provider", "local", "--name", self.name, "--nodes", str(self.n), "--yes",
             "--runtime", "none", "--hosts-file", str(self.work / "hosts")], env=self.env)
         self.hosts = [line.split()[0] for line in (self.work / "hosts").read_text().splitlines()]
         cdir = self.home / "clusters" / self.name
@@ -64,7 +73,7 @@ class Bench:
                     "-o", "BatchMode=yes", "-l", "root"]
 
     def down(self) -> None:
-        subprocess.run(["clusterctl", "down", self.name, "--yes"], env=self.env, capture_output=True)
+        subprocess.run([*CLI, "down", self.name, "--yes"], env=self.env, capture_output=True)
 
     def shape(self) -> None:
         rate = f"{self.rate}mbit"
@@ -120,19 +129,30 @@ class Bench:
             return list(ex.map(lambda h: self.on(h, cmd, check=False).stdout.split()[0:1], self.hosts))
 
     # ---- the methods --------------------------------------------------------------------------------
-    def m_clusterctl(self, src: Path) -> None:
+    def m_clusterctl(self, src: Path, *extra: str, repo: Path = REPO) -> None:
         """End to end; the time each phase line appeared is kept in self.phases."""
         t0 = time.perf_counter()
-        p = subprocess.Popen(["clusterctl", "sync", "--cluster", self.name, str(src), DST], text=True,
-                             env={**self.env, "COLUMNS": "120"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        p = subprocess.Popen([*CLI, "sync", "--cluster", self.name, *extra, str(src), DST], text=True,
+                             env={**self.env, "COLUMNS": "160", "PYTHONPATH": str(repo)}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, cwd=repo)  # -m puts the cwd first on sys.path
         self.phases = []
         for line in p.stderr:
             for key in ("making the manifest", "checking", "streaming", "verifying", "repairing"):
                 if line.startswith(key):
                     self.phases.append((key.split()[-1], time.perf_counter() - t0))
+            if line.startswith(("manifest: ", "verified: ")):
+                self.notes.append(line.strip())
         if p.wait() != 0:
             raise RuntimeError("clusterctl sync failed")
         self.phases.append(("done", time.perf_counter() - t0))
+
+    def m_clusterctl_disk(self, src: Path) -> None:
+        self.m_clusterctl(src, "--verify", "disk")
+
+    def m_clusterctl_ref(self, src: Path) -> None:
+        if self.ref_repo is None:
+            raise SystemExit("Error: clusterctl-ref needs --ref-repo (a checkout to compare with)")
+        self.m_clusterctl(src, repo=self.ref_repo)
 
     def _rsync_to(self, src: str, host: str) -> list[str]:
         return ["rsync", "-a", "-e", shlex.join(self.ssh), src.rstrip("/") + "/", f"{host}:{DST}/"]
@@ -161,21 +181,33 @@ class Bench:
                 list(ex.map(hop, hops))
             holders += [b for _, b in hops]
 
-    def m_bare_chain(self, src: Path) -> None:
-        """By hand, as a user would: a small script on every node extracts and forwards with tee (node
-        defaults: chacha20, the user's ssh); the first ssh returns when the whole chain has finished."""
+    def m_bare_chain(self, src: Path, cipher: str = "aes") -> None:
+        """By hand, as a user would: a small script on every node extracts and forwards with tee (the
+        user's ssh, no compression, the cipher given on every hop); the first ssh returns when the whole
+        chain has finished."""
+        c = CIPHER[cipher]
         for i, h in enumerate(self.hosts):
             nxt = self.hosts[i + 1] if i + 1 < len(self.hosts) else None
             body = f"mkdir -p {DST}\n"
             if nxt:
-                body += (f"tee >(ssh -o BatchMode=yes {nxt} bash /tmp/bench-relay.sh >/dev/null 2>&1) "
-                         f"| tar -C {DST} -xf -\nwait $!\n")
+                body += (f"tee >(ssh -o BatchMode=yes -o Compression=no -c {c} {nxt} bash /tmp/bench-relay.sh "
+                         f">/dev/null 2>&1) | tar -C {DST} -xf -\nwait $!\n")
             else:
                 body += f"tar -C {DST} -xf -\n"
             subprocess.run([*self.ssh, h, "cat > /tmp/bench-relay.sh"], input=body, text=True, check=True)
         tar = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
-        subprocess.run([*self.ssh, self.hosts[0], "bash /tmp/bench-relay.sh"], stdin=tar.stdout, check=True,
-                       capture_output=True)
+        subprocess.run([*self.ssh, "-o", "Compression=no", "-c", c, self.hosts[0], "bash /tmp/bench-relay.sh"],
+                       stdin=tar.stdout, check=True, capture_output=True)
+        tar.wait()
+
+    def m_bare_chain_chacha(self, src: Path) -> None:
+        self.m_bare_chain(src, "chacha")
+
+    def m_bare_one(self, src: Path) -> None:
+        """One copy to the first node, `tar | ssh` (aes128-gcm, no verification): the small-files yardstick."""
+        tar = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
+        subprocess.run([*self.ssh, "-o", "Compression=no", "-c", CIPHER["aes"], self.hosts[0],
+                        f"mkdir -p {DST} && tar -C {DST} -xf -"], stdin=tar.stdout, check=True, capture_output=True)
         tar.wait()
 
 
@@ -231,6 +263,63 @@ def make_dataset(root: Path, size_mb: int, files: int) -> tuple[int, str]:
     return per * files, out.stdout.split()[0]
 
 
+def make_small_files(root: Path, files: int, size: int = 4000) -> tuple[int, str]:
+    """`files` files of `size` bytes in 1,000 folders (ImageNet's shape, smaller files)."""
+    block = os.urandom(1 << 20)
+    for i in range(files):
+        sub = root / f"n{i % 1000:05d}"
+        if i < 1000:
+            sub.mkdir(parents=True, exist_ok=True)
+        off = (i * 7919) % ((1 << 20) - size)
+        (sub / f"img-{i:07d}.jpg").write_bytes(i.to_bytes(8, "big") + block[off:off + size - 8])
+    out = subprocess.run(f"cd {shlex.quote(str(root))} && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum"
+                         " | sha256sum", shell=True, capture_output=True, text=True, executable="/bin/bash")
+    return size * files, out.stdout.split()[0]
+
+
+def run_small(args) -> list[dict]:
+    """Many small files, links unshaped (the per-file cost is what is measured): clusterctl sync to N nodes,
+    verified, against one bare `tar | ssh` copy to one node; files/s and the ratio."""
+    work = Path(tempfile.mkdtemp(prefix="sync-bench-", dir="/var/tmp"))
+    results = []
+    try:
+        src = work / "small"
+        t0 = time.perf_counter()
+        size, digest = make_small_files(src, args.small_files)
+        print(f"dataset: {args.small_files} files, {size / 1e6:.0f} MB in 1,000 folders (made in "
+              f"{time.perf_counter() - t0:.0f} s)", flush=True)
+        for n in args.nodes:
+            b = Bench(n, args.rate, work / f"home{n}", work, args.ref_repo)
+            b.up()
+            try:
+                for method in [m for _ in range(args.repeat) for m in ("bare-one", "clusterctl")]:
+                    b.clear()
+                    b.notes = []
+                    t0 = time.perf_counter()
+                    getattr(b, "m_" + method.replace("-", "_"))(src)
+                    secs = time.perf_counter() - t0
+                    digests = b.digests()
+                    ok = sum(1 for d in (digests[:1] if method == "bare-one" else digests) if d == [digest])
+                    row = {"nodes": n, "method": method, "seconds": round(secs, 2), "files": args.small_files,
+                           "files_per_s": round(args.small_files / secs), "verified_nodes": ok,
+                           "notes": b.notes}
+                    if method == "clusterctl":
+                        row["phases_s"] = {k: round(v, 2) for k, v in b.phases}
+                    results.append(row)
+                    print(f"  {method:<11} {secs:7.1f} s  {args.small_files / secs:8.0f} files/s "
+                          f"({'1 node' if method == 'bare-one' else f'{n} nodes, verified {ok}/{n}'})"
+                          + (f"  (phases at: {row['phases_s']}; {'; '.join(b.notes)})" if b.notes else ""), flush=True)
+                b.clear()
+            finally:
+                b.down()
+        best = {m: min(r["seconds"] for r in results if r["method"] == m) for m in ("bare-one", "clusterctl")}
+        print(f"best: clusterctl {best['clusterctl']:.1f} s to {args.nodes[-1]} nodes, bare tar | ssh "
+              f"{best['bare-one']:.1f} s to one: {best['clusterctl'] / best['bare-one']:.2f}x", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
 def run(args) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="sync-bench-", dir="/var/tmp"))
     results = []
@@ -242,7 +331,7 @@ def run(args) -> list[dict]:
         print(f"dataset: {size / 1e6:.0f} MB in {args.files} files; links at {args.rate} Mbit/s; "
               f"one-copy limit {limit:.1f} s", flush=True)
         for n in args.nodes:
-            b = Bench(n, args.rate, work / f"home{n}", work)
+            b = Bench(n, args.rate, work / f"home{n}", work, args.ref_repo)
             b.up()
             try:
                 b.shape()
@@ -251,6 +340,7 @@ def run(args) -> list[dict]:
                 for method in [m for _ in range(args.repeat) for m in args.methods]:
                     b.clear()
                     subprocess.run(["sync"])
+                    b.notes = []
                     c0, o0 = cpu_busy(), own.seconds()
                     t0 = time.perf_counter()
                     getattr(b, "m_" + method.replace("-", "_"))(src)
@@ -264,14 +354,17 @@ def run(args) -> list[dict]:
                            "ratio": round(secs / limit, 2), "machine_cpu_busy": round(cpu, 3),
                            "own_cpu_seconds": round(ours, 1), "own_cpu_share": round(ours / secs / cores, 3),
                            "verified_nodes": ok,
+                           "core_s_per_gb_hop": round(ours / (size / 1e9) / n, 2),
                            "size_bytes": size, "files": args.files, "link_mbit_measured": round(link)}
-                    if method == "clusterctl":
+                    if method.startswith("clusterctl"):
                         row["phases_s"] = {k: round(v, 2) for k, v in b.phases}
+                        row["notes"] = b.notes
                     results.append(row)
-                    print(f"  {method:<11} {secs:7.1f} s  {secs / limit:5.2f}x the one-copy limit  "
-                          f"CPU: its own {ours:5.1f} core-s ({ours / secs / cores:4.0%} of {cores} cores), "
-                          f"machine {cpu:4.0%} busy  verified {ok}/{n}"
-                          + (f"  (phases at: {row['phases_s']})" if "phases_s" in row else ""), flush=True)
+                    print(f"  {method:<17} {secs:7.1f} s  {secs / limit:5.2f}x the one-copy limit  "
+                          f"CPU: its own {ours:5.1f} core-s ({ours / secs / cores:4.0%} of {cores} cores, "
+                          f"{row['core_s_per_gb_hop']:.2f} core-s/GB/hop), machine {cpu:4.0%} busy  verified {ok}/{n}"
+                          + (f"  (phases at: {row['phases_s']}; {'; '.join(b.notes)})" if "phases_s" in row else ""),
+                          flush=True)
                 b.clear()
             finally:
                 b.down()
@@ -289,6 +382,9 @@ def main() -> None:
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--repeat", type=int, default=1, help="run every method this many times (rounds interleaved)")
+    p.add_argument("--small-files", type=int, help="instead: this many 4 kB files, clusterctl against one bare "
+                   "tar | ssh copy (links unshaped)")
+    p.add_argument("--ref-repo", type=Path, help="clusterctl-ref: the checkout to compare with (a git worktree)")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args()
     if os.geteuid() != 0:
@@ -300,6 +396,11 @@ def main() -> None:
 
     signal.signal(signal.SIGINT, stop)  # also when started in the background, where SIGINT is ignored
     signal.signal(signal.SIGTERM, stop)  # either way the cluster goes down and the cgroup is removed
+    if args.small_files:
+        results = run_small(args)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2) + "\n")
+        return
     results = run(args)
     if args.repeat > 1:
         print("best of", args.repeat, "(the machine is shared: the fastest round is the least disturbed one):")
@@ -309,8 +410,10 @@ def main() -> None:
             if key not in best or r["seconds"] < best[key]["seconds"]:
                 best[key] = r
         for (n, method), r in best.items():
-            print(f"  N={n} {method:<11} {r['seconds']:7.1f} s  {r['ratio']:5.2f}x  own CPU {r['own_cpu_seconds']:5.1f} "
-                  f"core-s  machine {r['machine_cpu_busy']:4.0%} busy  verified {r['verified_nodes']}/{n}")
+            spread = [x["seconds"] for x in results if (x["nodes"], x["method"]) == (n, method)]
+            print(f"  N={n} {method:<17} {r['seconds']:7.1f} s  {r['ratio']:5.2f}x  (spread {min(spread):.1f}-"
+                  f"{max(spread):.1f} s)  own CPU {r['own_cpu_seconds']:5.1f} core-s ({r['core_s_per_gb_hop']:.2f}/GB/hop)"
+                  f"  machine {r['machine_cpu_busy']:4.0%} busy  verified {r['verified_nodes']}/{n}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
