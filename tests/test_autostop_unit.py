@@ -18,7 +18,7 @@ from clusterctl.autostop import settings as autostop, status, watchdog
 from clusterctl.cluster import costs, gc
 from clusterctl.errors import UsageError
 from clusterctl.proc import alive
-from clusterctl.providers.aws import provider as aws
+from clusterctl.providers.aws import cloud_init
 from clusterctl.providers.base import Found
 from clusterctl.providers.local import supervisor
 from clusterctl.types import Autostop, Cluster, Node
@@ -188,8 +188,8 @@ def test_a_namespace_node_is_never_shut_down_through_the_hosts_init(tmp_path, mo
 # ---- AWS: the user data ------------------------------------------------------------------------------------
 def test_user_data_carries_the_watchdog_and_is_the_same_bytes_every_time():
     key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9vZGJ5ZSBjbHVzdGVyY3RsIHRlc3Qga2V5IDAwMDAwMDA x"
-    text = aws.render_user_data("demo", "us-east-1", "ubuntu", 8, key, autostop=Autostop(1800, 43200))
-    assert text == aws.render_user_data("demo", "us-east-1", "ubuntu", 8, key, autostop=Autostop(1800, 43200))
+    text = cloud_init.render_user_data("demo", "us-east-1", "ubuntu", 8, key, autostop=Autostop(1800, 43200))
+    assert text == cloud_init.render_user_data("demo", "us-east-1", "ubuntu", 8, key, autostop=Autostop(1800, 43200))
     assert len(text.encode()) < 16384  # EC2's limit for user data
     doc = yaml.safe_load(text)
     files = {f["path"]: f for f in doc["write_files"]}

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterctl.errors import ConfigError
-from clusterctl.providers.aws import provider as aws
-from clusterctl.providers.aws import catalog
-from clusterctl.providers.base import ClusterStatus, NodeStatus
 from clusterctl.cluster.provision import disagreements
 from clusterctl.cluster.state import Record
+from clusterctl.errors import ConfigError
+from clusterctl.providers.aws import bootstrap, catalog, cloud_init, discovery, instances, machine
+from clusterctl.providers.aws.options import AwsOptions
+from clusterctl.providers.base import ClusterStatus, NodeStatus
 from clusterctl.types import Cluster, ClusterSpec, Node
 
 DATA = Path(__file__).parent / "data"
@@ -39,8 +39,8 @@ def test_volume_prices_follow_ebs_pricing():
     assert catalog.price("zz.unknown", "gp3", 8, None).per_node is None
 
 
-def _opts(**options) -> aws.AwsOptions:
-    return aws.AwsOptions.from_spec(ClusterSpec("c", "aws", 2, instance_type="p3.16xlarge", options=options))
+def _opts(**options) -> AwsOptions:
+    return AwsOptions.from_spec(ClusterSpec("c", "aws", 2, instance_type="p3.16xlarge", options=options))
 
 
 def test_options_defaults_are_the_recipe():
@@ -71,7 +71,7 @@ def test_bad_options_are_config_errors(options, message):
 
 
 def test_s3_read_policy_reads_only_the_prefixes():
-    policy = aws.s3_read_policy(["s3://data-bucket/imagenet/", "other-bucket"])
+    policy = bootstrap.s3_read_policy(["s3://data-bucket/imagenet/", "other-bucket"])
     get, list1, list2 = policy["Statement"]
     assert get["Action"] == ["s3:GetObject"]
     assert get["Resource"] == ["arn:aws:s3:::data-bucket/imagenet/*", "arn:aws:s3:::other-bucket/*"]
@@ -80,7 +80,7 @@ def test_s3_read_policy_reads_only_the_prefixes():
     assert "Condition" not in list2
     assert all("Put" not in json.dumps(s) and "Delete" not in json.dumps(s) for s in policy["Statement"])
     # A prefix is a folder: s3://data/imagenet never reaches data/imagenet-private/ (issue 14)
-    get, listing = aws.s3_read_policy(["s3://data/imagenet"])["Statement"]
+    get, listing = bootstrap.s3_read_policy(["s3://data/imagenet"])["Statement"]
     assert get["Resource"] == ["arn:aws:s3:::data/imagenet/*"]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["imagenet/*"]}}
 
@@ -100,20 +100,20 @@ ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst root@ip-10-0-0-4
 
 
 def test_host_keys_come_from_cloud_inits_keys_block_ed25519_first():
-    keys = aws.host_keys_from_console(CONSOLE)
+    keys = instances.host_keys_from_console(CONSOLE)
     assert keys == ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst",
                     "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY=")
     rebooted = CONSOLE + CONSOLE.replace("IFirst", "ISecond")
-    assert aws.host_keys_from_console(rebooted)[0].endswith("ISecond")  # the last block is the current one
-    assert aws.host_keys_from_console("Linux version 6.8\nno keys here\n") == ()
-    assert aws.host_keys_from_console("") == ()
+    assert instances.host_keys_from_console(rebooted)[0].endswith("ISecond")  # the last block is the current one
+    assert instances.host_keys_from_console("Linux version 6.8\nno keys here\n") == ()
+    assert instances.host_keys_from_console("") == ()
 
 
 def test_console_output_is_decoded_when_still_base64():
     import base64
 
-    assert aws._decode_console(base64.b64encode(CONSOLE.encode()).decode()) == CONSOLE
-    assert aws._decode_console(CONSOLE) == CONSOLE
+    assert instances._decode_console(base64.b64encode(CONSOLE.encode()).decode()) == CONSOLE
+    assert instances._decode_console(CONSOLE) == CONSOLE
 
 
 @pytest.mark.parametrize("name, tags, user", [
@@ -125,11 +125,11 @@ def test_console_output_is_decoded_when_still_base64():
     ("my-golden-image", {}, None),
 ])
 def test_login_user_comes_from_the_image(name, tags, user):
-    assert aws.ssh_user_for_image(name, tags) == user
+    assert machine.ssh_user_for_image(name, tags) == user
 
 
 def test_user_data_matches_the_golden_file_and_is_yaml():
-    text = aws.render_user_data("demo", "us-east-1", "ubuntu", 8, KEY)
+    text = cloud_init.render_user_data("demo", "us-east-1", "ubuntu", 8, KEY)
     assert text == (DATA / "aws_cloud_init_demo.yaml").read_text()
     doc = yaml.safe_load(text)
     assert text.startswith("#cloud-config\n")
@@ -140,10 +140,10 @@ def test_user_data_matches_the_golden_file_and_is_yaml():
 
 
 def test_node_names_and_tokens():
-    assert aws.node_names("demo", 3) == ["demo-leader", "demo-member-1", "demo-member-2"]
-    t1, t2 = aws._token("a-very-long-cluster-name-of-31ch", 1), aws._token("x", 1)
-    assert t1 != aws._token("a-very-long-cluster-name-of-31ch", 1) and len(t1) <= 64 and t2.startswith("x-1-")
-    assert aws.iam_name("demo", "us-east-1") == "clusterctl-demo-us-east-1"
+    assert discovery.node_names("demo", 3) == ["demo-leader", "demo-member-1", "demo-member-2"]
+    t1, t2 = instances._token("a-very-long-cluster-name-of-31ch", 1), instances._token("x", 1)
+    assert t1 != instances._token("a-very-long-cluster-name-of-31ch", 1) and len(t1) <= 64 and t2.startswith("x-1-")
+    assert discovery.iam_name("demo", "us-east-1") == "clusterctl-demo-us-east-1"
 
 
 def _cluster(ids=("i-1", "i-2")) -> Cluster:
@@ -233,7 +233,7 @@ def test_the_dlami_table_names_a_volta_release_with_its_source():
 
 
 def _type(name, gpus=8, efa=True, cards=1, max_efa=1, rdma=False):
-    return aws.TypeInfo(name, gpus, efa, True, "test", "", vcpus=96, network_cards=cards, max_efa=max_efa, efa_rdma=rdma)
+    return machine.TypeInfo(name, gpus, efa, True, "test", "", vcpus=96, network_cards=cards, max_efa=max_efa, efa_rdma=rdma)
 
 
 def test_one_efa_interface_per_card_device_index_0_on_card_0_and_1_elsewhere():

@@ -301,6 +301,7 @@ def test_checkpoint_to_grants_the_nodes_role_write_on_that_prefix_only(monkeypat
     from moto.server import ThreadedMotoServer
     import boto3
 
+    from clusterctl.providers.aws import bootstrap
     from clusterctl.providers.aws import provider as aws
     from clusterctl.types import Cluster
 
@@ -312,7 +313,7 @@ def test_checkpoint_to_grants_the_nodes_role_write_on_that_prefix_only(monkeypat
                      ("AWS_SECRET_ACCESS_KEY", SECRET), ("AWS_DEFAULT_REGION", "us-east-1")):
             monkeypatch.setenv(k, v)
         iam = boto3.client("iam")
-        iam.create_role(RoleName="clusterctl-x-us-east-1", AssumeRolePolicyDocument=json.dumps(aws.EC2_TRUST))
+        iam.create_role(RoleName="clusterctl-x-us-east-1", AssumeRolePolicyDocument=json.dumps(bootstrap.EC2_TRUST))
         cluster = Cluster(name="x", provider="aws", nodes=(), region="us-east-1", instance_type="p3.2xlarge",
                           created_at=0.0, extra={"instance_profile": "clusterctl-x-us-east-1"})
         aws.AwsProvider(region="us-east-1").grant_checkpoint_write(cluster, "s3://ckpt-bucket/runs/r1")

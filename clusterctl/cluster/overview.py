@@ -56,7 +56,7 @@ def guess_provider(name: str, region: str | None) -> str:
         return LOCAL
     if region:
         return "aws"
-    from clusterctl.providers.aws.provider import configured_region
+    from clusterctl.providers.aws.api import configured_region
 
     return "aws" if configured_region() else LOCAL
 

@@ -1,8 +1,8 @@
 """The AWS provider's fabric: EFA interfaces per network card, the leader's Elastic IP, the VPC's S3 gateway
 endpoint, and the quota checks the plan makes before anything is created.
 
-Part of the AWS provider (boto3 answers stay inside it): the functions that call AWS take the provider and
-use its `_call`/`_api`, so errors, retries and the one-line messages are the provider's own.
+Part of the AWS provider (boto3 answers stay inside it): the functions that call AWS take its Api (api.py), so
+errors, retries and the one-line messages are the provider's own; nothing here imports provider.py.
 
 Why the shapes (docs/ARCHITECTURE.md, "The whole fabric"):
   * one EFA interface per network card, up to the type's EFA maximum; device index 0 on card 0 and 1 on
@@ -16,28 +16,28 @@ Why the shapes (docs/ARCHITECTURE.md, "The whole fabric"):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from clusterctl.errors import ClusterctlError, ProvisionError
 from clusterctl.providers.aws import catalog
-
-if TYPE_CHECKING:  # pragma: no cover
-    from clusterctl.providers.aws.provider import AwsProvider, Scope, TypeInfo, _Context
+from clusterctl.providers.aws.api import LIVE_STATES, Api, _tagdict, _tags
+from clusterctl.providers.aws.discovery import KIND, Scope, find_one
+from clusterctl.providers.aws.machine import Context, TypeInfo, type_info
 
 
 # ---- EFA ---------------------------------------------------------------------------------------------------
-def efa_count(info: "TypeInfo") -> int:
+def efa_count(info: TypeInfo) -> int:
     """EFA interfaces per node: one per network card, at most the type's EFA maximum; 0 without EFA."""
     if not info.efa:
         return 0
     return max(1, min(info.network_cards or 1, info.max_efa or 1))
 
 
-def interface_count(info: "TypeInfo") -> int:
+def interface_count(info: TypeInfo) -> int:
     return max(1, efa_count(info))
 
 
-def network_interfaces(info: "TypeInfo", *, subnet: str | None, security_group: str | None,
+def network_interfaces(info: TypeInfo, *, subnet: str | None, security_group: str | None,
                        public: bool) -> list[dict[str, Any]]:
     """RunInstances' NetworkInterfaces: EFA on every card (device index 0 on card 0, 1 elsewhere), all in the
     cluster's subnet and security group. A public address is asked for only with a single interface: EC2
@@ -60,7 +60,7 @@ def network_interfaces(info: "TypeInfo", *, subnet: str | None, security_group: 
     return nics
 
 
-def needs_elastic_ip(info: "TypeInfo", private_ips: bool) -> bool:
+def needs_elastic_ip(info: TypeInfo, private_ips: bool) -> bool:
     return interface_count(info) > 1 and not private_ips
 
 
@@ -87,18 +87,18 @@ class QuotaCheck:
                 f"(from {self.source})")
 
 
-def _quota_value(p: "AwsProvider", quota: catalog.Quota) -> tuple[float | None, str]:
+def _quota_value(api: Api, quota: catalog.Quota) -> tuple[float | None, str]:
     """The applied value from Service Quotas, else (for Elastic IPs) EC2's account attribute."""
     from botocore.exceptions import ClientError
 
     try:
-        resp = p._call("service-quotas", "get_service_quota", ServiceCode="ec2", QuotaCode=quota.code)
+        resp = api.call("service-quotas", "get_service_quota", ServiceCode="ec2", QuotaCode=quota.code)
         return float(resp["Quota"]["Value"]), "Service Quotas"
     except (ClientError, ProvisionError, KeyError) as exc:
         why = getattr(exc, "response", {}).get("Error", {}).get("Code", "") if isinstance(exc, ClientError) \
             else (exc.message if isinstance(exc, ClusterctlError) else "no value")
     if quota is catalog.EIP_QUOTA:
-        attrs = p._api("ec2", "describe_account_attributes", AttributeNames=["vpc-max-elastic-ips"])
+        attrs = api.api("ec2", "describe_account_attributes", AttributeNames=["vpc-max-elastic-ips"])
         for attr in attrs.get("AccountAttributes", []):
             if attr.get("AttributeName") != "vpc-max-elastic-ips":
                 continue
@@ -111,12 +111,10 @@ def _quota_value(p: "AwsProvider", quota: catalog.Quota) -> tuple[float | None, 
     return None, f"Service Quotas unavailable: {why or 'error'}"[:160]
 
 
-def _vcpus_in_use(p: "AwsProvider", quota: catalog.Quota, spot: bool) -> int:
+def _vcpus_in_use(api: Api, quota: catalog.Quota, spot: bool) -> int:
     """vCPUs of the region's live instances that count against the same quota."""
-    from clusterctl.providers.aws.provider import LIVE_STATES
-
     flt = [{"Name": "instance-state-name", "Values": [s for s in LIVE_STATES if s not in ("stopped", "shutting-down")]}]
-    insts = [i for r in p._paginate("ec2", "describe_instances", "Reservations", Filters=flt) for i in r.get("Instances", [])]
+    insts = [i for r in api.paginate("ec2", "describe_instances", "Reservations", Filters=flt) for i in r.get("Instances", [])]
     total = 0
     for inst in insts:
         itype = inst.get("InstanceType", "")
@@ -126,11 +124,11 @@ def _vcpus_in_use(p: "AwsProvider", quota: catalog.Quota, spot: bool) -> int:
         if cpu.get("CoreCount") and cpu.get("ThreadsPerCore"):
             total += int(cpu["CoreCount"]) * int(cpu["ThreadsPerCore"])
         else:
-            total += p.type_info(itype).vcpus
+            total += type_info(api, itype).vcpus
     return total
 
 
-def check_quotas(p: "AwsProvider", ctx: "_Context") -> list[QuotaCheck]:
+def check_quotas(api: Api, ctx: Context) -> list[QuotaCheck]:
     """The quotas that would stop this launch; raises a ProvisionError naming the first one exceeded."""
     spec, info = ctx.spec, ctx.type
     checks: list[QuotaCheck] = []
@@ -141,12 +139,12 @@ def check_quotas(p: "AwsProvider", ctx: "_Context") -> list[QuotaCheck]:
     elif not info.vcpus:
         checks.append(QuotaCheck(quota, 0, source=f"vCPUs of {spec.instance_type} unknown"))
     else:
-        value, source = _quota_value(p, quota)
-        used = _vcpus_in_use(p, quota, ctx.opts.spot) if value is not None else 0
+        value, source = _quota_value(api, quota)
+        used = _vcpus_in_use(api, quota, ctx.opts.spot) if value is not None else 0
         checks.append(QuotaCheck(quota, need, used, value, source))
     if needs_elastic_ip(info, ctx.opts.private_ips):
-        value, source = _quota_value(p, catalog.EIP_QUOTA)
-        used = len(p._api("ec2", "describe_addresses").get("Addresses", [])) if value is not None else 0
+        value, source = _quota_value(api, catalog.EIP_QUOTA)
+        used = len(api.api("ec2", "describe_addresses").get("Addresses", [])) if value is not None else 0
         checks.append(QuotaCheck(catalog.EIP_QUOTA, 1, used, value, source))
     for c in checks:
         if c.over and c.quota is not None:
@@ -168,39 +166,37 @@ def primary_interface(instance: dict) -> str | None:
     return None
 
 
-def ensure_elastic_ip(p: "AwsProvider", ctx: "_Context", scope: "Scope", leader: dict) -> str:
+def ensure_elastic_ip(api: Api, ctx: Context, scope: Scope, leader: dict) -> str:
     """The cluster's one Elastic IP (found by its identity's tags, else allocated with them), on the leader's
     primary interface. Returns the address."""
-    from clusterctl.providers.aws.provider import _tagdict, _tags
-
     name = ctx.spec.name
-    found = [a for a in p._api("ec2", "describe_addresses", Filters=scope.filters()).get("Addresses", [])
+    found = [a for a in api.api("ec2", "describe_addresses", Filters=scope.filters()).get("Addresses", [])
              if scope.holds(_tagdict(a))]
     if found:
         addr = found[0]
     else:
-        addr = p._api("ec2", "allocate_address", Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": _tags(
+        addr = api.api("ec2", "allocate_address", Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": _tags(
             {**scope.tags(ctx.region), "Name": f"clusterctl-{name}-leader"})}])
-        p.report(f"allocated Elastic IP {addr['PublicIp']} for the leader (several interfaces: no automatic public address)")
+        api.report(f"allocated Elastic IP {addr['PublicIp']} for the leader (several interfaces: no automatic public address)")
     eni = primary_interface(leader)
     if addr.get("NetworkInterfaceId") != eni or not eni:
         kw = {"NetworkInterfaceId": eni} if eni else {"InstanceId": leader["InstanceId"]}
-        p._settled("ec2", "associate_address", AllocationId=addr["AllocationId"], AllowReassociation=True, **kw)
+        api.settled("ec2", "associate_address", AllocationId=addr["AllocationId"], AllowReassociation=True, **kw)
     return addr["PublicIp"]
 
 
-def release_elastic_ips(p: "AwsProvider", allocation_ids: list[str], deadline: float) -> list[str]:
+def release_elastic_ips(api: Api, allocation_ids: list[str], deadline: float) -> list[str]:
     """Exactly these Elastic IPs (by allocation id): disassociated, then released."""
     if not allocation_ids:
         return []
     removed = []
-    for addr in p._api("ec2", "describe_addresses", Filters=[{"Name": "allocation-id", "Values": list(allocation_ids)}]
+    for addr in api.api("ec2", "describe_addresses", Filters=[{"Name": "allocation-id", "Values": list(allocation_ids)}]
                        ).get("Addresses", []):
         if addr.get("AllocationId") not in allocation_ids:
             continue
         if addr.get("AssociationId"):
-            p._delete(deadline, "ec2", "disassociate_address", AssociationId=addr["AssociationId"])
-        if p._delete(deadline, "ec2", "release_address", AllocationId=addr["AllocationId"]):
+            api.delete(deadline, "ec2", "disassociate_address", AssociationId=addr["AssociationId"])
+        if api.delete(deadline, "ec2", "release_address", AllocationId=addr["AllocationId"]):
             removed.append(f"Elastic IP {addr['AllocationId']} ({addr.get('PublicIp', '')})")
     return removed
 
@@ -210,24 +206,17 @@ def s3_service(region: str) -> str:
     return f"com.amazonaws.{region}.s3"
 
 
-def ensure_s3_endpoint(p: "AwsProvider", ctx: "_Context", scope: "Scope", vpc_id: str) -> str:
-    from clusterctl.providers.aws.provider import _tagdict, _tags
-
+def ensure_s3_endpoint(api: Api, ctx: Context, scope: Scope, vpc_id: str) -> str:
     name = ctx.spec.name
-    found = [e for e in p._api("ec2", "describe_vpc_endpoints", Filters=[
-        *scope.filters(), {"Name": "vpc-id", "Values": [vpc_id]}]).get("VpcEndpoints", [])
-        if (e.get("State") or "").lower() not in ("deleted", "deleting") and scope.holds(_tagdict(e))]
+    found = find_one(api, KIND["VPC endpoint"], scope, **{"vpc-id": vpc_id})
     if found:
-        return found[0]["VpcEndpointId"]
-    tables = p._api("ec2", "describe_route_tables", Filters=[{"Name": "vpc-id", "Values": [vpc_id]}]).get("RouteTables", [])
-    ep = p._settled("ec2", "create_vpc_endpoint", VpcEndpointType="Gateway", VpcId=vpc_id,
-                    ServiceName=s3_service(ctx.region), RouteTableIds=[t["RouteTableId"] for t in tables],
-                    TagSpecifications=[{"ResourceType": "vpc-endpoint", "Tags": _tags(
-                        {**scope.tags(ctx.region), "Name": f"clusterctl-{name}-s3"})}]
-                    )["VpcEndpoint"]
-    p.report(f"created S3 gateway endpoint {ep['VpcEndpointId']} (free; S3 without public addresses)")
+        return found["VpcEndpointId"]
+    tables = api.api("ec2", "describe_route_tables", Filters=[{"Name": "vpc-id", "Values": [vpc_id]}]).get("RouteTables", [])
+    ep = api.settled("ec2", "create_vpc_endpoint", VpcEndpointType="Gateway", VpcId=vpc_id,
+                     ServiceName=s3_service(ctx.region), RouteTableIds=[t["RouteTableId"] for t in tables],
+                     TagSpecifications=[{"ResourceType": "vpc-endpoint", "Tags": _tags(
+                         {**scope.tags(ctx.region), "Name": f"clusterctl-{name}-s3"})}]
+                     )["VpcEndpoint"]
+    api.report(f"created S3 gateway endpoint {ep['VpcEndpointId']} (free; S3 without public addresses)")
     return ep["VpcEndpointId"]
 
-
-def live_endpoints(items: list[dict]) -> list[dict]:
-    return [e for e in items if (e.get("State") or "").lower() not in ("deleted", "deleting")]

@@ -1,0 +1,361 @@
+"""What exists, found by tags alone: a cluster's identity (Scope), the ONE table of the EC2 kinds a cluster may
+own (KINDS: listed by `find`/`ls`/`status`/`down`/`gc` here, removed in its dependency order by teardown.py),
+its instances, its IAM role and profile, and its status.
+
+Everything a cluster owns carries the tag `clusterctl:cluster=NAME` (and `clusterctl:id=ID`) from the moment it
+is created, so it is found with or without the local record, even after a Ctrl-C between any two calls.
+EC2's filters read `*` and `?` as wildcards: every answer is checked again against its tags exactly.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from clusterctl.errors import ConfigError
+from clusterctl.providers.aws import catalog
+from clusterctl.providers.aws.api import LIVE_STATES, Api, _code, _epoch, _tagdict
+from clusterctl.providers.base import ClusterStatus, Found, NodeFacts, NodeStatus
+from clusterctl.types import Cluster, Node
+
+TAG = "clusterctl:cluster"
+TAG_ROLE = "clusterctl:role"
+TAG_INDEX = "clusterctl:index"
+TAG_SLOTS = "clusterctl:slots"
+TAG_USER = "clusterctl:ssh-user"
+TAG_REGION = "clusterctl:region"
+TAG_OWNER = "clusterctl:owner"  # user@host that made it (shown by `gc`)
+TAG_ID = "clusterctl:id"  # the random id of the cluster, made at its creation: with the name, its identity
+IAM_PATH = "/clusterctl/"
+_ID = "[0-9a-f]{12}"
+CLUSTER_ID = re.compile(rf"^{_ID}$")
+
+_OWNER: dict[str, str] = {}
+
+
+def _owner() -> str:
+    if "v" not in _OWNER:
+        from clusterctl.proc import owner
+
+        _OWNER["v"] = owner()
+    return _OWNER["v"]
+
+
+def new_cluster_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+# ---- IAM names (IAM is global: one name scheme, read back by the same pattern) --------------------------------
+def iam_name(cluster: str, region: str) -> str:
+    return f"clusterctl-{cluster}-{region}"  # IAM is global: the region keeps two regions' clusters apart
+
+
+def iam_pattern(region: str) -> re.Pattern:
+    """The names clusterctl gives IAM entities in this region: `clusterctl-ID` (group `id`), or before ids
+    iam_name's `clusterctl-CLUSTER-REGION` (group `cluster`)."""
+    return re.compile(rf"^clusterctl-(?:(?P<id>{_ID})|(?P<cluster>.+)-{re.escape(region)})$")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which resources are one cluster's. Its identity is its name plus the random id made when it was created
+    (tagged `clusterctl:id` on everything, and in the record); for a cluster made before ids existed, its name
+    plus its owner tag (and no id tag). `every`: any identity of the name (for display only, never to change)."""
+
+    name: str
+    id: str = ""
+    owner: str = ""
+    every: bool = False
+
+    def filters(self) -> list[dict]:
+        """Server-side narrowing only: EC2 reads `*` and `?` in filter values as wildcards, so every answer is
+        checked again with holds(). The name and id are validated and hold neither."""
+        flt = [{"Name": f"tag:{TAG}", "Values": [self.name]}]
+        if self.id:
+            flt.append({"Name": f"tag:{TAG_ID}", "Values": [self.id]})
+        return flt
+
+    def holds(self, tags: Mapping[str, str]) -> bool:
+        if tags.get(TAG) != self.name:
+            return False
+        if self.every:
+            return True
+        if self.id:
+            return tags.get(TAG_ID) == self.id
+        return TAG_ID not in tags and tags.get(TAG_OWNER, "") == self.owner
+
+    @property
+    def group(self) -> str:
+        """The name of its placement group, key pair and security group (names EC2 keeps unique per region)."""
+        return f"clusterctl-{self.name}-{self.id}" if self.id else f"clusterctl-{self.name}"
+
+    def iam(self, region: str) -> str:
+        """Its IAM role and instance profile (IAM is global; at most 64 characters: by the id)."""
+        return f"clusterctl-{self.id}" if self.id else iam_name(self.name, region)
+
+    def tags(self, region: str) -> dict[str, str]:
+        return {TAG: self.name, **({TAG_ID: self.id} if self.id else {}), TAG_REGION: region,
+                TAG_OWNER: self.owner or _owner()}
+
+    def label(self) -> str:
+        return f"id {self.id}, owner {self.owner or 'unknown'}" if self.id else f"owner {self.owner or 'unknown'}, no id"
+
+
+# ---- the one table of tagged EC2 kinds ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Kind:
+    """One kind of EC2 resource a cluster may own, found by its tag (instances and IAM have their own steps)."""
+
+    name: str  # as listed and removed: "security group"
+    describe: str  # the describe call, its response key, the item's id key, its creation-time key
+    key: str
+    id_key: str
+    created_key: str | None = None
+    removal: int = 0  # its place in teardown's dependency order (after the instances)
+    delete: str = ""  # the delete call, one per id, and the id's parameter ("": teardown.py has a step for it)
+    param: str = ""
+    as_list: bool = False  # the parameter takes a list
+    id_filter: str = ""  # the describe filter by id, for the kinds removed only in a state (`ready`)
+    ready: tuple[str, str] = ("", "")  # (field, value): removed only when it says so (the rest goes with others)
+    gone_states: tuple[str, ...] = ()  # deleted ones some describes still list for a while
+    label: str = ""  # in the removal line, when not the name
+
+    def gone(self, item: Mapping) -> bool:
+        return str(item.get("State") or "").lower() in self.gone_states
+
+
+_DELETED = ("deleted", "deleting")
+KINDS = (  # in the order they are listed; `removal` orders teardown
+    Kind("placement group", "describe_placement_groups", "PlacementGroups", "GroupName", None, 1,
+         "delete_placement_group", "GroupName"),
+    Kind("key pair", "describe_key_pairs", "KeyPairs", "KeyName", "CreateTime", 2, "delete_key_pair", "KeyName"),
+    Kind("Elastic IP", "describe_addresses", "Addresses", "AllocationId", None, 0),  # fabric.release_elastic_ips
+    Kind("security group", "describe_security_groups", "SecurityGroups", "GroupId", None, 6,
+         "delete_security_group", "GroupId"),
+    Kind("network interface", "describe_network_interfaces", "NetworkInterfaces", "NetworkInterfaceId", None, 3,
+         "delete_network_interface", "NetworkInterfaceId", id_filter="network-interface-id",
+         ready=("Status", "available")),
+    Kind("volume", "describe_volumes", "Volumes", "VolumeId", "CreateTime", 4, "delete_volume", "VolumeId",
+         id_filter="volume-id", ready=("State", "available"), gone_states=_DELETED),
+    Kind("VPC endpoint", "describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId", "CreationTimestamp", 5,
+         "delete_vpc_endpoints", "VpcEndpointIds", as_list=True, gone_states=_DELETED, label="S3 gateway endpoint"),
+    Kind("subnet", "describe_subnets", "Subnets", "SubnetId", None, 7, "delete_subnet", "SubnetId"),
+    Kind("internet gateway", "describe_internet_gateways", "InternetGateways", "InternetGatewayId", None, 8,
+         id_filter="internet-gateway-id"),  # detached first: teardown.py
+    Kind("VPC", "describe_vpcs", "Vpcs", "VpcId", None, 9, "delete_vpc", "VpcId"),
+)
+KIND = {k.name: k for k in KINDS}
+
+
+def find_one(api: Api, kind: Kind, scope: Scope, **filters: str) -> dict | None:
+    """The scope's one resource of a kind (bootstrap finds what an earlier run made before creating)."""
+    flt = scope.filters() + [{"Name": k, "Values": [v]} for k, v in filters.items()]
+    items = [i for i in api.api("ec2", kind.describe, Filters=flt).get(kind.key, [])
+             if scope.holds(_tagdict(i)) and not kind.gone(i)]
+    return items[0] if items else None
+
+
+# ---- instances -----------------------------------------------------------------------------------------------
+def node_names(cluster: str, count: int) -> list[str]:
+    return [f"{cluster}-leader"] + [f"{cluster}-member-{i}" for i in range(1, count)]
+
+
+def instances_of(api: Api, scope: Scope | None, states: list[str] | None = None) -> list[dict]:
+    """The scope's instances (every clusterctl instance with None), each checked against its tags."""
+    flt = [{"Name": "instance-state-name", "Values": states or ["pending", "running", "stopping", "stopped"]}]
+    flt += scope.filters() if scope is not None else [{"Name": "tag-key", "Values": [TAG]}]
+    reservations = api.paginate("ec2", "describe_instances", "Reservations", Filters=flt)
+    return [i for r in reservations for i in r.get("Instances", [])
+            if (scope.holds(_tagdict(i)) if scope is not None else TAG in _tagdict(i))]
+
+
+def ordered(instances: list[dict]) -> list[dict]:
+    """Leader first, then members: by the index tag when named, else by launch index, then id."""
+    def key(i: dict):
+        tags = _tagdict(i)
+        index = tags.get(TAG_INDEX)
+        return (0 if index is not None else 1, int(index) if index and index.isdigit() else 0,
+                int(i.get("AmiLaunchIndex", 0)), i["InstanceId"])
+    return sorted(instances, key=key)
+
+
+def cluster_of(region: str, name: str, instances: list[dict], extra: Mapping[str, str] | None = None) -> Cluster:
+    """The typed cluster its instances (and their tags) describe."""
+    inorder = ordered(instances)
+    nodes = []
+    for index, inst in enumerate(inorder):
+        tags = _tagdict(inst)
+        nodes.append(Node(
+            name=tags.get("Name") or node_names(name, len(inorder))[index],
+            private_ip=inst.get("PrivateIpAddress", ""),
+            slots=int(tags.get(TAG_SLOTS) or 1),
+            role="leader" if index == 0 else "member",
+            ssh_user=tags.get(TAG_USER) or "ubuntu",
+            public_ip=inst.get("PublicIpAddress") or None,
+            instance_id=inst["InstanceId"],
+        ))
+    first = inorder[0] if inorder else {}
+    facts = {"az": first.get("Placement", {}).get("AvailabilityZone", ""),
+             "subnet": first.get("SubnetId", ""), **(extra or {})}
+    launched = min((_epoch(i.get("LaunchTime")) for i in inorder), default=time.time())
+    return Cluster(name=name, provider="aws", nodes=tuple(nodes), region=region,
+                   instance_type=first.get("InstanceType", ""), created_at=launched,
+                   extra={k: str(v) for k, v in facts.items()})
+
+
+def find(api: Api, scope: Scope) -> Cluster | None:
+    instances = instances_of(api, scope)
+    if not instances:
+        return None
+    tags = _tagdict(ordered(instances)[0])
+    return cluster_of(api.region, scope.name, instances,
+                      extra={"cluster_id": tags.get(TAG_ID, ""), "owner": tags.get(TAG_OWNER, "")})
+
+
+def node_facts(api: Api, scope: Scope, cluster: Cluster) -> dict[str, NodeFacts]:
+    """Type, AZ and placement group of each node now, by node name (one DescribeInstances)."""
+    by_id = {i["InstanceId"]: i for i in instances_of(api, scope, LIVE_STATES)}
+    out = {}
+    for n in cluster.nodes:
+        inst = by_id.get(n.instance_id or "")
+        if inst is not None:
+            placement = inst.get("Placement", {})
+            out[n.name] = NodeFacts(inst.get("InstanceType", ""), placement.get("AvailabilityZone", ""),
+                                    placement.get("GroupName", ""))
+    return out
+
+
+# ---- every resource of a scope ----------------------------------------------------------------------------
+def resources_of(api: Api, scope: Scope | None) -> list[Found]:
+    """Every resource of the scope (every clusterctl resource with None) that still exists: instances, the
+    tagged kinds, the IAM role and instance profile; each checked against its tags exactly (EC2's filters
+    take `*` and `?` as wildcards)."""
+    flt = scope.filters() if scope is not None else [{"Name": "tag-key", "Values": [TAG]}]
+    out: list[Found] = []
+
+    def add(item: dict, kind: str, rid: str, created: Any = None, state: str = "") -> None:
+        tags = _tagdict(item)
+        if TAG in tags and (scope is None or scope.holds(tags)):
+            out.append(Found(tags[TAG], kind, rid, _epoch(created) if created else None,
+                             tags.get(TAG_OWNER, ""), state, tags.get(TAG_ID, "")))
+
+    for inst in ordered(instances_of(api, scope, LIVE_STATES)):
+        add(inst, "instance", inst["InstanceId"], inst.get("LaunchTime"), inst["State"]["Name"])
+    for kind in KINDS:
+        for item in api.api("ec2", kind.describe, Filters=flt).get(kind.key, []):
+            if not kind.gone(item):
+                add(item, kind.name, item[kind.id_key], item.get(kind.created_key) if kind.created_key else None,
+                    item.get("State") or item.get("Status") or "")
+    return out + _iam_resources(api, scope)
+
+
+IAM_KINDS = (  # (kind, get call, list call, list key, name key)
+    ("IAM instance profile", "get_instance_profile", "list_instance_profiles", "InstanceProfiles", "InstanceProfileName"),
+    ("IAM role", "get_role", "list_roles", "Roles", "RoleName"),
+)
+
+
+def _iam_resources(api: Api, scope: Scope | None) -> list[Found]:
+    """The scope's IAM instance profile and role: by name (the id's, or before ids name + region), else every
+    one under /clusterctl/ of this region, with their tags (IAM lists no tags: one Get each)."""
+    region = api.region
+    names_here = iam_pattern(region)
+    out: list[Found] = []
+    for kind, get, listing, key, name_key in IAM_KINDS:
+        if scope is not None and not scope.every:
+            names = [scope.iam(region)]
+        else:
+            names = [i[name_key] for i in api.paginate("iam", listing, key, PathPrefix=IAM_PATH)
+                     if names_here.match(i[name_key])]
+        for iname in names:
+            item = iam_get(api, get, iname)
+            if item is None:
+                continue
+            tags = _tagdict(item)
+            if tags.get(TAG_REGION, region) != region:
+                continue  # IAM is global: another region's cluster
+            named = names_here.match(iname)
+            if TAG not in tags and named and named.group("cluster"):
+                tags = {TAG: named.group("cluster")}
+            if TAG in tags and (scope is None or scope.holds(tags)):
+                out.append(Found(tags[TAG], kind, iname, _epoch(item.get("CreateDate")), tags.get(TAG_OWNER, ""),
+                                 "", tags.get(TAG_ID, "")))
+    return out
+
+
+def iam_get(api: Api, op: str, iname: str) -> dict | None:
+    from botocore.exceptions import ClientError
+
+    kw, key = ({"RoleName": iname}, "Role") if op == "get_role" else ({"InstanceProfileName": iname}, "InstanceProfile")
+    try:
+        return api.call("iam", op, **kw)[key]
+    except ClientError as exc:
+        if _code(exc) != "NoSuchEntity":
+            raise api.error(f"iam {op}", exc) from None
+        return None
+
+
+def identities(api: Api, name: str) -> list[Scope]:
+    """Every identity that holds resources tagged with this name (by id; before ids, by owner)."""
+    found: dict[tuple[str, str], Scope] = {}
+    for f in resources_of(api, Scope(name, every=True)):
+        key = (f.cluster_id, "" if f.cluster_id else f.owner)
+        found.setdefault(key, Scope(name, f.cluster_id, f.owner))
+    return sorted(found.values(), key=lambda s: (s.owner, s.id))
+
+
+def all_clusters(api: Api) -> list[str]:
+    """The names (valid ones: anything else is reachable by `gc`, by resource id, only) of every cluster here."""
+    from clusterctl.cluster.state import validate_name
+
+    names = set()
+    for f in resources_of(api, None):
+        try:
+            names.add(validate_name(f.cluster))
+        except ConfigError:
+            pass
+    return sorted(names)
+
+
+# ---- status --------------------------------------------------------------------------------------------------
+def statuses(api: Api, scope: Scope | None) -> dict[str, ClusterStatus]:
+    """The scope's cluster (every cluster's with None, in one DescribeInstances): nodes, states, zones, prices;
+    a name with no instances but other resources left shows those."""
+    name = scope.name if scope is not None else None
+    by_cluster: dict[str, list[dict]] = {}
+    for inst in instances_of(api, scope, LIVE_STATES):
+        by_cluster.setdefault(_tagdict(inst).get(TAG, ""), []).append(inst)
+    out = {}
+    volumes = _volume_prices(api, name) if by_cluster else {}
+    for cname, instances in by_cluster.items():
+        cluster = cluster_of(api.region, cname, instances)
+        by_id = {i["InstanceId"]: i for i in instances}
+        nodes = []
+        for n in cluster.nodes:
+            inst = by_id[n.instance_id]
+            vol = volumes.get(n.instance_id or "", 0.0)
+            inst_price = catalog.instance_price(inst.get("InstanceType", ""))
+            nodes.append(NodeStatus(n, inst["State"]["Name"], inst.get("Placement", {}).get("AvailabilityZone", ""),
+                                    _epoch(inst.get("LaunchTime")), None if inst_price is None else inst_price + vol))
+        out[cname] = ClusterStatus(cname, "aws", api.region, cluster.instance_type, tuple(nodes))
+    if scope is not None and scope.name not in out:
+        left = resources_of(api, scope)
+        if left:
+            out[scope.name] = ClusterStatus(scope.name, "aws", api.region, "", (), tuple(f.line() for f in left))
+    return out
+
+
+def _volume_prices(api: Api, name: str | None) -> dict[str, float]:
+    """USD/hour of the tagged volumes attached to each instance (one DescribeVolumes)."""
+    flt = [{"Name": f"tag:{TAG}", "Values": [name]} if name else {"Name": "tag-key", "Values": [TAG]}]
+    out: dict[str, float] = {}
+    for vol in api.paginate("ec2", "describe_volumes", "Volumes", Filters=flt):
+        if name and _tagdict(vol).get(TAG) != name:
+            continue
+        for att in vol.get("Attachments", []):
+            out[att["InstanceId"]] = out.get(att["InstanceId"], 0.0) + catalog.volume_price(
+                vol.get("VolumeType", "gp3"), int(vol.get("Size", 0)), vol.get("Iops"))
+    return out

@@ -1,0 +1,322 @@
+"""The cluster's instances: one all-or-nothing RunInstances per AZ tried (its ClientToken saved before the call),
+waiting until they run, naming them leader and members, and reading their host keys from the console.
+
+`launch` is `up`'s list of idempotent steps, each of which first looks for what an earlier run made:
+    network -> security group -> placement group -> key pair -> IAM role + instance profile (bootstrap.py) ->
+    one RunInstances with MinCount = MaxCount = N per AZ tried -> wait until running -> name the nodes ->
+    the leader's Elastic IP when it has several interfaces (fabric.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from clusterctl.cluster.state import atomic_write
+from clusterctl.errors import CapacityError, ProvisionError, WaitTimeout
+from clusterctl.providers.aws import bootstrap, fabric
+from clusterctl.providers.aws.api import Api, _code, _message, _tagdict, _tags
+from clusterctl.providers.aws.bootstrap import Network
+from clusterctl.providers.aws.cloud_init import render_user_data
+from clusterctl.providers.aws.discovery import (
+    TAG_INDEX,
+    TAG_ROLE,
+    TAG_SLOTS,
+    TAG_USER,
+    Scope,
+    cluster_of,
+    instances_of,
+    node_names,
+    ordered,
+)
+from clusterctl.providers.aws.machine import Context
+from clusterctl.providers.base import ClusterKeys
+from clusterctl.types import Cluster, ClusterSpec
+
+CAPACITY_CODES = {
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
+    "InsufficientCapacityOnHost", "Unsupported", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet",
+}
+# How long `up` reads the consoles for cloud-init's host keys. Without Latest=True (Xen types) EC2 posts console
+# output only every few minutes after boot, so this is generous; with it (Nitro) the keys show within seconds.
+CONSOLE_WAIT = 600.0
+_KEYS_BLOCK = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----(.*?)-----END SSH HOST KEY KEYS-----", re.S)
+_KEY = re.compile(r"\b(ssh-ed25519|ecdsa-sha2-nistp(?:256|384|521)|ssh-rsa)\s+([A-Za-z0-9+/]+={0,3})")
+_CLOUD_INIT_DONE = re.compile(r"Cloud-init v\. \S+ finished at")
+_KEY_ORDER = {"ssh-ed25519": 0, "ecdsa-sha2-nistp256": 1, "ecdsa-sha2-nistp384": 1, "ecdsa-sha2-nistp521": 1, "ssh-rsa": 2}
+
+
+def host_keys_from_console(text: str) -> tuple[str, ...]:
+    """The host keys cloud-init printed (its last "SSH HOST KEY KEYS" block), ed25519 first."""
+    blocks = _KEYS_BLOCK.findall(text or "")
+    if not blocks:
+        return ()
+    keys = {f"{m.group(1)} {m.group(2)}" for m in _KEY.finditer(blocks[-1])}
+    return tuple(sorted(keys, key=lambda k: (_KEY_ORDER.get(k.split()[0], 9), k)))
+
+
+def _decode_console(output: str) -> str:
+    """GetConsoleOutput's Output is base64 on the wire; boto3 hands it over as text, maybe still encoded."""
+    if not output:
+        return ""
+    if "\n" in output or " " in output:
+        return output
+    try:
+        return base64.b64decode(output, validate=True).decode(errors="replace")
+    except ValueError:
+        return output
+
+
+def _token(name: str, attempt: int) -> str:
+    return f"{name}-{attempt}-{uuid.uuid4().hex[:20]}"  # at most 64 ASCII characters
+
+
+def _autostop_extra(spec: ClusterSpec) -> dict[str, str]:
+    from clusterctl.autostop import settings as autostop
+
+    return autostop.extra(spec.autostop)
+
+
+def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file: Path, wait_timeout: float) -> Cluster:
+    """Every step of `up` under the cluster's identity; the typed cluster (its record's extra facts included)."""
+    spec, name = ctx.spec, ctx.spec.name
+    existing = instances_of(api, scope)
+    if existing and len(existing) != spec.nodes:
+        raise ProvisionError(f"cluster {name} already has {len(existing)} instance(s) in {ctx.region}, not {spec.nodes}",
+                             f"bring it down first: clusterctl down {name} --yes")
+    ssh_cidr = ctx.opts.ssh_cidr or bootstrap.detect_public_cidr()  # this run's range, and only it (the rest is revoked)
+    net = bootstrap.existing_network(api, ctx, create=True) if (ctx.opts.vpc or ctx.opts.subnets) \
+        else bootstrap.ensure_network(api, ctx, scope)
+    sg = bootstrap.ensure_security_group(api, ctx, scope, net, ssh_cidr)
+    pg = bootstrap.ensure_placement_group(api, ctx, scope) if ctx.opts.placement and ctx.type.cluster_placement else None
+    key = bootstrap.ensure_key_pair(api, ctx, scope, keys.operator_public)
+    profile = bootstrap.ensure_instance_profile(api, ctx, scope)
+    if existing:
+        bad = [i["InstanceId"] for i in existing if i["State"]["Name"] not in ("pending", "running")]
+        if bad:
+            raise ProvisionError(f"cluster {name} has instance(s) that are not running: {', '.join(bad)}",
+                                 f"bring it down first: clusterctl down {name} --yes")
+        api.report(f"found {len(existing)} running instance(s) of {name} by tags: reusing them")
+        ids = [i["InstanceId"] for i in existing]
+    else:
+        internal = keys.internal_public
+        ids = run_with_fallback(api, launch_file, ctx, scope, net, sg, pg, key, profile, internal)
+    instances = wait_running(api, ids, public_at_launch(ctx), wait_timeout)
+    instances = name_instances(api, name, instances)
+    extra = {"vpc": net.vpc, "security_group": sg, "placement_group": pg or "", "key_pair": key,
+             "instance_profile": profile, "image": ctx.image.id, "image_name": ctx.image.name,
+             "network_created": "yes" if net.created else "no", "cluster_id": scope.id, "owner": scope.owner,
+             **fabric_extra(ctx), **_autostop_extra(spec)}
+    extra["spot"] = "true" if ctx.opts.spot else "false"  # train polls spot nodes' interruption notice
+    if fabric.needs_elastic_ip(ctx.type, ctx.opts.private_ips):
+        leader = ordered(instances)[0]
+        address = fabric.ensure_elastic_ip(api, ctx, scope, leader)
+        instances = [{**i, "PublicIpAddress": address} if i is leader else {**i, "PublicIpAddress": None}
+                     for i in instances]
+        extra.update({"elastic_ip": address, "ssh_jump": "leader"})
+    return cluster_of(ctx.region, name, instances, extra=extra)
+
+
+def fabric_extra(ctx: Context) -> dict[str, str]:
+    """What the launch needs to know of the node's fabric and image (launch.job_env, doctor)."""
+    t, r = ctx.type, ctx.image.release
+    return {"efa": "true" if fabric.efa_count(t) else "false", "efa_interfaces": str(fabric.efa_count(t)),
+            "efa_rdma": "true" if fabric.efa_count(t) and t.efa_rdma else "false", "gpus": str(t.gpus),
+            "driver_branch": str(r.driver_branch) if r else "", "cuda": r.cuda if r else ""}
+
+
+def run_params(ctx: Context, scope: Scope, *, subnet: str | None, security_group: str | None, placement_group: str | None,
+               key_name: str | None, profile: str | None, token: str | None, internal_key: str) -> dict:
+    o, spec = ctx.opts, ctx.spec
+    ebs: dict[str, Any] = {"VolumeSize": o.volume_size, "VolumeType": o.volume_type, "Encrypted": True,
+                           "DeleteOnTermination": True}
+    if o.effective_iops and o.volume_type in ("io1", "io2", "gp3"):
+        ebs["Iops"] = o.effective_iops
+    base_tags = scope.tags(ctx.region)
+    inst_tags = {**base_tags, "Name": f"{spec.name}-node", TAG_SLOTS: str(ctx.slots), TAG_USER: ctx.image.ssh_user}
+    tag_specs = [{"ResourceType": "instance", "Tags": _tags(inst_tags)},
+                 {"ResourceType": "volume", "Tags": _tags(base_tags)},
+                 {"ResourceType": "network-interface", "Tags": _tags(base_tags)}]
+    if o.spot:
+        tag_specs.append({"ResourceType": "spot-instances-request", "Tags": _tags(base_tags)})
+    nics = fabric.network_interfaces(ctx.type, subnet=subnet, security_group=security_group, public=not o.private_ips)
+    params: dict[str, Any] = {
+        "ImageId": ctx.image.id, "InstanceType": spec.instance_type, "MinCount": spec.nodes, "MaxCount": spec.nodes,
+        "NetworkInterfaces": nics,
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
+        "BlockDeviceMappings": [{"DeviceName": ctx.image.root_device, "Ebs": ebs}],
+        "InstanceInitiatedShutdownBehavior": "terminate",
+        "TagSpecifications": tag_specs,
+        "UserData": render_user_data(spec.name, ctx.region, ctx.image.ssh_user, ctx.slots, internal_key,
+                                     autostop=spec.autostop),
+    }
+    if key_name:
+        params["KeyName"] = key_name
+    if token:
+        params["ClientToken"] = token
+    if placement_group:
+        params["Placement"] = {"GroupName": placement_group}
+    if profile:
+        params["IamInstanceProfile"] = {"Name": profile}
+    if o.spot:
+        params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+            "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+    return params
+
+
+def run_with_fallback(api: Api, path: Path, ctx: Context, scope: Scope, net: Network, sg: str, pg: str | None,
+                      key: str, profile: str, internal_key: str) -> list[str]:
+    """One all-or-nothing RunInstances per AZ until one has capacity. The ClientToken of each attempt
+    is saved before the call; botocore's retries of that call reuse it, and so does a later `up` whose
+    predecessor never saw the answer, so EC2 returns that launch instead of making a second one."""
+    name = ctx.spec.name
+    try:
+        saved = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        saved = {}
+    tried: list[str] = []
+    for attempt, (subnet, az) in enumerate(net.subnets, start=1):
+        reuse = saved.get("state") == "sent" and saved.get("subnet") == subnet
+        token = saved["token"] if reuse else _token(name, attempt)
+        params = run_params(ctx, scope, subnet=subnet, security_group=sg, placement_group=pg, key_name=key,
+                                  profile=profile, token=token, internal_key=internal_key)
+        api.report(f"launching {ctx.spec.nodes} x {ctx.spec.instance_type} in {az}")
+        outcome, detail = _run_once(api, path, params, subnet, az, attempt)
+        if outcome == "capacity":
+            tried.append(f"{az} ({detail})")
+            api.report(f"no capacity for {ctx.spec.nodes} x {ctx.spec.instance_type} in {az} ({detail}); "
+                       + ("trying the next AZ" if attempt < len(net.subnets) else "no AZ left"))
+            continue
+        ids = list(detail)
+        if len(ids) != ctx.spec.nodes:
+            raise ProvisionError(f"EC2 launched {len(ids)} instance(s), not {ctx.spec.nodes}")
+        return ids
+    raise CapacityError(
+        f"no capacity for {ctx.spec.nodes} x {ctx.spec.instance_type} in {ctx.region}: tried {', '.join(tried)}",
+        "try later, another region (--region) or type (--type), or fewer nodes; nothing was left running")
+
+
+def _run_once(api: Api, path: Path, params: dict, subnet: str, az: str, attempt: int) -> tuple[str, Any]:
+    from botocore.exceptions import ClientError
+
+    def save(state: str, **more) -> None:
+        atomic_write(path, json.dumps({"token": params["ClientToken"], "subnet": subnet, "az": az,
+                                       "state": state, "at": time.time(), **more}) + "\n")
+
+    save("sent")
+    profile_deadline = time.monotonic() + 120
+    while True:
+        try:
+            resp = api.call("ec2", "run_instances", **params)
+        except ClientError as exc:
+            code, msg = _code(exc), _message(exc)
+            if code == "InvalidParameterValue" and "iamInstanceProfile" in msg and time.monotonic() < profile_deadline:
+                api.report("the new instance profile is not visible to EC2 yet; retrying")
+                time.sleep(min(5.0, max(0.2, api.poll_interval)))
+                continue
+            if code == "IdempotentParameterMismatch":  # an old token with other settings: start afresh
+                params["ClientToken"] = _token(str(params["ClientToken"]).rsplit("-", 2)[0], attempt)
+                save("sent")
+                continue
+            if code in CAPACITY_CODES:
+                save("failed", error=code)
+                return "capacity", code
+            raise api.error("RunInstances", exc) from None
+        ids = [i["InstanceId"] for i in resp.get("Instances", [])]
+        save("launched", instances=ids)
+        return "launched", ids
+
+
+def wait_running(api: Api, ids: list[str], public: bool, wait_timeout: float) -> list[dict]:
+    """Bounded polling until every instance runs with its addresses; fails fast if one dies."""
+    from botocore.exceptions import ClientError
+
+    deadline = time.monotonic() + wait_timeout
+    api.report(f"waiting for {len(ids)} instance(s) to run")
+    while True:
+        try:
+            found = [i for r in api.call("ec2", "describe_instances", InstanceIds=ids)["Reservations"]
+                     for i in r["Instances"]]
+        except ClientError as exc:
+            if _code(exc) != "InvalidInstanceID.NotFound":  # not visible yet right after launch
+                raise api.error("DescribeInstances", exc) from None
+            found = []
+        dead = [i for i in found if i["State"]["Name"] in ("shutting-down", "terminated", "stopping", "stopped")]
+        if dead:
+            why = "; ".join(f"{i['InstanceId']}: {i['State']['Name']} ({i.get('StateReason', {}).get('Message', '')})"
+                            for i in dead)
+            raise ProvisionError(f"instance(s) stopped while starting: {why}")
+        ready = [i for i in found if i["State"]["Name"] == "running" and i.get("PrivateIpAddress")
+                 and (i.get("PublicIpAddress") or not public)]
+        if len(ready) == len(ids):
+            return ready
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"{len(ids) - len(ready)} of {len(ids)} instance(s) not running after "
+                              f"{wait_timeout:.0f}s", "see the EC2 console; `clusterctl down` removes them")
+        time.sleep(api.poll_interval)
+
+
+def public_at_launch(ctx: Context) -> bool:
+    """EC2 gives each node a public address at launch: not with --private-ips, nor with several
+    interfaces (the leader's Elastic IP comes after)."""
+    return not (ctx.opts.private_ips or fabric.interface_count(ctx.type) > 1)
+
+
+def name_instances(api: Api, name: str, instances: list[dict]) -> list[dict]:
+    inorder = ordered(instances)
+    names = node_names(name, len(inorder))
+    out = []
+    for index, (inst, node_name) in enumerate(zip(inorder, names)):
+        tags = _tagdict(inst)
+        want = {"Name": node_name, TAG_ROLE: "leader" if index == 0 else "member", TAG_INDEX: str(index)}
+        if any(tags.get(k) != v for k, v in want.items()):
+            api.api("ec2", "create_tags", Resources=[inst["InstanceId"]], Tags=_tags(want))
+        out.append({**inst, "Tags": _tags({**tags, **want})})
+    return out
+
+
+def host_keys(api: Api, cluster: Cluster, nitro: bool, console_wait: float) -> dict[str, tuple[str, ...]]:
+    """Host keys cloud-init printed to each node's console: an authenticated source (EC2's API, signed and
+    over TLS). Read with Latest=True where the type takes it (Nitro: the console as it is now; other types
+    get what EC2 posted, some minutes after boot), polled for at most console_wait (CONSOLE_WAIT, 10
+    minutes) or until cloud-init says it finished without printing keys. A node missing here fails `up`
+    unless the operator accepts first contact (provision.pin_host_keys)."""
+    from botocore.exceptions import ClientError
+
+    found: dict[str, tuple[str, ...]] = {}
+    pending = {n.instance_id: n for n in cluster.nodes if n.instance_id}
+    latest = nitro
+    deadline = time.monotonic() + console_wait
+    while pending:
+        for iid, node in list(pending.items()):
+            try:
+                out = api.call("ec2", "get_console_output", InstanceId=iid,
+                               **({"Latest": True} if latest else {})).get("Output") or ""
+            except ClientError as exc:
+                if latest and _code(exc) in ("UnsupportedOperation", "InvalidParameterCombination"):
+                    latest = False  # the type said Nitro, EC2 disagrees: the posted console, then
+                    continue
+                raise api.error("GetConsoleOutput", exc) from None
+            text = _decode_console(out)
+            keys = host_keys_from_console(text)
+            if keys:
+                found[node.ssh_host] = keys
+                del pending[iid]
+            elif _CLOUD_INIT_DONE.search(text):
+                del pending[iid]  # cloud-init is done and printed no keys: they will not come
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(api.poll_interval)
+    if found:
+        api.report(f"host keys of {len(found)} node(s) read from their console output (cloud-init"
+                   + (", GetConsoleOutput Latest=True)" if latest else ")"))
+    missing = [n.ssh_host for n in cluster.nodes if n.ssh_host not in found]
+    if missing:
+        api.report(f"no host keys in the console output of {len(missing)} node(s) after "
+                   f"{console_wait:.0f}s at most: {', '.join(missing)}")
+    return found
