@@ -272,7 +272,7 @@ def test_costs():
 def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys):
     from types import SimpleNamespace
 
-    from clusterctl.cli import app as cli
+    from clusterctl.cli import workloads as cli
     from clusterctl.cluster.state import StateStore
     from clusterctl.workloads import bench
 

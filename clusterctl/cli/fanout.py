@@ -1,0 +1,234 @@
+"""Commands that fan out over every node: run logs kill clean agent."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from clusterctl.cli.shared import _SSH, _confirm, _fan_out, _inventory, _provider, _store
+from clusterctl.cli.workloads import _train_logs
+from clusterctl.errors import ExitCode, UsageError, combined
+
+app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    args: List[str] = typer.Argument(..., metavar="[HOSTS] CMD", help="A hosts file (optional) and the command."),
+    cluster: Optional[str] = _SSH["cluster"],
+    parallel: int = _SSH["parallel"],
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds the command may run on each host."),
+    connect_timeout: float = _SSH["connect_timeout"],
+    group: bool = typer.Option(False, "--group", "-g", help="Fold identical outputs into one block."),
+    json_: bool = typer.Option(False, "--json", help="One JSON object per host."),
+    detach: Optional[str] = typer.Option(None, "--detach", "-d", metavar="NAME",
+                                         help="Start it in tmux session NAME on every host and return (see logs, kill)."),
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
+    failed_hosts: Optional[str] = typer.Option(None, "--failed-hosts", metavar="FILE",
+                                               help="Write the hosts that failed or were unreachable to FILE, a hosts "
+                                                    "file: `clusterctl run FILE CMD` retries just those."),
+) -> None:
+    """Run a command on every node at once."""
+    from clusterctl.cli import display
+
+    if len(args) > 2:
+        raise UsageError("too many arguments", 'quote the command: clusterctl run hosts "CMD ARGS"')
+    hosts_path, cmd = (args[0], args[1]) if len(args) == 2 else (None, args[0])
+    if timeout is not None and timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    if detach is not None:
+        from clusterctl.remote import tmux as jobs
+
+        cmd = jobs.detach_command(detach, cmd)  # validates NAME before anything connects
+    inv = _inventory(hosts_path, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
+    report = _fan_out(inv, cmd, parallel, timeout, live=not (group or json_))
+    if failed_hosts is not None:
+        _write_failed_hosts(inv, report, failed_hosts)
+    if json_:
+        display.json_lines(report)
+    elif group:
+        display.grouped_output(report)
+    if not json_:
+        display.summary(report)
+    raise typer.Exit(report.exit_code)
+
+
+def _write_failed_hosts(inv, report, path: str) -> None:
+    """pssh -o / clush -b habits: the hosts to retry, with their slots (an empty file when none failed, so an
+    old list never lingers)."""
+    from clusterctl.cli import display
+    from clusterctl.cluster.state import atomic_write
+
+    bad = {r.host for r in report if not r.ok}
+    text = "".join(f"{e.host} slots={e.slots}\n" for e in inv.hosts.entries if e.host in bad)
+    atomic_write(Path(path).expanduser(), text, mode=0o644)
+    display.info(f"{len(bad)} failed host(s) written to {path}" if bad else f"no host failed: {path} is empty")
+
+
+@app.command(short_help="Stream a detached job's output.")
+def logs(
+    name: Optional[str] = typer.Argument(None, help="The job's name (as given to run --detach); default: the training job, from the leader."),
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends everywhere."),
+    cluster: Optional[str] = _SSH["cluster"],
+    parallel: int = _SSH["parallel"],
+    connect_timeout: float = _SSH["connect_timeout"],
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
+) -> None:
+    """Stream a detached job's output from every host, prefixed by host; with -f, until it ends.
+    Exit status: the job's worst exit status once it ended (0 while it still runs)."""
+    from clusterctl.cli import display
+    from clusterctl.remote import tmux as jobs
+
+    if name is None:
+        return _train_logs(hostsfile, cluster, follow, connect_timeout)
+    cmd = jobs.logs_command(name, follow)
+    inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
+    report = _fan_out(inv, cmd, parallel)
+    display.summary(report)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command("kill", short_help="End a detached job on every node.")
+def kill_(
+    name: str = typer.Argument(..., help="The job's name (as given to run --detach)."),
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    grace: float = typer.Option(3.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
+    cluster: Optional[str] = _SSH["cluster"],
+    parallel: int = _SSH["parallel"],
+    connect_timeout: float = _SSH["connect_timeout"],
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
+) -> None:
+    """End a detached job on every host: its whole process tree, then its tmux session; verified."""
+    from clusterctl.cli import display
+    from clusterctl.remote import tmux as jobs
+
+    if not 0 <= grace <= 300:
+        raise UsageError("--grace must be 0..300 seconds")
+    cmd = jobs.kill_job_command(name, grace)
+    inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
+    report = _fan_out(inv, cmd, parallel)
+    display.summary(report)
+    raise typer.Exit(report.exit_code)
+
+
+@app.command(short_help="Kill leftovers, remove logs, disks, reboot.")
+def clean(
+    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    kill: bool = typer.Option(False, "--kill", help="SIGKILL python/horovodrun/mpirun/orted trees (the default action)."),
+    logs_dir: Optional[str] = typer.Option(None, "--logs", metavar="DIR", help="Remove this folder on every node."),
+    force: bool = typer.Option(False, "--force", help="With --logs: allow a folder outside the login user's home."),
+    disk: bool = typer.Option(False, "--disk", help="Table of free/used disk per node (under 10%% free flagged)."),
+    reboot: bool = typer.Option(False, "--reboot", help="Reboot every node and wait until each answers ssh again."),
+    wait: float = typer.Option(300.0, "--wait", help="Seconds to wait for rebooted nodes."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (--logs, --reboot)."),
+    cluster: Optional[str] = _SSH["cluster"],
+    parallel: int = _SSH["parallel"],
+    connect_timeout: float = _SSH["connect_timeout"],
+    user: Optional[str] = _SSH["user"],
+    identity: List[str] = _SSH["identity"],
+    known_hosts: Optional[str] = _SSH["known_hosts"],
+    ssh_config: Optional[str] = _SSH["ssh_config"],
+) -> None:
+    """The troubleshooting commands, done safely: kill leftover jobs, remove a log folder, show disks, reboot."""
+    from clusterctl.remote import clean as cleanlib
+    from clusterctl.cli import display
+
+    kill = kill or not (logs_dir is not None or disk or reboot)
+    if logs_dir is not None:
+        cleanlib.check_logs_path(logs_dir)
+    if force and logs_dir is None:
+        raise UsageError("--force goes with --logs DIR")
+    if wait <= 0:
+        raise UsageError("--wait must be positive")
+    inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
+    where = f"{len(inv.targets)} node(s)"
+    if logs_dir is not None:
+        _confirm(f"Remove {logs_dir} on {where}?", yes)
+    if reboot:
+        _confirm(f"Reboot {where}?", yes)
+    codes = []
+    if kill:
+        _name_this_process()  # so a clean run from a node never matches clusterctl itself
+        report = _fan_out(inv, cleanlib.kill_command(), parallel)
+        display.summary(report)
+        codes.append(report.exit_code)
+    if logs_dir is not None:
+        report = _fan_out(inv, cleanlib.logs_command(logs_dir, force), parallel)
+        display.summary(report)
+        codes.append(report.exit_code)
+    if disk:
+        report = _fan_out(inv, cleanlib.DISK_COMMAND, parallel, live=False)
+        rows = [row for r in report if r.ok for row in cleanlib.parse_disk(r.host, r.stdout)]
+        display.disk_table(rows)
+        if not report.all_ok:
+            display.summary(report)
+        codes.append(report.exit_code)
+    if reboot:
+        codes.append(_reboot(inv, parallel, wait))
+    raise typer.Exit(combined(codes))
+
+
+def _name_this_process() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, b"clusterctl", 0, 0, 0)  # PR_SET_NAME
+    except Exception:
+        pass
+
+
+def _reboot(inv, parallel: int, wait: float) -> int:
+    from clusterctl.cli import display
+    from clusterctl.remote import clean as cleanlib
+
+    start = time.monotonic()
+    store = _store()
+    provider = _provider(inv.cluster.provider, store, inv.cluster.region) if inv.cluster is not None else None
+    why = cleanlib.reboot(inv, provider, parallel, wait, display.info, store.root)
+    bad = {h: w for h, w in why.items() if w}
+    for t in inv.targets:
+        if why.get(t.label) is None:
+            display.info(f"{t.label}: back after {time.monotonic() - start:.1f}s")
+        else:
+            display.warn(f"{t.label}: {why[t.label]}")
+    if not bad:
+        display.info(f"{len(inv.targets)} node(s) rebooted and answering ssh")
+        return 0
+    if all(str(w).startswith("refused") for w in bad.values()):
+        return int(ExitCode.CONFIG)
+    if any("host key" in str(w) for w in bad.values()):
+        return int(ExitCode.UNREACHABLE)
+    return int(ExitCode.TIMEOUT)
+
+
+@app.command("agent", short_help="Status or stop of the connection agent.")
+def agent_(action: str = typer.Argument("status", help="status | stop")) -> None:
+    """The background holder of reused ssh connections: status, or stop it (down stops it too)."""
+    from clusterctl.remote import agent
+    from clusterctl.cli import display
+
+    root = _store().root
+    if action == "status":
+        info = agent.ping(root)
+        if info is None or info.get("event") != "pong":
+            display.info("no connection agent running")
+        else:
+            display.info(f"connection agent pid {info['pid']}: {info['connections']} connection(s) open, "
+                         f"exits after {info['idle']:.0f}s idle; socket {agent.socket_path(root)}")
+    elif action == "stop":
+        display.info("connection agent stopped" if agent.stop(root) else "no connection agent running")
+    else:
+        raise UsageError(f"unknown action {action!r}", "use status or stop")
