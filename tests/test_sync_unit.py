@@ -257,11 +257,14 @@ def test_manifest_cache_rehashes_only_what_changed(tmp_path):
     rc, third = _agent("manifest", "--cache", str(cache), "--", str(src))
     assert third["hashed"] == 1
     assert {e["p"]: e.get("h") for e in third["entries"]}["-lead"] == hashlib.sha256(b"y" * 3000).hexdigest()
-    data = json.loads(cache.read_text())
-    data["files"]["a b/it's $x"][1] = "0" * 64  # a cache that is not what was written is not used
-    cache.write_text(json.dumps(data))
+    want = hashlib.sha256(b"hello").hexdigest()
+    text = cache.read_bytes()
+    assert text.count(want.encode()) == 1
+    cache.write_bytes(text.replace(want.encode(), b"0" * 64))  # not what was written: not used
     rc, fourth = _agent("manifest", "--cache", str(cache), "--", str(src))
     assert fourth["hashed"] == 3 and fourth["entries"] == third["entries"]
+    rc, fifth = _agent("manifest", "--cache", str(cache), "--", str(src))
+    assert fifth["hashed"] == 0  # written again whole by the fourth
 
 
 def test_agent_argv_takes_values_that_start_with_a_dash():

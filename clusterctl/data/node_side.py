@@ -150,27 +150,22 @@ def scan_reusing(root: str, known: dict[str, list], workers: int = 4) -> tuple[l
 
 def load_scan_cache(path: str, root: str) -> dict[str, list]:
     """The last run's {path: [stat key, sha256]} of root, or {} when missing, for another root, or not
-    the file it was (its own sha256 is stored in it)."""
+    the file it was: its first line is the sha256 of the rest (checked on the bytes, before parsing)."""
     try:
         with open(path, "rb") as f:
-            data = json.loads(f.read().decode("utf-8", "surrogatepass"))
-        known = data["files"]
-        if data.get("root") != root or data.get("sha256") != _cache_digest(root, known):
+            seal, _, body = f.read().partition(b"\n")
+        if hashlib.sha256(body).hexdigest().encode() != seal:
             return {}
-        return known
+        data = json.loads(body.decode("utf-8", "surrogatepass"))
+        return data["files"] if data.get("root") == root and isinstance(data["files"], dict) else {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
-def _cache_digest(root: str, known: dict) -> str:
-    text = json.dumps([root, known], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def save_scan_cache(path: str, root: str, known: dict[str, list]) -> None:
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    data = {"root": root, "files": known, "sha256": _cache_digest(root, known)}
-    atomic_write(path, json.dumps(data, ensure_ascii=True).encode())
+    body = json.dumps({"root": root, "files": known}, ensure_ascii=True).encode()
+    atomic_write(path, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
 
 
 # ---- checking a copy --------------------------------------------------------------------------------
@@ -556,8 +551,9 @@ def cmd_manifest(args: dict) -> dict:
         raise AgentError(f"no such directory: {root}", EXIT_INPUT)
     cache = args.get("cache")
     known = load_scan_cache(cache, root) if cache else {}
+    before = len(known)
     entries, known, hashed = scan_reusing(root, known, int(args.get("workers", 4)))
-    if cache:
+    if cache and (hashed or len(known) != before):  # else the kept manifest is still the one
         try:
             save_scan_cache(cache, root, known)
         except OSError:

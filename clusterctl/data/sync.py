@@ -523,9 +523,11 @@ class Syncer:
             self.src_root = src.path
             cache = self.cache_dir / f"{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}.json"
             known = sync_agent.load_scan_cache(str(cache), src.path)
+            before = len(known)
             self.entries, known, hashed = sync_agent.scan_reusing(src.path, known, workers=min(4, os.cpu_count() or 1))
             try:
-                sync_agent.save_scan_cache(str(cache), src.path, known)
+                if hashed or len(known) != before:  # else the kept manifest is still the one
+                    sync_agent.save_scan_cache(str(cache), src.path, known)
             except OSError as exc:  # only the next run's speed depends on it
                 self.events.phase(f"cannot keep the manifest for the next run in {cache}: {exc.strerror}")
             self._said_hashed(hashed)
