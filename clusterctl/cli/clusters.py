@@ -294,7 +294,7 @@ def status(
             _train_status(n)
             _launch_status(n)
         return
-    reg = region or (record.cluster.region if record is not None and record.cluster.provider == "aws" else None)
+    reg = region or (record.cluster.region if record is not None and record.cluster.provider == kind else None)
     st = _provider(kind, store, reg).status(n)
     if st is None and record is None:
         raise StateError(f"no cluster named {n!r} here or in the cloud", "see `clusterctl ls --provider aws`")
