@@ -84,8 +84,8 @@ def up(
     spec = ClusterSpec(name=name, provider=provider, nodes=nodes, slots=slots,
                        instance_type=type_ if provider != "local" else "local", region=region or "", options=options,
                        autostop=stop_rules)
-    request = _runtime_request(runtime, python, runtime_cache, runtime_wheels, provider)
     impl = _provider(provider, store, region)
+    request = _runtime_request(runtime, python, runtime_cache, runtime_wheels, impl.builds_runtime_locally)
     plan = impl.plan(spec)
     for line in plan.lines:
         display.info(f"plan: {line}")
@@ -132,14 +132,15 @@ def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:
                      f"`{sshentry.include_line()}` to {sshentry.user_config()} for `ssh {cluster.name}`)")
 
 
-def _runtime_request(runtime: str, python: Optional[str], cache: Optional[str], wheels: Optional[str], provider: str):
+def _runtime_request(runtime: str, python: Optional[str], cache: Optional[str], wheels: Optional[str],
+                     builds_here: bool):
     from clusterctl.runtime.install import RuntimeRequest
 
     if runtime not in ("install", "none"):
         raise UsageError(f"unknown --runtime {runtime!r}", "use install or none")
     if python is not None and runtime == "none":
         raise UsageError("--python and --runtime none together", "give one of them")
-    if (cache or wheels) and provider != "aws":
+    if (cache or wheels) and builds_here:  # the leader builds (or fetches) it: a cache or wheels are for it
         raise UsageError("--runtime-cache and --runtime-wheels are for AWS clusters",
                          "local clusters build the runtime once on this machine and cache it here")
     if python is not None:
