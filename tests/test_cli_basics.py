@@ -113,3 +113,17 @@ def test_several_steps_exit_with_the_run_tables_precedence():
     assert combined([int(ExitCode.UNREACHABLE), int(ExitCode.TIMEOUT), 1]) == int(ExitCode.TIMEOUT)
     report = RunReport((HostResult("a", 7), HostResult("b", None, error="connection refused")))
     assert report.exit_code == int(ExitCode.UNREACHABLE)
+
+
+def test_every_command_and_subcommand_answers_errors_with_one_line():
+    """Each command, those of groups (`data tfrecords`) included, goes through cli.app.command: a library
+    error is one `Error:` line and the table's exit code, never a traceback (the split into modules once
+    left the group's commands unwrapped)."""
+    from clusterctl.cli import app
+
+    infos = list(app.app.registered_commands)
+    for group in app.app.registered_groups:
+        infos.extend(group.typer_instance.registered_commands)
+    assert len(infos) > len(app.COMMANDS)
+    unwrapped = [i.name or i.callback.__name__ for i in infos if not hasattr(i.callback, "__wrapped__")]
+    assert unwrapped == []

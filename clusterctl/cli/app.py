@@ -79,6 +79,9 @@ def _merge() -> None:
     for module in (clusters, fanout, data, workloads):
         for info in module.app.registered_commands:
             infos[info.name or info.callback.__name__.lower().replace("_", "-")] = info
+        for group in module.app.registered_groups:  # `data tfrecords` and the like: the same wrapping
+            for info in group.typer_instance.registered_commands:
+                info.callback = command(info.callback)
         app.registered_groups.extend(module.app.registered_groups)
     if set(infos) != set(COMMANDS):  # a command added without a place in the list, or a name changed
         raise RuntimeError(f"cli commands and COMMANDS differ: {sorted(set(infos) ^ set(COMMANDS))}")
