@@ -203,14 +203,21 @@ class Api:
 
         self.report(f"waiting for {len(ids)} instance(s) to terminate")
         delay = max(0.01, self.poll_interval)
-        attempts = max(1, int(max(0.0, deadline - time.monotonic()) / delay) + 1)
-        try:
-            self.client("ec2").get_waiter("instance_terminated").wait(
-                InstanceIds=ids, WaiterConfig={"Delay": delay, "MaxAttempts": attempts})
-        except WaiterError as exc:
-            last = exc.last_response or {}
-            if "Error" in last:
-                raise self.error("DescribeInstances", _Answer(last)) from None
+        waiter = self.client("ec2").get_waiter("instance_terminated")
+        while True:
+            attempts = max(1, int(max(0.0, deadline - time.monotonic()) / delay) + 1)
+            try:
+                waiter.wait(InstanceIds=ids, WaiterConfig={"Delay": delay, "MaxAttempts": attempts})
+                return
+            except WaiterError as exc:
+                last = exc.last_response or {}
+                if "Error" in last:
+                    raise self.error("DescribeInstances", _Answer(last)) from None
+                # The waiter gives up on a `pending` or `stopping` instance; right after TerminateInstances that is
+                # EC2 not having settled yet, so the wait goes on until the deadline like any other.
+                if "terminal failure state" not in str(exc) or time.monotonic() + delay > deadline:
+                    return
+                time.sleep(delay)
 
 
 class _Answer(Exception):

@@ -10,7 +10,7 @@ from typing import Iterable
 
 from clusterctl.providers.aws import fabric
 from clusterctl.providers.aws.api import Api, _tagdict
-from clusterctl.providers.aws.discovery import KINDS, Kind, iam_get, ordered
+from clusterctl.providers.aws.discovery import IAM_KINDS, KINDS, Kind, iam_get, ordered
 from clusterctl.providers.base import Found
 
 
@@ -32,12 +32,9 @@ def remove(api: Api, items: Iterable[Found], timeout: float) -> list[str]:
             removed += _internet_gateways(api, kind, ids, deadline)
         else:
             removed += _each(api, kind, ids, deadline)
-    for iname in by.get("IAM instance profile", []):
-        if _delete_profile(api, iname, deadline):
-            removed.append(f"IAM instance profile {iname}")
-    for iname in by.get("IAM role", []):
-        if _delete_role(api, iname, deadline):
-            removed.append(f"IAM role {iname}")
+    for iam_kind, get, *_ in IAM_KINDS:  # the instance profile first: a role in a profile cannot go
+        delete = _delete_profile if get == "get_instance_profile" else _delete_role
+        removed += [f"{iam_kind} {iname}" for iname in by.get(iam_kind, []) if delete(api, iname, deadline)]
     return removed
 
 
