@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from clusterctl.workloads import train_job as train
+from clusterctl.workloads import train_log
 from conftest import free_port, node_pid, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
@@ -89,8 +89,8 @@ def reverse_tunnel(cluster, index: int, port: int) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def env(module_cluster_factory):
-    from moto.server import ThreadedMotoServer
     import boto3
+    from moto.server import ThreadedMotoServer
 
     s3_port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=s3_port, verbose=False)
@@ -164,7 +164,7 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
 
     saved = wait_for(copied_twice, 300, "a checkpoint copied to the member and to S3", interval=0.2)
     assert cli("train", "--stop").returncode == 0
-    log1 = train.parse_train_log(leader_log(cluster, job1))
+    log1 = train_log.parse_train_log(leader_log(cluster, job1))
     assert log1.current.done is None, "the run finished before it was stopped"
     assert f"checkpoint_copy step={saved} place={member}:{folder} " in leader_log(cluster, job1)
 
@@ -199,7 +199,7 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
     proc = cli(*cmd, "--wait", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     out = proc.stdout
-    run2 = train.parse_train_log(out).current
+    run2 = train_log.parse_train_log(out).current
     # reported as incomplete, not taken (beside it, perhaps, a copy the stop cut off before its manifest)
     assert re.search(rf"incomplete_checkpoint place={re.escape(member)}:{folder} checkpoints=\S*ckpt-990", out), out
     assert re.search(rf"checkpoint_fetched step={member_max} place={re.escape(member)}:{folder} ", out), out[-3000:]
@@ -230,7 +230,7 @@ def test_spot_notice_checkpoints_within_one_poll_and_stops_then_resumes(env):
     job1 = started(cli(*cmd))
 
     def training():
-        rows = train.parse_train_log(leader_log(cluster, job1), strict=False).current
+        rows = train_log.parse_train_log(leader_log(cluster, job1), strict=False).current
         return rows is not None and rows.rows and rows.rows[-1].step >= 20
 
     wait_for(training, 300, "training past step 20", interval=0.2)
@@ -240,7 +240,7 @@ def test_spot_notice_checkpoints_within_one_poll_and_stops_then_resumes(env):
                                                                 f"&& echo alive || echo gone").stdout,
              180, "every rank to stop")
     text = leader_log(cluster, job1)
-    run = train.parse_train_log(text).current
+    run = train_log.parse_train_log(text).current
     assert imds.first_served is not None and imds.first_served - imds.noticed_at <= poll + 0.5
     assert run.errors and run.errors[-1].fields["kind"] == "spot_interruption", text[-3000:]
     step = int(run.errors[-1].fields["step"])
@@ -287,7 +287,7 @@ def test_spot_notice_checkpoints_within_one_poll_and_stops_then_resumes(env):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert re.search(rf"spot cluster: left out {re.escape(member)} \(.+\), unreachable .*training on 1 of 2 "
                      rf"node\(s\), leader {re.escape(cluster.hosts[0])}", proc.stderr), proc.stderr
-    run2 = train.parse_train_log(proc.stdout).current
+    run2 = train_log.parse_train_log(proc.stdout).current
     assert run2.start.size == 2 and run2.resumed_from.path == f"{folder}/ckpt-{step}"  # the leader's 2 slots
     # half the global batch: the trainer carries on at the step that has seen as many images (not from scratch)
     changed = [{k: w.fields.get(k) for k in ("saved", "now", "step", "new_step")} for w in run2.warnings
@@ -298,11 +298,10 @@ def test_spot_notice_checkpoints_within_one_poll_and_stops_then_resumes(env):
 
 
 def test_checkpoint_to_grants_the_nodes_role_write_on_that_prefix_only(monkeypatch):
-    from moto.server import ThreadedMotoServer
     import boto3
+    from moto.server import ThreadedMotoServer
 
-    from clusterctl.providers.aws import bootstrap
-    from clusterctl.providers.aws import provider as aws
+    from clusterctl.providers.aws import bootstrap, provider as aws
     from clusterctl.types import Cluster
 
     port = free_port()

@@ -54,8 +54,8 @@ def test_complete_means_manifest_last_and_every_shard_at_its_size(tmp_path):
 
 @pytest.fixture
 def s3(monkeypatch):
-    from moto.server import ThreadedMotoServer
     import boto3
+    from moto.server import ThreadedMotoServer
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -92,8 +92,8 @@ def test_s3_copy_keeps_the_newest_and_a_lost_leader_folder_resumes_from_it(tmp_p
 
 
 def test_spot_watch_speaks_imdsv2_and_sees_the_notice_within_one_poll():
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     state = {"notice": False, "calls": []}
 

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from clusterctl.workloads import train_job as train
+from clusterctl.workloads import train_log
 from conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
@@ -70,7 +70,7 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
     wait_for(lambda: "gone" in cluster.node_exec(0, "sh", "-c", f"tmux has-session -t ={job1} 2>/dev/null "
                                                                 f"&& echo alive || echo gone").stdout,
              120, "horovodrun on the leader to give up")
-    log1 = train.parse_train_log(leader_log(cluster, job1))
+    log1 = train_log.parse_train_log(leader_log(cluster, job1))
     assert log1.current.done is None and log1.current.failure, "the job was not killed mid-run"
     saved = log1.current.checkpoints[-1].step
     assert 40 <= saved < 400
@@ -81,14 +81,14 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
     # ---- the same command again: resumes from the checkpoint, runs to the end, evaluates (--wait follows it)
     proc = cli(*TRAIN, "--wait", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    run2 = train.parse_train_log(proc.stdout).current
+    run2 = train_log.parse_train_log(proc.stdout).current
     assert run2.resumed_from is not None and run2.resumed_from.step == saved
     assert run2.start.start_step == saved and run2.rows[0].step == saved + 1
     assert run2.start.size == 4 and run2.done.complete and run2.done.step == 400
     ev = run2.eval
     assert ev.step == 400 and ev.size == 4 and ev.examples == 128
     assert ev.top1 > 30, f"top-1 {ev.top1}% is near chance (10%)"
-    print("\n" + "".join(line for line in proc.stdout.splitlines(True) if train.MARK in line))
+    print("\n" + "".join(line for line in proc.stdout.splitlines(True) if train_log.MARK in line))
 
     st = cli("status")
     assert re.search(r"training train-[\w-]+: finished, restarted 1x", st.stdout), st.stdout
@@ -97,7 +97,7 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
     # `logs` without a name: the job's whole history (the killed launch, then the resumed one) from the leader
     logs = cli("logs")
     assert logs.returncode == 0, logs.stderr
-    assert len(train.parse_train_log(logs.stdout).runs) == 2
+    assert len(train_log.parse_train_log(logs.stdout).runs) == 2
 
     # ---- eval on the leader alone: the latest checkpoint, the same numbers as the 4-process evaluation
     proc = cli("eval", timeout=300)

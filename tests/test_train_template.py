@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.workloads import train_job as train
+from clusterctl.workloads import train_job as train, train_log
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "templates" / "train_imagenet.py"
 from conftest import HOROVODRUN, TRAIN_PY as PY  # noqa: E402
+
 TIMEOUT_S = 240  # each launch; measured 10-20 s on 2 cores
 KILL_AT = 60  # the checkpoint step after which rank 1 dies
 
@@ -136,14 +137,14 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     code, out1, exit_after_kill = job.run(kill_rank1_after=f"checkpoint step={KILL_AT} ")
     assert code != 0, out1[-3000:]
     assert exit_after_kill is not None and exit_after_kill < 60, "horovodrun did not notice the dead rank"
-    log1 = train.parse_train_log(out1)
+    log1 = train_log.parse_train_log(out1)
     run1 = log1.current
     assert run1.start is not None and run1.start.size == 2 and run1.start.start_step == 0
     assert (run1.start.global_batch, run1.start.steps_per_epoch, run1.start.total_steps) == (32, 20, 240)
     assert run1.resumed_from is None and run1.done is None and run1.eval is None
     assert [c.step for c in run1.checkpoints][:3] == [20, 40, 60]
     assert run1.rows[0].step == 1 and run1.rows[-1].step < 240
-    st = train.status(log1, running=False)
+    st = train_log.status(log1, running=False)
     assert st.state == "failed" and st.reason == "process 1 exited 137 (killed: SIGKILL or out of memory)"
     assert st.last_checkpoint.step >= KILL_AT
     # Horovod has no fault tolerance: the job is gone everywhere, nothing of it left running.
@@ -155,7 +156,7 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     # ---- 2: the same command again resumes from that checkpoint, finishes, evaluates
     code, out2, _ = job.run()
     assert code == 0, out2[-3000:]
-    run2 = train.parse_train_log(out2).current
+    run2 = train_log.parse_train_log(out2).current
     resumed = saved[-1]
     assert run2.start.start_step == resumed and run2.resumed_from.step == resumed
     assert run2.resumed_from.path.endswith(f"ckpt-{resumed}")
@@ -170,13 +171,13 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     assert run2.rows[0].lr < run2.start.peak_lr and run2.rows[-1].lr < 0.01 * run2.start.peak_lr
     assert run2.rows[-1].loss < run1.rows[0].loss
     # every rank said where it computes: on the CPU here, which only a node with GPUs would fail
-    devices = parse_devices(out2, train.MARK)
+    devices = parse_devices(out2, train_log.MARK)
     assert sorted((d.rank, d.local_rank, d.gpus, d.logical) for d in devices) == [(0, 0, (), 0), (1, 1, (), 0)]
     assert device_problems(devices, 2, 0) == [] and "ran on the CPU" in device_problems(devices, 2, 8)[0]
 
     # Both runs in one log (as `clusterctl logs` would show them): one restart, finished.
-    both = train.parse_train_log(out1 + out2)
-    st = train.status(both, running=False)
+    both = train_log.parse_train_log(out1 + out2)
+    st = train_log.status(both, running=False)
     assert len(both.runs) == 2 and st.restarts == 1 and st.state == "finished"
     assert (st.step, st.epoch, st.result) == (240, 12.0, ev) and st.eta_s == 0.0
     assert st.total_elapsed_s > st.elapsed_s > 0
@@ -188,26 +189,26 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     proc = subprocess.run(train.trainer_argv(PY, str(TEMPLATE), opts), cwd=tmp_path, capture_output=True, text=True,
                           timeout=TIMEOUT_S, env=scrubbed_env(dict(os.environ)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    alone = train.parse_eval(proc.stdout)
+    alone = train_log.parse_eval(proc.stdout)
     assert alone.size == 1 and alone.step == 240 and alone.epoch == 12.0 and alone.examples == 128
     assert alone.checkpoint.endswith("ckpt-240")
     # rank 0's weights and batch-norm statistics everywhere: the number of processes does not change the result
     assert abs(alone.top1 - ev.top1) < 100 / 128 and abs(alone.top5 - ev.top5) < 100 / 128
     print("\n" + "".join(line for line in (out1 + out2 + proc.stdout).splitlines(keepends=True)
-                         if train.MARK in line or "Validation:" in line))
+                         if train_log.MARK in line or "Validation:" in line))
 
 
 def test_eval_only_without_a_checkpoint_fails_with_its_reason(tmp_path, dataset):
     opts = train.TrainOptions(data=str(dataset), model="tiny", model_dir=str(tmp_path / "empty"), eval_only=True)
     proc = subprocess.run(train.trainer_argv(PY, str(TEMPLATE), opts), cwd=tmp_path, capture_output=True, text=True,
                           timeout=TIMEOUT_S)
-    assert proc.returncode == train.EXIT_CHECKPOINT, proc.stderr[-2000:]
+    assert proc.returncode == train_log.EXIT_CHECKPOINT, proc.stderr[-2000:]
     with pytest.raises(ValueError, match="no evaluation: the trainer reported no_checkpoint"):
-        train.parse_eval(proc.stdout)
+        train_log.parse_eval(proc.stdout)
     # one process, no horovodrun: it still says it runs on the CPU (rank 0, this machine's hostname)
     import socket
 
-    assert [(d.rank, d.host, d.gpus, d.logical) for d in parse_devices(proc.stdout, train.MARK)] == [
+    assert [(d.rank, d.host, d.gpus, d.logical) for d in parse_devices(proc.stdout, train_log.MARK)] == [
         (0, socket.gethostname(), (), 0)]
 
 
@@ -269,15 +270,15 @@ def test_a_checkpoint_refuses_to_resume_under_other_hyperparameters(tmp_path):
     assert saved["base_lr"] == 0.1 and saved["batch_size"] == 8 and saved["recipe"] == "default"
 
     other = _single(tmp_path, *common, "--lr", "0.4", "--max-steps", "4")
-    assert other.returncode == train.EXIT_HPARAMS, other.stdout[-2000:] + other.stderr[-2000:]
+    assert other.returncode == train_log.EXIT_HPARAMS, other.stdout[-2000:] + other.stderr[-2000:]
     errors = [ln for ln in other.stderr.splitlines() if "Error:" in ln]
     assert len(errors) == 1 and "base_lr 0.1 -> 0.4" in errors[0] and "--model-dir" in errors[0], other.stderr[-2000:]
-    run = train.parse_train_log(other.stdout).current
+    run = train_log.parse_train_log(other.stdout).current
     assert run.errors[0].fields["kind"] == "hparams_mismatch" and run.rows == ()
 
     same = _single(tmp_path, *common, "--lr", "0.1", "--max-steps", "4")
     assert same.returncode == 0, same.stderr[-3000:]
-    run = train.parse_train_log(same.stdout).current
+    run = train_log.parse_train_log(same.stdout).current
     assert run.resumed_from.step == 2 and run.done.step == 4
 
 
@@ -291,8 +292,8 @@ def test_labels_out_of_range_stop_the_run_without_dataset_json(tmp_path, dataset
     proc = _single(tmp_path, "--data", str(bare), "--model", "tiny", "--batch-size", "16", "--num-classes", "10",
                    "--label-offset", "0", "--train-examples", "640", "--max-steps", "40", "--no-eval",
                    "--model-dir", "m")
-    assert proc.returncode == train.EXIT_BAD_LABELS, proc.stdout[-2000:] + proc.stderr[-2000:]
-    run = train.parse_train_log(proc.stdout).current
+    assert proc.returncode == train_log.EXIT_BAD_LABELS, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = train_log.parse_train_log(proc.stdout).current
     err = run.errors[0].fields
     assert err["kind"] == "bad_labels" and int(err["step"]) <= 5, err  # label 10 is 1 image in 10: soon
     assert "--label-offset" in err["message"]

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from clusterctl.workloads import train_job as train
+from clusterctl.workloads import train_log
 from conftest import TRAIN_PY
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
@@ -41,7 +41,7 @@ def marked(out: str, kind: str) -> list[dict]:
     """The `CLUSTERCTL-TRAIN <kind> k=v ...` lines of a log, as dicts."""
     found = []
     for line in out.splitlines():
-        m = re.search(rf"{train.MARK} {kind} (.*)$", line)
+        m = re.search(rf"{train_log.MARK} {kind} (.*)$", line)
         if m:
             found.append(dict(kv.split("=", 1) for kv in m.group(1).split()))
     return found
@@ -52,13 +52,13 @@ def test_a_resumed_float16_run_keeps_every_rank_in_step(c):
             "--model-dir", "~/runs/fp16"]
     first = c.cli(*args, "--max-steps", "20", "--wait", timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
-    run1 = train.parse_train_log(first.stdout).current
+    run1 = train_log.parse_train_log(first.stdout).current
     assert run1.start.fields["precision"] == "mixed_float16" and run1.start.fields["loss_scaling"] == "1"
     assert run1.start.size == 4 and run1.checkpoints[-1].step == 20
 
     second = c.cli(*args, "--max-steps", "40", "--wait", timeout=900)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
-    run2 = train.parse_train_log(second.stdout).current
+    run2 = train_log.parse_train_log(second.stdout).current
     assert run2.resumed_from is not None and run2.resumed_from.step == 20 and run2.done.step == 40
     # Rank 0 restored the loss scale and its good-steps counter; every rank must have them, and so the
     # same unscaled update: identical weights, momentum and loss scale on all 4 ranks 20 steps later.
@@ -74,7 +74,7 @@ def test_a_wrong_label_offset_stops_before_the_first_step(c):
     proc = c.cli(*BASE, "--epochs", "1", "--model-dir", "~/runs/labels", "--trainer-arg=--label-offset=0",
                  "--wait", timeout=900)
     assert proc.returncode != 0, proc.stdout[-3000:]
-    run = train.parse_train_log(proc.stdout).current
+    run = train_log.parse_train_log(proc.stdout).current
     errors = [e.fields for e in run.errors]
     assert errors and errors[0]["kind"] == "bad_labels", proc.stdout[-3000:]
     assert "outside 0..9" in errors[0]["message"] and "--label-offset 1" in errors[0]["message"]
@@ -86,7 +86,7 @@ def test_eval_every_epoch_on_all_ranks_with_goyal_recipe(c, tmp_path):
                  "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5", "--model-dir", "~/runs/evals",
                  "--wait", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    run = train.parse_train_log(proc.stdout).current
+    run = train_log.parse_train_log(proc.stdout).current
     f = run.start.fields
     assert (f["recipe"], f["schedule"], f["label_smoothing"], f["fp16_allreduce"]) == ("goyal", "step", "0", "1")
     assert (f["fusion_threshold"], f["cycle_time_ms"]) == (str(32 << 20), "2.5")

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.workloads import train_job as train
-from clusterctl.workloads.train_job import CheckpointSaved, TrainOptions, TrainRow
+from clusterctl.workloads import train_job as train, train_log
+from clusterctl.workloads.train_job import TrainOptions
+from clusterctl.workloads.train_log import CheckpointSaved, TrainRow
 
 DATA = Path(__file__).parent / "data"
 KILLED = (DATA / "train_tiny_np2_killed.log").read_text()
@@ -24,7 +25,7 @@ NO_CHECKPOINT = (DATA / "train_no_checkpoint.log").read_text()
 
 # ---- the killed run -----------------------------------------------------------------------------------
 def test_killed_run_parsed():
-    log = train.parse_train_log(KILLED)
+    log = train_log.parse_train_log(KILLED)
     assert len(log.runs) == 1
     run = log.current
     s = run.start
@@ -45,7 +46,7 @@ def test_killed_run_parsed():
 
 
 def test_killed_run_status():
-    st = train.status(train.parse_train_log(KILLED), running=False)
+    st = train_log.status(train_log.parse_train_log(KILLED), running=False)
     assert st.state == "failed" and st.reason == "process 1 exited 137 (killed: SIGKILL or out of memory)"
     assert (st.step, st.epoch, st.stop_step, st.size, st.restarts) == (60, 3.0, 240, 2, 0)
     assert st.last_checkpoint == CheckpointSaved(60, 3, "/tmp/m4/checkpoints/ckpt-60")
@@ -57,23 +58,23 @@ def test_killed_run_status():
 
 # ---- the resumed run ----------------------------------------------------------------------------------
 def test_resumed_run_continues_from_the_checkpoint_and_evaluates():
-    run = train.parse_train_log(RESUMED).current
+    run = train_log.parse_train_log(RESUMED).current
     assert run.start.start_step == 60
     assert run.resumed_from == CheckpointSaved(60, 3, "/tmp/m4/checkpoints/ckpt-60")
     assert run.rows[0].step == 61 and run.rows[-1] == TrainRow(240, 12.0, 1528.5, 1.0745, 1.0828, 0.000013, 19.4)
     assert [c.step for c in run.checkpoints] == list(range(80, 241, 20))
-    assert run.done == train.TrainDone(240, 12.0, True, 19.4214, 502.293)
+    assert run.done == train_log.TrainDone(240, 12.0, True, 19.4214, 502.293)
     ev = run.eval
     assert (ev.step, ev.epoch, ev.top1, ev.top5, ev.examples, ev.size) == (240, 12.0, 68.75, 100.0, 128, 2)
     assert ev.loss == 0.73982 and ev.checkpoint == "/tmp/m4/checkpoints/ckpt-240"
     assert ev.time == "2026-11-21T22:59:49Z"
-    assert train.parse_eval(RESUMED) == ev
+    assert train_log.parse_eval(RESUMED) == ev
 
 
 def test_status_of_the_whole_job_across_the_restart():
-    log = train.parse_train_log(KILLED + RESUMED)
+    log = train_log.parse_train_log(KILLED + RESUMED)
     assert len(log.runs) == 2 and log.runs[0].failure and log.runs[1].resumed_from.step == 60
-    st = train.status(log, running=False)
+    st = train_log.status(log, running=False)
     assert st.state == "finished" and st.reason is None
     assert (st.step, st.epoch, st.epochs, st.restarts, st.resumed_from_step) == (240, 12.0, 12.0, 1, 60)
     assert st.eta_s == 0.0 and st.result.top1 == 68.75
@@ -85,7 +86,7 @@ def test_status_of_a_live_log_cut_mid_line():
     """What `clusterctl status` sees while the job runs: the log up to the step-150 row, then half a line."""
     cut = RESUMED.index("CLUSTERCTL-TRAIN     160")
     live = RESUMED[:cut] + "CLUSTERCTL-TRAIN     16"  # horovodrun's prefix was written, the row was not
-    st = train.status(train.parse_train_log(live), running=True)
+    st = train_log.status(train_log.parse_train_log(live), running=True)
     assert st.state == "running" and st.reason is None
     assert (st.step, st.epoch, st.loss, st.lr) == (150, 7.5, 1.245, 0.0915)
     rate = (1991.7 + 1822.4 + 1894.1 + 2044.1 + 1431.9) / 5  # rows 110-150
@@ -94,63 +95,63 @@ def test_status_of_a_live_log_cut_mid_line():
     assert st.cost_to_finish(24.48 * 4) == pytest.approx(24.48 * 4 * st.eta_s / 3600)
     assert st.last_checkpoint.step == 140
     # the process gone without a `done` line: stopped, with no ETA
-    gone = train.status(train.parse_train_log(live), running=False)
+    gone = train_log.status(train_log.parse_train_log(live), running=False)
     assert gone.state == "stopped" and gone.eta_s is None and "without finishing" in gone.reason
     # finished training, evaluation still running
     done_only = RESUMED[: RESUMED.index("[0]<stdout>:CLUSTERCTL-TRAIN eval")]
-    assert train.status(train.parse_train_log(done_only), running=True).state == "evaluating"
+    assert train_log.status(train_log.parse_train_log(done_only), running=True).state == "evaluating"
     # nothing marked yet: horovodrun and TensorFlow still starting
     noise = KILLED[: KILLED.index("[0]<stdout>:CLUSTERCTL-TRAIN start")]
-    assert train.status(train.parse_train_log(noise), running=True).state == "starting"
+    assert train_log.status(train_log.parse_train_log(noise), running=True).state == "starting"
     header_only = RESUMED[: RESUMED.index("CLUSTERCTL-TRAIN      61") - len("[0]<stdout>:")]
-    st = train.status(train.parse_train_log(header_only), running=True)
+    st = train_log.status(train_log.parse_train_log(header_only), running=True)
     assert st.state == "starting" and st.step == 60 and st.eta_s is None
 
 
 # ---- evaluation alone ---------------------------------------------------------------------------------
 def test_eval_only_output():
-    ev = train.parse_eval(EVAL_ONLY)
+    ev = train_log.parse_eval(EVAL_ONLY)
     assert (ev.step, ev.epoch, ev.top1, ev.top5, ev.examples, ev.size) == (240, 12.0, 68.75, 100.0, 128, 1)
     # the same checkpoint as the 2-process evaluation at the end of training, the same numbers
     assert (ev.top1, ev.top5, ev.loss, ev.checkpoint) == (68.75, 100.0, 0.73982, "/tmp/m4/checkpoints/ckpt-240")
-    log = train.parse_train_log(RESUMED + EVAL_ONLY)
+    log = train_log.parse_train_log(RESUMED + EVAL_ONLY)
     assert len(log.runs) == 2 and log.runs[1].start is None and log.eval.size == 1
-    assert train.status(log, running=False).state == "finished"
+    assert train_log.status(log, running=False).state == "finished"
 
 
 def test_eval_only_without_checkpoint():
     with pytest.raises(ValueError, match=r"^no evaluation: the trainer reported no_checkpoint$"):
-        train.parse_eval(NO_CHECKPOINT)
-    st = train.status(train.parse_train_log(NO_CHECKPOINT), running=False)
+        train_log.parse_eval(NO_CHECKPOINT)
+    st = train_log.status(train_log.parse_train_log(NO_CHECKPOINT), running=False)
     assert st.state == "failed" and st.reason == "no_checkpoint"
     with pytest.raises(ValueError, match="no evaluation: process 1 exited 137"):
-        train.parse_eval(KILLED)
+        train_log.parse_eval(KILLED)
     with pytest.raises(ValueError, match="no 'CLUSTERCTL-TRAIN eval' line"):
-        train.parse_eval("just noise\n")
+        train_log.parse_eval("just noise\n")
 
 
 # ---- robustness ---------------------------------------------------------------------------------------
 def test_any_prefix_and_carriage_returns():
-    plain = train.parse_train_log(RESUMED)
+    plain = train_log.parse_train_log(RESUMED)
     stamped = "".join(
         line.replace("[0]<stdout>:", "Sat Nov 21 22:59:30 2026[0]<stdout>:") for line in RESUMED.splitlines(True))
     tmux = RESUMED.replace("\n", "\r\n")
-    assert train.parse_train_log(stamped) == plain == train.parse_train_log(tmux)
+    assert train_log.parse_train_log(stamped) == plain == train_log.parse_train_log(tmux)
 
 
 def test_malformed_marked_lines_name_their_line():
     with pytest.raises(ValueError, match="line 2: a table row needs 7 columns"):
-        train.parse_train_log("noise\nCLUSTERCTL-TRAIN 10 0.5 1.0\n")
+        train_log.parse_train_log("noise\nCLUSTERCTL-TRAIN 10 0.5 1.0\n")
     with pytest.raises(ValueError, match="line 1: table header"):
-        train.parse_train_log("CLUSTERCTL-TRAIN Step Epoch Speed Loss FinLoss LR\n")
+        train_log.parse_train_log("CLUSTERCTL-TRAIN Step Epoch Speed Loss FinLoss LR\n")
     with pytest.raises(ValueError, match="line 1: start line has no size="):
-        train.parse_train_log("CLUSTERCTL-TRAIN start model=tiny\n")
+        train_log.parse_train_log("CLUSTERCTL-TRAIN start model=tiny\n")
     with pytest.raises(ValueError, match=r"line 1: top1='high' is not a float"):
-        train.parse_train_log("CLUSTERCTL-TRAIN eval step=1 epoch=1 top1=high top5=2 loss=1 examples=3\n")
+        train_log.parse_train_log("CLUSTERCTL-TRAIN eval step=1 epoch=1 top1=high top5=2 loss=1 examples=3\n")
     with pytest.raises(ValueError, match="'junk' is not key=value"):
-        train.parse_train_log("CLUSTERCTL-TRAIN checkpoint junk\n")
+        train_log.parse_train_log("CLUSTERCTL-TRAIN checkpoint junk\n")
     # values with spaces are shell-quoted by the trainer and read back whole
-    run = train.parse_train_log("CLUSTERCTL-TRAIN checkpoint step=5 epoch=0 path='/data/my run/ckpt-5'\n").current
+    run = train_log.parse_train_log("CLUSTERCTL-TRAIN checkpoint step=5 epoch=0 path='/data/my run/ckpt-5'\n").current
     assert run.checkpoints == (CheckpointSaved(5, 0, "/data/my run/ckpt-5"),)
 
 
@@ -192,9 +193,9 @@ def test_trainer_accepts_every_flag_the_argv_builder_writes():
     assert (args.checkpoint_every, args.keep_checkpoints, args.log_every, args.expect_size) == (5, 2, 3, 4)
     assert args.precision == "mixed" and args.xla and args.no_eval and args.no_gpu and not args.eval_only
     assert mod.parse_args(["--synthetic", "--lr", "0.4"]).base_lr == 0.4  # --lr: clusterctl sweep's name for it
-    assert mod.MARK == train.MARK and mod.COLUMNS == train.COLUMNS
+    assert mod.MARK == train_log.MARK and mod.COLUMNS == train_log.COLUMNS
     assert (mod.EXIT_CHECKPOINT, mod.EXIT_NO_DATA, mod.EXIT_SIZE_MISMATCH) == (
-        train.EXIT_CHECKPOINT, train.EXIT_NO_DATA, train.EXIT_SIZE_MISMATCH)
+        train_log.EXIT_CHECKPOINT, train_log.EXIT_NO_DATA, train_log.EXIT_SIZE_MISMATCH)
 
 
 def test_learning_rate_schedule_of_the_template():
@@ -220,12 +221,12 @@ def test_a_killed_log_followed_by_its_restart_and_a_cut_line():
     cut = KILLED.index("CLUSTERCTL-TRAIN      60") + len("CLUSTERCTL-TRAIN      6")
     torn = KILLED[:cut] + "\n" + RESUMED  # history_command adds the newline after an earlier log
     with pytest.raises(ValueError, match="a table row needs 7 columns"):
-        train.parse_train_log(torn)
-    log = train.parse_train_log(torn, strict=False)
+        train_log.parse_train_log(torn)
+    log = train_log.parse_train_log(torn, strict=False)
     assert len(log.runs) == 2 and log.runs[0].rows[-1].step == 50 and log.runs[1].resumed_from.step == 60
     # two lines run together: the last mark on the line wins
     joined = KILLED[:cut] + RESUMED
-    assert train.parse_train_log(joined, strict=False).runs[1].start.start_step == 60
+    assert train_log.parse_train_log(joined, strict=False).runs[1].start.start_step == 60
 
 
 def test_node_path():
@@ -281,11 +282,11 @@ def test_device_lines_before_start_open_no_run_of_their_own():
         return "".join(lines) + log
 
     both = with_devices(KILLED, "none") + with_devices(RESUMED, "none")
-    plain = train.parse_train_log(KILLED + RESUMED)
-    log = train.parse_train_log(both)
+    plain = train_log.parse_train_log(KILLED + RESUMED)
+    log = train_log.parse_train_log(both)
     assert len(log.runs) == 2 and log == plain
-    assert train.status(log, running=False) == train.status(plain, running=False)
-    reports = horovod.parse_devices(both, train.MARK)
+    assert train_log.status(log, running=False) == train_log.status(plain, running=False)
+    reports = horovod.parse_devices(both, train_log.MARK)
     assert [(r.rank, r.gpus) for r in reports] == [(0, ()), (1, ())]
     assert horovod.device_problems(reports, 2, 0) == []  # local nodes: no GPU to prove
     assert horovod.device_problems(reports, 2, 8) == ["node-0: rank(s) 0, 1 ran on the CPU (TensorFlow found no "
@@ -376,17 +377,17 @@ def test_periodic_evaluations_stay_in_their_run():
           "time=T seconds=1 size=4 final={f}\n")
     text = start + ev.format(s=20, e=1, t=40, f=0) + "CLUSTERCTL-TRAIN done step=40 epoch=2 complete=1 elapsed=9 " \
         "img_per_sec=5\n" + ev.format(s=40, e=2, t=55, f=1)
-    log = train.parse_train_log(text)
+    log = train_log.parse_train_log(text)
     assert len(log.runs) == 1
     run = log.current
     assert [(e.step, e.top1) for e in run.evals] == [(20, 40.0)] and run.eval.top1 == 55.0
-    assert train.parse_eval(text).step == 40
+    assert train_log.parse_eval(text).step == 40
     # `status` shows the latest one while the job trains, the final result once there is one
-    mid = train.status(train.parse_train_log(start + ev.format(s=20, e=1, t=40, f=0)), running=True)
+    mid = train_log.status(train_log.parse_train_log(start + ev.format(s=20, e=1, t=40, f=0)), running=True)
     assert mid.state == "starting" and mid.validation.top1 == 40.0 and mid.result is None
-    assert train.status(log, running=False).result.top1 == 55.0
+    assert train_log.status(log, running=False).result.top1 == 55.0
     # an older trainer's eval line (no final=) is the final one, as before
-    assert train.parse_train_log(start + ev.format(s=40, e=2, t=55, f=1).replace(" final=1", "")).current.eval.step == 40
+    assert train_log.parse_train_log(start + ev.format(s=40, e=2, t=55, f=1).replace(" final=1", "")).current.eval.step == 40
 
 
 def test_train_options_reach_the_trainer_and_horovod():

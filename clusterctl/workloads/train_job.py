@@ -1,39 +1,19 @@
-"""The training job's lifecycle, as values: the trainer's command line, and its log read back.
-
-templates/train_imagenet.py (rank 0) writes every line for machines with the `CLUSTERCTL-TRAIN` mark:
-event lines `CLUSTERCTL-TRAIN <event> key=value ...` and the table
-
-    CLUSTERCTL-TRAIN    Step   Epoch      img/s      Loss  TotalLoss         LR   Elapsed
-    CLUSTERCTL-TRAIN      10    0.50     2735.0    1.7566     1.7588   0.125000       5.2
-
-The mark may follow any prefix (horovodrun's `[0]<stdout>:`, a timestamp, tmux's log). One log may
-hold several runs of one job (a crash, then a resumed run appended): each `start` line opens a run.
-Pure: no TensorFlow, no ssh, no clock unless given one.
-"""
+"""The training job's lifecycle: the trainer's command line, and the job on a cluster (start on the
+leader in tmux, the nodes it runs on, stop, evaluate, TensorBoard). The log it writes is read by
+workloads/train_log.py."""
 
 from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
-MARK = "CLUSTERCTL-TRAIN"
+from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
+
 TEMPLATE = "train_imagenet.py"
 COMPANION = "train_ckpt.py"  # the trainer imports it from its own folder: checkpoint manifests, copies, spot
 SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 5 seconds
-COLUMNS = ("Step", "Epoch", "img/s", "Loss", "TotalLoss", "LR", "Elapsed")
-# templates/train_imagenet.py's exit statuses
-EXIT_SIZE_MISMATCH = 3
-EXIT_CHECKPOINT = 4
-EXIT_NO_DATA = 5
-EXIT_BAD_LABELS = 6
-EXIT_HPARAMS = 7
-
-_MARKED = re.compile(rf".*{MARK}\s+(.*?)\s*$")  # the last mark of a line (two lines run together)
-_HOROVOD_FAILED = re.compile(r"Horovod detected that one or more processes exited with non-zero status")
-_PROCESS_NAME = re.compile(r"^\s*Process name:\s*(\S+)")
-_EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d+)")
 
 
 # ---- the command line ------------------------------------------------------------------------------
@@ -137,358 +117,6 @@ def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:
         argv += [flag, text]
     argv += [flag for name, flag in _SWITCHES if getattr(opts, name)]
     return argv + list(opts.extra)
-
-
-# ---- the log ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TrainRow:
-    step: int
-    epoch: float
-    img_per_sec: float  # all processes together, over the steps since the previous row
-    loss: float  # cross-entropy, mean over ranks and steps since the previous row
-    total_loss: float  # with weight decay (the recipe's FinLoss)
-    lr: float
-    elapsed: float  # seconds since the trainer process started
-
-
-@dataclass(frozen=True)
-class CheckpointSaved:
-    step: int
-    epoch: int
-    path: str
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    step: int
-    epoch: float
-    top1: float  # percent
-    top5: float  # percent (top-k with k = min(5, classes))
-    loss: float
-    examples: int
-    checkpoint: str
-    size: int  # processes that evaluated
-    time: str  # UTC, ISO 8601
-
-
-@dataclass(frozen=True)
-class TrainStart:
-    size: int
-    model: str
-    batch: int
-    global_batch: int
-    train_examples: int
-    steps_per_epoch: int
-    epochs: float
-    total_steps: int
-    stop_step: int
-    start_step: int
-    peak_lr: float
-    fields: Mapping[str, str] = field(default_factory=dict)  # every field of the line, as text
-
-
-@dataclass(frozen=True)
-class TrainDone:
-    step: int
-    epoch: float
-    complete: bool  # reached the last step of the schedule (not only --max-steps)
-    elapsed: float
-    img_per_sec: float
-
-
-@dataclass(frozen=True)
-class TrainEvent:
-    kind: str  # warning / error
-    fields: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class TrainRun:
-    """One process lifetime of the job: from its `start` line to its end (or the end of the log)."""
-
-    start: TrainStart | None  # None for an --eval-only run
-    resumed_from: CheckpointSaved | None = None
-    rows: tuple[TrainRow, ...] = ()
-    checkpoints: tuple[CheckpointSaved, ...] = ()
-    done: TrainDone | None = None
-    eval: EvalResult | None = None
-    warnings: tuple[TrainEvent, ...] = ()
-    errors: tuple[TrainEvent, ...] = ()
-    failure: str | None = None  # horovodrun's own verdict when a process died (e.g. "process 1 exited 137")
-    evals: tuple[EvalResult, ...] = ()  # the --eval-every evaluations during training (final=0)
-
-
-@dataclass(frozen=True)
-class TrainLog:
-    runs: tuple[TrainRun, ...]
-
-    @property
-    def current(self) -> TrainRun | None:
-        return self.runs[-1] if self.runs else None
-
-    @property
-    def eval(self) -> EvalResult | None:
-        """The latest evaluation in the log."""
-        for run in reversed(self.runs):
-            if run.eval is not None:
-                return run.eval
-        return None
-
-
-class _RunBuilder:
-    def __init__(self, start: TrainStart | None):
-        self.start = start
-        self.resumed_from: CheckpointSaved | None = None
-        self.rows: list[TrainRow] = []
-        self.checkpoints: list[CheckpointSaved] = []
-        self.done: TrainDone | None = None
-        self.eval: EvalResult | None = None
-        self.warnings: list[TrainEvent] = []
-        self.errors: list[TrainEvent] = []
-        self.failure: str | None = None
-        self.evals: list[EvalResult] = []
-
-    def build(self) -> TrainRun:
-        return TrainRun(self.start, self.resumed_from, tuple(self.rows), tuple(self.checkpoints), self.done,
-                        self.eval, tuple(self.warnings), tuple(self.errors), self.failure, tuple(self.evals))
-
-
-def _kv(body: str, lineno: int) -> dict[str, str]:
-    try:
-        tokens = shlex.split(body)
-    except ValueError as exc:
-        raise ValueError(f"train log line {lineno}: {exc}: {body!r}") from None
-    out: dict[str, str] = {}
-    for tok in tokens:
-        key, sep, value = tok.partition("=")
-        if not sep or not key:
-            raise ValueError(f"train log line {lineno}: {tok!r} is not key=value")
-        out[key] = value
-    return out
-
-
-def _get(fields: Mapping[str, str], key: str, typ, lineno: int, kind: str):
-    if key not in fields:
-        raise ValueError(f"train log line {lineno}: {kind} line has no {key}=")
-    raw = fields[key]
-    try:
-        if typ is bool:
-            return raw not in ("0", "false", "False", "")
-        if typ is int:
-            return int(float(raw)) if re.fullmatch(r"-?\d+(\.0*)?", raw) else int(raw)
-        return typ(raw)
-    except ValueError:
-        raise ValueError(f"train log line {lineno}: {key}={raw!r} is not a {typ.__name__}") from None
-
-
-def parse_train_log(text: str, strict: bool = True) -> TrainLog:
-    """Read the trainer's output (horovodrun's, or rank 0's own). Lines without the mark are noise and
-    skipped. A last line without its newline is still being written and is ignored. A marked line that
-    does not parse raises ValueError naming its line number (strict), or is skipped (not strict: for
-    watching a live job, whose log a crash may have cut anywhere)."""
-    lines = text.splitlines()
-    if lines and not text.endswith(("\n", "\r")):
-        lines = lines[:-1]
-    runs: list[TrainRun] = []
-    cur: _RunBuilder | None = None
-    failed_at: int | None = None
-    for lineno, raw in enumerate(lines, start=1):
-        line = raw.replace("\r", "")
-        if failed_at is not None and cur is not None:
-            m = _PROCESS_NAME.match(line)
-            if m:
-                cur.failure = f"process {m.group(1)} exited"
-                continue
-            m = _EXIT_CODE.match(line)
-            if m and cur.failure and cur.failure.endswith("exited"):
-                code = int(m.group(1))
-                why = {137: " (killed: SIGKILL or out of memory)", 143: " (SIGTERM)", 139: " (segfault)"}.get(code, "")
-                cur.failure += f" {code}{why}"
-                continue
-        if _HOROVOD_FAILED.search(line):
-            if cur is None:
-                cur = _RunBuilder(None)
-            cur.failure = cur.failure or "a process exited with non-zero status"
-            failed_at = lineno
-            continue
-        m = _MARKED.search(line)
-        if not m:
-            continue
-        try:
-            body = m.group(1)
-            head = body.split(None, 1)[0] if body else ""
-            if head == "Step":
-                if tuple(body.split()) != COLUMNS:
-                    raise ValueError(f"train log line {lineno}: table header {body.split()} is not {list(COLUMNS)}")
-                continue
-            if head[:1].isdigit():
-                parts = body.split()
-                if len(parts) != len(COLUMNS):
-                    raise ValueError(f"train log line {lineno}: a table row needs {len(COLUMNS)} columns: {body!r}")
-                try:
-                    row = TrainRow(int(parts[0]), *(float(p) for p in parts[1:]))
-                except ValueError:
-                    raise ValueError(f"train log line {lineno}: not a table row: {body!r}") from None
-                if cur is None:
-                    cur = _RunBuilder(None)
-                cur.rows.append(row)
-                continue
-            kind, _, rest = body.partition(" ")
-            f = _kv(rest, lineno)
-            if kind == "device":
-                continue  # which GPU each rank has: printed before `start`, read by horovod.parse_devices
-            if kind == "start":
-                g = lambda k, t: _get(f, k, t, lineno, kind)  # noqa: E731
-                started = TrainStart(
-                    size=g("size", int), model=g("model", str), batch=g("batch", int),
-                    global_batch=g("global_batch", int), train_examples=g("train_examples", int),
-                    steps_per_epoch=g("steps_per_epoch", int), epochs=g("epochs", float),
-                    total_steps=g("total_steps", int), stop_step=g("stop_step", int),
-                    start_step=g("start_step", int), peak_lr=g("peak_lr", float), fields=dict(f))
-                if cur is not None:
-                    runs.append(cur.build())
-                failed_at = None
-                cur = _RunBuilder(started)
-                continue
-            periodic = kind == "eval" and f.get("final") == "0"
-            if kind == "eval" and not periodic and (cur is None or cur.eval is not None or cur.failure):
-                # an --eval-only run (no start line), or a second evaluation after a finished one
-                if cur is not None:
-                    runs.append(cur.build())
-                cur = _RunBuilder(None)
-            if cur is None:
-                cur = _RunBuilder(None)
-            g = lambda k, t: _get(f, k, t, lineno, kind)  # noqa: E731
-            if kind == "resume":
-                cur.resumed_from = CheckpointSaved(g("step", int), g("epoch", int), g("checkpoint", str))
-            elif kind == "checkpoint":
-                cur.checkpoints.append(CheckpointSaved(g("step", int), g("epoch", int), g("path", str)))
-            elif kind == "done":
-                cur.done = TrainDone(g("step", int), g("epoch", float), g("complete", bool), g("elapsed", float),
-                                     g("img_per_sec", float))
-            elif kind == "eval":
-                result = EvalResult(
-                    step=g("step", int), epoch=g("epoch", float), top1=g("top1", float), top5=g("top5", float),
-                    loss=g("loss", float), examples=g("examples", int), checkpoint=f.get("checkpoint", ""),
-                    size=int(f.get("size", "1")), time=f.get("time", ""))
-                if periodic:
-                    cur.evals.append(result)
-                else:
-                    cur.eval = result
-            elif kind == "error":
-                cur.errors.append(TrainEvent(kind, dict(f)))
-            elif kind == "warning":
-                cur.warnings.append(TrainEvent(kind, dict(f)))
-            # other kinds: newer trainers may add some; nothing here needs them
-        except ValueError:
-            if strict:
-                raise
-    if cur is not None:
-        runs.append(cur.build())
-    return TrainLog(tuple(runs))
-
-
-def parse_eval(text: str) -> EvalResult:
-    """The latest top-1/top-5 in a trainer's output; ValueError (saying why, when it can) if there is none."""
-    log = parse_train_log(text if text.endswith("\n") else text + "\n")
-    result = log.eval
-    if result is not None:
-        return result
-    for run in reversed(log.runs):
-        if run.errors:
-            e = run.errors[-1].fields
-            raise ValueError(f"no evaluation: the trainer reported {e.get('kind', 'an error')}"
-                             + (f" ({e['message']})" if e.get("message") else ""))
-        if run.failure:
-            raise ValueError(f"no evaluation: {run.failure}")
-    raise ValueError(f"no '{MARK} eval' line in the output")
-
-
-# ---- status ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TrainStatus:
-    state: str  # starting | running | evaluating | finished | failed | stopped
-    step: int
-    stop_step: int
-    total_steps: int
-    epoch: float
-    epochs: float
-    img_per_sec: float | None  # recent rate, all processes
-    loss: float | None
-    total_loss: float | None
-    lr: float | None
-    elapsed_s: float  # this run, since its process started
-    total_elapsed_s: float  # every run of the job in the log
-    eta_s: float | None  # to the last step at the recent rate (evaluation not included)
-    size: int
-    restarts: int  # runs before the current one
-    resumed_from_step: int | None
-    last_checkpoint: CheckpointSaved | None
-    result: EvalResult | None
-    reason: str | None = None  # why it failed or stopped
-    validation: EvalResult | None = None  # the latest --eval-every evaluation during training
-
-    def cost_to_finish(self, dollars_per_hour: float) -> float | None:
-        """What the remaining steps cost at the cluster's hourly price (None while unknown)."""
-        return None if self.eta_s is None else dollars_per_hour * self.eta_s / 3600
-
-
-def status(log: TrainLog, *, running: bool | None = None, recent: int = 5) -> TrainStatus:
-    """Where the job is. `running` says whether its process still lives (the caller knows: tmux, ps);
-    None when unknown, and then a run without an end counts as running. The rate is the mean of the
-    last `recent` rows of the current run, leaving out its first row (graph tracing, not training)."""
-    run = log.current
-    if run is None or (run.start is None and run.eval is None and not run.rows and not run.errors
-                       and not run.failure):
-        return TrainStatus("starting" if running is not False else "stopped", 0, 0, 0, 0.0, 0.0, None, None, None,
-                           None, 0.0, 0.0, None, 0, 0, None, None, None,
-                           None if running is not False else "no training output")
-    start = run.start
-    prior = [r for r in log.runs[:-1] if r.start is not None]
-    start_step = start.start_step if start else 0
-    stop_step = start.stop_step if start else 0
-    total_steps = start.total_steps if start else 0
-    spe = start.steps_per_epoch if start else 0
-    last = run.rows[-1] if run.rows else None
-    step = max([start_step] + [r.step for r in run.rows] + ([run.done.step] if run.done else []))
-    if run.eval is not None and not start:
-        step = run.eval.step
-    epoch = step / spe if spe else (run.eval.epoch if run.eval else 0.0)
-    timed = [r for r in run.rows if r.step > start_step + 1][-recent:]
-    rate = sum(r.img_per_sec for r in timed) / len(timed) if timed else None
-    eta = None
-    if start and rate and rate > 0:
-        eta = max(0, stop_step - step) * start.global_batch / rate
-    elapsed = max([r.elapsed for r in run.rows] + ([run.done.elapsed] if run.done else []) + [0.0])
-    before = sum(max([r.elapsed for r in p.rows] + ([p.done.elapsed] if p.done else []) + [0.0]) for p in prior)
-
-    reason = None
-    if run.errors:
-        state = "failed"
-        e = run.errors[-1].fields
-        reason = e.get("kind", "error") + (f": {e['message']}" if e.get("message") else "")
-    elif run.failure:
-        state, reason = "failed", run.failure
-    elif run.eval is not None:
-        state = "finished"
-    elif run.done is not None:
-        no_eval = start is not None and start.fields.get("validation_files") == "0"
-        state = "finished" if running is False or no_eval else "evaluating"
-    elif running is False:
-        state, reason = "stopped", "the process ended without finishing (killed?)"
-    else:
-        state = "running" if run.rows else "starting"
-    if state in ("finished", "failed", "stopped"):
-        eta = 0.0 if state == "finished" else None
-    return TrainStatus(
-        state=state, step=step, stop_step=stop_step, total_steps=total_steps, epoch=epoch,
-        epochs=start.epochs if start else 0.0, img_per_sec=rate if rate is not None else (last.img_per_sec if last else None),
-        loss=last.loss if last else None, total_loss=last.total_loss if last else None, lr=last.lr if last else None,
-        elapsed_s=elapsed, total_elapsed_s=before + elapsed, eta_s=eta, size=start.size if start else 0,
-        restarts=len(prior), resumed_from_step=run.resumed_from.step if run.resumed_from else None,
-        last_checkpoint=run.checkpoints[-1] if run.checkpoints else (run.resumed_from if run.resumed_from else None),
-        result=run.eval, reason=reason,
-        validation=next((r.evals[-1] for r in reversed(log.runs) if r.evals), None))
 
 
 # ---- the job on a cluster ----------------------------------------------------------------------------
@@ -716,8 +344,8 @@ def wait_for_devices(pool, leader, job_name: str, np: int, gpus: int, timeout: f
     `timeout` passed: nothing proven either way (`status` and the log say why it ended)."""
     import time as _time
 
-    from clusterctl.workloads import horovod
     from clusterctl.remote import tmux as jobs
+    from clusterctl.workloads import horovod
 
     n = jobs.validate_job_name(job_name)
     cmd = f'head -c 4000000 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; echo; {_alive_command(n)}'
@@ -770,11 +398,10 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
     from dataclasses import asdict, replace
 
     from clusterctl import resources
-    from clusterctl.workloads import horovod
-    from clusterctl.remote import tmux as jobs
-    from clusterctl.workloads import launch
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
+    from clusterctl.remote import tmux as jobs
     from clusterctl.remote.ssh import SshPool
+    from clusterctl.workloads import horovod, launch
 
     total = inv.hosts.total_slots
     if np is not None and not 1 <= np <= total:
@@ -896,9 +523,9 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
     from dataclasses import replace
 
     from clusterctl import resources
-    from clusterctl.workloads import launch
     from clusterctl.errors import RemoteCommandError, UnreachableError
     from clusterctl.remote.ssh import SshPool
+    from clusterctl.workloads import launch
 
     opts = replace(job.train_options(), eval_only=True, expect_size=None, no_eval=False)
     script = f"{job.job_dir}/{TEMPLATE}"
@@ -953,9 +580,9 @@ def open_tensorboard(inv, job: TrainJob, local_port: int, remote_port: int = 600
     import subprocess
     import time as _time
 
-    from clusterctl.remote import tmux as jobs
     from clusterctl.data import sync as transfer
     from clusterctl.errors import RemoteCommandError, UnreachableError
+    from clusterctl.remote import tmux as jobs
     from clusterctl.remote.ssh import SshPool
 
     inv = job_inventory(inv, job)
