@@ -12,8 +12,21 @@ import time
 
 import pytest
 
-from sync_support import (down_cluster, first_error_line, make_dataset, marker, netns_of, node_sha256, random_files,
-                          shape, sync, table_rows, tx_bytes, unshape, up_cluster)
+from sync_support import (
+    down_cluster,
+    first_error_line,
+    make_dataset,
+    marker,
+    netns_of,
+    node_sha256,
+    random_files,
+    shape,
+    sync,
+    table_rows,
+    tx_bytes,
+    unshape,
+    up_cluster,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -214,7 +227,8 @@ def test_a_stalled_node_is_cut_out_of_the_chain_and_the_rest_finish(c4, tmp_path
 
 
 def test_stall_watch_names_the_node_that_stopped_taking_data():
-    from clusterctl.data.sync import StallWatch, plan_relay
+    from clusterctl.data.plan import plan_relay
+    from clusterctl.data.sync import StallWatch
 
     plan = plan_relay(["a", "b", "c", "d"])  # source -> a -> b -> c -> d
     w = StallWatch(plan, 4.0)

@@ -11,20 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.data import node_side as sync_agent
-from clusterctl.data import sync as transfer
+from clusterctl.data import node_side as sync_agent, plan as syncplan, sync as transfer
 from clusterctl.errors import ConfigError, UsageError
 from clusterctl.remote.ssh import SshTarget
 
 
 # ---- plans ------------------------------------------------------------------------------------------
 def test_chain_plan_is_one_stream_per_link():
-    plan = transfer.plan_relay(["a", "b", "c", "d"])
+    plan = syncplan.plan_relay(["a", "b", "c", "d"])
     assert plan.edges() == [("source", "a"), ("a", "b"), ("b", "c"), ("c", "d")]
 
 
 def test_fanout_splits_the_rest_into_k_chains_of_equal_length():
-    plan = transfer.plan_relay([f"n{i}" for i in range(8)], fanout=3)
+    plan = syncplan.plan_relay([f"n{i}" for i in range(8)], fanout=3)
     assert plan.children["source"] == ("n0",)
     assert plan.children["n0"] == ("n1", "n4", "n6")
     assert plan.edges()[-1] == ("n2", "n3")
@@ -33,23 +32,23 @@ def test_fanout_splits_the_rest_into_k_chains_of_equal_length():
 
 
 def test_leader_source_is_the_head_of_its_chains():
-    plan = transfer.plan_relay(["L", "a", "b", "c"], fanout=2, source_is="L")
+    plan = syncplan.plan_relay(["L", "a", "b", "c"], fanout=2, source_is="L")
     assert plan.children["source"] == ("a", "c")
     assert "L" not in [b for _, b in plan.edges()]
 
 
 def test_tree_rounds_double_the_holders():
-    rounds = transfer.plan_tree([f"n{i}" for i in range(7)])
+    rounds = syncplan.plan_tree([f"n{i}" for i in range(7)])
     assert [len(r) for r in rounds] == [1, 2, 4]
     assert rounds[1] == [("source", "n1"), ("n0", "n2")]
 
 
 def test_render_plan_names_every_hop():
-    src = transfer.Source("local", path="/data")
-    lines = transfer.render_plan("chain", ["a", "b"], src, 1, "a")
+    src = syncplan.Source("local", path="/data")
+    lines = syncplan.render_plan("chain", ["a", "b"], src, 1, "a")
     assert lines[1:] == ["  source (/data) -> a", "  a -> b"]
-    assert "round 2" in "\n".join(transfer.render_plan("tree", ["a", "b", "c"], src, 1, "a"))
-    s3 = transfer.render_plan("chain", ["a", "b"], transfer.Source("s3", bucket="bk", prefix="p/"), 1, "a")
+    assert "round 2" in "\n".join(syncplan.render_plan("tree", ["a", "b", "c"], src, 1, "a"))
+    s3 = syncplan.render_plan("chain", ["a", "b"], syncplan.Source("s3", bucket="bk", prefix="p/"), 1, "a")
     assert s3[1:] == ["  s3://bk/p/ -> a", "  s3://bk/p/ -> b"]
 
 
@@ -57,28 +56,28 @@ def test_render_plan_names_every_hop():
 @pytest.mark.parametrize("dst", ["/", "//", "/./", "/tmp/..", "/../..", "~", "~/", ".", "..", "../x", "", "a\nb"])
 def test_dangerous_or_broken_dst_is_refused(dst):
     with pytest.raises(UsageError):
-        transfer.check_dst(dst)
+        syncplan.check_dst(dst)
 
 
 @pytest.mark.parametrize("dst, expect", [("~/data", "data"), ("/tmp/x/", "/tmp/x"), ("-d 'q' $H", "-d 'q' $H")])
 def test_dst_is_normalised(dst, expect):
-    assert transfer.check_dst(dst) == expect
+    assert syncplan.check_dst(dst) == expect
 
 
 def test_sources(tmp_path):
-    assert transfer.parse_source("s3://my-bucket/a/b") == transfer.Source("s3", bucket="my-bucket", prefix="a/b/")
-    assert transfer.parse_source("s3://my-bucket") == transfer.Source("s3", bucket="my-bucket", prefix="")
-    assert transfer.parse_source("leader:~/x y") == transfer.Source("leader", path="~/x y")
-    assert transfer.parse_source(str(tmp_path)).path == str(tmp_path)
+    assert syncplan.parse_source("s3://my-bucket/a/b") == syncplan.Source("s3", bucket="my-bucket", prefix="a/b/")
+    assert syncplan.parse_source("s3://my-bucket") == syncplan.Source("s3", bucket="my-bucket", prefix="")
+    assert syncplan.parse_source("leader:~/x y") == syncplan.Source("leader", path="~/x y")
+    assert syncplan.parse_source(str(tmp_path)).path == str(tmp_path)
     with pytest.raises(ConfigError, match="does not exist"):
-        transfer.parse_source(str(tmp_path / "missing"))
+        syncplan.parse_source(str(tmp_path / "missing"))
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="is not a folder"):
-        transfer.parse_source(str(tmp_path / "f"))
+        syncplan.parse_source(str(tmp_path / "f"))
     with pytest.raises(UsageError):
-        transfer.parse_source("s3://Bad_Bucket/x")
+        syncplan.parse_source("s3://Bad_Bucket/x")
     with pytest.raises(UsageError):
-        transfer.parse_source("leader:")
+        syncplan.parse_source("leader:")
 
 
 # ---- the agent --------------------------------------------------------------------------------------

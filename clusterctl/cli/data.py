@@ -42,27 +42,27 @@ def sync(
     A pipelined relay by default, a sha256 manifest checked on every node.
     """
     from clusterctl.cli import display
-    from clusterctl.workloads import launch
-    from clusterctl.data import sync as transfer
+    from clusterctl.data import plan as syncplan, sync as transfer
     from clusterctl.remote.ssh import SshPool
+    from clusterctl.workloads import launch
 
     if len(args) not in (2, 3):
         raise UsageError("expected [HOSTS] SRC DST", "e.g. clusterctl sync hosts ~/imagenet_data ~/imagenet_data")
     hosts_path, src, dst = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
-    if strategy not in transfer.STRATEGIES:
-        raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(transfer.STRATEGIES)}")
+    if strategy not in syncplan.STRATEGIES:
+        raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(syncplan.STRATEGIES)}")
     if fanout < 1:
         raise UsageError("--fanout must be at least 1")
     if not stall_timeout > 0:
         raise UsageError(f"--stall-timeout must be positive, not {stall_timeout:g}")
     if verify not in transfer.VERIFY:
         raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")
-    transfer.check_dst(dst)
-    source = transfer.parse_source(src)
+    syncplan.check_dst(dst)
+    source = syncplan.parse_source(src)
     inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config, connect_timeout)
     labels = [t.label for t in inv.targets]
     if plan:
-        for line in transfer.render_plan(strategy, labels, source, fanout, labels[0] if labels else None):
+        for line in syncplan.render_plan(strategy, labels, source, fanout, labels[0] if labels else None):
             sys.stdout.write(line + "\n")
         return
     from clusterctl.autostop import control as autostop
@@ -123,8 +123,8 @@ def data_tfrecords(
     needs --val-labels. --on leader converts where the data is (then `clusterctl sync leader:DST DST`)."""
     import re
 
-    from clusterctl.data import tfrecords as data
     from clusterctl.cli import display
+    from clusterctl.data import tfrecords as data
 
     for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards)):
         if value is not None and value < 1:

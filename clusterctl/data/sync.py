@@ -41,12 +41,11 @@ from pathlib import Path
 from typing import Callable, Literal, Sequence
 
 from clusterctl.data import node_side as sync_agent
+from clusterctl.data.plan import SOURCE, STRATEGIES, RelayPlan, Source, check_dst, plan_relay, plan_tree
 from clusterctl.errors import ClusterctlError, ConfigError, ExitCode, UsageError
 from clusterctl.remote.ssh import SshPool, SshTarget
 from clusterctl.types import HostResult
 
-Strategy = Literal["chain", "tree", "parallel", "sequential"]
-STRATEGIES: tuple[str, ...] = ("chain", "tree", "parallel", "sequential")
 CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr"  # AES-NI first; no compression
 HOP_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "Compression=no",
                "-c", CIPHERS, "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
@@ -58,146 +57,6 @@ TAR_CHECKPOINT = 100  # records of 10240 bytes: a progress line per ~1 MB per no
 WORK = ".clusterctl/sync"  # under the login home of every node
 CACHE = ".clusterctl/sync-manifests"  # a leader source's manifest kept for the next run (beside WORK, not in it)
 VERIFY = ("stream", "disk")  # sync --verify: the chain's hashes as written, or every file read back
-
-
-# ---- inputs -----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Source:
-    kind: Literal["local", "leader", "s3"]
-    path: str = ""  # local: absolute; leader: as given (resolved on the leader)
-    bucket: str = ""
-    prefix: str = ""
-
-    def describe(self) -> str:
-        if self.kind == "s3":
-            return f"s3://{self.bucket}/{self.prefix}"
-        return f"leader:{self.path}" if self.kind == "leader" else self.path
-
-
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-
-
-def _bad_chars(text: str) -> bool:
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
-
-
-def parse_source(text: str) -> Source:
-    if not text or _bad_chars(text):
-        raise UsageError(f"SRC {text!r} is empty or has control characters")
-    if text.startswith("s3://"):
-        bucket, _, prefix = text[5:].partition("/")
-        if not _BUCKET.match(bucket):
-            raise UsageError(f"SRC {text!r}: {bucket!r} is not an S3 bucket name")
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
-        return Source("s3", bucket=bucket, prefix=prefix)
-    if text.startswith("leader:"):
-        path = text[len("leader:"):]
-        if not path:
-            raise UsageError("SRC leader: needs a path, e.g. leader:~/imagenet_data")
-        return Source("leader", path=path)
-    path = os.path.abspath(os.path.expanduser(text))
-    if not os.path.isdir(path):
-        what = "is not a folder" if os.path.exists(path) else "does not exist"
-        raise ConfigError(f"SRC {text} {what}", "give a folder on this machine, leader:PATH or s3://bucket/prefix")
-    return Source("local", path=path)
-
-
-def check_dst(dst: str) -> str:
-    """DST as the nodes will read it (relative paths are in the login home). `/` and home are refused."""
-    if not dst or _bad_chars(dst):
-        raise UsageError(f"DST {dst!r} is empty or has control characters")
-    text = dst[2:] if dst.startswith("~/") else ("" if dst == "~" else dst)
-    if text.startswith("~"):
-        raise UsageError(f"DST {dst!r}: only ~/ (the login home) is understood")
-    norm = posixpath.normpath(text) if text else "."
-    if norm.startswith("/") and posixpath.normpath("/" + norm.lstrip("/")) == "/":
-        raise UsageError("refusing to sync into / (DST must be a folder of its own)")
-    if norm in (".", "..") or norm.startswith("../"):
-        raise UsageError(f"refusing to sync into {dst!r}: it is the login home or above it; name a folder in it")
-    return norm
-
-
-# ---- plans ------------------------------------------------------------------------------------------
-SOURCE = "source"
-
-
-@dataclass(frozen=True)
-class RelayPlan:
-    """Who streams to whom. `children[SOURCE]` are fed by the source (the operator or the leader)."""
-
-    children: dict[str, tuple[str, ...]]
-
-    def edges(self) -> list[tuple[str, str]]:
-        out, todo = [], [SOURCE]
-        while todo:
-            parent = todo.pop(0)
-            for child in self.children.get(parent, ()):
-                out.append((parent, child))
-                todo.append(child)
-        return out
-
-
-def plan_relay(nodes: Sequence[str], fanout: int = 1, source_is: str | None = None) -> RelayPlan:
-    """One stream from the source to the head, then `fanout` chains of the rest. When the source is a
-    node (the leader), it is the head itself."""
-    nodes = [n for n in nodes if n != source_is]
-    children: dict[str, tuple[str, ...]] = {}
-    if not nodes:
-        return RelayPlan(children)
-    if source_is is None:
-        head, rest = nodes[0], nodes[1:]
-        children[SOURCE] = (head,)
-    else:
-        head, rest = SOURCE, nodes
-    k = max(1, min(fanout, len(rest)))
-    size, extra = divmod(len(rest), k) if rest else (0, 0)
-    chains, start = [], 0
-    for i in range(k if rest else 0):
-        n = size + (1 if i < extra else 0)
-        chains.append(rest[start:start + n])
-        start += n
-    children[head] = tuple(c[0] for c in chains if c)
-    for chain in chains:
-        for a, b in zip(chain, chain[1:]):
-            children[a] = (b,)
-    return RelayPlan({k: v for k, v in children.items() if v})
-
-
-def plan_tree(nodes: Sequence[str], source_is: str | None = None) -> list[list[tuple[str, str]]]:
-    """Rounds of whole-copy hops: in each round every holder (the source included) sends to one more."""
-    pending = [n for n in nodes if n != source_is]
-    holders, rounds = [SOURCE], []
-    while pending:
-        hops = [(h, pending.pop(0)) for h in list(holders) if pending]
-        holders += [b for _, b in hops]
-        rounds.append(hops)
-    return rounds
-
-
-def render_plan(strategy: str, nodes: Sequence[str], source: Source, fanout: int, leader: str | None) -> list[str]:
-    src = f"source ({source.describe()})" if source.kind != "leader" else f"source (leader {leader}: {source.path})"
-    name = lambda n: src if n == SOURCE else n  # noqa: E731
-    if source.kind == "s3":
-        return [f"s3: every node pulls its own copy from {source.describe()} at once ({len(nodes)} node(s))"] + \
-               [f"  {source.describe()} -> {n}" for n in nodes]
-    source_is = leader if source.kind == "leader" else None
-    if strategy == "chain":
-        plan = plan_relay(nodes, fanout, source_is)
-        lines = [f"chain (fanout {fanout}): one tar stream per link, every node writes and forwards at once"]
-        if source_is is not None:
-            lines.append(f"  {leader} extracts its own copy from the stream (unless DST is the source folder)")
-        return lines + [f"  {name(a)} -> {b}" for a, b in plan.edges()]
-    if strategy == "tree":
-        lines = ["tree: rounds of whole-copy rsync hops; every node that has the data sends to one more"]
-        for i, hops in enumerate(plan_tree(nodes, source_is), 1):
-            lines.append(f"  round {i}: " + ", ".join(f"{name(a)} -> {b}" for a, b in hops))
-        return lines
-    receivers = [n for n in nodes if n != source_is]
-    if strategy == "parallel":
-        return [f"parallel: {len(receivers)} rsync(s) from the source at once"] + [f"  {src} -> {n}" for n in receivers]
-    return [f"sequential: {len(receivers)} rsync(s) from the source, one after another"] + \
-           [f"  {i}. {src} -> {n}" for i, n in enumerate(receivers, 1)]
 
 
 # ---- results ----------------------------------------------------------------------------------------
@@ -1091,7 +950,7 @@ class StallWatch:
                     self.cut.update(self.below(label))  # fed by it: their silence says nothing now
                 try:
                     on_stall(label)
-                except Exception:  # noqa: BLE001  (a failed cut must not end the watch; the check comes after)
+                except Exception:
                     pass
                 finally:
                     self.moved()

@@ -641,11 +641,10 @@ def convert_on_leader(inv, src: str, dst: str, *, val_labels: str | os.PathLike[
     the node runtime's Python, detached in tmux on the leader (a dropped connection loses nothing), the
     output followed here."""
     from clusterctl import resources
-    from clusterctl.remote import tmux as jobs
-    from clusterctl.workloads import launch
-    from clusterctl.workloads import train_job as train
     from clusterctl.errors import RemoteCommandError, UnreachableError, UsageError
+    from clusterctl.remote import tmux as jobs
     from clusterctl.remote.ssh import SshPool
+    from clusterctl.workloads import launch, train_job as train
 
     if src.startswith("s3://"):
         if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?", src):

@@ -189,7 +189,7 @@ def _whole(value: float) -> int:
 def _check(spec: Spec, what: str) -> None:
     """What a field's type cannot say."""
     if isinstance(spec, SyncSpec):
-        from clusterctl.data.sync import STRATEGIES
+        from clusterctl.data.plan import STRATEGIES
 
         if spec.strategy not in STRATEGIES:
             raise PlaybookError(f"{what}: strategy is {', '.join(STRATEGIES)}, not {spec.strategy!r}")

@@ -67,7 +67,7 @@ class BenchSpec:
 class SyncSpec:
     src: str
     dst: str
-    strategy: str = "chain"  # one of data.sync.STRATEGIES (load.py checks)
+    strategy: str = "chain"  # one of data.plan.STRATEGIES (load.py checks)
     fanout: int = 1
     delete: bool = False
     endpoint_url: str | None = None

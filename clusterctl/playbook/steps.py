@@ -118,13 +118,13 @@ def _clean(s: CleanSpec, ctx: Context) -> tuple[bool, str]:
 
 
 def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.data import sync as transfer
+    from clusterctl.data import plan as syncplan, sync as transfer
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import launch
 
     inv = ctx.inventory
-    transfer.check_dst(s.dst)
-    source = transfer.parse_source(s.src)
+    syncplan.check_dst(s.dst)
+    source = syncplan.parse_source(s.src)
 
     class Phases(transfer.Events):
         def phase(self, text: str) -> None:
@@ -142,8 +142,7 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
 
 
 def _train(s: TrainSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.workloads import launch
-    from clusterctl.workloads import train_job as train
+    from clusterctl.workloads import launch, train_job as train
 
     opts = train.TrainOptions(data=None if s.synthetic else s.data or None, synthetic=s.synthetic, model=s.model,
                               epochs=s.epochs or None, batch_size=s.batch_size or None, extra=s.extra)

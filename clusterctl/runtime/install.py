@@ -142,9 +142,9 @@ def prepare(pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str], r
 def relay(pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str], known_hosts: str, src: str,
           dst: str, report: Report, leader_source: bool) -> None:
     """The pack onto every node with sync's relay: checked against its sha256 on every node."""
-    from clusterctl.data import sync as transfer
+    from clusterctl.data import plan as syncplan, sync as transfer
 
-    source = transfer.Source("leader", path=src) if leader_source else transfer.Source("local", path=src)
+    source = syncplan.Source("leader", path=src) if leader_source else syncplan.Source("local", path=src)
     syncer = transfer.Syncer(targets, addresses, known_hosts, pool, source, dst, managed=True,
                              events=_progress(report), node_python="python3")
     result = syncer.run()
