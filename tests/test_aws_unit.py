@@ -272,7 +272,7 @@ def test_vcpu_quota_classes():
 def test_members_behind_the_leader_get_it_as_their_jump_host(tmp_path):
     from clusterctl.cluster import provision
     from clusterctl.cluster.state import StateStore
-    from clusterctl.data.sync import operator_ssh
+    from clusterctl.remote.openssh import operator_ssh
 
     nodes = (Node("c-leader", "10.0.0.4", 8, "leader", "ubuntu", public_ip="198.18.0.9"),
              Node("c-member-1", "10.0.0.5", 8, "member", "ubuntu"))

@@ -360,7 +360,7 @@ def test_syncs_openssh_jump_hop_of_a_cluster_gets_the_pinned_known_hosts_and_str
     """operator_ssh through the leader (AWS members without a public address): `-J` starts the jump's own ssh
     with `-F` alone, so the config file must carry the pinned known_hosts and strict checking for that hop.
     OpenSSH itself (`ssh -G` with that file, for the leader) is the judge."""
-    from clusterctl.data import sync as transfer
+    from clusterctl.remote import openssh
     from clusterctl.remote.ssh import SshTarget
 
     kh = tmp_path / "known_hosts"
@@ -368,7 +368,7 @@ def test_syncs_openssh_jump_hop_of_a_cluster_gets_the_pinned_known_hosts_and_str
     key = str(tmp_path / "id_ed25519")
     leader = SshTarget("leader", "198.18.0.9", 22, "ubuntu", (key,))
     member = SshTarget("member-1", "10.0.0.5", 22, "ubuntu", (key,), proxy_jump=leader)
-    argv = transfer.operator_ssh(member, str(kh), managed=True)
+    argv = openssh.operator_ssh(member, str(kh), managed=True)
     assert argv[argv.index("-J") + 1] == "ubuntu@198.18.0.9:22" and "-F" in argv
     out = subprocess.run(["ssh", "-G", "-F", argv[argv.index("-F") + 1], "-l", "ubuntu", "198.18.0.9"],
                          capture_output=True, text=True, check=True).stdout

@@ -15,8 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -523,7 +523,7 @@ def test_sync_reaches_a_host_behind_a_proxyjump_of_the_config(c, setup, tmp_path
 def test_syncs_openssh_jump_hop_checks_the_jump_hosts_pinned_key_strictly(c, setup, tmp_path, monkeypatch, pin):
     """The config's `Host *` would accept-new into an empty file: the jump hop of sync's OpenSSH call still
     checks the key pinned for the jump host (its own UserKnownHostsFile), strictly, and writes nothing."""
-    from clusterctl.data import sync as transfer
+    from clusterctl.remote import openssh
     from clusterctl.remote.ssh import targets_from_hosts
 
     d, sock = setup
@@ -551,7 +551,7 @@ Host *
     BatchMode yes
 """)
     (t,) = targets_from_hosts(["jumped"], ssh_config=str(cfg))
-    argv = transfer.operator_ssh(t, str(empty), managed=False) + ["--", t.hostname, "hostname"]
+    argv = openssh.operator_ssh(t, str(empty), managed=False) + ["--", t.hostname, "hostname"]
     for _ in range(3):  # at load 50 the two handshakes can outlast ConnectTimeout=10: that says nothing, again
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
                               env={**os.environ, "SSH_AUTH_SOCK": sock})

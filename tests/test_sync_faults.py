@@ -228,7 +228,7 @@ def test_a_stalled_node_is_cut_out_of_the_chain_and_the_rest_finish(c4, tmp_path
 
 def test_stall_watch_names_the_node_that_stopped_taking_data():
     from clusterctl.data.plan import plan_relay
-    from clusterctl.data.sync import StallWatch
+    from clusterctl.data.stall import StallWatch
 
     plan = plan_relay(["a", "b", "c", "d"])  # source -> a -> b -> c -> d
     w = StallWatch(plan, 4.0)

@@ -13,6 +13,7 @@ import pytest
 
 from clusterctl.data import node_side as sync_agent, plan as syncplan, sync as transfer
 from clusterctl.errors import ConfigError, UsageError
+from clusterctl.remote import openssh
 from clusterctl.remote.ssh import SshTarget
 
 
@@ -308,7 +309,7 @@ def test_s3_etags_single_and_multipart(tmp_path):
 # ---- relay scripts and ssh lines --------------------------------------------------------------------
 def test_relay_script_quotes_every_path_and_pins_host_keys(tmp_path):
     child = transfer._Node(1, SshTarget("10.0.0.3", "10.0.0.3"), "10.0.0.3", transfer.NodeOutcome("10.0.0.3"))
-    hop = transfer.node_ssh("root", 22, managed=True)
+    hop = openssh.node_ssh("root", 22, managed=True)
     root = "/data/-x 'q' $HOME \"d\""
     text = transfer.relay_script(0, root, [child], hop, ".clusterctl/sync/abc").decode()
     assert "StrictHostKeyChecking=yes" in text and "UserKnownHostsFile=~/.ssh/known_hosts" in text
@@ -346,7 +347,7 @@ def test_zero_copy_relay_gives_both_outputs_every_byte_and_survives_either_dying
 
 def test_operator_ssh_uses_the_clusters_key_and_known_hosts_only():
     t = SshTarget("n", "10.0.0.2", 2222, "root", ("/k/id",))
-    argv = transfer.operator_ssh(t, "/k/known_hosts", managed=True)
+    argv = openssh.operator_ssh(t, "/k/known_hosts", managed=True)
     joined = " ".join(argv)
     assert argv[:3] == ["ssh", "-F", "/dev/null"]
     assert "-i /k/id" in joined and "UserKnownHostsFile=/k/known_hosts" in joined

@@ -30,7 +30,6 @@ import os
 import posixpath
 import re
 import shlex
-import subprocess
 import tempfile
 import threading
 import time
@@ -41,15 +40,14 @@ from pathlib import Path
 from typing import Callable, Literal, Sequence
 
 from clusterctl.data import node_side as sync_agent
-from clusterctl.data.plan import SOURCE, STRATEGIES, RelayPlan, Source, check_dst, plan_relay, plan_tree
+from clusterctl.data.pipes import Children, rsync_bytes, run_pipeline, run_rsync
+from clusterctl.data.plan import SOURCE, STRATEGIES, Source, check_dst, plan_relay, plan_tree
+from clusterctl.data.stall import StallWatch
 from clusterctl.errors import ClusterctlError, ConfigError, ExitCode, UsageError
+from clusterctl.remote.openssh import bracketed, node_ssh, operator_ssh
 from clusterctl.remote.ssh import SshPool, SshTarget
 from clusterctl.types import HostResult
 
-CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr"  # AES-NI first; no compression
-HOP_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "Compression=no",
-               "-c", CIPHERS, "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-               "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR")
 RSYNC_BASE = ("rsync", "-a", "-s", "-I", "--from0", "--partial-dir=" + sync_agent.PARTIAL_DIR, "--timeout=60",
               "--info=progress2", "--no-inc-recursive")
 STALL_TIMEOUT = 120.0  # sync --stall-timeout: seconds a chain may move no data before the node that stopped is cut out
@@ -112,76 +110,6 @@ class Events:
     def need(self, host: str, total: int) -> None: ...  # this node will receive `total` bytes
     def progress(self, host: str, done: int) -> None: ...  # bytes received so far (monotonic per phase)
     def finished(self, outcome: NodeOutcome) -> None: ...
-
-
-# ---- ssh command lines ------------------------------------------------------------------------------
-def _host_for_rsync(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def operator_ssh(target: SshTarget, known_hosts: str, managed: bool) -> list[str]:
-    """OpenSSH argv from this machine to a node (data does not go through paramiko: too slow)."""
-    argv = ["ssh"]
-    if managed and target.proxy_jump is not None:
-        # -J runs a second ssh for the jump host that inherits -F but none of the -o/-i given here: one config
-        # file carries the key, the pinned known_hosts and StrictHostKeyChecking=yes to both hops.
-        argv += ["-F", jump_ssh_config(target, known_hosts)]
-    elif managed:  # a cluster clusterctl made: its key and pinned known_hosts only, no user config
-        argv += ["-F", "/dev/null", "-o", "IdentitiesOnly=yes"]
-        for key in target.identity_files:
-            argv += ["-i", key]
-    else:  # a plain hosts file: the user's config (-F when --ssh-config named one), the files it pins keys in
-        if target.ssh_config:
-            argv += ["-F", target.ssh_config]
-        argv += [f"-i{k}" for k in target.identity_files]
-        if target.host_key_alias:
-            argv += ["-o", f"HostKeyAlias={target.host_key_alias}"]
-    pinned = known_hosts
-    if not managed and target.known_hosts:  # OpenSSH takes a list here; the first -o wins over the config
-        pinned = " ".join(shlex.quote(k) if " " in k else k for k in target.known_hosts)
-    argv += ["-o", f"UserKnownHostsFile={pinned}", "-o", "GlobalKnownHostsFile=/dev/null", *HOP_OPTIONS,
-             "-p", str(target.port), "-l", target.user]
-    if target.proxy_jump is not None and managed:
-        j = target.proxy_jump
-        argv += ["-J", f"{j.user}@{_host_for_rsync(j.hostname)}:{j.port}"]
-    elif target.proxy_jump is not None:
-        # -J would start the jump's ssh with -F alone: none of its pinned files, strict checking or keys.
-        # The jump gets this function's own argv as ProxyCommand instead (% is a token mark there).
-        j = target.proxy_jump
-        hop = operator_ssh(j, known_hosts, managed) + ["-W", f"[{target.hostname}]:{target.port}", "--", j.hostname]
-        argv += ["-o", "ProxyCommand=" + shlex.join(hop).replace("%", "%%")]
-    return argv
-
-
-def jump_ssh_config(target: SshTarget, known_hosts: str) -> str:
-    """The ssh_config (beside the cluster's known_hosts) that both hops of a managed ProxyJump read."""
-    def q(value: str) -> str:
-        return '"' + value.replace('"', "") + '"'
-
-    keys = tuple(dict.fromkeys(target.identity_files + target.proxy_jump.identity_files))
-    lines = ["# written by clusterctl for ProxyJump through the leader: both hops use these settings", "Host *",
-             "  IdentitiesOnly yes", *(f"  IdentityFile {q(k)}" for k in keys),
-             f"  UserKnownHostsFile {q(known_hosts)}", "  GlobalKnownHostsFile /dev/null",
-             "  StrictHostKeyChecking yes", "  BatchMode yes", "  ConnectTimeout 10", ""]
-    path = os.path.join(os.path.dirname(os.path.abspath(known_hosts)), "ssh_config")
-    text = "\n".join(lines)
-    try:
-        current = open(path).read()
-    except OSError:
-        current = None
-    if current != text:
-        from clusterctl.cluster.state import atomic_write
-
-        atomic_write(Path(path), text, mode=0o600)
-    return path
-
-
-def node_ssh(user: str, port: int, managed: bool) -> list[str]:
-    """OpenSSH argv from one node to another: the node's cluster key and its pinned known_hosts."""
-    argv = ["ssh", *HOP_OPTIONS, "-p", str(port), "-l", user]
-    if managed:
-        argv[1:1] = ["-o", "IdentitiesOnly=yes", "-i", "~/.ssh/id_ed25519", "-o", "UserKnownHostsFile=~/.ssh/known_hosts"]
-    return argv
 
 
 # ---- the sync -------------------------------------------------------------------------------------------
@@ -653,7 +581,7 @@ class Syncer:
         if not receiver.alive:
             return False
         lst = self._write_list(paths)
-        dest = f"{receiver.target.user}@{_host_for_rsync(receiver.address)}:{receiver.root}/"
+        dest = f"{receiver.target.user}@{bracketed(receiver.address)}:{receiver.root}/"
         progress = lambda done: self.events.progress(receiver.label, min(done, receiver.outcome.bytes))  # noqa: E731
         from_leader = sender is None and self.source.kind == "leader"
         if sender is None and not from_leader:
@@ -664,7 +592,7 @@ class Syncer:
             ssh = [a for i, a in enumerate(full) if a != "-l" and full[i - 1] != "-l"]  # rsync passes the user
             wrapper.write_text("#!/bin/sh\nexec " + shlex.join(ssh) + ' "$@"\n')
             wrapper.chmod(0o700)
-            dest = f"{receiver.target.user}@{_host_for_rsync(receiver.target.hostname)}:{receiver.root}/"
+            dest = f"{receiver.target.user}@{bracketed(receiver.target.hostname)}:{receiver.root}/"
             argv = [*RSYNC_BASE, "-e", str(wrapper), f"--files-from={list_path}",
                     self.src_root.rstrip("/") + "/", dest]
             rc, err = run_rsync(self.children, argv, progress, self.timeout)
@@ -686,7 +614,7 @@ class Syncer:
         cmd = f"set -o pipefail; {cmd} | stdbuf -oL tr '\\r' '\\n'"
 
         def on_line(_h: str, stream: str, line: str) -> None:
-            done = _rsync_bytes(line)
+            done = rsync_bytes(line)
             if done is not None:
                 progress(done)
 
@@ -824,12 +752,6 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-_PROGRESS = re.compile(r"^\s*([\d,]+)\s+\d+%")
-
-
-def _rsync_bytes(line: str) -> int | None:
-    m = _PROGRESS.match(line)
-    return int(m.group(1).replace(",", "")) if m else None
 
 
 # ---- scripts the nodes run --------------------------------------------------------------------------
@@ -877,166 +799,3 @@ def source_script(src_root: str, work: str) -> bytes:
     return (f"#!/bin/bash\nset -o pipefail\ncd \"$HOME\" || exit 1\n"
             f"tar -C {q(src_root)} --null --verbatim-files-from --no-recursion -T {q(work + '/relay.list')} -cf - "
             f"| bash {q(work + '/relay.sh')}\n").encode()
-
-
-# ---- the relay's stall timeout ---------------------------------------------------------------------------
-class StallWatch:
-    """The chain's progress timeout per hop. Every node's relay says (CCSYNC-HOP) what it has been waiting for:
-    input, its next hop or its own tar. When no node moved data for `limit` seconds, the node that stopped
-    taking it is the deepest one whose own tar is stuck, or the next hop of the deepest one stuck on its hop;
-    a head that never said anything nor extracted anything is the head. Each stalled node is cut once. When
-    no node can be named after twice the limit, on_stall(None): the relay is ended, and repair decides."""
-
-    def __init__(self, plan: RelayPlan, limit: float):
-        self.limit = limit
-        self.parent = {child: parent for parent, child in plan.edges()}
-        self.children = plan.children
-        self.depth: dict[str, int] = {}
-        for parent, child in plan.edges():
-            self.depth[child] = self.depth.get(parent, 0) + 1
-        self.progress_at = time.monotonic()
-        self.took: set[str] = set()  # nodes whose tar extracted something
-        self.hops: dict[str, tuple[str, float, float]] = {}  # label -> (waiting for, since, when said)
-        self.cut: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def moved(self, label: str | None = None) -> None:
-        self.progress_at = time.monotonic()
-        if label is not None:
-            self.took.add(label)
-
-    def report(self, label: str, what: str, held: float) -> None:
-        now = time.monotonic()
-        self.hops[label] = (what, now - held, now)
-
-    def below(self, label: str) -> list[str]:
-        out, todo = [], list(self.children.get(label, ()))
-        while todo:
-            x = todo.pop(0)
-            out.append(x)
-            todo += self.children.get(x, ())
-        return out
-
-    def culprit(self, now: float) -> str | None:
-        """The node to cut, "" for none yet, None to end the relay."""
-        if now - self.progress_at < self.limit:
-            return ""
-        fresh = {label: (what, since) for label, (what, since, said) in self.hops.items()
-                 if now - said < 3.0 and label not in self.cut}
-        suspects = []
-        for label, (what, since) in fresh.items():
-            if now - since < self.limit / 2:
-                continue
-            if what == "ext":
-                suspects.append(label)
-            elif what == "hop":
-                suspects += [c for c in self.children.get(label, ()) if c not in self.cut]
-        if suspects:
-            return max(suspects, key=lambda x: self.depth.get(x, 0))
-        heads = [h for h in self.children.get(SOURCE, ()) if h not in self.cut]
-        if len(heads) == 1 and not fresh and heads[0] not in self.hops and heads[0] not in self.took:
-            return heads[0]  # it never took anything, and nothing moves
-        return None if now - self.progress_at >= 2 * self.limit else ""
-
-    def start(self, on_stall: Callable[[str | None], None]) -> None:
-        def loop() -> None:
-            while not self._stop.wait(1.0):
-                label = self.culprit(time.monotonic())
-                if label == "":
-                    continue
-                if label is not None:
-                    self.cut.add(label)
-                    self.cut.update(self.below(label))  # fed by it: their silence says nothing now
-                try:
-                    on_stall(label)
-                except Exception:
-                    pass
-                finally:
-                    self.moved()
-                if label is None:
-                    return
-
-        self._thread = threading.Thread(target=loop, name="sync-stall-watch", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
-
-
-# ---- local processes --------------------------------------------------------------------------------
-class Children:
-    """The local processes a sync started, so Ctrl-C (or an error) stops exactly those."""
-
-    def __init__(self):
-        self._procs: set[subprocess.Popen] = set()
-        self._lock = threading.Lock()
-
-    def popen(self, argv: list[str], **kw) -> subprocess.Popen:
-        p = subprocess.Popen(argv, **kw)
-        with self._lock:
-            self._procs.add(p)
-        return p
-
-    def done(self, *procs: subprocess.Popen) -> None:
-        with self._lock:
-            for p in procs:
-                self._procs.discard(p)
-
-    def kill_all(self) -> None:
-        with self._lock:
-            procs = list(self._procs)
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-
-
-def run_pipeline(children: Children, producer: list[str], consumer: list[str], on_stderr: Callable[[str], None],
-                 timeout: float | None) -> int:
-    """producer | consumer on this machine; the consumer's stderr lines go to on_stderr."""
-    a = children.popen(producer, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    b = children.popen(consumer, stdin=a.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    a.stdout.close()
-    errs: list[bytes] = []
-    t = threading.Thread(target=lambda: errs.append(a.stderr.read()), daemon=True)
-    t.start()
-    try:
-        for raw in iter(b.stderr.readline, b""):
-            on_stderr(raw.decode(errors="replace").rstrip("\n"))
-        rc = b.wait(timeout=timeout)
-        a.wait(timeout=30)
-        return rc
-    except BaseException:
-        for p in (a, b):
-            p.kill()
-        raise
-    finally:
-        children.done(a, b)
-
-
-def run_rsync(children: Children, argv: list[str], progress: Callable[[int], None],
-              timeout: float | None) -> tuple[int, str]:
-    """rsync on this machine, its --info=progress2 bytes to `progress`; (exit status, stderr)."""
-    proc = children.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    errs: list[bytes] = []
-    t = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)
-    t.start()
-    try:
-        buf = b""
-        while chunk := proc.stdout.read1(65536):
-            buf += chunk
-            *parts, buf = re.split(rb"[\r\n]", buf)
-            for part in parts:
-                done = _rsync_bytes(part.decode(errors="replace"))
-                if done is not None:
-                    progress(done)
-        rc = proc.wait(timeout=timeout)
-        t.join(timeout=10)
-        return rc, b"".join(errs).decode(errors="replace")
-    except BaseException:
-        proc.kill()
-        raise
-    finally:
-        children.done(proc)

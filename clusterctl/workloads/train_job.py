@@ -580,9 +580,8 @@ def open_tensorboard(inv, job: TrainJob, local_port: int, remote_port: int = 600
     import subprocess
     import time as _time
 
-    from clusterctl.data import sync as transfer
     from clusterctl.errors import RemoteCommandError, UnreachableError
-    from clusterctl.remote import tmux as jobs
+    from clusterctl.remote import openssh, tmux as jobs
     from clusterctl.remote.ssh import SshPool
 
     inv = job_inventory(inv, job)
@@ -607,7 +606,7 @@ def open_tensorboard(inv, job: TrainJob, local_port: int, remote_port: int = 600
                 raise RemoteCommandError(f"TensorBoard {why} on {leader.label}",
                                          log.strip().splitlines()[-1][:300] if log.strip() else None)
             _time.sleep(1)
-    argv = transfer.operator_ssh(leader, inv.settings.known_hosts, inv.cluster is not None)
+    argv = openssh.operator_ssh(leader, inv.settings.known_hosts, inv.cluster is not None)
     argv += ["-N", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{int(local_port)}:127.0.0.1:{int(remote_port)}",
              leader.hostname]
     tunnel = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
