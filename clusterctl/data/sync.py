@@ -58,13 +58,13 @@ VERIFY = ("stream", "disk")  # sync --verify: the chain's hashes as written, or 
 
 
 # ---- results ----------------------------------------------------------------------------------------
-NodeStatus = Literal["ok", "failed", "unreachable"]
+CopyStatus = Literal["ok", "failed", "unreachable"]
 
 
 @dataclass
 class NodeOutcome:
     host: str
-    status: NodeStatus = "ok"
+    status: CopyStatus = "ok"
     bytes: int = 0  # bytes this sync had to put on the node
     seconds: float = 0.0  # from the start until the node was verified (or given up)
     verified: bool = False
@@ -213,7 +213,7 @@ class Syncer:
         finally:
             sftp.close()
 
-    def _fail(self, node: _Node, status: NodeStatus, detail: str) -> None:
+    def _fail(self, node: _Node, status: CopyStatus, detail: str) -> None:
         if node.outcome.status == "ok" or status == "unreachable":
             node.outcome.status = status
             node.outcome.detail = " ".join(detail.split())[:300]
