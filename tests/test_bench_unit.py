@@ -97,7 +97,7 @@ def test_costs_of_the_tiny_model_are_a_lower_bound():
 
 
 def test_leader_command_golden():
-    job = launch.Job("bench-x", "/root")
+    job = launch.JobFolder("bench-x", "/root")
     cmd = launch.leader_command(job, 4, ["/opt/v/bin/python", "/root/clusterctl-jobs/bench-x/bench_synthetic.py",
                                          "--model", "tiny"], "/opt/v/bin/python", {"TF_CPP_MIN_LOG_LEVEL": "2"})
     assert cmd == (

@@ -124,7 +124,7 @@ def scan(store, providers, provider: str | None, region: str | None, older_than:
                 raise UsageError("no AWS region given", "pass --region or set AWS_REGION") from None
             not_looked.append(f"{kind}: no region configured, not looked at (--region R looks there)")
             continue
-        found += group(impl.inventory(), kind, where, records)
+        found += group(impl.everything_made(), kind, where, records)
     now = time.time() if now is None else now
     old = select(found, older_than, now)
     chosen = [c for c in old if force or c.mine]

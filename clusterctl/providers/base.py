@@ -177,11 +177,11 @@ class Provider(Protocol):
     def all_clusters(self) -> list[str]:
         """Names of every cluster of this provider that still has resources."""
 
-    def inventory(self) -> list[Found]:
+    def everything_made(self) -> list[Found]:
         """Every resource this provider made for any cluster, with or without a local record (for `gc`)."""
 
     def remove(self, found: Iterable[Found]) -> Teardown:
-        """Remove exactly these resources (from inventory(), confirmed by the user), never a search by name."""
+        """Remove exactly these resources (from everything_made(), confirmed by the user), never a search by name."""
 
     def reboot(self, cluster: Cluster, hosts: Iterable[str], timeout: float = 60.0) -> dict[str, str | None] | None:
         """Restart the nodes at these ssh addresses by the provider's own means: address -> None, or why it

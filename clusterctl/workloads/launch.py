@@ -37,7 +37,9 @@ LIB_PATH_SH = "L=; for d in " + " ".join(NODE_LIB_DIRS) + '; do [ -d "$d" ] && L
 
 
 @dataclass(frozen=True)
-class Job:
+class JobFolder:
+    """A job's folder, at the same path on every node: what it runs is staged there (not a process)."""
+
     name: str
     home: str  # the login home on the nodes (identical nodes: the same everywhere)
 
@@ -46,11 +48,11 @@ class Job:
         return f"{self.home}/{JOBS}/{self.name}"
 
 
-def new_job(pool: SshPool, leader: SshTarget, prefix: str) -> Job:
+def new_job(pool: SshPool, leader: SshTarget, prefix: str) -> JobFolder:
     result = pool.run_one(leader, 'printf %s "$HOME"', timeout=30)
     if not result.ok or not result.stdout.startswith("/"):
         raise UnreachableError(f"cannot reach the leader {leader.label}: {result.error or result.stderr.strip()}")
-    return Job(f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", result.stdout.strip())
+    return JobFolder(f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", result.stdout.strip())
 
 
 def node_python(cluster: Cluster | None) -> str:
@@ -88,7 +90,7 @@ def job_env(cluster: Cluster | None, python: str) -> dict[str, str]:
     return env
 
 
-def stage(pool: SshPool, targets: Sequence[SshTarget], job: Job, files: Mapping[str, bytes], hosts: HostsFile) -> None:
+def stage(pool: SshPool, targets: Sequence[SshTarget], job: JobFolder, files: Mapping[str, bytes], hosts: HostsFile) -> None:
     payload = {f"{job.dir}/{name}": (data, 0o644) for name, data in files.items()}
     payload[f"{job.dir}/hvd_launch.py"] = (resources.template_bytes("hvd_launch.py"), 0o644)
     payload[f"{job.dir}/hosts"] = (hosts.render().encode(), 0o644)
@@ -98,7 +100,7 @@ def stage(pool: SshPool, targets: Sequence[SshTarget], job: Job, files: Mapping[
                                + "; ".join(f"{r.host}: {r.error}" for r in report.failed))
 
 
-def leader_command(job: Job, np: int, script_argv: Sequence[str], python: str,
+def leader_command(job: JobFolder, np: int, script_argv: Sequence[str], python: str,
                    env: Mapping[str, str], start_timeout: int = horovod.DEFAULT_START_TIMEOUT_S,
                    hosts: "HostsFile | str | Path" = Path("hosts")) -> str:
     """The shell command run on the leader: horovodrun in the job folder, in a scrubbed environment.
@@ -117,7 +119,7 @@ def run_on_leader(pool: SshPool, leader: SshTarget, command: str, timeout: float
     return pool.run_one(leader, command, timeout=timeout, on_line=on_line)
 
 
-def kill_job(pool: SshPool, targets: Sequence[SshTarget], job: Job) -> RunReport:
+def kill_job(pool: SshPool, targets: Sequence[SshTarget], job: JobFolder) -> RunReport:
     """End every process of the job on every node (ranks, horovodrun, its task services)."""
     # A bracket in each pattern keeps pkill from matching the shell that runs it (its command line
     # holds the pattern's text, which the regex itself does not match).
@@ -125,7 +127,7 @@ def kill_job(pool: SshPool, targets: Sequence[SshTarget], job: Job) -> RunReport
     return pool.run(targets, f"pkill -KILL -f -- {pattern}; pkill -KILL -f -- 'horovod[.]runner[.]'; true", timeout=30)
 
 
-def remove_job(pool: SshPool, targets: Sequence[SshTarget], job: Job) -> RunReport:
+def remove_job(pool: SshPool, targets: Sequence[SshTarget], job: JobFolder) -> RunReport:
     return pool.run(targets, f"rm -rf -- {shlex.quote(job.dir)}", timeout=30)
 
 

@@ -383,7 +383,7 @@ def _stop(pool, targets, job: TrainJob) -> None:
 
     leader = next((t for t in targets if t.label == job.leader), targets[0])
     pool.run_one(leader, jobs.kill_job_command(job.job), timeout=60)
-    launch.kill_job(pool, targets, launch.Job(job.job, job.home))
+    launch.kill_job(pool, targets, launch.JobFolder(job.job, job.home))
 
 
 def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str | None = None,

@@ -202,7 +202,7 @@ class AwsProvider:
     def all_clusters(self) -> list[str]:
         return discovery.all_clusters(self.api)
 
-    def inventory(self) -> list[Found]:
+    def everything_made(self) -> list[Found]:
         """Everything of this account and region (and its IAM entities) that carries clusterctl's tag, with
         when it was made, by whom and under which cluster id, whatever cluster it belongs to and whether or not a
         record of it exists anywhere (for `gc`, which removes exactly these by id: remove())."""

@@ -193,7 +193,7 @@ class LocalProvider:
     def all_clusters(self) -> list[str]:
         return netns.all_clusters()
 
-    def inventory(self) -> list[Found]:
+    def everything_made(self) -> list[Found]:
         """Namespaces (and their config folders) of every local cluster on this machine."""
         from clusterctl.proc import owner
 
