@@ -127,3 +127,19 @@ def test_every_command_and_subcommand_answers_errors_with_one_line():
     assert len(infos) > len(app.COMMANDS)
     unwrapped = [i.name or i.callback.__name__ for i in infos if not hasattr(i.callback, "__wrapped__")]
     assert unwrapped == []
+
+
+def test_bench_defaults_of_the_cli_are_the_library_s():
+    """`bench`'s option defaults are written in the CLI too (so `--help` shows them without importing the
+    bench module, 60 ms): they must be BenchOptions' own, the one place playbooks and the library read."""
+    import inspect
+
+    from clusterctl.cli import workloads
+    from clusterctl.workloads.bench import DEFAULT_THRESHOLD, BenchOptions
+
+    params = inspect.signature(workloads.bench).parameters
+    lib = BenchOptions()
+    pairs = {"model": lib.model, "batch_size": lib.batch_size, "steps": lib.steps, "iters": lib.iters,
+             "warmup": lib.warmup_steps, "threshold": DEFAULT_THRESHOLD, "timeout": lib.timeout,
+             "mixed_precision": lib.mixed_precision, "xla": lib.xla, "input_only": lib.input_only}
+    assert {k: params[k].default.default for k in pairs} == pairs
