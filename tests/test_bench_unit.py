@@ -128,7 +128,7 @@ def test_job_env_carries_no_secret_and_sets_efa_where_present():
 
 def test_bad_timing_and_fabric_flags_are_one_line_usage_errors(cli):
     for args, message in ((("bench", "--synthetic", "--warmup-steps", "3"), "--warmup-steps must be at least 10"),
-                          (("bench", "--synthetic", "--iters", "2"), "--iters at least 3"),
+                          (("bench", "--synthetic", "--iters", "2"), "--iters must be at least 3, not 2"),
                           (("doctor", "--fabric", "--fabric-mb", "0"), "--fabric-mb must be in (0, 4096], not 0.0")):
         proc = cli(*args)
         assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 from conftest import REPO
 
 EXPECTED_COMMANDS = {"up", "down", "ls", "status", "hosts", "run"}
@@ -143,3 +145,20 @@ def test_bench_defaults_of_the_cli_are_the_library_s():
              "warmup": lib.warmup_steps, "threshold": DEFAULT_THRESHOLD, "timeout": lib.timeout,
              "mixed_precision": lib.mixed_precision, "xla": lib.xla, "input_only": lib.input_only}
     assert {k: params[k].default.default for k in pairs} == pairs
+
+
+@pytest.mark.parametrize("args, kw, message", [
+    (("--parallel", 0, 1), {}, "--parallel must be at least 1, not 0"),
+    (("--timeout", 0.0), {"above": 0}, "--timeout must be positive, not 0.0"),
+    (("--grace", 301.0, 0, 300), {"unit": "seconds"}, "--grace must be 0..300 seconds, not 301.0"),
+    (("--fabric-mb", 0.0), {"above": 0, "high": 4096}, "--fabric-mb must be in (0, 4096], not 0.0"),
+])
+def test_every_range_check_says_flag_range_and_value(args, kw, message):
+    from clusterctl.cli.shared import within
+    from clusterctl.errors import UsageError
+
+    with pytest.raises(UsageError) as exc:
+        within(*args, **kw)
+    assert str(exc.value) == message and exc.value.exit_code == 2
+    within(args[0], None, *args[2:], **kw)  # an option not given passes
+    within("--port", 65535, 1, 65535)

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from clusterctl.cli.shared import _confirm, _hourly, _provider, _store
+from clusterctl.cli.shared import _confirm, _hourly, _provider, _store, within
 from clusterctl.cli.workloads import _launch_status, _train_status
 from clusterctl.errors import UsageError
 from clusterctl.units import duration, money
@@ -70,14 +70,11 @@ def up(
     store = _store()
     name = validate_name(name or ("local" if provider == "local" else "cluster"))
     stop_rules = autostop.settings(idle_stop, max_lifetime)
-    if slots is not None and not 1 <= slots <= 1024:
-        raise UsageError(f"--slots must be 1..1024, not {slots}")
-    if nodes < 1:
-        raise UsageError(f"--nodes must be at least 1, not {nodes}")
+    within("--slots", slots, 1, 1024)
+    within("--nodes", nodes, 1)
     options: dict = {}
     if provider == "aws":
-        if nodes > 1000:
-            raise UsageError(f"--nodes must be at most 1000, not {nodes}")
+        within("--nodes", nodes, 1, 1000)
         options = {"ami": ami, "ami_parameter": ami_parameter, "ssh_user": ssh_user, "volume_size": volume_size,
                    "volume_type": volume_type, "iops": iops, "spot": spot, "vpc": vpc, "subnets": tuple(subnet),
                    "cidr": cidr, "ssh_cidr": ssh_cidr, "s3_read": tuple(s3_read), "private_ips": private_ips}

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from clusterctl.cli.shared import _SSH, _resolve_hosts, _store
+from clusterctl.cli.shared import _SSH, _resolve_hosts, _store, within
 from clusterctl.errors import UsageError
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
@@ -51,10 +51,8 @@ def sync(
     hosts_path, src, dst = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
     if strategy not in syncplan.STRATEGIES:
         raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(syncplan.STRATEGIES)}")
-    if fanout < 1:
-        raise UsageError("--fanout must be at least 1")
-    if not stall_timeout > 0:
-        raise UsageError(f"--stall-timeout must be positive, not {stall_timeout:g}")
+    within("--fanout", fanout, 1)
+    within("--stall-timeout", stall_timeout, above=0)
     if verify not in transfer.VERIFY:
         raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")
     syncplan.check_dst(dst)
@@ -126,9 +124,8 @@ def data_tfrecords(
     from clusterctl.cli import display
     from clusterctl.data import tfrecords as data
 
-    for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be at least 1, not {value}")
+    within("--train-shards", train_shards, 1)
+    within("--validation-shards", validation_shards, 1)
     if on is None and (src.startswith("s3://") or endpoint_url):
         raise UsageError("an s3:// SRC (and --endpoint-url) needs --on leader", "the leader reads it with its instance profile")
     if on is not None:
@@ -169,9 +166,8 @@ def data_synthetic(
     ImageNet TFRecord format, for smoke tests and rehearsals."""
     from clusterctl.data import tfrecords as data
 
-    for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} must be at least 1, not {value}")
+    within("--train-shards", train_shards, 1)
+    within("--validation-shards", validation_shards, 1)
     _data_report(data.write_synthetic(dst, images=images, classes=classes, validation_images=validation_images,
                                       image_size=image_size, train_shards=train_shards,
                                       validation_shards=validation_shards, seed=seed, force=force))

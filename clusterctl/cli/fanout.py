@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from clusterctl.cli.shared import _SSH, _confirm, _fan_out, _inventory, _provider, _store
+from clusterctl.cli.shared import _SSH, _confirm, _fan_out, _inventory, _provider, _store, within
 from clusterctl.cli.workloads import _train_logs
 from clusterctl.errors import ExitCode, UsageError, combined
 
@@ -40,8 +40,7 @@ def run(
     if len(args) > 2:
         raise UsageError("too many arguments", 'quote the command: clusterctl run hosts "CMD ARGS"')
     hosts_path, cmd = (args[0], args[1]) if len(args) == 2 else (None, args[0])
-    if timeout is not None and timeout <= 0:
-        raise UsageError("--timeout must be positive")
+    within("--timeout", timeout, above=0)
     if detach is not None:
         from clusterctl.remote import tmux as jobs
 
@@ -115,8 +114,7 @@ def kill_(
     from clusterctl.cli import display
     from clusterctl.remote import tmux as jobs
 
-    if not 0 <= grace <= 300:
-        raise UsageError("--grace must be 0..300 seconds")
+    within("--grace", grace, 0, 300, unit="seconds")
     cmd = jobs.kill_job_command(name, grace)
     inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
     report = _fan_out(inv, cmd, parallel)
@@ -151,8 +149,7 @@ def clean(
         cleanlib.check_logs_path(logs_dir)
     if force and logs_dir is None:
         raise UsageError("--force goes with --logs DIR")
-    if wait <= 0:
-        raise UsageError("--wait must be positive")
+    within("--wait", wait, above=0)
     inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
     where = f"{len(inv.targets)} node(s)"
     if logs_dir is not None:

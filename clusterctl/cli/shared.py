@@ -9,6 +9,21 @@ import typer
 from clusterctl.errors import UsageError
 
 
+def within(flag: str, value: float | None, low: float | None = None, high: float | None = None, *,
+           above: float | None = None, unit: str = "") -> None:
+    """The one range check of numeric options: a one-line UsageError (exit 2) naming the flag, the range
+    and the value given; None (an option not given) passes. `above` is an open lower bound."""
+    if value is None or ((low is None or value >= low) and (above is None or value > above)
+                         and (high is None or value <= high)):
+        return
+    u = f" {unit}" if unit else ""
+    if high is None:
+        want = f"at least {low}{u}" if above is None else "positive" if above == 0 else f"above {above}{u}"
+    else:
+        want = f"{low}..{high}{u}" if above is None else f"in ({above}, {high}]{u}"
+    raise UsageError(f"{flag} must be {want}, not {value}")
+
+
 def _store():
     from clusterctl.cluster.state import StateStore
 
@@ -57,10 +72,8 @@ _SSH = _ssh_opts()
 
 def _inventory(hosts_path, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config):
 
-    if parallel < 1:
-        raise UsageError("--parallel must be at least 1")
-    if connect_timeout <= 0:
-        raise UsageError("--connect-timeout must be positive")
+    within("--parallel", parallel, 1)
+    within("--connect-timeout", connect_timeout, above=0)
     return _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config, connect_timeout)
 
 

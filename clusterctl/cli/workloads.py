@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from clusterctl.cli.shared import _SSH, _hourly, _print_line, _provider, _resolve_hosts, _store
+from clusterctl.cli.shared import _SSH, _hourly, _print_line, _provider, _resolve_hosts, _store, within
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError
 from clusterctl.units import duration, money
 
@@ -48,11 +48,11 @@ def bench(
         raise UsageError("only --synthetic is supported", "run `clusterctl bench --synthetic`; real data is `clusterctl train`")
     if model not in ("resnet50", "tiny"):
         raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
-    if not 0 < threshold <= 1:
-        raise UsageError(f"--threshold must be in (0, 1], not {threshold}")
-    if warmup < benchlib.MIN_WARMUP or iters < benchlib.MIN_ITERS or steps < 1 or batch_size < 1:
-        raise UsageError(f"--warmup-steps must be at least {benchlib.MIN_WARMUP}, --iters at least "
-                         f"{benchlib.MIN_ITERS}, --steps and --batch-size at least 1")
+    within("--threshold", threshold, above=0, high=1)
+    within("--warmup-steps", warmup, benchlib.MIN_WARMUP)
+    within("--iters", iters, benchlib.MIN_ITERS)
+    within("--steps", steps, 1)
+    within("--batch-size", batch_size, 1)
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
@@ -109,8 +109,8 @@ def doctor(
     from clusterctl.cli import display
     from clusterctl.workloads import doctor as doctorlib
 
-    if fabric and not 0 < fabric_mb <= 4096:
-        raise UsageError(f"--fabric-mb must be in (0, 4096], not {fabric_mb}")
+    if fabric:
+        within("--fabric-mb", fabric_mb, above=0, high=4096)
     store = _store()
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config, store=store)
     if fabric:
@@ -238,20 +238,16 @@ def sweep(
         raise UsageError("--id goes with --status, --attach or --cancel")
     if json_ and not status:
         raise UsageError("--json goes with --status")
-    if not 0.1 <= poll <= 60:
-        raise UsageError("--poll must be 0.1..60 seconds")
+    within("--poll", poll, 0.1, 60, unit="seconds")
     if sweep_id is not None:
         sweeplib.validate_id(sweep_id)
     spec = None
     if not control:
         if goal not in ("max", "min"):
             raise UsageError(f"--goal must be max or min, not {goal!r}")
-        if gpus_per_trial < 1:
-            raise UsageError(f"--gpus-per-trial must be at least 1, not {gpus_per_trial}")
-        if trial_timeout is not None and trial_timeout <= 0:
-            raise UsageError("--trial-timeout must be positive")
-        if node_timeout <= 0:
-            raise UsageError("--node-timeout must be positive")
+        within("--gpus-per-trial", gpus_per_trial, 1)
+        within("--trial-timeout", trial_timeout, above=0)
+        within("--node-timeout", node_timeout, above=0)
         sweeplib.check_metric(metric)
         grid_values = sweeplib.parse_grid(grid)
         ranges = sweeplib.parse_ranges(range_)
@@ -423,10 +419,8 @@ def train(
         raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
     for flag, value in (("--batch-size", batch_size), ("--checkpoint-every", checkpoint_every),
                         ("--log-every", log_every), ("--max-steps", max_steps), ("--np", np_)):
-        if value is not None and value < (0 if flag == "--checkpoint-every" else 1):
-            raise UsageError(f"{flag} must be at least {0 if flag == '--checkpoint-every' else 1}, not {value}")
-    if epochs <= 0:
-        raise UsageError("--epochs must be positive")
+        within(flag, value, 0 if flag == "--checkpoint-every" else 1)
+    within("--epochs", epochs, above=0)
     if fp32:
         if precision not in (None, "fp32"):
             raise UsageError(f"--fp32 and --precision {precision} say different things", "give one of them")
@@ -437,10 +431,9 @@ def train(
         raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(trainlib.PRECISIONS)}")
     if recipe is not None and recipe not in trainlib.RECIPES:
         raise UsageError(f"unknown recipe {recipe!r}", f"use one of {', '.join(trainlib.RECIPES)}")
-    if eval_every is not None and eval_every < 1:
-        raise UsageError(f"--eval-every must be at least 1, not {eval_every}")
-    if fusion_threshold_mb < 0 or cycle_time_ms <= 0:
-        raise UsageError("--fusion-threshold-mb must not be negative and --cycle-time-ms must be positive")
+    within("--eval-every", eval_every, 1)
+    within("--fusion-threshold-mb", fusion_threshold_mb, 0)
+    within("--cycle-time-ms", cycle_time_ms, above=0)
     if checkpoint_to is not None:
         trainlib.check_s3_uri(checkpoint_to)
         if inv.cluster is not None:
@@ -613,8 +606,7 @@ def tensorboard(
     from clusterctl.workloads import train_job as trainlib
 
     for flag, value in (("--port", port), ("--remote-port", remote_port)):
-        if not 1 <= value <= 65535:
-            raise UsageError(f"{flag} must be 1-65535, not {value}")
+        within(flag, value, 1, 65535)
     inv = _train_inventory(hostsfile, cluster)
     job = trainlib.require_job(_store(), inv)
     tunnel = trainlib.open_tensorboard(inv, job, port, remote_port)
