@@ -87,6 +87,11 @@ class Autostop:
         return bool(self.idle_stop_s or self.max_lifetime_s)
 
 
+
+def node_names(cluster: str, count: int) -> list[str]:
+    """Every provider names a cluster's nodes the same way: NAME-leader, NAME-member-1, ..."""
+    return [f"{cluster}-leader"] + [f"{cluster}-member-{i}" for i in range(1, count)]
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """What the user asked for; providers turn it into a Cluster."""

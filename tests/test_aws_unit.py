@@ -15,7 +15,7 @@ from clusterctl.errors import ConfigError
 from clusterctl.providers.aws import bootstrap, catalog, cloud_init, discovery, instances, machine
 from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import ClusterStatus, NodeStatus
-from clusterctl.types import Cluster, ClusterSpec, Node
+from clusterctl.types import Cluster, ClusterSpec, Node, node_names
 
 DATA = Path(__file__).parent / "data"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9vZGJ5ZSBjbHVzdGVyY3RsIHRlc3Qga2V5IDAwMDAwMDA clusterctl-demo-internal"
@@ -140,7 +140,7 @@ def test_user_data_matches_the_golden_file_and_is_yaml():
 
 
 def test_node_names_and_tokens():
-    assert discovery.node_names("demo", 3) == ["demo-leader", "demo-member-1", "demo-member-2"]
+    assert node_names("demo", 3) == ["demo-leader", "demo-member-1", "demo-member-2"]
     t1, t2 = instances._token("a-very-long-cluster-name-of-31ch", 1), instances._token("x", 1)
     assert t1 != instances._token("a-very-long-cluster-name-of-31ch", 1) and len(t1) <= 64 and t2.startswith("x-1-")
     assert discovery.iam_name("demo", "us-east-1") == "clusterctl-demo-us-east-1"

@@ -19,7 +19,7 @@ from clusterctl.errors import ConfigError
 from clusterctl.providers.aws import catalog
 from clusterctl.providers.aws.api import LIVE_STATES, Api, _code, _epoch, _tagdict
 from clusterctl.providers.base import ClusterStatus, Found, NodeFacts, NodeStatus
-from clusterctl.types import Cluster, Node
+from clusterctl.types import Cluster, Node, node_names
 
 TAG = "clusterctl:cluster"
 TAG_ROLE = "clusterctl:role"
@@ -159,10 +159,6 @@ def find_one(api: Api, kind: Kind, scope: Scope, **filters: str) -> dict | None:
 
 
 # ---- instances -----------------------------------------------------------------------------------------------
-def node_names(cluster: str, count: int) -> list[str]:
-    return [f"{cluster}-leader"] + [f"{cluster}-member-{i}" for i in range(1, count)]
-
-
 def instances_of(api: Api, scope: Scope | None, states: list[str] | None = None) -> list[dict]:
     """The scope's instances (every clusterctl instance with None), each checked against its tags."""
     flt = [{"Name": "instance-state-name", "Values": states or ["pending", "running", "stopping", "stopped"]}]

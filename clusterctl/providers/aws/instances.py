@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from clusterctl.autostop import settings as autostop
 from clusterctl.cluster.state import atomic_write
 from clusterctl.errors import CapacityError, ProvisionError, WaitTimeout
 from clusterctl.providers.aws import bootstrap, fabric
@@ -31,12 +32,11 @@ from clusterctl.providers.aws.discovery import (
     Scope,
     cluster_of,
     instances_of,
-    node_names,
     ordered,
 )
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.base import ClusterKeys
-from clusterctl.types import Cluster, ClusterSpec
+from clusterctl.types import Cluster, node_names
 
 CAPACITY_CODES = {
     "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
@@ -76,12 +76,6 @@ def _token(name: str, attempt: int) -> str:
     return f"{name}-{attempt}-{uuid.uuid4().hex[:20]}"  # at most 64 ASCII characters
 
 
-def _autostop_extra(spec: ClusterSpec) -> dict[str, str]:
-    from clusterctl.autostop import settings as autostop
-
-    return autostop.extra(spec.autostop)
-
-
 def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file: Path, wait_timeout: float) -> Cluster:
     """Every step of `up` under the cluster's identity; the typed cluster (its record's extra facts included)."""
     spec, name = ctx.spec, ctx.spec.name
@@ -111,7 +105,7 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
     extra = {"vpc": net.vpc, "security_group": sg, "placement_group": pg or "", "key_pair": key,
              "instance_profile": profile, "image": ctx.image.id, "image_name": ctx.image.name,
              "network_created": "yes" if net.created else "no", "cluster_id": scope.id, "owner": scope.owner,
-             **fabric_extra(ctx), **_autostop_extra(spec)}
+             **fabric_extra(ctx), **autostop.extra(spec.autostop)}
     extra["spot"] = "true" if ctx.opts.spot else "false"  # train polls spot nodes' interruption notice
     if fabric.needs_elastic_ip(ctx.type, ctx.opts.private_ips):
         leader = ordered(instances)[0]

@@ -8,11 +8,12 @@ import ipaddress
 from clusterctl.errors import ProvisionError
 from clusterctl.providers.aws import bootstrap, catalog, fabric
 from clusterctl.providers.aws.api import Api, _code, _message, _tags
-from clusterctl.providers.aws.discovery import KIND, Scope, _owner, find_one, instances_of, new_cluster_id, node_names
+from clusterctl.providers.aws.discovery import KIND, Scope, _owner, find_one, instances_of, new_cluster_id
 from clusterctl.providers.aws.instances import run_params
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.aws.options import parse_s3
 from clusterctl.providers.base import Plan
+from clusterctl.types import node_names
 from clusterctl.units import money
 
 

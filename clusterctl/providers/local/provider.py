@@ -15,24 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
-from clusterctl.errors import ConfigError
-from clusterctl.providers.local import netns
-from clusterctl.providers.base import (ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, NodeStatus, Plan,
-                                      Teardown)
+from clusterctl.autostop import settings as autostop
 from clusterctl.cluster.state import StateStore, validate_name
-from clusterctl.types import Cluster, ClusterSpec, Node
+from clusterctl.errors import ConfigError
+from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, NodeStatus, Plan, Teardown
+from clusterctl.providers.local import netns
+from clusterctl.types import Cluster, ClusterSpec, Node, node_names
 
 MAX_NODES = 250
-
-
-def node_names(cluster: str, count: int) -> list[str]:
-    return [f"{cluster}-leader"] + [f"{cluster}-member-{i}" for i in range(1, count)]
-
-
-def _autostop_extra(spec: ClusterSpec) -> dict[str, str]:
-    from clusterctl.autostop import settings as autostop
-
-    return autostop.extra(spec.autostop)
 
 
 def _mtime(path: Path) -> float | None:
@@ -161,7 +151,7 @@ class LocalProvider:
             region="local",
             instance_type="local",
             created_at=created,
-            extra={"bridge": bridge, "subnet": str(subnet), "gateway": gateway, **_autostop_extra(spec)},
+            extra={"bridge": bridge, "subnet": str(subnet), "gateway": gateway, **autostop.extra(spec.autostop)},
         )
         return Launched(cluster, {n.address: (n.host_public_key,) for n in made})
 
