@@ -56,6 +56,12 @@ class Cluster:
     def total_slots(self) -> int:
         return sum(n.slots for n in self.nodes)
 
+    @property
+    def shares_this_machine(self) -> bool:
+        """Namespace nodes: one kernel, these cores, no GPUs, no instance type to judge against. The one
+        place workloads ask which kind of nodes they run on (speed verdicts, GPU counts, NCCL settings)."""
+        return self.provider == "local"
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["extra"] = dict(self.extra)

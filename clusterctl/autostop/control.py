@@ -31,7 +31,7 @@ def change(store, record, action: str, **values) -> list[str]:
             if key in values:
                 changes[key] = values[key]
                 args += (flag, "none" if values[key] is None else str(int(values[key])))
-    if c.provider == "local":
+    if c.shares_this_machine:
         if not (local_dir(store, c.name) / "config.json").exists():
             return [f"{c.name}: no autostop watchdog on this cluster (it was brought up without one)"]
         edit_local(store, c.name, len(c.nodes), **changes)
@@ -91,7 +91,7 @@ def lease(store, cluster, what: str, ttl: float = LEASE_TTL, warn: Callable[[str
 
 def _lease_all(store, cluster, lease_id: str, seconds: float | None, what: str) -> list[str]:
     """Take (seconds) or release (None) a lease on every node's watchdog; one line per node that did not."""
-    if cluster.provider == "local":
+    if cluster.shares_this_machine:
         for i in range(len(cluster.nodes)):
             d = str(local_dir(store, cluster.name, i))
             if not os.path.exists(os.path.join(d, "config.json")):

@@ -46,7 +46,7 @@ def status_lines(store, record, local_running: Callable[[str], bool]) -> list[st
     c = record.cluster
     if record.status == "stopped" and record.note:
         return [f"autostop: {record.note}"]
-    if c.provider == "local":
+    if c.shares_this_machine:  # the watchdog's files are on this machine
         return summary(local_status(store, c.name, local_running), from_extra(c.extra), c.created_at)
     try:
         st = remote_status(c, store)

@@ -24,7 +24,7 @@ def hourly(cluster: Cluster | None) -> float | None:
     """The cluster's $/hour (instances, built-in table); 0 for local clusters; None when unknown."""
     if cluster is None:
         return None
-    if cluster.provider == "local":
+    if cluster.shares_this_machine:  # nothing billed
         return 0.0
     from clusterctl.providers.aws import catalog as aws_catalog
 

@@ -265,7 +265,7 @@ def run_ladder(inv, rungs: Sequence[int], opts: BenchOptions, out_root: Path, py
     ladder = analyze(runs, opts.threshold, full_np)
     slow = stragglers(alone)
     verdict = ladder.verdict + (f"; slow node(s) on their own: {', '.join(slow)}" if slow else "")
-    judged = inv.cluster is None or inv.cluster.provider != "local"
+    judged = inv.cluster is None or not inv.cluster.shares_this_machine
     if not judged:
         verdict = f"not judged: local nodes share this machine's {os.cpu_count()} cores ({verdict})"
     # A straggler names where to look; the verdict stays the scaling's (a slow node shows there, as lost img/s).

@@ -515,7 +515,7 @@ def fabric(inv, python: str | None = None, mb: float = 64.0, iters: int = 10, ti
         finally:
             launch.kill_job(pool, inv.targets, job)
             launch.remove_job(pool, inv.targets, job)
-    itype = inv.cluster.instance_type if inv.cluster is not None and inv.cluster.provider != "local" else None
+    itype = inv.cluster.instance_type if inv.cluster is not None and not inv.cluster.shares_this_machine else None
     # the floors are of the gloo test (one TCP flow); NCCL over EFA is judged against the median node
     floor = FABRIC_FLOORS.get(itype or "") if tool.name == "gloo" else None
     judged = judge_fabric(labels, cluster, pairs, floor)

@@ -223,7 +223,7 @@ def parse_devices(text: str, mark: str = MARK) -> tuple[DeviceReport, ...]:
 def gpus_per_node(cluster) -> int:
     """GPUs per node of a cluster whose instance type has them; 0 for local nodes, CPU types and plain
     hosts files (nothing says what they have), where the GPU check does not apply."""
-    if cluster is None or cluster.provider == "local":
+    if cluster is None or cluster.shares_this_machine:
         return 0
     recorded = str(cluster.extra.get("gpus", ""))
     if recorded.isdigit():

@@ -85,7 +85,7 @@ def job_env(cluster: Cluster | None, python: str) -> dict[str, str]:
         env["FI_PROVIDER"] = "efa"
         if cluster.extra.get("efa_rdma") == "true":  # p4d/p5: device RDMA; p3dn's EFA has none
             env["FI_EFA_USE_DEVICE_RDMA"] = "1"
-    if cluster is not None and cluster.provider != "local":
+    if cluster is not None and not cluster.shares_this_machine:
         env["NCCL_SOCKET_IFNAME"] = "^lo,docker"
     return env
 
