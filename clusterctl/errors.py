@@ -7,6 +7,7 @@ Every error a user can cause or meet is a ClusterctlError child: the CLI prints 
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Iterable
 
 
 class ExitCode(IntEnum):
@@ -26,10 +27,10 @@ def exit_status(timed_out: bool, unreachable: bool, worst: int) -> int:
     return int(ExitCode.TIMEOUT) if timed_out else int(ExitCode.UNREACHABLE) if unreachable else worst
 
 
-def combined(codes) -> int:
+def combined(codes: Iterable[int]) -> int:
     """Several steps' exit statuses as one (clean --kill --disk --reboot), by exit_status's precedence."""
-    codes = [int(c) for c in codes]
-    return exit_status(int(ExitCode.TIMEOUT) in codes, int(ExitCode.UNREACHABLE) in codes, max(codes, default=0))
+    ints = [int(c) for c in codes]
+    return exit_status(int(ExitCode.TIMEOUT) in ints, int(ExitCode.UNREACHABLE) in ints, max(ints, default=0))
 
 
 class ClusterctlError(Exception):

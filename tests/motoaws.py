@@ -246,8 +246,8 @@ class MotoAws:
             if ami != impostor:
                 amis[ami].owner_id = DLAMI_OWNER
         self.dlami, self.volta_dlami, self.impostor_dlami, self.node_image = dlami, volta, impostor, node
-        from moto.ssm.models import Parameter, ssm_backends
         from moto.core.utils import utcnow
+        from moto.ssm.models import Parameter, ssm_backends
 
         backend = ssm_backends[ACCOUNT][REGION]
         backend._parameters[DLAMI_PARAMETER].append(Parameter(
@@ -488,7 +488,7 @@ class MotoAws:
         while True:
             try:
                 out = self.node_exec(iid, "sh", "-c", "mkdir -p /usr/local/bin && mount -t tmpfs -o size=1m tmpfs /usr/local/bin && "
-                                     f"printf '%s' \"$0\" > /usr/local/bin/nvidia-smi && chmod 755 /usr/local/bin/nvidia-smi",
+                                     "printf '%s' \"$0\" > /usr/local/bin/nvidia-smi && chmod 755 /usr/local/bin/nvidia-smi",
                                      script)
                 assert out.returncode == 0, out.stderr
                 return
@@ -538,7 +538,7 @@ class MotoAws:
     def console_text(self, instance) -> str:
         node = self.nodes.get(instance.id)
         lines = ["[    0.000000] Linux version 6.8.0-1021-aws (buildd@lcy02-amd64-080) #23-Ubuntu SMP",
-                 f"[   12.345678] cloud-init[812]: Cloud-init v. 24.1.3-0ubuntu3 running 'modules:final' at boot."]
+                 "[   12.345678] cloud-init[812]: Cloud-init v. 24.1.3-0ubuntu3 running 'modules:final' at boot."]
         if node is not None and self.console_mode != "no-keys":
             key = node.host_key
             if self.console_mode == "wrong-key":
@@ -561,7 +561,7 @@ class _CheckIp:
 
     def __init__(self) -> None:
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 body = f"{CHECKIP_ADDRESS}\n".encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
@@ -615,15 +615,17 @@ def _install_patches(aws: MotoAws) -> None:
     _INSTALLED["aws"] = aws
 
     from moto.core import responses as core_responses
-    from moto.ec2.models import elastic_network_interfaces as enis
-    from moto.ec2.models import instance_types as itypes
-    from moto.ec2.models import iam_instance_profile as iip
-    from moto.ec2.models import instances as minst
+    from moto.core.responses import ActionResult
     from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models import (
+        elastic_network_interfaces as enis,
+        iam_instance_profile as iip,
+        instance_types as itypes,
+        instances as minst,
+    )
     from moto.ec2.responses import EC2Response
     from moto.ec2.responses.general import General
-    from moto.core.responses import ActionResult
-    from clusterctl.providers.local import netns
+
 
     def cur() -> MotoAws:
         return _INSTALLED["aws"]
@@ -927,7 +929,7 @@ def _install_patches(aws: MotoAws) -> None:
 
     def describe_account_attributes(self):
         result = orig_attrs(self)
-        for attr in result.result["AccountAttributes"]:  # type: ignore[attr-defined]
+        for attr in result.result["AccountAttributes"]:  # type: ignore[attr-defined]  # moto's untyped response
             if attr["AttributeName"] in ("vpc-max-elastic-ips", "max-elastic-ips"):
                 attr["AttributeValues"] = [{"AttributeValue": str(cur().account_eips)}]
         return result

@@ -25,8 +25,9 @@ def cluster(module_cluster_factory):
 
 def watch_for_canary(name: str, stop: threading.Event, found: list[str]) -> None:
     """While the job runs, look through every process's command line and environment on every node."""
-    from conftest import node_pid
     import subprocess
+
+    from conftest import node_pid
 
     # the bracket keeps the probe's own command line from matching itself
     pattern = f"{CANARY[:8]}[{CANARY[8]}]{CANARY[9:]}"

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_bench_output, scrubbed_env
+from conftest import HOROVODRUN, TRAIN_PY as PY
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "bench_synthetic.py"
-from conftest import HOROVODRUN, TRAIN_PY as PY  # noqa: E402
 TIMEOUT_S = 300  # measured: about 10 s on 2 cores
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from clusterctl.workloads import bench
-from clusterctl.workloads import launch
 from clusterctl.errors import UsageError
-from clusterctl.workloads.horovod import BenchHost, BenchRun
 from clusterctl.hostsfile import HostsFile
+from clusterctl.workloads import bench, launch
+from clusterctl.workloads.horovod import BenchHost, BenchRun
 
 HOSTS = HostsFile.parse("10.0.0.2 slots=8\n10.0.0.3 slots=8\n10.0.0.4 slots=8\n10.0.0.5 slots=8\n")
 

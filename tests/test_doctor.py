@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.workloads import doctor
 from clusterctl.providers.local import netns
+from clusterctl.workloads import doctor
 
 pytestmark = pytest.mark.integration
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl.hostsfile import HostsFile
 from clusterctl.workloads.horovod import (
     BenchHost,
     BenchInterval,
@@ -17,7 +18,6 @@ from clusterctl.workloads.horovod import (
     parse_bench_output,
     scrubbed_env,
 )
-from clusterctl.hostsfile import HostsFile
 
 DATA = Path(__file__).parent / "data"
 PY = "/opt/clusterctl/venv/bin/python"
@@ -196,8 +196,8 @@ def test_import_stays_cheap():
 
 
 # ---- which GPU each rank used (templates' `device` lines) --------------------------------------------
-from clusterctl.workloads.horovod import DeviceReport, device_problems, gpus_per_node, parse_devices  # noqa: E402
 from clusterctl.types import Cluster, Node  # noqa: E402
+from clusterctl.workloads.horovod import DeviceReport, device_problems, gpus_per_node, parse_devices  # noqa: E402
 
 
 def _devices(*rows: str, mark: str = "CLUSTERCTL-BENCH") -> str:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO
 
 pytestmark = pytest.mark.integration

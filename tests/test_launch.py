@@ -10,8 +10,8 @@ import shlex
 
 import pytest
 
-from clusterctl.workloads import userjob
 from clusterctl.errors import UsageError
+from clusterctl.workloads import userjob
 from conftest import wait_for
 
 # ---- pure: the command and the files ---------------------------------------------------------------------

@@ -9,8 +9,7 @@ import sys
 import pytest
 
 from clusterctl import resources
-from clusterctl.playbook import load as playbook_load
-from clusterctl.playbook import run as playbook
+from clusterctl.playbook import load as playbook_load, run as playbook
 from clusterctl.playbook.model import BenchSpec, CleanSpec, Context, Expect, PlaybookError, PutSpec, RunSpec, TrainSpec
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.providers.local import netns
 from clusterctl.cluster.sshkeys import generate_ed25519
+from clusterctl.providers.local import netns
 from conftest import node_pid
 
 pytestmark = pytest.mark.integration

@@ -9,12 +9,10 @@ import time
 
 import pytest
 
-from clusterctl.remote import clean
-from clusterctl.remote import tmux as jobs
-from clusterctl.remote import ssh as remote
 from clusterctl.errors import HostsFileError, UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.proc import alive
+from clusterctl.remote import clean, ssh as remote, tmux as jobs
 from clusterctl.types import HostResult, RunReport
 
 HOSTILE = ["$(touch /tmp/pwned)", "`touch /tmp/pwned`", "a'; touch /tmp/pwned; '", 'x" ; touch /tmp/pwned ; "',

@@ -398,7 +398,7 @@ def user_ca(c, setup, tmp_path_factory):
             return False
 
     for h in c.hosts:
-        wait_for(lambda: banner(h), 20, f"sshd of {h} back after its reload")
+        wait_for(lambda: banner(h), 20, f"sshd of {h} back after its reload")  # noqa: B023 (waited for here)
     (d / "certs").mkdir()
     for name, passphrase in (("diskkey", ""), ("agentcertkey", PASSPHRASE), ("implicitkey", "")):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", str(d / name)],

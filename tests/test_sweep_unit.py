@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.workloads import sweep
 from clusterctl.errors import UsageError
 from clusterctl.remote.ssh import TREE_FN
+from clusterctl.workloads import sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEDULER = REPO / "templates" / "sweep_scheduler.py"
@@ -346,7 +346,7 @@ def test_scheduler_runs_each_trial_once_and_requeues_a_dead_nodes_trials(tmp_pat
             assert len(t["attempts"]) == 1 and t["requeued"] == 0
     # never two trials on one slot at once
     spans = sorted((a["node"], tuple(a["gpus"]), a["started"], a["ended"]) for t in st["trials"] for a in t["attempts"])
-    for (n1, g1, s1, e1), (n2, g2, s2, e2) in zip(spans, spans[1:]):
+    for (n1, g1, _s1, e1), (n2, g2, s2, _e2) in zip(spans, spans[1:]):
         if (n1, g1) == (n2, g2):
             assert e1 <= s2
     assert "trial" in out and "node n2 is dead" in out

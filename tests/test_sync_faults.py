@@ -133,7 +133,7 @@ def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
         try:
             _wait_for(lambda: c4.node_exec(3, "test", "-f", part, check=False).returncode == 0, 60, "a partial")
         except AssertionError:
-            raise AssertionError(f"rsync kept no partial file: {c4.node_exec(3, 'ls', '-laR', dst).stdout}")
+            raise AssertionError(f"rsync kept no partial file: {c4.node_exec(3, 'ls', '-laR', dst).stdout}") from None
         partial = c4.node_exec(3, "stat", "-c", "%s", part)
         kept = int(partial.stdout)
         assert 1_000_000 < kept < size

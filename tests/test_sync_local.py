@@ -7,8 +7,17 @@ import os
 
 import pytest
 
-from sync_support import (down_cluster, first_error_line, make_dataset, marker, node_sha256, random_files, sync,
-                          table_rows, up_cluster)
+from sync_support import (
+    down_cluster,
+    first_error_line,
+    make_dataset,
+    marker,
+    node_sha256,
+    random_files,
+    sync,
+    table_rows,
+    up_cluster,
+)
 
 pytestmark = pytest.mark.integration
 

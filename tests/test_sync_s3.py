@@ -25,8 +25,8 @@ BUCKET = "cc-data"
 
 @pytest.fixture(scope="module")
 def s3env(tmp_path_factory):
-    from moto.server import ThreadedMotoServer
     import boto3
+    from moto.server import ThreadedMotoServer
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -191,9 +191,8 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
                                                                                               monkeypatch):
     """Issue 14: an SSE-KMS object's ETag is not an MD5, and a multipart ETag of a part size that is not a
     whole MiB cannot be recomputed: neither ever verified, so such a sync failed on every node, every time."""
-    from motoaws import opaque_kms_etags
-
     from clusterctl.data import node_side as sync_agent
+    from motoaws import opaque_kms_etags
 
     cluster, endpoint, _, client = s3env
     opaque_kms_etags()  # as on S3 (moto gives such an object its MD5)

@@ -20,12 +20,12 @@ import pytest
 
 from clusterctl.workloads import train_job as train, train_log
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
+from conftest import HOROVODRUN, TRAIN_PY as PY
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "templates" / "train_imagenet.py"
-from conftest import HOROVODRUN, TRAIN_PY as PY  # noqa: E402
 
 TIMEOUT_S = 240  # each launch; measured 10-20 s on 2 cores
 KILL_AT = 60  # the checkpoint step after which rank 1 dies

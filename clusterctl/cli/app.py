@@ -57,11 +57,11 @@ def command(fn: Callable) -> Callable:
             if _debug:
                 traceback.print_exc()
             display.error(exc.one_line())
-            raise typer.Exit(int(exc.exit_code))
+            raise typer.Exit(int(exc.exit_code)) from None
         except KeyboardInterrupt as exc:
             done = exc.summary() if hasattr(exc, "summary") else ""  # a fan-out says what it stopped
             display.error(f"interrupted: {done}" if done else "interrupted")
-            raise typer.Exit(int(ExitCode.INTERRUPTED))
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
 
     return wrapper
 

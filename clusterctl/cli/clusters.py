@@ -274,8 +274,8 @@ def status(
     """
     from clusterctl.cli import display
     from clusterctl.cluster import overview, provision
-    from clusterctl.errors import StateError
     from clusterctl.cluster.state import validate_name
+    from clusterctl.errors import StateError
 
     store = _store()
     n = name or store.resolve(None).cluster.name
@@ -284,7 +284,7 @@ def status(
     kind = provider or (record.cluster.provider if record is not None else overview.guess_provider(n, region))
     if kind == "local":
         if record is None:
-            store.load(n)  # raises "no cluster named ..."
+            record = store.load(n)  # raises "no cluster named ..."
         display.node_table(record.cluster, current=n == store.current())
         _autostop_status(store, record)
         _runtime_status(record)
@@ -294,9 +294,9 @@ def status(
         return
     reg = region or (record.cluster.region if record is not None and record.cluster.provider == kind else None)
     st = _provider(kind, store, reg).status(n)
-    if st is None and record is None:
-        raise StateError(f"no cluster named {n!r} here or in the cloud", "see `clusterctl ls --provider aws`")
     if st is None:
+        if record is None:
+            raise StateError(f"no cluster named {n!r} here or in the cloud", "see `clusterctl ls --provider aws`")
         from clusterctl.providers.base import ClusterStatus
 
         st = ClusterStatus(n, kind, record.cluster.region, record.cluster.instance_type, ())
@@ -333,10 +333,10 @@ def keep(
     for_: str = typer.Option(..., "--for", help="How long nothing may stop it, e.g. 4h."),
 ) -> None:
     """Keep a cluster up a while longer, idle or not."""
-    from clusterctl.autostop import control
-    from clusterctl.autostop import settings as autostop
+    from clusterctl.autostop import control, settings as autostop
 
     seconds = autostop.parse_duration(for_, "--for", allow_off=False)
+    assert seconds is not None  # allow_off=False: a duration, or an error
     store = _store()
     record = _running(store.resolve(name))
     failed = control.change(store, record, "keep", seconds=seconds)
@@ -355,8 +355,7 @@ def autostop_(
     max_lifetime: Optional[str] = typer.Option(None, "--max-lifetime", help="New lifetime limit from creation, e.g. 12h (off: none)."),
 ) -> None:
     """Show or change when a cluster stops itself."""
-    from clusterctl.autostop import control
-    from clusterctl.autostop import settings as autostop
+    from clusterctl.autostop import control, settings as autostop
     from clusterctl.cli import display
 
     if off and (on or idle_stop or max_lifetime):
@@ -422,8 +421,7 @@ def gc(
     """
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display
-    from clusterctl.cluster import gc as gclib
-    from clusterctl.cluster import overview
+    from clusterctl.cluster import gc as gclib, overview
 
     limit = autostop.parse_duration(older_than, "--older-than", allow_off=False) if older_than else None
     store = _store()

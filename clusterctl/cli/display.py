@@ -9,9 +9,13 @@ import json
 import re
 import sys
 import threading
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from clusterctl.units import duration, money
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+    from rich.live import Live
 
 _lock = threading.Lock()
 _consoles: dict[str, object] = {}
@@ -124,7 +128,8 @@ def summary(report, tail_lines: int = 3) -> None:
     Plain text when stderr is not a terminal (no rich import: it is most of a repeated run's start-up)."""
     counts = {s: len(report.by_status(s)) for s in ("ok", "failed", "unreachable", "timeout")}
     line = ", ".join(f"{n} {'timed out' if s == 'timeout' else s}" for s, n in counts.items() if n or s == "ok")
-    lines = [(f"{len(report)} host(s): {line}", "green" if report.all_ok else "red", None)]
+    lines: list[tuple[str, str | None, str | None]] = [
+        (f"{len(report)} host(s): {line}", "green" if report.all_ok else "red", None)]
     for r in report:
         if r.status == "failed":
             tail = " / ".join(r.stderr.strip().splitlines()[-tail_lines:])
@@ -146,8 +151,10 @@ def disk_table(rows) -> None:
     from rich.table import Table
 
     t = Table(box=None, header_style="bold")
-    for col, just in (("HOST", "left"), ("MOUNT", "left"), ("SIZE", "right"), ("USED", "right"),
-                      ("FREE", "right"), ("FREE%", "right"), ("", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("HOST", "left"), ("MOUNT", "left"), ("SIZE", "right"), ("USED", "right"), ("FREE", "right"),
+        ("FREE%", "right"), ("", "left"))
+    for col, just in columns:
         t.add_column(col, justify=just)
     for r in rows:
         flag = "[red]LOW[/]" if r.low else ""
@@ -331,8 +338,14 @@ class SyncProgress:
     """transfer.Events drawn with rich: one bar per node (bytes, rate) plus the total, on stderr."""
 
     def __init__(self, hosts: Sequence[str]):
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TransferSpeedColumn,
+        )
 
         self.bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                                  TransferSpeedColumn(), TimeElapsedColumn(), console=console(stderr=True),
@@ -389,8 +402,9 @@ def sync_table(report) -> None:
     from rich.table import Table
 
     t = Table(box=None, header_style="bold")
-    for col, just in (("NODE", "left"), ("BYTES", "right"), ("SECONDS", "right"), ("MB/S", "right"),
-                      ("VERIFIED", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("NODE", "left"), ("BYTES", "right"), ("SECONDS", "right"), ("MB/S", "right"), ("VERIFIED", "left"))
+    for col, just in columns:
         t.add_column(col, justify=just)
     for o in report.outcomes:
         rate = f"{o.bytes / o.seconds / 1e6:.1f}" if o.seconds > 0 and o.bytes else "-"
@@ -423,8 +437,10 @@ def _sweep_rich_table(rows: Sequence[dict], params: Sequence[str], metric_name: 
     from rich.table import Table
 
     t = Table(title=title, box=None, header_style="bold", title_justify="left")
-    for col, just in [("TRIAL", "right"), *((p.upper(), "right") for p in params), ("NODE/GPU", "left"),
-                      ("STATE", "left"), ("ELAPSED", "right"), (metric_name.upper(), "right"), ("", "left")]:
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("TRIAL", "right"), *((p.upper(), "right") for p in params), ("NODE/GPU", "left"), ("STATE", "left"),
+        ("ELAPSED", "right"), (metric_name.upper(), "right"), ("", "left")]
+    for col, just in columns:
         t.add_column(_esc(col), justify=just)
     for r in rows:
         style = _SWEEP_STYLE.get(r["state"], "")
@@ -447,7 +463,7 @@ class SweepProgress:
 
     def __init__(self, params: Sequence[str], metric_name: str):
         self.params, self.metric_name = list(params), metric_name
-        self.live = None
+        self.live: Live | None = None
         self.tty = sys.stderr.isatty()
 
     def __enter__(self) -> "SweepProgress":

@@ -141,8 +141,8 @@ def clean(
     ssh_config: Optional[str] = _SSH["ssh_config"],
 ) -> None:
     """The troubleshooting commands, done safely: kill leftover jobs, remove a log folder, show disks, reboot."""
-    from clusterctl.remote import clean as cleanlib
     from clusterctl.cli import display
+    from clusterctl.remote import clean as cleanlib
 
     kill = kill or not (logs_dir is not None or disk or reboot)
     if logs_dir is not None:
@@ -214,8 +214,8 @@ def _reboot(inv, parallel: int, wait: float) -> int:
 @app.command("agent", short_help="Status or stop of the connection agent.")
 def agent_(action: str = typer.Argument("status", help="status | stop")) -> None:
     """The background holder of reused ssh connections: status, or stop it (down stops it too)."""
-    from clusterctl.remote import agent
     from clusterctl.cli import display
+    from clusterctl.remote import agent
 
     root = _store().root
     if action == "status":

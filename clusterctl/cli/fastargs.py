@@ -29,7 +29,7 @@ def install() -> bool:
     scalars = (str, int, float, bool)
 
     @dataclass(frozen=True)
-    class Plain(base):  # type: ignore[misc, valid-type]
+    class Plain(base):  # type: ignore[misc, valid-type]  # typer's private class, found at run time
         kind: type = str
         many: bool = False
 
@@ -74,6 +74,6 @@ def install() -> bool:
             pass
         return original(descriptor)
 
-    build._clusterctl_fast = True
+    build._clusterctl_fast = True  # type: ignore[attr-defined]  # the mark that it is patched once
     core.build_runtime_param = build
     return True

@@ -84,9 +84,9 @@ def _resolve_hosts(hosts_path, cluster, user=None, identity=(), known_hosts=None
     try:  # newer typer carries its own click (and may not install click): its context is the live one
         from typer._click.core import ParameterSource
         from typer._click.globals import get_current_context
-    except ImportError:
-        from click.core import ParameterSource
-        from click.globals import get_current_context
+    except ImportError:  # a typer that uses click itself: the same names, other (equal) classes for mypy
+        from click.core import ParameterSource  # type: ignore[assignment]
+        from click.globals import get_current_context  # type: ignore[no-redef]
 
     from clusterctl.cli import display
     from clusterctl.cluster import inventory
@@ -102,8 +102,8 @@ def _resolve_hosts(hosts_path, cluster, user=None, identity=(), known_hosts=None
 
 def _fan_out(inv, cmd: str, parallel: int, timeout: float | None = None, live: bool = True):
     """Run through the connection agent (reused connections), host-prefixed live output unless not `live`."""
-    from clusterctl.remote import agent
     from clusterctl.cli import display
+    from clusterctl.remote import agent
 
     printer = display.HostPrinter([t.label for t in inv.targets]) if live else None
     return agent.run(inv.targets, inv.settings, cmd, parallel=parallel, timeout=timeout, on_line=printer,

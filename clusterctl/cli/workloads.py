@@ -41,8 +41,8 @@ def bench(
     ssh_config: Optional[str] = _SSH["ssh_config"],
 ) -> None:
     """Synthetic Horovod ladder: 1 GPU, 1 node, all; a verdict."""
-    from clusterctl.workloads import bench as benchlib
     from clusterctl.cli import display
+    from clusterctl.workloads import bench as benchlib
 
     if not synthetic:
         raise UsageError("only --synthetic is supported", "run `clusterctl bench --synthetic`; real data is `clusterctl train`")
@@ -72,9 +72,9 @@ def bench(
 
 def _bench_cost(inv, ladder, model: str) -> None:
     """What the ladder cost, and what ImageNet costs at the rate measured on the top rung (bench.cost_lines)."""
-    from clusterctl.workloads import bench as benchlib
-    from clusterctl.cluster import costs
     from clusterctl.cli import display
+    from clusterctl.cluster import costs
+    from clusterctl.workloads import bench as benchlib
 
     per_hour = costs.hourly(inv.cluster)
     for line in benchlib.cost_lines(ladder, per_hour, model):
@@ -153,9 +153,7 @@ def play(
     from clusterctl import resources
     from clusterctl.cli import display
     from clusterctl.cluster import inventory
-    from clusterctl.playbook import load as pbload
-    from clusterctl.playbook import model as pbmodel
-    from clusterctl.playbook import run as pb
+    from clusterctl.playbook import load as pbload, model as pbmodel, run as pb
 
     path = Path(playbook)
     if not path.exists() and "/" not in playbook:
@@ -225,8 +223,8 @@ def sweep(
     import json as jsonlib
 
     from clusterctl.cli import display
-    from clusterctl.workloads import sweep as sweeplib
     from clusterctl.remote.ssh import SshPool
+    from clusterctl.workloads import sweep as sweeplib
 
     modes = [name for name, on in (("--status", status), ("--attach", attach), ("--cancel", cancel), ("--detach", detach)) if on]
     if len(modes) > 1:
@@ -315,8 +313,8 @@ def _sweep_show(state: dict, sort: bool, title: Optional[str] = None) -> None:
 def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
     """Follow a sweep to its end, then: the sorted table, results.json, the logs, the plot; exit status."""
     from clusterctl.cli import display
-    from clusterctl.workloads import sweep as sweeplib
     from clusterctl.errors import RemoteCommandError
+    from clusterctl.workloads import sweep as sweeplib
 
     try:
         state = sweeplib.watch(pool, inv.targets[0], sid, display.SweepProgress, poll=poll)
@@ -402,8 +400,7 @@ def train(
     follows it). Refuses while a job runs (--force stops it first) or when the data is not verified on
     every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
     from clusterctl.cli import display
-    from clusterctl.workloads import launch as launchlib
-    from clusterctl.workloads import train_job as trainlib
+    from clusterctl.workloads import launch as launchlib, train_job as trainlib
 
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     store = _store()
@@ -471,8 +468,8 @@ def train(
 def _train_estimate(inv, job, opts) -> None:
     """The run's estimated cost: images to train (the dataset's count x epochs, or --max-steps) at the img/s
     `bench` measured on this cluster for this model."""
-    from clusterctl.cluster import costs
     from clusterctl.cli import display
+    from clusterctl.cluster import costs
 
     per_hour = costs.hourly(inv.cluster)
     measured = costs.load_measured(_store(), inv.cluster.name) if inv.cluster is not None else None
@@ -521,8 +518,7 @@ def launch(
     keys checked and a scrubbed environment. Follow it with `clusterctl logs NAME`, end it with
     `clusterctl kill NAME`; `clusterctl status` lists it."""
     from clusterctl.cli import display
-    from clusterctl.workloads import launch as launchlib
-    from clusterctl.workloads import userjob
+    from clusterctl.workloads import launch as launchlib, userjob
 
     hosts_path, command_argv = userjob.split_hosts(args or [])
     the_plan = userjob.plan(command_argv, file, Path.cwd())  # bad input fails here, before any connection
@@ -549,7 +545,7 @@ def launch(
             code = launchlib.follow(inv, job.job, _print_line)
     except KeyboardInterrupt:
         display.info(f"detached; {job.job} keeps running (clusterctl kill {job.job} ends it)")
-        raise typer.Exit(int(ExitCode.INTERRUPTED))
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
     if code != 0:
         display.error(f"job {job.job} exited {code}")
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
@@ -620,8 +616,7 @@ def tensorboard(
 
 def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> None:
     """`clusterctl logs` without a job name: the training job's log, from the leader."""
-    from clusterctl.workloads import launch as launchlib
-    from clusterctl.workloads import train_job as trainlib
+    from clusterctl.workloads import launch as launchlib, train_job as trainlib
 
     inv = _train_inventory(hostsfile, cluster, connect_timeout)
     job = trainlib.require_job(_store(), inv)

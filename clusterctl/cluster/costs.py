@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from clusterctl.cluster.state import StateStore
     from clusterctl.types import Cluster
 
+if TYPE_CHECKING:
+    from clusterctl.cluster.state import StateStore
+    from clusterctl.types import Cluster
+
 IMAGENET_TRAIN_IMAGES = 1_281_167
 
 

@@ -16,9 +16,19 @@ import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
-from clusterctl.providers.base import Found
+from clusterctl.providers.base import Found, Provider
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.state import Record, StateStore
+    from clusterctl.types import Cluster
+
+
+class Providers(Protocol):
+    """One provider per (name, region): overview.Providers (not imported: overview imports gc)."""
+
+    def get(self, kind: str, region: str | None) -> Provider: ...
 
 
 @dataclass(frozen=True)
@@ -52,7 +62,7 @@ class Leftover:
         return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
-def group(found: list[Found], provider: str, region: str, records: dict, me: str | None = None) -> list[Leftover]:
+def group(found: list[Found], provider: str, region: str, records: dict[str, Record], me: str | None = None) -> list[Leftover]:
     """One Leftover per identity: name and cluster id (before ids: name and owner)."""
     if me is None:
         from clusterctl.proc import owner
@@ -70,12 +80,12 @@ def group(found: list[Found], provider: str, region: str, records: dict, me: str
     return out
 
 
-def _same(cluster, provider: str, cluster_id: str) -> bool:
+def _same(cluster: Cluster, provider: str, cluster_id: str) -> bool:
     """The local record is this identity's (a record made before ids matches the id-less identity)."""
     return cluster.provider == provider and (provider != "aws" or cluster.extra.get("cluster_id", "") == cluster_id)
 
 
-def record_of(c: Leftover, records: dict):
+def record_of(c: Leftover, records: dict[str, Record]) -> Record | None:
     """The local record that belongs to this leftover (removed with it), or None."""
     rec = records.get(c.name)
     return rec if rec is not None and _same(rec.cluster, c.provider, c.cluster_id) else None
@@ -100,7 +110,7 @@ class Scan:
     not_looked: tuple[str, ...]  # one line per provider that was not asked, and why
 
 
-def scan(store, providers, provider: str | None, region: str | None, older_than: float | None, force: bool,
+def scan(store: StateStore, providers: Providers, provider: str | None, region: str | None, older_than: float | None, force: bool,
          warn: Callable[[str], None], now: float | None = None) -> Scan:
     """Every provider's inventory (or --provider's), grouped by cluster identity, chosen by age and owner.
     A provider without a region (AWS, none configured) is skipped with a line, or refused when named."""
@@ -132,7 +142,7 @@ def scan(store, providers, provider: str | None, region: str | None, older_than:
     return Scan(tuple(found), tuple(chosen), tuple(others), tuple(not_looked))
 
 
-def remove(store, providers, chosen: Iterable[Leftover], report: Callable[[str], None]) -> list[str]:
+def remove(store: StateStore, providers: Providers, chosen: Iterable[Leftover], report: Callable[[str], None]) -> list[str]:
     """Remove exactly what each chosen cluster's provider found (and the cluster's record here, when it is
     this identity's and nothing is left); one "name: what is left" line per cluster not wholly gone."""
     records = {r.cluster.name: r for r in store.list()[0]}

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from clusterctl.errors import UsageError
 from clusterctl.providers.base import Provider
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.state import StateStore
+    from clusterctl.types import Cluster
 
 LOCAL = "local"  # the one provider whose clusters live on this machine, listed from their records
 
@@ -32,7 +36,8 @@ class Providers:
     """One provider per (name, region), made once by `make(name, region)`; --force is set on each."""
 
     def __init__(self, make: Callable[[str, str | None], Provider], force: bool = False):
-        self._make, self._force, self._made = make, force, {}
+        self._make, self._force = make, force
+        self._made: dict[tuple[str, str], Provider] = {}
 
     def get(self, kind: str, region: str | None) -> Provider:
         key = (kind, region or "")
@@ -42,7 +47,7 @@ class Providers:
         return self._made[key]
 
 
-def _region(cluster) -> str | None:
+def _region(cluster: Cluster) -> str | None:
     """The region to ask a record's provider in (None for this machine: the local provider has one)."""
     return None if cluster.provider == LOCAL else cluster.region
 
@@ -61,7 +66,7 @@ def guess_provider(name: str, region: str | None) -> str:
     return "aws" if configured_region() else LOCAL
 
 
-def down_targets(store, providers: Providers, name: str | None, all_: bool, provider: str | None,
+def down_targets(store: StateStore, providers: Providers, name: str | None, all_: bool, provider: str | None,
                  region: str | None, warn: Callable[[str], None]) -> list[Target]:
     """The clusters `down` is about: NAME (or the current one), or with --all every cluster the providers
     still hold resources of, and every record here (of --provider only, when given)."""
@@ -132,7 +137,7 @@ class Listing:
     unknown: int  # rows whose price is unknown (not in the totals)
 
 
-def listing(store, providers: Providers, provider: str | None, region: str | None,
+def listing(store: StateStore, providers: Providers, provider: str | None, region: str | None,
             warn: Callable[[str], None], now: float | None = None) -> Listing:
     """Every cluster: the cloud's view of every region a record names (or the one given) and every record."""
     from clusterctl.cluster import provision
@@ -143,7 +148,7 @@ def listing(store, providers: Providers, provider: str | None, region: str | Non
     for line in damaged:
         warn(line)
     records = {r.cluster.name: r for r in listed}
-    regions = {r.cluster.region for r in records.values() if r.cluster.provider == "aws"}
+    regions: set[str | None] = {r.cluster.region for r in records.values() if r.cluster.provider == "aws"}
     if provider == "aws" or region:
         regions = {region} if region else (regions or {None})
     rows, seen = [], set()

@@ -25,8 +25,7 @@ from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, Unr
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, Provider, Teardown
 from clusterctl.remote.ssh import SshPool, SshSettings, SshTarget
-from clusterctl.runtime.install import RuntimeRequest, S3Cache
-from clusterctl.runtime.install import install as install_runtime
+from clusterctl.runtime.install import RuntimeRequest, S3Cache, install as install_runtime
 from clusterctl.types import Cluster, ClusterSpec, Node
 
 if TYPE_CHECKING:

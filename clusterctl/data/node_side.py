@@ -507,8 +507,10 @@ class TarFollower:
 
     def _end(self) -> None:
         m, sink = self._member, self._sink
+        assert m is not None  # set by the header whose member just ended
         self._sink = None
         if m[0] in (b"L", b"K", b"x"):
+            assert isinstance(sink, bytearray)  # the header gave these a bytearray
             self._long[m[0]] = bytes(sink).rstrip(b"\0") if m[0] != b"x" else bytes(sink)
         elif sink is not None:
             self.hashes[m[1]] = [sink.hexdigest(), m[3], m[4]]
@@ -747,7 +749,7 @@ def cmd_relay(args: dict) -> dict | None:
     import fcntl
     import select
 
-    state = {"what": "run", "since": time.monotonic()}
+    state: dict = {"what": "run", "since": time.monotonic()}
 
     def waiting(what: str) -> None:
         if state["what"] != what:
@@ -893,11 +895,9 @@ def main(argv: list[str]) -> int:
     args: dict = {}
     try:
         cmd, args = parse(argv)
-        fn = {"check": cmd_check, "manifest": cmd_manifest, "s3list": cmd_s3list, "s3pull": cmd_s3pull,
-              "relay": cmd_relay, "recv": cmd_recv}[cmd]
         if cmd in ("relay", "recv"):
-            return _stream(fn, args)
-        result = fn(args)
+            return _stream({"relay": cmd_relay, "recv": cmd_recv}[cmd], args)
+        result = {"check": cmd_check, "manifest": cmd_manifest, "s3list": cmd_s3list, "s3pull": cmd_s3pull}[cmd](args)
         _emit(result, args.get("out"))
         return 0
     except AgentError as exc:

@@ -3,10 +3,11 @@ stops exactly those."""
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 _PROGRESS = re.compile(r"^\s*([\d,]+)\s+\d+%")
 
@@ -23,7 +24,7 @@ class Children:
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
 
-    def popen(self, argv: list[str], **kw) -> subprocess.Popen:
+    def popen(self, argv: list[str], **kw: Any) -> subprocess.Popen[Any]:
         p = subprocess.Popen(argv, **kw)
         with self._lock:
             self._procs.add(p)
@@ -47,9 +48,11 @@ def run_pipeline(children: Children, producer: list[str], consumer: list[str], o
     """producer | consumer on this machine; the consumer's stderr lines go to on_stderr."""
     a = children.popen(producer, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     b = children.popen(consumer, stdin=a.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert a.stdout is not None and a.stderr is not None and b.stderr is not None  # PIPE: asked for above
+    a_err = a.stderr
     a.stdout.close()
     errs: list[bytes] = []
-    t = threading.Thread(target=lambda: errs.append(a.stderr.read()), daemon=True)
+    t = threading.Thread(target=lambda: errs.append(a_err.read()), daemon=True)
     t.start()
     try:
         for raw in iter(b.stderr.readline, b""):
@@ -69,12 +72,14 @@ def run_rsync(children: Children, argv: list[str], progress: Callable[[int], Non
               timeout: float | None) -> tuple[int, str]:
     """rsync on this machine, its --info=progress2 bytes to `progress`; (exit status, stderr)."""
     proc = children.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.stdout, proc.stderr
+    assert isinstance(out, io.BufferedReader) and err is not None  # PIPE, buffered: asked for above
     errs: list[bytes] = []
-    t = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)
+    t = threading.Thread(target=lambda: errs.append(err.read()), daemon=True)
     t.start()
     try:
         buf = b""
-        while chunk := proc.stdout.read1(65536):
+        while chunk := out.read1(65536):
             buf += chunk
             *parts, buf = re.split(rb"[\r\n]", buf)
             for part in parts:

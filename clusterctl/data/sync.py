@@ -37,7 +37,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Callable, Literal, Protocol, Sequence, TypeVar
 
 from clusterctl.data import node_side as sync_agent
 from clusterctl.data.pipes import Children, rsync_bytes, run_pipeline, run_rsync
@@ -47,6 +47,8 @@ from clusterctl.errors import ClusterctlError, ConfigError, ExitCode, UsageError
 from clusterctl.remote.openssh import bracketed, node_ssh, operator_ssh
 from clusterctl.remote.ssh import SshPool, SshTarget
 from clusterctl.types import HostResult
+
+_T = TypeVar("_T")
 
 RSYNC_BASE = ("rsync", "-a", "-s", "-I", "--from0", "--partial-dir=" + sync_agent.PARTIAL_DIR, "--timeout=60",
               "--info=progress2", "--no-inc-recursive")
@@ -103,13 +105,25 @@ class SyncReport:
                               ExitCode(self.exit_code))
 
 
-class Events:
-    """What the library tells the display. The CLI passes one that draws; tests may pass none."""
+class Events(Protocol):
+    """What the library tells the display: any object with these methods (the CLI's draws them); a subclass
+    inherits these, which say nothing. Tests may pass none."""
 
-    def phase(self, text: str) -> None: ...
-    def need(self, host: str, total: int) -> None: ...  # this node will receive `total` bytes
-    def progress(self, host: str, done: int) -> None: ...  # bytes received so far (monotonic per phase)
-    def finished(self, outcome: NodeOutcome) -> None: ...
+    def phase(self, text: str) -> None:
+        return None
+
+    def need(self, host: str, total: int) -> None:  # this node will receive `total` bytes
+        return None
+
+    def progress(self, host: str, done: int) -> None:  # bytes received so far (monotonic per phase)
+        return None
+
+    def finished(self, outcome: NodeOutcome) -> None:
+        return None
+
+
+class _Silent(Events):
+    """The default: says nothing."""
 
 
 # ---- the sync -------------------------------------------------------------------------------------------
@@ -151,7 +165,7 @@ class Syncer:
         self.pool, self.source, self.dst = pool, source, check_dst(dst)
         self.strategy, self.fanout, self.delete, self.endpoint_url = strategy, fanout, delete, endpoint_url
         self.known_hosts, self.managed = known_hosts, managed
-        self.events = events or Events()
+        self.events = events or _Silent()
         self.python = node_python or "python3"  # the record's runtime Python where the caller has one
         self.timeout = timeout
         self.stall_timeout = stall_timeout
@@ -168,7 +182,7 @@ class Syncer:
         self.entries: list[dict] = []
         self.manifest_bytes = b""
         self.src_root = ""  # the source folder, resolved where it is
-        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.children = Children()
 
     # ---- helpers ---------------------------------------------------------------------------------------
@@ -227,10 +241,16 @@ class Syncer:
             why = (data or {}).get("error") or r.stderr.strip()[-200:] or f"exit {r.exit_code}"
             self._fail(node, "failed", f"{what}: {why}")
 
+    @property
+    def _scratch(self) -> Path:
+        """This machine's scratch folder for the run (lists, ssh wrappers): run() makes it."""
+        assert self._tmp is not None, "outside run()"
+        return Path(self._tmp.name)
+
     def _live(self, nodes: Sequence[_Node] | None = None) -> list[_Node]:
         return [n for n in (self.nodes if nodes is None else nodes) if n.alive]
 
-    def _fan(self, items: Sequence, fn: Callable[[object], None], parallel: int = 64) -> None:
+    def _fan(self, items: Sequence[_T], fn: Callable[[_T], object], parallel: int = 64) -> None:
         """fn over items on a bounded pool. Ctrl-C stops local children and remote commands, then re-raises."""
         if not items:
             return
@@ -326,8 +346,8 @@ class Syncer:
                 raise SyncIncomplete(f"cannot reach the leader {self.leader.label}: {r.error}", "check the cluster",
                                      ExitCode.UNREACHABLE)
             if src.kind == "leader":
-                cache = f"{CACHE}/{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}.json"
-                data, r = self._agent(self.leader, "manifest", "--cache", cache, "--", src.path)
+                leader_cache = f"{CACHE}/{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}.json"
+                data, r = self._agent(self.leader, "manifest", "--cache", leader_cache, "--", src.path)
             else:
                 args = ["s3list"] + (["--endpoint-url", self.endpoint_url] if self.endpoint_url else [])
                 data, r = self._agent(self.leader, *args, "--", src.bucket, src.prefix)
@@ -512,6 +532,7 @@ class Syncer:
                 watch.report(by_index[int(h.group(1))].label, h.group(2), float(h.group(3)))
 
         def stalled(label: str | None) -> None:
+            assert watch is not None  # only the watch calls this
             if label is None:  # nothing moves and no node can be named: end the relay, repair decides
                 self.events.phase(f"the relay moved no data for {2 * watch.limit:g}s; ending it (repair follows)")
                 self._end_relay(leader_src, cancel)
@@ -534,7 +555,7 @@ class Syncer:
         head = by_label[plan.children[SOURCE][0]]
         if not head.alive:
             return
-        list_path = Path(self._tmp.name) / "relay.list"
+        list_path = self._scratch / "relay.list"
         list_path.write_bytes(lst)
         tar = ["tar", "-C", self.src_root, "--null", "--verbatim-files-from", "--no-recursion", "-T", str(list_path), "-cf", "-"]
         ssh = operator_ssh(head.target, self.known_hosts, self.managed) + [
@@ -585,9 +606,9 @@ class Syncer:
         progress = lambda done: self.events.progress(receiver.label, min(done, receiver.outcome.bytes))  # noqa: E731
         from_leader = sender is None and self.source.kind == "leader"
         if sender is None and not from_leader:
-            list_path = Path(self._tmp.name) / f"rsync-{receiver.index}.list"
+            list_path = self._scratch / f"rsync-{receiver.index}.list"
             list_path.write_bytes(lst)
-            wrapper = Path(self._tmp.name) / f"ssh-{receiver.index}"
+            wrapper = self._scratch / f"ssh-{receiver.index}"
             full = operator_ssh(receiver.target, self.known_hosts, self.managed)
             ssh = [a for i, a in enumerate(full) if a != "-l" and full[i - 1] != "-l"]  # rsync passes the user
             wrapper.write_text("#!/bin/sh\nexec " + shlex.join(ssh) + ' "$@"\n')
@@ -601,7 +622,7 @@ class Syncer:
                 receiver.last_error = "rsync from the source: " + _why_rsync(err, f"exit {rc}")
             receiver.outcome.seconds = time.monotonic() - self.start
             return ok
-        node = self.leader if from_leader else sender
+        node = sender if sender is not None else self.leader  # no sender and not from the leader: done above
         src_dir = self.src_root if from_leader else node.root
         if not node.alive:
             return False
@@ -635,7 +656,8 @@ class Syncer:
         r = 0
         while pending or extra:
             r += 1
-            hops, extra = [(None, x) for x in extra], []
+            hops: list[tuple[_Node | None, _Node]] = [(None, x) for x in extra]
+            extra = []
             for h in list(holders):
                 if pending:
                     hops.append((h, pending.pop(0)))
@@ -644,7 +666,7 @@ class Syncer:
 
             def hop(pair):
                 a, b = pair
-                results[b.index] = self._rsync(a, b, b.bad)
+                results[b.index] = self._rsync(a, b, b.bad)  # noqa: B023 (_fan runs it within this round)
 
             self._fan(hops, hop)
             holders += [b for _, b in hops if results.get(b.index) and not (leader_src and b is self.leader)]
@@ -712,7 +734,7 @@ class Syncer:
         r = self.pool.put_one(n.target, {f"{self.work}/s3.list": (self._write_list(n.bad), 0o600)})
         if not r.ok:
             self._fail(n, "unreachable", r.error or "upload failed")
-            return
+            return None
         args = ["s3pull", "--dst", self.dst, "--manifest", f"{self.work}/manifest.json", "--bucket",
                 self.source.bucket, "--prefix", self.source.prefix, "--only", f"{self.work}/s3.list"]
         if self.endpoint_url:

@@ -118,7 +118,8 @@ def _class_dirs(folder: Path) -> list[Path]:
 
 
 def _images(folder: Path) -> tuple[list[Path], list[Path]]:
-    images, other = [], []
+    images: list[Path] = []
+    other: list[Path] = []
     for p in sorted(folder.rglob("*")):
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts):
             (images if p.suffix.lower() in IMAGE_EXTENSIONS else other).append(p)
@@ -179,7 +180,8 @@ def read_val_labels(path: str | os.PathLike[str], synsets: str | os.PathLike[str
 def _flat_validation(folder: Path, labels, label_file, classes: set[str]) -> tuple[dict[str, list[Path]], list[str]]:
     """A validation folder of images without class sub-folders, sorted into classes by `labels`; an image
     without a label, or labelled with a class train/ does not have, stops the conversion (none is dropped)."""
-    images, other = [], []
+    images: list[Path] = []
+    other: list[Path] = []
     for p in sorted(folder.iterdir()):
         if p.is_file() and not p.name.startswith("."):
             (images if p.suffix.lower() in IMAGE_EXTENSIONS else other).append(p)
@@ -226,8 +228,8 @@ def scan_folder(src: str | os.PathLike[str], *, validation_fraction: float = 0.1
                           "lay it out as SRC/train/SYNSET/*.JPEG and SRC/val/*.JPEG")
     per_split: dict[str, dict[str, list[Path]]] = {s: {} for s in SPLITS}
     ignored: list[str] = []
-    if presplit:
-        val_folder = root / val_name  # type: ignore[operator]
+    if presplit and val_name is not None:  # presplit says val_name is set; this says it to mypy too
+        val_folder = root / val_name
         flat = any(p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS for p in val_folder.iterdir())
         if flat and _class_dirs(val_folder):
             raise ConfigError(f"{val_folder} holds both images and class sub-folders",
@@ -361,7 +363,7 @@ def to_rgb_jpeg(tf, data: bytes) -> tuple[bytes, int, int, bool]:
                 tf.io.decode_jpeg(data, channels=3)  # a truncated or corrupt file fails here, not in training
                 return data, h, w, False
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
-    except tf.errors.OpError as exc:  # type: ignore[attr-defined]
+    except tf.errors.OpError as exc:
         raise ValueError(" ".join(str(exc).split())[:200]) from None
     h, w = int(image.shape[0]), int(image.shape[1])
     return tf.io.encode_jpeg(image, quality=95).numpy(), h, w, True

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Sequence
 
 from clusterctl.proc import alive
-from clusterctl.remote.ssh import OnLine, SshSettings, SshTarget
+from clusterctl.remote.ssh import OnLine, SshPool, SshSettings, SshTarget
 from clusterctl.types import HostResult, RunReport
 
 DEFAULT_IDLE = 600.0
@@ -224,7 +224,7 @@ def _ensure(root: Path) -> socket.socket:
             except OSError:
                 if proc.poll() is not None:
                     detail = (root / "agent.log").read_text()[-300:].strip()
-                    raise AgentUnavailable(f"the connection agent exited at start: {detail or proc.returncode}")
+                    raise AgentUnavailable(f"the connection agent exited at start: {detail or proc.returncode}") from None
                 time.sleep(0.005)
         raise AgentUnavailable("the connection agent did not start within 10s")
     finally:
@@ -356,15 +356,13 @@ class Agent:
         self.path = path
         self.idle = idle
         self.build = _build_id()
-        self.pools: dict[tuple, object] = {}
+        self.pools: dict[tuple, SshPool] = {}
         self.lock = threading.Lock()
         self.active = 0
         self.last = time.monotonic()
         self.stopping = threading.Event()
 
-    def pool(self, settings: SshSettings):
-        from clusterctl.remote.ssh import SshPool
-
+    def pool(self, settings: SshSettings) -> SshPool:
         key = (settings.known_hosts, settings.connect_timeout, settings.allow_agent)
         with self.lock:
             if key not in self.pools:

@@ -59,7 +59,8 @@ def jump_ssh_config(target: SshTarget, known_hosts: str) -> str:
     def q(value: str) -> str:
         return '"' + value.replace('"', "") + '"'
 
-    keys = tuple(dict.fromkeys(target.identity_files + target.proxy_jump.identity_files))
+    jump_keys = target.proxy_jump.identity_files if target.proxy_jump is not None else ()
+    keys = tuple(dict.fromkeys(target.identity_files + jump_keys))
     lines = ["# written by clusterctl for ProxyJump through the leader: both hops use these settings", "Host *",
              "  IdentitiesOnly yes", *(f"  IdentityFile {q(k)}" for k in keys),
              f"  UserKnownHostsFile {q(known_hosts)}", "  GlobalKnownHostsFile /dev/null",

@@ -23,10 +23,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from clusterctl.hostsfile import validate_host
 from clusterctl.types import HostResult, RunReport
+
+if TYPE_CHECKING:
+    import paramiko  # imported when the first connection is made
 
 OnLine = Callable[[str, str, str], None]  # (host label, "stdout"|"stderr", line without newline)
 MAX_CAPTURE = 4 * 1024 * 1024  # per stream per host; the tail is kept beyond that
@@ -95,8 +98,8 @@ def targets_from_hosts(
     UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias, ProxyJump, ConnectTimeout). Explicit flags win
     over the config.
     A config that would lower host key checking is noted in `warnings` (it does not lower ours)."""
-    from clusterctl.remote import sshconfig
     from clusterctl.errors import ConfigError
+    from clusterctl.remote import sshconfig
 
     def split(spec: str) -> tuple[str | None, str, int | None]:
         u, _, rest = spec.rpartition("@") if "@" in spec else (None, "", spec)
@@ -214,7 +217,7 @@ class SshPool:
 
     def __init__(self, settings: SshSettings):
         self.settings = settings
-        self._clients: dict[tuple, object] = {}
+        self._clients: dict[tuple, paramiko.SSHClient] = {}
         self._locks: dict[tuple, threading.Lock] = {}
         # a failed dial, shared by the callers of one fan-out (a dead jump host is dialled once), forgotten after
         # a connect timeout so that a later call re-dials (a leader that rebooted is reached again)
@@ -279,7 +282,7 @@ class SshPool:
     def recheck_host_keys(self) -> int:
         """Drop cached connections whose server key is no longer the one pinned in known_hosts (or whose
         transport died). Returns how many were dropped. Cheap: one read of the file."""
-        files: dict[tuple[str, ...], object] = {}
+        files: dict[tuple[str, ...], paramiko.HostKeys] = {}
         dropped = []
         with self._lock:
             for key, c in list(self._clients.items()):
@@ -329,7 +332,7 @@ class SshPool:
 
         transport = paramiko.Transport(sock)
         client = paramiko.SSHClient()
-        client._transport = transport  # noqa: SLF001  (callers use get_transport/open_sftp/close)
+        client._transport = transport
         try:
             transport.banner_timeout = ct
             transport.auth_timeout = ct
@@ -361,7 +364,7 @@ class SshPool:
                 raise last or paramiko.AuthenticationException("no key to offer")
             finally:
                 if conn is not None:
-                    conn._close()  # noqa: SLF001  (AgentSSH has no public close)
+                    conn._close()
         except BaseException:
             client.close()
             raise
@@ -470,7 +473,8 @@ class SshPool:
 
         return self.fan_out(targets, one, parallel, cancel=cancel)
 
-    def put(self, targets: Sequence[SshTarget], files: Mapping[str, tuple[bytes, int]] | Callable[[SshTarget], Mapping[str, tuple[bytes, int]]],
+    def put(self, targets: Sequence[SshTarget],
+            files: Mapping[str, tuple[bytes, int]] | Callable[[SshTarget], Mapping[str, tuple[bytes, int]]],
             parallel: int = 64) -> RunReport:
         return self.fan_out(targets, lambda t: self.put_one(t, files(t) if callable(files) else files), parallel)
 
@@ -516,7 +520,7 @@ def _pump(chan, label: str, on_line: OnLine | None, timeout: float | None, start
             head += data
             while head is not None and b"\n" in head:
                 line, _, rest = bytes(head).partition(b"\n")
-                if line.startswith(mark):
+                if sid is not None and line.startswith(mark):  # head is held back only when sid is given
                     try:
                         sid.append(int(line[len(mark):]))
                     except ValueError:

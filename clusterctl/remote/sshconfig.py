@@ -23,9 +23,12 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from clusterctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    import paramiko
 
 _KEEP = {"hostname", "user", "port", "identityfile", "identitiesonly", "identityagent", "certificatefile",
          "userknownhostsfile", "globalknownhostsfile", "hostkeyalias", "proxyjump", "proxycommand",
@@ -277,7 +280,7 @@ def agent_keys(socket_path: str | None):
     try:
         sock.connect(socket_path)
         agent = AgentSSH()
-        agent._connect(sock)  # noqa: SLF001  (lists the keys; signing goes through the same socket)
+        agent._connect(sock)
         return agent, list(agent.get_keys())
     except Exception:
         sock.close()
@@ -364,7 +367,7 @@ def candidate_keys(identity_files: Sequence[str], identities_only: bool, agent_s
     agent, served = agent_keys(agent_socket)
     by_blob = {k.asbytes(): k for k in served}
     from_agent, files, locked = [], [], []
-    signers: dict[bytes, object] = {}  # plain public blob -> the agent key, or the private key's path
+    signers: dict[bytes, paramiko.AgentKey | str] = {}  # plain public blob -> the agent key, or the private key's path
 
     for path in identity_files:
         pub = path if path.endswith(".pub") else path + ".pub"

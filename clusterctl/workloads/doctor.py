@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
 from clusterctl import resources
-from clusterctl.workloads import launch
 from clusterctl.remote.ssh import SshPool
+from clusterctl.workloads import launch
 
 CHECKS = ("reachable", "same-type", "ssh-mesh", "versions", "runtime", "gpus", "disk", "memory", "clock", "stale-procs")
 MIN_DISK_PCT = 10.0
@@ -98,9 +98,9 @@ def judge(facts: dict[str, dict[str, str]], slots: dict[str, int], operator_time
                 mine = cloud.get(h, {}).get(key, "")
                 if mine != common:
                     diffs.append(f"{key} {mine or '-'} != {common or '-'}")
-            mine = cloud.get(h, {})
+            placed = cloud.get(h, {})
             cells["same-type"] = Cell("fail", "; ".join(diffs)) if diffs else Cell(
-                "ok", ", ".join(mine.get(k) or "-" for k in ("type", "zone", "placement")))
+                "ok", ", ".join(placed.get(k) or "-" for k in ("type", "zone", "placement")))
         else:
             cells["same-type"] = Cell("n/a", "no provider facts (a hosts file)")
         mesh = f.get("mesh_fail", "")
@@ -344,9 +344,9 @@ def choose_fabric_tool(found: dict[str, dict[str, str] | None], gpus: int) -> Fa
     if len(paths) > 1:
         return FabricTool("gloo", f"all_reduce_perf at different paths ({', '.join(paths)}): Horovod's allreduce "
                                   "over gloo")
-    leader = next(iter(found.values()))
+    leader = next(f for f in found.values() if f)  # every node's (none lacks the tool: checked above)
     return FabricTool("nccl-tests", f"all_reduce_perf on every node ({paths[0]}) through mpirun",
-                      paths[0], leader["mpirun"])  # type: ignore[index]
+                      paths[0], leader["mpirun"])
 
 
 def mpi_hostfile(hosts, gpus: int) -> str:

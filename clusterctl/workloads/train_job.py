@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Mapping
+from pathlib import Path
+from typing import Any, Mapping
 
 from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
 
@@ -156,9 +157,9 @@ class TrainJob:
         return f"{self.home}/.clusterctl/jobs/{self.job}.log"
 
     def train_options(self) -> TrainOptions:
-        opts = dict(self.options)
+        opts: dict[str, Any] = dict(self.options)
         opts["extra"] = tuple(opts.get("extra", ()))
-        return TrainOptions(**opts)  # type: ignore[arg-type]
+        return TrainOptions(**opts)
 
     def to_json(self) -> str:
         import dataclasses
@@ -298,7 +299,7 @@ def job_inventory(inv, job: "TrainJob"):
 PROBE_TIMEOUT_S = 30.0
 
 
-def _record_path(store, inv) -> "object":
+def _record_path(store, inv) -> Path:
     import hashlib
     from pathlib import Path
 
@@ -311,7 +312,7 @@ def _record_path(store, inv) -> "object":
 def load_job(store, inv) -> TrainJob | None:
     path = _record_path(store, inv)
     try:
-        return TrainJob.from_json(path.read_text())  # type: ignore[attr-defined]
+        return TrainJob.from_json(path.read_text())
     except FileNotFoundError:
         return None
 
@@ -330,7 +331,7 @@ def _save_job(store, inv, job: TrainJob) -> None:
     from clusterctl.cluster.state import atomic_write
 
     path = _record_path(store, inv)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # type: ignore[attr-defined]
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     atomic_write(path, job.to_json())
 
 
@@ -466,7 +467,7 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
                                      f"(exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}")
         # Earlier launches that trained into the same model folder are this job's history (its restarts).
         same = previous is not None and previous.model_dir == model_dir
-        earlier = ((*previous.previous, previous.job) if same else ())
+        earlier = ((*previous.previous, previous.job) if previous is not None and same else ())
         record = TrainJob(key=inv.cluster.name if inv.cluster is not None else "hosts", job=job.name,
                           job_dir=job.dir, home=job.home, leader=leader.label, model_dir=model_dir, np=np,
                           python=python, options={**asdict(opts), "extra": list(opts.extra)},
@@ -476,13 +477,13 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
         gpus = horovod.gpus_per_node(inv.cluster)
         if gpus:
             report(f"waiting until each of the {np} processes reports its GPU ({gpus} per node)")
-            problems = wait_for_devices(pool, leader, job.name, np, gpus, gpu_check_timeout)
-            if problems:
+            gpu_problems = wait_for_devices(pool, leader, job.name, np, gpus, gpu_check_timeout)
+            if gpu_problems:
                 _stop(pool, list(inv.targets), record)
                 raise RemoteCommandError(f"training job {job.name} stopped: not one process per GPU: "
-                                         + "; ".join(problems),
+                                         + "; ".join(gpu_problems),
                                          "see `clusterctl logs`; `clusterctl doctor` checks every node's GPUs")
-            if problems is None:
+            if gpu_problems is None:
                 report("no GPU report from every process yet (the job ended or is slow to start): "
                        "see `clusterctl status` and `clusterctl logs`")
         return record
@@ -616,7 +617,8 @@ def open_tensorboard(inv, job: TrainJob, local_port: int, remote_port: int = 600
     deadline = _time.monotonic() + 30
     while _time.monotonic() < deadline:
         if tunnel.poll() is not None:
-            raise UnreachableError(f"the ssh tunnel to {leader.label} failed: {tunnel.stderr.read().strip()[-300:]}")
+            why = tunnel.stderr.read().strip()[-300:] if tunnel.stderr is not None else ""
+            raise UnreachableError(f"the ssh tunnel to {leader.label} failed: {why}")
         try:
             socket.create_connection(("127.0.0.1", local_port), 1).close()
             return tunnel

@@ -36,7 +36,7 @@ from clusterctl.errors import NeedsRootError, ProvisionError, WaitTimeout
 from clusterctl.proc import alive
 
 NETNS_PREFIX = "clusterctl-"
-DEFAULT_POOL = ipaddress.ip_network("10.213.0.0/16")
+DEFAULT_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 NET_LOCK = Path("/run/clusterctl-net.lock")
 SSHD = "/usr/sbin/sshd"
 
@@ -103,12 +103,12 @@ def networks_in_use() -> list[ipaddress.IPv4Network]:
     for link in _ip_json("addr"):
         for a in link.get("addr_info", []):
             if a.get("family") == "inet":
-                used.append(ipaddress.ip_network(f"{a['local']}/{a['prefixlen']}", strict=False))
+                used.append(ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False))
     for route in _ip_json("route", "show", "table", "all"):
         dst = route.get("dst", "")
         if dst and dst != "default" and ":" not in dst:
             try:
-                used.append(ipaddress.ip_network(dst if "/" in dst else f"{dst}/32", strict=False))
+                used.append(ipaddress.IPv4Network(dst if "/" in dst else f"{dst}/32", strict=False))
             except ValueError:
                 pass
     return used

@@ -13,7 +13,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from clusterctl.autostop import settings as autostop
 from clusterctl.cluster.state import StateStore, validate_name
@@ -105,7 +105,7 @@ class LocalProvider:
             raise ConfigError(f"--nodes must be 1..{MAX_NODES} for the local provider, not {spec.nodes}")
         slots = spec.slots or 1
         names = node_names(spec.name, spec.nodes)
-        opts = spec.options
+        opts: Mapping[str, Any] = spec.options  # this provider's own free-form options
         with _net_lock():
             if netns.cluster_netns(spec.name) or netns.cluster_links(spec.name):
                 raise ConfigError(
@@ -114,10 +114,10 @@ class LocalProvider:
                 )
             if opts.get("addresses"):
                 addresses = [str(a) for a in opts["addresses"]]
-                subnet = ipaddress.ip_network(str(opts["subnet"]), strict=False)
+                subnet = ipaddress.IPv4Network(str(opts["subnet"]), strict=False)  # the bridge is IPv4
                 gateway = str(opts.get("gateway") or next(subnet.hosts()))
             else:
-                subnet = ipaddress.ip_network(str(opts["subnet"])) if opts.get("subnet") else netns.pick_subnet()
+                subnet = ipaddress.IPv4Network(str(opts["subnet"])) if opts.get("subnet") else netns.pick_subnet()
                 hosts = list(subnet.hosts())
                 gateway, addresses = str(hosts[0]), [str(h) for h in hosts[1:1 + spec.nodes]]
             if len(addresses) != spec.nodes:
