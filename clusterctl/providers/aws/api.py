@@ -41,11 +41,11 @@ def configured_region() -> str | None:
     return boto3.session.Session().region_name or None
 
 
-def _tags(pairs: Mapping[str, str]) -> list[dict]:
+def _tags(pairs: Mapping[str, str]) -> list[dict[str, Any]]:
     return [{"Key": k, "Value": v} for k, v in pairs.items()]
 
 
-def _tagdict(resource: Mapping) -> dict[str, str]:
+def _tagdict(resource: Mapping[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in resource.get("Tags", []) or []}
 
 
@@ -93,7 +93,7 @@ class Api:
             self._region = value
             self._clients.clear()  # clients are per region
 
-    def client(self, service: str):
+    def client(self, service: str) -> Any:
         if service not in self._clients:
             import boto3
             from botocore.config import Config
@@ -104,12 +104,13 @@ class Api:
             self._clients[service] = boto3.session.Session(region_name=self.region).client(service, config=cfg)
         return self._clients[service]
 
-    def call(self, service: str, op: str, **kwargs) -> dict:
+    def call(self, service: str, op: str, **kwargs: Any) -> dict[str, Any]:
         """One API call; AWS errors stay ClientErrors (for the caller to judge), missing credentials are 3."""
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
 
         try:
-            return getattr(self.client(service), op)(**kwargs)
+            answer: dict[str, Any] = getattr(self.client(service), op)(**kwargs)
+            return answer
         except NoCredentialsError:
             raise ConfigError("no AWS credentials found",
                               "configure them (aws configure, AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)") from None
@@ -120,7 +121,7 @@ class Api:
         except BotoCoreError as exc:
             raise ProvisionError(f"AWS {op}: {exc}") from None
 
-    def api(self, service: str, op: str, **kwargs) -> dict:
+    def api(self, service: str, op: str, **kwargs: Any) -> dict[str, Any]:
         """Like call, but any AWS error is a ProvisionError naming the call."""
         from botocore.exceptions import ClientError
 
@@ -140,10 +141,10 @@ class Api:
             return ProvisionError(f"AWS kept throttling {op} after retries ({code})", "wait a minute and run it again")
         return ProvisionError(f"AWS {op} failed: {code}: {msg}")
 
-    def paginate(self, service: str, op: str, key: str, **kwargs) -> list[dict]:
+    def paginate(self, service: str, op: str, key: str, **kwargs: Any) -> list[dict[str, Any]]:
         from botocore.exceptions import ClientError
 
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         try:
             for page in self.client(service).get_paginator(op).paginate(**kwargs):
                 out.extend(page.get(key, []))
@@ -151,8 +152,8 @@ class Api:
             raise self.error(op, exc) from None
         return out
 
-    def _through(self, op: str, call: Callable[[], dict], waits_for: Callable[[str], bool], deadline: float,
-                 delays: Iterator[float], why: str) -> dict:
+    def _through(self, op: str, call: Callable[[], dict[str, Any]], waits_for: Callable[[str], bool], deadline: float,
+                 delays: Iterator[float], why: str) -> dict[str, Any]:
         """call() until it answers; an AWS error whose code `waits_for` accepts is waited through with the shared
         backoff until the deadline, any other (or one past the deadline) is raised as it came."""
         from botocore.exceptions import ClientError
@@ -167,7 +168,7 @@ class Api:
                 time.sleep(delay)
         raise AssertionError("backoff() never ends")
 
-    def settled(self, service: str, op: str, **kwargs) -> dict:
+    def settled(self, service: str, op: str, **kwargs: Any) -> dict[str, Any]:
         """A call about something this run just created: EC2 is eventually consistent, so "<Thing>.NotFound"
         right after the create is waited through (bounded), then it is an error like any other."""
         from botocore.exceptions import ClientError
@@ -178,7 +179,7 @@ class Api:
         except ClientError as exc:
             raise self.error(op, exc) from None
 
-    def delete(self, deadline: float, service: str, op: str, **kwargs) -> bool:
+    def delete(self, deadline: float, service: str, op: str, **kwargs: Any) -> bool:
         """One delete, retried through dependency errors until the deadline. Already gone counts as done
         (False: nothing was removed by this call); a dependency still there at the deadline is reported."""
         from botocore.exceptions import ClientError
@@ -223,6 +224,6 @@ class Api:
 class _Answer(Exception):
     """A waiter's last answer that was an AWS error, in the shape _code and _message read."""
 
-    def __init__(self, response: dict):
+    def __init__(self, response: dict[str, Any]):
         super().__init__(response.get("Error", {}).get("Message", ""))
         self.response = response

@@ -139,7 +139,7 @@ def ensure_security_group(api: Api, ctx: Context, scope: Scope, net: Network, ss
     name = ctx.spec.name
     sg = find_one(api, KIND["security group"], scope, **{"vpc-id": net.vpc})
     if sg is None:
-        sg_id = api.settled("ec2", "create_security_group", GroupName=scope.group, VpcId=net.vpc,
+        sg_id: str = api.settled("ec2", "create_security_group", GroupName=scope.group, VpcId=net.vpc,
                             Description=f"clusterctl cluster {name}: all traffic within the cluster, ssh from one range",
                             TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(
                                 {**scope.tags(ctx.region), "Name": scope.group})}])["GroupId"]
@@ -162,7 +162,7 @@ def ensure_security_group(api: Api, ctx: Context, scope: Scope, net: Network, ss
     return sg_id
 
 
-def revoke_other_ssh(api: Api, sg_id: str, have: list[dict], ssh_cidr: str) -> None:
+def revoke_other_ssh(api: Api, sg_id: str, have: list[dict[str, Any]], ssh_cidr: str) -> None:
     """Ingress that reaches port 22 from any range but this run's is revoked (after this run's rule is in, so
     there is no moment without it): an earlier run's /32 or a one-time 0.0.0.0/0 does not stay open."""
     stale = _stale_ssh(have, ssh_cidr)
@@ -287,7 +287,7 @@ def grant_checkpoint_write(api: Api, cluster: Cluster, uri: str) -> None:
 
 
 # ---- policies and rules ------------------------------------------------------------------------------
-def s3_read_policy(locations: Iterable[str]) -> dict:
+def s3_read_policy(locations: Iterable[str]) -> dict[str, Any]:
     """Read-only access to exactly the given prefixes (and listing them), nothing else."""
     objects, lists = [], []
     for uri in locations:
@@ -301,7 +301,7 @@ def s3_read_policy(locations: Iterable[str]) -> dict:
             "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects}, *lists]}
 
 
-def s3_checkpoint_policy(uri: str) -> dict:
+def s3_checkpoint_policy(uri: str) -> dict[str, Any]:
     """Checkpoints under one prefix: write, read back, delete the old ones, list that prefix; nothing else."""
     bucket, prefix = parse_s3(uri)
     prefix = prefix.strip("/") + "/"  # a folder: b/run1 grants b/run1/..., never b/run10/...
@@ -312,7 +312,7 @@ def s3_checkpoint_policy(uri: str) -> dict:
          "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}}]}
 
 
-def _has_rule(have: list[dict], rule: dict) -> bool:
+def _has_rule(have: list[dict[str, Any]], rule: dict[str, Any]) -> bool:
     for h in have:
         if h.get("IpProtocol") != rule["IpProtocol"]:
             continue
@@ -326,12 +326,12 @@ def _has_rule(have: list[dict], rule: dict) -> bool:
     return False
 
 
-def _ssh_rule(cidr: str) -> dict:
+def _ssh_rule(cidr: str) -> dict[str, Any]:
     return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
             "IpRanges": [{"CidrIp": cidr, "Description": "ssh from the operator"}]}
 
 
-def _stale_ssh(have: list[dict], cidr: str) -> list[dict]:
+def _stale_ssh(have: list[dict[str, Any]], cidr: str) -> list[dict[str, Any]]:
     """The ranges of the ingress rules that let port 22 in from anywhere but `cidr` (IPv6 and prefix lists
     included), each with its own rule's protocol and ports, as RevokeSecurityGroupIngress wants them."""
     out = []
@@ -356,6 +356,6 @@ def _stale_ssh(have: list[dict], cidr: str) -> list[dict]:
     return out
 
 
-def _ranges(rules: list[dict]) -> list[str]:
+def _ranges(rules: list[dict[str, Any]]) -> list[str]:
     return [r.get("CidrIp") or r.get("CidrIpv6") or r.get("PrefixListId") for rule in rules
             for k in ("IpRanges", "Ipv6Ranges", "PrefixListIds") for r in rule.get(k, [])]

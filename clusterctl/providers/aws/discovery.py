@@ -53,7 +53,7 @@ def iam_name(cluster: str, region: str) -> str:
     return f"clusterctl-{cluster}-{region}"  # IAM is global: the region keeps two regions' clusters apart
 
 
-def iam_pattern(region: str) -> re.Pattern:
+def iam_pattern(region: str) -> re.Pattern[str]:
     """The names clusterctl gives IAM entities in this region: `clusterctl-ID` (group `id`), or before ids
     iam_name's `clusterctl-CLUSTER-REGION` (group `cluster`)."""
     return re.compile(rf"^clusterctl-(?:(?P<id>{_ID})|(?P<cluster>.+)-{re.escape(region)})$")
@@ -70,7 +70,7 @@ class Scope:
     owner: str = ""
     every: bool = False
 
-    def filters(self) -> list[dict]:
+    def filters(self) -> list[dict[str, Any]]:
         """Server-side narrowing only: EC2 reads `*` and `?` in filter values as wildcards, so every answer is
         checked again with holds(). The name and id are validated and hold neither."""
         flt = [{"Name": f"tag:{TAG}", "Values": [self.name]}]
@@ -123,7 +123,7 @@ class Kind:
     gone_states: tuple[str, ...] = ()  # deleted ones some describes still list for a while
     label: str = ""  # in the removal line, when not the name
 
-    def gone(self, item: Mapping) -> bool:
+    def gone(self, item: Mapping[str, Any]) -> bool:
         return str(item.get("State") or "").lower() in self.gone_states
 
 
@@ -150,7 +150,7 @@ KINDS = (  # in the order they are listed; `removal` orders teardown
 KIND = {k.name: k for k in KINDS}
 
 
-def find_one(api: Api, kind: Kind, scope: Scope, **filters: str) -> dict | None:
+def find_one(api: Api, kind: Kind, scope: Scope, **filters: str) -> dict[str, Any] | None:
     """The scope's one resource of a kind (bootstrap finds what an earlier run made before creating)."""
     flt = scope.filters() + [{"Name": k, "Values": [v]} for k, v in filters.items()]
     items = [i for i in api.api("ec2", kind.describe, Filters=flt).get(kind.key, [])
@@ -159,7 +159,7 @@ def find_one(api: Api, kind: Kind, scope: Scope, **filters: str) -> dict | None:
 
 
 # ---- instances -----------------------------------------------------------------------------------------------
-def instances_of(api: Api, scope: Scope | None, states: list[str] | None = None) -> list[dict]:
+def instances_of(api: Api, scope: Scope | None, states: list[str] | None = None) -> list[dict[str, Any]]:
     """The scope's instances (every clusterctl instance with None), each checked against its tags."""
     flt = [{"Name": "instance-state-name", "Values": states or ["pending", "running", "stopping", "stopped"]}]
     flt += scope.filters() if scope is not None else [{"Name": "tag-key", "Values": [TAG]}]
@@ -168,9 +168,9 @@ def instances_of(api: Api, scope: Scope | None, states: list[str] | None = None)
             if (scope.holds(_tagdict(i)) if scope is not None else TAG in _tagdict(i))]
 
 
-def ordered(instances: list[dict]) -> list[dict]:
+def ordered(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Leader first, then members: by the index tag when named, else by launch index, then id."""
-    def key(i: dict):
+    def key(i: dict[str, Any]) -> tuple[int, int, int, str]:
         tags = _tagdict(i)
         index = tags.get(TAG_INDEX)
         return (0 if index is not None else 1, int(index) if index and index.isdigit() else 0,
@@ -178,7 +178,8 @@ def ordered(instances: list[dict]) -> list[dict]:
     return sorted(instances, key=key)
 
 
-def cluster_of(region: str, name: str, instances: list[dict], extra: Mapping[str, str] | None = None) -> Cluster:
+def cluster_of(region: str, name: str, instances: list[dict[str, Any]],
+               extra: Mapping[str, str] | None = None) -> Cluster:
     """The typed cluster its instances (and their tags) describe."""
     inorder = ordered(instances)
     nodes = []
@@ -232,7 +233,7 @@ def resources_of(api: Api, scope: Scope | None) -> list[Found]:
     flt = scope.filters() if scope is not None else [{"Name": "tag-key", "Values": [TAG]}]
     out: list[Found] = []
 
-    def add(item: dict, kind: str, rid: str, created: Any = None, state: str = "") -> None:
+    def add(item: dict[str, Any], kind: str, rid: str, created: Any = None, state: str = "") -> None:
         tags = _tagdict(item)
         if TAG in tags and (scope is None or scope.holds(tags)):
             out.append(Found(tags[TAG], kind, rid, _epoch(created) if created else None,
@@ -282,12 +283,13 @@ def _iam_resources(api: Api, scope: Scope | None) -> list[Found]:
     return out
 
 
-def iam_get(api: Api, op: str, iname: str) -> dict | None:
+def iam_get(api: Api, op: str, iname: str) -> dict[str, Any] | None:
     from botocore.exceptions import ClientError
 
     kw, key = ({"RoleName": iname}, "Role") if op == "get_role" else ({"InstanceProfileName": iname}, "InstanceProfile")
     try:
-        return api.call("iam", op, **kw)[key]
+        found: dict[str, Any] = api.call("iam", op, **kw)[key]
+        return found
     except ClientError as exc:
         if _code(exc) != "NoSuchEntity":
             raise api.error(f"iam {op}", exc) from None
@@ -321,7 +323,7 @@ def statuses(api: Api, scope: Scope | None) -> dict[str, ClusterStatus]:
     """The scope's cluster (every cluster's with None, in one DescribeInstances): nodes, states, zones, prices;
     a name with no instances but other resources left shows those."""
     name = scope.name if scope is not None else None
-    by_cluster: dict[str, list[dict]] = {}
+    by_cluster: dict[str, list[dict[str, Any]]] = {}
     for inst in instances_of(api, scope, LIVE_STATES):
         by_cluster.setdefault(_tagdict(inst).get(TAG, ""), []).append(inst)
     out = {}

@@ -158,15 +158,16 @@ def check_quotas(api: Api, ctx: Context) -> list[QuotaCheck]:
 
 
 # ---- the leader's Elastic IP ----------------------------------------------------------------------------------
-def primary_interface(instance: dict) -> str | None:
+def primary_interface(instance: dict[str, Any]) -> str | None:
     for eni in instance.get("NetworkInterfaces", []) or []:
         att = eni.get("Attachment", {}) or {}
         if int(att.get("DeviceIndex", -1)) == 0 and int(att.get("NetworkCardIndex", 0) or 0) == 0:
-            return eni.get("NetworkInterfaceId")
+            eni_id: str | None = eni.get("NetworkInterfaceId")
+            return eni_id
     return None
 
 
-def ensure_elastic_ip(api: Api, ctx: Context, scope: Scope, leader: dict) -> str:
+def ensure_elastic_ip(api: Api, ctx: Context, scope: Scope, leader: dict[str, Any]) -> str:
     """The cluster's one Elastic IP (found by its identity's tags, else allocated with them), on the leader's
     primary interface. Returns the address."""
     name = ctx.spec.name
@@ -182,7 +183,8 @@ def ensure_elastic_ip(api: Api, ctx: Context, scope: Scope, leader: dict) -> str
     if addr.get("NetworkInterfaceId") != eni or not eni:
         kw = {"NetworkInterfaceId": eni} if eni else {"InstanceId": leader["InstanceId"]}
         api.settled("ec2", "associate_address", AllocationId=addr["AllocationId"], AllowReassociation=True, **kw)
-    return addr["PublicIp"]
+    public_ip: str = addr["PublicIp"]
+    return public_ip
 
 
 def release_elastic_ips(api: Api, allocation_ids: list[str], deadline: float) -> list[str]:
@@ -210,7 +212,8 @@ def ensure_s3_endpoint(api: Api, ctx: Context, scope: Scope, vpc_id: str) -> str
     name = ctx.spec.name
     found = find_one(api, KIND["VPC endpoint"], scope, **{"vpc-id": vpc_id})
     if found:
-        return found["VpcEndpointId"]
+        found_id: str = found["VpcEndpointId"]
+        return found_id
     tables = api.api("ec2", "describe_route_tables", Filters=[{"Name": "vpc-id", "Values": [vpc_id]}]).get("RouteTables", [])
     ep = api.settled("ec2", "create_vpc_endpoint", VpcEndpointType="Gateway", VpcId=vpc_id,
                      ServiceName=s3_service(ctx.region), RouteTableIds=[t["RouteTableId"] for t in tables],
@@ -218,5 +221,6 @@ def ensure_s3_endpoint(api: Api, ctx: Context, scope: Scope, vpc_id: str) -> str
                          {**scope.tags(ctx.region), "Name": f"clusterctl-{name}-s3"})}]
                      )["VpcEndpoint"]
     api.report(f"created S3 gateway endpoint {ep['VpcEndpointId']} (free; S3 without public addresses)")
-    return ep["VpcEndpointId"]
+    ep_id: str = ep["VpcEndpointId"]
+    return ep_id
 

@@ -125,7 +125,7 @@ def fabric_extra(ctx: Context) -> dict[str, str]:
 
 
 def run_params(ctx: Context, scope: Scope, *, subnet: str | None, security_group: str | None, placement_group: str | None,
-               key_name: str | None, profile: str | None, token: str | None, internal_key: str) -> dict:
+               key_name: str | None, profile: str | None, token: str | None, internal_key: str) -> dict[str, Any]:
     o, spec = ctx.opts, ctx.spec
     ebs: dict[str, Any] = {"VolumeSize": o.volume_size, "VolumeType": o.volume_type, "Encrypted": True,
                            "DeleteOnTermination": True}
@@ -195,10 +195,10 @@ def run_with_fallback(api: Api, path: Path, ctx: Context, scope: Scope, net: Net
         "try later, another region (--region) or type (--type), or fewer nodes; nothing was left running")
 
 
-def _run_once(api: Api, path: Path, params: dict, subnet: str, az: str, attempt: int) -> tuple[str, Any]:
+def _run_once(api: Api, path: Path, params: dict[str, Any], subnet: str, az: str, attempt: int) -> tuple[str, Any]:
     from botocore.exceptions import ClientError
 
-    def save(state: str, **more) -> None:
+    def save(state: str, **more: Any) -> None:
         atomic_write(path, json.dumps({"token": params["ClientToken"], "subnet": subnet, "az": az,
                                        "state": state, "at": time.time(), **more}) + "\n")
 
@@ -226,7 +226,7 @@ def _run_once(api: Api, path: Path, params: dict, subnet: str, az: str, attempt:
         return "launched", ids
 
 
-def wait_running(api: Api, ids: list[str], public: bool, wait_timeout: float) -> list[dict]:
+def wait_running(api: Api, ids: list[str], public: bool, wait_timeout: float) -> list[dict[str, Any]]:
     """Bounded polling until every instance runs with its addresses; fails fast if one dies."""
     from botocore.exceptions import ClientError
 
@@ -261,7 +261,7 @@ def public_at_launch(ctx: Context) -> bool:
     return not (ctx.opts.private_ips or fabric.interface_count(ctx.type) > 1)
 
 
-def name_instances(api: Api, name: str, instances: list[dict]) -> list[dict]:
+def name_instances(api: Api, name: str, instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
     inorder = ordered(instances)
     names = node_names(name, len(inorder))
     out = []

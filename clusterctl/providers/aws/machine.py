@@ -8,7 +8,7 @@ instances.py because the fabric, the bootstrap and the plan need these facts too
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from clusterctl.errors import ConfigError
 from clusterctl.providers.aws import catalog
@@ -157,7 +157,7 @@ def image(api: Api, opts: AwsOptions, info: TypeInfo | None = None) -> Image:
     return _image_value(opts, images[0], source)
 
 
-def _image_value(opts: AwsOptions, img: dict, source: str) -> Image:
+def _image_value(opts: AwsOptions, img: dict[str, Any], source: str) -> Image:
     ami = img["ImageId"]
     name = img.get("Name") or ami
     user = opts.ssh_user or ssh_user_for_image(name, _tagdict(img))
@@ -170,7 +170,8 @@ def _ssm_image(api: Api, parameter: str) -> str:
     from botocore.exceptions import ClientError
 
     try:
-        return api.call("ssm", "get_parameter", Name=parameter)["Parameter"]["Value"]
+        value: str = api.call("ssm", "get_parameter", Name=parameter)["Parameter"]["Value"]
+        return value
     except ClientError as exc:
         if _code(exc) == "ParameterNotFound":
             raise ConfigError(f"SSM parameter {parameter} does not exist in {api.region}",

@@ -4,6 +4,7 @@ EC2's DryRun of the mutating calls that have one."""
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from clusterctl.errors import ProvisionError
 from clusterctl.providers.aws import bootstrap, catalog, fabric
@@ -112,7 +113,7 @@ def dry_run(api: Api, ctx: Context, scope: Scope | None) -> list[str]:
     spec, o = ctx.spec, ctx.opts
     lines = []
 
-    def check(what: str, op: str, **kwargs) -> None:
+    def check(what: str, op: str, **kwargs: Any) -> None:
         try:
             api.call("ec2", op, DryRun=True, **kwargs)
             lines.append(f"{what}: the call returned without DryRun (unexpected)")

@@ -20,7 +20,7 @@ identity on this machine), the resolved Context of the spec at hand, and `force`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from clusterctl.cluster.state import StateStore, atomic_write
 from clusterctl.providers.aws import bootstrap, discovery, instances, machine, plan as planning, teardown
@@ -62,7 +62,7 @@ class AwsProvider:
     def report(self, value: Report) -> None:
         self.api.report = value
 
-    def client(self, service: str):
+    def client(self, service: str) -> Any:
         return self.api.client(service)
 
     # ---- identity: which resources are this cluster's -----------------------------------------------------

@@ -6,7 +6,7 @@ are waited through (bounded, api.delete); nothing is looked up by a name or a ta
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Any, Iterable
 
 from clusterctl.providers.aws import fabric
 from clusterctl.providers.aws.api import Api, _tagdict
@@ -54,7 +54,7 @@ def _instances(api: Api, ids: list[str], deadline: float) -> list[str]:
     return [f"instance {i['InstanceId']} ({_tagdict(i).get('Name', '')})" for i in ordered(live)]
 
 
-def _described(api: Api, kind: Kind, ids: list[str]) -> list[dict]:
+def _described(api: Api, kind: Kind, ids: list[str]) -> list[dict[str, Any]]:
     """These resources as they are now (ENIs and volumes are removed only when detached)."""
     got = api.api("ec2", kind.describe, Filters=[{"Name": kind.id_filter, "Values": ids}]).get(kind.key, [])
     return [i for i in got if i.get(kind.id_key) in ids]

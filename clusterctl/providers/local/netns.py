@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from clusterctl.errors import NeedsRootError, ProvisionError, WaitTimeout
 from clusterctl.proc import alive
@@ -85,14 +85,14 @@ class NetNode:
     host_public_key: str  # "ssh-ed25519 AAAA..." as pinned at creation
 
 
-def _run(argv: list[str], check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+def _run(argv: list[str], check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(argv, capture_output=True, text=True, input=input)
     if check and proc.returncode != 0:
         raise ProvisionError(f"{shlex.join(argv)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
 
 
-def _ip_json(*args: str) -> list[dict]:
+def _ip_json(*args: str) -> list[dict[str, Any]]:
     out = _run(["ip", "-j", *args]).stdout.strip()
     return json.loads(out) if out else []
 

@@ -13,7 +13,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from clusterctl.autostop import settings as autostop
 from clusterctl.cluster.state import StateStore, validate_name
@@ -33,7 +33,7 @@ def _mtime(path: Path) -> float | None:
 
 
 @contextlib.contextmanager
-def _net_lock():
+def _net_lock() -> Iterator[None]:
     """One `up` at a time picks a subnet and makes its bridge, so two clusters never take the same one."""
     fd = os.open(netns.NET_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -48,7 +48,8 @@ class LocalProvider:
     region = "local"
     builds_runtime_locally = True  # the nodes have this machine's OS: it builds their runtime
 
-    def __init__(self, store: StateStore | None = None, region: str | None = None, report=None, force: bool = False):
+    def __init__(self, store: StateStore | None = None, region: str | None = None,
+                 report: Callable[[str], None] | None = None, force: bool = False) -> None:
         self.store = store or StateStore()  # region, report: the contract's, nothing here is regional or slow
         self.force = force  # every local cluster is this machine's user's: nothing to force
 
@@ -215,7 +216,7 @@ class LocalProvider:
             left += t.left
         return Teardown(tuple(removed), tuple(left))
 
-    def reboot(self, cluster: Cluster, hosts, timeout: float = 60.0) -> dict[str, str | None]:
+    def reboot(self, cluster: Cluster, hosts: Iterable[str], timeout: float = 60.0) -> dict[str, str | None]:
         """Reboot nodes the local way (a namespace node has no kernel of its own, and `reboot` inside one
         would reach the host's init): kill every process in the node, then start its sshd again with
         the same host key, address and home and a fresh /tmp. ssh address -> None, or why it failed."""
@@ -223,7 +224,7 @@ class LocalProvider:
         nodes_root = self.store.cluster_dir(cluster.name) / "nodes"
         todo = [(i, n) for i, n in enumerate(cluster.nodes) if n.ssh_host in wanted]
 
-        def one(item) -> tuple[str, str | None]:
+        def one(item: tuple[int, Node]) -> tuple[str, str | None]:
             i, node = item
             try:
                 netns.restart_node(netns.netns_name(cluster.name, i), node.name, node.private_ip,

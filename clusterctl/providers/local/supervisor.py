@@ -21,12 +21,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from clusterctl.autostop.watchdog import LOCAL_NODE_DIR, NODE_PYTHON, SCRIPT, local_dir, watchdog
 from clusterctl.proc import alive
 from clusterctl.providers.base import Teardown
 from clusterctl.providers.local import netns
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.state import StateStore
 
 ENTRY = "clusterctl.providers.local"  # `python -m` this package: its __main__ runs supervise()
 OLD_ENTRY = "clusterctl.autostop"  # the argv of supervisors started by older versions
@@ -53,7 +56,7 @@ def supervisors(name: str) -> list[int]:
     return found
 
 
-def start_supervisor(store, name: str) -> int:
+def start_supervisor(store: StateStore, name: str) -> int:
     import clusterctl
 
     log = open(store.cluster_dir(name) / "autostop-supervisor.log", "ab")
@@ -130,7 +133,7 @@ def _say(text: str) -> None:
     print(time.strftime("%Y-%m-%dT%H:%M:%S ") + text, flush=True)
 
 
-def supervise(name: str, store, terminate: Callable[[str], Teardown], poll: float = 0.5) -> int:
+def supervise(name: str, store: StateStore, terminate: Callable[[str], Teardown], poll: float = 0.5) -> int:
     """The host-side half of a local cluster's autostop (see the module's docstring). `terminate`: the local
     provider's own (given by __main__, so this module does not import the provider that imports it)."""
     ns = netns.netns_name(name, 0)
@@ -158,7 +161,7 @@ def supervise(name: str, store, terminate: Callable[[str], Teardown], poll: floa
     return 0
 
 
-def _power_off(store, name: str, ns: str, fired: Path, terminate: Callable[[str], Teardown]) -> int:
+def _power_off(store: StateStore, name: str, ns: str, fired: Path, terminate: Callable[[str], Teardown]) -> int:
     """The leader powered itself off (or is about to): remove the cluster as `down` does, say why."""
     from clusterctl.cluster.state import Record
     from clusterctl.errors import StateError
