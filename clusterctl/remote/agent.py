@@ -37,7 +37,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Any, BinaryIO, Callable, Sequence, cast
 
 from clusterctl.proc import alive
 from clusterctl.remote.ssh import OnLine, SshPool, SshSettings, SshTarget
@@ -95,7 +95,7 @@ def socket_path(root: Path | None = None) -> Path:
 
 
 # ---- (de)serialising the fan-out's inputs -----------------------------------------------------------
-def target_to_dict(t: SshTarget) -> dict:
+def target_to_dict(t: SshTarget) -> dict[str, Any]:
     return {
         "label": t.label, "hostname": t.hostname, "port": t.port, "user": t.user,
         "identity_files": [os.path.abspath(os.path.expanduser(i)) for i in t.identity_files],
@@ -109,7 +109,7 @@ def target_to_dict(t: SshTarget) -> dict:
     }
 
 
-def target_from_dict(d: dict) -> SshTarget:
+def target_from_dict(d: dict[str, Any]) -> SshTarget:
     return SshTarget(d["label"], d["hostname"], int(d["port"]), d["user"], tuple(d["identity_files"]),
                      target_from_dict(d["proxy_jump"]) if d.get("proxy_jump") else None,
                      tuple(d.get("known_hosts") or ()), d.get("host_key_alias"), d.get("identity_agent"),
@@ -117,7 +117,7 @@ def target_from_dict(d: dict) -> SshTarget:
                      tuple(d.get("certificate_files") or ()))
 
 
-def settings_to_dict(s: SshSettings) -> dict:
+def settings_to_dict(s: SshSettings) -> dict[str, Any]:
     d = asdict(s)
     d["known_hosts"] = os.path.abspath(os.path.expanduser(s.known_hosts))
     return d
@@ -144,7 +144,7 @@ def _connect(path: Path, timeout: float = 2.0) -> socket.socket:
     return s
 
 
-def _request(path: Path, req: dict, timeout: float = 5.0) -> dict:
+def _request(path: Path, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
     s = _connect(path, timeout)
     try:
         s.settimeout(timeout)
@@ -152,12 +152,12 @@ def _request(path: Path, req: dict, timeout: float = 5.0) -> dict:
         line = s.makefile("rb").readline()
         if not line:
             raise OSError("agent closed the connection")
-        return json.loads(line)
+        return cast(dict[str, Any], json.loads(line))
     finally:
         s.close()
 
 
-def ping(root: Path | None = None) -> dict | None:
+def ping(root: Path | None = None) -> dict[str, Any] | None:
     """The running agent's facts (pid, connections, idle timeout), or None when none answers."""
     try:
         return _request(socket_path(root), {"op": "ping", "build": _build_id()})
@@ -233,7 +233,7 @@ def _ensure(root: Path) -> socket.socket:
 
 def run(targets: Sequence[SshTarget], settings: SshSettings, command: str, *, parallel: int = 64,
         timeout: float | None = None, on_line: OnLine | None = None, root: Path | None = None,
-        warn=None) -> RunReport:
+        warn: Callable[[str], None] | None = None) -> RunReport:
     """Run `command` on every target through the agent (starting it if needed), or in-process when the
     agent is disabled or cannot start. Ctrl-C: the remote commands are killed, then KeyboardInterrupt."""
     if enabled() and targets:
@@ -249,7 +249,8 @@ def run(targets: Sequence[SshTarget], settings: SshSettings, command: str, *, pa
         return pool.run(targets, command, parallel=parallel, timeout=timeout, on_line=on_line)
 
 
-def _run_via_agent(root: Path, targets, settings, command, parallel, timeout, on_line) -> RunReport:
+def _run_via_agent(root: Path, targets: Sequence[SshTarget], settings: SshSettings, command: str, parallel: int,
+                   timeout: float | None, on_line: OnLine | None) -> RunReport:
     req = {"op": "run", "build": _build_id(), "targets": [target_to_dict(t) for t in targets],
            "settings": settings_to_dict(settings), "command": command, "parallel": parallel, "timeout": timeout}
     interrupted = False
@@ -340,7 +341,7 @@ class _Lines:
         return line + b"\n"
 
 
-def _handle(event: dict, results: dict, on_line: OnLine | None) -> None:
+def _handle(event: dict[str, Any], results: dict[str, HostResult], on_line: OnLine | None) -> None:
     kind = event.get("event")
     if kind == "line" and on_line is not None:
         on_line(event["host"], event["stream"], event["text"])
@@ -356,7 +357,7 @@ class Agent:
         self.path = path
         self.idle = idle
         self.build = _build_id()
-        self.pools: dict[tuple, SshPool] = {}
+        self.pools: dict[tuple[str, float, bool], SshPool] = {}
         self.lock = threading.Lock()
         self.active = 0
         self.last = time.monotonic()
@@ -454,7 +455,7 @@ class Agent:
             except OSError:
                 pass
 
-    def _run(self, conn: socket.socket, reader, req: dict) -> None:
+    def _run(self, conn: socket.socket, reader: BinaryIO, req: dict[str, Any]) -> None:
         settings = SshSettings(**req["settings"])
         targets = [target_from_dict(d) for d in req["targets"]]
         pool = self.pool(settings)
@@ -462,7 +463,7 @@ class Agent:
         cancel = threading.Event()
         send_lock = threading.Lock()
 
-        def send(event: dict) -> None:
+        def send(event: dict[str, Any]) -> None:
             try:
                 with send_lock:
                     _send(conn, event)
@@ -490,7 +491,7 @@ class Agent:
         send({"event": "done"})
 
 
-def _send(conn: socket.socket, event: dict) -> None:
+def _send(conn: socket.socket, event: dict[str, Any]) -> None:
     conn.sendall((json.dumps(event) + "\n").encode())
 
 

@@ -20,11 +20,17 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 from clusterctl.data.node_side import SYSTEM_TREES
 from clusterctl.errors import UsageError
 from clusterctl.remote.ssh import TREE_FN
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from clusterctl.remote.ssh import SshPool, SshTarget
+    from clusterctl.types import Cluster
 
 KILL_NAMES = r"^(python[0-9.]*|horovodrun|mpirun|mpiexec|orted|prted|prterun)$"
 LOW_DISK_FREE = 0.10  # nodes under 10% free are flagged
@@ -142,8 +148,8 @@ REBOOT_COMMAND = (
 )
 
 
-def wait_rebooted(pool_factory, targets: Sequence, boot_ids: dict[str, str], timeout: float,
-                  poll: float = 2.0) -> dict[str, str | None]:
+def wait_rebooted(pool_factory: Callable[[], SshPool], targets: Sequence[SshTarget], boot_ids: dict[str, str],
+                  timeout: float, poll: float = 2.0) -> dict[str, str | None]:
     """Poll each host over fresh connections until its boot id differs from `boot_ids[label]` (or, with
     no boot id known, until it answers at all). Returns label -> None (back) or why not, by `timeout`."""
     deadline = time.monotonic() + timeout
@@ -168,7 +174,16 @@ def wait_rebooted(pool_factory, targets: Sequence, boot_ids: dict[str, str], tim
     return why
 
 
-def reboot(inv, provider, parallel: int, wait: float, report, agent_root) -> dict[str, str | None]:
+class _Rebooter(Protocol):
+    """The one call reboot makes on a provider (providers.base.Provider: remote/ imports no provider)."""
+
+    def reboot(self, cluster: Cluster, hosts: Iterable[str], timeout: float = ...) -> dict[str, str | None] | None: ...
+
+
+# `inv` is a cluster.inventory.Inventory, typed Any: remote/ imports nothing of cluster/ but the record store, and
+# its `cluster` (Optional there) is set whenever `provider` is, by the caller's contract, not by a check here.
+def reboot(inv: Any, provider: _Rebooter | None, parallel: int, wait: float, report: Callable[[str], None],
+           agent_root: Path | None) -> dict[str, str | None]:
     """`clean --reboot`: the provider's own restart where it has one (provider.reboot; `provider` None for a
     hosts file), else `reboot` over ssh; then wait for each node to answer with a new boot id. Returns
     label -> None (back) or why not. The connection agent is stopped first: its connections die with the nodes."""

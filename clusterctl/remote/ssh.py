@@ -111,9 +111,9 @@ def targets_from_hosts(
         return u or None, alias, int(p) if p.isdigit() else None
 
     lax: dict[str, list[str]] = {}
-    jumps: dict[tuple, object] = {}
+    jumps: dict[tuple[str, str | None, int | None], sshconfig.HostConfig] = {}
 
-    def build(alias: str, hc, depth: int, u: str | None, p: int | None) -> SshTarget:
+    def build(alias: str, hc: sshconfig.HostConfig, depth: int, u: str | None, p: int | None) -> SshTarget:
         if hc.proxy_command and not hc.proxy_jump:
             raise ConfigError(f"the ssh config of {alias} uses ProxyCommand, which clusterctl does not run "
                               "(it would dial the host directly instead)", "use ProxyJump, or a hosts file without it")
@@ -217,18 +217,18 @@ class SshPool:
 
     def __init__(self, settings: SshSettings):
         self.settings = settings
-        self._clients: dict[tuple, paramiko.SSHClient] = {}
-        self._locks: dict[tuple, threading.Lock] = {}
+        self._clients: dict[tuple[SshTarget], paramiko.SSHClient] = {}
+        self._locks: dict[tuple[SshTarget], threading.Lock] = {}
         # a failed dial, shared by the callers of one fan-out (a dead jump host is dialled once), forgotten after
         # a connect timeout so that a later call re-dials (a leader that rebooted is reached again)
-        self._failed: dict[tuple, tuple[BaseException, float]] = {}
+        self._failed: dict[tuple[SshTarget], tuple[BaseException, float]] = {}
         self._lock = threading.Lock()
         self.cancel = threading.Event()
 
     def __enter__(self) -> "SshPool":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
@@ -245,10 +245,10 @@ class SshPool:
             return len(self._clients)
 
     @staticmethod
-    def _key(target: SshTarget) -> tuple:
+    def _key(target: SshTarget) -> tuple[SshTarget]:
         return (replace(target, label=""),)  # everything but the label decides the connection
 
-    def client(self, target: SshTarget):
+    def client(self, target: SshTarget) -> paramiko.SSHClient:
         key = self._key(target)
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
@@ -270,7 +270,7 @@ class SshPool:
                 self._clients[key] = c
             return c
 
-    def _drop(self, target: SshTarget, client) -> None:
+    def _drop(self, target: SshTarget, client: paramiko.SSHClient) -> None:
         with self._lock:
             if self._clients.get(self._key(target)) is client:
                 del self._clients[self._key(target)]
@@ -305,7 +305,7 @@ class SshPool:
                 pass
         return len(dropped)
 
-    def _connect(self, target: SshTarget):
+    def _connect(self, target: SshTarget) -> paramiko.SSHClient:
         ct = target.connect_timeout or self.settings.connect_timeout  # ConnectTimeout, unless --connect-timeout
         if target.proxy_jump is not None:
             try:
@@ -323,7 +323,7 @@ class SshPool:
             sock.close()
             raise
 
-    def _handshake(self, target: SshTarget, sock, ct: float):
+    def _handshake(self, target: SshTarget, sock: socket.socket | paramiko.Channel, ct: float) -> paramiko.SSHClient:
         """Transport, host key against the target's pinned files (under its HostKeyAlias, if any), then
         public keys in OpenSSH's order: agent keys only when this pool may use an agent."""
         import paramiko
@@ -422,7 +422,7 @@ class SshPool:
             return HostResult(target.label, None, error=f"connection lost: {exc}"[:300],
                               duration_s=time.monotonic() - start)
 
-    def _kill(self, client, sid: int) -> str:
+    def _kill(self, client: paramiko.SSHClient, sid: int) -> str:
         """Kill the remote session and its descendants; '' when verified gone, else why not."""
         try:
             # bounded like a connect: a host that went silent must not hold the whole run much longer
@@ -507,7 +507,7 @@ class SshPool:
         return RunReport(tuple(results[t.label] for t in targets))
 
 
-def _pump(chan, label: str, on_line: OnLine | None, timeout: float | None, start: float,
+def _pump(chan: paramiko.Channel, label: str, on_line: OnLine | None, timeout: float | None, start: float,
           cancel: threading.Event, sid: list[int] | None = None) -> tuple[str, str, bool]:
     bufs = {"stdout": bytearray(), "stderr": bytearray()}
     partial = {"stdout": b"", "stderr": b""}
@@ -583,7 +583,8 @@ def _pump(chan, label: str, on_line: OnLine | None, timeout: float | None, start
     return finish(False)
 
 
-def _flush(bufs, partial, on_line, label) -> tuple[str, str]:
+def _flush(bufs: dict[str, bytearray], partial: dict[str, bytes], on_line: OnLine | None,
+           label: str) -> tuple[str, str]:
     if on_line is not None:
         for stream in ("stdout", "stderr"):
             if partial[stream]:
@@ -603,7 +604,7 @@ def _dial(host: str, port: int, timeout: float) -> socket.socket:
     return sock
 
 
-def _sftp_makedirs(sftp, path: str) -> None:
+def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
     parts = [p for p in path.split("/") if p]
     current = "/" if path.startswith("/") else ""
     for part in parts:
@@ -621,7 +622,7 @@ def _pinned_name(target: SshTarget) -> str:
     return target.hostname if target.port == 22 else f"[{target.hostname}]:{target.port}"
 
 
-def _host_keys(files: Sequence[str]):
+def _host_keys(files: Sequence[str]) -> paramiko.HostKeys:
     import paramiko
 
     keys = paramiko.HostKeys()

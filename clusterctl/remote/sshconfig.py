@@ -23,7 +23,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence, cast
 
 from clusterctl.errors import ConfigError
 
@@ -83,10 +83,10 @@ def _config_argv(config: str | None) -> tuple[list[str], list[tuple[Path, Path]]
     return ["-F", str(mine) if mine.is_file() else "/dev/null"], [(mine, Path(_passwd_home()) / ".ssh")]
 
 
-def _stamp(roots: list[tuple[Path, Path]]) -> tuple[list, bool]:
+def _stamp(roots: list[tuple[Path, Path]]) -> tuple[list[list[object]], bool]:
     """Every config file read (Includes followed, globs expanded) with its size/mtime/inode, and whether
     a `Match exec` makes the answers uncacheable."""
-    seen: list = []
+    seen: list[list[object]] = []
     volatile = False
     todo = list(roots)
     done: set[str] = set()
@@ -150,7 +150,7 @@ def lookup(specs: Sequence[tuple[str, str | None, int | None]], config: str | No
             argv += ["-l", user]
         argvs.append(argv + ["--", host])
     keys = [hashlib.sha256((common + json.dumps(a)).encode()).hexdigest()[:32] for a in argvs]
-    cache: dict = {}
+    cache: dict[str, Any] = {}
     cache_file = _cache_path()
     if not volatile:
         try:
@@ -169,7 +169,7 @@ def lookup(specs: Sequence[tuple[str, str | None, int | None]], config: str | No
     return [_host_config(cache[k]) for k in keys]
 
 
-def _save(path: Path, cache: dict, keep: set) -> None:
+def _save(path: Path, cache: dict[str, Any], keep: set[str]) -> None:
     if len(cache) > 4096:  # bounded: this call's entries and the newest others
         others = [k for k in cache if k not in keep][-(4096 - len(keep)):] if len(keep) < 4096 else []
         cache = {k: cache[k] for k in [*others, *keep]}
@@ -182,13 +182,13 @@ def _save(path: Path, cache: dict, keep: set) -> None:
         pass  # a cache that cannot be written only costs time
 
 
-def _ssh_g(argv: list[str]) -> dict:
+def _ssh_g(argv: list[str]) -> dict[str, Any]:
     proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
                           env={**os.environ, "LC_ALL": "C"})
     if proc.returncode != 0:
         detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         raise ConfigError(f"ssh -G {argv[-1]} failed: {detail}", "fix the ssh config, or pass --ssh-config")
-    out: dict = {}
+    out: dict[str, Any] = {}
     for line in proc.stdout.splitlines():
         name, _, value = line.partition(" ")
         if name in _KEEP:
@@ -199,7 +199,7 @@ def _ssh_g(argv: list[str]) -> dict:
     return out
 
 
-def _expand(path: str, hc: dict) -> str:
+def _expand(path: str, hc: dict[str, Any]) -> str:
     """~ and the % tokens OpenSSH expands in file names (ssh -G leaves IdentityFile unexpanded)."""
     if path.startswith("~"):
         path = str(Path.home()) + path[1:]
@@ -220,7 +220,7 @@ def _expand(path: str, hc: dict) -> str:
     return path
 
 
-def _known_hosts_files(value: str, hc: dict) -> tuple[str, ...]:
+def _known_hosts_files(value: str, hc: dict[str, Any]) -> tuple[str, ...]:
     files = tuple(_expand(v, hc) for v in value.split())
     # OpenSSH expands ~ with the passwd home: the default files follow $HOME here, as clusterctl always did
     pw = _passwd_home() + "/.ssh/"
@@ -229,7 +229,7 @@ def _known_hosts_files(value: str, hc: dict) -> tuple[str, ...]:
     return files
 
 
-def _host_config(d: dict) -> HostConfig:
+def _host_config(d: dict[str, Any]) -> HostConfig:
     def opt(name: str) -> str | None:
         v = d.get(name)
         return None if v is None or v.lower() == "none" else v
@@ -266,7 +266,7 @@ class PassphraseKey(Exception):
         self.path = path
 
 
-def agent_keys(socket_path: str | None):
+def agent_keys(socket_path: str | None) -> tuple[paramiko.agent.AgentSSH | None, list[paramiko.AgentKey]]:
     """The keys an ssh-agent at `socket_path` holds (empty when none answers). paramiko's own Agent reads
     this process's SSH_AUTH_SOCK; the connection agent serves many shells, so the socket is given."""
     if not socket_path:
@@ -287,7 +287,7 @@ def agent_keys(socket_path: str | None):
         return None, []
 
 
-def _load_private(path: str):
+def _load_private(path: str) -> tuple[paramiko.PKey | None, str | None]:
     """(key, None) for an unencrypted private key, (None, 'passphrase') when encrypted, (None, None) otherwise.
     The plain key: paramiko's from_path would put a `-cert.pub` beside it on it (certificates are offered
     separately, where OpenSSH offers them)."""
@@ -331,7 +331,7 @@ def certifies(cert: bytes, key: bytes) -> bool:
     import struct
 
     def after_string(b: bytes, off: int) -> int:
-        return off + 4 + struct.unpack(">I", b[off:off + 4])[0]
+        return off + 4 + cast(int, struct.unpack(">I", b[off:off + 4])[0])
 
     try:
         ktype_end = after_string(key, 0)
@@ -342,7 +342,7 @@ def certifies(cert: bytes, key: bytes) -> bool:
         if cert[off:off + len(fields)] != fields:
             return False
         off += len(fields) + 8
-        return struct.unpack(">I", cert[off:off + 4])[0] == 1
+        return cast(int, struct.unpack(">I", cert[off:off + 4])[0]) == 1
     except struct.error:
         return False
 
@@ -356,7 +356,8 @@ def implicit_certificate(identity_file: str) -> str | None:
 
 
 def candidate_keys(identity_files: Sequence[str], identities_only: bool, agent_socket: str | None,
-                   certificate_files: Sequence[str] = ()):
+                   certificate_files: Sequence[str] = ()
+                   ) -> tuple[list[paramiko.PKey], list[str], paramiko.agent.AgentSSH | None]:
     """Keys to offer, in OpenSSH's order: the CertificateFiles, then identity files the agent holds
     (config order), then the agent's other keys (unless IdentitiesOnly), then identity files loaded from
     disk, each followed by its implicit FILE-cert.pub. A certificate is offered on the private key it
@@ -394,7 +395,7 @@ def candidate_keys(identity_files: Sequence[str], identities_only: bool, agent_s
     for k in others:
         signers.setdefault(k.asbytes(), k)
 
-    def certified(path: str):
+    def certified(path: str) -> paramiko.PKey | None:
         import paramiko
 
         blob = _cert(path)
@@ -407,6 +408,7 @@ def candidate_keys(identity_files: Sequence[str], identities_only: bool, agent_s
             if certifies(blob, pub):
                 key = paramiko.AgentKey(agent, signer.blob, signer.comment) if isinstance(signer, paramiko.AgentKey) \
                     else _load_private(signer)[0]
+                assert key is not None  # a path is a signer only once its key loaded, above
                 key.load_certificate(path)
                 return key
         return None
@@ -444,7 +446,18 @@ def private_key_state(path: str) -> str:
     return "locked" if "ENCRYPTED" in text.split("-----END", 1)[0] else "ok"
 
 
-def check_keys_usable(targets) -> None:
+class _Hop(Protocol):
+    """What check_keys_usable reads of a target (ssh.SshTarget: sshconfig cannot import ssh, which imports it)."""
+
+    @property
+    def identity_files(self) -> tuple[str, ...]: ...
+    @property
+    def identity_agent(self) -> str | None: ...
+    @property
+    def proxy_jump(self) -> _Hop | None: ...
+
+
+def check_keys_usable(targets: Iterable[_Hop]) -> None:
     """Fail before dialling when a host has no agent to ask and every key it would offer is
     passphrase-protected: `Error: KEY is passphrase-protected: add it to ssh-agent`, not one failure per host."""
     states: dict[str, str] = {}
@@ -455,7 +468,7 @@ def check_keys_usable(targets) -> None:
             states[private] = private_key_state(private)
         return states[private]
 
-    def walk(t):
+    def walk(t: _Hop | None) -> Iterator[_Hop]:
         while t is not None:
             yield t
             t = t.proxy_jump
