@@ -11,7 +11,7 @@ Lifecycle, in the order `up` / `down` call it:
   resources -> terminate                     (`down`)
 Reading, never changing anything:
   find, status, statuses, all_clusters       (`ls`, `status`, `down --all`)
-  inventory, owners                          (`gc`, `down --all`: what exists, by whom)
+  everything_made, owners                    (`gc`, `down --all`: what exists, by whom)
   node_facts                                 (`doctor`'s same-type / zone / placement check)
 Changing a running cluster:
   remove (`gc`: exactly the listed ids), reboot (`clean --reboot`), grant_checkpoint_write
