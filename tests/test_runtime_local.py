@@ -99,6 +99,7 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
     from clusterctl.cluster import provision
     from clusterctl.cluster.state import StateStore
     from clusterctl.remote.ssh import SshPool
+    from clusterctl.providers.local.provider import LocalProvider
     from clusterctl.runtime.install import RuntimeRequest, install
 
     store = StateStore(c.cli.home)
@@ -109,7 +110,8 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
         gone = pool.run_one(targets[1], f"rm -rf /opt/clusterctl-runtime/{rid}", timeout=60)
         assert gone.ok, gone.stderr
         fields = install(cluster, pool, targets, provision.hosts_file(cluster).hosts,
-                         str(provision.paths(store, c.name).known_hosts), RuntimeRequest("install"), lines.append)
+                         str(provision.paths(store, c.name).known_hosts), RuntimeRequest("install"), lines.append,
+                         build_here=LocalProvider.builds_runtime_locally)
     assert fields["runtime"] == rid
     text = "\n".join(lines)
     assert "1 node(s) need it" in text and "relayed to 1 node(s)" in text, text
