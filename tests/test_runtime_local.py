@@ -98,8 +98,8 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
     """One node loses its runtime: a second install relays and unpacks on that node alone."""
     from clusterctl.cluster import provision
     from clusterctl.cluster.state import StateStore
-    from clusterctl.remote.ssh import SshPool
     from clusterctl.providers.local.provider import LocalProvider
+    from clusterctl.remote.ssh import SshPool
     from clusterctl.runtime.install import RuntimeRequest, install
 
     store = StateStore(c.cli.home)
