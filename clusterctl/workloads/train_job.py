@@ -639,7 +639,13 @@ def close_tensorboard(inv, tunnel) -> None:
         except Exception:
             tunnel.kill()
     with SshPool(inv.settings) as pool:
-        pool.run_one(inv.targets[0], jobs.kill_job_command(TENSORBOARD_SESSION, 2.0), timeout=60)
+        r = pool.run_one(inv.targets[0], jobs.kill_job_command(TENSORBOARD_SESSION, 2.0), timeout=60)
+    if not r.ok:  # never leave it running silently (a failed stop was once invisible here)
+        from clusterctl.errors import RemoteCommandError
+
+        raise RemoteCommandError(f"TensorBoard may still run on {inv.targets[0].label}: "
+                                 f"{(r.error or r.stderr or r.stdout).strip()[-200:]}",
+                                 f"stop it: clusterctl kill {TENSORBOARD_SESSION}")
 
 
 def dataset_examples(inv, data: str) -> int | None:
