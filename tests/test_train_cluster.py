@@ -1,14 +1,15 @@
 """`clusterctl train / status / logs / eval / tensorboard` for real, on a 2-node local cluster, 2 slots each:
 a generated TFRecord set synced to both nodes, the tiny model trained by 4 Horovod (gloo) ranks launched by
 horovodrun on the leader inside tmux; the ranks on the member killed mid-run; the job started again and
-resumed from the leader's checkpoint; evaluated on the leader alone; TensorBoard through an ssh tunnel;
-nothing left running anywhere at the end."""
+resumed from the leader's checkpoint; evaluated on the leader alone; TensorBoard through an ssh tunnel (refused
+at once when its local port is taken); nothing left running anywhere at the end."""
 
 from __future__ import annotations
 
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -105,6 +106,17 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
     row = proc.stdout.splitlines()[1].split()
     assert row[:4] == ["400", "20.0", f"{ev.top1:.2f}%", f"{ev.top5:.2f}%"] and row[6] == "ckpt-400"
 
+    # ---- a local port already taken: one Error line before anything starts on the leader
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = cli("tensorboard", "--port", str(port), timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr == f"Error: local port {port} is not free on this machine (Address already in use): " \
+                          "pick another with --port\n"
+    assert cluster.node_exec(0, "sh", "-c", "tmux ls 2>/dev/null; pgrep -af '[t]ensorboard'; true").stdout == ""
+
     # ---- TensorBoard on the leader's 127.0.0.1, through an ssh tunnel to a local port
     port = free_port()
     tb = subprocess.Popen([sys.executable, "-m", "clusterctl", "tensorboard", "--port", str(port)], cwd=cli.cwd,
@@ -131,4 +143,4 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
     left = cli("run", "--json", "pgrep -af '[t]rain_imagenet|[h]orovod|[t]ensorboard'; tmux ls 2>/dev/null; true")
     for line in left.stdout.splitlines():
         r = json.loads(line)
-        assert r["stdout"].strip() == "", f"left on {r['host']}: {r['stdout']}"
+        assert r["stdout"].strip() == "", f"left on {r['host']}: {r['stdout']}\n(clusterctl tensorboard said: {err})"

@@ -605,13 +605,10 @@ def tensorboard(
         within(flag, value, 1, 65535)
     inv = _train_inventory(hostsfile, cluster)
     job = trainlib.require_job(_store(), inv)
-    tunnel = trainlib.open_tensorboard(inv, job, port, remote_port)
-    try:
+    with trainlib.tensorboard_tunnel(inv, job, port, remote_port) as tunnel:
         display.info(f"TensorBoard of {job.job}: http://127.0.0.1:{port}/ (Ctrl-C to stop)")
         code = tunnel.wait()
         raise ClusterctlError(f"the ssh tunnel ended (exit {code})", "run `clusterctl tensorboard` again")
-    finally:
-        trainlib.close_tensorboard(trainlib.job_inventory(inv, job), tunnel)
 
 
 def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> None:

@@ -4,6 +4,7 @@ workloads/train_log.py."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 from dataclasses import dataclass
@@ -574,18 +575,44 @@ def tensorboard_command(job: TrainJob, port: int) -> str:
             f"--port {int(port)} 2>&1")
 
 
-def open_tensorboard(inv, job: TrainJob, local_port: int, remote_port: int = 6006, wait_s: float = 120.0):
-    """Start TensorBoard on the leader (tmux session clusterctl-tensorboard, 127.0.0.1 only; an existing
-    one is reused) and an ssh tunnel 127.0.0.1:local_port -> leader's 127.0.0.1:remote_port, host key
-    checked. Returns the tunnel process (subprocess.Popen); close_tensorboard ends both."""
-    import subprocess
+@contextlib.contextmanager
+def tensorboard_tunnel(inv, job: TrainJob, local_port: int, remote_port: int = 6006, wait_s: float = 120.0):
+    """TensorBoard on the leader (tmux session clusterctl-tensorboard, 127.0.0.1 only; an existing one is
+    reused) reached through an ssh tunnel 127.0.0.1:local_port -> leader's 127.0.0.1:remote_port, host key
+    checked. Yields the tunnel process (subprocess.Popen). However the block is left (a failure while
+    opening, Ctrl-C at any moment, the tunnel ending), the tunnel and the session are both stopped: a Ctrl-C
+    that landed between starting TensorBoard and returning the tunnel once left both running."""
+    _require_free(local_port)  # else the tunnel's readiness check would talk to whatever listens there
+    inv = job_inventory(inv, job)
+    tunnel = None
+    try:
+        _start_tensorboard(inv, job, remote_port, wait_s)
+        tunnel = _open_tunnel(inv, local_port, remote_port)
+        yield tunnel
+    finally:
+        _close_tensorboard(inv, tunnel)
+
+
+def _require_free(port: int) -> None:
+    import socket
+
+    from clusterctl.errors import ConfigError
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(f"local port {port} is not free on this machine ({exc.strerror})",
+                              "pick another with --port") from None
+
+
+def _start_tensorboard(inv, job: TrainJob, remote_port: int, wait_s: float) -> None:
     import time as _time
 
-    from clusterctl.errors import RemoteCommandError, UnreachableError
-    from clusterctl.remote import openssh, tmux as jobs
+    from clusterctl.errors import RemoteCommandError
+    from clusterctl.remote import tmux as jobs
     from clusterctl.remote.ssh import SshPool
 
-    inv = job_inventory(inv, job)
     leader = inv.targets[0]
     with SshPool(inv.settings) as pool:
         r = pool.run_one(leader, jobs.detach_command(TENSORBOARD_SESSION, tensorboard_command(job, remote_port)),
@@ -599,7 +626,7 @@ def open_tensorboard(inv, job: TrainJob, local_port: int, remote_port: int = 600
         alive = _alive_command(TENSORBOARD_SESSION)
         while True:
             if pool.run_one(leader, probe, timeout=30).exit_code == 0:
-                break
+                return
             gone = pool.run_one(leader, alive, timeout=30).stdout.strip() == "gone"
             if gone or _time.monotonic() > deadline:
                 log = pool.run_one(leader, jobs.logs_command(TENSORBOARD_SESSION), timeout=30).stdout
@@ -607,42 +634,59 @@ def open_tensorboard(inv, job: TrainJob, local_port: int, remote_port: int = 600
                 raise RemoteCommandError(f"TensorBoard {why} on {leader.label}",
                                          log.strip().splitlines()[-1][:300] if log.strip() else None)
             _time.sleep(1)
+
+
+def _open_tunnel(inv, local_port: int, remote_port: int):
+    import socket
+    import subprocess
+    import time as _time
+
+    from clusterctl.errors import UnreachableError
+    from clusterctl.remote import openssh
+
+    leader = inv.targets[0]
     argv = openssh.operator_ssh(leader, inv.settings.known_hosts, inv.cluster is not None)
     argv += ["-N", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{int(local_port)}:127.0.0.1:{int(remote_port)}",
              leader.hostname]
     tunnel = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True)
-    import socket
+    try:
+        deadline = _time.monotonic() + 30
+        while _time.monotonic() < deadline:
+            if tunnel.poll() is not None:
+                why = tunnel.stderr.read().strip()[-300:] if tunnel.stderr is not None else ""
+                raise UnreachableError(f"the ssh tunnel to {leader.label} failed: {why}")
+            try:
+                socket.create_connection(("127.0.0.1", local_port), 1).close()
+                return tunnel
+            except OSError:
+                _time.sleep(0.2)
+        raise UnreachableError(f"the ssh tunnel to {leader.label} did not open local port {local_port}")
+    except BaseException:
+        _end(tunnel)
+        raise
 
-    deadline = _time.monotonic() + 30
-    while _time.monotonic() < deadline:
-        if tunnel.poll() is not None:
-            why = tunnel.stderr.read().strip()[-300:] if tunnel.stderr is not None else ""
-            raise UnreachableError(f"the ssh tunnel to {leader.label} failed: {why}")
-        try:
-            socket.create_connection(("127.0.0.1", local_port), 1).close()
-            return tunnel
-        except OSError:
-            _time.sleep(0.2)
-    tunnel.kill()
-    raise UnreachableError(f"the ssh tunnel to {leader.label} did not open local port {local_port}")
 
-
-def close_tensorboard(inv, tunnel) -> None:
-    from clusterctl.remote import tmux as jobs
-    from clusterctl.remote.ssh import SshPool
-
-    if tunnel is not None and tunnel.poll() is None:
+def _end(tunnel) -> None:
+    if tunnel.poll() is None:
         tunnel.terminate()
         try:
             tunnel.wait(5)
         except Exception:
             tunnel.kill()
+            tunnel.wait()
+
+
+def _close_tensorboard(inv, tunnel) -> None:
+    from clusterctl.errors import RemoteCommandError
+    from clusterctl.remote import tmux as jobs
+    from clusterctl.remote.ssh import SshPool
+
+    if tunnel is not None:
+        _end(tunnel)
     with SshPool(inv.settings) as pool:
         r = pool.run_one(inv.targets[0], jobs.kill_job_command(TENSORBOARD_SESSION, 2.0), timeout=60)
-    if not r.ok:  # never leave it running silently (a failed stop was once invisible here)
-        from clusterctl.errors import RemoteCommandError
-
+    if not r.ok:  # never leave it running silently
         raise RemoteCommandError(f"TensorBoard may still run on {inv.targets[0].label}: "
                                  f"{(r.error or r.stderr or r.stdout).strip()[-200:]}",
                                  f"stop it: clusterctl kill {TENSORBOARD_SESSION}")
