@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # clusterctl's one installer, for a fresh Debian 12 machine, as root.
 #   ./install.sh demo   install everything, then run the main job on the built-in local cluster
-#   ./install.sh test   install everything the tests need, then ruff, mypy and the whole test suite
+#   ./install.sh test   install everything the tests need, then ruff (lint, format), mypy and the whole test suite
 #   ./install.sh deps   install only
 # Installs into a venv made from Debian's python3.11 (readable by every node's login, unlike a
 # python under /root), links /usr/local/bin/clusterctl, and builds Horovod against TensorFlow 2.15.1.
@@ -74,10 +74,12 @@ case "$MODE" in
     trap - EXIT
     ;;
   test)
-    # Lint and types before the tests (rules in pyproject.toml's [tool.ruff] and [tool.mypy]): a finding fails
-    # the run like a failed test does.
+    # Lint, format and types before the tests (rules in pyproject.toml's [tool.ruff] and [tool.mypy]): a
+    # finding fails the run like a failed test does. `ruff format .` fixes a format finding.
     echo "== ruff check"
     "$VENV/bin/ruff" check --no-cache .
+    echo "== ruff format --check"
+    "$VENV/bin/ruff" format --check --no-cache .
     echo "== mypy"
     "$VENV/bin/mypy" --cache-dir=/dev/null
     exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests

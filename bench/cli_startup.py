@@ -29,7 +29,9 @@ def main() -> None:
     exe = shutil.which("clusterctl") or sys.executable
     cases = {
         "python -c pass (floor)": [sys.executable, "-c", "pass"],
-        "clusterctl --help": [exe, "--help"] if exe != sys.executable else [sys.executable, "-m", "clusterctl", "--help"],
+        "clusterctl --help": [exe, "--help"]
+        if exe != sys.executable
+        else [sys.executable, "-m", "clusterctl", "--help"],
         "clusterctl run --help": [exe, "run", "--help"],
         "python -c 'import boto3'": [sys.executable, "-c", "import boto3"],
         "python -c 'import paramiko'": [sys.executable, "-c", "import paramiko"],
@@ -46,8 +48,10 @@ def main() -> None:
         med = statistics.median(values)
         print(f"{name:32} {med:9.3f} {min(values):7.3f} {med / floor:8.1f}")
     help_med = statistics.median(times["clusterctl --help"])
-    print(f"\nclusterctl --help: {help_med:.3f} s median over {args.rounds} rounds "
-          f"({'meets' if help_med < 0.3 else 'MISSES'} the 0.3 s goal)")
+    print(
+        f"\nclusterctl --help: {help_med:.3f} s median over {args.rounds} rounds "
+        f"({'meets' if help_med < 0.3 else 'MISSES'} the 0.3 s goal)"
+    )
 
 
 if __name__ == "__main__":

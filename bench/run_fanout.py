@@ -70,7 +70,8 @@ def user_config(cwd: Path, state: Path, hosts: list[str]) -> Path:
     (cwd / "config.d").mkdir()
     blocks = "".join(f"Host n{i}\n    HostName {h}\n" for i, h in enumerate(hosts, 1))
     (cwd / "config.d" / "fanout-nodes").write_text(
-        f"{blocks}\nHost n*\n    UserKnownHostsFile {state / 'known_hosts'}\n    IdentityFile {state / 'id_ed25519'}\n")
+        f"{blocks}\nHost n*\n    UserKnownHostsFile {state / 'known_hosts'}\n    IdentityFile {state / 'id_ed25519'}\n"
+    )
     cfg = cwd / "ssh_config"
     cfg.write_text(f"""\
 Include {cwd}/config.d/*
@@ -87,7 +88,9 @@ Host *
     return cfg
 
 
-def bench(nodes: int, rounds: int, seq_rounds: int, work: Path, config: str, skip_clush: bool = False) -> dict[str, list[float]]:
+def bench(
+    nodes: int, rounds: int, seq_rounds: int, work: Path, config: str, skip_clush: bool = False
+) -> dict[str, list[float]]:
     name = f"fan{nodes}{config[0]}{os.getpid() % 10000}"
     home = work / f"home-{nodes}-{config}"
     cwd = work / f"work-{nodes}-{config}"
@@ -98,8 +101,11 @@ def bench(nodes: int, rounds: int, seq_rounds: int, work: Path, config: str, ski
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     print(f"\n== {nodes} nodes: bringing up local cluster {name} ...", flush=True)
     start = time.monotonic()
-    sh([*CLUSTERCTL, "up", "--provider", "local", "--nodes", str(nodes), "--name", name, "--yes", "--runtime", "none"],
-       env=env, cwd=cwd)
+    sh(
+        [*CLUSTERCTL, "up", "--provider", "local", "--nodes", str(nodes), "--name", name, "--yes", "--runtime", "none"],
+        env=env,
+        cwd=cwd,
+    )
     print(f"   up in {time.monotonic() - start:.1f}s", flush=True)
     try:
         state = home / "clusters" / name
@@ -114,9 +120,9 @@ def bench(nodes: int, rounds: int, seq_rounds: int, work: Path, config: str, ski
         cfg.write_text(f"""\
 Host *
     User root
-    IdentityFile {state / 'id_ed25519'}
+    IdentityFile {state / "id_ed25519"}
     IdentitiesOnly yes
-    UserKnownHostsFile {state / 'known_hosts'}
+    UserKnownHostsFile {state / "known_hosts"}
     GlobalKnownHostsFile /dev/null
     StrictHostKeyChecking yes
     BatchMode yes
@@ -127,8 +133,17 @@ Host *
         sh([*CLUSTERCTL, "down", name, "--yes"], env=env, cwd=cwd, check=False)
 
 
-def _time(nodes: int, rounds: int, seq_rounds: int, cwd: Path, env: dict, cfg: Path, run: list,
-          ssh_g_cache: Path | None, skip_clush: bool = False) -> dict[str, list[float]]:
+def _time(
+    nodes: int,
+    rounds: int,
+    seq_rounds: int,
+    cwd: Path,
+    env: dict,
+    cfg: Path,
+    run: list,
+    ssh_g_cache: Path | None,
+    skip_clush: bool = False,
+) -> dict[str, list[float]]:
     """Every method once to warm up and prove it works, then `rounds` rounds, the methods interleaved."""
     ossh = {**env, "PDSH_SSH_ARGS": f"-F {cfg} -2 -a -x -l%u %h", "PDSH_RCMD_TYPE": "ssh"}
     stop = [*CLUSTERCTL, "agent", "stop"]
@@ -139,7 +154,10 @@ def _time(nodes: int, rounds: int, seq_rounds: int, cwd: Path, env: dict, cfg: P
         "clusterctl no agent": (run, {**env, "CLUSTERCTL_AGENT": "0"}),
         "pdsh": (["pdsh", "-R", "ssh", "-f", str(nodes), "-w", "^hostlist", "true"], ossh),
         "clush": (["clush", "-f", str(nodes), "--hostfile", "hostlist", "-o", f"-F {cfg}", "true"], ossh),
-        "sequential": (["bash", "-c", f"for h in $(cat hostlist); do ssh -F {shlex.quote(str(cfg))} $h true || exit 1; done"], ossh),
+        "sequential": (
+            ["bash", "-c", f"for h in $(cat hostlist); do ssh -F {shlex.quote(str(cfg))} $h true || exit 1; done"],
+            ossh,
+        ),
     }
     if skip_clush:
         del methods["clush"]
@@ -157,8 +175,10 @@ def _time(nodes: int, rounds: int, seq_rounds: int, cwd: Path, env: dict, cfg: P
             if m == "clusterctl first" and ssh_g_cache is not None:
                 ssh_g_cache.unlink(missing_ok=True)  # and OpenSSH asked afresh for every host
             times[m].append(timed(argv, e, cwd))
-        print(f"   round {r + 1}/{rounds}: " + ", ".join(f"{m} {v[-1]:.2f}s" for m, v in times.items() if len(v) > r),
-              flush=True)
+        print(
+            f"   round {r + 1}/{rounds}: " + ", ".join(f"{m} {v[-1]:.2f}s" for m, v in times.items() if len(v) > r),
+            flush=True,
+        )
     return times
 
 
@@ -177,9 +197,16 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--seq-rounds", type=int, default=3, help="rounds for the (slow) sequential loop")
-    ap.add_argument("--skip-clush", action="store_true", help="leave ClusterShell out (its 64-way rounds are the slowest)")
-    ap.add_argument("--config", nargs="+", choices=("user", "cluster"), default=["user"],
-                    help="user: aliases from an Included config.d file (default); cluster: the cluster's hosts file")
+    ap.add_argument(
+        "--skip-clush", action="store_true", help="leave ClusterShell out (its 64-way rounds are the slowest)"
+    )
+    ap.add_argument(
+        "--config",
+        nargs="+",
+        choices=("user", "cluster"),
+        default=["user"],
+        help="user: aliases from an Included config.d file (default); cluster: the cluster's hosts file",
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (local namespace nodes)")
@@ -191,20 +218,32 @@ def main() -> None:
         for n in args.nodes:
             for config in args.config:
                 label = f"{n} nodes, {config} config"
-                results[label] = report(label, bench(n, args.rounds, args.seq_rounds, Path(tmp), config, args.skip_clush))
-    print(f"\nload average while measuring: {os.getloadavg()[0]:.2f} (2 cores: other work on the machine skews all methods)")
+                results[label] = report(
+                    label, bench(n, args.rounds, args.seq_rounds, Path(tmp), config, args.skip_clush)
+                )
+    print(
+        f"\nload average while measuring: {os.getloadavg()[0]:.2f} (2 cores: other work on the machine skews all methods)"
+    )
     for label, med in results.items():
         first, again, pdsh, seq = med["clusterctl first"], med["clusterctl repeated"], med["pdsh"], med["sequential"]
         n = label.split()[0]
         print(f"\ngoals at {label} (medians):")
-        print(f"  first command     {first:.3f}s = {first / pdsh:.2f}x pdsh   (goal <= 0.50x) {'ok' if first <= 0.5 * pdsh else 'MISSED'}")
-        print(f"  repeated command  {again:.3f}s = {again / pdsh:.2f}x pdsh   (goal <= 0.15x) {'ok' if again <= 0.15 * pdsh else 'MISSED'}")
-        print(f"  vs sequential     repeated {seq / again:.1f}x faster (goal >= 20x) {'ok' if seq / again >= 20 else 'MISSED'}; "
-              f"first {seq / first:.1f}x {'ok' if seq / first >= 20 else f'(under 20x: {n} fresh sshd handshakes)'}")
+        print(
+            f"  first command     {first:.3f}s = {first / pdsh:.2f}x pdsh   (goal <= 0.50x) {'ok' if first <= 0.5 * pdsh else 'MISSED'}"
+        )
+        print(
+            f"  repeated command  {again:.3f}s = {again / pdsh:.2f}x pdsh   (goal <= 0.15x) {'ok' if again <= 0.15 * pdsh else 'MISSED'}"
+        )
+        print(
+            f"  vs sequential     repeated {seq / again:.1f}x faster (goal >= 20x) {'ok' if seq / again >= 20 else 'MISSED'}; "
+            f"first {seq / first:.1f}x {'ok' if seq / first >= 20 else f'(under 20x: {n} fresh sshd handshakes)'}"
+        )
         if "clusterctl first, config cached" in med:
             cached = med["clusterctl first, config cached"]
-            print(f"  first, ssh -G cached {cached:.3f}s = {cached / pdsh:.2f}x pdsh (goal <= 0.50x) "
-                  f"{'ok' if cached <= 0.5 * pdsh else 'MISSED'}")
+            print(
+                f"  first, ssh -G cached {cached:.3f}s = {cached / pdsh:.2f}x pdsh (goal <= 0.50x) "
+                f"{'ok' if cached <= 0.5 * pdsh else 'MISSED'}"
+            )
         if "clush" in med:
             print(f"  clush             {med['clush']:.3f}s = {med['clush'] / pdsh:.2f}x pdsh")
 

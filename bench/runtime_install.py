@@ -54,8 +54,15 @@ def install_step(home: Path, name: str) -> str:
     store = StateStore(home)
     cluster = store.load(name).cluster
     with SshPool(provision.ssh_settings(cluster, store)) as pool:
-        fields = install(cluster, pool, provision.ssh_targets(cluster, store), provision.hosts_file(cluster).hosts,
-                         str(provision.paths(store, name).known_hosts), RuntimeRequest("install"), lambda m: None)
+        fields = install(
+            cluster,
+            pool,
+            provision.ssh_targets(cluster, store),
+            provision.hosts_file(cluster).hosts,
+            str(provision.paths(store, name).known_hosts),
+            RuntimeRequest("install"),
+            lambda m: None,
+        )
     return fields["runtime"]
 
 
@@ -64,30 +71,63 @@ def direct(home: Path, name: str, hosts: list[str], rid: str) -> None:
 
     pack = cache.entry(rid) / "runtime.tar.zst"
     cdir = home / "clusters" / name
-    ssh = ["ssh", "-F", "/dev/null", "-i", str(cdir / "id_ed25519"), "-o", "IdentitiesOnly=yes", "-o",
-           f"UserKnownHostsFile={cdir / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
-           "-c", "aes128-gcm@openssh.com", "-l", "root"]
+    ssh = [
+        "ssh",
+        "-F",
+        "/dev/null",
+        "-i",
+        str(cdir / "id_ed25519"),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"UserKnownHostsFile={cdir / 'known_hosts'}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-c",
+        "aes128-gcm@openssh.com",
+        "-l",
+        "root",
+    ]
 
     def one(host: str) -> None:
         with open(pack, "rb") as f:
-            subprocess.run([*ssh, host, "zstd -q -d -c | tar -x -C / -f -"], stdin=f, check=True,
-                           capture_output=True)
+            subprocess.run([*ssh, host, "zstd -q -d -c | tar -x -C / -f -"], stdin=f, check=True, capture_output=True)
 
     with ThreadPoolExecutor(len(hosts)) as pool:
         list(pool.map(one, hosts))
 
 
 def clear(home: Path, name: str) -> None:
-    sh([*CLUSTERCTL, "run", "--cluster", name, "rm -rf /opt/clusterctl-runtime ~/.clusterctl/runtime"],
-       env={**os.environ, "CLUSTERCTL_HOME": str(home)})
+    sh(
+        [*CLUSTERCTL, "run", "--cluster", name, "rm -rf /opt/clusterctl-runtime ~/.clusterctl/runtime"],
+        env={**os.environ, "CLUSTERCTL_HOME": str(home)},
+    )
 
 
 def run(nodes: int, cpu: OwnCpu) -> list[dict]:
     base = Path(tempfile.mkdtemp(prefix="rt-bench-"))
     home, name = base / "home", "rb" + uuid.uuid4().hex[:6]
     env = {**os.environ, "CLUSTERCTL_HOME": str(home)}
-    sh([*CLUSTERCTL, "up", "--provider", "local", "--name", name, "--nodes", str(nodes), "--yes", "--runtime", "none",
-        "--hosts-file", str(base / "hosts")], env=env)
+    sh(
+        [
+            *CLUSTERCTL,
+            "up",
+            "--provider",
+            "local",
+            "--name",
+            name,
+            "--nodes",
+            str(nodes),
+            "--yes",
+            "--runtime",
+            "none",
+            "--hosts-file",
+            str(base / "hosts"),
+        ],
+        env=env,
+    )
     hosts = [line.split()[0] for line in (base / "hosts").read_text().splitlines()]
     rows = []
     try:
@@ -100,8 +140,9 @@ def run(nodes: int, cpu: OwnCpu) -> list[dict]:
                 direct(home, name, hosts, rid)
             wall, core = time.monotonic() - t0, cpu.seconds() - c0
             rows.append({"nodes": nodes, "method": method, "wall_s": wall, "core_s_per_node": core / nodes})
-            print(f"   {method:<10} {nodes} node(s): {wall:6.1f} s wall, {core / nodes:5.1f} core-s per node",
-                  flush=True)
+            print(
+                f"   {method:<10} {nodes} node(s): {wall:6.1f} s wall, {core / nodes:5.1f} core-s per node", flush=True
+            )
     finally:
         subprocess.run([*CLUSTERCTL, "down", name, "--yes"], env=env, capture_output=True)
     return rows
@@ -121,8 +162,10 @@ def main() -> None:
     one = {r["method"]: r["wall_s"] for r in rows if r["nodes"] == min(args.nodes)}
     print("\n| nodes | method | wall s | x its 1-node time | core-s per node |\n|---:|---|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['nodes']} | {r['method']} | {r['wall_s']:.1f} | {r['wall_s'] / one[r['method']]:.2f} | "
-              f"{r['core_s_per_node']:.1f} |")
+        print(
+            f"| {r['nodes']} | {r['method']} | {r['wall_s']:.1f} | {r['wall_s'] / one[r['method']]:.2f} | "
+            f"{r['core_s_per_node']:.1f} |"
+        )
     print("\nload average now: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
 
 

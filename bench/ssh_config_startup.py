@@ -31,13 +31,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def cli(tree: Path, home: Path, *args: str, extra: dict | None = None, cwd: Path | None = None,
-        check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
+def cli(
+    tree: Path, home: Path, *args: str, extra: dict | None = None, cwd: Path | None = None, check: bool = True
+) -> tuple[float, subprocess.CompletedProcess]:
     env = {**os.environ, "CLUSTERCTL_HOME": str(home), "PYTHONPATH": str(tree), **(extra or {})}
     env.pop("CLUSTERCTL_AGENT", None) if "CLUSTERCTL_AGENT" not in (extra or {}) else None
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "clusterctl", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "clusterctl", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     took = time.perf_counter() - start
     if check and proc.returncode != 0:
         raise SystemExit(f"clusterctl {' '.join(args)} ({tree}) exited {proc.returncode}: {proc.stderr[-800:]}")
@@ -53,14 +60,29 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="sshcfg-bench-"))
     home = work / "cluster-home"
     name = f"scb{os.getpid() % 100000}"
-    cli(REPO, home, "up", "--provider", "local", "--nodes", str(args.nodes), "--name", name, "--yes",
-        "--runtime", "none", cwd=work)
+    cli(
+        REPO,
+        home,
+        "up",
+        "--provider",
+        "local",
+        "--nodes",
+        str(args.nodes),
+        "--name",
+        name,
+        "--yes",
+        "--runtime",
+        "none",
+        cwd=work,
+    )
     try:
         state = home / "clusters" / name
         hosts = [line.split()[0] for line in (work / "hosts").read_text().splitlines()]
         blocks = "".join(f"Host n{i}\n    HostName {h}\n" for i, h in enumerate(hosts, 1))
-        common = (f"Host *\n    User root\n    IdentityFile {state / 'id_ed25519'}\n    IdentitiesOnly yes\n"
-                  f"    UserKnownHostsFile {state / 'known_hosts'}\n    GlobalKnownHostsFile /dev/null\n")
+        common = (
+            f"Host *\n    User root\n    IdentityFile {state / 'id_ed25519'}\n    IdentitiesOnly yes\n"
+            f"    UserKnownHostsFile {state / 'known_hosts'}\n    GlobalKnownHostsFile /dev/null\n"
+        )
         flat = work / "flat_config"
         flat.write_text(blocks + common)
         (work / "config.d").mkdir()
@@ -77,8 +99,13 @@ def main() -> int:
         pdsh_times = []
         for _ in range(args.rounds):
             start = time.perf_counter()
-            proc = subprocess.run(["pdsh", "-R", "ssh", "-f", str(len(hosts)), "-w", f"^{work / 'aliases'}", "true"],
-                                  env=pdsh_env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                ["pdsh", "-R", "ssh", "-f", str(len(hosts)), "-w", f"^{work / 'aliases'}", "true"],
+                env=pdsh_env,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            )
             pdsh_times.append(time.perf_counter() - start)
             if proc.returncode != 0:
                 raise SystemExit(f"pdsh failed: {proc.stderr[-500:]}")
@@ -92,18 +119,36 @@ def main() -> int:
                 cli(tree, h, "agent", "stop", check=False)
                 shutil.rmtree(h, ignore_errors=True)
                 firsts.append(cli(tree, h, "run", *flags, "--ssh-config", str(cfg), "aliases", "true", cwd=work)[0])
-                repeats.append(statistics.median(
-                    cli(tree, h, "run", *flags, "--ssh-config", str(cfg), "aliases", "true", cwd=work)[0] for _ in range(3)))
-                noagent.append(cli(tree, h, "run", *flags, "--ssh-config", str(cfg), "aliases", "true", cwd=work,
-                                   extra={"CLUSTERCTL_AGENT": "0"})[0])
+                repeats.append(
+                    statistics.median(
+                        cli(tree, h, "run", *flags, "--ssh-config", str(cfg), "aliases", "true", cwd=work)[0]
+                        for _ in range(3)
+                    )
+                )
+                noagent.append(
+                    cli(
+                        tree,
+                        h,
+                        "run",
+                        *flags,
+                        "--ssh-config",
+                        str(cfg),
+                        "aliases",
+                        "true",
+                        cwd=work,
+                        extra={"CLUSTERCTL_AGENT": "0"},
+                    )[0]
+                )
                 cli(tree, h, "agent", "stop", check=False)
                 cached.append(cli(tree, h, "run", *flags, "--ssh-config", str(cfg), "aliases", "true", cwd=work)[0])
                 cli(tree, h, "agent", "stop", check=False)
             first, again = statistics.median(firsts), statistics.median(repeats)
-            print(f"{label:24} {first:8.3f} {again:9.3f} {statistics.median(noagent):9.3f} "
-                  f"{statistics.median(cached):14.3f}   "
-                  f"first {first / pdsh:.2f}x pdsh (goal <= 0.50), repeated {again / pdsh:.2f}x pdsh (goal <= 0.15)",
-                  flush=True)
+            print(
+                f"{label:24} {first:8.3f} {again:9.3f} {statistics.median(noagent):9.3f} "
+                f"{statistics.median(cached):14.3f}   "
+                f"first {first / pdsh:.2f}x pdsh (goal <= 0.50), repeated {again / pdsh:.2f}x pdsh (goal <= 0.15)",
+                flush=True,
+            )
     finally:
         cli(REPO, home, "down", name, "--yes", cwd=work, check=False)
     return 0

@@ -45,8 +45,17 @@ CLI = [sys.executable, "-m", "clusterctl"]  # this checkout's (PYTHONPATH), not 
 from clusterctl.providers.local import netns  # noqa: E402
 
 DST = "/tmp/bench-data"  # each node's /tmp is its own tmpfs
-METHODS = ("clusterctl", "clusterctl-disk", "clusterctl-ref", "sequential", "parallel", "tree", "bare-chain",
-           "bare-chain-chacha", "bare-one")
+METHODS = (
+    "clusterctl",
+    "clusterctl-disk",
+    "clusterctl-ref",
+    "sequential",
+    "parallel",
+    "tree",
+    "bare-chain",
+    "bare-chain-chacha",
+    "bare-one",
+)
 CIPHER = {"aes": "aes128-gcm@openssh.com", "chacha": "chacha20-poly1305@openssh.com"}
 
 
@@ -64,13 +73,43 @@ class Bench:
 
     # ---- cluster and shaping --------------------------------------------------------------------------
     def up(self) -> None:
-        sh([*CLI, "up", "--provider", "local", "--name", self.name, "--nodes", str(self.n), "--yes",
-            "--runtime", "none", "--hosts-file", str(self.work / "hosts")], env=self.env)
+        sh(
+            [
+                *CLI,
+                "up",
+                "--provider",
+                "local",
+                "--name",
+                self.name,
+                "--nodes",
+                str(self.n),
+                "--yes",
+                "--runtime",
+                "none",
+                "--hosts-file",
+                str(self.work / "hosts"),
+            ],
+            env=self.env,
+        )
         self.hosts = [line.split()[0] for line in (self.work / "hosts").read_text().splitlines()]
         cdir = self.home / "clusters" / self.name
-        self.ssh = ["ssh", "-F", "/dev/null", "-i", str(cdir / "id_ed25519"), "-o", "IdentitiesOnly=yes",
-                    "-o", f"UserKnownHostsFile={cdir / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes",
-                    "-o", "BatchMode=yes", "-l", "root"]
+        self.ssh = [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-i",
+            str(cdir / "id_ed25519"),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={cdir / 'known_hosts'}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-l",
+            "root",
+        ]
 
     def down(self) -> None:
         subprocess.run([*CLI, "down", self.name, "--yes"], env=self.env, capture_output=True)
@@ -80,8 +119,27 @@ class Bench:
         burst = "256k"
         qdisc = lambda dev: [  # noqa: E731
             ["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
-            ["tc", "class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", rate,
-             "ceil", rate, "burst", burst, "cburst", burst]]
+            [
+                "tc",
+                "class",
+                "replace",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "classid",
+                "1:10",
+                "htb",
+                "rate",
+                rate,
+                "ceil",
+                rate,
+                "burst",
+                burst,
+                "cburst",
+                burst,
+            ],
+        ]
         for cmd in qdisc(netns.bridge_name(self.name)):  # the source's side: this machine into the bridge
             sh(cmd)
         for i in range(self.n):
@@ -94,10 +152,20 @@ class Bench:
         """Raw TCP from this machine into node 0 (no ssh): what one shaped link really carries, Mbit/s."""
         port = 5599
         server = subprocess.Popen(
-            ["ip", "netns", "exec", netns.netns_name(self.name, 0), "python3", "-c",
-             "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-             f"s.bind(('{self.hosts[0]}',{port}));s.listen(1);c,_=s.accept()\n"
-             "while c.recv(1<<20): pass"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "ip",
+                "netns",
+                "exec",
+                netns.netns_name(self.name, 0),
+                "python3",
+                "-c",
+                "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+                f"s.bind(('{self.hosts[0]}',{port}));s.listen(1);c,_=s.accept()\n"
+                "while c.recv(1<<20): pass",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         import socket
 
         data = b"\0" * (1 << 20)
@@ -132,9 +200,14 @@ class Bench:
     def m_clusterctl(self, src: Path, *extra: str, repo: Path = REPO) -> None:
         """End to end; the time each phase line appeared is kept in self.phases."""
         t0 = time.perf_counter()
-        p = subprocess.Popen([*CLI, "sync", "--cluster", self.name, *extra, str(src), DST], text=True,
-                             env={**self.env, "COLUMNS": "160", "PYTHONPATH": str(repo)}, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, cwd=repo)  # -m puts the cwd first on sys.path
+        p = subprocess.Popen(
+            [*CLI, "sync", "--cluster", self.name, *extra, str(src), DST],
+            text=True,
+            env={**self.env, "COLUMNS": "160", "PYTHONPATH": str(repo)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=repo,
+        )  # -m puts the cwd first on sys.path
         self.phases = []
         for line in p.stderr:
             for key in ("making the manifest", "checking", "streaming", "verifying", "repairing"):
@@ -190,14 +263,20 @@ class Bench:
             nxt = self.hosts[i + 1] if i + 1 < len(self.hosts) else None
             body = f"mkdir -p {DST}\n"
             if nxt:
-                body += (f"tee >(ssh -o BatchMode=yes -o Compression=no -c {c} {nxt} bash /tmp/bench-relay.sh "
-                         f">/dev/null 2>&1) | tar -C {DST} -xf -\nwait $!\n")
+                body += (
+                    f"tee >(ssh -o BatchMode=yes -o Compression=no -c {c} {nxt} bash /tmp/bench-relay.sh "
+                    f">/dev/null 2>&1) | tar -C {DST} -xf -\nwait $!\n"
+                )
             else:
                 body += f"tar -C {DST} -xf -\n"
             subprocess.run([*self.ssh, h, "cat > /tmp/bench-relay.sh"], input=body, text=True, check=True)
         tar = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
-        subprocess.run([*self.ssh, "-o", "Compression=no", "-c", c, self.hosts[0], "bash /tmp/bench-relay.sh"],
-                       stdin=tar.stdout, check=True, capture_output=True)
+        subprocess.run(
+            [*self.ssh, "-o", "Compression=no", "-c", c, self.hosts[0], "bash /tmp/bench-relay.sh"],
+            stdin=tar.stdout,
+            check=True,
+            capture_output=True,
+        )
         tar.wait()
 
     def m_bare_chain_chacha(self, src: Path) -> None:
@@ -206,8 +285,20 @@ class Bench:
     def m_bare_one(self, src: Path) -> None:
         """One copy to the first node, `tar | ssh` (aes128-gcm, no verification): the small-files yardstick."""
         tar = subprocess.Popen(["tar", "-C", str(src), "-cf", "-", "."], stdout=subprocess.PIPE)
-        subprocess.run([*self.ssh, "-o", "Compression=no", "-c", CIPHER["aes"], self.hosts[0],
-                        f"mkdir -p {DST} && tar -C {DST} -xf -"], stdin=tar.stdout, check=True, capture_output=True)
+        subprocess.run(
+            [
+                *self.ssh,
+                "-o",
+                "Compression=no",
+                "-c",
+                CIPHER["aes"],
+                self.hosts[0],
+                f"mkdir -p {DST} && tar -C {DST} -xf -",
+            ],
+            stdin=tar.stdout,
+            check=True,
+            capture_output=True,
+        )
         tar.wait()
 
 
@@ -258,8 +349,13 @@ def make_dataset(root: Path, size_mb: int, files: int) -> tuple[int, str]:
         off = (i * 7919) % ((1 << 20) - 1)
         data = (block[off:] + block[:off]) * (per // (1 << 20) + 1)
         (sub / f"img-{i:05d}.bin").write_bytes(i.to_bytes(8, "big") + data[: per - 8])
-    out = subprocess.run(f"cd {shlex.quote(str(root))} && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum"
-                         " | sha256sum", shell=True, capture_output=True, text=True, executable="/bin/bash")
+    out = subprocess.run(
+        f"cd {shlex.quote(str(root))} && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum",
+        shell=True,
+        capture_output=True,
+        text=True,
+        executable="/bin/bash",
+    )
     return per * files, out.stdout.split()[0]
 
 
@@ -271,9 +367,14 @@ def make_small_files(root: Path, files: int, size: int = 4000) -> tuple[int, str
         if i < 1000:
             sub.mkdir(parents=True, exist_ok=True)
         off = (i * 7919) % ((1 << 20) - size)
-        (sub / f"img-{i:07d}.jpg").write_bytes(i.to_bytes(8, "big") + block[off:off + size - 8])
-    out = subprocess.run(f"cd {shlex.quote(str(root))} && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum"
-                         " | sha256sum", shell=True, capture_output=True, text=True, executable="/bin/bash")
+        (sub / f"img-{i:07d}.jpg").write_bytes(i.to_bytes(8, "big") + block[off : off + size - 8])
+    out = subprocess.run(
+        f"cd {shlex.quote(str(root))} && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum",
+        shell=True,
+        capture_output=True,
+        text=True,
+        executable="/bin/bash",
+    )
     return size * files, out.stdout.split()[0]
 
 
@@ -286,8 +387,11 @@ def run_small(args) -> list[dict]:
         src = work / "small"
         t0 = time.perf_counter()
         size, digest = make_small_files(src, args.small_files)
-        print(f"dataset: {args.small_files} files, {size / 1e6:.0f} MB in 1,000 folders (made in "
-              f"{time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"dataset: {args.small_files} files, {size / 1e6:.0f} MB in 1,000 folders (made in "
+            f"{time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
         for n in args.nodes:
             b = Bench(n, args.rate, work / f"home{n}", work, args.ref_repo)
             b.up()
@@ -300,21 +404,33 @@ def run_small(args) -> list[dict]:
                     secs = time.perf_counter() - t0
                     digests = b.digests()
                     ok = sum(1 for d in (digests[:1] if method == "bare-one" else digests) if d == [digest])
-                    row = {"nodes": n, "method": method, "seconds": round(secs, 2), "files": args.small_files,
-                           "files_per_s": round(args.small_files / secs), "verified_nodes": ok,
-                           "notes": b.notes}
+                    row = {
+                        "nodes": n,
+                        "method": method,
+                        "seconds": round(secs, 2),
+                        "files": args.small_files,
+                        "files_per_s": round(args.small_files / secs),
+                        "verified_nodes": ok,
+                        "notes": b.notes,
+                    }
                     if method == "clusterctl":
                         row["phases_s"] = {k: round(v, 2) for k, v in b.phases}
                     results.append(row)
-                    print(f"  {method:<11} {secs:7.1f} s  {args.small_files / secs:8.0f} files/s "
-                          f"({'1 node' if method == 'bare-one' else f'{n} nodes, verified {ok}/{n}'})"
-                          + (f"  (phases at: {row['phases_s']}; {'; '.join(b.notes)})" if b.notes else ""), flush=True)
+                    print(
+                        f"  {method:<11} {secs:7.1f} s  {args.small_files / secs:8.0f} files/s "
+                        f"({'1 node' if method == 'bare-one' else f'{n} nodes, verified {ok}/{n}'})"
+                        + (f"  (phases at: {row['phases_s']}; {'; '.join(b.notes)})" if b.notes else ""),
+                        flush=True,
+                    )
                 b.clear()
             finally:
                 b.down()
         best = {m: min(r["seconds"] for r in results if r["method"] == m) for m in ("bare-one", "clusterctl")}
-        print(f"best: clusterctl {best['clusterctl']:.1f} s to {args.nodes[-1]} nodes, bare tar | ssh "
-              f"{best['bare-one']:.1f} s to one: {best['clusterctl'] / best['bare-one']:.2f}x", flush=True)
+        print(
+            f"best: clusterctl {best['clusterctl']:.1f} s to {args.nodes[-1]} nodes, bare tar | ssh "
+            f"{best['bare-one']:.1f} s to one: {best['clusterctl'] / best['bare-one']:.2f}x",
+            flush=True,
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return results
@@ -328,8 +444,11 @@ def run(args) -> list[dict]:
         src = work / "dataset"
         size, digest = make_dataset(src, args.size_mb, args.files)
         limit = size * 8 / (args.rate * 1e6)
-        print(f"dataset: {size / 1e6:.0f} MB in {args.files} files; links at {args.rate} Mbit/s; "
-              f"one-copy limit {limit:.1f} s", flush=True)
+        print(
+            f"dataset: {size / 1e6:.0f} MB in {args.files} files; links at {args.rate} Mbit/s; "
+            f"one-copy limit {limit:.1f} s",
+            flush=True,
+        )
         for n in args.nodes:
             b = Bench(n, args.rate, work / f"home{n}", work, args.ref_repo)
             b.up()
@@ -350,21 +469,32 @@ def run(args) -> list[dict]:
                     cpu = (c1[0] - c0[0]) / max(1e-9, c1[1] - c0[1])
                     ours = o1 - o0
                     ok = sum(1 for d in b.digests() if d == [digest])
-                    row = {"nodes": n, "rate_mbit": args.rate, "method": method, "seconds": round(secs, 2),
-                           "ratio": round(secs / limit, 2), "machine_cpu_busy": round(cpu, 3),
-                           "own_cpu_seconds": round(ours, 1), "own_cpu_share": round(ours / secs / cores, 3),
-                           "verified_nodes": ok,
-                           "core_s_per_gb_hop": round(ours / (size / 1e9) / n, 2),
-                           "size_bytes": size, "files": args.files, "link_mbit_measured": round(link)}
+                    row = {
+                        "nodes": n,
+                        "rate_mbit": args.rate,
+                        "method": method,
+                        "seconds": round(secs, 2),
+                        "ratio": round(secs / limit, 2),
+                        "machine_cpu_busy": round(cpu, 3),
+                        "own_cpu_seconds": round(ours, 1),
+                        "own_cpu_share": round(ours / secs / cores, 3),
+                        "verified_nodes": ok,
+                        "core_s_per_gb_hop": round(ours / (size / 1e9) / n, 2),
+                        "size_bytes": size,
+                        "files": args.files,
+                        "link_mbit_measured": round(link),
+                    }
                     if method.startswith("clusterctl"):
                         row["phases_s"] = {k: round(v, 2) for k, v in b.phases}
                         row["notes"] = b.notes
                     results.append(row)
-                    print(f"  {method:<17} {secs:7.1f} s  {secs / limit:5.2f}x the one-copy limit  "
-                          f"CPU: its own {ours:5.1f} core-s ({ours / secs / cores:4.0%} of {cores} cores, "
-                          f"{row['core_s_per_gb_hop']:.2f} core-s/GB/hop), machine {cpu:4.0%} busy  verified {ok}/{n}"
-                          + (f"  (phases at: {row['phases_s']}; {'; '.join(b.notes)})" if "phases_s" in row else ""),
-                          flush=True)
+                    print(
+                        f"  {method:<17} {secs:7.1f} s  {secs / limit:5.2f}x the one-copy limit  "
+                        f"CPU: its own {ours:5.1f} core-s ({ours / secs / cores:4.0%} of {cores} cores, "
+                        f"{row['core_s_per_gb_hop']:.2f} core-s/GB/hop), machine {cpu:4.0%} busy  verified {ok}/{n}"
+                        + (f"  (phases at: {row['phases_s']}; {'; '.join(b.notes)})" if "phases_s" in row else ""),
+                        flush=True,
+                    )
                 b.clear()
             finally:
                 b.down()
@@ -382,8 +512,11 @@ def main() -> None:
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--repeat", type=int, default=1, help="run every method this many times (rounds interleaved)")
-    p.add_argument("--small-files", type=int, help="instead: this many 4 kB files, clusterctl against one bare "
-                   "tar | ssh copy (links unshaped)")
+    p.add_argument(
+        "--small-files",
+        type=int,
+        help="instead: this many 4 kB files, clusterctl against one bare tar | ssh copy (links unshaped)",
+    )
     p.add_argument("--ref-repo", type=Path, help="clusterctl-ref: the checkout to compare with (a git worktree)")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args()
@@ -411,9 +544,11 @@ def main() -> None:
                 best[key] = r
         for (n, method), r in best.items():
             spread = [x["seconds"] for x in results if (x["nodes"], x["method"]) == (n, method)]
-            print(f"  N={n} {method:<17} {r['seconds']:7.1f} s  {r['ratio']:5.2f}x  (spread {min(spread):.1f}-"
-                  f"{max(spread):.1f} s)  own CPU {r['own_cpu_seconds']:5.1f} core-s ({r['core_s_per_gb_hop']:.2f}/GB/hop)"
-                  f"  machine {r['machine_cpu_busy']:4.0%} busy  verified {r['verified_nodes']}/{n}")
+            print(
+                f"  N={n} {method:<17} {r['seconds']:7.1f} s  {r['ratio']:5.2f}x  (spread {min(spread):.1f}-"
+                f"{max(spread):.1f} s)  own CPU {r['own_cpu_seconds']:5.1f} core-s ({r['core_s_per_gb_hop']:.2f}/GB/hop)"
+                f"  machine {r['machine_cpu_busy']:4.0%} busy  verified {r['verified_nodes']}/{n}"
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -54,9 +54,24 @@ def main() -> int:
     try:
         for mode, flags in MODES.items():
             out = work / mode.replace(" ", "-")
-            proc = cli("bench", "--synthetic", "--model", "tiny", "--ladder", str(np_), "--iters", str(args.iters),
-                       "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--out", str(out), *flags,
-                       check=False)
+            proc = cli(
+                "bench",
+                "--synthetic",
+                "--model",
+                "tiny",
+                "--ladder",
+                str(np_),
+                "--iters",
+                str(args.iters),
+                "--steps",
+                str(args.steps),
+                "--batch-size",
+                str(args.batch_size),
+                "--out",
+                str(out),
+                *flags,
+                check=False,
+            )
             if proc.returncode != 0:
                 print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
                 return 1
@@ -66,15 +81,19 @@ def main() -> int:
             rows.append((mode, top["img_per_sec"], top["conf"]))
     finally:
         cli("down", name, "--yes", check=False)
-    print(f"{np_} processes on {args.nodes} node(s) x {args.slots} slot(s), batch {args.batch_size}/process, "
-          f"{args.iters} timed batches of {args.steps} steps, {os.cpu_count()} cores on this machine")
+    print(
+        f"{np_} processes on {args.nodes} node(s) x {args.slots} slot(s), batch {args.batch_size}/process, "
+        f"{args.iters} timed batches of {args.steps} steps, {os.cpu_count()} cores on this machine"
+    )
     print(f"{'mode':<12} {'img/s':>10}   1.96 sigma")
     for mode, ips, conf in rows:
         print(f"{mode:<12} {ips:>10.1f}   +- {conf:.1f}")
     model = max(ips for mode, ips, _ in rows if mode != "input only")
     feed = next(ips for mode, ips, _ in rows if mode == "input only")
-    print(f"input pipeline / fastest model: {feed / model:.2f}x"
-          + ("  <- feeding is the bottleneck" if feed < 1.2 * model else ""))
+    print(
+        f"input pipeline / fastest model: {feed / model:.2f}x"
+        + ("  <- feeding is the bottleneck" if feed < 1.2 * model else "")
+    )
     return 0
 
 

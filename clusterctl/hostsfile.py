@@ -182,8 +182,11 @@ class HostsFile:
         if with_port:
             from clusterctl.errors import UsageError
 
-            raise UsageError(f"{who} takes one ssh port for all hosts, so {with_port[0]!r} (a host with its "
-                             "own port) cannot be launched", "use hosts whose sshd listens on port 22")
+            raise UsageError(
+                f"{who} takes one ssh port for all hosts, so {with_port[0]!r} (a host with its "
+                "own port) cannot be launched",
+                "use hosts whose sshd listens on port 22",
+            )
 
     def render_mpi(self) -> str:
         self.check_launchable()

@@ -39,8 +39,12 @@ def render(name: str, **variables: object) -> str:
     """A jinja2 template from templates/, rendered strictly (an unknown variable is an error)."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder("templates"))),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(folder("templates"))),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
     try:
         return env.get_template(name).render(**variables)
     except jinja2.UndefinedError as exc:

@@ -93,10 +93,10 @@ class Autostop:
         return bool(self.idle_stop_s or self.max_lifetime_s)
 
 
-
 def node_names(cluster: str, count: int) -> list[str]:
     """Every provider names a cluster's nodes the same way: NAME-leader, NAME-member-1, ..."""
     return [f"{cluster}-leader"] + [f"{cluster}-member-{i}" for i in range(1, count)]
+
 
 @dataclass(frozen=True)
 class ClusterSpec:
@@ -184,5 +184,6 @@ class RunReport:
     def exit_code(self) -> int:
         """The tool's exit status for this run: timeout beats unreachable beats the worst remote code."""
         worst = max((r.exit_code or 0 for r in self.results), default=0)
-        return exit_status(bool(self.by_status("timeout")), bool(self.by_status("unreachable")),
-                           min(worst, MAX_PASSED_EXIT))
+        return exit_status(
+            bool(self.by_status("timeout")), bool(self.by_status("unreachable")), min(worst, MAX_PASSED_EXIT)
+        )

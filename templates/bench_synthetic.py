@@ -201,9 +201,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if rank == 0:
         emit(
-            "start", size=size, model="input-pipeline" if args.input_only else args.model, batch=args.batch_size,
-            warmup_steps=args.warmup_steps, steps=args.steps, iters=args.iters, gpus=len(gpus),
-            mixed_precision=int(args.mixed_precision), xla=int(args.xla),
+            "start",
+            size=size,
+            model="input-pipeline" if args.input_only else args.model,
+            batch=args.batch_size,
+            warmup_steps=args.warmup_steps,
+            steps=args.steps,
+            iters=args.iters,
+            gpus=len(gpus),
+            mixed_precision=int(args.mixed_precision),
+            xla=int(args.xla),
         )
 
     local_rates, totals = [], []
@@ -227,8 +234,13 @@ def main(argv: list[str] | None = None) -> int:
             emit("host", rank=r, name=name, local_rank=int(lrank), img_per_sec=float(rate), conf=float(conf))
         total, conf = mean_conf(totals)
         emit(
-            "result", size=size, img_per_sec=total, img_per_sec_per_proc=total / size,
-            model="input-pipeline" if args.input_only else args.model, batch=args.batch_size, conf=conf,
+            "result",
+            size=size,
+            img_per_sec=total,
+            img_per_sec_per_proc=total / size,
+            model="input-pipeline" if args.input_only else args.model,
+            batch=args.batch_size,
+            conf=conf,
         )
     return 0
 
@@ -252,8 +264,12 @@ def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int):
         bbox = tf.zeros((1, 0, 4), tf.float32)  # no box: the whole image, as ImageNet's loaders do
         y, x, _ = tf.unstack(tf.image.extract_jpeg_shape(data))
         begin, size_, _ = tf.image.sample_distorted_bounding_box(
-            tf.stack([y, x, 3]), bbox, area_range=(0.08, 1.0), aspect_ratio_range=(0.75, 1.33),
-            use_image_if_no_bounding_boxes=True)
+            tf.stack([y, x, 3]),
+            bbox,
+            area_range=(0.08, 1.0),
+            aspect_ratio_range=(0.75, 1.33),
+            use_image_if_no_bounding_boxes=True,
+        )
         oy, ox, _ = tf.unstack(begin)
         h, w, _ = tf.unstack(size_)
         image = tf.image.decode_and_crop_jpeg(data, tf.stack([oy, ox, h, w]), channels=3)
@@ -262,8 +278,14 @@ def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int):
 
     options = tf.data.Options()
     options.threading.private_threadpool_size = max(1, os.cpu_count() or 1)
-    return (ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(batch, drop_remainder=True)
-            .map(lambda x: (x, tf.zeros((batch,), tf.int64))).prefetch(tf.data.AUTOTUNE).with_options(options))
+    return (
+        ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(batch, drop_remainder=True)
+        .map(lambda x: (x, tf.zeros((batch,), tf.int64)))
+        .prefetch(tf.data.AUTOTUNE)
+        .with_options(options)
+    )
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -51,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     if hvd.rank() == 0:
         factor = 2 * (size - 1) / size if size > 1 else 1.0
         seconds = count * 4 * 8 / (mean * 1e9) * factor
-        print(f"{MARK} result size={size} bytes={count * 4} seconds={seconds:.4f} algbw_gbit={mean / factor:.4f} "
-              f"busbw_gbit={mean:.4f} conf={conf:.4f}", flush=True)
+        print(
+            f"{MARK} result size={size} bytes={count * 4} seconds={seconds:.4f} algbw_gbit={mean / factor:.4f} "
+            f"busbw_gbit={mean:.4f} conf={conf:.4f}",
+            flush=True,
+        )
     return 0
 
 

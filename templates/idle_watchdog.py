@@ -39,10 +39,23 @@ import threading
 import time
 
 MARK = "idle_watchdog.py"  # clusterctl's own processes carry this in their command line
-TRAINING = re.compile(r"^(python[0-9.]*|horovodrun|mpirun|mpiexec|orted|prted|prterun|torchrun|deepspeed|hydra_pmi_proxy)$")
-DEFAULTS = {"enabled": True, "idle_stop": 3600, "max_lifetime": None, "keep_until": None, "created_at": None,
-            "poll": 30, "poweroff": "shutdown", "user": "root", "python": "/usr/bin/python3", "script": None,
-            "gpu_busy_percent": 1, "cluster": ""}
+TRAINING = re.compile(
+    r"^(python[0-9.]*|horovodrun|mpirun|mpiexec|orted|prted|prterun|torchrun|deepspeed|hydra_pmi_proxy)$"
+)
+DEFAULTS = {
+    "enabled": True,
+    "idle_stop": 3600,
+    "max_lifetime": None,
+    "keep_until": None,
+    "created_at": None,
+    "poll": 30,
+    "poweroff": "shutdown",
+    "user": "root",
+    "python": "/usr/bin/python3",
+    "script": None,
+    "gpu_busy_percent": 1,
+    "cluster": "",
+}
 
 
 # ---- files --------------------------------------------------------------------------------------------
@@ -106,8 +119,8 @@ def processes():
         if not stat:
             continue
         stat = stat.decode(errors="replace")
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        f = stat[stat.rindex(")") + 2:].split()
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        f = stat[stat.rindex(")") + 2 :].split()
         if f[0] in ("Z", "X"):
             continue
         cmd = (_read(f"/proc/{name}/cmdline") or b"").replace(b"\0", b" ").decode(errors="replace").strip()
@@ -122,8 +135,12 @@ def gpu_use(threshold):
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         values = [int(v.strip()) for v in r.stdout.split("\n") if v.strip()]
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
@@ -208,8 +225,10 @@ def leases(d, now=None):
         info = read_json(os.path.join(folder, name))
         until = float((info or {}).get("until") or 0) if isinstance(info, dict) else 0
         if until > now:
-            reasons.append(f"lease {name[:-5]}: {info.get('what') or 'a clusterctl operation'} runs "
-                           f"(for {int(until - now)}s more unless renewed)")
+            reasons.append(
+                f"lease {name[:-5]}: {info.get('what') or 'a clusterctl operation'} runs "
+                f"(for {int(until - now)}s more unless renewed)"
+            )
         else:  # expired, or unreadable for a minute (a lease released meanwhile is simply gone)
             try:
                 if info is not None or now - os.path.getmtime(os.path.join(folder, name)) > 60:
@@ -256,8 +275,21 @@ def answers(host, port=22, timeout=3.0):
 
 
 def ssh(cfg, host, command, timeout):
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5",
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2", host, command]
+    argv = [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "ConnectTimeout=5",
+        "-o",
+        "ServerAliveInterval=5",
+        "-o",
+        "ServerAliveCountMax=2",
+        host,
+        command,
+    ]
     if os.geteuid() == 0 and cfg["user"] != "root":
         argv = ["runuser", "-u", cfg["user"], "--"] + argv
     try:
@@ -316,8 +348,13 @@ def boot_time():
 def plan(cfg, last_active, started, now):
     """When the cluster stops and why: {"stop_at": epoch or None, "why": "idle-stop"|"max-lifetime"|None, ...}."""
     keep = cfg.get("keep_until") or 0
-    out = {"stop_at": None, "why": None, "idle_for": max(0.0, now - max(last_active, started)),
-           "idle_at": None, "lifetime_at": None}
+    out = {
+        "stop_at": None,
+        "why": None,
+        "idle_for": max(0.0, now - max(last_active, started)),
+        "idle_at": None,
+        "lifetime_at": None,
+    }
     if not cfg.get("enabled", True):
         return out
     if cfg.get("idle_stop"):
@@ -336,11 +373,21 @@ def status(d):
     state = read_json(os.path.join(d, "state.json"), {}) or {}
     now = time.time()
     pid = state.get("pid")
-    alive = bool(pid) and os.path.exists(f"/proc/{pid}") and MARK in (_read(f"/proc/{pid}/cmdline") or b"").decode(errors="replace")
+    alive = (
+        bool(pid)
+        and os.path.exists(f"/proc/{pid}")
+        and MARK in (_read(f"/proc/{pid}/cmdline") or b"").decode(errors="replace")
+    )
     started = state.get("started_at") or now
     p = plan(cfg, state.get("last_active") or started, started, now)
-    return {"config": cfg, "state": state, "running": alive, "now": now, "plan": p,
-            "fired": read_json(os.path.join(d, "fired.json"))}
+    return {
+        "config": cfg,
+        "state": state,
+        "running": alive,
+        "now": now,
+        "plan": p,
+        "fired": read_json(os.path.join(d, "fired.json")),
+    }
 
 
 def _name_process():
@@ -358,8 +405,11 @@ def run(d):
     last_active, last_reason = started, "the watchdog started"
     seen, own, first, leader_gone, failing = {}, set(), True, 0, {}
     cfg = load_config(d)
-    log(d, f"started (pid {os.getpid()}): idle-stop {cfg.get('idle_stop')}s, max-lifetime {cfg.get('max_lifetime')}s, "
-           f"enabled {cfg.get('enabled')}")
+    log(
+        d,
+        f"started (pid {os.getpid()}): idle-stop {cfg.get('idle_stop')}s, max-lifetime {cfg.get('max_lifetime')}s, "
+        f"enabled {cfg.get('enabled')}",
+    )
     while True:
         cfg = load_config(d)
         now = time.time()
@@ -376,8 +426,10 @@ def run(d):
                 leader_gone += 1
                 role = "member" if leader_gone < 3 else "alone"
         if not cfg.get("enabled", True) or role == "member":
-            last_active, last_reason = now, ("autostop is off" if not cfg.get("enabled", True)
-                                             else f"the leader {hosts[0]} decides")
+            last_active, last_reason = (
+                now,
+                ("autostop is off" if not cfg.get("enabled", True) else f"the leader {hosts[0]} decides"),
+            )
         else:
             here = probe(threshold)
             reasons = leases(d, now) + busy_reasons("this node", here, seen.get("", {}), own, first, threshold)
@@ -399,13 +451,24 @@ def run(d):
         if role == "member" or not cfg.get("enabled", True):
             seen, first = {}, True  # sessions seen before a pause say nothing about activity after it
         p = plan(cfg, last_active, started, now)
-        write_json(os.path.join(d, "state.json"), {
-            "pid": os.getpid(), "started_at": started, "checked_at": now, "last_active": last_active,
-            "last_reason": last_reason, "role": role, "plan": p})
+        write_json(
+            os.path.join(d, "state.json"),
+            {
+                "pid": os.getpid(),
+                "started_at": started,
+                "checked_at": now,
+                "last_active": last_active,
+                "last_reason": last_reason,
+                "role": role,
+                "plan": p,
+            },
+        )
         if p["stop_at"] is not None and now >= p["stop_at"]:
             if p["why"] == "idle-stop":
-                why = (f"idle-stop: nothing busy for {int(now - max(last_active, started))}s (limit "
-                       f"{int(cfg['idle_stop'])}s); last activity: {last_reason}")
+                why = (
+                    f"idle-stop: nothing busy for {int(now - max(last_active, started))}s (limit "
+                    f"{int(cfg['idle_stop'])}s); last activity: {last_reason}"
+                )
             else:
                 born = cfg.get("created_at") or boot_time() or started
                 why = f"max-lifetime: up {int(now - born)}s (limit {int(cfg['max_lifetime'])}s)"
@@ -471,8 +534,11 @@ def main(argv):
             if opt(flag) is not None:  # seconds, or "none"
                 changes[key] = None if opt(flag) == "none" else int(float(opt(flag)))
         edit_config(d, **changes)
-        log(d, f"autostop turned {cmd}" + "".join(f", {k} {v}" for k, v in changes.items() if k != "enabled"),
-            echo=False)
+        log(
+            d,
+            f"autostop turned {cmd}" + "".join(f", {k} {v}" for k, v in changes.items() if k != "enabled"),
+            echo=False,
+        )
         print(json.dumps(status(d), sort_keys=True))
     return 0
 

@@ -139,14 +139,20 @@ def start_script(sweep_dir: str, items: list, workdir: str | None = None, path_p
         exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(assigns.items()))
         if workdir:
             cd = f"cd {shlex.quote(workdir)} 2>>{n}.log || {{ echo 96 $(date +%s.%N) > {n}.exit; exit 96; }}; "
-        inner = (f"echo $$ $(date +%s.%N) > {n}.pid.tmp && mv {n}.pid.tmp {n}.pid; {cd}"
-                 f"env{path} {exports} \"${{SHELL:-/bin/sh}}\" -c {shlex.quote(command)} "
-                 f">>{d}/{n}.log 2>&1 </dev/null; "
-                 f"rc=$?; echo $rc $(date +%s.%N) > {d}/{n}.exit.tmp && mv {d}/{n}.exit.tmp {d}/{n}.exit")
-        parts.append(f"rm -f {n}.exit {n}.pid; : > {n}.log; setsid sh -c {shlex.quote(inner)} >/dev/null 2>&1 </dev/null &")
+        inner = (
+            f"echo $$ $(date +%s.%N) > {n}.pid.tmp && mv {n}.pid.tmp {n}.pid; {cd}"
+            f'env{path} {exports} "${{SHELL:-/bin/sh}}" -c {shlex.quote(command)} '
+            f">>{d}/{n}.log 2>&1 </dev/null; "
+            f"rc=$?; echo $rc $(date +%s.%N) > {d}/{n}.exit.tmp && mv {d}/{n}.exit.tmp {d}/{n}.exit"
+        )
+        parts.append(
+            f"rm -f {n}.exit {n}.pid; : > {n}.log; setsid sh -c {shlex.quote(inner)} >/dev/null 2>&1 </dev/null &"
+        )
     names = " ".join(trial_name(item[0]) for item in items)
-    parts.append(f"i=0; while [ $i -lt 200 ]; do ok=1; for n in {names}; do [ -s $n.pid ] || ok=0; done; "
-                 "[ $ok = 1 ] && break; sleep 0.02; i=$((i+1)); done")
+    parts.append(
+        f"i=0; while [ $i -lt 200 ]; do ok=1; for n in {names}; do [ -s $n.pid ] || ok=0; done; "
+        "[ $ok = 1 ] && break; sleep 0.02; i=$((i+1)); done"
+    )
     for item in items:
         n = trial_name(item[0])
         parts.append(f"printf '{MARK}started {item[0]} %s\\n' \"$(cat {n}.pid 2>/dev/null)\"")
@@ -163,9 +169,11 @@ def poll_script(sweep_dir: str, items: list, tail: int = TAIL_BYTES) -> str:
         done = f"printf '{MARK}exit {trial_id} %s\\n' \"$(cat {n}.exit)\"; tail -c {int(tail)} {n}.log; echo"
         # alive: its session leader exists and is not a zombie (an orphan whose reaper is slow)
         alive = f'case "$(ps -o stat= -p {int(sid)} 2>/dev/null)" in ""|Z*) false;; esac'
-        parts.append(f"if [ -f {n}.exit ]; then {done}; elif {alive}; then "
-                     f"printf '{MARK}run {trial_id}\\n'; elif [ -f {n}.exit ]; then {done}; "
-                     f"else printf '{MARK}gone {trial_id}\\n'; fi")
+        parts.append(
+            f"if [ -f {n}.exit ]; then {done}; elif {alive}; then "
+            f"printf '{MARK}run {trial_id}\\n'; elif [ -f {n}.exit ]; then {done}; "
+            f"else printf '{MARK}gone {trial_id}\\n'; fi"
+        )
     return "\n".join(parts)
 
 
@@ -173,13 +181,14 @@ def kill_script(sids: list, tree_fn: str, grace: float = 2.0) -> str:
     """Shell text: SIGTERM each trial's session and every descendant, SIGKILL whatever is left after
     `grace` seconds; exits 1 naming the survivors."""
     s = " ".join(str(int(x)) for x in sids)
-    return (tree_fn + "\n"
-            + f"all() {{ for s in {s}; do cc_tree $s; done; }}; "
-            'p=$(all); [ -n "$p" ] && kill -TERM $p 2>/dev/null; '
-            f'i=0; while [ -n "$(all)" ] && [ $i -lt {int(grace * 10)} ]; do sleep 0.1; i=$((i+1)); done; '
-            'i=0; while p=$(all); [ -n "$p" ] && [ $i -lt 50 ]; do kill -STOP $p 2>/dev/null; kill -KILL $(all) 2>/dev/null; '
-            'sleep 0.05; i=$((i+1)); done; '
-            'p=$(all); [ -z "$p" ] || { echo "still running: $p" >&2; exit 1; }')
+    return (
+        tree_fn + "\n" + f"all() {{ for s in {s}; do cc_tree $s; done; }}; "
+        'p=$(all); [ -n "$p" ] && kill -TERM $p 2>/dev/null; '
+        f'i=0; while [ -n "$(all)" ] && [ $i -lt {int(grace * 10)} ]; do sleep 0.1; i=$((i+1)); done; '
+        'i=0; while p=$(all); [ -n "$p" ] && [ $i -lt 50 ]; do kill -STOP $p 2>/dev/null; kill -KILL $(all) 2>/dev/null; '
+        "sleep 0.05; i=$((i+1)); done; "
+        'p=$(all); [ -z "$p" ] || { echo "still running: $p" >&2; exit 1; }'
+    )
 
 
 def stamp(value: str):
@@ -228,28 +237,70 @@ class Scheduler:
 
     def fresh_state(self) -> dict:
         return {
-            "id": self.cfg["id"], "status": "running", "pid": os.getpid(), "started": time.time(), "ended": None,
-            "updated": time.time(), "error": None, "dir": self.dir, "meta": self.cfg.get("meta") or {},
-            "nodes": [{"host": n["host"], "slots": int(n["slots"]), "alive": True, "why": None, "failing_since": None,
-                       "failures": 0} for n in self.cfg["nodes"]],
-            "trials": [{"id": t["id"], "params": t["params"], "command": t["command"], "state": "queued",
-                        "node": None, "gpus": None, "sid": None, "started": None, "ended": None, "exit_code": None,
-                        "dispatched": None, "metric": None, "error": None, "requeued": 0, "log": None,
-                        "attempts": []}
-                       for t in self.cfg["trials"]],
+            "id": self.cfg["id"],
+            "status": "running",
+            "pid": os.getpid(),
+            "started": time.time(),
+            "ended": None,
+            "updated": time.time(),
+            "error": None,
+            "dir": self.dir,
+            "meta": self.cfg.get("meta") or {},
+            "nodes": [
+                {
+                    "host": n["host"],
+                    "slots": int(n["slots"]),
+                    "alive": True,
+                    "why": None,
+                    "failing_since": None,
+                    "failures": 0,
+                }
+                for n in self.cfg["nodes"]
+            ],
+            "trials": [
+                {
+                    "id": t["id"],
+                    "params": t["params"],
+                    "command": t["command"],
+                    "state": "queued",
+                    "node": None,
+                    "gpus": None,
+                    "sid": None,
+                    "started": None,
+                    "ended": None,
+                    "exit_code": None,
+                    "dispatched": None,
+                    "metric": None,
+                    "error": None,
+                    "requeued": 0,
+                    "log": None,
+                    "attempts": [],
+                }
+                for t in self.cfg["trials"]
+            ],
         }
 
     # ---- ssh --------------------------------------------------------------------------------------------
     def ssh_argv(self) -> list:
         # one kept connection per node (OpenSSH multiplexing): a round's ssh costs a few ms, not a handshake
-        return list(self.cfg["ssh"]) + ["-o", "ControlMaster=auto", "-o", "ControlPersist=30",
-                                        "-o", f"ControlPath=~/.ssh/cc-{self.cfg['id'][-4:]}-%C"]
+        return list(self.cfg["ssh"]) + [
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            "ControlPersist=30",
+            "-o",
+            f"ControlPath=~/.ssh/cc-{self.cfg['id'][-4:]}-%C",
+        ]
 
     def close_connections(self) -> None:
         for n in self.state["nodes"]:
             try:
-                subprocess.run(self.ssh_argv() + ["-O", "exit", self._dest(n["host"])], stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=10)
+                subprocess.run(
+                    self.ssh_argv() + ["-O", "exit", self._dest(n["host"])],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=10,
+                )
             except (OSError, subprocess.SubprocessError):
                 pass
 
@@ -318,8 +369,10 @@ class Scheduler:
         env["CLUSTERCTL_SWEEP"] = self.cfg["id"]
 
         def start(host):
-            items = [(t["id"], t["command"], t["gpus"], dict(env, CLUSTERCTL_TRIAL_PARAMS=json.dumps(t["params"])))
-                     for t in by_host[host]]
+            items = [
+                (t["id"], t["command"], t["gpus"], dict(env, CLUSTERCTL_TRIAL_PARAMS=json.dumps(t["params"])))
+                for t in by_host[host]
+            ]
             script = start_script(self.dir, items, self.cfg.get("workdir"), self.cfg.get("path_prefix"))
             return host, self.ssh(host, script)
 
@@ -340,8 +393,16 @@ class Scheduler:
                 if sid:
                     # started/ended: the node's clock (what the trial saw); dispatched: ours (for timeouts)
                     t.update(state="running", sid=sid, started=when or now, dispatched=now, log=log)
-                    t["attempts"].append({"node": host, "gpus": t["gpus"], "started": when or now, "ended": None,
-                                          "outcome": None, "log": log})
+                    t["attempts"].append(
+                        {
+                            "node": host,
+                            "gpus": t["gpus"],
+                            "started": when or now,
+                            "ended": None,
+                            "outcome": None,
+                            "log": log,
+                        }
+                    )
                     self.log(f"trial {t['id']} started on {host} gpu {','.join(map(str, t['gpus']))}")
                 else:
                     t.update(state="failed", ended=now, log=log, error=f"did not start on {host}")
@@ -375,8 +436,11 @@ class Scheduler:
                     continue
                 if kind == "exit":
                     code_, when = stamp(value)
-                    t.update(ended=when or now, exit_code=code_,
-                             metric=parse_metric(text, metric.get("regex"), metric.get("key", "metric")))
+                    t.update(
+                        ended=when or now,
+                        exit_code=code_,
+                        metric=parse_metric(text, metric.get("regex"), metric.get("key", "metric")),
+                    )
                     if t.get("timed_out"):
                         t.update(state="failed", error=f"timed out after {float(timeout):g}s")
                     elif code_ == 0:
@@ -387,8 +451,13 @@ class Scheduler:
                     self.log(f"trial {t['id']} {t['state']} on {host}: exit {code_}, metric {t['metric']}")
                 elif kind == "gone":
                     overdue.setdefault(host, []).append(t["sid"])  # whatever it left behind holds the GPU
-                    t.update(state="failed", ended=now, error=f"timed out after {float(timeout):g}s" if t.get("timed_out")
-                             else "its process vanished without an exit status")
+                    t.update(
+                        state="failed",
+                        ended=now,
+                        error=f"timed out after {float(timeout):g}s"
+                        if t.get("timed_out")
+                        else "its process vanished without an exit status",
+                    )
                     self.end_attempt(t, "vanished")
                 elif kind == "run" and timeout and now - t["dispatched"] > float(timeout) and not t.get("timed_out"):
                     t["timed_out"] = True
@@ -399,8 +468,11 @@ class Scheduler:
     def probe(self) -> None:
         """Nodes that failed an ssh and have no running trial (so no poll): try again, to clear or confirm."""
         busy = {t["node"] for t in self.state["trials"] if t["state"] == "running"}
-        hosts = [n["host"] for n in self.state["nodes"] if n["alive"] and n["failing_since"] is not None
-                 and n["host"] not in busy]
+        hosts = [
+            n["host"]
+            for n in self.state["nodes"]
+            if n["alive"] and n["failing_since"] is not None and n["host"] not in busy
+        ]
         if not hosts:
             return
         with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
@@ -420,8 +492,12 @@ class Scheduler:
         if not by_host:
             return
         with ThreadPoolExecutor(max_workers=min(32, len(by_host))) as pool:
-            results = list(pool.map(lambda h: (h, self.ssh(h, kill_script(by_host[h], self.cfg.get("tree_fn", "")),
-                                                             timeout=60)), by_host))
+            results = list(
+                pool.map(
+                    lambda h: (h, self.ssh(h, kill_script(by_host[h], self.cfg.get("tree_fn", "")), timeout=60)),
+                    by_host,
+                )
+            )
         for host, (ok, code, _out, err) in results:
             if not ok or code != 0:
                 self.log(f"could not verify that the trials on {host} ended: {err.strip() or code}")
@@ -435,8 +511,9 @@ class Scheduler:
             if t["state"] not in FINAL:
                 if t["state"] in ("running", "starting"):
                     self.end_attempt(t, "cancelled")
-                t.update(state="cancelled", ended=now if t["started"] else None,
-                         error=None if why == "cancelled" else why)
+                t.update(
+                    state="cancelled", ended=now if t["started"] else None, error=None if why == "cancelled" else why
+                )
         self.state.update(status="cancelled", ended=now)
         self.save()
         self.log(f"sweep {why}")
@@ -453,8 +530,10 @@ class Scheduler:
         poll = float(self.cfg.get("poll", 1.0))
         self.state.update(pid=os.getpid(), status="running")
         self.save()
-        self.log(f"sweep {self.cfg['id']}: {len(self.state['trials'])} trial(s) on "
-                 f"{sum(n['slots'] for n in self.state['nodes']) // self.g} slot group(s) of {self.g} GPU(s)")
+        self.log(
+            f"sweep {self.cfg['id']}: {len(self.state['trials'])} trial(s) on "
+            f"{sum(n['slots'] for n in self.state['nodes']) // self.g} slot group(s) of {self.g} GPU(s)"
+        )
         try:
             return self._loop(poll)
         finally:
@@ -488,7 +567,9 @@ class Scheduler:
             import traceback
 
             traceback.print_exc()
-            self.state.update(status="failed", error=f"scheduler crashed: {exc.__class__.__name__}: {exc}", ended=time.time())
+            self.state.update(
+                status="failed", error=f"scheduler crashed: {exc.__class__.__name__}: {exc}", ended=time.time()
+            )
             try:
                 self.kill_all()
             finally:

@@ -42,8 +42,9 @@ def pull_s3(uri: str, dst: str, endpoint_url: str | None) -> int:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
     except NoCredentialsError:
-        raise ConfigError("no AWS credentials on the leader",
-                          "give the cluster's nodes read access to it (`up --s3-read`)") from None
+        raise ConfigError(
+            "no AWS credentials on the leader", "give the cluster's nodes read access to it (`up --s3-read`)"
+        ) from None
     except (ClientError, BotoCoreError) as exc:
         raise ConfigError(f"{uri}: {exc}") from None
     if not keys:
@@ -51,7 +52,7 @@ def pull_s3(uri: str, dst: str, endpoint_url: str | None) -> int:
     root = os.path.realpath(dst)
 
     def one(key: str) -> None:
-        rel = key[len(prefix):]
+        rel = key[len(prefix) :]
         path = os.path.realpath(os.path.join(root, rel))
         if not path.startswith(root + os.sep):
             raise ConfigError(f"{uri}: object {key!r} would land outside the folder")
@@ -95,20 +96,43 @@ def main(argv: list[str] | None = None) -> int:
                 last[0] = time.monotonic()
                 print(f"{split}: {done}/{total} image(s)", flush=True)
 
-        info = data.convert_folder(src, a.dst, train_shards=a.train_shards, validation_shards=a.validation_shards,
-                                   validation_fraction=a.validation_fraction, seed=a.seed, force=a.force,
-                                   progress=progress, val_labels=a.val_labels, val_synsets=a.val_synsets)
+        info = data.convert_folder(
+            src,
+            a.dst,
+            train_shards=a.train_shards,
+            validation_shards=a.validation_shards,
+            validation_fraction=a.validation_fraction,
+            seed=a.seed,
+            force=a.force,
+            progress=progress,
+            val_labels=a.val_labels,
+            val_synsets=a.val_synsets,
+        )
     except ClusterctlError as exc:
-        print("CLUSTERCTL-DATA-ERROR " + json.dumps({"message": exc.message, "hint": exc.hint,
-                                                      "exit": int(exc.exit_code)}), flush=True)
+        print(
+            "CLUSTERCTL-DATA-ERROR "
+            + json.dumps({"message": exc.message, "hint": exc.hint, "exit": int(exc.exit_code)}),
+            flush=True,
+        )
         return int(exc.exit_code)
     finally:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
-    print("CLUSTERCTL-DATA " + json.dumps({
-        "path": str(info.path), "classes": list(info.classes), "reencoded": info.reencoded, "bytes": info.bytes,
-        "seconds": time.monotonic() - t0, "skipped": [list(s) for s in info.skipped],
-        "splits": {k: {"examples": v.examples, "shards": list(v.shards)} for k, v in info.splits.items()}}), flush=True)
+    print(
+        "CLUSTERCTL-DATA "
+        + json.dumps(
+            {
+                "path": str(info.path),
+                "classes": list(info.classes),
+                "reencoded": info.reencoded,
+                "bytes": info.bytes,
+                "seconds": time.monotonic() - t0,
+                "skipped": [list(s) for s in info.skipped],
+                "splits": {k: {"examples": v.examples, "shards": list(v.shards)} for k, v in info.splits.items()},
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -41,8 +41,19 @@ FORMAT = "clusterctl-checkpoint"
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _DATA = re.compile(r"^(ckpt-\d+)\.data-(\d+)-of-(\d+)$")
 # The leader's ssh to its nodes, as templates/hvd_launch.py gives horovodrun: pinned host keys, no prompt.
-SSH = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "PasswordAuthentication=no",
-       "-o", "ForwardAgent=no", "-o", "ConnectTimeout=20")
+SSH = (
+    "ssh",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "StrictHostKeyChecking=yes",
+    "-o",
+    "PasswordAuthentication=no",
+    "-o",
+    "ForwardAgent=no",
+    "-o",
+    "ConnectTimeout=20",
+)
 IMDS = "http://169.254.169.254"
 
 
@@ -64,8 +75,14 @@ def checkpoint_files(names) -> dict[str, list[str]]:
 
 def make_manifest(folder: str, name: str, step: int) -> dict:
     files = checkpoint_files(os.listdir(folder)).get(name, [])
-    return {"format": FORMAT, "version": 1, "name": name, "step": int(step), "time": time.time(),
-            "files": {f: os.path.getsize(os.path.join(folder, f)) for f in sorted(files)}}
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "name": name,
+        "step": int(step),
+        "time": time.time(),
+        "files": {f: os.path.getsize(os.path.join(folder, f)) for f in sorted(files)},
+    }
 
 
 def missing(manifest: dict, sizes: dict[str, int]) -> list[str]:
@@ -160,14 +177,17 @@ class SshCopy:
         self.label = f"{host}:{folder}"
 
     def _ssh(self, command: str, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, timeout: float = 3600):
-        return subprocess.run([*SSH, self.host, command], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
-                              timeout=timeout)
+        return subprocess.run(
+            [*SSH, self.host, command], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, timeout=timeout
+        )
 
     def listing(self) -> tuple[dict[str, int], list[dict]]:
         q = shlex.quote(self.folder)
-        cmd = (f"cd {q} 2>/dev/null || exit 0; for f in ckpt-*; do [ -f \"$f\" ] || continue; "
-               "case \"$f\" in *" + MANIFEST + ") printf 'M\\t'; tr -d '\\n' < \"$f\"; echo ;; "
-               "*) printf 'F\\t%s\\t%s\\n' \"$f\" \"$(stat -c %s \"$f\")\" ;; esac; done")
+        cmd = (
+            f'cd {q} 2>/dev/null || exit 0; for f in ckpt-*; do [ -f "$f" ] || continue; '
+            'case "$f" in *' + MANIFEST + ") printf 'M\\t'; tr -d '\\n' < \"$f\"; echo ;; "
+            '*) printf \'F\\t%s\\t%s\\n\' "$f" "$(stat -c %s "$f")" ;; esac; done'
+        )
         r = self._ssh(cmd, stdin=subprocess.DEVNULL, timeout=120)
         if r.returncode != 0:
             raise OSError(f"ssh {self.host}: exit {r.returncode}: {r.stderr.decode(errors='replace').strip()[-200:]}")
@@ -188,10 +208,10 @@ class SshCopy:
         q = shlex.quote(self.folder)
         files = sorted(manifest["files"])
         # An old manifest of the same name goes first: until the new one lands, the copy is incomplete.
-        tar = subprocess.Popen(["tar", "-C", folder, "-cf", "-", "--", *files], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
-        r = self._ssh(f"mkdir -p {q} && rm -f {q}/{manifest['name']}{MANIFEST} && tar -C {q} -xf -",
-                      stdin=tar.stdout)
+        tar = subprocess.Popen(
+            ["tar", "-C", folder, "-cf", "-", "--", *files], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        r = self._ssh(f"mkdir -p {q} && rm -f {q}/{manifest['name']}{MANIFEST} && tar -C {q} -xf -", stdin=tar.stdout)
         tar.stdout.close()
         terr = tar.stderr.read().decode(errors="replace")
         if tar.wait() != 0 or r.returncode != 0:
@@ -204,17 +224,26 @@ class SshCopy:
         body = json.dumps(manifest, sort_keys=True).encode()
         mname = manifest["name"] + MANIFEST
         rm = "".join(f" {q}/{shlex.quote(n)}.*" for n in drop)
-        r = subprocess.run([*SSH, self.host, f"cat > {q}/.{mname}.tmp && mv -f {q}/.{mname}.tmp {q}/{mname}"
-                            + (f" && rm -f{rm}" if drop else "")], input=body, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, timeout=120)
+        r = subprocess.run(
+            [
+                *SSH,
+                self.host,
+                f"cat > {q}/.{mname}.tmp && mv -f {q}/.{mname}.tmp {q}/{mname}" + (f" && rm -f{rm}" if drop else ""),
+            ],
+            input=body,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
         if r.returncode != 0:
             raise OSError(f"manifest to {self.host} failed: {r.stderr.decode(errors='replace').strip()[-200:]}")
 
     def fetch(self, manifest: dict, folder: str) -> None:
         q = shlex.quote(self.folder)
         files = " ".join(shlex.quote(f) for f in sorted(manifest["files"]))
-        with subprocess.Popen(["tar", "-C", folder, "-xf", "-"], stdin=subprocess.PIPE,
-                              stderr=subprocess.PIPE) as untar:
+        with subprocess.Popen(
+            ["tar", "-C", folder, "-xf", "-"], stdin=subprocess.PIPE, stderr=subprocess.PIPE
+        ) as untar:
             r = self._ssh(f"tar -C {q} -cf - -- {files}", stdout=untar.stdin)
             untar.stdin.close()
             if untar.wait() != 0 or r.returncode != 0:
@@ -243,8 +272,11 @@ class S3Copy:
             import boto3  # the node runtime's; credentials from the instance profile (or ~/.aws)
             from botocore.config import Config
 
-            self._client = boto3.client("s3", endpoint_url=self.endpoint_url or None,
-                                        config=Config(retries={"max_attempts": 8, "mode": "adaptive"}))
+            self._client = boto3.client(
+                "s3",
+                endpoint_url=self.endpoint_url or None,
+                config=Config(retries={"max_attempts": 8, "mode": "adaptive"}),
+            )
         return self._client
 
     def listing(self) -> tuple[dict[str, int], list[dict]]:
@@ -252,7 +284,7 @@ class S3Copy:
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
         for page in pages:
             for obj in page.get("Contents", []):
-                name = obj["Key"][len(self.prefix):]
+                name = obj["Key"][len(self.prefix) :]
                 if "/" in name or not name.startswith("ckpt-"):
                     continue
                 if name.endswith(MANIFEST):
@@ -295,7 +327,9 @@ def newest(folder: str, copies, report=lambda event, **f: None) -> tuple[str | N
         try:
             places.append((c.label, c, c.listing()))
         except Exception as exc:  # a copy that cannot be read is not a reason to start over
-            report("warning", kind="checkpoint_copy_unreadable", place=c.label, message=" ".join(str(exc).split())[:300])
+            report(
+                "warning", kind="checkpoint_copy_unreadable", place=c.label, message=" ".join(str(exc).split())[:300]
+            )
     best = None
     for label, copy, (sizes, manifests) in places:
         complete, bad = scan_listing(sizes, manifests)
@@ -358,8 +392,13 @@ class Copier:
                         c.push(folder, manifest, self.keep)
                         self.report("checkpoint_copy", step=manifest["step"], place=c.label, seconds=time.time() - t)
                     except Exception as exc:  # reported; the next checkpoint tries again
-                        self.report("warning", kind="checkpoint_copy_failed", place=c.label, step=manifest["step"],
-                                    message=" ".join(str(exc).split())[:300])
+                        self.report(
+                            "warning",
+                            kind="checkpoint_copy_failed",
+                            place=c.label,
+                            step=manifest["step"],
+                            message=" ".join(str(exc).split())[:300],
+                        )
             finally:
                 with self._cond:
                     self._busy = False
@@ -400,8 +439,9 @@ class SpotWatch:
             if status != 200:
                 return None
             self._token = body.decode()
-        status, body = self._request("GET", "/latest/meta-data/spot/instance-action",
-                                     {"X-aws-ec2-metadata-token": self._token})
+        status, body = self._request(
+            "GET", "/latest/meta-data/spot/instance-action", {"X-aws-ec2-metadata-token": self._token}
+        )
         if status == 401:  # the token expired: a new one next time
             self._token = None
         if status != 200:

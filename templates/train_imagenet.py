@@ -93,8 +93,23 @@ RECIPES = {
     "goyal": {"lr_schedule": "step", "warmup_epochs": 5.0, "label_smoothing": 0.0},
 }
 # The flags a checkpoint's run is defined by (hparams.json): resuming under other values would mix two runs.
-HPARAMS = ("model", "image_size", "num_classes", "batch_size", "epochs", "base_lr", "recipe", "warmup_epochs",
-           "lr_schedule", "momentum", "weight_decay", "label_smoothing", "label_offset", "min_crop_area", "seed")
+HPARAMS = (
+    "model",
+    "image_size",
+    "num_classes",
+    "batch_size",
+    "epochs",
+    "base_lr",
+    "recipe",
+    "warmup_epochs",
+    "lr_schedule",
+    "momentum",
+    "weight_decay",
+    "label_smoothing",
+    "label_offset",
+    "min_crop_area",
+    "seed",
+)
 
 
 def default_model_dir(env) -> str:
@@ -120,10 +135,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = p.add_argument_group("data")
     d.add_argument("--data", help="folder with train-* and validation-* TFRecord shards")
     d.add_argument("--synthetic", action="store_true", help="random in-memory images instead of --data")
-    d.add_argument("--train-examples", type=int, default=None,
-                   help="images per epoch (default: dataset.json, else counted; synthetic: ImageNet's)")
-    d.add_argument("--num-classes", type=int, default=None,
-                   help="default: lines of labels.txt in --data, else 1000 (10 for --model tiny --synthetic)")
+    d.add_argument(
+        "--train-examples",
+        type=int,
+        default=None,
+        help="images per epoch (default: dataset.json, else counted; synthetic: ImageNet's)",
+    )
+    d.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        help="default: lines of labels.txt in --data, else 1000 (10 for --model tiny --synthetic)",
+    )
     d.add_argument("--label-offset", type=int, default=1, help="subtracted from image/class/label (1 = ImageNet)")
     d.add_argument("--shuffle-buffer", type=int, default=10000, help="records in each rank's shuffle buffer")
     d.add_argument("--min-crop-area", type=float, default=0.08, help="smallest random crop, as a fraction of the image")
@@ -132,50 +155,93 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--image-size", type=int, default=None, help="default 224 (resnet50), 32 (tiny)")
     m.add_argument("--batch-size", type=int, default=64, help="images per process per step")
     m.add_argument("--epochs", type=float, default=90)
-    m.add_argument("--max-steps", type=int, default=None,
-                   help="stop at this global step (the schedule still spans --epochs)")
-    m.add_argument("--base-lr", "--lr", type=float, default=0.1,
-                   help="learning rate per 256 images; the peak is base-lr * global batch / 256")
-    m.add_argument("--recipe", choices=tuple(RECIPES), default="default",
-                   help="default: cosine decay, label smoothing 0.1; goyal: Goyal et al. 2017 (step decay at "
-                        "30/60/80 of 90 epochs, label smoothing 0, last BN gamma of each residual block zero)")
+    m.add_argument(
+        "--max-steps", type=int, default=None, help="stop at this global step (the schedule still spans --epochs)"
+    )
+    m.add_argument(
+        "--base-lr",
+        "--lr",
+        type=float,
+        default=0.1,
+        help="learning rate per 256 images; the peak is base-lr * global batch / 256",
+    )
+    m.add_argument(
+        "--recipe",
+        choices=tuple(RECIPES),
+        default="default",
+        help="default: cosine decay, label smoothing 0.1; goyal: Goyal et al. 2017 (step decay at "
+        "30/60/80 of 90 epochs, label smoothing 0, last BN gamma of each residual block zero)",
+    )
     m.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up from ~0 to the peak (5)")
-    m.add_argument("--lr-schedule", choices=("cosine", "step", "poly"), default=None,
-                   help="decay after the warm-up (step: /10 at 1/3, 2/3 and 8/9 of the epochs); default: the recipe's")
+    m.add_argument(
+        "--lr-schedule",
+        choices=("cosine", "step", "poly"),
+        default=None,
+        help="decay after the warm-up (step: /10 at 1/3, 2/3 and 8/9 of the epochs); default: the recipe's",
+    )
     m.add_argument("--momentum", type=float, default=0.9)
     m.add_argument("--weight-decay", type=float, default=1e-4, help="L2 on conv and dense kernels")
     m.add_argument("--label-smoothing", type=float, default=None, help="default: the recipe's")
-    m.add_argument("--precision", choices=("auto", "fp32", "float16", "bfloat16", "mixed"), default="auto",
-                   help="auto: float16 with loss scaling on GPUs with tensor cores (compute capability 7.0+), "
-                        "else fp32; mixed: float16 on GPUs, bfloat16 on CPUs; float16 always has loss scaling")
-    m.add_argument("--mixed-precision", dest="precision", action="store_const", const="mixed",
-                   help="same as --precision mixed")
+    m.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "float16", "bfloat16", "mixed"),
+        default="auto",
+        help="auto: float16 with loss scaling on GPUs with tensor cores (compute capability 7.0+), "
+        "else fp32; mixed: float16 on GPUs, bfloat16 on CPUs; float16 always has loss scaling",
+    )
+    m.add_argument(
+        "--mixed-precision", dest="precision", action="store_const", const="mixed", help="same as --precision mixed"
+    )
     m.add_argument("--fp32", dest="precision", action="store_const", const="fp32", help="same as --precision fp32")
     m.add_argument("--xla", action="store_true", help="compile the model with XLA")
     m.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for the allreduce")
     m.add_argument("--seed", type=int, default=1234)
     o = p.add_argument_group("checkpoints, logs, evaluation")
-    o.add_argument("--model-dir", default=None,
-                   help="checkpoints and TensorBoard logs (rank 0's disk); default train_out, and under "
-                        "clusterctl sweep train_out/<sweep>/trial-<N>")
+    o.add_argument(
+        "--model-dir",
+        default=None,
+        help="checkpoints and TensorBoard logs (rank 0's disk); default train_out, and under "
+        "clusterctl sweep train_out/<sweep>/trial-<N>",
+    )
     o.add_argument("--checkpoint-every", type=int, default=1000, help="steps between checkpoints (0: epochs only)")
     o.add_argument("--keep-checkpoints", type=int, default=5)
-    o.add_argument("--checkpoint-copy", metavar="HOST", default=None,
-                   help="also copy every checkpoint to this node (ssh from rank 0's node), into the same folder")
-    o.add_argument("--checkpoint-to", metavar="S3_URI", type=_s3_uri, default=None,
-                   help="also upload every checkpoint to s3://bucket/prefix (boto3, the instance's own credentials)")
+    o.add_argument(
+        "--checkpoint-copy",
+        metavar="HOST",
+        default=None,
+        help="also copy every checkpoint to this node (ssh from rank 0's node), into the same folder",
+    )
+    o.add_argument(
+        "--checkpoint-to",
+        metavar="S3_URI",
+        type=_s3_uri,
+        default=None,
+        help="also upload every checkpoint to s3://bucket/prefix (boto3, the instance's own credentials)",
+    )
     o.add_argument("--s3-endpoint-url", default=None, help="S3 endpoint for --checkpoint-to (a test server)")
-    o.add_argument("--spot-poll", type=float, default=0.0,
-                   help="seconds between polls of the spot interruption notice (IMDSv2); 0: do not poll")
+    o.add_argument(
+        "--spot-poll",
+        type=float,
+        default=0.0,
+        help="seconds between polls of the spot interruption notice (IMDSv2); 0: do not poll",
+    )
     o.add_argument("--imds-endpoint", default="http://169.254.169.254", help="the instance metadata service")
     o.add_argument("--log-every", type=int, default=100, help="steps between table lines")
     o.add_argument("--no-eval", action="store_true", help="skip the evaluation after training")
-    o.add_argument("--eval-every", type=int, default=0,
-                   help="also evaluate every N epochs during training, on all ranks (0: only at the end)")
+    o.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="also evaluate every N epochs during training, on all ranks (0: only at the end)",
+    )
     o.add_argument("--eval-only", action="store_true", help="evaluate the latest checkpoint and exit")
     o.add_argument("--eval-batch-size", type=int, default=None, help="default: --batch-size")
-    o.add_argument("--eval-steps", type=int, default=None,
-                   help="at most this many batches per rank (default: the whole validation set; synthetic: 10)")
+    o.add_argument(
+        "--eval-steps",
+        type=int,
+        default=None,
+        help="at most this many batches per rank (default: the whole validation set; synthetic: 10)",
+    )
     o.add_argument("--no-gpu", action="store_true", help="hide GPUs (evaluating next to a running job)")
     o.add_argument("--expect-size", type=int, default=None, help="fail unless Horovod's size is exactly this")
     args = p.parse_args(argv)
@@ -233,20 +299,28 @@ def device_report(tf) -> tuple[str, int]:
 
 
 def table_header() -> None:
-    print(f"{MARK} {'Step':>7} {'Epoch':>7} {'img/s':>10} {'Loss':>9} {'TotalLoss':>10} {'LR':>10} {'Elapsed':>9}",
-          flush=True)
+    print(
+        f"{MARK} {'Step':>7} {'Epoch':>7} {'img/s':>10} {'Loss':>9} {'TotalLoss':>10} {'LR':>10} {'Elapsed':>9}",
+        flush=True,
+    )
 
 
 def table_row(step: int, epoch: float, img_per_sec: float, loss: float, total: float, lr: float) -> None:
-    print(f"{MARK} {step:>7d} {epoch:>7.2f} {img_per_sec:>10.1f} {loss:>9.4f} {total:>10.4f} {lr:>10.6f} "
-          f"{time.time() - _T0:>9.1f}", flush=True)
+    print(
+        f"{MARK} {step:>7d} {epoch:>7.2f} {img_per_sec:>10.1f} {loss:>9.4f} {total:>10.4f} {lr:>10.6f} "
+        f"{time.time() - _T0:>9.1f}",
+        flush=True,
+    )
 
 
 # ---- data --------------------------------------------------------------------------------------------
 def data_files(data_dir: str, split: str) -> list[str]:
     """`train-*` / `validation-*` shards, sorted; hidden and temporary files are not shards."""
-    return sorted(f for f in glob.glob(os.path.join(data_dir, f"{split}-*"))
-                  if not f.endswith((".tmp", ".partial")) and os.path.isfile(f))
+    return sorted(
+        f
+        for f in glob.glob(os.path.join(data_dir, f"{split}-*"))
+        if not f.endswith((".tmp", ".partial")) and os.path.isfile(f)
+    )
 
 
 def dataset_meta(data_dir: str | None) -> dict:
@@ -273,8 +347,10 @@ def label_problem(meta: dict, label_offset: int, classes: int) -> str | None:
         return None
     low, high = base - label_offset, base + n - 1 - label_offset
     if low < 0 or high > classes - 1:
-        return (f"labels {base}..{base + n - 1} minus --label-offset {label_offset} are {low}..{high}, "
-                f"outside 0..{classes - 1}: use --label-offset {base}")
+        return (
+            f"labels {base}..{base + n - 1} minus --label-offset {label_offset} are {low}..{high}, "
+            f"outside 0..{classes - 1}: use --label-offset {base}"
+        )
     return None
 
 
@@ -293,8 +369,7 @@ def parse_record(tf, serialized, label_offset: int, classes: int | None = None):
     if classes is not None:
         tf.debugging.assert_less(label, classes, message=BAD_LABEL)
         tf.debugging.assert_non_negative(label, message=BAD_LABEL)
-    box = tf.stack([tf.sparse.to_dense(p[f"image/object/bbox/{k}"]) for k in ("ymin", "xmin", "ymax", "xmax")],
-                   axis=-1)
+    box = tf.stack([tf.sparse.to_dense(p[f"image/object/bbox/{k}"]) for k in ("ymin", "xmin", "ymax", "xmax")], axis=-1)
     return p["image/encoded"], label, tf.reshape(box, [1, -1, 4])
 
 
@@ -309,8 +384,15 @@ def preprocess_train(tf, encoded, box, size: int, min_area: float, seed):
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     shape = tf.image.extract_jpeg_shape(encoded)
     begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
-        shape, bounding_boxes=box, seed=crop_seed, min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3),
-        area_range=(min_area, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
+        shape,
+        bounding_boxes=box,
+        seed=crop_seed,
+        min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(min_area, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
     y, x, _ = tf.unstack(begin)
     h, w, _ = tf.unstack(crop)
     image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
@@ -354,9 +436,13 @@ def records(tf, files: list[str], rank: int, size: int, *, training: bool, seed:
         ds = tf.data.Dataset.from_tensor_slices(files).shard(size, rank)
         if training:
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True).repeat()
-        ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
-                           cycle_length=min(threads, max(1, len(files) // size)), block_length=1,
-                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+        ds = ds.interleave(
+            lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
+            cycle_length=min(threads, max(1, len(files) // size)),
+            block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=not training,
+        )
         return ds
     ds = tf.data.TFRecordDataset(files, buffer_size=8 << 20).shard(size, rank)
     return ds.repeat() if training else ds
@@ -370,8 +456,9 @@ def _sized(tf, ds, threads: int):
     return ds.with_options(options)
 
 
-def train_dataset(tf, args, files: list[str], rank: int, size: int, seed: int, classes: int | None = None,
-                  threads: int = 8):
+def train_dataset(
+    tf, args, files: list[str], rank: int, size: int, seed: int, classes: int | None = None, threads: int = 8
+):
     ds = records(tf, files, rank, size, training=True, seed=seed, threads=threads)
     ds = ds.shuffle(args.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     # The seed rides with each record through the parallel map: the same image gets the same crop
@@ -419,8 +506,9 @@ def count_records(tf, hvd, files: list[str]) -> int:
 def build_model(tf, name: str, size: int, classes: int):
     """Logits out (softmax inside the loss, so mixed precision keeps the loss in float32)."""
     if name == "resnet50":
-        return tf.keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=classes,
-                                              classifier_activation=None)
+        return tf.keras.applications.ResNet50(
+            weights=None, input_shape=(size, size, 3), classes=classes, classifier_activation=None
+        )
     layers = tf.keras.layers
     return tf.keras.Sequential(
         [
@@ -487,8 +575,10 @@ def check_hparams(path: str, hparams: dict, has_checkpoint: bool) -> str | None:
             saved = json.load(f)
         diff = [f"{k} {saved[k]!r} -> {hparams[k]!r}" for k in hparams if k in saved and saved[k] != hparams[k]]
         if diff and has_checkpoint:
-            return (f"the checkpoints in {os.path.dirname(path)} were trained with other hyperparameters "
-                    f"({', '.join(diff)}); give another --model-dir or the same flags")
+            return (
+                f"the checkpoints in {os.path.dirname(path)} were trained with other hyperparameters "
+                f"({', '.join(diff)}); give another --model-dir or the same flags"
+            )
         if not diff:
             return None
     tmp = path + ".tmp"
@@ -578,11 +668,13 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             if chief:
                 emit("error", kind="no_data", data=args.data, missing=",".join(missing))
-                print(f"train_imagenet: no {' or '.join(s + '-*' for s in missing)} files in {args.data}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"train_imagenet: no {' or '.join(s + '-*' for s in missing)} files in {args.data}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return EXIT_NO_DATA
-    classes = args.num_classes or meta.get("num_classes") or (10 if args.synthetic and args.model == "tiny"
-                                                              else 1000)
+    classes = args.num_classes or meta.get("num_classes") or (10 if args.synthetic and args.model == "tiny" else 1000)
     if args.train_examples:
         train_examples = args.train_examples
     elif args.synthetic:
@@ -632,8 +724,11 @@ def main(argv: list[str] | None = None) -> int:
         manager = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=args.keep_checkpoints)
         hparams = {k: getattr(args, k) for k in HPARAMS if k != "num_classes"}
         hparams["num_classes"] = classes
-        mismatch = None if args.eval_only else check_hparams(
-            os.path.join(ckpt_dir, "hparams.json"), hparams, bool(manager.latest_checkpoint))
+        mismatch = (
+            None
+            if args.eval_only
+            else check_hparams(os.path.join(ckpt_dir, "hparams.json"), hparams, bool(manager.latest_checkpoint))
+        )
         if mismatch:
             emit("error", kind="hparams_mismatch", message=mismatch)
             print(f"train_imagenet: Error: {mismatch}", file=sys.stderr, flush=True)
@@ -643,8 +738,12 @@ def main(argv: list[str] | None = None) -> int:
                 ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
                 restored = manager.latest_checkpoint
             except (AssertionError, ValueError, tf.errors.OpError) as exc:
-                emit("error", kind="bad_checkpoint", checkpoint=manager.latest_checkpoint,
-                     message=" ".join(str(exc).split())[:300])
+                emit(
+                    "error",
+                    kind="bad_checkpoint",
+                    checkpoint=manager.latest_checkpoint,
+                    message=" ".join(str(exc).split())[:300],
+                )
                 status = EXIT_CHECKPOINT
         elif args.eval_only:
             emit("error", kind="no_checkpoint", model_dir=args.model_dir)
@@ -677,17 +776,40 @@ def main(argv: list[str] | None = None) -> int:
 
     writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard")) if chief else None
     if chief:
-        emit("start", size=size, model=args.model, image_size=args.image_size, classes=classes,
-             batch=args.batch_size, global_batch=global_batch, train_examples=train_examples,
-             steps_per_epoch=steps_per_epoch, epochs=float(args.epochs), total_steps=total_steps,
-             stop_step=stop_step, start_step=start_step, peak_lr=peak_lr, schedule=args.lr_schedule,
-             precision=precision, loss_scaling=loss_scaling, fp16_allreduce=args.fp16_allreduce,
-             recipe=args.recipe, label_smoothing=args.label_smoothing, zero_gamma_layers=zeroed,
-             eval_every=args.eval_every, input_threads=threads,
-             fusion_threshold=os.environ.get("HOROVOD_FUSION_THRESHOLD", ""),
-             cycle_time_ms=os.environ.get("HOROVOD_CYCLE_TIME", ""), xla=args.xla, gpus=len(gpus), synthetic=args.synthetic,
-             data=args.data or "", model_dir=args.model_dir, train_files=len(train_files),
-             validation_files=len(val_files))
+        emit(
+            "start",
+            size=size,
+            model=args.model,
+            image_size=args.image_size,
+            classes=classes,
+            batch=args.batch_size,
+            global_batch=global_batch,
+            train_examples=train_examples,
+            steps_per_epoch=steps_per_epoch,
+            epochs=float(args.epochs),
+            total_steps=total_steps,
+            stop_step=stop_step,
+            start_step=start_step,
+            peak_lr=peak_lr,
+            schedule=args.lr_schedule,
+            precision=precision,
+            loss_scaling=loss_scaling,
+            fp16_allreduce=args.fp16_allreduce,
+            recipe=args.recipe,
+            label_smoothing=args.label_smoothing,
+            zero_gamma_layers=zeroed,
+            eval_every=args.eval_every,
+            input_threads=threads,
+            fusion_threshold=os.environ.get("HOROVOD_FUSION_THRESHOLD", ""),
+            cycle_time_ms=os.environ.get("HOROVOD_CYCLE_TIME", ""),
+            xla=args.xla,
+            gpus=len(gpus),
+            synthetic=args.synthetic,
+            data=args.data or "",
+            model_dir=args.model_dir,
+            train_files=len(train_files),
+            validation_files=len(val_files),
+        )
         if restored:
             emit("resume", step=start_step, epoch=int(epoch_var.numpy()), checkpoint=restored)
         if batch_changed:
@@ -697,8 +819,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if start_step >= stop_step:
         if chief:
-            emit("done", step=start_step, epoch=start_step / steps_per_epoch, complete=start_step >= total_steps,
-                 elapsed=time.time() - _T0, img_per_sec=0.0, note="nothing left to train")
+            emit(
+                "done",
+                step=start_step,
+                epoch=start_step / steps_per_epoch,
+                complete=start_step >= total_steps,
+                elapsed=time.time() - _T0,
+                img_per_sec=0.0,
+                note="nothing left to train",
+            )
         if args.no_eval:
             return 0
         return evaluate(tf, hvd, args, model, start_step, steps_per_epoch, restored, writer=writer, **eval_kwargs)
@@ -745,7 +874,9 @@ def main(argv: list[str] | None = None) -> int:
     import train_ckpt
 
     # Each node's first process watches its own instance; a notice on any node stops every rank.
-    spot = train_ckpt.SpotWatch(args.imds_endpoint, args.spot_poll).start() if args.spot_poll and local_rank == 0 else None
+    spot = (
+        train_ckpt.SpotWatch(args.imds_endpoint, args.spot_poll).start() if args.spot_poll and local_rank == 0 else None
+    )
     it = iter(train_ds)
     step = start_step
     last_step, last_time = step, time.time()
@@ -790,11 +921,25 @@ def main(argv: list[str] | None = None) -> int:
             path = manager.save(checkpoint_number=step)
             seal_checkpoint(copier, path, step)
             emit("checkpoint", step=step, epoch=int(epoch_var.numpy()), path=path, seconds=time.time() - t)
-        if (args.eval_every and epoch_end and (step // steps_per_epoch) % args.eval_every == 0
-                and (step < stop_step or args.no_eval)):
+        if (
+            args.eval_every
+            and epoch_end
+            and (step // steps_per_epoch) % args.eval_every == 0
+            and (step < stop_step or args.no_eval)
+        ):
             # All ranks, each validation image once (the final evaluation's sharding); not the sweep's metric.
-            evaluate(tf, hvd, args, model, step, steps_per_epoch, manager.latest_checkpoint if manager else "",
-                     writer=writer, final=False, **eval_kwargs)
+            evaluate(
+                tf,
+                hvd,
+                args,
+                model,
+                step,
+                steps_per_epoch,
+                manager.latest_checkpoint if manager else "",
+                writer=writer,
+                final=False,
+                **eval_kwargs,
+            )
     # Batch-norm moving statistics are each rank's own (not averaged), the epoch and the save counter are
     # set by rank 0 when it saves; everything else must be the same.
     own = {v.ref() for v in model.non_trainable_variables} | {epoch_var.ref(), ckpt.save_counter.ref()}
@@ -805,15 +950,30 @@ def main(argv: list[str] | None = None) -> int:
             emit("warning", kind="replicas_differ", step=step, loss_scales=sync[1], variables=sync[2])
         writer.flush()
         trained = time.time() - run_start
-        emit("done", step=step, epoch=step / steps_per_epoch, complete=step >= total_steps, elapsed=time.time() - _T0,
-             img_per_sec=(step - start_step) * global_batch / max(trained, 1e-9))
+        emit(
+            "done",
+            step=step,
+            epoch=step / steps_per_epoch,
+            complete=step >= total_steps,
+            elapsed=time.time() - _T0,
+            img_per_sec=(step - start_step) * global_batch / max(trained, 1e-9),
+        )
         print(f"Finished in {trained:.1f} s", flush=True)
     if copier is not None:
         copier.wait()
     if args.no_eval:
         return 0
-    return evaluate(tf, hvd, args, model, step, steps_per_epoch, manager.latest_checkpoint if manager else "",
-                    writer=writer, **eval_kwargs)
+    return evaluate(
+        tf,
+        hvd,
+        args,
+        model,
+        step,
+        steps_per_epoch,
+        manager.latest_checkpoint if manager else "",
+        writer=writer,
+        **eval_kwargs,
+    )
 
 
 def choose_checkpoint(tf, args, ckpt_dir: str):
@@ -877,13 +1037,20 @@ def stop_for_spot(tf, hvd, args, manager, copier, epoch_var, step: int, steps_pe
             epoch_var.assign(step // steps_per_epoch)
             path = manager.save(checkpoint_number=step)
             seal_checkpoint(copier, path, step)
-            emit("checkpoint", step=step, epoch=int(epoch_var.numpy()), path=path, seconds=time.time() - t,
-                 reason="spot")
+            emit(
+                "checkpoint", step=step, epoch=int(epoch_var.numpy()), path=path, seconds=time.time() - t, reason="spot"
+            )
         if copier is not None:
             copier.wait()
-        emit("error", kind="spot_interruption", step=step, checkpoint=path, at=f"{time.time():.3f}",
-             message=f"spot interruption notice: checkpoint {os.path.basename(path)} saved and copied; "
-                     "start the job again with the same command")
+        emit(
+            "error",
+            kind="spot_interruption",
+            step=step,
+            checkpoint=path,
+            at=f"{time.time():.3f}",
+            message=f"spot interruption notice: checkpoint {os.path.basename(path)} saved and copied; "
+            "start the job again with the same command",
+        )
     if spot is not None and spot.notice is not None:
         emit("spot_notice", rank=hvd.rank(), seen_at=f"{spot.seen_at:.3f}", action=spot.notice.get("action", ""))
     # Nobody exits before rank 0's checkpoint is safe; then only rank 0 says why (horovodrun ends every
@@ -895,8 +1062,12 @@ def stop_for_spot(tf, hvd, args, manager, copier, epoch_var, step: int, steps_pe
 def replicas_agree(tf, hvd, variables: list, loss_scale_opt=None) -> tuple[bool, str, str]:
     """Whether every rank holds the same values of `variables` (a float64 sum and sum of squares of each,
     gathered), each rank's loss scale ("-" without loss scaling), and the first names that differ."""
-    fp = tf.stack([tf.stack([tf.reduce_sum(tf.cast(v, tf.float64)), tf.reduce_sum(tf.cast(v, tf.float64) ** 2)])
-                   for v in variables])
+    fp = tf.stack(
+        [
+            tf.stack([tf.reduce_sum(tf.cast(v, tf.float64)), tf.reduce_sum(tf.cast(v, tf.float64) ** 2)])
+            for v in variables
+        ]
+    )
     scale = float(loss_scale_opt.loss_scale.numpy()) if loss_scale_opt is not None else -1.0
     every = hvd.allgather_object((fp.numpy().tolist(), scale))
     identical = all(f == every[0][0] and s == every[0][1] for f, s in every)
@@ -905,8 +1076,21 @@ def replicas_agree(tf, hvd, variables: list, loss_scale_opt=None) -> tuple[bool,
     return identical, scales, ",".join(differ[:5]) or "-"
 
 
-def evaluate(tf, hvd, args, model, step: int, steps_per_epoch: int, checkpoint: str, *, classes: int,
-             val_files: list[str], writer=None, threads: int = 8, final: bool = True) -> int:
+def evaluate(
+    tf,
+    hvd,
+    args,
+    model,
+    step: int,
+    steps_per_epoch: int,
+    checkpoint: str,
+    *,
+    classes: int,
+    val_files: list[str],
+    writer=None,
+    threads: int = 8,
+    final: bool = True,
+) -> int:
     """top-1 / top-5 over the validation shards, each record seen by exactly one rank; one collective at the end.
     A periodic one (final=False) says final=0 on its line and prints no JSON line for the sweep."""
     rank, size = hvd.rank(), hvd.size()
@@ -927,8 +1111,9 @@ def evaluate(tf, hvd, args, model, step: int, steps_per_epoch: int, checkpoint: 
         logits = tf.cast(model(images, training=False), tf.float32)
         top1 = tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, 1), tf.float64))
         topk = tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, k), tf.float64))
-        return tf.stack([top1, topk, tf.cast(loss_fn(labels, logits), tf.float64),
-                         tf.cast(tf.shape(labels)[0], tf.float64)])
+        return tf.stack(
+            [top1, topk, tf.cast(loss_fn(labels, logits), tf.float64), tf.cast(tf.shape(labels)[0], tf.float64)]
+        )
 
     t = time.time()
     acc = tf.zeros(4, tf.float64)
@@ -941,15 +1126,36 @@ def evaluate(tf, hvd, args, model, step: int, steps_per_epoch: int, checkpoint: 
         n = int(n)
         top1_pct = 100.0 * top1 / max(n, 1)
         topk_pct = 100.0 * topk / max(n, 1)
-        emit("eval", step=step, epoch=step / steps_per_epoch, top1=round(top1_pct, 3), top5=round(topk_pct, 3),
-             loss=loss / max(n, 1), examples=n, k=k, checkpoint=checkpoint or "",
-             time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-             seconds=time.time() - t, size=size, final=final)
+        emit(
+            "eval",
+            step=step,
+            epoch=step / steps_per_epoch,
+            top1=round(top1_pct, 3),
+            top5=round(topk_pct, 3),
+            loss=loss / max(n, 1),
+            examples=n,
+            k=k,
+            checkpoint=checkpoint or "",
+            time=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            seconds=time.time() - t,
+            size=size,
+            final=final,
+        )
         print(f"Validation: top-1 {top1_pct:.2f}%  top-5 {topk_pct:.2f}%  on {n} images at step {step}", flush=True)
         # for `clusterctl sweep` (its default metric is a JSON line's "metric")
         if final:
-            print(json.dumps({"metric": round(top1_pct, 3), "top1": round(top1_pct, 3), "top5": round(topk_pct, 3),
-                              "eval_loss": float(loss / max(n, 1)), "step": int(step)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "metric": round(top1_pct, 3),
+                        "top1": round(top1_pct, 3),
+                        "top5": round(topk_pct, 3),
+                        "eval_loss": float(loss / max(n, 1)),
+                        "step": int(step),
+                    }
+                ),
+                flush=True,
+            )
         if writer is not None:
             with writer.as_default(step=step):
                 tf.summary.scalar("eval/top1", top1_pct)

@@ -35,19 +35,33 @@ class Cli:
         env.update(extra or {})
         return env
 
-    def __call__(self, *args: str, timeout: float = 300, env: dict | None = None, input: str | None = None,
-                 check: bool = False) -> subprocess.CompletedProcess:
+    def __call__(
+        self, *args: str, timeout: float = 300, env: dict | None = None, input: str | None = None, check: bool = False
+    ) -> subprocess.CompletedProcess:
         proc = subprocess.run(
-            [sys.executable, "-m", "clusterctl", *args], cwd=self.cwd, env=self.env(env), text=True,
-            capture_output=True, timeout=timeout, input=input, stdin=None if input is not None else subprocess.DEVNULL,
+            [sys.executable, "-m", "clusterctl", *args],
+            cwd=self.cwd,
+            env=self.env(env),
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"clusterctl {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc
 
     def popen(self, *args: str, env: dict | None = None) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "clusterctl", *args], cwd=self.cwd, env=self.env(env),
-                                text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [sys.executable, "-m", "clusterctl", *args],
+            cwd=self.cwd,
+            env=self.env(env),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 # The Python with TensorFlow + Horovod that the template tests run (CLUSTERCTL_TRAIN_PYTHON overrides).
@@ -203,8 +217,21 @@ def _cluster_factory(cli: Cli):
         name = "t" + uuid.uuid4().hex[:8]
         # The node runtime (TensorFlow + Horovod, relayed and unpacked on every node) only where a test runs
         # Horovod: it is built once per machine (cached outside CLUSTERCTL_HOME), relayed on every `up`.
-        proc = cli("up", "--provider", "local", "--name", name, "--nodes", str(nodes), "--slots", str(slots),
-                   "--yes", *(() if runtime else ("--runtime", "none")), *extra, timeout=900 if runtime else 120)
+        proc = cli(
+            "up",
+            "--provider",
+            "local",
+            "--name",
+            name,
+            "--nodes",
+            str(nodes),
+            "--slots",
+            str(slots),
+            "--yes",
+            *(() if runtime else ("--runtime", "none")),
+            *extra,
+            timeout=900 if runtime else 120,
+        )
         made.append(name)
         assert proc.returncode == 0, proc.stderr
         hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]

@@ -62,8 +62,15 @@ DLAMI_OWNER = "898082745236"
 DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20260430"  # R595: no Volta
 VOLTA_DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20251205"  # R580
 OLD_VOLTA_DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20251031"
-DEFAULT_QUOTAS = {"L-417A185B": 4096.0, "L-DB2E81BA": 4096.0, "L-1216C47A": 4096.0, "L-7212CCBC": 4096.0,
-                  "L-3819A6DF": 4096.0, "L-34B43A08": 4096.0, "L-0263D0A3": 5.0}
+DEFAULT_QUOTAS = {
+    "L-417A185B": 4096.0,
+    "L-DB2E81BA": 4096.0,
+    "L-1216C47A": 4096.0,
+    "L-7212CCBC": 4096.0,
+    "L-3819A6DF": 4096.0,
+    "L-34B43A08": 4096.0,
+    "L-0263D0A3": 5.0,
+}
 NODE_IMAGE_NAME = "clusterctl-test-node (namespace node, root login)"
 P3_AZS = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f"]
 # Not "clusterctl-": a local `down --all` must never see these nodes; and per process, because another pytest
@@ -162,7 +169,8 @@ class MotoAws:
         orig_sshd_config = netns.sshd_config
         netns.NETNS_PREFIX = NETNS_PREFIX
         netns.sshd_config = lambda address, port: orig_sshd_config(address, port).replace(
-            f"ListenAddress {address}:{port}", f"ListenAddress 0.0.0.0:{port}")
+            f"ListenAddress {address}:{port}", f"ListenAddress 0.0.0.0:{port}"
+        )
 
         # Pick this test's private /16 and "public" /24 and reserve them at once (an address of each on a link of
         # this process, under a lock), so a concurrent pytest never picks the same ones.
@@ -172,10 +180,16 @@ class MotoAws:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             used = netns.networks_in_use()
-            self.owned = next(n for n in (ipaddress.ip_network(f"10.{i}.0.0/16") for i in range(230, 255))
-                              if not any(n.overlaps(u) for u in used))
-            public = next(n for n in ipaddress.ip_network("198.18.0.0/16").subnets(new_prefix=24)
-                          if not any(n.overlaps(u) for u in used))
+            self.owned = next(
+                n
+                for n in (ipaddress.ip_network(f"10.{i}.0.0/16") for i in range(230, 255))
+                if not any(n.overlaps(u) for u in used)
+            )
+            public = next(
+                n
+                for n in ipaddress.ip_network("198.18.0.0/16").subnets(new_prefix=24)
+                if not any(n.overlaps(u) for u in used)
+            )
             subprocess.run(["ip", "link", "del", RESERVE_LINK], capture_output=True)
             subprocess.run(["ip", "link", "add", RESERVE_LINK, "type", "bridge"], check=True)
             for addr in (self.owned[-2], public[-2]):
@@ -203,16 +217,20 @@ class MotoAws:
             subprocess.run(["ip", "link", "del", bridge], capture_output=True)
         self.bridges.clear()
         subprocess.run(["ip", "link", "del", RESERVE_LINK], capture_output=True)
-        left = [n for n in os.listdir("/run/netns") if n.startswith(NETNS_PREFIX)] if os.path.isdir("/run/netns") else []
+        left = (
+            [n for n in os.listdir("/run/netns") if n.startswith(NETNS_PREFIX)] if os.path.isdir("/run/netns") else []
+        )
         for ns in left:
-            netns.destroy(ns[len(NETNS_PREFIX):].rsplit("-", 1)[0])
+            netns.destroy(ns[len(NETNS_PREFIX) :].rsplit("-", 1)[0])
         self.faults.clear()
         self.gates.clear()
         self.owned = None
         netns.NETNS_PREFIX, netns.sshd_config = self._saved
 
     def reset(self) -> None:
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10).read()
+        urllib.request.urlopen(
+            urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10
+        ).read()
         with self.lock:
             self.calls.clear()
             self.faults.clear()
@@ -239,8 +257,12 @@ class MotoAws:
         amis = self.ec2_backend().amis
         from datetime import datetime, timezone
 
-        for ami, created in ((dlami, "2026-04-30"), (volta, "2025-12-05"), (old_volta, "2025-10-31"),
-                             (impostor, "2025-12-31")):
+        for ami, created in (
+            (dlami, "2026-04-30"),
+            (volta, "2025-12-05"),
+            (old_volta, "2025-10-31"),
+            (impostor, "2025-12-31"),
+        ):
             amis[ami].creation_date = datetime.fromisoformat(created).replace(tzinfo=timezone.utc)
             amis[ami].architecture = "x86_64"
             if ami != impostor:
@@ -250,9 +272,20 @@ class MotoAws:
         from moto.ssm.models import Parameter, ssm_backends
 
         backend = ssm_backends[ACCOUNT][REGION]
-        backend._parameters[DLAMI_PARAMETER].append(Parameter(
-            account_id=ACCOUNT, name=DLAMI_PARAMETER, value=dlami, parameter_type="String", description=None,
-            allowed_pattern=None, keyid=None, last_modified_date=utcnow(), version=1, data_type="aws:ec2:image"))
+        backend._parameters[DLAMI_PARAMETER].append(
+            Parameter(
+                account_id=ACCOUNT,
+                name=DLAMI_PARAMETER,
+                value=dlami,
+                parameter_type="String",
+                description=None,
+                allowed_pattern=None,
+                keyid=None,
+                last_modified_date=utcnow(),
+                version=1,
+                data_type="aws:ec2:image",
+            )
+        )
 
     # ---- clients and env ---------------------------------------------------------------------------
     def env(self, **extra: str) -> dict:
@@ -274,8 +307,9 @@ class MotoAws:
     def client(self, service: str, region: str = REGION):
         import boto3
 
-        return boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
-                                     region_name=region).client(service, endpoint_url=self.endpoint)
+        return boto3.session.Session(
+            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=region
+        ).client(service, endpoint_url=self.endpoint)
 
     def ec2_backend(self, region: str = REGION):
         from moto.ec2.models import ec2_backends
@@ -283,8 +317,17 @@ class MotoAws:
         return ec2_backends[ACCOUNT][region]
 
     # ---- faults --------------------------------------------------------------------------------------
-    def fail(self, action: str, code: str, *, status: int = 400, times: int = 1, message: str | None = None,
-             when: Callable[[dict, str], bool] | None = None, lost: bool = False) -> Fault:
+    def fail(
+        self,
+        action: str,
+        code: str,
+        *,
+        status: int = 400,
+        times: int = 1,
+        message: str | None = None,
+        when: Callable[[dict, str], bool] | None = None,
+        lost: bool = False,
+    ) -> Fault:
         fault = Fault(action, code, message or f"injected by the test: {code}", status, times, when, lost)
         with self.lock:
             self.faults.append(fault)
@@ -292,9 +335,14 @@ class MotoAws:
 
     def no_capacity(self, az: str, times: int = -1) -> Fault:
         """EC2's InsufficientInstanceCapacity (HTTP 500, retried by botocore) for RunInstances in one AZ."""
-        return self.fail("RunInstances", "InsufficientInstanceCapacity", status=500, times=times,
-                         message=f"We currently do not have sufficient capacity in the Availability Zone you requested ({az}).",
-                         when=lambda params, region: self.run_az(params, region) == az)
+        return self.fail(
+            "RunInstances",
+            "InsufficientInstanceCapacity",
+            status=500,
+            times=times,
+            message=f"We currently do not have sufficient capacity in the Availability Zone you requested ({az}).",
+            when=lambda params, region: self.run_az(params, region) == az,
+        )
 
     def throttle(self, action: str, times: int) -> Fault:
         return self.fail(action, "RequestLimitExceeded", status=503, times=times, message="Request limit exceeded.")
@@ -327,11 +375,20 @@ class MotoAws:
         iam = self.client("iam", region)
         out = []
         for kind, listing, key, get, name_key, item in (
-                ("role", "list_roles", "Roles", "get_role", "RoleName", "Role"),
-                ("profile", "list_instance_profiles", "InstanceProfiles", "get_instance_profile",
-                 "InstanceProfileName", "InstanceProfile")):
+            ("role", "list_roles", "Roles", "get_role", "RoleName", "Role"),
+            (
+                "profile",
+                "list_instance_profiles",
+                "InstanceProfiles",
+                "get_instance_profile",
+                "InstanceProfileName",
+                "InstanceProfile",
+            ),
+        ):
             for x in getattr(iam, listing)(PathPrefix="/clusterctl/")[key]:
-                tags = {t["Key"]: t["Value"] for t in getattr(iam, get)(**{name_key: x[name_key]})[item].get("Tags", [])}
+                tags = {
+                    t["Key"]: t["Value"] for t in getattr(iam, get)(**{name_key: x[name_key]})[item].get("Tags", [])
+                }
                 if tags.get("clusterctl:cluster") == cluster or x[name_key] == f"clusterctl-{cluster}-{region}":
                     out.append(f"{kind} {x[name_key]}")
         return out
@@ -342,44 +399,78 @@ class MotoAws:
         tag = [{"Name": "tag:clusterctl:cluster", "Values": [cluster]}]
         left = []
         for r in ec2.describe_instances(Filters=tag)["Reservations"]:
-            left += [f"instance {i['InstanceId']} {i['State']['Name']}" for i in r["Instances"]
-                     if i["State"]["Name"] != "terminated"]
-        for op, key, idk in (("describe_vpcs", "Vpcs", "VpcId"), ("describe_subnets", "Subnets", "SubnetId"),
-                             ("describe_security_groups", "SecurityGroups", "GroupId"),
-                             ("describe_internet_gateways", "InternetGateways", "InternetGatewayId"),
-                             ("describe_key_pairs", "KeyPairs", "KeyName"),
-                             ("describe_placement_groups", "PlacementGroups", "GroupName"),
-                             ("describe_network_interfaces", "NetworkInterfaces", "NetworkInterfaceId"),
-                             ("describe_addresses", "Addresses", "AllocationId"),
-                             ("describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId")):
-            left += [f"{key} {i[idk]}" for i in getattr(ec2, op)(Filters=tag)[key]
-                     if str(i.get("State", "")).lower() not in ("deleted", "deleting")]
-        left += [f"Volumes {v['VolumeId']}" for v in ec2.describe_volumes(Filters=tag)["Volumes"]
-                 if v["State"] not in ("deleted", "deleting")]
+            left += [
+                f"instance {i['InstanceId']} {i['State']['Name']}"
+                for i in r["Instances"]
+                if i["State"]["Name"] != "terminated"
+            ]
+        for op, key, idk in (
+            ("describe_vpcs", "Vpcs", "VpcId"),
+            ("describe_subnets", "Subnets", "SubnetId"),
+            ("describe_security_groups", "SecurityGroups", "GroupId"),
+            ("describe_internet_gateways", "InternetGateways", "InternetGatewayId"),
+            ("describe_key_pairs", "KeyPairs", "KeyName"),
+            ("describe_placement_groups", "PlacementGroups", "GroupName"),
+            ("describe_network_interfaces", "NetworkInterfaces", "NetworkInterfaceId"),
+            ("describe_addresses", "Addresses", "AllocationId"),
+            ("describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId"),
+        ):
+            left += [
+                f"{key} {i[idk]}"
+                for i in getattr(ec2, op)(Filters=tag)[key]
+                if str(i.get("State", "")).lower() not in ("deleted", "deleting")
+            ]
+        left += [
+            f"Volumes {v['VolumeId']}"
+            for v in ec2.describe_volumes(Filters=tag)["Volumes"]
+            if v["State"] not in ("deleted", "deleting")
+        ]
         left += self.iam_of(cluster, region)
         with self.lock:
-            left += [f"namespace node of {iid}" for iid, n in self.nodes.items()
-                     if self._instance_cluster(iid, region) == cluster]
+            left += [
+                f"namespace node of {iid}"
+                for iid, n in self.nodes.items()
+                if self._instance_cluster(iid, region) == cluster
+            ]
         return left
 
     def leftovers(self, region: str = REGION) -> list[str]:
         """Everything tagged by clusterctl (any cluster) that still exists, and clusterctl's IAM entities."""
         ec2 = self.client("ec2", region)
         key = [{"Name": "tag-key", "Values": ["clusterctl:cluster"]}]
-        left = [f"instance {i['InstanceId']}" for r in ec2.describe_instances(Filters=key)["Reservations"]
-                for i in r["Instances"] if i["State"]["Name"] != "terminated"]
-        for op, k in (("describe_vpcs", "Vpcs"), ("describe_subnets", "Subnets"), ("describe_security_groups", "SecurityGroups"),
-                      ("describe_internet_gateways", "InternetGateways"), ("describe_key_pairs", "KeyPairs"),
-                      ("describe_placement_groups", "PlacementGroups"), ("describe_network_interfaces", "NetworkInterfaces"),
-                      ("describe_addresses", "Addresses"), ("describe_vpc_endpoints", "VpcEndpoints")):
-            left += [f"{k} {json.dumps(i, default=str)[:80]}" for i in getattr(ec2, op)(Filters=key)[k]
-                     if str(i.get("State", "")).lower() not in ("deleted", "deleting")]
-        left += [f"volume {v['VolumeId']}" for v in ec2.describe_volumes(Filters=key)["Volumes"]
-                 if v["State"] not in ("deleted", "deleting")]
+        left = [
+            f"instance {i['InstanceId']}"
+            for r in ec2.describe_instances(Filters=key)["Reservations"]
+            for i in r["Instances"]
+            if i["State"]["Name"] != "terminated"
+        ]
+        for op, k in (
+            ("describe_vpcs", "Vpcs"),
+            ("describe_subnets", "Subnets"),
+            ("describe_security_groups", "SecurityGroups"),
+            ("describe_internet_gateways", "InternetGateways"),
+            ("describe_key_pairs", "KeyPairs"),
+            ("describe_placement_groups", "PlacementGroups"),
+            ("describe_network_interfaces", "NetworkInterfaces"),
+            ("describe_addresses", "Addresses"),
+            ("describe_vpc_endpoints", "VpcEndpoints"),
+        ):
+            left += [
+                f"{k} {json.dumps(i, default=str)[:80]}"
+                for i in getattr(ec2, op)(Filters=key)[k]
+                if str(i.get("State", "")).lower() not in ("deleted", "deleting")
+            ]
+        left += [
+            f"volume {v['VolumeId']}"
+            for v in ec2.describe_volumes(Filters=key)["Volumes"]
+            if v["State"] not in ("deleted", "deleting")
+        ]
         iam = self.client("iam", region)
         left += [f"role {r['RoleName']}" for r in iam.list_roles(PathPrefix="/clusterctl/")["Roles"]]
-        left += [f"profile {p['InstanceProfileName']}"
-                 for p in iam.list_instance_profiles(PathPrefix="/clusterctl/")["InstanceProfiles"]]
+        left += [
+            f"profile {p['InstanceProfileName']}"
+            for p in iam.list_instance_profiles(PathPrefix="/clusterctl/")["InstanceProfiles"]
+        ]
         return left
 
     def audit(self) -> list[str]:
@@ -391,15 +482,23 @@ class MotoAws:
             p = c.params
             if p.get("DryRun") == "true":
                 continue
-            want = {"MetadataOptions.HttpTokens": "required", "BlockDeviceMapping.1.Ebs.Encrypted": "true",
-                    "InstanceInitiatedShutdownBehavior": "terminate"}
+            want = {
+                "MetadataOptions.HttpTokens": "required",
+                "BlockDeviceMapping.1.Ebs.Encrypted": "true",
+                "InstanceInitiatedShutdownBehavior": "terminate",
+            }
             problems += [f"RunInstances {k}={p.get(k)!r}" for k, v in want.items() if p.get(k) != v]
             if not (p.get("IamInstanceProfile.Name") or p.get("IamInstanceProfile.Arn")):
                 problems.append("RunInstances without an instance profile")
             if not p.get("Placement.GroupName"):
                 problems.append("RunInstances without a placement group")
-            tagged = [k for k, v in p.items() if k.endswith(".Key") and v == "clusterctl:cluster"
-                      and p.get(k.rsplit(".", 3)[0] + ".ResourceType") == "instance"]
+            tagged = [
+                k
+                for k, v in p.items()
+                if k.endswith(".Key")
+                and v == "clusterctl:cluster"
+                and p.get(k.rsplit(".", 3)[0] + ".ResourceType") == "instance"
+            ]
             if not tagged:
                 problems.append("RunInstances without the clusterctl:cluster instance tag")
         for c in self.actions("AuthorizeSecurityGroupIngress"):
@@ -438,7 +537,9 @@ class MotoAws:
         node_dir = self.node_root / instance.id
         made = netns.create_node(instance.id, bridge, net, spec, [spec], node_dir, key.strip() + "\n")
         if self.mirror_address:
-            subprocess.run(["ip", "-n", made.netns, "route", "add", f"{self.mirror_address}/32", "dev", "eth0"], check=True)
+            subprocess.run(
+                ["ip", "-n", made.netns, "route", "add", f"{self.mirror_address}/32", "dev", "eth0"], check=True
+            )
             # Nodes reach each other's public addresses (on EC2 through the internet gateway; here on the link,
             # where each node holds its own): horovodrun may pick the one an interface lists first.
             subprocess.run(["ip", "-n", made.netns, "route", "add", self.public_net, "dev", "eth0"], check=True)
@@ -447,8 +548,16 @@ class MotoAws:
             subprocess.run(["ip", "-n", made.netns, "addr", "add", f"{public}/32", "dev", "eth0"], check=True)
             subprocess.run(["ip", "route", "replace", f"{public}/32", "dev", bridge, "src", gateway], check=True)
         with self.lock:
-            self.nodes[instance.id] = BackedNode(instance.id, instance.private_ip, public, made.host_public_key,
-                                                 made.netns, node_dir / "home", bridge, gateway)
+            self.nodes[instance.id] = BackedNode(
+                instance.id,
+                instance.private_ip,
+                public,
+                made.host_public_key,
+                made.netns,
+                node_dir / "home",
+                bridge,
+                gateway,
+            )
         gpus = self.fake_gpus
         if gpus == "type":
             from moto.ec2.models.instance_types import INSTANCE_TYPES
@@ -482,14 +591,21 @@ class MotoAws:
         lines = "".join(f"GPU {i}: Tesla V100-SXM2-16GB (UUID: GPU-{i:08x})\\n" for i in range(gpus))
         script = f"#!/bin/sh\nprintf '{lines}'\n"
         if gpus < 0:
-            script = ("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA "
-                      "driver. Make sure that the latest NVIDIA driver is installed and running.'\nexit 9\n")
+            script = (
+                "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA "
+                "driver. Make sure that the latest NVIDIA driver is installed and running.'\nexit 9\n"
+            )
         deadline = time.monotonic() + 10
         while True:
             try:
-                out = self.node_exec(iid, "sh", "-c", "mkdir -p /usr/local/bin && mount -t tmpfs -o size=1m tmpfs /usr/local/bin && "
-                                     "printf '%s' \"$0\" > /usr/local/bin/nvidia-smi && chmod 755 /usr/local/bin/nvidia-smi",
-                                     script)
+                out = self.node_exec(
+                    iid,
+                    "sh",
+                    "-c",
+                    "mkdir -p /usr/local/bin && mount -t tmpfs -o size=1m tmpfs /usr/local/bin && "
+                    "printf '%s' \"$0\" > /usr/local/bin/nvidia-smi && chmod 755 /usr/local/bin/nvidia-smi",
+                    script,
+                )
                 assert out.returncode == 0, out.stderr
                 return
             except AssertionError:
@@ -529,30 +645,37 @@ class MotoAws:
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                 if b"[listener]" in cmd or cmd.split(b"\0")[0].endswith(b"sshd"):  # sshd retitles itself
-                    return subprocess.run(["nsenter", "-t", str(pid), "-a", *argv], capture_output=True, text=True,
-                                          timeout=60)
+                    return subprocess.run(
+                        ["nsenter", "-t", str(pid), "-a", *argv], capture_output=True, text=True, timeout=60
+                    )
             except (FileNotFoundError, ProcessLookupError):  # a process that just ended
                 continue
         raise AssertionError(f"no sshd in {ns}")
 
     def console_text(self, instance) -> str:
         node = self.nodes.get(instance.id)
-        lines = ["[    0.000000] Linux version 6.8.0-1021-aws (buildd@lcy02-amd64-080) #23-Ubuntu SMP",
-                 "[   12.345678] cloud-init[812]: Cloud-init v. 24.1.3-0ubuntu3 running 'modules:final' at boot."]
+        lines = [
+            "[    0.000000] Linux version 6.8.0-1021-aws (buildd@lcy02-amd64-080) #23-Ubuntu SMP",
+            "[   12.345678] cloud-init[812]: Cloud-init v. 24.1.3-0ubuntu3 running 'modules:final' at boot.",
+        ]
         if node is not None and self.console_mode != "no-keys":
             key = node.host_key
             if self.console_mode == "wrong-key":
                 from clusterctl.cluster.sshkeys import generate_ed25519
 
                 key = generate_ed25519("wrong")[1].rsplit(" ", 1)[0]
-            lines += ["-----BEGIN SSH HOST KEY FINGERPRINTS-----",
-                      f"256 SHA256:xxxx root@{instance.id} (ED25519)",
-                      "-----END SSH HOST KEY FINGERPRINTS-----",
-                      "-----BEGIN SSH HOST KEY KEYS-----",
-                      f"{key} root@ip-{instance.private_ip.replace('.', '-')}",
-                      "-----END SSH HOST KEY KEYS-----"]
-        lines.append("[   14.000000] cloud-init[812]: Cloud-init v. 24.1.3-0ubuntu3 finished at Mon, 01 Jan 2025 "
-                     "00:00:14 +0000. Datasource DataSourceEc2Local.  Up 14.00 seconds")
+            lines += [
+                "-----BEGIN SSH HOST KEY FINGERPRINTS-----",
+                f"256 SHA256:xxxx root@{instance.id} (ED25519)",
+                "-----END SSH HOST KEY FINGERPRINTS-----",
+                "-----BEGIN SSH HOST KEY KEYS-----",
+                f"{key} root@ip-{instance.private_ip.replace('.', '-')}",
+                "-----END SSH HOST KEY KEYS-----",
+            ]
+        lines.append(
+            "[   14.000000] cloud-init[812]: Cloud-init v. 24.1.3-0ubuntu3 finished at Mon, 01 Jan 2025 "
+            "00:00:14 +0000. Datasource DataSourceEc2Local.  Up 14.00 seconds"
+        )
         return "\n".join(lines) + "\n"
 
 
@@ -597,11 +720,15 @@ def _error_response(service: str, code: str, message: str, status: int):
         body = json.dumps({"__type": code, "message": message})
         return status, {"status": status, "Content-Type": "application/x-amz-json-1.1"}, body
     if service == "iam":
-        body = (f'<ErrorResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/"><Error><Type>Sender</Type>'
-                f"<Code>{code}</Code><Message>{message}</Message></Error><RequestId>injected</RequestId></ErrorResponse>")
+        body = (
+            f'<ErrorResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/"><Error><Type>Sender</Type>'
+            f"<Code>{code}</Code><Message>{message}</Message></Error><RequestId>injected</RequestId></ErrorResponse>"
+        )
     else:
-        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
-                f"<Message>{message}</Message></Error></Errors><RequestID>injected</RequestID></Response>")
+        body = (
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
+            f"<Message>{message}</Message></Error></Errors><RequestID>injected</RequestID></Response>"
+        )
     return status, {"status": status, "Content-Type": "text/xml"}, body
 
 
@@ -625,7 +752,6 @@ def _install_patches(aws: MotoAws) -> None:
     )
     from moto.ec2.responses import EC2Response
     from moto.ec2.responses.general import General
-
 
     def cur() -> MotoAws:
         return _INSTALLED["aws"]
@@ -665,8 +791,14 @@ def _install_patches(aws: MotoAws) -> None:
             call.status = fault.status
             return _error_response(service, fault.code, fault.message, fault.status)
         with aws.lock:
-            gate = next((g for g in aws.gates if g.action == action and not g.fired
-                         and (g.when is None or g.when(params, region))), None)
+            gate = next(
+                (
+                    g
+                    for g in aws.gates
+                    if g.action == action and not g.fired and (g.when is None or g.when(params, region))
+                ),
+                None,
+            )
             if gate is not None:
                 gate.fired = True
         if gate is not None:
@@ -689,8 +821,10 @@ def _install_patches(aws: MotoAws) -> None:
     # ---- p3.16xlarge --------------------------------------------------------------------------------
     p3 = copy.deepcopy(itypes.INSTANCE_TYPES["p3dn.24xlarge"])
     p3["InstanceType"] = "p3.16xlarge"
-    p3["GpuInfo"] = {"Gpus": [{"Count": 8, "Manufacturer": "NVIDIA", "MemoryInfo": {"SizeInMiB": 16384},
-                               "Name": "V100"}], "TotalGpuMemoryInMiB": 131072}
+    p3["GpuInfo"] = {
+        "Gpus": [{"Count": 8, "Manufacturer": "NVIDIA", "MemoryInfo": {"SizeInMiB": 16384}, "Name": "V100"}],
+        "TotalGpuMemoryInMiB": 131072,
+    }
     p3["NetworkInfo"]["EfaSupported"] = False
     p3["NetworkInfo"].pop("EfaInfo", None)
     p3["NetworkInfo"]["NetworkPerformance"] = "25 Gigabit"
@@ -703,7 +837,8 @@ def _install_patches(aws: MotoAws) -> None:
     itypes.InstanceTypeBackend.instance_types.append(itypes.InstanceType("p3.16xlarge"))
     offers = itypes.INSTANCE_TYPE_OFFERINGS
     offers["availability-zone"][REGION].extend(
-        {"InstanceType": "p3.16xlarge", "Location": az, "LocationType": "availability-zone"} for az in P3_AZS)
+        {"InstanceType": "p3.16xlarge", "Location": az, "LocationType": "availability-zone"} for az in P3_AZS
+    )
     offers["region"][REGION].append({"InstanceType": "p3.16xlarge", "Location": REGION, "LocationType": "region"})
 
     # ---- RunInstances: token dedup, iops, instance profile on all, placement group, nodes ------------
@@ -758,12 +893,19 @@ def _install_patches(aws: MotoAws) -> None:
 
     EC2Response.run_instances = response_run_instances
 
-    def add_block_device(self, size, device_path, snapshot_id, encrypted, delete_on_termination, kms_key_id,
-                         volume_type):
+    def add_block_device(
+        self, size, device_path, snapshot_id, encrypted, delete_on_termination, kms_key_id, volume_type
+    ):
         iops = (getattr(local, "iops", None) or {}).get(device_path)
-        volume = self.ec2_backend.create_volume(size=size, zone_name=self._placement.zone, snapshot_id=snapshot_id,
-                                                encrypted=encrypted, kms_key_id=kms_key_id, volume_type=volume_type,
-                                                iops=iops)
+        volume = self.ec2_backend.create_volume(
+            size=size,
+            zone_name=self._placement.zone,
+            snapshot_id=snapshot_id,
+            encrypted=encrypted,
+            kms_key_id=kms_key_id,
+            volume_type=volume_type,
+            iops=iops,
+        )
         self.ec2_backend.attach_volume(volume.id, self.id, device_path, delete_on_termination)
 
     minst.Instance.add_block_device = add_block_device
@@ -795,8 +937,9 @@ def _install_patches(aws: MotoAws) -> None:
     def get_console_output(self):
         instance = self.ec2_backend.get_instance(self._get_param("InstanceId"))
         text = cur().console_text(instance)
-        return ActionResult({"InstanceId": instance.id, "Timestamp": utcnow(),
-                             "Output": Base64EncodedString.from_raw_string(text)})
+        return ActionResult(
+            {"InstanceId": instance.id, "Timestamp": utcnow(), "Output": Base64EncodedString.from_raw_string(text)}
+        )
 
     General.get_console_output = get_console_output
 
@@ -810,9 +953,14 @@ def _install_patches(aws: MotoAws) -> None:
         with aws.lock:
             if name in aws.placement_groups:
                 raise EC2ClientError("InvalidPlacementGroup.Duplicate", f"The Placement Group '{name}' already exists.")
-            pg = {"GroupName": name, "GroupId": "pg-" + os.urandom(8).hex()[:17], "Strategy": strategy,
-                  "State": "available", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()],
-                  "GroupArn": f"arn:aws:ec2:{self.region}:{ACCOUNT}:placement-group/{name}"}
+            pg = {
+                "GroupName": name,
+                "GroupId": "pg-" + os.urandom(8).hex()[:17],
+                "Strategy": strategy,
+                "State": "available",
+                "Tags": [{"Key": k, "Value": v} for k, v in tags.items()],
+                "GroupArn": f"arn:aws:ec2:{self.region}:{ACCOUNT}:placement-group/{name}",
+            }
             aws.placement_groups[name] = pg
         return ActionResult({"PlacementGroup": pg})
 
@@ -828,6 +976,7 @@ def _install_patches(aws: MotoAws) -> None:
                 raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{missing[0]}' is unknown.")
             groups = [g for g in groups if g["GroupName"] in names]
         for key, values in (filters or {}).items():
+
             def ok(g, key=key, values=values):
                 tags = {t["Key"]: t["Value"] for t in g["Tags"]}
                 if key.startswith("tag:"):
@@ -839,6 +988,7 @@ def _install_patches(aws: MotoAws) -> None:
                 if key == "strategy":
                     return ec2_matches(g["Strategy"], values)
                 return True
+
             groups = [g for g in groups if ok(g)]
         return ActionResult({"PlacementGroups": groups})
 
@@ -887,8 +1037,9 @@ def _install_patches(aws: MotoAws) -> None:
     orig_disassoc = eips.ElasticAddressBackend.disassociate_address
 
     def associate_address(self, instance=None, eni=None, address=None, allocation_id=None, reassociate=False):
-        eip = orig_assoc(self, instance=instance, eni=eni, address=address, allocation_id=allocation_id,
-                         reassociate=reassociate)
+        eip = orig_assoc(
+            self, instance=instance, eni=eni, address=address, allocation_id=allocation_id, reassociate=reassociate
+        )
         owner = eip.instance or (eip.eni.instance if eip.eni is not None else None)
         if owner is not None:
             cur().add_public(owner.id, eip.public_ip)
@@ -916,10 +1067,17 @@ def _install_patches(aws: MotoAws) -> None:
         value = (cur().quotas or {}).get(quota_code)
         if value is None:
             raise NoSuchResource
-        return {"ServiceCode": "ec2", "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
-                "QuotaArn": f"arn:aws:servicequotas:{self.region_name}:{ACCOUNT}:ec2/{quota_code}",
-                "QuotaCode": quota_code, "QuotaName": quota_code, "Value": float(value), "Unit": "None",
-                "Adjustable": True, "GlobalQuota": False}
+        return {
+            "ServiceCode": "ec2",
+            "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+            "QuotaArn": f"arn:aws:servicequotas:{self.region_name}:{ACCOUNT}:ec2/{quota_code}",
+            "QuotaCode": quota_code,
+            "QuotaName": quota_code,
+            "Value": float(value),
+            "Unit": "None",
+            "Adjustable": True,
+            "GlobalQuota": False,
+        }
 
     sq.ServiceQuotasBackend.get_service_quota = get_service_quota
 
@@ -977,8 +1135,12 @@ def _ec2_wildcards() -> None:
 
     def is_filter_matching(obj, _filter, filter_value):
         value = obj.get_filter_value(_filter)
-        if isinstance(filter_value, list) and len(filter_value) > 1 and isinstance(value, (list, set, tuple)) \
-                and all(isinstance(v, str) for v in value):
+        if (
+            isinstance(filter_value, list)
+            and len(filter_value) > 1
+            and isinstance(value, (list, set, tuple))
+            and all(isinstance(v, str) for v in value)
+        ):
             return any(ec2_matches(v, filter_value) for v in value)  # several values: any of them, wildcards too
         return orig_is_filter_matching(obj, _filter, filter_value)
 
@@ -1043,8 +1205,23 @@ class AwsCli:
         """`up` against moto with namespace-backed nodes: the test's CIDR and the root-login node image."""
         # --runtime none unless a test asks (a later "--runtime install" in extra wins): building the node
         # runtime on a namespace leader needs a wheel source it can reach (see test_runtime_aws.py).
-        return ["up", "--name", name, "--nodes", str(nodes), "--type", "p3.16xlarge", "--cidr", str(self.aws.owned),
-                "--ami", image or self.aws.node_image, "--yes", "--runtime", "none", *extra]
+        return [
+            "up",
+            "--name",
+            name,
+            "--nodes",
+            str(nodes),
+            "--type",
+            "p3.16xlarge",
+            "--cidr",
+            str(self.aws.owned),
+            "--ami",
+            image or self.aws.node_image,
+            "--yes",
+            "--runtime",
+            "none",
+            *extra,
+        ]
 
 
 @pytest.fixture

@@ -20,8 +20,20 @@ def up_cluster(base: Path, nodes: int, runtime: bool = False) -> LocalCluster:
     cli = Cli(base / "cchome", base / "work")
     cli.cwd.mkdir(parents=True, exist_ok=True)
     name = "s" + uuid.uuid4().hex[:8]
-    proc = cli("up", "--provider", "local", "--name", name, "--nodes", str(nodes), "--slots", "1", "--yes",
-               *(() if runtime else ("--runtime", "none")), timeout=900 if runtime else 120)
+    proc = cli(
+        "up",
+        "--provider",
+        "local",
+        "--name",
+        name,
+        "--nodes",
+        str(nodes),
+        "--slots",
+        "1",
+        "--yes",
+        *(() if runtime else ("--runtime", "none")),
+        timeout=900 if runtime else 120,
+    )
     assert proc.returncode == 0, proc.stderr
     hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
     return LocalCluster(name, cli, hosts)
@@ -85,8 +97,27 @@ def shape(cluster: LocalCluster, index: int, rate: str) -> None:
     """htb on the host side of the node's veth: what the node receives comes at `rate`."""
     dev = veth(cluster, index)
     subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"], check=True)
-    subprocess.run(["tc", "class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", rate,
-                    "ceil", rate, "burst", "32k"], check=True)
+    subprocess.run(
+        [
+            "tc",
+            "class",
+            "replace",
+            "dev",
+            dev,
+            "parent",
+            "1:",
+            "classid",
+            "1:10",
+            "htb",
+            "rate",
+            rate,
+            "ceil",
+            rate,
+            "burst",
+            "32k",
+        ],
+        check=True,
+    )
 
 
 def unshape(cluster: LocalCluster, index: int) -> None:

@@ -215,9 +215,13 @@ def test_the_checker_sees_function_level_imports_and_cycles(tmp_path):
         "(core imports only core)",
     ]
     assert cycles(edges) == [
-        ["clusterctl.cli.app -> clusterctl.errors  (clusterctl/cli/app.py:1)",
-         "clusterctl.errors -> clusterctl.cluster.state  (clusterctl/errors.py:2)",
-         "clusterctl.cluster.state -> clusterctl.cli.app  (clusterctl/cluster/state.py:4)"],
-        ["clusterctl.playbook.run -> clusterctl.playbook.steps  (clusterctl/playbook/run.py:1)",
-         "clusterctl.playbook.steps -> clusterctl.playbook.run  (clusterctl/playbook/steps.py:2)"],
+        [
+            "clusterctl.cli.app -> clusterctl.errors  (clusterctl/cli/app.py:1)",
+            "clusterctl.errors -> clusterctl.cluster.state  (clusterctl/errors.py:2)",
+            "clusterctl.cluster.state -> clusterctl.cli.app  (clusterctl/cluster/state.py:4)",
+        ],
+        [
+            "clusterctl.playbook.run -> clusterctl.playbook.steps  (clusterctl/playbook/run.py:1)",
+            "clusterctl.playbook.steps -> clusterctl.playbook.run  (clusterctl/playbook/steps.py:2)",
+        ],
     ]

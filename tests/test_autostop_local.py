@@ -112,7 +112,11 @@ def test_idle_cluster_stops_after_its_last_command_busy_one_does_not_old_one_doe
     cfg = json.loads((watchdog.local_dir(cli_store(cli), busy.name) / "config.json").read_text())
     assert 4 * 3600 - 60 < cfg["keep_until"] - time.time() <= 4 * 3600
     proc = cli("autostop", busy.name, "--off")
-    assert proc.returncode == 0 and "Warning:" in proc.stderr and f"runs until `clusterctl down {busy.name}`" in proc.stderr
+    assert (
+        proc.returncode == 0
+        and "Warning:" in proc.stderr
+        and f"runs until `clusterctl down {busy.name}`" in proc.stderr
+    )
     assert "autostop: OFF" in proc.stdout
     proc = cli("autostop", busy.name, "--on", "--idle-stop", "30m")
     assert proc.returncode == 0 and "autostop: stops in" in proc.stdout and "idle-stop 30m" in proc.stdout, proc.stdout
@@ -134,13 +138,20 @@ def test_gpu_cluster_with_idle_gpus_stays_up_while_a_command_or_a_sync_runs(loca
     sync holds a lease while it runs, released after it (also when it fails)."""
     c = local_cluster_factory(2, 1, ("--idle-stop", "20s"))
     for i in range(2):
-        c.node_exec(i, "sh", "-c", 'mkdir -p /usr/local/bin && printf "%s" "$0" > /usr/local/bin/nvidia-smi && '
-                                   "chmod 755 /usr/local/bin/nvidia-smi", NVIDIA_SMI)
+        c.node_exec(
+            i,
+            "sh",
+            "-c",
+            'mkdir -p /usr/local/bin && printf "%s" "$0" > /usr/local/bin/nvidia-smi && '
+            "chmod 755 /usr/local/bin/nvidia-smi",
+            NVIDIA_SMI,
+        )
     # the leader's watchdog sees the GPUs: its own probe, run the way it runs inside the node
     pids = [p for p in netns.netns_pids(netns.netns_name(c.name, 0)) if watchdog.SCRIPT in supervisor._cmdline(p)]
     assert pids, "no watchdog in the leader"
-    probe = c.node_exec(0, "/usr/bin/python3", f"{watchdog.LOCAL_NODE_DIR}/{watchdog.SCRIPT}", "probe",
-                        "--dir", watchdog.LOCAL_NODE_DIR)
+    probe = c.node_exec(
+        0, "/usr/bin/python3", f"{watchdog.LOCAL_NODE_DIR}/{watchdog.SCRIPT}", "probe", "--dir", watchdog.LOCAL_NODE_DIR
+    )
     assert json.loads(probe.stdout)["gpus"] == [0, 0], probe.stdout
     env = dict(e.split("=", 1) for e in open(f"/proc/{pids[0]}/environ").read().split("\0") if "=" in e)
     assert "/usr/local/bin" in env.get("PATH", "").split(":"), env.get("PATH")
@@ -167,7 +178,7 @@ def test_gpu_cluster_with_idle_gpus_stays_up_while_a_command_or_a_sync_runs(loca
         seen: dict = {}
         while p.poll() is None:
             for f in folders:
-                for lease in (f.glob("*.json") if f.exists() else []):
+                for lease in f.glob("*.json") if f.exists() else []:
                     try:
                         seen[lease.name] = json.loads(lease.read_text())
                     except (OSError, ValueError):

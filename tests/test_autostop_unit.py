@@ -28,8 +28,20 @@ W = watchdog.watchdog()
 SCRIPT = REPO / "templates" / "idle_watchdog.py"
 
 
-@pytest.mark.parametrize("text, seconds", [("20s", 20), ("30m", 1800), ("12h", 43200), ("1h30m", 5400), ("2d", 172800),
-                                           ("1.5h", 5400), ("off", None), ("0", None), ("never", None)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("20s", 20),
+        ("30m", 1800),
+        ("12h", 43200),
+        ("1h30m", 5400),
+        ("2d", 172800),
+        ("1.5h", 5400),
+        ("off", None),
+        ("0", None),
+        ("never", None),
+    ],
+)
 def test_durations(text, seconds):
     assert autostop.parse_duration(text, "--idle-stop") == seconds
 
@@ -47,7 +59,9 @@ def test_settings_default_and_description():
     a = autostop.settings("30m", "12h")
     assert a == Autostop(1800, 43200) and autostop.poll_seconds(a) == 60
     assert autostop.poll_seconds(Autostop(20, None)) == 2 and autostop.poll_seconds(Autostop(None, 30)) == 3
-    assert "after 30m with nothing busy" in autostop.describe(a) and "at the latest 12h00m after" in autostop.describe(a)
+    assert "after 30m with nothing busy" in autostop.describe(a) and "at the latest 12h00m after" in autostop.describe(
+        a
+    )
     assert autostop.describe(Autostop(None, None)).startswith("off")
     assert autostop.from_extra(autostop.extra(a)) == a and autostop.from_extra({}) is None
     assert autostop.from_extra(autostop.extra(Autostop(None, 60))) == Autostop(None, 60)
@@ -77,11 +91,16 @@ def _session(faults, *children):
 def test_gpu_nodes_are_busy_when_any_signal_says_so():
     own: set = set()
     busy = {"gpus": [0, 87], "training": ["python3[5] train.py"], "sessions": {"1:1": _session(9, "bash")}}
-    assert W.busy_reasons("n1", busy, {}, own, False) == ["n1: GPU 1 at 87%", "n1: python3[5] train.py",
-                                                          "n1: ssh session running bash"]
+    assert W.busy_reasons("n1", busy, {}, own, False) == [
+        "n1: GPU 1 at 87%",
+        "n1: python3[5] train.py",
+        "n1: ssh session running bash",
+    ]
     # idle GPUs do not make a copy or a shell idle (this returned [] before: a 3-hour sync was stopped)
-    assert W.busy_reasons("n1", {**busy, "gpus": [0, 0]}, {}, own, False) == ["n1: python3[5] train.py",
-                                                                               "n1: ssh session running bash"]
+    assert W.busy_reasons("n1", {**busy, "gpus": [0, 0]}, {}, own, False) == [
+        "n1: python3[5] train.py",
+        "n1: ssh session running bash",
+    ]
     assert W.busy_reasons("n1", {"gpus": [0, 0], "training": [], "sessions": {}}, {}, own, False) == []
 
 
@@ -107,30 +126,46 @@ def test_leases_count_until_they_expire_or_are_released(tmp_path):
         with pytest.raises(ValueError):
             W.take_lease(d, bad, 5)
     # the command line the operator runs on a cloud node
-    proc = subprocess.run([sys.executable, str(SCRIPT), "lease", "--dir", d, "--id", "l1", "--for", "30", "--what", "sync"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "lease", "--dir", d, "--id", "l1", "--for", "30", "--what", "sync"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0 and json.loads(proc.stdout) == {"lease": "l1", "held": True}, proc.stderr
     assert W.leases(d)[0].startswith("lease l1: sync runs")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "release", "--dir", d, "--id", "l1"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "release", "--dir", d, "--id", "l1"], capture_output=True, text=True
+    )
     assert proc.returncode == 0 and W.leases(d) == []
-    assert subprocess.run([sys.executable, str(SCRIPT), "lease", "--dir", d, "--id", "../l1", "--for", "3"],
-                          capture_output=True, text=True).returncode == 2
+    assert (
+        subprocess.run(
+            [sys.executable, str(SCRIPT), "lease", "--dir", d, "--id", "../l1", "--for", "3"],
+            capture_output=True,
+            text=True,
+        ).returncode
+        == 2
+    )
 
 
 def test_cpu_nodes_training_processes_and_ssh_commands():
     own: set = set()
-    assert W.busy_reasons("n", {"gpus": None, "training": ["python3[7] x.py"], "sessions": {}}, {}, own, False) == \
-        ["n: python3[7] x.py"]
+    assert W.busy_reasons("n", {"gpus": None, "training": ["python3[7] x.py"], "sessions": {}}, {}, own, False) == [
+        "n: python3[7] x.py"
+    ]
     now = {"1:5": _session(400, "sleep 25")}
-    assert W.busy_reasons("n", {"gpus": None, "training": [], "sessions": now}, {}, own, False) == \
-        ["n: ssh session running sleep 25"]
+    assert W.busy_reasons("n", {"gpus": None, "training": [], "sessions": now}, {}, own, False) == [
+        "n: ssh session running sleep 25"
+    ]
     # a kept connection with nothing running: idle; the same one after a command ended in between: busy
     kept = {"1:5": _session(400)}
     assert W.busy_reasons("n", {"training": [], "sessions": kept}, kept, own, False) == []
-    assert W.busy_reasons("n", {"training": [], "sessions": {"1:5": _session(800)}}, kept, own, False) == \
-        ["n: a command ran in an ssh session"]
+    assert W.busy_reasons("n", {"training": [], "sessions": {"1:5": _session(800)}}, kept, own, False) == [
+        "n: a command ran in an ssh session"
+    ]
     # a connection first seen after it ran something: busy, except on the first check (no history yet)
-    assert W.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, False) == ["n: a new ssh session ran a command"]
+    assert W.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, False) == [
+        "n: a new ssh session ran a command"
+    ]
     assert W.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, True) == []
     # clusterctl's own checks never count, not even after they ended
     probe = {"2:9": _session(300, "/usr/bin/python3 /opt/clusterctl/idle_watchdog.py status --dir d")}
@@ -153,11 +188,17 @@ def test_probe_sees_this_machines_processes_but_not_itself(tmp_path):
 
 def test_settings_files_keep_off_on_and_status(tmp_path):
     d = str(tmp_path)
-    W.write_json(os.path.join(d, "config.json"),
-                 watchdog.node_config("c", Autostop(60, None), poweroff="node-init", user="root", script="s",
-                                      created_at=time.time()))
-    run = lambda *a: json.loads(subprocess.run([sys.executable, str(SCRIPT), *a, "--dir", d],  # noqa: E731
-                                               capture_output=True, text=True, check=True).stdout)
+    W.write_json(
+        os.path.join(d, "config.json"),
+        watchdog.node_config(
+            "c", Autostop(60, None), poweroff="node-init", user="root", script="s", created_at=time.time()
+        ),
+    )
+
+    def run(*a):
+        argv = [sys.executable, str(SCRIPT), *a, "--dir", d]
+        return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+
     st = run("status")
     assert st["running"] is False and st["config"]["idle_stop"] == 60 and st["plan"]["why"] == "idle-stop"
     st = run("keep", "--for", "7200")
@@ -172,7 +213,8 @@ def test_settings_files_keep_off_on_and_status(tmp_path):
     assert any(line.startswith("autostop: kept until ") for line in lines)
     assert status.summary({**run("off"), "running": True})[0].startswith("autostop: OFF")
     assert status.summary(None, Autostop(1800, 3600), created_at=time.time() - 600)[1].startswith(
-        "autostop: stops at the latest in 50m")
+        "autostop: stops at the latest in 50m"
+    )
 
 
 def test_a_namespace_node_is_never_shut_down_through_the_hosts_init(tmp_path, monkeypatch):
@@ -196,9 +238,20 @@ def test_user_data_carries_the_watchdog_and_is_the_same_bytes_every_time():
     assert gzip.decompress(base64.b64decode(files[watchdog.AWS_SCRIPT]["content"])) == SCRIPT.read_bytes()
     assert files[watchdog.AWS_SCRIPT]["encoding"] == "gz+b64" and files[watchdog.AWS_SCRIPT]["permissions"] == "0755"
     cfg = json.loads(files[f"{watchdog.AWS_DIR}/config.json"]["content"])
-    assert cfg == {**cfg, "idle_stop": 1800, "max_lifetime": 43200, "created_at": None, "poweroff": "shutdown",
-                   "user": "ubuntu", "script": watchdog.AWS_SCRIPT, "enabled": True}
-    assert doc["runcmd"] == [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "clusterctl-autostop.service"]]
+    assert cfg == {
+        **cfg,
+        "idle_stop": 1800,
+        "max_lifetime": 43200,
+        "created_at": None,
+        "poweroff": "shutdown",
+        "user": "ubuntu",
+        "script": watchdog.AWS_SCRIPT,
+        "enabled": True,
+    }
+    assert doc["runcmd"] == [
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "enable", "--now", "clusterctl-autostop.service"],
+    ]
     assert "Restart=always" in files["/etc/systemd/system/clusterctl-autostop.service"]["content"]
     cmd = watchdog.remote_command("keep", "--for", "3600")
     assert "idle_watchdog.py keep --dir /var/lib/clusterctl/autostop --for 3600" in cmd and "sudo -n" in cmd
@@ -216,10 +269,13 @@ def test_supervisors_of_this_and_of_older_versions_are_found_by_argv_and_stopped
         (tmp_path / pkg / "__init__.py").write_text("")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     assert supervisor._argv(name)[1:] == ["-m", "clusterctl.providers.local", "supervise", name]
-    procs = [subprocess.Popen(supervisor._argv(name), env=env, cwd=tmp_path),
-             subprocess.Popen([sys.executable, "-m", "clusterctl.autostop", "supervise", name], env=env, cwd=tmp_path)]
-    other = subprocess.Popen([sys.executable, "-m", "clusterctl.autostop", "supervise", name + "x"], env=env,
-                             cwd=tmp_path)
+    procs = [
+        subprocess.Popen(supervisor._argv(name), env=env, cwd=tmp_path),
+        subprocess.Popen([sys.executable, "-m", "clusterctl.autostop", "supervise", name], env=env, cwd=tmp_path),
+    ]
+    other = subprocess.Popen(
+        [sys.executable, "-m", "clusterctl.autostop", "supervise", name + "x"], env=env, cwd=tmp_path
+    )
     try:
         assert sorted(supervisor.supervisors(name)) == sorted(p.pid for p in procs)
         assert sorted(supervisor.stop_supervisor(name)) == sorted(p.pid for p in procs)
@@ -240,8 +296,13 @@ def test_autostop_never_imports_a_provider():
     found = []
     for path in sorted(pkg.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             found += [f"{path.name}:{node.lineno} {n}" for n in names if n.startswith("clusterctl.providers")]
     assert found == []
 
@@ -249,18 +310,27 @@ def test_autostop_never_imports_a_provider():
 # ---- gc and costs --------------------------------------------------------------------------------------------
 def test_gc_groups_by_cluster_and_keeps_the_young_and_the_unknown():
     now = 100_000.0
-    found = [Found("a", "instance", "i-1", now - 3 * 3600, "ann@lap"), Found("a", "VPC", "vpc-1", None, "ann@lap"),
-             Found("b", "key pair", "k", now - 600, "bob@desk"), Found("c", "VPC", "vpc-2")]
+    found = [
+        Found("a", "instance", "i-1", now - 3 * 3600, "ann@lap"),
+        Found("a", "VPC", "vpc-1", None, "ann@lap"),
+        Found("b", "key pair", "k", now - 600, "bob@desk"),
+        Found("c", "VPC", "vpc-2"),
+    ]
     groups = gc.group(found, "aws", "us-east-1", {})
-    assert [(g.name, len(g.found), g.owner, g.record) for g in groups] == [("a", 2, "ann@lap", ""), ("b", 1, "bob@desk", ""),
-                                                                          ("c", 1, "", "")]
+    assert [(g.name, len(g.found), g.owner, g.record) for g in groups] == [
+        ("a", 2, "ann@lap", ""),
+        ("b", 1, "bob@desk", ""),
+        ("c", 1, "", ""),
+    ]
     assert groups[0].created_at == now - 3 * 3600 and groups[2].created_at is None
     assert [g.name for g in gc.select(groups, 2 * 3600, now)] == ["a"]
     assert [g.name for g in gc.select(groups, None, now)] == ["a", "b", "c"]
 
 
 def test_costs():
-    c = Cluster("c", "aws", tuple(Node(f"n{i}", f"10.0.0.{i}", 8, "member") for i in range(4)), "us-east-1", "p3.16xlarge")
+    c = Cluster(
+        "c", "aws", tuple(Node(f"n{i}", f"10.0.0.{i}", 8, "member") for i in range(4)), "us-east-1", "p3.16xlarge"
+    )
     assert costs.hourly(c) == pytest.approx(4 * 24.48)
     assert costs.hourly(Cluster("l", "local", ())) == 0.0 and costs.hourly(None) is None
     assert costs.run_cost(1800, 97.92) == pytest.approx(48.96)
@@ -277,21 +347,27 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
     from clusterctl.workloads import bench
 
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
-    c = Cluster("c", "aws", tuple(Node(f"n{i}", f"10.0.0.{i}", 8, "member") for i in range(2)), "us-east-1", "p3.16xlarge")
+    c = Cluster(
+        "c", "aws", tuple(Node(f"n{i}", f"10.0.0.{i}", 8, "member") for i in range(2)), "us-east-1", "p3.16xlarge"
+    )
     inv = SimpleNamespace(cluster=c)
     rung = lambda np_, ips, s: bench.Rung(np_, 1 + np_ // 9, ips, 1.0, 1.0, None, {}, s, "log")  # noqa: E731
     ladder = bench.Ladder((rung(1, 100.0, 60.0), rung(16, 1500.0, 120.0)), 0.9, True, "ok")
     cli._bench_cost(inv, ladder, "resnet50")
     err = capsys.readouterr().err
     assert "cost: this ladder ran 3m on a $48.96/hour cluster: about $2.45" in err
-    assert ("cost: at 1,500 img/s, one ImageNet epoch (1,281,167 images) takes 14m and costs about $11.62; "
-            "90 epochs about $1,045.43") in err, err
+    assert (
+        "cost: at 1,500 img/s, one ImageNet epoch (1,281,167 images) takes 14m and costs about $11.62; "
+        "90 epochs about $1,045.43"
+    ) in err, err
     assert costs.load_measured(StateStore(tmp_path), "c")["img_per_sec"] == 1500.0
 
     opts = SimpleNamespace(model="resnet50", max_steps=None, epochs=2.0, batch_size=None)
     cli._train_estimate(inv, SimpleNamespace(np=8, options={}), opts)
     err = capsys.readouterr().err
-    assert ("cost: estimated at 750 img/s, 2 ImageNet-sized epoch(s) (2,562,334 images) takes 56m and costs about "
-            "$46.46 (from the 1,500 img/s `bench` measured at 16 process(es), scaled linearly") in err, err
+    assert (
+        "cost: estimated at 750 img/s, 2 ImageNet-sized epoch(s) (2,562,334 images) takes 56m and costs about "
+        "$46.46 (from the 1,500 img/s `bench` measured at 16 process(es), scaled linearly"
+    ) in err, err
     cli._train_estimate(inv, SimpleNamespace(np=8, options={}), SimpleNamespace(**{**vars(opts), "model": "tiny"}))
     assert "no img/s measured for tiny on this cluster yet" in capsys.readouterr().err

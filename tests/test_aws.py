@@ -20,8 +20,10 @@ from motoaws import CHECKIP_ADDRESS, REGION, decode_user_data
 
 pytestmark = pytest.mark.integration
 
-MUTATING = re.compile(r"^(Create|Run|Import|Put|Add|Attach|Authorize|Modify|Delete|Terminate|Associate|Register|"
-                      r"Revoke|Detach|Remove|Start|Stop|Replace|Disassociate)")
+MUTATING = re.compile(
+    r"^(Create|Run|Import|Put|Add|Attach|Authorize|Modify|Delete|Terminate|Associate|Register|"
+    r"Revoke|Detach|Remove|Start|Stop|Replace|Disassociate)"
+)
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -72,13 +74,19 @@ def test_dry_run_prints_the_plan_and_creates_nothing(aws, aws_cli):
     assert "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)" in err and "login user ubuntu" in err
     assert "disk: 200 GB io2 at 10000 IOPS, encrypted" in err
     assert "trying us-east-1a, us-east-1b, us-east-1c, us-east-1d, us-east-1f" in err  # the AZs offering the type
-    assert re.search(r"cost: \$101\.6\d/hour for the cluster \(4 x \$24\.48 instance \+ \$0\.9\d disk; us-east-1 "
-                     r"on-demand prices of 20\d\d-\d\d-\d\d", err), err
+    assert re.search(
+        r"cost: \$101\.6\d/hour for the cluster \(4 x \$24\.48 instance \+ \$0\.9\d disk; us-east-1 "
+        r"on-demand prices of 20\d\d-\d\d-\d\d",
+        err,
+    ), err
     assert "dry run: launch 4 x p3.16xlarge: allowed (EC2 DryRun)" in err and "dry run: nothing was created" in err
     # No mutating call went out without DryRun; IAM and SSM saw no mutating call at all.
-    mutating = [c for c in aws.actions() if MUTATING.match(c.action) and c.action not in ("RegisterImage", "CreateTags")]
-    assert mutating and all(c.service == "ec2" and c.params.get("DryRun") == "true" and c.status == 412 for c in mutating), \
-        [(c.service, c.action, c.params.get("DryRun")) for c in mutating]
+    mutating = [
+        c for c in aws.actions() if MUTATING.match(c.action) and c.action not in ("RegisterImage", "CreateTags")
+    ]
+    assert mutating and all(
+        c.service == "ec2" and c.params.get("DryRun") == "true" and c.status == 412 for c in mutating
+    ), [(c.service, c.action, c.params.get("DryRun")) for c in mutating]
     ec2 = aws.client("ec2")
     assert [v for v in ec2.describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []
     assert instances(aws, states=("pending", "running", "stopped", "terminated")) == []
@@ -95,16 +103,25 @@ def test_dry_run_says_so_when_ssh_is_opened_to_the_world_and_types_fall_back_to_
     assert "slots: 4 per node, 8 in all (4 GPU(s) per node, from built-in table)" in proc.stderr
     assert "$12.24 instance" in proc.stderr
     proc = aws_cli("up", "--nodes", "2", "--type", "zz9.huge", "--dry-run")
-    assert proc.returncode == 3 and one_error_line(proc) == \
-        "Error: instance type 'zz9.huge' is unknown in us-east-1: check the spelling, or pick a type offered in this region"
+    assert (
+        proc.returncode == 3
+        and one_error_line(proc)
+        == "Error: instance type 'zz9.huge' is unknown in us-east-1: check the spelling, or pick a type offered in this region"
+    )
 
 
-@pytest.mark.parametrize("args, code, message", [
-    (("--volume-type", "gp3", "--iops", "20000"), 3, "Error: --iops for gp3 must be 3000..16000, not 20000"),
-    (("--ssh-cidr", "everyone"), 3, "Error: --ssh-cidr 'everyone' is not an address range"),
-    (("--ami-parameter", "/aws/service/nothing/here"), 3,
-     "Error: SSM parameter /aws/service/nothing/here does not exist in us-east-1"),
-])
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (("--volume-type", "gp3", "--iops", "20000"), 3, "Error: --iops for gp3 must be 3000..16000, not 20000"),
+        (("--ssh-cidr", "everyone"), 3, "Error: --ssh-cidr 'everyone' is not an address range"),
+        (
+            ("--ami-parameter", "/aws/service/nothing/here"),
+            3,
+            "Error: SSM parameter /aws/service/nothing/here does not exist in us-east-1",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_3(aws, aws_cli, args, code, message):
     proc = aws_cli("up", "--nodes", "2", "--dry-run", *args)
     assert proc.returncode == code and one_error_line(proc).startswith(message), proc.stderr
@@ -121,9 +138,12 @@ def test_an_expensive_cluster_needs_confirmation_and_nothing_is_created_without_
     args = [a for a in aws_cli.up_args("costly", 2) if a != "--yes"]
     proc = aws_cli(*args)
     assert proc.returncode == 2
-    assert one_error_line(proc) == ("Error: Launch 2 x p3.16xlarge at $50.81/hour? needs confirmation: "
-                                    "pass --yes to confirm without a terminal")
-    assert [c.action for c in aws.actions() if MUTATING.match(c.action) and c.action not in ("RegisterImage", "CreateTags")] == []
+    assert one_error_line(proc) == (
+        "Error: Launch 2 x p3.16xlarge at $50.81/hour? needs confirmation: pass --yes to confirm without a terminal"
+    )
+    assert [
+        c.action for c in aws.actions() if MUTATING.match(c.action) and c.action not in ("RegisterImage", "CreateTags")
+    ] == []
 
 
 # ---- the whole life of a cluster ---------------------------------------------------------------------------
@@ -156,8 +176,11 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
     assert {"instance", "volume", "network-interface"} <= set(tag_specs)
     for rtype, key in tag_specs.items():
         prefix = key.rsplit(".", 1)[0]
-        tags = {p[f"{prefix}.Tag.{i}.Key"]: p[f"{prefix}.Tag.{i}.Value"]
-                for i in range(1, 10) if f"{prefix}.Tag.{i}.Key" in p}
+        tags = {
+            p[f"{prefix}.Tag.{i}.Key"]: p[f"{prefix}.Tag.{i}.Value"]
+            for i in range(1, 10)
+            if f"{prefix}.Tag.{i}.Key" in p
+        }
         assert tags["clusterctl:cluster"] == name and tags["clusterctl:id"] == cid, (rtype, tags)
     user_data = decode_user_data(runs[0])
     assert user_data.startswith("#cloud-config\n") and "clusterctl-e2e-internal" in user_data
@@ -173,13 +196,17 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
     assert len(vols) == 4 and all(v["Encrypted"] and v["VolumeType"] == "io2" and v["Iops"] == 10000 for v in vols)
 
     # The security group: everything within itself (in and out), ssh from the detected /32 only.
-    sg = ec2.describe_security_groups(Filters=[{"Name": "tag:clusterctl:cluster", "Values": [name]}])["SecurityGroups"][0]
+    sg = ec2.describe_security_groups(Filters=[{"Name": "tag:clusterctl:cluster", "Values": [name]}])["SecurityGroups"][
+        0
+    ]
     ssh = [r for r in sg["IpPermissions"] if r.get("FromPort") == 22]
     assert [rng["CidrIp"] for r in ssh for rng in r["IpRanges"]] == [f"{CHECKIP_ADDRESS}/32"]
     assert not any(rng["CidrIp"] == "0.0.0.0/0" for r in sg["IpPermissions"] for rng in r.get("IpRanges", []))
     for rules in (sg["IpPermissions"], sg["IpPermissionsEgress"]):
-        assert any(r["IpProtocol"] == "-1" and any(g["GroupId"] == sg["GroupId"] for g in r.get("UserIdGroupPairs", []))
-                   for r in rules)
+        assert any(
+            r["IpProtocol"] == "-1" and any(g["GroupId"] == sg["GroupId"] for g in r.get("UserIdGroupPairs", []))
+            for r in rules
+        )
 
     # The hosts file: private addresses, leader first, slots=8; the same file on the leader.
     by_index = sorted(found, key=lambda i: int(next(t["Value"] for t in i["Tags"] if t["Key"] == "clusterctl:index")))
@@ -197,15 +224,21 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
     assert (state_dir(aws_cli, name) / "id_ed25519").stat().st_mode & 0o777 == 0o600
 
     # run works on the result, and members reach each other with the handed-out key and known_hosts.
-    proc = ok(aws_cli("run", "--group",
-                      f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes {by_index[1]['PrivateIpAddress']} hostname"))
+    proc = ok(
+        aws_cli(
+            "run",
+            "--group",
+            f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes {by_index[1]['PrivateIpAddress']} hostname",
+        )
+    )
     assert proc.stdout.count("ip-" + by_index[1]["PrivateIpAddress"].replace(".", "-")) == 1
     assert "4 host(s): 4 ok" in proc.stderr
     # doctor gets the instances' type, AZ and placement group from the provider and judges them the same
     report = json.loads(aws_cli("doctor", "--json").stdout)
     az = found[0]["Placement"]["AvailabilityZone"]
-    assert [n["cells"]["same-type"] for n in report["nodes"]] == \
-        [{"status": "ok", "why": f"p3.16xlarge, {az}, clusterctl-{name}-{cid}"}] * 4, report["nodes"]
+    assert [n["cells"]["same-type"] for n in report["nodes"]] == [
+        {"status": "ok", "why": f"p3.16xlarge, {az}, clusterctl-{name}-{cid}"}
+    ] * 4, report["nodes"]
 
     proc = ok(aws_cli("ls"))
     row = next(line for line in proc.stdout.splitlines() if line.strip().startswith(name))
@@ -240,7 +273,9 @@ def test_down_and_ls_work_from_tags_when_the_local_state_is_gone(aws, aws_cli):
     proc = aws_cli(*aws_cli.up_args("lost", 1))
     assert proc.returncode == 4 and re.fullmatch(
         r"Error: cluster lost already exists \(aws, owner [^@ ]+@\S+\) but this machine has no record of it \(nor its "
-        r"keys\): remove it with `clusterctl down lost --yes`, or choose another --name", one_error_line(proc)), proc.stderr
+        r"keys\): remove it with `clusterctl down lost --yes`, or choose another --name",
+        one_error_line(proc),
+    ), proc.stderr
     assert len(instances(aws, "lost")) == 1 and len(aws.actions("RunInstances")) == 2
 
     # Behind clusterctl's back the instances of "kept" vanish: status says the record and the cloud disagree.
@@ -276,8 +311,21 @@ def test_existing_vpc_and_subnet_are_used_and_left_alone(aws, aws_cli):
 
 
 def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
-    proc = ok(aws_cli(*aws_cli.up_args("efa", 2, "--type", "p3dn.24xlarge", "--spot", "--volume-type", "gp3",
-                                       "--s3-read", "s3://data/imagenet/")))
+    proc = ok(
+        aws_cli(
+            *aws_cli.up_args(
+                "efa",
+                2,
+                "--type",
+                "p3dn.24xlarge",
+                "--spot",
+                "--volume-type",
+                "gp3",
+                "--s3-read",
+                "s3://data/imagenet/",
+            )
+        )
+    )
     assert "network interfaces: 1 EFA (one per network card); no device RDMA on this type" in proc.stderr
     p = aws.actions("RunInstances")[0].params
     assert p["NetworkInterface.1.InterfaceType"] == "efa" and p["InstanceType"] == "p3dn.24xlarge"
@@ -285,10 +333,16 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
     extra = json.loads((state_dir(aws_cli, "efa") / "cluster.json").read_text())["cluster"]["extra"]
     assert (extra["efa"], extra["efa_interfaces"], extra["efa_rdma"]) == ("true", "1", "false")
     assert p["InstanceMarketOptions.MarketType"] == "spot" and p["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
-    policy = aws.client("iam").get_role_policy(RoleName=f"clusterctl-{cluster_id(aws_cli, 'efa')}", PolicyName="s3-read")
+    policy = aws.client("iam").get_role_policy(
+        RoleName=f"clusterctl-{cluster_id(aws_cli, 'efa')}", PolicyName="s3-read"
+    )
     doc = policy["PolicyDocument"]
     doc = json.loads(doc) if isinstance(doc, str) else doc
-    assert doc["Statement"][0] == {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["arn:aws:s3:::data/imagenet/*"]}
+    assert doc["Statement"][0] == {
+        "Effect": "Allow",
+        "Action": ["s3:GetObject"],
+        "Resource": ["arn:aws:s3:::data/imagenet/*"],
+    }
     assert len(hosts_lines(aws_cli)) == 2
     ok(aws_cli("down", "efa", "--yes"))
     assert_gone(aws, aws_cli, "efa")
@@ -301,10 +355,12 @@ def test_without_keys_in_the_console_nodes_are_pinned_at_first_contact_only_when
     # before pinning, so before the cluster's private key is handed to any node.
     proc = aws_cli(*aws_cli.up_args("tofu", 2, "--slots", "2"))
     assert proc.returncode == 5, proc.stderr
-    assert one_error_line(proc).startswith("Error: no host key for 2 node(s) (tofu-leader, tofu-member-1) from an "
-                                           "authenticated source (their console output); clusterctl does not trust "
-                                           "first contact: check that the image runs cloud-init, or pass "
-                                           "--trust-first-contact"), proc.stderr
+    assert one_error_line(proc).startswith(
+        "Error: no host key for 2 node(s) (tofu-leader, tofu-member-1) from an "
+        "authenticated source (their console output); clusterctl does not trust "
+        "first contact: check that the image runs cloud-init, or pass "
+        "--trust-first-contact"
+    ), proc.stderr
     assert "removed instance" in proc.stderr and "host keys pinned" not in proc.stderr
     assert_gone(aws, aws_cli, "tofu")
     assert len(aws.actions("RunInstances")) == 1 and aws.nodes == {}
@@ -334,28 +390,41 @@ def test_a_wrong_key_in_the_console_stops_up_and_removes_everything(aws, aws_cli
 def test_insufficient_capacity_in_one_az_moves_to_the_next(aws, aws_cli):
     aws.no_capacity("us-east-1a")
     proc = ok(aws_cli(*aws_cli.up_args("cap", 2)))
-    assert "no capacity for 2 x p3.16xlarge in us-east-1a (InsufficientInstanceCapacity); trying the next AZ" in proc.stderr
+    assert (
+        "no capacity for 2 x p3.16xlarge in us-east-1a (InsufficientInstanceCapacity); trying the next AZ"
+        in proc.stderr
+    )
     runs = aws.actions("RunInstances")
     first = [c for c in runs if aws.run_az(c.params, REGION) == "us-east-1a"]
     second = [c for c in runs if aws.run_az(c.params, REGION) == "us-east-1b"]
     assert len(first) == 3 and all(c.status == 500 for c in first)  # botocore's standard retries, same token
     assert len({c.params["ClientToken"] for c in first}) == 1
-    assert len(second) == 1 and second[0].status == 200 and second[0].params["ClientToken"] != first[0].params["ClientToken"]
+    assert (
+        len(second) == 1
+        and second[0].status == 200
+        and second[0].params["ClientToken"] != first[0].params["ClientToken"]
+    )
     assert {i["Placement"]["AvailabilityZone"] for i in instances(aws, "cap")} == {"us-east-1b"}
     ok(aws_cli("down", "cap", "--yes"))
     assert_gone(aws, aws_cli, "cap")
 
 
 def test_no_capacity_anywhere_fails_with_what_was_tried_and_leaves_nothing(aws, aws_cli):
-    aws.fail("RunInstances", "InsufficientInstanceCapacity", status=500, times=-1,
-             message="We currently do not have sufficient capacity.")
+    aws.fail(
+        "RunInstances",
+        "InsufficientInstanceCapacity",
+        status=500,
+        times=-1,
+        message="We currently do not have sufficient capacity.",
+    )
     proc = aws_cli(*aws_cli.up_args("nocap", 2), env={"AWS_MAX_ATTEMPTS": "1"})
     assert proc.returncode == 4
     assert one_error_line(proc) == (
         "Error: no capacity for 2 x p3.16xlarge in us-east-1: tried us-east-1a (InsufficientInstanceCapacity), "
         "us-east-1b (InsufficientInstanceCapacity), us-east-1c (InsufficientInstanceCapacity), "
         "us-east-1d (InsufficientInstanceCapacity), us-east-1f (InsufficientInstanceCapacity): try later, another "
-        "region (--region) or type (--type), or fewer nodes; nothing was left running")
+        "region (--region) or type (--type), or fewer nodes; nothing was left running"
+    )
     assert "removed VPC" in proc.stderr
     assert_gone(aws, aws_cli, "nocap")
 
@@ -364,8 +433,13 @@ def test_throttling_is_retried_with_backoff(aws, aws_cli):
     aws.throttle("CreateSecurityGroup", 2)
     aws.throttle("DescribeInstances", 2)
     # ... and a new instance profile that EC2 does not see yet (IAM is eventually consistent)
-    aws.fail("RunInstances", "InvalidParameterValue", times=1, message="Value (clusterctl-slow-us-east-1) for "
-             "parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name")
+    aws.fail(
+        "RunInstances",
+        "InvalidParameterValue",
+        times=1,
+        message="Value (clusterctl-slow-us-east-1) for "
+        "parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name",
+    )
     proc = ok(aws_cli(*aws_cli.up_args("slow", 1)))
     sg = aws.actions("CreateSecurityGroup")
     assert [c.status for c in sg] == [503, 503, 200]
@@ -419,7 +493,12 @@ def test_down_waits_through_dependency_errors(aws, aws_cli):
     aws.fail("DeleteSecurityGroup", "DependencyViolation", times=2, message="resource sg has a dependent object")
     aws.fail("DeleteVpc", "DependencyViolation", times=1, message="The vpc has dependencies and cannot be deleted.")
     aws.fail("DeletePlacementGroup", "InvalidPlacementGroup.InUse", times=1, message="in use")
-    aws.fail("DeleteRole", "DeleteConflict", times=1, message="Cannot delete entity, must remove roles from instance profile first.")
+    aws.fail(
+        "DeleteRole",
+        "DeleteConflict",
+        times=1,
+        message="Cannot delete entity, must remove roles from instance profile first.",
+    )
     proc = ok(aws_cli("down", "deps", "--yes"))
     assert proc.stderr.count("DependencyViolation, waiting") == 3
     assert "delete_role: DeleteConflict, waiting" in proc.stderr
@@ -437,7 +516,9 @@ def test_a_cluster_left_creating_is_reconciled_by_the_next_up(aws, aws_cli):
     data["status"] = "creating"
     path.write_text(json.dumps(data))
     proc = aws_cli(*aws_cli.up_args("again", 3))  # another size is refused before anything happens
-    assert proc.returncode == 4 and "cluster again already has 2 instance(s) in us-east-1, not 3" in one_error_line(proc)
+    assert proc.returncode == 4 and "cluster again already has 2 instance(s) in us-east-1, not 3" in one_error_line(
+        proc
+    )
     assert len(instances(aws, "again")) == 2
     proc = ok(aws_cli(*aws_cli.up_args("again", 2)))
     assert "found 2 running instance(s) of again by tags: reusing them" in proc.stderr
@@ -448,9 +529,20 @@ def test_a_cluster_left_creating_is_reconciled_by_the_next_up(aws, aws_cli):
 
 
 # ---- Ctrl-C after each step of up ------------------------------------------------------------------------------
-CLOUD_STEPS = ["CreateVpc", "CreateInternetGateway", "CreateSubnet", "CreateSecurityGroup", "AuthorizeSecurityGroupIngress",
-               "CreatePlacementGroup", "ImportKeyPair", "CreateRole", "CreateInstanceProfile", "RunInstances",
-               "CreateTags", "GetConsoleOutput"]
+CLOUD_STEPS = [
+    "CreateVpc",
+    "CreateInternetGateway",
+    "CreateSubnet",
+    "CreateSecurityGroup",
+    "AuthorizeSecurityGroupIngress",
+    "CreatePlacementGroup",
+    "ImportKeyPair",
+    "CreateRole",
+    "CreateInstanceProfile",
+    "RunInstances",
+    "CreateTags",
+    "GetConsoleOutput",
+]
 NODE_STEPS = ["waiting for ssh on every node", "host keys pinned for", "the leader reaches every member"]
 
 
@@ -502,17 +594,25 @@ def test_volta_gets_an_r580_dlami_by_name_and_owner_other_types_the_current_one(
     from motoaws import DLAMI_NAME, DLAMI_OWNER, VOLTA_DLAMI_NAME
 
     proc = ok(aws_cli("up", "--nodes", "2", "--type", "p3.16xlarge", "--dry-run"))
-    assert (f"plan: image: {aws.volta_dlami} {VOLTA_DLAMI_NAME}; NVIDIA driver R580 (580.105.08), CUDA 13.0 "
-            "(driver and CUDA from the DLAMI table of") in proc.stderr
+    assert (
+        f"plan: image: {aws.volta_dlami} {VOLTA_DLAMI_NAME}; NVIDIA driver R580 (580.105.08), CUDA 13.0 "
+        "(driver and CUDA from the DLAMI table of"
+    ) in proc.stderr
     assert f"newest such release of owner {DLAMI_OWNER}" in proc.stderr and aws.impostor_dlami not in proc.stderr
     find = [c for c in aws.actions("DescribeImages") if c.params.get("Owner.1")]
     assert len(find) == 1
     p = find[0].params
     assert p["Owner.1"] == "898082745236" and p["Filter.1.Name"] == "name"
     patterns = sorted(v for k, v in p.items() if k.startswith("Filter.1.Value."))
-    assert patterns and all(v.startswith("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 202") for v in patterns)
-    assert (p["Filter.2.Name"], p["Filter.2.Value.1"], p["Filter.3.Name"], p["Filter.3.Value.1"]) == \
-        ("architecture", "x86_64", "state", "available")
+    assert patterns and all(
+        v.startswith("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 202") for v in patterns
+    )
+    assert (p["Filter.2.Name"], p["Filter.2.Value.1"], p["Filter.3.Name"], p["Filter.3.Value.1"]) == (
+        "architecture",
+        "x86_64",
+        "state",
+        "available",
+    )
     assert not aws.actions("GetParameter")  # no SSM for Volta: `latest` may carry a driver without Volta
 
     before = len(aws.calls)
@@ -520,7 +620,8 @@ def test_volta_gets_an_r580_dlami_by_name_and_owner_other_types_the_current_one(
     assert f"plan: image: {aws.dlami} {DLAMI_NAME}; NVIDIA driver R595" in proc.stderr and "CUDA 13.2" in proc.stderr
     ssm = [c for c in aws.calls[before:] if c.action == "GetParameter"]
     assert [c.params["Name"] for c in ssm] == [
-        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"]
+        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    ]
 
     # Where only the other spelling of the parameter exists, it is found there.
     from moto.ssm.models import ssm_backends
@@ -550,7 +651,8 @@ def test_a_gpu_node_whose_nvidia_smi_sees_too_few_gpus_or_fails_fails_up_and_is_
     assert one_error_line(proc) == (
         "Error: GPU check failed: fewgpu-leader: nvidia-smi sees 4 GPU(s) but the node has slots=8; fewgpu-member-1: "
         "nvidia-smi sees 4 GPU(s) but the node has slots=8: the image's NVIDIA driver may not drive this GPU (Volta "
-        "needs R580 or older: see `up --dry-run`), or pass --slots to match the GPUs")
+        "needs R580 or older: see `up --dry-run`), or pass --slots to match the GPUs"
+    )
     assert "removed instance" in proc.stderr
     assert_gone(aws, aws_cli, "fewgpu")
 
@@ -559,7 +661,8 @@ def test_a_gpu_node_whose_nvidia_smi_sees_too_few_gpus_or_fails_fails_up_and_is_
     assert proc.returncode == 4, proc.stderr
     assert one_error_line(proc).startswith(
         "Error: GPU check failed: nodriver-leader: nvidia-smi failed (exit 9: NVIDIA-SMI has failed because it "
-        "could not communicate with the NVIDIA driver.")
+        "could not communicate with the NVIDIA driver."
+    )
     assert_gone(aws, aws_cli, "nodriver")
 
     aws.fake_gpus = None  # a GPU type without nvidia-smi at all
@@ -575,7 +678,9 @@ def test_a_gpu_node_whose_nvidia_smi_sees_too_few_gpus_or_fails_fails_up_and_is_
 
 # ---- quotas --------------------------------------------------------------------------------------------------
 def _mutating(aws) -> list[str]:
-    return [c.action for c in aws.actions() if MUTATING.match(c.action) and c.action not in ("RegisterImage", "CreateTags")]
+    return [
+        c.action for c in aws.actions() if MUTATING.match(c.action) and c.action not in ("RegisterImage", "CreateTags")
+    ]
 
 
 def test_a_launch_over_the_vcpu_quota_stops_before_anything_is_created(aws, aws_cli):
@@ -586,7 +691,8 @@ def test_a_launch_over_the_vcpu_quota_stops_before_anything_is_created(aws, aws_
         "Error: the Running On-Demand P instances quota (L-417A185B) in us-east-1 is 96 vCPUs with 0 in use; "
         "2 x p3.16xlarge need 128 more: ask for an increase in the Service Quotas console (or `aws service-quotas "
         "request-service-quota-increase --service-code ec2 --quota-code L-417A185B`), or ask for fewer or smaller "
-        "nodes; nothing was created")
+        "nodes; nothing was created"
+    )
     assert _mutating(aws) == []
     asked = aws.actions("GetServiceQuota")
     assert [(c.params["ServiceCode"], c.params["QuotaCode"]) for c in asked] == [("ec2", "L-417A185B")]
@@ -594,8 +700,10 @@ def test_a_launch_over_the_vcpu_quota_stops_before_anything_is_created(aws, aws_
 
     # one node fits (64 of 96); the plan says what it checked
     proc = ok(aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--spot", "--dry-run"))
-    assert ("plan: quota: All P Spot Instance Requests (L-7212CCBC): 4096 vCPUs, 0 in use, this cluster needs 64 "
-            "(from Service Quotas)") in proc.stderr
+    assert (
+        "plan: quota: All P Spot Instance Requests (L-7212CCBC): 4096 vCPUs, 0 in use, this cluster needs 64 "
+        "(from Service Quotas)"
+    ) in proc.stderr
 
 
 def test_the_elastic_ip_quota_falls_back_to_the_account_attribute_without_service_quotas(aws, aws_cli):
@@ -605,14 +713,19 @@ def test_the_elastic_ip_quota_falls_back_to_the_account_attribute_without_servic
     assert proc.returncode == 4
     assert one_error_line(proc).startswith(
         "Error: the EC2-VPC Elastic IPs quota (L-0263D0A3) in us-east-1 is 0 addresses with 0 in use; "
-        "2 x p4d.24xlarge need 1 more")
+        "2 x p4d.24xlarge need 1 more"
+    )
     assert _mutating(aws) == [] and aws.actions("DescribeAccountAttributes")
     aws.account_eips = 5
     proc = ok(aws_cli("up", "--nodes", "2", "--type", "p4d.24xlarge", "--dry-run"))
-    assert ("plan: quota: Running On-Demand P instances (L-417A185B): not checked (Service Quotas unavailable: "
-            "NoSuchResourceException); this cluster needs 192 vCPUs") in proc.stderr
-    assert ("plan: quota: EC2-VPC Elastic IPs (L-0263D0A3): 5 addresses, 0 in use, this cluster needs 1 (from EC2 "
-            "DescribeAccountAttributes vpc-max-elastic-ips)") in proc.stderr
+    assert (
+        "plan: quota: Running On-Demand P instances (L-417A185B): not checked (Service Quotas unavailable: "
+        "NoSuchResourceException); this cluster needs 192 vCPUs"
+    ) in proc.stderr
+    assert (
+        "plan: quota: EC2-VPC Elastic IPs (L-0263D0A3): 5 addresses, 0 in use, this cluster needs 1 (from EC2 "
+        "DescribeAccountAttributes vpc-max-elastic-ips)"
+    ) in proc.stderr
 
 
 # ---- the whole fabric: several network cards ---------------------------------------------------------------------
@@ -637,13 +750,18 @@ def test_multi_card_type_efa_on_every_card_elastic_ip_leader_members_through_it(
         assert f"NetworkInterface.{n}.AssociatePublicIpAddress" not in p
     assert "NetworkInterface.5.DeviceIndex" not in p
 
-    found = sorted(instances(aws, name), key=lambda i: int(next(t["Value"] for t in i["Tags"] if t["Key"] == "clusterctl:index")))
+    found = sorted(
+        instances(aws, name), key=lambda i: int(next(t["Value"] for t in i["Tags"] if t["Key"] == "clusterctl:index"))
+    )
     leader, members = found[0], found[1:]
     ec2 = aws.client("ec2")
     # The leader's Elastic IP: tagged, on its primary interface; members have no public address
     (addr,) = ec2.describe_addresses(Filters=[{"Name": "tag:clusterctl:cluster", "Values": [name]}])["Addresses"]
     primary = next(e for e in leader["NetworkInterfaces"] if e["Attachment"]["DeviceIndex"] == 0)
-    assert addr["NetworkInterfaceId"] == primary["NetworkInterfaceId"] and leader.get("PublicIpAddress") == addr["PublicIp"]
+    assert (
+        addr["NetworkInterfaceId"] == primary["NetworkInterfaceId"]
+        and leader.get("PublicIpAddress") == addr["PublicIp"]
+    )
     assert {t["Key"]: t["Value"] for t in addr["Tags"]}["clusterctl:owner"]
     (assoc,) = aws.actions("AssociateAddress")
     assert assoc.params["NetworkInterfaceId"] == primary["NetworkInterfaceId"]
@@ -657,32 +775,47 @@ def test_multi_card_type_efa_on_every_card_elastic_ip_leader_members_through_it(
     assert ep["ServiceName"] == f"com.amazonaws.{REGION}.s3" and ep["VpcEndpointType"] == "Gateway"
     assert ep["VpcId"] == leader["VpcId"] and ep["RouteTableIds"]
     (create,) = aws.actions("CreateVpcEndpoint")
-    assert create.params["VpcEndpointType"] == "Gateway" and create.params["TagSpecification.1.ResourceType"] == "vpc-endpoint"
+    assert (
+        create.params["VpcEndpointType"] == "Gateway"
+        and create.params["TagSpecification.1.ResourceType"] == "vpc-endpoint"
+    )
 
     # known_hosts: the leader under its Elastic IP, the members under their private addresses (reached through it)
     known = sorted((state_dir(aws_cli, name) / "known_hosts").read_text().splitlines())
-    assert known == sorted([f"{addr['PublicIp']} {aws.nodes[leader['InstanceId']].host_key}"] +
-                           [f"{m['PrivateIpAddress']} {aws.nodes[m['InstanceId']].host_key}" for m in members])
+    assert known == sorted(
+        [f"{addr['PublicIp']} {aws.nodes[leader['InstanceId']].host_key}"]
+        + [f"{m['PrivateIpAddress']} {aws.nodes[m['InstanceId']].host_key}" for m in members]
+    )
     record = json.loads((state_dir(aws_cli, name) / "cluster.json").read_text())["cluster"]
     extra = record["extra"]
-    assert (extra["efa"], extra["efa_interfaces"], extra["efa_rdma"], extra["ssh_jump"], extra["elastic_ip"]) == \
-        ("true", "4", "true", "leader", addr["PublicIp"])
+    assert (extra["efa"], extra["efa_interfaces"], extra["efa_rdma"], extra["ssh_jump"], extra["elastic_ip"]) == (
+        "true",
+        "4",
+        "true",
+        "leader",
+        addr["PublicIp"],
+    )
 
     # run on every node: the members' sshd sees the connection come from the leader's private address
     proc = ok(aws_cli("run", "echo from=${SSH_CONNECTION%% *}"))
     assert "3 host(s): 3 ok" in proc.stderr
     assert proc.stdout.count(f"from={leader['PrivateIpAddress']}") == 2, proc.stdout
     for m in members:
-        assert re.search(rf"^{re.escape(m['PrivateIpAddress'])}\b.*from={re.escape(leader['PrivateIpAddress'])}$",
-                         proc.stdout, re.M), proc.stdout
+        assert re.search(
+            rf"^{re.escape(m['PrivateIpAddress'])}\b.*from={re.escape(leader['PrivateIpAddress'])}$", proc.stdout, re.M
+        ), proc.stdout
     # a wrong pinned key for the leader stops the members too (both hops are checked)
     kh = state_dir(aws_cli, name) / "known_hosts"
     good = kh.read_text()
     from clusterctl.cluster.sshkeys import generate_ed25519
 
     wrong = generate_ed25519("x")[1].rsplit(" ", 1)[0]
-    kh.write_text("".join(f"{addr['PublicIp']} {wrong}\n" if line.startswith(addr["PublicIp"] + " ") else line + "\n"
-                          for line in good.splitlines()))
+    kh.write_text(
+        "".join(
+            f"{addr['PublicIp']} {wrong}\n" if line.startswith(addr["PublicIp"] + " ") else line + "\n"
+            for line in good.splitlines()
+        )
+    )
     proc = aws_cli("run", "true")
     assert proc.returncode == 5 and "through jump host" in proc.stdout + proc.stderr
     kh.write_text(good)

@@ -22,23 +22,37 @@ from test_aws import MUTATING, cluster_id, instances, ok, one_error_line, state_
 pytestmark = pytest.mark.integration
 
 ALICE = {"LOGNAME": "alice", "USER": "alice"}
-KINDS = (("describe_vpcs", "Vpcs", "VpcId"), ("describe_subnets", "Subnets", "SubnetId"),
-         ("describe_security_groups", "SecurityGroups", "GroupId"),
-         ("describe_internet_gateways", "InternetGateways", "InternetGatewayId"),
-         ("describe_key_pairs", "KeyPairs", "KeyName"), ("describe_placement_groups", "PlacementGroups", "GroupName"),
-         ("describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId"))
+KINDS = (
+    ("describe_vpcs", "Vpcs", "VpcId"),
+    ("describe_subnets", "Subnets", "SubnetId"),
+    ("describe_security_groups", "SecurityGroups", "GroupId"),
+    ("describe_internet_gateways", "InternetGateways", "InternetGatewayId"),
+    ("describe_key_pairs", "KeyPairs", "KeyName"),
+    ("describe_placement_groups", "PlacementGroups", "GroupName"),
+    ("describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId"),
+)
 
 
 def by_id(aws, cid: str) -> list[str]:
     """Every EC2 resource tagged with this cluster id, and the IAM role and profile named by it."""
     ec2, iam = aws.client("ec2"), aws.client("iam")
     flt = [{"Name": "tag:clusterctl:id", "Values": [cid]}]
-    out = [f"{key} {i[idk]}" for op, key, idk in KINDS for i in getattr(ec2, op)(Filters=flt)[key]
-           if str(i.get("State", "")).lower() not in ("deleted", "deleting")]
-    out += [f"role {r['RoleName']}" for r in iam.list_roles(PathPrefix="/clusterctl/")["Roles"]
-            if r["RoleName"] == f"clusterctl-{cid}"]
-    out += [f"profile {p['InstanceProfileName']}" for p in iam.list_instance_profiles(PathPrefix="/clusterctl/")[
-        "InstanceProfiles"] if p["InstanceProfileName"] == f"clusterctl-{cid}"]
+    out = [
+        f"{key} {i[idk]}"
+        for op, key, idk in KINDS
+        for i in getattr(ec2, op)(Filters=flt)[key]
+        if str(i.get("State", "")).lower() not in ("deleted", "deleting")
+    ]
+    out += [
+        f"role {r['RoleName']}"
+        for r in iam.list_roles(PathPrefix="/clusterctl/")["Roles"]
+        if r["RoleName"] == f"clusterctl-{cid}"
+    ]
+    out += [
+        f"profile {p['InstanceProfileName']}"
+        for p in iam.list_instance_profiles(PathPrefix="/clusterctl/")["InstanceProfiles"]
+        if p["InstanceProfileName"] == f"clusterctl-{cid}"
+    ]
     return sorted(out)
 
 
@@ -53,19 +67,31 @@ def test_gc_removes_exactly_the_listed_ids_and_a_wildcard_tag_value_reaches_noth
     me = next(t["Value"] for t in instances(aws, "young")[0]["Tags"] if t["Key"] == "clusterctl:owner")
     # An old instance tagged clusterctl:cluster=* (by hand, or by another tool): EC2 reads `*` in a filter value
     # as "anything", so a removal by that tag value would take every cluster of the region.
-    stray = aws.ec2_backend().run_instances(aws.node_image, 1, None, [], instance_type="t3.micro",
-                                            is_instance_type_default=False, region_name=REGION).instances[0]
-    aws.client("ec2").create_tags(Resources=[stray.id], Tags=[{"Key": "clusterctl:cluster", "Value": "*"},
-                                                               {"Key": "clusterctl:owner", "Value": me}])
+    stray = (
+        aws.ec2_backend()
+        .run_instances(
+            aws.node_image, 1, None, [], instance_type="t3.micro", is_instance_type_default=False, region_name=REGION
+        )
+        .instances[0]
+    )
+    aws.client("ec2").create_tags(
+        Resources=[stray.id],
+        Tags=[{"Key": "clusterctl:cluster", "Value": "*"}, {"Key": "clusterctl:owner", "Value": me}],
+    )
     stray.launch_time = stray.launch_time - timedelta(hours=5)
     ec2 = aws.client("ec2")
-    assert len(ec2.describe_vpcs(Filters=[{"Name": "tag:clusterctl:cluster", "Values": ["*"]}])["Vpcs"]) == 1  # the fixture is EC2
+    assert (
+        len(ec2.describe_vpcs(Filters=[{"Name": "tag:clusterctl:cluster", "Values": ["*"]}])["Vpcs"]) == 1
+    )  # the fixture is EC2
 
     start = len(aws.actions())
     proc = ok(aws_cli("gc", "--provider", "aws", "--older-than", "1h", "--yes"))
     assert sorted(aws.sweep("young")) == young and len(instances(aws, "young")) == 1  # untouched
-    changes = [(c.action, sorted(k for k in c.params if k.startswith("InstanceId")), c.params.get("InstanceId.1"))
-               for c in aws.actions()[start:] if MUTATING.match(c.action)]
+    changes = [
+        (c.action, sorted(k for k in c.params if k.startswith("InstanceId")), c.params.get("InstanceId.1"))
+        for c in aws.actions()[start:]
+        if MUTATING.match(c.action)
+    ]
     assert changes == [("TerminateInstances", ["InstanceId.1"], stray.id)], changes
     assert aws.ec2_backend().get_instance(stray.id).state == "terminated"
     row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("young"))
@@ -83,12 +109,24 @@ def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_
     for inst in instances(aws, "shared"):
         assert aws.shutdown_from_inside(inst["InstanceId"]) == "terminated"
     alices = sorted(aws.sweep("shared"))
-    assert {x.split()[0] for x in alices} >= {"Vpcs", "SecurityGroups", "PlacementGroups", "KeyPairs", "role", "profile"}
+    assert {x.split()[0] for x in alices} >= {
+        "Vpcs",
+        "SecurityGroups",
+        "PlacementGroups",
+        "KeyPairs",
+        "role",
+        "profile",
+    }
 
     # Bob, on his machine, brings up his own "shared"; it fails (no capacity anywhere).
     bob_home = tmp_path / "bob"
-    bob = {"LOGNAME": "bob", "USER": "bob", "CLUSTERCTL_HOME": str(bob_home),
-           "CLUSTERCTL_SSH_DIR": str(bob_home / "ssh"), "AWS_MAX_ATTEMPTS": "1"}
+    bob = {
+        "LOGNAME": "bob",
+        "USER": "bob",
+        "CLUSTERCTL_HOME": str(bob_home),
+        "CLUSTERCTL_SSH_DIR": str(bob_home / "ssh"),
+        "AWS_MAX_ATTEMPTS": "1",
+    }
     aws.fail("RunInstances", "InsufficientInstanceCapacity", status=500, times=-1, message="no capacity")
     proc = aws_cli(*aws_cli.up_args("shared", 1, "--s3-read", "s3://bucket-b/other"), env=bob)
     assert proc.returncode == 4 and one_error_line(proc).startswith("Error: no capacity"), proc.stderr
@@ -98,7 +136,10 @@ def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_
     assert len(aws.actions("CreateVpc")) == 2 and len(aws.actions("CreatePlacementGroup")) == 2  # he made his own
     run = aws.actions("RunInstances")[-1].params
     assert run["IamInstanceProfile.Name"] != role and not [
-        c for c in aws.actions("PutRolePolicy") if c.params["RoleName"] == role and "bucket-b" in c.params["PolicyDocument"]]
+        c
+        for c in aws.actions("PutRolePolicy")
+        if c.params["RoleName"] == role and "bucket-b" in c.params["PolicyDocument"]
+    ]
     assert [c.params["RoleName"] for c in aws.actions("PutRolePolicy")] == [role, run["IamInstanceProfile.Name"]]
 
     # Her identity: the id in her record, on everything; IAM named by it (within 64 characters).
@@ -110,12 +151,23 @@ def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_
     # --s3-read s3://bucket-a/imagenet is the folder imagenet/ (not imagenet-private/), field by field
     assert doc["Version"] == "2012-10-17" and len(doc["Statement"]) == 2
     get, listing = doc["Statement"]
-    assert (get["Effect"], get["Action"], get["Resource"]) == ("Allow", ["s3:GetObject"],
-                                                               ["arn:aws:s3:::bucket-a/imagenet/*"])
-    assert (listing["Effect"], listing["Action"], listing["Resource"]) == ("Allow", ["s3:ListBucket"],
-                                                                           "arn:aws:s3:::bucket-a")
+    assert (get["Effect"], get["Action"], get["Resource"]) == (
+        "Allow",
+        ["s3:GetObject"],
+        ["arn:aws:s3:::bucket-a/imagenet/*"],
+    )
+    assert (listing["Effect"], listing["Action"], listing["Resource"]) == (
+        "Allow",
+        ["s3:ListBucket"],
+        "arn:aws:s3:::bucket-a",
+    )
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["imagenet/*"]}}
-    assert set(get) == {"Effect", "Action", "Resource"} and set(listing) == {"Effect", "Action", "Resource", "Condition"}
+    assert set(get) == {"Effect", "Action", "Resource"} and set(listing) == {
+        "Effect",
+        "Action",
+        "Resource",
+        "Condition",
+    }
 
     # Bob's `down shared` (no record on his machine): refused, naming Alice, nothing changes; gc keeps it too.
     start = len(aws.actions())
@@ -137,17 +189,25 @@ def test_a_cluster_made_before_ids_is_its_name_and_owner_and_another_owners_need
     ec2 = aws.client("ec2")
 
     def tagged(rtype: str, owner: str) -> list[dict]:
-        return [{"ResourceType": rtype, "Tags": [{"Key": "clusterctl:cluster", "Value": "old"},
-                                                 {"Key": "clusterctl:owner", "Value": owner}]}]
+        return [
+            {
+                "ResourceType": rtype,
+                "Tags": [{"Key": "clusterctl:cluster", "Value": "old"}, {"Key": "clusterctl:owner", "Value": owner}],
+            }
+        ]
 
     mine = ec2.create_vpc(CidrBlock="10.200.0.0/16", TagSpecifications=tagged("vpc", me))["Vpc"]["VpcId"]
-    theirs = ec2.create_vpc(CidrBlock="10.201.0.0/16", TagSpecifications=tagged("vpc", "carol@elsewhere"))["Vpc"]["VpcId"]
-    StateStore(aws_cli.cli.home).save(Record(Cluster("old", "aws", (), REGION, "p3.16xlarge", time.time(), {}),
-                                             "up", time.time()))
+    theirs = ec2.create_vpc(CidrBlock="10.201.0.0/16", TagSpecifications=tagged("vpc", "carol@elsewhere"))["Vpc"][
+        "VpcId"
+    ]
+    StateStore(aws_cli.cli.home).save(
+        Record(Cluster("old", "aws", (), REGION, "p3.16xlarge", time.time(), {}), "up", time.time())
+    )
     proc = ok(aws_cli("down", "old", "--yes"))
     assert f"removed VPC {mine}" in proc.stderr and theirs not in proc.stderr
-    assert [v["VpcId"] for v in ec2.describe_vpcs(Filters=[{"Name": "tag:clusterctl:cluster", "Values": ["old"]}])["Vpcs"]] \
-        == [theirs]
+    assert [
+        v["VpcId"] for v in ec2.describe_vpcs(Filters=[{"Name": "tag:clusterctl:cluster", "Values": ["old"]}])["Vpcs"]
+    ] == [theirs]
     assert not (state_dir(aws_cli, "old") / "cluster.json").exists()
 
     # No record now: what is left is carol's. Refused without --force; the prompt with it names her.
@@ -155,7 +215,8 @@ def test_a_cluster_made_before_ids_is_its_name_and_owner_and_another_owners_need
     assert proc.returncode == 2 and "belongs to another owner (owner carol@elsewhere, no id)" in one_error_line(proc)
     proc = aws_cli("down", "old", "--force")
     assert proc.returncode == 2 and one_error_line(proc).startswith(
-        "Error: Remove cluster(s) old (owner carol@elsewhere) and everything they created? needs confirmation")
+        "Error: Remove cluster(s) old (owner carol@elsewhere) and everything they created? needs confirmation"
+    )
     assert ec2.describe_vpcs(VpcIds=[theirs])["Vpcs"]
     proc = ok(aws_cli("down", "old", "--force", "--yes"))
     assert f"removed VPC {theirs}" in proc.stderr and aws.sweep("old") == []
@@ -166,10 +227,15 @@ def test_the_ssh_rule_is_exactly_what_this_run_asked_for(aws, aws_cli):
 
     def ssh_ranges() -> list[str]:
         sg = aws.client("ec2").describe_security_groups(
-            Filters=[{"Name": "tag:clusterctl:cluster", "Values": ["door"]}])["SecurityGroups"]
+            Filters=[{"Name": "tag:clusterctl:cluster", "Values": ["door"]}]
+        )["SecurityGroups"]
         assert len(sg) == 1
-        return sorted(r["CidrIp"] for p in sg[0]["IpPermissions"] if p.get("FromPort") == 22 or p["IpProtocol"] == "-1"
-                      for r in p.get("IpRanges", []))
+        return sorted(
+            r["CidrIp"]
+            for p in sg[0]["IpPermissions"]
+            if p.get("FromPort") == 22 or p["IpProtocol"] == "-1"
+            for r in p.get("IpRanges", [])
+        )
 
     ok(aws_cli(*aws_cli.up_args("door", 1, "--ssh-cidr", "0.0.0.0/0")))
     assert ssh_ranges() == ["0.0.0.0/0"]

@@ -39,8 +39,13 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     script = gzip.decompress(base64.b64decode(files["/opt/clusterctl/idle_watchdog.py"]["content"]))
     assert script == (REPO / "templates" / "idle_watchdog.py").read_bytes()
     cfg = json.loads(files["/var/lib/clusterctl/autostop/config.json"]["content"])
-    assert (cfg["idle_stop"], cfg["max_lifetime"], cfg["poweroff"], cfg["user"], cfg["enabled"]) == \
-        (20, 3600, "shutdown", "root", True)
+    assert (cfg["idle_stop"], cfg["max_lifetime"], cfg["poweroff"], cfg["user"], cfg["enabled"]) == (
+        20,
+        3600,
+        "shutdown",
+        "root",
+        True,
+    )
     unit = files["/etc/systemd/system/clusterctl-autostop.service"]["content"]
     assert "ExecStart=/usr/bin/python3 /opt/clusterctl/idle_watchdog.py run --dir /var/lib/clusterctl/autostop" in unit
     assert ["systemctl", "enable", "--now", "clusterctl-autostop.service"] in doc["runcmd"]
@@ -53,8 +58,9 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     # ls: cost so far per cluster, and the total of both (3 nodes at the instance and io2 disk prices)
     proc = ok(aws_cli("ls"))
     m = re.search(r"total: \$([\d.,]+)/hour now, \$[\d.,]+ so far for 2 cluster\(s\)", proc.stderr)
-    assert m and float(m.group(1)) == pytest.approx(3 * (24.48 + catalog.volume_price("io2", 200, 10000)), abs=0.01), \
+    assert m and float(m.group(1)) == pytest.approx(3 * (24.48 + catalog.volume_price("io2", 200, 10000)), abs=0.01), (
         proc.stderr
+    )
 
     # status: this node image has no watchdog (no cloud-init in moto), so the time left comes from the settings.
     proc = ok(aws_cli("status", "gca"))
@@ -63,13 +69,16 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
 
     # Someone else's instance in the same account: no clusterctl tag (made inside moto, not through the API,
     # so the audit of clusterctl's own RunInstances calls is not about it).
-    stranger = aws.ec2_backend().run_instances(aws.node_image, 1, None, [], instance_type="t3.micro",
-                                               is_instance_type_default=False, region_name=REGION)
+    stranger = aws.ec2_backend().run_instances(
+        aws.node_image, 1, None, [], instance_type="t3.micro", is_instance_type_default=False, region_name=REGION
+    )
     stranger_id = stranger.instances[0].id
 
     # gca's watchdog fires: the leader powers the member off, then itself; each shutdown terminates.
-    by_role = sorted(_tagged_instances(aws, "gca"),
-                     key=lambda i: next(t["Value"] for t in i["Tags"] if t["Key"] == "clusterctl:index"))
+    by_role = sorted(
+        _tagged_instances(aws, "gca"),
+        key=lambda i: next(t["Value"] for t in i["Tags"] if t["Key"] == "clusterctl:index"),
+    )
     for inst in reversed(by_role):
         assert aws.shutdown_from_inside(inst["InstanceId"]) == "terminated"
     assert _tagged_instances(aws, "gca") == []
@@ -92,8 +101,11 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     # nodes and resources: as many as an independent sweep of the tags finds
     assert gca_row[-3:-1] == ["0", str(len(aws.sweep("gca")))], table
     assert gcb_row[-3:-1] == ["1", str(len([x for x in aws.sweep("gcb") if not x.startswith("namespace node")]))], table
-    kinds = {line.split(":", 1)[1].strip().rsplit(" ", 1)[0] for line in proc.stderr.splitlines()
-             if line.startswith("  gca: ")}
+    kinds = {
+        line.split(":", 1)[1].strip().rsplit(" ", 1)[0]
+        for line in proc.stderr.splitlines()
+        if line.startswith("  gca: ")
+    }
     assert not any(k.startswith("instance") for k in kinds) and any(k.startswith("VPC") for k in kinds), proc.stderr
     assert stranger_id not in proc.stderr + proc.stdout
     assert not [c for c in aws.actions()[before:] if re.match(r"(Delete|Terminate|Detach|Remove)", c.action)]
@@ -103,8 +115,9 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     assert not [c for c in aws.actions()[before:] if re.match(r"(Delete|Terminate|Detach|Remove)", c.action)]
 
     proc = aws_cli("down", "--all", "--provider", "aws")  # down --all finds the same, with age and owner
-    assert proc.returncode == 2 and re.search(r"cluster gca \(aws, us-east-1, age (\d+s|\d+m(\d\ds)?), owner [^@]+@\S+\): \d+ resource",
-                                              proc.stderr), proc.stderr
+    assert proc.returncode == 2 and re.search(
+        r"cluster gca \(aws, us-east-1, age (\d+s|\d+m(\d\ds)?), owner [^@]+@\S+\): \d+ resource", proc.stderr
+    ), proc.stderr
     proc = ok(aws_cli("gc", "--provider", "aws", "--yes"))
     assert "cluster gca (aws us-east-1) is gone" in proc.stderr and "cluster gcb (aws us-east-1) is gone" in proc.stderr
     assert aws.leftovers() == [] and aws.sweep("gca") == [] and aws.sweep("gcb") == []

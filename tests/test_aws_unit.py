@@ -50,20 +50,23 @@ def test_options_defaults_are_the_recipe():
     assert _opts(volume_type="gp3").effective_iops == 3000
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"volume_type": "st1"}, "--volume-type must be one of"),
-    ({"volume_type": "gp3", "iops": 20000}, "--iops for gp3 must be 3000..16000"),
-    ({"volume_type": "gp2", "iops": 3000}, "--iops does not apply to gp2"),
-    ({"volume_type": "io1", "volume_size": 100, "iops": 10000}, "needs at least 200 GB of io1"),
-    ({"ssh_cidr": "not-an-address"}, "is not an address range"),
-    ({"cidr": "8.8.0.0/16"}, "must be a private IPv4 network"),
-    ({"cidr": "10.0.0.0/8"}, "must be a private IPv4 network of /16 to /24"),
-    ({"s3_read": ["s3://Bad_Bucket/x"]}, "is not an S3 location"),
-    ({"ami": "image-1"}, "is not an image id"),
-    ({"subnets": ["sub-1"]}, "is not a subnet id"),
-    ({"bogus": 1}, "unknown AWS option"),
-    ({"private_ips": True}, "--private-ips needs --vpc or --subnet"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"volume_type": "st1"}, "--volume-type must be one of"),
+        ({"volume_type": "gp3", "iops": 20000}, "--iops for gp3 must be 3000..16000"),
+        ({"volume_type": "gp2", "iops": 3000}, "--iops does not apply to gp2"),
+        ({"volume_type": "io1", "volume_size": 100, "iops": 10000}, "needs at least 200 GB of io1"),
+        ({"ssh_cidr": "not-an-address"}, "is not an address range"),
+        ({"cidr": "8.8.0.0/16"}, "must be a private IPv4 network"),
+        ({"cidr": "10.0.0.0/8"}, "must be a private IPv4 network of /16 to /24"),
+        ({"s3_read": ["s3://Bad_Bucket/x"]}, "is not an S3 location"),
+        ({"ami": "image-1"}, "is not an image id"),
+        ({"subnets": ["sub-1"]}, "is not a subnet id"),
+        ({"bogus": 1}, "unknown AWS option"),
+        ({"private_ips": True}, "--private-ips needs --vpc or --subnet"),
+    ],
+)
 def test_bad_options_are_config_errors(options, message):
     with pytest.raises(ConfigError) as err:
         _opts(**options)
@@ -101,8 +104,10 @@ ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst root@ip-10-0-0-4
 
 def test_host_keys_come_from_cloud_inits_keys_block_ed25519_first():
     keys = instances.host_keys_from_console(CONSOLE)
-    assert keys == ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst",
-                    "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY=")
+    assert keys == (
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst",
+        "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY=",
+    )
     rebooted = CONSOLE + CONSOLE.replace("IFirst", "ISecond")
     assert instances.host_keys_from_console(rebooted)[0].endswith("ISecond")  # the last block is the current one
     assert instances.host_keys_from_console("Linux version 6.8\nno keys here\n") == ()
@@ -116,14 +121,17 @@ def test_console_output_is_decoded_when_still_base64():
     assert instances._decode_console(CONSOLE) == CONSOLE
 
 
-@pytest.mark.parametrize("name, tags, user", [
-    ("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250101", {}, "ubuntu"),
-    ("Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.3 (Amazon Linux 2)", {}, "ec2-user"),
-    ("al2023-ami-2023.5.20240701.0-kernel-6.1-x86_64", {}, "ec2-user"),
-    ("debian-12-amd64-20240717-1811", {}, "admin"),
-    ("my-golden-image", {"clusterctl:ssh-user": "root"}, "root"),
-    ("my-golden-image", {}, None),
-])
+@pytest.mark.parametrize(
+    "name, tags, user",
+    [
+        ("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20250101", {}, "ubuntu"),
+        ("Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.3 (Amazon Linux 2)", {}, "ec2-user"),
+        ("al2023-ami-2023.5.20240701.0-kernel-6.1-x86_64", {}, "ec2-user"),
+        ("debian-12-amd64-20240717-1811", {}, "admin"),
+        ("my-golden-image", {"clusterctl:ssh-user": "root"}, "root"),
+        ("my-golden-image", {}, None),
+    ],
+)
 def test_login_user_comes_from_the_image(name, tags, user):
     assert machine.ssh_user_for_image(name, tags) == user
 
@@ -134,8 +142,12 @@ def test_user_data_matches_the_golden_file_and_is_yaml():
     doc = yaml.safe_load(text)
     assert text.startswith("#cloud-config\n")
     assert doc["ssh_authorized_keys"] == [KEY] and doc["ssh_pwauth"] is False and doc["disable_root"] is True
-    assert json.loads(doc["write_files"][1]["content"]) == {"cluster": "demo", "region": "us-east-1", "slots": 8,
-                                                            "ssh_user": "ubuntu"}
+    assert json.loads(doc["write_files"][1]["content"]) == {
+        "cluster": "demo",
+        "region": "us-east-1",
+        "slots": 8,
+        "ssh_user": "ubuntu",
+    }
     assert "AWS_" not in text and "PRIVATE KEY" not in text
 
 
@@ -147,15 +159,22 @@ def test_node_names_and_tokens():
 
 
 def _cluster(ids=("i-1", "i-2")) -> Cluster:
-    nodes = tuple(Node(f"c-{i}", f"10.0.0.{n + 4}", 8, "leader" if n == 0 else "member", instance_id=i)
-                  for n, i in enumerate(ids))
+    nodes = tuple(
+        Node(f"c-{i}", f"10.0.0.{n + 4}", 8, "leader" if n == 0 else "member", instance_id=i) for n, i in enumerate(ids)
+    )
     return Cluster("c", "aws", nodes, "us-east-1", "p3.16xlarge", 1000.0)
 
 
 def _status(ids=("i-1", "i-2"), state="running", other=()) -> ClusterStatus:
     c = _cluster(ids)
-    return ClusterStatus("c", "aws", "us-east-1", "p3.16xlarge",
-                         tuple(NodeStatus(n, state, "us-east-1a", 1000.0, 25.0) for n in c.nodes), other)
+    return ClusterStatus(
+        "c",
+        "aws",
+        "us-east-1",
+        "p3.16xlarge",
+        tuple(NodeStatus(n, state, "us-east-1a", 1000.0, 25.0) for n in c.nodes),
+        other,
+    )
 
 
 def test_status_costs():
@@ -196,19 +215,26 @@ def test_a_gpu_node_short_of_gpus_or_with_a_failing_nvidia_smi_is_a_failure_nami
     from clusterctl.cluster.provision import gpu_failures, gpu_mismatches
 
     c = replace(_cluster(("i-1", "i-2", "i-3", "i-4", "i-5")), extra={"gpus": "8"})
-    counts = {"c-i-1": "rc=0 gpus=8", "c-i-2": "rc=0 gpus=4", "c-i-3": "none",
-              "c-i-4": "rc=9 gpus=0\nNVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
-              "c-i-5": None}
+    counts = {
+        "c-i-1": "rc=0 gpus=8",
+        "c-i-2": "rc=0 gpus=4",
+        "c-i-3": "none",
+        "c-i-4": "rc=9 gpus=0\nNVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+        "c-i-5": None,
+    }
     assert gpu_failures(c, counts) == [
         "c-i-2: nvidia-smi sees 4 GPU(s) but the node has slots=8",
         "c-i-3: no nvidia-smi on a p3.16xlarge (8 GPUs)",
         "c-i-4: nvidia-smi failed (exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.)",
-        "c-i-5: the GPU probe did not run"]
+        "c-i-5: the GPU probe did not run",
+    ]
     assert gpu_mismatches(c, counts) == []  # failures are not repeated as warnings
     # more GPUs than slots (--slots 2 on 8 GPUs) runs: a warning
     fewer = replace(c, nodes=tuple(replace(n, slots=2) for n in c.nodes[:1]))
     assert gpu_failures(fewer, {"c-i-1": "rc=0 gpus=8"}) == []
-    assert gpu_mismatches(fewer, {"c-i-1": "rc=0 gpus=8"}) == ["c-i-1: nvidia-smi sees 8 GPU(s) but the hosts file says slots=2"]
+    assert gpu_mismatches(fewer, {"c-i-1": "rc=0 gpus=8"}) == [
+        "c-i-1: nvidia-smi sees 8 GPU(s) but the hosts file says slots=2"
+    ]
     # a CPU type's nodes without nvidia-smi are fine
     cpu = replace(c, instance_type="m5.large", extra={"gpus": "0"})
     assert gpu_failures(cpu, {n.name: "none" for n in cpu.nodes}) == []
@@ -217,8 +243,9 @@ def test_a_gpu_node_short_of_gpus_or_with_a_failing_nvidia_smi_is_a_failure_nami
 # ---- images, EFA, quotas ------------------------------------------------------------------------------------
 def test_the_dlami_table_names_a_volta_release_with_its_source():
     volta = catalog.volta_releases()
-    assert volta and all(r.driver_branch <= 580 and r.source.startswith("https://docs.aws.amazon.com/dlami/")
-                         for r in volta)
+    assert volta and all(
+        r.driver_branch <= 580 and r.source.startswith("https://docs.aws.amazon.com/dlami/") for r in volta
+    )
     assert all("[" not in r.name_pattern for r in volta)  # EC2 name filters know * and ? only
     assert catalog.DLAMI_OWNER == "898082745236"
     base = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) "
@@ -227,34 +254,71 @@ def test_the_dlami_table_names_a_volta_release_with_its_source():
     r = catalog.dlami_release(base + "20260430")
     assert (r.driver_branch, r.cuda, r.volta) == (595, "13.2", False)
     assert catalog.dlami_release(base + "20250101") is None and catalog.dlami_release("my-image") is None
-    assert catalog.is_volta("p3.16xlarge") and catalog.is_volta("p3dn.24xlarge") and not catalog.is_volta("p4d.24xlarge")
+    assert (
+        catalog.is_volta("p3.16xlarge") and catalog.is_volta("p3dn.24xlarge") and not catalog.is_volta("p4d.24xlarge")
+    )
     assert [p.split("/")[6] for p in catalog.DLAMI_SSM_PARAMETERS] == [
-        "base-oss-nvidia-driver-gpu-ubuntu-22.04", "base-oss-nvidia-driver-ubuntu-22.04"]
+        "base-oss-nvidia-driver-gpu-ubuntu-22.04",
+        "base-oss-nvidia-driver-ubuntu-22.04",
+    ]
 
 
 def _type(name, gpus=8, efa=True, cards=1, max_efa=1, rdma=False):
-    return machine.TypeInfo(name, gpus, efa, True, "test", "", vcpus=96, network_cards=cards, max_efa=max_efa, efa_rdma=rdma)
+    return machine.TypeInfo(
+        name, gpus, efa, True, "test", "", vcpus=96, network_cards=cards, max_efa=max_efa, efa_rdma=rdma
+    )
 
 
 def test_one_efa_interface_per_card_device_index_0_on_card_0_and_1_elsewhere():
     from clusterctl.providers.aws import fabric
 
-    p4d = fabric.network_interfaces(_type("p4d.24xlarge", cards=4, max_efa=4), subnet="subnet-1",
-                                    security_group="sg-1", public=True)
-    assert p4d == [{"DeviceIndex": 0 if card == 0 else 1, "NetworkCardIndex": card, "InterfaceType": "efa",
-                    "DeleteOnTermination": True, "SubnetId": "subnet-1", "Groups": ["sg-1"]} for card in range(4)]
+    p4d = fabric.network_interfaces(
+        _type("p4d.24xlarge", cards=4, max_efa=4), subnet="subnet-1", security_group="sg-1", public=True
+    )
+    assert p4d == [
+        {
+            "DeviceIndex": 0 if card == 0 else 1,
+            "NetworkCardIndex": card,
+            "InterfaceType": "efa",
+            "DeleteOnTermination": True,
+            "SubnetId": "subnet-1",
+            "Groups": ["sg-1"],
+        }
+        for card in range(4)
+    ]
     assert fabric.needs_elastic_ip(_type("p4d.24xlarge", cards=4, max_efa=4), private_ips=False)
     assert not fabric.needs_elastic_ip(_type("p4d.24xlarge", cards=4, max_efa=4), private_ips=True)
-    p5 = fabric.network_interfaces(_type("p5.48xlarge", cards=32, max_efa=32), subnet=None, security_group=None, public=True)
+    p5 = fabric.network_interfaces(
+        _type("p5.48xlarge", cards=32, max_efa=32), subnet=None, security_group=None, public=True
+    )
     assert len(p5) == 32 and [n["NetworkCardIndex"] for n in p5] == list(range(32))
-    capped = fabric.network_interfaces(_type("x.big", cards=4, max_efa=2), subnet=None, security_group=None, public=True)
+    capped = fabric.network_interfaces(
+        _type("x.big", cards=4, max_efa=2), subnet=None, security_group=None, public=True
+    )
     assert len(capped) == 2  # no more EFA interfaces than the type takes
     p3dn = fabric.network_interfaces(_type("p3dn.24xlarge"), subnet="s", security_group="g", public=True)
-    assert p3dn == [{"DeviceIndex": 0, "InterfaceType": "efa", "DeleteOnTermination": True, "SubnetId": "s",
-                     "Groups": ["g"], "AssociatePublicIpAddress": True}]
-    p3 = fabric.network_interfaces(_type("p3.16xlarge", efa=False, max_efa=0), subnet="s", security_group="g", public=False)
-    assert p3 == [{"DeviceIndex": 0, "DeleteOnTermination": True, "SubnetId": "s", "Groups": ["g"],
-                   "AssociatePublicIpAddress": False}]
+    assert p3dn == [
+        {
+            "DeviceIndex": 0,
+            "InterfaceType": "efa",
+            "DeleteOnTermination": True,
+            "SubnetId": "s",
+            "Groups": ["g"],
+            "AssociatePublicIpAddress": True,
+        }
+    ]
+    p3 = fabric.network_interfaces(
+        _type("p3.16xlarge", efa=False, max_efa=0), subnet="s", security_group="g", public=False
+    )
+    assert p3 == [
+        {
+            "DeviceIndex": 0,
+            "DeleteOnTermination": True,
+            "SubnetId": "s",
+            "Groups": ["g"],
+            "AssociatePublicIpAddress": False,
+        }
+    ]
 
 
 def test_vcpu_quota_classes():
@@ -266,7 +330,9 @@ def test_vcpu_quota_classes():
     assert catalog.vcpu_quota("c5n.18xlarge", True).code == "L-34B43A08"
     assert catalog.vcpu_quota("inf1.xlarge", False) is None and catalog.vcpu_quota("trn1.32xlarge", False) is None
     assert catalog.vcpu_quota("x2idn.16xlarge", False) is None and catalog.vcpu_quota("f1.2xlarge", False) is None
-    assert catalog.efa_rdma("p4d.24xlarge") and catalog.efa_rdma("p5.48xlarge") and not catalog.efa_rdma("p3dn.24xlarge")
+    assert (
+        catalog.efa_rdma("p4d.24xlarge") and catalog.efa_rdma("p5.48xlarge") and not catalog.efa_rdma("p3dn.24xlarge")
+    )
 
 
 def test_members_behind_the_leader_get_it_as_their_jump_host(tmp_path):
@@ -274,16 +340,22 @@ def test_members_behind_the_leader_get_it_as_their_jump_host(tmp_path):
     from clusterctl.cluster.state import StateStore
     from clusterctl.remote.openssh import operator_ssh
 
-    nodes = (Node("c-leader", "10.0.0.4", 8, "leader", "ubuntu", public_ip="198.18.0.9"),
-             Node("c-member-1", "10.0.0.5", 8, "member", "ubuntu"))
+    nodes = (
+        Node("c-leader", "10.0.0.4", 8, "leader", "ubuntu", public_ip="198.18.0.9"),
+        Node("c-member-1", "10.0.0.5", 8, "member", "ubuntu"),
+    )
     store = StateStore(tmp_path)
     targets = provision.ssh_targets(Cluster("c", "aws", nodes, extra={"ssh_jump": "leader"}), store)
     assert targets[0].proxy_jump is None and targets[0].hostname == "198.18.0.9"
     assert targets[1].hostname == "10.0.0.5" and targets[1].proxy_jump == targets[0]
     # every node with its own public address (or none has one): direct
-    direct = provision.ssh_targets(Cluster("c", "aws", (nodes[0], Node("m", "10.0.0.5", 8, "member", public_ip="198.18.0.10"))), store)
+    direct = provision.ssh_targets(
+        Cluster("c", "aws", (nodes[0], Node("m", "10.0.0.5", 8, "member", public_ip="198.18.0.10"))), store
+    )
     assert all(t.proxy_jump is None for t in direct)
-    private = provision.ssh_targets(Cluster("c", "aws", tuple(Node(n.name, n.private_ip, 8, n.role) for n in nodes)), store)
+    private = provision.ssh_targets(
+        Cluster("c", "aws", tuple(Node(n.name, n.private_ip, 8, n.role) for n in nodes)), store
+    )
     assert all(t.proxy_jump is None for t in private)
     # the agent's wire format carries the jump host
     from clusterctl.remote import agent

@@ -49,8 +49,20 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
     watcher = threading.Thread(target=watch_for_canary, args=(name, stop, found), daemon=True)
     watcher.start()
     try:
-        proc = cli("bench", "--synthetic", "--model", "tiny", "--steps", "3", "--iters", "3", "--out", "res",
-                   env={"AWS_SECRET_ACCESS_KEY": CANARY, "MY_TOKEN": CANARY}, timeout=600)
+        proc = cli(
+            "bench",
+            "--synthetic",
+            "--model",
+            "tiny",
+            "--steps",
+            "3",
+            "--iters",
+            "3",
+            "--out",
+            "res",
+            env={"AWS_SECRET_ACCESS_KEY": CANARY, "MY_TOKEN": CANARY},
+            timeout=600,
+        )
     finally:
         stop.set()
         watcher.join()
@@ -65,14 +77,18 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
     assert all(r["conf"] > 0 for r in results["rungs"])  # mean +- 1.96 sigma over the timed batches
     hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
     assert [(a["node"], a["hostname"], a["np"]) for a in results["alone"]] == [
-        (hosts[0], f"{name}-leader", 2), (hosts[1], f"{name}-member-1", 2)]
+        (hosts[0], f"{name}-leader", 2),
+        (hosts[1], f"{name}-member-1", 2),
+    ]
     assert all(a["per_proc"] > 0 for a in results["alone"])
     assert "cost: lower bound only: the tiny model" in proc.stdout + proc.stderr
     log4 = (results_dir / "rung-np4.log").read_text()
     assert "CLUSTERCTL-BENCH result size=4" in log4  # Horovod's own size, from the real run
     assert (results_dir / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert found == [], f"a secret reached a node's process table: {found}"
-    left = cli("run", "--json", "pgrep -af '[b]ench_synthetic|[h]orovod' || true; ls ~/clusterctl-jobs 2>/dev/null | wc -l")
+    left = cli(
+        "run", "--json", "pgrep -af '[b]ench_synthetic|[h]orovod' || true; ls ~/clusterctl-jobs 2>/dev/null | wc -l"
+    )
     for line in left.stdout.splitlines():
         r = json.loads(line)
         assert r["stdout"].strip() == "0", f"left on {r['host']}: {r['stdout']}"
@@ -86,13 +102,31 @@ def test_changed_member_key_stops_the_launch(cluster):
     _, impostor = generate_ed25519("impostor")
     key = " ".join(impostor.split()[:2])
     # the leader now expects another key from the member: horovodrun's own ssh would shrug this off
-    edit = cli("run", "--json", f"cp ~/.ssh/known_hosts ~/.ssh/known_hosts.bak && "
-                                f"sed -i 's|^{hosts[1]} .*|{hosts[1]} {key}|' ~/.ssh/known_hosts")
+    edit = cli(
+        "run",
+        "--json",
+        f"cp ~/.ssh/known_hosts ~/.ssh/known_hosts.bak && "
+        f"sed -i 's|^{hosts[1]} .*|{hosts[1]} {key}|' ~/.ssh/known_hosts",
+    )
     assert edit.returncode == 0, edit.stderr
     try:
         # the ladder always holds the full-node rung (2, on the leader alone): time the 4-process rung by itself
-        proc = cli.popen("bench", "--synthetic", "--model", "tiny", "--ladder", "4", "--steps", "3", "--iters", "3",
-                         "--out", "res2", "--timeout", "120")
+        proc = cli.popen(
+            "bench",
+            "--synthetic",
+            "--model",
+            "tiny",
+            "--ladder",
+            "4",
+            "--steps",
+            "3",
+            "--iters",
+            "3",
+            "--out",
+            "res2",
+            "--timeout",
+            "120",
+        )
         err = []
         for line in proc.stderr:
             err.append(line)
@@ -160,15 +194,30 @@ def test_a_node_slow_on_its_own_is_named_and_only_it(cluster):
     cli, name = cluster
     hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
     with cpu_quota(name, 1, 0.1):
-        proc = cli("bench", "--synthetic", "--model", "tiny", "--ladder", "2", "--steps", "3", "--iters", "4",
-                   "--out", "res3", timeout=1200)
+        proc = cli(
+            "bench",
+            "--synthetic",
+            "--model",
+            "tiny",
+            "--ladder",
+            "2",
+            "--steps",
+            "3",
+            "--iters",
+            "4",
+            "--out",
+            "res3",
+            timeout=1200,
+        )
     assert proc.returncode == 0, proc.stdout + proc.stderr  # local nodes: named, not judged
     (results_dir,) = (cli.cwd / "res3").iterdir()
     results = json.loads((results_dir / "results.json").read_text())
     assert results["slow_nodes"] == [hosts[1]], results["alone"]
     leader, member = results["alone"]
-    print(f"alone, img/s per process: leader {leader['per_proc']:.1f} +- {leader['conf']:.1f}, "
-          f"member {member['per_proc']:.1f} +- {member['conf']:.1f}")
+    print(
+        f"alone, img/s per process: leader {leader['per_proc']:.1f} +- {leader['conf']:.1f}, "
+        f"member {member['per_proc']:.1f} +- {member['conf']:.1f}"
+    )
     assert member["per_proc"] < 0.6 * leader["per_proc"], results["alone"]
     assert results["verdict"].endswith(f"slow node(s) on their own: {hosts[1]})")
     assert [r["np"] for r in results["rungs"]] == [2]  # the joint rung ran on the leader alone, at full speed

@@ -35,7 +35,12 @@ def run_horovodrun(argv: list[str], cwd: Path) -> tuple[int, str, float]:
     assert "AWS_SECRET_ACCESS_KEY" not in env
     start = time.monotonic()
     proc = subprocess.Popen(
-        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
     try:
@@ -73,8 +78,9 @@ def test_tiny_bench_two_processes(tmp_path):
     assert sorted((d.rank, d.local_rank, d.gpus, d.logical) for d in run.devices) == [(0, 0, (), 0), (1, 1, (), 0)]
     assert "gpus=none logical=0" in out
     assert device_problems(run.devices, 2, 0) == []
-    assert device_problems(run.devices, 2, 4)[0].endswith("ran on the CPU (TensorFlow found no usable GPU: "
-                                                           "a CPU-only TensorFlow, or CUDA/the driver failed to load)")
+    assert device_problems(run.devices, 2, 4)[0].endswith(
+        "ran on the CPU (TensorFlow found no usable GPU: a CPU-only TensorFlow, or CUDA/the driver failed to load)"
+    )
     print(f"wall {wall:.1f} s, {run.img_per_sec:.0f} img/s")
 
 

@@ -18,8 +18,16 @@ def run(size: int, ips: float, per_host: dict[str, float] | None = None, conf: f
 
 
 def rungs_of(hosts: HostsFile, ips: dict[int, float], conf: float = 0.0, per_node: dict | None = None):
-    return [(n, len(launch.rung_hosts(hosts, n).entries), run(n, ips[n], (per_node or {}).get(n), conf * ips[n]), 1.0, f"r{n}")
-            for n in sorted(ips)]
+    return [
+        (
+            n,
+            len(launch.rung_hosts(hosts, n).entries),
+            run(n, ips[n], (per_node or {}).get(n), conf * ips[n]),
+            1.0,
+            f"r{n}",
+        )
+        for n in sorted(ips)
+    ]
 
 
 def test_default_ladder_is_one_gpu_one_node_all():
@@ -39,11 +47,14 @@ def test_parse_ladder_checks_bounds_and_always_holds_a_full_node():
 def test_ladder_1_16_32_with_16_gpus_at_twice_one_gpu_fails():
     # Issue 15: judged against the 1-GPU rung as "one node", this read PASS 100%.
     rungs = bench.parse_ladder("1,16,32", HOSTS)
-    ladder = bench.analyze(rungs_of(HOSTS, dict(zip(rungs, (400.0, 3100.0, 800.0, 1600.0)))), 0.9,
-                           bench.full_node_np(HOSTS))
+    ladder = bench.analyze(
+        rungs_of(HOSTS, dict(zip(rungs, (400.0, 3100.0, 800.0, 1600.0)))), 0.9, bench.full_node_np(HOSTS)
+    )
     assert not ladder.passed and ladder.status == "FAIL"
-    assert ladder.verdict.startswith("FAIL: at 16 processes on 2 nodes each process gives 13% +- 0% of a process on "
-                                     "one full node (8 processes; threshold 90%)")
+    assert ladder.verdict.startswith(
+        "FAIL: at 16 processes on 2 nodes each process gives 13% +- 0% of a process on "
+        "one full node (8 processes; threshold 90%)"
+    )
     with pytest.raises(ValueError, match="needs a full-node rung"):
         bench.analyze(rungs_of(HOSTS, {1: 400.0, 16: 800.0}), 0.9, 8)
 
@@ -63,7 +74,7 @@ def test_verdict_needs_the_interval_clear_of_the_threshold():
     noisy = bench.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, conf=0.05), 0.9, 8)
     assert noisy.status == "INCONCLUSIVE" and not noisy.passed
     assert noisy.verdict.startswith("INCONCLUSIVE: at 16 processes on 2 nodes each process gives 92% +- 7%")
-    assert noisy.rungs[-1].node_scaling_conf == pytest.approx(0.92 * (2 * 0.05 ** 2) ** 0.5)
+    assert noisy.rungs[-1].node_scaling_conf == pytest.approx(0.92 * (2 * 0.05**2) ** 0.5)
     tight = bench.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, conf=0.005), 0.9, 8)
     assert tight.status == "PASS" and tight.passed
     low = bench.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 4800.0}, conf=0.02), 0.9, 8)
@@ -76,8 +87,11 @@ def test_one_node_cluster_judges_per_process_efficiency():
 
 
 def test_stragglers_are_nodes_slow_on_their_own():
-    alone = [bench.NodeAlone("n0", "h0", 2, 50.0, 2.0), bench.NodeAlone("n1", "h1", 2, 48.0, 2.0),
-             bench.NodeAlone("n2", "h2", 1, 20.0, 3.0)]
+    alone = [
+        bench.NodeAlone("n0", "h0", 2, 50.0, 2.0),
+        bench.NodeAlone("n1", "h1", 2, 48.0, 2.0),
+        bench.NodeAlone("n2", "h2", 1, 20.0, 3.0),
+    ]
     assert bench.stragglers(alone) == ("n2",)
     assert bench.stragglers(alone[:2]) == ()
     # within its interval of the bar: not named
@@ -97,13 +111,18 @@ def test_costs_of_the_tiny_model_are_a_lower_bound():
 
 def test_leader_command_golden():
     job = launch.JobFolder("bench-x", "/root")
-    cmd = launch.leader_command(job, 4, ["/opt/v/bin/python", "/root/clusterctl-jobs/bench-x/bench_synthetic.py",
-                                         "--model", "tiny"], "/opt/v/bin/python", {"TF_CPP_MIN_LOG_LEVEL": "2"})
+    cmd = launch.leader_command(
+        job,
+        4,
+        ["/opt/v/bin/python", "/root/clusterctl-jobs/bench-x/bench_synthetic.py", "--model", "tiny"],
+        "/opt/v/bin/python",
+        {"TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
     assert cmd == (
         "L=; for d in /opt/amazon/efa/lib /opt/amazon/ofi-nccl/lib /usr/local/cuda/lib64; do "
-        "[ -d \"$d\" ] && L=\"${L:+$L:}$d\"; done; "
-        "cd /root/clusterctl-jobs/bench-x && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
-        "PATH=/opt/v/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ${L:+LD_LIBRARY_PATH=\"$L\"} "
+        '[ -d "$d" ] && L="${L:+$L:}$d"; done; '
+        'cd /root/clusterctl-jobs/bench-x && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '
+        'PATH=/opt/v/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ${L:+LD_LIBRARY_PATH="$L"} '
         "env TF_CPP_MIN_LOG_LEVEL=2 /opt/v/bin/python /root/clusterctl-jobs/bench-x/hvd_launch.py -np 4 "
         "--hostfile hosts --gloo --disable-cache --start-timeout 60 "
         "/opt/v/bin/python /root/clusterctl-jobs/bench-x/bench_synthetic.py --model tiny 2>&1"
@@ -126,9 +145,11 @@ def test_job_env_carries_no_secret_and_sets_efa_where_present():
 
 
 def test_bad_timing_and_fabric_flags_are_one_line_usage_errors(cli):
-    for args, message in ((("bench", "--synthetic", "--warmup-steps", "3"), "--warmup-steps must be at least 10"),
-                          (("bench", "--synthetic", "--iters", "2"), "--iters must be at least 3, not 2"),
-                          (("doctor", "--fabric", "--fabric-mb", "0"), "--fabric-mb must be in (0, 4096], not 0.0")):
+    for args, message in (
+        (("bench", "--synthetic", "--warmup-steps", "3"), "--warmup-steps must be at least 10"),
+        (("bench", "--synthetic", "--iters", "2"), "--iters must be at least 3, not 2"),
+        (("doctor", "--fabric", "--fabric-mb", "0"), "--fabric-mb must be in (0, 4096], not 0.0"),
+    ):
         proc = cli(*args)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         (line,) = proc.stderr.strip().splitlines()

@@ -39,8 +39,9 @@ def test_bad_hosts_file_is_exit_3_one_line(cli):
     (cli.cwd / "hosts").write_text("10.0.0.1 slots=8\n$(touch /tmp/pwned) slots=8\n")
     proc = cli("run", "hosts", "true")
     assert proc.returncode == 3
-    assert proc.stderr.strip().splitlines() == ["Error: hosts:2: shell metacharacter '$(' in host '$(touch': "
-                                                 "fix that entry; hosts are addresses or DNS names"]
+    assert proc.stderr.strip().splitlines() == [
+        "Error: hosts:2: shell metacharacter '$(' in host '$(touch': fix that entry; hosts are addresses or DNS names"
+    ]
     assert proc.stdout == ""
 
 
@@ -77,8 +78,22 @@ def test_hosts_formats_from_a_file(cli):
 
 
 def test_wheel_carries_templates_and_playbooks(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(REPO)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+    )
     wheel = next(tmp_path.glob("clusterctl-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for folder in ("templates", "playbooks"):
@@ -141,18 +156,30 @@ def test_bench_defaults_of_the_cli_are_the_library_s():
 
     params = inspect.signature(workloads.bench).parameters
     lib = BenchOptions()
-    pairs = {"model": lib.model, "batch_size": lib.batch_size, "steps": lib.steps, "iters": lib.iters,
-             "warmup": lib.warmup_steps, "threshold": DEFAULT_THRESHOLD, "timeout": lib.timeout,
-             "mixed_precision": lib.mixed_precision, "xla": lib.xla, "input_only": lib.input_only}
+    pairs = {
+        "model": lib.model,
+        "batch_size": lib.batch_size,
+        "steps": lib.steps,
+        "iters": lib.iters,
+        "warmup": lib.warmup_steps,
+        "threshold": DEFAULT_THRESHOLD,
+        "timeout": lib.timeout,
+        "mixed_precision": lib.mixed_precision,
+        "xla": lib.xla,
+        "input_only": lib.input_only,
+    }
     assert {k: params[k].default.default for k in pairs} == pairs
 
 
-@pytest.mark.parametrize("args, kw, message", [
-    (("--parallel", 0, 1), {}, "--parallel must be at least 1, not 0"),
-    (("--timeout", 0.0), {"above": 0}, "--timeout must be positive, not 0.0"),
-    (("--grace", 301.0, 0, 300), {"unit": "seconds"}, "--grace must be 0..300 seconds, not 301.0"),
-    (("--fabric-mb", 0.0), {"above": 0, "high": 4096}, "--fabric-mb must be in (0, 4096], not 0.0"),
-])
+@pytest.mark.parametrize(
+    "args, kw, message",
+    [
+        (("--parallel", 0, 1), {}, "--parallel must be at least 1, not 0"),
+        (("--timeout", 0.0), {"above": 0}, "--timeout must be positive, not 0.0"),
+        (("--grace", 301.0, 0, 300), {"unit": "seconds"}, "--grace must be 0..300 seconds, not 301.0"),
+        (("--fabric-mb", 0.0), {"above": 0, "high": 4096}, "--fabric-mb must be in (0, 4096], not 0.0"),
+    ],
+)
 def test_every_range_check_says_flag_range_and_value(args, kw, message):
     from clusterctl.cli.shared import within
     from clusterctl.errors import UsageError

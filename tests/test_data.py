@@ -19,8 +19,18 @@ from clusterctl.data import tfrecords as data
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "templates" / "train_imagenet.py"
-FEATURES = ("image/height", "image/width", "image/colorspace", "image/channels", "image/class/label",
-            "image/class/synset", "image/class/text", "image/format", "image/filename", "image/encoded")
+FEATURES = (
+    "image/height",
+    "image/width",
+    "image/colorspace",
+    "image/channels",
+    "image/class/label",
+    "image/class/synset",
+    "image/class/text",
+    "image/format",
+    "image/filename",
+    "image/encoded",
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +66,9 @@ def read_examples(tf, paths) -> list[dict]:
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_HOME": str(cwd / "cchome"), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "clusterctl", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "clusterctl", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 # ---- a folder of images -----------------------------------------------------------------------------
@@ -96,15 +107,33 @@ def image_folder(tmp_path_factory, tf):
 def test_folder_to_tfrecords_through_the_cli_and_read_back(image_folder, tmp_path, tf):
     src, made = image_folder
     dst = tmp_path / "records"
-    proc = cli("data", "tfrecords", str(src), str(dst), "--validation-fraction", "0.2", "--train-shards", "3",
-               "--validation-shards", "2", cwd=tmp_path)
+    proc = cli(
+        "data",
+        "tfrecords",
+        str(src),
+        str(dst),
+        "--validation-fraction",
+        "0.2",
+        "--train-shards",
+        "3",
+        "--validation-shards",
+        "2",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "skipped" in proc.stderr and "broken.jpg" in proc.stderr
     assert "re-encoded" in proc.stderr  # the PNG and the grayscale JPEG
 
     names = sorted(p.name for p in dst.iterdir())
-    assert names == ["dataset.json", "labels.txt", "train-00000-of-00003", "train-00001-of-00003",
-                     "train-00002-of-00003", "validation-00000-of-00002", "validation-00001-of-00002"]
+    assert names == [
+        "dataset.json",
+        "labels.txt",
+        "train-00000-of-00003",
+        "train-00001-of-00003",
+        "train-00002-of-00003",
+        "validation-00000-of-00002",
+        "validation-00001-of-00002",
+    ]
     # Classes in sorted folder order, label N on line N (1-based as ImageNet's records).
     assert (dst / "labels.txt").read_text() == "daisy\nroses\ntulips\n"
     label_of = {"daisy": 1, "roses": 2, "tulips": 3}
@@ -129,18 +158,22 @@ def test_folder_to_tfrecords_through_the_cli_and_read_back(image_folder, tmp_pat
 
     meta = json.loads((dst / "dataset.json").read_text())
     assert meta["format"] == "imagenet-tfrecord" and meta["label_base"] == 1 and meta["num_classes"] == 3
-    counts = {s: sum(1 for _ in tf.data.TFRecordDataset([str(dst / f) for f in meta["splits"][s]["shards"]]))
-              for s in ("train", "validation")}
+    counts = {
+        s: sum(1 for _ in tf.data.TFRecordDataset([str(dst / f) for f in meta["splits"][s]["shards"]]))
+        for s in ("train", "validation")
+    }
     assert counts == {s: meta["splits"][s]["examples"] for s in counts}
     assert counts["validation"] >= 3  # at least one image of every class held out
     info = data.read_info(dst)
     assert info.classes == ("daisy", "roses", "tulips") and info.bytes == sum(
-        (dst / f).stat().st_size for f in info.files())
+        (dst / f).stat().st_size for f in info.files()
+    )
 
 
 def test_the_trainers_pipeline_reads_what_the_writer_wrote(tmp_path, tf, trainer):
-    info = data.write_synthetic(tmp_path / "ds", images=60, classes=6, validation_images=30, image_size=40,
-                                train_shards=3, validation_shards=2)
+    info = data.write_synthetic(
+        tmp_path / "ds", images=60, classes=6, validation_images=30, image_size=40, train_shards=3, validation_shards=2
+    )
     ds = tmp_path / "ds"
     # The trainer's defaults for this folder: classes from dataset.json, labels 1-based.
     meta = trainer.dataset_meta(str(ds))
@@ -152,8 +185,12 @@ def test_the_trainers_pipeline_reads_what_the_writer_wrote(tmp_path, tf, trainer
     assert [Path(f).name for f in val_files] == list(info.splits["validation"].shards)
     # parse_record: the 0-based labels the model trains on, from the 1-based records
     written = [(r["image/filename"].decode(), r["image/class/label"]) for r in read_examples(tf, val_files)]
-    parsed = [(int(label), enc.numpy()) for enc, label, _ in
-              tf.data.TFRecordDataset(val_files).map(lambda s: trainer.parse_record(tf, s, args.label_offset))]
+    parsed = [
+        (int(label), enc.numpy())
+        for enc, label, _ in tf.data.TFRecordDataset(val_files).map(
+            lambda s: trainer.parse_record(tf, s, args.label_offset)
+        )
+    ]
     assert [lab for lab, _ in parsed] == [lab - 1 for _, lab in written]
     assert Counter(lab for lab, _ in parsed) == Counter({k: 5 for k in range(6)})
 
@@ -162,8 +199,10 @@ def test_the_trainers_pipeline_reads_what_the_writer_wrote(tmp_path, tf, trainer
         seen = []
         for rank in range(size):
             recs = trainer.records(tf, val_files, rank, size, training=False, seed=0)
-            seen += [tf.train.Example.FromString(r.numpy()).features.feature["image/filename"].bytes_list.value[0]
-                     for r in recs]
+            seen += [
+                tf.train.Example.FromString(r.numpy()).features.feature["image/filename"].bytes_list.value[0]
+                for r in recs
+            ]
         assert sorted(seen) == sorted(n.encode() for n, _ in written), f"size {size}"
     labels_seen = []
     for rank in range(2):
@@ -226,8 +265,9 @@ def test_refusals_and_no_half_written_dataset(tmp_path, image_folder):
     proc = cli("data", "synthetic", str(dst), "--images", "10", "--classes", "2", cwd=tmp_path)
     assert proc.returncode == 3 and "already holds a dataset" in proc.stderr and "--force" in proc.stderr
     assert sorted(p.name for p in dst.iterdir()) == before
-    proc = cli("data", "synthetic", str(dst), "--images", "12", "--classes", "3", "--image-size", "8", "--force",
-               cwd=tmp_path)
+    proc = cli(
+        "data", "synthetic", str(dst), "--images", "12", "--classes", "3", "--image-size", "8", "--force", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((dst / "dataset.json").read_text())["num_classes"] == 3
     assert not [p for p in dst.iterdir() if p.name.startswith(".")]
@@ -253,9 +293,17 @@ def test_pure_helpers_and_no_tensorflow_at_import():
     assert data.default_shards("validation", 0) == 0
     assert data.deal(list(range(7)), 3) == [[0, 3, 6], [1, 4], [2, 5]]
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, clusterctl.data.tfrecords, clusterctl.workloads.train_job, clusterctl.cli.app; "
-                               "print(sorted(m for m in ('tensorflow', 'numpy', 'horovod') if m in sys.modules))"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            "import sys, clusterctl.data.tfrecords, clusterctl.workloads.train_job, clusterctl.cli.app; "
+            "print(sorted(m for m in ('tensorflow', 'numpy', 'horovod') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == "[]"
 
@@ -292,7 +340,8 @@ def test_flat_val_folder_with_labels_csv_or_devkit_ground_truth(tmp_path, tf):
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         f"Error: {src / 'val'} holds 7 images without class sub-folders: give their classes with --val-labels "
-        "LOC_val_solution.csv (or the devkit's ground truth with --val-synsets)"]
+        "LOC_val_solution.csv (or the devkit's ground truth with --val-synsets)"
+    ]
     assert not (tmp_path / "none").exists()
 
     # LOC_val_solution.csv: ImageId,PredictionString (synset x y x y, maybe several boxes), rows in any order
@@ -306,8 +355,10 @@ def test_flat_val_folder_with_labels_csv_or_devkit_ground_truth(tmp_path, tf):
         info = data.read_info(tmp_path / out)
         assert info.splits["validation"].examples == 7 and info.splits["train"].examples == 6
         val = read_examples(tf, [tmp_path / out / s for s in info.splits["validation"].shards])
-        got = {r["image/filename"].decode().rsplit(".", 1)[0]: (r["image/class/synset"].decode(), r["image/class/label"])
-               for r in val}
+        got = {
+            r["image/filename"].decode().rsplit(".", 1)[0]: (r["image/class/synset"].decode(), r["image/class/label"])
+            for r in val
+        }
         assert got == {stem: (s, labels.index(s) + 1) for stem, s in truth.items()}
 
     # the devkit: ground truth (line N = class ID of image N) + its synset list in ID order (not sorted)
@@ -315,7 +366,9 @@ def test_flat_val_folder_with_labels_csv_or_devkit_ground_truth(tmp_path, tf):
     (tmp_path / "synsets.txt").write_text("\n".join(id_order) + "\n")
     ids = [str([s.split()[0] for s in id_order].index(truth[f"ILSVRC2012_val_{n:08d}"]) + 1) for n in range(1, 8)]
     (tmp_path / "gt.txt").write_text("\n".join(ids) + "\n")
-    info = data.convert_folder(src, tmp_path / "b", val_labels=tmp_path / "gt.txt", val_synsets=tmp_path / "synsets.txt")
+    info = data.convert_folder(
+        src, tmp_path / "b", val_labels=tmp_path / "gt.txt", val_synsets=tmp_path / "synsets.txt"
+    )
     val = read_examples(tf, [tmp_path / "b" / s for s in info.splits["validation"].shards])
     assert {r["image/filename"].decode().rsplit(".", 1)[0]: r["image/class/synset"].decode() for r in val} == truth
 
@@ -323,10 +376,14 @@ def test_flat_val_folder_with_labels_csv_or_devkit_ground_truth(tmp_path, tf):
     bad = tmp_path / "labels.json"
     bad.write_text('{"ILSVRC2012_val_00000001": "n01440764"}\n')
     for args, message in (
-        (("--val-labels", str(bad)), "neither a LOC_val_solution.csv-style CSV (ImageId,PredictionString) nor the "
-                                     "devkit's ground truth"),
-        (("--val-labels", str(tmp_path / "gt.txt")), "is the devkit's ground truth (class IDs): it needs the synset "
-                                                     "list: give --val-synsets FILE too"),
+        (
+            ("--val-labels", str(bad)),
+            "neither a LOC_val_solution.csv-style CSV (ImageId,PredictionString) nor the devkit's ground truth",
+        ),
+        (
+            ("--val-labels", str(tmp_path / "gt.txt")),
+            "is the devkit's ground truth (class IDs): it needs the synset list: give --val-synsets FILE too",
+        ),
         (("--val-synsets", str(tmp_path / "synsets.txt")), "--val-synsets goes with --val-labels"),
     ):
         proc = cli("data", "tfrecords", str(src), str(tmp_path / "c"), *args, cwd=tmp_path)

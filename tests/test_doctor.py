@@ -17,8 +17,19 @@ pytestmark = pytest.mark.integration
 
 
 def test_judge_flags_version_skew_and_clock():
-    base = {"python": "3.11.2", "tensorflow": "2.15.1", "horovod": "0.28.1", "nccl": "n/a", "cuda_driver": "n/a",
-            "gpus": "n/a", "disk_free_pct": "50", "mem_free_gb": "20", "stale": "0", "gpu_procs": "n/a", "time": "100.0"}
+    base = {
+        "python": "3.11.2",
+        "tensorflow": "2.15.1",
+        "horovod": "0.28.1",
+        "nccl": "n/a",
+        "cuda_driver": "n/a",
+        "gpus": "n/a",
+        "disk_free_pct": "50",
+        "mem_free_gb": "20",
+        "stale": "0",
+        "gpu_procs": "n/a",
+        "time": "100.0",
+    }
     facts = {"a": dict(base), "b": dict(base), "c": {**base, "horovod": "0.27.0", "time": "105.0"}}
     report = doctor.judge(facts, {"a": 8, "b": 8, "c": 8}, {h: (100.0, 100.5) for h in facts}, {})
     cells = {n.host: n.cells for n in report.nodes}
@@ -28,11 +39,24 @@ def test_judge_flags_version_skew_and_clock():
 
 
 def test_judge_gpus_against_slots_and_cloud_placement():
-    base = {"python": "3", "tensorflow": "2", "horovod": "0", "nccl": "2.18", "cuda_driver": "535", "gpus": "8",
-            "disk_free_pct": "50", "mem_free_gb": "20", "stale": "0", "gpu_procs": "0", "time": "1.0"}
-    cloud = {"a": {"type": "p3.16xlarge", "zone": "us-east-1a", "placement": "pg"},
-             "b": {"type": "p3.16xlarge", "zone": "us-east-1a", "placement": "pg"},
-             "c": {"type": "p3.16xlarge", "zone": "us-east-1b", "placement": "pg"}}
+    base = {
+        "python": "3",
+        "tensorflow": "2",
+        "horovod": "0",
+        "nccl": "2.18",
+        "cuda_driver": "535",
+        "gpus": "8",
+        "disk_free_pct": "50",
+        "mem_free_gb": "20",
+        "stale": "0",
+        "gpu_procs": "0",
+        "time": "1.0",
+    }
+    cloud = {
+        "a": {"type": "p3.16xlarge", "zone": "us-east-1a", "placement": "pg"},
+        "b": {"type": "p3.16xlarge", "zone": "us-east-1a", "placement": "pg"},
+        "c": {"type": "p3.16xlarge", "zone": "us-east-1b", "placement": "pg"},
+    }
     facts = {"a": dict(base), "b": {**base, "gpus": "7"}, "c": dict(base)}
     report = doctor.judge(facts, {"a": 8, "b": 8, "c": 8}, {h: (0.5, 1.5) for h in facts}, {}, cloud)
     cells = {n.host: n.cells for n in report.nodes}
@@ -62,12 +86,34 @@ def test_doctor_names_each_broken_node(local_cluster_factory):
     meta.write_text(meta.read_text().replace("Version: 2.15.1", "Version: 2.14.0", 1))
     c.node_exec(0, "mount", "--bind", str(fake), real)
     # member 1: a stale training process, and another runtime's marker (as if a different build were there)
-    c.node_exec(1, "sh", "-c", "setsid /usr/bin/python3 -c 'import time; time.sleep(600)' train_imagenet.py "
-                               "</dev/null >/dev/null 2>&1 &")
+    c.node_exec(
+        1,
+        "sh",
+        "-c",
+        "setsid /usr/bin/python3 -c 'import time; time.sleep(600)' train_imagenet.py </dev/null >/dev/null 2>&1 &",
+    )
     c.node_exec(1, "sed", "-i", f"s/{rid}/0123456789abcdef/", f"/opt/clusterctl-runtime/{rid}/.clusterctl-runtime.json")
     # member 2: cannot reach member 1 (its packets to member 1's sshd are rejected)
-    subprocess.run(["ip", "netns", "exec", netns.netns_name(c.name, 2), "iptables", "-A", "OUTPUT", "-d", c.hosts[1],
-                    "-p", "tcp", "--dport", "22", "-j", "REJECT"], check=True)
+    subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            netns.netns_name(c.name, 2),
+            "iptables",
+            "-A",
+            "OUTPUT",
+            "-d",
+            c.hosts[1],
+            "-p",
+            "tcp",
+            "--dport",
+            "22",
+            "-j",
+            "REJECT",
+        ],
+        check=True,
+    )
 
     broken = c.cli("doctor")
     assert broken.returncode == 1, broken.stdout + broken.stderr
@@ -108,8 +154,11 @@ def test_judge_fabric_names_the_node_whose_every_pair_is_slow():
     assert fab.slow == ("a", "b", "c", "d") and fab.reference.startswith("floor 5 Gbit/s busbw per pair")
     # two nodes: one pair, nobody to blame without a floor; a failed pair names its nodes
     assert doctor.judge_fabric(["a", "b"], A(("a", "b")), [A(("a", "b"), 0.1)]).slow == ()
-    failed = doctor.judge_fabric(["a", "b", "c"], A(("a",)), [A(("a", "b"), 0.8), A(("b", "c"), error="no result"),
-                                                             A(("c", "a"), error="no result")])
+    failed = doctor.judge_fabric(
+        ["a", "b", "c"],
+        A(("a",)),
+        [A(("a", "b"), 0.8), A(("b", "c"), error="no result"), A(("c", "a"), error="no result")],
+    )
     assert failed.slow == ("c",) and failed.why["c"] == "no pair allreduce finished: no result"
 
 
@@ -149,7 +198,9 @@ NCCL_OLD = """#                                                     out-of-place
 def test_all_reduce_perf_output_read_back():
     res = doctor.parse_all_reduce_perf(NCCL_2X)
     assert len(res.rows) == 5 and res.avg_busbw_gbyte == 8.13801 and res.out_of_bounds == 0 and res.wrong == 0
-    assert res.rows[2] == doctor.NcclRow(1048576, 262144, "float", "sum", 291.4, 3.60, 6.75, "0", 290.8, 3.61, 6.76, "0")
+    assert res.rows[2] == doctor.NcclRow(
+        1048576, 262144, "float", "sum", 291.4, 3.60, 6.75, "0", 290.8, 3.61, 6.76, "0"
+    )
     assert res.rows[-1].time_us == 16195 and res.peak_busbw_gbyte == 7.77  # the largest size, not the best one
     # mpirun --tag-output (and srun -l) put the rank in front of every line
     tagged = "".join(f"[1,0]<stdout>:{line}\n" for line in NCCL_2X.splitlines())
@@ -162,7 +213,10 @@ def test_all_reduce_perf_output_read_back():
     bad = NCCL_2X.replace("26.14      0", "26.14      3").replace("values : 0 OK", "values : 3 FAILED")
     got, parsed = doctor._nccl_allreduce(bad, ("a", "b"))
     assert parsed.wrong == 3 and parsed.out_of_bounds == 3 and got.error == "all_reduce_perf found 3 wrong result(s)"
-    cut = NCCL_2X.split("# Out of bounds")[0] + "ip-10-0-1-12: Test NCCL failure common.cu:1012 'unhandled system error'\n"
+    cut = (
+        NCCL_2X.split("# Out of bounds")[0]
+        + "ip-10-0-1-12: Test NCCL failure common.cu:1012 'unhandled system error'\n"
+    )
     with pytest.raises(ValueError, match="no all_reduce_perf result .*unhandled system error"):
         doctor.parse_all_reduce_perf(cut)
     got, parsed = doctor._nccl_allreduce(NCCL_2X, ("a", "b"))
@@ -172,17 +226,49 @@ def test_all_reduce_perf_output_read_back():
 def test_all_reduce_perf_argv_and_hostfile_from_the_hosts_file():
     from clusterctl.hostsfile import HostsFile
 
-    tool = doctor.FabricTool("nccl-tests", "", "/usr/local/cuda-12.4/efa/test-cuda-12.4/all_reduce_perf",
-                             "/opt/amazon/openmpi/bin/mpirun")
-    argv = doctor.all_reduce_perf_argv(tool, 2, 8, "/home/ubuntu/clusterctl-jobs/fabric-1/mpi_hosts",
-                                       max_bytes=64 * 2**20, iters=10)
-    assert argv == ["/opt/amazon/openmpi/bin/mpirun", "--prefix", "/opt/amazon/openmpi", "-np", "16",
-                    "--hostfile", "/home/ubuntu/clusterctl-jobs/fabric-1/mpi_hosts", "--map-by", "ppr:8:node",
-                    "--bind-to", "none", "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG=WARN",
-                    "/usr/local/cuda-12.4/efa/test-cuda-12.4/all_reduce_perf", "-b", "8", "-e", "67108864", "-f", "2",
-                    "-g", "1", "-n", "10"]
-    root = doctor.all_reduce_perf_argv(doctor.FabricTool("nccl-tests", "", "/x y/all_reduce_perf", "mpirun"), 1, 1,
-                                       "/tmp/h", max_bytes=8, iters=1, as_root=True)
+    tool = doctor.FabricTool(
+        "nccl-tests", "", "/usr/local/cuda-12.4/efa/test-cuda-12.4/all_reduce_perf", "/opt/amazon/openmpi/bin/mpirun"
+    )
+    argv = doctor.all_reduce_perf_argv(
+        tool, 2, 8, "/home/ubuntu/clusterctl-jobs/fabric-1/mpi_hosts", max_bytes=64 * 2**20, iters=10
+    )
+    assert argv == [
+        "/opt/amazon/openmpi/bin/mpirun",
+        "--prefix",
+        "/opt/amazon/openmpi",
+        "-np",
+        "16",
+        "--hostfile",
+        "/home/ubuntu/clusterctl-jobs/fabric-1/mpi_hosts",
+        "--map-by",
+        "ppr:8:node",
+        "--bind-to",
+        "none",
+        "-x",
+        "LD_LIBRARY_PATH",
+        "-x",
+        "NCCL_DEBUG=WARN",
+        "/usr/local/cuda-12.4/efa/test-cuda-12.4/all_reduce_perf",
+        "-b",
+        "8",
+        "-e",
+        "67108864",
+        "-f",
+        "2",
+        "-g",
+        "1",
+        "-n",
+        "10",
+    ]
+    root = doctor.all_reduce_perf_argv(
+        doctor.FabricTool("nccl-tests", "", "/x y/all_reduce_perf", "mpirun"),
+        1,
+        1,
+        "/tmp/h",
+        max_bytes=8,
+        iters=1,
+        as_root=True,
+    )
     assert root[:2] == ["mpirun", "--allow-run-as-root"] and "--prefix" not in root
     assert "'/x y/all_reduce_perf'" in shlex.join(root)  # a path with a space stays one word on the leader
     with pytest.raises(ValueError):
@@ -201,8 +287,11 @@ def test_nccl_tests_only_when_every_node_has_it_and_gpus():
         ({"a": both, "b": {"mpirun": mpi}}, 8, "all_reduce_perf not found on b"),
         ({"a": both, "b": None}, 8, "all_reduce_perf not found on b"),  # the probe failed there
         ({"a": {"all_reduce_perf": arp}, "b": both}, 8, "mpirun not found on a"),
-        ({"a": both, "b": {**both, "all_reduce_perf": "/usr/local/cuda/efa/test-cuda-12.4/all_reduce_perf"}}, 8,
-         "all_reduce_perf at different paths"),
+        (
+            {"a": both, "b": {**both, "all_reduce_perf": "/usr/local/cuda/efa/test-cuda-12.4/all_reduce_perf"}},
+            8,
+            "all_reduce_perf at different paths",
+        ),
     ):
         tool = doctor.choose_fabric_tool(found, gpus)
         assert tool.name == "gloo" and tool.why.startswith(why) and tool.why.endswith("Horovod's allreduce over gloo")
@@ -220,8 +309,13 @@ def test_the_probe_finds_all_reduce_perf_on_each_node_and_one_missing_means_gloo
     c = local_cluster_factory(2, 1)
     arp = "/opt/nccl-tests/build/all_reduce_perf"
     for i in range(2):
-        c.node_exec(i, "sh", "-c", "mkdir -p /opt/amazon/openmpi/bin /opt/nccl-tests/build && "
-                                   f"cp /bin/true /opt/amazon/openmpi/bin/mpirun && touch {arp}")
+        c.node_exec(
+            i,
+            "sh",
+            "-c",
+            "mkdir -p /opt/amazon/openmpi/bin /opt/nccl-tests/build && "
+            f"cp /bin/true /opt/amazon/openmpi/bin/mpirun && touch {arp}",
+        )
     c.node_exec(0, "chmod", "+x", arp)  # on node 1 the file is there but not executable: no binary
     inv = inventory.resolve(None, c.name, StateStore(c.cli.home))
 
@@ -231,23 +325,52 @@ def test_the_probe_finds_all_reduce_perf_on_each_node_and_one_missing_means_gloo
         return {r.host: doctor.parse_tools(r.stdout) if r.exit_code == 0 else None for r in report}
 
     found = probe()
-    assert found == {c.hosts[0]: {"all_reduce_perf": arp, "mpirun": "/opt/amazon/openmpi/bin/mpirun"},
-                     c.hosts[1]: {"mpirun": "/opt/amazon/openmpi/bin/mpirun"}}
+    assert found == {
+        c.hosts[0]: {"all_reduce_perf": arp, "mpirun": "/opt/amazon/openmpi/bin/mpirun"},
+        c.hosts[1]: {"mpirun": "/opt/amazon/openmpi/bin/mpirun"},
+    }
     tool = doctor.choose_fabric_tool(found, gpus=8)
     assert tool.name == "gloo" and tool.why.startswith(f"all_reduce_perf not found on {c.hosts[1]}:")
     c.node_exec(1, "chmod", "+x", arp)
     assert doctor.choose_fabric_tool(probe(), gpus=8) == doctor.FabricTool(
-        "nccl-tests", f"all_reduce_perf on every node ({arp}) through mpirun", arp, "/opt/amazon/openmpi/bin/mpirun")
+        "nccl-tests", f"all_reduce_perf on every node ({arp}) through mpirun", arp, "/opt/amazon/openmpi/bin/mpirun"
+    )
 
 
 def shape(name: str, index: int, rate: str) -> None:
     """htb on node `index`'s link both ways (this kernel has htb but no netem): into the node on the bridge's
     veth, out of it on the node's eth0. The links go with the cluster at down."""
-    for dev, prefix in ((netns.veth_name(name, index), []), ("eth0", ["ip", "netns", "exec", netns.netns_name(name, index)])):
-        subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
-                       check=True)
-        subprocess.run([*prefix, "tc", "class", "replace", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate",
-                        rate, "ceil", rate, "burst", "256k", "cburst", "256k"], check=True)
+    for dev, prefix in (
+        (netns.veth_name(name, index), []),
+        ("eth0", ["ip", "netns", "exec", netns.netns_name(name, index)]),
+    ):
+        subprocess.run(
+            [*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"], check=True
+        )
+        subprocess.run(
+            [
+                *prefix,
+                "tc",
+                "class",
+                "replace",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "classid",
+                "1:10",
+                "htb",
+                "rate",
+                rate,
+                "ceil",
+                rate,
+                "burst",
+                "256k",
+                "cburst",
+                "256k",
+            ],
+            check=True,
+        )
 
 
 def test_doctor_fabric_names_the_node_with_a_quarter_link(local_cluster_factory):
@@ -264,7 +387,8 @@ def test_doctor_fabric_names_the_node_with_a_quarter_link(local_cluster_factory)
     assert fab["tool"] == "gloo" and fab["tool_why"].startswith("no GPUs") and fab["nccl"] is None
     assert fab["cluster"]["busbw_gbit"] > 0 and not fab["cluster"]["error"]
     assert sorted(tuple(p["hosts"]) for p in fab["pairs"]) == sorted(
-        [(c.hosts[0], c.hosts[1]), (c.hosts[1], c.hosts[2]), (c.hosts[2], c.hosts[0])])
+        [(c.hosts[0], c.hosts[1]), (c.hosts[1], c.hosts[2]), (c.hosts[2], c.hosts[0])]
+    )
     # measured against the shaping: the slow node's best pair near a quarter of the others' (tolerance 0.1-0.45)
     best = fab["best"]
     print(f"fabric busbw Gbit/s: cluster {fab['cluster']['busbw_gbit']:.3f}, best pair per node {best}")
@@ -273,7 +397,9 @@ def test_doctor_fabric_names_the_node_with_a_quarter_link(local_cluster_factory)
     cells = {n["host"]: n["cells"]["fabric"] for n in report["nodes"]}
     assert cells[c.hosts[1]]["status"] == "fail" and "< 50% of the median node's" in cells[c.hosts[1]]["why"]
     assert cells[c.hosts[0]]["status"] == "ok" and cells[c.hosts[2]]["status"] == "ok"
-    assert [n for n in report["nodes"] if any(x["status"] == "fail" for k, x in n["cells"].items() if k != "fabric")] == []
+    assert [
+        n for n in report["nodes"] if any(x["status"] == "fail" for k, x in n["cells"].items() if k != "fabric")
+    ] == []
 
 
 def test_doctor_judges_the_local_providers_node_facts_through_the_cli(local_cluster_factory):

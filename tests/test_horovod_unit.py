@@ -49,10 +49,23 @@ def test_argv_hostsfile_object_and_every_option_golden():
         horovodrun="/opt/clusterctl/venv/bin/horovodrun",
     )
     assert argv == [
-        "env", "NCCL_DEBUG=INFO", "FI_PROVIDER=efa",
-        "/opt/clusterctl/venv/bin/horovodrun", "-np", "4", "-H", "10.0.0.4:2,10.0.0.5:2", "--mpi",
-        "--network-interfaces", "eth0,eth1", "-p", "2222", "--ssh-identity-file", "/root/.clusterctl/keys/c1",
-        "--start-timeout", "90",
+        "env",
+        "NCCL_DEBUG=INFO",
+        "FI_PROVIDER=efa",
+        "/opt/clusterctl/venv/bin/horovodrun",
+        "-np",
+        "4",
+        "-H",
+        "10.0.0.4:2,10.0.0.5:2",
+        "--mpi",
+        "--network-interfaces",
+        "eth0,eth1",
+        "-p",
+        "2222",
+        "--ssh-identity-file",
+        "/root/.clusterctl/keys/c1",
+        "--start-timeout",
+        "90",
         *SCRIPT,
     ]
 
@@ -60,8 +73,19 @@ def test_argv_hostsfile_object_and_every_option_golden():
 def test_argv_h_string_golden():
     argv = horovodrun_argv(2, "localhost:2", ["python", "x.py"], network_interface="lo")
     assert argv == [
-        "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", "--disable-cache",
-        "--network-interfaces", "lo", "--start-timeout", "60", "python", "x.py",
+        "horovodrun",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+        "--disable-cache",
+        "--network-interfaces",
+        "lo",
+        "--start-timeout",
+        "60",
+        "python",
+        "x.py",
     ]
 
 
@@ -190,8 +214,9 @@ def test_parse_errors_are_clear():
 def test_import_stays_cheap():
     # `clusterctl --help` imports this module: it must not pull in TensorFlow or Horovod.
     code = "import sys, clusterctl.workloads.horovod; print(sorted(m for m in ('tensorflow', 'horovod') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -204,20 +229,31 @@ def _devices(*rows: str, mark: str = "CLUSTERCTL-BENCH") -> str:
     return "".join(f"[0]<stdout>:{mark} device {row}\n" for row in rows)
 
 
-GOOD_2x2 = _devices("rank=0 host=node-0 local_rank=0 gpus=0 logical=1", "rank=1 host=node-0 local_rank=1 gpus=1 logical=1",
-                    "rank=2 host=node-1 local_rank=0 gpus=0 logical=1", "rank=3 host=node-1 local_rank=1 gpus=1 logical=1")
+GOOD_2x2 = _devices(
+    "rank=0 host=node-0 local_rank=0 gpus=0 logical=1",
+    "rank=1 host=node-0 local_rank=1 gpus=1 logical=1",
+    "rank=2 host=node-1 local_rank=0 gpus=0 logical=1",
+    "rank=3 host=node-1 local_rank=1 gpus=1 logical=1",
+)
 
 
 def test_parse_devices_reads_every_rank_past_any_prefix():
     reps = parse_devices("TF noise\n" + GOOD_2x2)
-    assert reps == (DeviceReport(0, "node-0", 0, ("0",), 1), DeviceReport(1, "node-0", 1, ("1",), 1),
-                    DeviceReport(2, "node-1", 0, ("0",), 1), DeviceReport(3, "node-1", 1, ("1",), 1))
+    assert reps == (
+        DeviceReport(0, "node-0", 0, ("0",), 1),
+        DeviceReport(1, "node-0", 1, ("1",), 1),
+        DeviceReport(2, "node-1", 0, ("0",), 1),
+        DeviceReport(3, "node-1", 1, ("1",), 1),
+    )
 
 
 def test_parse_devices_cpu_uuid_quoted_and_last_launch_only():
     first = _devices("rank=0 host=a local_rank=0 gpus=0 logical=1", mark="CLUSTERCTL-TRAIN")
-    second = _devices("rank=0 host=a local_rank=0 gpus=none logical=0",
-                      "rank=1 host=a local_rank=1 gpus='GPU-1a2b,GPU-3c4d' logical=2", mark="CLUSTERCTL-TRAIN")
+    second = _devices(
+        "rank=0 host=a local_rank=0 gpus=none logical=0",
+        "rank=1 host=a local_rank=1 gpus='GPU-1a2b,GPU-3c4d' logical=2",
+        mark="CLUSTERCTL-TRAIN",
+    )
     reps = parse_devices(first + "CLUSTERCTL-TRAIN done step=1\n" + second, "CLUSTERCTL-TRAIN")
     assert reps == (DeviceReport(0, "a", 0, (), 0), DeviceReport(1, "a", 1, ("GPU-1a2b", "GPU-3c4d"), 2))
     assert parse_devices(GOOD_2x2, "CLUSTERCTL-TRAIN") == ()  # another template's mark is not read
@@ -234,13 +270,16 @@ def test_parse_devices_malformed_lines_raise():
 
 def test_judge_passes_one_gpu_per_rank_and_never_fires_without_gpus():
     assert device_problems(parse_devices(GOOD_2x2), 4, 8) == []
-    cpu_only = parse_devices(GOOD_2x2.replace("gpus=0 logical=1", "gpus=none logical=0")
-                             .replace("gpus=1 logical=1", "gpus=none logical=0"))
+    cpu_only = parse_devices(
+        GOOD_2x2.replace("gpus=0 logical=1", "gpus=none logical=0").replace("gpus=1 logical=1", "gpus=none logical=0")
+    )
     assert device_problems(cpu_only, 4, 0) == []  # local nodes, CPU types: nothing to prove
 
 
 def test_judge_names_the_node_and_ranks_on_the_cpu():
-    text = GOOD_2x2.replace("rank=3 host=node-1 local_rank=1 gpus=1 logical=1", "rank=3 host=node-1 local_rank=1 gpus=none logical=0")
+    text = GOOD_2x2.replace(
+        "rank=3 host=node-1 local_rank=1 gpus=1 logical=1", "rank=3 host=node-1 local_rank=1 gpus=none logical=0"
+    )
     problems = device_problems(parse_devices(text), 4, 8)
     assert len(problems) == 1 and problems[0].startswith("node-1: rank(s) 3 ran on the CPU")
 
@@ -250,7 +289,8 @@ def test_judge_names_ranks_sharing_a_gpu_and_the_slots_hint():
     assert device_problems(parse_devices(text), 4, 8) == ["node-0: ranks 0, 1 share GPU 0"]
     # more processes than the node has GPUs: the template wraps round, and the hint says why
     assert device_problems(parse_devices(text), 4, 1) == [
-        "node-0: ranks 0, 1 share GPU 0; 2 processes on a node with 1 GPU(s): give it at most 1 slots"]
+        "node-0: ranks 0, 1 share GPU 0; 2 processes on a node with 1 GPU(s): give it at most 1 slots"
+    ]
     # the same GPU number on two nodes is two GPUs
     assert device_problems(parse_devices(GOOD_2x2), 4, 2) == []
 
@@ -263,8 +303,10 @@ def test_judge_missing_ranks_and_a_logical_count_of_zero():
 
 
 def test_bench_output_carries_the_device_lines():
-    text = (GOOD_2x2 + "[0]<stdout>:CLUSTERCTL-BENCH result size=4 img_per_sec=100.0 img_per_sec_per_proc=25.0 "
-            "model=tiny batch=32\n")
+    text = (
+        GOOD_2x2 + "[0]<stdout>:CLUSTERCTL-BENCH result size=4 img_per_sec=100.0 img_per_sec_per_proc=25.0 "
+        "model=tiny batch=32\n"
+    )
     run = parse_bench_output(text)
     assert len(run.devices) == 4 and device_problems(run.devices, run.size, 8) == []
 

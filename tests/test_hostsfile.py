@@ -118,27 +118,44 @@ def test_leading_dash_always_rejected(rest):
 # ---- ssh ports and bracketed IPv6 (issue 16) ---------------------------------------------------------------
 def test_ports_and_bracketed_ipv6_parse():
     hf = HostsFile.parse("[fd00::5]:2222 slots=8\nnode-1:2222 slots=4\n[fd00::6] slots=2\n10.0.0.9:22\nfd00::7\n")
-    assert hf.hosts == ("[fd00::5]:2222", "node-1:2222", "[fd00::6]", "10.0.0.9:22", "fd00::7")  # as written: ssh's form
+    assert hf.hosts == (
+        "[fd00::5]:2222",
+        "node-1:2222",
+        "[fd00::6]",
+        "10.0.0.9:22",
+        "fd00::7",
+    )  # as written: ssh's form
     assert [(e.address, e.port) for e in hf.entries] == [
-        ("fd00::5", 2222), ("node-1", 2222), ("fd00::6", None), ("10.0.0.9", 22), ("fd00::7", None)]
-    assert hf.render() == "[fd00::5]:2222 slots=8\nnode-1:2222 slots=4\n[fd00::6] slots=2\n10.0.0.9:22 slots=1\nfd00::7 slots=1\n"
+        ("fd00::5", 2222),
+        ("node-1", 2222),
+        ("fd00::6", None),
+        ("10.0.0.9", 22),
+        ("fd00::7", None),
+    ]
+    assert (
+        hf.render()
+        == "[fd00::5]:2222 slots=8\nnode-1:2222 slots=4\n[fd00::6] slots=2\n10.0.0.9:22 slots=1\nfd00::7 slots=1\n"
+    )
     # the same machine on two ports is two hosts (two sshd), the same endpoint twice is one
     assert HostsFile.parse("node-1:2222\nnode-1:2223\nnode-1\n").total_slots == 3
     with pytest.raises(HostsFileError, match="hosts:2: host '\\[fd00::5\\]' is listed twice"):
         HostsFile.parse("fd00:0::5\n[fd00::5]\n")
 
 
-@pytest.mark.parametrize("token, message", [
-    ("node-1:0", "port 0 of 'node-1:0' is not between 1 and 65535"),
-    ("node-1:65536", "is not between 1 and 65535"),
-    ("[fd00::5]:", "shell metacharacter"),
-    ("[fd00::5]x", "shell metacharacter"),
-    ("[10.0.0.1]:22", "shell metacharacter"),  # brackets are for IPv6 only
-    ("node-1:ssh", "is neither an IPv6 address nor a DNS name"),
-    ("[fd00::5]:22:1", "shell metacharacter"),
-    ("-o:22", "starts with '-'"),
-    ("[fd00::5;id]:22", "shell metacharacter"),
-])
+@pytest.mark.parametrize(
+    "token, message",
+    [
+        ("node-1:0", "port 0 of 'node-1:0' is not between 1 and 65535"),
+        ("node-1:65536", "is not between 1 and 65535"),
+        ("[fd00::5]:", "shell metacharacter"),
+        ("[fd00::5]x", "shell metacharacter"),
+        ("[10.0.0.1]:22", "shell metacharacter"),  # brackets are for IPv6 only
+        ("node-1:ssh", "is neither an IPv6 address nor a DNS name"),
+        ("[fd00::5]:22:1", "shell metacharacter"),
+        ("-o:22", "starts with '-'"),
+        ("[fd00::5;id]:22", "shell metacharacter"),
+    ],
+)
 def test_bad_ports_name_the_line(token, message):
     with pytest.raises(HostsFileError) as info:
         HostsFile.parse(f"10.0.0.1\n{token} slots=1\n")
@@ -168,8 +185,9 @@ endpoint = st.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(endpoint, st.integers(1, 1024)), min_size=1, max_size=20,
-                unique_by=lambda p: (p[0][1], p[0][2])))
+@given(
+    st.lists(st.tuples(endpoint, st.integers(1, 1024)), min_size=1, max_size=20, unique_by=lambda p: (p[0][1], p[0][2]))
+)
 def test_ported_round_trip_and_split(items):
     hf = HostsFile.from_pairs([(tok, s) for (tok, _, _), s in items])
     assert HostsFile.parse(hf.render()) == hf

@@ -30,20 +30,28 @@ def _other_python() -> str:
         found = sorted(glob.glob(f"/root/.pyenv/versions/{version}.*/bin/python{version}"))
         if found:
             return found[-1]
-    pytest.fail(f"no pyenv Python {' or '.join(OTHER_PYTHONS)} under /root/.pyenv/versions (other than {mine})",
-                pytrace=False)
+    pytest.fail(
+        f"no pyenv Python {' or '.join(OTHER_PYTHONS)} under /root/.pyenv/versions (other than {mine})", pytrace=False
+    )
 
 
 @pytest.fixture(scope="module")
 def laptop(tmp_path_factory) -> Path:
     """A fresh venv of another Python with the built wheel and nothing else of ours: its bin folder."""
     d = tmp_path_factory.mktemp("laptop")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(d), str(REPO)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(d), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
     wheel = next(d.glob("clusterctl-*.whl"))
     subprocess.run([_other_python(), "-m", "venv", str(d / "venv")], check=True)
-    pip = subprocess.run([str(d / "venv/bin/python"), "-m", "pip", "install", "-q", str(wheel)],
-                         capture_output=True, text=True, timeout=600)
+    pip = subprocess.run(
+        [str(d / "venv/bin/python"), "-m", "pip", "install", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert pip.returncode == 0, pip.stderr[-3000:]
     return d / "venv" / "bin"
 
@@ -51,16 +59,31 @@ def laptop(tmp_path_factory) -> Path:
 def _run(bin_: Path, cli, env: dict, *args: str) -> subprocess.CompletedProcess:
     full = cli.env(env)
     full.pop("PYTHONPATH", None)  # the installed wheel, never this checkout
-    return subprocess.run([str(bin_ / "clusterctl"), *args], cwd=cli.cwd, env=full, text=True,
-                          capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(bin_ / "clusterctl"), *args],
+        cwd=cli.cwd,
+        env=full,
+        text=True,
+        capture_output=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_the_wheel_without_extras_drives_aws_from_another_python(laptop, aws, aws_cli, cli):
     env = aws.env()
-    probe = subprocess.run([str(laptop / "python"), "-c", "import sys, clusterctl, importlib.util as u; "
-                            "print(sys.version_info[:2], clusterctl.__file__, u.find_spec('tensorflow'))"],
-                           capture_output=True, text=True, cwd=cli.cwd, env={k: v for k, v in os.environ.items()
-                                                                if k != "PYTHONPATH"})
+    probe = subprocess.run(
+        [
+            str(laptop / "python"),
+            "-c",
+            "import sys, clusterctl, importlib.util as u; "
+            "print(sys.version_info[:2], clusterctl.__file__, u.find_spec('tensorflow'))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=cli.cwd,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert probe.returncode == 0, probe.stderr
     assert str(laptop.parent) in probe.stdout and probe.stdout.rstrip().endswith("None"), probe.stdout
     assert f"({sys.version_info.major}, {sys.version_info.minor})" not in probe.stdout
@@ -99,15 +122,45 @@ def test_the_local_provider_without_root_names_what_it_needs(tmp_path):
     home = Path(tempfile.mkdtemp(prefix="cc-nobody-"))  # outside pytest's root-only tmp folders
     try:
         os.chown(home, pwd.getpwnam("nobody").pw_uid, -1)
-        env = {"PATH": os.environ["PATH"], "HOME": str(home), "CLUSTERCTL_HOME": str(home / "cc"),
-               "CLUSTERCTL_SSH_DIR": str(home / "ssh"), "PYTHONPATH": str(REPO)}
-        proc = subprocess.run(["runuser", "-u", "nobody", "--", "env", *(f"{k}={v}" for k, v in env.items()),
-                               sys.executable, "-m", "clusterctl", "up", "--provider", "local", "--name", "nr",
-                               "--nodes", "1", "--yes", "--runtime", "none"],
-                              cwd=home, capture_output=True, text=True, timeout=120)
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(home),
+            "CLUSTERCTL_HOME": str(home / "cc"),
+            "CLUSTERCTL_SSH_DIR": str(home / "ssh"),
+            "PYTHONPATH": str(REPO),
+        }
+        proc = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                "nobody",
+                "--",
+                "env",
+                *(f"{k}={v}" for k, v in env.items()),
+                sys.executable,
+                "-m",
+                "clusterctl",
+                "up",
+                "--provider",
+                "local",
+                "--name",
+                "nr",
+                "--nodes",
+                "1",
+                "--yes",
+                "--runtime",
+                "none",
+            ],
+            cwd=home,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         shutil.rmtree(home)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
-    assert errors == ["Error: the local provider needs root (it creates network namespaces and runs sshd): "
-                      "run clusterctl as root, e.g. with sudo"], proc.stderr
+    assert errors == [
+        "Error: the local provider needs root (it creates network namespaces and runs sshd): "
+        "run clusterctl as root, e.g. with sudo"
+    ], proc.stderr

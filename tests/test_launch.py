@@ -21,13 +21,23 @@ def test_the_command_must_be_python_with_a_script():
     assert userjob.is_python("python") and userjob.is_python("python3.11") and userjob.is_python("/venv/bin/python3")
     assert not userjob.is_python("bash") and not userjob.is_python("pythonista") and not userjob.is_python("ipython")
     c = userjob.parse_command(["python3", "-u", "-W", "ignore", "train.py", "--lr", "0.1", "-u"])
-    assert (c.python, c.options, c.script, c.args) == ("python3", ("-u", "-W", "ignore"), "train.py", ("--lr", "0.1", "-u"))
+    assert (c.python, c.options, c.script, c.args) == (
+        "python3",
+        ("-u", "-W", "ignore"),
+        "train.py",
+        ("--lr", "0.1", "-u"),
+    )
     m = userjob.parse_command(["python", "-m", "horovod.examples", "--x"])
     assert (m.module, m.script, m.args) == ("horovod.examples", None, ("--x",))
-    for bad, why in ((["bash", "run.sh"], "must start with python, not 'bash'"), ([], "no command given"),
-                     (["python"], "runs no script"), (["python", "-m"], "python -m needs a value"),
-                     (["python", "-"], "cannot run on the nodes"), (["python", "--version"], "runs no script"),
-                     ([" "], "no command given")):
+    for bad, why in (
+        (["bash", "run.sh"], "must start with python, not 'bash'"),
+        ([], "no command given"),
+        (["python"], "runs no script"),
+        (["python", "-m"], "python -m needs a value"),
+        (["python", "-"], "cannot run on the nodes"),
+        (["python", "--version"], "runs no script"),
+        ([" "], "no command given"),
+    ):
         with pytest.raises(UsageError, match=re.escape(why)):
             userjob.parse_command(bad)
 
@@ -46,7 +56,11 @@ def test_plan_stages_the_script_and_files_by_name(tmp_path):
     assert p.files == {"helper.py": tmp_path / "sub" / "helper.py", "train.py": tmp_path / "train.py"}
     # the script by its absolute path in the job folder (what finds the job's processes on every node)
     assert p.rank_argv("/rt/bin/python", "/root/clusterctl-jobs/j1") == [
-        "/rt/bin/python", "/root/clusterctl-jobs/j1/train.py", "--epochs", "2"]
+        "/rt/bin/python",
+        "/root/clusterctl-jobs/j1/train.py",
+        "--epochs",
+        "2",
+    ]
     # a script only given with --file, named by its base name
     p = userjob.plan(["python", "helper.py"], ["sub/helper.py"], tmp_path)
     assert p.script_name == "helper.py" and p.rank_argv("py", "/j") == ["py", "/j/helper.py"]
@@ -55,7 +69,12 @@ def test_plan_stages_the_script_and_files_by_name(tmp_path):
     assert p.remote_script == "/opt/examples/keras_mnist.py" and p.files == {}
     assert p.rank_argv("py", "/j") == ["py", "-X", "clusterctl_job=/j", "/opt/examples/keras_mnist.py"]
     assert userjob.plan(["python", "-m", "m"], [], tmp_path).rank_argv("py", "/j") == [
-        "py", "-X", "clusterctl_job=/j", "-m", "m"]
+        "py",
+        "-X",
+        "clusterctl_job=/j",
+        "-m",
+        "m",
+    ]
 
 
 def test_plan_refuses_bad_files(tmp_path):
@@ -93,15 +112,15 @@ def test_shell_text_quotes_everything():
 
 
 # ---- on a real cluster -------------------------------------------------------------------------------------
-HELPER = '''import socket
+HELPER = """import socket
 import sys
 
 
 def describe(rank, size):
     return f"RANK {rank} SIZE {size} HOST {socket.gethostname()} PY {sys.executable}"
-'''
+"""
 
-SCRIPT = '''import argparse
+SCRIPT = """import argparse
 import time
 
 import numpy as np
@@ -129,7 +148,7 @@ y = x.sum(axis=1, keepdims=True)
 hist = model.fit(x, y, batch_size=16, steps_per_epoch=args.steps, epochs=1, verbose=0,
                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 print(f"DONE rank={hvd.rank()} loss={hist.history['loss'][-1]:.4f}", flush=True)
-'''
+"""
 
 RANK_LINE = re.compile(r"RANK (\d+) SIZE (\d+) HOST (\S+) PY (\S+)")
 
@@ -161,8 +180,20 @@ def job_processes(cluster, job: str) -> dict[int, str]:
 @pytest.mark.horovod
 def test_own_keras_script_on_2_nodes_x_2_slots(cluster):
     cli = cluster.cli
-    proc = cli("launch", "--file", "helper.py", "--name", "kerasjob", "--attach", "--",
-               "python", "my_train.py", "--steps", "3", timeout=600)
+    proc = cli(
+        "launch",
+        "--file",
+        "helper.py",
+        "--name",
+        "kerasjob",
+        "--attach",
+        "--",
+        "python",
+        "my_train.py",
+        "--steps",
+        "3",
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "`python` runs as the node runtime's Python on every node" in proc.stderr
     assert "started job kerasjob: 4 process(es) on 2 node(s)" in proc.stderr
@@ -209,8 +240,9 @@ def test_kill_ends_a_long_running_launch_on_every_node(cluster):
     assert killed.returncode == 0, killed.stdout + killed.stderr
     assert f"killed job {job}" in killed.stdout
     # the member's ranks sleep without output or collectives: only the leader's sweep ends them
-    left = wait_for(lambda: not any(job_processes(cluster, job).values()) or None, 30,
-                    "the job's processes to end on every node")
+    left = wait_for(
+        lambda: not any(job_processes(cluster, job).values()) or None, 30, "the job's processes to end on every node"
+    )
     assert left
     st = cli("status")
     assert re.search(rf"launch {job}: exited 137 \(killed\)", st.stdout), st.stdout

@@ -19,8 +19,21 @@ pytestmark = pytest.mark.integration
 
 def ssh_argv(cluster, host: str, *cmd: str) -> list[str]:
     d = cluster.cli.home / "clusters" / cluster.name
-    return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={d / 'known_hosts'}",
-            "-o", "GlobalKnownHostsFile=/dev/null", "-i", str(d / "id_ed25519"), f"root@{host}", *cmd]
+    return [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={d / 'known_hosts'}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-i",
+        str(d / "id_ed25519"),
+        f"root@{host}",
+        *cmd,
+    ]
 
 
 def test_three_nodes_up_isolated_reachable_and_gone(local_cluster_factory):
@@ -59,9 +72,17 @@ def test_three_nodes_up_isolated_reachable_and_gone(local_cluster_factory):
 
     # the leader reaches every member by the hosts file's addresses, host keys checked, no prompts
     members = " ".join(c.hosts[1:])
-    leader = subprocess.run(ssh_argv(c, c.hosts[0], f"for h in {members}; do ssh -o BatchMode=yes "
-                                     f"-o StrictHostKeyChecking=yes $h hostname || exit 9; done; cat ~/hosts"),
-                            capture_output=True, text=True, timeout=60)
+    leader = subprocess.run(
+        ssh_argv(
+            c,
+            c.hosts[0],
+            f"for h in {members}; do ssh -o BatchMode=yes "
+            f"-o StrictHostKeyChecking=yes $h hostname || exit 9; done; cat ~/hosts",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert leader.returncode == 0, leader.stderr
     assert leader.stdout.splitlines()[:2] == [f"{c.name}-member-1", f"{c.name}-member-2"]
     assert leader.stdout.splitlines()[2:] == [f"{h} slots=2" for h in c.hosts]
@@ -115,10 +136,31 @@ def test_two_ups_of_one_cluster_cannot_interleave(cli):
 
 def test_needs_root(cli):
     require_root()
-    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-                           *cli_argv(), "up", "--provider", "local", "--name", "noroot", "--nodes", "1", "--yes", "--runtime", "none"],
-                          cwd="/", env=cli.env({"CLUSTERCTL_HOME": "/tmp/clusterctl-noroot-home"}), capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            *cli_argv(),
+            "up",
+            "--provider",
+            "local",
+            "--name",
+            "noroot",
+            "--nodes",
+            "1",
+            "--yes",
+            "--runtime",
+            "none",
+        ],
+        cwd="/",
+        env=cli.env({"CLUSTERCTL_HOME": "/tmp/clusterctl-noroot-home"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 3, proc.stderr
     assert "Error: the local provider needs root" in proc.stderr
     assert not netns.cluster_netns("noroot")

@@ -31,9 +31,14 @@ def test_smoke_playbook(cluster):
 def test_cleanup_playbook_kills_removes_and_reports(cluster):
     cli = cluster.cli
     for i in (0, 1):
-        cluster.node_exec(i, "sh", "-c", "mkdir -p /root/imagenet_resnet && echo x > /root/imagenet_resnet/ckpt && "
-                                         "setsid /usr/bin/python3 -c 'import time; time.sleep(600)' "
-                                         "</dev/null >/dev/null 2>&1 &")
+        cluster.node_exec(
+            i,
+            "sh",
+            "-c",
+            "mkdir -p /root/imagenet_resnet && echo x > /root/imagenet_resnet/ckpt && "
+            "setsid /usr/bin/python3 -c 'import time; time.sleep(600)' "
+            "</dev/null >/dev/null 2>&1 &",
+        )
     before = cli("run", "--json", "pgrep -c -x 'python[0-9.]*' || true")
     assert all(json.loads(line)["stdout"].strip() == "1" for line in before.stdout.splitlines()), before.stdout
     proc = cli("play", "cleanup", timeout=300)
@@ -60,10 +65,12 @@ def test_playbook_errors_before_anything_runs(cluster, tmp_path):
 def test_from_resumes_at_a_step(cluster, tmp_path):
     cli = cluster.cli
     book = tmp_path / "steps.yaml"
-    book.write_text("steps:\n  - name: a\n    run: {command: 'echo a >> ~/trail'}\n"
-                    "  - name: b\n    run: {command: 'echo b >> ~/trail', nodes: leader}\n"
-                    "  - name: c\n    run: {command: 'false'}\n    on_failure: continue\n"
-                    "  - name: d\n    run: {command: 'echo d >> ~/trail', nodes: members}\n")
+    book.write_text(
+        "steps:\n  - name: a\n    run: {command: 'echo a >> ~/trail'}\n"
+        "  - name: b\n    run: {command: 'echo b >> ~/trail', nodes: leader}\n"
+        "  - name: c\n    run: {command: 'false'}\n    on_failure: continue\n"
+        "  - name: d\n    run: {command: 'echo d >> ~/trail', nodes: members}\n"
+    )
     proc = cli("play", str(book), "--from", "b")
     assert proc.returncode == 1  # step c failed (and the play went on)
     trail = cli("run", "--json", "cat ~/trail; rm -f ~/trail")
@@ -76,9 +83,23 @@ def test_imagenet_playbook_on_a_tiny_generated_dataset(cluster):
     cli = cluster.cli
     made = cli("data", "synthetic", "tinyset", "--images", "160", "--classes", "4", "--image-size", "32", timeout=300)
     assert made.returncode == 0, made.stderr
-    proc = cli("play", "imagenet", "--var", f"data={cli.cwd / 'tinyset'}", "--var", "dst=tinyset",
-               "--var", "model=tiny", "--var", "epochs=2", "--var", "batch_size=8", "--var", "bench_steps=4",
-               timeout=900)
+    proc = cli(
+        "play",
+        "imagenet",
+        "--var",
+        f"data={cli.cwd / 'tinyset'}",
+        "--var",
+        "dst=tinyset",
+        "--var",
+        "model=tiny",
+        "--var",
+        "epochs=2",
+        "--var",
+        "batch_size=8",
+        "--var",
+        "bench_steps=4",
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "ok sync (sync):" in out and "verified on 2 node(s)" in out

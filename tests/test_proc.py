@@ -39,11 +39,13 @@ def test_another_process_zombie_counts_as_gone_and_odd_command_names_are_read_ri
     odd = tmp_path / "x) Z y"  # the state field follows the LAST ')' of /proc/PID/stat
     odd.symlink_to("/bin/sleep")
     # a parent that never reaps: its first child ends (a zombie that is not ours), its second runs
-    script = ("import os, subprocess, sys, time\n"
-              "z = subprocess.Popen(['true'])\n"
-              f"r = subprocess.Popen([{str(odd)!r}, '30'])\n"
-              "print(z.pid, r.pid, flush=True)\n"
-              "time.sleep(30)\n")
+    script = (
+        "import os, subprocess, sys, time\n"
+        "z = subprocess.Popen(['true'])\n"
+        f"r = subprocess.Popen([{str(odd)!r}, '30'])\n"
+        "print(z.pid, r.pid, flush=True)\n"
+        "time.sleep(30)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     zombie, running = map(int, parent.stdout.readline().split())
     try:
@@ -69,4 +71,4 @@ def test_no_pid_is_not_a_process_group():
 
 def test_owner_is_user_at_host():
     user, host = proc.owner().split("@")
-    assert user and host == os.uname().nodename[:200 - len(user) - 1]
+    assert user and host == os.uname().nodename[: 200 - len(user) - 1]

@@ -50,7 +50,9 @@ def test_live_output_is_prefixed_and_summarised(c):
 
 
 def test_group_folds_identical_outputs(c):
-    proc = c.cli("run", "--group", "hosts", 'if [ "$(hostname)" = %s ]; then echo odd; else echo same; fi' % names(c)[1])
+    proc = c.cli(
+        "run", "--group", "hosts", 'if [ "$(hostname)" = %s ]; then echo odd; else echo same; fi' % names(c)[1]
+    )
     assert proc.returncode == 0, proc.stderr
     blocks = proc.stdout.split("---------------- ")[1:]
     assert len(blocks) == 2
@@ -75,7 +77,9 @@ def test_json_is_one_object_per_host(c):
 
 def test_partial_failure_exit_status_and_stderr_tail(c):
     bad = names(c)[2]
-    proc = c.cli("run", "hosts", f'if [ "$(hostname)" = {bad} ]; then echo one >&2; echo boom >&2; exit 7; fi; echo fine')
+    proc = c.cli(
+        "run", "hosts", f'if [ "$(hostname)" = {bad} ]; then echo one >&2; echo boom >&2; exit 7; fi; echo fine'
+    )
     assert proc.returncode == 7
     assert f"{c.hosts[0]}: fine" in proc.stdout and f"{c.hosts[2]}: fine" not in proc.stdout
     assert "3 host(s): 2 ok, 1 failed" in proc.stderr
@@ -99,7 +103,7 @@ def test_timeout_kills_remote_commands_and_exits_124(c):
 @pytest.mark.parametrize("agent", ["1", "0"], ids=["agent", "in-process"])
 def test_ctrl_c_kills_every_remote_tree_and_exits_130(c, agent):
     marker = f"sleep 62{agent}"
-    cmd = f"{marker}1 & python3 -c 'import subprocess; subprocess.run([\"sleep\", \"{marker[6:]}2\"])' & wait"
+    cmd = f'{marker}1 & python3 -c \'import subprocess; subprocess.run(["sleep", "{marker[6:]}2"])\' & wait'
     proc = c.cli.popen("run", "hosts", cmd, env={"CLUSTERCTL_AGENT": agent})
     try:
         wait_running(c, f"^sleep {marker[6:]}2$")
@@ -154,8 +158,12 @@ def test_agent_exits_when_idle(c):
         time.sleep(0.2)
     assert agent.ping(c.cli.home) is None
     assert not agent.socket_path(c.cli.home).exists()
-    assert subprocess.run(["pgrep", "-f", f"clusterctl.remote.agent --socket {agent.socket_path(c.cli.home)}"],
-                          capture_output=True).returncode == 1
+    assert (
+        subprocess.run(
+            ["pgrep", "-f", f"clusterctl.remote.agent --socket {agent.socket_path(c.cli.home)}"], capture_output=True
+        ).returncode
+        == 1
+    )
 
 
 def test_usage_errors_are_one_line(c):
@@ -173,7 +181,10 @@ def test_usage_errors_are_one_line(c):
     for args, code, message in cases:
         proc = c.cli(*args)
         assert proc.returncode == code, (args, proc.stderr)
-        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(message), (args, proc.stderr)
+        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(message), (
+            args,
+            proc.stderr,
+        )
 
 
 def test_down_stops_the_agent(local_cluster_factory):

@@ -128,8 +128,10 @@ def test_empty_authorized_keys_on_one_node(c):
         proc = c.cli("run", "hosts", "echo alive")
         assert proc.returncode == 5, proc.stderr
         assert_others_fine(c, proc, bad=3)
-        assert (f"  {c.hosts[3]}: unreachable: authentication failed for root@{c.hosts[3]}:22 "
-                "(is the key in authorized_keys?)") in proc.stderr
+        assert (
+            f"  {c.hosts[3]}: unreachable: authentication failed for root@{c.hosts[3]}:22 "
+            "(is the key in authorized_keys?)"
+        ) in proc.stderr
     finally:
         keys.write_text(saved)
     assert c.cli("run", "hosts", "true").returncode == 0
@@ -141,8 +143,12 @@ def test_changed_host_key_is_refused_naming_the_host(c):
     _, impostor = generate_ed25519("impostor")
     # 1. the pin changes while the agent holds a connection made under the old pin: it must not be reused
     assert c.cli("run", "hosts", "true").returncode == 0
-    kh.write_text("".join(f"{c.hosts[1]} {' '.join(impostor.split()[:2])}\n" if line.startswith(c.hosts[1] + " ")
-                          else line + "\n" for line in pinned.splitlines()))
+    kh.write_text(
+        "".join(
+            f"{c.hosts[1]} {' '.join(impostor.split()[:2])}\n" if line.startswith(c.hosts[1] + " ") else line + "\n"
+            for line in pinned.splitlines()
+        )
+    )
     try:
         proc = c.cli("run", "hosts", "echo alive")
         assert proc.returncode == 5, proc.stderr
@@ -197,8 +203,12 @@ def test_hostile_hosts_file_is_rejected_before_any_connection(c, entry):
     remote_canary = "/tmp/remote-canary"
     commands = [("run", "hostile", f"touch {remote_canary}")]
     if entry == HOSTILE[0].format(canary=canary):  # every command that connects validates the same way
-        commands += [("clean", "hostile"), ("logs", "job", "hostile"), ("kill", "job", "hostile"),
-                     ("run", "--detach", "job", "hostile", f"touch {remote_canary}")]
+        commands += [
+            ("clean", "hostile"),
+            ("logs", "job", "hostile"),
+            ("kill", "job", "hostile"),
+            ("run", "--detach", "job", "hostile", f"touch {remote_canary}"),
+        ]
     for args in commands:
         proc = c.cli(*args)
         assert proc.returncode == 3, (args, proc.stderr)

@@ -26,7 +26,9 @@ def running(c, pattern: str) -> list[bool]:
 
 
 def test_detached_job_logs_follow_and_exit_status(c):
-    proc = c.cli("run", "--detach", "steps", "hosts", "for i in 1 2 3; do echo step $i on $(hostname); sleep 0.4; done; exit 3")
+    proc = c.cli(
+        "run", "--detach", "steps", "hosts", "for i in 1 2 3; do echo step $i on $(hostname); sleep 0.4; done; exit 3"
+    )
     assert proc.returncode == 0, proc.stderr
     for h in c.hosts:
         assert f"{h}: started job steps; log: /root/.clusterctl/jobs/steps.log" in proc.stdout
@@ -37,7 +39,8 @@ def test_detached_job_logs_follow_and_exit_status(c):
     for i, h in enumerate(c.hosts):
         name = f"{c.name}-leader" if i == 0 else f"{c.name}-member-{i}"
         assert [line for line in follow.stdout.splitlines() if line.startswith(h + ": ")] == [
-            f"{h}: step {n} on {name}" for n in (1, 2, 3)]
+            f"{h}: step {n} on {name}" for n in (1, 2, 3)
+        ]
     assert on_nodes(c, "tmux", "ls") == ["", ""]  # the session ended with the job
     again = c.cli("logs", "steps")
     assert again.returncode == 3 and sorted(again.stdout.splitlines()) == sorted(follow.stdout.splitlines())
@@ -46,8 +49,10 @@ def test_detached_job_logs_follow_and_exit_status(c):
 
 
 def test_detached_job_survives_disconnect_and_kill_ends_its_whole_tree(c):
-    cmd = ("python3 -c 'import subprocess, time; subprocess.Popen([\"setsid\", \"sleep\", \"7341\"]); "
-           "print(\"ready\", flush=True); time.sleep(7342)'")
+    cmd = (
+        'python3 -c \'import subprocess, time; subprocess.Popen(["setsid", "sleep", "7341"]); '
+        'print("ready", flush=True); time.sleep(7342)\''
+    )
     assert c.cli("run", "--detach", "train", "hosts", cmd).returncode == 0
     deadline = time.monotonic() + 20
     while not all(running(c, "^sleep 7341$")):
@@ -84,8 +89,10 @@ def test_detached_job_survives_disconnect_and_kill_ends_its_whole_tree(c):
 
 
 def test_clean_kills_python_trees_only_and_verifies(c):
-    start = ("setsid nohup python3 -c 'import subprocess; subprocess.run([\"sleep\", \"7351\"])' >/dev/null 2>&1 & "
-             "setsid nohup sleep 7352 >/dev/null 2>&1 & echo started")
+    start = (
+        'setsid nohup python3 -c \'import subprocess; subprocess.run(["sleep", "7351"])\' >/dev/null 2>&1 & '
+        "setsid nohup sleep 7352 >/dev/null 2>&1 & echo started"
+    )
     assert c.cli("run", "hosts", start).returncode == 0
     deadline = time.monotonic() + 20
     while not all(running(c, "^sleep 7351$")):

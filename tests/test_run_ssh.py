@@ -91,9 +91,21 @@ def test_proxyjump_through_the_leader(c, user_home):
             assert conn.split()[0] == c.hosts[0] and conn.split()[2] == c.hosts[i]  # arrived from the bastion
             assert name == f"{c.name}-member-{i}"
         # and directly they are unreachable, as intended
-        direct = c.cli("run", "--ssh-config", "/dev/null", "-i", str(c.cli.home / "clusters" / c.name / "id_ed25519"),
-                       "--known-hosts", str(user_home / ".ssh" / "known_hosts"), "--user", "root",
-                       "--connect-timeout", "3", "hosts", "true")
+        direct = c.cli(
+            "run",
+            "--ssh-config",
+            "/dev/null",
+            "-i",
+            str(c.cli.home / "clusters" / c.name / "id_ed25519"),
+            "--known-hosts",
+            str(user_home / ".ssh" / "known_hosts"),
+            "--user",
+            "root",
+            "--connect-timeout",
+            "3",
+            "hosts",
+            "true",
+        )
         assert direct.returncode == 5
         assert f"connection to {c.hosts[1]}:22 refused" in direct.stderr
     finally:
@@ -134,8 +146,18 @@ def test_explicit_flags_and_user_from_config(c, user_home, tmp_path):
     stranger = tmp_path / "stranger"
     stranger.write_text(generate_ed25519("stranger")[0])
     stranger.chmod(0o600)
-    proc = c.cli("run", "-i", str(stranger), "--known-hosts", str(d / "known_hosts"), "--user", "root",
-                 "hosts", "true", env={"HOME": str(tmp_path)})
+    proc = c.cli(
+        "run",
+        "-i",
+        str(stranger),
+        "--known-hosts",
+        str(d / "known_hosts"),
+        "--user",
+        "root",
+        "hosts",
+        "true",
+        env={"HOME": str(tmp_path)},
+    )
     assert proc.returncode == 5 and proc.stderr.count("authentication failed for root@") == 3
 
 
@@ -152,8 +174,9 @@ def test_unknown_host_key_of_a_plain_hosts_file_is_refused_not_learned(c, tmp_pa
 
 def test_no_agent_forwarding_and_stdin_closed(c, user_home):
     sock = user_home / "fake-agent.sock"
-    proc = c.cli("run", "hosts", 'echo "agent=${SSH_AUTH_SOCK:-none}"; cat; echo "stdin=$?"',
-                 env={"SSH_AUTH_SOCK": str(sock)})
+    proc = c.cli(
+        "run", "hosts", 'echo "agent=${SSH_AUTH_SOCK:-none}"; cat; echo "stdin=$?"', env={"SSH_AUTH_SOCK": str(sock)}
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("agent=none") == 3 and proc.stdout.count("stdin=0") == 3
 

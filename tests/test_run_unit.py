@@ -15,31 +15,53 @@ from clusterctl.proc import alive
 from clusterctl.remote import clean, ssh as remote, tmux as jobs
 from clusterctl.types import HostResult, RunReport
 
-HOSTILE = ["$(touch /tmp/pwned)", "`touch /tmp/pwned`", "a'; touch /tmp/pwned; '", 'x" ; touch /tmp/pwned ; "',
-           "-oProxyCommand=touch /tmp/pwned", "a\nb", "a;b|c&d>e<f"]
+HOSTILE = [
+    "$(touch /tmp/pwned)",
+    "`touch /tmp/pwned`",
+    "a'; touch /tmp/pwned; '",
+    'x" ; touch /tmp/pwned ; "',
+    "-oProxyCommand=touch /tmp/pwned",
+    "a\nb",
+    "a;b|c&d>e<f",
+]
 
 
 def sh(script: str, cwd, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(["/bin/sh", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={"PATH": os.environ["PATH"], "HOME": str(cwd), "SHELL": "/bin/sh", **(env or {})})
+    return subprocess.run(
+        ["/bin/sh", "-c", script],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PATH": os.environ["PATH"], "HOME": str(cwd), "SHELL": "/bin/sh", **(env or {})},
+    )
 
 
 @pytest.mark.parametrize("cmd", HOSTILE + ["echo 'a b'  \"c\"", ""])
 def test_wrapper_runs_the_command_exactly_and_reports_its_session(tmp_path, cmd):
     script = remote.wrap_command(f"printf '%s' {shlex.quote(cmd)}")
-    proc = subprocess.run(["setsid", "/bin/sh", "-c", script + "; exit 0"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=30, env={"PATH": os.environ["PATH"], "SHELL": "/bin/sh"})
+    proc = subprocess.run(
+        ["setsid", "/bin/sh", "-c", script + "; exit 0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ["PATH"], "SHELL": "/bin/sh"},
+    )
     assert proc.stdout == cmd  # the user's text arrives as one word, byte for byte
     mark, _, rest = proc.stderr.partition("\n")
-    assert mark.startswith(remote.SID_MARK) and int(mark[len(remote.SID_MARK):]) > 1 and rest == ""
+    assert mark.startswith(remote.SID_MARK) and int(mark[len(remote.SID_MARK) :]) > 1 and rest == ""
     assert not os.path.exists("/tmp/pwned")
 
 
 def test_kill_command_kills_session_and_escaped_descendants(tmp_path):
     # a session with a child that left it (setsid), as horovodrun's launcher does: both must die
     n = 3000 + os.getpid() % 1000
-    leader = subprocess.Popen(["setsid", "/bin/sh", "-c", f"setsid sleep {n}.1 & sleep {n}.2 & echo $$; wait"],
-                              stdout=subprocess.PIPE, text=True)
+    leader = subprocess.Popen(
+        ["setsid", "/bin/sh", "-c", f"setsid sleep {n}.1 & sleep {n}.2 & echo $$; wait"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         sid = int(leader.stdout.readline())
         pattern = f"^sleep {n}[.][12]$"
@@ -75,13 +97,22 @@ def test_job_names_are_validated(name):
 
 @pytest.mark.parametrize("cmd", HOSTILE)
 def test_job_scripts_quote_every_value_and_parse(cmd):
-    for script in (jobs.detach_command("train-1", cmd), jobs.logs_command("train-1", True),
-                   jobs.kill_job_command("train-1"), clean.kill_command(), clean.logs_command("~/logs"),
-                   clean.logs_command("/data/run 1", force=True), clean.DISK_COMMAND, clean.REBOOT_COMMAND,
-                   remote.kill_command(1234, grace=2)):
+    for script in (
+        jobs.detach_command("train-1", cmd),
+        jobs.logs_command("train-1", True),
+        jobs.kill_job_command("train-1"),
+        clean.kill_command(),
+        clean.logs_command("~/logs"),
+        clean.logs_command("/data/run 1", force=True),
+        clean.DISK_COMMAND,
+        clean.REBOOT_COMMAND,
+        remote.kill_command(1234, grace=2),
+    ):
         assert subprocess.run(["/bin/sh", "-n", "-c", script], capture_output=True).returncode == 0, script
     # the user's command reaches tmux as one argument that, unquoted twice, is the command again
-    argv = shlex.split(jobs.detach_command("train-1", cmd).split("tmux new-session -d -s train-1 ", 1)[1].split(" || exit 1")[0])
+    argv = shlex.split(
+        jobs.detach_command("train-1", cmd).split("tmux new-session -d -s train-1 ", 1)[1].split(" || exit 1")[0]
+    )
     inner = argv[-1]
     assert shlex.split(inner.split('"${SHELL:-/bin/sh}" -c ', 1)[1].split("; echo $?")[0]) == [cmd]
 
@@ -98,10 +129,22 @@ def test_detached_job_logs_and_exit_status_without_tmux_server(tmp_path):
     assert proc.returncode == 3 and "no job nope on this host" in proc.stderr
 
 
-@pytest.mark.parametrize("path, why", [("", "empty path"), ("   ", "empty path"), ("/", "remove /"), ("//", "remove /"),
-                                       ("/./", "remove /"), ("~", "home itself"), ("~/", "home itself"),
-                                       (".", "home itself"), ("$HOME", "home itself"), ("a/../..", "climbs"),
-                                       ("logs\n/", "control character")])
+@pytest.mark.parametrize(
+    "path, why",
+    [
+        ("", "empty path"),
+        ("   ", "empty path"),
+        ("/", "remove /"),
+        ("//", "remove /"),
+        ("/./", "remove /"),
+        ("~", "home itself"),
+        ("~/", "home itself"),
+        (".", "home itself"),
+        ("$HOME", "home itself"),
+        ("a/../..", "climbs"),
+        ("logs\n/", "control character"),
+    ],
+)
 def test_logs_refusals_before_any_connection(path, why):
     with pytest.raises(UsageError, match=why):
         clean.check_logs_path(path)
@@ -117,8 +160,13 @@ def test_logs_removal_resolves_on_the_node(tmp_path):
     (home / "up").symlink_to(tmp_path / "outside")
 
     def run(path, force=False):
-        return subprocess.run(["/bin/sh", "-c", clean.logs_command(path, force)], cwd=home, capture_output=True,
-                              text=True, env={"PATH": os.environ["PATH"], "HOME": str(home)})
+        return subprocess.run(
+            ["/bin/sh", "-c", clean.logs_command(path, force)],
+            cwd=home,
+            capture_output=True,
+            text=True,
+            env={"PATH": os.environ["PATH"], "HOME": str(home)},
+        )
 
     assert run("~/link").returncode == 3 and "home itself" in run("~/link").stderr
     r = run(str(outside))
@@ -157,8 +205,21 @@ def test_exit_code_precedence():
     assert RunReport((failed, unreachable, timed_out)).exit_code == 124
 
 
-@pytest.mark.parametrize("entry", ["-oProxyCommand=touch${IFS}/tmp/pwned", "a;id", "$(id)", "`id`", "a|b",
-                                   "host\x0bname", "a\rb", "a\x1b[31m", "a,b", "[::1]x"])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "-oProxyCommand=touch${IFS}/tmp/pwned",
+        "a;id",
+        "$(id)",
+        "`id`",
+        "a|b",
+        "host\x0bname",
+        "a\rb",
+        "a\x1b[31m",
+        "a,b",
+        "[::1]x",
+    ],
+)
 def test_hostile_host_tokens_are_refused(entry):
     with pytest.raises(HostsFileError):
         HostsFile.parse(f"10.0.0.1 slots=1\n{entry} slots=1\n")
@@ -189,8 +250,10 @@ def test_targets_carry_absolute_paths_through_the_agent(tmp_path, monkeypatch):
 def test_disk_table_flags_nodes_under_ten_percent(capsys):
     from clusterctl.cli import display
 
-    display.disk_table(clean.parse_disk("10.0.0.2", "/ 1000000 950000 50000\n") +
-                       clean.parse_disk("10.0.0.3", "/ 1000000 100000 900000\n"))
+    display.disk_table(
+        clean.parse_disk("10.0.0.2", "/ 1000000 950000 50000\n")
+        + clean.parse_disk("10.0.0.3", "/ 1000000 100000 900000\n")
+    )
     out, err = capsys.readouterr()
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert "LOW" in rows["10.0.0.2"] and "5%" in rows["10.0.0.2"]

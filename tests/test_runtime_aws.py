@@ -46,8 +46,18 @@ def _record(cli, name: str) -> dict:
 def test_leader_builds_caches_relays_and_a_second_cluster_reuses(aws, aws_cli, mirror):
     wheels, endpoint = mirror
     env = {"AWS_ENDPOINT_URL": endpoint}
-    args = ("--type", "c5.xlarge", "--slots", "2", "--runtime", "install", "--runtime-wheels", wheels,
-            "--runtime-cache", f"s3://{BUCKET}/runtimes")
+    args = (
+        "--type",
+        "c5.xlarge",
+        "--slots",
+        "2",
+        "--runtime",
+        "install",
+        "--runtime-wheels",
+        wheels,
+        "--runtime-cache",
+        f"s3://{BUCKET}/runtimes",
+    )
     # Each cluster in its own half of the test's range: the fixture's bridges for a subnet outlive its cluster.
     halves = list(aws.owned.subnets(new_prefix=17))
     first = aws_cli(*aws_cli.up_args("rta", 2, *args, "--cidr", str(halves[0])), env=env, timeout=1500)
@@ -66,16 +76,47 @@ def test_leader_builds_caches_relays_and_a_second_cluster_reuses(aws, aws_cli, m
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert {n["cells"]["runtime"]["why"] for n in json.loads(doctor.stdout)["nodes"]} == {rid}
     # AWS clusters are judged; these two "instances" share this machine's 2 cores, so the bar is set low
-    bench = cli("bench", "--synthetic", "--model", "tiny", "--steps", "4", "--iters", "3", "--batch-size", "16",
-                "--threshold", "0.05", "--cluster", "rta", env=aws.env(**env), timeout=900)
+    bench = cli(
+        "bench",
+        "--synthetic",
+        "--model",
+        "tiny",
+        "--steps",
+        "4",
+        "--iters",
+        "3",
+        "--batch-size",
+        "16",
+        "--threshold",
+        "0.05",
+        "--cluster",
+        "rta",
+        env=aws.env(**env),
+        timeout=900,
+    )
     logs = "".join(p.read_text()[-3000:] for p in sorted((cli.cwd / "bench-results").glob("*/rung-*.log")))
     assert bench.returncode == 0, bench.stdout + bench.stderr + logs
     assert "4 procs on 2 node(s)" in bench.stderr + bench.stdout, bench.stdout + bench.stderr
     # the user's own TF2 Keras + Horovod script: 4 ranks on 2 nodes, each running the runtime's Python
     (cli.cwd / "my_train.py").write_text(SCRIPT)
     (cli.cwd / "helper.py").write_text(HELPER)
-    launch = cli("launch", "--cluster", "rta", "--file", "helper.py", "--name", "own", "--attach", "--",
-                 "python", "my_train.py", "--steps", "2", env=aws.env(**env), timeout=600)
+    launch = cli(
+        "launch",
+        "--cluster",
+        "rta",
+        "--file",
+        "helper.py",
+        "--name",
+        "own",
+        "--attach",
+        "--",
+        "python",
+        "my_train.py",
+        "--steps",
+        "2",
+        env=aws.env(**env),
+        timeout=600,
+    )
     assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
     ranks = {int(m.group(1)): m.groups()[1:] for m in RANK_LINE.finditer(launch.stdout)}
     assert sorted(ranks) == [0, 1, 2, 3], launch.stdout[-3000:]

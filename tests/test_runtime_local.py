@@ -32,10 +32,14 @@ def test_a_node_sees_nothing_of_the_operator(local_cluster_factory):
     for path in hidden:
         assert os.path.isdir(path), path  # there on this machine...
     listing = " ".join(f"$(ls -A {p} 2>/dev/null | wc -l)" for p in hidden)
-    proc = c.cli("run", "--json", f"echo {listing}; ls -A /opt | wc -l; ls /usr/local/bin | wc -l; "
-                                  "test -e /usr/local/bin/clusterctl && echo linked || echo unlinked; "
-                                  "python3 -c 'import tensorflow' 2>&1 | tail -n1; "
-                                  f"test -e {sys.executable} && echo venv || echo novenv")
+    proc = c.cli(
+        "run",
+        "--json",
+        f"echo {listing}; ls -A /opt | wc -l; ls /usr/local/bin | wc -l; "
+        "test -e /usr/local/bin/clusterctl && echo linked || echo unlinked; "
+        "python3 -c 'import tensorflow' 2>&1 | tail -n1; "
+        f"test -e {sys.executable} && echo venv || echo novenv",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[0])["stdout"].splitlines()
     assert out[0].split() == ["0"] * len(hidden), out  # ...and empty inside the node
@@ -70,11 +74,16 @@ def test_up_installs_one_verified_runtime_and_reuses_the_cache(local_cluster_fac
     extra = _record(c)["extra"]
     rid, python = extra["runtime"], extra["python"]
     assert len(rid) == 16 and python == f"/opt/clusterctl-runtime/{rid}/bin/python"
-    proc = c.cli("run", "--json", f"{python} -c 'import sys, tensorflow as tf, horovod.tensorflow as hvd, boto3; "
-                                  "print(sys.executable, tf.__version__)'; "
-                                  f"cat /opt/clusterctl-runtime/{rid}/.clusterctl-runtime.json; echo; "
-                                  "python3 -c 'import tensorflow' >/dev/null 2>&1 && echo base-has-tf || echo base-clean; "
-                                  "ls -A /opt/clusterctl-runtime/.incoming | wc -l", timeout=300)
+    proc = c.cli(
+        "run",
+        "--json",
+        f"{python} -c 'import sys, tensorflow as tf, horovod.tensorflow as hvd, boto3; "
+        "print(sys.executable, tf.__version__)'; "
+        f"cat /opt/clusterctl-runtime/{rid}/.clusterctl-runtime.json; echo; "
+        "python3 -c 'import tensorflow' >/dev/null 2>&1 && echo base-has-tf || echo base-clean; "
+        "ls -A /opt/clusterctl-runtime/.incoming | wc -l",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for line in proc.stdout.splitlines():
         out = json.loads(line)["stdout"].splitlines()
@@ -109,9 +118,16 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
         targets = provision.ssh_targets(cluster, store)
         gone = pool.run_one(targets[1], f"rm -rf /opt/clusterctl-runtime/{rid}", timeout=60)
         assert gone.ok, gone.stderr
-        fields = install(cluster, pool, targets, provision.hosts_file(cluster).hosts,
-                         str(provision.paths(store, c.name).known_hosts), RuntimeRequest("install"), lines.append,
-                         build_here=LocalProvider.builds_runtime_locally)
+        fields = install(
+            cluster,
+            pool,
+            targets,
+            provision.hosts_file(cluster).hosts,
+            str(provision.paths(store, c.name).known_hosts),
+            RuntimeRequest("install"),
+            lines.append,
+            build_here=LocalProvider.builds_runtime_locally,
+        )
     assert fields["runtime"] == rid
     text = "\n".join(lines)
     assert "1 node(s) need it" in text and "relayed to 1 node(s)" in text, text
@@ -144,10 +160,12 @@ def test_own_python_is_recorded_and_checked_by_doctor(local_cluster_factory):
 
 
 def test_bad_runtime_options_are_one_line_errors(cli: Cli):
-    for args, text in ((("--runtime", "maybe"), "unknown --runtime 'maybe'"),
-                       (("--runtime", "none", "--python", "/usr/bin/python3"), "--python and --runtime none together"),
-                       (("--runtime-cache", "s3://b/p"), "--runtime-cache and --runtime-wheels are for AWS clusters"),
-                       (("--python", "python3"), "must be an absolute path")):
+    for args, text in (
+        (("--runtime", "maybe"), "unknown --runtime 'maybe'"),
+        (("--runtime", "none", "--python", "/usr/bin/python3"), "--python and --runtime none together"),
+        (("--runtime-cache", "s3://b/p"), "--runtime-cache and --runtime-wheels are for AWS clusters"),
+        (("--python", "python3"), "must be an absolute path"),
+    ):
         proc = cli("up", "--provider", "local", "--name", "bad", "--nodes", "1", "--yes", *args)
         assert proc.returncode == 2, (args, proc.stderr)
         errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
@@ -157,10 +175,17 @@ def test_bad_runtime_options_are_one_line_errors(cli: Cli):
 
 def _isolated(argv: list[str], home: Path, **kw) -> subprocess.Popen:
     """argv in a private mount namespace whose /opt is an empty tmpfs (a node's /opt), HOME=home."""
-    inner = "mount -t tmpfs tmpfs /opt && exec \"$@\""
-    return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner, "sh", *argv],
-                            env={**os.environ, "HOME": str(home)}, cwd=home, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, **kw)
+    inner = 'mount -t tmpfs tmpfs /opt && exec "$@"'
+    return subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner, "sh", *argv],
+        env={**os.environ, "HOME": str(home)},
+        cwd=home,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **kw,
+    )
 
 
 def _fake_pack(tmp: Path, rid: str, files_delta: int = 0) -> Path:
@@ -176,7 +201,9 @@ def _fake_pack(tmp: Path, rid: str, files_delta: int = 0) -> Path:
     size = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file() and not p.is_symlink())
     incoming = tmp / "home" / "in"
     incoming.mkdir(parents=True)
-    subprocess.run(f"tar -C {tmp / 'src'} -cf - opt | zstd -q -o {incoming / 'runtime.tar.zst'}", shell=True, check=True)
+    subprocess.run(
+        f"tar -C {tmp / 'src'} -cf - opt | zstd -q -o {incoming / 'runtime.tar.zst'}", shell=True, check=True
+    )
     (incoming / "runtime.json").write_text(json.dumps({"bytes": size, "files": files + files_delta, "id": rid}))
     return incoming
 
@@ -187,10 +214,12 @@ def test_installer_verifies_and_marks_last(tmp_path):
     incoming = _fake_pack(tmp_path, rid)
     home = tmp_path / "home"
     # an earlier attempt that was cut off: a partial folder and a half-moved tree without its marker
-    check = (f"mkdir -p /opt/clusterctl-runtime/.{rid}.partial.old /opt/clusterctl-runtime/{rid}/bin && "
-             f"bash {script} {rid} in && ls -A /opt/clusterctl-runtime && "
-             f"/opt/clusterctl-runtime/{rid}/bin/python -c 'import horovod, boto3, sys; print(sys.prefix)' && "
-             f"bash {script} {rid} in")
+    check = (
+        f"mkdir -p /opt/clusterctl-runtime/.{rid}.partial.old /opt/clusterctl-runtime/{rid}/bin && "
+        f"bash {script} {rid} in && ls -A /opt/clusterctl-runtime && "
+        f"/opt/clusterctl-runtime/{rid}/bin/python -c 'import horovod, boto3, sys; print(sys.prefix)' && "
+        f"bash {script} {rid} in"
+    )
     proc = _isolated(["sh", "-c", check], home)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
@@ -212,12 +241,18 @@ def test_installer_verifies_and_marks_last(tmp_path):
 def test_interrupted_build_leaves_no_cache_entry(tmp_path):
     """Ctrl-C in the middle of a runtime build: no runtime.json, no pack, nothing mounted left behind."""
     cache = tmp_path / "cache"
-    code = ("import sys; from clusterctl.runtime import cache, spec; "
-            "p = spec.Platform('debian 12', 'x86_64', 'test', '/usr/bin/python3'); "
-            "cache.ensure(spec.RuntimeSpec(), p, lambda m: print(m, flush=True))")
-    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "CLUSTERCTL_RUNTIME_CACHE": str(cache),
-                                                               "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    code = (
+        "import sys; from clusterctl.runtime import cache, spec; "
+        "p = spec.Platform('debian 12', 'x86_64', 'test', '/usr/bin/python3'); "
+        "cache.ensure(spec.RuntimeSpec(), p, lambda m: print(m, flush=True))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, "CLUSTERCTL_RUNTIME_CACHE": str(cache), "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
     for line in proc.stdout:

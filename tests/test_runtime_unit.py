@@ -25,9 +25,16 @@ def test_id_is_stable_and_changes_with_every_input():
         rt.runtime_id(rt.RuntimeSpec(gpu=True), DEBIAN),
         rt.runtime_id(rt.RuntimeSpec(horovod="0.28.0"), DEBIAN),
         rt.runtime_id(rt.RuntimeSpec(recipe=rt.RECIPE + 1), DEBIAN),
-        *(rt.runtime_id(rt.RuntimeSpec(), dataclasses.replace(DEBIAN, **{k: v}))
-          for k, v in (("os", "debian 13"), ("arch", "aarch64"), ("python", "3.11.9"), ("cuda", "12.2"),
-                       ("python_path", "/usr/local/bin/python3.11"))),
+        *(
+            rt.runtime_id(rt.RuntimeSpec(), dataclasses.replace(DEBIAN, **{k: v}))
+            for k, v in (
+                ("os", "debian 13"),
+                ("arch", "aarch64"),
+                ("python", "3.11.9"),
+                ("cuda", "12.2"),
+                ("python_path", "/usr/local/bin/python3.11"),
+            )
+        ),
     ]
     assert rid not in variants and len(set(variants)) == len(variants)
 
@@ -37,8 +44,13 @@ def test_gpu_and_cpu_builds():
     assert cpu.requirements[0] == "tensorflow-cpu==2.15.1"
     assert gpu.requirements[0] == "tensorflow[and-cuda]==2.15.1"
     assert cpu.horovod_requirement == gpu.horovod_requirement == "horovod==0.28.1"
-    assert cpu.horovod_env == {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_PYTORCH": "1",
-                               "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_WITHOUT_MPI": "1"}
+    assert cpu.horovod_env == {
+        "HOROVOD_WITH_TENSORFLOW": "1",
+        "HOROVOD_WITH_GLOO": "1",
+        "HOROVOD_WITHOUT_PYTORCH": "1",
+        "HOROVOD_WITHOUT_MXNET": "1",
+        "HOROVOD_WITHOUT_MPI": "1",
+    }
     assert gpu.horovod_env["HOROVOD_GPU_OPERATIONS"] == "NCCL" and gpu.horovod_env["HOROVOD_WITH_GLOO"] == "1"
     assert gpu.horovod_env["HOROVOD_CUDA_HOME"] == "/usr/local/cuda"
     assert any(r.startswith("boto3==") for r in cpu.requirements)
@@ -50,20 +62,34 @@ def test_platform_probe_parses_what_the_shell_prints():
     p = rt.parse_platform(out)
     assert p is not None and p.arch and p.os and p.python.count(".") == 2 and p.python_path.startswith("/")
     assert p.cuda == "none"  # no nvidia-smi here
-    assert rt.parse_platform("os=ubuntu 22.04\narch=x86_64\npython_path=/usr/bin/python3.10\npython=3.10.12\n"
-                             "cuda=12.8\n") == DLAMI
+    assert (
+        rt.parse_platform("os=ubuntu 22.04\narch=x86_64\npython_path=/usr/bin/python3.10\npython=3.10.12\ncuda=12.8\n")
+        == DLAMI
+    )
     assert rt.parse_platform("os=debian 12\narch=x86_64\ncuda=none\n") is None  # no python3: no runtime
 
 
 def test_build_argv_golden():
-    b = rt.Build("abcdef0123456789", rt.RuntimeSpec(), DEBIAN, ".clusterctl/runtime/incoming/abcdef0123456789",
-                 find_links="http://10.0.0.1:8000/wheels/", no_index=False)
+    b = rt.Build(
+        "abcdef0123456789",
+        rt.RuntimeSpec(),
+        DEBIAN,
+        ".clusterctl/runtime/incoming/abcdef0123456789",
+        find_links="http://10.0.0.1:8000/wheels/",
+        no_index=False,
+    )
     argv = rt.build_argv("S.sh", b)
-    assert argv[:8] == ["bash", "S.sh", "abcdef0123456789", "/usr/bin/python3.11",
-                        ".clusterctl/runtime/incoming/abcdef0123456789",
-                        "tensorflow-cpu==2.15.1 boto3==1.44.5 setuptools==80.10.2 wheel==0.48.0", "horovod==0.28.1",
-                        "HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_PYTORCH=1 "
-                        "HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1"]
+    assert argv[:8] == [
+        "bash",
+        "S.sh",
+        "abcdef0123456789",
+        "/usr/bin/python3.11",
+        ".clusterctl/runtime/incoming/abcdef0123456789",
+        "tensorflow-cpu==2.15.1 boto3==1.44.5 setuptools==80.10.2 wheel==0.48.0",
+        "horovod==0.28.1",
+        "HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_PYTORCH=1 "
+        "HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1",
+    ]
     assert argv[8:10] == ["http://10.0.0.1:8000/wheels/", "0"]
     info = json.loads(argv[10])
     assert info["id"] == "abcdef0123456789" and info["python"] == "/opt/clusterctl-runtime/abcdef0123456789/bin/python"
@@ -75,8 +101,10 @@ def test_build_argv_golden():
 
 def test_requests_and_records():
     assert record(RuntimeRequest("none")) == {"runtime": "none"}
-    assert record(RuntimeRequest("own", python="/opt/conda/bin/python")) == {"runtime": "own",
-                                                                          "python": "/opt/conda/bin/python"}
+    assert record(RuntimeRequest("own", python="/opt/conda/bin/python")) == {
+        "runtime": "own",
+        "python": "/opt/conda/bin/python",
+    }
     with pytest.raises(UsageError):
         RuntimeRequest("own", python="python3")
     with pytest.raises(UsageError):
@@ -84,8 +112,10 @@ def test_requests_and_records():
 
 
 def test_cache_commands_quote_and_finish_with_the_info():
-    urls = {rt.PACK: "http://127.0.0.1:5000/b/p/r/runtime.tar.zst?X-Amz-Signature=a&b=c",
-            rt.INFO: "http://127.0.0.1:5000/b/p/r/runtime.json?X-Amz-Signature=d"}
+    urls = {
+        rt.PACK: "http://127.0.0.1:5000/b/p/r/runtime.tar.zst?X-Amz-Signature=a&b=c",
+        rt.INFO: "http://127.0.0.1:5000/b/p/r/runtime.json?X-Amz-Signature=d",
+    }
     fetch = fetch_command(urls, "out dir")
     assert fetch.index("runtime.tar.zst.partial") < fetch.index("runtime.json.partial")  # the info last
     assert "'http://127.0.0.1:5000/b/p/r/runtime.tar.zst?X-Amz-Signature=a&b=c'" in fetch and "'out dir'" in fetch
@@ -94,11 +124,16 @@ def test_cache_commands_quote_and_finish_with_the_info():
 
 
 def test_requirements_entry_point_lists_horovod_last():
-    out = subprocess.run([sys.executable, "-m", "clusterctl.runtime", "requirements"], capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-m", "clusterctl.runtime", "requirements"], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out[0] == "tensorflow-cpu==2.15.1" and out[-1] == "horovod==0.28.1"
-    gpu = subprocess.run([sys.executable, "-m", "clusterctl.runtime", "requirements", "--gpu"], capture_output=True,
-                         text=True, check=True).stdout.split()
+    gpu = subprocess.run(
+        [sys.executable, "-m", "clusterctl.runtime", "requirements", "--gpu"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert gpu[0] == "tensorflow[and-cuda]==2.15.1"
     bad = subprocess.run([sys.executable, "-m", "clusterctl.runtime", "nonsense"], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage" in bad.stderr

@@ -56,13 +56,19 @@ def _on_nodes(c: LocalCluster, script: str) -> list[str]:
 
 def test_sync_delete_refuses_a_symlinked_tree_that_holds_ssh(c, tmp_path):
     base = f"/tmp/cc-safe-{uuid.uuid4().hex[:8]}"
-    _on_nodes(c, f"mkdir -p {base}/victim/u/.ssh && echo keep-me > {base}/victim/u/.ssh/authorized_keys && "
-                 f"echo keep > {base}/victim/notes.txt && ln -s {base}/victim {base}/link")
+    _on_nodes(
+        c,
+        f"mkdir -p {base}/victim/u/.ssh && echo keep-me > {base}/victim/u/.ssh/authorized_keys && "
+        f"echo keep > {base}/victim/notes.txt && ln -s {base}/victim {base}/link",
+    )
     proc = _sync(c, "--delete", str(_src(tmp_path)), f"{base}/link")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert ".ssh" in proc.stderr and f"{base}/victim" in proc.stderr
     # nothing was deleted, and nothing written (no state folder, no copied file)
-    assert _on_nodes(c, f"cat {base}/victim/u/.ssh/authorized_keys; ls -A {base}/victim") == ["keep-me\nnotes.txt\nu\n"] * 2
+    assert (
+        _on_nodes(c, f"cat {base}/victim/u/.ssh/authorized_keys; ls -A {base}/victim")
+        == ["keep-me\nnotes.txt\nu\n"] * 2
+    )
 
 
 def test_sync_refuses_a_top_level_folder_with_delete_the_home_and_a_system_folder(c, tmp_path):
@@ -114,15 +120,23 @@ def test_clean_logs_refuses_system_folders_and_ssh_trees(c):
 
 
 # ---- many files: results come back by SFTP, never through the capped ssh output -------------------------
-CAPPED = ("import sys, runpy; import clusterctl.remote.ssh as r; r.MAX_CAPTURE = 1 << 16; "
-          "sys.argv = ['clusterctl'] + sys.argv[1:]; runpy.run_module('clusterctl', run_name='__main__')")
+CAPPED = (
+    "import sys, runpy; import clusterctl.remote.ssh as r; r.MAX_CAPTURE = 1 << 16; "
+    "sys.argv = ['clusterctl'] + sys.argv[1:]; runpy.run_module('clusterctl', run_name='__main__')"
+)
 
 
 def test_sync_result_larger_than_the_output_cap_still_verifies(c, tmp_path):
     src = _src(tmp_path, files=1500, name_len=80)  # the first check lists ~135 KB of missing paths
     dst = f"/tmp/cc-many-{uuid.uuid4().hex[:8]}"  # in the nodes' own /tmp
-    proc = subprocess.run([sys.executable, "-c", CAPPED, "sync", "--cluster", c.name, str(src), dst],
-                          cwd=c.cli.cwd, env=c.cli.env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CAPPED, "sync", "--cluster", c.name, str(src), dst],
+        cwd=c.cli.cwd,
+        env=c.cli.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     names = sorted(p.name for p in src.iterdir())
     for i in range(len(c.hosts)):
@@ -243,8 +257,15 @@ def test_the_agent_client_refuses_a_socket_of_another_user(c):
     path.unlink(missing_ok=True)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(str(path))  # bound by us, listening as nobody: its peer credentials say uid 65534
-    imp = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(srv.fileno())], pass_fds=[srv.fileno()],
-                           user=65534, group=65534, stdout=subprocess.PIPE, text=True, cwd="/")
+    imp = subprocess.Popen(
+        [sys.executable, "-c", IMPOSTOR, str(srv.fileno())],
+        pass_fds=[srv.fileno()],
+        user=65534,
+        group=65534,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     try:
         time.sleep(0.5)
         assert agent.ping(c.cli.home) is None
@@ -261,7 +282,8 @@ def test_the_agent_client_refuses_a_socket_of_another_user(c):
 def test_playbook_variables_are_quoted_unless_raw(c, tmp_path):
     marker = f"/tmp/cc-pwned-{uuid.uuid4().hex[:8]}"
     book = tmp_path / "book.yaml"
-    book.write_text(textwrap.dedent("""
+    book.write_text(
+        textwrap.dedent("""
         name: quoting
         vars: {msg: hello, cmd: "echo raw-ok", logs: "~/cc-logs-none"}
         steps:
@@ -269,7 +291,8 @@ def test_playbook_variables_are_quoted_unless_raw(c, tmp_path):
             run: {command: "echo said: {{ msg }}"}
           - name: raw
             run: {command: "{{ cmd | raw }}"}
-    """))
+    """)
+    )
     proc = c.cli("play", str(book), "--cluster", c.name, "--var", f"msg=x; touch {marker}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
@@ -284,13 +307,15 @@ def test_playbook_logs_variable_set_to_tilde_does_not_kill(c, tmp_path):
         pid = c.node_exec(i, "sh", "-c", f"python3 -c {sleeper!r} >/dev/null 2>&1 & echo $!").stdout.strip()
         assert pid.isdigit()
     book = tmp_path / "clean.yaml"
-    book.write_text(textwrap.dedent("""
+    book.write_text(
+        textwrap.dedent("""
         name: tidy
         vars: {logs: "~/cc-logs-none"}
         steps:
           - name: tidy
             clean: {logs: "{{ logs }}"}
-    """))
+    """)
+    )
     try:
         proc = c.cli("play", str(book), "--cluster", c.name, "--var", "logs=~")
         assert proc.returncode != 0 and "home" in (proc.stdout + proc.stderr)
@@ -310,8 +335,21 @@ def test_down_a_leaves_the_etc_netns_of_a_1(cli: Cli):
     made = []
     try:
         for name in (a, f"{a}-1"):
-            proc = cli("up", "--provider", "local", "--name", name, "--nodes", "1", "--slots", "1", "--yes",
-                       "--runtime", "none", timeout=120)
+            proc = cli(
+                "up",
+                "--provider",
+                "local",
+                "--name",
+                name,
+                "--nodes",
+                "1",
+                "--slots",
+                "1",
+                "--yes",
+                "--runtime",
+                "none",
+                timeout=120,
+            )
             made.append(name)
             assert proc.returncode == 0, proc.stderr
         other = Path("/etc/netns") / netns.netns_name(f"{a}-1", 0)
@@ -335,8 +373,21 @@ def test_sweep_attach_redials_a_leader_that_comes_back(c):
     trials, stays open; established connections get a reset too): --attach gave up after 5 s before."""
     from clusterctl.providers.local import netns
 
-    start = c.cli("sweep", "--cluster", c.name, "--detach", "--metric", r"score: (\S+)", "--grid", "x=1,2",
-                  "--", "sh", "-c", "sleep 6; echo score: {x}", timeout=120)
+    start = c.cli(
+        "sweep",
+        "--cluster",
+        c.name,
+        "--detach",
+        "--metric",
+        r"score: (\S+)",
+        "--grid",
+        "x=1,2",
+        "--",
+        "sh",
+        "-c",
+        "sleep 6; echo score: {x}",
+        timeout=120,
+    )
     assert start.returncode == 0, start.stderr
     sid = start.stderr.split("sweep ", 1)[1].split(":", 1)[0]
     ns = netns.netns_name(c.name, 0)
@@ -370,8 +421,12 @@ def test_syncs_openssh_jump_hop_of_a_cluster_gets_the_pinned_known_hosts_and_str
     member = SshTarget("member-1", "10.0.0.5", 22, "ubuntu", (key,), proxy_jump=leader)
     argv = openssh.operator_ssh(member, str(kh), managed=True)
     assert argv[argv.index("-J") + 1] == "ubuntu@198.18.0.9:22" and "-F" in argv
-    out = subprocess.run(["ssh", "-G", "-F", argv[argv.index("-F") + 1], "-l", "ubuntu", "198.18.0.9"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ssh", "-G", "-F", argv[argv.index("-F") + 1], "-l", "ubuntu", "198.18.0.9"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     got = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
     assert got["stricthostkeychecking"] == "true" and got["userknownhostsfile"] == str(kh)
     assert got["globalknownhostsfile"] == "/dev/null" and got["identityfile"] == key

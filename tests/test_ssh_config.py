@@ -55,8 +55,13 @@ def _ssh_add(key: Path, sock: str, d: Path) -> None:
     askpass = d / "askpass.sh"
     askpass.write_text(f"#!/bin/sh\necho {shlex.quote(PASSPHRASE)}\n")
     askpass.chmod(0o700)
-    env = {**os.environ, "SSH_AUTH_SOCK": sock, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force",
-           "DISPLAY": ":0"}
+    env = {
+        **os.environ,
+        "SSH_AUTH_SOCK": sock,
+        "SSH_ASKPASS": str(askpass),
+        "SSH_ASKPASS_REQUIRE": "force",
+        "DISPLAY": ":0",
+    }
     proc = subprocess.run(["ssh-add", str(key)], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -67,8 +72,9 @@ def setup(c, forward, tmp_path_factory):
     d = tmp_path_factory.mktemp("sshcfg")
     (d / "config.d").mkdir()
     key = d / "agentkey"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", PASSPHRASE, "-C", "agent-only", "-f", str(key)],
-                   check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", PASSPHRASE, "-C", "agent-only", "-f", str(key)], check=True
+    )
     pub = (d / "agentkey.pub").read_text().strip()
     # only this key will be offered: the nodes accept it (the cluster key is in no config here)
     ok = c.cli("run", "hosts", f"echo {shlex.quote(pub)} >> ~/.ssh/authorized_keys")
@@ -76,8 +82,11 @@ def setup(c, forward, tmp_path_factory):
     agent, sock = _start_agent(d, "agent-a")
     _ssh_add(key, sock, d)
 
-    pinned = {line.split()[0]: line.split(None, 1)[1]
-              for line in (c.cli.home / "clusters" / c.name / "known_hosts").read_text().splitlines() if line.strip()}
+    pinned = {
+        line.split()[0]: line.split(None, 1)[1]
+        for line in (c.cli.home / "clusters" / c.name / "known_hosts").read_text().splitlines()
+        if line.strip()
+    }
     (d / "kh_leader").write_text(f"{c.hosts[0]} {pinned[c.hosts[0]]}\n")  # the leader only, by address
     (d / "kh_alias").write_text(f"node-one {pinned[c.hosts[1]]}\n")  # member 1 only under its HostKeyAlias
     (d / "kh_fwd").write_text(f"[127.0.0.1]:{forward} {pinned[c.hosts[2]]}\n")  # member 2 at the forward port
@@ -150,8 +159,14 @@ def test_clusterctl_reaches_what_openssh_resolves_and_reaches(c, setup):
         assert hc.identity_files == tuple(os.path.expanduser(p) for p in _ssh_g_all(cfg, alias, "identityfile"))
         assert hc.identities_only and g["identitiesonly"] == "yes"
         # and where OpenSSH lands, clusterctl lands: same server address and port, same client side, same node/user
-        real = subprocess.run(["ssh", "-F", str(cfg), alias, PROBE], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "SSH_AUTH_SOCK": sock}, stdin=subprocess.DEVNULL)
+        real = subprocess.run(
+            ["ssh", "-F", str(cfg), alias, PROBE],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "SSH_AUTH_SOCK": sock},
+            stdin=subprocess.DEVNULL,
+        )
         assert real.returncode == 0, (alias, real.stderr)
         ours, theirs = rows[alias]["stdout"].splitlines(), real.stdout.splitlines()
         assert ours[0].split()[0] == theirs[0].split()[0] and ours[0].split()[2:] == theirs[0].split()[2:], alias
@@ -216,8 +231,16 @@ def test_known_hosts_are_per_host_and_alias_pinned(c, setup, tmp_path):
     proc = c.cli("run", "--ssh-config", str(cfg), "one-only", "true", env={"SSH_AUTH_SOCK": sock})
     assert proc.returncode == 5 and "has CHANGED" in proc.stderr
     # --known-hosts wins over the config's files
-    flag = c.cli("run", "--ssh-config", str(d / "config"), "--known-hosts", str(d / "kh_leader"), "one-only", "true",
-                 env={"SSH_AUTH_SOCK": sock})
+    flag = c.cli(
+        "run",
+        "--ssh-config",
+        str(d / "config"),
+        "--known-hosts",
+        str(d / "kh_leader"),
+        "one-only",
+        "true",
+        env={"SSH_AUTH_SOCK": sock},
+    )
     assert flag.returncode == 5 and "is not pinned in known_hosts" in flag.stderr
 
 
@@ -226,8 +249,10 @@ def test_lax_host_key_checking_in_the_config_is_said_once_and_not_followed(c, se
     cfg = tmp_path / "lax"
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
-    cfg.write_text(f"Host *\n    StrictHostKeyChecking no\n    UserKnownHostsFile {empty}\n"
-                   f"    IdentityFile {d}/agentkey.pub\n    User root\n    GlobalKnownHostsFile /dev/null\n")
+    cfg.write_text(
+        f"Host *\n    StrictHostKeyChecking no\n    UserKnownHostsFile {empty}\n"
+        f"    IdentityFile {d}/agentkey.pub\n    User root\n    GlobalKnownHostsFile /dev/null\n"
+    )
     proc = c.cli("run", "--ssh-config", str(cfg), "hosts", "true", env={"SSH_AUTH_SOCK": sock})
     assert proc.returncode == 5
     assert proc.stderr.count("StrictHostKeyChecking no") == 1
@@ -246,15 +271,18 @@ def test_an_edit_of_an_included_file_is_seen(c, setup, tmp_path):
     (c.cli.cwd / "moving").write_text("moving\n")
     first = c.cli("run", "--ssh-config", str(cfg), "moving", "hostname", env={"SSH_AUTH_SOCK": sock})
     assert first.returncode == 0 and f"moving: {c.name}-leader" in first.stdout, first.stderr
-    (inc / "a").write_text(f"Host moving\n    HostName {c.hosts[1]}\n    HostKeyAlias node-one\n"
-                           f"    UserKnownHostsFile {d}/kh_alias\n")
+    (inc / "a").write_text(
+        f"Host moving\n    HostName {c.hosts[1]}\n    HostKeyAlias node-one\n    UserKnownHostsFile {d}/kh_alias\n"
+    )
     moved = c.cli("run", "--ssh-config", str(cfg), "moving", "hostname", env={"SSH_AUTH_SOCK": sock})
     assert moved.returncode == 0 and f"moving: {c.name}-member-1" in moved.stdout, moved.stderr
     # a new file that the glob now matches, read before the old one (a first match wins in ssh_config)
     # (the alias of file a would still apply, as in OpenSSH: this file sets its own)
     (tmp_path / "kh_two").write_text("member-two " + (d / "kh_m2").read_text().split(None, 1)[1])
-    (inc / "0-new").write_text(f"Host moving\n    HostName {c.hosts[2]}\n    HostKeyAlias member-two\n"
-                               f"    UserKnownHostsFile {tmp_path}/kh_two\n")
+    (inc / "0-new").write_text(
+        f"Host moving\n    HostName {c.hosts[2]}\n    HostKeyAlias member-two\n"
+        f"    UserKnownHostsFile {tmp_path}/kh_two\n"
+    )
     again = c.cli("run", "--ssh-config", str(cfg), "moving", "hostname", env={"SSH_AUTH_SOCK": sock})
     assert again.returncode == 0 and f"moving: {c.name}-member-2" in again.stdout, again.stderr
 
@@ -266,8 +294,9 @@ def _sync_one_file_with_the_config(c, setup, tmp_path, aliases: str, dst: str, n
     src.mkdir()
     (src / "f.bin").write_bytes(os.urandom(8192))
     (c.cli.cwd / "sync-hosts").write_text(aliases)
-    proc = c.cli("sync", "--ssh-config", str(d / "config"), "sync-hosts", str(src), dst,
-                 env={"SSH_AUTH_SOCK": sock}, timeout=300)
+    proc = c.cli(
+        "sync", "--ssh-config", str(d / "config"), "sync-hosts", str(src), dst, env={"SSH_AUTH_SOCK": sock}, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     want = subprocess.run(["sha256sum", str(src / "f.bin")], capture_output=True, text=True).stdout.split()[0]
     for i in nodes:
@@ -290,8 +319,21 @@ def test_agent_wire_format_carries_the_per_host_settings():
     from clusterctl.remote.ssh import SshTarget
 
     jump = SshTarget("j", "10.0.0.1", 22, "root", ("/k",), None, ("/kh1",), "jalias", "/a.sock", True, 3.0, "/cfg")
-    t = SshTarget("h", "10.0.0.2", 2222, "u", ("/k2.pub",), jump, ("/kh2", "/kh3"), "halias", None, False, None, None,
-                  ("/k2-user.cert",))
+    t = SshTarget(
+        "h",
+        "10.0.0.2",
+        2222,
+        "u",
+        ("/k2.pub",),
+        jump,
+        ("/kh2", "/kh3"),
+        "halias",
+        None,
+        False,
+        None,
+        None,
+        ("/k2-user.cert",),
+    )
     assert agent.target_from_dict(json.loads(json.dumps(agent.target_to_dict(t)))) == t
 
 
@@ -300,13 +342,29 @@ def test_failed_hosts_file_retries_just_those(c, setup, tmp_path):
     out = tmp_path / "retry"
     out.write_text("stale 10.0.0.1 slots=1\n")
     cmd = f'[ "$(hostname)" != {c.name}-member-1 ] && [ "$(hostname)" != {c.name}-leader ]'
-    proc = c.cli("run", "--ssh-config", str(d / "config"), "--failed-hosts", str(out), "aliases", cmd,
-                 env={"SSH_AUTH_SOCK": sock})
+    proc = c.cli(
+        "run",
+        "--ssh-config",
+        str(d / "config"),
+        "--failed-hosts",
+        str(out),
+        "aliases",
+        cmd,
+        env={"SSH_AUTH_SOCK": sock},
+    )
     assert proc.returncode == 1, proc.stderr
     assert out.read_text() == "lead slots=1\none slots=1\n"
     assert "2 failed host(s) written to" in proc.stderr
-    again = c.cli("run", "--ssh-config", str(d / "config"), "--failed-hosts", str(out), str(out), "hostname",
-                  env={"SSH_AUTH_SOCK": sock})
+    again = c.cli(
+        "run",
+        "--ssh-config",
+        str(d / "config"),
+        "--failed-hosts",
+        str(out),
+        str(out),
+        "hostname",
+        env={"SSH_AUTH_SOCK": sock},
+    )
     assert again.returncode == 0, again.stderr
     assert sorted(line.split()[-1] for line in again.stdout.splitlines()) == [f"{c.name}-leader", f"{c.name}-member-1"]
     assert out.read_text() == ""  # nothing failed this time: no stale list left
@@ -324,8 +382,23 @@ def test_up_writes_an_ssh_config_that_openssh_uses_and_down_removes_it(cli, tmp_
     user_config.write_text("Host elsewhere\n    HostName 192.0.2.1\n")
     env = {"CLUSTERCTL_SSH_DIR": str(folder)}
     name = "t" + uuid.uuid4().hex[:8]
-    up = cli("up", "--provider", "local", "--name", name, "--nodes", "2", "--slots", "1", "--yes",
-             "--runtime", "none", "--ssh-config-entry", env=env, timeout=120)
+    up = cli(
+        "up",
+        "--provider",
+        "local",
+        "--name",
+        name,
+        "--nodes",
+        "2",
+        "--slots",
+        "1",
+        "--yes",
+        "--runtime",
+        "none",
+        "--ssh-config-entry",
+        env=env,
+        timeout=120,
+    )
     try:
         assert up.returncode == 0, up.stderr
         conf = folder / f"{name}.conf"
@@ -336,16 +409,23 @@ def test_up_writes_an_ssh_config_that_openssh_uses_and_down_removes_it(cli, tmp_
         for alias, want in ((name, f"{name}-leader"), (f"{name}-member-1", f"{name}-member-1")):
             g = _ssh_g(conf, alias)
             assert g["stricthostkeychecking"] == "true" and g["userknownhostsfile"].endswith("/known_hosts")
-            real = subprocess.run(["ssh", "-F", str(conf), alias, "hostname"], capture_output=True, text=True,
-                                  timeout=60, stdin=subprocess.DEVNULL, env={**os.environ, "SSH_AUTH_SOCK": ""})
+            real = subprocess.run(
+                ["ssh", "-F", str(conf), alias, "hostname"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "SSH_AUTH_SOCK": ""},
+            )
             assert real.returncode == 0 and real.stdout.strip() == want, real.stderr
         # a wrong pin is refused by OpenSSH through this config
         kh = Path(g["userknownhostsfile"])
         saved = kh.read_text()
         lines = saved.splitlines()
         kh.write_text("\n".join([lines[0].split()[0] + " " + lines[1].split(None, 1)[1], *lines[1:]]) + "\n")
-        bad = subprocess.run(["ssh", "-F", str(conf), name, "true"], capture_output=True, text=True, timeout=60,
-                             stdin=subprocess.DEVNULL)
+        bad = subprocess.run(
+            ["ssh", "-F", str(conf), name, "true"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        )
         kh.write_text(saved)
         assert bad.returncode == 255 and "HOST IDENTIFICATION HAS CHANGED" in bad.stderr
         # clusterctl ssh NODE -- CMD
@@ -359,11 +439,20 @@ def test_up_writes_an_ssh_config_that_openssh_uses_and_down_removes_it(cli, tmp_
         include = f"Include {folder}/*.conf"
         assert user_config.read_text().splitlines()[1] == include
         assert user_config.read_text().endswith("Host elsewhere\n    HostName 192.0.2.1\n")
-        again = subprocess.run([sys.executable, "-c", "from clusterctl.cluster import sshentry; print(sshentry.add_include())"],
-                               env={**cli.env(), **env}, capture_output=True, text=True)
+        again = subprocess.run(
+            [sys.executable, "-c", "from clusterctl.cluster import sshentry; print(sshentry.add_include())"],
+            env={**cli.env(), **env},
+            capture_output=True,
+            text=True,
+        )
         assert again.stdout.strip() == "False" and user_config.read_text().count(include) == 1
-        real = subprocess.run(["ssh", "-F", str(user_config), f"{name}-member-1", "hostname"], capture_output=True,
-                              text=True, timeout=60, stdin=subprocess.DEVNULL)
+        real = subprocess.run(
+            ["ssh", "-F", str(user_config), f"{name}-member-1", "hostname"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert real.returncode == 0 and real.stdout.strip() == f"{name}-member-1", real.stderr
     finally:
         down = cli("down", name, "--yes", env=env, timeout=120)
@@ -384,8 +473,13 @@ def user_ca(c, setup, tmp_path_factory):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "user-ca", "-f", str(d / "ca")], check=True)
     ca_pub = (d / "ca.pub").read_text().strip()
     for i in range(3):
-        c.node_exec(i, "sh", "-c", f"echo {shlex.quote(ca_pub)} > /etc/ssh/user_ca.pub && "
-                                   "echo 'TrustedUserCAKeys /etc/ssh/user_ca.pub' >> /etc/ssh/sshd_config")
+        c.node_exec(
+            i,
+            "sh",
+            "-c",
+            f"echo {shlex.quote(ca_pub)} > /etc/ssh/user_ca.pub && "
+            "echo 'TrustedUserCAKeys /etc/ssh/user_ca.pub' >> /etc/ssh/sshd_config",
+        )
         c.node_exec(i, "kill", "-HUP", "1")  # sshd (the node's PID 1) re-executes itself with the new config
 
     def banner(host: str) -> bool:
@@ -401,10 +495,26 @@ def user_ca(c, setup, tmp_path_factory):
         wait_for(lambda: banner(h), 20, f"sshd of {h} back after its reload")  # noqa: B023 (waited for here)
     (d / "certs").mkdir()
     for name, passphrase in (("diskkey", ""), ("agentcertkey", PASSPHRASE), ("implicitkey", "")):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", str(d / name)],
-                       check=True)
-        subprocess.run(["ssh-keygen", "-q", "-s", str(d / "ca"), "-I", name, "-n", "root", "-V", "-5m:+1d",
-                        str(d / f"{name}.pub")], check=True, capture_output=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", name, "-f", str(d / name)], check=True
+        )
+        subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-s",
+                str(d / "ca"),
+                "-I",
+                name,
+                "-n",
+                "root",
+                "-V",
+                "-5m:+1d",
+                str(d / f"{name}.pub"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         if name != "implicitkey":  # kept beside only for the key whose certificate OpenSSH finds by its name
             (d / f"{name}-cert.pub").rename(d / "certs" / f"{name}.cert")
     for i in range(3):
@@ -418,10 +528,10 @@ def _cert_config(setup_dir: Path, path: Path, identity: str, certificate: str | 
     """The test's hosts (Include config.d/*, the jumped host behind `lead`) with only `identity` to offer."""
     d = setup_dir
     main = (d / "config").read_text()
-    common = main[main.index("Host *"):].replace(f"IdentityFile {d}/agentkey.pub", f"IdentityFile {identity}")
+    common = main[main.index("Host *") :].replace(f"IdentityFile {d}/agentkey.pub", f"IdentityFile {identity}")
     if certificate:
         common += f"    CertificateFile {certificate}\n"
-    path.write_text(main[:main.index("Host *")] + common)
+    path.write_text(main[: main.index("Host *")] + common)
     return path
 
 
@@ -431,8 +541,14 @@ def _reach(c, cfg: Path, hosts: str, env: dict) -> tuple[subprocess.CompletedPro
 
 
 def _openssh(cfg: Path, alias: str, sock: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ssh", "-F", str(cfg), alias, PROBE], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "SSH_AUTH_SOCK": sock}, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        ["ssh", "-F", str(cfg), alias, PROBE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SSH_AUTH_SOCK": sock},
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _same_landing(ours: str, theirs: str, alias: str) -> None:
@@ -482,8 +598,9 @@ def test_certificate_file_on_a_key_served_by_ssh_agent(c, setup, user_ca, tmp_pa
     agent, sock = _start_agent(tmp_path, "agent-cert")
     try:
         _ssh_add(user_ca / "agentcertkey", sock, tmp_path)  # the key only: its certificate is not beside it
-        listed = subprocess.run(["ssh-add", "-L"], env={**os.environ, "SSH_AUTH_SOCK": sock}, capture_output=True,
-                                text=True).stdout
+        listed = subprocess.run(
+            ["ssh-add", "-L"], env={**os.environ, "SSH_AUTH_SOCK": sock}, capture_output=True, text=True
+        ).stdout
         assert "cert-v01" not in listed
         cert = user_ca / "certs" / "agentcertkey.cert"
         cfg = _cert_config(d, tmp_path / "agent_cert_config", f"{user_ca}/agentcertkey.pub", str(cert))
@@ -536,7 +653,7 @@ def test_syncs_openssh_jump_hop_checks_the_jump_hosts_pinned_key_strictly(c, set
     cfg.write_text(f"""\
 Host lead
     HostName {c.hosts[0]}
-    UserKnownHostsFile {d / 'kh_leader' if pin == 'right' else wrong}
+    UserKnownHostsFile {d / "kh_leader" if pin == "right" else wrong}
 Match originalhost jumped
     HostName {c.hosts[2]}
     ProxyJump lead
@@ -553,8 +670,14 @@ Host *
     (t,) = targets_from_hosts(["jumped"], ssh_config=str(cfg))
     argv = openssh.operator_ssh(t, str(empty), managed=False) + ["--", t.hostname, "hostname"]
     for _ in range(3):  # at load 50 the two handshakes can outlast ConnectTimeout=10: that says nothing, again
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-                              env={**os.environ, "SSH_AUTH_SOCK": sock})
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "SSH_AUTH_SOCK": sock},
+        )
         if "timed out during banner exchange" not in proc.stderr:
             break
     if pin == "right":
@@ -575,13 +698,17 @@ def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_p
         for fmt in ("RFC4716", "PEM"):
             for pw in ("", "pw"):
                 key = tmp_path / f"{kind}-{fmt}-{pw or 'none'}"
-                made = subprocess.run(["ssh-keygen", "-q", "-t", kind, "-m", fmt, "-N", pw, "-f", str(key)],
-                                      capture_output=True)
+                made = subprocess.run(
+                    ["ssh-keygen", "-q", "-t", kind, "-m", fmt, "-N", pw, "-f", str(key)], capture_output=True
+                )
                 if made.returncode == 0:  # OpenSSL 3 builds refuse some encrypted PEM: openssl makes those below
                     keys.append(key)
     for name, extra in (("pkcs8-none", []), ("pkcs8-pw", ["-aes256", "-pass", "pass:pw"])):
-        subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-out", str(tmp_path / name), *extra], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["openssl", "genpkey", "-algorithm", "RSA", "-out", str(tmp_path / name), *extra],
+            check=True,
+            capture_output=True,
+        )
         keys.append(tmp_path / name)
     states = {}
     for key in keys:
@@ -590,13 +717,20 @@ def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_p
         assert states[key.name] == ("ok" if openssh.returncode == 0 else "locked"), key
         assert sshconfig.private_key_state(str(key) + ".pub") == "missing"
     assert {"ok", "locked"} == set(states.values()) and states["pkcs8-pw"] == "locked"
-    target = SimpleNamespace(identity_files=(str(tmp_path / "ed25519-RFC4716-pw.pub"),), identity_agent=None,
-                             proxy_jump=None)
-    code = ("import sys; from types import SimpleNamespace as S; from clusterctl import errors; from clusterctl.remote import sshconfig\n"
-            f"t = S(identity_files=({str(tmp_path / 'rsa-PEM-none')!r},), identity_agent=None, proxy_jump=None)\n"
-            "sshconfig.check_keys_usable([t]); print('paramiko' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    target = SimpleNamespace(
+        identity_files=(str(tmp_path / "ed25519-RFC4716-pw.pub"),), identity_agent=None, proxy_jump=None
+    )
+    code = (
+        "import sys; from types import SimpleNamespace as S; from clusterctl import errors; from clusterctl.remote import sshconfig\n"
+        f"t = S(identity_files=({str(tmp_path / 'rsa-PEM-none')!r},), identity_agent=None, proxy_jump=None)\n"
+        "sshconfig.check_keys_usable([t]); print('paramiko' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
     assert out.stdout.strip() == "False", out.stderr
     from clusterctl.errors import ConfigError
 
@@ -612,9 +746,26 @@ def test_the_clusters_own_connections_never_ask_an_agent(c, setup, tmp_path):
     d, sock = setup
     state = c.cli.home / "clusters" / c.name
     known_hosts = state / "known_hosts"
-    via_agent = subprocess.run(["ssh", "-F", "/dev/null", "-o", f"IdentityAgent={sock}", "-o", "BatchMode=yes",
-                                "-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes",
-                                f"root@{c.hosts[0]}", "true"], capture_output=True, text=True, timeout=60)
+    via_agent = subprocess.run(
+        [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-o",
+            f"IdentityAgent={sock}",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"UserKnownHostsFile={known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            f"root@{c.hosts[0]}",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert via_agent.returncode == 0, via_agent.stderr  # the agent's key is welcome on the nodes
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True)
     key, pub = state / "id_ed25519", state / "id_ed25519.pub"

@@ -34,8 +34,9 @@ def setup(c, tmp_path_factory):
     prefix = f"fdcc:{tag[:4]}:{tag[4:]}:1"
     v6_bridge, v6_node = f"{prefix}::1", f"{prefix}::11"
     subprocess.run(["ip", "addr", "add", f"{v6_bridge}/64", "dev", netns.bridge_name(c.name), "nodad"], check=True)
-    subprocess.run(["ip", "-n", netns.netns_name(c.name, 1), "addr", "add", f"{v6_node}/64", "dev", "eth0", "nodad"],
-                   check=True)
+    subprocess.run(
+        ["ip", "-n", netns.netns_name(c.name, 1), "addr", "add", f"{v6_node}/64", "dev", "eth0", "nodad"], check=True
+    )
     v4 = c.hosts[1]
     conf = c.node_exec(1, "cat", "/etc/ssh/sshd_config").stdout
     conf = "\n".join(line for line in conf.splitlines() if not line.startswith("ListenAddress"))
@@ -55,14 +56,20 @@ def setup(c, tmp_path_factory):
     wait_for(lambda: listening(v4) and listening(v6_node), 20, "the second sshd on port 2222 (v4 and v6)")
 
     d = tmp_path_factory.mktemp("sshports")
-    pinned = {line.split()[0]: line.split(None, 1)[1]
-              for line in (c.cli.home / "clusters" / c.name / "known_hosts").read_text().splitlines() if line.strip()}
-    (d / "known_hosts").write_text(f"{c.hosts[0]} {pinned[c.hosts[0]]}\n[{v4}]:2222 {pinned[v4]}\n"
-                                   f"[{v6_node}]:2222 {pinned[v4]}\n")
+    pinned = {
+        line.split()[0]: line.split(None, 1)[1]
+        for line in (c.cli.home / "clusters" / c.name / "known_hosts").read_text().splitlines()
+        if line.strip()
+    }
+    (d / "known_hosts").write_text(
+        f"{c.hosts[0]} {pinned[c.hosts[0]]}\n[{v4}]:2222 {pinned[v4]}\n[{v6_node}]:2222 {pinned[v4]}\n"
+    )
     key = c.cli.home / "clusters" / c.name / "id_ed25519"
-    (d / "config").write_text(f"Host *\n    User root\n    IdentityFile {key}\n    IdentitiesOnly yes\n"
-                              f"    UserKnownHostsFile {d}/known_hosts\n    GlobalKnownHostsFile /dev/null\n"
-                              "    BatchMode yes\n")
+    (d / "config").write_text(
+        f"Host *\n    User root\n    IdentityFile {key}\n    IdentitiesOnly yes\n"
+        f"    UserKnownHostsFile {d}/known_hosts\n    GlobalKnownHostsFile /dev/null\n"
+        "    BatchMode yes\n"
+    )
     return d, v4, v6_node
 
 
@@ -80,8 +87,12 @@ def test_run_reaches_ported_and_ipv6_hosts_where_openssh_does(c, setup):
         line = next(ln for ln in proc.stdout.splitlines() if "conn=" in ln and f" {host} {port}" in ln)
         assert line.rstrip().endswith(f" {host} {port}"), line
         # OpenSSH, given the same config, lands at the same server address and port
-        ssh = subprocess.run(["ssh", "-F", str(d / "config"), "-p", port, host, 'echo "$SSH_CONNECTION"'],
-                             capture_output=True, text=True, timeout=30)
+        ssh = subprocess.run(
+            ["ssh", "-F", str(d / "config"), "-p", port, host, 'echo "$SSH_CONNECTION"'],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert ssh.returncode == 0, ssh.stderr
         assert ssh.stdout.split()[2:] == [host, port]
     # the labels are the hosts file's tokens: the ported entries are told apart
@@ -105,20 +116,25 @@ def test_sync_reaches_ported_and_ipv6_hosts(c, setup, tmp_path):
     blob = os.urandom(65536)
     (src / "a.bin").write_bytes(blob)
     want = hashlib.sha256(blob).hexdigest()
-    for name, text, dst in (("sync-v6", f"{c.hosts[0]} slots=1\n[{v6}]:2222 slots=1\n", "/tmp/ports-sync-v6"),
-                            ("sync-v4", f"{v4}:2222 slots=1\n", "/tmp/ports-sync-v4")):
+    for name, text, dst in (
+        ("sync-v6", f"{c.hosts[0]} slots=1\n[{v6}]:2222 slots=1\n", "/tmp/ports-sync-v6"),
+        ("sync-v4", f"{v4}:2222 slots=1\n", "/tmp/ports-sync-v4"),
+    ):
         proc = c.cli("sync", "--ssh-config", str(d / "config"), _hosts(c, name, text), str(src), dst, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         got = c.node_exec(1, "sha256sum", f"{dst}/a.bin").stdout.split()[0]
         assert got == want, name
 
 
-@pytest.mark.parametrize("argv", [
-    ("launch", "HOSTS", "--", "python", "-c", "print(1)"),
-    ("bench", "HOSTS", "--synthetic"),
-    ("train", "HOSTS", "--synthetic", "--model", "tiny"),
-    ("sweep", "--hosts", "HOSTS", "--grid", "x=1,2", "--", "python", "-c", "print({x})"),
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("launch", "HOSTS", "--", "python", "-c", "print(1)"),
+        ("bench", "HOSTS", "--synthetic"),
+        ("train", "HOSTS", "--synthetic", "--model", "tiny"),
+        ("sweep", "--hosts", "HOSTS", "--grid", "x=1,2", "--", "python", "-c", "print({x})"),
+    ],
+)
 def test_horovod_commands_refuse_per_host_ports_in_one_line(c, setup, argv):
     d, v4, v6 = setup
     hosts = _hosts(c, "ported-hvd", f"{c.hosts[0]} slots=1\n[{v6}]:2222 slots=1\n")

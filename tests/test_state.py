@@ -15,8 +15,13 @@ from clusterctl.types import Cluster, Node
 
 
 def sample(name: str = "alpha") -> Cluster:
-    return Cluster(name=name, provider="local", created_at=1000.0, extra={"bridge": "ccbx"}, nodes=(
-        Node(f"{name}-leader", "10.9.0.2", 2, "leader"), Node(f"{name}-member-1", "10.9.0.3", 2, "member")))
+    return Cluster(
+        name=name,
+        provider="local",
+        created_at=1000.0,
+        extra={"bridge": "ccbx"},
+        nodes=(Node(f"{name}-leader", "10.9.0.2", 2, "leader"), Node(f"{name}-member-1", "10.9.0.3", 2, "member")),
+    )
 
 
 def test_save_load_round_trip_mode_0600(tmp_path):
@@ -80,21 +85,35 @@ def test_a_status_never_written_is_refused(tmp_path):
 def test_state_does_not_import_the_cli(tmp_path):
     StateStore(tmp_path).ensure_dir("beta")
     (tmp_path / "clusters" / "beta" / "cluster.json").write_text("[]")  # the branch that imported display
-    out = subprocess.run([sys.executable, "-c", "import sys; from clusterctl.cluster.state import StateStore; "
-                          f"assert StateStore({str(tmp_path)!r}).list()[1]; "
-                          "print(sorted(m for m in sys.modules if m.startswith('clusterctl.cli')))"],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from clusterctl.cluster.state import StateStore; "
+            f"assert StateStore({str(tmp_path)!r}).list()[1]; "
+            "print(sorted(m for m in sys.modules if m.startswith('clusterctl.cli')))",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert out.stdout.strip() == "[]", out.stderr
 
 
 def test_lock_is_exclusive_and_names_the_holder(tmp_path):
     store = StateStore(tmp_path)
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from clusterctl.cluster.state import StateStore\n"
-         f"s = StateStore({str(tmp_path)!r})\n"
-         "with s.lock('alpha'):\n    print('locked', flush=True); time.sleep(30)"],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from clusterctl.cluster.state import StateStore\n"
+            f"s = StateStore({str(tmp_path)!r})\n"
+            "with s.lock('alpha'):\n    print('locked', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(StateError, match=rf"busy: another clusterctl \(pid {holder.pid}\)"):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 # A trial: logs where and when it ran (its own clock), sleeps (member_sleep on the member: a node about to
 # be killed keeps its trials until it is), prints its metric (a function of its parameters whose best is
 # lr=0.1, batch=64) as a JSON line and as a text line.
-TRIAL = r'''
+TRIAL = r"""
 import json, os, socket, sys, time
 args = dict(a.split("=", 1) for a in sys.argv[1:])
 lr, batch, sleep = float(args["lr"]), int(args["batch"]), float(args.get("sleep", "1.5"))
@@ -32,7 +32,7 @@ score = round(1 - 2 * abs(lr - 0.1) - abs(batch - 64) / 640, 6)
 print("END", f"{time.time():.6f}", flush=True)
 print(f"score: {score}")
 print(json.dumps({"metric": score, "lr": lr, "batch": batch}), flush=True)
-'''
+"""
 GRID = ("--grid", "lr=0.01,0.1,0.3", "--grid", "batch=32,64")
 CMD = ("--", "python", "trial.py", "lr={lr}", "batch={batch}")
 
@@ -54,7 +54,9 @@ def runs_in(text: str) -> list[dict]:
     for line in text.splitlines():
         parts = line.split()
         if parts[:1] == ["START"]:
-            out.append({"start": float(parts[1]), "host": parts[2], "gpu": parts[3], "trial": int(parts[4]), "end": None})
+            out.append(
+                {"start": float(parts[1]), "host": parts[2], "gpu": parts[3], "trial": int(parts[4]), "end": None}
+            )
         elif parts[:1] == ["END"]:
             out[-1]["end"] = float(parts[1])
     return out
@@ -135,11 +137,34 @@ def test_grid_runs_every_trial_once_one_per_slot_and_finds_the_best(c):
 
 def test_random_samples_with_two_gpus_per_trial_and_shell_text(c):
     before = existing_results(c)
-    shell = ('echo START $(date +%s.%N) $(hostname) $CUDA_VISIBLE_DEVICES {trial}; echo PWD $(pwd); sleep 1; '
-             'echo END $(date +%s.%N); echo "x is" {x} for {name}')  # values arrive quoted: {name} has a space
-    r = c.cli("sweep", "--cluster", c.name, "--random", "4", "--seed", "5", "--range", "x=1:1000:int",
-              "--grid", "name=a b,c", "--gpus-per-trial", "2", "--workdir", "/tmp", "--metric", r"x is (\d+)",
-              "--goal", "min", "--", shell, timeout=300)
+    shell = (
+        "echo START $(date +%s.%N) $(hostname) $CUDA_VISIBLE_DEVICES {trial}; echo PWD $(pwd); sleep 1; "
+        'echo END $(date +%s.%N); echo "x is" {x} for {name}'
+    )  # values arrive quoted: {name} has a space
+    r = c.cli(
+        "sweep",
+        "--cluster",
+        c.name,
+        "--random",
+        "4",
+        "--seed",
+        "5",
+        "--range",
+        "x=1:1000:int",
+        "--grid",
+        "name=a b,c",
+        "--gpus-per-trial",
+        "2",
+        "--workdir",
+        "/tmp",
+        "--metric",
+        r"x is (\d+)",
+        "--goal",
+        "min",
+        "--",
+        shell,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     folder = results_of(c, before)
     doc = json.loads((folder / "results.json").read_text())
@@ -165,10 +190,42 @@ def test_random_samples_with_two_gpus_per_trial_and_shell_text(c):
 def test_a_sweep_over_the_shipped_trainer_works_out_of_the_box(c):
     """--file names a shipped template; the trainer takes --lr and prints a JSON line the sweep reads."""
     before = existing_results(c)
-    r = c.cli("sweep", "--cluster", c.name, "--file", "train_imagenet.py", "--grid", "lr=0.05,0.4", "--metric-key", "top1",
-              "--", "python", "train_imagenet.py", "--synthetic", "--model", "tiny", "--lr", "{lr}", "--batch-size", "16",
-              "--max-steps", "4", "--epochs", "1", "--train-examples", "64", "--warmup-epochs", "0", "--eval-steps", "2",
-              "--log-every", "2", "--model-dir", "run{trial}", timeout=600)
+    r = c.cli(
+        "sweep",
+        "--cluster",
+        c.name,
+        "--file",
+        "train_imagenet.py",
+        "--grid",
+        "lr=0.05,0.4",
+        "--metric-key",
+        "top1",
+        "--",
+        "python",
+        "train_imagenet.py",
+        "--synthetic",
+        "--model",
+        "tiny",
+        "--lr",
+        "{lr}",
+        "--batch-size",
+        "16",
+        "--max-steps",
+        "4",
+        "--epochs",
+        "1",
+        "--train-examples",
+        "64",
+        "--warmup-epochs",
+        "0",
+        "--eval-steps",
+        "2",
+        "--log-every",
+        "2",
+        "--model-dir",
+        "run{trial}",
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((results_of(c, before) / "results.json").read_text())
     assert doc["metric"] == "top1" and {t["state"] for t in doc["trials"]} == {"done"}
@@ -186,15 +243,31 @@ def test_sweeps_over_the_trainer_never_resume_another_trials_checkpoint(c):
     folder (train_out/<sweep>/trial-<N>) with its hyperparameters recorded beside its checkpoints. Before,
     every trial trained into ./train_out: the second sweep found the first one's finished run, resumed it
     and reported that run's top-1 as its own."""
-    cmd = ("python ~/clusterctl-sweeps/$CLUSTERCTL_SWEEP/train_imagenet.py --synthetic --model tiny --lr {lr} "
-           "--batch-size 16 --max-steps 4 --epochs 1 --train-examples 64 --warmup-epochs 0 --eval-steps 2 --log-every 2")
+    cmd = (
+        "python ~/clusterctl-sweeps/$CLUSTERCTL_SWEEP/train_imagenet.py --synthetic --model tiny --lr {lr} "
+        "--batch-size 16 --max-steps 4 --epochs 1 --train-examples 64 --warmup-epochs 0 --eval-steps 2 --log-every 2"
+    )
     where = {h: i for i, h in enumerate(c.hosts)}
     for i in where.values():
         c.node_exec(i, "mkdir", "-p", "/root/shared-work")
     for grid in ("lr=0.05", "lr=0.4,0.2"):
         before = existing_results(c)
-        r = c.cli("sweep", "--cluster", c.name, "--file", "train_imagenet.py", "--workdir", "~/shared-work",
-                  "--grid", grid, "--metric-key", "top1", "--", cmd, timeout=600)
+        r = c.cli(
+            "sweep",
+            "--cluster",
+            c.name,
+            "--file",
+            "train_imagenet.py",
+            "--workdir",
+            "~/shared-work",
+            "--grid",
+            grid,
+            "--metric-key",
+            "top1",
+            "--",
+            cmd,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         folder = results_of(c, before)
         doc = json.loads((folder / "results.json").read_text())
@@ -204,22 +277,60 @@ def test_sweeps_over_the_trainer_never_resume_another_trials_checkpoint(c):
             assert "CLUSTERCTL-TRAIN resume" not in log and " start_step=0 " in log, log[-2000:]
             model_dir = f"train_out/{doc['id']}/trial-{t['id']}"
             assert f"model_dir={model_dir} " in log
-            hp = json.loads(c.node_exec(where[t["node"]], "cat", f"/root/shared-work/{model_dir}/checkpoints/hparams.json").stdout)
+            hp = json.loads(
+                c.node_exec(where[t["node"]], "cat", f"/root/shared-work/{model_dir}/checkpoints/hparams.json").stdout
+            )
             assert hp["base_lr"] == float(t["params"]["lr"])
 
     # a --model-dir every trial would share is refused before anything starts
-    r = c.cli("sweep", "--cluster", c.name, "--file", "train_imagenet.py", "--grid", "lr=0.1,0.2", "--",
-              "python", "train_imagenet.py", "--synthetic", "--lr", "{lr}", "--model-dir", "out", timeout=60)
+    r = c.cli(
+        "sweep",
+        "--cluster",
+        c.name,
+        "--file",
+        "train_imagenet.py",
+        "--grid",
+        "lr=0.1,0.2",
+        "--",
+        "python",
+        "train_imagenet.py",
+        "--synthetic",
+        "--lr",
+        "{lr}",
+        "--model-dir",
+        "out",
+        timeout=60,
+    )
     assert r.returncode == 2 and r.stderr.count("Error:") == 1 and "{trial}" in r.stderr, r.stderr
 
 
 def test_status_and_cancel_from_another_terminal(c):
     # watching in one process; Ctrl-C there stops the watching, not the sweep
-    watch = c.cli.popen("sweep", "--cluster", c.name, "--file", "trial.py", "--metric", r"score: (\S+)", "--goal", "min",
-                        *GRID, "--", "python", "trial.py", "lr={lr}", "batch={batch}", "sleep=60")
+    watch = c.cli.popen(
+        "sweep",
+        "--cluster",
+        c.name,
+        "--file",
+        "trial.py",
+        "--metric",
+        r"score: (\S+)",
+        "--goal",
+        "min",
+        *GRID,
+        "--",
+        "python",
+        "trial.py",
+        "lr={lr}",
+        "batch={batch}",
+        "sleep=60",
+    )
     try:
-        st = wait_for(lambda: (lambda s: s if s["state"] and sum(t["state"] == "running" for t in s["state"]["trials"]) == 4
-                               else None)(status_json(c)), "4 running trials")
+        st = wait_for(
+            lambda: (
+                lambda s: s if s["state"] and sum(t["state"] == "running" for t in s["state"]["trials"]) == 4 else None
+            )(status_json(c)),
+            "4 running trials",
+        )
         watch.send_signal(signal.SIGINT)
         _, err = watch.communicate(timeout=60)
     finally:
@@ -260,8 +371,25 @@ def test_status_and_cancel_from_another_terminal(c):
 def test_a_node_killed_mid_sweep_has_its_trials_rerun_elsewhere(module_cluster_factory):
     c = module_cluster_factory(2, 2, runtime=True)  # its own cluster: this test kills a node
     (c.cli.cwd / "trial.py").write_text(TRIAL)
-    start = c.cli("sweep", "--cluster", c.name, "--detach", "--node-timeout", "2", "--file", "trial.py", *GRID,
-                  "--", "python", "trial.py", "lr={lr}", "batch={batch}", "sleep=2", "member_sleep=120", timeout=120)
+    start = c.cli(
+        "sweep",
+        "--cluster",
+        c.name,
+        "--detach",
+        "--node-timeout",
+        "2",
+        "--file",
+        "trial.py",
+        *GRID,
+        "--",
+        "python",
+        "trial.py",
+        "lr={lr}",
+        "batch={batch}",
+        "sleep=2",
+        "member_sleep=120",
+        timeout=120,
+    )
     assert start.returncode == 0, start.stderr
     sid = start.stderr.split()[1].rstrip(":")
 
@@ -285,12 +413,17 @@ def test_a_node_killed_mid_sweep_has_its_trials_rerun_elsewhere(module_cluster_f
     ends = {}
     for t in doc["trials"]:
         i = t["id"]
-        assert t["state"] == "done" and t["metric"] == pytest.approx(score(float(t["params"]["lr"]), int(t["params"]["batch"])))
+        assert t["state"] == "done" and t["metric"] == pytest.approx(
+            score(float(t["params"]["lr"]), int(t["params"]["batch"]))
+        )
         final = runs_in((folder / "logs" / f"trial-{i:04d}.log").read_text())
         assert len(final) == 1 and final[0]["end"] is not None
         ends[i] = final[0]
         if i in victims:  # started on the member, cut off there, re-run on the leader, completed once
-            assert [(a["node"], a["outcome"]) for a in t["attempts"]] == [(c.hosts[1], "node died"), (c.hosts[0], "done")]
+            assert [(a["node"], a["outcome"]) for a in t["attempts"]] == [
+                (c.hosts[1], "node died"),
+                (c.hosts[0], "done"),
+            ]
             assert t["requeued"] == 1 and t["node"] == c.hosts[0]
             cut = runs_in((member_dir / f"trial-{i:04d}.log").read_text())
             assert len(cut) == 1 and cut[0]["end"] is None and cut[0]["host"] == f"{c.name}-member-1"

@@ -48,16 +48,19 @@ def test_grid_is_every_combination_first_flag_slowest():
     assert len({tuple(c.items()) for c in combos}) == 6
 
 
-@pytest.mark.parametrize("items, needle", [
-    (["lr"], "NAME=V1,V2"),
-    (["lr="], "empty value"),
-    (["lr=0.1,,0.2"], "empty value"),
-    (["lr=0.1,0.1"], "listed twice"),
-    (["lr=1", "lr=2"], "given twice"),
-    (["1lr=1"], "not a name"),
-    (["python=1"], "filled in by clusterctl"),
-    (["trial=1"], "filled in by clusterctl"),
-])
+@pytest.mark.parametrize(
+    "items, needle",
+    [
+        (["lr"], "NAME=V1,V2"),
+        (["lr="], "empty value"),
+        (["lr=0.1,,0.2"], "empty value"),
+        (["lr=0.1,0.1"], "listed twice"),
+        (["lr=1", "lr=2"], "given twice"),
+        (["1lr=1"], "not a name"),
+        (["python=1"], "filled in by clusterctl"),
+        (["trial=1"], "filled in by clusterctl"),
+    ],
+)
 def test_bad_grids_are_refused(items, needle):
     with pytest.raises(UsageError, match=needle):
         sweep.parse_grid(items)
@@ -71,7 +74,7 @@ def test_random_samples_stay_in_their_ranges_and_repeat_with_the_seed():
     lrs = [float(c["lr"]) for c in combos]
     assert all(1e-4 * 0.999 <= x <= 1e-1 * 1.001 for x in lrs)
     # log-uniform: about half the samples below the geometric middle (1e-2.5), far more than uniform would give
-    below = sum(x < 10 ** -2.5 for x in lrs)
+    below = sum(x < 10**-2.5 for x in lrs)
     assert 70 <= below <= 130
     assert all(re.fullmatch(r"\d+", c["batch"]) and 16 <= int(c["batch"]) <= 128 for c in combos)
     assert all(0.1 <= float(c["dropout"]) <= 0.5 for c in combos)
@@ -80,44 +83,63 @@ def test_random_samples_stay_in_their_ranges_and_repeat_with_the_seed():
     assert sweep.expand(grid, ranges, random_k=200, seed=8) != combos
 
 
-@pytest.mark.parametrize("grid, ranges, k, needle", [
-    ({}, ["lr=0.1:1"], None, "needs --random"),
-    ({}, [], None, "nothing to sweep"),
-    ({"lr": ["1"]}, ["lr=0.1:1"], 3, "both as --grid and --range"),
-    ({}, [], 3, "none given"),
-    ({"lr": ["1"]}, [], 0, "at least 1"),
-])
+@pytest.mark.parametrize(
+    "grid, ranges, k, needle",
+    [
+        ({}, ["lr=0.1:1"], None, "needs --random"),
+        ({}, [], None, "nothing to sweep"),
+        ({"lr": ["1"]}, ["lr=0.1:1"], 3, "both as --grid and --range"),
+        ({}, [], 3, "none given"),
+        ({"lr": ["1"]}, [], 0, "at least 1"),
+    ],
+)
 def test_bad_sweeps_are_refused(grid, ranges, k, needle):
     with pytest.raises(UsageError, match=needle):
         sweep.expand(grid, sweep.parse_ranges(ranges), k)
 
 
-@pytest.mark.parametrize("item, needle", [
-    ("lr=1:0.1", "LOW must be below HIGH"),
-    ("lr=0:1:log", "above 0"),
-    ("lr=1.5:4:int", "whole numbers"),
-    ("lr=a:b", "not numbers"),
-    ("lr=1:2:cubic", "not linear, log or int"),
-    ("lr=1", "NAME=LOW:HIGH"),
-])
+@pytest.mark.parametrize(
+    "item, needle",
+    [
+        ("lr=1:0.1", "LOW must be below HIGH"),
+        ("lr=0:1:log", "above 0"),
+        ("lr=1.5:4:int", "whole numbers"),
+        ("lr=a:b", "not numbers"),
+        ("lr=1:2:cubic", "not linear, log or int"),
+        ("lr=1", "NAME=LOW:HIGH"),
+    ],
+)
 def test_bad_ranges_are_refused(item, needle):
     with pytest.raises(UsageError, match=needle):
         sweep.parse_ranges([item])
 
 
 def test_command_words_are_filled_then_quoted():
-    trials = sweep.build_trials(["{python}", "train.py", "--lr={lr}", "--name", "{name}", "--out", "run{trial}"],
-                                [{"lr": "0.1", "name": "a b; rm -rf /"}], "/opt/py/bin/python")
+    trials = sweep.build_trials(
+        ["{python}", "train.py", "--lr={lr}", "--name", "{name}", "--out", "run{trial}"],
+        [{"lr": "0.1", "name": "a b; rm -rf /"}],
+        "/opt/py/bin/python",
+    )
     assert len(trials) == 1 and trials[0].id == 1
-    assert shlex.split(trials[0].command) == ["/opt/py/bin/python", "train.py", "--lr=0.1", "--name", "a b; rm -rf /",
-                                              "--out", "run1"]
+    assert shlex.split(trials[0].command) == [
+        "/opt/py/bin/python",
+        "train.py",
+        "--lr=0.1",
+        "--name",
+        "a b; rm -rf /",
+        "--out",
+        "run1",
+    ]
 
 
 def test_one_word_command_is_shell_text_with_quoted_values():
     cmd = sweep.render_command(["python t.py --tag {tag} > out-${HOME}.txt; echo {tag}"], {"tag": "x y"})
     assert cmd == "python t.py --tag 'x y' > out-${HOME}.txt; echo 'x y'"
-    out = subprocess.run(["sh", "-c", sweep.render_command(["printf '%s|' {a} {b}"], {"a": "1 2", "b": "$(id)"})],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", sweep.render_command(["printf '%s|' {a} {b}"], {"a": "1 2", "b": "$(id)"})],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert out == "1 2|$(id)|"
 
 
@@ -144,17 +166,20 @@ noise 3
 """
 
 
-@pytest.mark.parametrize("regex, key, want", [
-    (r"accuracy: (\S+)", "metric", 0.75),  # group 1 of the last matching line
-    (r"accuracy", "metric", 0.75),  # the first number after the match
-    (r"accuracy: [0-9.]+", "metric", 0.75),  # no group: the last number in the match
-    (r"best (?P<value>[0-9.]+)", "metric", 0.80),
-    (r"loss", "metric", 1.0),
-    (r"no such line", "metric", 0.61),  # falls back to the JSON line
-    (None, "metric", 0.61),
-    (None, "top1", 55.5),
-    (None, "missing", None),
-])
+@pytest.mark.parametrize(
+    "regex, key, want",
+    [
+        (r"accuracy: (\S+)", "metric", 0.75),  # group 1 of the last matching line
+        (r"accuracy", "metric", 0.75),  # the first number after the match
+        (r"accuracy: [0-9.]+", "metric", 0.75),  # no group: the last number in the match
+        (r"best (?P<value>[0-9.]+)", "metric", 0.80),
+        (r"loss", "metric", 1.0),
+        (r"no such line", "metric", 0.61),  # falls back to the JSON line
+        (None, "metric", 0.61),
+        (None, "top1", 55.5),
+        (None, "missing", None),
+    ],
+)
 def test_metric_is_the_last_matching_line_or_the_json_line(regex, key, want):
     assert S.parse_metric(LOG, regex, key) == want
 
@@ -228,9 +253,15 @@ def test_start_poll_and_kill_scripts_on_this_machine(tmp_path):
     d = str(tmp_path / "sweep dir")
     work = tmp_path / "work"
     work.mkdir()
-    items = [(1, "echo gpu=$CUDA_VISIBLE_DEVICES trial=$CLUSTERCTL_TRIAL p=$P pwd=$(pwd); echo 'acc: 0.5'; exit 3", [2, 3],
-              {"P": "x y"}),
-             (2, "sleep 30 & sleep 30; echo never", [0], {})]
+    items = [
+        (
+            1,
+            "echo gpu=$CUDA_VISIBLE_DEVICES trial=$CLUSTERCTL_TRIAL p=$P pwd=$(pwd); echo 'acc: 0.5'; exit 3",
+            [2, 3],
+            {"P": "x y"},
+        ),
+        (2, "sleep 30 & sleep 30; echo never", [0], {}),
+    ]
     out = _sh(S.start_script(d, items, workdir=str(work), path_prefix="/nonexistent/bin"))
     started = {i: S.stamp(v) for kind, i, v, _ in S.records(out) if kind == "started"}
     assert set(started) == {1, 2} and all(sid > 1 and when > time.time() - 60 for sid, when in started.values())
@@ -245,7 +276,9 @@ def test_start_poll_and_kill_scripts_on_this_machine(tmp_path):
     assert kind == "exit" and S.stamp(value)[0] == 3
     assert f"gpu=2,3 trial=1 p=x y pwd={work}" in text and S.parse_metric(text, r"acc: (\S+)") == 0.5
     # the kill ends the whole session, the backgrounded child included, and says so by its status
-    r = subprocess.run(["sh", "-c", S.kill_script([sids[2]], TREE_FN, grace=0.5)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["sh", "-c", S.kill_script([sids[2]], TREE_FN, grace=0.5)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert str(sids[2]) not in live_sessions()
     recs = {i: kind for kind, i, _, _ in S.records(_sh(S.poll_script(d, [(2, sids[2])])))}
@@ -272,8 +305,10 @@ echo "$host" >> "$FAKE_DEAD/calls"
 exec sh -c "$last"
 """
 
-TRIAL = ("echo START $(date +%s.%N) $CLUSTERCTL_TRIAL $CUDA_VISIBLE_DEVICES; sleep {sleep}; "
-         "echo END $(date +%s.%N); echo '{{\"metric\": {m}}}'")
+TRIAL = (
+    "echo START $(date +%s.%N) $CLUSTERCTL_TRIAL $CUDA_VISIBLE_DEVICES; sleep {sleep}; "
+    "echo END $(date +%s.%N); echo '{{\"metric\": {m}}}'"
+)
 
 
 def _config(tmp_path, trials, nodes=(("n1", 2), ("n2", 2)), **extra):
@@ -284,10 +319,24 @@ def _config(tmp_path, trials, nodes=(("n1", 2), ("n2", 2)), **extra):
     ssh = tmp_path / "ssh"
     ssh.write_text(FAKE_SSH)
     ssh.chmod(ssh.stat().st_mode | stat.S_IXUSR)
-    cfg = {"id": "sweep-20240101-000000-abcd", "nodes": [{"host": h, "slots": s} for h, s in nodes],
-           "gpus_per_trial": 1, "trials": trials, "metric": {"regex": None, "key": "metric"}, "env": {},
-           "path_prefix": None, "workdir": None, "trial_timeout": None, "node_timeout": 0.3, "poll": 0.2,
-           "max_requeue": 1, "ssh": [str(ssh)], "user": None, "tree_fn": TREE_FN, "meta": {"params": ["x"]}}
+    cfg = {
+        "id": "sweep-20240101-000000-abcd",
+        "nodes": [{"host": h, "slots": s} for h, s in nodes],
+        "gpus_per_trial": 1,
+        "trials": trials,
+        "metric": {"regex": None, "key": "metric"},
+        "env": {},
+        "path_prefix": None,
+        "workdir": None,
+        "trial_timeout": None,
+        "node_timeout": 0.3,
+        "poll": 0.2,
+        "max_requeue": 1,
+        "ssh": [str(ssh)],
+        "user": None,
+        "tree_fn": TREE_FN,
+        "meta": {"params": ["x"]},
+    }
     cfg.update(extra)
     (d / "config.json").write_text(json.dumps(cfg))
     return d, dead
@@ -295,8 +344,14 @@ def _config(tmp_path, trials, nodes=(("n1", 2), ("n2", 2)), **extra):
 
 def _scheduler(d, dead):
     env = dict(os.environ, FAKE_DEAD=str(dead))
-    return subprocess.Popen([sys.executable, str(SCHEDULER), str(d)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(SCHEDULER), str(d)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _state(d) -> dict:
@@ -353,11 +408,13 @@ def test_scheduler_runs_each_trial_once_and_requeues_a_dead_nodes_trials(tmp_pat
 
 
 def test_scheduler_fails_a_trial_twice_orphaned_and_honours_cancel_and_timeouts(tmp_path):
-    trials = [{"id": 1, "params": {"x": "1"}, "command": "exit 4"},
-              {"id": 2, "params": {"x": "2"}, "command": "echo no metric here"},
-              {"id": 3, "params": {"x": "3"}, "command": "sleep 30"},
-              {"id": 4, "params": {"x": "4"}, "command": "sleep 30"},
-              {"id": 5, "params": {"x": "5"}, "command": "sleep 30"}]
+    trials = [
+        {"id": 1, "params": {"x": "1"}, "command": "exit 4"},
+        {"id": 2, "params": {"x": "2"}, "command": "echo no metric here"},
+        {"id": 3, "params": {"x": "3"}, "command": "sleep 30"},
+        {"id": 4, "params": {"x": "4"}, "command": "sleep 30"},
+        {"id": 5, "params": {"x": "5"}, "command": "sleep 30"},
+    ]
     d, dead = _config(tmp_path, trials, nodes=(("n1", 3),), trial_timeout=1.0)
     proc = _scheduler(d, dead)
     try:
@@ -387,8 +444,13 @@ def test_cancel_mode_ends_the_trials_of_a_sweep_whose_scheduler_is_gone(tmp_path
     proc.wait()
     sids = [t["sid"] for t in _state(d)["trials"]]
     assert all(str(s) in live_sessions() for s in sids)
-    r = subprocess.run([sys.executable, str(SCHEDULER), str(d), "--cancel"], env=dict(os.environ, FAKE_DEAD=str(dead)),
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, str(SCHEDULER), str(d), "--cancel"],
+        env=dict(os.environ, FAKE_DEAD=str(dead)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert not any(str(s) in live_sessions() for s in sids)
     st = _state(d)
@@ -399,11 +461,36 @@ def test_cancel_mode_ends_the_trials_of_a_sweep_whose_scheduler_is_gone(tmp_path
 def _done_state():
     trials = []
     for i, (lr, m) in enumerate([("0.1", 0.5), ("0.01", 0.9), ("0.001", 0.7)], start=1):
-        trials.append({"id": i, "params": {"lr": lr, "opt": "sgd" if i % 2 else "adam"}, "state": "done", "metric": m,
-                       "node": "10.0.0.2", "gpus": [i - 1], "started": 100.0, "ended": 102.5, "error": None,
-                       "requeued": 1 if i == 3 else 0, "attempts": []})
-    trials.append({"id": 4, "params": {"lr": "1", "opt": "sgd"}, "state": "failed", "metric": None, "node": "10.0.0.3",
-                   "gpus": [0], "started": 100.0, "ended": 101.0, "error": "exit 1", "requeued": 0, "attempts": []})
+        trials.append(
+            {
+                "id": i,
+                "params": {"lr": lr, "opt": "sgd" if i % 2 else "adam"},
+                "state": "done",
+                "metric": m,
+                "node": "10.0.0.2",
+                "gpus": [i - 1],
+                "started": 100.0,
+                "ended": 102.5,
+                "error": None,
+                "requeued": 1 if i == 3 else 0,
+                "attempts": [],
+            }
+        )
+    trials.append(
+        {
+            "id": 4,
+            "params": {"lr": "1", "opt": "sgd"},
+            "state": "failed",
+            "metric": None,
+            "node": "10.0.0.3",
+            "gpus": [0],
+            "started": 100.0,
+            "ended": 101.0,
+            "error": "exit 1",
+            "requeued": 0,
+            "attempts": [],
+        }
+    )
     return {"id": "sweep-20240101-000000-abcd", "status": "failed", "trials": trials, "nodes": []}
 
 
@@ -431,7 +518,10 @@ def test_events_say_what_changed():
     assert sweep.events(st, st) == []
     assert "trial 2 done after 2.5s: acc 0.9" in sweep.events(before, st, "acc")
     moved = json.loads(json.dumps(st))
-    moved["trials"][2]["attempts"] = [{"node": "10.0.0.3", "outcome": "node died"}, {"node": "10.0.0.2", "outcome": "done"}]
+    moved["trials"][2]["attempts"] = [
+        {"node": "10.0.0.3", "outcome": "node died"},
+        {"node": "10.0.0.2", "outcome": "done"},
+    ]
     before["trials"][2]["requeued"] = 0
     assert "trial 3 (lr=0.001 opt=sgd) re-queued: its node 10.0.0.3 died" in sweep.events(before, moved)
 
@@ -453,18 +543,21 @@ def test_results_json_and_plot(tmp_path):
 
 
 # ---- the CLI refuses bad input before anything connects ------------------------------------------------------
-@pytest.mark.parametrize("args, needle", [
-    (["--range", "lr=0.1:1", "--", "echo", "{lr}"], "--range needs --random"),
-    (["--grid", "lr=1", "--", "echo", "{lr}", "{bs}"], "{bs}"),
-    (["--status", "--cancel"], "do not go together"),
-    (["--status", "--grid", "lr=1"], "takes no command"),
-    (["--grid", "lr=1", "--goal", "best", "--", "echo"], "--goal must be max or min"),
-    (["--grid", "lr=1", "--metric", "acc(", "--", "echo"], "not a regular expression"),
-    (["--grid", "lr=1", "--gpus-per-trial", "0", "--", "echo"], "at least 1"),
-    (["--grid", "lr=1", "--file", "no-such-file.py", "--", "echo"], "no such file"),
-    (["--status", "--id", "nope"], "not a sweep id"),
-    (["--grid", "lr=1", "--id", "sweep-20240101-000000-abcd", "--", "echo"], "--id goes with"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--range", "lr=0.1:1", "--", "echo", "{lr}"], "--range needs --random"),
+        (["--grid", "lr=1", "--", "echo", "{lr}", "{bs}"], "{bs}"),
+        (["--status", "--cancel"], "do not go together"),
+        (["--status", "--grid", "lr=1"], "takes no command"),
+        (["--grid", "lr=1", "--goal", "best", "--", "echo"], "--goal must be max or min"),
+        (["--grid", "lr=1", "--metric", "acc(", "--", "echo"], "not a regular expression"),
+        (["--grid", "lr=1", "--gpus-per-trial", "0", "--", "echo"], "at least 1"),
+        (["--grid", "lr=1", "--file", "no-such-file.py", "--", "echo"], "no such file"),
+        (["--status", "--id", "nope"], "not a sweep id"),
+        (["--grid", "lr=1", "--id", "sweep-20240101-000000-abcd", "--", "echo"], "--id goes with"),
+    ],
+)
 def test_cli_usage_errors(cli, args, needle):
     r = cli("sweep", *args)
     assert r.returncode == 2, r.stderr
@@ -481,13 +574,17 @@ def test_the_shipped_trainer_takes_the_usual_flags():
 
 def test_the_trainer_model_dir_must_differ_per_trial():
     # trials run at once in one folder: a shared --model-dir lets them resume each other's checkpoints
-    for template in (["python", "train_imagenet.py", "--lr", "{lr}", "--model-dir", "shared"],
-                     ["python", "train_imagenet.py", "--lr", "{lr}", "--model-dir=run-{lr}"],
-                     ["python train_imagenet.py --lr {lr} --model-dir out"]):
+    for template in (
+        ["python", "train_imagenet.py", "--lr", "{lr}", "--model-dir", "shared"],
+        ["python", "train_imagenet.py", "--lr", "{lr}", "--model-dir=run-{lr}"],
+        ["python train_imagenet.py --lr {lr} --model-dir out"],
+    ):
         with pytest.raises(UsageError, match=r"would be shared by every trial") as err:
             sweep.build_trials(template, [{"lr": "0.1"}], "py")
         assert "{trial}" in err.value.hint
-    for template in (["python", "train_imagenet.py", "--lr", "{lr}", "--model-dir", "run{trial}"],
-                     ["python", "train_imagenet.py", "--lr", "{lr}"],  # the trainer's per-trial default
-                     ["python", "mine.py", "--lr", "{lr}", "--model-dir", "shared"]):  # not the shipped trainer
+    for template in (
+        ["python", "train_imagenet.py", "--lr", "{lr}", "--model-dir", "run{trial}"],
+        ["python", "train_imagenet.py", "--lr", "{lr}"],  # the trainer's per-trial default
+        ["python", "mine.py", "--lr", "{lr}", "--model-dir", "shared"],
+    ):  # not the shipped trainer
         assert len(sweep.build_trials(template, [{"lr": "0.1"}, {"lr": "0.2"}], "py")) == 2

@@ -119,10 +119,16 @@ def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
     dst = "/tmp/resume"
     shape(c4, 3, "8mbit")  # ~1 MB/s to node 3
     try:
-        p = subprocess.Popen([sys.executable, "-m", "clusterctl", "sync", "--cluster", c4.name, "--strategy",
-                              "parallel", str(src), dst], cwd=c4.cli.cwd, env=c4.cli.env(), text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "clusterctl", "sync", "--cluster", c4.name, "--strategy", "parallel", str(src), dst],
+            cwd=c4.cli.cwd,
+            env=c4.cli.env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         _wait_for(lambda: _du(c4, 3, dst) > 1_500_000, 120, "node 3 to receive 1.5 MB")
         os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
         out, err = p.communicate(timeout=60)
@@ -158,8 +164,10 @@ def test_a_hop_to_a_node_with_a_wrong_host_key_is_refused_and_the_node_still_get
     bad_key = generate_ed25519("impostor")[1].rsplit(" ", 1)[0]
     kh = "/root/.ssh/known_hosts"
     original = c4.node_exec(0, "cat", kh).stdout
-    forged = "".join(f"{c4.hosts[1]} {bad_key}\n" if line.startswith(f"{c4.hosts[1]} ") else line + "\n"
-                     for line in original.splitlines())
+    forged = "".join(
+        f"{c4.hosts[1]} {bad_key}\n" if line.startswith(f"{c4.hosts[1]} ") else line + "\n"
+        for line in original.splitlines()
+    )
     c4.node_exec(0, "python3", "-c", "import sys; open(sys.argv[1],'w').write(sys.argv[2])", kh, forged)
     try:
         proc = sync(c4, str(src), dst)  # the chain's hop 0 -> 1 must not connect to a node it cannot trust

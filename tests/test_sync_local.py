@@ -31,7 +31,7 @@ def c3(tmp_path_factory):
 
 HOSTILE = {
     "plain.bin": os.urandom(70_000),
-    "dir with space/it's \"quoted\" $HOME `x`.bin": os.urandom(5_000),
+    'dir with space/it\'s "quoted" $HOME `x`.bin': os.urandom(5_000),
     "-leading dash/-f": b"dash",
     "new\nline/file\twith tab": b"nl",
     "deep/a/b/c/d/e.txt": b"deep" * 1000,
@@ -85,9 +85,14 @@ def test_rerun_copies_nothing_and_a_flipped_byte_is_found_and_fixed(c3, tmp_path
     assert all(" 0 " in row for row in table_rows(again.stdout).values()), again.stdout  # nothing copied
 
     # one byte flipped on node 2, size and mtime kept: only a content check can see it
-    c3.node_exec(2, "python3", "-c",
-                 "import os,sys; p=sys.argv[1]; st=os.stat(p); b=bytearray(open(p,'rb').read()); b[777]^=1; "
-                 "open(p,'wb').write(b); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))", "/tmp/flip/part-0007.bin")
+    c3.node_exec(
+        2,
+        "python3",
+        "-c",
+        "import os,sys; p=sys.argv[1]; st=os.stat(p); b=bytearray(open(p,'rb').read()); b[777]^=1; "
+        "open(p,'wb').write(b); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))",
+        "/tmp/flip/part-0007.bin",
+    )
     assert node_sha256(c3, 2, "/tmp/flip")["part-0007.bin"] != sums["part-0007.bin"]
     fixed = sync(c3, str(src), "/tmp/flip")
     assert fixed.returncode == 0, fixed.stderr
@@ -142,14 +147,17 @@ def test_a_second_run_reuses_the_manifest_of_unchanged_files_and_rehashes_a_touc
     make_dataset(src, random_files(5, 10_000, seed=11))
     first = sync(c3, str(src), "/tmp/reuse")
     assert first.returncode == 0 and _line(first.stderr, "manifest: ")[0].startswith(
-        "manifest: 5 file(s) hashed, 0 unchanged since the last run"), first.stderr
+        "manifest: 5 file(s) hashed, 0 unchanged since the last run"
+    ), first.stderr
     again = sync(c3, str(src), "/tmp/reuse")
     assert again.returncode == 0 and _line(again.stderr, "manifest: ")[0].startswith(
-        "manifest: 0 file(s) hashed, 5 unchanged since the last run"), again.stderr
+        "manifest: 0 file(s) hashed, 5 unchanged since the last run"
+    ), again.stderr
     os.utime(src / "part-0001.bin")  # touched: its mtime and ctime change, its content not
     touched = sync(c3, str(src), "/tmp/reuse")
     assert touched.returncode == 0 and _line(touched.stderr, "manifest: ")[0].startswith(
-        "manifest: 1 file(s) hashed, 4 unchanged since the last run"), touched.stderr
+        "manifest: 1 file(s) hashed, 4 unchanged since the last run"
+    ), touched.stderr
 
 
 def test_changed_source_unmarks_until_verified_and_delete_mirrors(c3, tmp_path):
@@ -159,8 +167,9 @@ def test_changed_source_unmarks_until_verified_and_delete_mirrors(c3, tmp_path):
     first = marker(c3, 1, "/tmp/mirror")["manifest_sha256"]
     (src / "part-0000.bin").unlink()
     sums = make_dataset(src, {"new.bin": b"n" * 999})
-    sums.update({p.name: __import__("hashlib").sha256(p.read_bytes()).hexdigest()
-                 for p in src.iterdir() if p.name != "new.bin"})
+    sums.update(
+        {p.name: __import__("hashlib").sha256(p.read_bytes()).hexdigest() for p in src.iterdir() if p.name != "new.bin"}
+    )
     proc = sync(c3, str(src), "/tmp/mirror")
     assert proc.returncode == 0
     assert marker(c3, 1, "/tmp/mirror")["manifest_sha256"] != first

@@ -39,20 +39,48 @@ def s3env(tmp_path_factory):
             home = cdir / "nodes" / str(i) / "home"  # the node's /root, seen from this machine
             (home / ".aws").mkdir(mode=0o700)
             (home / ".aws" / "credentials").write_text(
-                f"[default]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {SECRET}\n")
+                f"[default]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {SECRET}\n"
+            )
             (home / ".aws" / "config").write_text("[default]\nregion = us-east-1\n")
-            tunnels.append(subprocess.Popen(
-                ["ssh", "-N", "-F", "/dev/null", "-i", str(cdir / "id_ed25519"), "-o", "IdentitiesOnly=yes",
-                 "-o", f"UserKnownHostsFile={cdir / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes",
-                 "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
-                 "-R", f"127.0.0.1:{port}:127.0.0.1:{port}", f"root@{host}"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                              aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
+            tunnels.append(
+                subprocess.Popen(
+                    [
+                        "ssh",
+                        "-N",
+                        "-F",
+                        "/dev/null",
+                        "-i",
+                        str(cdir / "id_ed25519"),
+                        "-o",
+                        "IdentitiesOnly=yes",
+                        "-o",
+                        f"UserKnownHostsFile={cdir / 'known_hosts'}",
+                        "-o",
+                        "StrictHostKeyChecking=yes",
+                        "-o",
+                        "BatchMode=yes",
+                        "-o",
+                        "ExitOnForwardFailure=yes",
+                        "-R",
+                        f"127.0.0.1:{port}:127.0.0.1:{port}",
+                        f"root@{host}",
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+            )
+        client = boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region_name="us-east-1",
+            aws_access_key_id=KEY_ID,
+            aws_secret_access_key=SECRET,
+        )
         client.create_bucket(Bucket=BUCKET)
         objects = {
             "one.bin": os.urandom(100_000),
-            "dir with space/it's $x \"q\".bin": os.urandom(3_000),
+            'dir with space/it\'s $x "q".bin': os.urandom(3_000),
             "deep/a/b/c.txt": b"deep" * 100,
         }
         for rel, data in objects.items():
@@ -63,11 +91,14 @@ def s3env(tmp_path_factory):
         multi = os.urandom(5 * 1024 * 1024 + 4321)  # two parts: a multipart ETag
         up = client.create_multipart_upload(Bucket=BUCKET, Key="data/multi.bin")
         parts = []
-        for n, chunk in enumerate((multi[:5 * 1024 * 1024], multi[5 * 1024 * 1024:]), 1):
-            r = client.upload_part(Bucket=BUCKET, Key="data/multi.bin", UploadId=up["UploadId"], PartNumber=n, Body=chunk)
+        for n, chunk in enumerate((multi[: 5 * 1024 * 1024], multi[5 * 1024 * 1024 :]), 1):
+            r = client.upload_part(
+                Bucket=BUCKET, Key="data/multi.bin", UploadId=up["UploadId"], PartNumber=n, Body=chunk
+            )
             parts.append({"PartNumber": n, "ETag": r["ETag"]})
-        client.complete_multipart_upload(Bucket=BUCKET, Key="data/multi.bin", UploadId=up["UploadId"],
-                                         MultipartUpload={"Parts": parts})
+        client.complete_multipart_upload(
+            Bucket=BUCKET, Key="data/multi.bin", UploadId=up["UploadId"], MultipartUpload={"Parts": parts}
+        )
         objects["multi.bin"] = multi
         client.put_object(Bucket=BUCKET, Key="data/empty/", Body=b"")  # a console "folder"
         client.put_object(Bucket=BUCKET, Key="evil/../../escape", Body=b"x")
@@ -134,9 +165,14 @@ def test_rerun_pulls_only_the_corrupted_object_and_resumes_partials(s3env):
     cluster, endpoint, sums, client = s3env
     dst = "/tmp/s3fix"
     assert sync(cluster, "--endpoint-url", endpoint, f"s3://{BUCKET}/data/", dst).returncode == 0
-    cluster.node_exec(1, "python3", "-c",
-                      "import os,sys; p=sys.argv[1]; st=os.stat(p); b=bytearray(open(p,'rb').read()); b[10]^=1; "
-                      "open(p,'wb').write(b); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))", f"{dst}/multi.bin")
+    cluster.node_exec(
+        1,
+        "python3",
+        "-c",
+        "import os,sys; p=sys.argv[1]; st=os.stat(p); b=bytearray(open(p,'rb').read()); b[10]^=1; "
+        "open(p,'wb').write(b); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))",
+        f"{dst}/multi.bin",
+    )
     proc = sync(cluster, "--endpoint-url", endpoint, f"s3://{BUCKET}/data/", dst)
     assert proc.returncode == 0, proc.stderr
     rows = table_rows(proc.stdout)
@@ -150,8 +186,14 @@ def test_rerun_pulls_only_the_corrupted_object_and_resumes_partials(s3env):
     for i, partial in ((2, one[:60_000]), (0, b"\0" * 60_000)):
         cluster.node_exec(i, "rm", f"{dst}/one.bin")
         cluster.node_exec(i, "mkdir", f"{dst}/.clusterctl-partial")
-        cluster.node_exec(i, "python3", "-c", "import sys; open(sys.argv[1],'wb').write(bytes.fromhex(sys.argv[2]))",
-                          f"{dst}/.clusterctl-partial/one.bin", partial.hex())
+        cluster.node_exec(
+            i,
+            "python3",
+            "-c",
+            "import sys; open(sys.argv[1],'wb').write(bytes.fromhex(sys.argv[2]))",
+            f"{dst}/.clusterctl-partial/one.bin",
+            partial.hex(),
+        )
     proc = sync(cluster, "--endpoint-url", endpoint, f"s3://{BUCKET}/data/", dst)
     assert proc.returncode == 0, proc.stderr
     assert f"{cluster.hosts[0]}: s3: 1 object(s) failed, first: one.bin: content does not match" in proc.stderr
@@ -187,8 +229,9 @@ def test_no_credentials_on_the_nodes_is_one_clear_error(s3env):
             (cdir / str(i) / "home" / ".aws" / "moved").rename(cdir / str(i) / "home" / ".aws" / "credentials")
 
 
-def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_node_recorded(s3env, tmp_path,
-                                                                                              monkeypatch):
+def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_node_recorded(
+    s3env, tmp_path, monkeypatch
+):
     """Issue 14: an SSE-KMS object's ETag is not an MD5, and a multipart ETag of a part size that is not a
     whole MiB cannot be recomputed: neither ever verified, so such a sync failed on every node, every time."""
     from clusterctl.data import node_side as sync_agent
@@ -202,21 +245,33 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
     part = 5 * 1024 * 1024 + 1000  # not a whole MiB
     odd = os.urandom(part + 77_777)
     up = client.create_multipart_upload(Bucket=BUCKET, Key="kms/odd.bin")
-    parts = [{"PartNumber": n, "ETag": client.upload_part(Bucket=BUCKET, Key="kms/odd.bin", UploadId=up["UploadId"],
-                                                          PartNumber=n, Body=chunk)["ETag"]}
-             for n, chunk in enumerate((odd[:part], odd[part:]), 1)]
-    client.complete_multipart_upload(Bucket=BUCKET, Key="kms/odd.bin", UploadId=up["UploadId"],
-                                     MultipartUpload={"Parts": parts})
+    parts = [
+        {
+            "PartNumber": n,
+            "ETag": client.upload_part(
+                Bucket=BUCKET, Key="kms/odd.bin", UploadId=up["UploadId"], PartNumber=n, Body=chunk
+            )["ETag"],
+        }
+        for n, chunk in enumerate((odd[:part], odd[part:]), 1)
+    ]
+    client.complete_multipart_upload(
+        Bucket=BUCKET, Key="kms/odd.bin", UploadId=up["UploadId"], MultipartUpload={"Parts": parts}
+    )
     assert client.head_object(Bucket=BUCKET, Key="kms/odd.bin")["ETag"].strip('"').endswith("-2")
     client.put_object(Bucket=BUCKET, Key="kms/plain.txt", Body=b"plain")  # an MD5 ETag: S3's own check
-    want = {"secret.bin": hashlib.sha256(kms).hexdigest(), "odd.bin": hashlib.sha256(odd).hexdigest(),
-            "plain.txt": hashlib.sha256(b"plain").hexdigest()}
+    want = {
+        "secret.bin": hashlib.sha256(kms).hexdigest(),
+        "odd.bin": hashlib.sha256(odd).hexdigest(),
+        "plain.txt": hashlib.sha256(b"plain").hexdigest(),
+    }
 
     proc = sync(cluster, "--endpoint-url", endpoint, f"s3://{BUCKET}/kms", "/tmp/s3kms")
     assert proc.returncode == 0, proc.stderr
-    assert (f"2 object(s) have no checksum S3 vouches for (SSE-KMS, or a multipart ETag of unknown part size): "
-            f"their sha256 as pulled by {cluster.hosts[0]} is recorded, and every other node's copy is checked "
-            "against it") in " ".join(proc.stderr.split()), proc.stderr
+    assert (
+        f"2 object(s) have no checksum S3 vouches for (SSE-KMS, or a multipart ETag of unknown part size): "
+        f"their sha256 as pulled by {cluster.hosts[0]} is recorded, and every other node's copy is checked "
+        "against it"
+    ) in " ".join(proc.stderr.split()), proc.stderr
     for i in range(3):
         assert node_sha256(cluster, i, "/tmp/s3kms") == want
         assert marker(cluster, i, "/tmp/s3kms") is not None
@@ -235,12 +290,31 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
     entries = json.loads(listing.read_text())["entries"]
     only = tmp_path / "only"
     only.write_bytes(b"secret.bin\0")
-    for h, expect in ((None, "S3 gives no checksum for it (SSE-KMS or a multipart ETag) and no node recorded one"),
-                      ("0" * 64, "content does not match the sha256 recorded by the first node")):
+    for h, expect in (
+        (None, "S3 gives no checksum for it (SSE-KMS or a multipart ETag) and no node recorded one"),
+        ("0" * 64, "content does not match the sha256 recorded by the first node"),
+    ):
         manifest = tmp_path / "m.json"
         manifest.write_text(json.dumps({"entries": [{**e, **({"h": h} if h else {})} for e in entries]}))
         out = tmp_path / "out.json"
-        rc = sync_agent.main(["s3pull", "--dst", str(tmp_path / "dst"), "--manifest", str(manifest), "--bucket", BUCKET,
-                              "--prefix", "kms/", "--only", str(only), "--endpoint-url", endpoint, "--out", str(out)])
+        rc = sync_agent.main(
+            [
+                "s3pull",
+                "--dst",
+                str(tmp_path / "dst"),
+                "--manifest",
+                str(manifest),
+                "--bucket",
+                BUCKET,
+                "--prefix",
+                "kms/",
+                "--only",
+                str(only),
+                "--endpoint-url",
+                endpoint,
+                "--out",
+                str(out),
+            ]
+        )
         assert rc != 0 and expect in json.loads(out.read_text())["error"]
         assert not (tmp_path / "dst" / "secret.bin").exists()

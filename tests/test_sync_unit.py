@@ -157,15 +157,28 @@ def _stream_into(tmp_path: Path, src: Path, dst: Path, tamper=None) -> Path:
     """src as GNU tar streams it (the chain's way), through the agent's recv into tar -x at dst; tamper(bytes)
     may change the stream on the way. The hashes recv kept, as the relay keeps them."""
     names = [e["p"] for e in sync_agent.scan(str(src))]
-    stream = subprocess.run(["tar", "-C", str(src), "--null", "--no-recursion", "-T", "-", "-cf", "-"],
-                            input=b"".join(os.fsencode(n) + b"\0" for n in names), capture_output=True, check=True).stdout
+    stream = subprocess.run(
+        ["tar", "-C", str(src), "--null", "--no-recursion", "-T", "-", "-cf", "-"],
+        input=b"".join(os.fsencode(n) + b"\0" for n in names),
+        capture_output=True,
+        check=True,
+    ).stdout
     if tamper:
         stream = tamper(stream)
     dst.mkdir(exist_ok=True)
     hashes = tmp_path / "recv.json"
-    proc = subprocess.run(["bash", "-c", f"python3 {shlex.quote(sync_agent.__file__)} recv --hashes "
-                           f"{shlex.quote(str(hashes))} | tar -C {shlex.quote(str(dst))} -xf -; "
-                           'echo "${PIPESTATUS[*]}"'], input=stream, capture_output=True, check=True)
+    proc = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"python3 {shlex.quote(sync_agent.__file__)} recv --hashes "
+            f"{shlex.quote(str(hashes))} | tar -C {shlex.quote(str(dst))} -xf -; "
+            'echo "${PIPESTATUS[*]}"',
+        ],
+        input=stream,
+        capture_output=True,
+        check=True,
+    )
     assert proc.stdout.split() == [b"0", b"0"], proc.stderr
     return hashes
 
@@ -176,8 +189,9 @@ def test_a_copy_hashed_as_written_is_verified_without_reading_it_back(tmp_path):
     os.link(src / "-lead", src / "hard")  # tar sends it as a link: it gets its target's hash
     m = _manifest(tmp_path, src)
     hashes = _stream_into(tmp_path, src, dst)
-    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "t",
-                     "--received", str(hashes))
+    rc, out = _agent(
+        "check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "t", "--received", str(hashes)
+    )
     assert rc == 0 and out["bad"] == [] and out["marked"]
     assert out["reread"] == 0 and out["streamed"] == 4  # no file read back
     # a byte flipped on disk after tar wrote it, size and mtime kept: the hashes as written do not see it,
@@ -200,11 +214,12 @@ def test_a_byte_changed_on_the_wire_is_caught_without_the_read_back(tmp_path):
 
     def flip(stream: bytes) -> bytes:  # one byte of -lead's data, in the middle of the stream
         at = stream.index(body[:64]) + 1000
-        return stream[:at] + bytes([stream[at] ^ 1]) + stream[at + 1:]
+        return stream[:at] + bytes([stream[at] ^ 1]) + stream[at + 1 :]
 
     hashes = _stream_into(tmp_path, src, dst, flip)
-    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "t",
-                     "--received", str(hashes))
+    rc, out = _agent(
+        "check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "t", "--received", str(hashes)
+    )
     assert out["bad"] == ["-lead"] and out["bad_bytes"] == 3000 and not out["marked"]
     assert out["reread"] == 0  # caught by its hash as written, not by reading it back
     assert not (dst / ".clusterctl-sync" / "COMPLETE").exists()
@@ -213,8 +228,9 @@ def test_a_byte_changed_on_the_wire_is_caught_without_the_read_back(tmp_path):
 def test_recv_passes_a_stream_it_cannot_follow_through_whole_and_keeps_no_hashes(tmp_path):
     data = os.urandom(200_000)
     out = tmp_path / "h.json"
-    proc = subprocess.run(["python3", sync_agent.__file__, "recv", "--hashes", str(out)], input=data,
-                          capture_output=True)
+    proc = subprocess.run(
+        ["python3", sync_agent.__file__, "recv", "--hashes", str(out)], input=data, capture_output=True
+    )
     assert proc.stdout == data and proc.returncode == 1 and not out.exists()
     assert b"cannot follow the tar stream" in proc.stderr
 
@@ -228,12 +244,13 @@ def test_tar_follower_hashes_long_names_and_links_fed_in_odd_pieces(tmp_path, fm
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(data)
     os.link(src / long, src / "hard")
-    stream = subprocess.run(["tar", "-C", str(src), f"--format={fmt}", "-cf", "-", "."], capture_output=True,
-                            check=True).stdout
+    stream = subprocess.run(
+        ["tar", "-C", str(src), f"--format={fmt}", "-cf", "-", "."], capture_output=True, check=True
+    ).stdout
     follower = sync_agent.TarFollower()
     view, i, step = memoryview(stream), 0, 1
     while i < len(view):  # pieces of 1, 2, 3 ... bytes: headers and data split anywhere
-        follower.feed(view[i:i + step])
+        follower.feed(view[i : i + step])
         i, step = i + step, step % 997 + 1
     assert follower.done
     got = {k.removeprefix("./"): v[:2] for k, v in follower.hashes.items()}
@@ -299,7 +316,7 @@ def test_s3_etags_single_and_multipart(tmp_path):
     f.write_bytes(data)
     assert sync_agent.etag_matches(str(f), hashlib.md5(data).hexdigest(), len(data))
     part = 1024 * 1024
-    digests = b"".join(hashlib.md5(data[i:i + part]).digest() for i in range(0, len(data), part))
+    digests = b"".join(hashlib.md5(data[i : i + part]).digest() for i in range(0, len(data), part))
     etag = f"{hashlib.md5(digests).hexdigest()}-4"
     assert sync_agent.etag_matches(str(f), etag, len(data))
     assert not sync_agent.etag_matches(str(f), etag.replace("-4", "-3"), len(data))
@@ -333,9 +350,11 @@ def test_zero_copy_relay_gives_both_outputs_every_byte_and_survives_either_dying
     os.mkfifo(fifo)
     hop_reader = "head -c 1000 >/dev/null" if case == "hop dies" else "sha256sum"
     tar_reader = "head -c 1000 >/dev/null" if case == "tar dies" else "sha256sum"
-    script = (f"{hop_reader} < {shlex.quote(str(fifo))} > {tmp_path}/hop.out & "
-              f"python3 {shlex.quote(sync_agent.__file__)} relay --out {shlex.quote(str(fifo))} | {tar_reader} "
-              f"> {tmp_path}/tar.out; wait")
+    script = (
+        f"{hop_reader} < {shlex.quote(str(fifo))} > {tmp_path}/hop.out & "
+        f"python3 {shlex.quote(sync_agent.__file__)} relay --out {shlex.quote(str(fifo))} | {tar_reader} "
+        f"> {tmp_path}/tar.out; wait"
+    )
     proc = subprocess.run(["bash", "-c", script], input=data, capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     want = hashlib.sha256(data).hexdigest()

@@ -80,11 +80,31 @@ def reverse_tunnel(cluster, index: int, port: int) -> subprocess.Popen:
     """The node's 127.0.0.1:port is this machine's 127.0.0.1:port (ssh -R, host key checked)."""
     cdir = cluster.cli.home / "clusters" / cluster.name
     return subprocess.Popen(
-        ["ssh", "-N", "-F", "/dev/null", "-i", str(cdir / "id_ed25519"), "-o", "IdentitiesOnly=yes",
-         "-o", f"UserKnownHostsFile={cdir / 'known_hosts'}", "-o", "StrictHostKeyChecking=yes",
-         "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
-         "-R", f"127.0.0.1:{port}:127.0.0.1:{port}", f"root@{cluster.hosts[index]}"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            "ssh",
+            "-N",
+            "-F",
+            "/dev/null",
+            "-i",
+            str(cdir / "id_ed25519"),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={cdir / 'known_hosts'}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-R",
+            f"127.0.0.1:{port}:127.0.0.1:{port}",
+            f"root@{cluster.hosts[index]}",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +122,33 @@ def env(module_cluster_factory):
         home = cluster.cli.home / "clusters" / cluster.name / "nodes" / "0" / "home"  # the leader's /root
         (home / ".aws").mkdir(mode=0o700)
         (home / ".aws" / "credentials").write_text(
-            f"[default]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {SECRET}\n")
+            f"[default]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {SECRET}\n"
+        )
         (home / ".aws" / "config").write_text("[default]\nregion = us-east-1\n")
-        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{s3_port}", region_name="us-east-1",
-                          aws_access_key_id=KEY_ID, aws_secret_access_key=SECRET)
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{s3_port}",
+            region_name="us-east-1",
+            aws_access_key_id=KEY_ID,
+            aws_secret_access_key=SECRET,
+        )
         s3.create_bucket(Bucket=BUCKET)
         cli = cluster.cli
-        proc = cli("data", "synthetic", "ds", "--images", "320", "--classes", "10", "--image-size", "32",
-                   "--train-shards", "4", "--validation-shards", "2")
+        proc = cli(
+            "data",
+            "synthetic",
+            "ds",
+            "--images",
+            "320",
+            "--classes",
+            "10",
+            "--image-size",
+            "32",
+            "--train-shards",
+            "4",
+            "--validation-shards",
+            "2",
+        )
         assert proc.returncode == 0, proc.stderr
         proc = cli("sync", str(cli.cwd / "ds"), "/root/ds", timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -143,10 +182,28 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
     cli = cluster.cli
     member = cluster.hosts[1]
     folder = "/root/runs/ck/checkpoints"
-    cmd = ["train", "--data", "/root/ds", "--model", "tiny", "--epochs", "20", "--batch-size", "8",
-           "--checkpoint-every", "10", "--log-every", "10", "--model-dir", "~/runs/ck",
-           "--warmup-epochs", "1", "--checkpoint-to", f"s3://{BUCKET}/ckpts/run1",
-           f"--trainer-arg=--s3-endpoint-url={endpoint}"]
+    cmd = [
+        "train",
+        "--data",
+        "/root/ds",
+        "--model",
+        "tiny",
+        "--epochs",
+        "20",
+        "--batch-size",
+        "8",
+        "--checkpoint-every",
+        "10",
+        "--log-every",
+        "10",
+        "--model-dir",
+        "~/runs/ck",
+        "--warmup-epochs",
+        "1",
+        "--checkpoint-to",
+        f"s3://{BUCKET}/ckpts/run1",
+        f"--trainer-arg=--s3-endpoint-url={endpoint}",
+    ]
 
     for uri in ("s3://Bad_Bucket/x", "s3://cc-ckpt"):
         bad = cli(*cmd[:-3], "--checkpoint-to", uri)
@@ -181,16 +238,21 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
     assert all(keys[f"ckpts/run1/{n}"] == size for n, size in mine.items())
 
     def newest(listing: dict[str, int]) -> int:
-        return max(int(n[5:-len(".manifest.json")]) for n in listing if n.endswith(".manifest.json"))
+        return max(int(n[5 : -len(".manifest.json")]) for n in listing if n.endswith(".manifest.json"))
 
     member_max = newest(member_files)
     s3_max = newest({k.rsplit("/", 1)[1]: v for k, v in keys.items()})
     assert member_max >= s3_max >= saved  # the member is copied first
 
     # on the member, a newer checkpoint whose data shard is missing: its manifest says complete, the files do not
-    cluster.node_exec(1, "sh", "-c", f"cd {folder} && cp ckpt-{saved}.index ckpt-990.index && "
-                                     f"sed 's/ckpt-{saved}\\([.\"]\\)/ckpt-990\\1/g; s/\"step\": {saved}/\"step\": 990/' "
-                                     f"ckpt-{saved}.manifest.json > ckpt-990.manifest.json")
+    cluster.node_exec(
+        1,
+        "sh",
+        "-c",
+        f"cd {folder} && cp ckpt-{saved}.index ckpt-990.index && "
+        f'sed \'s/ckpt-{saved}\\([."]\\)/ckpt-990\\1/g; s/"step": {saved}/"step": 990/\' '
+        f"ckpt-{saved}.manifest.json > ckpt-990.manifest.json",
+    )
     fake = json.loads(cluster.node_exec(1, "cat", f"{folder}/ckpt-990.manifest.json").stdout)
     assert fake["step"] == 990 and "ckpt-990.data-00000-of-00001" in fake["files"]
     # the leader's checkpoints are gone (a lost leader disk)
@@ -224,9 +286,27 @@ def test_spot_notice_checkpoints_within_one_poll_and_stops_then_resumes(env):
     cli = cluster.cli
     poll = 2.0
     folder = "/root/runs/spot/checkpoints"
-    cmd = ["train", "--data", "/root/ds", "--model", "tiny", "--epochs", "30", "--batch-size", "8",
-           "--checkpoint-every", "1000", "--log-every", "5", "--model-dir", "~/runs/spot", "--max-steps", "120",
-           f"--trainer-arg=--spot-poll={poll}", f"--trainer-arg=--imds-endpoint=http://127.0.0.1:{imds.port}"]
+    cmd = [
+        "train",
+        "--data",
+        "/root/ds",
+        "--model",
+        "tiny",
+        "--epochs",
+        "30",
+        "--batch-size",
+        "8",
+        "--checkpoint-every",
+        "1000",
+        "--log-every",
+        "5",
+        "--model-dir",
+        "~/runs/spot",
+        "--max-steps",
+        "120",
+        f"--trainer-arg=--spot-poll={poll}",
+        f"--trainer-arg=--imds-endpoint=http://127.0.0.1:{imds.port}",
+    ]
     job1 = started(cli(*cmd))
 
     def training():
@@ -236,9 +316,16 @@ def test_spot_notice_checkpoints_within_one_poll_and_stops_then_resumes(env):
     wait_for(training, 300, "training past step 20", interval=0.2)
     assert imds.puts >= 1 and imds.gets_with_token >= 1 and imds.gets_without_token == 0
     imds.notice()
-    wait_for(lambda: "gone" in cluster.node_exec(0, "sh", "-c", f"tmux has-session -t ={job1} 2>/dev/null "
-                                                                f"&& echo alive || echo gone").stdout,
-             180, "every rank to stop")
+    wait_for(
+        lambda: (
+            "gone"
+            in cluster.node_exec(
+                0, "sh", "-c", f"tmux has-session -t ={job1} 2>/dev/null && echo alive || echo gone"
+            ).stdout
+        ),
+        180,
+        "every rank to stop",
+    )
     text = leader_log(cluster, job1)
     run = train_log.parse_train_log(text).current
     assert imds.first_served is not None and imds.first_served - imds.noticed_at <= poll + 0.5
@@ -285,13 +372,19 @@ def test_spot_notice_checkpoints_within_one_poll_and_stops_then_resumes(env):
         os.kill(sshd, signal.SIGCONT)
         record_path.write_text(record)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert re.search(rf"spot cluster: left out {re.escape(member)} \(.+\), unreachable .*training on 1 of 2 "
-                     rf"node\(s\), leader {re.escape(cluster.hosts[0])}", proc.stderr), proc.stderr
+    assert re.search(
+        rf"spot cluster: left out {re.escape(member)} \(.+\), unreachable .*training on 1 of 2 "
+        rf"node\(s\), leader {re.escape(cluster.hosts[0])}",
+        proc.stderr,
+    ), proc.stderr
     run2 = train_log.parse_train_log(proc.stdout).current
     assert run2.start.size == 2 and run2.resumed_from.path == f"{folder}/ckpt-{step}"  # the leader's 2 slots
     # half the global batch: the trainer carries on at the step that has seen as many images (not from scratch)
-    changed = [{k: w.fields.get(k) for k in ("saved", "now", "step", "new_step")} for w in run2.warnings
-               if w.fields.get("kind") == "global_batch_changed"]
+    changed = [
+        {k: w.fields.get(k) for k in ("saved", "now", "step", "new_step")}
+        for w in run2.warnings
+        if w.fields.get("kind") == "global_batch_changed"
+    ]
     assert changed == [{"saved": "32", "now": "16", "step": str(step), "new_step": str(2 * step)}], run2.warnings
     assert run2.start.start_step == run2.resumed_from.step == 2 * step and run2.done.step == 120
     assert "[2]<stdout>" not in proc.stdout  # no process on the member
@@ -308,21 +401,40 @@ def test_checkpoint_to_grants_the_nodes_role_write_on_that_prefix_only(monkeypat
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
-        for k, v in (("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}"), ("AWS_ACCESS_KEY_ID", KEY_ID),
-                     ("AWS_SECRET_ACCESS_KEY", SECRET), ("AWS_DEFAULT_REGION", "us-east-1")):
+        for k, v in (
+            ("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}"),
+            ("AWS_ACCESS_KEY_ID", KEY_ID),
+            ("AWS_SECRET_ACCESS_KEY", SECRET),
+            ("AWS_DEFAULT_REGION", "us-east-1"),
+        ):
             monkeypatch.setenv(k, v)
         iam = boto3.client("iam")
         iam.create_role(RoleName="clusterctl-x-us-east-1", AssumeRolePolicyDocument=json.dumps(bootstrap.EC2_TRUST))
-        cluster = Cluster(name="x", provider="aws", nodes=(), region="us-east-1", instance_type="p3.2xlarge",
-                          created_at=0.0, extra={"instance_profile": "clusterctl-x-us-east-1"})
+        cluster = Cluster(
+            name="x",
+            provider="aws",
+            nodes=(),
+            region="us-east-1",
+            instance_type="p3.2xlarge",
+            created_at=0.0,
+            extra={"instance_profile": "clusterctl-x-us-east-1"},
+        )
         aws.AwsProvider(region="us-east-1").grant_checkpoint_write(cluster, "s3://ckpt-bucket/runs/r1")
         doc = iam.get_role_policy(RoleName="clusterctl-x-us-east-1", PolicyName="checkpoints-write")["PolicyDocument"]
         doc = json.loads(doc) if isinstance(doc, str) else doc
         assert doc["Statement"] == [
-            {"Effect": "Allow", "Action": ["s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-             "Resource": ["arn:aws:s3:::ckpt-bucket/runs/r1/*"]},
-            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": "arn:aws:s3:::ckpt-bucket",
-             "Condition": {"StringLike": {"s3:prefix": ["runs/r1/*"]}}}]
+            {
+                "Effect": "Allow",
+                "Action": ["s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                "Resource": ["arn:aws:s3:::ckpt-bucket/runs/r1/*"],
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": "arn:aws:s3:::ckpt-bucket",
+                "Condition": {"StringLike": {"s3:prefix": ["runs/r1/*"]}},
+            },
+        ]
     finally:
         server.stop()
 
@@ -352,8 +464,19 @@ def test_data_tfrecords_on_the_leader_from_a_folder_there_or_s3(env, tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("Error: /root/imagenet/val holds 7 images without class")
 
-    proc = cli("data", "tfrecords", "~/imagenet", "~/shards", "--on", "leader", "--val-labels", str(csv),
-               "--train-shards", "2", timeout=600)
+    proc = cli(
+        "data",
+        "tfrecords",
+        "~/imagenet",
+        "~/shards",
+        "--on",
+        "leader",
+        "--val-labels",
+        str(csv),
+        "--train-shards",
+        "2",
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "/root/shards: 6 train image(s) in 2 shard(s), 7 validation image(s)" in proc.stderr, proc.stderr
     meta = json.loads(cluster.node_exec(0, "cat", "/root/shards/dataset.json").stdout)
@@ -367,13 +490,28 @@ def test_data_tfrecords_on_the_leader_from_a_folder_there_or_s3(env, tmp_path):
     for p in (leader_home / "imagenet").rglob("*"):
         if p.is_file():
             s3.put_object(Bucket=BUCKET, Key=f"imgs/{p.relative_to(leader_home / 'imagenet')}", Body=p.read_bytes())
-    proc = cli("data", "tfrecords", f"s3://{BUCKET}/imgs", "~/shards3", "--on", "leader", "--val-labels", str(csv),
-               "--train-shards", "2", "--endpoint-url", endpoint, timeout=600)
+    proc = cli(
+        "data",
+        "tfrecords",
+        f"s3://{BUCKET}/imgs",
+        "~/shards3",
+        "--on",
+        "leader",
+        "--val-labels",
+        str(csv),
+        "--train-shards",
+        "2",
+        "--endpoint-url",
+        endpoint,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "pulled 14 object(s)" in proc.stderr  # 6 train, 7 val, the LICENSE
     meta3 = json.loads(cluster.node_exec(0, "cat", "/root/shards3/dataset.json").stdout)
     assert meta3["splits"] == meta["splits"]
-    left = cluster.node_exec(0, "sh", "-c", "ls -a /root | grep -c source; ls /root/clusterctl-jobs | grep -c data-; true")
+    left = cluster.node_exec(
+        0, "sh", "-c", "ls -a /root | grep -c source; ls /root/clusterctl-jobs | grep -c data-; true"
+    )
     assert left.stdout.split() == ["0", "0"], left.stdout  # the pulled objects and the job folder are gone
 
 

@@ -60,8 +60,11 @@ def s3(monkeypatch):
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    for k, v in (("AWS_ACCESS_KEY_ID", "AKIATEST"), ("AWS_SECRET_ACCESS_KEY", "secret"),
-                 ("AWS_DEFAULT_REGION", "us-east-1")):
+    for k, v in (
+        ("AWS_ACCESS_KEY_ID", "AKIATEST"),
+        ("AWS_SECRET_ACCESS_KEY", "secret"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         monkeypatch.setenv(k, v)
     url = f"http://127.0.0.1:{port}"
     client = boto3.client("s3", endpoint_url=url)
@@ -77,8 +80,11 @@ def test_s3_copy_keeps_the_newest_and_a_lost_leader_folder_resumes_from_it(tmp_p
     for step in (10, 20, 30, 40):
         copy.push(str(leader), fake_checkpoint(leader, step), keep=2)
     keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="ckb")["Contents"])
-    assert keys == sorted(f"runs/r1/ckpt-{s}{x}" for s in (30, 40)
-                          for x in (".index", ".data-00000-of-00002", ".data-00001-of-00002", ".manifest.json"))
+    assert keys == sorted(
+        f"runs/r1/ckpt-{s}{x}"
+        for s in (30, 40)
+        for x in (".index", ".data-00000-of-00002", ".data-00001-of-00002", ".manifest.json")
+    )
     # a newer upload cut off before its manifest: never taken
     client.put_object(Bucket="ckb", Key="runs/r1/ckpt-50.index", Body=b"half")
     want = {n: (leader / n).read_bytes() for n in os.listdir(leader) if n.startswith("ckpt-40.")}
@@ -88,7 +94,10 @@ def test_s3_copy_keeps_the_newest_and_a_lost_leader_folder_resumes_from_it(tmp_p
     path, place, m = ck.newest(str(leader), [copy], lambda event, **f: events.append((event, f)))
     assert (path, place, m["step"]) == (str(leader / "ckpt-40"), "s3://ckb/runs/r1/", 40)
     assert {n: (leader / n).read_bytes() for n in want} == want  # fetched byte for byte, manifest last
-    assert ("warning", {"kind": "incomplete_checkpoint", "place": "s3://ckb/runs/r1/", "checkpoints": "ckpt-50"}) in events
+    assert (
+        "warning",
+        {"kind": "incomplete_checkpoint", "place": "s3://ckb/runs/r1/", "checkpoints": "ckpt-50"},
+    ) in events
 
 
 def test_spot_watch_speaks_imdsv2_and_sees_the_notice_within_one_poll():

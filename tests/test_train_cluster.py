@@ -21,9 +21,27 @@ from conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
-TRAIN = ["train", "--data", "/root/ds", "--model", "tiny", "--epochs", "20", "--batch-size", "8",
-         "--checkpoint-every", "20", "--log-every", "20", "--base-lr", "2", "--warmup-epochs", "1",
-         "--model-dir", "~/runs/tiny"]
+TRAIN = [
+    "train",
+    "--data",
+    "/root/ds",
+    "--model",
+    "tiny",
+    "--epochs",
+    "20",
+    "--batch-size",
+    "8",
+    "--checkpoint-every",
+    "20",
+    "--log-every",
+    "20",
+    "--base-lr",
+    "2",
+    "--warmup-epochs",
+    "1",
+    "--model-dir",
+    "~/runs/tiny",
+]
 
 
 def leader_log(cluster, job: str) -> str:
@@ -33,8 +51,21 @@ def leader_log(cluster, job: str) -> str:
 def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_path):
     cluster = local_cluster_factory(2, 2, runtime=True)
     cli = cluster.cli
-    proc = cli("data", "synthetic", "ds", "--images", "640", "--classes", "10", "--image-size", "32",
-               "--train-shards", "4", "--validation-shards", "2")
+    proc = cli(
+        "data",
+        "synthetic",
+        "ds",
+        "--images",
+        "640",
+        "--classes",
+        "10",
+        "--image-size",
+        "32",
+        "--train-shards",
+        "4",
+        "--validation-shards",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
 
     # ---- refused: the data is not on the nodes yet (nor verified there)
@@ -68,9 +99,16 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
 
     wait_for(checkpoint_at_40_or_later, 120, "the step-40 checkpoint", interval=0.1)
     cluster.node_exec(1, "pkill", "-KILL", "-f", "train_imagenet.py")
-    wait_for(lambda: "gone" in cluster.node_exec(0, "sh", "-c", f"tmux has-session -t ={job1} 2>/dev/null "
-                                                                f"&& echo alive || echo gone").stdout,
-             120, "horovodrun on the leader to give up")
+    wait_for(
+        lambda: (
+            "gone"
+            in cluster.node_exec(
+                0, "sh", "-c", f"tmux has-session -t ={job1} 2>/dev/null && echo alive || echo gone"
+            ).stdout
+        ),
+        120,
+        "horovodrun on the leader to give up",
+    )
     log1 = train_log.parse_train_log(leader_log(cluster, job1))
     assert log1.current.done is None and log1.current.failure, "the job was not killed mid-run"
     saved = log1.current.checkpoints[-1].step
@@ -113,15 +151,24 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
         port = taken.getsockname()[1]
         proc = cli("tensorboard", "--port", str(port), timeout=300)
     assert proc.returncode == 3, proc.stderr
-    assert proc.stderr == f"Error: local port {port} is not free on this machine (Address already in use): " \
-                          "pick another with --port\n"
+    assert (
+        proc.stderr == f"Error: local port {port} is not free on this machine (Address already in use): "
+        "pick another with --port\n"
+    )
     assert cluster.node_exec(0, "sh", "-c", "tmux ls 2>/dev/null; pgrep -af '[t]ensorboard'; true").stdout == ""
 
     # ---- TensorBoard on the leader's 127.0.0.1, through an ssh tunnel to a local port
     port = free_port()
-    tb = subprocess.Popen([sys.executable, "-m", "clusterctl", "tensorboard", "--port", str(port)], cwd=cli.cwd,
-                          env=cli.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tb = subprocess.Popen(
+        [sys.executable, "-m", "clusterctl", "tensorboard", "--port", str(port)],
+        cwd=cli.cwd,
+        env=cli.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
+
         def tags():
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as r:

@@ -81,9 +81,18 @@ class Job:
     def __init__(self, tmp: Path, data: Path):
         self.tmp, self.data, self.model_dir = tmp, data, tmp / "model"
         self.opts = train.TrainOptions(
-            data=str(data), model="tiny", epochs=12, batch_size=16, model_dir=str(self.model_dir),
-            base_lr=2.0, warmup_epochs=1, checkpoint_every=20, keep_checkpoints=3, log_every=10,
-            extra=("--shuffle-buffer", "256"))
+            data=str(data),
+            model="tiny",
+            epochs=12,
+            batch_size=16,
+            model_dir=str(self.model_dir),
+            base_lr=2.0,
+            warmup_epochs=1,
+            checkpoint_every=20,
+            keep_checkpoints=3,
+            log_every=10,
+            extra=("--shuffle-buffer", "256"),
+        )
 
     def argv(self) -> list[str]:
         script = train.trainer_argv(PY, str(TEMPLATE), self.opts)
@@ -93,8 +102,15 @@ class Job:
         """Run to the end, or SIGKILL rank 1 once `kill_rank1_after` appears in the output; returns
         (exit status, output, seconds horovodrun took to exit after the kill)."""
         env = scrubbed_env({**os.environ, "AWS_SECRET_ACCESS_KEY": "planted-by-test"})
-        proc = subprocess.Popen(self.argv(), cwd=self.tmp, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            self.argv(),
+            cwd=self.tmp,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         lines: list[str] = []
         killed_at = None
         deadline = time.monotonic() + TIMEOUT_S
@@ -122,10 +138,33 @@ def dataset(tmp_path_factory) -> Path:
     """640 training and 128 validation images, 10 classes, 32 px, made by the real CLI."""
     tmp = tmp_path_factory.mktemp("trainset")
     env = {**os.environ, "PYTHONPATH": str(REPO), "CLUSTERCTL_HOME": str(tmp / "cchome")}
-    proc = subprocess.run([PY, "-m", "clusterctl", "data", "synthetic", str(tmp / "data"), "--images", "640",
-                           "--classes", "10", "--validation-images", "128", "--image-size", "32",
-                           "--train-shards", "4", "--validation-shards", "2"],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            PY,
+            "-m",
+            "clusterctl",
+            "data",
+            "synthetic",
+            str(tmp / "data"),
+            "--images",
+            "640",
+            "--classes",
+            "10",
+            "--validation-images",
+            "128",
+            "--image-size",
+            "32",
+            "--train-shards",
+            "4",
+            "--validation-shards",
+            "2",
+        ],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return tmp / "data"
 
@@ -150,7 +189,9 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     # Horovod has no fault tolerance: the job is gone everywhere, nothing of it left running.
     time.sleep(1)
     assert processes_mentioning(str(job.model_dir)) == []
-    saved = sorted(int(p.name.split("-")[1].split(".")[0]) for p in (job.model_dir / "checkpoints").glob("ckpt-*.index"))
+    saved = sorted(
+        int(p.name.split("-")[1].split(".")[0]) for p in (job.model_dir / "checkpoints").glob("ckpt-*.index")
+    )
     assert saved[-1] == st.last_checkpoint.step and len(saved) <= 3  # --keep-checkpoints 3
 
     # ---- 2: the same command again resumes from that checkpoint, finishes, evaluates
@@ -184,24 +225,38 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     assert list((job.model_dir / "tensorboard").glob("events.out.tfevents.*"))
 
     # ---- 3: --eval-only on one process (as `clusterctl eval` does on the leader): same checkpoint, same result
-    opts = train.TrainOptions(data=str(dataset), model="tiny", batch_size=16, model_dir=str(job.model_dir),
-                              eval_only=True, no_gpu=True)
-    proc = subprocess.run(train.trainer_argv(PY, str(TEMPLATE), opts), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env=scrubbed_env(dict(os.environ)))
+    opts = train.TrainOptions(
+        data=str(dataset), model="tiny", batch_size=16, model_dir=str(job.model_dir), eval_only=True, no_gpu=True
+    )
+    proc = subprocess.run(
+        train.trainer_argv(PY, str(TEMPLATE), opts),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=scrubbed_env(dict(os.environ)),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     alone = train_log.parse_eval(proc.stdout)
     assert alone.size == 1 and alone.step == 240 and alone.epoch == 12.0 and alone.examples == 128
     assert alone.checkpoint.endswith("ckpt-240")
     # rank 0's weights and batch-norm statistics everywhere: the number of processes does not change the result
     assert abs(alone.top1 - ev.top1) < 100 / 128 and abs(alone.top5 - ev.top5) < 100 / 128
-    print("\n" + "".join(line for line in (out1 + out2 + proc.stdout).splitlines(keepends=True)
-                         if train_log.MARK in line or "Validation:" in line))
+    print(
+        "\n"
+        + "".join(
+            line
+            for line in (out1 + out2 + proc.stdout).splitlines(keepends=True)
+            if train_log.MARK in line or "Validation:" in line
+        )
+    )
 
 
 def test_eval_only_without_a_checkpoint_fails_with_its_reason(tmp_path, dataset):
     opts = train.TrainOptions(data=str(dataset), model="tiny", model_dir=str(tmp_path / "empty"), eval_only=True)
-    proc = subprocess.run(train.trainer_argv(PY, str(TEMPLATE), opts), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        train.trainer_argv(PY, str(TEMPLATE), opts), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     assert proc.returncode == train_log.EXIT_CHECKPOINT, proc.stderr[-2000:]
     with pytest.raises(ValueError, match="no evaluation: the trainer reported no_checkpoint"):
         train_log.parse_eval(proc.stdout)
@@ -209,15 +264,18 @@ def test_eval_only_without_a_checkpoint_fails_with_its_reason(tmp_path, dataset)
     import socket
 
     assert [(d.rank, d.host, d.gpus, d.logical) for d in parse_devices(proc.stdout, train_log.MARK)] == [
-        (0, socket.gethostname(), (), 0)]
+        (0, socket.gethostname(), (), 0)
+    ]
 
 
 def _template_script(body: str, *args: str) -> str:
     """Run `body` in the training Python with the template imported as `t` (and tf); its stdout."""
-    head = ("import importlib.util, sys\n"
-            f"spec = importlib.util.spec_from_file_location('t', {str(TEMPLATE)!r})\n"
-            "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
-            "import tensorflow as tf\n")
+    head = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('t', {str(TEMPLATE)!r})\n"
+        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
+        "import tensorflow as tf\n"
+    )
     proc = subprocess.run([PY, "-c", head + body, *args], capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -235,7 +293,8 @@ def test_crops_and_flips_differ_by_rank_and_restart_and_repeat_for_the_same_ones
         "    ds = t.train_dataset(tf, args, files, rank, 2, t.data_seed(args.seed, rank, start), 10, threads=1)\n"
         "    images, labels = next(iter(ds))\n"
         "    print(rank, start, hashlib.sha256(images.numpy().tobytes()).hexdigest(), labels.numpy().tolist())\n",
-        str(dataset))
+        str(dataset),
+    )
     rows = [line.split(" ", 3) for line in out.splitlines()]
     (r0, s0, h0, l0), (r1, _, h1, l1), (_, _, h_restart, l_restart), (_, _, h_again, l_again) = rows
     assert l0 == l1 == l_restart == l_again, "the same images, in the same order, for every case"
@@ -250,7 +309,8 @@ def test_goyal_zeroes_the_last_batch_norm_gamma_of_every_residual_block():
         "print('ZEROED', t.zero_last_gammas(m))\n"
         "g = {l.name: float(tf.reduce_sum(tf.abs(l.gamma))) for l in m.layers if l.name.endswith('_bn')}\n"
         "print('LAST', sorted({v for k, v in g.items() if k.endswith('_3_bn')}))\n"
-        "print('OTHER', min(v for k, v in g.items() if not k.endswith('_3_bn')))\n")
+        "print('OTHER', min(v for k, v in g.items() if not k.endswith('_3_bn')))\n"
+    )
     assert "ZEROED 16" in out  # ResNet-50: 3 + 4 + 6 + 3 blocks
     assert "LAST [0.0]" in out
     assert float(out.split("OTHER ")[1].split()[0]) > 0
@@ -258,12 +318,29 @@ def test_goyal_zeroes_the_last_batch_norm_gamma_of_every_residual_block():
 
 def _single(tmp_path, *argv: str) -> subprocess.CompletedProcess:
     """The trainer as one process without horovodrun (Horovod size 1)."""
-    return subprocess.run([PY, str(TEMPLATE), *argv], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env=scrubbed_env(dict(os.environ)))
+    return subprocess.run(
+        [PY, str(TEMPLATE), *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=scrubbed_env(dict(os.environ)),
+    )
 
 
 def test_a_checkpoint_refuses_to_resume_under_other_hyperparameters(tmp_path):
-    common = ["--synthetic", "--model", "tiny", "--batch-size", "8", "--no-eval", "--model-dir", "m", "--log-every", "1"]
+    common = [
+        "--synthetic",
+        "--model",
+        "tiny",
+        "--batch-size",
+        "8",
+        "--no-eval",
+        "--model-dir",
+        "m",
+        "--log-every",
+        "1",
+    ]
     first = _single(tmp_path, *common, "--lr", "0.1", "--max-steps", "2")
     assert first.returncode == 0, first.stderr[-3000:]
     saved = json.loads((tmp_path / "m" / "checkpoints" / "hparams.json").read_text())
@@ -289,9 +366,26 @@ def test_labels_out_of_range_stop_the_run_without_dataset_json(tmp_path, dataset
     bare.mkdir()
     for f in dataset.glob("*-*-of-*"):
         (bare / f.name).write_bytes(f.read_bytes())
-    proc = _single(tmp_path, "--data", str(bare), "--model", "tiny", "--batch-size", "16", "--num-classes", "10",
-                   "--label-offset", "0", "--train-examples", "640", "--max-steps", "40", "--no-eval",
-                   "--model-dir", "m")
+    proc = _single(
+        tmp_path,
+        "--data",
+        str(bare),
+        "--model",
+        "tiny",
+        "--batch-size",
+        "16",
+        "--num-classes",
+        "10",
+        "--label-offset",
+        "0",
+        "--train-examples",
+        "640",
+        "--max-steps",
+        "40",
+        "--no-eval",
+        "--model-dir",
+        "m",
+    )
     assert proc.returncode == train_log.EXIT_BAD_LABELS, proc.stdout[-2000:] + proc.stderr[-2000:]
     run = train_log.parse_train_log(proc.stdout).current
     err = run.errors[0].fields

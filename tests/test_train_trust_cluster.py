@@ -22,15 +22,44 @@ from conftest import TRAIN_PY
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
-BASE = ["train", "--data", "/root/ds", "--model", "tiny", "--batch-size", "8", "--log-every", "10",
-        "--base-lr", "1", "--warmup-epochs", "1", "--no-verify-data"]
+BASE = [
+    "train",
+    "--data",
+    "/root/ds",
+    "--model",
+    "tiny",
+    "--batch-size",
+    "8",
+    "--log-every",
+    "10",
+    "--base-lr",
+    "1",
+    "--warmup-epochs",
+    "1",
+    "--no-verify-data",
+]
 
 
 @pytest.fixture(scope="module")
 def c(module_cluster_factory):
     cluster = module_cluster_factory(2, 2, runtime=True)
-    proc = cluster.cli("data", "synthetic", "ds", "--images", "640", "--classes", "10", "--image-size", "32",
-                       "--validation-images", "128", "--train-shards", "4", "--validation-shards", "2")
+    proc = cluster.cli(
+        "data",
+        "synthetic",
+        "ds",
+        "--images",
+        "640",
+        "--classes",
+        "10",
+        "--image-size",
+        "32",
+        "--validation-images",
+        "128",
+        "--train-shards",
+        "4",
+        "--validation-shards",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
     proc = cluster.cli("sync", str(cluster.cli.cwd / "ds"), "/root/ds", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -48,8 +77,18 @@ def marked(out: str, kind: str) -> list[dict]:
 
 
 def test_a_resumed_float16_run_keeps_every_rank_in_step(c):
-    args = [*BASE, "--epochs", "4", "--precision", "float16", "--checkpoint-every", "20", "--trainer-arg=--no-eval",
-            "--model-dir", "~/runs/fp16"]
+    args = [
+        *BASE,
+        "--epochs",
+        "4",
+        "--precision",
+        "float16",
+        "--checkpoint-every",
+        "20",
+        "--trainer-arg=--no-eval",
+        "--model-dir",
+        "~/runs/fp16",
+    ]
     first = c.cli(*args, "--max-steps", "20", "--wait", timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     run1 = train_log.parse_train_log(first.stdout).current
@@ -71,8 +110,9 @@ def test_a_resumed_float16_run_keeps_every_rank_in_step(c):
 
 def test_a_wrong_label_offset_stops_before_the_first_step(c):
     # clusterctl data writes 1-based labels (dataset.json says label_base 1): offset 0 makes 1..10, not 0..9
-    proc = c.cli(*BASE, "--epochs", "1", "--model-dir", "~/runs/labels", "--trainer-arg=--label-offset=0",
-                 "--wait", timeout=900)
+    proc = c.cli(
+        *BASE, "--epochs", "1", "--model-dir", "~/runs/labels", "--trainer-arg=--label-offset=0", "--wait", timeout=900
+    )
     assert proc.returncode != 0, proc.stdout[-3000:]
     run = train_log.parse_train_log(proc.stdout).current
     errors = [e.fields for e in run.errors]
@@ -82,9 +122,24 @@ def test_a_wrong_label_offset_stops_before_the_first_step(c):
 
 
 def test_eval_every_epoch_on_all_ranks_with_goyal_recipe(c, tmp_path):
-    proc = c.cli(*BASE, "--epochs", "2", "--eval-every", "1", "--recipe", "goyal", "--fp16-allreduce",
-                 "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5", "--model-dir", "~/runs/evals",
-                 "--wait", timeout=900)
+    proc = c.cli(
+        *BASE,
+        "--epochs",
+        "2",
+        "--eval-every",
+        "1",
+        "--recipe",
+        "goyal",
+        "--fp16-allreduce",
+        "--fusion-threshold-mb",
+        "32",
+        "--cycle-time-ms",
+        "2.5",
+        "--model-dir",
+        "~/runs/evals",
+        "--wait",
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     run = train_log.parse_train_log(proc.stdout).current
     f = run.start.fields
@@ -101,9 +156,11 @@ def test_eval_every_epoch_on_all_ranks_with_goyal_recipe(c, tmp_path):
     events = c.node_exec(0, "sh", "-c", "cat /root/runs/evals/tensorboard/events.out.tfevents.* | base64 -w0").stdout
     path = tmp_path / "events"
     path.write_bytes(base64.b64decode(events))
-    probe = ("import sys, tensorflow as tf\n"
-             "for e in tf.compat.v1.train.summary_iterator(sys.argv[1]):\n"
-             "    for v in e.summary.value:\n"
-             "        if v.tag == 'eval/top1': print('TOP1', e.step)\n")
+    probe = (
+        "import sys, tensorflow as tf\n"
+        "for e in tf.compat.v1.train.summary_iterator(sys.argv[1]):\n"
+        "    for v in e.summary.value:\n"
+        "        if v.tag == 'eval/top1': print('TOP1', e.step)\n"
+    )
     out = subprocess.run([TRAIN_PY, "-c", probe, str(path)], capture_output=True, text=True, timeout=300)
     assert sorted(int(x) for x in re.findall(r"TOP1 (\d+)", out.stdout)) == [20, 40], out.stdout + out.stderr[-2000:]

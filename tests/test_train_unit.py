@@ -134,7 +134,8 @@ def test_eval_only_without_checkpoint():
 def test_any_prefix_and_carriage_returns():
     plain = train_log.parse_train_log(RESUMED)
     stamped = "".join(
-        line.replace("[0]<stdout>:", "Sat Nov 21 22:59:30 2026[0]<stdout>:") for line in RESUMED.splitlines(True))
+        line.replace("[0]<stdout>:", "Sat Nov 21 22:59:30 2026[0]<stdout>:") for line in RESUMED.splitlines(True)
+    )
     tmux = RESUMED.replace("\n", "\r\n")
     assert train_log.parse_train_log(stamped) == plain == train_log.parse_train_log(tmux)
 
@@ -157,18 +158,56 @@ def test_malformed_marked_lines_name_their_line():
 
 # ---- the command line ---------------------------------------------------------------------------------
 def test_trainer_argv_golden():
-    opts = TrainOptions(data="/data/imagenet", epochs=90, batch_size=256, model_dir="/home/u/job/model",
-                        checkpoint_every=500, log_every=50, mixed_precision=True, xla=True, expect_size=256)
+    opts = TrainOptions(
+        data="/data/imagenet",
+        epochs=90,
+        batch_size=256,
+        model_dir="/home/u/job/model",
+        checkpoint_every=500,
+        log_every=50,
+        mixed_precision=True,
+        xla=True,
+        expect_size=256,
+    )
     assert train.trainer_argv("/opt/venv/bin/python", "/home/u/job/train_imagenet.py", opts) == [
-        "/opt/venv/bin/python", "/home/u/job/train_imagenet.py", "--data", "/data/imagenet", "--model", "resnet50",
-        "--epochs", "90", "--batch-size", "256", "--model-dir", "/home/u/job/model", "--checkpoint-every", "500",
-        "--log-every", "50", "--expect-size", "256", "--mixed-precision", "--xla",
+        "/opt/venv/bin/python",
+        "/home/u/job/train_imagenet.py",
+        "--data",
+        "/data/imagenet",
+        "--model",
+        "resnet50",
+        "--epochs",
+        "90",
+        "--batch-size",
+        "256",
+        "--model-dir",
+        "/home/u/job/model",
+        "--checkpoint-every",
+        "500",
+        "--log-every",
+        "50",
+        "--expect-size",
+        "256",
+        "--mixed-precision",
+        "--xla",
     ]
-    synth = TrainOptions(data="/ignored", synthetic=True, model="tiny", epochs=0.5, max_steps=30, no_eval=True,
-                         extra=("--seed", "7"))
+    synth = TrainOptions(
+        data="/ignored", synthetic=True, model="tiny", epochs=0.5, max_steps=30, no_eval=True, extra=("--seed", "7")
+    )
     assert train.trainer_argv("python3", "t.py", synth) == [
-        "python3", "t.py", "--model", "tiny", "--epochs", "0.5", "--max-steps", "30", "--synthetic", "--no-eval",
-        "--seed", "7"]
+        "python3",
+        "t.py",
+        "--model",
+        "tiny",
+        "--epochs",
+        "0.5",
+        "--max-steps",
+        "30",
+        "--synthetic",
+        "--no-eval",
+        "--seed",
+        "7",
+    ]
     with pytest.raises(ValueError, match="give a data folder"):
         train.trainer_argv("python3", "t.py", TrainOptions())
     with pytest.raises(ValueError, match="may not start with '-'"):
@@ -181,27 +220,56 @@ def test_trainer_accepts_every_flag_the_argv_builder_writes():
     """The builder's flags exist in the template's parser (it is imported, TensorFlow is not)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("train_imagenet", DATA.parent.parent / "templates" / "train_imagenet.py")
+    spec = importlib.util.spec_from_file_location(
+        "train_imagenet", DATA.parent.parent / "templates" / "train_imagenet.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    every = TrainOptions(data="/d", model="tiny", epochs=2, batch_size=8, model_dir="/m", image_size=32, max_steps=9,
-                         base_lr=0.2, warmup_epochs=1, checkpoint_every=5, keep_checkpoints=2, log_every=3,
-                         mixed_precision=True, xla=True, no_eval=True, no_gpu=True, expect_size=4)
+    every = TrainOptions(
+        data="/d",
+        model="tiny",
+        epochs=2,
+        batch_size=8,
+        model_dir="/m",
+        image_size=32,
+        max_steps=9,
+        base_lr=0.2,
+        warmup_epochs=1,
+        checkpoint_every=5,
+        keep_checkpoints=2,
+        log_every=3,
+        mixed_precision=True,
+        xla=True,
+        no_eval=True,
+        no_gpu=True,
+        expect_size=4,
+    )
     args = mod.parse_args(train.trainer_argv("py", "t.py", every)[2:])
     assert (args.data, args.model, args.epochs, args.batch_size, args.model_dir, args.max_steps) == (
-        "/d", "tiny", 2.0, 8, "/m", 9)
+        "/d",
+        "tiny",
+        2.0,
+        8,
+        "/m",
+        9,
+    )
     assert (args.checkpoint_every, args.keep_checkpoints, args.log_every, args.expect_size) == (5, 2, 3, 4)
     assert args.precision == "mixed" and args.xla and args.no_eval and args.no_gpu and not args.eval_only
     assert mod.parse_args(["--synthetic", "--lr", "0.4"]).base_lr == 0.4  # --lr: clusterctl sweep's name for it
     assert mod.MARK == train_log.MARK and mod.COLUMNS == train_log.COLUMNS
     assert (mod.EXIT_CHECKPOINT, mod.EXIT_NO_DATA, mod.EXIT_SIZE_MISMATCH) == (
-        train_log.EXIT_CHECKPOINT, train_log.EXIT_NO_DATA, train_log.EXIT_SIZE_MISMATCH)
+        train_log.EXIT_CHECKPOINT,
+        train_log.EXIT_NO_DATA,
+        train_log.EXIT_SIZE_MISMATCH,
+    )
 
 
 def test_learning_rate_schedule_of_the_template():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("train_imagenet", DATA.parent.parent / "templates" / "train_imagenet.py")
+    spec = importlib.util.spec_from_file_location(
+        "train_imagenet", DATA.parent.parent / "templates" / "train_imagenet.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     lr = mod.learning_rate
@@ -246,24 +314,36 @@ def test_data_problems():
     assert train.data_problems({**good, "10.0.0.4": "missing\n"}) == ["10.0.0.4: no such folder"]
     assert train.data_problems({**good, "10.0.0.4": "shards 0 0\nunverified\n"}) == ["10.0.0.4: no train-* shards"]
     assert train.data_problems({**good, "10.0.0.4": "shards 4 2\nunverified\n"}) == [
-        "10.0.0.4: not verified by `clusterctl sync` (no completion marker)"]
+        "10.0.0.4: not verified by `clusterctl sync` (no completion marker)"
+    ]
     assert train.data_problems({**good, "10.0.0.4": None}) == ["10.0.0.4: could not check (unreachable)"]
     assert train.data_problems({**good, "10.0.0.4": "shards 4 2\n" + marker % "bb"}) == [
-        "10.0.0.4: a different dataset than 10.0.0.2 (another manifest)"]
+        "10.0.0.4: a different dataset than 10.0.0.2 (another manifest)"
+    ]
     assert train.data_check_command("/data/my set").startswith("cd '/data/my set' ")
 
 
 def test_train_job_record_and_history_command():
-    job = train.TrainJob(key="c1", job="train-20261121-230757-15810", job_dir="/root/clusterctl-jobs/train-x",
-                         home="/root", leader="10.0.0.2", model_dir="/root/runs/tiny", np=4,
-                         python="/opt/v/bin/python", options={"data": "/root/ds", "model": "tiny", "extra": ["--seed", "1"]},
-                         started_at=1.5, previous=("train-20261121-230653-11508",))
+    job = train.TrainJob(
+        key="c1",
+        job="train-20261121-230757-15810",
+        job_dir="/root/clusterctl-jobs/train-x",
+        home="/root",
+        leader="10.0.0.2",
+        model_dir="/root/runs/tiny",
+        np=4,
+        python="/opt/v/bin/python",
+        options={"data": "/root/ds", "model": "tiny", "extra": ["--seed", "1"]},
+        started_at=1.5,
+        previous=("train-20261121-230653-11508",),
+    )
     back = train.TrainJob.from_json(job.to_json())
     assert back == job and back.train_options() == TrainOptions(data="/root/ds", model="tiny", extra=("--seed", "1"))
     assert job.log_path == "/root/.clusterctl/jobs/train-20261121-230757-15810.log"
     assert train.history_command(job) == (
         'cat "$HOME/.clusterctl/jobs/train-20261121-230653-11508.log" 2>/dev/null && echo; '
-        'cat "$HOME/.clusterctl/jobs/train-20261121-230757-15810.log" 2>/dev/null; true')
+        'cat "$HOME/.clusterctl/jobs/train-20261121-230757-15810.log" 2>/dev/null; true'
+    )
     from clusterctl.errors import UsageError
 
     with pytest.raises(UsageError):
@@ -277,8 +357,10 @@ def test_device_lines_before_start_open_no_run_of_their_own():
     from clusterctl.workloads import horovod
 
     def with_devices(log: str, gpus: str) -> str:
-        lines = [f"[0]<stdout>:CLUSTERCTL-TRAIN device rank={r} host=node-0 local_rank={r} gpus={gpus} logical=0\n"
-                 for r in range(2)]
+        lines = [
+            f"[0]<stdout>:CLUSTERCTL-TRAIN device rank={r} host=node-0 local_rank={r} gpus={gpus} logical=0\n"
+            for r in range(2)
+        ]
         return "".join(lines) + log
 
     both = with_devices(KILLED, "none") + with_devices(RESUMED, "none")
@@ -289,9 +371,11 @@ def test_device_lines_before_start_open_no_run_of_their_own():
     reports = horovod.parse_devices(both, train_log.MARK)
     assert [(r.rank, r.gpus) for r in reports] == [(0, ()), (1, ())]
     assert horovod.device_problems(reports, 2, 0) == []  # local nodes: no GPU to prove
-    assert horovod.device_problems(reports, 2, 8) == ["node-0: rank(s) 0, 1 ran on the CPU (TensorFlow found no "
-                                                      "usable GPU: a CPU-only TensorFlow, or CUDA/the driver failed "
-                                                      "to load)"]
+    assert horovod.device_problems(reports, 2, 8) == [
+        "node-0: rank(s) 0, 1 ran on the CPU (TensorFlow found no "
+        "usable GPU: a CPU-only TensorFlow, or CUDA/the driver failed "
+        "to load)"
+    ]
 
 
 # ---- issue 15: precision, recipes, labels, periodic evaluations, Horovod's tuning ----------------------
@@ -299,8 +383,9 @@ def _template():
     """templates/train_imagenet.py as a module (it imports TensorFlow only inside main)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("train_imagenet_t", Path(__file__).parent.parent / "templates" /
-                                                  "train_imagenet.py")
+    spec = importlib.util.spec_from_file_location(
+        "train_imagenet_t", Path(__file__).parent.parent / "templates" / "train_imagenet.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -316,7 +401,9 @@ def test_precision_auto_is_float16_only_on_tensor_core_gpus():
     assert t.choose_precision("fp32", [(8, 0)]) == "float32"
     assert t.choose_precision("float16", []) == "mixed_float16"  # forced, even on a CPU (tests, old GPUs)
     assert t.choose_precision("bfloat16", [(8, 0)]) == "mixed_bfloat16"
-    assert t.choose_precision("mixed", []) == "mixed_bfloat16" and t.choose_precision("mixed", [(7, 5)]) == "mixed_float16"
+    assert (
+        t.choose_precision("mixed", []) == "mixed_bfloat16" and t.choose_precision("mixed", [(7, 5)]) == "mixed_float16"
+    )
     args = t.parse_args(["--synthetic"])
     assert args.precision == "auto"
     assert t.parse_args(["--synthetic", "--fp32"]).precision == "fp32"
@@ -349,8 +436,10 @@ def test_label_range_from_dataset_json():
 def test_sweep_trials_get_their_own_model_dir_and_input_threads_share_the_cpus():
     t = _template()
     assert t.default_model_dir({}) == "train_out"
-    assert t.default_model_dir({"CLUSTERCTL_SWEEP": "sweep-20260101-000000-ab12", "CLUSTERCTL_TRIAL": "3"}) == \
-        "train_out/sweep-20260101-000000-ab12/trial-3"
+    assert (
+        t.default_model_dir({"CLUSTERCTL_SWEEP": "sweep-20260101-000000-ab12", "CLUSTERCTL_TRIAL": "3"})
+        == "train_out/sweep-20260101-000000-ab12/trial-3"
+    )
     assert t.parse_args(["--synthetic"]).model_dir in ("train_out",) or os.environ.get("CLUSTERCTL_TRIAL")
     assert (t.input_threads(96, 8), t.input_threads(2, 4), t.input_threads(None, 1)) == (12, 1, 1)
     assert t.data_seed(1, 0, 0) != t.data_seed(1, 1, 0) != t.data_seed(1, 0, 100)
@@ -371,12 +460,18 @@ def test_hparams_json_refuses_a_resume_under_other_values(tmp_path):
 
 
 def test_periodic_evaluations_stay_in_their_run():
-    start = ("CLUSTERCTL-TRAIN start size=4 model=tiny batch=8 global_batch=32 train_examples=640 steps_per_epoch=20 "
-             "epochs=2 total_steps=40 stop_step=40 start_step=0 peak_lr=0.125\n")
-    ev = ("CLUSTERCTL-TRAIN eval step={s} epoch={e} top1={t} top5=90 loss=1.5 examples=128 k=5 checkpoint=c "
-          "time=T seconds=1 size=4 final={f}\n")
-    text = start + ev.format(s=20, e=1, t=40, f=0) + "CLUSTERCTL-TRAIN done step=40 epoch=2 complete=1 elapsed=9 " \
+    start = (
+        "CLUSTERCTL-TRAIN start size=4 model=tiny batch=8 global_batch=32 train_examples=640 steps_per_epoch=20 "
+        "epochs=2 total_steps=40 stop_step=40 start_step=0 peak_lr=0.125\n"
+    )
+    ev = (
+        "CLUSTERCTL-TRAIN eval step={s} epoch={e} top1={t} top5=90 loss=1.5 examples=128 k=5 checkpoint=c "
+        "time=T seconds=1 size=4 final={f}\n"
+    )
+    text = (
+        start + ev.format(s=20, e=1, t=40, f=0) + "CLUSTERCTL-TRAIN done step=40 epoch=2 complete=1 elapsed=9 "
         "img_per_sec=5\n" + ev.format(s=40, e=2, t=55, f=1)
+    )
     log = train_log.parse_train_log(text)
     assert len(log.runs) == 1
     run = log.current
@@ -387,20 +482,30 @@ def test_periodic_evaluations_stay_in_their_run():
     assert mid.state == "starting" and mid.validation.top1 == 40.0 and mid.result is None
     assert train_log.status(log, running=False).result.top1 == 55.0
     # an older trainer's eval line (no final=) is the final one, as before
-    assert train_log.parse_train_log(start + ev.format(s=40, e=2, t=55, f=1).replace(" final=1", "")).current.eval.step == 40
+    assert (
+        train_log.parse_train_log(start + ev.format(s=40, e=2, t=55, f=1).replace(" final=1", "")).current.eval.step
+        == 40
+    )
 
 
 def test_train_options_reach_the_trainer_and_horovod():
-    argv = train.trainer_argv("py", "t.py", TrainOptions(synthetic=True, precision="float16", recipe="goyal",
-                                                          eval_every=2, fp16_allreduce=True))
+    argv = train.trainer_argv(
+        "py",
+        "t.py",
+        TrainOptions(synthetic=True, precision="float16", recipe="goyal", eval_every=2, fp16_allreduce=True),
+    )
     assert argv[argv.index("--precision") + 1] == "float16" and argv[argv.index("--recipe") + 1] == "goyal"
     assert argv[argv.index("--eval-every") + 1] == "2" and "--fp16-allreduce" in argv
     with pytest.raises(ValueError, match="precision must be one of"):
         train.trainer_argv("py", "t.py", TrainOptions(synthetic=True, precision="half"))
-    assert train.horovod_env(TrainOptions()) == {"HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024),
-                                                 "HOROVOD_CYCLE_TIME": "1"}
+    assert train.horovod_env(TrainOptions()) == {
+        "HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024),
+        "HOROVOD_CYCLE_TIME": "1",
+    }
     assert train.horovod_env(TrainOptions(fusion_threshold_mb=0, cycle_time_ms=3.5)) == {
-        "HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "3.5"}
+        "HOROVOD_FUSION_THRESHOLD": "0",
+        "HOROVOD_CYCLE_TIME": "3.5",
+    }
 
 
 # ---- which nodes a launch runs on (a spot node may be gone) ----------------------------------------------
@@ -416,8 +521,10 @@ def test_a_spot_cluster_leaves_out_the_unreachable_and_the_next_node_leads():
     choice = train.choose_nodes(LABELS, ["timed out", None, None], spot=True, np_given=False)
     assert choice == train.NodeChoice((1, 2), ((0, "timed out"),))
     line = train.left_out_line(LABELS, choice)
-    assert line == ("spot cluster: left out 10.0.0.1 (timed out), unreachable (an interrupted instance?); "
-                    "training on 2 of 3 node(s), leader 10.0.0.2")
+    assert line == (
+        "spot cluster: left out 10.0.0.1 (timed out), unreachable (an interrupted instance?); "
+        "training on 2 of 3 node(s), leader 10.0.0.2"
+    )
     choice = train.choose_nodes(LABELS, [None, "refused\nby host", "gone"], spot=True, np_given=False)
     assert choice.keep == (0,) and [i for i, _ in choice.left_out] == [1, 2]
     assert "left out 10.0.0.2 (refused by host), 10.0.0.3 (gone)" in train.left_out_line(LABELS, choice)
@@ -427,17 +534,25 @@ def test_an_unreachable_node_is_an_error_off_spot_with_np_or_when_none_answers()
     from clusterctl.errors import ExitCode, UnreachableError
 
     cases = [
-        (dict(spot=False, np_given=False), [None, "timed out", None],
-         "1 of 3 node(s) did not answer (10.0.0.2: timed out): bring them back"),
-        (dict(spot=True, np_given=True), [None, "timed out", None],
-         "1 of 3 spot node(s) did not answer (10.0.0.2: timed out) and --np asks for a fixed number of processes: "
-         "run the same command without --np"),
+        (
+            dict(spot=False, np_given=False),
+            [None, "timed out", None],
+            "1 of 3 node(s) did not answer (10.0.0.2: timed out): bring them back",
+        ),
+        (
+            dict(spot=True, np_given=True),
+            [None, "timed out", None],
+            "1 of 3 spot node(s) did not answer (10.0.0.2: timed out) and --np asks for a fixed number of processes: "
+            "run the same command without --np",
+        ),
         (dict(spot=True, np_given=False), ["a", "b", "c"], "no node of the cluster answered (10.0.0.1: a; 10.0.0.2: b"),
     ]
     for kw, errors, start in cases:
         with pytest.raises(UnreachableError) as exc:
             train.choose_nodes(LABELS, errors, **kw)
-        assert exc.value.exit_code == ExitCode.UNREACHABLE and exc.value.one_line().startswith(start), exc.value.one_line()
+        assert exc.value.exit_code == ExitCode.UNREACHABLE and exc.value.one_line().startswith(start), (
+            exc.value.one_line()
+        )
     with pytest.raises(ValueError):
         train.choose_nodes(LABELS, [None], spot=True, np_given=False)
 
@@ -452,8 +567,19 @@ def test_the_inventory_keeps_the_chosen_nodes_and_later_commands_find_the_jobs_l
     kept = train.keep_nodes(inv, (1, 2))
     assert [e.host for e in kept.hosts.entries] == ["10.0.0.2", "10.0.0.3"] and kept.hosts.total_slots == 3
     assert [t.label for t in kept.targets] == ["10.0.0.2", "10.0.0.3"] and kept.settings == inv.settings
-    job = train.TrainJob(key="c", job="train-1", job_dir="/d", home="/root", leader="10.0.0.2", model_dir="/m", np=3,
-                         python="/p", options={}, started_at=0.0, hosts=("10.0.0.2", "10.0.0.3"))
+    job = train.TrainJob(
+        key="c",
+        job="train-1",
+        job_dir="/d",
+        home="/root",
+        leader="10.0.0.2",
+        model_dir="/m",
+        np=3,
+        python="/p",
+        options={},
+        started_at=0.0,
+        hosts=("10.0.0.2", "10.0.0.3"),
+    )
     assert train.TrainJob.from_json(job.to_json()) == job
     assert train.job_inventory(inv, job).targets[0].label == "10.0.0.2"
     old = json.loads(job.to_json())

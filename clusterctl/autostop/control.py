@@ -46,8 +46,11 @@ def _on_nodes(store, cluster, command: str) -> list[str]:
 
     with SshPool(provision.ssh_settings(cluster, store, connect_timeout=10.0)) as pool:
         report = pool.run(provision.ssh_targets(cluster, store), command, timeout=60)
-    return [f"{r.host}: {r.error or (r.stderr.strip() or r.stdout.strip())[-200:] or f'exit {r.exit_code}'}"
-            for r in report if not r.ok]
+    return [
+        f"{r.host}: {r.error or (r.stderr.strip() or r.stdout.strip())[-200:] or f'exit {r.exit_code}'}"
+        for r in report
+        if not r.ok
+    ]
 
 
 # ---- leases: long operations keep the cluster up while they run --------------------------------------------

@@ -25,8 +25,10 @@ def parse_duration(text: str | None, flag: str, allow_off: bool = True) -> int |
     if allow_off and t in ("off", "none", "no", "0", "never"):
         return None
     if not re.fullmatch(r"(\d+(\.\d+)?[smhd])+", t):
-        raise UsageError(f"{flag} {text!r} is not a duration",
-                         "give one like 20s, 30m, 12h or 1h30m" + (", or off" if allow_off else ""))
+        raise UsageError(
+            f"{flag} {text!r} is not a duration",
+            "give one like 20s, 30m, 12h or 1h30m" + (", or off" if allow_off else ""),
+        )
     seconds = sum(float(n) * _UNITS[u] for n, _, u in re.findall(r"(\d+(\.\d+)?)([smhd])", t))
     if seconds < 1:
         raise UsageError(f"{flag} {text!r} is shorter than a second")
@@ -34,8 +36,10 @@ def parse_duration(text: str | None, flag: str, allow_off: bool = True) -> int |
 
 
 def settings(idle_stop: str | None, max_lifetime: str | None) -> Autostop:
-    return Autostop(parse_duration(idle_stop if idle_stop is not None else DEFAULT_IDLE, "--idle-stop"),
-                    parse_duration(max_lifetime, "--max-lifetime") if max_lifetime else None)
+    return Autostop(
+        parse_duration(idle_stop if idle_stop is not None else DEFAULT_IDLE, "--idle-stop"),
+        parse_duration(max_lifetime, "--max-lifetime") if max_lifetime else None,
+    )
 
 
 def describe(a: Autostop | None) -> str:
@@ -43,8 +47,10 @@ def describe(a: Autostop | None) -> str:
         return "off: the cluster runs until `clusterctl down`"
     parts = []
     if a.idle_stop_s:
-        parts.append(f"after {duration(a.idle_stop_s)} with nothing busy (no GPU in use, no training process, no ssh "
-                     "command, no sync or launch of clusterctl running)")
+        parts.append(
+            f"after {duration(a.idle_stop_s)} with nothing busy (no GPU in use, no training process, no ssh "
+            "command, no sync or launch of clusterctl running)"
+        )
     if a.max_lifetime_s:
         parts.append(f"at the latest {duration(a.max_lifetime_s)} after it was made")
     return "stops itself " + ", and ".join(parts) + " (`clusterctl keep NAME --for 4h` extends)"

@@ -55,8 +55,9 @@ def status_lines(store, record, local_running: Callable[[str], bool]) -> list[st
     return summary(st, from_extra(c.extra), c.created_at)
 
 
-def summary(st: dict | None, fallback: Autostop | None = None, created_at: float | None = None,
-            now: float | None = None) -> list[str]:
+def summary(
+    st: dict | None, fallback: Autostop | None = None, created_at: float | None = None, now: float | None = None
+) -> list[str]:
     """Lines for `status`: when the cluster stops and why, from the watchdog's own status (or, when the
     leader did not answer, from the settings alone)."""
     now = now or time.time()
@@ -65,19 +66,25 @@ def summary(st: dict | None, fallback: Autostop | None = None, created_at: float
             return ["autostop: no watchdog on this cluster"]
         if not fallback.enabled:
             return ["autostop: off"]
-        lines = [f"autostop: idle-stop {duration(fallback.idle_stop_s) if fallback.idle_stop_s else 'off'}"
-                 + (f", max lifetime {duration(fallback.max_lifetime_s)}" if fallback.max_lifetime_s else "")
-                 + " (the leader's watchdog did not answer: time left unknown)"]
+        lines = [
+            f"autostop: idle-stop {duration(fallback.idle_stop_s) if fallback.idle_stop_s else 'off'}"
+            + (f", max lifetime {duration(fallback.max_lifetime_s)}" if fallback.max_lifetime_s else "")
+            + " (the leader's watchdog did not answer: time left unknown)"
+        ]
         if fallback.max_lifetime_s and created_at:
-            lines.append(f"autostop: stops at the latest in {duration(created_at + fallback.max_lifetime_s - now)} "
-                         "(max lifetime)")
+            lines.append(
+                f"autostop: stops at the latest in {duration(created_at + fallback.max_lifetime_s - now)} "
+                "(max lifetime)"
+            )
         return lines
     cfg, state, plan = st.get("config", {}), st.get("state", {}), st.get("plan", {})
     if st.get("fired"):
         return [f"autostop: fired: {st['fired'].get('reason')}"]
     if not cfg.get("enabled", True):
-        return ["autostop: OFF: the cluster runs (and costs) until `clusterctl down` "
-                "(`clusterctl autostop NAME --on` turns it back on)"]
+        return [
+            "autostop: OFF: the cluster runs (and costs) until `clusterctl down` "
+            "(`clusterctl autostop NAME --on` turns it back on)"
+        ]
     if not st.get("running"):
         lines = ["autostop: the watchdog is not running on the leader"]
     elif plan.get("stop_at") is None:
@@ -85,13 +92,16 @@ def summary(st: dict | None, fallback: Autostop | None = None, created_at: float
     else:
         left = plan["stop_at"] - st.get("now", now)
         if plan.get("why") == "idle-stop":
-            lines = [f"autostop: stops in {duration(left)} if nothing runs (idle-stop {duration(cfg.get('idle_stop'))}, "
-                     f"idle for {duration(plan.get('idle_for'))})"]
+            lines = [
+                f"autostop: stops in {duration(left)} if nothing runs (idle-stop {duration(cfg.get('idle_stop'))}, "
+                f"idle for {duration(plan.get('idle_for'))})"
+            ]
         else:
             lines = [f"autostop: stops in {duration(left)} (max lifetime {duration(cfg.get('max_lifetime'))})"]
     if state.get("last_reason"):
-        lines.append(f"autostop: last activity {duration(now - (state.get('last_active') or now))} ago: "
-                     f"{state['last_reason']}")
+        lines.append(
+            f"autostop: last activity {duration(now - (state.get('last_active') or now))} ago: {state['last_reason']}"
+        )
     if cfg.get("keep_until") and cfg["keep_until"] > now:
         lines.append(f"autostop: kept until {time.strftime('%Y-%m-%d %H:%M', time.localtime(cfg['keep_until']))}")
     if plan.get("why") == "idle-stop" and plan.get("lifetime_at"):

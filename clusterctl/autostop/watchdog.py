@@ -52,11 +52,21 @@ def watchdog() -> ModuleType:
     return _MODULE
 
 
-def node_config(cluster: str, a: Autostop, *, poweroff: str, user: str, script: str,
-                created_at: float | None) -> dict:
-    return {"cluster": cluster, "enabled": a.enabled, "idle_stop": a.idle_stop_s, "max_lifetime": a.max_lifetime_s,
-            "keep_until": None, "created_at": created_at, "poll": poll_seconds(a), "poweroff": poweroff,
-            "user": user, "python": NODE_PYTHON, "script": script, "gpu_busy_percent": 1}
+def node_config(cluster: str, a: Autostop, *, poweroff: str, user: str, script: str, created_at: float | None) -> dict:
+    return {
+        "cluster": cluster,
+        "enabled": a.enabled,
+        "idle_stop": a.idle_stop_s,
+        "max_lifetime": a.max_lifetime_s,
+        "keep_until": None,
+        "created_at": created_at,
+        "poll": poll_seconds(a),
+        "poweroff": poweroff,
+        "user": user,
+        "python": NODE_PYTHON,
+        "script": script,
+        "gpu_busy_percent": 1,
+    }
 
 
 # ---- AWS: the user data's part ---------------------------------------------------------------------------
@@ -83,17 +93,25 @@ def cloud_init(cluster: str, a: Autostop, user: str) -> dict:
 
     script = resources.template_bytes(SCRIPT)
     cfg = node_config(cluster, a, poweroff="shutdown", user=user, script=AWS_SCRIPT, created_at=None)
-    return {"script_gz_b64": base64.b64encode(gzip.compress(script, mtime=0)).decode(), "script_path": AWS_SCRIPT,
-            "config_path": f"{AWS_DIR}/config.json", "config_json": json.dumps(cfg, sort_keys=True) + "\n",
-            "unit_path": f"/etc/systemd/system/{AWS_UNIT}", "unit": UNIT_TEXT, "unit_name": AWS_UNIT}
+    return {
+        "script_gz_b64": base64.b64encode(gzip.compress(script, mtime=0)).decode(),
+        "script_path": AWS_SCRIPT,
+        "config_path": f"{AWS_DIR}/config.json",
+        "config_json": json.dumps(cfg, sort_keys=True) + "\n",
+        "unit_path": f"/etc/systemd/system/{AWS_UNIT}",
+        "unit": UNIT_TEXT,
+        "unit_name": AWS_UNIT,
+    }
 
 
 def remote_command(action: str, *args: str) -> str:
     """The watchdog's own command on a cloud node (root through sudo for the login user). It carries the
     script's name, so the watchdog never counts it as activity."""
     argv = " ".join(shlex.quote(x) for x in (NODE_PYTHON, AWS_SCRIPT, action, "--dir", AWS_DIR, *args))
-    return (f"if [ \"$(id -u)\" = 0 ]; then S=; else S='sudo -n'; fi; "
-            f"if [ ! -f {AWS_SCRIPT} ]; then echo 'no autostop watchdog on this node' >&2; exit 3; fi; $S {argv}")
+    return (
+        f"if [ \"$(id -u)\" = 0 ]; then S=; else S='sudo -n'; fi; "
+        f"if [ ! -f {AWS_SCRIPT} ]; then echo 'no autostop watchdog on this node' >&2; exit 3; fi; $S {argv}"
+    )
 
 
 # ---- local: the nodes' files, seen from this machine ---------------------------------------------------------
@@ -107,8 +125,9 @@ def install_local(store, name: str, nodes: int, a: Autostop, created_at: float) 
     from clusterctl import resources
 
     script = resources.template_bytes(SCRIPT)
-    cfg = node_config(name, a, poweroff="node-init", user="root", script=f"{LOCAL_NODE_DIR}/{SCRIPT}",
-                      created_at=created_at)
+    cfg = node_config(
+        name, a, poweroff="node-init", user="root", script=f"{LOCAL_NODE_DIR}/{SCRIPT}", created_at=created_at
+    )
     for i in range(nodes):
         d = local_dir(store, name, i)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -69,8 +69,29 @@ def command(fn: Callable) -> Callable:
 # The commands in the order `--help` lists them (the order they had in one file): each module registers its
 # own on a typer app of its own, merged here, each wrapped in `command` (one Error: line, the table's code).
 COMMANDS = (
-    "up", "down", "ls", "status", "keep", "autostop", "gc", "hosts", "run", "ssh", "logs", "kill", "clean", "agent",
-    "bench", "doctor", "sync", "play", "sweep", "train", "launch", "eval", "tensorboard",
+    "up",
+    "down",
+    "ls",
+    "status",
+    "keep",
+    "autostop",
+    "gc",
+    "hosts",
+    "run",
+    "ssh",
+    "logs",
+    "kill",
+    "clean",
+    "agent",
+    "bench",
+    "doctor",
+    "sync",
+    "play",
+    "sweep",
+    "train",
+    "launch",
+    "eval",
+    "tensorboard",
 )
 
 

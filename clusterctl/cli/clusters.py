@@ -24,38 +24,68 @@ def up(
     type_: str = typer.Option("p3.16xlarge", "--type", "-t", help="Instance type (AWS)."),
     name: Optional[str] = typer.Option(None, "--name", help="Cluster name (default: 'local' or 'cluster')."),
     provider: str = typer.Option("aws", "--provider", help="aws, or local: namespace nodes on this machine."),
-    slots: Optional[int] = typer.Option(None, "--slots", help="Processes per node (default: GPUs per node; 1 locally)."),
+    slots: Optional[int] = typer.Option(
+        None, "--slots", help="Processes per node (default: GPUs per node; 1 locally)."
+    ),
     region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the AWS config's)."),
     hosts_file: Path = typer.Option(Path("hosts"), "--hosts-file", help="Where to write the hosts file."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    ssh_config_entry: Optional[bool] = typer.Option(None, "--ssh-config-entry/--no-ssh-config-entry",
-                                                    help="Add `Include ~/.ssh/clusterctl/*.conf` to ~/.ssh/config (once) so "
-                                                         "`ssh NAME` works (default: ask on a terminal)."),
+    ssh_config_entry: Optional[bool] = typer.Option(
+        None,
+        "--ssh-config-entry/--no-ssh-config-entry",
+        help="Add `Include ~/.ssh/clusterctl/*.conf` to ~/.ssh/config (once) so "
+        "`ssh NAME` works (default: ask on a terminal).",
+    ),
     ami: Optional[str] = typer.Option(None, "--ami", help="Image id (default: the current Deep Learning AMI)."),
     ami_parameter: Optional[str] = typer.Option(None, "--ami-parameter", help="SSM public parameter naming the image."),
-    ssh_user: Optional[str] = typer.Option(None, "--ssh-user", help="Login user (default: from the image; ubuntu for the DLAMI)."),
+    ssh_user: Optional[str] = typer.Option(
+        None, "--ssh-user", help="Login user (default: from the image; ubuntu for the DLAMI)."
+    ),
     volume_size: int = typer.Option(200, "--volume-size", help="Root disk GB per node."),
     volume_type: str = typer.Option("io2", "--volume-type", help="io2 | io1 | gp3 | gp2."),
-    iops: Optional[int] = typer.Option(None, "--iops", help="Provisioned IOPS (default 10000 for io1/io2, 3000 for gp3)."),
+    iops: Optional[int] = typer.Option(
+        None, "--iops", help="Provisioned IOPS (default 10000 for io1/io2, 3000 for gp3)."
+    ),
     spot: bool = typer.Option(False, "--spot", help="Spot instances (one-time; terminated on interruption)."),
     vpc: Optional[str] = typer.Option(None, "--vpc", help="Use this VPC (its subnets) instead of creating one."),
     subnet: List[str] = typer.Option([], "--subnet", help="Use this subnet (repeatable: AZs tried in order)."),
     cidr: Optional[str] = typer.Option(None, "--cidr", help="Address range of a VPC clusterctl creates (10.0.0.0/16)."),
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="Who may ssh in (default: your public IP /32)."),
     s3_read: List[str] = typer.Option([], "--s3-read", help="s3://bucket/prefix the nodes may read (repeatable)."),
-    private_ips: bool = typer.Option(False, "--private-ips", help="No public addresses: reach nodes by private IP (VPN/VPC)."),
+    private_ips: bool = typer.Option(
+        False, "--private-ips", help="No public addresses: reach nodes by private IP (VPN/VPC)."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and check permissions; create nothing."),
-    max_hourly: float = typer.Option(50.0, "--max-hourly", "--confirm-above", help="Ask before launching above this many $/hour."),
+    max_hourly: float = typer.Option(
+        50.0, "--max-hourly", "--confirm-above", help="Ask before launching above this many $/hour."
+    ),
     ssh_timeout: float = typer.Option(600.0, "--ssh-timeout", help="Seconds to wait for every node's ssh."),
-    trust_first_contact: bool = typer.Option(False, "--trust-first-contact",
-                                             help="AWS: accept the host key a node shows at first contact when its "
-                                                  "console has none (default: fail, exit 5)."),
-    idle_stop: str = typer.Option("60m", "--idle-stop", help="Stop the cluster after this long with nothing busy (off: never)."),
-    max_lifetime: Optional[str] = typer.Option(None, "--max-lifetime", help="Stop it this long after it was made, busy or not (e.g. 12h)."),
-    runtime: str = typer.Option("install", "--runtime", help="install: the node runtime (TensorFlow + Horovod) on every node; none: skip it."),
-    python: Optional[str] = typer.Option(None, "--python", help="Bring your own: this Python on the nodes runs the jobs (no runtime installed)."),
-    runtime_cache: Optional[str] = typer.Option(None, "--runtime-cache", help="AWS: s3://bucket/prefix where built runtimes are kept and reused."),
-    runtime_wheels: Optional[str] = typer.Option(None, "--runtime-wheels", help="AWS: a wheel mirror URL (every wheel the runtime needs) the leader installs from instead of PyPI."),
+    trust_first_contact: bool = typer.Option(
+        False,
+        "--trust-first-contact",
+        help="AWS: accept the host key a node shows at first contact when its "
+        "console has none (default: fail, exit 5).",
+    ),
+    idle_stop: str = typer.Option(
+        "60m", "--idle-stop", help="Stop the cluster after this long with nothing busy (off: never)."
+    ),
+    max_lifetime: Optional[str] = typer.Option(
+        None, "--max-lifetime", help="Stop it this long after it was made, busy or not (e.g. 12h)."
+    ),
+    runtime: str = typer.Option(
+        "install", "--runtime", help="install: the node runtime (TensorFlow + Horovod) on every node; none: skip it."
+    ),
+    python: Optional[str] = typer.Option(
+        None, "--python", help="Bring your own: this Python on the nodes runs the jobs (no runtime installed)."
+    ),
+    runtime_cache: Optional[str] = typer.Option(
+        None, "--runtime-cache", help="AWS: s3://bucket/prefix where built runtimes are kept and reused."
+    ),
+    runtime_wheels: Optional[str] = typer.Option(
+        None,
+        "--runtime-wheels",
+        help="AWS: a wheel mirror URL (every wheel the runtime needs) the leader installs from instead of PyPI.",
+    ),
 ) -> None:
     """Bring up identical nodes, keys pinned, runtime installed.
 
@@ -75,12 +105,31 @@ def up(
     options: dict = {}
     if provider == "aws":
         within("--nodes", nodes, 1, 1000)
-        options = {"ami": ami, "ami_parameter": ami_parameter, "ssh_user": ssh_user, "volume_size": volume_size,
-                   "volume_type": volume_type, "iops": iops, "spot": spot, "vpc": vpc, "subnets": tuple(subnet),
-                   "cidr": cidr, "ssh_cidr": ssh_cidr, "s3_read": tuple(s3_read), "private_ips": private_ips}
-    spec = ClusterSpec(name=name, provider=provider, nodes=nodes, slots=slots,
-                       instance_type=type_ if provider != "local" else "local", region=region or "", options=options,
-                       autostop=stop_rules)
+        options = {
+            "ami": ami,
+            "ami_parameter": ami_parameter,
+            "ssh_user": ssh_user,
+            "volume_size": volume_size,
+            "volume_type": volume_type,
+            "iops": iops,
+            "spot": spot,
+            "vpc": vpc,
+            "subnets": tuple(subnet),
+            "cidr": cidr,
+            "ssh_cidr": ssh_cidr,
+            "s3_read": tuple(s3_read),
+            "private_ips": private_ips,
+        }
+    spec = ClusterSpec(
+        name=name,
+        provider=provider,
+        nodes=nodes,
+        slots=slots,
+        instance_type=type_ if provider != "local" else "local",
+        region=region or "",
+        options=options,
+        autostop=stop_rules,
+    )
     impl = _provider(provider, store, region)
     request = _runtime_request(runtime, python, runtime_cache, runtime_wheels, impl.builds_runtime_locally)
     plan = impl.plan(spec)
@@ -97,11 +146,21 @@ def up(
         cost = "an unknown price" if plan.hourly_usd is None else f"{money(plan.hourly_usd)}/hour"
         _confirm(f"Launch {nodes} x {type_} at {cost}?", yes)
     start = time.monotonic()
-    cluster = provision.up(spec, store, impl, hosts_out=hosts_file, report=lambda m: display.info(m),
-                           ssh_timeout=ssh_timeout, runtime=request, trust_first_contact=trust_first_contact,
-                           runtime_cache=_runtime_s3(request.cache, region) if request.cache else None)
-    display.info(f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
-                 f"in {time.monotonic() - start:.1f}s; hosts file: {hosts_file}")
+    cluster = provision.up(
+        spec,
+        store,
+        impl,
+        hosts_out=hosts_file,
+        report=lambda m: display.info(m),
+        ssh_timeout=ssh_timeout,
+        runtime=request,
+        trust_first_contact=trust_first_contact,
+        runtime_cache=_runtime_s3(request.cache, region) if request.cache else None,
+    )
+    display.info(
+        f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
+        f"in {time.monotonic() - start:.1f}s; hosts file: {hosts_file}"
+    )
     _ssh_entry(cluster, store, ssh_config_entry)
     display.node_table(cluster)
 
@@ -115,8 +174,11 @@ def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:
     try:
         path = sshentry.write(cluster, store)
         if entry is None and not sshentry.has_include() and sys.stdin.isatty() and sys.stderr.isatty():
-            entry = typer.confirm(f"Add `{sshentry.include_line()}` to {sshentry.user_config()} so `ssh {cluster.name}` "
-                                  "works?", default=True, err=True)
+            entry = typer.confirm(
+                f"Add `{sshentry.include_line()}` to {sshentry.user_config()} so `ssh {cluster.name}` works?",
+                default=True,
+                err=True,
+            )
         if entry and sshentry.add_include():
             display.info(f"added `{sshentry.include_line()}` at the top of {sshentry.user_config()}")
     except OSError as exc:
@@ -125,12 +187,15 @@ def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:
     if sshentry.has_include():
         display.info(f"ssh config: {path} (ssh {cluster.name}, ssh {cluster.nodes[-1].name})")
     else:
-        display.info(f"ssh config: {path} (ssh -F {path} {cluster.name}; `up --ssh-config-entry` adds "
-                     f"`{sshentry.include_line()}` to {sshentry.user_config()} for `ssh {cluster.name}`)")
+        display.info(
+            f"ssh config: {path} (ssh -F {path} {cluster.name}; `up --ssh-config-entry` adds "
+            f"`{sshentry.include_line()}` to {sshentry.user_config()} for `ssh {cluster.name}`)"
+        )
 
 
-def _runtime_request(runtime: str, python: Optional[str], cache: Optional[str], wheels: Optional[str],
-                     builds_here: bool):
+def _runtime_request(
+    runtime: str, python: Optional[str], cache: Optional[str], wheels: Optional[str], builds_here: bool
+):
     from clusterctl.runtime.install import RuntimeRequest
 
     if runtime not in ("install", "none"):
@@ -138,8 +203,10 @@ def _runtime_request(runtime: str, python: Optional[str], cache: Optional[str], 
     if python is not None and runtime == "none":
         raise UsageError("--python and --runtime none together", "give one of them")
     if (cache or wheels) and builds_here:  # the leader builds (or fetches) it: a cache or wheels are for it
-        raise UsageError("--runtime-cache and --runtime-wheels are for AWS clusters",
-                         "local clusters build the runtime once on this machine and cache it here")
+        raise UsageError(
+            "--runtime-cache and --runtime-wheels are for AWS clusters",
+            "local clusters build the runtime once on this machine and cache it here",
+        )
     if python is not None:
         return RuntimeRequest("own", python=python)
     return RuntimeRequest(runtime, cache=cache or "", wheels=wheels or "")  # type: ignore[arg-type]  # checked above
@@ -170,9 +237,13 @@ def down(
     name: Optional[str] = typer.Argument(None, help="Cluster to remove (default: the current one)."),
     all_: bool = typer.Option(False, "--all", help="Every cluster of this provider."),
     provider: Optional[str] = typer.Option(None, "--provider", help="Where to look when the local record is gone."),
-    region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the record's, else the AWS config's)."),
+    region: Optional[str] = typer.Option(
+        None, "--region", help="AWS region (default: the record's, else the AWS config's)."
+    ),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    force: bool = typer.Option(False, "--force", help="AWS: also another owner's cluster of this name (no record here)."),
+    force: bool = typer.Option(
+        False, "--force", help="AWS: also another owner's cluster of this name (no record here)."
+    ),
 ) -> None:
     """Remove a cluster and all it created; prove nothing is left.
 
@@ -209,12 +280,19 @@ def down(
         impl = providers.get(t.provider, t.region)
         found = impl.resources(t.name)  # another owner's cluster: refused here, before anything changes
         owners[t.name] = impl.owners(t.name)
-        where = (t.provider if impl.region == t.provider else f"{t.provider}, {impl.region}") + known.get((t.name, t.provider), "")
-        display.info(f"cluster {t.name} ({where}): " + (f"{len(found)} resource(s) to remove" if found else "nothing found"))
+        where = (t.provider if impl.region == t.provider else f"{t.provider}, {impl.region}") + known.get(
+            (t.name, t.provider), ""
+        )
+        display.info(
+            f"cluster {t.name} ({where}): " + (f"{len(found)} resource(s) to remove" if found else "nothing found")
+        )
         for line in found:
             display.info(f"  {line}")
-    _confirm(f"Remove cluster(s) {', '.join(t.name + (' (owner ' + ', '.join(owners[t.name]) + ')' if owners.get(t.name) else '') for t in targets)} "
-             "and everything they created?", yes)
+    _confirm(
+        f"Remove cluster(s) {', '.join(t.name + (' (owner ' + ', '.join(owners[t.name]) + ')' if owners.get(t.name) else '') for t in targets)} "
+        "and everything they created?",
+        yes,
+    )
     from clusterctl.remote import agent
 
     agent.stop(store.root)  # the connection agent holds ssh connections to these nodes: nothing stays running
@@ -236,8 +314,12 @@ def down(
 
 @app.command("ls")
 def ls(
-    provider: Optional[str] = typer.Option(None, "--provider", help="Also ask this provider for clusters without a record (aws)."),
-    region: Optional[str] = typer.Option(None, "--region", help="AWS region to ask (default: the records', else the AWS config's)."),
+    provider: Optional[str] = typer.Option(
+        None, "--provider", help="Also ask this provider for clusters without a record (aws)."
+    ),
+    region: Optional[str] = typer.Option(
+        None, "--region", help="AWS region to ask (default: the records', else the AWS config's)."
+    ),
 ) -> None:
     """List clusters: nodes, type, AZ, state, uptime, cost so far."""
     from clusterctl.cli import display
@@ -247,26 +329,43 @@ def ls(
     providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg))
     found = overview.listing(store, providers, provider, region, display.warn)
     totals = {"hourly": found.hourly_usd, "so_far": found.so_far_usd, "unknown": found.unknown}
-    rows = [{"name": r.name + (" *" if r.current else ""), "provider": r.provider, "region": r.region, "nodes": r.nodes,
-             "type": r.instance_type or "-", "az": r.zones or "-", "state": r.state, "uptime": duration(r.uptime_s),
-             "$/hour": money(r.hourly_usd) if r.priced else "-", "cost so far": money(r.so_far_usd) if r.priced else "-",
-             "note": r.note} for r in found.rows]
+    rows = [
+        {
+            "name": r.name + (" *" if r.current else ""),
+            "provider": r.provider,
+            "region": r.region,
+            "nodes": r.nodes,
+            "type": r.instance_type or "-",
+            "az": r.zones or "-",
+            "state": r.state,
+            "uptime": duration(r.uptime_s),
+            "$/hour": money(r.hourly_usd) if r.priced else "-",
+            "cost so far": money(r.so_far_usd) if r.priced else "-",
+            "note": r.note,
+        }
+        for r in found.rows
+    ]
     if not rows:
         display.info("no clusters; bring one up with `clusterctl up --provider local --nodes 2`")
         return
-    display.cluster_table(rows, ("name", "provider", "region", "nodes", "type", "az", "state", "uptime", "$/hour",
-                                 "cost so far", "note"))
-    display.info(f"total: {money(totals['hourly'])}/hour now, {money(totals['so_far'])} so far "
-                 f"for {len(rows)} cluster(s)" + (f" ({totals['unknown']} cluster(s) of unknown price not counted)"
-                                                  if totals["unknown"] else "")
-                 + " (built-in on-demand prices; not a bill)")
+    display.cluster_table(
+        rows, ("name", "provider", "region", "nodes", "type", "az", "state", "uptime", "$/hour", "cost so far", "note")
+    )
+    display.info(
+        f"total: {money(totals['hourly'])}/hour now, {money(totals['so_far'])} so far "
+        f"for {len(rows)} cluster(s)"
+        + (f" ({totals['unknown']} cluster(s) of unknown price not counted)" if totals["unknown"] else "")
+        + " (built-in on-demand prices; not a bill)"
+    )
 
 
 @app.command()
 def status(
     name: Optional[str] = typer.Argument(None, help="Cluster (default: the current one)."),
     provider: Optional[str] = typer.Option(None, "--provider", help="Where to look when the local record is gone."),
-    region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the record's, else the AWS config's)."),
+    region: Optional[str] = typer.Option(
+        None, "--region", help="AWS region (default: the record's, else the AWS config's)."
+    ),
 ) -> None:
     """Show a cluster's nodes, as its provider sees them now.
 
@@ -300,8 +399,12 @@ def status(
         from clusterctl.providers.base import ClusterStatus
 
         st = ClusterStatus(n, kind, record.cluster.region, record.cluster.instance_type, ())
-    display.cluster_status(st, time.time(), current=n == store.current(),
-                           notes=provision.disagreements(record, st if (st.nodes or st.other) else None))
+    display.cluster_status(
+        st,
+        time.time(),
+        current=n == store.current(),
+        notes=provision.disagreements(record, st if (st.nodes or st.other) else None),
+    )
     if record is not None:
         if st.nodes or record.status == "stopped":
             _autostop_status(store, record)
@@ -341,8 +444,12 @@ def keep(
     record = _running(store.resolve(name))
     failed = control.change(store, record, "keep", seconds=seconds)
     until = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() + seconds))
-    _autostop_done(record, failed, f"cluster {record.cluster.name}: autostop waits until {until} "
-                                   f"({duration(seconds)} from now); then idle-stop and max lifetime apply again")
+    _autostop_done(
+        record,
+        failed,
+        f"cluster {record.cluster.name}: autostop waits until {until} "
+        f"({duration(seconds)} from now); then idle-stop and max lifetime apply again",
+    )
     _autostop_status(store, record)
 
 
@@ -352,7 +459,9 @@ def autostop_(
     off: bool = typer.Option(False, "--off", help="Never stop it by itself (it runs until `down`)."),
     on: bool = typer.Option(False, "--on", help="Turn autostop back on."),
     idle_stop: Optional[str] = typer.Option(None, "--idle-stop", help="New idle limit, e.g. 30m (off: none)."),
-    max_lifetime: Optional[str] = typer.Option(None, "--max-lifetime", help="New lifetime limit from creation, e.g. 12h (off: none)."),
+    max_lifetime: Optional[str] = typer.Option(
+        None, "--max-lifetime", help="New lifetime limit from creation, e.g. 12h (off: none)."
+    ),
 ) -> None:
     """Show or change when a cluster stops itself."""
     from clusterctl.autostop import control, settings as autostop
@@ -370,8 +479,10 @@ def autostop_(
         _autostop_done(record, failed, f"cluster {c.name}: autostop is off")
         if not failed:
             hourly = _hourly(c)
-            display.warn(f"{c.name} now runs until `clusterctl down {c.name}`, costing "
-                         f"{money(hourly)}/hour while it does; `clusterctl autostop {c.name} --on` undoes this")
+            display.warn(
+                f"{c.name} now runs until `clusterctl down {c.name}`, costing "
+                f"{money(hourly)}/hour while it does; `clusterctl autostop {c.name} --on` undoes this"
+            )
     elif on or idle_stop or max_lifetime:
         values: dict = {}
         if idle_stop:
@@ -388,8 +499,10 @@ def _running(record):
         from clusterctl.errors import StateError
 
         why = f" ({record.note})" if record.note else ""
-        raise StateError(f"cluster {record.cluster.name} is {record.status}{why}",
-                         "bring it up again with `clusterctl up`, or remove its record with `clusterctl down`")
+        raise StateError(
+            f"cluster {record.cluster.name} is {record.status}{why}",
+            "bring it up again with `clusterctl up`, or remove its record with `clusterctl down`",
+        )
     return record
 
 
@@ -400,8 +513,10 @@ def _autostop_done(record, failed: list, message: str) -> None:
     if failed:
         for line in failed:
             display.warn(line)
-        raise UnreachableError(f"the change did not reach every node of {record.cluster.name} ({len(failed)} failed)",
-                               "run the command again once the nodes answer")
+        raise UnreachableError(
+            f"the change did not reach every node of {record.cluster.name} ({len(failed)} failed)",
+            "run the command again once the nodes answer",
+        )
     display.info(message)
 
 
@@ -435,14 +550,23 @@ def gc(
         return
     display.gc_table(list(found.found), list(found.chosen), now)
     if found.others:
-        display.info(f"kept: {len(found.others)} cluster(s) of other owners ("
-                     + ", ".join(f"{c.name} of {c.owner or 'unknown'}" for c in found.others) + "); --force removes them")
+        display.info(
+            f"kept: {len(found.others)} cluster(s) of other owners ("
+            + ", ".join(f"{c.name} of {c.owner or 'unknown'}" for c in found.others)
+            + "); --force removes them"
+        )
     if not found.chosen:
-        display.info(f"nothing is older than {older_than}" if older_than and not found.others else "nothing of yours to remove")
+        display.info(
+            f"nothing is older than {older_than}" if older_than and not found.others else "nothing of yours to remove"
+        )
         return
     total = sum(len(c.found) for c in found.chosen)
-    _confirm(f"Remove {total} resource(s) of {len(found.chosen)} cluster(s) ("
-             + ", ".join(c.name + ("" if c.mine else f" (owner {c.owner or 'unknown'})") for c in found.chosen) + ")?", yes)
+    _confirm(
+        f"Remove {total} resource(s) of {len(found.chosen)} cluster(s) ("
+        + ", ".join(c.name + ("" if c.mine else f" (owner {c.owner or 'unknown'})") for c in found.chosen)
+        + ")?",
+        yes,
+    )
     from clusterctl.remote import agent
 
     agent.stop(store.root)
@@ -470,12 +594,18 @@ def hosts(
     sys.stdout.write(hf.render_as(format_))
 
 
-@app.command("ssh", short_help="A shell or a command on a node, host keys checked.",
-             context_settings={"allow_interspersed_args": False})
+@app.command(
+    "ssh",
+    short_help="A shell or a command on a node, host keys checked.",
+    context_settings={"allow_interspersed_args": False},
+)
 def ssh_(
-    args: Optional[List[str]] = typer.Argument(None, metavar="[NODE] [-- CMD ...]",
-                                               help="A node (leader, member-N, its index or address; default: the "
-                                                    "leader), then the command (default: an interactive shell)."),
+    args: Optional[List[str]] = typer.Argument(
+        None,
+        metavar="[NODE] [-- CMD ...]",
+        help="A node (leader, member-N, its index or address; default: the "
+        "leader), then the command (default: an interactive shell).",
+    ),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
 ) -> None:
     """A shell (a real tty) or a command on a node, with OpenSSH and the cluster's pinned host keys."""

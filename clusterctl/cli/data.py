@@ -17,20 +17,33 @@ app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMAN
 # ---- the dataset on every node ---------------------------------------------------------------------------
 @app.command()
 def sync(
-    args: List[str] = typer.Argument(..., metavar="[HOSTS] SRC DST",
-                                     help="A hosts file (optional); SRC: a local folder, leader:PATH or "
-                                          "s3://bucket/prefix; DST: the folder on every node. Put -- before "
-                                          "paths that start with '-'."),
+    args: List[str] = typer.Argument(
+        ...,
+        metavar="[HOSTS] SRC DST",
+        help="A hosts file (optional); SRC: a local folder, leader:PATH or "
+        "s3://bucket/prefix; DST: the folder on every node. Put -- before "
+        "paths that start with '-'.",
+    ),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
     strategy: str = typer.Option("chain", "--strategy", help="chain (pipelined relay), tree, parallel or sequential."),
     fanout: int = typer.Option(1, "--fanout", help="chain: split the nodes after the first into K chains."),
     plan: bool = typer.Option(False, "--plan", help="Print who sends to whom, and copy nothing."),
     delete: bool = typer.Option(False, "--delete", help="Mirror: remove files on the nodes that SRC does not have."),
-    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint the nodes use (e.g. a test server)."),
-    stall_timeout: float = typer.Option(120.0, "--stall-timeout", help="chain: seconds with no data moving before the "
-                                        "node that stopped taking it is reported failed and cut out (the rest finish)."),
-    verify: str = typer.Option("stream", "--verify", help="stream: a chain node's copy is proved by the sha256 of "
-                               "every file as it was written (no second read); disk: every file read back and hashed."),
+    endpoint_url: Optional[str] = typer.Option(
+        None, "--endpoint-url", help="S3 endpoint the nodes use (e.g. a test server)."
+    ),
+    stall_timeout: float = typer.Option(
+        120.0,
+        "--stall-timeout",
+        help="chain: seconds with no data moving before the "
+        "node that stopped taking it is reported failed and cut out (the rest finish).",
+    ),
+    verify: str = typer.Option(
+        "stream",
+        "--verify",
+        help="stream: a chain node's copy is proved by the sha256 of "
+        "every file as it was written (no second read); disk: every file read back and hashed.",
+    ),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
     user: Optional[str] = _SSH["user"],
     identity: List[str] = _SSH["identity"],
@@ -65,13 +78,28 @@ def sync(
         return
     from clusterctl.autostop import control as autostop
 
-    with autostop.lease(_store(), inv.cluster, "sync", warn=display.warn), SshPool(inv.settings) as pool, \
-            display.SyncProgress(labels) as events:  # the lease: autostop counts the copy as activity
-        syncer = transfer.Syncer(inv.targets, [e.address for e in inv.hosts.entries], inv.settings.known_hosts, pool, source, dst,
-                                 strategy=strategy, fanout=fanout, delete=delete, endpoint_url=endpoint_url,
-                                 managed=inv.cluster is not None, events=events,
-                                 node_python=launch.node_python(inv.cluster), stall_timeout=stall_timeout,
-                                 verify=verify)
+    with (
+        autostop.lease(_store(), inv.cluster, "sync", warn=display.warn),
+        SshPool(inv.settings) as pool,
+        display.SyncProgress(labels) as events,
+    ):  # the lease: autostop counts the copy as activity
+        syncer = transfer.Syncer(
+            inv.targets,
+            [e.address for e in inv.hosts.entries],
+            inv.settings.known_hosts,
+            pool,
+            source,
+            dst,
+            strategy=strategy,
+            fanout=fanout,
+            delete=delete,
+            endpoint_url=endpoint_url,
+            managed=inv.cluster is not None,
+            events=events,
+            node_python=launch.node_python(inv.cluster),
+            stall_timeout=stall_timeout,
+            verify=verify,
+        )
         report = syncer.run()
     display.sync_table(report)
     err = report.error()
@@ -80,8 +108,11 @@ def sync(
 
 
 # ---- datasets --------------------------------------------------------------------------------------------
-data_app = typer.Typer(no_args_is_help=True, short_help="Make ImageNet-format TFRecord datasets.",
-                       help="Make ImageNet-format TFRecord datasets (to rehearse before ImageNet).")
+data_app = typer.Typer(
+    no_args_is_help=True,
+    short_help="Make ImageNet-format TFRecord datasets.",
+    help="Make ImageNet-format TFRecord datasets (to rehearse before ImageNet).",
+)
 app.add_typer(data_app, name="data")
 
 
@@ -89,8 +120,10 @@ def _data_report(info) -> None:
     from clusterctl.cli import display
 
     parts = ", ".join(f"{s.examples} {s.name} image(s) in {len(s.shards)} shard(s)" for s in info.splits.values())
-    display.info(f"{info.path}: {parts}, {info.num_classes} class(es), {info.bytes / 1e6:.1f} MB "
-                 f"in {info.seconds:.1f}s; labels.txt and dataset.json written")
+    display.info(
+        f"{info.path}: {parts}, {info.num_classes} class(es), {info.bytes / 1e6:.1f} MB "
+        f"in {info.seconds:.1f}s; labels.txt and dataset.json written"
+    )
     if info.reencoded:
         display.info(f"{info.reencoded} image(s) were PNG or not RGB and were re-encoded as RGB JPEG")
     for path, why in info.skipped[:10]:
@@ -101,18 +134,49 @@ def _data_report(info) -> None:
 
 @data_app.command("tfrecords")
 def data_tfrecords(
-    src: str = typer.Argument(..., help="A folder of class sub-folders of JPEG/PNG images (or train/ and validation/ holding them); with --on leader a folder there or s3://bucket/prefix."),
-    dst: str = typer.Argument(..., help="Folder to write train-*, validation-*, labels.txt, dataset.json into (with --on leader: on the leader)."),
-    validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="Share of each class held out (when SRC has no validation/)."),
-    train_shards: Optional[int] = typer.Option(None, "--train-shards", help="Default: 1024 for ImageNet's size, fewer for small sets."),
-    validation_shards: Optional[int] = typer.Option(None, "--validation-shards", help="Default: 128 for ImageNet's size, fewer for small sets."),
+    src: str = typer.Argument(
+        ...,
+        help="A folder of class sub-folders of JPEG/PNG images (or train/ and validation/ holding them); with --on leader a folder there or s3://bucket/prefix.",
+    ),
+    dst: str = typer.Argument(
+        ...,
+        help="Folder to write train-*, validation-*, labels.txt, dataset.json into (with --on leader: on the leader).",
+    ),
+    validation_fraction: float = typer.Option(
+        0.1, "--validation-fraction", help="Share of each class held out (when SRC has no validation/)."
+    ),
+    train_shards: Optional[int] = typer.Option(
+        None, "--train-shards", help="Default: 1024 for ImageNet's size, fewer for small sets."
+    ),
+    validation_shards: Optional[int] = typer.Option(
+        None, "--validation-shards", help="Default: 128 for ImageNet's size, fewer for small sets."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the split and the shuffle."),
     force: bool = typer.Option(False, "--force", help="Replace a dataset already in DST."),
-    val_labels: Optional[Path] = typer.Option(None, "--val-labels", metavar="FILE", help="Classes of a flat val/ folder (ImageNet's 50,000 images without class sub-folders): LOC_val_solution.csv, or the devkit's ground truth with --val-synsets."),
-    val_synsets: Optional[Path] = typer.Option(None, "--val-synsets", metavar="FILE", help="The devkit's synset list for --val-labels ground truth (line N: the synset of class ID N)."),
-    on: Optional[str] = typer.Option(None, "--on", metavar="leader", help="Convert on the cluster's leader (SRC and DST there; SRC may be s3://), with the node runtime's Python."),
-    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help="S3 endpoint the leader uses for an s3:// SRC (e.g. a test server)."),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="With --on leader: a cluster by name (default: the current)."),
+    val_labels: Optional[Path] = typer.Option(
+        None,
+        "--val-labels",
+        metavar="FILE",
+        help="Classes of a flat val/ folder (ImageNet's 50,000 images without class sub-folders): LOC_val_solution.csv, or the devkit's ground truth with --val-synsets.",
+    ),
+    val_synsets: Optional[Path] = typer.Option(
+        None,
+        "--val-synsets",
+        metavar="FILE",
+        help="The devkit's synset list for --val-labels ground truth (line N: the synset of class ID N).",
+    ),
+    on: Optional[str] = typer.Option(
+        None,
+        "--on",
+        metavar="leader",
+        help="Convert on the cluster's leader (SRC and DST there; SRC may be s3://), with the node runtime's Python.",
+    ),
+    endpoint_url: Optional[str] = typer.Option(
+        None, "--endpoint-url", help="S3 endpoint the leader uses for an s3:// SRC (e.g. a test server)."
+    ),
+    cluster: Optional[str] = typer.Option(
+        None, "--cluster", "-c", help="With --on leader: a cluster by name (default: the current)."
+    ),
 ) -> None:
     """Image folders to ImageNet-format TFRecords.
 
@@ -127,7 +191,9 @@ def data_tfrecords(
     within("--train-shards", train_shards, 1)
     within("--validation-shards", validation_shards, 1)
     if on is None and (src.startswith("s3://") or endpoint_url):
-        raise UsageError("an s3:// SRC (and --endpoint-url) needs --on leader", "the leader reads it with its instance profile")
+        raise UsageError(
+            "an s3:// SRC (and --endpoint-url) needs --on leader", "the leader reads it with its instance profile"
+        )
     if on is not None:
         if on != "leader":
             raise UsageError(f"--on {on!r}: only `--on leader` is understood")
@@ -137,15 +203,36 @@ def data_tfrecords(
         from clusterctl.autostop import control as autostop
 
         with autostop.lease(_store(), inv.cluster, "data", warn=display.warn):  # autostop waits for the conversion
-            _data_report(data.convert_on_leader(inv, src, dst, val_labels=val_labels, val_synsets=val_synsets,
-                                                on_line=display.info, train_shards=train_shards,
-                                                validation_shards=validation_shards,
-                                                validation_fraction=validation_fraction, seed=seed, force=force,
-                                                endpoint_url=endpoint_url))
+            _data_report(
+                data.convert_on_leader(
+                    inv,
+                    src,
+                    dst,
+                    val_labels=val_labels,
+                    val_synsets=val_synsets,
+                    on_line=display.info,
+                    train_shards=train_shards,
+                    validation_shards=validation_shards,
+                    validation_fraction=validation_fraction,
+                    seed=seed,
+                    force=force,
+                    endpoint_url=endpoint_url,
+                )
+            )
         return
-    _data_report(data.convert_folder(src, dst, train_shards=train_shards, validation_shards=validation_shards,
-                                     validation_fraction=validation_fraction, seed=seed, force=force,
-                                     val_labels=val_labels, val_synsets=val_synsets))
+    _data_report(
+        data.convert_folder(
+            src,
+            dst,
+            train_shards=train_shards,
+            validation_shards=validation_shards,
+            validation_fraction=validation_fraction,
+            seed=seed,
+            force=force,
+            val_labels=val_labels,
+            val_synsets=val_synsets,
+        )
+    )
 
 
 @data_app.command("synthetic")
@@ -168,6 +255,16 @@ def data_synthetic(
 
     within("--train-shards", train_shards, 1)
     within("--validation-shards", validation_shards, 1)
-    _data_report(data.write_synthetic(dst, images=images, classes=classes, validation_images=validation_images,
-                                      image_size=image_size, train_shards=train_shards,
-                                      validation_shards=validation_shards, seed=seed, force=force))
+    _data_report(
+        data.write_synthetic(
+            dst,
+            images=images,
+            classes=classes,
+            validation_images=validation_images,
+            image_size=image_size,
+            train_shards=train_shards,
+            validation_shards=validation_shards,
+            seed=seed,
+            force=force,
+        )
+    )

@@ -129,7 +129,8 @@ def summary(report, tail_lines: int = 3) -> None:
     counts = {s: len(report.by_status(s)) for s in ("ok", "failed", "unreachable", "timeout")}
     line = ", ".join(f"{n} {'timed out' if s == 'timeout' else s}" for s, n in counts.items() if n or s == "ok")
     lines: list[tuple[str, str | None, str | None]] = [
-        (f"{len(report)} host(s): {line}", "green" if report.all_ok else "red", None)]
+        (f"{len(report)} host(s): {line}", "green" if report.all_ok else "red", None)
+    ]
     for r in report:
         if r.status == "failed":
             tail = " / ".join(r.stderr.strip().splitlines()[-tail_lines:])
@@ -152,14 +153,19 @@ def disk_table(rows) -> None:
 
     t = Table(box=None, header_style="bold")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("HOST", "left"), ("MOUNT", "left"), ("SIZE", "right"), ("USED", "right"), ("FREE", "right"),
-        ("FREE%", "right"), ("", "left"))
+        ("HOST", "left"),
+        ("MOUNT", "left"),
+        ("SIZE", "right"),
+        ("USED", "right"),
+        ("FREE", "right"),
+        ("FREE%", "right"),
+        ("", "left"),
+    )
     for col, just in columns:
         t.add_column(col, justify=just)
     for r in rows:
         flag = "[red]LOW[/]" if r.low else ""
-        t.add_row(r.host, r.mount, _size(r.size_kb), _size(r.used_kb), _size(r.free_kb),
-                  f"{r.free_fraction:.0%}", flag)
+        t.add_row(r.host, r.mount, _size(r.size_kb), _size(r.used_kb), _size(r.free_kb), f"{r.free_fraction:.0%}", flag)
     console().print(t)
     low = sorted({r.host for r in rows if r.low})
     if low:
@@ -182,8 +188,9 @@ def json_lines(report) -> None:
 
 
 # ---- clusters ----------------------------------------------------------------------------------------
-def cluster_table(rows: Sequence[dict],
-                  columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state")) -> None:
+def cluster_table(
+    rows: Sequence[dict], columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state")
+) -> None:
     from rich.table import Table
 
     t = Table(box=None, header_style="bold")
@@ -199,16 +206,27 @@ def cluster_status(status, now: float, current: bool = False, notes: Sequence[st
     from rich.table import Table
 
     c = console()
-    c.print(f"[bold]{_esc(status.name)}[/] ({status.provider}, {status.region}, {status.instance_type or '-'})"
-            + (" [dim]current[/]" if current else ""))
+    c.print(
+        f"[bold]{_esc(status.name)}[/] ({status.provider}, {status.region}, {status.instance_type or '-'})"
+        + (" [dim]current[/]" if current else "")
+    )
     t = Table(box=None, header_style="bold")
     for col in ("NODE", "ROLE", "INSTANCE", "AZ", "STATE", "ADDRESS", "SSH", "SLOTS", "UPTIME"):
         t.add_column(col)
     for ns in status.nodes:
         n = ns.node
         up = duration(now - ns.launched_at) if ns.launched_at and ns.state in ("pending", "running") else "-"
-        t.add_row(n.name, n.role, n.instance_id or "-", ns.zone or "-", ns.state, n.private_ip,
-                  f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}", str(n.slots), up)
+        t.add_row(
+            n.name,
+            n.role,
+            n.instance_id or "-",
+            ns.zone or "-",
+            ns.state,
+            n.private_ip,
+            f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}",
+            str(n.slots),
+            up,
+        )
     if status.nodes:
         c.print(t)
     hourly, so_far = status.hourly_usd, status.cost_so_far(now)
@@ -229,23 +247,38 @@ def gc_table(found, chosen, now: float) -> None:
         t.add_column(col)
     for c in found:
         nodes = sum(f.kind in ("instance", "namespace") for f in c.found)
-        t.add_row(_esc(c.name), c.where, duration(now - c.created_at) if c.created_at else "?", _esc(c.owner or "?"),
-                  c.record or "none", str(nodes), str(len(c.found)),
-                  "remove" if id(c) in picked else "kept (younger)" if getattr(c, "mine", True)
-                  else "kept (another owner's: --force)")
+        t.add_row(
+            _esc(c.name),
+            c.where,
+            duration(now - c.created_at) if c.created_at else "?",
+            _esc(c.owner or "?"),
+            c.record or "none",
+            str(nodes),
+            str(len(c.found)),
+            "remove"
+            if id(c) in picked
+            else "kept (younger)"
+            if getattr(c, "mine", True)
+            else "kept (another owner's: --force)",
+        )
     console().print(t)
     for c in chosen:
         for f in c.found:
-            info(f"  {c.name}: {f.kind} {f.id}" + (f" ({f.state})" if f.state else "")
-                 + (f", {duration(now - f.created_at)} old" if f.created_at else ""))
+            info(
+                f"  {c.name}: {f.kind} {f.id}"
+                + (f" ({f.state})" if f.state else "")
+                + (f", {duration(now - f.created_at)} old" if f.created_at else "")
+            )
 
 
 def node_table(cluster, current: bool = False) -> None:
     from rich.table import Table
 
     c = console()
-    c.print(f"[bold]{_esc(cluster.name)}[/] ({cluster.provider}, {cluster.region}, {cluster.instance_type})"
-            + (" [dim]current[/]" if current else ""))
+    c.print(
+        f"[bold]{_esc(cluster.name)}[/] ({cluster.provider}, {cluster.region}, {cluster.instance_type})"
+        + (" [dim]current[/]" if current else "")
+    )
     t = Table(box=None, header_style="bold")
     for col in ("NODE", "ROLE", "ADDRESS", "SSH", "SLOTS"):
         t.add_column(col)
@@ -270,8 +303,10 @@ class BenchProgress:
             c.print(f"[bold]rung: {value}{' process(es)' if isinstance(value, int) else ''}[/] ...")
         elif kind == "rung":
             r = value
-            c.print(f"  {r.np:>4} procs on {r.nodes} node(s): {r.img_per_sec:10.1f} img/s, speedup {r.speedup:5.2f}x, "
-                    f"efficiency {r.efficiency:6.1%} ({r.seconds:.1f}s)")
+            c.print(
+                f"  {r.np:>4} procs on {r.nodes} node(s): {r.img_per_sec:10.1f} img/s, speedup {r.speedup:5.2f}x, "
+                f"efficiency {r.efficiency:6.1%} ({r.seconds:.1f}s)"
+            )
 
 
 def ladder_table(ladder) -> None:
@@ -281,9 +316,14 @@ def ladder_table(ladder) -> None:
     for col in ("processes", "nodes", "img/s (+- 1.96 sigma)", "speedup", "efficiency", "per process vs one node"):
         t.add_column(col, justify="right")
     for r in ladder.rungs:
-        t.add_row(str(r.np), str(r.nodes), f"{r.img_per_sec:.1f} +- {r.conf:.1f}", f"{r.speedup:.2f}x",
-                  f"{r.efficiency:.1%}",
-                  "-" if r.node_scaling is None else f"{r.node_scaling:.1%} +- {r.node_scaling_conf:.1%}")
+        t.add_row(
+            str(r.np),
+            str(r.nodes),
+            f"{r.img_per_sec:.1f} +- {r.conf:.1f}",
+            f"{r.speedup:.2f}x",
+            f"{r.efficiency:.1%}",
+            "-" if r.node_scaling is None else f"{r.node_scaling:.1%} +- {r.node_scaling_conf:.1%}",
+        )
     c = console()
     c.print(t)
     if ladder.alone:
@@ -292,12 +332,21 @@ def ladder_table(ladder) -> None:
         nodes.add_column("processes", justify="right")
         nodes.add_column("img/s per process (+- 1.96 sigma)", justify="right")
         for a in ladder.alone:
-            nodes.add_row(_esc(a.node + (f" ({a.hostname})" if a.hostname else "")
-                               + (" (slow)" if a.node in ladder.slow_nodes else "")),
-                          str(a.np), f"{a.per_proc:.1f} +- {a.conf:.1f}")
+            nodes.add_row(
+                _esc(
+                    a.node
+                    + (f" ({a.hostname})" if a.hostname else "")
+                    + (" (slow)" if a.node in ladder.slow_nodes else "")
+                ),
+                str(a.np),
+                f"{a.per_proc:.1f} +- {a.conf:.1f}",
+            )
         c.print(nodes)
-    style = ("green" if ladder.passed else "yellow" if ladder.status == "INCONCLUSIVE" else "red") \
-        if ladder.judged else "yellow"
+    style = (
+        ("green" if ladder.passed else "yellow" if ladder.status == "INCONCLUSIVE" else "red")
+        if ladder.judged
+        else "yellow"
+    )
     c.print(f"[{style}]{_esc(ladder.verdict)}[/]")
     c.print(f"results: {_esc(ladder.results_dir)}/results.json, scaling.png, rung logs")
 
@@ -319,14 +368,24 @@ def doctor_table(report) -> None:
         f = report.fabric
         c.print(f"fabric: measured with {_esc(f.tool)}: {_esc(f.tool_why)}")
         if f.nccl is not None:  # all_reduce_perf times each size many times; no spread to print
-            c.print(f"fabric: all_reduce_perf avg bus bandwidth {f.nccl.avg_busbw_gbyte:.2f} GB/s over "
-                    f"{len(f.nccl.rows)} sizes, {f.nccl.peak_busbw_gbyte:.2f} GB/s at the largest")
+            c.print(
+                f"fabric: all_reduce_perf avg bus bandwidth {f.nccl.avg_busbw_gbyte:.2f} GB/s over "
+                f"{len(f.nccl.rows)} sizes, {f.nccl.peak_busbw_gbyte:.2f} GB/s at the largest"
+            )
         spread = (lambda a: "") if f.tool == "nccl-tests" else (lambda a: f" +- {a.conf:.2f}")
-        c.print("fabric: cluster allreduce " + (f"{f.cluster.busbw_gbit:.2f}{spread(f.cluster)} Gbit/s busbw"
-                                                if not f.cluster.error else f"failed: {_esc(f.cluster.error)}"))
+        c.print(
+            "fabric: cluster allreduce "
+            + (
+                f"{f.cluster.busbw_gbit:.2f}{spread(f.cluster)} Gbit/s busbw"
+                if not f.cluster.error
+                else f"failed: {_esc(f.cluster.error)}"
+            )
+        )
         for p in f.pairs:
-            c.print(f"fabric: pair {_esc(' <-> '.join(p.hosts))}: "
-                    + (f"{p.busbw_gbit:.2f}{spread(p)} Gbit/s" if not p.error else f"failed: {_esc(p.error)}"))
+            c.print(
+                f"fabric: pair {_esc(' <-> '.join(p.hosts))}: "
+                + (f"{p.busbw_gbit:.2f}{spread(p)} Gbit/s" if not p.error else f"failed: {_esc(p.error)}")
+            )
         c.print(f"fabric: judged against {_esc(f.reference)}")
     for line in report.failures():
         c.print(f"[red]FAIL[/] {_esc(line)}")
@@ -347,9 +406,16 @@ class SyncProgress:
             TransferSpeedColumn,
         )
 
-        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                 TransferSpeedColumn(), TimeElapsedColumn(), console=console(stderr=True),
-                                 transient=False, refresh_per_second=4)
+        self.bars = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeElapsedColumn(),
+            console=console(stderr=True),
+            transient=False,
+            refresh_per_second=4,
+        )
         width = max((len(h) for h in hosts), default=5)
         self.width = max(width, 5)
         self.total = self.bars.add_task("total".ljust(self.width), total=0, start=False)
@@ -392,8 +458,7 @@ class SyncProgress:
                 if outcome.verified:
                     self.done[outcome.host] = self.needs.get(outcome.host, 0)
                     self.bars.update(self.tasks[outcome.host], completed=self.done[outcome.host])
-                self.bars.update(self.tasks[outcome.host],
-                                     description=f"{_esc(outcome.host.ljust(self.width))} {mark}")
+                self.bars.update(self.tasks[outcome.host], description=f"{_esc(outcome.host.ljust(self.width))} {mark}")
                 self.bars.update(self.total, completed=sum(self.done.values()))
 
 
@@ -403,7 +468,12 @@ def sync_table(report) -> None:
 
     t = Table(box=None, header_style="bold")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("NODE", "left"), ("BYTES", "right"), ("SECONDS", "right"), ("MB/S", "right"), ("VERIFIED", "left"))
+        ("NODE", "left"),
+        ("BYTES", "right"),
+        ("SECONDS", "right"),
+        ("MB/S", "right"),
+        ("VERIFIED", "left"),
+    )
     for col, just in columns:
         t.add_column(col, justify=just)
     for o in report.outcomes:
@@ -413,9 +483,11 @@ def sync_table(report) -> None:
     console().print(t)
     ok = sum(1 for o in report.outcomes if o.verified)
     style = "green" if ok == len(report.outcomes) else "red"
-    console(stderr=True).print(f"[{style}]{ok} of {len(report.outcomes)} node(s) verified and marked complete: "
-                               f"{report.files} file(s), {report.total_bytes:,} bytes, {report.strategy}, "
-                               f"{report.seconds:.1f}s[/]")
+    console(stderr=True).print(
+        f"[{style}]{ok} of {len(report.outcomes)} node(s) verified and marked complete: "
+        f"{report.files} file(s), {report.total_bytes:,} bytes, {report.strategy}, "
+        f"{report.seconds:.1f}s[/]"
+    )
 
 
 # ---- playbooks ---------------------------------------------------------------------------------------
@@ -429,8 +501,15 @@ def play_summary(results) -> None:
 
 
 # ---- sweeps --------------------------------------------------------------------------------------------
-_SWEEP_STYLE = {"done": "green", "running": "cyan", "starting": "cyan", "queued": "dim", "failed": "red",
-                "lost": "red", "cancelled": "yellow"}
+_SWEEP_STYLE = {
+    "done": "green",
+    "running": "cyan",
+    "starting": "cyan",
+    "queued": "dim",
+    "failed": "red",
+    "lost": "red",
+    "cancelled": "yellow",
+}
 
 
 def _sweep_rich_table(rows: Sequence[dict], params: Sequence[str], metric_name: str, title: str | None = None):
@@ -438,17 +517,29 @@ def _sweep_rich_table(rows: Sequence[dict], params: Sequence[str], metric_name: 
 
     t = Table(title=title, box=None, header_style="bold", title_justify="left")
     columns: list[tuple[str, JustifyMethod]] = [
-        ("TRIAL", "right"), *((p.upper(), "right") for p in params), ("NODE/GPU", "left"), ("STATE", "left"),
-        ("ELAPSED", "right"), (metric_name.upper(), "right"), ("", "left")]
+        ("TRIAL", "right"),
+        *((p.upper(), "right") for p in params),
+        ("NODE/GPU", "left"),
+        ("STATE", "left"),
+        ("ELAPSED", "right"),
+        (metric_name.upper(), "right"),
+        ("", "left"),
+    ]
     for col, just in columns:
         t.add_column(_esc(col), justify=just)
     for r in rows:
         style = _SWEEP_STYLE.get(r["state"], "")
         mark = "[bold green]best[/]" if r["best"] else ""
         note = f"[dim]{_esc(r['note'])}[/]" if r["note"] else ""
-        t.add_row(r["trial"], *(_esc(v) for v in r["params"]), _esc(r["node"]),
-                  f"[{style}]{_esc(r['state'])}[/]" if style else _esc(r["state"]), r["elapsed"],
-                  _esc(r["metric"]), " ".join(x for x in (mark, note) if x))
+        t.add_row(
+            r["trial"],
+            *(_esc(v) for v in r["params"]),
+            _esc(r["node"]),
+            f"[{style}]{_esc(r['state'])}[/]" if style else _esc(r["state"]),
+            r["elapsed"],
+            _esc(r["metric"]),
+            " ".join(x for x in (mark, note) if x),
+        )
     return t
 
 
@@ -497,9 +588,16 @@ def train_eval(result) -> None:
     t = Table(box=None, header_style="bold")
     for col in ("STEP", "EPOCH", "TOP-1", "TOP-5", "LOSS", "IMAGES", "CHECKPOINT", "TIME (UTC)"):
         t.add_column(col)
-    t.add_row(str(result.step), f"{result.epoch:.1f}", f"{result.top1:.2f}%", f"{result.top5:.2f}%",
-              f"{result.loss:.3f}", str(result.examples), _esc(result.checkpoint.rsplit("/", 1)[-1] or "-"),
-              _esc(result.time or "-"))
+    t.add_row(
+        str(result.step),
+        f"{result.epoch:.1f}",
+        f"{result.top1:.2f}%",
+        f"{result.top5:.2f}%",
+        f"{result.loss:.3f}",
+        str(result.examples),
+        _esc(result.checkpoint.rsplit("/", 1)[-1] or "-"),
+        _esc(result.time or "-"),
+    )
     console().print(t)
 
 
@@ -507,17 +605,23 @@ def train_status(job, st, dollars_per_hour) -> None:
     """The training job under `status`: state, step, epoch, img/s, loss, elapsed, ETA and its cost."""
 
     c = console()
-    c.print(f"[bold]training[/] {_esc(job.job)}: {st.state}"
-            + (f" ({_esc(st.reason)})" if st.reason else "")
-            + (f", restarted {st.restarts}x" if st.restarts else ""))
+    c.print(
+        f"[bold]training[/] {_esc(job.job)}: {st.state}"
+        + (f" ({_esc(st.reason)})" if st.reason else "")
+        + (f", restarted {st.restarts}x" if st.restarts else "")
+    )
     if st.stop_step:
-        c.print(f"  step {st.step}/{st.stop_step}  epoch {st.epoch:.2f}/{st.epochs:g}  "
-                f"{'-' if st.img_per_sec is None else f'{st.img_per_sec:,.1f}'} img/s  "
-                f"loss {'-' if st.loss is None else f'{st.loss:.4f}'}  lr {'-' if st.lr is None else f'{st.lr:.6f}'}  "
-                f"{st.size} process(es)")
+        c.print(
+            f"  step {st.step}/{st.stop_step}  epoch {st.epoch:.2f}/{st.epochs:g}  "
+            f"{'-' if st.img_per_sec is None else f'{st.img_per_sec:,.1f}'} img/s  "
+            f"loss {'-' if st.loss is None else f'{st.loss:.4f}'}  lr {'-' if st.lr is None else f'{st.lr:.6f}'}  "
+            f"{st.size} process(es)"
+        )
     cost = None if dollars_per_hour is None else st.cost_to_finish(dollars_per_hour)
-    c.print(f"  elapsed {duration(st.elapsed_s)} (all runs {duration(st.total_elapsed_s)})  "
-            f"ETA {duration(st.eta_s)}  cost to finish {money(cost)}")
+    c.print(
+        f"  elapsed {duration(st.elapsed_s)} (all runs {duration(st.total_elapsed_s)})  "
+        f"ETA {duration(st.eta_s)}  cost to finish {money(cost)}"
+    )
     if st.last_checkpoint is not None:
         c.print(f"  last checkpoint: step {st.last_checkpoint.step} ({_esc(st.last_checkpoint.path)})")
     if st.result is not None:
@@ -525,5 +629,7 @@ def train_status(job, st, dollars_per_hour) -> None:
         c.print(f"  evaluation: top-1 {r.top1:.2f}%  top-5 {r.top5:.2f}%  at step {r.step} ({r.examples} images)")
     elif st.validation is not None:
         v = st.validation
-        c.print(f"  validation during training: top-1 {v.top1:.2f}%  top-5 {v.top5:.2f}%  at epoch {v.epoch:g} "
-                f"(step {v.step}, {v.examples} images)")
+        c.print(
+            f"  validation during training: top-1 {v.top1:.2f}%  top-5 {v.top5:.2f}%  at epoch {v.epoch:g} "
+            f"(step {v.step}, {v.examples} images)"
+        )

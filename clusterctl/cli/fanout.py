@@ -24,15 +24,24 @@ def run(
     connect_timeout: float = _SSH["connect_timeout"],
     group: bool = typer.Option(False, "--group", "-g", help="Fold identical outputs into one block."),
     json_: bool = typer.Option(False, "--json", help="One JSON object per host."),
-    detach: Optional[str] = typer.Option(None, "--detach", "-d", metavar="NAME",
-                                         help="Start it in tmux session NAME on every host and return (see logs, kill)."),
+    detach: Optional[str] = typer.Option(
+        None,
+        "--detach",
+        "-d",
+        metavar="NAME",
+        help="Start it in tmux session NAME on every host and return (see logs, kill).",
+    ),
     user: Optional[str] = _SSH["user"],
     identity: List[str] = _SSH["identity"],
     known_hosts: Optional[str] = _SSH["known_hosts"],
     ssh_config: Optional[str] = _SSH["ssh_config"],
-    failed_hosts: Optional[str] = typer.Option(None, "--failed-hosts", metavar="FILE",
-                                               help="Write the hosts that failed or were unreachable to FILE, a hosts "
-                                                    "file: `clusterctl run FILE CMD` retries just those."),
+    failed_hosts: Optional[str] = typer.Option(
+        None,
+        "--failed-hosts",
+        metavar="FILE",
+        help="Write the hosts that failed or were unreachable to FILE, a hosts "
+        "file: `clusterctl run FILE CMD` retries just those.",
+    ),
 ) -> None:
     """Run a command on every node at once."""
     from clusterctl.cli import display
@@ -72,8 +81,12 @@ def _write_failed_hosts(inv, report, path: str) -> None:
 
 @app.command(short_help="Stream a detached job's output.")
 def logs(
-    name: Optional[str] = typer.Argument(None, help="The job's name (as given to run --detach); default: the training job, from the leader."),
-    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    name: Optional[str] = typer.Argument(
+        None, help="The job's name (as given to run --detach); default: the training job, from the leader."
+    ),
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends everywhere."),
     cluster: Optional[str] = _SSH["cluster"],
     parallel: int = _SSH["parallel"],
@@ -100,7 +113,9 @@ def logs(
 @app.command("kill", short_help="End a detached job on every node.")
 def kill_(
     name: str = typer.Argument(..., help="The job's name (as given to run --detach)."),
-    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
     grace: float = typer.Option(3.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
     cluster: Optional[str] = _SSH["cluster"],
     parallel: int = _SSH["parallel"],
@@ -124,8 +139,12 @@ def kill_(
 
 @app.command(short_help="Kill leftovers, remove logs, disks, reboot.")
 def clean(
-    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
-    kill: bool = typer.Option(False, "--kill", help="SIGKILL python/horovodrun/mpirun/orted trees (the default action)."),
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
+    kill: bool = typer.Option(
+        False, "--kill", help="SIGKILL python/horovodrun/mpirun/orted trees (the default action)."
+    ),
     logs_dir: Optional[str] = typer.Option(None, "--logs", metavar="DIR", help="Remove this folder on every node."),
     force: bool = typer.Option(False, "--force", help="With --logs: allow a folder outside the login user's home."),
     disk: bool = typer.Option(False, "--disk", help="Table of free/used disk per node (under 10%% free flagged)."),
@@ -223,8 +242,10 @@ def agent_(action: str = typer.Argument("status", help="status | stop")) -> None
         if info is None or info.get("event") != "pong":
             display.info("no connection agent running")
         else:
-            display.info(f"connection agent pid {info['pid']}: {info['connections']} connection(s) open, "
-                         f"exits after {info['idle']:.0f}s idle; socket {agent.socket_path(root)}")
+            display.info(
+                f"connection agent pid {info['pid']}: {info['connections']} connection(s) open, "
+                f"exits after {info['idle']:.0f}s idle; socket {agent.socket_path(root)}"
+            )
     elif action == "stop":
         display.info("connection agent stopped" if agent.stop(root) else "no connection agent running")
     else:

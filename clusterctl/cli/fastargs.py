@@ -62,9 +62,14 @@ def install() -> bool:
     def build(descriptor):
         try:
             info = descriptor.parameter_info
-            plain = (descriptor.file_annotation is None and not descriptor.is_path and not descriptor.is_choice
-                     and not descriptor.is_ranged and getattr(info, "parser", None) is None
-                     and getattr(info, "click_type", None) is None)
+            plain = (
+                descriptor.file_annotation is None
+                and not descriptor.is_path
+                and not descriptor.is_choice
+                and not descriptor.is_ranged
+                and getattr(info, "parser", None) is None
+                and getattr(info, "click_type", None) is None
+            )
             ann = descriptor.annotation
             if plain and ann in scalars:
                 return Plain(info, ann, kind=ann)

@@ -9,12 +9,20 @@ import typer
 from clusterctl.errors import UsageError
 
 
-def within(flag: str, value: float | None, low: float | None = None, high: float | None = None, *,
-           above: float | None = None, unit: str = "") -> None:
+def within(
+    flag: str,
+    value: float | None,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    above: float | None = None,
+    unit: str = "",
+) -> None:
     """The one range check of numeric options: a one-line UsageError (exit 2) naming the flag, the range
     and the value given; None (an option not given) passes. `above` is an open lower bound."""
-    if value is None or ((low is None or value >= low) and (above is None or value > above)
-                         and (high is None or value <= high)):
+    if value is None or (
+        (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
+    ):
         return
     u = f" {unit}" if unit else ""
     if high is None:
@@ -63,7 +71,9 @@ def _ssh_opts():
         user=typer.Option(None, "--user", "-l", help="Login user."),
         identity=typer.Option([], "--identity", "-i", help="Private key file (repeatable)."),
         known_hosts=typer.Option(None, "--known-hosts", help="known_hosts file to trust."),
-        ssh_config=typer.Option(None, "--ssh-config", help="ssh config file (default ~/.ssh/config), read as OpenSSH does (ssh -G)."),
+        ssh_config=typer.Option(
+            None, "--ssh-config", help="ssh config file (default ~/.ssh/config), read as OpenSSH does (ssh -G)."
+        ),
     )
 
 
@@ -77,8 +87,16 @@ def _inventory(hosts_path, cluster, parallel, connect_timeout, user, identity, k
     return _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config, connect_timeout)
 
 
-def _resolve_hosts(hosts_path, cluster, user=None, identity=(), known_hosts=None, ssh_config=None,
-                   connect_timeout: float = 10.0, store=None):
+def _resolve_hosts(
+    hosts_path,
+    cluster,
+    user=None,
+    identity=(),
+    known_hosts=None,
+    ssh_config=None,
+    connect_timeout: float = 10.0,
+    store=None,
+):
     """The inventory with the shared ssh options (flags win over the ssh config; a ConnectTimeout in the
     config applies unless --connect-timeout was given)."""
     try:  # newer typer carries its own click (and may not install click): its context is the live one
@@ -95,9 +113,20 @@ def _resolve_hosts(hosts_path, cluster, user=None, identity=(), known_hosts=None
     given = True
     if ctx is not None and "connect_timeout" in ctx.params:
         given = ctx.get_parameter_source("connect_timeout") != ParameterSource.DEFAULT
-    return inventory.resolve(hosts_path, cluster, store or _store(), inventory.SshOverrides(
-        user=user, identity=tuple(identity or ()), known_hosts=known_hosts, ssh_config=ssh_config,
-        connect_timeout=connect_timeout, connect_timeout_given=given), warn=display.warn)
+    return inventory.resolve(
+        hosts_path,
+        cluster,
+        store or _store(),
+        inventory.SshOverrides(
+            user=user,
+            identity=tuple(identity or ()),
+            known_hosts=known_hosts,
+            ssh_config=ssh_config,
+            connect_timeout=connect_timeout,
+            connect_timeout_given=given,
+        ),
+        warn=display.warn,
+    )
 
 
 def _fan_out(inv, cmd: str, parallel: int, timeout: float | None = None, live: bool = True):
@@ -106,8 +135,9 @@ def _fan_out(inv, cmd: str, parallel: int, timeout: float | None = None, live: b
     from clusterctl.remote import agent
 
     printer = display.HostPrinter([t.label for t in inv.targets]) if live else None
-    return agent.run(inv.targets, inv.settings, cmd, parallel=parallel, timeout=timeout, on_line=printer,
-                     warn=display.warn)
+    return agent.run(
+        inv.targets, inv.settings, cmd, parallel=parallel, timeout=timeout, on_line=printer, warn=display.warn
+    )
 
 
 def _print_line(line: str) -> None:

@@ -19,8 +19,12 @@ app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMAN
 # ---- the synthetic benchmark -----------------------------------------------------------------------------
 @app.command()
 def bench(
-    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
-    synthetic: bool = typer.Option(False, "--synthetic", help="Synthetic images (the only kind; real data is `train`)."),
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
+    synthetic: bool = typer.Option(
+        False, "--synthetic", help="Synthetic images (the only kind; real data is `train`)."
+    ),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
     model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU smoke runs."),
     batch_size: int = typer.Option(32, "--batch-size", help="Images per process per step."),
@@ -28,7 +32,9 @@ def bench(
     iters: int = typer.Option(10, "--iters", help="Timed batches per rung (mean +- 1.96 sigma over them)."),
     warmup: int = typer.Option(10, "--warmup-steps", help="Untimed steps first (at least 10)."),
     input_only: bool = typer.Option(False, "--input-only", help="Time the input pipeline alone (no model)."),
-    ladder: Optional[str] = typer.Option(None, "--ladder", help="Process counts, e.g. 1,8,16,32 (default: 1, one node, all)."),
+    ladder: Optional[str] = typer.Option(
+        None, "--ladder", help="Process counts, e.g. 1,8,16,32 (default: 1, one node, all)."
+    ),
     threshold: float = typer.Option(0.90, "--threshold", help="Scaling efficiency required per added node."),
     mixed_precision: bool = typer.Option(False, "--mixed-precision", help="float16 compute."),
     xla: bool = typer.Option(False, "--xla", help="Compile the step with XLA."),
@@ -45,7 +51,9 @@ def bench(
     from clusterctl.workloads import bench as benchlib
 
     if not synthetic:
-        raise UsageError("only --synthetic is supported", "run `clusterctl bench --synthetic`; real data is `clusterctl train`")
+        raise UsageError(
+            "only --synthetic is supported", "run `clusterctl bench --synthetic`; real data is `clusterctl train`"
+        )
     if model not in ("resnet50", "tiny"):
         raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
     within("--threshold", threshold, above=0, high=1)
@@ -56,11 +64,22 @@ def bench(
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
-    opts = benchlib.BenchOptions(model=model, batch_size=batch_size, steps=steps, iters=iters, warmup_steps=warmup,
-                                 mixed_precision=mixed_precision, xla=xla, input_only=input_only,
-                                 threshold=threshold, timeout=timeout)
-    display.info(f"ladder: {', '.join(map(str, rungs))} process(es) on {len(inv.hosts.entries)} node(s), "
-                 f"model {model}, batch {batch_size}/process")
+    opts = benchlib.BenchOptions(
+        model=model,
+        batch_size=batch_size,
+        steps=steps,
+        iters=iters,
+        warmup_steps=warmup,
+        mixed_precision=mixed_precision,
+        xla=xla,
+        input_only=input_only,
+        threshold=threshold,
+        timeout=timeout,
+    )
+    display.info(
+        f"ladder: {', '.join(map(str, rungs))} process(es) on {len(inv.hosts.entries)} node(s), "
+        f"model {model}, batch {batch_size}/process"
+    )
     result = benchlib.run_ladder(inv, rungs, opts, out, python=python, on_event=display.BenchProgress())
     display.ladder_table(result)
     _bench_cost(inv, result, "input-pipeline" if input_only else model)
@@ -87,12 +106,16 @@ def _bench_cost(inv, ladder, model: str) -> None:
 # ---- the preflight check ---------------------------------------------------------------------------------
 @app.command()
 def doctor(
-    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
     json_: bool = typer.Option(False, "--json", help="The report as JSON."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds the probe may take on each node."),
-    fabric: bool = typer.Option(False, "--fabric", help="Also measure allreduce bandwidth: the cluster, and ring neighbours."),
+    fabric: bool = typer.Option(
+        False, "--fabric", help="Also measure allreduce bandwidth: the cluster, and ring neighbours."
+    ),
     fabric_mb: float = typer.Option(64.0, "--fabric-mb", help="MiB per allreduce in the --fabric test."),
     user: Optional[str] = _SSH["user"],
     identity: List[str] = _SSH["identity"],
@@ -117,8 +140,9 @@ def doctor(
         inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     report = doctorlib.run(inv, python=python, timeout=timeout, cloud=_cloud_facts(inv.cluster, store))
     if fabric:
-        report = doctorlib.with_fabric(report, doctorlib.fabric(inv, python=python, mb=fabric_mb,
-                                                                timeout=max(timeout, 300.0)))
+        report = doctorlib.with_fabric(
+            report, doctorlib.fabric(inv, python=python, mb=fabric_mb, timeout=max(timeout, 300.0))
+        )
     if json_:
         sys.stdout.write(jsonlib.dumps(report.to_dict()) + "\n")
     else:
@@ -168,7 +192,9 @@ def play(
     book = pbload.load(path, overrides)
     if dry_run:
         for step in book.steps:
-            display.info(f"{step.name}: {pb.describe(step)}" + ("" if step.on_failure == "stop" else "  [on_failure: continue]"))
+            display.info(
+                f"{step.name}: {pb.describe(step)}" + ("" if step.on_failure == "stop" else "  [on_failure: continue]")
+            )
         return
     store = _store()
     ctx = pbmodel.Context(inventory.resolve(hostsfile, cluster, store), store, report=display.info)
@@ -181,30 +207,55 @@ def play(
 # ---- parameter sweeps ------------------------------------------------------------------------------------
 @app.command(context_settings={"allow_interspersed_args": False})
 def sweep(
-    cmd: Optional[List[str]] = typer.Argument(None, metavar="-- CMD ...",
-                                              help="The trial's command: {NAME} takes each parameter's value, "
-                                                   "{python} the nodes' Python, {trial} the trial number."),
-    grid: List[str] = typer.Option([], "--grid", metavar="NAME=V1,V2", help="Values of one parameter (repeatable): every combination is a trial."),
-    range_: List[str] = typer.Option([], "--range", metavar="NAME=LOW:HIGH[:log|int]", help="A range to sample with --random (repeatable)."),
-    random_k: Optional[int] = typer.Option(None, "--random", metavar="K", help="K random trials from --range (and --grid values) instead of the grid."),
+    cmd: Optional[List[str]] = typer.Argument(
+        None,
+        metavar="-- CMD ...",
+        help="The trial's command: {NAME} takes each parameter's value, "
+        "{python} the nodes' Python, {trial} the trial number.",
+    ),
+    grid: List[str] = typer.Option(
+        [], "--grid", metavar="NAME=V1,V2", help="Values of one parameter (repeatable): every combination is a trial."
+    ),
+    range_: List[str] = typer.Option(
+        [], "--range", metavar="NAME=LOW:HIGH[:log|int]", help="A range to sample with --random (repeatable)."
+    ),
+    random_k: Optional[int] = typer.Option(
+        None, "--random", metavar="K", help="K random trials from --range (and --grid values) instead of the grid."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of --random."),
     gpus_per_trial: int = typer.Option(1, "--gpus-per-trial", help="GPUs (slots of one node) each trial gets."),
-    metric: Optional[str] = typer.Option(None, "--metric", metavar="REGEX",
-                                         help="The last output line matching REGEX gives the metric (its group 1, else the "
-                                              "number in or after the match). Default: the last JSON line's \"metric\"."),
+    metric: Optional[str] = typer.Option(
+        None,
+        "--metric",
+        metavar="REGEX",
+        help="The last output line matching REGEX gives the metric (its group 1, else the "
+        'number in or after the match). Default: the last JSON line\'s "metric".',
+    ),
     metric_key: str = typer.Option("metric", "--metric-key", help="The key of the metric in a JSON output line."),
     goal: str = typer.Option("max", "--goal", help="max or min: which metric is best."),
-    files: List[str] = typer.Option([], "--file", metavar="PATH",
-                                    help="Copy to every node's sweep folder, where trials run (repeatable); a shipped "
-                                         "template's name (train_imagenet.py) works too."),
+    files: List[str] = typer.Option(
+        [],
+        "--file",
+        metavar="PATH",
+        help="Copy to every node's sweep folder, where trials run (repeatable); a shipped "
+        "template's name (train_imagenet.py) works too.",
+    ),
     workdir: Optional[str] = typer.Option(None, "--workdir", help="Run trials in this folder on the nodes instead."),
-    trial_timeout: Optional[float] = typer.Option(None, "--trial-timeout", help="Seconds a trial may run before it is killed."),
-    node_timeout: float = typer.Option(30.0, "--node-timeout", help="Seconds of failed ssh before a node is dead and its trials re-queued."),
-    detach: bool = typer.Option(False, "--detach", help="Start the sweep and return (then --status, --attach, --cancel)."),
+    trial_timeout: Optional[float] = typer.Option(
+        None, "--trial-timeout", help="Seconds a trial may run before it is killed."
+    ),
+    node_timeout: float = typer.Option(
+        30.0, "--node-timeout", help="Seconds of failed ssh before a node is dead and its trials re-queued."
+    ),
+    detach: bool = typer.Option(
+        False, "--detach", help="Start the sweep and return (then --status, --attach, --cancel)."
+    ),
     status: bool = typer.Option(False, "--status", help="Show a sweep's trials now (from another terminal too)."),
     attach: bool = typer.Option(False, "--attach", help="Watch a sweep until it ends, then write its results here."),
     cancel: bool = typer.Option(False, "--cancel", help="End every trial of a sweep and stop it."),
-    sweep_id: Optional[str] = typer.Option(None, "--id", help="The sweep for --status/--attach/--cancel (default: the latest)."),
+    sweep_id: Optional[str] = typer.Option(
+        None, "--id", help="The sweep for --status/--attach/--cancel (default: the latest)."
+    ),
     json_: bool = typer.Option(False, "--json", help="With --status: the scheduler's whole state as JSON."),
     out: Path = typer.Option(Path("sweep-results"), "--out", help="Folder for <time>/results.json, logs and the plot."),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
@@ -226,7 +277,11 @@ def sweep(
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import sweep as sweeplib
 
-    modes = [name for name, on in (("--status", status), ("--attach", attach), ("--cancel", cancel), ("--detach", detach)) if on]
+    modes = [
+        name
+        for name, on in (("--status", status), ("--attach", attach), ("--cancel", cancel), ("--detach", detach))
+        if on
+    ]
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} do not go together")
     control = status or attach or cancel
@@ -260,16 +315,30 @@ def sweep(
         params = tuple(combos[0])
         for name in sweeplib.unused(cmd or [], params):
             display.warn(f"parameter {name} is not used in the command (no {{{name}}} in it)")
-        spec = sweeplib.SweepSpec(tuple(cmd or ()), tuple(trials), params, gpus_per_trial, metric, metric_key, goal,
-                                  tuple(staged), workdir, trial_timeout, node_timeout, poll,
-                                  tuple(n for n, r in ranges.items() if r.scale == "log"))
+        spec = sweeplib.SweepSpec(
+            tuple(cmd or ()),
+            tuple(trials),
+            params,
+            gpus_per_trial,
+            metric,
+            metric_key,
+            goal,
+            tuple(staged),
+            workdir,
+            trial_timeout,
+            node_timeout,
+            poll,
+            tuple(n for n, r in ranges.items() if r.scale == "log"),
+        )
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
         if spec is not None:
             sid, folder = sweeplib.start(pool, inv, spec, py)
             slots = sum(e.slots for e in inv.hosts.entries) // gpus_per_trial
-            display.info(f"sweep {sid}: {len(spec.trials)} trial(s) on {len(inv.hosts.entries)} node(s), up to {slots} "
-                         f"at once; scheduler detached on the leader {leader.label} (tmux {sid}), trials' logs in {folder}")
+            display.info(
+                f"sweep {sid}: {len(spec.trials)} trial(s) on {len(inv.hosts.entries)} node(s), up to {slots} "
+                f"at once; scheduler detached on the leader {leader.label} (tmux {sid}), trials' logs in {folder}"
+            )
             if detach:
                 display.info(f"follow it with: clusterctl sweep --attach --id {sid}  (or --status, --cancel)")
                 return
@@ -279,18 +348,28 @@ def sweep(
         if status:
             snap = sweeplib.read_state(pool, leader, sid)
             if json_:
-                sys.stdout.write(jsonlib.dumps({"id": sid, "scheduler": "running" if snap.alive else "stopped",
-                                                "state": snap.state}) + "\n")
+                sys.stdout.write(
+                    jsonlib.dumps({"id": sid, "scheduler": "running" if snap.alive else "stopped", "state": snap.state})
+                    + "\n"
+                )
                 return
             if snap.state is None:
-                display.info(f"sweep {sid}: the scheduler has not written its state yet"
-                             + ("" if snap.alive else f" and is not running; see ~/.clusterctl/jobs/{sid}.log on the leader"))
+                display.info(
+                    f"sweep {sid}: the scheduler has not written its state yet"
+                    + ("" if snap.alive else f" and is not running; see ~/.clusterctl/jobs/{sid}.log on the leader")
+                )
                 return
             _sweep_show(snap.state, sort=snap.state.get("status") in sweeplib.ENDED)
             if not snap.alive and snap.state.get("status") not in sweeplib.ENDED and snap.log_tail.strip():
                 display.warn("the scheduler's last words: " + " / ".join(snap.log_tail.strip().splitlines()[-3:]))
-            display.info(sweeplib.summary(snap.state) + ("" if snap.alive or snap.state.get("status") in sweeplib.ENDED
-                                                       else "; the scheduler is not running (--cancel ends its trials)"))
+            display.info(
+                sweeplib.summary(snap.state)
+                + (
+                    ""
+                    if snap.alive or snap.state.get("status") in sweeplib.ENDED
+                    else "; the scheduler is not running (--cancel ends its trials)"
+                )
+            )
             return
         if cancel:
             state = sweeplib.cancel(pool, leader, sid, py)
@@ -306,8 +385,9 @@ def _sweep_show(state: dict, sort: bool, title: Optional[str] = None) -> None:
 
     meta = state.get("meta") or {}
     params = meta.get("params") or (list(state["trials"][0]["params"]) if state.get("trials") else [])
-    display.sweep_table(sweeplib.rows(state, params, meta.get("goal", "max"), sort), params,
-                        meta.get("metric", "metric"), title)
+    display.sweep_table(
+        sweeplib.rows(state, params, meta.get("goal", "max"), sort), params, meta.get("metric", "metric"), title
+    )
 
 
 def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
@@ -319,24 +399,30 @@ def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
     try:
         state = sweeplib.watch(pool, inv.targets[0], sid, display.SweepProgress, poll=poll)
     except KeyboardInterrupt:
-        display.info(f"stopped watching; sweep {sid} goes on on the leader: "
-                     f"clusterctl sweep --status | --attach | --cancel  (--id {sid})")
+        display.info(
+            f"stopped watching; sweep {sid} goes on on the leader: "
+            f"clusterctl sweep --status | --attach | --cancel  (--id {sid})"
+        )
         raise
     meta = state.get("meta") or {}
     params, goal = meta.get("params") or list(state["trials"][0]["params"]), meta.get("goal", "max")
     folder = sweeplib.results_dir(out)
     missing = sweeplib.collect_logs(pool, inv, state, folder)
     sweeplib.write_results(folder, state, {"cluster": inv.cluster.name if inv.cluster else None, **meta})
-    plotted = sweeplib.plot(state, params, meta.get("metric", "metric"), goal, folder / "metric_vs_params.png",
-                            meta.get("log_scale") or ())
+    plotted = sweeplib.plot(
+        state, params, meta.get("metric", "metric"), goal, folder / "metric_vs_params.png", meta.get("log_scale") or ()
+    )
     _sweep_show(state, sort=True, title=f"sweep {sid}: {meta.get('metric', 'metric')} ({goal}), best first")
     top = sweeplib.best(state, goal)
     display.info(sweeplib.summary(state))
     if state.get("error"):
         display.warn(state["error"])
     if top is not None:
-        display.info(f"best: trial {top['id']} (" + " ".join(f"{k}={v}" for k, v in top["params"].items())
-                     + f") {meta.get('metric', 'metric')} {top['metric']:.6g}")
+        display.info(
+            f"best: trial {top['id']} ("
+            + " ".join(f"{k}={v}" for k, v in top["params"].items())
+            + f") {meta.get('metric', 'metric')} {top['metric']:.6g}"
+        )
     if missing:
         display.warn(f"no logs from {', '.join(missing)} (node dead or unreachable)")
     display.info(f"results: {folder}/results.json, logs/" + (", metric_vs_params.png" if plotted else ""))
@@ -345,8 +431,11 @@ def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
         raise RemoteCommandError(f"sweep {sid} was cancelled", f"results so far are in {folder}")
     bad = [t for t in trials if t.get("state") != "done" or t.get("metric") is None]
     if bad:
-        raise RemoteCommandError(f"{len(bad)} of {len(trials)} trial(s) did not finish with a metric "
-                                 f"({', '.join(str(t['id']) for t in bad[:10])})", f"see their logs in {folder}/logs")
+        raise RemoteCommandError(
+            f"{len(bad)} of {len(trials)} trial(s) did not finish with a metric "
+            f"({', '.join(str(t['id']) for t in bad[:10])})",
+            f"see their logs in {folder}/logs",
+        )
 
 
 # ---- training ------------------------------------------------------------------------------------------
@@ -358,36 +447,81 @@ def _train_inventory(hostsfile, cluster, connect_timeout: float = 10.0):
 
 @app.command()
 def train(
-    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
-    data: Optional[str] = typer.Option(None, "--data", help="Dataset folder on every node (ImageNet-format TFRecords, put there by `clusterctl sync`)."),
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
+    data: Optional[str] = typer.Option(
+        None, "--data", help="Dataset folder on every node (ImageNet-format TFRecords, put there by `clusterctl sync`)."
+    ),
     synthetic: bool = typer.Option(False, "--synthetic", help="Random in-memory images instead of --data."),
     model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU rehearsals."),
     epochs: float = typer.Option(90, "--epochs"),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Images per process per step (trainer default 64)."),
-    model_dir: Optional[str] = typer.Option(None, "--model-dir", help="Checkpoints and TensorBoard logs on the leader (default ~/clusterctl-train/model); a restart resumes from it."),
-    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Steps between checkpoints (also at every epoch)."),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", help="Images per process per step (trainer default 64)."
+    ),
+    model_dir: Optional[str] = typer.Option(
+        None,
+        "--model-dir",
+        help="Checkpoints and TensorBoard logs on the leader (default ~/clusterctl-train/model); a restart resumes from it.",
+    ),
+    checkpoint_every: Optional[int] = typer.Option(
+        None, "--checkpoint-every", help="Steps between checkpoints (also at every epoch)."
+    ),
     log_every: Optional[int] = typer.Option(None, "--log-every", help="Steps between log lines."),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop at this step (the schedule still spans --epochs)."),
-    base_lr: Optional[float] = typer.Option(None, "--base-lr", help="Learning rate per 256 images (scaled with the global batch)."),
+    max_steps: Optional[int] = typer.Option(
+        None, "--max-steps", help="Stop at this step (the schedule still spans --epochs)."
+    ),
+    base_lr: Optional[float] = typer.Option(
+        None, "--base-lr", help="Learning rate per 256 images (scaled with the global batch)."
+    ),
     warmup_epochs: Optional[float] = typer.Option(None, "--warmup-epochs"),
-    mixed_precision: bool = typer.Option(False, "--mixed-precision", help="float16 on GPUs, bfloat16 on CPUs (--precision mixed)."),
-    precision: Optional[str] = typer.Option(None, "--precision", help="auto (the trainer's default: float16 with loss scaling on GPUs with tensor cores, compute capability 7.0+, else fp32), fp32, float16, bfloat16 or mixed."),
+    mixed_precision: bool = typer.Option(
+        False, "--mixed-precision", help="float16 on GPUs, bfloat16 on CPUs (--precision mixed)."
+    ),
+    precision: Optional[str] = typer.Option(
+        None,
+        "--precision",
+        help="auto (the trainer's default: float16 with loss scaling on GPUs with tensor cores, compute capability 7.0+, else fp32), fp32, float16, bfloat16 or mixed.",
+    ),
     fp32: bool = typer.Option(False, "--fp32", help="No mixed precision, even on tensor-core GPUs (--precision fp32)."),
-    fp16_allreduce: bool = typer.Option(False, "--fp16-allreduce", help="Compress gradients to float16 for the allreduce."),
-    recipe: Optional[str] = typer.Option(None, "--recipe", help="default (cosine decay, label smoothing 0.1) or goyal (Goyal et al. 2017: /10 at epochs 30, 60, 80 of 90, 5 warm-up epochs, no label smoothing, zero last BN gamma per residual block)."),
-    eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Also evaluate every N epochs during training (all processes, each validation image once)."),
-    fusion_threshold_mb: float = typer.Option(64.0, "--fusion-threshold-mb", help="Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB."),
+    fp16_allreduce: bool = typer.Option(
+        False, "--fp16-allreduce", help="Compress gradients to float16 for the allreduce."
+    ),
+    recipe: Optional[str] = typer.Option(
+        None,
+        "--recipe",
+        help="default (cosine decay, label smoothing 0.1) or goyal (Goyal et al. 2017: /10 at epochs 30, 60, 80 of 90, 5 warm-up epochs, no label smoothing, zero last BN gamma per residual block).",
+    ),
+    eval_every: Optional[int] = typer.Option(
+        None,
+        "--eval-every",
+        help="Also evaluate every N epochs during training (all processes, each validation image once).",
+    ),
+    fusion_threshold_mb: float = typer.Option(
+        64.0, "--fusion-threshold-mb", help="Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB."
+    ),
     cycle_time_ms: float = typer.Option(1.0, "--cycle-time-ms", help="Horovod's cycle time (HOROVOD_CYCLE_TIME), ms."),
     xla: bool = typer.Option(False, "--xla"),
-    trainer_arg: List[str] = typer.Option([], "--trainer-arg", help="One more argument for train_imagenet.py (repeatable)."),
+    trainer_arg: List[str] = typer.Option(
+        [], "--trainer-arg", help="One more argument for train_imagenet.py (repeatable)."
+    ),
     np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (exit status: the job's)."),
     force: bool = typer.Option(False, "--force", help="Stop a job still running first."),
     stop: bool = typer.Option(False, "--stop", help="Stop the training job everywhere, and start nothing."),
-    no_verify_data: bool = typer.Option(False, "--no-verify-data", help="Skip the check that `clusterctl sync` verified the data on every node."),
-    checkpoint_to: Optional[str] = typer.Option(None, "--checkpoint-to", metavar="S3_URI", help="Also upload every checkpoint to s3://bucket/prefix (the nodes' instance profile; on AWS clusters clusterctl grants it write on that prefix only)."),
-    no_checkpoint_copy: bool = typer.Option(False, "--no-checkpoint-copy", help="Do not keep a copy of every checkpoint on the second node."),
+    no_verify_data: bool = typer.Option(
+        False, "--no-verify-data", help="Skip the check that `clusterctl sync` verified the data on every node."
+    ),
+    checkpoint_to: Optional[str] = typer.Option(
+        None,
+        "--checkpoint-to",
+        metavar="S3_URI",
+        help="Also upload every checkpoint to s3://bucket/prefix (the nodes' instance profile; on AWS clusters clusterctl grants it write on that prefix only).",
+    ),
+    no_checkpoint_copy: bool = typer.Option(
+        False, "--no-checkpoint-copy", help="Do not keep a copy of every checkpoint on the second node."
+    ),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
     user: Optional[str] = _SSH["user"],
     identity: List[str] = _SSH["identity"],
@@ -414,8 +548,13 @@ def train(
         raise UsageError("give --data DIR or --synthetic (one of them)")
     if model not in ("resnet50", "tiny"):
         raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
-    for flag, value in (("--batch-size", batch_size), ("--checkpoint-every", checkpoint_every),
-                        ("--log-every", log_every), ("--max-steps", max_steps), ("--np", np_)):
+    for flag, value in (
+        ("--batch-size", batch_size),
+        ("--checkpoint-every", checkpoint_every),
+        ("--log-every", log_every),
+        ("--max-steps", max_steps),
+        ("--np", np_),
+    ):
         within(flag, value, 0 if flag == "--checkpoint-every" else 1)
     within("--epochs", epochs, above=0)
     if fp32:
@@ -434,20 +573,52 @@ def train(
     if checkpoint_to is not None:
         trainlib.check_s3_uri(checkpoint_to)
         if inv.cluster is not None:
-            _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(inv.cluster, checkpoint_to)
+            _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(
+                inv.cluster, checkpoint_to
+            )
     opts = trainlib.TrainOptions(
-        data=data, synthetic=synthetic, model=model, epochs=epochs, batch_size=batch_size, model_dir=model_dir,
-        max_steps=max_steps, base_lr=base_lr, warmup_epochs=warmup_epochs, checkpoint_every=checkpoint_every,
-        log_every=log_every, mixed_precision=mixed_precision, xla=xla, checkpoint_to=checkpoint_to,
-        extra=tuple(trainer_arg))
+        data=data,
+        synthetic=synthetic,
+        model=model,
+        epochs=epochs,
+        batch_size=batch_size,
+        model_dir=model_dir,
+        max_steps=max_steps,
+        base_lr=base_lr,
+        warmup_epochs=warmup_epochs,
+        checkpoint_every=checkpoint_every,
+        log_every=log_every,
+        mixed_precision=mixed_precision,
+        xla=xla,
+        checkpoint_to=checkpoint_to,
+        extra=tuple(trainer_arg),
+    )
     from dataclasses import replace
 
-    opts = replace(opts, precision=precision, fp16_allreduce=fp16_allreduce, recipe=recipe, eval_every=eval_every,
-                   fusion_threshold_mb=fusion_threshold_mb, cycle_time_ms=cycle_time_ms)
-    job = trainlib.start(inv, store, opts, np=np_, python=python, force=force, verify_data=not no_verify_data,
-                         report=display.info, checkpoint_copy=not no_checkpoint_copy)
-    display.info(f"started training job {job.job}: {job.np} process(es), leader {job.leader} (tmux session "
-                 f"{job.job}); checkpoints in {job.model_dir}")
+    opts = replace(
+        opts,
+        precision=precision,
+        fp16_allreduce=fp16_allreduce,
+        recipe=recipe,
+        eval_every=eval_every,
+        fusion_threshold_mb=fusion_threshold_mb,
+        cycle_time_ms=cycle_time_ms,
+    )
+    job = trainlib.start(
+        inv,
+        store,
+        opts,
+        np=np_,
+        python=python,
+        force=force,
+        verify_data=not no_verify_data,
+        report=display.info,
+        checkpoint_copy=not no_checkpoint_copy,
+    )
+    display.info(
+        f"started training job {job.job}: {job.np} process(es), leader {job.leader} (tmux session "
+        f"{job.job}); checkpoints in {job.model_dir}"
+    )
     _train_estimate(trainlib.job_inventory(inv, job), job, opts)
     if not wait:
         display.info("follow it: clusterctl logs -f; where it is: clusterctl status")
@@ -458,9 +629,14 @@ def train(
 
     per_hour = costs.hourly(inv.cluster)
     took = time.monotonic() - began
-    display.info(f"cost: this run took {duration(took)}" + (
-        f" on a {money(per_hour)}/hour cluster: about {money(costs.run_cost(took, per_hour))}"
-        if per_hour is not None else ""))
+    display.info(
+        f"cost: this run took {duration(took)}"
+        + (
+            f" on a {money(per_hour)}/hour cluster: about {money(costs.run_cost(took, per_hour))}"
+            if per_hour is not None
+            else ""
+        )
+    )
     if code != 0:
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
 
@@ -474,9 +650,11 @@ def _train_estimate(inv, job, opts) -> None:
     per_hour = costs.hourly(inv.cluster)
     measured = costs.load_measured(_store(), inv.cluster.name) if inv.cluster is not None else None
     if measured is None or measured.get("model") != opts.model:
-        display.info(f"cost: {money(per_hour)}/hour; no img/s measured for {opts.model} on this cluster yet "
-                     f"(`clusterctl bench --synthetic --model {opts.model}` measures it; `clusterctl status` shows "
-                     "the cost to finish once the job runs)")
+        display.info(
+            f"cost: {money(per_hour)}/hour; no img/s measured for {opts.model} on this cluster yet "
+            f"(`clusterctl bench --synthetic --model {opts.model}` measures it; `clusterctl status` shows "
+            "the cost to finish once the job runs)"
+        )
         return
     images, what = None, ""
     if opts.max_steps:
@@ -490,19 +668,29 @@ def _train_estimate(inv, job, opts) -> None:
     if images is None:
         images, what = int(costs.IMAGENET_TRAIN_IMAGES * opts.epochs), f"{opts.epochs:g} ImageNet-sized epoch(s)"
     rate = float(measured["img_per_sec"]) * job.np / max(1, int(measured.get("np") or job.np))
-    display.info(f"cost: estimated {costs.epoch_line(rate, per_hour, images, 1.0, what)} (from the "
-                 f"{float(measured['img_per_sec']):,.0f} img/s `bench` measured at {measured.get('np')} process(es), "
-                 "scaled linearly; `clusterctl status` shows the cost to finish from the job's own rate)")
+    display.info(
+        f"cost: estimated {costs.epoch_line(rate, per_hour, images, 1.0, what)} (from the "
+        f"{float(measured['img_per_sec']):,.0f} img/s `bench` measured at {measured.get('np')} process(es), "
+        "scaled linearly; `clusterctl status` shows the cost to finish from the job's own rate)"
+    )
 
 
 # ---- your own Horovod script -------------------------------------------------------------------------------
 @app.command(short_help="Run your own Horovod script on the cluster, in tmux.")
 def launch(
-    args: List[str] = typer.Argument(None, metavar="[HOSTS] -- python SCRIPT [ARGS]",
-                                     help="A hosts file (optional), then after -- the command every rank runs."),
+    args: List[str] = typer.Argument(
+        None,
+        metavar="[HOSTS] -- python SCRIPT [ARGS]",
+        help="A hosts file (optional), then after -- the command every rank runs.",
+    ),
     np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
-    file: List[str] = typer.Option([], "--file", metavar="PATH", help="One more file for the job folder (repeatable); "
-                                   "the script named in the command is copied when it is a file here."),
+    file: List[str] = typer.Option(
+        [],
+        "--file",
+        metavar="PATH",
+        help="One more file for the job folder (repeatable); "
+        "the script named in the command is copied when it is a file here.",
+    ),
     name: Optional[str] = typer.Option(None, "--name", help="The job's name (default: launch-<time>-<pid>)."),
     attach: bool = typer.Option(False, "--attach", help="Follow the job to its end (exit status: the job's)."),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
@@ -535,8 +723,10 @@ def launch(
     with autostop.lease(_store(), inv.cluster, "launch", warn=display.warn):  # autostop waits for the start
         job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)
     display.info(f"`{the_plan.command.python}` runs as the node runtime's Python on every node: {job.python}")
-    display.info(f"started job {job.job}: {job.np} process(es) on {len(job.nodes)} node(s), horovodrun on the "
-                 f"leader {job.leader} (tmux session {job.job}, folder {job.job_dir})")
+    display.info(
+        f"started job {job.job}: {job.np} process(es) on {len(job.nodes)} node(s), horovodrun on the "
+        f"leader {job.leader} (tmux session {job.job}, folder {job.job_dir})"
+    )
     if not attach:
         display.info(f"follow it: clusterctl logs {job.job} -f; end it: clusterctl kill {job.job}")
         return
@@ -570,7 +760,9 @@ def _launch_status(name: str) -> None:
 
 @app.command("eval")
 def eval_(
-    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the evaluation's own output."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds the evaluation may take."),
@@ -589,7 +781,9 @@ def eval_(
 
 @app.command()
 def tensorboard(
-    hostsfile: Optional[str] = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."),
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
     port: int = typer.Option(6006, "--port", help="Local port of the tunnel (127.0.0.1 only)."),
     remote_port: int = typer.Option(6006, "--remote-port", help="TensorBoard's port on the leader (127.0.0.1 only)."),

@@ -40,13 +40,19 @@ def run_cost(seconds: float, per_hour: float | None) -> float | None:
     return None if per_hour is None else per_hour * seconds / 3600.0
 
 
-def epoch_line(img_per_sec: float, per_hour: float | None, images: int = IMAGENET_TRAIN_IMAGES,
-               epochs: float = 1.0, what: str = "one ImageNet epoch") -> str:
+def epoch_line(
+    img_per_sec: float,
+    per_hour: float | None,
+    images: int = IMAGENET_TRAIN_IMAGES,
+    epochs: float = 1.0,
+    what: str = "one ImageNet epoch",
+) -> str:
     """'at 1,234 img/s, one ImageNet epoch (1,281,167 images) takes 17m18s and costs about $X'."""
     seconds = images * epochs / img_per_sec if img_per_sec > 0 else None
     cost = run_cost(seconds, per_hour) if seconds is not None else None
-    return (f"at {img_per_sec:,.0f} img/s, {what} ({int(images * epochs):,} images) takes {duration(seconds)}"
-            + (f" and costs about {money(cost)}" if cost is not None else " (price unknown)"))
+    return f"at {img_per_sec:,.0f} img/s, {what} ({int(images * epochs):,} images) takes {duration(seconds)}" + (
+        f" and costs about {money(cost)}" if cost is not None else " (price unknown)"
+    )
 
 
 def save_measured(store: StateStore, cluster_name: str, img_per_sec: float, np: int, model: str) -> None:
@@ -54,8 +60,10 @@ def save_measured(store: StateStore, cluster_name: str, img_per_sec: float, np: 
 
     if img_per_sec <= 0:
         return
-    atomic_write(store.ensure_dir(cluster_name) / "measured.json",
-                 json.dumps({"img_per_sec": img_per_sec, "np": np, "model": model, "at": time.time()}) + "\n")
+    atomic_write(
+        store.ensure_dir(cluster_name) / "measured.json",
+        json.dumps({"img_per_sec": img_per_sec, "np": np, "model": model, "at": time.time()}) + "\n",
+    )
 
 
 def load_measured(store: StateStore, cluster_name: str) -> dict[str, Any] | None:

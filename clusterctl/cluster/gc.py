@@ -62,7 +62,9 @@ class Leftover:
         return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
-def group(found: list[Found], provider: str, region: str, records: dict[str, Record], me: str | None = None) -> list[Leftover]:
+def group(
+    found: list[Found], provider: str, region: str, records: dict[str, Record], me: str | None = None
+) -> list[Leftover]:
     """One Leftover per identity: name and cluster id (before ids: name and owner)."""
     if me is None:
         from clusterctl.proc import owner
@@ -110,8 +112,16 @@ class Scan:
     not_looked: tuple[str, ...]  # one line per provider that was not asked, and why
 
 
-def scan(store: StateStore, providers: Providers, provider: str | None, region: str | None, older_than: float | None, force: bool,
-         warn: Callable[[str], None], now: float | None = None) -> Scan:
+def scan(
+    store: StateStore,
+    providers: Providers,
+    provider: str | None,
+    region: str | None,
+    older_than: float | None,
+    force: bool,
+    warn: Callable[[str], None],
+    now: float | None = None,
+) -> Scan:
     """Every provider's inventory (or --provider's), grouped by cluster identity, chosen by age and owner.
     A provider without a region (AWS, none configured) is skipped with a line, or refused when named."""
     from clusterctl import providers as registry
@@ -142,7 +152,9 @@ def scan(store: StateStore, providers: Providers, provider: str | None, region: 
     return Scan(tuple(found), tuple(chosen), tuple(others), tuple(not_looked))
 
 
-def remove(store: StateStore, providers: Providers, chosen: Iterable[Leftover], report: Callable[[str], None]) -> list[str]:
+def remove(
+    store: StateStore, providers: Providers, chosen: Iterable[Leftover], report: Callable[[str], None]
+) -> list[str]:
     """Remove exactly what each chosen cluster's provider found (and the cluster's record here, when it is
     this identity's and nothing is left); one "name: what is left" line per cluster not wholly gone."""
     records = {r.cluster.name: r for r in store.list()[0]}

@@ -36,16 +36,27 @@ class SshOverrides:
     connect_timeout_given: bool = True  # False: a ConnectTimeout in the ssh config applies
 
 
-def resolve(hosts_path: str | None, cluster_name: str | None, store: StateStore,
-            ssh: SshOverrides = SshOverrides(), warn: Callable[[str], None] | None = None) -> Inventory:
+def resolve(
+    hosts_path: str | None,
+    cluster_name: str | None,
+    store: StateStore,
+    ssh: SshOverrides = SshOverrides(),
+    warn: Callable[[str], None] | None = None,
+) -> Inventory:
     if hosts_path is not None:
         hf = HostsFile.read(hosts_path)
         cluster = _cluster_owning(hf, store)
         if cluster is not None and not (ssh.user or ssh.identity or ssh.known_hosts or ssh.ssh_config):
             return _for_cluster(cluster, store, ssh, hf)
         notes: list[str] = []
-        targets = targets_from_hosts(hf.hosts, user=ssh.user, identity=ssh.identity, ssh_config=ssh.ssh_config,
-                                     known_hosts=ssh.known_hosts, warnings=notes)
+        targets = targets_from_hosts(
+            hf.hosts,
+            user=ssh.user,
+            identity=ssh.identity,
+            ssh_config=ssh.ssh_config,
+            known_hosts=ssh.known_hosts,
+            warnings=notes,
+        )
         if ssh.connect_timeout_given:
             targets = [_without_config_timeout(t) for t in targets]
         from clusterctl.remote import sshconfig
@@ -54,8 +65,11 @@ def resolve(hosts_path: str | None, cluster_name: str | None, store: StateStore,
         if notes and warn is not None:
             for note in notes:
                 warn(note)
-        settings = SshSettings(known_hosts=str(Path(ssh.known_hosts).expanduser()) if ssh.known_hosts else user_known_hosts(),
-                               connect_timeout=ssh.connect_timeout, allow_agent=True)
+        settings = SshSettings(
+            known_hosts=str(Path(ssh.known_hosts).expanduser()) if ssh.known_hosts else user_known_hosts(),
+            connect_timeout=ssh.connect_timeout,
+            allow_agent=True,
+        )
         return Inventory(hf, tuple(targets), settings)
     record = store.resolve(cluster_name)
     return _for_cluster(record.cluster, store, ssh, provision.hosts_file(record.cluster))
@@ -69,8 +83,9 @@ def _without_config_timeout(t: SshTarget) -> SshTarget:
 def _for_cluster(cluster: Cluster, store: StateStore, ssh: SshOverrides, hf: HostsFile) -> Inventory:
     targets = provision.ssh_targets(cluster, store)
     if ssh.user or ssh.identity:
-        targets = [replace(t, user=ssh.user or t.user, identity_files=tuple(ssh.identity) or t.identity_files)
-                   for t in targets]  # members behind the leader stay behind it
+        targets = [
+            replace(t, user=ssh.user or t.user, identity_files=tuple(ssh.identity) or t.identity_files) for t in targets
+        ]  # members behind the leader stay behind it
     settings = provision.ssh_settings(cluster, store, ssh.connect_timeout)
     by_ip = {n.private_ip: t for n, t in zip(cluster.nodes, targets)}
     return Inventory(hf, tuple(by_ip[h] for h in hf.hosts), settings, cluster)

@@ -66,8 +66,15 @@ def guess_provider(name: str, region: str | None) -> str:
     return "aws" if configured_region() else LOCAL
 
 
-def down_targets(store: StateStore, providers: Providers, name: str | None, all_: bool, provider: str | None,
-                 region: str | None, warn: Callable[[str], None]) -> list[Target]:
+def down_targets(
+    store: StateStore,
+    providers: Providers,
+    name: str | None,
+    all_: bool,
+    provider: str | None,
+    region: str | None,
+    warn: Callable[[str], None],
+) -> list[Target]:
     """The clusters `down` is about: NAME (or the current one), or with --all every cluster the providers
     still hold resources of, and every record here (of --provider only, when given)."""
     from clusterctl.cluster.state import validate_name
@@ -78,11 +85,17 @@ def down_targets(store: StateStore, providers: Providers, name: str | None, all_
         for line in damaged:
             warn(line)
         records = {r.cluster.name: r.cluster for r in listed}
-        kinds = [provider] if provider else sorted({c.provider for c in records.values()} | {LOCAL}
-                                                   | ({"aws"} if region else set()))
+        kinds = (
+            [provider]
+            if provider
+            else sorted({c.provider for c in records.values()} | {LOCAL} | ({"aws"} if region else set()))
+        )
         for kind in kinds:
-            regions = {region} if region and kind != LOCAL else (
-                {_region(c) for c in records.values() if c.provider == kind} or {None})
+            regions = (
+                {region}
+                if region and kind != LOCAL
+                else ({_region(c) for c in records.values() if c.provider == kind} or {None})
+            )
             for reg in sorted(regions, key=str):
                 for n in providers.get(kind, reg).all_clusters():
                     targets.append(Target(n, kind, reg))
@@ -137,8 +150,14 @@ class Listing:
     unknown: int  # rows whose price is unknown (not in the totals)
 
 
-def listing(store: StateStore, providers: Providers, provider: str | None, region: str | None,
-            warn: Callable[[str], None], now: float | None = None) -> Listing:
+def listing(
+    store: StateStore,
+    providers: Providers,
+    provider: str | None,
+    region: str | None,
+    warn: Callable[[str], None],
+    now: float | None = None,
+) -> Listing:
     """Every cluster: the cloud's view of every region a record names (or the one given) and every record."""
     from clusterctl.cluster import provision
 
@@ -167,22 +186,60 @@ def listing(store: StateStore, providers: Providers, provider: str | None, regio
             for ns in st.nodes:
                 states[ns.state] = states.get(ns.state, 0) + 1
             started = [ns.launched_at for ns in st.nodes if ns.launched_at]
-            rows.append(Row(cname, cname == current, impl.name, impl.region, len(st.nodes), st.instance_type,
-                            ",".join(sorted({ns.zone for ns in st.nodes if ns.zone})),
-                            ", ".join(f"{v} {k}" for k, v in sorted(states.items())) or "no nodes",
-                            now - min(started) if started else None, hourly, so_far,
-                            "; ".join(provision.disagreements(rec, st))))
+            rows.append(
+                Row(
+                    cname,
+                    cname == current,
+                    impl.name,
+                    impl.region,
+                    len(st.nodes),
+                    st.instance_type,
+                    ",".join(sorted({ns.zone for ns in st.nodes if ns.zone})),
+                    ", ".join(f"{v} {k}" for k, v in sorted(states.items())) or "no nodes",
+                    now - min(started) if started else None,
+                    hourly,
+                    so_far,
+                    "; ".join(provision.disagreements(rec, st)),
+                )
+            )
     for cname, r in records.items():
         if cname in seen:
             continue
         c = r.cluster
         if c.provider != LOCAL and c.region in regions:
-            rows.append(Row(cname, cname == current, c.provider, c.region, len(c.nodes), c.instance_type,
-                            c.extra.get("az", ""), "not in the cloud", None, None, None,
-                            "; ".join(provision.disagreements(r, None)), priced=False))
+            rows.append(
+                Row(
+                    cname,
+                    cname == current,
+                    c.provider,
+                    c.region,
+                    len(c.nodes),
+                    c.instance_type,
+                    c.extra.get("az", ""),
+                    "not in the cloud",
+                    None,
+                    None,
+                    None,
+                    "; ".join(provision.disagreements(r, None)),
+                    priced=False,
+                )
+            )
             continue
-        rows.append(Row(cname, cname == current, c.provider, c.region, len(c.nodes), c.instance_type, "", r.status,
-                        now - c.created_at if r.status == "up" else None,
-                        0.0 if c.provider == LOCAL else None, 0.0 if c.provider == LOCAL else None, r.note,
-                        priced=c.provider == LOCAL))
+        rows.append(
+            Row(
+                cname,
+                cname == current,
+                c.provider,
+                c.region,
+                len(c.nodes),
+                c.instance_type,
+                "",
+                r.status,
+                now - c.created_at if r.status == "up" else None,
+                0.0 if c.provider == LOCAL else None,
+                0.0 if c.provider == LOCAL else None,
+                r.note,
+                priced=c.provider == LOCAL,
+            )
+        )
     return Listing(tuple(rows), hourly_sum, so_far_sum, unknown)

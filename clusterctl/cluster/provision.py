@@ -71,11 +71,17 @@ def behind_leader(cluster: Cluster, node: Node) -> bool:
 
 def ssh_targets(cluster: Cluster, store: StateStore) -> list[SshTarget]:
     key = str(paths(store, cluster.name).operator_key)
-    direct = [SshTarget(label=n.ssh_host, hostname=n.ssh_host, port=n.ssh_port, user=n.ssh_user, identity_files=(key,))
-              for n in cluster.nodes]
+    direct = [
+        SshTarget(label=n.ssh_host, hostname=n.ssh_host, port=n.ssh_port, user=n.ssh_user, identity_files=(key,))
+        for n in cluster.nodes
+    ]
     leader = direct[0] if direct else None
-    return [SshTarget(t.label, t.hostname, t.port, t.user, t.identity_files, proxy_jump=leader)
-            if behind_leader(cluster, n) else t for n, t in zip(cluster.nodes, direct)]
+    return [
+        SshTarget(t.label, t.hostname, t.port, t.user, t.identity_files, proxy_jump=leader)
+        if behind_leader(cluster, n)
+        else t
+        for n, t in zip(cluster.nodes, direct)
+    ]
 
 
 def ssh_settings(cluster: Cluster, store: StateStore, connect_timeout: float = 10.0) -> SshSettings:
@@ -83,9 +89,18 @@ def ssh_settings(cluster: Cluster, store: StateStore, connect_timeout: float = 1
 
 
 # ---- up ---------------------------------------------------------------------------------------------
-def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: Path | None = Path("hosts"),
-       report: Report = lambda _: None, ssh_timeout: float = 300.0, runtime: RuntimeRequest = RuntimeRequest("none"),
-       runtime_cache: S3Cache | None = None, trust_first_contact: bool = False) -> Cluster:
+def up(
+    spec: ClusterSpec,
+    store: StateStore,
+    provider: Provider,
+    *,
+    hosts_out: Path | None = Path("hosts"),
+    report: Report = lambda _: None,
+    ssh_timeout: float = 300.0,
+    runtime: RuntimeRequest = RuntimeRequest("none"),
+    runtime_cache: S3Cache | None = None,
+    trust_first_contact: bool = False,
+) -> Cluster:
     with store.lock(spec.name):
         found = None
         if store.exists(spec.name):
@@ -101,10 +116,13 @@ def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: P
         if found is not None:
             # Never adopt (nor, on failure, remove) a cluster this machine holds no keys for.
             owner = found.extra.get("owner", "")
-            raise ProvisionError(f"cluster {spec.name} already exists ({provider.name}"
-                                 + (f", owner {owner}" if owner else "") + ") but this machine has no record "
-                                 "of it (nor its keys)",
-                                 f"remove it with `clusterctl down {spec.name} --yes`, or choose another --name")
+            raise ProvisionError(
+                f"cluster {spec.name} already exists ({provider.name}"
+                + (f", owner {owner}" if owner else "")
+                + ") but this machine has no record "
+                "of it (nor its keys)",
+                f"remove it with `clusterctl down {spec.name} --yes`, or choose another --name",
+            )
         p = paths(store, spec.name)
         store.ensure_dir(spec.name)
         operator = sshkeys.ensure_keypair(p.operator_key, f"clusterctl-{spec.name}-operator")
@@ -123,14 +141,19 @@ def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: P
             if unverified and not trust_first_contact:
                 # Fail closed: the cluster's private key goes only to nodes whose key came from an authenticated
                 # source (the provider's API), unless the operator accepts first contact.
-                raise HostKeyError(f"no host key for {len(unverified)} node(s) ({', '.join(n.name for n in unverified)}) "
-                                   "from an authenticated source (their console output); clusterctl does not trust "
-                                   "first contact", "check that the image runs cloud-init, or pass "
-                                   "--trust-first-contact to accept the keys they show (the cluster key is then sent "
-                                   "to them)")
+                raise HostKeyError(
+                    f"no host key for {len(unverified)} node(s) ({', '.join(n.name for n in unverified)}) "
+                    "from an authenticated source (their console output); clusterctl does not trust "
+                    "first contact",
+                    "check that the image runs cloud-init, or pass "
+                    "--trust-first-contact to accept the keys they show (the cluster key is then sent "
+                    "to them)",
+                )
             if unverified:
-                report(f"trusting first contact for {len(unverified)} node(s) (--trust-first-contact): "
-                       + ", ".join(n.name for n in unverified))
+                report(
+                    f"trusting first contact for {len(unverified)} node(s) (--trust-first-contact): "
+                    + ", ".join(n.name for n in unverified)
+                )
             pinned = pin_host_keys(cluster, known, p.known_hosts)
             report(f"host keys pinned for {len(pinned)} node(s) in {p.known_hosts}")
             hf = hosts_file(cluster)
@@ -140,9 +163,17 @@ def up(spec: ClusterSpec, store: StateStore, provider: Provider, *, hosts_out: P
                 for warning in check_gpus(cluster, pool, ssh_targets(cluster, store)):
                     report(f"warning: {warning}")
                 # The nodes' training environment; the record says which (launch.node_python reads it).
-                fields = install_runtime(cluster, pool, ssh_targets(cluster, store), hf.hosts, str(p.known_hosts),
-                                         runtime, report, s3=runtime_cache,
-                                         build_here=provider.builds_runtime_locally)
+                fields = install_runtime(
+                    cluster,
+                    pool,
+                    ssh_targets(cluster, store),
+                    hf.hosts,
+                    str(p.known_hosts),
+                    runtime,
+                    report,
+                    s3=runtime_cache,
+                    build_here=provider.builds_runtime_locally,
+                )
             cluster = dataclasses.replace(cluster, extra={**cluster.extra, **fields})
             atomic_write(p.hosts, hf.render(), mode=0o644)
             if hosts_out is not None:
@@ -195,8 +226,10 @@ def wait_for_ssh(cluster: Cluster, timeout: float) -> None:
         finally:
             stop.set()
     if missing:
-        raise WaitTimeout(f"no ssh answer within {timeout:.0f}s from {', '.join(missing)}",
-                          "check the nodes' security group and that they booted")
+        raise WaitTimeout(
+            f"no ssh answer within {timeout:.0f}s from {', '.join(missing)}",
+            "check the nodes' security group and that they booted",
+        )
 
 
 def pin_host_keys(cluster: Cluster, known: dict[str, tuple[str, ...]], path: Path) -> dict[str, tuple[str, ...]]:
@@ -205,14 +238,16 @@ def pin_host_keys(cluster: Cluster, known: dict[str, tuple[str, ...]], path: Pat
     pinned = dict(known)
     for node in cluster.nodes:
         if node.ssh_host not in pinned and behind_leader(cluster, node):
-            raise HostKeyError(f"no host key for {node.name} ({node.ssh_host}) in its console output; a member reached "
-                               "through the leader is pinned from its console only",
-                               "check that the image runs cloud-init (it prints the keys), or pass --private-ips "
-                               "from inside the VPC")
+            raise HostKeyError(
+                f"no host key for {node.name} ({node.ssh_host}) in its console output; a member reached "
+                "through the leader is pinned from its console only",
+                "check that the image runs cloud-init (it prints the keys), or pass --private-ips from inside the VPC",
+            )
         if node.ssh_host not in pinned:
             pinned[node.ssh_host] = (first_contact_key(node.ssh_host, node.ssh_port),)
-    text = "".join(sshkeys.render_known_hosts({n.ssh_host: list(pinned[n.ssh_host])}, port=n.ssh_port)
-                   for n in cluster.nodes)
+    text = "".join(
+        sshkeys.render_known_hosts({n.ssh_host: list(pinned[n.ssh_host])}, port=n.ssh_port) for n in cluster.nodes
+    )
     atomic_write(path, text, mode=0o600)
     return {n.ssh_host: pinned[n.ssh_host] for n in cluster.nodes}
 
@@ -224,7 +259,8 @@ def first_contact_key(host: str, port: int) -> str:
     t = paramiko.Transport(sock)
     try:
         t.get_security_options().key_types = ["ssh-ed25519"] + [
-            k for k in t.get_security_options().key_types if k != "ssh-ed25519"]
+            k for k in t.get_security_options().key_types if k != "ssh-ed25519"
+        ]
         t.start_client(timeout=10)
         key = t.get_remote_server_key()
         return f"{key.get_name()} {key.get_base64()}"
@@ -232,8 +268,14 @@ def first_contact_key(host: str, port: int) -> str:
         t.close()
 
 
-def setup_nodes(cluster: Cluster, pool: SshPool, targets: list[SshTarget], pinned: dict[str, tuple[str, ...]],
-                p: ClusterPaths, hf: HostsFile) -> None:
+def setup_nodes(
+    cluster: Cluster,
+    pool: SshPool,
+    targets: list[SshTarget],
+    pinned: dict[str, tuple[str, ...]],
+    p: ClusterPaths,
+    hf: HostsFile,
+) -> None:
     """Hand every node the cluster's internal key, the node-side known_hosts and the hosts file, then
     prove the leader reaches every member with host keys checked."""
     node_view: dict[str, list[str]] = {}
@@ -254,8 +296,10 @@ def setup_nodes(cluster: Cluster, pool: SshPool, targets: list[SshTarget], pinne
     # (their key pair) from boot, so it is authorized here, once, for every provider alike.
     internal_pub = p.internal_key.with_name(p.internal_key.name + ".pub").read_text().strip()
     line = shlex.quote(internal_pub)
-    authorize = (f"umask 077; mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
-                 f"(grep -qxF {line} ~/.ssh/authorized_keys || printf '%s\\n' {line} >> ~/.ssh/authorized_keys)")
+    authorize = (
+        f"umask 077; mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
+        f"(grep -qxF {line} ~/.ssh/authorized_keys || printf '%s\\n' {line} >> ~/.ssh/authorized_keys)"
+    )
     report = pool.run(targets, authorize, timeout=60)
     if not report.all_ok:
         bad = "; ".join(f"{r.host}: {r.error or r.stderr.strip()[-200:]}" for r in report.failed)
@@ -264,7 +308,9 @@ def setup_nodes(cluster: Cluster, pool: SshPool, targets: list[SshTarget], pinne
         return
     checks = " ".join(
         f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=10 {shlex.quote(m.private_ip)} true "
-        f"|| echo {shlex.quote(m.private_ip)};" for m in cluster.members)
+        f"|| echo {shlex.quote(m.private_ip)};"
+        for m in cluster.members
+    )
     result = pool.run_one(targets[0], checks, timeout=120)
     if not result.ok or result.stdout.strip():
         detail = result.error or result.stdout.strip().replace("\n", ", ") or result.stderr.strip()[-200:]
@@ -273,9 +319,11 @@ def setup_nodes(cluster: Cluster, pool: SshPool, targets: list[SshTarget], pinne
 
 # One line per node: "none" (no nvidia-smi), or "rc=<exit status> gpus=<count>" then nvidia-smi's first line
 # when it failed (the driver not loaded, a GPU fallen off the bus ...).
-GPU_PROBE = ("if command -v nvidia-smi >/dev/null 2>&1; then out=$(nvidia-smi -L 2>&1); rc=$?; "
-             "printf 'rc=%s gpus=%s\\n' \"$rc\" \"$(printf '%s\\n' \"$out\" | grep -c '^GPU ')\"; "
-             "[ \"$rc\" = 0 ] || printf '%s\\n' \"$out\" | head -n 1; else echo none; fi; true")
+GPU_PROBE = (
+    "if command -v nvidia-smi >/dev/null 2>&1; then out=$(nvidia-smi -L 2>&1); rc=$?; "
+    "printf 'rc=%s gpus=%s\\n' \"$rc\" \"$(printf '%s\\n' \"$out\" | grep -c '^GPU ')\"; "
+    '[ "$rc" = 0 ] || printf \'%s\\n\' "$out" | head -n 1; else echo none; fi; true'
+)
 
 
 def check_gpus(cluster: Cluster, pool: SshPool, targets: list[SshTarget]) -> list[str]:
@@ -286,9 +334,11 @@ def check_gpus(cluster: Cluster, pool: SshPool, targets: list[SshTarget]) -> lis
     counts = {n.name: (r.stdout.strip() if r.ok else None) for n, r in zip(cluster.nodes, report)}
     errors = gpu_failures(cluster, counts)
     if errors:
-        raise ProvisionError(f"GPU check failed: {'; '.join(errors)}",
-                             "the image's NVIDIA driver may not drive this GPU (Volta needs R580 or older: see "
-                             "`up --dry-run`), or pass --slots to match the GPUs")
+        raise ProvisionError(
+            f"GPU check failed: {'; '.join(errors)}",
+            "the image's NVIDIA driver may not drive this GPU (Volta needs R580 or older: see "
+            "`up --dry-run`), or pass --slots to match the GPUs",
+        )
     return gpu_mismatches(cluster, counts)
 
 
@@ -366,13 +416,17 @@ def disagreements(record: Record | None, status: ClusterStatus | None) -> list[s
     notes = []
     if record is None:
         if status is not None:
-            notes.append("no local record on this machine (its keys are elsewhere or lost); "
-                         f"`clusterctl down {status.name}` still removes it")
+            notes.append(
+                "no local record on this machine (its keys are elsewhere or lost); "
+                f"`clusterctl down {status.name}` still removes it"
+            )
         return notes
     name = record.cluster.name
     if status is None or (not status.nodes and not status.other):
-        notes.append(f"the local record says {record.status}, but the provider has nothing for it "
-                     f"(`clusterctl down {name}` removes the stale record)")
+        notes.append(
+            f"the local record says {record.status}, but the provider has nothing for it "
+            f"(`clusterctl down {name}` removes the stale record)"
+        )
         return notes
     if not status.nodes:
         notes.append(f"no nodes, but {len(status.other)} resource(s) remain (`clusterctl down {name}` removes them)")
@@ -382,8 +436,10 @@ def disagreements(record: Record | None, status: ClusterStatus | None) -> list[s
     mine = {n.instance_id or n.private_ip for n in record.cluster.nodes}
     theirs = {s.node.instance_id or s.node.private_ip for s in status.nodes}
     if mine != theirs:
-        notes.append(f"nodes differ: the record has {len(mine)}, the provider {len(theirs)} "
-                     f"({len(mine - theirs)} only in the record, {len(theirs - mine)} only in the provider)")
+        notes.append(
+            f"nodes differ: the record has {len(mine)}, the provider {len(theirs)} "
+            f"({len(mine - theirs)} only in the record, {len(theirs - mine)} only in the provider)"
+        )
     stopped = [s.node.name for s in status.nodes if s.state not in ("running",)]
     if stopped:
         notes.append(f"not running: {', '.join(stopped)}")

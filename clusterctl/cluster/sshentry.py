@@ -50,13 +50,20 @@ def render(cluster: Cluster, store: StateStore) -> str:
     lines = [f"# written by clusterctl for cluster {cluster.name}; `clusterctl down` removes it", ""]
     for i, (node, t) in enumerate(zip(cluster.nodes, targets)):
         names = f"{cluster.name} {node.name}" if i == 0 else node.name
-        lines += [f"Host {names}", f"    HostName {t.hostname}", f"    Port {t.port}", f"    User {t.user}",
-                  *(f"    IdentityFile {_q(k)}" for k in t.identity_files),
-                  "    IdentitiesOnly yes", f"    UserKnownHostsFile {_q(str(p.known_hosts))}",
-                  "    GlobalKnownHostsFile /dev/null",
-                  # the key is pinned under the address dialled ([addr]:port off 22): the alias names that entry
-                  f"    HostKeyAlias {t.hostname if t.port == 22 else f'[{t.hostname}]:{t.port}'}",
-                  "    StrictHostKeyChecking yes", "    ForwardAgent no"]
+        lines += [
+            f"Host {names}",
+            f"    HostName {t.hostname}",
+            f"    Port {t.port}",
+            f"    User {t.user}",
+            *(f"    IdentityFile {_q(k)}" for k in t.identity_files),
+            "    IdentitiesOnly yes",
+            f"    UserKnownHostsFile {_q(str(p.known_hosts))}",
+            "    GlobalKnownHostsFile /dev/null",
+            # the key is pinned under the address dialled ([addr]:port off 22): the alias names that entry
+            f"    HostKeyAlias {t.hostname if t.port == 22 else f'[{t.hostname}]:{t.port}'}",
+            "    StrictHostKeyChecking yes",
+            "    ForwardAgent no",
+        ]
         if t.proxy_jump is not None:
             lines.append(f"    ProxyJump {cluster.nodes[0].name}")
         lines.append("")
@@ -87,10 +94,12 @@ def node_alias(cluster: Cluster, node: str | None) -> str:
     if node is None:
         return cluster.nodes[0].name
     for i, n in enumerate(cluster.nodes):
-        if node in (n.name, n.name[len(cluster.name) + 1:], str(i), n.private_ip, n.public_ip):
+        if node in (n.name, n.name[len(cluster.name) + 1 :], str(i), n.private_ip, n.public_ip):
             return n.name
-    raise UsageError(f"cluster {cluster.name} has no node {node!r}",
-                     "name one as leader, member-N, its index or its address (see `clusterctl status`)")
+    raise UsageError(
+        f"cluster {cluster.name} has no node {node!r}",
+        "name one as leader, member-N, its index or its address (see `clusterctl status`)",
+    )
 
 
 def user_config() -> Path:
@@ -126,6 +135,7 @@ def add_include() -> bool:
     except FileNotFoundError:
         text, mode = "", 0o600
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    atomic_write(path, f"# clusters made by clusterctl: ssh NAME, ssh NAME-member-1\n{include_line()}\n\n" + text,
-                 mode=mode)
+    atomic_write(
+        path, f"# clusters made by clusterctl: ssh NAME, ssh NAME-member-1\n{include_line()}\n\n" + text, mode=mode
+    )
     return True

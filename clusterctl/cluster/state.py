@@ -115,7 +115,9 @@ class StateStore:
         try:
             text = path.read_text()
         except FileNotFoundError:
-            raise StateError(f"no cluster named {name!r}", "see `clusterctl ls`, or bring it up with `clusterctl up`") from None
+            raise StateError(
+                f"no cluster named {name!r}", "see `clusterctl ls`, or bring it up with `clusterctl up`"
+            ) from None
         return self._parse(path, text)
 
     def exists(self, name: str) -> bool:

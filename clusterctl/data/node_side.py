@@ -144,8 +144,7 @@ def scan_reusing(root: str, known: dict[str, list], workers: int = 4) -> tuple[l
         for e, h in zip(files, pool.map(lambda e: sha256_file(os.path.join(root, e["p"])), files)):
             e["h"] = h
     entries.sort(key=lambda e: e["p"].split("/"))
-    return entries, {p: [k, e["h"]] for e in entries if e["t"] == "f" for p, k in ((e["p"], keys[e["p"]]),)}, \
-        len(files)
+    return entries, {p: [k, e["h"]] for e in entries if e["t"] == "f" for p, k in ((e["p"], keys[e["p"]]),)}, len(files)
 
 
 def load_scan_cache(path: str, root: str) -> dict[str, list]:
@@ -232,8 +231,9 @@ def _remove(full: str) -> None:
         os.unlink(full)
 
 
-def check(root: str, entries: list[dict], delete: bool, workers: int,
-          received: dict[str, list] | None = None) -> tuple[list[str], int, int, int]:
+def check(
+    root: str, entries: list[dict], delete: bool, workers: int, received: dict[str, list] | None = None
+) -> tuple[list[str], int, int, int]:
     """(bad paths, bytes of bad files, bytes present and right, files read back). Entries of the wrong
     type are removed (a file where a directory belongs, a link in place of a file), so the copy can put
     the right one. A file in `received` (recv's {path: [sha256, size, mtime]}) whose sha256 as written
@@ -253,8 +253,11 @@ def check(root: str, entries: list[dict], delete: bool, workers: int,
             st = None
         kind = e["t"]
         if st is not None:
-            is_right = ((kind == "d" and stat.S_ISDIR(st.st_mode)) or (kind == "f" and stat.S_ISREG(st.st_mode))
-                        or (kind == "l" and stat.S_ISLNK(st.st_mode) and os.readlink(full) == e["l"]))
+            is_right = (
+                (kind == "d" and stat.S_ISDIR(st.st_mode))
+                or (kind == "f" and stat.S_ISREG(st.st_mode))
+                or (kind == "l" and stat.S_ISLNK(st.st_mode) and os.readlink(full) == e["l"])
+            )
             if not is_right:
                 _remove(full)
                 st = None
@@ -319,8 +322,23 @@ def resolve_root(dst: str) -> str:
 
 
 # Never written into (nor anything inside them), whatever the flags: the system's own trees.
-SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
-                "/snap", "/sys", "/usr", "/var")
+SYSTEM_TREES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/snap",
+    "/sys",
+    "/usr",
+    "/var",
+)
 
 
 def dst_problem(real: str, home: str, delete: bool) -> str | None:
@@ -373,12 +391,18 @@ def cmd_check(args: dict) -> dict:
     received = load_received(args["received"]) if args.get("received") else {}
     if received:
         sync_fs(root)  # tar's writes on disk before its hashes count
-    bad, bad_bytes, good_bytes, reread = check(root, entries, bool(args.get("delete")), int(args.get("workers", 4)),
-                                               received)
+    bad, bad_bytes, good_bytes, reread = check(
+        root, entries, bool(args.get("delete")), int(args.get("workers", 4)), received
+    )
     marked = False
     if not bad and args.get("mark") is not None:
-        info = {"manifest_sha256": digest, "files": sum(1 for e in entries if e["t"] == "f"),
-                "bytes": sum(e.get("s", 0) for e in entries), "source": args["mark"], "verified_at": time.time()}
+        info = {
+            "manifest_sha256": digest,
+            "files": sum(1 for e in entries if e["t"] == "f"),
+            "bytes": sum(e.get("s", 0) for e in entries),
+            "source": args["mark"],
+            "verified_at": time.time(),
+        }
         try:
             saved = os.path.join(state, "manifest.json")
             with open(args["manifest"], "rb") as f:
@@ -395,9 +419,17 @@ def cmd_check(args: dict) -> dict:
         except OSError as exc:
             raise AgentError(f"cannot write the completion marker: {exc.strerror}") from None
     vfs = os.statvfs(root)
-    return {"root": root, "bad": bad, "bad_bytes": bad_bytes, "good_bytes": good_bytes, "digest": digest,
-            "marked": marked, "free": vfs.f_bavail * vfs.f_frsize, "reread": reread,
-            "streamed": sum(1 for e in entries if e["t"] == "f") - reread}
+    return {
+        "root": root,
+        "bad": bad,
+        "bad_bytes": bad_bytes,
+        "good_bytes": good_bytes,
+        "digest": digest,
+        "marked": marked,
+        "free": vfs.f_bavail * vfs.f_frsize,
+        "reread": reread,
+        "streamed": sum(1 for e in entries if e["t"] == "f") - reread,
+    }
 
 
 def load_received(path: str) -> dict[str, list]:
@@ -444,8 +476,9 @@ class TarFollower:
             if self._left:
                 take = min(self._left, end - i)
                 if self._sink is not None:
-                    self._sink.update(mv[i:i + take]) if not isinstance(self._sink, bytearray) \
-                        else self._sink.extend(mv[i:i + take])
+                    self._sink.update(mv[i : i + take]) if not isinstance(self._sink, bytearray) else self._sink.extend(
+                        mv[i : i + take]
+                    )
                 i += take
                 self._left -= take
                 if not self._left:
@@ -456,7 +489,7 @@ class TarFollower:
                 self._pad -= take
             else:
                 take = min(512 - len(self._hdr), end - i)
-                self._hdr += mv[i:i + take]
+                self._hdr += mv[i : i + take]
                 i += take
                 if len(self._hdr) == 512:
                     self._header(bytes(self._hdr))
@@ -499,8 +532,8 @@ class TarFollower:
     def _pax(data: bytes) -> dict[bytes, bytes]:
         out, i = {}, 0
         while i < len(data):
-            length = int(data[i:data.index(b" ", i)])
-            key, _, value = data[data.index(b" ", i) + 1:i + length - 1].partition(b"=")
+            length = int(data[i : data.index(b" ", i)])
+            key, _, value = data[data.index(b" ", i) + 1 : i + length - 1].partition(b"=")
             out[key] = value
             i += length
         return out
@@ -534,7 +567,7 @@ def cmd_recv(args: dict) -> None:
         piece = view[:n]
         out = piece
         while out:
-            out = out[os.write(1, out):]
+            out = out[os.write(1, out) :]
         if problem is None:
             try:
                 follower.feed(piece)
@@ -560,8 +593,13 @@ def cmd_manifest(args: dict) -> dict:
             save_scan_cache(cache, root, known)
         except OSError:
             pass  # only the next run's speed depends on it
-    return {"root": root, "real": os.path.realpath(root), "home": os.path.expanduser("~"), "entries": entries,
-            "hashed": hashed}
+    return {
+        "root": root,
+        "real": os.path.realpath(root),
+        "home": os.path.expanduser("~"),
+        "entries": entries,
+        "hashed": hashed,
+    }
 
 
 # ---- S3 ---------------------------------------------------------------------------------------------
@@ -578,8 +616,7 @@ def _s3(args: dict):
 def _s3_error(exc: Exception) -> AgentError:
     name = exc.__class__.__name__
     if name in ("NoCredentialsError", "PartialCredentialsError"):
-        return AgentError("no AWS credentials on this node: give it an instance profile (or ~/.aws config)",
-                          EXIT_INPUT)
+        return AgentError("no AWS credentials on this node: give it an instance profile (or ~/.aws config)", EXIT_INPUT)
     code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
     if code in ("NoSuchBucket", "AccessDenied", "403", "404"):
         return AgentError(f"S3: {code}: {exc}", EXIT_INPUT)
@@ -594,7 +631,7 @@ def cmd_s3list(args: dict) -> dict:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 key = obj["Key"]
-                rel = key[len(prefix):]
+                rel = key[len(prefix) :]
                 folder = rel.endswith("/")  # a console "folder": an empty directory on the nodes
                 rel = rel.rstrip("/")
                 if rel == "":
@@ -683,7 +720,9 @@ def cmd_s3pull(args: dict) -> dict:
                     kw["Range"] = f"bytes={have}-"
                 resp = s3.get_object(**kw)
                 # SSE-KMS (and SSE-C): the ETag is not the MD5 of the data, S3 vouches for nothing we can check
-                kms = resp.get("ServerSideEncryption") in ("aws:kms", "aws:kms:dsse") or bool(resp.get("SSECustomerAlgorithm"))
+                kms = resp.get("ServerSideEncryption") in ("aws:kms", "aws:kms:dsse") or bool(
+                    resp.get("SSECustomerAlgorithm")
+                )
                 body = resp["Body"]
                 with open(part, "ab" if have else "wb") as f:
                     for chunk in iter(lambda: body.read(CHUNK), b""):
@@ -695,10 +734,12 @@ def cmd_s3pull(args: dict) -> dict:
             if os.path.getsize(part) != e["s"]:
                 problem = "content does not match S3's checksum"
             elif "h" in e or e.get("sha256b64"):  # S3's SHA256, or the one the first node recorded
-                if not (sha.hexdigest() == e["h"] if "h" in e
-                        else base64.b64encode(sha.digest()).decode() == e["sha256b64"]):
-                    problem = "content does not match " + ("the sha256 recorded by the first node" if "h" in e
-                                                           else "S3's checksum")
+                if not (
+                    sha.hexdigest() == e["h"] if "h" in e else base64.b64encode(sha.digest()).decode() == e["sha256b64"]
+                ):
+                    problem = "content does not match " + (
+                        "the sha256 recorded by the first node" if "h" in e else "S3's checksum"
+                    )
             elif not kms and "-" not in e["etag"]:
                 if md5.hexdigest() != e["etag"]:
                     problem = "content does not match S3's checksum"
@@ -707,8 +748,10 @@ def cmd_s3pull(args: dict) -> dict:
                     with recorded_lock:
                         recorded[p] = sha.hexdigest()
                 else:
-                    problem = ("S3 gives no checksum for it (SSE-KMS or a multipart ETag) and no node recorded one "
-                               "to check it against")
+                    problem = (
+                        "S3 gives no checksum for it (SSE-KMS or a multipart ETag) and no node recorded one "
+                        "to check it against"
+                    )
             if problem:
                 os.unlink(part)
                 return f"{p}: {problem}"
@@ -827,7 +870,7 @@ def cmd_relay(args: dict) -> dict | None:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
             except BrokenPipeError:
                 outs.remove(fd)
     waiting("run")
@@ -850,8 +893,11 @@ def _parser() -> argparse.ArgumentParser:
         "manifest": ([("root",)], ["--workers", "--cache", "--out"], []),
         "check": ([], ["--dst", "--manifest", "--mark", "--workers", "--received", "--out"], ["--reset", "--delete"]),
         "s3list": ([("bucket",), ("prefix",)], ["--endpoint-url", "--out"], []),
-        "s3pull": ([], ["--dst", "--manifest", "--bucket", "--prefix", "--only", "--endpoint-url", "--workers", "--out"],
-                   ["--record"]),
+        "s3pull": (
+            [],
+            ["--dst", "--manifest", "--bucket", "--prefix", "--only", "--endpoint-url", "--workers", "--out"],
+            ["--record"],
+        ),
         "relay": ([], ["--out", "--index"], []),
         "recv": ([], ["--hashes"], []),
     }
@@ -860,8 +906,12 @@ def _parser() -> argparse.ArgumentParser:
         for (dest,) in positional:
             p.add_argument(dest)
         for opt in options:
-            p.add_argument(opt, required=opt in ("--dst", "--manifest", "--hashes") or (name == "relay" and opt == "--out")
-                           or (name == "s3pull" and opt in ("--bucket", "--prefix", "--only")))
+            p.add_argument(
+                opt,
+                required=opt in ("--dst", "--manifest", "--hashes")
+                or (name == "relay" and opt == "--out")
+                or (name == "s3pull" and opt in ("--bucket", "--prefix", "--only")),
+            )
         for flag in flags:
             p.add_argument(flag, action="store_true")
     return parser
@@ -873,8 +923,21 @@ def parse(argv: list[str]) -> tuple[str, dict]:
     positional values follow `--`."""
     if not argv:
         raise AgentError("no command", 2)
-    takes_value = {"--workers", "--cache", "--out", "--dst", "--manifest", "--mark", "--received", "--endpoint-url",
-                   "--bucket", "--prefix", "--only", "--index", "--hashes"}
+    takes_value = {
+        "--workers",
+        "--cache",
+        "--out",
+        "--dst",
+        "--manifest",
+        "--mark",
+        "--received",
+        "--endpoint-url",
+        "--bucket",
+        "--prefix",
+        "--only",
+        "--index",
+        "--hashes",
+    }
     joined, i = [], 0
     while i < len(argv):
         if argv[i] == "--":

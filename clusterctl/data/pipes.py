@@ -43,8 +43,13 @@ class Children:
                 p.kill()
 
 
-def run_pipeline(children: Children, producer: list[str], consumer: list[str], on_stderr: Callable[[str], None],
-                 timeout: float | None) -> int:
+def run_pipeline(
+    children: Children,
+    producer: list[str],
+    consumer: list[str],
+    on_stderr: Callable[[str], None],
+    timeout: float | None,
+) -> int:
     """producer | consumer on this machine; the consumer's stderr lines go to on_stderr."""
     a = children.popen(producer, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     b = children.popen(consumer, stdin=a.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -68,8 +73,9 @@ def run_pipeline(children: Children, producer: list[str], consumer: list[str], o
         children.done(a, b)
 
 
-def run_rsync(children: Children, argv: list[str], progress: Callable[[int], None],
-              timeout: float | None) -> tuple[int, str]:
+def run_rsync(
+    children: Children, argv: list[str], progress: Callable[[int], None], timeout: float | None
+) -> tuple[int, str]:
     """rsync on this machine, its --info=progress2 bytes to `progress`; (exit status, stderr)."""
     proc = children.popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.stdout, proc.stderr

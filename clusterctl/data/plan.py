@@ -48,7 +48,7 @@ def parse_source(text: str) -> Source:
             prefix += "/"
         return Source("s3", bucket=bucket, prefix=prefix)
     if text.startswith("leader:"):
-        path = text[len("leader:"):]
+        path = text[len("leader:") :]
         if not path:
             raise UsageError("SRC leader: needs a path, e.g. leader:~/imagenet_data")
         return Source("leader", path=path)
@@ -111,7 +111,7 @@ def plan_relay(nodes: Sequence[str], fanout: int = 1, source_is: str | None = No
     chains, start = [], 0
     for i in range(k if rest else 0):
         n = size + (1 if i < extra else 0)
-        chains.append(rest[start:start + n])
+        chains.append(rest[start : start + n])
         start += n
     children[head] = tuple(c[0] for c in chains if c)
     for chain in chains:
@@ -135,8 +135,9 @@ def render_plan(strategy: str, nodes: Sequence[str], source: Source, fanout: int
     src = f"source ({source.describe()})" if source.kind != "leader" else f"source (leader {leader}: {source.path})"
     name = lambda n: src if n == SOURCE else n  # noqa: E731
     if source.kind == "s3":
-        return [f"s3: every node pulls its own copy from {source.describe()} at once ({len(nodes)} node(s))"] + \
-               [f"  {source.describe()} -> {n}" for n in nodes]
+        return [f"s3: every node pulls its own copy from {source.describe()} at once ({len(nodes)} node(s))"] + [
+            f"  {source.describe()} -> {n}" for n in nodes
+        ]
     source_is = leader if source.kind == "leader" else None
     if strategy == "chain":
         plan = plan_relay(nodes, fanout, source_is)
@@ -152,5 +153,6 @@ def render_plan(strategy: str, nodes: Sequence[str], source: Source, fanout: int
     receivers = [n for n in nodes if n != source_is]
     if strategy == "parallel":
         return [f"parallel: {len(receivers)} rsync(s) from the source at once"] + [f"  {src} -> {n}" for n in receivers]
-    return [f"sequential: {len(receivers)} rsync(s) from the source, one after another"] + \
-           [f"  {i}. {src} -> {n}" for i, n in enumerate(receivers, 1)]
+    return [f"sequential: {len(receivers)} rsync(s) from the source, one after another"] + [
+        f"  {i}. {src} -> {n}" for i, n in enumerate(receivers, 1)
+    ]

@@ -51,8 +51,11 @@ class StallWatch:
         """The node to cut, "" for none yet, None to end the relay."""
         if now - self.progress_at < self.limit:
             return ""
-        fresh = {label: (what, since) for label, (what, since, said) in self.hops.items()
-                 if now - said < 3.0 and label not in self.cut}
+        fresh = {
+            label: (what, since)
+            for label, (what, since, said) in self.hops.items()
+            if now - said < 3.0 and label not in self.cut
+        }
         suspects = []
         for label, (what, since) in fresh.items():
             if now - since < self.limit / 2:

@@ -50,8 +50,17 @@ from clusterctl.types import HostResult
 
 _T = TypeVar("_T")
 
-RSYNC_BASE = ("rsync", "-a", "-s", "-I", "--from0", "--partial-dir=" + sync_agent.PARTIAL_DIR, "--timeout=60",
-              "--info=progress2", "--no-inc-recursive")
+RSYNC_BASE = (
+    "rsync",
+    "-a",
+    "-s",
+    "-I",
+    "--from0",
+    "--partial-dir=" + sync_agent.PARTIAL_DIR,
+    "--timeout=60",
+    "--info=progress2",
+    "--no-inc-recursive",
+)
 STALL_TIMEOUT = 120.0  # sync --stall-timeout: seconds a chain may move no data before the node that stopped is cut out
 TAR_CHECKPOINT = 100  # records of 10240 bytes: a progress line per ~1 MB per node
 WORK = ".clusterctl/sync"  # under the login home of every node
@@ -100,9 +109,11 @@ class SyncReport:
         if not bad:
             return None
         first = "; ".join(f"{o.host}: {o.status}: {o.detail}" for o in bad[:3])
-        return SyncIncomplete(f"{len(bad)} of {len(self.outcomes)} node(s) not verified, not marked complete ({first})",
-                              "fix them and run the same `clusterctl sync` again: it copies only what is missing",
-                              ExitCode(self.exit_code))
+        return SyncIncomplete(
+            f"{len(bad)} of {len(self.outcomes)} node(s) not verified, not marked complete ({first})",
+            "fix them and run the same `clusterctl sync` again: it copies only what is missing",
+            ExitCode(self.exit_code),
+        )
 
 
 class Events(Protocol):
@@ -146,12 +157,27 @@ class _Node:
 
 
 class Syncer:
-    def __init__(self, targets: Sequence[SshTarget], addresses: Sequence[str], known_hosts: str, pool: SshPool,
-                 source: Source, dst: str, *, strategy: str = "chain", fanout: int = 1, delete: bool = False,
-                 endpoint_url: str | None = None, managed: bool = True, events: Events | None = None,
-                 node_python: str | None = None, timeout: float | None = None,
-                 stall_timeout: float | None = STALL_TIMEOUT, verify: str = "stream",
-                 cache_dir: Path | None = None):
+    def __init__(
+        self,
+        targets: Sequence[SshTarget],
+        addresses: Sequence[str],
+        known_hosts: str,
+        pool: SshPool,
+        source: Source,
+        dst: str,
+        *,
+        strategy: str = "chain",
+        fanout: int = 1,
+        delete: bool = False,
+        endpoint_url: str | None = None,
+        managed: bool = True,
+        events: Events | None = None,
+        node_python: str | None = None,
+        timeout: float | None = None,
+        stall_timeout: float | None = STALL_TIMEOUT,
+        verify: str = "stream",
+        cache_dir: Path | None = None,
+    ):
         if strategy not in STRATEGIES:
             raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
         if fanout < 1:
@@ -192,14 +218,21 @@ class Syncer:
 
     def _py(self, script: str, *args: str) -> str:
         py = shlex.quote(self.python)
-        return (f"P={py}; [ -x \"$P\" ] || P=python3; \"$P\" {shlex.quote(f'{self.work}/{script}')} "
-                + " ".join(shlex.quote(a) for a in args))
+        return f'P={py}; [ -x "$P" ] || P=python3; "$P" {shlex.quote(f"{self.work}/{script}")} ' + " ".join(
+            shlex.quote(a) for a in args
+        )
 
-    def _agent(self, node: _Node, *args: str, timeout: float | None = None,
-               on_line: Callable[[str, str, str], None] | None = None) -> tuple[dict | None, HostResult]:
+    def _agent(
+        self,
+        node: _Node,
+        *args: str,
+        timeout: float | None = None,
+        on_line: Callable[[str, str, str], None] | None = None,
+    ) -> tuple[dict | None, HostResult]:
         out = f"{self.work}/out-{uuid.uuid4().hex[:8]}.json"  # the result comes back by SFTP: no output cap
-        r = self.pool.run_one(node.target, self._py("agent.py", args[0], "--out", out, *args[1:]), timeout=timeout,
-                              on_line=on_line)
+        r = self.pool.run_one(
+            node.target, self._py("agent.py", args[0], "--out", out, *args[1:]), timeout=timeout, on_line=on_line
+        )
         data = None
         for line in reversed(r.stdout.strip().splitlines()):
             try:
@@ -301,8 +334,10 @@ class Syncer:
             n.outcome.bytes = n.bad_bytes
         if todo:
             self._transport(todo)
-            self.events.phase("verifying every copy against the manifest"
-                              + (" (read back: --verify disk)" if self.verify == "disk" else ""))
+            self.events.phase(
+                "verifying every copy against the manifest"
+                + (" (read back: --verify disk)" if self.verify == "disk" else "")
+            )
             self._check_all(todo, reset=False, received=self.verify == "stream" and self.strategy == "chain")
             for attempt in range(2):
                 broken = [n for n in self._live(todo) if n.bad]
@@ -318,8 +353,12 @@ class Syncer:
                 self._check_all(broken, reset=False)
             for n in self._live(todo):
                 if n.bad:
-                    self._fail(n, "failed", f"{len(n.bad)} file(s) still differ from the manifest, e.g. {n.bad[0]!r}"
-                               + (f" ({n.last_error})" if n.last_error else ""))
+                    self._fail(
+                        n,
+                        "failed",
+                        f"{len(n.bad)} file(s) still differ from the manifest, e.g. {n.bad[0]!r}"
+                        + (f" ({n.last_error})" if n.last_error else ""),
+                    )
         self._cleanup()
 
     # ---- manifest ----------------------------------------------------------------------------------
@@ -339,12 +378,16 @@ class Syncer:
                 self.events.phase(f"cannot keep the manifest for the next run in {cache}: {exc.strerror}")
             self._said_hashed(hashed)
         else:
-            self.events.phase("making the manifest on the leader" if src.kind == "leader"
-                              else f"listing {src.describe()} from the leader")
+            self.events.phase(
+                "making the manifest on the leader"
+                if src.kind == "leader"
+                else f"listing {src.describe()} from the leader"
+            )
             r = self.pool.put_one(self.leader.target, {f"{self.work}/agent.py": (self._agent_bytes(), 0o600)})
             if not r.ok:
-                raise SyncIncomplete(f"cannot reach the leader {self.leader.label}: {r.error}", "check the cluster",
-                                     ExitCode.UNREACHABLE)
+                raise SyncIncomplete(
+                    f"cannot reach the leader {self.leader.label}: {r.error}", "check the cluster", ExitCode.UNREACHABLE
+                )
             if src.kind == "leader":
                 leader_cache = f"{CACHE}/{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}.json"
                 data, r = self._agent(self.leader, "manifest", "--cache", leader_cache, "--", src.path)
@@ -352,14 +395,20 @@ class Syncer:
                 args = ["s3list"] + (["--endpoint-url", self.endpoint_url] if self.endpoint_url else [])
                 data, r = self._agent(self.leader, *args, "--", src.bucket, src.prefix)
             if r.exit_code is None:
-                raise SyncIncomplete(f"the leader {self.leader.label} is unreachable: {r.error}", "check the cluster",
-                                     ExitCode.UNREACHABLE)
+                raise SyncIncomplete(
+                    f"the leader {self.leader.label} is unreachable: {r.error}",
+                    "check the cluster",
+                    ExitCode.UNREACHABLE,
+                )
             if r.exit_code != 0 or not data or "entries" not in data:
                 why = (data or {}).get("error") or r.stderr.strip()[-300:] or f"exit {r.exit_code}"
                 if r.exit_code == sync_agent.EXIT_INPUT:
                     raise ConfigError(f"SRC {src.describe()}: {why}")
-                raise SyncIncomplete(f"could not read SRC {src.describe()} on the leader: {why}", "see the message",
-                                     ExitCode.REMOTE_FAILED)
+                raise SyncIncomplete(
+                    f"could not read SRC {src.describe()} on the leader: {why}",
+                    "see the message",
+                    ExitCode.REMOTE_FAILED,
+                )
             self.entries = data["entries"]
             self.src_root = data.get("root", "")
             if src.kind == "leader":
@@ -369,21 +418,26 @@ class Syncer:
             problem = sync_agent.path_problem(e["p"])
             if problem:
                 raise ConfigError(f"SRC {src.describe()}: {problem}")
-        self.manifest_bytes = json.dumps({"entries": self.entries, "source": src.describe()},
-                                         ensure_ascii=True).encode()
+        self.manifest_bytes = json.dumps(
+            {"entries": self.entries, "source": src.describe()}, ensure_ascii=True
+        ).encode()
 
     def _said_hashed(self, hashed: int) -> None:
         files = sum(1 for e in self.entries if e["t"] == "f")
-        self.events.phase(f"manifest: {hashed} file(s) hashed, {files - hashed} unchanged since the last run "
-                          "(size, mtime, ctime and inode as then: their sha256 kept)")
+        self.events.phase(
+            f"manifest: {hashed} file(s) hashed, {files - hashed} unchanged since the last run "
+            "(size, mtime, ctime and inode as then: their sha256 kept)"
+        )
 
     @staticmethod
     def _agent_bytes() -> bytes:
         return Path(sync_agent.__file__).read_bytes()
 
     def _upload(self) -> None:
-        files = {f"{self.work}/agent.py": (self._agent_bytes(), 0o600),
-                 f"{self.work}/manifest.json": (self.manifest_bytes, 0o600)}
+        files = {
+            f"{self.work}/agent.py": (self._agent_bytes(), 0o600),
+            f"{self.work}/manifest.json": (self.manifest_bytes, 0o600),
+        }
 
         def one(n: _Node) -> None:
             r = self.pool.put_one(n.target, files)
@@ -401,8 +455,17 @@ class Syncer:
         counts = {"streamed": 0, "reread": 0}
 
         def one(n: _Node) -> None:
-            args = ["check", "--dst", self.dst, "--manifest", f"{self.work}/manifest.json", "--mark",
-                    self.source.describe(), "--workers", "4"]
+            args = [
+                "check",
+                "--dst",
+                self.dst,
+                "--manifest",
+                f"{self.work}/manifest.json",
+                "--mark",
+                self.source.describe(),
+                "--workers",
+                "4",
+            ]
             if reset:
                 args.append("--reset")
             if received:
@@ -419,15 +482,18 @@ class Syncer:
             counts["streamed"] += int(data.get("streamed", 0))
             counts["reread"] += int(data.get("reread", 0))
             if reset and n.bad_bytes > n.free:
-                self._fail(n, "failed", f"not enough space at {n.root}: needs {_mb(n.bad_bytes)}, has {_mb(n.free)} free")
+                self._fail(
+                    n, "failed", f"not enough space at {n.root}: needs {_mb(n.bad_bytes)}, has {_mb(n.free)} free"
+                )
             elif not n.bad and not n.outcome.seconds:
                 n.outcome.seconds = time.monotonic() - self.start
                 self.events.progress(n.label, n.outcome.bytes)
 
         self._fan(self._live(nodes), one)
         if not reset:
-            self.events.phase(f"verified: {counts['streamed']} file(s) by their sha256 as written, "
-                              f"{counts['reread']} read back")
+            self.events.phase(
+                f"verified: {counts['streamed']} file(s) by their sha256 as written, {counts['reread']} read back"
+            )
 
     def _check_overlap(self, data: dict) -> None:
         """Before anything is touched: on the leader, DST inside SRC (or SRC inside DST) is refused; the
@@ -437,12 +503,20 @@ class Syncer:
         for src in {self.src_root, data.get("real", self.src_root)}:
             a = src.rstrip("/") + "/"
             if a != dst and (a.startswith(dst) or dst.startswith(a)):
-                raise UsageError(f"on the leader, SRC {src} and DST {dst.rstrip('/')} are inside one another",
-                                 "sync into a folder of its own")
+                raise UsageError(
+                    f"on the leader, SRC {src} and DST {dst.rstrip('/')} are inside one another",
+                    "sync into a folder of its own",
+                )
 
     def _cleanup(self) -> None:
-        self._fan(self.nodes, lambda n: self.pool.run_one(n.target, f"rm -rf -- {shlex.quote(self.work)}", timeout=30)
-                  if n.outcome.status != "unreachable" else None)
+        self._fan(
+            self.nodes,
+            lambda n: (
+                self.pool.run_one(n.target, f"rm -rf -- {shlex.quote(self.work)}", timeout=30)
+                if n.outcome.status != "unreachable"
+                else None
+            ),
+        )
 
     # ---- transport ---------------------------------------------------------------------------------
     def _transport(self, todo: list[_Node]) -> None:
@@ -494,8 +568,15 @@ class Syncer:
         for n in relay + ([self.leader] if leader_src else []):
             kids = plan.children.get(SOURCE if (leader_src and n is self.leader) else n.label, ())
             root = n.root if n.label in extract else None
-            scripts[n.label] = relay_script(n.index, root, [by_label[c] for c in kids], hop, self.work, self.python,
-                                            hash_stream=self.verify == "stream")
+            scripts[n.label] = relay_script(
+                n.index,
+                root,
+                [by_label[c] for c in kids],
+                hop,
+                self.work,
+                self.python,
+                hash_stream=self.verify == "stream",
+            )
         lst = self._write_list(paths)
         uploads = {label: {f"{self.work}/relay.sh": (body, 0o700)} for label, body in scripts.items()}
         if leader_src:
@@ -546,8 +627,13 @@ class Syncer:
             if watch:
                 watch.start(stalled)
             try:
-                self.pool.run_one(self.leader.target, f"bash {shlex.quote(self.work + '/source.sh')}",
-                                  timeout=self.timeout, on_line=lambda _h, stream, line: on_stderr(line), cancel=cancel)
+                self.pool.run_one(
+                    self.leader.target,
+                    f"bash {shlex.quote(self.work + '/source.sh')}",
+                    timeout=self.timeout,
+                    on_line=lambda _h, stream, line: on_stderr(line),
+                    cancel=cancel,
+                )
             finally:
                 if watch:
                     watch.stop()
@@ -557,9 +643,23 @@ class Syncer:
             return
         list_path = self._scratch / "relay.list"
         list_path.write_bytes(lst)
-        tar = ["tar", "-C", self.src_root, "--null", "--verbatim-files-from", "--no-recursion", "-T", str(list_path), "-cf", "-"]
+        tar = [
+            "tar",
+            "-C",
+            self.src_root,
+            "--null",
+            "--verbatim-files-from",
+            "--no-recursion",
+            "-T",
+            str(list_path),
+            "-cf",
+            "-",
+        ]
         ssh = operator_ssh(head.target, self.known_hosts, self.managed) + [
-            "--", head.target.hostname, f"bash {shlex.quote(self.work + '/relay.sh')}"]
+            "--",
+            head.target.hostname,
+            f"bash {shlex.quote(self.work + '/relay.sh')}",
+        ]
         if watch:
             watch.start(stalled)
         try:
@@ -568,12 +668,14 @@ class Syncer:
             if watch:
                 watch.stop()
 
-    def _cut_stalled(self, node: _Node, watch: "StallWatch", by_label: dict, leader_src: bool,
-                     cancel: threading.Event) -> None:
+    def _cut_stalled(
+        self, node: _Node, watch: "StallWatch", by_label: dict, leader_src: bool, cancel: threading.Event
+    ) -> None:
         """A relay node took no data for --stall-timeout: report it, cut its hop (the rest of the chain goes on;
         the nodes after it are repaired from verified neighbours), kill its relay and those below it."""
-        self._fail(node, "failed", f"stalled: took no data for {watch.limit:g}s (sync --stall-timeout); "
-                                   f"cut out of the chain")
+        self._fail(
+            node, "failed", f"stalled: took no data for {watch.limit:g}s (sync --stall-timeout); cut out of the chain"
+        )
         self.events.phase(f"{node.label}: took no data for {watch.limit:g}s; cut out of the chain")
         parent = watch.parent.get(node.label, SOURCE)
         if parent == SOURCE:
@@ -614,8 +716,7 @@ class Syncer:
             wrapper.write_text("#!/bin/sh\nexec " + shlex.join(ssh) + ' "$@"\n')
             wrapper.chmod(0o700)
             dest = f"{receiver.target.user}@{bracketed(receiver.target.hostname)}:{receiver.root}/"
-            argv = [*RSYNC_BASE, "-e", str(wrapper), f"--files-from={list_path}",
-                    self.src_root.rstrip("/") + "/", dest]
+            argv = [*RSYNC_BASE, "-e", str(wrapper), f"--files-from={list_path}", self.src_root.rstrip("/") + "/", dest]
             rc, err = run_rsync(self.children, argv, progress, self.timeout)
             ok = rc == 0
             if not ok:
@@ -715,12 +816,15 @@ class Syncer:
                 e["h"], adopted[e["p"]] = reference[e["p"]]
         if not adopted:
             return
-        self.manifest_bytes = json.dumps({"entries": self.entries, "source": self.source.describe()},
-                                         ensure_ascii=True).encode()
+        self.manifest_bytes = json.dumps(
+            {"entries": self.entries, "source": self.source.describe()}, ensure_ascii=True
+        ).encode()
         by = ", ".join(sorted(set(adopted.values())))
-        self.events.phase(f"{len(adopted)} object(s) have no checksum S3 vouches for (SSE-KMS, or a multipart ETag "
-                          f"of unknown part size): their sha256 as pulled by {by} is recorded, and every other "
-                          "node's copy is checked against it")
+        self.events.phase(
+            f"{len(adopted)} object(s) have no checksum S3 vouches for (SSE-KMS, or a multipart ETag "
+            f"of unknown part size): their sha256 as pulled by {by} is recorded, and every other "
+            "node's copy is checked against it"
+        )
 
         def put(n: _Node) -> None:
             r = self.pool.put_one(n.target, {f"{self.work}/manifest.json": (self.manifest_bytes, 0o600)})
@@ -735,8 +839,19 @@ class Syncer:
         if not r.ok:
             self._fail(n, "unreachable", r.error or "upload failed")
             return None
-        args = ["s3pull", "--dst", self.dst, "--manifest", f"{self.work}/manifest.json", "--bucket",
-                self.source.bucket, "--prefix", self.source.prefix, "--only", f"{self.work}/s3.list"]
+        args = [
+            "s3pull",
+            "--dst",
+            self.dst,
+            "--manifest",
+            f"{self.work}/manifest.json",
+            "--bucket",
+            self.source.bucket,
+            "--prefix",
+            self.source.prefix,
+            "--only",
+            f"{self.work}/s3.list",
+        ]
         if self.endpoint_url:
             args += ["--endpoint-url", self.endpoint_url]
         if record:
@@ -762,7 +877,10 @@ class Syncer:
 
 def _why_rsync(stderr: str, default: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for pattern in (r"Host key verification failed", r"Permission denied|No space|connect to host|Connection (refused|timed)"):
+    for pattern in (
+        r"Host key verification failed",
+        r"Permission denied|No space|connect to host|Connection (refused|timed)",
+    ):
         for ln in lines:
             if re.search(pattern, ln):
                 return ln[:200]
@@ -774,11 +892,16 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-
-
 # ---- scripts the nodes run --------------------------------------------------------------------------
-def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: Sequence[str], work: str,
-                 python: str = "python3", hash_stream: bool = True) -> bytes:
+def relay_script(
+    index: int,
+    root: str | None,
+    children: Sequence[_Node],
+    hop: Sequence[str],
+    work: str,
+    python: str = "python3",
+    hash_stream: bool = True,
+) -> bytes:
     """The relay on one node: read the tar stream on stdin, forward it to every child's relay (tee into
     their ssh; a child that dies is dropped and the rest go on), and extract it into `root`. With one
     child (a chain), the agent's zero-copy relay (tee(2)/splice(2)) stands in for tee. With hash_stream,
@@ -786,8 +909,13 @@ def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: S
     hashes are kept (recv.json) only when recv and tar both exited 0, for the check to trust."""
     q = shlex.quote
     w = f'"$HOME"/{q(work)}'
-    lines = ["#!/bin/bash", f"# clusterctl sync relay of node {index}", "set -u", f"W={w}",
-             f'P={q(python)}; [ -x "$P" ] || P=python3']
+    lines = [
+        "#!/bin/bash",
+        f"# clusterctl sync relay of node {index}",
+        "set -u",
+        f"W={w}",
+        f'P={q(python)}; [ -x "$P" ] || P=python3',
+    ]
     fifos = []
     for i, child in enumerate(children):
         fifo = f'"$W/fifo.{i}"'
@@ -808,8 +936,12 @@ def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: S
         lines.append(f"tee -p {' '.join(fifos)} " + (f"| {extract}" if extract else ">/dev/null"))
     else:
         lines.append(extract or "cat >/dev/null")
-    lines += ['st=("${PIPESTATUS[@]}"); rc="${st[*]}"', "wait", f'echo "CCSYNC-RC {index} $rc" >&2',
-              "rm -f " + " ".join(fifos) if fifos else "true"]
+    lines += [
+        'st=("${PIPESTATUS[@]}"); rc="${st[*]}"',
+        "wait",
+        f'echo "CCSYNC-RC {index} $rc" >&2',
+        "rm -f " + " ".join(fifos) if fifos else "true",
+    ]
     if hashing:  # recv and tar, the pipeline's last two, both whole: the hashes are those of what tar wrote
         lines.append('[ "${st[-1]}" = 0 ] && [ "${st[-2]}" = 0 ] && mv -f "$W/recv.part" "$W/recv.json"; true')
     return ("\n".join(lines) + "\n").encode()
@@ -818,6 +950,8 @@ def relay_script(index: int, root: str | None, children: Sequence[_Node], hop: S
 def source_script(src_root: str, work: str) -> bytes:
     """On the leader, when it is the source: the tar of the listed paths, into its own relay."""
     q = shlex.quote
-    return (f"#!/bin/bash\nset -o pipefail\ncd \"$HOME\" || exit 1\n"
-            f"tar -C {q(src_root)} --null --verbatim-files-from --no-recursion -T {q(work + '/relay.list')} -cf - "
-            f"| bash {q(work + '/relay.sh')}\n").encode()
+    return (
+        f'#!/bin/bash\nset -o pipefail\ncd "$HOME" || exit 1\n'
+        f"tar -C {q(src_root)} --null --verbatim-files-from --no-recursion -T {q(work + '/relay.list')} -cf - "
+        f"| bash {q(work + '/relay.sh')}\n"
+    ).encode()

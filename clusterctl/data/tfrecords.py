@@ -130,7 +130,9 @@ _SYNSET_CSV_HEADER = "ImageId,PredictionString"
 _VAL_NUMBER = re.compile(r"_(\d+)$")  # ILSVRC2012_val_00000001 -> 1
 
 
-def read_val_labels(path: str | os.PathLike[str], synsets: str | os.PathLike[str] | None = None) -> Callable[[str], str | None]:
+def read_val_labels(
+    path: str | os.PathLike[str], synsets: str | os.PathLike[str] | None = None
+) -> Callable[[str], str | None]:
     """The class (synset) of each image of a flat validation folder, from ImageNet's own files: the
     `LOC_val_solution.csv` style CSV (`ImageId,PredictionString`, the synset first in the string), or the
     devkit's ground truth (`ILSVRC2012_validation_ground_truth.txt`: line N is the class ID of image N,
@@ -153,8 +155,10 @@ def read_val_labels(path: str | os.PathLike[str], synsets: str | os.PathLike[str
         return table.get
     if body and all(ln.isdigit() for ln in body):
         if synsets is None:
-            raise ConfigError(f"--val-labels {path} is the devkit's ground truth (class IDs): it needs the synset list",
-                              "give --val-synsets FILE too (line N: the synset of class ID N)")
+            raise ConfigError(
+                f"--val-labels {path} is the devkit's ground truth (class IDs): it needs the synset list",
+                "give --val-synsets FILE too (line N: the synset of class ID N)",
+            )
         try:
             ids = [ln.split()[0] for ln in Path(synsets).read_text(encoding="utf-8-sig").splitlines() if ln.strip()]
         except (OSError, UnicodeDecodeError) as exc:
@@ -163,8 +167,9 @@ def read_val_labels(path: str | os.PathLike[str], synsets: str | os.PathLike[str
         for n, line in enumerate(body, start=1):
             k = int(line)
             if not 1 <= k <= len(ids):
-                raise ConfigError(f"--val-labels {path}:{n}: class ID {k} is not in --val-synsets {synsets} "
-                                  f"(1..{len(ids)})")
+                raise ConfigError(
+                    f"--val-labels {path}:{n}: class ID {k} is not in --val-synsets {synsets} (1..{len(ids)})"
+                )
             truth.append(ids[k - 1])
 
         def by_number(stem: str) -> str | None:
@@ -173,8 +178,10 @@ def read_val_labels(path: str | os.PathLike[str], synsets: str | os.PathLike[str
             return truth[i - 1] if 1 <= i <= len(truth) else None
 
         return by_number
-    raise ConfigError(f"--val-labels {path}: neither a LOC_val_solution.csv-style CSV ({_SYNSET_CSV_HEADER}) nor "
-                      "the devkit's ground truth (one class ID per line)")
+    raise ConfigError(
+        f"--val-labels {path}: neither a LOC_val_solution.csv-style CSV ({_SYNSET_CSV_HEADER}) nor "
+        "the devkit's ground truth (one class ID per line)"
+    )
 
 
 def _flat_validation(folder: Path, labels, label_file, classes: set[str]) -> tuple[dict[str, list[Path]], list[str]]:
@@ -196,17 +203,27 @@ def _flat_validation(folder: Path, labels, label_file, classes: set[str]) -> tup
         else:
             per_class.setdefault(synset, []).append(p)
     if unlabelled:
-        raise ConfigError(f"{len(unlabelled)} of the {len(images)} images in {folder} have no class in "
-                          f"{label_file} (first: {unlabelled[0]})", "give the labels file of this validation set")
+        raise ConfigError(
+            f"{len(unlabelled)} of the {len(images)} images in {folder} have no class in "
+            f"{label_file} (first: {unlabelled[0]})",
+            "give the labels file of this validation set",
+        )
     if unknown:
-        raise ConfigError(f"{len(unknown)} images in {folder} are of a class train/ has no folder for "
-                          f"(first: {unknown[0]})", "the labels file and train/ must name the same synsets")
+        raise ConfigError(
+            f"{len(unknown)} images in {folder} are of a class train/ has no folder for (first: {unknown[0]})",
+            "the labels file and train/ must name the same synsets",
+        )
     return per_class, [str(p) for p in other]
 
 
-def scan_folder(src: str | os.PathLike[str], *, validation_fraction: float = 0.1, seed: int = 0,
-                val_labels: str | os.PathLike[str] | None = None,
-                val_synsets: str | os.PathLike[str] | None = None) -> FolderScan:
+def scan_folder(
+    src: str | os.PathLike[str],
+    *,
+    validation_fraction: float = 0.1,
+    seed: int = 0,
+    val_labels: str | os.PathLike[str] | None = None,
+    val_synsets: str | os.PathLike[str] | None = None,
+) -> FolderScan:
     """Class sub-folders of images (the flowers layout), or train/ and validation/ (or val/) folders each
     holding the same class sub-folders. Classes are the sorted folder names; label N is the Nth (1-based).
     Without a split on disk, `validation_fraction` of each class (at least one image when the class has
@@ -224,41 +241,52 @@ def scan_folder(src: str | os.PathLike[str], *, validation_fraction: float = 0.1
     val_name = next((n for n in _VALIDATION_DIRS if n in names), None)
     presplit = "train" in names and val_name is not None
     if labels is not None and not presplit:
-        raise ConfigError(f"--val-labels: {src} has no train/ and val/ (or validation/) folders",
-                          "lay it out as SRC/train/SYNSET/*.JPEG and SRC/val/*.JPEG")
+        raise ConfigError(
+            f"--val-labels: {src} has no train/ and val/ (or validation/) folders",
+            "lay it out as SRC/train/SYNSET/*.JPEG and SRC/val/*.JPEG",
+        )
     per_split: dict[str, dict[str, list[Path]]] = {s: {} for s in SPLITS}
     ignored: list[str] = []
     if presplit and val_name is not None:  # presplit says val_name is set; this says it to mypy too
         val_folder = root / val_name
         flat = any(p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS for p in val_folder.iterdir())
         if flat and _class_dirs(val_folder):
-            raise ConfigError(f"{val_folder} holds both images and class sub-folders",
-                              "keep one layout: class sub-folders, or a flat folder with --val-labels")
+            raise ConfigError(
+                f"{val_folder} holds both images and class sub-folders",
+                "keep one layout: class sub-folders, or a flat folder with --val-labels",
+            )
         if flat and labels is None:
             n = sum(1 for p in val_folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-            raise ConfigError(f"{val_folder} holds {n} images without class sub-folders",
-                              "give their classes with --val-labels LOC_val_solution.csv (or the devkit's "
-                              "ground truth with --val-synsets)")
+            raise ConfigError(
+                f"{val_folder} holds {n} images without class sub-folders",
+                "give their classes with --val-labels LOC_val_solution.csv (or the devkit's "
+                "ground truth with --val-synsets)",
+            )
         if labels is not None and not flat:
-            raise ConfigError(f"--val-labels: {val_folder} has no images of its own (class sub-folders already "
-                              "say the classes)", "leave out --val-labels")
+            raise ConfigError(
+                f"--val-labels: {val_folder} has no images of its own (class sub-folders already say the classes)",
+                "leave out --val-labels",
+            )
         for d in _class_dirs(root / "train"):
             imgs, other = _images(d)
             per_split["train"][d.name] = imgs
             ignored += [str(p) for p in other]
         if flat:
             per_split["validation"], other_files = _flat_validation(
-                val_folder, labels, val_labels, {c for c, imgs in per_split["train"].items() if imgs})
+                val_folder, labels, val_labels, {c for c, imgs in per_split["train"].items() if imgs}
+            )
             ignored += other_files
-        for d in ([] if flat else _class_dirs(val_folder)):
+        for d in [] if flat else _class_dirs(val_folder):
             imgs, other = _images(d)
             per_split["validation"][d.name] = imgs
             ignored += [str(p) for p in other]
         train_classes = set(per_split["train"])
         extra = sorted(set(per_split["validation"]) - train_classes)
         if extra:
-            raise ConfigError(f"{src}: validation classes with no train folder: {', '.join(extra[:5])}",
-                              "give validation/ the same class folders as train/")
+            raise ConfigError(
+                f"{src}: validation classes with no train folder: {', '.join(extra[:5])}",
+                "give validation/ the same class folders as train/",
+            )
     else:
         rng = random.Random(seed)
         for d in _class_dirs(root):
@@ -274,8 +302,10 @@ def scan_folder(src: str | os.PathLike[str], *, validation_fraction: float = 0.1
             per_split["validation"][d.name] = [p for p in imgs if p in val]
     classes = tuple(sorted(c for c in per_split["train"] if per_split["train"][c]))
     if not classes:
-        raise ConfigError(f"{src}: no class sub-folders with JPEG or PNG images",
-                          "lay it out as SRC/CLASS/IMAGE.jpg, one folder per class")
+        raise ConfigError(
+            f"{src}: no class sub-folders with JPEG or PNG images",
+            "lay it out as SRC/CLASS/IMAGE.jpg, one folder per class",
+        )
     label = {c: i + LABEL_BASE for i, c in enumerate(classes)}
     splits: dict[str, tuple[ImageItem, ...]] = {}
     for split in SPLITS:
@@ -319,13 +349,15 @@ def _tf():
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
     except ImportError as exc:
-        raise ConfigError(f"writing TFRecords needs TensorFlow ({exc})",
-                          "install it: pip install 'clusterctl[train]'") from None
+        raise ConfigError(
+            f"writing TFRecords needs TensorFlow ({exc})", "install it: pip install 'clusterctl[train]'"
+        ) from None
     return tf
 
 
-def example_bytes(tf, *, encoded: bytes, label: int, synset: str, text: str, filename: str, height: int,
-                  width: int) -> bytes:
+def example_bytes(
+    tf, *, encoded: bytes, label: int, synset: str, text: str, filename: str, height: int, width: int
+) -> bytes:
     """One serialized tf.train.Example with the standard ImageNet features."""
 
     def b(v: str | bytes):
@@ -373,8 +405,13 @@ def _ours(dst: Path) -> list[Path]:
     """Files of a dataset this module wrote (or left half-written) in dst; nothing else is touched."""
     if not dst.is_dir():
         return []
-    return [p for p in sorted(dst.iterdir()) if p.name in ("labels.txt", "dataset.json", ".dataset.json.tmp")
-            or p.name.startswith(tuple(f"{s}-" for s in SPLITS)) or p.name.startswith(tuple(f".{s}-" for s in SPLITS))]
+    return [
+        p
+        for p in sorted(dst.iterdir())
+        if p.name in ("labels.txt", "dataset.json", ".dataset.json.tmp")
+        or p.name.startswith(tuple(f"{s}-" for s in SPLITS))
+        or p.name.startswith(tuple(f".{s}-" for s in SPLITS))
+    ]
 
 
 def _check_dst(dst: Path, force: bool) -> None:
@@ -453,8 +490,9 @@ def convert_folder(
     Unreadable images are skipped and reported in DatasetInfo.skipped; if none can be read, ConfigError.
     A flat val/ folder takes its classes from `val_labels` (see read_val_labels)."""
     t0 = time.monotonic()
-    scan = scan_folder(src, validation_fraction=validation_fraction, seed=seed, val_labels=val_labels,
-                       val_synsets=val_synsets)
+    scan = scan_folder(
+        src, validation_fraction=validation_fraction, seed=seed, val_labels=val_labels, val_synsets=val_synsets
+    )
     dst = Path(dst)
     _check_dst(dst, force)
     tf = _tf()
@@ -487,22 +525,48 @@ def convert_folder(
                     n_done = done[0]
                 if progress:
                     progress(split, n_done, len(items))
-                yield example_bytes(tf, encoded=encoded, label=item.label, synset=item.synset, text=item.synset,
-                                    filename=item.filename, height=h, width=w)
+                yield example_bytes(
+                    tf,
+                    encoded=encoded,
+                    label=item.label,
+                    synset=item.synset,
+                    text=item.synset,
+                    filename=item.filename,
+                    height=h,
+                    width=w,
+                )
 
         parts = deal(items, count)
         with ThreadPoolExecutor(_workers(workers, count)) as pool:
-            written = sum(pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])),
-                                   zip(names, parts)))
+            written = sum(
+                pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])), zip(names, parts))
+            )
         splits[split] = SplitInfo(split, written, tuple(names))
     if splits["train"].examples == 0:
-        raise ConfigError(f"{src}: none of the {len(scan.splits['train'])} training images could be read",
-                          f"first problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else None)
-    _finish(dst, scan.classes, splits, str(Path(src).resolve()),
-            extra={"presplit": scan.presplit, "validation_fraction": None if scan.presplit else validation_fraction,
-                   "seed": seed})
-    return DatasetInfo(dst, scan.classes, splits, tuple(sorted(skipped)), counts["reencoded"],
-                       time.monotonic() - t0, _size(dst, _files(splits)))
+        raise ConfigError(
+            f"{src}: none of the {len(scan.splits['train'])} training images could be read",
+            f"first problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else None,
+        )
+    _finish(
+        dst,
+        scan.classes,
+        splits,
+        str(Path(src).resolve()),
+        extra={
+            "presplit": scan.presplit,
+            "validation_fraction": None if scan.presplit else validation_fraction,
+            "seed": seed,
+        },
+    )
+    return DatasetInfo(
+        dst,
+        scan.classes,
+        splits,
+        tuple(sorted(skipped)),
+        counts["reencoded"],
+        time.monotonic() - t0,
+        _size(dst, _files(splits)),
+    )
 
 
 def write_synthetic(
@@ -541,8 +605,10 @@ def write_synthetic(
     width = len(str(max(classes - 1, 1)))
     names_of_classes = tuple(f"class_{k:0{max(3, width)}d}" for k in range(classes))
     splits: dict[str, SplitInfo] = {}
-    for split, n, wanted, offset in (("train", images, train_shards, 0),
-                                     ("validation", validation_images, validation_shards, images)):
+    for split, n, wanted, offset in (
+        ("train", images, train_shards, 0),
+        ("validation", validation_images, validation_shards, images),
+    ):
         count = min(n, wanted) if wanted else default_shards(split, n)
         if count == 0:
             splits[split] = SplitInfo(split, 0, ())
@@ -565,16 +631,25 @@ def write_synthetic(
                 if progress:
                     progress(split, n_done, n)
                 cls = names_of_classes[label - LABEL_BASE]
-                yield example_bytes(tf, encoded=encoded, label=label, synset=cls, text=cls,
-                                    filename=f"synthetic_{idx:08d}.JPEG", height=image_size, width=image_size)
+                yield example_bytes(
+                    tf,
+                    encoded=encoded,
+                    label=label,
+                    synset=cls,
+                    text=cls,
+                    filename=f"synthetic_{idx:08d}.JPEG",
+                    height=image_size,
+                    width=image_size,
+                )
 
         indices = list(range(offset, offset + n))
         if split == "train":
             random.Random(seed).shuffle(indices)
         parts = deal(indices, count)
         with ThreadPoolExecutor(_workers(workers, count)) as pool:
-            written = sum(pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])),
-                                   zip(names, parts)))
+            written = sum(
+                pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])), zip(names, parts))
+            )
         splits[split] = SplitInfo(split, written, tuple(names))
     _finish(dst, names_of_classes, splits, "synthetic", extra={"image_size": image_size, "seed": seed})
     return DatasetInfo(dst, names_of_classes, splits, (), 0, time.monotonic() - t0, _size(dst, _files(splits)))
@@ -603,14 +678,27 @@ _RESULT = "CLUSTERCTL-DATA "
 _FAILED = "CLUSTERCTL-DATA-ERROR "
 
 
-def leader_argv(python: str, src: str, dst: str, *, train_shards: int | None = None,
-                validation_shards: int | None = None, validation_fraction: float = 0.1, seed: int = 0,
-                force: bool = False, val_labels: bool = False, val_synsets: bool = False,
-                endpoint_url: str | None = None) -> list[str]:
+def leader_argv(
+    python: str,
+    src: str,
+    dst: str,
+    *,
+    train_shards: int | None = None,
+    validation_shards: int | None = None,
+    validation_fraction: float = 0.1,
+    seed: int = 0,
+    force: bool = False,
+    val_labels: bool = False,
+    val_synsets: bool = False,
+    endpoint_url: str | None = None,
+) -> list[str]:
     """The converter's command line on the leader (paths already as the leader reads them)."""
     argv = [python, CONVERTER, src, dst, "--validation-fraction", repr(validation_fraction), "--seed", str(seed)]
-    for flag, value in (("--train-shards", train_shards), ("--validation-shards", validation_shards),
-                        ("--endpoint-url", endpoint_url)):
+    for flag, value in (
+        ("--train-shards", train_shards),
+        ("--validation-shards", validation_shards),
+        ("--endpoint-url", endpoint_url),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     argv += (["--force"] if force else []) + (["--val-labels", "val_labels"] if val_labels else [])
@@ -629,15 +717,29 @@ def parse_leader_result(text: str) -> DatasetInfo:
         if _RESULT in line:
             r = json.loads(line.split(_RESULT, 1)[1])
             splits = {k: SplitInfo(k, int(v["examples"]), tuple(v["shards"])) for k, v in r["splits"].items()}
-            return DatasetInfo(Path(r["path"]), tuple(r["classes"]), splits, tuple(tuple(s) for s in r["skipped"]),
-                               int(r["reencoded"]), float(r["seconds"]), int(r["bytes"]))
+            return DatasetInfo(
+                Path(r["path"]),
+                tuple(r["classes"]),
+                splits,
+                tuple(tuple(s) for s in r["skipped"]),
+                int(r["reencoded"]),
+                float(r["seconds"]),
+                int(r["bytes"]),
+            )
     tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
     raise RemoteCommandError("the conversion on the leader failed", tail[0][:300])
 
 
-def convert_on_leader(inv, src: str, dst: str, *, val_labels: str | os.PathLike[str] | None = None,
-                      val_synsets: str | os.PathLike[str] | None = None, on_line=lambda _l: None,
-                      **options) -> DatasetInfo:
+def convert_on_leader(
+    inv,
+    src: str,
+    dst: str,
+    *,
+    val_labels: str | os.PathLike[str] | None = None,
+    val_synsets: str | os.PathLike[str] | None = None,
+    on_line=lambda _l: None,
+    **options,
+) -> DatasetInfo:
     """`data tfrecords --on leader`: convert where the images are (a folder on the leader, or s3://... read
     with the nodes' instance profile), writing the shards on the leader, for `sync leader:DST ...`. Runs with
     the node runtime's Python, detached in tmux on the leader (a dropped connection loses nothing), the
@@ -672,24 +774,36 @@ def convert_on_leader(inv, src: str, dst: str, *, val_labels: str | os.PathLike[
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         pkg = f"{job.dir}/pkg/clusterctl"
-        files = {f"{job.dir}/{CONVERTER}": (resources.template_bytes(CONVERTER), 0o644),
-                 f"{pkg}/__init__.py": (b"", 0o644),
-                 f"{pkg}/data/__init__.py": (b"", 0o644),
-                 f"{pkg}/data/tfrecords.py": (Path(__file__).read_bytes(), 0o644),
-                 f"{pkg}/errors.py": ((Path(__file__).parent.parent / "errors.py").read_bytes(), 0o644),
-                 **{f"{job.dir}/{k}": (v, 0o644) for k, v in labels.items()}}
+        files = {
+            f"{job.dir}/{CONVERTER}": (resources.template_bytes(CONVERTER), 0o644),
+            f"{pkg}/__init__.py": (b"", 0o644),
+            f"{pkg}/data/__init__.py": (b"", 0o644),
+            f"{pkg}/data/tfrecords.py": (Path(__file__).read_bytes(), 0o644),
+            f"{pkg}/errors.py": ((Path(__file__).parent.parent / "errors.py").read_bytes(), 0o644),
+            **{f"{job.dir}/{k}": (v, 0o644) for k, v in labels.items()},
+        }
         put = pool.put([leader], files)
         if not put.all_ok:
             raise UnreachableError(f"cannot copy the converter to the leader {leader.label}: {put.failed[0].error}")
-        argv = leader_argv(python, where_src, where_dst, val_labels="val_labels" in labels,
-                           val_synsets="val_synsets" in labels, **options)
+        argv = leader_argv(
+            python,
+            where_src,
+            where_dst,
+            val_labels="val_labels" in labels,
+            val_synsets="val_synsets" in labels,
+            **options,
+        )
         path = f"{os.path.dirname(python)}:{launch.BASE_PATH}" if python.startswith("/") else launch.BASE_PATH
-        cmd = (f"cd {shlex.quote(job.dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
-               f"PATH={shlex.quote(path)} TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 {shlex.join(argv)}")
+        cmd = (
+            f'cd {shlex.quote(job.dir)} && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '
+            f"PATH={shlex.quote(path)} TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 {shlex.join(argv)}"
+        )
         r = pool.run_one(leader, jobs.detach_command(job.name, cmd), timeout=60)
         if r.exit_code != 0:
-            raise RemoteCommandError(f"could not start the conversion on {leader.label}",
-                                     (r.error or r.stderr or r.stdout).strip()[-300:] or None)
+            raise RemoteCommandError(
+                f"could not start the conversion on {leader.label}",
+                (r.error or r.stderr or r.stdout).strip()[-300:] or None,
+            )
     lines: list[str] = []
 
     def line(text: str) -> None:

@@ -61,8 +61,10 @@ def load(path: str | Path, overrides: Mapping[str, str] | None = None) -> Playbo
             defaults[k] = _plain(yaml, v, where)
     for k in overrides or {}:
         if k not in defaults:
-            raise PlaybookError(f"{where}: --var {k}: the playbook has no variable {k!r}",
-                                f"known: {', '.join(sorted(defaults)) or 'none'}")
+            raise PlaybookError(
+                f"{where}: --var {k}: the playbook has no variable {k!r}",
+                f"known: {', '.join(sorted(defaults)) or 'none'}",
+            )
     variables = {**defaults, **(overrides or {})}
     if "steps" not in top or not isinstance(top["steps"][1], yaml.SequenceNode):
         raise PlaybookError(f"{where}:1: a playbook needs `steps:`, a list")
@@ -84,13 +86,17 @@ def _step(yaml, snode, i: int, where: str, variables: Mapping[str, str]) -> Step
         raise PlaybookError(f"{where}:{line}: step {i} is not a mapping")
     fields = _mapping(snode)
     if "when" in fields:
-        raise PlaybookError(f"{where}:{fields['when'][0].start_mark.line + 1}: `when:` is not supported: every step "
-                            "runs, in order", "`on_failure: continue` goes on past a failed step; --from resumes at one")
+        raise PlaybookError(
+            f"{where}:{fields['when'][0].start_mark.line + 1}: `when:` is not supported: every step runs, in order",
+            "`on_failure: continue` goes on past a failed step; --from resumes at one",
+        )
     kinds = [k for k in fields if k in SPECS]
     unknown = [k for k in fields if k not in SPECS and k not in STEP_KEYS]
     if unknown:
-        raise PlaybookError(f"{where}:{fields[unknown[0]][0].start_mark.line + 1}: unknown step kind or key "
-                            f"{unknown[0]!r}", f"a step is one of {', '.join(SPECS)}")
+        raise PlaybookError(
+            f"{where}:{fields[unknown[0]][0].start_mark.line + 1}: unknown step kind or key {unknown[0]!r}",
+            f"a step is one of {', '.join(SPECS)}",
+        )
     if len(kinds) != 1:
         raise PlaybookError(f"{where}:{line}: step {i} must have exactly one of {', '.join(SPECS)}")
     kind = kinds[0]
@@ -105,15 +111,20 @@ def _step(yaml, snode, i: int, where: str, variables: Mapping[str, str]) -> Step
         raise PlaybookError(f"{where}:{pnode.start_mark.line + 1}: `{kind}:` takes a mapping of fields")
     spec_type = SPECS[kind]
     known = [f.name for f in dataclasses.fields(spec_type)]
-    required = [f.name for f in dataclasses.fields(spec_type)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [
+        f.name
+        for f in dataclasses.fields(spec_type)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     missing = [f for f in required if f not in raw]
     if missing:
         raise PlaybookError(f"{where}:{line}: {kind} step {name!r} is missing {', '.join(missing)}")
     extra = sorted(k for k in raw if k not in known)
     if extra:
-        raise PlaybookError(f"{where}:{pnode.start_mark.line + 1}: {kind} step {name!r} has no field {extra[0]!r}",
-                            f"fields: {', '.join(sorted(known)) or 'none'}")
+        raise PlaybookError(
+            f"{where}:{pnode.start_mark.line + 1}: {kind} step {name!r} has no field {extra[0]!r}",
+            f"fields: {', '.join(sorted(known)) or 'none'}",
+        )
     at = f"{where}:{pnode.start_mark.line + 1}"
     rendered = {k: render(v, variables, at, shell=(kind == "run" and k == "command")) for k, v in raw.items()}
     spec = _build(spec_type, rendered, f"{where}:{line}: {kind} step {name!r}")
@@ -150,8 +161,10 @@ def _convert(value: Any, hint: Any, name: str, what: str, octal: bool = False) -
             raise refuse("a mapping")
         extra = sorted(k for k in value if k not in {f.name for f in dataclasses.fields(hint)})
         if extra:
-            raise PlaybookError(f"{what}: {name} has no field {extra[0]!r}",
-                                f"fields: {', '.join(f.name for f in dataclasses.fields(hint))}")
+            raise PlaybookError(
+                f"{what}: {name} has no field {extra[0]!r}",
+                f"fields: {', '.join(f.name for f in dataclasses.fields(hint))}",
+            )
         return _build(hint, value, f"{what}: {name}")
     if hint is bool:
         if not isinstance(value, bool):

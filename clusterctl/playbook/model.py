@@ -98,8 +98,16 @@ class CleanSpec:
 
 
 Spec = Union[RunSpec, PutSpec, DoctorSpec, BenchSpec, SyncSpec, TrainSpec, EvalSpec, CleanSpec]
-SPECS: dict[str, type] = {"run": RunSpec, "put": PutSpec, "doctor": DoctorSpec, "bench": BenchSpec,
-                          "sync": SyncSpec, "train": TrainSpec, "eval": EvalSpec, "clean": CleanSpec}
+SPECS: dict[str, type] = {
+    "run": RunSpec,
+    "put": PutSpec,
+    "doctor": DoctorSpec,
+    "bench": BenchSpec,
+    "sync": SyncSpec,
+    "train": TrainSpec,
+    "eval": EvalSpec,
+    "clean": CleanSpec,
+}
 _KIND = {spec: kind for kind, spec in SPECS.items()}
 
 

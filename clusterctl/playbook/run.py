@@ -55,8 +55,9 @@ def describe(step: Step) -> str:
     if isinstance(s, PutSpec):
         return f"put template {s.template} -> {s.dest} on {s.nodes}"
     given = ((k, getattr(s, k)) for k in step.given)
-    args = " ".join(f"--{k.replace('_', '-')} {f'{v:g}' if isinstance(v, float) else v}"
-                    for k, v in given if v not in ("", None))
+    args = " ".join(
+        f"--{k.replace('_', '-')} {f'{v:g}' if isinstance(v, float) else v}" for k, v in given if v not in ("", None)
+    )
     return f"clusterctl {step.kind} {args}".rstrip()
 
 

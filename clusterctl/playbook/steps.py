@@ -44,8 +44,9 @@ def _run(s: RunSpec, ctx: Context) -> tuple[bool, str]:
     if not inv.targets:
         return True, "no hosts to run on"
     with SshPool(inv.settings) as pool:
-        report = pool.run(inv.targets, s.command, timeout=s.timeout,
-                          on_line=lambda h, _, line: ctx.report(f"  {h}: {line}"))
+        report = pool.run(
+            inv.targets, s.command, timeout=s.timeout, on_line=lambda h, _, line: ctx.report(f"  {h}: {line}")
+        )
     want_exit, pattern = s.expect.exit, s.expect.output
     bad = []
     for r in report:
@@ -80,8 +81,11 @@ def _bench(s: BenchSpec, ctx: Context) -> tuple[bool, str]:
 
     inv = ctx.inventory
     rungs = bench.parse_ladder(s.ladder, inv.hosts) if s.ladder else bench.default_ladder(inv.hosts)
-    given = {f.name: getattr(s, f.name) for f in dataclasses.fields(bench.BenchOptions)
-             if getattr(s, f.name, None) is not None}  # the rest: BenchOptions' defaults
+    given = {
+        f.name: getattr(s, f.name)
+        for f in dataclasses.fields(bench.BenchOptions)
+        if getattr(s, f.name, None) is not None
+    }  # the rest: BenchOptions' defaults
     if "warmup_steps" in given:  # Horovod's reference warms up 10 steps: fewer would time graph tracing
         given["warmup_steps"] = max(bench.MIN_WARMUP, given["warmup_steps"])
     ladder = bench.run_ladder(inv, rungs, bench.BenchOptions(**given), Path(s.out))
@@ -131,10 +135,21 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
             ctx.report(f"  {text}")
 
     with SshPool(inv.settings) as pool:
-        report = transfer.Syncer(inv.targets, [e.address for e in inv.hosts.entries], inv.settings.known_hosts, pool, source, s.dst,
-                                 strategy=s.strategy, fanout=s.fanout, delete=s.delete,
-                                 endpoint_url=s.endpoint_url or None, managed=inv.cluster is not None,
-                                 events=Phases(), node_python=launch.node_python(inv.cluster)).run()
+        report = transfer.Syncer(
+            inv.targets,
+            [e.address for e in inv.hosts.entries],
+            inv.settings.known_hosts,
+            pool,
+            source,
+            s.dst,
+            strategy=s.strategy,
+            fanout=s.fanout,
+            delete=s.delete,
+            endpoint_url=s.endpoint_url or None,
+            managed=inv.cluster is not None,
+            events=Phases(),
+            node_python=launch.node_python(inv.cluster),
+        ).run()
     err = report.error()
     if err is not None:
         return False, err.one_line()
@@ -144,8 +159,14 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
 def _train(s: TrainSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.workloads import launch, train_job as train
 
-    opts = train.TrainOptions(data=None if s.synthetic else s.data or None, synthetic=s.synthetic, model=s.model,
-                              epochs=s.epochs or None, batch_size=s.batch_size or None, extra=s.extra)
+    opts = train.TrainOptions(
+        data=None if s.synthetic else s.data or None,
+        synthetic=s.synthetic,
+        model=s.model,
+        epochs=s.epochs or None,
+        batch_size=s.batch_size or None,
+        extra=s.extra,
+    )
     job = train.start(ctx.inventory, ctx.store, opts, report=ctx.report)
     if not s.wait:
         return True, f"started {job.job} (not waited for)"
@@ -162,5 +183,12 @@ def _eval(_: EvalSpec, ctx: Context) -> tuple[bool, str]:
 
 
 _HANDLERS: dict[type, Callable[[Any, Context], tuple[bool, str]]] = {
-    RunSpec: _run, PutSpec: _put, DoctorSpec: _doctor, BenchSpec: _bench, CleanSpec: _clean, SyncSpec: _sync,
-    TrainSpec: _train, EvalSpec: _eval}
+    RunSpec: _run,
+    PutSpec: _put,
+    DoctorSpec: _doctor,
+    BenchSpec: _bench,
+    CleanSpec: _clean,
+    SyncSpec: _sync,
+    TrainSpec: _train,
+    EvalSpec: _eval,
+}

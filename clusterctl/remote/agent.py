@@ -97,24 +97,40 @@ def socket_path(root: Path | None = None) -> Path:
 # ---- (de)serialising the fan-out's inputs -----------------------------------------------------------
 def target_to_dict(t: SshTarget) -> dict[str, Any]:
     return {
-        "label": t.label, "hostname": t.hostname, "port": t.port, "user": t.user,
+        "label": t.label,
+        "hostname": t.hostname,
+        "port": t.port,
+        "user": t.user,
         "identity_files": [os.path.abspath(os.path.expanduser(i)) for i in t.identity_files],
         "proxy_jump": target_to_dict(t.proxy_jump) if t.proxy_jump is not None else None,
         # per host: its trusted key files and alias, and the ssh-agent of the command that asks (the
         # agent process outlives shells: it never uses its own SSH_AUTH_SOCK)
         "known_hosts": [os.path.abspath(os.path.expanduser(k)) for k in t.known_hosts],
-        "host_key_alias": t.host_key_alias, "identity_agent": t.identity_agent,
-        "identities_only": t.identities_only, "connect_timeout": t.connect_timeout, "ssh_config": t.ssh_config,
+        "host_key_alias": t.host_key_alias,
+        "identity_agent": t.identity_agent,
+        "identities_only": t.identities_only,
+        "connect_timeout": t.connect_timeout,
+        "ssh_config": t.ssh_config,
         "certificate_files": [os.path.abspath(os.path.expanduser(c)) for c in t.certificate_files],
     }
 
 
 def target_from_dict(d: dict[str, Any]) -> SshTarget:
-    return SshTarget(d["label"], d["hostname"], int(d["port"]), d["user"], tuple(d["identity_files"]),
-                     target_from_dict(d["proxy_jump"]) if d.get("proxy_jump") else None,
-                     tuple(d.get("known_hosts") or ()), d.get("host_key_alias"), d.get("identity_agent"),
-                     bool(d.get("identities_only")), d.get("connect_timeout"), d.get("ssh_config"),
-                     tuple(d.get("certificate_files") or ()))
+    return SshTarget(
+        d["label"],
+        d["hostname"],
+        int(d["port"]),
+        d["user"],
+        tuple(d["identity_files"]),
+        target_from_dict(d["proxy_jump"]) if d.get("proxy_jump") else None,
+        tuple(d.get("known_hosts") or ()),
+        d.get("host_key_alias"),
+        d.get("identity_agent"),
+        bool(d.get("identities_only")),
+        d.get("connect_timeout"),
+        d.get("ssh_config"),
+        tuple(d.get("certificate_files") or ()),
+    )
 
 
 def settings_to_dict(s: SshSettings) -> dict[str, Any]:
@@ -134,7 +150,9 @@ def _connect(path: Path, timeout: float = 2.0) -> socket.socket:
     try:
         s.connect(str(path))
         # the server must be of our own uid: a socket planted by another user would see every command
-        _pid, uid, _gid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        _pid, uid, _gid = struct.unpack(
+            "3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        )
         if uid != os.getuid():
             raise OSError(f"the agent socket {path} is served by uid {uid}, not this user")
     except OSError:
@@ -210,10 +228,16 @@ def _ensure(root: Path) -> socket.socket:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "clusterctl.remote.agent", "--socket", str(path), "--idle", str(idle_timeout())],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", start_new_session=True, close_fds=True,
-                env={**{k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"},  # asked per request
-                     "PYTHONPATH": os.pathsep.join(
-                    p for p in (str(_PKG.parent), os.environ.get("PYTHONPATH", "")) if p)},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd="/",
+                start_new_session=True,
+                close_fds=True,
+                env={
+                    **{k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"},  # asked per request
+                    "PYTHONPATH": os.pathsep.join(p for p in (str(_PKG.parent), os.environ.get("PYTHONPATH", "")) if p),
+                },
             )
         finally:
             os.close(log)
@@ -224,16 +248,26 @@ def _ensure(root: Path) -> socket.socket:
             except OSError:
                 if proc.poll() is not None:
                     detail = (root / "agent.log").read_text()[-300:].strip()
-                    raise AgentUnavailable(f"the connection agent exited at start: {detail or proc.returncode}") from None
+                    raise AgentUnavailable(
+                        f"the connection agent exited at start: {detail or proc.returncode}"
+                    ) from None
                 time.sleep(0.005)
         raise AgentUnavailable("the connection agent did not start within 10s")
     finally:
         os.close(fd)
 
 
-def run(targets: Sequence[SshTarget], settings: SshSettings, command: str, *, parallel: int = 64,
-        timeout: float | None = None, on_line: OnLine | None = None, root: Path | None = None,
-        warn: Callable[[str], None] | None = None) -> RunReport:
+def run(
+    targets: Sequence[SshTarget],
+    settings: SshSettings,
+    command: str,
+    *,
+    parallel: int = 64,
+    timeout: float | None = None,
+    on_line: OnLine | None = None,
+    root: Path | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> RunReport:
     """Run `command` on every target through the agent (starting it if needed), or in-process when the
     agent is disabled or cannot start. Ctrl-C: the remote commands are killed, then KeyboardInterrupt."""
     if enabled() and targets:
@@ -249,10 +283,24 @@ def run(targets: Sequence[SshTarget], settings: SshSettings, command: str, *, pa
         return pool.run(targets, command, parallel=parallel, timeout=timeout, on_line=on_line)
 
 
-def _run_via_agent(root: Path, targets: Sequence[SshTarget], settings: SshSettings, command: str, parallel: int,
-                   timeout: float | None, on_line: OnLine | None) -> RunReport:
-    req = {"op": "run", "build": _build_id(), "targets": [target_to_dict(t) for t in targets],
-           "settings": settings_to_dict(settings), "command": command, "parallel": parallel, "timeout": timeout}
+def _run_via_agent(
+    root: Path,
+    targets: Sequence[SshTarget],
+    settings: SshSettings,
+    command: str,
+    parallel: int,
+    timeout: float | None,
+    on_line: OnLine | None,
+) -> RunReport:
+    req = {
+        "op": "run",
+        "build": _build_id(),
+        "targets": [target_to_dict(t) for t in targets],
+        "settings": settings_to_dict(settings),
+        "command": command,
+        "parallel": parallel,
+        "timeout": timeout,
+    }
     interrupted = False
     for attempt in range(2):
         try:
@@ -274,8 +322,9 @@ def _run_via_agent(root: Path, targets: Sequence[SshTarget], settings: SshSettin
                 raise KeyboardInterrupt from None
             s.settimeout(30.0)
             first = b'{"event": "started"}\n'
-        event = (json.loads(first) if first else
-                 {"event": "error", "stale": True, "message": "agent closed the connection"})
+        event = (
+            json.loads(first) if first else {"event": "error", "stale": True, "message": "agent closed the connection"}
+        )
         if event.get("stale") and attempt == 0:  # this key alone: an old agent names its events "t"
             s.close()
             stop(root)  # an agent of another build (an upgrade): replace it
@@ -311,9 +360,15 @@ def _run_via_agent(root: Path, targets: Sequence[SshTarget], settings: SshSettin
         s.close()
     missing = [t.label for t in targets if t.label not in results]
     for label in missing:
-        results[label] = HostResult(label, None, error=(
-            "interrupted; remote processes may remain" if interrupted else
-            f"the connection agent stopped before this host finished (see {root / 'agent.log'})"))
+        results[label] = HostResult(
+            label,
+            None,
+            error=(
+                "interrupted; remote processes may remain"
+                if interrupted
+                else f"the connection agent stopped before this host finished (see {root / 'agent.log'})"
+            ),
+        )
     report = RunReport(tuple(results[t.label] for t in targets))
     if interrupted:
         from clusterctl.remote.ssh import Interrupted
@@ -347,8 +402,9 @@ def _handle(event: dict[str, Any], results: dict[str, HostResult], on_line: OnLi
         on_line(event["host"], event["stream"], event["text"])
     elif kind == "result":
         r = event["result"]
-        results[r["host"]] = HostResult(r["host"], r["exit_code"], r["stdout"], r["stderr"], r["error"],
-                                        r["timed_out"], r["duration_s"])
+        results[r["host"]] = HostResult(
+            r["host"], r["exit_code"], r["stdout"], r["stderr"], r["error"], r["timed_out"], r["duration_s"]
+        )
 
 
 # ---- the agent -------------------------------------------------------------------------------------
@@ -423,8 +479,15 @@ class Agent:
             req = json.loads(line)
             op = req.get("op")
             if req.get("build") != self.build:
-                _send(conn, {"event": "error", "stale": True, "message": "agent of another clusterctl build",
-                             "pid": os.getpid()})
+                _send(
+                    conn,
+                    {
+                        "event": "error",
+                        "stale": True,
+                        "message": "agent of another clusterctl build",
+                        "pid": os.getpid(),
+                    },
+                )
                 if op == "stop":
                     self.stopping.set()
                 return
@@ -484,8 +547,14 @@ class Agent:
 
         threading.Thread(target=watch, daemon=True).start()
         send({"event": "started"})
-        report = pool.run(targets, req["command"], parallel=int(req.get("parallel") or 64),
-                          timeout=req.get("timeout"), on_line=on_line, cancel=cancel)
+        report = pool.run(
+            targets,
+            req["command"],
+            parallel=int(req.get("parallel") or 64),
+            timeout=req.get("timeout"),
+            on_line=on_line,
+            cancel=cancel,
+        )
         for r in report:
             send({"event": "result", "result": r.to_dict()})
         send({"event": "done"})

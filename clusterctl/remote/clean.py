@@ -39,8 +39,7 @@ LOW_DISK_FREE = 0.10  # nodes under 10% free are flagged
 def kill_command(pattern: str = KILL_NAMES) -> str:
     q = shlex.quote(pattern)
     return (
-        TREE_FN + "\n"
-        + f"re={q}; "
+        TREE_FN + "\n" + f"re={q}; "
         'p=$(cc_tree 0 "$re"); '
         'if [ -z "$p" ]; then echo "nothing to kill"; else '
         '  what=$(ps -o pid= -o comm= -p "$(echo $p | tr " " ,)" | awk \'{printf "%s%s[%s]", s, $2, $1; s=" "}\'); '
@@ -93,8 +92,11 @@ def logs_command(path: str, force: bool = False) -> str:
         f'case "$real" in {SYSTEM_CASE}) refuse "$real is a system folder";; esac; '
         'case "$home/" in "$real"/*) refuse "$real holds the login user\'s home $home";; esac; '
         'case "$real/" in "$home"/*) ;; *) '
-        + ('case "$real" in /*/*) ;; *) refuse "$real is a top-level folder (even with --force)";; esac;; '
-           if force else 'refuse "$real is outside the login user\'s home $home (--force to allow)";; ')
+        + (
+            'case "$real" in /*/*) ;; *) refuse "$real is a top-level folder (even with --force)";; esac;; '
+            if force
+            else 'refuse "$real is outside the login user\'s home $home (--force to allow)";; '
+        )
         + "esac; "
         's=$(find "$real" -name .ssh -print -quit 2>/dev/null); '
         '[ -n "$s" ] && refuse "$real holds an .ssh folder ($s)"; '
@@ -103,9 +105,7 @@ def logs_command(path: str, force: bool = False) -> str:
     )
 
 
-DISK_COMMAND = (
-    'df -P -k -- / "$HOME" /tmp 2>/dev/null | awk \'NR>1 && !seen[$6]++ {print $6, $2, $3, $4}\''
-)
+DISK_COMMAND = "df -P -k -- / \"$HOME\" /tmp 2>/dev/null | awk 'NR>1 && !seen[$6]++ {print $6, $2, $3, $4}'"
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,13 @@ REBOOT_COMMAND = (
 )
 
 
-def wait_rebooted(pool_factory: Callable[[], SshPool], targets: Sequence[SshTarget], boot_ids: dict[str, str],
-                  timeout: float, poll: float = 2.0) -> dict[str, str | None]:
+def wait_rebooted(
+    pool_factory: Callable[[], SshPool],
+    targets: Sequence[SshTarget],
+    boot_ids: dict[str, str],
+    timeout: float,
+    poll: float = 2.0,
+) -> dict[str, str | None]:
     """Poll each host over fresh connections until its boot id differs from `boot_ids[label]` (or, with
     no boot id known, until it answers at all). Returns label -> None (back) or why not, by `timeout`."""
     deadline = time.monotonic() + timeout
@@ -157,7 +162,9 @@ def wait_rebooted(pool_factory: Callable[[], SshPool], targets: Sequence[SshTarg
     why: dict[str, str | None] = {label: "no answer yet" for label in pending}
     while pending and time.monotonic() < deadline:
         with pool_factory() as pool:  # fresh connections every round: the old ones died with the node
-            report = pool.run(list(pending.values()), BOOT_ID_COMMAND, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+            report = pool.run(
+                list(pending.values()), BOOT_ID_COMMAND, timeout=max(1.0, min(10.0, deadline - time.monotonic()))
+            )
         for r in report:
             if r.ok and r.stdout.strip() and r.stdout.strip() != boot_ids.get(r.host):
                 why[r.host] = None
@@ -182,8 +189,14 @@ class _Rebooter(Protocol):
 
 # `inv` is a cluster.inventory.Inventory, typed Any: remote/ imports nothing of cluster/ but the record store, and
 # its `cluster` (Optional there) is set whenever `provider` is, by the caller's contract, not by a check here.
-def reboot(inv: Any, provider: _Rebooter | None, parallel: int, wait: float, report: Callable[[str], None],
-           agent_root: Path | None) -> dict[str, str | None]:
+def reboot(
+    inv: Any,
+    provider: _Rebooter | None,
+    parallel: int,
+    wait: float,
+    report: Callable[[str], None],
+    agent_root: Path | None,
+) -> dict[str, str | None]:
     """`clean --reboot`: the provider's own restart where it has one (provider.reboot; `provider` None for a
     hosts file), else `reboot` over ssh; then wait for each node to answer with a new boot id. Returns
     label -> None (back) or why not. The connection agent is stopped first: its connections die with the nodes."""
@@ -196,14 +209,21 @@ def reboot(inv: Any, provider: _Rebooter | None, parallel: int, wait: float, rep
     why = provider.reboot(inv.cluster, hosts, timeout=wait) if provider is not None else None
     if why is not None:
         report(f"{len(hosts)} node(s) restarted by the {inv.cluster.provider} provider; waiting for their sshd")
-        why.update(wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if why.get(t.label) is None],
-                                 {}, max(1.0, wait - (time.monotonic() - start))))
+        why.update(
+            wait_rebooted(
+                lambda: SshPool(inv.settings),
+                [t for t in inv.targets if why.get(t.label) is None],
+                {},
+                max(1.0, wait - (time.monotonic() - start)),
+            )
+        )
         return why
     with SshPool(inv.settings) as pool:
         result = pool.run(inv.targets, REBOOT_COMMAND, parallel=parallel, timeout=30)
     boot_ids = {r.host: r.stdout.strip() for r in result if r.ok}
     why = {r.host: (r.error or r.stderr.strip() or f"exit {r.exit_code}") for r in result if not r.ok}
     report(f"reboot issued on {len(boot_ids)} node(s); waiting up to {wait:.0f}s for each to answer ssh again")
-    why.update(wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if t.label in boot_ids],
-                             boot_ids, wait))
+    why.update(
+        wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if t.label in boot_ids], boot_ids, wait)
+    )
     return why

@@ -11,9 +11,24 @@ from pathlib import Path
 from clusterctl.remote.ssh import SshTarget
 
 CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr"  # AES-NI first; no compression
-HOP_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "Compression=no",
-               "-c", CIPHERS, "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-               "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR")
+HOP_OPTIONS = (
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "StrictHostKeyChecking=yes",
+    "-o",
+    "Compression=no",
+    "-c",
+    CIPHERS,
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=3",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "LogLevel=ERROR",
+)
 
 
 def bracketed(host: str) -> str:
@@ -40,8 +55,17 @@ def operator_ssh(target: SshTarget, known_hosts: str, managed: bool) -> list[str
     pinned = known_hosts
     if not managed and target.known_hosts:  # OpenSSH takes a list here; the first -o wins over the config
         pinned = " ".join(shlex.quote(k) if " " in k else k for k in target.known_hosts)
-    argv += ["-o", f"UserKnownHostsFile={pinned}", "-o", "GlobalKnownHostsFile=/dev/null", *HOP_OPTIONS,
-             "-p", str(target.port), "-l", target.user]
+    argv += [
+        "-o",
+        f"UserKnownHostsFile={pinned}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        *HOP_OPTIONS,
+        "-p",
+        str(target.port),
+        "-l",
+        target.user,
+    ]
     if target.proxy_jump is not None and managed:
         j = target.proxy_jump
         argv += ["-J", f"{j.user}@{bracketed(j.hostname)}:{j.port}"]
@@ -56,15 +80,24 @@ def operator_ssh(target: SshTarget, known_hosts: str, managed: bool) -> list[str
 
 def jump_ssh_config(target: SshTarget, known_hosts: str) -> str:
     """The ssh_config (beside the cluster's known_hosts) that both hops of a managed ProxyJump read."""
+
     def q(value: str) -> str:
         return '"' + value.replace('"', "") + '"'
 
     jump_keys = target.proxy_jump.identity_files if target.proxy_jump is not None else ()
     keys = tuple(dict.fromkeys(target.identity_files + jump_keys))
-    lines = ["# written by clusterctl for ProxyJump through the leader: both hops use these settings", "Host *",
-             "  IdentitiesOnly yes", *(f"  IdentityFile {q(k)}" for k in keys),
-             f"  UserKnownHostsFile {q(known_hosts)}", "  GlobalKnownHostsFile /dev/null",
-             "  StrictHostKeyChecking yes", "  BatchMode yes", "  ConnectTimeout 10", ""]
+    lines = [
+        "# written by clusterctl for ProxyJump through the leader: both hops use these settings",
+        "Host *",
+        "  IdentitiesOnly yes",
+        *(f"  IdentityFile {q(k)}" for k in keys),
+        f"  UserKnownHostsFile {q(known_hosts)}",
+        "  GlobalKnownHostsFile /dev/null",
+        "  StrictHostKeyChecking yes",
+        "  BatchMode yes",
+        "  ConnectTimeout 10",
+        "",
+    ]
     path = os.path.join(os.path.dirname(os.path.abspath(known_hosts)), "ssh_config")
     text = "\n".join(lines)
     try:
@@ -82,5 +115,12 @@ def node_ssh(user: str, port: int, managed: bool) -> list[str]:
     """OpenSSH argv from one node to another: the node's cluster key and its pinned known_hosts."""
     argv = ["ssh", *HOP_OPTIONS, "-p", str(port), "-l", user]
     if managed:
-        argv[1:1] = ["-o", "IdentitiesOnly=yes", "-i", "~/.ssh/id_ed25519", "-o", "UserKnownHostsFile=~/.ssh/known_hosts"]
+        argv[1:1] = [
+            "-o",
+            "IdentitiesOnly=yes",
+            "-i",
+            "~/.ssh/id_ed25519",
+            "-o",
+            "UserKnownHostsFile=~/.ssh/known_hosts",
+        ]
     return argv

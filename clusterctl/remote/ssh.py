@@ -115,8 +115,11 @@ def targets_from_hosts(
 
     def build(alias: str, hc: sshconfig.HostConfig, depth: int, u: str | None, p: int | None) -> SshTarget:
         if hc.proxy_command and not hc.proxy_jump:
-            raise ConfigError(f"the ssh config of {alias} uses ProxyCommand, which clusterctl does not run "
-                              "(it would dial the host directly instead)", "use ProxyJump, or a hosts file without it")
+            raise ConfigError(
+                f"the ssh config of {alias} uses ProxyCommand, which clusterctl does not run "
+                "(it would dial the host directly instead)",
+                "use ProxyJump, or a hosts file without it",
+            )
         if hc.strict_host_key_checking in ("no", "accept-new", "off"):
             lax.setdefault(hc.strict_host_key_checking, []).append(alias)
         jump = None
@@ -135,8 +138,11 @@ def targets_from_hosts(
         else:  # what OpenSSH would offer: the files that exist (a .pub alone names an agent key)
             ids = tuple(i for i in hc.identity_files if os.path.exists(i) or os.path.exists(i + ".pub"))
         agent = os.environ.get("SSH_AUTH_SOCK") if hc.identity_agent == "SSH_AUTH_SOCK" else hc.identity_agent
-        kh = (os.path.abspath(os.path.expanduser(known_hosts)),) if known_hosts else \
-            tuple(f for f in hc.user_known_hosts + hc.global_known_hosts)
+        kh = (
+            (os.path.abspath(os.path.expanduser(known_hosts)),)
+            if known_hosts
+            else tuple(f for f in hc.user_known_hosts + hc.global_known_hosts)
+        )
         return SshTarget(
             label=alias,
             hostname=hc.hostname or alias,
@@ -162,8 +168,10 @@ def targets_from_hosts(
     if warnings is not None:
         for value, names in lax.items():
             shown = ", ".join(dict.fromkeys(names[:3])) + (" ..." if len(set(names)) > 3 else "")
-            warnings.append(f"the ssh config sets StrictHostKeyChecking {value} for {shown}: clusterctl still "
-                            "refuses unknown and changed host keys")
+            warnings.append(
+                f"the ssh config sets StrictHostKeyChecking {value} for {shown}: clusterctl still "
+                "refuses unknown and changed host keys"
+            )
     return targets
 
 
@@ -175,8 +183,7 @@ def wrap_command(command: str, token: str = "") -> str:
     """Run `command` in the login shell with stdin closed, first reporting this ssh session's id on
     stderr (sshd makes every exec session a new session whose leader is this shell: $$ is the id).
     The command is eval'd by that same shell, as `ssh host CMD` would run it: no second shell starts."""
-    return (f"printf '\\036clusterctl-sid %s\\n' \"$$\" >&2; exec </dev/null; "
-            f"eval {shlex.quote(command)}")
+    return f"printf '\\036clusterctl-sid %s\\n' \"$$\" >&2; exec </dev/null; eval {shlex.quote(command)}"
 
 
 # The pids of session $1 and of every descendant of its processes (descendants may have left the session
@@ -197,13 +204,18 @@ def kill_command(sid: int, grace: float = 0.0) -> str:
     """SIGKILL (after SIGTERM and `grace` seconds, if given) session `sid` and every descendant, then
     verify: exits 0 when nothing of it is left, 1 (listing the survivors) otherwise."""
     sid = int(sid)
-    term = (f'p=$(cc_tree {sid}); [ -n "$p" ] && kill -TERM $p 2>/dev/null; '
-            f'i=0; while [ -n "$(cc_tree {sid})" ] && [ $i -lt {int(grace * 10)} ]; do sleep 0.1; i=$((i+1)); done; '
-            if grace > 0 else "")
-    return (f"{TREE_FN}\n{term}"
-            f'i=0; while p=$(cc_tree {sid}); [ -n "$p" ] && [ $i -lt 50 ]; do kill -STOP $p 2>/dev/null; '
-            f"kill -KILL $(cc_tree {sid}) 2>/dev/null; sleep 0.05; i=$((i+1)); done; "
-            f'p=$(cc_tree {sid}); [ -z "$p" ] || {{ echo "still running: $p" >&2; exit 1; }}')
+    term = (
+        f'p=$(cc_tree {sid}); [ -n "$p" ] && kill -TERM $p 2>/dev/null; '
+        f'i=0; while [ -n "$(cc_tree {sid})" ] && [ $i -lt {int(grace * 10)} ]; do sleep 0.1; i=$((i+1)); done; '
+        if grace > 0
+        else ""
+    )
+    return (
+        f"{TREE_FN}\n{term}"
+        f'i=0; while p=$(cc_tree {sid}); [ -n "$p" ] && [ $i -lt 50 ]; do kill -STOP $p 2>/dev/null; '
+        f"kill -KILL $(cc_tree {sid}) 2>/dev/null; sleep 0.05; i=$((i+1)); done; "
+        f'p=$(cc_tree {sid}); [ -z "$p" ] || {{ echo "still running: $p" >&2; exit 1; }}'
+    )
 
 
 # ---- connections -----------------------------------------------------------------------------------
@@ -348,8 +360,11 @@ class SshPool:
                 raise paramiko.BadHostKeyException(name, server, next(iter(want.values())))
             agent = target.identity_agent if self.settings.allow_agent else None
             keys, locked, conn = sshconfig.candidate_keys(
-                target.identity_files, target.identities_only or not self.settings.allow_agent, agent,
-                target.certificate_files)
+                target.identity_files,
+                target.identities_only or not self.settings.allow_agent,
+                agent,
+                target.certificate_files,
+            )
             try:
                 last: Exception | None = None
                 for key in keys:
@@ -370,19 +385,27 @@ class SshPool:
             raise
 
     # ---- one host ----------------------------------------------------------------------------------
-    def run_one(self, target: SshTarget, command: str, timeout: float | None = None,
-                on_line: OnLine | None = None, stdin: bytes | None = None,
-                cancel: threading.Event | None = None) -> HostResult:
+    def run_one(
+        self,
+        target: SshTarget,
+        command: str,
+        timeout: float | None = None,
+        on_line: OnLine | None = None,
+        stdin: bytes | None = None,
+        cancel: threading.Event | None = None,
+    ) -> HostResult:
         cancel = cancel if cancel is not None else self.cancel
         start = time.monotonic()
         try:
             client = self.client(target)
         except Exception as exc:  # every failure to connect is a value, never an exception
-            return HostResult(target.label, None, error=describe_connect_error(target, exc),
-                              duration_s=time.monotonic() - start)
+            return HostResult(
+                target.label, None, error=describe_connect_error(target, exc), duration_s=time.monotonic() - start
+            )
         if cancel.is_set():
-            return HostResult(target.label, None, error="interrupted before it started",
-                              duration_s=time.monotonic() - start)
+            return HostResult(
+                target.label, None, error="interrupted before it started", duration_s=time.monotonic() - start
+            )
         sid: list[int] = []
         try:
             try:
@@ -391,36 +414,54 @@ class SshPool:
                 transport = client.get_transport()
                 self._drop(target, client)
                 if transport is not None and transport.is_active():  # alive but silent: no second wait
-                    return HostResult(target.label, None, error=f"connection lost: {describe_connect_error(target, first)}",
-                                      duration_s=time.monotonic() - start)
+                    return HostResult(
+                        target.label,
+                        None,
+                        error=f"connection lost: {describe_connect_error(target, first)}",
+                        duration_s=time.monotonic() - start,
+                    )
                 try:
                     client = self.client(target)
                     chan = client.get_transport().open_session(timeout=self.settings.connect_timeout)
                 except Exception as exc:
-                    return HostResult(target.label, None, error=describe_connect_error(target, exc),
-                                      duration_s=time.monotonic() - start)
+                    return HostResult(
+                        target.label,
+                        None,
+                        error=describe_connect_error(target, exc),
+                        duration_s=time.monotonic() - start,
+                    )
             chan.exec_command(wrap_command(command) if stdin is None else command)
             if stdin is not None:
                 chan.sendall(stdin)
             chan.shutdown_write()
-            out, err, timed_out = _pump(chan, target.label, on_line, timeout, start, cancel,
-                                        sid if stdin is None else None)
+            out, err, timed_out = _pump(
+                chan, target.label, on_line, timeout, start, cancel, sid if stdin is None else None
+            )
             if timed_out or cancel.is_set():
                 chan.close()
                 left = self._kill(client, sid[0]) if sid else "its session id never arrived"
                 why = (f"timed out after {timeout:g}s" if timed_out else "interrupted") + (
-                    f"; remote processes may remain: {left}" if left else "; remote processes killed")
-                return HostResult(target.label, None, out, err, error=why,
-                                  timed_out=timed_out, duration_s=time.monotonic() - start)
+                    f"; remote processes may remain: {left}" if left else "; remote processes killed"
+                )
+                return HostResult(
+                    target.label, None, out, err, error=why, timed_out=timed_out, duration_s=time.monotonic() - start
+                )
             code = chan.recv_exit_status()
             chan.close()
             if code == -1:  # the channel closed without an exit status: the connection died
-                return HostResult(target.label, None, out, err, error="connection lost before the command finished",
-                                  duration_s=time.monotonic() - start)
+                return HostResult(
+                    target.label,
+                    None,
+                    out,
+                    err,
+                    error="connection lost before the command finished",
+                    duration_s=time.monotonic() - start,
+                )
             return HostResult(target.label, code, out, err, duration_s=time.monotonic() - start)
         except Exception as exc:
-            return HostResult(target.label, None, error=f"connection lost: {exc}"[:300],
-                              duration_s=time.monotonic() - start)
+            return HostResult(
+                target.label, None, error=f"connection lost: {exc}"[:300], duration_s=time.monotonic() - start
+            )
 
     def _kill(self, client: paramiko.SSHClient, sid: int) -> str:
         """Kill the remote session and its descendants; '' when verified gone, else why not."""
@@ -461,25 +502,41 @@ class SshPool:
                 sftp.close()
             return HostResult(target.label, 0, duration_s=time.monotonic() - start)
         except Exception as exc:
-            return HostResult(target.label, None, error=describe_connect_error(target, exc),
-                              duration_s=time.monotonic() - start)
+            return HostResult(
+                target.label, None, error=describe_connect_error(target, exc), duration_s=time.monotonic() - start
+            )
 
     # ---- many hosts --------------------------------------------------------------------------------
-    def run(self, targets: Sequence[SshTarget], command: str | Callable[[SshTarget], str], *,
-            parallel: int = 64, timeout: float | None = None, on_line: OnLine | None = None,
-            cancel: threading.Event | None = None) -> RunReport:
+    def run(
+        self,
+        targets: Sequence[SshTarget],
+        command: str | Callable[[SshTarget], str],
+        *,
+        parallel: int = 64,
+        timeout: float | None = None,
+        on_line: OnLine | None = None,
+        cancel: threading.Event | None = None,
+    ) -> RunReport:
         def one(t: SshTarget) -> HostResult:
             return self.run_one(t, command(t) if callable(command) else command, timeout, on_line, cancel=cancel)
 
         return self.fan_out(targets, one, parallel, cancel=cancel)
 
-    def put(self, targets: Sequence[SshTarget],
-            files: Mapping[str, tuple[bytes, int]] | Callable[[SshTarget], Mapping[str, tuple[bytes, int]]],
-            parallel: int = 64) -> RunReport:
+    def put(
+        self,
+        targets: Sequence[SshTarget],
+        files: Mapping[str, tuple[bytes, int]] | Callable[[SshTarget], Mapping[str, tuple[bytes, int]]],
+        parallel: int = 64,
+    ) -> RunReport:
         return self.fan_out(targets, lambda t: self.put_one(t, files(t) if callable(files) else files), parallel)
 
-    def fan_out(self, targets: Sequence[SshTarget], fn: Callable[[SshTarget], HostResult], parallel: int,
-                cancel: threading.Event | None = None) -> RunReport:
+    def fan_out(
+        self,
+        targets: Sequence[SshTarget],
+        fn: Callable[[SshTarget], HostResult],
+        parallel: int,
+        cancel: threading.Event | None = None,
+    ) -> RunReport:
         """Bounded window over hosts; Ctrl-C cancels every host (killing remote commands) and re-raises."""
         with self._lock:
             self._failed.clear()
@@ -500,15 +557,25 @@ class SshPool:
             pool.shutdown(wait=False, cancel_futures=True)
             for f, t in futures.items():
                 if t.label not in results:
-                    results[t.label] = (f.result() if f.done() and not f.cancelled() else
-                                        HostResult(t.label, None, error="interrupted; remote processes may remain"))
+                    results[t.label] = (
+                        f.result()
+                        if f.done() and not f.cancelled()
+                        else HostResult(t.label, None, error="interrupted; remote processes may remain")
+                    )
             raise Interrupted(RunReport(tuple(results[t.label] for t in targets))) from None
         pool.shutdown(wait=True)
         return RunReport(tuple(results[t.label] for t in targets))
 
 
-def _pump(chan: paramiko.Channel, label: str, on_line: OnLine | None, timeout: float | None, start: float,
-          cancel: threading.Event, sid: list[int] | None = None) -> tuple[str, str, bool]:
+def _pump(
+    chan: paramiko.Channel,
+    label: str,
+    on_line: OnLine | None,
+    timeout: float | None,
+    start: float,
+    cancel: threading.Event,
+    sid: list[int] | None = None,
+) -> tuple[str, str, bool]:
     bufs = {"stdout": bytearray(), "stderr": bytearray()}
     partial = {"stdout": b"", "stderr": b""}
     mark = SID_MARK.encode()
@@ -522,7 +589,7 @@ def _pump(chan: paramiko.Channel, label: str, on_line: OnLine | None, timeout: f
                 line, _, rest = bytes(head).partition(b"\n")
                 if sid is not None and line.startswith(mark):  # head is held back only when sid is given
                     try:
-                        sid.append(int(line[len(mark):]))
+                        sid.append(int(line[len(mark) :]))
                     except ValueError:
                         pass
                     data, head = rest, None
@@ -583,8 +650,9 @@ def _pump(chan: paramiko.Channel, label: str, on_line: OnLine | None, timeout: f
     return finish(False)
 
 
-def _flush(bufs: dict[str, bytearray], partial: dict[str, bytes], on_line: OnLine | None,
-           label: str) -> tuple[str, str]:
+def _flush(
+    bufs: dict[str, bytearray], partial: dict[str, bytes], on_line: OnLine | None, label: str
+) -> tuple[str, str]:
     if on_line is not None:
         for stream in ("stdout", "stderr"):
             if partial[stream]:
@@ -654,8 +722,10 @@ def describe_connect_error(target: SshTarget, exc: BaseException) -> str:
         return f"through jump host {exc.jump.label}: {describe_connect_error(exc.jump, exc.cause)}"
     where = f"{target.hostname}:{target.port}"
     if isinstance(exc, paramiko.BadHostKeyException):
-        return (f"host key for {where} has CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()[:16]}...): "
-                "refusing to connect; if the node was really rebuilt, remove its old key from known_hosts")
+        return (
+            f"host key for {where} has CHANGED (got {exc.key.get_name()} {exc.key.get_fingerprint().hex()[:16]}...): "
+            "refusing to connect; if the node was really rebuilt, remove its old key from known_hosts"
+        )
     if isinstance(exc, paramiko.SSHException) and "not found in known_hosts" in str(exc):
         return f"host key for {where} is not pinned in known_hosts: refusing to connect (add it, or use --known-hosts)"
     if isinstance(exc, paramiko.AuthenticationException):

@@ -30,9 +30,22 @@ from clusterctl.errors import ConfigError
 if TYPE_CHECKING:
     import paramiko
 
-_KEEP = {"hostname", "user", "port", "identityfile", "identitiesonly", "identityagent", "certificatefile",
-         "userknownhostsfile", "globalknownhostsfile", "hostkeyalias", "proxyjump", "proxycommand",
-         "connecttimeout", "stricthostkeychecking"}
+_KEEP = {
+    "hostname",
+    "user",
+    "port",
+    "identityfile",
+    "identitiesonly",
+    "identityagent",
+    "certificatefile",
+    "userknownhostsfile",
+    "globalknownhostsfile",
+    "hostkeyalias",
+    "proxyjump",
+    "proxycommand",
+    "connecttimeout",
+    "stricthostkeychecking",
+}
 _MULTI = {"identityfile", "certificatefile"}
 CACHE_VERSION = 1
 
@@ -40,6 +53,7 @@ CACHE_VERSION = 1
 @dataclass(frozen=True)
 class HostConfig:
     """What OpenSSH resolved for one host (paths expanded, files that do not exist kept: callers filter)."""
+
     hostname: str
     user: str
     port: int
@@ -132,7 +146,9 @@ def lookup(specs: Sequence[tuple[str, str | None, int | None]], config: str | No
     """OpenSSH's effective configuration for each (host, user or None, port or None)."""
     ssh = shutil.which("ssh")
     if ssh is None:
-        raise ConfigError("OpenSSH's ssh is not installed", "install openssh-client (clusterctl reads configs with ssh -G)")
+        raise ConfigError(
+            "OpenSSH's ssh is not installed", "install openssh-client (clusterctl reads configs with ssh -G)"
+        )
     base, roots = _config_argv(config)
     stamp, volatile = _stamp(roots)
     try:
@@ -171,7 +187,7 @@ def lookup(specs: Sequence[tuple[str, str | None, int | None]], config: str | No
 
 def _save(path: Path, cache: dict[str, Any], keep: set[str]) -> None:
     if len(cache) > 4096:  # bounded: this call's entries and the newest others
-        others = [k for k in cache if k not in keep][-(4096 - len(keep)):] if len(keep) < 4096 else []
+        others = [k for k in cache if k not in keep][-(4096 - len(keep)) :] if len(keep) < 4096 else []
         cache = {k: cache[k] for k in [*others, *keep]}
     try:
         from clusterctl.cluster.state import atomic_write
@@ -183,8 +199,9 @@ def _save(path: Path, cache: dict[str, Any], keep: set[str]) -> None:
 
 
 def _ssh_g(argv: list[str]) -> dict[str, Any]:
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
-                          env={**os.environ, "LC_ALL": "C"})
+    proc = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, env={**os.environ, "LC_ALL": "C"}
+    )
     if proc.returncode != 0:
         detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         raise ConfigError(f"ssh -G {argv[-1]} failed: {detail}", "fix the ssh config, or pass --ssh-config")
@@ -206,8 +223,14 @@ def _expand(path: str, hc: dict[str, Any]) -> str:
     if "%" in path:
         import getpass
 
-        tokens = {"d": str(Path.home()), "u": getpass.getuser(), "h": hc.get("hostname", ""),
-                  "r": hc.get("user", ""), "p": hc.get("port", ""), "%": "%"}
+        tokens = {
+            "d": str(Path.home()),
+            "u": getpass.getuser(),
+            "h": hc.get("hostname", ""),
+            "r": hc.get("user", ""),
+            "p": hc.get("port", ""),
+            "%": "%",
+        }
         out, i = "", 0
         while i < len(path):
             if path[i] == "%" and i + 1 < len(path) and path[i + 1] in tokens:
@@ -224,7 +247,9 @@ def _known_hosts_files(value: str, hc: dict[str, Any]) -> tuple[str, ...]:
     files = tuple(_expand(v, hc) for v in value.split())
     # OpenSSH expands ~ with the passwd home: the default files follow $HOME here, as clusterctl always did
     pw = _passwd_home() + "/.ssh/"
-    if files == (pw + "known_hosts", pw + "known_hosts2") and os.path.realpath(str(Path.home())) != os.path.realpath(_passwd_home()):
+    if files == (pw + "known_hosts", pw + "known_hosts2") and os.path.realpath(str(Path.home())) != os.path.realpath(
+        _passwd_home()
+    ):
         files = (str(Path.home() / ".ssh" / "known_hosts"), str(Path.home() / ".ssh" / "known_hosts2"))
     return files
 
@@ -252,8 +277,9 @@ def _host_config(d: dict[str, Any]) -> HostConfig:
         proxy_jump=opt("proxyjump"),
         proxy_command=opt("proxycommand"),
         connect_timeout=float(timeout) if timeout else None,
-        strict_host_key_checking={"true": "yes", "false": "no"}.get(d.get("stricthostkeychecking", "ask"),
-                                                                     d.get("stricthostkeychecking", "ask")),
+        strict_host_key_checking={"true": "yes", "false": "no"}.get(
+            d.get("stricthostkeychecking", "ask"), d.get("stricthostkeychecking", "ask")
+        ),
     )
 
 
@@ -331,18 +357,18 @@ def certifies(cert: bytes, key: bytes) -> bool:
     import struct
 
     def after_string(b: bytes, off: int) -> int:
-        return off + 4 + cast(int, struct.unpack(">I", b[off:off + 4])[0])
+        return off + 4 + cast(int, struct.unpack(">I", b[off : off + 4])[0])
 
     try:
         ktype_end = after_string(key, 0)
-        if cert[4:after_string(cert, 0)] != key[4:ktype_end] + b"-cert-v01@openssh.com":
+        if cert[4 : after_string(cert, 0)] != key[4:ktype_end] + b"-cert-v01@openssh.com":
             return False
         off = after_string(cert, after_string(cert, 0))  # type, nonce
         fields = key[ktype_end:]
-        if cert[off:off + len(fields)] != fields:
+        if cert[off : off + len(fields)] != fields:
             return False
         off += len(fields) + 8
-        return cast(int, struct.unpack(">I", cert[off:off + 4])[0]) == 1
+        return cast(int, struct.unpack(">I", cert[off : off + 4])[0]) == 1
     except struct.error:
         return False
 
@@ -355,9 +381,12 @@ def implicit_certificate(identity_file: str) -> str | None:
     return None
 
 
-def candidate_keys(identity_files: Sequence[str], identities_only: bool, agent_socket: str | None,
-                   certificate_files: Sequence[str] = ()
-                   ) -> tuple[list[paramiko.PKey], list[str], paramiko.agent.AgentSSH | None]:
+def candidate_keys(
+    identity_files: Sequence[str],
+    identities_only: bool,
+    agent_socket: str | None,
+    certificate_files: Sequence[str] = (),
+) -> tuple[list[paramiko.PKey], list[str], paramiko.agent.AgentSSH | None]:
     """Keys to offer, in OpenSSH's order: the CertificateFiles, then identity files the agent holds
     (config order), then the agent's other keys (unless IdentitiesOnly), then identity files loaded from
     disk, each followed by its implicit FILE-cert.pub. A certificate is offered on the private key it
@@ -406,8 +435,11 @@ def candidate_keys(identity_files: Sequence[str], identities_only: bool, agent_s
             return None if any(k is held for k in from_agent + others) else held
         for pub, signer in signers.items():
             if certifies(blob, pub):
-                key = paramiko.AgentKey(agent, signer.blob, signer.comment) if isinstance(signer, paramiko.AgentKey) \
+                key = (
+                    paramiko.AgentKey(agent, signer.blob, signer.comment)
+                    if isinstance(signer, paramiko.AgentKey)
                     else _load_private(signer)[0]
+                )
                 assert key is not None  # a path is a signer only once its key loaded, above
                 key.load_certificate(path)
                 return key
@@ -435,12 +467,12 @@ def private_key_state(path: str) -> str:
         magic = b"openssh-key-v1\0"
         try:
             raw = base64.b64decode("".join(text.split(begin, 1)[1].split("-----END", 1)[0].split()))
-            size = struct.unpack(">I", raw[len(magic):len(magic) + 4])[0]
+            size = struct.unpack(">I", raw[len(magic) : len(magic) + 4])[0]
         except (ValueError, struct.error):
             return "missing"
         if not raw.startswith(magic):
             return "missing"
-        return "ok" if raw[len(magic) + 4:len(magic) + 4 + size] == b"none" else "locked"
+        return "ok" if raw[len(magic) + 4 : len(magic) + 4 + size] == b"none" else "locked"
     if "-----BEGIN" not in text or "PRIVATE KEY-----" not in text:
         return "missing"
     return "locked" if "ENCRYPTED" in text.split("-----END", 1)[0] else "ok"

@@ -22,8 +22,9 @@ JOBS_DIR = "$HOME/.clusterctl/jobs"  # expanded by the remote shell, always insi
 
 def validate_job_name(name: str) -> str:
     if not _NAME.match(name or ""):
-        raise UsageError(f"invalid job name {name!r}",
-                         "use 1-63 letters, digits, '-' or '_', starting with a letter or digit")
+        raise UsageError(
+            f"invalid job name {name!r}", "use 1-63 letters, digits, '-' or '_', starting with a letter or digit"
+        )
     return name
 
 
@@ -40,8 +41,10 @@ def detach_command(name: str, command: str) -> str:
     """Start `command` in tmux session `name`; refuse (exit 3) if that job is still running there."""
     n = validate_job_name(name)
     qn = shlex.quote("=" + n)
-    inner = (f'( "${{SHELL:-/bin/sh}}" -c {shlex.quote(command)}; echo $? > "{JOBS_DIR}/{n}.exit" ) 2>&1 '
-             f'| tee -a "{JOBS_DIR}/{n}.log"')
+    inner = (
+        f'( "${{SHELL:-/bin/sh}}" -c {shlex.quote(command)}; echo $? > "{JOBS_DIR}/{n}.exit" ) 2>&1 '
+        f'| tee -a "{JOBS_DIR}/{n}.log"'
+    )
     return (
         "command -v tmux >/dev/null 2>&1 || { echo 'tmux is not installed on this host' >&2; exit 127; }; "
         + _paths(n)
@@ -60,12 +63,15 @@ def logs_command(name: str, follow: bool = False) -> str:
     n = validate_job_name(name)
     show = 'cat "$log"'
     if follow:
-        show = (f'pid=$({_pane_pid(n)}); '
-                'if [ -n "$pid" ]; then tail -n +1 -s 0.2 --pid="$pid" -f "$log"; else cat "$log"; fi')
+        show = (
+            f"pid=$({_pane_pid(n)}); "
+            'if [ -n "$pid" ]; then tail -n +1 -s 0.2 --pid="$pid" -f "$log"; else cat "$log"; fi'
+        )
     return (
         _paths(n)
         + f'[ -f "$log" ] || {{ echo {shlex.quote(f"no job {n} on this host")} >&2; exit 3; }}; '
-        + show + "; "
+        + show
+        + "; "
         'if [ -f "$ex" ]; then exit "$(cat "$ex")"; fi; exit 0'
     )
 
@@ -75,9 +81,7 @@ def kill_job_command(name: str, grace: float = 3.0) -> str:
     n = validate_job_name(name)
     g = int(grace * 10)
     return (
-        TREE_FN + "\n"
-        + _paths(n)
-        + f"pid=$({_pane_pid(n)}); "
+        TREE_FN + "\n" + _paths(n) + f"pid=$({_pane_pid(n)}); "
         f'if [ -z "$pid" ]; then echo {shlex.quote(f"job {n} is not running here")}; exit 0; fi; '
         # the pane's session and every descendant (horovodrun's ranks leave the session: the tree catches them)
         'p=$(cc_tree "$pid"); [ -n "$p" ] && kill -TERM $p 2>/dev/null; '
@@ -87,5 +91,5 @@ def kill_job_command(name: str, grace: float = 3.0) -> str:
         f"tmux kill-session -t {shlex.quote('=' + n)} 2>/dev/null; "
         'p=$(cc_tree "$pid"); [ -z "$p" ] || { echo "still running: $p" >&2; exit 1; }; '
         '[ -f "$ex" ] || echo 137 > "$ex"; '  # killed: `logs` then reports 128+SIGKILL, not 0
-        f'echo {shlex.quote(f"killed job {n}")}'
+        f"echo {shlex.quote(f'killed job {n}')}"
     )

@@ -40,11 +40,15 @@ def ensure(spec: RuntimeSpec, platform: Platform, report: Callable[[str], None])
     if complete(rid):
         return entry(rid), False
     if os.geteuid() != 0:
-        raise NeedsRootError("building a node runtime for local nodes needs root (a private mount namespace)",
-                             "run clusterctl as root, e.g. with sudo")
+        raise NeedsRootError(
+            "building a node runtime for local nodes needs root (a private mount namespace)",
+            "run clusterctl as root, e.g. with sudo",
+        )
     if not os.path.exists(platform.python_path):
-        raise ProvisionError(f"the nodes' python3 ({platform.python_path}) is not on this machine, so it cannot "
-                             "build their runtime", "local nodes share this machine's base OS: install python3")
+        raise ProvisionError(
+            f"the nodes' python3 ({platform.python_path}) is not on this machine, so it cannot build their runtime",
+            "local nodes share this machine's base OS: install python3",
+        )
     paths.runtime_cache().mkdir(parents=True, exist_ok=True, mode=0o755)
     lock = os.open(paths.runtime_cache() / f".{rid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -71,13 +75,22 @@ def _build(build: Build, report: Callable[[str], None]) -> None:
     script = str(resources.template_path("runtime_build.sh"))
     # A private mount namespace: /opt is an empty tmpfs, so the build sees none of this machine's /opt and
     # writes its tree at the runtime's final path without touching the real /opt.
-    inner = (f"mount -t tmpfs -o mode=0755 clusterctl-runtime /opt && mkdir -p {shlex.quote(ROOT)} && "
-             f"exec {shlex.join(build_argv(script, build))}")
-    report(f"building node runtime {build.rid} on this machine "
-           f"({'from the wheelhouse ' + build.find_links if build.no_index else 'from the package index'})")
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    inner = (
+        f"mount -t tmpfs -o mode=0755 clusterctl-runtime /opt && mkdir -p {shlex.quote(ROOT)} && "
+        f"exec {shlex.join(build_argv(script, build))}"
+    )
+    report(
+        f"building node runtime {build.rid} on this machine "
+        f"({'from the wheelhouse ' + build.find_links if build.no_index else 'from the package index'})"
+    )
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     tail: list[str] = []
     try:
         assert proc.stdout is not None
@@ -85,12 +98,14 @@ def _build(build: Build, report: Callable[[str], None]) -> None:
             line = line.rstrip()
             tail = (tail + [line])[-20:]
             if line.startswith("runtime: "):
-                report(f"  {line[len('runtime: '):]}")
+                report(f"  {line[len('runtime: ') :]}")
         code = proc.wait()
     except BaseException:  # Ctrl-C: the whole build goes, it never reaches runtime.json
         os.killpg(proc.pid, 9)
         proc.wait()
         raise
     if code != 0:
-        raise ProvisionError(f"building the node runtime failed (exit {code}): {' | '.join(tail[-3:])}",
-                             "see the output above; `./install.sh deps` builds the wheelhouse it installs from")
+        raise ProvisionError(
+            f"building the node runtime failed (exit {code}): {' | '.join(tail[-3:])}",
+            "see the output above; `./install.sh deps` builds the wheelhouse it installs from",
+        )

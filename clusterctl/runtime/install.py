@@ -68,9 +68,18 @@ def describe(extra: Mapping[str, str]) -> str:
     return f"runtime: {rid}, {python} on every node"
 
 
-def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str],
-            known_hosts: str, request: RuntimeRequest, report: Report, *,
-            s3: "S3Cache | None" = None, build_here: bool = False) -> dict[str, str]:
+def install(
+    cluster: Cluster,
+    pool: SshPool,
+    targets: Sequence[SshTarget],
+    addresses: Sequence[str],
+    known_hosts: str,
+    request: RuntimeRequest,
+    report: Report,
+    *,
+    s3: "S3Cache | None" = None,
+    build_here: bool = False,
+) -> dict[str, str]:
     """Install (or find) the runtime on every node; the record's extra fields: runtime id and python.
     build_here: the provider's builds_runtime_locally (the nodes have this machine's OS)."""
     if request.mode != "install":
@@ -85,9 +94,11 @@ def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addre
     if not need:
         report(f"node runtime {rid} is already on every node")
         return fields
-    report(f"node runtime {rid}: {platform.os} {platform.arch}, python {platform.python}, "
-           f"CUDA {platform.cuda}; TensorFlow {spec.tensorflow} ({'GPU' if spec.gpu else 'CPU'}), "
-           f"Horovod {spec.horovod}; {len(need)} node(s) need it")
+    report(
+        f"node runtime {rid}: {platform.os} {platform.arch}, python {platform.python}, "
+        f"CUDA {platform.cuda}; TensorFlow {spec.tensorflow} ({'GPU' if spec.gpu else 'CPU'}), "
+        f"Horovod {spec.horovod}; {len(need)} node(s) need it"
+    )
     incoming = f"{INCOMING}/{rid}"
     if build_here:  # the nodes have this machine's base OS: it builds for them
         from clusterctl.runtime import cache
@@ -95,8 +106,16 @@ def install(cluster: Cluster, pool: SshPool, targets: Sequence[SshTarget], addre
         folder, built = cache.ensure(spec, platform, report)
         report(f"node runtime {rid}: {'built and cached' if built else 'from the cache'} at {folder}")
         # Only the nodes without it: a re-run after a partial `up` sends nothing twice.
-        relay(pool, [targets[i] for i in need], [addresses[i] for i in need], known_hosts, str(folder), incoming,
-              report, leader_source=False)
+        relay(
+            pool,
+            [targets[i] for i in need],
+            [addresses[i] for i in need],
+            known_hosts,
+            str(folder),
+            incoming,
+            report,
+            leader_source=False,
+        )
     else:  # the leader is the relay's source, so it stays in the chain
         _on_leader(pool, targets, rid, spec, platform, incoming, request, report, s3)
         relay(pool, targets, addresses, known_hosts, incoming, incoming, report, leader_source=True)
@@ -112,16 +131,20 @@ def probe(pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str]) -> 
             raise UnreachableError(f"cannot read {name}'s platform: {r.error or r.stderr.strip()[-200:]}")
         p = rt.parse_platform(r.stdout)
         if p is None:
-            raise ProvisionError(f"{name} has no python3, which the node runtime is built on",
-                                 "use an image with python3, or --runtime none")
+            raise ProvisionError(
+                f"{name} has no python3, which the node runtime is built on",
+                "use an image with python3, or --runtime none",
+            )
         platforms[name] = p
     first = platforms[names[0]]
     odd = [n for n in names if platforms[n] != first]
     if odd:
         p = platforms[odd[0]]
-        raise ProvisionError(f"nodes differ: {names[0]} is {first.os}/{first.arch}/python {first.python}/CUDA "
-                             f"{first.cuda}, {odd[0]} is {p.os}/{p.arch}/python {p.python}/CUDA {p.cuda}",
-                             "one runtime serves identical nodes only: use one image and type")
+        raise ProvisionError(
+            f"nodes differ: {names[0]} is {first.os}/{first.arch}/python {first.python}/CUDA "
+            f"{first.cuda}, {odd[0]} is {p.os}/{p.arch}/python {p.python}/CUDA {p.cuda}",
+            "one runtime serves identical nodes only: use one image and type",
+        )
     return first
 
 
@@ -129,24 +152,45 @@ def prepare(pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str], r
     """ROOT made and owned by the login user on every node (sudo where it is not root); which nodes hold
     the runtime already (its marker)."""
     root, marker = shlex.quote(rt.ROOT), shlex.quote(f"{rt.prefix(rid)}/{rt.MARKER}")
-    command = (f'S=""; [ "$(id -u)" = 0 ] || S="sudo -n"; $S mkdir -p {root} && $S chown "$(id -u):$(id -g)" {root} '
-               f"&& {{ test -f {marker} && echo yes || echo no; }}")
+    command = (
+        f'S=""; [ "$(id -u)" = 0 ] || S="sudo -n"; $S mkdir -p {root} && $S chown "$(id -u):$(id -g)" {root} '
+        f"&& {{ test -f {marker} && echo yes || echo no; }}"
+    )
     results = pool.run(targets, command, timeout=60)
     bad = [f"{n}: {r.error or r.stderr.strip()[-200:]}" for n, r in zip(names, results) if not r.ok]
     if bad:
-        raise ProvisionError(f"cannot make {rt.ROOT} on {len(bad)} node(s): {'; '.join(bad[:3])}",
-                             "the login user needs root or passwordless sudo (as on the DLAMI)")
+        raise ProvisionError(
+            f"cannot make {rt.ROOT} on {len(bad)} node(s): {'; '.join(bad[:3])}",
+            "the login user needs root or passwordless sudo (as on the DLAMI)",
+        )
     return [r.stdout.strip() == "yes" for r in results]
 
 
-def relay(pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str], known_hosts: str, src: str,
-          dst: str, report: Report, leader_source: bool) -> None:
+def relay(
+    pool: SshPool,
+    targets: Sequence[SshTarget],
+    addresses: Sequence[str],
+    known_hosts: str,
+    src: str,
+    dst: str,
+    report: Report,
+    leader_source: bool,
+) -> None:
     """The pack onto every node with sync's relay: checked against its sha256 on every node."""
     from clusterctl.data import plan as syncplan, sync as transfer
 
     source = syncplan.Source("leader", path=src) if leader_source else syncplan.Source("local", path=src)
-    syncer = transfer.Syncer(targets, addresses, known_hosts, pool, source, dst, managed=True,
-                             events=_progress(report), node_python="python3")
+    syncer = transfer.Syncer(
+        targets,
+        addresses,
+        known_hosts,
+        pool,
+        source,
+        dst,
+        managed=True,
+        events=_progress(report),
+        node_python="python3",
+    )
     result = syncer.run()
     err = result.error()
     if err is not None:
@@ -154,24 +198,39 @@ def relay(pool: SshPool, targets: Sequence[SshTarget], addresses: Sequence[str],
     report(f"node runtime relayed to {len(targets)} node(s) in {result.seconds:.1f}s, sha256 checked on each")
 
 
-def unpack(pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str], rid: str, incoming: str,
-           report: Report) -> None:
+def unpack(
+    pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str], rid: str, incoming: str, report: Report
+) -> None:
     script = f"{WORK}/runtime_install.sh"
     put = pool.put(targets, {script: (resources.template_bytes("runtime_install.sh"), 0o700)})
     bad = [f"{n}: {r.error}" for n, r in zip(names, put) if not r.ok]
     if bad:
         raise UnreachableError(f"could not send the runtime installer: {'; '.join(bad)}")
     results = pool.run(targets, rt.shell(rt.install_argv(script, rid, incoming)), timeout=INSTALL_TIMEOUT_S)
-    failed = [f"{n}: {r.error or (r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}"
-              for n, r in zip(names, results) if not r.ok]
+    failed = [
+        f"{n}: {r.error or (r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}"
+        for n, r in zip(names, results)
+        if not r.ok
+    ]
     if failed:
-        raise ProvisionError(f"the node runtime did not install on {len(failed)} node(s): {'; '.join(failed[:3])}",
-                             "run `clusterctl up` again: it resumes where it stopped")
+        raise ProvisionError(
+            f"the node runtime did not install on {len(failed)} node(s): {'; '.join(failed[:3])}",
+            "run `clusterctl up` again: it resumes where it stopped",
+        )
     report(f"node runtime {rid} unpacked and verified on {len(targets)} node(s) at {rt.prefix(rid)}")
 
 
-def _on_leader(pool: SshPool, targets: Sequence[SshTarget], rid: str, spec: rt.RuntimeSpec, platform: rt.Platform,
-               out: str, request: RuntimeRequest, report: Report, s3: "S3Cache | None") -> None:
+def _on_leader(
+    pool: SshPool,
+    targets: Sequence[SshTarget],
+    rid: str,
+    spec: rt.RuntimeSpec,
+    platform: rt.Platform,
+    out: str,
+    request: RuntimeRequest,
+    report: Report,
+    s3: "S3Cache | None",
+) -> None:
     """The pack in the leader's `out` folder: fetched from the S3 cache, else built there (and cached)."""
     leader = targets[0]
     if s3 is not None and s3.has(rid):
@@ -179,20 +238,24 @@ def _on_leader(pool: SshPool, targets: Sequence[SshTarget], rid: str, spec: rt.R
         r = pool.run_one(leader, fetch_command(s3.get_urls(rid), out), timeout=BUILD_TIMEOUT_S)
         if r.ok:
             return
-        report(f"node runtime {rid}: the cache could not be read ({(r.stderr.strip() or r.error or '')[-200:]}); "
-               "building instead")
+        report(
+            f"node runtime {rid}: the cache could not be read ({(r.stderr.strip() or r.error or '')[-200:]}); "
+            "building instead"
+        )
     script = f"{WORK}/runtime_build.sh"
     put = pool.put_one(leader, {script: (resources.template_bytes("runtime_build.sh"), 0o700)})
     if not put.ok:
         raise UnreachableError(f"cannot reach the leader {leader.label}: {put.error}")
     # A wheel mirror is used alone (air-gapped VPCs; install.sh's wheelhouse served over HTTP is one).
     build = rt.Build(rid, spec, platform, out, find_links=request.wheels, no_index=bool(request.wheels))
-    report(f"node runtime {rid}: building on the leader {leader.label}"
-           + (f" with wheels from {request.wheels}" if request.wheels else " from the package index"))
+    report(
+        f"node runtime {rid}: building on the leader {leader.label}"
+        + (f" with wheels from {request.wheels}" if request.wheels else " from the package index")
+    )
 
     def on_line(_host: str, _stream: str, line: str) -> None:
         if line.startswith("runtime: "):
-            report(f"  {leader.label}: {line[len('runtime: '):]}")
+            report(f"  {leader.label}: {line[len('runtime: ') :]}")
 
     r = pool.run_one(leader, rt.shell(rt.build_argv(script, build)), timeout=BUILD_TIMEOUT_S, on_line=on_line)
     if not r.ok:
@@ -203,8 +266,10 @@ def _on_leader(pool: SshPool, targets: Sequence[SshTarget], rid: str, spec: rt.R
         raise ProvisionError(f"building the node runtime on the leader failed: {last}", "see the lines above")
     if s3 is not None:
         r = pool.run_one(leader, put_command(s3.put_urls(rid), out), timeout=BUILD_TIMEOUT_S)
-        report(f"node runtime {rid}: " + (f"cached at {s3.url(rid)}" if r.ok else
-                                          f"not cached ({(r.stderr.strip() or r.error or '')[-200:]})"))
+        report(
+            f"node runtime {rid}: "
+            + (f"cached at {s3.url(rid)}" if r.ok else f"not cached ({(r.stderr.strip() or r.error or '')[-200:]})")
+        )
 
 
 def fetch_command(urls: Mapping[str, str], out: str) -> str:
@@ -220,8 +285,9 @@ def fetch_command(urls: Mapping[str, str], out: str) -> str:
 def put_command(urls: Mapping[str, str], out: str) -> str:
     """Upload with presigned PUT URLs: the nodes need no S3 write permission; runtime.json goes last."""
     o = shlex.quote(out)
-    return " && ".join(f"curl -fsS --retry 3 -X PUT -T {o}/{name} {shlex.quote(urls[name])}"
-                       for name in (rt.PACK, rt.INFO))
+    return " && ".join(
+        f"curl -fsS --retry 3 -X PUT -T {o}/{name} {shlex.quote(urls[name])}" for name in (rt.PACK, rt.INFO)
+    )
 
 
 def _progress(report: Report) -> transfer.Events:
@@ -249,8 +315,10 @@ def _progress(report: Report) -> transfer.Events:
                     report(f"  relay: {host} {25 * quarter}% of {total / 2**20:.0f} MiB")
 
         def finished(self, outcome: transfer.NodeOutcome) -> None:
-            report(f"  relay: {outcome.host} {'verified' if outcome.status == 'ok' else outcome.status}"
-                   + (f": {outcome.detail}" if outcome.detail else ""))
+            report(
+                f"  relay: {outcome.host} {'verified' if outcome.status == 'ok' else outcome.status}"
+                + (f": {outcome.detail}" if outcome.detail else "")
+            )
 
     return Progress()
 
@@ -260,7 +328,7 @@ class S3Cache:
     URLs (GET to fetch, PUT to fill), so no node needs S3 write access and nothing is listed by pattern."""
 
     def __init__(self, url: str, client):
-        bucket, _, prefix = url[len("s3://"):].partition("/")
+        bucket, _, prefix = url[len("s3://") :].partition("/")
         if not bucket:
             raise ConfigError(f"--runtime-cache {url!r} names no bucket")
         self.bucket, self.prefix, self.client = bucket, prefix.strip("/"), client
@@ -283,9 +351,17 @@ class S3Cache:
             raise ProvisionError(f"cannot read the runtime cache {self.url(rid)}: {exc}") from None
 
     def get_urls(self, rid: str) -> dict[str, str]:
-        return {n: self.client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self.key(rid, n)},
-                                                      ExpiresIn=3600) for n in (rt.PACK, rt.INFO)}
+        return {
+            n: self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": self.key(rid, n)}, ExpiresIn=3600
+            )
+            for n in (rt.PACK, rt.INFO)
+        }
 
     def put_urls(self, rid: str) -> dict[str, str]:
-        return {n: self.client.generate_presigned_url("put_object", Params={"Bucket": self.bucket, "Key": self.key(rid, n)},
-                                                      ExpiresIn=3600) for n in (rt.PACK, rt.INFO)}
+        return {
+            n: self.client.generate_presigned_url(
+                "put_object", Params={"Bucket": self.bucket, "Key": self.key(rid, n)}, ExpiresIn=3600
+            )
+            for n in (rt.PACK, rt.INFO)
+        }

@@ -22,12 +22,19 @@ INFO = "runtime.json"  # beside PACK: id, spec, platform, files, bytes (the tree
 RECIPE = 1  # bump when the build steps change in a way the spec fields do not show
 
 HOROVOD_CPU_ENV = {
-    "HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_PYTORCH": "1",
-    "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_WITHOUT_MPI": "1",
+    "HOROVOD_WITH_TENSORFLOW": "1",
+    "HOROVOD_WITH_GLOO": "1",
+    "HOROVOD_WITHOUT_PYTORCH": "1",
+    "HOROVOD_WITHOUT_MXNET": "1",
+    "HOROVOD_WITHOUT_MPI": "1",
 }
 # NCCL for the allreduce on GPUs; the DLAMI carries CUDA and NCCL under /usr/local/cuda.
-HOROVOD_GPU_ENV = {**HOROVOD_CPU_ENV, "HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_CUDA_HOME": "/usr/local/cuda",
-                   "HOROVOD_NCCL_LINK": "SHARED"}
+HOROVOD_GPU_ENV = {
+    **HOROVOD_CPU_ENV,
+    "HOROVOD_GPU_OPERATIONS": "NCCL",
+    "HOROVOD_CUDA_HOME": "/usr/local/cuda",
+    "HOROVOD_NCCL_LINK": "SHARED",
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,7 @@ PLATFORM_PROBE = (
     '. /etc/os-release 2>/dev/null; echo "os=$ID $VERSION_ID"; echo "arch=$(uname -m)"; '
     'P=$(command -v python3 || true); if [ -n "$P" ]; then P=$(readlink -f "$P"); echo "python_path=$P"; '
     '"$P" -c "import platform; print(\'python=\' + platform.python_version())"; fi; '
-    'if command -v nvidia-smi >/dev/null 2>&1; then '
+    "if command -v nvidia-smi >/dev/null 2>&1; then "
     'echo "cuda=$(timeout 20 nvidia-smi 2>/dev/null | sed -n "s/.*CUDA Version: *\\([0-9.]*\\).*/\\1/p" | head -n1)"; '
     'else echo "cuda=none"; fi'
 )
@@ -92,8 +99,13 @@ def parse_platform(text: str) -> Platform | None:
     facts = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
     if not facts.get("python_path") or not facts.get("python"):
         return None
-    return Platform(os=facts.get("os", "?").strip(), arch=facts.get("arch", "?").strip(), python=facts["python"].strip(),
-                    python_path=facts["python_path"].strip(), cuda=(facts.get("cuda") or "none").strip() or "none")
+    return Platform(
+        os=facts.get("os", "?").strip(),
+        arch=facts.get("arch", "?").strip(),
+        python=facts["python"].strip(),
+        python_path=facts["python_path"].strip(),
+        cuda=(facts.get("cuda") or "none").strip() or "none",
+    )
 
 
 def runtime_id(spec: RuntimeSpec, platform: Platform) -> str:
@@ -125,13 +137,28 @@ class Build:
 def build_argv(script: str, build: Build) -> list[str]:
     """`bash SCRIPT ...` with every value its own argument (the script never evals them)."""
     env = " ".join(f"{k}={v}" for k, v in sorted(build.spec.horovod_env.items()))
-    return ["bash", script, build.rid, build.platform.python_path, build.out_dir, " ".join(build.spec.requirements),
-            build.spec.horovod_requirement, env, build.find_links, "1" if build.no_index else "0",
-            json.dumps(info(build), sort_keys=True)]
+    return [
+        "bash",
+        script,
+        build.rid,
+        build.platform.python_path,
+        build.out_dir,
+        " ".join(build.spec.requirements),
+        build.spec.horovod_requirement,
+        env,
+        build.find_links,
+        "1" if build.no_index else "0",
+        json.dumps(info(build), sort_keys=True),
+    ]
 
 
 def info(build: Build) -> dict:
-    return {"id": build.rid, "spec": asdict(build.spec), "platform": asdict(build.platform), "python": python_of(build.rid)}
+    return {
+        "id": build.rid,
+        "spec": asdict(build.spec),
+        "platform": asdict(build.platform),
+        "python": python_of(build.rid),
+    }
 
 
 def install_argv(script: str, rid: str, incoming: str) -> list[str]:

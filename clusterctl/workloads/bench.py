@@ -114,8 +114,9 @@ def _status(value: float, conf: float, threshold: float) -> str:
     return "INCONCLUSIVE"
 
 
-def analyze(runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]], threshold: float,
-            full_np: int | None = None) -> Ladder:
+def analyze(
+    runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]], threshold: float, full_np: int | None = None
+) -> Ladder:
     """runs: (np, nodes, parsed run, seconds, log name) per rung, ascending np; full_np: one full node's
     processes (default: the largest one-node rung).
 
@@ -125,7 +126,9 @@ def analyze(runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]], thres
     straddles it. One node only: the last rung's efficiency over the first, the same way."""
     base_np, base_run = runs[0][0], runs[0][2]
     single = [r for r in runs if r[1] == 1]
-    full = next((r for r in runs if r[0] == full_np and r[1] == 1), None) if full_np else (single[-1] if single else None)
+    full = (
+        next((r for r in runs if r[0] == full_np and r[1] == 1), None) if full_np else (single[-1] if single else None)
+    )
     multi_node = any(r[1] > 1 for r in runs)
     if multi_node and full is None:
         raise ValueError("a ladder over several nodes needs a full-node rung to judge against")
@@ -136,26 +139,49 @@ def analyze(runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]], thres
         scaling, scaling_conf = None, 0.0
         if nodes > 1 and full is not None:  # a multi-node ladder has its full-node rung: checked above
             fnp, frun = full[0], full[2]
-            scaling, scaling_conf = _ratio_conf(run.img_per_sec / np_, run.conf / np_,
-                                                frun.img_per_sec / fnp, frun.conf / fnp)
-        rungs.append(Rung(np_, nodes, run.img_per_sec, speedup, efficiency, scaling, run.per_node(), seconds, log,
-                          run.conf, scaling_conf))
+            scaling, scaling_conf = _ratio_conf(
+                run.img_per_sec / np_, run.conf / np_, frun.img_per_sec / fnp, frun.conf / fnp
+            )
+        rungs.append(
+            Rung(
+                np_,
+                nodes,
+                run.img_per_sec,
+                speedup,
+                efficiency,
+                scaling,
+                run.per_node(),
+                seconds,
+                log,
+                run.conf,
+                scaling_conf,
+            )
+        )
     multi = [(r, r.node_scaling) for r in rungs if r.node_scaling is not None]
     if multi and full is not None:
         judged = [(r, scaling, _status(scaling, r.node_scaling_conf, threshold)) for r, scaling in multi]
-        status = ("FAIL" if any(s == "FAIL" for _, _, s in judged)
-                  else "INCONCLUSIVE" if any(s == "INCONCLUSIVE" for _, _, s in judged) else "PASS")
+        status = (
+            "FAIL"
+            if any(s == "FAIL" for _, _, s in judged)
+            else "INCONCLUSIVE"
+            if any(s == "INCONCLUSIVE" for _, _, s in judged)
+            else "PASS"
+        )
         worst, worst_scaling = min(((r, scaling) for r, scaling, s in judged if s == status), key=lambda x: x[1])
-        verdict = (f"{status}: at {worst.np} processes on {worst.nodes} nodes each process gives "
-                   f"{worst_scaling:.0%} +- {worst.node_scaling_conf:.0%} of a process on one full node "
-                   f"({full[0]} processes; threshold {threshold:.0%})")
+        verdict = (
+            f"{status}: at {worst.np} processes on {worst.nodes} nodes each process gives "
+            f"{worst_scaling:.0%} +- {worst.node_scaling_conf:.0%} of a process on one full node "
+            f"({full[0]} processes; threshold {threshold:.0%})"
+        )
     else:
         last = rungs[-1]
         _, conf = _ratio_conf(last.img_per_sec, last.conf, base_run.img_per_sec, base_run.conf)
         conf /= last.np / base_np
         status = _status(last.efficiency, conf, threshold)
-        verdict = (f"{status}: {last.np} processes give {last.efficiency:.0%} +- {conf:.0%} of "
-                   f"linear scaling over {base_np} (threshold {threshold:.0%})")
+        verdict = (
+            f"{status}: {last.np} processes give {last.efficiency:.0%} +- {conf:.0%} of "
+            f"linear scaling over {base_np} (threshold {threshold:.0%})"
+        )
     if status == "INCONCLUSIVE":
         verdict += ": the interval straddles the threshold; rerun with more --iters"
     return Ladder(tuple(rungs), threshold, status == "PASS", verdict, status=status)
@@ -174,9 +200,14 @@ def cost_lines(ladder: Ladder, per_hour: float | None, model: str) -> list[str]:
     """What the ladder cost, and what ImageNet costs at the top rung's rate: a lower bound for the tiny
     model, whose img/s says nothing of ResNet-50's."""
     seconds = sum(r.seconds for r in ladder.rungs)
-    lines = [f"cost: this ladder ran {duration(seconds)}"
-             + (f" on a {money(per_hour)}/hour cluster: about {money(costs.run_cost(seconds, per_hour))}"
-                if per_hour is not None else " (price unknown: a hosts file, not a cluster clusterctl made)")]
+    lines = [
+        f"cost: this ladder ran {duration(seconds)}"
+        + (
+            f" on a {money(per_hour)}/hour cluster: about {money(costs.run_cost(seconds, per_hour))}"
+            if per_hour is not None
+            else " (price unknown: a hosts file, not a cluster clusterctl made)"
+        )
+    ]
     top = max(ladder.rungs, key=lambda r: r.np, default=None)
     if top is None or top.img_per_sec <= 0:
         return lines
@@ -184,9 +215,11 @@ def cost_lines(ladder: Ladder, per_hour: float | None, model: str) -> list[str]:
     if model == "resnet50":
         lines.append(f"cost: {costs.epoch_line(top.img_per_sec, per_hour)}; 90 epochs about {ninety}")
     else:
-        lines.append(f"cost: lower bound only: the {model} model at {top.img_per_sec:,.0f} img/s would train 90 "
-                     f"ImageNet epochs in {duration(90 * costs.IMAGENET_TRAIN_IMAGES / top.img_per_sec)} "
-                     f"({ninety}); ResNet-50 is far slower (`--model resnet50` measures it)")
+        lines.append(
+            f"cost: lower bound only: the {model} model at {top.img_per_sec:,.0f} img/s would train 90 "
+            f"ImageNet epochs in {duration(90 * costs.IMAGENET_TRAIN_IMAGES / top.img_per_sec)} "
+            f"({ninety}); ResNet-50 is far slower (`--model resnet50` measures it)"
+        )
     return lines
 
 
@@ -205,8 +238,20 @@ class BenchOptions:
     extra: list[str] = field(default_factory=list)
 
     def script_args(self, np: int) -> list[str]:
-        args = ["--model", self.model, "--batch-size", str(self.batch_size), "--steps", str(self.steps),
-                "--iters", str(self.iters), "--warmup-steps", str(self.warmup_steps), "--expect-size", str(np)]
+        args = [
+            "--model",
+            self.model,
+            "--batch-size",
+            str(self.batch_size),
+            "--steps",
+            str(self.steps),
+            "--iters",
+            str(self.iters),
+            "--warmup-steps",
+            str(self.warmup_steps),
+            "--expect-size",
+            str(np),
+        ]
         if self.mixed_precision:
             args.append("--mixed-precision")
         if self.xla:
@@ -219,8 +264,14 @@ class BenchOptions:
 Event = Callable[[str, object], None]  # ("start", np) / ("line", text) / ("rung", Rung)
 
 
-def run_ladder(inv, rungs: Sequence[int], opts: BenchOptions, out_root: Path, python: str | None = None,
-               on_event: Event = lambda *_: None) -> Ladder:
+def run_ladder(
+    inv,
+    rungs: Sequence[int],
+    opts: BenchOptions,
+    out_root: Path,
+    python: str | None = None,
+    on_event: Event = lambda *_: None,
+) -> Ladder:
     """Every rung for real on the cluster; the results folder written as it goes."""
     from clusterctl.remote.ssh import SshPool
 
@@ -237,15 +288,22 @@ def run_ladder(inv, rungs: Sequence[int], opts: BenchOptions, out_root: Path, py
         job = launch.new_job(pool, leader, "bench")
         script = f"{job.dir}/bench_synthetic.py"
         try:
-            launch.stage(pool, inv.targets, job, {"bench_synthetic.py": resources.template_bytes("bench_synthetic.py")},
-                         inv.hosts)
+            launch.stage(
+                pool,
+                inv.targets,
+                job,
+                {"bench_synthetic.py": resources.template_bytes("bench_synthetic.py")},
+                inv.hosts,
+            )
             for np_ in rungs:
                 hosts = launch.rung_hosts(inv.hosts, np_)
                 pool.put([leader], {f"{job.dir}/hosts": (hosts.render().encode(), 0o644)})
                 on_event("start", np_)
                 cmd = launch.leader_command(job, np_, [python, script, *opts.script_args(np_)], python, env)
                 start = time.monotonic()
-                result = launch.run_on_leader(pool, leader, cmd, opts.timeout, lambda h, s, line: on_event("line", line))
+                result = launch.run_on_leader(
+                    pool, leader, cmd, opts.timeout, lambda h, s, line: on_event("line", line)
+                )
                 seconds = time.monotonic() - start
                 log = f"rung-np{np_}.log"
                 (out_dir / log).write_text(result.stdout + result.stderr)
@@ -269,8 +327,19 @@ def run_ladder(inv, rungs: Sequence[int], opts: BenchOptions, out_root: Path, py
     if not judged:
         verdict = f"not judged: local nodes share this machine's {os.cpu_count()} cores ({verdict})"
     # A straggler names where to look; the verdict stays the scaling's (a slow node shows there, as lost img/s).
-    ladder = Ladder(ladder.rungs, ladder.threshold, ladder.passed, verdict, slow, judged,
-                    opts.model, opts.batch_size, str(out_dir), ladder.status, tuple(alone))
+    ladder = Ladder(
+        ladder.rungs,
+        ladder.threshold,
+        ladder.passed,
+        verdict,
+        slow,
+        judged,
+        opts.model,
+        opts.batch_size,
+        str(out_dir),
+        ladder.status,
+        tuple(alone),
+    )
     (out_dir / "results.json").write_text(ladder.to_json() + "\n")
     plot(ladder, out_dir / "scaling.png")
     return ladder
@@ -279,8 +348,9 @@ def run_ladder(inv, rungs: Sequence[int], opts: BenchOptions, out_root: Path, py
 def _checked_run(result, np_: int, what: str, log: Path, timeout: float, gpus: int) -> horovod.BenchRun:
     """The parsed run of one launch, or BenchFailed saying why not."""
     if result.timed_out:
-        raise BenchFailed(f"{what} produced no result within {timeout:.0f}s",
-                          f"see {log}; raise --timeout for big models")
+        raise BenchFailed(
+            f"{what} produced no result within {timeout:.0f}s", f"see {log}; raise --timeout for big models"
+        )
     try:
         run = horovod.parse_bench_output(result.stdout)
     except ValueError as exc:
@@ -289,8 +359,10 @@ def _checked_run(result, np_: int, what: str, log: Path, timeout: float, gpus: i
         raise BenchFailed(f"Horovod reported size {run.size}, but {np_} slots were asked for", f"see {log}")
     gpu_faults = horovod.device_problems(run.devices, run.size, gpus)
     if gpu_faults:
-        raise BenchFailed(f"{what} did not run one process per GPU: " + "; ".join(gpu_faults),
-                          f"see {log}; `clusterctl doctor` checks the GPUs and versions of every node")
+        raise BenchFailed(
+            f"{what} did not run one process per GPU: " + "; ".join(gpu_faults),
+            f"see {log}; `clusterctl doctor` checks the GPUs and versions of every node",
+        )
     return run
 
 
@@ -302,8 +374,9 @@ def _nodes_alone(pool, inv, job, python, env, script, opts, out_dir: Path, gpus:
 
     def command(t) -> str:
         n = slots[t.label]
-        return launch.leader_command(job, n, [python, script, *opts.script_args(n)], python, env,
-                                     hosts=f"localhost:{n}")
+        return launch.leader_command(
+            job, n, [python, script, *opts.script_args(n)], python, env, hosts=f"localhost:{n}"
+        )
 
     report = pool.run(inv.targets, command, timeout=opts.timeout)
     launch.kill_job(pool, inv.targets, job)
@@ -312,10 +385,19 @@ def _nodes_alone(pool, inv, job, python, env, script, opts, out_dir: Path, gpus:
         log = f"alone-node{i}.log"
         (out_dir / log).write_text(r.stdout + r.stderr)
         run = _checked_run(r, slots[r.host], f"{r.host} on its own", out_dir / log, opts.timeout, gpus)
-        alone.append(NodeAlone(r.host, run.hosts[0].name if run.hosts else "", run.size, run.img_per_sec / run.size,
-                               run.conf / run.size, log))
+        alone.append(
+            NodeAlone(
+                r.host,
+                run.hosts[0].name if run.hosts else "",
+                run.size,
+                run.img_per_sec / run.size,
+                run.conf / run.size,
+                log,
+            )
+        )
     on_event("alone", tuple(alone))
     return alone
+
 
 def plot(ladder: Ladder, path: Path) -> None:
     """img/s and efficiency against processes, with the ideal line for reference (headless)."""

@@ -67,9 +67,14 @@ def parse_facts(text: str) -> dict[str, str]:
     return facts
 
 
-def judge(facts: dict[str, dict[str, str]], slots: dict[str, int], operator_time: dict[str, tuple[float, float]],
-          unreachable: dict[str, str], cloud: dict[str, dict[str, str]] | None = None,
-          runtime: str | None = None) -> DoctorReport:
+def judge(
+    facts: dict[str, dict[str, str]],
+    slots: dict[str, int],
+    operator_time: dict[str, tuple[float, float]],
+    unreachable: dict[str, str],
+    cloud: dict[str, dict[str, str]] | None = None,
+    runtime: str | None = None,
+) -> DoctorReport:
     """facts: host -> the probe's key=value facts; operator_time: host -> the operator's clock just
     before and after the probe (the node's clock must fall inside, give or take MAX_SKEW_S);
     cloud: host -> {"type", "zone", "placement"} where the provider knows them; runtime: the node
@@ -99,18 +104,26 @@ def judge(facts: dict[str, dict[str, str]], slots: dict[str, int], operator_time
                 if mine != common:
                     diffs.append(f"{key} {mine or '-'} != {common or '-'}")
             placed = cloud.get(h, {})
-            cells["same-type"] = Cell("fail", "; ".join(diffs)) if diffs else Cell(
-                "ok", ", ".join(placed.get(k) or "-" for k in ("type", "zone", "placement")))
+            cells["same-type"] = (
+                Cell("fail", "; ".join(diffs))
+                if diffs
+                else Cell("ok", ", ".join(placed.get(k) or "-" for k in ("type", "zone", "placement")))
+            )
         else:
             cells["same-type"] = Cell("n/a", "no provider facts (a hosts file)")
         mesh = f.get("mesh_fail", "")
         cells["ssh-mesh"] = Cell("fail", f"cannot ssh to {mesh}") if mesh else Cell("ok")
-        diffs = [f"{k} {f.get(k, '?')} != {majority(k)}" for k in ("python", "tensorflow", "horovod", "nccl", "cuda_driver")
-                 if f.get(k, "?") != majority(k)]
+        diffs = [
+            f"{k} {f.get(k, '?')} != {majority(k)}"
+            for k in ("python", "tensorflow", "horovod", "nccl", "cuda_driver")
+            if f.get(k, "?") != majority(k)
+        ]
         missing = [k for k in ("python", "tensorflow", "horovod") if f.get(k) in ("none", "missing", "broken")]
         if diffs or missing:
-            cells["versions"] = Cell("fail", "; ".join(diffs + [f"{k} not installed" for k in missing if
-                                                                not any(d.startswith(k) for d in diffs)]))
+            cells["versions"] = Cell(
+                "fail",
+                "; ".join(diffs + [f"{k} not installed" for k in missing if not any(d.startswith(k) for d in diffs)]),
+            )
         else:
             cells["versions"] = Cell("ok", f"tf {f.get('tensorflow')}, horovod {f.get('horovod')}")
         cells["runtime"] = _runtime_cell(f.get("runtime", "none"), runtime)
@@ -122,19 +135,29 @@ def judge(facts: dict[str, dict[str, str]], slots: dict[str, int], operator_time
         else:
             cells["gpus"] = Cell("fail", f"nvidia-smi sees {gpus} GPUs, slots={slots[h]}")
         disk = _float(f.get("disk_free_pct"))
-        cells["disk"] = (Cell("fail", f"{disk:.1f}% free") if disk is not None and disk < MIN_DISK_PCT
-                         else Cell("ok", f"{f.get('disk_free_gb', '?')} GB free"))
+        cells["disk"] = (
+            Cell("fail", f"{disk:.1f}% free")
+            if disk is not None and disk < MIN_DISK_PCT
+            else Cell("ok", f"{f.get('disk_free_gb', '?')} GB free")
+        )
         mem = _float(f.get("mem_free_gb"))
-        cells["memory"] = (Cell("fail", f"{mem:.1f} GB available") if mem is not None and mem < MIN_MEM_GB
-                           else Cell("ok", f"{f.get('mem_free_gb', '?')} GB available"))
+        cells["memory"] = (
+            Cell("fail", f"{mem:.1f} GB available")
+            if mem is not None and mem < MIN_MEM_GB
+            else Cell("ok", f"{f.get('mem_free_gb', '?')} GB available")
+        )
         node_t = _float(f.get("time")) or 0.0
         before, after = operator_time.get(h, (node_t, node_t))
         skew = node_t - before if node_t < before else (node_t - after if node_t > after else 0.0)
-        cells["clock"] = Cell("fail", f"{skew:+.2f}s from this machine") if abs(skew) > MAX_SKEW_S else Cell("ok", f"{skew:+.2f}s")
+        cells["clock"] = (
+            Cell("fail", f"{skew:+.2f}s from this machine") if abs(skew) > MAX_SKEW_S else Cell("ok", f"{skew:+.2f}s")
+        )
         stale = f.get("stale", "0")
         gpu_procs = f.get("gpu_procs", "n/a")
         if stale not in ("0", "") or gpu_procs not in ("0", "n/a"):
-            why = f"{stale} training process(es)" + (f", {gpu_procs} holding a GPU" if gpu_procs not in ("0", "n/a") else "")
+            why = f"{stale} training process(es)" + (
+                f", {gpu_procs} holding a GPU" if gpu_procs not in ("0", "n/a") else ""
+            )
             cells["stale-procs"] = Cell("fail", why + " (clusterctl clean --kill)")
         else:
             cells["stale-procs"] = Cell("ok")
@@ -162,15 +185,22 @@ def _float(text: str | None) -> float | None:
 def placement_facts(cluster, facts) -> dict[str, dict[str, str]]:
     """The provider's NodeFacts (by node name) as judge() takes them: by ssh address, the fan-out's label."""
     address = {n.name: n.ssh_host for n in cluster.nodes}
-    return {address[name]: {"type": f.instance_type, "zone": f.zone, "placement": f.placement}
-            for name, f in facts.items() if name in address}
+    return {
+        address[name]: {"type": f.instance_type, "zone": f.zone, "placement": f.placement}
+        for name, f in facts.items()
+        if name in address
+    }
 
 
-def run(inv, python: str | None = None, timeout: float = 120.0, cloud: dict[str, dict[str, str]] | None = None) -> DoctorReport:
+def run(
+    inv, python: str | None = None, timeout: float = 120.0, cloud: dict[str, dict[str, str]] | None = None
+) -> DoctorReport:
     """Probe every node at once and judge the facts."""
     python = python or launch.node_python(inv.cluster)
-    peers = {t.label: " ".join(e.address for e in inv.hosts.entries if e.host != h)
-             for t, h in zip(inv.targets, inv.hosts.hosts)}
+    peers = {
+        t.label: " ".join(e.address for e in inv.hosts.entries if e.host != h)
+        for t, h in zip(inv.targets, inv.hosts.hosts)
+    }
     slots = {t.label: e.slots for t, e in zip(inv.targets, inv.hosts.entries)}
     with SshPool(inv.settings) as pool:
         put = pool.put(inv.targets, {PROBE: (resources.template_bytes("doctor_probe.sh"), 0o700)})
@@ -202,16 +232,29 @@ def recorded_runtime(cluster) -> str | None:
 # ---- the fabric: allreduce bandwidth over the cluster and between ring neighbours -------------------------
 FABRIC_SCRIPT = "fabric_allreduce.py"
 FABRIC_SLOW = 0.5  # a node whose best pair is under half the median node's best pair is named
-_FLOOR_SOURCE = ("half the 10 Gbit/s single-flow limit AWS documents for instances in one cluster placement "
-                 "group (EC2 User Guide, 'Amazon EC2 instance network bandwidth'): a gloo pair allreduce "
-                 "runs over one TCP connection")
+_FLOOR_SOURCE = (
+    "half the 10 Gbit/s single-flow limit AWS documents for instances in one cluster placement "
+    "group (EC2 User Guide, 'Amazon EC2 instance network bandwidth'): a gloo pair allreduce "
+    "runs over one TCP connection"
+)
 # busbw floors, Gbit/s, of the gloo pair test per instance type (every one has >= 100 Gbit/s networking).
 FABRIC_FLOORS: dict[str, tuple[float, str]] = {
-    t: (5.0, _FLOOR_SOURCE) for t in ("p3dn.24xlarge", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge",
-                                      "g5.48xlarge", "g6.48xlarge", "g4dn.metal", "trn1.32xlarge")
+    t: (5.0, _FLOOR_SOURCE)
+    for t in (
+        "p3dn.24xlarge",
+        "p4d.24xlarge",
+        "p4de.24xlarge",
+        "p5.48xlarge",
+        "g5.48xlarge",
+        "g6.48xlarge",
+        "g4dn.metal",
+        "trn1.32xlarge",
+    )
 }
-_FABRIC_LINE = re.compile(r"CLUSTERCTL-FABRIC result size=(\d+) bytes=(\d+) seconds=\S+ algbw_gbit=\S+ "
-                          r"busbw_gbit=([\d.]+) conf=([\d.]+)")
+_FABRIC_LINE = re.compile(
+    r"CLUSTERCTL-FABRIC result size=(\d+) bytes=(\d+) seconds=\S+ algbw_gbit=\S+ "
+    r"busbw_gbit=([\d.]+) conf=([\d.]+)"
+)
 
 
 @dataclass(frozen=True)
@@ -258,8 +301,9 @@ def ring_rounds(n: int) -> list[list[tuple[int, int]]]:
     return rounds
 
 
-def judge_fabric(nodes: list[str], cluster: Allreduce, pairs: list[Allreduce],
-                 floor: tuple[float, str] | None = None) -> FabricReport:
+def judge_fabric(
+    nodes: list[str], cluster: Allreduce, pairs: list[Allreduce], floor: tuple[float, str] | None = None
+) -> FabricReport:
     """Each node's score is its best pair (a node between a fast and a slow neighbour is fine: the slow one
     is the other end). Against the instance type's floor where there is one, else against FABRIC_SLOW x the
     median node. Two nodes share their one pair: a slow pair cannot say which end is slow, so with no floor
@@ -296,8 +340,11 @@ def judge_fabric(nodes: list[str], cluster: Allreduce, pairs: list[Allreduce],
 # the DLAMI developer guide's "Using EFA on the DLAMI"), and Open MPI from the EFA installer in
 # /opt/amazon/openmpi; a build by hand usually lands in /opt/nccl-tests/build. The globs are constants
 # without spaces: the probe's shell expands them (never quoted).
-NCCL_TESTS_GLOBS = ("/opt/nccl-tests/build/all_reduce_perf", "/usr/local/cuda/efa/test-cuda-*/all_reduce_perf",
-                    "/usr/local/cuda-*/efa/test-cuda-*/all_reduce_perf")
+NCCL_TESTS_GLOBS = (
+    "/opt/nccl-tests/build/all_reduce_perf",
+    "/usr/local/cuda/efa/test-cuda-*/all_reduce_perf",
+    "/usr/local/cuda-*/efa/test-cuda-*/all_reduce_perf",
+)
 MPIRUN_PATHS = ("/opt/amazon/openmpi/bin/mpirun",)
 MPI_HOSTS = "mpi_hosts"  # the mpirun hostfile in the job folder, from the hosts file (slots = GPUs per node)
 _NCCL_PREFIX = re.compile(r"^\s*(?:\[\d+,\d+\]<std\w+>:|\d+:)\s?")  # mpirun --tag-output, srun -l
@@ -308,9 +355,11 @@ _NCCL_OOB = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s+(\w+)")
 def tools_probe_command() -> str:
     """Prints `all_reduce_perf PATH` and `mpirun PATH`, the first executable of each (nothing when absent)."""
     mpis = " ".join(shlex.quote(p) for p in MPIRUN_PATHS)
-    return (f'for p in {" ".join(NCCL_TESTS_GLOBS)}; do [ -x "$p" ] && {{ echo "all_reduce_perf $p"; break; }}; done; '
-            f'for p in {mpis} "$(command -v mpirun)"; do [ -n "$p" ] && [ -x "$p" ] && {{ echo "mpirun $p"; break; }}; '
-            "done; true")
+    return (
+        f'for p in {" ".join(NCCL_TESTS_GLOBS)}; do [ -x "$p" ] && {{ echo "all_reduce_perf $p"; break; }}; done; '
+        f'for p in {mpis} "$(command -v mpirun)"; do [ -n "$p" ] && [ -x "$p" ] && {{ echo "mpirun $p"; break; }}; '
+        "done; true"
+    )
 
 
 def parse_tools(text: str) -> dict[str, str]:
@@ -342,11 +391,13 @@ def choose_fabric_tool(found: dict[str, dict[str, str] | None], gpus: int) -> Fa
             return FabricTool("gloo", f"{tool} not found on {', '.join(lacking)}: Horovod's allreduce over gloo")
     paths = sorted({f["all_reduce_perf"] for f in found.values() if f})
     if len(paths) > 1:
-        return FabricTool("gloo", f"all_reduce_perf at different paths ({', '.join(paths)}): Horovod's allreduce "
-                                  "over gloo")
+        return FabricTool(
+            "gloo", f"all_reduce_perf at different paths ({', '.join(paths)}): Horovod's allreduce over gloo"
+        )
     leader = next(f for f in found.values() if f)  # every node's (none lacks the tool: checked above)
-    return FabricTool("nccl-tests", f"all_reduce_perf on every node ({paths[0]}) through mpirun",
-                      paths[0], leader["mpirun"])
+    return FabricTool(
+        "nccl-tests", f"all_reduce_perf on every node ({paths[0]}) through mpirun", paths[0], leader["mpirun"]
+    )
 
 
 def mpi_hostfile(hosts, gpus: int) -> str:
@@ -356,18 +407,43 @@ def mpi_hostfile(hosts, gpus: int) -> str:
     return HostsFile.from_pairs((e.host, gpus) for e in hosts.entries).render_mpi()
 
 
-def all_reduce_perf_argv(tool: FabricTool, nodes: int, gpus: int, hostfile: str, *, max_bytes: int, iters: int,
-                         as_root: bool = False) -> list[str]:
+def all_reduce_perf_argv(
+    tool: FabricTool, nodes: int, gpus: int, hostfile: str, *, max_bytes: int, iters: int, as_root: bool = False
+) -> list[str]:
     """mpirun of all_reduce_perf: one process per GPU (-g 1), 8 bytes to max_bytes doubling, `iters` timed
     iterations per size. --prefix finds Open MPI's daemons on the other nodes; LD_LIBRARY_PATH (the EFA and
     NCCL plugin libraries) goes to every rank. An argv: quote it with shlex.join."""
     if nodes < 1 or gpus < 1 or max_bytes < 8 or iters < 1:
         raise ValueError("nodes, gpus and iters must be positive, max_bytes at least 8")
     prefix = tool.mpirun.rsplit("/bin/", 1)[0] if "/bin/" in tool.mpirun else None
-    argv = [tool.mpirun, *(["--allow-run-as-root"] if as_root else []), *(["--prefix", prefix] if prefix else []),
-            "-np", str(nodes * gpus), "--hostfile", hostfile, "--map-by", f"ppr:{gpus}:node", "--bind-to", "none",
-            "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG=WARN",
-            tool.binary, "-b", "8", "-e", str(max_bytes), "-f", "2", "-g", "1", "-n", str(iters)]
+    argv = [
+        tool.mpirun,
+        *(["--allow-run-as-root"] if as_root else []),
+        *(["--prefix", prefix] if prefix else []),
+        "-np",
+        str(nodes * gpus),
+        "--hostfile",
+        hostfile,
+        "--map-by",
+        f"ppr:{gpus}:node",
+        "--bind-to",
+        "none",
+        "-x",
+        "LD_LIBRARY_PATH",
+        "-x",
+        "NCCL_DEBUG=WARN",
+        tool.binary,
+        "-b",
+        "8",
+        "-e",
+        str(max_bytes),
+        "-f",
+        "2",
+        "-g",
+        "1",
+        "-n",
+        str(iters),
+    ]
     return argv
 
 
@@ -426,8 +502,22 @@ def parse_all_reduce_perf(text: str) -> NcclTestsResult:
         if len(t) != 12 or not (t[0].isdigit() and t[1].isdigit() and t[2].isalpha()):
             continue
         try:
-            rows.append(NcclRow(int(t[0]), int(t[1]), t[2], t[3], float(t[4]), float(t[5]), float(t[6]), t[7],
-                                float(t[8]), float(t[9]), float(t[10]), t[11]))
+            rows.append(
+                NcclRow(
+                    int(t[0]),
+                    int(t[1]),
+                    t[2],
+                    t[3],
+                    float(t[4]),
+                    float(t[5]),
+                    float(t[6]),
+                    t[7],
+                    float(t[8]),
+                    float(t[9]),
+                    float(t[10]),
+                    t[11],
+                )
+            )
         except ValueError:
             continue
     if not rows or avg is None:
@@ -443,8 +533,11 @@ def _nccl_allreduce(text: str, hosts: tuple[str, ...]) -> tuple[Allreduce, NcclT
     except ValueError as exc:
         return Allreduce(hosts, error=str(exc)), None
     if res.wrong or res.out_of_bounds:
-        return Allreduce(hosts, res.peak_busbw_gbyte * 8, error=f"all_reduce_perf found {res.wrong or res.out_of_bounds} "
-                                                                 "wrong result(s)"), res
+        return Allreduce(
+            hosts,
+            res.peak_busbw_gbyte * 8,
+            error=f"all_reduce_perf found {res.wrong or res.out_of_bounds} wrong result(s)",
+        ), res
     return Allreduce(hosts, res.peak_busbw_gbyte * 8), res
 
 
@@ -481,11 +574,22 @@ def fabric(inv, python: str | None = None, mb: float = 64.0, iters: int = 10, ti
 
             def command(nodes: int, hostfile: str, horovod_hosts: str) -> str:
                 if tool.name == "nccl-tests":
-                    argv = all_reduce_perf_argv(tool, nodes, gpus, f"{job.dir}/{hostfile}", max_bytes=int(mb * 2**20),
-                                                iters=iters, as_root=leader.user == "root")
-                    return (f'{launch.LIB_PATH_SH} cd {shlex.quote(job.dir)} && '
-                            f'LD_LIBRARY_PATH="$L${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" {shlex.join(argv)} 2>&1')
-                return launch.leader_command(job, nodes, [python, script, *script_args], python, env, hosts=horovod_hosts)
+                    argv = all_reduce_perf_argv(
+                        tool,
+                        nodes,
+                        gpus,
+                        f"{job.dir}/{hostfile}",
+                        max_bytes=int(mb * 2**20),
+                        iters=iters,
+                        as_root=leader.user == "root",
+                    )
+                    return (
+                        f"{launch.LIB_PATH_SH} cd {shlex.quote(job.dir)} && "
+                        f'LD_LIBRARY_PATH="$L${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" {shlex.join(argv)} 2>&1'
+                    )
+                return launch.leader_command(
+                    job, nodes, [python, script, *script_args], python, env, hosts=horovod_hosts
+                )
 
             def measured(text: str, on: tuple[str, ...]) -> Allreduce:
                 nonlocal nccl

@@ -99,9 +99,7 @@ def _checked_hosts_arg(text: str) -> str:
     for item in text.split(","):
         host, sep, slots = item.rpartition(":")
         if not sep or not slots.isdigit() or int(slots) < 1:
-            raise ValueError(
-                f"-H entry {item!r} is not HOST:SLOTS (pass a pathlib.Path to use a hosts file instead)"
-            )
+            raise ValueError(f"-H entry {item!r} is not HOST:SLOTS (pass a pathlib.Path to use a hosts file instead)")
         problem = host_problem(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
         if problem:
             raise ValueError(f"-H: {problem}")
@@ -112,7 +110,17 @@ def _checked_hosts_arg(text: str) -> str:
 # Names: whole '_'-separated parts that mark a credential (API_KEY, GH_TOKEN, DB_PASS ...). Whole parts,
 # because substrings would also catch TOKENIZERS_PARALLELISM, which training runs need.
 _SECRET_NAME_PARTS = {
-    "TOKEN", "TOKENS", "PASS", "KEY", "KEYS", "APIKEY", "PRIVATE", "AUTH", "SESSION", "COOKIE", "CREDS",
+    "TOKEN",
+    "TOKENS",
+    "PASS",
+    "KEY",
+    "KEYS",
+    "APIKEY",
+    "PRIVATE",
+    "AUTH",
+    "SESSION",
+    "COOKIE",
+    "CREDS",
     "SIGNATURE",
 }
 _SECRET_NAME_SUBSTRINGS = ("SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
@@ -210,7 +218,7 @@ def parse_devices(text: str, mark: str = MARK) -> tuple[DeviceReport, ...]:
         if at < 0:
             continue
         try:
-            fields = dict(tok.split("=", 1) for tok in shlex.split(line[at + len(key):]))
+            fields = dict(tok.split("=", 1) for tok in shlex.split(line[at + len(key) :]))
         except ValueError:
             raise ValueError(f"line {lineno}: malformed device line: {line.strip()!r}") from None
         report = DeviceReport.from_fields(fields, f"line {lineno}")
@@ -252,16 +260,24 @@ def device_problems(reports: Sequence[DeviceReport], size: int, gpus_per_node: i
     for host, ranks in by_host.items():
         cpu = [r.rank for r in ranks if not r.gpus or r.logical < 1]
         if cpu:
-            problems.append(f"{host}: rank(s) {_ranks(cpu)} ran on the CPU (TensorFlow found no usable GPU: "
-                            "a CPU-only TensorFlow, or CUDA/the driver failed to load)")
+            problems.append(
+                f"{host}: rank(s) {_ranks(cpu)} ran on the CPU (TensorFlow found no usable GPU: "
+                "a CPU-only TensorFlow, or CUDA/the driver failed to load)"
+            )
         owners: dict[str, list[int]] = {}
         for r in ranks:
             for g in r.gpus:
                 owners.setdefault(g, []).append(r.rank)
         for gpu, sharing in sorted(owners.items()):
             if len(sharing) > 1:
-                why = (f"; {len(ranks)} processes on a node with {gpus_per_node} GPU(s): give it at most "
-                       f"{gpus_per_node} slots") if len(ranks) > gpus_per_node else ""
+                why = (
+                    (
+                        f"; {len(ranks)} processes on a node with {gpus_per_node} GPU(s): give it at most "
+                        f"{gpus_per_node} slots"
+                    )
+                    if len(ranks) > gpus_per_node
+                    else ""
+                )
                 problems.append(f"{host}: ranks {_ranks(sharing)} share GPU {gpu}{why}")
     return problems
 
@@ -289,8 +305,9 @@ class BenchRun:
 _LINE = re.compile(rf"{MARK}\s+(\w+)((?:\s+[\w.-]+=\S*)*)\s*$")
 
 
-def _fields(kind: str, body: str, lineno: int, need: dict[str, type],
-            optional: dict[str, type] | None = None) -> dict[str, Any]:
+def _fields(
+    kind: str, body: str, lineno: int, need: dict[str, type], optional: dict[str, type] | None = None
+) -> dict[str, Any]:
     """The line's key=value fields, each converted to the type its spec names (so Any: typed at run time)."""
     raw = dict(tok.split("=", 1) for tok in body.split())
     out: dict[str, Any] = {}
@@ -329,14 +346,17 @@ def parse_bench_output(text: str) -> BenchRun:
             f = _fields(kind, body, lineno, {"step": int, "img_per_sec": float, "size": int})
             intervals.append(BenchInterval(**f))
         elif kind == "host":
-            f = _fields(kind, body, lineno, {"rank": int, "name": str, "local_rank": int, "img_per_sec": float},
-                        {"conf": float})
+            f = _fields(
+                kind, body, lineno, {"rank": int, "name": str, "local_rank": int, "img_per_sec": float}, {"conf": float}
+            )
             hosts.append(BenchHost(**f))
         elif kind == "result":
             if result is not None:
                 raise ValueError(f"bench output line {lineno}: a second result line (two runs in one log?)")
             result = _fields(
-                kind, body, lineno,
+                kind,
+                body,
+                lineno,
                 {"size": int, "img_per_sec": float, "img_per_sec_per_proc": float, "model": str, "batch": int},
                 {"conf": float},
             )
@@ -350,5 +370,4 @@ def parse_bench_output(text: str) -> BenchRun:
         if errors:
             raise ValueError(f"the benchmark reported an error and no result: {'; '.join(errors)}")
         raise ValueError(f"no '{MARK} result' line in the benchmark output (did every rank start?)")
-    return BenchRun(intervals=tuple(intervals), hosts=tuple(hosts), devices=tuple(devices),
-                    **result)
+    return BenchRun(intervals=tuple(intervals), hosts=tuple(hosts), devices=tuple(devices), **result)

@@ -90,32 +90,45 @@ def job_env(cluster: Cluster | None, python: str) -> dict[str, str]:
     return env
 
 
-def stage(pool: SshPool, targets: Sequence[SshTarget], job: JobFolder, files: Mapping[str, bytes], hosts: HostsFile) -> None:
+def stage(
+    pool: SshPool, targets: Sequence[SshTarget], job: JobFolder, files: Mapping[str, bytes], hosts: HostsFile
+) -> None:
     payload = {f"{job.dir}/{name}": (data, 0o644) for name, data in files.items()}
     payload[f"{job.dir}/hvd_launch.py"] = (resources.template_bytes("hvd_launch.py"), 0o644)
     payload[f"{job.dir}/hosts"] = (hosts.render().encode(), 0o644)
     report = pool.put(targets, payload)
     if not report.all_ok:
-        raise UnreachableError("could not copy the job to every node: "
-                               + "; ".join(f"{r.host}: {r.error}" for r in report.failed))
+        raise UnreachableError(
+            "could not copy the job to every node: " + "; ".join(f"{r.host}: {r.error}" for r in report.failed)
+        )
 
 
-def leader_command(job: JobFolder, np: int, script_argv: Sequence[str], python: str,
-                   env: Mapping[str, str], start_timeout: int = horovod.DEFAULT_START_TIMEOUT_S,
-                   hosts: "HostsFile | str | Path" = Path("hosts")) -> str:
+def leader_command(
+    job: JobFolder,
+    np: int,
+    script_argv: Sequence[str],
+    python: str,
+    env: Mapping[str, str],
+    start_timeout: int = horovod.DEFAULT_START_TIMEOUT_S,
+    hosts: "HostsFile | str | Path" = Path("hosts"),
+) -> str:
     """The shell command run on the leader: horovodrun in the job folder, in a scrubbed environment.
     `hosts`: the job's hosts file by default; `localhost:N` runs a node on its own (bench's per-node rung)."""
-    argv = horovod.horovodrun_argv(np, hosts, list(script_argv), extra_env=dict(env),
-                                   start_timeout=start_timeout, horovodrun="@HOROVODRUN@")
+    argv = horovod.horovodrun_argv(
+        np, hosts, list(script_argv), extra_env=dict(env), start_timeout=start_timeout, horovodrun="@HOROVODRUN@"
+    )
     at = argv.index("@HOROVODRUN@")
-    argv[at:at + 1] = [python, f"{job.dir}/hvd_launch.py"]
+    argv[at : at + 1] = [python, f"{job.dir}/hvd_launch.py"]
     path = f"{os.path.dirname(python)}:{BASE_PATH}" if python.startswith("/") else BASE_PATH
-    return (f"{LIB_PATH_SH} cd {shlex.quote(job.dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
-            f"PATH={shlex.quote(path)} ${{L:+LD_LIBRARY_PATH=\"$L\"}} {shlex.join(argv)} 2>&1")
+    return (
+        f'{LIB_PATH_SH} cd {shlex.quote(job.dir)} && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '
+        f'PATH={shlex.quote(path)} ${{L:+LD_LIBRARY_PATH="$L"}} {shlex.join(argv)} 2>&1'
+    )
 
 
-def run_on_leader(pool: SshPool, leader: SshTarget, command: str, timeout: float | None,
-                  on_line: OnLine | None = None) -> HostResult:
+def run_on_leader(
+    pool: SshPool, leader: SshTarget, command: str, timeout: float | None, on_line: OnLine | None = None
+) -> HostResult:
     return pool.run_one(leader, command, timeout=timeout, on_line=on_line)
 
 
@@ -137,8 +150,9 @@ def follow(inv, job_name: str, on_line: Callable[[str], None]) -> int:
     from clusterctl.remote import tmux as jobs
 
     with SshPool(inv.settings) as pool:
-        r = pool.run_one(inv.targets[0], jobs.logs_command(job_name, follow=True),
-                         on_line=lambda _h, _s, line: on_line(line))
+        r = pool.run_one(
+            inv.targets[0], jobs.logs_command(job_name, follow=True), on_line=lambda _h, _s, line: on_line(line)
+        )
     if r.exit_code is None:
         raise UnreachableError(f"lost the log of {job_name}: {r.error}")
     return r.exit_code

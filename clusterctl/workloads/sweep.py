@@ -40,8 +40,21 @@ MARK = "\x1e"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ID = re.compile(r"^sweep-[0-9]{8}-[0-9]{6}-[0-9a-f]{4}$")
 _PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # {lr}; ${HOME} stays the shell's
-SSH = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=5",
-       "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=2", "-o", "LogLevel=ERROR")
+SSH = (
+    "ssh",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "StrictHostKeyChecking=yes",
+    "-o",
+    "ConnectTimeout=5",
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=2",
+    "-o",
+    "LogLevel=ERROR",
+)
 
 
 # ---- trials (pure) -------------------------------------------------------------------------------------------
@@ -118,8 +131,12 @@ def parse_ranges(items: Sequence[str]) -> dict[str, Range]:
     return ranges
 
 
-def expand(grid: Mapping[str, Sequence[str]], ranges: Mapping[str, Range] | None = None,
-           random_k: int | None = None, seed: int = 0) -> list[dict[str, str]]:
+def expand(
+    grid: Mapping[str, Sequence[str]],
+    ranges: Mapping[str, Range] | None = None,
+    random_k: int | None = None,
+    seed: int = 0,
+) -> list[dict[str, str]]:
     """Every combination of the grid (the first --grid varies slowest); with `random_k`, that many samples
     instead: each range drawn uniformly (log-uniform, whole numbers), each grid parameter picked at random."""
     ranges = dict(ranges or {})
@@ -139,8 +156,9 @@ def expand(grid: Mapping[str, Sequence[str]], ranges: Mapping[str, Range] | None
         raise UsageError("--random K samples from --range (and --grid) parameters; none given")
     rng = random.Random(seed)
     names = list(grid) + list(ranges)
-    return [{n: (rng.choice(list(grid[n])) if n in grid else ranges[n].sample(rng)) for n in names}
-            for _ in range(random_k)]
+    return [
+        {n: (rng.choice(list(grid[n])) if n in grid else ranges[n].sample(rng)) for n in names} for _ in range(random_k)
+    ]
 
 
 def placeholders(template: Sequence[str]) -> list[str]:
@@ -156,10 +174,12 @@ def render_command(template: Sequence[str], values: Mapping[str, str]) -> str:
     """The shell command of one trial. Several words (`-- python train.py --lr {lr}`): each word filled in,
     then quoted for the shell. One word (`-- 'python t.py --lr {lr} | tee out'`): shell text, with each
     value quoted where it goes."""
+
     def fill(text: str, quote: bool) -> str:
         def sub(m: re.Match) -> str:
             value = str(values[m.group(1)])
             return shlex.quote(value) if quote else value
+
         return _PLACEHOLDER.sub(sub, text)
 
     if len(template) == 1:
@@ -182,16 +202,23 @@ def check_model_dir(template: Sequence[str]) -> None:
     if not any("train_imagenet" in w for w in words):
         return
     for i, w in enumerate(words):
-        value = w.split("=", 1)[1] if w.startswith("--model-dir=") else (
-            words[i + 1] if w == "--model-dir" and i + 1 < len(words) else None)
+        value = (
+            w.split("=", 1)[1]
+            if w.startswith("--model-dir=")
+            else (words[i + 1] if w == "--model-dir" and i + 1 < len(words) else None)
+        )
         if value is not None and "{trial}" not in value:
-            raise UsageError(f"--model-dir {value!r} would be shared by every trial (they would resume each other's "
-                             "checkpoints)", "put {trial} in it (--model-dir run{trial}) or leave it out")
+            raise UsageError(
+                f"--model-dir {value!r} would be shared by every trial (they would resume each other's checkpoints)",
+                "put {trial} in it (--model-dir run{trial}) or leave it out",
+            )
 
 
 def build_trials(template: Sequence[str], combos: Sequence[Mapping[str, str]], python: str) -> list[Trial]:
     if not template or not "".join(template).strip():
-        raise UsageError("no command to sweep", "put it after --: clusterctl sweep --grid lr=0.1,0.01 -- python train.py --lr {lr}")
+        raise UsageError(
+            "no command to sweep", "put it after --: clusterctl sweep --grid lr=0.1,0.01 -- python train.py --lr {lr}"
+        )
     try:
         check_model_dir(template)
     except ValueError:
@@ -199,8 +226,10 @@ def build_trials(template: Sequence[str], combos: Sequence[Mapping[str, str]], p
     names = list(combos[0]) if combos else []
     unknown = [p for p in placeholders(template) if p not in names and p not in RESERVED]
     if unknown:
-        raise UsageError(f"the command uses {', '.join('{' + u + '}' for u in unknown)}, which no --grid or --range defines",
-                         f"parameters: {', '.join(names) or 'none'}; also {{python}} and {{trial}}")
+        raise UsageError(
+            f"the command uses {', '.join('{' + u + '}' for u in unknown)}, which no --grid or --range defines",
+            f"parameters: {', '.join(names) or 'none'}; also {{python}} and {{trial}}",
+        )
     trials = []
     for i, combo in enumerate(combos, start=1):
         values = dict(combo, python=python, trial=str(i))
@@ -282,9 +311,16 @@ def config(spec: SweepSpec, sweep_id: str, sweep_dir: str, hosts, user: str, pyt
         "user": user,
         "tree_fn": TREE_FN,
         # for whoever reads the state later (--status, --attach, results.json): how to show it
-        "meta": {"template": list(spec.template), "params": list(spec.params), "metric": spec.metric_name,
-                 "metric_regex": spec.metric_regex, "metric_key": spec.metric_key, "goal": spec.goal,
-                 "log_scale": list(spec.log_scale), "gpus_per_trial": spec.gpus_per_trial},
+        "meta": {
+            "template": list(spec.template),
+            "params": list(spec.params),
+            "metric": spec.metric_name,
+            "metric_regex": spec.metric_regex,
+            "metric_key": spec.metric_key,
+            "goal": spec.goal,
+            "log_scale": list(spec.log_scale),
+            "gpus_per_trial": spec.gpus_per_trial,
+        },
     }
 
 
@@ -303,9 +339,11 @@ def sweep_dir(home: str, sweep_id: str) -> str:
 def running_sweeps(pool, leader) -> list[str]:
     """Sweeps whose scheduler still runs on the leader and has not ended (one that just wrote its final
     state may still be closing its connections)."""
-    cmd = ("for s in $(tmux ls -F '#{session_name}' 2>/dev/null | grep '^sweep-'); do "
-           f'printf "%s %s\\n" "$s" "$(grep -o \'"status": "[a-z]*"\' "$HOME/{SWEEPS}/$s/state.json" 2>/dev/null | head -n 1)"; '
-           "done; true")
+    cmd = (
+        "for s in $(tmux ls -F '#{session_name}' 2>/dev/null | grep '^sweep-'); do "
+        f'printf "%s %s\\n" "$s" "$(grep -o \'"status": "[a-z]*"\' "$HOME/{SWEEPS}/$s/state.json" 2>/dev/null | head -n 1)"; '
+        "done; true"
+    )
     r = pool.run_one(leader, cmd, timeout=30)
     if not r.ok:
         raise UnreachableError(f"cannot reach the leader {leader.label}: {r.error or r.stderr.strip()}")
@@ -322,8 +360,10 @@ def start(pool, inv, spec: SweepSpec, python: str, sweep_id: str | None = None) 
     leader = inv.targets[0]
     busy = running_sweeps(pool, leader)
     if busy:
-        raise ConfigError(f"sweep {busy[0]} is still running on this cluster (its trials hold the GPUs)",
-                          f"wait for it (clusterctl sweep --attach --id {busy[0]}) or cancel it (--cancel --id {busy[0]})")
+        raise ConfigError(
+            f"sweep {busy[0]} is still running on this cluster (its trials hold the GPUs)",
+            f"wait for it (clusterctl sweep --attach --id {busy[0]}) or cancel it (--cancel --id {busy[0]})",
+        )
     sweep_id = sweep_id or new_id()
     home = leader_home(pool, leader)
     d = sweep_dir(home, sweep_id)
@@ -334,13 +374,21 @@ def start(pool, inv, spec: SweepSpec, python: str, sweep_id: str | None = None) 
     if spec.files:
         report = pool.put(list(inv.targets), {f"{d}/{name}": (data, 0o644) for name, data in spec.files})
         if not report.all_ok:
-            raise UnreachableError("could not copy the files to every node: "
-                                   + "; ".join(f"{r.host}: {r.error}" for r in report.failed))
-    put = pool.put([leader], {f"{d}/{SCHEDULER}": (resources.template_bytes(SCHEDULER), 0o644),
-                              f"{d}/config.json": (json.dumps(spec_cfg, indent=1).encode(), 0o644)})
+            raise UnreachableError(
+                "could not copy the files to every node: " + "; ".join(f"{r.host}: {r.error}" for r in report.failed)
+            )
+    put = pool.put(
+        [leader],
+        {
+            f"{d}/{SCHEDULER}": (resources.template_bytes(SCHEDULER), 0o644),
+            f"{d}/config.json": (json.dumps(spec_cfg, indent=1).encode(), 0o644),
+        },
+    )
     if not put.all_ok:
         raise UnreachableError(f"could not stage the sweep on the leader: {put.failed[0].error}")
-    cmd = jobs.detach_command(sweep_id, f"exec {shlex.quote(python)} {shlex.quote(d + '/' + SCHEDULER)} {shlex.quote(d)}")
+    cmd = jobs.detach_command(
+        sweep_id, f"exec {shlex.quote(python)} {shlex.quote(d + '/' + SCHEDULER)} {shlex.quote(d)}"
+    )
     r = pool.run_one(leader, cmd, timeout=60)
     if not r.ok:
         raise RemoteCommandError(f"the scheduler did not start on the leader: {(r.error or r.stderr).strip()}")
@@ -366,15 +414,19 @@ class Snapshot:
 
 def read_state(pool, leader, sweep_id: str) -> Snapshot:
     n = validate_id(sweep_id)
-    cmd = (f'd="$HOME/{SWEEPS}/{n}"; [ -d "$d" ] || {{ echo "no sweep {n} on this cluster" >&2; exit 3; }}; '
-           f'cat "$d/state.json" 2>/dev/null; printf "\\n{MARK}"; '
-           f"tmux has-session -t {shlex.quote('=' + n)} 2>/dev/null && echo alive || "
-           f'{{ echo gone; tail -n 15 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; }}; true')
+    cmd = (
+        f'd="$HOME/{SWEEPS}/{n}"; [ -d "$d" ] || {{ echo "no sweep {n} on this cluster" >&2; exit 3; }}; '
+        f'cat "$d/state.json" 2>/dev/null; printf "\\n{MARK}"; '
+        f"tmux has-session -t {shlex.quote('=' + n)} 2>/dev/null && echo alive || "
+        f'{{ echo gone; tail -n 15 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; }}; true'
+    )
     r = pool.run_one(leader, cmd, timeout=30)
     if r.exit_code == 3:
         raise ConfigError(f"no sweep {n} on this cluster", "see `clusterctl sweep --status` for the latest one")
     if not r.ok:
-        raise UnreachableError(f"cannot read the sweep's state on the leader {leader.label}: {r.error or r.stderr.strip()}")
+        raise UnreachableError(
+            f"cannot read the sweep's state on the leader {leader.label}: {r.error or r.stderr.strip()}"
+        )
     text, _, tail = r.stdout.partition(MARK)
     alive_line, _, log_tail = tail.partition("\n")
     try:
@@ -387,8 +439,15 @@ def read_state(pool, leader, sweep_id: str) -> Snapshot:
 RECONNECT_S = 300.0  # how long a watch re-dials a leader it lost (a reboot, a network blip) before it gives up
 
 
-def follow(pool, leader, sweep_id: str, on_state: Callable[[dict], None], poll: float = 1.0,
-           start_timeout: float = 60.0, reconnect: float = RECONNECT_S) -> dict:
+def follow(
+    pool,
+    leader,
+    sweep_id: str,
+    on_state: Callable[[dict], None],
+    poll: float = 1.0,
+    start_timeout: float = 60.0,
+    reconnect: float = RECONNECT_S,
+) -> dict:
     """Read the state every `poll` seconds until the sweep ends; the final state. A leader that stops
     answering is re-dialled with backoff for `reconnect` seconds (the sweep goes on without us)."""
     from clusterctl import retry
@@ -412,12 +471,16 @@ def follow(pool, leader, sweep_id: str, on_state: Callable[[dict], None], poll: 
                 return snap.state
         if not snap.alive:
             status = (snap.state or {}).get("status", "not started")
-            raise RemoteCommandError(f"the scheduler of {sweep_id} stopped on the leader while the sweep was {status}"
-                                     + (f": {snap.log_tail.strip().splitlines()[-1]}" if snap.log_tail.strip() else ""),
-                                     f"see ~/.clusterctl/jobs/{sweep_id}.log on the leader; end its trials with --cancel")
+            raise RemoteCommandError(
+                f"the scheduler of {sweep_id} stopped on the leader while the sweep was {status}"
+                + (f": {snap.log_tail.strip().splitlines()[-1]}" if snap.log_tail.strip() else ""),
+                f"see ~/.clusterctl/jobs/{sweep_id}.log on the leader; end its trials with --cancel",
+            )
         if snap.state is None and time.monotonic() - began > start_timeout:
-            raise RemoteCommandError(f"the scheduler of {sweep_id} wrote no state in {start_timeout:.0f}s",
-                                     f"see ~/.clusterctl/jobs/{sweep_id}.log on the leader")
+            raise RemoteCommandError(
+                f"the scheduler of {sweep_id} wrote no state in {start_timeout:.0f}s",
+                f"see ~/.clusterctl/jobs/{sweep_id}.log on the leader",
+            )
         time.sleep(poll)
 
 
@@ -442,8 +505,10 @@ def cancel(pool, leader, sweep_id: str, python: str, timeout: float = 60.0) -> d
                 break
             time.sleep(0.5)
         else:
-            raise RemoteCommandError(f"the scheduler of {n} did not finish cancelling in {timeout:.0f}s",
-                                     f"see ~/.clusterctl/jobs/{n}.log on the leader")
+            raise RemoteCommandError(
+                f"the scheduler of {n} did not finish cancelling in {timeout:.0f}s",
+                f"see ~/.clusterctl/jobs/{n}.log on the leader",
+            )
     r = pool.run_one(leader, f"{shlex.quote(python)} {d}/{SCHEDULER} {d} --cancel", timeout=120)
     if not r.ok:
         raise RemoteCommandError(f"cancelling {n} on the leader failed: {(r.error or r.stderr).strip()}")
@@ -469,8 +534,10 @@ def collect_logs(pool, inv, state: dict, out_dir: Path, limit: int = 1048576) ->
 
     def command(target) -> str:
         paths = by_host[host_of[target.label]]
-        return "; ".join(f"printf '{MARK}%s\\n' {shlex.quote(os.path.basename(p))}; tail -c {int(limit)} {shlex.quote(p)} 2>/dev/null"
-                         for p in paths)
+        return "; ".join(
+            f"printf '{MARK}%s\\n' {shlex.quote(os.path.basename(p))}; tail -c {int(limit)} {shlex.quote(p)} 2>/dev/null"
+            for p in paths
+        )
 
     report = pool.run(wanted, command, timeout=120)
     missing = sorted(set(by_host) - alive)
@@ -524,16 +591,18 @@ def rows(state: dict, params: Sequence[str], goal: str, sort: bool, now: float |
         note = t.get("error") or ""
         if t.get("requeued") and t.get("state") not in ("lost",):
             note = (note + "; " if note else "") + "re-run after its node died"
-        out.append({
-            "trial": str(t["id"]),
-            "params": [str(t["params"].get(p, "")) for p in params],
-            "node": where(t),
-            "state": t.get("state", "?"),
-            "elapsed": "-" if secs is None else f"{secs:.1f}s",
-            "metric": "-" if t.get("metric") is None else f"{t['metric']:.6g}",
-            "best": top is not None and t["id"] == top["id"],
-            "note": note,
-        })
+        out.append(
+            {
+                "trial": str(t["id"]),
+                "params": [str(t["params"].get(p, "")) for p in params],
+                "node": where(t),
+                "state": t.get("state", "?"),
+                "elapsed": "-" if secs is None else f"{secs:.1f}s",
+                "metric": "-" if t.get("metric") is None else f"{t['metric']:.6g}",
+                "best": top is not None and t["id"] == top["id"],
+                "note": note,
+            }
+        )
     return out
 
 
@@ -556,7 +625,9 @@ def events(prev: dict | None, cur: dict, metric_name: str = "metric") -> list[st
             lines.append(f"trial {t['id']} ({params}) started on {where(t)}")
         if t.get("state") in FINAL and o.get("state") not in FINAL:
             secs = elapsed(t, time.time())
-            what = f"{metric_name} {t['metric']:.6g}" if t.get("metric") is not None else (t.get("error") or "no metric")
+            what = (
+                f"{metric_name} {t['metric']:.6g}" if t.get("metric") is not None else (t.get("error") or "no metric")
+            )
             took = f" after {secs:.1f}s" if secs is not None else ""
             lines.append(f"trial {t['id']} {t['state']}{took}: {what}")
     return lines
@@ -575,9 +646,17 @@ def results_dir(root: Path) -> Path:
 def write_results(out_dir: Path, state: dict, meta: Mapping) -> Path:
     goal = meta.get("goal", "max")
     doc = dict(meta)
-    doc.update({"id": state.get("id"), "status": state.get("status"), "started": state.get("started"),
-                "ended": state.get("ended"), "best": best(state, goal), "nodes": state.get("nodes", []),
-                "trials": ranked(state, goal)})
+    doc.update(
+        {
+            "id": state.get("id"),
+            "status": state.get("status"),
+            "started": state.get("started"),
+            "ended": state.get("ended"),
+            "best": best(state, goal),
+            "nodes": state.get("nodes", []),
+            "trials": ranked(state, goal),
+        }
+    )
     path = out_dir / "results.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
@@ -590,8 +669,9 @@ def _numeric(values: Sequence[str]) -> list[float] | None:
         return None
 
 
-def plot(state: dict, params: Sequence[str], metric_name: str, goal: str, path: Path,
-         log_scale: Sequence[str] = ()) -> bool:
+def plot(
+    state: dict, params: Sequence[str], metric_name: str, goal: str, path: Path, log_scale: Sequence[str] = ()
+) -> bool:
     """The metric against each parameter, one panel per parameter, best trial starred (headless).
     False when no trial has a metric (nothing to plot)."""
     done = [t for t in state.get("trials", []) if t.get("state") == "done" and t.get("metric") is not None]
@@ -618,7 +698,9 @@ def plot(state: dict, params: Sequence[str], metric_name: str, goal: str, path: 
         ax.scatter(xs, ys, color="tab:blue", alpha=0.8, label="trials")
         if top is not None:
             i = done.index(top)
-            ax.scatter([xs[i]], [ys[i]], marker="*", s=220, color="tab:orange", zorder=3, label=f"best (trial {top['id']})")
+            ax.scatter(
+                [xs[i]], [ys[i]], marker="*", s=220, color="tab:orange", zorder=3, label=f"best (trial {top['id']})"
+            )
         ax.set_xlabel(p)
         ax.set_ylabel(metric_name)
         ax.grid(alpha=0.3)
@@ -658,8 +740,11 @@ def watch(pool, leader, sweep_id: str, open_view: Callable, poll: float = 1.0) -
             if seen["view"] is None:
                 seen["params"] = meta.get("params") or list(state["trials"][0]["params"])
                 seen["view"] = stack.enter_context(open_view(seen["params"], meta.get("metric", "metric")))
-            seen["view"].update(rows(state, seen["params"], meta.get("goal", "max"), sort=False),
-                                summary(state), events(seen["prev"], state, meta.get("metric", "metric")))
+            seen["view"].update(
+                rows(state, seen["params"], meta.get("goal", "max"), sort=False),
+                summary(state),
+                events(seen["prev"], state, meta.get("metric", "metric")),
+            )
             seen["prev"] = state
 
         return follow(pool, leader, sweep_id, on_state, poll=poll)

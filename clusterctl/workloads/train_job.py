@@ -55,16 +55,33 @@ class TrainOptions:
 
 
 _VALUE_FLAGS = (
-    ("data", "--data"), ("model", "--model"), ("epochs", "--epochs"), ("batch_size", "--batch-size"),
-    ("model_dir", "--model-dir"), ("image_size", "--image-size"), ("max_steps", "--max-steps"),
-    ("base_lr", "--base-lr"), ("warmup_epochs", "--warmup-epochs"), ("checkpoint_every", "--checkpoint-every"),
-    ("precision", "--precision"), ("recipe", "--recipe"), ("eval_every", "--eval-every"),
-    ("keep_checkpoints", "--keep-checkpoints"), ("log_every", "--log-every"), ("expect_size", "--expect-size"),
-    ("checkpoint_copy", "--checkpoint-copy"), ("checkpoint_to", "--checkpoint-to"), ("spot_poll", "--spot-poll"),
+    ("data", "--data"),
+    ("model", "--model"),
+    ("epochs", "--epochs"),
+    ("batch_size", "--batch-size"),
+    ("model_dir", "--model-dir"),
+    ("image_size", "--image-size"),
+    ("max_steps", "--max-steps"),
+    ("base_lr", "--base-lr"),
+    ("warmup_epochs", "--warmup-epochs"),
+    ("checkpoint_every", "--checkpoint-every"),
+    ("precision", "--precision"),
+    ("recipe", "--recipe"),
+    ("eval_every", "--eval-every"),
+    ("keep_checkpoints", "--keep-checkpoints"),
+    ("log_every", "--log-every"),
+    ("expect_size", "--expect-size"),
+    ("checkpoint_copy", "--checkpoint-copy"),
+    ("checkpoint_to", "--checkpoint-to"),
+    ("spot_poll", "--spot-poll"),
 )
 _SWITCHES = (
-    ("synthetic", "--synthetic"), ("mixed_precision", "--mixed-precision"), ("xla", "--xla"),
-    ("no_eval", "--no-eval"), ("eval_only", "--eval-only"), ("no_gpu", "--no-gpu"),
+    ("synthetic", "--synthetic"),
+    ("mixed_precision", "--mixed-precision"),
+    ("xla", "--xla"),
+    ("no_eval", "--no-eval"),
+    ("eval_only", "--eval-only"),
+    ("no_gpu", "--no-gpu"),
     ("fp16_allreduce", "--fp16-allreduce"),
 )
 PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")
@@ -90,11 +107,15 @@ def check_s3_uri(uri: str) -> tuple[str, str]:
 
     m = re.fullmatch(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/([^*?\s]*))?", uri)
     if not m:
-        raise UsageError(f"--checkpoint-to {uri!r} is not an S3 location", "give one like s3://my-bucket/checkpoints/run1")
+        raise UsageError(
+            f"--checkpoint-to {uri!r} is not an S3 location", "give one like s3://my-bucket/checkpoints/run1"
+        )
     prefix = (m.group(2) or "").strip("/")
     if not prefix:
-        raise UsageError(f"--checkpoint-to {uri!r} needs a prefix (the nodes may write there only)",
-                         "give one like s3://my-bucket/checkpoints/run1")
+        raise UsageError(
+            f"--checkpoint-to {uri!r} needs a prefix (the nodes may write there only)",
+            "give one like s3://my-bucket/checkpoints/run1",
+        )
     return m.group(1), prefix + "/"
 
 
@@ -197,10 +218,12 @@ def node_path(path: str, home: str) -> str:
 def data_check_command(data_dir: str) -> str:
     """Prints `shards TRAIN VALIDATION` then the sync completion marker (one JSON line) or `unverified`."""
     q = shlex.quote(data_dir)
-    return (f"cd {q} 2>/dev/null || {{ echo missing; exit 0; }}; "
-            "t=0; v=0; for f in train-*; do [ -f \"$f\" ] && t=$((t+1)); done; "
-            "for f in validation-*; do [ -f \"$f\" ] && v=$((v+1)); done; echo \"shards $t $v\"; "
-            "cat .clusterctl-sync/COMPLETE 2>/dev/null || echo unverified")
+    return (
+        f"cd {q} 2>/dev/null || {{ echo missing; exit 0; }}; "
+        't=0; v=0; for f in train-*; do [ -f "$f" ] && t=$((t+1)); done; '
+        'for f in validation-*; do [ -f "$f" ] && v=$((v+1)); done; echo "shards $t $v"; '
+        "cat .clusterctl-sync/COMPLETE 2>/dev/null || echo unverified"
+    )
 
 
 def data_problems(outputs: Mapping[str, str | None]) -> list[str]:
@@ -243,8 +266,13 @@ class NodeChoice:
     left_out: tuple[tuple[int, str], ...] = ()
 
 
-def choose_nodes(labels: tuple[str, ...] | list[str], errors: list[str | None] | tuple[str | None, ...], *,
-                 spot: bool, np_given: bool) -> NodeChoice:
+def choose_nodes(
+    labels: tuple[str, ...] | list[str],
+    errors: list[str | None] | tuple[str | None, ...],
+    *,
+    spot: bool,
+    np_given: bool,
+) -> NodeChoice:
     """Which nodes to train on, from one probe of each (errors[i]: None when node i answered, else why not).
     On a spot cluster without --np, the unreachable nodes are left out (an interrupted instance is gone) and
     the first reachable one leads. Anywhere else an unreachable node is an error (UnreachableError): the
@@ -259,24 +287,32 @@ def choose_nodes(labels: tuple[str, ...] | list[str], errors: list[str | None] |
         return NodeChoice(keep)
     named = "; ".join(f"{labels[i]}: {e}" for i, e in gone)
     if not keep:
-        raise UnreachableError(f"no node of the cluster answered ({named})",
-                               "check that the nodes run (`clusterctl status`), then run the same command again")
+        raise UnreachableError(
+            f"no node of the cluster answered ({named})",
+            "check that the nodes run (`clusterctl status`), then run the same command again",
+        )
     if not spot:
-        raise UnreachableError(f"{len(gone)} of {len(labels)} node(s) did not answer ({named})",
-                               "bring them back (`clusterctl status`, `clusterctl doctor`), or train on the others "
-                               "with a hosts file that leaves them out")
+        raise UnreachableError(
+            f"{len(gone)} of {len(labels)} node(s) did not answer ({named})",
+            "bring them back (`clusterctl status`, `clusterctl doctor`), or train on the others "
+            "with a hosts file that leaves them out",
+        )
     if np_given:
-        raise UnreachableError(f"{len(gone)} of {len(labels)} spot node(s) did not answer ({named}) and --np "
-                               "asks for a fixed number of processes",
-                               "run the same command without --np: it trains on the nodes that answer")
+        raise UnreachableError(
+            f"{len(gone)} of {len(labels)} spot node(s) did not answer ({named}) and --np "
+            "asks for a fixed number of processes",
+            "run the same command without --np: it trains on the nodes that answer",
+        )
     return NodeChoice(keep, gone)
 
 
 def left_out_line(labels, choice: NodeChoice) -> str:
     """One line for the operator: which nodes a spot launch leaves out, why, and who leads."""
     out = ", ".join(f"{labels[i]} ({' '.join(e.split())[:120]})" for i, e in choice.left_out)
-    return (f"spot cluster: left out {out}, unreachable (an interrupted instance?); training on "
-            f"{len(choice.keep)} of {len(labels)} node(s), leader {labels[choice.keep[0]]}")
+    return (
+        f"spot cluster: left out {out}, unreachable (an interrupted instance?); training on "
+        f"{len(choice.keep)} of {len(labels)} node(s), leader {labels[choice.keep[0]]}"
+    )
 
 
 def keep_nodes(inv, keep: tuple[int, ...]):
@@ -339,8 +375,9 @@ def _save_job(store, inv, job: TrainJob) -> None:
 GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
 
 
-def wait_for_devices(pool, leader, job_name: str, np: int, gpus: int, timeout: float = GPU_CHECK_TIMEOUT_S,
-                     poll: float = 2.0) -> list[str] | None:
+def wait_for_devices(
+    pool, leader, job_name: str, np: int, gpus: int, timeout: float = GPU_CHECK_TIMEOUT_S, poll: float = 2.0
+) -> list[str] | None:
     """Read the job's log on the leader until every rank said which GPU it has; then the problems
     (horovod.device_problems: [] when each rank has a GPU of its own). None when the job ended first or
     `timeout` passed: nothing proven either way (`status` and the log say why it ended)."""
@@ -388,9 +425,19 @@ def _stop(pool, targets, job: TrainJob) -> None:
     launch.kill_job(pool, targets, launch.JobFolder(job.job, job.home))
 
 
-def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str | None = None,
-          force: bool = False, verify_data: bool = True, report=lambda _m: None,
-          gpu_check_timeout: float = GPU_CHECK_TIMEOUT_S, checkpoint_copy: bool = True) -> TrainJob:
+def start(
+    inv,
+    store,
+    opts: TrainOptions,
+    *,
+    np: int | None = None,
+    python: str | None = None,
+    force: bool = False,
+    verify_data: bool = True,
+    report=lambda _m: None,
+    gpu_check_timeout: float = GPU_CHECK_TIMEOUT_S,
+    checkpoint_copy: bool = True,
+) -> TrainJob:
     """Launch the trainer on the cluster and return (the job runs in tmux on the leader). On a cluster
     whose type has GPUs, first wait until every rank said which GPU it computes on: a rank on the CPU or
     two ranks on one GPU stop the job and raise RemoteCommandError. With checkpoint_copy, the second
@@ -415,8 +462,12 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
         # spot cluster it is left out instead (the connections stay open in the pool for what follows).
         probe = pool.run(list(inv.targets), "true", timeout=PROBE_TIMEOUT_S)
         labels = [t.label for t in inv.targets]
-        choice = choose_nodes(labels, [r.error or f"exit {r.exit_code}" if r.exit_code != 0 else None for r in probe],
-                              spot=spot, np_given=np is not None)
+        choice = choose_nodes(
+            labels,
+            [r.error or f"exit {r.exit_code}" if r.exit_code != 0 else None for r in probe],
+            spot=spot,
+            np_given=np is not None,
+        )
         if choice.left_out:
             report(left_out_line(labels, choice))
             inv = keep_nodes(inv, choice.keep)
@@ -431,8 +482,10 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
             was = next((t for t in inv.targets if t.label == previous.leader), None)
             alive = is_running(pool, was, previous) if was is not None else None
             if alive and not force:
-                raise ConfigError(f"training job {previous.job} is still running on {previous.leader}",
-                                  "follow it with `clusterctl logs -f`, or pass --force to stop it and start again")
+                raise ConfigError(
+                    f"training job {previous.job} is still running on {previous.leader}",
+                    "follow it with `clusterctl logs -f`, or pass --force to stop it and start again",
+                )
             if alive or force:
                 report(f"stopping {previous.job} everywhere")
                 _stop(pool, list(inv.targets), previous)
@@ -445,9 +498,11 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
             checks = pool.run(targets, data_check_command(data), timeout=60)
             problems = data_problems({r.host: (r.stdout if r.exit_code == 0 else None) for r in checks})
             if problems:
-                raise ConfigError(f"the data {data} is not ready on every node: {'; '.join(problems)}",
-                                  f"copy and verify it with `clusterctl sync SRC {opts.data}` "
-                                  "(or pass --no-verify-data when it is on a shared file system)")
+                raise ConfigError(
+                    f"the data {data} is not ready on every node: {'; '.join(problems)}",
+                    f"copy and verify it with `clusterctl sync SRC {opts.data}` "
+                    "(or pass --no-verify-data when it is on a shared file system)",
+                )
         opts = replace(opts, data=data, model_dir=model_dir, expect_size=np)
         if checkpoint_copy and opts.checkpoint_copy is None and len(inv.hosts.entries) > 1:
             opts = replace(opts, checkpoint_copy=inv.hosts.entries[1].host)
@@ -455,25 +510,42 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
             opts = replace(opts, spot_poll=SPOT_POLL_S)
         script = f"{job.dir}/{TEMPLATE}"
         report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
-        launch.stage(pool, targets, job, {TEMPLATE: resources.template_bytes(TEMPLATE),
-                                          COMPANION: resources.template_bytes(COMPANION)}, hosts)
+        launch.stage(
+            pool,
+            targets,
+            job,
+            {TEMPLATE: resources.template_bytes(TEMPLATE), COMPANION: resources.template_bytes(COMPANION)},
+            hosts,
+        )
         env = {**launch.job_env(inv.cluster, python), **horovod_env(opts)}
         cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env)
-        r = pool.run_one(leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd),
-                         timeout=60)
+        r = pool.run_one(
+            leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd), timeout=60
+        )
         if r.exit_code is None:
             raise UnreachableError(f"could not start the job on the leader {leader.label}: {r.error}")
         if r.exit_code != 0:
-            raise RemoteCommandError(f"could not start the job on the leader {leader.label} "
-                                     f"(exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}")
+            raise RemoteCommandError(
+                f"could not start the job on the leader {leader.label} "
+                f"(exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}"
+            )
         # Earlier launches that trained into the same model folder are this job's history (its restarts).
         same = previous is not None and previous.model_dir == model_dir
-        earlier = ((*previous.previous, previous.job) if previous is not None and same else ())
-        record = TrainJob(key=inv.cluster.name if inv.cluster is not None else "hosts", job=job.name,
-                          job_dir=job.dir, home=job.home, leader=leader.label, model_dir=model_dir, np=np,
-                          python=python, options={**asdict(opts), "extra": list(opts.extra)},
-                          started_at=_time.time(), previous=earlier[-20:],
-                          hosts=tuple(t.label for t in targets))
+        earlier = (*previous.previous, previous.job) if previous is not None and same else ()
+        record = TrainJob(
+            key=inv.cluster.name if inv.cluster is not None else "hosts",
+            job=job.name,
+            job_dir=job.dir,
+            home=job.home,
+            leader=leader.label,
+            model_dir=model_dir,
+            np=np,
+            python=python,
+            options={**asdict(opts), "extra": list(opts.extra)},
+            started_at=_time.time(),
+            previous=earlier[-20:],
+            hosts=tuple(t.label for t in targets),
+        )
         _save_job(store, inv, record)
         gpus = horovod.gpus_per_node(inv.cluster)
         if gpus:
@@ -481,12 +553,15 @@ def start(inv, store, opts: TrainOptions, *, np: int | None = None, python: str 
             gpu_problems = wait_for_devices(pool, leader, job.name, np, gpus, gpu_check_timeout)
             if gpu_problems:
                 _stop(pool, list(inv.targets), record)
-                raise RemoteCommandError(f"training job {job.name} stopped: not one process per GPU: "
-                                         + "; ".join(gpu_problems),
-                                         "see `clusterctl logs`; `clusterctl doctor` checks every node's GPUs")
+                raise RemoteCommandError(
+                    f"training job {job.name} stopped: not one process per GPU: " + "; ".join(gpu_problems),
+                    "see `clusterctl logs`; `clusterctl doctor` checks every node's GPUs",
+                )
             if gpu_problems is None:
-                report("no GPU report from every process yet (the job ended or is slow to start): "
-                       "see `clusterctl status` and `clusterctl logs`")
+                report(
+                    "no GPU report from every process yet (the job ended or is slow to start): "
+                    "see `clusterctl status` and `clusterctl logs`"
+                )
         return record
 
 
@@ -537,8 +612,13 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
         running = is_running(pool, leader, job)
         if running:
             opts = replace(opts, no_gpu=True)
-        put = pool.put([leader], {script: (resources.template_bytes(TEMPLATE), 0o644),
-                                  f"{job.job_dir}/{COMPANION}": (resources.template_bytes(COMPANION), 0o644)})
+        put = pool.put(
+            [leader],
+            {
+                script: (resources.template_bytes(TEMPLATE), 0o644),
+                f"{job.job_dir}/{COMPANION}": (resources.template_bytes(COMPANION), 0o644),
+            },
+        )
         if not put.all_ok:
             raise UnreachableError(f"cannot copy {TEMPLATE} to the leader {leader.label}")
         env = {**launch.job_env(inv.cluster, job.python)}
@@ -546,18 +626,22 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
             env["CUDA_VISIBLE_DEVICES"] = ""
         path = f"{job.python.rsplit('/', 1)[0]}:{launch.BASE_PATH}"
         assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        cmd = (f"cd {shlex.quote(job.job_dir)} && exec env -i HOME=\"$HOME\" USER=\"$(id -un)\" LANG=C.UTF-8 "
-               f"PATH={shlex.quote(path)} {assigns} {shlex.join(trainer_argv(job.python, script, opts))} 2>&1")
-        r = pool.run_one(leader, cmd, timeout=timeout,
-                         on_line=(lambda _h, _s, line: on_line(line)) if on_line else None)
+        cmd = (
+            f'cd {shlex.quote(job.job_dir)} && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '
+            f"PATH={shlex.quote(path)} {assigns} {shlex.join(trainer_argv(job.python, script, opts))} 2>&1"
+        )
+        r = pool.run_one(
+            leader, cmd, timeout=timeout, on_line=(lambda _h, _s, line: on_line(line)) if on_line else None
+        )
     if r.exit_code is None:
         raise UnreachableError(f"evaluation on {leader.label} did not finish: {r.error}")
     try:
         return parse_eval(r.stdout)
     except ValueError as exc:
-        raise RemoteCommandError(f"evaluation failed on {leader.label} (exit {r.exit_code}): {exc}",
-                                 (r.stdout + r.stderr).strip().splitlines()[-1][:300] if (r.stdout + r.stderr).strip()
-                                 else None) from None
+        raise RemoteCommandError(
+            f"evaluation failed on {leader.label} (exit {r.exit_code}): {exc}",
+            (r.stdout + r.stderr).strip().splitlines()[-1][:300] if (r.stdout + r.stderr).strip() else None,
+        ) from None
 
 
 def stop(inv, job: TrainJob) -> None:
@@ -570,9 +654,11 @@ def stop(inv, job: TrainJob) -> None:
 def tensorboard_command(job: TrainJob, port: int) -> str:
     """TensorBoard on the leader, bound to 127.0.0.1 only (reached through an ssh tunnel, never a port)."""
     logdir = f"{job.model_dir}/tensorboard"
-    return (f"exec env -i HOME=\"$HOME\" LANG=C.UTF-8 PATH={shlex.quote(job.python.rsplit('/', 1)[0] + ':' + '/usr/bin:/bin')} "
-            f"{shlex.quote(job.python)} -m tensorboard.main --logdir {shlex.quote(logdir)} --host 127.0.0.1 "
-            f"--port {int(port)} 2>&1")
+    return (
+        f'exec env -i HOME="$HOME" LANG=C.UTF-8 PATH={shlex.quote(job.python.rsplit("/", 1)[0] + ":" + "/usr/bin:/bin")} '
+        f"{shlex.quote(job.python)} -m tensorboard.main --logdir {shlex.quote(logdir)} --host 127.0.0.1 "
+        f"--port {int(port)} 2>&1"
+    )
 
 
 @contextlib.contextmanager
@@ -602,8 +688,9 @@ def _require_free(port: int) -> None:
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise ConfigError(f"local port {port} is not free on this machine ({exc.strerror})",
-                              "pick another with --port") from None
+            raise ConfigError(
+                f"local port {port} is not free on this machine ({exc.strerror})", "pick another with --port"
+            ) from None
 
 
 def _start_tensorboard(inv, job: TrainJob, remote_port: int, wait_s: float) -> None:
@@ -615,13 +702,17 @@ def _start_tensorboard(inv, job: TrainJob, remote_port: int, wait_s: float) -> N
 
     leader = inv.targets[0]
     with SshPool(inv.settings) as pool:
-        r = pool.run_one(leader, jobs.detach_command(TENSORBOARD_SESSION, tensorboard_command(job, remote_port)),
-                         timeout=60)
+        r = pool.run_one(
+            leader, jobs.detach_command(TENSORBOARD_SESSION, tensorboard_command(job, remote_port)), timeout=60
+        )
         if r.exit_code not in (0, 3):  # 3: already running, reuse it
-            raise RemoteCommandError(f"could not start TensorBoard on {leader.label}: "
-                                     f"{(r.error or r.stderr or r.stdout).strip()[-300:]}")
-        probe = (f"{shlex.quote(job.python)} -c 'import socket,sys; socket.create_connection((\"127.0.0.1\", "
-                 f"{int(remote_port)}), 2)' 2>/dev/null")
+            raise RemoteCommandError(
+                f"could not start TensorBoard on {leader.label}: {(r.error or r.stderr or r.stdout).strip()[-300:]}"
+            )
+        probe = (
+            f'{shlex.quote(job.python)} -c \'import socket,sys; socket.create_connection(("127.0.0.1", '
+            f"{int(remote_port)}), 2)' 2>/dev/null"
+        )
         deadline = _time.monotonic() + wait_s
         alive = _alive_command(TENSORBOARD_SESSION)
         while True:
@@ -631,8 +722,9 @@ def _start_tensorboard(inv, job: TrainJob, remote_port: int, wait_s: float) -> N
             if gone or _time.monotonic() > deadline:
                 log = pool.run_one(leader, jobs.logs_command(TENSORBOARD_SESSION), timeout=30).stdout
                 why = "exited" if gone else f"did not answer within {wait_s:.0f}s"
-                raise RemoteCommandError(f"TensorBoard {why} on {leader.label}",
-                                         log.strip().splitlines()[-1][:300] if log.strip() else None)
+                raise RemoteCommandError(
+                    f"TensorBoard {why} on {leader.label}", log.strip().splitlines()[-1][:300] if log.strip() else None
+                )
             _time.sleep(1)
 
 
@@ -646,10 +738,17 @@ def _open_tunnel(inv, local_port: int, remote_port: int):
 
     leader = inv.targets[0]
     argv = openssh.operator_ssh(leader, inv.settings.known_hosts, inv.cluster is not None)
-    argv += ["-N", "-o", "ExitOnForwardFailure=yes", "-L", f"127.0.0.1:{int(local_port)}:127.0.0.1:{int(remote_port)}",
-             leader.hostname]
-    tunnel = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+    argv += [
+        "-N",
+        "-o",
+        "ExitOnForwardFailure=yes",
+        "-L",
+        f"127.0.0.1:{int(local_port)}:127.0.0.1:{int(remote_port)}",
+        leader.hostname,
+    ]
+    tunnel = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = _time.monotonic() + 30
         while _time.monotonic() < deadline:
@@ -687,9 +786,10 @@ def _close_tensorboard(inv, tunnel) -> None:
     with SshPool(inv.settings) as pool:
         r = pool.run_one(inv.targets[0], jobs.kill_job_command(TENSORBOARD_SESSION, 2.0), timeout=60)
     if not r.ok:  # never leave it running silently
-        raise RemoteCommandError(f"TensorBoard may still run on {inv.targets[0].label}: "
-                                 f"{(r.error or r.stderr or r.stdout).strip()[-200:]}",
-                                 f"stop it: clusterctl kill {TENSORBOARD_SESSION}")
+        raise RemoteCommandError(
+            f"TensorBoard may still run on {inv.targets[0].label}: {(r.error or r.stderr or r.stdout).strip()[-200:]}",
+            f"stop it: clusterctl kill {TENSORBOARD_SESSION}",
+        )
 
 
 def dataset_examples(inv, data: str) -> int | None:

@@ -143,8 +143,18 @@ class _RunBuilder:
         self.evals: list[EvalResult] = []
 
     def build(self) -> TrainRun:
-        return TrainRun(self.start, self.resumed_from, tuple(self.rows), tuple(self.checkpoints), self.done,
-                        self.eval, tuple(self.warnings), tuple(self.errors), self.failure, tuple(self.evals))
+        return TrainRun(
+            self.start,
+            self.resumed_from,
+            tuple(self.rows),
+            tuple(self.checkpoints),
+            self.done,
+            self.eval,
+            tuple(self.warnings),
+            tuple(self.errors),
+            self.failure,
+            tuple(self.evals),
+        )
 
 
 def _kv(body: str, lineno: int) -> dict[str, str]:
@@ -234,11 +244,19 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:
                 continue  # which GPU each rank has: printed before `start`, read by horovod.parse_devices
             if kind == "start":
                 started = TrainStart(
-                    size=g("size", int), model=g("model", str), batch=g("batch", int),
-                    global_batch=g("global_batch", int), train_examples=g("train_examples", int),
-                    steps_per_epoch=g("steps_per_epoch", int), epochs=g("epochs", float),
-                    total_steps=g("total_steps", int), stop_step=g("stop_step", int),
-                    start_step=g("start_step", int), peak_lr=g("peak_lr", float), fields=dict(f))
+                    size=g("size", int),
+                    model=g("model", str),
+                    batch=g("batch", int),
+                    global_batch=g("global_batch", int),
+                    train_examples=g("train_examples", int),
+                    steps_per_epoch=g("steps_per_epoch", int),
+                    epochs=g("epochs", float),
+                    total_steps=g("total_steps", int),
+                    stop_step=g("stop_step", int),
+                    start_step=g("start_step", int),
+                    peak_lr=g("peak_lr", float),
+                    fields=dict(f),
+                )
                 if cur is not None:
                     runs.append(cur.build())
                 failed_at = None
@@ -257,13 +275,21 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:
             elif kind == "checkpoint":
                 cur.checkpoints.append(CheckpointSaved(g("step", int), g("epoch", int), g("path", str)))
             elif kind == "done":
-                cur.done = TrainDone(g("step", int), g("epoch", float), g("complete", bool), g("elapsed", float),
-                                     g("img_per_sec", float))
+                cur.done = TrainDone(
+                    g("step", int), g("epoch", float), g("complete", bool), g("elapsed", float), g("img_per_sec", float)
+                )
             elif kind == "eval":
                 result = EvalResult(
-                    step=g("step", int), epoch=g("epoch", float), top1=g("top1", float), top5=g("top5", float),
-                    loss=g("loss", float), examples=g("examples", int), checkpoint=f.get("checkpoint", ""),
-                    size=int(f.get("size", "1")), time=f.get("time", ""))
+                    step=g("step", int),
+                    epoch=g("epoch", float),
+                    top1=g("top1", float),
+                    top5=g("top5", float),
+                    loss=g("loss", float),
+                    examples=g("examples", int),
+                    checkpoint=f.get("checkpoint", ""),
+                    size=int(f.get("size", "1")),
+                    time=f.get("time", ""),
+                )
                 if periodic:
                     cur.evals.append(result)
                 else:
@@ -290,8 +316,10 @@ def parse_eval(text: str) -> EvalResult:
     for run in reversed(log.runs):
         if run.errors:
             e = run.errors[-1].fields
-            raise ValueError(f"no evaluation: the trainer reported {e.get('kind', 'an error')}"
-                             + (f" ({e['message']})" if e.get("message") else ""))
+            raise ValueError(
+                f"no evaluation: the trainer reported {e.get('kind', 'an error')}"
+                + (f" ({e['message']})" if e.get("message") else "")
+            )
         if run.failure:
             raise ValueError(f"no evaluation: {run.failure}")
     raise ValueError(f"no '{MARK} eval' line in the output")
@@ -331,11 +359,28 @@ def status(log: TrainLog, *, running: bool | None = None, recent: int = 5) -> Tr
     None when unknown, and then a run without an end counts as running. The rate is the mean of the
     last `recent` rows of the current run, leaving out its first row (graph tracing, not training)."""
     run = log.current
-    if run is None or (run.start is None and run.eval is None and not run.rows and not run.errors
-                       and not run.failure):
-        return TrainStatus("starting" if running is not False else "stopped", 0, 0, 0, 0.0, 0.0, None, None, None,
-                           None, 0.0, 0.0, None, 0, 0, None, None, None,
-                           None if running is not False else "no training output")
+    if run is None or (run.start is None and run.eval is None and not run.rows and not run.errors and not run.failure):
+        return TrainStatus(
+            "starting" if running is not False else "stopped",
+            0,
+            0,
+            0,
+            0.0,
+            0.0,
+            None,
+            None,
+            None,
+            None,
+            0.0,
+            0.0,
+            None,
+            0,
+            0,
+            None,
+            None,
+            None,
+            None if running is not False else "no training output",
+        )
     start = run.start
     prior = [r for r in log.runs[:-1] if r.start is not None]
     start_step = start.start_step if start else 0
@@ -374,11 +419,24 @@ def status(log: TrainLog, *, running: bool | None = None, recent: int = 5) -> Tr
     if state in ("finished", "failed", "stopped"):
         eta = 0.0 if state == "finished" else None
     return TrainStatus(
-        state=state, step=step, stop_step=stop_step, total_steps=total_steps, epoch=epoch,
-        epochs=start.epochs if start else 0.0, img_per_sec=rate if rate is not None else (last.img_per_sec if last else None),
-        loss=last.loss if last else None, total_loss=last.total_loss if last else None, lr=last.lr if last else None,
-        elapsed_s=elapsed, total_elapsed_s=before + elapsed, eta_s=eta, size=start.size if start else 0,
-        restarts=len(prior), resumed_from_step=run.resumed_from.step if run.resumed_from else None,
+        state=state,
+        step=step,
+        stop_step=stop_step,
+        total_steps=total_steps,
+        epoch=epoch,
+        epochs=start.epochs if start else 0.0,
+        img_per_sec=rate if rate is not None else (last.img_per_sec if last else None),
+        loss=last.loss if last else None,
+        total_loss=last.total_loss if last else None,
+        lr=last.lr if last else None,
+        elapsed_s=elapsed,
+        total_elapsed_s=before + elapsed,
+        eta_s=eta,
+        size=start.size if start else 0,
+        restarts=len(prior),
+        resumed_from_step=run.resumed_from.step if run.resumed_from else None,
         last_checkpoint=run.checkpoints[-1] if run.checkpoints else (run.resumed_from if run.resumed_from else None),
-        result=run.eval, reason=reason,
-        validation=next((r.evals[-1] for r in reversed(log.runs) if r.evals), None))
+        result=run.eval,
+        reason=reason,
+        validation=next((r.evals[-1] for r in reversed(log.runs) if r.evals), None),
+    )

@@ -66,9 +66,16 @@ class UserCommand:
 
     @property
     def shown(self) -> str:
-        return shlex.join([self.python, *self.options, *(["-m", self.module] if self.module else []),
-                           *(["-c", "..."] if self.code is not None else []),
-                           *([self.script] if self.script else []), *self.args])
+        return shlex.join(
+            [
+                self.python,
+                *self.options,
+                *(["-m", self.module] if self.module else []),
+                *(["-c", "..."] if self.code is not None else []),
+                *([self.script] if self.script else []),
+                *self.args,
+            ]
+        )
 
 
 def parse_command(argv: Sequence[str]) -> UserCommand:
@@ -76,8 +83,10 @@ def parse_command(argv: Sequence[str]) -> UserCommand:
     if not argv or not "".join(argv).strip():
         raise UsageError("no command given", "put it after --: clusterctl launch -- python my_train.py ARGS")
     if not is_python(argv[0]):
-        raise UsageError(f"the command must start with python, not {argv[0]!r}",
-                         "Horovod runs one Python process per slot: clusterctl launch -- python my_train.py ARGS")
+        raise UsageError(
+            f"the command must start with python, not {argv[0]!r}",
+            "Horovod runs one Python process per slot: clusterctl launch -- python my_train.py ARGS",
+        )
     options: list[str] = []
     i = 1
     while i < len(argv):
@@ -85,14 +94,14 @@ def parse_command(argv: Sequence[str]) -> UserCommand:
         if word in ("-m", "-c"):
             if i + 1 >= len(argv):
                 raise UsageError(f"python {word} needs a value")
-            value, rest = argv[i + 1], tuple(argv[i + 2:])
+            value, rest = argv[i + 1], tuple(argv[i + 2 :])
             if word == "-m":
                 return UserCommand(argv[0], tuple(options), None, value, None, rest)
             return UserCommand(argv[0], tuple(options), None, None, value, rest)
         if word == "-" or not word.startswith("-"):
             if word == "-":
                 raise UsageError("python - (a script on stdin) cannot run on the nodes", "name a script file")
-            return UserCommand(argv[0], tuple(options), word, None, None, tuple(argv[i + 1:]))
+            return UserCommand(argv[0], tuple(options), word, None, None, tuple(argv[i + 1 :]))
         if word in ("-h", "--help", "-V", "--version", "-i"):
             raise UsageError(f"python {word} runs no script")
         options.append(word)
@@ -139,15 +148,19 @@ def plan(command: Sequence[str], files: Sequence[str], cwd: Path) -> Plan:
         if not path.exists():
             raise UsageError(f"{what} {text}: no such file")
         if path.is_dir():
-            raise UsageError(f"{what} {text} is a folder", "give files with --file; copy folders with `clusterctl sync`")
+            raise UsageError(
+                f"{what} {text} is a folder", "give files with --file; copy folders with `clusterctl sync`"
+            )
         if not os.access(path, os.R_OK):
             raise UsageError(f"{what} {text}: not readable")
         name = path.name
         if name in RESERVED:
             raise UsageError(f"{what} {text}: the name {name} is clusterctl's own in the job folder", "rename the file")
         if name in staged and staged[name] != path:
-            raise UsageError(f"two files named {name} ({staged[name]} and {path})",
-                             "every file lands in one job folder by its base name")
+            raise UsageError(
+                f"two files named {name} ({staged[name]} and {path})",
+                "every file lands in one job folder by its base name",
+            )
         staged[name] = path
         return name
 
@@ -164,13 +177,16 @@ def plan(command: Sequence[str], files: Sequence[str], cwd: Path) -> Plan:
         elif os.path.isabs(cmd.script):
             remote = cmd.script  # a script already on the nodes (e.g. Horovod's examples)
         else:
-            raise UsageError(f"script {cmd.script}: no such file here",
-                             "name a local file (it is copied to every node), or a path that exists on the nodes "
-                             "(absolute)")
+            raise UsageError(
+                f"script {cmd.script}: no such file here",
+                "name a local file (it is copied to every node), or a path that exists on the nodes (absolute)",
+            )
     total = sum(p.stat().st_size for p in staged.values())
     if total > MAX_STAGED_BYTES:
-        raise UsageError(f"the files come to {total / 2**20:.0f} MB (at most {MAX_STAGED_BYTES >> 20} MB)",
-                         "copy data to the nodes with `clusterctl sync` and read it from there")
+        raise UsageError(
+            f"the files come to {total / 2**20:.0f} MB (at most {MAX_STAGED_BYTES >> 20} MB)",
+            "copy data to the nodes with `clusterctl sync` and read it from there",
+        )
     return Plan(cmd, staged, script_name, remote)
 
 
@@ -184,8 +200,19 @@ def check_np(np: int | None, total: int) -> int:
 
 
 # ---- the shell text, pure --------------------------------------------------------------------------------
-SSH_TO_NODE = ("ssh", "-o", "PasswordAuthentication=no", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-               "-o", "ForwardAgent=no", "-o", "ConnectTimeout=10")  # as templates/hvd_launch.py: keys checked
+SSH_TO_NODE = (
+    "ssh",
+    "-o",
+    "PasswordAuthentication=no",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "StrictHostKeyChecking=yes",
+    "-o",
+    "ForwardAgent=no",
+    "-o",
+    "ConnectTimeout=10",
+)  # as templates/hvd_launch.py: keys checked
 
 
 def job_pattern(job_dir: str) -> str:
@@ -200,12 +227,13 @@ def leader_script(horovodrun_command: str, members: Sequence[str], job_dir: str)
     TERM/INT/HUP (`clusterctl kill` sends TERM to the whole tree) pass to horovodrun, and this shell stays
     for the cleanup, which `kill` gives a few seconds. The exit status is horovodrun's."""
     pkill = f"pkill -KILL -f -- {shlex.quote(job_pattern(job_dir))}; true"
-    sweep = " ".join(
-        f"{shlex.join([*SSH_TO_NODE, host, pkill])} </dev/null >/dev/null 2>&1 &" for host in members)
-    return (f"sh -c {shlex.quote(horovodrun_command)} & p=$!; "
-            'trap \'kill -TERM "$p" 2>/dev/null\' TERM INT HUP; '
-            'wait "$p"; rc=$?; while kill -0 "$p" 2>/dev/null; do wait "$p"; rc=$?; done; '
-            f"trap - TERM INT HUP; {sweep + ' wait; ' if members else ''}exit $rc")
+    sweep = " ".join(f"{shlex.join([*SSH_TO_NODE, host, pkill])} </dev/null >/dev/null 2>&1 &" for host in members)
+    return (
+        f"sh -c {shlex.quote(horovodrun_command)} & p=$!; "
+        "trap 'kill -TERM \"$p\" 2>/dev/null' TERM INT HUP; "
+        'wait "$p"; rc=$?; while kill -0 "$p" 2>/dev/null; do wait "$p"; rc=$?; done; '
+        f"trap - TERM INT HUP; {sweep + ' wait; ' if members else ''}exit $rc"
+    )
 
 
 def member_note_command(name: str, leader: str) -> str:
@@ -214,8 +242,10 @@ def member_note_command(name: str, leader: str) -> str:
 
     n = jobs.validate_job_name(name)
     note = f"job {n}: the ranks on this node print through horovodrun on the leader {leader}"
-    return (f'd="{jobs.JOBS_DIR}"; mkdir -p "$d" && chmod 700 "$d" && rm -f "$d/{n}.exit" && '
-            f'printf "%s\\n" {shlex.quote(note)} > "$d/{n}.log"')
+    return (
+        f'd="{jobs.JOBS_DIR}"; mkdir -p "$d" && chmod 700 "$d" && rm -f "$d/{n}.exit" && '
+        f'printf "%s\\n" {shlex.quote(note)} > "$d/{n}.log"'
+    )
 
 
 def state_command(names: Sequence[str]) -> str:
@@ -224,9 +254,11 @@ def state_command(names: Sequence[str]) -> str:
 
     out = []
     for n in (jobs.validate_job_name(x) for x in names):
-        out.append(f"if tmux has-session -t {shlex.quote('=' + n)} 2>/dev/null; then echo {n} running; "
-                   f'elif [ -f "{jobs.JOBS_DIR}/{n}.exit" ]; then echo "{n} exited $(cat "{jobs.JOBS_DIR}/{n}.exit")"; '
-                   f"else echo {n} gone; fi")
+        out.append(
+            f"if tmux has-session -t {shlex.quote('=' + n)} 2>/dev/null; then echo {n} running; "
+            f'elif [ -f "{jobs.JOBS_DIR}/{n}.exit" ]; then echo "{n} exited $(cat "{jobs.JOBS_DIR}/{n}.exit")"; '
+            f"else echo {n} gone; fi"
+        )
     return "; ".join(out) + "; true"
 
 
@@ -291,8 +323,15 @@ def _save(store, inv, jobs_: Sequence[LaunchJob]) -> None:
 
 
 # ---- on the cluster --------------------------------------------------------------------------------------
-def start(inv, store, the_plan: Plan, *, np: int | None = None, name: str | None = None,
-          report: Callable[[str], None] = lambda _m: None) -> LaunchJob:
+def start(
+    inv,
+    store,
+    the_plan: Plan,
+    *,
+    np: int | None = None,
+    name: str | None = None,
+    report: Callable[[str], None] = lambda _m: None,
+) -> LaunchJob:
     """Stage, then start horovodrun detached on the leader; returns once it runs there."""
     from dataclasses import replace
 
@@ -313,18 +352,24 @@ def start(inv, store, the_plan: Plan, *, np: int | None = None, name: str | None
             job = replace(job, name=name)
         busy = pool.run_one(leader, state_command([job.name]), timeout=30)
         if parse_states(busy.stdout).get(job.name) == "running":
-            raise ConfigError(f"job {job.name} is still running on the leader {leader.label}",
-                              f"end it with `clusterctl kill {job.name}`, or pick another --name")
+            raise ConfigError(
+                f"job {job.name} is still running on the leader {leader.label}",
+                f"end it with `clusterctl kill {job.name}`, or pick another --name",
+            )
         if the_plan.remote_script:
             q = shlex.quote(the_plan.remote_script)
             seen = pool.run(targets, f"test -r {q} && echo yes || echo no", timeout=30)
             missing = [r.host for r in seen if r.stdout.strip() != "yes"]
             if missing:
-                raise ConfigError(f"script {the_plan.remote_script} is not on {', '.join(missing)}",
-                                  "name a local file instead: it is copied to every node")
+                raise ConfigError(
+                    f"script {the_plan.remote_script} is not on {', '.join(missing)}",
+                    "name a local file instead: it is copied to every node",
+                )
         files = {n: p.read_bytes() for n, p in the_plan.files.items()}
-        report(f"staging {len(files)} file(s) in {job.dir} on {len(targets)} node(s)"
-               + (f": {', '.join(sorted(files))}" if files else ""))
+        report(
+            f"staging {len(files)} file(s) in {job.dir} on {len(targets)} node(s)"
+            + (f": {', '.join(sorted(files))}" if files else "")
+        )
         # A job folder used before (a --name launched again) starts empty: no stale file of an earlier launch.
         launch.remove_job(pool, targets, job)
         launch.stage(pool, targets, job, files, hosts)
@@ -335,19 +380,33 @@ def start(inv, store, the_plan: Plan, *, np: int | None = None, name: str | None
         cmd = leader_script(inner, members, job.dir)
         notes = pool.run(targets[1:], member_note_command(job.name, leader.label), timeout=30) if targets[1:] else None
         if notes is not None and not notes.all_ok:
-            raise UnreachableError("could not prepare the job on every node: "
-                                   + "; ".join(f"{r.host}: {r.error or r.stderr.strip()}" for r in notes.failed))
+            raise UnreachableError(
+                "could not prepare the job on every node: "
+                + "; ".join(f"{r.host}: {r.error or r.stderr.strip()}" for r in notes.failed)
+            )
         r = pool.run_one(leader, jobs.detach_command(job.name, cmd), timeout=60)
         if r.exit_code is None:
             raise UnreachableError(f"could not start the job on the leader {leader.label}: {r.error}")
         if r.exit_code == 3:
-            raise ConfigError(f"job {job.name} is still running on the leader {leader.label}",
-                              f"end it with `clusterctl kill {job.name}`, or pick another --name")
+            raise ConfigError(
+                f"job {job.name} is still running on the leader {leader.label}",
+                f"end it with `clusterctl kill {job.name}`, or pick another --name",
+            )
         if r.exit_code != 0:
-            raise RemoteCommandError(f"could not start the job on the leader {leader.label} "
-                                     f"(exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}")
-    record = LaunchJob(job=job.name, job_dir=job.dir, leader=leader.label, nodes=tuple(t.label for t in targets),
-                       np=np, python=python, command=the_plan.command.shown, started_at=time.time())
+            raise RemoteCommandError(
+                f"could not start the job on the leader {leader.label} "
+                f"(exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}"
+            )
+    record = LaunchJob(
+        job=job.name,
+        job_dir=job.dir,
+        leader=leader.label,
+        nodes=tuple(t.label for t in targets),
+        np=np,
+        python=python,
+        command=the_plan.command.shown,
+        started_at=time.time(),
+    )
     _save(store, inv, [j for j in load_jobs(store, inv) if j.job != job.name] + [record])
     return record
 
@@ -381,6 +440,8 @@ def status_lines(store, inv, now: float | None = None) -> list[str]:
             code = state.split()[1]
             state = f"exited {code}" + (" (killed)" if code == "137" else "")
         age = int(max(0.0, now - j.started_at))
-        lines.append(f"launch {j.job}: {state}, {j.np} process(es) on {len(j.nodes)} node(s), started {age}s ago: "
-                     f"{j.command}  (clusterctl logs {j.job} | clusterctl kill {j.job})")
+        lines.append(
+            f"launch {j.job}: {state}, {j.np} process(es) on {len(j.nodes)} node(s), started {age}s ago: "
+            f"{j.command}  (clusterctl logs {j.job} | clusterctl kill {j.job})"
+        )
     return lines

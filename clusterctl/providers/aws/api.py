@@ -23,8 +23,14 @@ Report = Callable[[str], None]
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 QUOTA_CODES = {"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "VolumeLimitExceeded"}
-DEPENDENCY_CODES = {"DependencyViolation", "InvalidPlacementGroup.InUse", "DeleteConflict", "ResourceInUse",
-                    "InvalidNetworkInterface.InUse", "VolumeInUse"}
+DEPENDENCY_CODES = {
+    "DependencyViolation",
+    "InvalidPlacementGroup.InUse",
+    "DeleteConflict",
+    "ResourceInUse",
+    "InvalidNetworkInterface.InUse",
+    "VolumeInUse",
+}
 NOT_FOUND = re.compile(r"(NotFound|NoSuchEntity|\.Malformed|InvalidPlacementGroup\.Unknown|InvalidKeyPair\.NotFound)")
 _SETTLING = re.compile(r"^Invalid(Vpc|Subnet|Group|InternetGateway|RouteTable|PlacementGroup|KeyPair)(ID)?\.NotFound$")
 SETTLE_WAIT = 60.0  # how long a just-created thing may stay invisible to the next call
@@ -84,7 +90,9 @@ class Api:
 
             self._region = boto3.session.Session().region_name
             if not self._region:
-                raise ConfigError("no AWS region given", "pass --region or set AWS_REGION (or a region in ~/.aws/config)")
+                raise ConfigError(
+                    "no AWS region given", "pass --region or set AWS_REGION (or a region in ~/.aws/config)"
+                )
         return self._region
 
     @region.setter
@@ -99,8 +107,12 @@ class Api:
             from botocore.config import Config
 
             attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or 8)
-            cfg = Config(retries={"mode": "standard", "total_max_attempts": max(1, attempts)}, connect_timeout=10,
-                         read_timeout=60, user_agent_extra="clusterctl")
+            cfg = Config(
+                retries={"mode": "standard", "total_max_attempts": max(1, attempts)},
+                connect_timeout=10,
+                read_timeout=60,
+                user_agent_extra="clusterctl",
+            )
             self._clients[service] = boto3.session.Session(region_name=self.region).client(service, config=cfg)
         return self._clients[service]
 
@@ -112,8 +124,10 @@ class Api:
             answer: dict[str, Any] = getattr(self.client(service), op)(**kwargs)
             return answer
         except NoCredentialsError:
-            raise ConfigError("no AWS credentials found",
-                              "configure them (aws configure, AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)") from None
+            raise ConfigError(
+                "no AWS credentials found",
+                "configure them (aws configure, AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)",
+            ) from None
         except NoRegionError:
             raise ConfigError("no AWS region given", "pass --region or set AWS_REGION") from None
         except ClientError:
@@ -132,11 +146,20 @@ class Api:
 
     def error(self, op: str, exc: BaseException) -> ClusterctlError:
         code, msg = _code(exc), _message(exc)
-        if code in ("AuthFailure", "UnauthorizedOperation", "AccessDenied", "AccessDeniedException",
-                    "InvalidClientTokenId", "SignatureDoesNotMatch", "ExpiredToken"):
+        if code in (
+            "AuthFailure",
+            "UnauthorizedOperation",
+            "AccessDenied",
+            "AccessDeniedException",
+            "InvalidClientTokenId",
+            "SignatureDoesNotMatch",
+            "ExpiredToken",
+        ):
             return ProvisionError(f"AWS refused {op} ({code}): {msg}", "check the credentials' permissions")
         if code in QUOTA_CODES:
-            return ProvisionError(f"AWS {op}: {code}: {msg}", "request a quota increase, or ask for fewer/smaller nodes")
+            return ProvisionError(
+                f"AWS {op}: {code}: {msg}", "request a quota increase, or ask for fewer/smaller nodes"
+            )
         if code in ("RequestLimitExceeded", "Throttling", "ThrottlingException"):
             return ProvisionError(f"AWS kept throttling {op} after retries ({code})", "wait a minute and run it again")
         return ProvisionError(f"AWS {op} failed: {code}: {msg}")
@@ -152,8 +175,15 @@ class Api:
             raise self.error(op, exc) from None
         return out
 
-    def _through(self, op: str, call: Callable[[], dict[str, Any]], waits_for: Callable[[str], bool], deadline: float,
-                 delays: Iterator[float], why: str) -> dict[str, Any]:
+    def _through(
+        self,
+        op: str,
+        call: Callable[[], dict[str, Any]],
+        waits_for: Callable[[str], bool],
+        deadline: float,
+        delays: Iterator[float],
+        why: str,
+    ) -> dict[str, Any]:
         """call() until it answers; an AWS error whose code `waits_for` accepts is waited through with the shared
         backoff until the deadline, any other (or one past the deadline) is raised as it came."""
         from botocore.exceptions import ClientError
@@ -174,8 +204,14 @@ class Api:
         from botocore.exceptions import ClientError
 
         try:
-            return self._through(op, lambda: self.call(service, op, **kwargs), lambda code: bool(_SETTLING.match(code)),
-                                 time.monotonic() + SETTLE_WAIT, backoff(0.2, 5.0), " right after creating it;")
+            return self._through(
+                op,
+                lambda: self.call(service, op, **kwargs),
+                lambda code: bool(_SETTLING.match(code)),
+                time.monotonic() + SETTLE_WAIT,
+                backoff(0.2, 5.0),
+                " right after creating it;",
+            )
         except ClientError as exc:
             raise self.error(op, exc) from None
 
@@ -185,8 +221,14 @@ class Api:
         from botocore.exceptions import ClientError
 
         try:
-            self._through(op, lambda: self.call(service, op, **kwargs), DEPENDENCY_CODES.__contains__, deadline,
-                          backoff(min(0.5, self.poll_interval), 10.0), ",")
+            self._through(
+                op,
+                lambda: self.call(service, op, **kwargs),
+                DEPENDENCY_CODES.__contains__,
+                deadline,
+                backoff(min(0.5, self.poll_interval), 10.0),
+                ",",
+            )
             return True
         except ClientError as exc:
             code = _code(exc)

@@ -22,8 +22,10 @@ from clusterctl.providers.aws.options import parse_s3
 from clusterctl.types import Cluster
 
 CHECKIP_URL = "https://checkip.amazonaws.com"
-EC2_TRUST = {"Version": "2012-10-17", "Statement": [
-    {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+EC2_TRUST = {
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+}
 
 
 @dataclass(frozen=True)
@@ -43,24 +45,31 @@ def detect_public_cidr(timeout: float = 5.0) -> str:
             text = resp.read(64).decode().strip()
         addr = ipaddress.ip_address(text)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"could not detect your public IP address from {url} ({exc.__class__.__name__})",
-                          "pass --ssh-cidr with the address range you connect from, e.g. 203.0.113.7/32") from None
+        raise ConfigError(
+            f"could not detect your public IP address from {url} ({exc.__class__.__name__})",
+            "pass --ssh-cidr with the address range you connect from, e.g. 203.0.113.7/32",
+        ) from None
     if addr.version != 4:
         raise ConfigError(f"your public address {addr} is IPv6", "pass --ssh-cidr with an IPv4 range")
     return f"{addr}/32"
 
 
 def available_zones(api: Api) -> list[str]:
-    zones = api.api("ec2", "describe_availability_zones",
-                    Filters=[{"Name": "state", "Values": ["available"]}]).get("AvailabilityZones", [])
+    zones = api.api("ec2", "describe_availability_zones", Filters=[{"Name": "state", "Values": ["available"]}]).get(
+        "AvailabilityZones", []
+    )
     return sorted(z["ZoneName"] for z in zones if z.get("ZoneType", "availability-zone") == "availability-zone")
 
 
 def zones_for(api: Api, ctx: Context, zones: list[str]) -> list[str]:
     """The AZs that offer the type, in order; all of them when the API has no offerings for it."""
-    offers = api.paginate("ec2", "describe_instance_type_offerings", "InstanceTypeOfferings",
-                          LocationType="availability-zone",
-                          Filters=[{"Name": "instance-type", "Values": [ctx.spec.instance_type]}])
+    offers = api.paginate(
+        "ec2",
+        "describe_instance_type_offerings",
+        "InstanceTypeOfferings",
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": [ctx.spec.instance_type]}],
+    )
     offered = {o["Location"] for o in offers}
     if not offered:
         return zones
@@ -72,8 +81,12 @@ def ensure_network(api: Api, ctx: Context, scope: Scope) -> Network:
     base = scope.tags(ctx.region)
     vpc = find_one(api, KIND["VPC"], scope)
     if vpc is None:
-        vpc = api.api("ec2", "create_vpc", CidrBlock=o.cidr, TagSpecifications=[
-            {"ResourceType": "vpc", "Tags": _tags({**base, "Name": f"clusterctl-{name}"})}])["Vpc"]
+        vpc = api.api(
+            "ec2",
+            "create_vpc",
+            CidrBlock=o.cidr,
+            TagSpecifications=[{"ResourceType": "vpc", "Tags": _tags({**base, "Name": f"clusterctl-{name}"})}],
+        )["Vpc"]
         api.report(f"created VPC {vpc['VpcId']} ({o.cidr})")
         api.settled("ec2", "modify_vpc_attribute", VpcId=vpc["VpcId"], EnableDnsSupport={"Value": True})
         api.settled("ec2", "modify_vpc_attribute", VpcId=vpc["VpcId"], EnableDnsHostnames={"Value": True})
@@ -82,29 +95,52 @@ def ensure_network(api: Api, ctx: Context, scope: Scope) -> Network:
     if not o.private_ips:
         igw = find_one(api, KIND["internet gateway"], scope)
         if igw is None:
-            igw = api.api("ec2", "create_internet_gateway", TagSpecifications=[
-                {"ResourceType": "internet-gateway", "Tags": _tags({**base, "Name": f"clusterctl-{name}"})}]
+            igw = api.api(
+                "ec2",
+                "create_internet_gateway",
+                TagSpecifications=[
+                    {"ResourceType": "internet-gateway", "Tags": _tags({**base, "Name": f"clusterctl-{name}"})}
+                ],
             )["InternetGateway"]
             api.report(f"created internet gateway {igw['InternetGatewayId']}")
         if not any(a.get("VpcId") == vpc_id for a in igw.get("Attachments", [])):
             api.settled("ec2", "attach_internet_gateway", InternetGatewayId=igw["InternetGatewayId"], VpcId=vpc_id)
-        main = api.api("ec2", "describe_route_tables", Filters=[
-            {"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "association.main", "Values": ["true"]}]
+        main = api.api(
+            "ec2",
+            "describe_route_tables",
+            Filters=[{"Name": "vpc-id", "Values": [vpc_id]}, {"Name": "association.main", "Values": ["true"]}],
         ).get("RouteTables", [])
         if main and not any(r.get("DestinationCidrBlock") == "0.0.0.0/0" for r in main[0].get("Routes", [])):
-            api.settled("ec2", "create_route", RouteTableId=main[0]["RouteTableId"],
-                        DestinationCidrBlock="0.0.0.0/0", GatewayId=igw["InternetGatewayId"])
+            api.settled(
+                "ec2",
+                "create_route",
+                RouteTableId=main[0]["RouteTableId"],
+                DestinationCidrBlock="0.0.0.0/0",
+                GatewayId=igw["InternetGatewayId"],
+            )
     zones = available_zones(api)
-    have = {s["AvailabilityZone"]: s for s in api.api("ec2", "describe_subnets", Filters=[
-        *scope.filters(), {"Name": "vpc-id", "Values": [vpc_id]}]).get("Subnets", []) if scope.holds(_tagdict(s))}
+    have = {
+        s["AvailabilityZone"]: s
+        for s in api.api(
+            "ec2", "describe_subnets", Filters=[*scope.filters(), {"Name": "vpc-id", "Values": [vpc_id]}]
+        ).get("Subnets", [])
+        if scope.holds(_tagdict(s))
+    }
     blocks = list(cidr.subnets(new_prefix=min(28, cidr.prefixlen + 4)))
     subnets = []
-    for index, az in enumerate(zones[:len(blocks)]):
+    for index, az in enumerate(zones[: len(blocks)]):
         sub = have.get(az)
         if sub is None:
-            sub = api.settled("ec2", "create_subnet", VpcId=vpc_id, AvailabilityZone=az, CidrBlock=str(blocks[index]),
-                              TagSpecifications=[{"ResourceType": "subnet", "Tags": _tags(
-                                  {**base, "Name": f"clusterctl-{name}-{az}"})}])["Subnet"]
+            sub = api.settled(
+                "ec2",
+                "create_subnet",
+                VpcId=vpc_id,
+                AvailabilityZone=az,
+                CidrBlock=str(blocks[index]),
+                TagSpecifications=[
+                    {"ResourceType": "subnet", "Tags": _tags({**base, "Name": f"clusterctl-{name}-{az}"})}
+                ],
+            )["Subnet"]
             api.report(f"created subnet {sub['SubnetId']} ({blocks[index]}, {az})")
         subnets.append((sub["SubnetId"], az))
     fabric.ensure_s3_endpoint(api, ctx, scope, vpc_id)
@@ -120,11 +156,15 @@ def existing_network(api: Api, ctx: Context, create: bool) -> Network:
         by_id = {s["SubnetId"]: s for s in subs}
         ordered = [by_id[s] for s in o.subnets if s in by_id]
     else:
-        ordered = sorted(api.api("ec2", "describe_subnets", Filters=[{"Name": "vpc-id", "Values": [o.vpc]}]
-                                   ).get("Subnets", []), key=lambda s: s["AvailabilityZone"])
+        ordered = sorted(
+            api.api("ec2", "describe_subnets", Filters=[{"Name": "vpc-id", "Values": [o.vpc]}]).get("Subnets", []),
+            key=lambda s: s["AvailabilityZone"],
+        )
     if not ordered:
-        raise ConfigError(f"no subnets found for {'--subnet ' + ', '.join(o.subnets) if o.subnets else '--vpc ' + str(o.vpc)}",
-                          "check the ids and the region")
+        raise ConfigError(
+            f"no subnets found for {'--subnet ' + ', '.join(o.subnets) if o.subnets else '--vpc ' + str(o.vpc)}",
+            "check the ids and the region",
+        )
     vpcs = {s["VpcId"] for s in ordered}
     if len(vpcs) != 1 or (o.vpc and o.vpc not in vpcs):
         raise ConfigError("the --subnet(s) must all be in one VPC (the --vpc, when given)")
@@ -139,17 +179,25 @@ def ensure_security_group(api: Api, ctx: Context, scope: Scope, net: Network, ss
     name = ctx.spec.name
     sg = find_one(api, KIND["security group"], scope, **{"vpc-id": net.vpc})
     if sg is None:
-        sg_id: str = api.settled("ec2", "create_security_group", GroupName=scope.group, VpcId=net.vpc,
-                            Description=f"clusterctl cluster {name}: all traffic within the cluster, ssh from one range",
-                            TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(
-                                {**scope.tags(ctx.region), "Name": scope.group})}])["GroupId"]
+        sg_id: str = api.settled(
+            "ec2",
+            "create_security_group",
+            GroupName=scope.group,
+            VpcId=net.vpc,
+            Description=f"clusterctl cluster {name}: all traffic within the cluster, ssh from one range",
+            TagSpecifications=[
+                {"ResourceType": "security-group", "Tags": _tags({**scope.tags(ctx.region), "Name": scope.group})}
+            ],
+        )["GroupId"]
         api.report(f"created security group {sg_id}")
         sg = {"GroupId": sg_id, "IpPermissions": [], "IpPermissionsEgress": []}
     sg_id = sg["GroupId"]
     self_rule = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": sg_id, "Description": "within the cluster"}]}
     wanted_in = [self_rule, _ssh_rule(ssh_cidr)]
-    for op, rules, have in (("authorize_security_group_ingress", wanted_in, sg.get("IpPermissions", [])),
-                            ("authorize_security_group_egress", [self_rule], sg.get("IpPermissionsEgress", []))):
+    for op, rules, have in (
+        ("authorize_security_group_ingress", wanted_in, sg.get("IpPermissions", [])),
+        ("authorize_security_group_egress", [self_rule], sg.get("IpPermissionsEgress", [])),
+    ):
         for rule in rules:
             if _has_rule(have, rule):
                 continue
@@ -201,11 +249,18 @@ def ensure_placement_group(api: Api, ctx: Context, scope: Scope) -> str:
         found = []
     if found:
         if not scope.holds(_tagdict(found[0])):
-            raise ConfigError(f"placement group {group} exists but is not this cluster {name}'s ({scope.label()})",
-                              "choose another --name")
+            raise ConfigError(
+                f"placement group {group} exists but is not this cluster {name}'s ({scope.label()})",
+                "choose another --name",
+            )
         return group
-    api.api("ec2", "create_placement_group", GroupName=group, Strategy="cluster", TagSpecifications=[
-        {"ResourceType": "placement-group", "Tags": _tags(scope.tags(ctx.region))}])
+    api.api(
+        "ec2",
+        "create_placement_group",
+        GroupName=group,
+        Strategy="cluster",
+        TagSpecifications=[{"ResourceType": "placement-group", "Tags": _tags(scope.tags(ctx.region))}],
+    )
     api.report(f"created placement group {group}")
     return group
 
@@ -227,10 +282,16 @@ def ensure_key_pair(api: Api, ctx: Context, scope: Scope, public_key: str) -> st
         if (theirs and theirs != material) or not scope.holds(_tagdict(found[0])):
             raise ProvisionError(
                 f"key pair {key_name} in {ctx.region} holds another key than this machine's for cluster {name}",
-                f"the local state was lost or belongs elsewhere: `clusterctl down {name} --yes`, then up again")
+                f"the local state was lost or belongs elsewhere: `clusterctl down {name} --yes`, then up again",
+            )
         return key_name
-    api.api("ec2", "import_key_pair", KeyName=key_name, PublicKeyMaterial=material.encode(), TagSpecifications=[
-        {"ResourceType": "key-pair", "Tags": _tags(scope.tags(ctx.region))}])
+    api.api(
+        "ec2",
+        "import_key_pair",
+        KeyName=key_name,
+        PublicKeyMaterial=material.encode(),
+        TagSpecifications=[{"ResourceType": "key-pair", "Tags": _tags(scope.tags(ctx.region))}],
+    )
     api.report(f"imported key pair {key_name}")
     return key_name
 
@@ -246,28 +307,45 @@ def ensure_instance_profile(api: Api, ctx: Context, scope: Scope) -> str:
     try:
         role = api.call("iam", "get_role", RoleName=iname)["Role"]
         if not scope.holds(_tagdict(role)):
-            raise ProvisionError(f"IAM role {iname} exists but is not this cluster {name}'s ({scope.label()})",
-                                 "choose another --name, or bring the other cluster down")
+            raise ProvisionError(
+                f"IAM role {iname} exists but is not this cluster {name}'s ({scope.label()})",
+                "choose another --name, or bring the other cluster down",
+            )
     except ClientError as exc:
         if _code(exc) != "NoSuchEntity":
             raise api.error("iam GetRole", exc) from None
-        api.api("iam", "create_role", RoleName=iname, Path=IAM_PATH, AssumeRolePolicyDocument=json.dumps(EC2_TRUST),
-                Description=f"clusterctl cluster {name} in {ctx.region}: nodes' own identity", Tags=tags,
-                MaxSessionDuration=3600)
+        api.api(
+            "iam",
+            "create_role",
+            RoleName=iname,
+            Path=IAM_PATH,
+            AssumeRolePolicyDocument=json.dumps(EC2_TRUST),
+            Description=f"clusterctl cluster {name} in {ctx.region}: nodes' own identity",
+            Tags=tags,
+            MaxSessionDuration=3600,
+        )
         api.report(f"created IAM role {iname}")
     if ctx.opts.s3_read:
-        api.api("iam", "put_role_policy", RoleName=iname, PolicyName="s3-read",
-                PolicyDocument=json.dumps(s3_read_policy(ctx.opts.s3_read)))
+        api.api(
+            "iam",
+            "put_role_policy",
+            RoleName=iname,
+            PolicyName="s3-read",
+            PolicyDocument=json.dumps(s3_read_policy(ctx.opts.s3_read)),
+        )
     try:
         prof = api.call("iam", "get_instance_profile", InstanceProfileName=iname)["InstanceProfile"]
         if not scope.holds(_tagdict(prof)):
-            raise ProvisionError(f"IAM instance profile {iname} exists but is not this cluster {name}'s",
-                                 "choose another --name, or bring the other cluster down")
+            raise ProvisionError(
+                f"IAM instance profile {iname} exists but is not this cluster {name}'s",
+                "choose another --name, or bring the other cluster down",
+            )
     except ClientError as exc:
         if _code(exc) != "NoSuchEntity":
             raise api.error("iam GetInstanceProfile", exc) from None
-        prof = api.api("iam", "create_instance_profile", InstanceProfileName=iname, Path=IAM_PATH,
-                       Tags=tags)["InstanceProfile"]
+        prof = api.api("iam", "create_instance_profile", InstanceProfileName=iname, Path=IAM_PATH, Tags=tags)[
+            "InstanceProfile"
+        ]
         api.report(f"created IAM instance profile {iname}")
     if not any(r.get("RoleName") == iname for r in prof.get("Roles", [])):
         api.api("iam", "add_role_to_instance_profile", InstanceProfileName=iname, RoleName=iname)
@@ -279,10 +357,17 @@ def grant_checkpoint_write(api: Api, cluster: Cluster, uri: str) -> None:
     policy, replaced by the next --checkpoint-to)."""
     role = cluster.extra.get("instance_profile", "")  # the role has the instance profile's name
     if not role:
-        raise ConfigError(f"cluster {cluster.name} has no instance profile on record",
-                          "bring it up again with this clusterctl, or give the nodes S3 access yourself")
-    api.api("iam", "put_role_policy", RoleName=role, PolicyName="checkpoints-write",
-            PolicyDocument=json.dumps(s3_checkpoint_policy(uri)))
+        raise ConfigError(
+            f"cluster {cluster.name} has no instance profile on record",
+            "bring it up again with this clusterctl, or give the nodes S3 access yourself",
+        )
+    api.api(
+        "iam",
+        "put_role_policy",
+        RoleName=role,
+        PolicyName="checkpoints-write",
+        PolicyDocument=json.dumps(s3_checkpoint_policy(uri)),
+    )
     api.report(f"IAM role {role} may write s3 checkpoints under {uri} (and nothing else)")
 
 
@@ -293,33 +378,54 @@ def s3_read_policy(locations: Iterable[str]) -> dict[str, Any]:
     for uri in locations:
         bucket, prefix = parse_s3(uri)
         objects.append(f"arn:aws:s3:::{bucket}/{prefix}*")
-        lists.append({
-            "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}",
-            **({"Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}} if prefix else {}),
-        })
-    return {"Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects}, *lists]}
+        lists.append(
+            {
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": f"arn:aws:s3:::{bucket}",
+                **({"Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}} if prefix else {}),
+            }
+        )
+    return {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects}, *lists],
+    }
 
 
 def s3_checkpoint_policy(uri: str) -> dict[str, Any]:
     """Checkpoints under one prefix: write, read back, delete the old ones, list that prefix; nothing else."""
     bucket, prefix = parse_s3(uri)
     prefix = prefix.strip("/") + "/"  # a folder: b/run1 grants b/run1/..., never b/run10/...
-    return {"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Action": ["s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-         "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*"]},
-        {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}",
-         "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}}]}
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": ["s3:PutObject", "s3:GetObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+                "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*"],
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": f"arn:aws:s3:::{bucket}",
+                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+            },
+        ],
+    }
 
 
 def _has_rule(have: list[dict[str, Any]], rule: dict[str, Any]) -> bool:
     for h in have:
         if h.get("IpProtocol") != rule["IpProtocol"]:
             continue
-        if rule["IpProtocol"] != "-1" and (h.get("FromPort"), h.get("ToPort")) != (rule.get("FromPort"), rule.get("ToPort")):
+        if rule["IpProtocol"] != "-1" and (h.get("FromPort"), h.get("ToPort")) != (
+            rule.get("FromPort"),
+            rule.get("ToPort"),
+        ):
             continue
-        if "UserIdGroupPairs" in rule and any(p.get("GroupId") == rule["UserIdGroupPairs"][0]["GroupId"]
-                                              for p in h.get("UserIdGroupPairs", [])):
+        if "UserIdGroupPairs" in rule and any(
+            p.get("GroupId") == rule["UserIdGroupPairs"][0]["GroupId"] for p in h.get("UserIdGroupPairs", [])
+        ):
             return True
         if "IpRanges" in rule and any(r.get("CidrIp") == rule["IpRanges"][0]["CidrIp"] for r in h.get("IpRanges", [])):
             return True
@@ -327,8 +433,12 @@ def _has_rule(have: list[dict[str, Any]], rule: dict[str, Any]) -> bool:
 
 
 def _ssh_rule(cidr: str) -> dict[str, Any]:
-    return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-            "IpRanges": [{"CidrIp": cidr, "Description": "ssh from the operator"}]}
+    return {
+        "IpProtocol": "tcp",
+        "FromPort": 22,
+        "ToPort": 22,
+        "IpRanges": [{"CidrIp": cidr, "Description": "ssh from the operator"}],
+    }
 
 
 def _stale_ssh(have: list[dict[str, Any]], cidr: str) -> list[dict[str, Any]]:
@@ -341,8 +451,11 @@ def _stale_ssh(have: list[dict[str, Any]], cidr: str) -> list[dict[str, Any]]:
             continue
         if proto != "-1" and not int(h.get("FromPort", 0)) <= 22 <= int(h.get("ToPort", 65535)):
             continue
-        ranges = [{"CidrIp": r["CidrIp"]} for r in h.get("IpRanges", [])
-                  if not (r.get("CidrIp") == cidr and (proto, h.get("FromPort"), h.get("ToPort")) == ("tcp", 22, 22))]
+        ranges = [
+            {"CidrIp": r["CidrIp"]}
+            for r in h.get("IpRanges", [])
+            if not (r.get("CidrIp") == cidr and (proto, h.get("FromPort"), h.get("ToPort")) == ("tcp", 22, 22))
+        ]
         v6 = [{"CidrIpv6": r["CidrIpv6"]} for r in h.get("Ipv6Ranges", [])]
         lists = [{"PrefixListId": r["PrefixListId"]} for r in h.get("PrefixListIds", [])]
         if ranges or v6 or lists:
@@ -357,5 +470,9 @@ def _stale_ssh(have: list[dict[str, Any]], cidr: str) -> list[dict[str, Any]]:
 
 
 def _ranges(rules: list[dict[str, Any]]) -> list[str]:
-    return [r.get("CidrIp") or r.get("CidrIpv6") or r.get("PrefixListId") for rule in rules
-            for k in ("IpRanges", "Ipv6Ranges", "PrefixListIds") for r in rule.get(k, [])]
+    return [
+        r.get("CidrIp") or r.get("CidrIpv6") or r.get("PrefixListId")
+        for rule in rules
+        for k in ("IpRanges", "Ipv6Ranges", "PrefixListIds")
+        for r in rule.get(k, [])
+    ]

@@ -57,19 +57,46 @@ EBS_FREE_IOPS = {"gp3": 3000, "io1": 0, "io2": 0}
 
 # GPUs per instance, for when DescribeInstanceTypes does not know the type (or lacks GpuInfo).
 GPUS: dict[str, int] = {
-    "p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8,
-    "p4d.24xlarge": 8, "p4de.24xlarge": 8, "p5.48xlarge": 8, "p5e.48xlarge": 8,
-    "g5.xlarge": 1, "g5.2xlarge": 1, "g5.4xlarge": 1, "g5.8xlarge": 1, "g5.16xlarge": 1,
-    "g5.12xlarge": 4, "g5.24xlarge": 4, "g5.48xlarge": 8,
-    "g4dn.xlarge": 1, "g4dn.2xlarge": 1, "g4dn.4xlarge": 1, "g4dn.8xlarge": 1, "g4dn.16xlarge": 1,
-    "g4dn.12xlarge": 4, "g4dn.metal": 8,
+    "p3.2xlarge": 1,
+    "p3.8xlarge": 4,
+    "p3.16xlarge": 8,
+    "p3dn.24xlarge": 8,
+    "p4d.24xlarge": 8,
+    "p4de.24xlarge": 8,
+    "p5.48xlarge": 8,
+    "p5e.48xlarge": 8,
+    "g5.xlarge": 1,
+    "g5.2xlarge": 1,
+    "g5.4xlarge": 1,
+    "g5.8xlarge": 1,
+    "g5.16xlarge": 1,
+    "g5.12xlarge": 4,
+    "g5.24xlarge": 4,
+    "g5.48xlarge": 8,
+    "g4dn.xlarge": 1,
+    "g4dn.2xlarge": 1,
+    "g4dn.4xlarge": 1,
+    "g4dn.8xlarge": 1,
+    "g4dn.16xlarge": 1,
+    "g4dn.12xlarge": 4,
+    "g4dn.metal": 8,
 }
 
 # EFA support, same purpose (the API's NetworkInfo.EfaSupported wins when present).
 EFA: dict[str, bool] = {
-    "p3.2xlarge": False, "p3.8xlarge": False, "p3.16xlarge": False, "p3dn.24xlarge": True,
-    "p4d.24xlarge": True, "p4de.24xlarge": True, "p5.48xlarge": True, "p5e.48xlarge": True,
-    "g5.48xlarge": True, "g4dn.metal": True, "g4dn.12xlarge": True, "g4dn.16xlarge": True, "g4dn.8xlarge": True,
+    "p3.2xlarge": False,
+    "p3.8xlarge": False,
+    "p3.16xlarge": False,
+    "p3dn.24xlarge": True,
+    "p4d.24xlarge": True,
+    "p4de.24xlarge": True,
+    "p5.48xlarge": True,
+    "p5e.48xlarge": True,
+    "g5.48xlarge": True,
+    "g4dn.metal": True,
+    "g4dn.12xlarge": True,
+    "g4dn.16xlarge": True,
+    "g4dn.8xlarge": True,
 }
 
 
@@ -144,17 +171,42 @@ class DlamiRelease:
 # Newest first; the first pattern an image name matches describes it. The x86_64 rows were read from the
 # same-date Base OSS release notes of the family (x86_64 and ARM64 releases of one date carry one driver).
 DLAMI_RELEASES: tuple[DlamiRelease, ...] = (
-    DlamiRelease(_BASE_OSS + "20260[4-9]*", 595, "595.58.03-595.91.07", "13.2",
-                 _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2404-2026-04-30.html (595.58.03, CUDA 13.2)"),
-    DlamiRelease(_BASE_OSS + "20261*", 595, "595.91.07", "13.2",
-                 _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2026-10-08.html (595.91.07, CUDA 13.2)"),
-    DlamiRelease(_BASE_OSS + "202601*", 580, "580.105.08", "13.0",
-                 _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2026-01-08.html (580.105.08, CUDA 13.0)"),
-    DlamiRelease(_BASE_OSS + "202512*", 580, "580.105.08", "13.0",
-                 _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2404-2025-12-10.html (580.105.08, CUDA 13.0)"),
-    DlamiRelease(_BASE_OSS + "202510*", 580, "580.95.05", "12.9",
-                 _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2025-11-10.html (release 20251031: "
-                 "580.95.05, CUDA 12.9)"),
+    DlamiRelease(
+        _BASE_OSS + "20260[4-9]*",
+        595,
+        "595.58.03-595.91.07",
+        "13.2",
+        _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2404-2026-04-30.html (595.58.03, CUDA 13.2)",
+    ),
+    DlamiRelease(
+        _BASE_OSS + "20261*",
+        595,
+        "595.91.07",
+        "13.2",
+        _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2026-10-08.html (595.91.07, CUDA 13.2)",
+    ),
+    DlamiRelease(
+        _BASE_OSS + "202601*",
+        580,
+        "580.105.08",
+        "13.0",
+        _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2026-01-08.html (580.105.08, CUDA 13.0)",
+    ),
+    DlamiRelease(
+        _BASE_OSS + "202512*",
+        580,
+        "580.105.08",
+        "13.0",
+        _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2404-2025-12-10.html (580.105.08, CUDA 13.0)",
+    ),
+    DlamiRelease(
+        _BASE_OSS + "202510*",
+        580,
+        "580.95.05",
+        "12.9",
+        _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2025-11-10.html (release 20251031: "
+        "580.95.05, CUDA 12.9)",
+    ),
 )
 
 
@@ -197,12 +249,18 @@ class Quota:
 
 _STANDARD = "Standard (A, C, D, H, I, M, R, T, Z)"
 _VCPU_QUOTAS: dict[str, tuple[Quota, Quota]] = {  # letter class -> (on-demand, spot)
-    "p": (Quota("L-417A185B", "Running On-Demand P instances", "vCPUs"),
-          Quota("L-7212CCBC", "All P Spot Instance Requests", "vCPUs")),
-    "g": (Quota("L-DB2E81BA", "Running On-Demand G and VT instances", "vCPUs"),
-          Quota("L-3819A6DF", "All G and VT Spot Instance Requests", "vCPUs")),
-    "standard": (Quota("L-1216C47A", f"Running On-Demand {_STANDARD} instances", "vCPUs"),
-                 Quota("L-34B43A08", f"All {_STANDARD} Spot Instance Requests", "vCPUs")),
+    "p": (
+        Quota("L-417A185B", "Running On-Demand P instances", "vCPUs"),
+        Quota("L-7212CCBC", "All P Spot Instance Requests", "vCPUs"),
+    ),
+    "g": (
+        Quota("L-DB2E81BA", "Running On-Demand G and VT instances", "vCPUs"),
+        Quota("L-3819A6DF", "All G and VT Spot Instance Requests", "vCPUs"),
+    ),
+    "standard": (
+        Quota("L-1216C47A", f"Running On-Demand {_STANDARD} instances", "vCPUs"),
+        Quota("L-34B43A08", f"All {_STANDARD} Spot Instance Requests", "vCPUs"),
+    ),
 }
 EIP_QUOTA = Quota("L-0263D0A3", "EC2-VPC Elastic IPs", "addresses")
 

@@ -9,8 +9,9 @@ from clusterctl import resources
 from clusterctl.types import Autostop
 
 
-def render_user_data(cluster: str, region: str, ssh_user: str, slots: int, internal_public_key: str,
-                     autostop: Autostop | None = None) -> str:
+def render_user_data(
+    cluster: str, region: str, ssh_user: str, slots: int, internal_public_key: str, autostop: Autostop | None = None
+) -> str:
     import jinja2
 
     from clusterctl.autostop import watchdog as autostop_lib
@@ -19,5 +20,9 @@ def render_user_data(cluster: str, region: str, ssh_user: str, slots: int, inter
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     node = {"cluster": cluster, "region": region, "ssh_user": ssh_user, "slots": slots}
     watchdog = autostop_lib.cloud_init(cluster, autostop, ssh_user) if autostop is not None else None
-    return env.from_string(text).render(cluster=cluster, internal_public_key=internal_public_key,
-                                        node_json=json.dumps(node, sort_keys=True) + "\n", autostop=watchdog)
+    return env.from_string(text).render(
+        cluster=cluster,
+        internal_public_key=internal_public_key,
+        node_json=json.dumps(node, sort_keys=True) + "\n",
+        autostop=watchdog,
+    )

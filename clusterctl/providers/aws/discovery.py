@@ -97,11 +97,17 @@ class Scope:
         return f"clusterctl-{self.id}" if self.id else iam_name(self.name, region)
 
     def tags(self, region: str) -> dict[str, str]:
-        return {TAG: self.name, **({TAG_ID: self.id} if self.id else {}), TAG_REGION: region,
-                TAG_OWNER: self.owner or _owner()}
+        return {
+            TAG: self.name,
+            **({TAG_ID: self.id} if self.id else {}),
+            TAG_REGION: region,
+            TAG_OWNER: self.owner or _owner(),
+        }
 
     def label(self) -> str:
-        return f"id {self.id}, owner {self.owner or 'unknown'}" if self.id else f"owner {self.owner or 'unknown'}, no id"
+        return (
+            f"id {self.id}, owner {self.owner or 'unknown'}" if self.id else f"owner {self.owner or 'unknown'}, no id"
+        )
 
 
 # ---- the one table of tagged EC2 kinds ----------------------------------------------------------------------
@@ -129,22 +135,76 @@ class Kind:
 
 _DELETED = ("deleted", "deleting")
 KINDS = (  # in the order they are listed; `removal` orders teardown
-    Kind("placement group", "describe_placement_groups", "PlacementGroups", "GroupName", None, 1,
-         "delete_placement_group", "GroupName"),
+    Kind(
+        "placement group",
+        "describe_placement_groups",
+        "PlacementGroups",
+        "GroupName",
+        None,
+        1,
+        "delete_placement_group",
+        "GroupName",
+    ),
     Kind("key pair", "describe_key_pairs", "KeyPairs", "KeyName", "CreateTime", 2, "delete_key_pair", "KeyName"),
     Kind("Elastic IP", "describe_addresses", "Addresses", "AllocationId", None, 0),  # fabric.release_elastic_ips
-    Kind("security group", "describe_security_groups", "SecurityGroups", "GroupId", None, 6,
-         "delete_security_group", "GroupId"),
-    Kind("network interface", "describe_network_interfaces", "NetworkInterfaces", "NetworkInterfaceId", None, 3,
-         "delete_network_interface", "NetworkInterfaceId", id_filter="network-interface-id",
-         ready=("Status", "available")),
-    Kind("volume", "describe_volumes", "Volumes", "VolumeId", "CreateTime", 4, "delete_volume", "VolumeId",
-         id_filter="volume-id", ready=("State", "available"), gone_states=_DELETED),
-    Kind("VPC endpoint", "describe_vpc_endpoints", "VpcEndpoints", "VpcEndpointId", "CreationTimestamp", 5,
-         "delete_vpc_endpoints", "VpcEndpointIds", as_list=True, gone_states=_DELETED, label="S3 gateway endpoint"),
+    Kind(
+        "security group",
+        "describe_security_groups",
+        "SecurityGroups",
+        "GroupId",
+        None,
+        6,
+        "delete_security_group",
+        "GroupId",
+    ),
+    Kind(
+        "network interface",
+        "describe_network_interfaces",
+        "NetworkInterfaces",
+        "NetworkInterfaceId",
+        None,
+        3,
+        "delete_network_interface",
+        "NetworkInterfaceId",
+        id_filter="network-interface-id",
+        ready=("Status", "available"),
+    ),
+    Kind(
+        "volume",
+        "describe_volumes",
+        "Volumes",
+        "VolumeId",
+        "CreateTime",
+        4,
+        "delete_volume",
+        "VolumeId",
+        id_filter="volume-id",
+        ready=("State", "available"),
+        gone_states=_DELETED,
+    ),
+    Kind(
+        "VPC endpoint",
+        "describe_vpc_endpoints",
+        "VpcEndpoints",
+        "VpcEndpointId",
+        "CreationTimestamp",
+        5,
+        "delete_vpc_endpoints",
+        "VpcEndpointIds",
+        as_list=True,
+        gone_states=_DELETED,
+        label="S3 gateway endpoint",
+    ),
     Kind("subnet", "describe_subnets", "Subnets", "SubnetId", None, 7, "delete_subnet", "SubnetId"),
-    Kind("internet gateway", "describe_internet_gateways", "InternetGateways", "InternetGatewayId", None, 8,
-         id_filter="internet-gateway-id"),  # detached first: teardown.py
+    Kind(
+        "internet gateway",
+        "describe_internet_gateways",
+        "InternetGateways",
+        "InternetGatewayId",
+        None,
+        8,
+        id_filter="internet-gateway-id",
+    ),  # detached first: teardown.py
     Kind("VPC", "describe_vpcs", "Vpcs", "VpcId", None, 9, "delete_vpc", "VpcId"),
 )
 KIND = {k.name: k for k in KINDS}
@@ -153,8 +213,11 @@ KIND = {k.name: k for k in KINDS}
 def find_one(api: Api, kind: Kind, scope: Scope, **filters: str) -> dict[str, Any] | None:
     """The scope's one resource of a kind (bootstrap finds what an earlier run made before creating)."""
     flt = scope.filters() + [{"Name": k, "Values": [v]} for k, v in filters.items()]
-    items = [i for i in api.api("ec2", kind.describe, Filters=flt).get(kind.key, [])
-             if scope.holds(_tagdict(i)) and not kind.gone(i)]
+    items = [
+        i
+        for i in api.api("ec2", kind.describe, Filters=flt).get(kind.key, [])
+        if scope.holds(_tagdict(i)) and not kind.gone(i)
+    ]
     return items[0] if items else None
 
 
@@ -164,43 +227,65 @@ def instances_of(api: Api, scope: Scope | None, states: list[str] | None = None)
     flt = [{"Name": "instance-state-name", "Values": states or ["pending", "running", "stopping", "stopped"]}]
     flt += scope.filters() if scope is not None else [{"Name": "tag-key", "Values": [TAG]}]
     reservations = api.paginate("ec2", "describe_instances", "Reservations", Filters=flt)
-    return [i for r in reservations for i in r.get("Instances", [])
-            if (scope.holds(_tagdict(i)) if scope is not None else TAG in _tagdict(i))]
+    return [
+        i
+        for r in reservations
+        for i in r.get("Instances", [])
+        if (scope.holds(_tagdict(i)) if scope is not None else TAG in _tagdict(i))
+    ]
 
 
 def ordered(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Leader first, then members: by the index tag when named, else by launch index, then id."""
+
     def key(i: dict[str, Any]) -> tuple[int, int, int, str]:
         tags = _tagdict(i)
         index = tags.get(TAG_INDEX)
-        return (0 if index is not None else 1, int(index) if index and index.isdigit() else 0,
-                int(i.get("AmiLaunchIndex", 0)), i["InstanceId"])
+        return (
+            0 if index is not None else 1,
+            int(index) if index and index.isdigit() else 0,
+            int(i.get("AmiLaunchIndex", 0)),
+            i["InstanceId"],
+        )
+
     return sorted(instances, key=key)
 
 
-def cluster_of(region: str, name: str, instances: list[dict[str, Any]],
-               extra: Mapping[str, str] | None = None) -> Cluster:
+def cluster_of(
+    region: str, name: str, instances: list[dict[str, Any]], extra: Mapping[str, str] | None = None
+) -> Cluster:
     """The typed cluster its instances (and their tags) describe."""
     inorder = ordered(instances)
     nodes = []
     for index, inst in enumerate(inorder):
         tags = _tagdict(inst)
-        nodes.append(Node(
-            name=tags.get("Name") or node_names(name, len(inorder))[index],
-            private_ip=inst.get("PrivateIpAddress", ""),
-            slots=int(tags.get(TAG_SLOTS) or 1),
-            role="leader" if index == 0 else "member",
-            ssh_user=tags.get(TAG_USER) or "ubuntu",
-            public_ip=inst.get("PublicIpAddress") or None,
-            instance_id=inst["InstanceId"],
-        ))
+        nodes.append(
+            Node(
+                name=tags.get("Name") or node_names(name, len(inorder))[index],
+                private_ip=inst.get("PrivateIpAddress", ""),
+                slots=int(tags.get(TAG_SLOTS) or 1),
+                role="leader" if index == 0 else "member",
+                ssh_user=tags.get(TAG_USER) or "ubuntu",
+                public_ip=inst.get("PublicIpAddress") or None,
+                instance_id=inst["InstanceId"],
+            )
+        )
     first = inorder[0] if inorder else {}
-    facts = {"az": first.get("Placement", {}).get("AvailabilityZone", ""),
-             "subnet": first.get("SubnetId", ""), **(extra or {})}
+    facts = {
+        "az": first.get("Placement", {}).get("AvailabilityZone", ""),
+        "subnet": first.get("SubnetId", ""),
+        **(extra or {}),
+    }
     launched = min((_epoch(i.get("LaunchTime")) for i in inorder), default=time.time())
-    return Cluster(name=name, provider="aws", nodes=tuple(nodes), region=region,
-                   instance_type=first.get("InstanceType", ""), created_at=launched,
-                   extra={k: str(v) for k, v in facts.items()})
+    return Cluster(
+        name=name,
+        provider="aws",
+        nodes=tuple(nodes),
+        region=region,
+        instance_type=first.get("InstanceType", ""),
+        created_at=launched,
+        extra={k: str(v) for k, v in facts.items()},
+    )
 
 
 def find(api: Api, scope: Scope) -> Cluster | None:
@@ -208,8 +293,9 @@ def find(api: Api, scope: Scope) -> Cluster | None:
     if not instances:
         return None
     tags = _tagdict(ordered(instances)[0])
-    return cluster_of(api.region, scope.name, instances,
-                      extra={"cluster_id": tags.get(TAG_ID, ""), "owner": tags.get(TAG_OWNER, "")})
+    return cluster_of(
+        api.region, scope.name, instances, extra={"cluster_id": tags.get(TAG_ID, ""), "owner": tags.get(TAG_OWNER, "")}
+    )
 
 
 def node_facts(api: Api, scope: Scope, cluster: Cluster) -> dict[str, NodeFacts]:
@@ -220,8 +306,9 @@ def node_facts(api: Api, scope: Scope, cluster: Cluster) -> dict[str, NodeFacts]
         inst = by_id.get(n.instance_id or "")
         if inst is not None:
             placement = inst.get("Placement", {})
-            out[n.name] = NodeFacts(inst.get("InstanceType", ""), placement.get("AvailabilityZone", ""),
-                                    placement.get("GroupName", ""))
+            out[n.name] = NodeFacts(
+                inst.get("InstanceType", ""), placement.get("AvailabilityZone", ""), placement.get("GroupName", "")
+            )
     return out
 
 
@@ -236,21 +323,41 @@ def resources_of(api: Api, scope: Scope | None) -> list[Found]:
     def add(item: dict[str, Any], kind: str, rid: str, created: Any = None, state: str = "") -> None:
         tags = _tagdict(item)
         if TAG in tags and (scope is None or scope.holds(tags)):
-            out.append(Found(tags[TAG], kind, rid, _epoch(created) if created else None,
-                             tags.get(TAG_OWNER, ""), state, tags.get(TAG_ID, "")))
+            out.append(
+                Found(
+                    tags[TAG],
+                    kind,
+                    rid,
+                    _epoch(created) if created else None,
+                    tags.get(TAG_OWNER, ""),
+                    state,
+                    tags.get(TAG_ID, ""),
+                )
+            )
 
     for inst in ordered(instances_of(api, scope, LIVE_STATES)):
         add(inst, "instance", inst["InstanceId"], inst.get("LaunchTime"), inst["State"]["Name"])
     for kind in KINDS:
         for item in api.api("ec2", kind.describe, Filters=flt).get(kind.key, []):
             if not kind.gone(item):
-                add(item, kind.name, item[kind.id_key], item.get(kind.created_key) if kind.created_key else None,
-                    item.get("State") or item.get("Status") or "")
+                add(
+                    item,
+                    kind.name,
+                    item[kind.id_key],
+                    item.get(kind.created_key) if kind.created_key else None,
+                    item.get("State") or item.get("Status") or "",
+                )
     return out + _iam_resources(api, scope)
 
 
 IAM_KINDS = (  # (kind, get call, list call, list key, name key)
-    ("IAM instance profile", "get_instance_profile", "list_instance_profiles", "InstanceProfiles", "InstanceProfileName"),
+    (
+        "IAM instance profile",
+        "get_instance_profile",
+        "list_instance_profiles",
+        "InstanceProfiles",
+        "InstanceProfileName",
+    ),
     ("IAM role", "get_role", "list_roles", "Roles", "RoleName"),
 )
 
@@ -265,8 +372,11 @@ def _iam_resources(api: Api, scope: Scope | None) -> list[Found]:
         if scope is not None and not scope.every:
             names = [scope.iam(region)]
         else:
-            names = [i[name_key] for i in api.paginate("iam", listing, key, PathPrefix=IAM_PATH)
-                     if names_here.match(i[name_key])]
+            names = [
+                i[name_key]
+                for i in api.paginate("iam", listing, key, PathPrefix=IAM_PATH)
+                if names_here.match(i[name_key])
+            ]
         for iname in names:
             item = iam_get(api, get, iname)
             if item is None:
@@ -278,8 +388,17 @@ def _iam_resources(api: Api, scope: Scope | None) -> list[Found]:
             if TAG not in tags and named and named.group("cluster"):
                 tags = {TAG: named.group("cluster")}
             if TAG in tags and (scope is None or scope.holds(tags)):
-                out.append(Found(tags[TAG], kind, iname, _epoch(item.get("CreateDate")), tags.get(TAG_OWNER, ""),
-                                 "", tags.get(TAG_ID, "")))
+                out.append(
+                    Found(
+                        tags[TAG],
+                        kind,
+                        iname,
+                        _epoch(item.get("CreateDate")),
+                        tags.get(TAG_OWNER, ""),
+                        "",
+                        tags.get(TAG_ID, ""),
+                    )
+                )
     return out
 
 
@@ -336,8 +455,15 @@ def statuses(api: Api, scope: Scope | None) -> dict[str, ClusterStatus]:
             inst = by_id[n.instance_id]
             vol = volumes.get(n.instance_id or "", 0.0)
             inst_price = catalog.instance_price(inst.get("InstanceType", ""))
-            nodes.append(NodeStatus(n, inst["State"]["Name"], inst.get("Placement", {}).get("AvailabilityZone", ""),
-                                    _epoch(inst.get("LaunchTime")), None if inst_price is None else inst_price + vol))
+            nodes.append(
+                NodeStatus(
+                    n,
+                    inst["State"]["Name"],
+                    inst.get("Placement", {}).get("AvailabilityZone", ""),
+                    _epoch(inst.get("LaunchTime")),
+                    None if inst_price is None else inst_price + vol,
+                )
+            )
         out[cname] = ClusterStatus(cname, "aws", api.region, cluster.instance_type, tuple(nodes))
     if scope is not None and scope.name not in out:
         left = resources_of(api, scope)
@@ -355,5 +481,6 @@ def _volume_prices(api: Api, name: str | None) -> dict[str, float]:
             continue
         for att in vol.get("Attachments", []):
             out[att["InstanceId"]] = out.get(att["InstanceId"], 0.0) + catalog.volume_price(
-                vol.get("VolumeType", "gp3"), int(vol.get("Size", 0)), vol.get("Iops"))
+                vol.get("VolumeType", "gp3"), int(vol.get("Size", 0)), vol.get("Iops")
+            )
     return out

@@ -37,8 +37,9 @@ def interface_count(info: TypeInfo) -> int:
     return max(1, efa_count(info))
 
 
-def network_interfaces(info: TypeInfo, *, subnet: str | None, security_group: str | None,
-                       public: bool) -> list[dict[str, Any]]:
+def network_interfaces(
+    info: TypeInfo, *, subnet: str | None, security_group: str | None, public: bool
+) -> list[dict[str, Any]]:
     """RunInstances' NetworkInterfaces: EFA on every card (device index 0 on card 0, 1 elsewhere), all in the
     cluster's subnet and security group. A public address is asked for only with a single interface: EC2
     refuses AssociatePublicIpAddress with several (the leader gets an Elastic IP instead)."""
@@ -83,8 +84,10 @@ class QuotaCheck:
         head = f"{self.quota.name} ({self.quota.code})"
         if self.value is None:
             return f"{head}: not checked ({self.source}); this cluster needs {self.need} {self.quota.unit}"
-        return (f"{head}: {self.value:g} {self.quota.unit}, {self.used} in use, this cluster needs {self.need} "
-                f"(from {self.source})")
+        return (
+            f"{head}: {self.value:g} {self.quota.unit}, {self.used} in use, this cluster needs {self.need} "
+            f"(from {self.source})"
+        )
 
 
 def _quota_value(api: Api, quota: catalog.Quota) -> tuple[float | None, str]:
@@ -95,8 +98,11 @@ def _quota_value(api: Api, quota: catalog.Quota) -> tuple[float | None, str]:
         resp = api.call("service-quotas", "get_service_quota", ServiceCode="ec2", QuotaCode=quota.code)
         return float(resp["Quota"]["Value"]), "Service Quotas"
     except (ClientError, ProvisionError, KeyError) as exc:
-        why = getattr(exc, "response", {}).get("Error", {}).get("Code", "") if isinstance(exc, ClientError) \
+        why = (
+            getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+            if isinstance(exc, ClientError)
             else (exc.message if isinstance(exc, ClusterctlError) else "no value")
+        )
     if quota is catalog.EIP_QUOTA:
         attrs = api.api("ec2", "describe_account_attributes", AttributeNames=["vpc-max-elastic-ips"])
         for attr in attrs.get("AccountAttributes", []):
@@ -114,7 +120,11 @@ def _quota_value(api: Api, quota: catalog.Quota) -> tuple[float | None, str]:
 def _vcpus_in_use(api: Api, quota: catalog.Quota, spot: bool) -> int:
     """vCPUs of the region's live instances that count against the same quota."""
     flt = [{"Name": "instance-state-name", "Values": [s for s in LIVE_STATES if s not in ("stopped", "shutting-down")]}]
-    insts = [i for r in api.paginate("ec2", "describe_instances", "Reservations", Filters=flt) for i in r.get("Instances", [])]
+    insts = [
+        i
+        for r in api.paginate("ec2", "describe_instances", "Reservations", Filters=flt)
+        for i in r.get("Instances", [])
+    ]
     total = 0
     for inst in insts:
         itype = inst.get("InstanceType", "")
@@ -153,7 +163,8 @@ def check_quotas(api: Api, ctx: Context) -> list[QuotaCheck]:
                 f"{c.used} in use; {spec.nodes} x {spec.instance_type} need {c.need} more",
                 "ask for an increase in the Service Quotas console (or `aws service-quotas "
                 f"request-service-quota-increase --service-code ec2 --quota-code {c.quota.code}`), or ask for "
-                "fewer or smaller nodes; nothing was created")
+                "fewer or smaller nodes; nothing was created",
+            )
     return checks
 
 
@@ -171,14 +182,28 @@ def ensure_elastic_ip(api: Api, ctx: Context, scope: Scope, leader: dict[str, An
     """The cluster's one Elastic IP (found by its identity's tags, else allocated with them), on the leader's
     primary interface. Returns the address."""
     name = ctx.spec.name
-    found = [a for a in api.api("ec2", "describe_addresses", Filters=scope.filters()).get("Addresses", [])
-             if scope.holds(_tagdict(a))]
+    found = [
+        a
+        for a in api.api("ec2", "describe_addresses", Filters=scope.filters()).get("Addresses", [])
+        if scope.holds(_tagdict(a))
+    ]
     if found:
         addr = found[0]
     else:
-        addr = api.api("ec2", "allocate_address", Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": _tags(
-            {**scope.tags(ctx.region), "Name": f"clusterctl-{name}-leader"})}])
-        api.report(f"allocated Elastic IP {addr['PublicIp']} for the leader (several interfaces: no automatic public address)")
+        addr = api.api(
+            "ec2",
+            "allocate_address",
+            Domain="vpc",
+            TagSpecifications=[
+                {
+                    "ResourceType": "elastic-ip",
+                    "Tags": _tags({**scope.tags(ctx.region), "Name": f"clusterctl-{name}-leader"}),
+                }
+            ],
+        )
+        api.report(
+            f"allocated Elastic IP {addr['PublicIp']} for the leader (several interfaces: no automatic public address)"
+        )
     eni = primary_interface(leader)
     if addr.get("NetworkInterfaceId") != eni or not eni:
         kw = {"NetworkInterfaceId": eni} if eni else {"InstanceId": leader["InstanceId"]}
@@ -192,8 +217,9 @@ def release_elastic_ips(api: Api, allocation_ids: list[str], deadline: float) ->
     if not allocation_ids:
         return []
     removed = []
-    for addr in api.api("ec2", "describe_addresses", Filters=[{"Name": "allocation-id", "Values": list(allocation_ids)}]
-                       ).get("Addresses", []):
+    for addr in api.api(
+        "ec2", "describe_addresses", Filters=[{"Name": "allocation-id", "Values": list(allocation_ids)}]
+    ).get("Addresses", []):
         if addr.get("AllocationId") not in allocation_ids:
             continue
         if addr.get("AssociationId"):
@@ -214,13 +240,20 @@ def ensure_s3_endpoint(api: Api, ctx: Context, scope: Scope, vpc_id: str) -> str
     if found:
         found_id: str = found["VpcEndpointId"]
         return found_id
-    tables = api.api("ec2", "describe_route_tables", Filters=[{"Name": "vpc-id", "Values": [vpc_id]}]).get("RouteTables", [])
-    ep = api.settled("ec2", "create_vpc_endpoint", VpcEndpointType="Gateway", VpcId=vpc_id,
-                     ServiceName=s3_service(ctx.region), RouteTableIds=[t["RouteTableId"] for t in tables],
-                     TagSpecifications=[{"ResourceType": "vpc-endpoint", "Tags": _tags(
-                         {**scope.tags(ctx.region), "Name": f"clusterctl-{name}-s3"})}]
-                     )["VpcEndpoint"]
+    tables = api.api("ec2", "describe_route_tables", Filters=[{"Name": "vpc-id", "Values": [vpc_id]}]).get(
+        "RouteTables", []
+    )
+    ep = api.settled(
+        "ec2",
+        "create_vpc_endpoint",
+        VpcEndpointType="Gateway",
+        VpcId=vpc_id,
+        ServiceName=s3_service(ctx.region),
+        RouteTableIds=[t["RouteTableId"] for t in tables],
+        TagSpecifications=[
+            {"ResourceType": "vpc-endpoint", "Tags": _tags({**scope.tags(ctx.region), "Name": f"clusterctl-{name}-s3"})}
+        ],
+    )["VpcEndpoint"]
     api.report(f"created S3 gateway endpoint {ep['VpcEndpointId']} (free; S3 without public addresses)")
     ep_id: str = ep["VpcEndpointId"]
     return ep_id
-

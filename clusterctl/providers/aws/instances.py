@@ -39,8 +39,13 @@ from clusterctl.providers.base import ClusterKeys
 from clusterctl.types import Cluster, node_names
 
 CAPACITY_CODES = {
-    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
-    "InsufficientCapacityOnHost", "Unsupported", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet",
+    "InsufficientInstanceCapacity",
+    "InsufficientCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientCapacityOnHost",
+    "Unsupported",
+    "SpotMaxPriceTooLow",
+    "InsufficientFreeAddressesInSubnet",
 }
 # How long `up` reads the consoles for cloud-init's host keys. Without Latest=True (Xen types) EC2 posts console
 # output only every few minutes after boot, so this is generous; with it (Nitro) the keys show within seconds.
@@ -48,7 +53,13 @@ CONSOLE_WAIT = 600.0
 _KEYS_BLOCK = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----(.*?)-----END SSH HOST KEY KEYS-----", re.S)
 _KEY = re.compile(r"\b(ssh-ed25519|ecdsa-sha2-nistp(?:256|384|521)|ssh-rsa)\s+([A-Za-z0-9+/]+={0,3})")
 _CLOUD_INIT_DONE = re.compile(r"Cloud-init v\. \S+ finished at")
-_KEY_ORDER = {"ssh-ed25519": 0, "ecdsa-sha2-nistp256": 1, "ecdsa-sha2-nistp384": 1, "ecdsa-sha2-nistp521": 1, "ssh-rsa": 2}
+_KEY_ORDER = {
+    "ssh-ed25519": 0,
+    "ecdsa-sha2-nistp256": 1,
+    "ecdsa-sha2-nistp384": 1,
+    "ecdsa-sha2-nistp521": 1,
+    "ssh-rsa": 2,
+}
 
 
 def host_keys_from_console(text: str) -> tuple[str, ...]:
@@ -81,20 +92,31 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
     spec, name = ctx.spec, ctx.spec.name
     existing = instances_of(api, scope)
     if existing and len(existing) != spec.nodes:
-        raise ProvisionError(f"cluster {name} already has {len(existing)} instance(s) in {ctx.region}, not {spec.nodes}",
-                             f"bring it down first: clusterctl down {name} --yes")
-    ssh_cidr = ctx.opts.ssh_cidr or bootstrap.detect_public_cidr()  # this run's range, and only it (the rest is revoked)
-    net = bootstrap.existing_network(api, ctx, create=True) if (ctx.opts.vpc or ctx.opts.subnets) \
+        raise ProvisionError(
+            f"cluster {name} already has {len(existing)} instance(s) in {ctx.region}, not {spec.nodes}",
+            f"bring it down first: clusterctl down {name} --yes",
+        )
+    ssh_cidr = (
+        ctx.opts.ssh_cidr or bootstrap.detect_public_cidr()
+    )  # this run's range, and only it (the rest is revoked)
+    net = (
+        bootstrap.existing_network(api, ctx, create=True)
+        if (ctx.opts.vpc or ctx.opts.subnets)
         else bootstrap.ensure_network(api, ctx, scope)
+    )
     sg = bootstrap.ensure_security_group(api, ctx, scope, net, ssh_cidr)
-    pg = bootstrap.ensure_placement_group(api, ctx, scope) if ctx.opts.placement and ctx.type.cluster_placement else None
+    pg = (
+        bootstrap.ensure_placement_group(api, ctx, scope) if ctx.opts.placement and ctx.type.cluster_placement else None
+    )
     key = bootstrap.ensure_key_pair(api, ctx, scope, keys.operator_public)
     profile = bootstrap.ensure_instance_profile(api, ctx, scope)
     if existing:
         bad = [i["InstanceId"] for i in existing if i["State"]["Name"] not in ("pending", "running")]
         if bad:
-            raise ProvisionError(f"cluster {name} has instance(s) that are not running: {', '.join(bad)}",
-                                 f"bring it down first: clusterctl down {name} --yes")
+            raise ProvisionError(
+                f"cluster {name} has instance(s) that are not running: {', '.join(bad)}",
+                f"bring it down first: clusterctl down {name} --yes",
+            )
         api.report(f"found {len(existing)} running instance(s) of {name} by tags: reusing them")
         ids = [i["InstanceId"] for i in existing]
     else:
@@ -102,16 +124,27 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
         ids = run_with_fallback(api, launch_file, ctx, scope, net, sg, pg, key, profile, internal)
     instances = wait_running(api, ids, public_at_launch(ctx), wait_timeout)
     instances = name_instances(api, name, instances)
-    extra = {"vpc": net.vpc, "security_group": sg, "placement_group": pg or "", "key_pair": key,
-             "instance_profile": profile, "image": ctx.image.id, "image_name": ctx.image.name,
-             "network_created": "yes" if net.created else "no", "cluster_id": scope.id, "owner": scope.owner,
-             **fabric_extra(ctx), **autostop.extra(spec.autostop)}
+    extra = {
+        "vpc": net.vpc,
+        "security_group": sg,
+        "placement_group": pg or "",
+        "key_pair": key,
+        "instance_profile": profile,
+        "image": ctx.image.id,
+        "image_name": ctx.image.name,
+        "network_created": "yes" if net.created else "no",
+        "cluster_id": scope.id,
+        "owner": scope.owner,
+        **fabric_extra(ctx),
+        **autostop.extra(spec.autostop),
+    }
     extra["spot"] = "true" if ctx.opts.spot else "false"  # train polls spot nodes' interruption notice
     if fabric.needs_elastic_ip(ctx.type, ctx.opts.private_ips):
         leader = ordered(instances)[0]
         address = fabric.ensure_elastic_ip(api, ctx, scope, leader)
-        instances = [{**i, "PublicIpAddress": address} if i is leader else {**i, "PublicIpAddress": None}
-                     for i in instances]
+        instances = [
+            {**i, "PublicIpAddress": address} if i is leader else {**i, "PublicIpAddress": None} for i in instances
+        ]
         extra.update({"elastic_ip": address, "ssh_jump": "leader"})
     return cluster_of(ctx.region, name, instances, extra=extra)
 
@@ -119,35 +152,60 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
 def fabric_extra(ctx: Context) -> dict[str, str]:
     """What the launch needs to know of the node's fabric and image (launch.job_env, doctor)."""
     t, r = ctx.type, ctx.image.release
-    return {"efa": "true" if fabric.efa_count(t) else "false", "efa_interfaces": str(fabric.efa_count(t)),
-            "efa_rdma": "true" if fabric.efa_count(t) and t.efa_rdma else "false", "gpus": str(t.gpus),
-            "driver_branch": str(r.driver_branch) if r else "", "cuda": r.cuda if r else ""}
+    return {
+        "efa": "true" if fabric.efa_count(t) else "false",
+        "efa_interfaces": str(fabric.efa_count(t)),
+        "efa_rdma": "true" if fabric.efa_count(t) and t.efa_rdma else "false",
+        "gpus": str(t.gpus),
+        "driver_branch": str(r.driver_branch) if r else "",
+        "cuda": r.cuda if r else "",
+    }
 
 
-def run_params(ctx: Context, scope: Scope, *, subnet: str | None, security_group: str | None, placement_group: str | None,
-               key_name: str | None, profile: str | None, token: str | None, internal_key: str) -> dict[str, Any]:
+def run_params(
+    ctx: Context,
+    scope: Scope,
+    *,
+    subnet: str | None,
+    security_group: str | None,
+    placement_group: str | None,
+    key_name: str | None,
+    profile: str | None,
+    token: str | None,
+    internal_key: str,
+) -> dict[str, Any]:
     o, spec = ctx.opts, ctx.spec
-    ebs: dict[str, Any] = {"VolumeSize": o.volume_size, "VolumeType": o.volume_type, "Encrypted": True,
-                           "DeleteOnTermination": True}
+    ebs: dict[str, Any] = {
+        "VolumeSize": o.volume_size,
+        "VolumeType": o.volume_type,
+        "Encrypted": True,
+        "DeleteOnTermination": True,
+    }
     if o.effective_iops and o.volume_type in ("io1", "io2", "gp3"):
         ebs["Iops"] = o.effective_iops
     base_tags = scope.tags(ctx.region)
     inst_tags = {**base_tags, "Name": f"{spec.name}-node", TAG_SLOTS: str(ctx.slots), TAG_USER: ctx.image.ssh_user}
-    tag_specs = [{"ResourceType": "instance", "Tags": _tags(inst_tags)},
-                 {"ResourceType": "volume", "Tags": _tags(base_tags)},
-                 {"ResourceType": "network-interface", "Tags": _tags(base_tags)}]
+    tag_specs = [
+        {"ResourceType": "instance", "Tags": _tags(inst_tags)},
+        {"ResourceType": "volume", "Tags": _tags(base_tags)},
+        {"ResourceType": "network-interface", "Tags": _tags(base_tags)},
+    ]
     if o.spot:
         tag_specs.append({"ResourceType": "spot-instances-request", "Tags": _tags(base_tags)})
     nics = fabric.network_interfaces(ctx.type, subnet=subnet, security_group=security_group, public=not o.private_ips)
     params: dict[str, Any] = {
-        "ImageId": ctx.image.id, "InstanceType": spec.instance_type, "MinCount": spec.nodes, "MaxCount": spec.nodes,
+        "ImageId": ctx.image.id,
+        "InstanceType": spec.instance_type,
+        "MinCount": spec.nodes,
+        "MaxCount": spec.nodes,
         "NetworkInterfaces": nics,
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
         "BlockDeviceMappings": [{"DeviceName": ctx.image.root_device, "Ebs": ebs}],
         "InstanceInitiatedShutdownBehavior": "terminate",
         "TagSpecifications": tag_specs,
-        "UserData": render_user_data(spec.name, ctx.region, ctx.image.ssh_user, ctx.slots, internal_key,
-                                     autostop=spec.autostop),
+        "UserData": render_user_data(
+            spec.name, ctx.region, ctx.image.ssh_user, ctx.slots, internal_key, autostop=spec.autostop
+        ),
     }
     if key_name:
         params["KeyName"] = key_name
@@ -158,13 +216,25 @@ def run_params(ctx: Context, scope: Scope, *, subnet: str | None, security_group
     if profile:
         params["IamInstanceProfile"] = {"Name": profile}
     if o.spot:
-        params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
-            "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        params["InstanceMarketOptions"] = {
+            "MarketType": "spot",
+            "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+        }
     return params
 
 
-def run_with_fallback(api: Api, path: Path, ctx: Context, scope: Scope, net: Network, sg: str, pg: str | None,
-                      key: str, profile: str, internal_key: str) -> list[str]:
+def run_with_fallback(
+    api: Api,
+    path: Path,
+    ctx: Context,
+    scope: Scope,
+    net: Network,
+    sg: str,
+    pg: str | None,
+    key: str,
+    profile: str,
+    internal_key: str,
+) -> list[str]:
     """One all-or-nothing RunInstances per AZ until one has capacity. The ClientToken of each attempt
     is saved before the call; botocore's retries of that call reuse it, and so does a later `up` whose
     predecessor never saw the answer, so EC2 returns that launch instead of making a second one."""
@@ -177,14 +247,25 @@ def run_with_fallback(api: Api, path: Path, ctx: Context, scope: Scope, net: Net
     for attempt, (subnet, az) in enumerate(net.subnets, start=1):
         reuse = saved.get("state") == "sent" and saved.get("subnet") == subnet
         token = saved["token"] if reuse else _token(name, attempt)
-        params = run_params(ctx, scope, subnet=subnet, security_group=sg, placement_group=pg, key_name=key,
-                                  profile=profile, token=token, internal_key=internal_key)
+        params = run_params(
+            ctx,
+            scope,
+            subnet=subnet,
+            security_group=sg,
+            placement_group=pg,
+            key_name=key,
+            profile=profile,
+            token=token,
+            internal_key=internal_key,
+        )
         api.report(f"launching {ctx.spec.nodes} x {ctx.spec.instance_type} in {az}")
         outcome, detail = _run_once(api, path, params, subnet, az, attempt)
         if outcome == "capacity":
             tried.append(f"{az} ({detail})")
-            api.report(f"no capacity for {ctx.spec.nodes} x {ctx.spec.instance_type} in {az} ({detail}); "
-                       + ("trying the next AZ" if attempt < len(net.subnets) else "no AZ left"))
+            api.report(
+                f"no capacity for {ctx.spec.nodes} x {ctx.spec.instance_type} in {az} ({detail}); "
+                + ("trying the next AZ" if attempt < len(net.subnets) else "no AZ left")
+            )
             continue
         ids = list(detail)
         if len(ids) != ctx.spec.nodes:
@@ -192,15 +273,21 @@ def run_with_fallback(api: Api, path: Path, ctx: Context, scope: Scope, net: Net
         return ids
     raise CapacityError(
         f"no capacity for {ctx.spec.nodes} x {ctx.spec.instance_type} in {ctx.region}: tried {', '.join(tried)}",
-        "try later, another region (--region) or type (--type), or fewer nodes; nothing was left running")
+        "try later, another region (--region) or type (--type), or fewer nodes; nothing was left running",
+    )
 
 
 def _run_once(api: Api, path: Path, params: dict[str, Any], subnet: str, az: str, attempt: int) -> tuple[str, Any]:
     from botocore.exceptions import ClientError
 
     def save(state: str, **more: Any) -> None:
-        atomic_write(path, json.dumps({"token": params["ClientToken"], "subnet": subnet, "az": az,
-                                       "state": state, "at": time.time(), **more}) + "\n")
+        atomic_write(
+            path,
+            json.dumps(
+                {"token": params["ClientToken"], "subnet": subnet, "az": az, "state": state, "at": time.time(), **more}
+            )
+            + "\n",
+        )
 
     save("sent")
     profile_deadline = time.monotonic() + 120
@@ -234,24 +321,35 @@ def wait_running(api: Api, ids: list[str], public: bool, wait_timeout: float) ->
     api.report(f"waiting for {len(ids)} instance(s) to run")
     while True:
         try:
-            found = [i for r in api.call("ec2", "describe_instances", InstanceIds=ids)["Reservations"]
-                     for i in r["Instances"]]
+            found = [
+                i
+                for r in api.call("ec2", "describe_instances", InstanceIds=ids)["Reservations"]
+                for i in r["Instances"]
+            ]
         except ClientError as exc:
             if _code(exc) != "InvalidInstanceID.NotFound":  # not visible yet right after launch
                 raise api.error("DescribeInstances", exc) from None
             found = []
         dead = [i for i in found if i["State"]["Name"] in ("shutting-down", "terminated", "stopping", "stopped")]
         if dead:
-            why = "; ".join(f"{i['InstanceId']}: {i['State']['Name']} ({i.get('StateReason', {}).get('Message', '')})"
-                            for i in dead)
+            why = "; ".join(
+                f"{i['InstanceId']}: {i['State']['Name']} ({i.get('StateReason', {}).get('Message', '')})" for i in dead
+            )
             raise ProvisionError(f"instance(s) stopped while starting: {why}")
-        ready = [i for i in found if i["State"]["Name"] == "running" and i.get("PrivateIpAddress")
-                 and (i.get("PublicIpAddress") or not public)]
+        ready = [
+            i
+            for i in found
+            if i["State"]["Name"] == "running"
+            and i.get("PrivateIpAddress")
+            and (i.get("PublicIpAddress") or not public)
+        ]
         if len(ready) == len(ids):
             return ready
         if time.monotonic() > deadline:
-            raise WaitTimeout(f"{len(ids) - len(ready)} of {len(ids)} instance(s) not running after "
-                              f"{wait_timeout:.0f}s", "see the EC2 console; `clusterctl down` removes them")
+            raise WaitTimeout(
+                f"{len(ids) - len(ready)} of {len(ids)} instance(s) not running after {wait_timeout:.0f}s",
+                "see the EC2 console; `clusterctl down` removes them",
+            )
         time.sleep(api.poll_interval)
 
 
@@ -289,8 +387,12 @@ def host_keys(api: Api, cluster: Cluster, nitro: bool, console_wait: float) -> d
     while pending:
         for iid, node in list(pending.items()):
             try:
-                out = api.call("ec2", "get_console_output", InstanceId=iid,
-                               **({"Latest": True} if latest else {})).get("Output") or ""
+                out = (
+                    api.call("ec2", "get_console_output", InstanceId=iid, **({"Latest": True} if latest else {})).get(
+                        "Output"
+                    )
+                    or ""
+                )
             except ClientError as exc:
                 if latest and _code(exc) in ("UnsupportedOperation", "InvalidParameterCombination"):
                     latest = False  # the type said Nitro, EC2 disagrees: the posted console, then
@@ -307,10 +409,14 @@ def host_keys(api: Api, cluster: Cluster, nitro: bool, console_wait: float) -> d
             break
         time.sleep(api.poll_interval)
     if found:
-        api.report(f"host keys of {len(found)} node(s) read from their console output (cloud-init"
-                   + (", GetConsoleOutput Latest=True)" if latest else ")"))
+        api.report(
+            f"host keys of {len(found)} node(s) read from their console output (cloud-init"
+            + (", GetConsoleOutput Latest=True)" if latest else ")")
+        )
     missing = [n.ssh_host for n in cluster.nodes if n.ssh_host not in found]
     if missing:
-        api.report(f"no host keys in the console output of {len(missing)} node(s) after "
-                   f"{console_wait:.0f}s at most: {', '.join(missing)}")
+        api.report(
+            f"no host keys in the console output of {len(missing)} node(s) after "
+            f"{console_wait:.0f}s at most: {', '.join(missing)}"
+        )
     return found

@@ -52,9 +52,12 @@ class Image:
     def describe(self) -> str:
         """Name, driver branch and CUDA as the plan shows them."""
         r = self.release
-        facts = (f"NVIDIA driver R{r.driver_branch} ({r.driver}), CUDA {r.cuda} (driver and CUDA from the DLAMI "
-                 f"table of {catalog.DLAMI_TABLE_DATE})" if r else "driver branch and CUDA not in clusterctl's DLAMI "
-                 f"table of {catalog.DLAMI_TABLE_DATE}")
+        facts = (
+            f"NVIDIA driver R{r.driver_branch} ({r.driver}), CUDA {r.cuda} (driver and CUDA from the DLAMI "
+            f"table of {catalog.DLAMI_TABLE_DATE})"
+            if r
+            else f"driver branch and CUDA not in clusterctl's DLAMI table of {catalog.DLAMI_TABLE_DATE}"
+        )
         return f"{self.id} {self.name}; {facts}"
 
 
@@ -109,19 +112,35 @@ def type_info(api: Api, instance_type: str) -> TypeInfo:
         strategies = t.get("PlacementGroupInfo", {}).get("SupportedStrategies", ["cluster"])
         net = t.get("NetworkInfo", {})
         efa = bool(net.get("EfaSupported", False))
-        return TypeInfo(instance_type, gpus, efa, "cluster" in strategies, "DescribeInstanceTypes", model,
-                        vcpus=int(t.get("VCpuInfo", {}).get("DefaultVCpus", 0) or 0),
-                        network_cards=int(net.get("MaximumNetworkCards", 1) or 1),
-                        max_efa=int(net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 1 if efa else 0) or 0),
-                        efa_rdma=efa and catalog.efa_rdma(instance_type),
-                        nitro=t.get("Hypervisor") == "nitro" or bool(t.get("BareMetal")))
+        return TypeInfo(
+            instance_type,
+            gpus,
+            efa,
+            "cluster" in strategies,
+            "DescribeInstanceTypes",
+            model,
+            vcpus=int(t.get("VCpuInfo", {}).get("DefaultVCpus", 0) or 0),
+            network_cards=int(net.get("MaximumNetworkCards", 1) or 1),
+            max_efa=int(net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 1 if efa else 0) or 0),
+            efa_rdma=efa and catalog.efa_rdma(instance_type),
+            nitro=t.get("Hypervisor") == "nitro" or bool(t.get("BareMetal")),
+        )
     listed = catalog.gpus(instance_type)
     if listed is None and catalog.instance_price(instance_type) is None:
-        raise ConfigError(f"instance type {instance_type!r} is unknown in {api.region}",
-                          "check the spelling, or pick a type offered in this region")
+        raise ConfigError(
+            f"instance type {instance_type!r} is unknown in {api.region}",
+            "check the spelling, or pick a type offered in this region",
+        )
     efa = catalog.efa(instance_type)
-    return TypeInfo(instance_type, listed or 0, efa, True, "built-in table", max_efa=1 if efa else 0,
-                    efa_rdma=efa and catalog.efa_rdma(instance_type))
+    return TypeInfo(
+        instance_type,
+        listed or 0,
+        efa,
+        True,
+        "built-in table",
+        max_efa=1 if efa else 0,
+        efa_rdma=efa and catalog.efa_rdma(instance_type),
+    )
 
 
 def image(api: Api, opts: AwsOptions, info: TypeInfo | None = None) -> Image:
@@ -174,25 +193,44 @@ def _ssm_image(api: Api, parameter: str) -> str:
         return value
     except ClientError as exc:
         if _code(exc) == "ParameterNotFound":
-            raise ConfigError(f"SSM parameter {parameter} does not exist in {api.region}",
-                              "pass --ami ami-..., or --ami-parameter with the image's public parameter") from None
+            raise ConfigError(
+                f"SSM parameter {parameter} does not exist in {api.region}",
+                "pass --ami ami-..., or --ami-parameter with the image's public parameter",
+            ) from None
         raise api.error("ssm GetParameter", exc) from None
 
 
 def _volta_image(api: Api, opts: AwsOptions, info: TypeInfo) -> Image:
     rows = catalog.volta_releases()
-    images = api.api("ec2", "describe_images", Owners=[catalog.DLAMI_OWNER], Filters=[
-        {"Name": "name", "Values": [r.name_pattern for r in rows]},
-        {"Name": "architecture", "Values": ["x86_64"]}, {"Name": "state", "Values": ["available"]}]).get("Images", [])
-    images = [i for i in images if i.get("OwnerId", catalog.DLAMI_OWNER) == catalog.DLAMI_OWNER
-              and (catalog.dlami_release(i.get("Name", "")) or rows[0]).volta]
+    images = api.api(
+        "ec2",
+        "describe_images",
+        Owners=[catalog.DLAMI_OWNER],
+        Filters=[
+            {"Name": "name", "Values": [r.name_pattern for r in rows]},
+            {"Name": "architecture", "Values": ["x86_64"]},
+            {"Name": "state", "Values": ["available"]},
+        ],
+    ).get("Images", [])
+    images = [
+        i
+        for i in images
+        if i.get("OwnerId", catalog.DLAMI_OWNER) == catalog.DLAMI_OWNER
+        and (catalog.dlami_release(i.get("Name", "")) or rows[0]).volta
+    ]
     if not images:
-        raise ConfigError(f"no Deep Learning AMI with an NVIDIA driver of R{catalog.VOLTA_LAST_BRANCH} or older "
-                          f"(the last for Volta) found in {api.region} for {info.name}",
-                          "pass --ami with an image whose driver drives V100 GPUs")
+        raise ConfigError(
+            f"no Deep Learning AMI with an NVIDIA driver of R{catalog.VOLTA_LAST_BRANCH} or older "
+            f"(the last for Volta) found in {api.region} for {info.name}",
+            "pass --ami with an image whose driver drives V100 GPUs",
+        )
     newest = max(images, key=lambda i: (i.get("CreationDate") or "", i.get("Name") or ""))
-    return _image_value(opts, newest, f"DLAMI table: Volta ({info.gpu_model or 'V100'}) needs NVIDIA driver "
-                             f"R{catalog.VOLTA_LAST_BRANCH} or older; newest such release of owner {catalog.DLAMI_OWNER}")
+    return _image_value(
+        opts,
+        newest,
+        f"DLAMI table: Volta ({info.gpu_model or 'V100'}) needs NVIDIA driver "
+        f"R{catalog.VOLTA_LAST_BRANCH} or older; newest such release of owner {catalog.DLAMI_OWNER}",
+    )
 
 
 def resolve(api: Api, spec: ClusterSpec) -> Context:
@@ -203,5 +241,12 @@ def resolve(api: Api, spec: ClusterSpec) -> Context:
     info = type_info(api, spec.instance_type)
     img = image(api, opts, info)
     slots = spec.slots or info.gpus or 1
-    return Context(spec, opts, api.region, info, img, slots,
-                   catalog.price(spec.instance_type, opts.volume_type, opts.volume_size, opts.effective_iops))
+    return Context(
+        spec,
+        opts,
+        api.region,
+        info,
+        img,
+        slots,
+        catalog.price(spec.instance_type, opts.volume_type, opts.volume_size, opts.effective_iops),
+    )

@@ -69,17 +69,24 @@ class AwsOptions:
             if not lo <= self.iops <= hi:
                 raise ConfigError(f"--iops for {self.volume_type} must be {lo}..{hi}, not {self.iops}")
         iops = self.effective_iops
-        if iops and self.volume_type in IOPS_PER_GB and iops > IOPS_PER_GB[self.volume_type] * self.volume_size \
-                and not (self.volume_type == "gp3" and iops == 3000):
-            raise ConfigError(f"{iops} IOPS needs at least {-(-iops // IOPS_PER_GB[self.volume_type])} GB of "
-                              f"{self.volume_type} ({IOPS_PER_GB[self.volume_type]} IOPS per GB)",
-                              "raise --volume-size or lower --iops")
+        if (
+            iops
+            and self.volume_type in IOPS_PER_GB
+            and iops > IOPS_PER_GB[self.volume_type] * self.volume_size
+            and not (self.volume_type == "gp3" and iops == 3000)
+        ):
+            raise ConfigError(
+                f"{iops} IOPS needs at least {-(-iops // IOPS_PER_GB[self.volume_type])} GB of "
+                f"{self.volume_type} ({IOPS_PER_GB[self.volume_type]} IOPS per GB)",
+                "raise --volume-size or lower --iops",
+            )
         if self.ssh_cidr is not None:
             try:
                 net = ipaddress.ip_network(self.ssh_cidr, strict=False)
             except ValueError:
-                raise ConfigError(f"--ssh-cidr {self.ssh_cidr!r} is not an address range",
-                                  "give one like 203.0.113.7/32") from None
+                raise ConfigError(
+                    f"--ssh-cidr {self.ssh_cidr!r} is not an address range", "give one like 203.0.113.7/32"
+                ) from None
             if net.version != 4:
                 raise ConfigError("--ssh-cidr must be IPv4 for now")
         try:
@@ -91,8 +98,9 @@ class AwsOptions:
         for s in self.s3_read:
             parse_s3(s)
         if self.private_ips and not (self.vpc or self.subnets):
-            raise ConfigError("--private-ips needs --vpc or --subnet",
-                              "a VPC clusterctl creates has no way in but public addresses")
+            raise ConfigError(
+                "--private-ips needs --vpc or --subnet", "a VPC clusterctl creates has no way in but public addresses"
+            )
         if self.ami and not re.match(r"^ami-[0-9a-f]{8,17}$", self.ami):
             raise ConfigError(f"--ami {self.ami!r} is not an image id", "give one like ami-0123456789abcdef0")
         if self.ssh_user and not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", self.ssh_user):
@@ -112,4 +120,3 @@ def parse_s3(uri: str) -> tuple[str, str]:
         raise ConfigError(f"--s3-read {uri!r} is not an S3 location", "give one like s3://my-bucket/imagenet/")
     # A prefix is a folder: s3://b/imagenet grants b/imagenet/..., never b/imagenet-private/...
     return bucket, (prefix.rstrip("/") + "/") if prefix.strip("/") else ""
-

@@ -23,15 +23,23 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
     spec = ctx.spec
     o, n, t = ctx.opts, spec.nodes, ctx.type
     names = node_names(spec.name, n)
-    lines = [f"{n} x {t.name} in {ctx.region}, one Availability Zone, all or nothing: "
-             f"{names[0]}" + (f", {names[1]} .. {names[-1]}" if n > 2 else (f", {names[1]}" if n == 2 else ""))]
+    lines = [
+        f"{n} x {t.name} in {ctx.region}, one Availability Zone, all or nothing: "
+        f"{names[0]}" + (f", {names[1]} .. {names[-1]}" if n > 2 else (f", {names[1]}" if n == 2 else ""))
+    ]
     gpu = (f"{t.gpus} GPU(s)" + (f" ({t.gpu_model})" if t.gpu_model else "") + " per node") if t.gpus else "no GPUs"
-    lines.append(f"slots: {ctx.slots} per node, {ctx.slots * n} in all ({gpu}, from {t.source}"
-                 + (", overridden by --slots" if spec.slots else "") + ")")
+    lines.append(
+        f"slots: {ctx.slots} per node, {ctx.slots * n} in all ({gpu}, from {t.source}"
+        + (", overridden by --slots" if spec.slots else "")
+        + ")"
+    )
     lines.append(f"image: {ctx.image.describe()} (from {ctx.image.source}); login user {ctx.image.ssh_user}")
     iops = o.effective_iops
-    lines.append(f"disk: {o.volume_size} GB {o.volume_type}" + (f" at {iops} IOPS" if iops else "")
-                 + ", encrypted, deleted with the node")
+    lines.append(
+        f"disk: {o.volume_size} GB {o.volume_type}"
+        + (f" at {iops} IOPS" if iops else "")
+        + ", encrypted, deleted with the node"
+    )
     net = _network(api, ctx, scope)
     lines.append(net)
     cidr = o.ssh_cidr or "your public IP /32 (detected at launch)"
@@ -39,24 +47,37 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
     if o.ssh_cidr and ipaddress.ip_network(o.ssh_cidr, strict=False).prefixlen == 0:
         lines.append("WARNING: ssh is open to the whole internet (--ssh-cidr 0.0.0.0/0 was asked for)")
     group = scope.group if scope else f"clusterctl-{spec.name}-<id>"
-    lines.append("identity: " + (f"id {scope.id} (from this machine's record)" if scope and scope.id else
-                                 f"name and owner {scope.owner} (made before cluster ids)" if scope else
-                                 "a new random id, tagged clusterctl:id on everything (rollback, down and gc "
-                                 "touch only what carries it)"))
+    lines.append(
+        "identity: "
+        + (
+            f"id {scope.id} (from this machine's record)"
+            if scope and scope.id
+            else f"name and owner {scope.owner} (made before cluster ids)"
+            if scope
+            else "a new random id, tagged clusterctl:id on everything (rollback, down and gc "
+            "touch only what carries it)"
+        )
+    )
     if o.placement and t.cluster_placement:
         lines.append(f"placement group {group} (cluster strategy)")
     lines.append(_interfaces(ctx))
     lines.append(f"key pair {group} (this machine's per-cluster key; private half stays here)")
-    reads = ("reads " + ", ".join(f"s3://{b}/{p}" for b, p in map(parse_s3, o.s3_read))) if o.s3_read \
-        else "no S3 access"
-    lines.append(f"IAM instance profile {scope.iam(ctx.region) if scope else 'clusterctl-<id>'}: {reads}; "
-                 "no AWS keys on nodes")
-    lines.append("IMDSv2 required; instance-initiated shutdown terminates"
-                 + ("; spot (one-time, terminated on interruption)" if o.spot else ""))
+    reads = (
+        ("reads " + ", ".join(f"s3://{b}/{p}" for b, p in map(parse_s3, o.s3_read))) if o.s3_read else "no S3 access"
+    )
+    lines.append(
+        f"IAM instance profile {scope.iam(ctx.region) if scope else 'clusterctl-<id>'}: {reads}; no AWS keys on nodes"
+    )
+    lines.append(
+        "IMDSv2 required; instance-initiated shutdown terminates"
+        + ("; spot (one-time, terminated on interruption)" if o.spot else "")
+    )
     existing = instances_of(api, scope or Scope(spec.name, every=True))
     if existing and len(existing) != n:  # said here, before `up` starts (whose failures clean up)
-        raise ProvisionError(f"cluster {spec.name} already has {len(existing)} instance(s) in {ctx.region}, not {n}",
-                             f"use --nodes {len(existing)}, another --name, or bring it down first")
+        raise ProvisionError(
+            f"cluster {spec.name} already has {len(existing)} instance(s) in {ctx.region}, not {n}",
+            f"use --nodes {len(existing)}, another --name, or bring it down first",
+        )
     if existing:
         lines.append(f"cluster {spec.name} already has {len(existing)} instance(s) in {ctx.region}: up reuses them")
     else:  # before anything is created: a launch over a quota stops here (one Error: line)
@@ -65,14 +86,18 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
     per_node = ctx.price.per_node
     hourly = None if per_node is None else per_node * n
     if per_node is None:
-        lines.append(f"cost: unknown ({t.name} is not in the built-in price table of {catalog.PRICES_DATE}); "
-                     f"disks {money(ctx.price.volume_usd_per_hour * n)}/hour")
+        lines.append(
+            f"cost: unknown ({t.name} is not in the built-in price table of {catalog.PRICES_DATE}); "
+            f"disks {money(ctx.price.volume_usd_per_hour * n)}/hour"
+        )
     else:
         kind = "spot: less than the on-demand " if o.spot else ""
-        lines.append(f"cost: {kind}{money(hourly)}/hour for the cluster "
-                     f"({n} x {money(ctx.price.instance_usd_per_hour)} instance + "
-                     f"{money(ctx.price.volume_usd_per_hour)} disk; {catalog.PRICES_REGION} on-demand "
-                     f"prices of {catalog.PRICES_DATE}, other regions differ)")
+        lines.append(
+            f"cost: {kind}{money(hourly)}/hour for the cluster "
+            f"({n} x {money(ctx.price.instance_usd_per_hour)} instance + "
+            f"{money(ctx.price.volume_usd_per_hour)} disk; {catalog.PRICES_REGION} on-demand "
+            f"prices of {catalog.PRICES_DATE}, other regions differ)"
+        )
     return Plan(tuple(lines), hourly, catalog.PRICES_DATE)
 
 
@@ -82,14 +107,19 @@ def _interfaces(ctx: Context) -> str:
     if not count:
         nics = "network interface: ENA (no EFA on this type)"
     else:
-        nics = (f"network interfaces: {count} EFA (one per network card" + (", device index 0 on card 0 and 1 on "
-                "the others" if count > 1 else "") + "); " + ("RDMA on (FI_EFA_USE_DEVICE_RDMA=1)" if t.efa_rdma
-                                                          else "no device RDMA on this type"))
+        nics = (
+            f"network interfaces: {count} EFA (one per network card"
+            + (", device index 0 on card 0 and 1 on the others" if count > 1 else "")
+            + "); "
+            + ("RDMA on (FI_EFA_USE_DEVICE_RDMA=1)" if t.efa_rdma else "no device RDMA on this type")
+        )
     if o.private_ips:
         return nics + "; private addresses only"
     if fabric.needs_elastic_ip(t, o.private_ips):
-        return (nics + "; several interfaces get no automatic public address: the leader gets an Elastic IP "
-                "(tagged, released by down), members are reached through the leader (ProxyJump, host keys pinned)")
+        return (
+            nics + "; several interfaces get no automatic public address: the leader gets an Elastic IP "
+            "(tagged, released by down), members are reached through the leader (ProxyJump, host keys pinned)"
+        )
     return nics + "; a public address each for ssh"
 
 
@@ -102,8 +132,10 @@ def _network(api: Api, ctx: Context, scope: Scope | None) -> str:
     vpc = find_one(api, KIND["VPC"], scope) if scope else None
     zones = bootstrap.zones_for(api, ctx, [z for z in bootstrap.available_zones(api)])
     state = f"existing {vpc['VpcId']}" if vpc else "a new VPC"
-    return (f"network: {state} {o.cidr} with a subnet in each AZ and an S3 gateway endpoint (free); trying "
-            f"{', '.join(zones)} in that order on insufficient capacity")
+    return (
+        f"network: {state} {o.cidr} with a subnet in each AZ and an S3 gateway endpoint (free); trying "
+        f"{', '.join(zones)} in that order on insufficient capacity"
+    )
 
 
 def dry_run(api: Api, ctx: Context, scope: Scope | None) -> list[str]:
@@ -122,18 +154,33 @@ def dry_run(api: Api, ctx: Context, scope: Scope | None) -> list[str]:
             if code == "DryRunOperation":
                 lines.append(f"{what}: allowed (EC2 DryRun)")
             elif code == "UnauthorizedOperation":
-                raise ProvisionError(f"dry run: not permitted to {op} ({_message(exc)[:200]})",
-                                     "grant the credentials EC2 permissions") from None
+                raise ProvisionError(
+                    f"dry run: not permitted to {op} ({_message(exc)[:200]})", "grant the credentials EC2 permissions"
+                ) from None
             else:
                 raise api.error(f"{op} (DryRun)", exc) from None
 
     scope = scope or Scope(spec.name, new_cluster_id(), _owner())  # not saved: nothing is made
     tags = [{"ResourceType": "placement-group", "Tags": _tags(scope.tags(ctx.region))}]
     if o.placement and ctx.type.cluster_placement:
-        check("placement group", "create_placement_group", GroupName=scope.group,
-              Strategy="cluster", TagSpecifications=tags)
-    params = run_params(ctx, scope, subnet=o.subnets[0] if o.subnets else None, security_group=None,
-                              placement_group=None, key_name=None, profile=None, token=None, internal_key="")
+        check(
+            "placement group",
+            "create_placement_group",
+            GroupName=scope.group,
+            Strategy="cluster",
+            TagSpecifications=tags,
+        )
+    params = run_params(
+        ctx,
+        scope,
+        subnet=o.subnets[0] if o.subnets else None,
+        security_group=None,
+        placement_group=None,
+        key_name=None,
+        profile=None,
+        token=None,
+        internal_key="",
+    )
     check(f"launch {spec.nodes} x {spec.instance_type}", "run_instances", **params)
     lines.append("VPC, subnets, security group, key pair and IAM profile: not checked (no DryRun that creates nothing)")
     return lines

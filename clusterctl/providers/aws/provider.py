@@ -37,9 +37,17 @@ class AwsProvider:
     name = "aws"
     builds_runtime_locally = False  # the leader builds the node runtime (the DLAMI is not this machine's OS)
 
-    def __init__(self, store: StateStore | None = None, region: str | None = None, report: Report | None = None,
-                 poll_interval: float = 2.0, wait_timeout: float = 900.0, console_wait: float = CONSOLE_WAIT,
-                 delete_timeout: float = 600.0, force: bool = False):
+    def __init__(
+        self,
+        store: StateStore | None = None,
+        region: str | None = None,
+        report: Report | None = None,
+        poll_interval: float = 2.0,
+        wait_timeout: float = 900.0,
+        console_wait: float = CONSOLE_WAIT,
+        delete_timeout: float = 600.0,
+        force: bool = False,
+    ):
         self.store = store or StateStore()
         self.api = Api(region, report, poll_interval)
         self.wait_timeout = wait_timeout
@@ -85,8 +93,10 @@ class AwsProvider:
         if scope is None and self._id_file(name).is_file():
             scope = Scope(name, self._id_file(name).read_text().strip(), _owner())
         if scope is not None and scope.id and not CLUSTER_ID.match(scope.id):
-            raise StateError(f"the record of cluster {name} holds a bad cluster id {scope.id!r}",
-                             "move its folder aside; `clusterctl down NAME` still finds it by tags")
+            raise StateError(
+                f"the record of cluster {name} holds a bad cluster id {scope.id!r}",
+                "move its folder aside; `clusterctl down NAME` still finds it by tags",
+            )
         if scope is not None:
             self._scopes[name] = scope
         return scope
@@ -118,9 +128,11 @@ class AwsProvider:
         if foreign and not self.force:
             from clusterctl.errors import UsageError
 
-            raise UsageError(f"cluster {name} in {self.region} belongs to another owner "
-                             f"({'; '.join(s.label() for s in foreign)}) and this machine has no record of it",
-                             "pass --force to remove it anyway")
+            raise UsageError(
+                f"cluster {name} in {self.region} belongs to another owner "
+                f"({'; '.join(s.label() for s in foreign)}) and this machine has no record of it",
+                "pass --force to remove it anyway",
+            )
         return found
 
     def owners(self, name: str) -> list[str]:
@@ -155,16 +167,22 @@ class AwsProvider:
         self._launching.add(spec.name)
         ctx = self.context(spec)
         scope = self._launch_scope(spec.name)
-        cluster = instances.launch(self.api, ctx, scope, keys, self.store.ensure_dir(spec.name) / "aws-launch.json",
-                                   self.wait_timeout)
+        cluster = instances.launch(
+            self.api, ctx, scope, keys, self.store.ensure_dir(spec.name) / "aws-launch.json", self.wait_timeout
+        )
         return Launched(cluster, {})
 
     def host_keys(self, cluster: Cluster) -> dict[str, tuple[str, ...]]:
         """Host keys cloud-init printed to each node's console (instances.host_keys), read with Latest=True on
         Nitro types; for at most console_wait (CONSOLE_WAIT, 10 minutes)."""
         ctx = self._ctx
-        info = ctx.type if ctx is not None and ctx.type.name == cluster.instance_type else \
-            self.type_info(cluster.instance_type) if cluster.instance_type else None
+        info = (
+            ctx.type
+            if ctx is not None and ctx.type.name == cluster.instance_type
+            else self.type_info(cluster.instance_type)
+            if cluster.instance_type
+            else None
+        )
         return instances.host_keys(self.api, cluster, bool(info and info.nitro), self.console_wait)
 
     def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
@@ -188,8 +206,14 @@ class AwsProvider:
         out = discovery.statuses(self.api, None)
         for name in self.all_clusters():
             if name not in out:
-                out[name] = ClusterStatus(name, self.name, self.region, "", (),
-                                          tuple(f.line() for f in discovery.resources_of(self.api, self._view(name))))
+                out[name] = ClusterStatus(
+                    name,
+                    self.name,
+                    self.region,
+                    "",
+                    (),
+                    tuple(f.line() for f in discovery.resources_of(self.api, self._view(name))),
+                )
         return dict(sorted(out.items()))
 
     def node_facts(self, cluster: Cluster) -> dict[str, NodeFacts]:
@@ -216,8 +240,9 @@ class AwsProvider:
         """Remove everything of the cluster's identity (see _scopes_for), by id, in dependency order, waiting
         through dependency errors (bounded), then prove by a fresh listing that nothing of it is left."""
         scopes = self._scopes_for(name)
-        removed = teardown.remove(self.api, [f for s in scopes for f in discovery.resources_of(self.api, s)],
-                                  self.delete_timeout)
+        removed = teardown.remove(
+            self.api, [f for s in scopes for f in discovery.resources_of(self.api, s)], self.delete_timeout
+        )
         return Teardown(tuple(removed), tuple(f.line() for s in scopes for f in discovery.resources_of(self.api, s)))
 
     def remove(self, found: Iterable[Found]) -> Teardown:
@@ -226,5 +251,6 @@ class AwsProvider:
         items = list(found)
         removed = teardown.remove(self.api, items, self.delete_timeout)
         wanted = {(f.kind, f.id) for f in items}
-        return Teardown(tuple(removed), tuple(f.line() for f in discovery.resources_of(self.api, None)
-                                              if (f.kind, f.id) in wanted))
+        return Teardown(
+            tuple(removed), tuple(f.line() for f in discovery.resources_of(self.api, None) if (f.kind, f.id) in wanted)
+        )

@@ -41,9 +41,14 @@ def remove(api: Api, items: Iterable[Found], timeout: float) -> list[str]:
 def _instances(api: Api, ids: list[str], deadline: float) -> list[str]:
     if not ids:
         return []
-    instances = [i for r in api.paginate("ec2", "describe_instances", "Reservations",
-                                         Filters=[{"Name": "instance-id", "Values": ids}])
-                 for i in r.get("Instances", []) if i["InstanceId"] in ids]
+    instances = [
+        i
+        for r in api.paginate(
+            "ec2", "describe_instances", "Reservations", Filters=[{"Name": "instance-id", "Values": ids}]
+        )
+        for i in r.get("Instances", [])
+        if i["InstanceId"] in ids
+    ]
     live = [i for i in instances if i["State"]["Name"] != "terminated"]
     stop = [i["InstanceId"] for i in live if i["State"]["Name"] != "shutting-down"]
     if stop:
@@ -65,16 +70,24 @@ def _each(api: Api, kind: Kind, ids: list[str], deadline: float) -> list[str]:
     field, value = kind.ready
     if field:
         ids = [i[kind.id_key] for i in _described(api, kind, ids) if i.get(field) == value]
-    return [f"{kind.label or kind.name} {rid}" for rid in ids
-            if api.delete(deadline, "ec2", kind.delete, **{kind.param: [rid] if kind.as_list else rid})]
+    return [
+        f"{kind.label or kind.name} {rid}"
+        for rid in ids
+        if api.delete(deadline, "ec2", kind.delete, **{kind.param: [rid] if kind.as_list else rid})
+    ]
 
 
 def _internet_gateways(api: Api, kind: Kind, ids: list[str], deadline: float) -> list[str]:
     removed = []
     for igw in _described(api, kind, ids):
         for att in igw.get("Attachments", []):
-            api.delete(deadline, "ec2", "detach_internet_gateway", InternetGatewayId=igw["InternetGatewayId"],
-                       VpcId=att["VpcId"])
+            api.delete(
+                deadline,
+                "ec2",
+                "detach_internet_gateway",
+                InternetGatewayId=igw["InternetGatewayId"],
+                VpcId=att["VpcId"],
+            )
         if api.delete(deadline, "ec2", "delete_internet_gateway", InternetGatewayId=igw["InternetGatewayId"]):
             removed.append(f"{kind.name} {igw['InternetGatewayId']}")
     return removed
@@ -85,8 +98,9 @@ def _delete_profile(api: Api, iname: str, deadline: float) -> bool:
     if prof is None:
         return False
     for role in prof.get("Roles", []):
-        api.delete(deadline, "iam", "remove_role_from_instance_profile", InstanceProfileName=iname,
-                   RoleName=role["RoleName"])
+        api.delete(
+            deadline, "iam", "remove_role_from_instance_profile", InstanceProfileName=iname, RoleName=role["RoleName"]
+        )
     return api.delete(deadline, "iam", "delete_instance_profile", InstanceProfileName=iname)
 
 

@@ -125,7 +125,9 @@ def pick_subnet(pool: ipaddress.IPv4Network = DEFAULT_POOL) -> ipaddress.IPv4Net
 def check_subnet_free(subnet: ipaddress.IPv4Network) -> None:
     clash = [str(u) for u in networks_in_use() if subnet.overlaps(u)]
     if clash:
-        raise ProvisionError(f"subnet {subnet} is already in use on this machine ({', '.join(clash)})", "choose another")
+        raise ProvisionError(
+            f"subnet {subnet} is already in use on this machine ({', '.join(clash)})", "choose another"
+        )
 
 
 # ---- creation ---------------------------------------------------------------------------------------
@@ -223,8 +225,12 @@ def operator_paths() -> list[str]:
     from clusterctl import paths, resources
     from clusterctl.cluster import state
 
-    found = [str(state.home()), str(paths.runtime_cache()), str(paths.wheelhouse()),
-             str(resources.source_checkout() or "")]
+    found = [
+        str(state.home()),
+        str(paths.runtime_cache()),
+        str(paths.wheelhouse()),
+        str(resources.source_checkout() or ""),
+    ]
     if sys.prefix != sys.base_prefix:  # a venv (install.sh's /opt/clusterctl/venv, or a user's)
         found.append(sys.prefix)
     own = ("/root", "/tmp", "/opt", "/usr/local", "/dev/shm", "/proc", "/sys", "/etc/ssh")
@@ -298,9 +304,27 @@ def start_node(ns: str, hostname: str, node_dir: Path, tmp_size: str = "2g") -> 
     )
     log = open(node_dir / "sshd.log", "ab")
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", ns, "unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts",
-         "--", "/bin/sh", "-c", inner],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "--uts",
+            "--",
+            "/bin/sh",
+            "-c",
+            inner,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        close_fds=True,
     )
     log.close()
     return proc.pid
@@ -343,7 +367,7 @@ def cluster_netns(cluster: str) -> list[str]:
     except FileNotFoundError:
         return []
     prefix = f"{NETNS_PREFIX}{cluster}-"
-    return sorted(n for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
+    return sorted(n for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit())
 
 
 def all_clusters() -> list[str]:
@@ -352,7 +376,7 @@ def all_clusters() -> list[str]:
         names = os.listdir("/run/netns")
     except FileNotFoundError:
         return []
-    found = {n[len(NETNS_PREFIX):].rsplit("-", 1)[0] for n in names if n.startswith(NETNS_PREFIX)}
+    found = {n[len(NETNS_PREFIX) :].rsplit("-", 1)[0] for n in names if n.startswith(NETNS_PREFIX)}
     return sorted(found)
 
 
@@ -364,8 +388,7 @@ def netns_pids(ns: str) -> list[int]:
 def cluster_links(cluster: str) -> list[str]:
     h = _h(cluster)
     return sorted(
-        link["ifname"] for link in _ip_json("link")
-        if link.get("ifname", "").startswith(("ccb" + h[:8], "ccv" + h[:7]))
+        link["ifname"] for link in _ip_json("link") if link.get("ifname", "").startswith(("ccb" + h[:8], "ccv" + h[:7]))
     )
 
 
@@ -383,8 +406,13 @@ class Leftovers:
 
     def describe(self) -> str:
         parts = []
-        for label, items in (("namespaces", self.netns), ("links", self.links), ("processes", self.pids),
-                             ("config dirs", self.etc_dirs), ("mounts", self.mounts)):
+        for label, items in (
+            ("namespaces", self.netns),
+            ("links", self.links),
+            ("processes", self.pids),
+            ("config dirs", self.etc_dirs),
+            ("mounts", self.mounts),
+        ):
             if items:
                 parts.append(f"{label}: {', '.join(map(str, items))}")
         return "; ".join(parts) or "nothing"
@@ -433,4 +461,4 @@ def _etc_dirs(cluster: str) -> list[Path]:
         names = os.listdir("/etc/netns")
     except FileNotFoundError:
         return []
-    return sorted(Path("/etc/netns") / n for n in names if n.startswith(prefix) and n[len(prefix):].isdigit())
+    return sorted(Path("/etc/netns") / n for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit())

@@ -48,8 +48,13 @@ class LocalProvider:
     region = "local"
     builds_runtime_locally = True  # the nodes have this machine's OS: it builds their runtime
 
-    def __init__(self, store: StateStore | None = None, region: str | None = None,
-                 report: Callable[[str], None] | None = None, force: bool = False) -> None:
+    def __init__(
+        self,
+        store: StateStore | None = None,
+        region: str | None = None,
+        report: Callable[[str], None] | None = None,
+        force: bool = False,
+    ) -> None:
         self.store = store or StateStore()  # region, report: the contract's, nothing here is regional or slow
         self.force = force  # every local cluster is this machine's user's: nothing to force
 
@@ -66,11 +71,14 @@ class LocalProvider:
 
     def plan(self, spec: ClusterSpec) -> Plan:
         slots = spec.slots or 1
-        return Plan((
-            f"{spec.nodes} namespace nodes on this machine ({slots} slot(s) each), each with its own sshd and home",
-            "a private bridge with no route out; a per-cluster ssh key; host keys pinned at creation",
-            "cost: $0.00/hour",
-        ), hourly_usd=0.0)
+        return Plan(
+            (
+                f"{spec.nodes} namespace nodes on this machine ({slots} slot(s) each), each with its own sshd and home",
+                "a private bridge with no route out; a per-cluster ssh key; host keys pinned at creation",
+                "cost: $0.00/hour",
+            ),
+            hourly_usd=0.0,
+        )
 
     def dry_run(self, spec: ClusterSpec) -> list[str]:
         return ["local nodes need root, ip and sshd: " + ("present" if os.geteuid() == 0 else "not root")]
@@ -82,8 +90,13 @@ class LocalProvider:
         cluster = self.find(name)
         if cluster is None:
             return None
-        return ClusterStatus(name, self.name, cluster.region, cluster.instance_type,
-                             tuple(NodeStatus(n, "running", "local", cluster.created_at or None, 0.0) for n in cluster.nodes))
+        return ClusterStatus(
+            name,
+            self.name,
+            cluster.region,
+            cluster.instance_type,
+            tuple(NodeStatus(n, "running", "local", cluster.created_at or None, 0.0) for n in cluster.nodes),
+        )
 
     def statuses(self) -> dict[str, ClusterStatus]:
         out = {}
@@ -120,7 +133,7 @@ class LocalProvider:
             else:
                 subnet = ipaddress.IPv4Network(str(opts["subnet"])) if opts.get("subnet") else netns.pick_subnet()
                 hosts = list(subnet.hosts())
-                gateway, addresses = str(hosts[0]), [str(h) for h in hosts[1:1 + spec.nodes]]
+                gateway, addresses = str(hosts[0]), [str(h) for h in hosts[1 : 1 + spec.nodes]]
             if len(addresses) != spec.nodes:
                 raise ConfigError(f"subnet {subnet} has room for {len(addresses)} nodes, not {spec.nodes}")
             netns.check_subnet_free(subnet)
@@ -133,7 +146,11 @@ class LocalProvider:
         for s in specs:
             made.append(netns.create_node(spec.name, bridge, subnet, s, specs, nodes_root / str(s.index), authorized))
         with ThreadPoolExecutor(max_workers=min(32, len(made))) as pool:
-            list(pool.map(lambda n: netns.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made))
+            list(
+                pool.map(
+                    lambda n: netns.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made
+                )
+            )
         created = time.time()
         if spec.autostop is not None:  # the watchdog in the leader, and its host-side supervisor (supervisor.py)
             from clusterctl.autostop import watchdog
@@ -193,17 +210,28 @@ class LocalProvider:
         if etc.is_dir():
             for d in etc.iterdir():
                 if d.name.startswith(netns.NETNS_PREFIX) and d.name.rsplit("-", 1)[-1].isdigit():
-                    names.add(d.name[len(netns.NETNS_PREFIX):].rsplit("-", 1)[0])
+                    names.add(d.name[len(netns.NETNS_PREFIX) :].rsplit("-", 1)[0])
         me = owner()
         out = []
         for name in sorted(names):
             left = netns.leftovers(name)
             for ns in left.netns:
-                out.append(Found(name, "namespace", ns, _mtime(Path("/run/netns") / ns), me,
-                                 f"{len(netns.netns_pids(ns))} process(es)"))
+                out.append(
+                    Found(
+                        name,
+                        "namespace",
+                        ns,
+                        _mtime(Path("/run/netns") / ns),
+                        me,
+                        f"{len(netns.netns_pids(ns))} process(es)",
+                    )
+                )
             out += [Found(name, "link", link, None, me) for link in left.links]
-            out += [Found(name, "config folder", d, _mtime(Path(d)), me) for d in left.etc_dirs
-                    if not any(d.endswith("/" + ns) for ns in left.netns)]
+            out += [
+                Found(name, "config folder", d, _mtime(Path(d)), me)
+                for d in left.etc_dirs
+                if not any(d.endswith("/" + ns) for ns in left.netns)
+            ]
         return out
 
     def remove(self, found: Iterable[Found]) -> Teardown:
@@ -227,8 +255,14 @@ class LocalProvider:
         def one(item: tuple[int, Node]) -> tuple[str, str | None]:
             i, node = item
             try:
-                netns.restart_node(netns.netns_name(cluster.name, i), node.name, node.private_ip,
-                                   nodes_root / str(i), port=node.ssh_port, timeout=timeout)
+                netns.restart_node(
+                    netns.netns_name(cluster.name, i),
+                    node.name,
+                    node.private_ip,
+                    nodes_root / str(i),
+                    port=node.ssh_port,
+                    timeout=timeout,
+                )
                 return node.ssh_host, None
             except Exception as exc:
                 return node.ssh_host, getattr(exc, "message", None) or str(exc)

@@ -60,12 +60,24 @@ def start_supervisor(store: StateStore, name: str) -> int:
     import clusterctl
 
     log = open(store.cluster_dir(name) / "autostop-supervisor.log", "ab")
-    env = dict(os.environ, CLUSTERCTL_HOME=str(store.root),
-               PYTHONPATH=os.pathsep.join([str(Path(clusterctl.__file__).resolve().parent.parent),
-                                           *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = dict(
+        os.environ,
+        CLUSTERCTL_HOME=str(store.root),
+        PYTHONPATH=os.pathsep.join(
+            [str(Path(clusterctl.__file__).resolve().parent.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    )
     try:
-        proc = subprocess.Popen(_argv(name), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                                cwd="/", start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            _argv(name),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
     finally:
         log.close()
     return proc.pid
@@ -111,8 +123,7 @@ def node_init_pid(ns: str) -> int | None:
 def start_watchdog_in(init_pid: int) -> None:
     """The watchdog as a detached process inside the node of `init_pid` (reparented to its PID 1)."""
     script = f"{LOCAL_NODE_DIR}/{SCRIPT}"
-    inner = (f"cd / && exec setsid -f {NODE_PYTHON} {script} run --dir {LOCAL_NODE_DIR} "
-             "</dev/null >/dev/null 2>&1")
+    inner = f"cd / && exec setsid -f {NODE_PYTHON} {script} run --dir {LOCAL_NODE_DIR} </dev/null >/dev/null 2>&1"
     subprocess.run(["nsenter", "-t", str(init_pid), "-a", "/bin/sh", "-c", inner], capture_output=True, timeout=30)
 
 
