@@ -47,9 +47,9 @@ def install_step(home: Path, name: str) -> str:
     """`up`'s runtime step on an existing cluster, as `up` runs it; returns the runtime id."""
     os.environ["CLUSTERCTL_HOME"] = str(home)
     from clusterctl.cluster import provision
-    from clusterctl.cluster.state import StateStore
     from clusterctl.remote.ssh import SshPool
     from clusterctl.runtime.install import RuntimeRequest, install
+    from clusterctl.state import StateStore
 
     store = StateStore(home)
     cluster = store.load(name).cluster

@@ -661,7 +661,7 @@ class MotoAws:
         if node is not None and self.console_mode != "no-keys":
             key = node.host_key
             if self.console_mode == "wrong-key":
-                from clusterctl.cluster.sshkeys import generate_ed25519
+                from clusterctl.remote.sshkeys import generate_ed25519
 
                 key = generate_ed25519("wrong")[1].rsplit(" ", 1)[0]
             lines += [

@@ -124,7 +124,7 @@ def test_idle_cluster_stops_after_its_last_command_busy_one_does_not_old_one_doe
 
 
 def cli_store(cli):
-    from clusterctl.cluster.state import StateStore
+    from clusterctl.state import StateStore
 
     return StateStore(cli.home)
 

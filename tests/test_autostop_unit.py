@@ -14,8 +14,8 @@ import time
 import pytest
 import yaml
 
-from clusterctl.autostop import settings as autostop, status, watchdog
-from clusterctl.cluster import costs, gc
+from clusterctl.autostop import settings as autostop, watchdog
+from clusterctl.cluster import autostop_status as status, costs, gc
 from clusterctl.errors import UsageError
 from clusterctl.proc import alive
 from clusterctl.providers.aws import cloud_init
@@ -343,7 +343,7 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
     from types import SimpleNamespace
 
     from clusterctl.cli import workloads as cli
-    from clusterctl.cluster.state import StateStore
+    from clusterctl.state import StateStore
     from clusterctl.workloads import bench
 
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))

@@ -807,7 +807,7 @@ def test_multi_card_type_efa_on_every_card_elastic_ip_leader_members_through_it(
     # a wrong pinned key for the leader stops the members too (both hops are checked)
     kh = state_dir(aws_cli, name) / "known_hosts"
     good = kh.read_text()
-    from clusterctl.cluster.sshkeys import generate_ed25519
+    from clusterctl.remote.sshkeys import generate_ed25519
 
     wrong = generate_ed25519("x")[1].rsplit(" ", 1)[0]
     kh.write_text(

@@ -13,8 +13,8 @@ from datetime import timedelta
 
 import pytest
 
-from clusterctl.cluster.state import Record, StateStore
 from clusterctl.proc import owner
+from clusterctl.state import Record, StateStore
 from clusterctl.types import Cluster
 from motoaws import CHECKIP_ADDRESS, REGION
 from test_aws import MUTATING, cluster_id, instances, ok, one_error_line, state_dir

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from clusterctl.cluster.provision import disagreements
-from clusterctl.cluster.state import Record
 from clusterctl.errors import ConfigError
 from clusterctl.providers.aws import bootstrap, catalog, cloud_init, discovery, instances, machine
 from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import ClusterStatus, NodeStatus
+from clusterctl.state import Record
 from clusterctl.types import Cluster, ClusterSpec, Node, node_names
 
 DATA = Path(__file__).parent / "data"
@@ -337,8 +337,8 @@ def test_vcpu_quota_classes():
 
 def test_members_behind_the_leader_get_it_as_their_jump_host(tmp_path):
     from clusterctl.cluster import provision
-    from clusterctl.cluster.state import StateStore
     from clusterctl.remote.openssh import operator_ssh
+    from clusterctl.state import StateStore
 
     nodes = (
         Node("c-leader", "10.0.0.4", 8, "leader", "ubuntu", public_ip="198.18.0.9"),

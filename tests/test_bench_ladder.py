@@ -96,7 +96,7 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
 
 def test_changed_member_key_stops_the_launch(cluster):
     cli, name = cluster
-    from clusterctl.cluster.sshkeys import generate_ed25519
+    from clusterctl.remote.sshkeys import generate_ed25519
 
     hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
     _, impostor = generate_ed25519("impostor")

@@ -303,8 +303,8 @@ def test_the_probe_finds_all_reduce_perf_on_each_node_and_one_missing_means_gloo
     or not executable. An executable at the path is all the probe asks (whether it runs needs GPUs), so an
     empty file made executable stands in for the binary, /bin/true for mpirun."""
     from clusterctl.cluster import inventory
-    from clusterctl.cluster.state import StateStore
     from clusterctl.remote.ssh import SshPool
+    from clusterctl.state import StateStore
 
     c = local_cluster_factory(2, 1)
     arp = "/opt/nccl-tests/build/all_reduce_perf"

@@ -110,7 +110,7 @@ def test_changed_host_key_is_refused(local_cluster_factory):
     kh = c.cli.home / "clusters" / c.name / "known_hosts"
     lines = kh.read_text().splitlines()
     # pin a different key for the member: the real one must now be refused, naming the host
-    from clusterctl.cluster.sshkeys import generate_ed25519
+    from clusterctl.remote.sshkeys import generate_ed25519
 
     _, other = generate_ed25519("impostor")
     lines[1] = f"{c.hosts[1]} {' '.join(other.split()[:2])}"
@@ -124,7 +124,7 @@ def test_changed_host_key_is_refused(local_cluster_factory):
 def test_two_ups_of_one_cluster_cannot_interleave(cli):
     require_root()
     name = "tlock" + str(os.getpid() % 1000)
-    from clusterctl.cluster.state import StateStore
+    from clusterctl.state import StateStore
 
     store = StateStore(cli.home)
     with store.lock(name):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.cluster.sshkeys import generate_ed25519
 from clusterctl.providers.local import netns
+from clusterctl.remote.sshkeys import generate_ed25519
 from conftest import Forward
 
 pytestmark = pytest.mark.integration

@@ -9,10 +9,11 @@ import time
 
 import pytest
 
+from clusterctl.cluster import clean
 from clusterctl.errors import HostsFileError, UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.proc import alive
-from clusterctl.remote import clean, ssh as remote, tmux as jobs
+from clusterctl.remote import ssh as remote, tmux as jobs
 from clusterctl.types import HostResult, RunReport
 
 HOSTILE = [

@@ -106,10 +106,10 @@ def test_up_installs_one_verified_runtime_and_reuses_the_cache(local_cluster_fac
 def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
     """One node loses its runtime: a second install relays and unpacks on that node alone."""
     from clusterctl.cluster import provision
-    from clusterctl.cluster.state import StateStore
     from clusterctl.providers.local.provider import LocalProvider
     from clusterctl.remote.ssh import SshPool
     from clusterctl.runtime.install import RuntimeRequest, install
+    from clusterctl.state import StateStore
 
     store = StateStore(c.cli.home)
     cluster = store.load(c.name).cluster

@@ -217,7 +217,7 @@ def test_a_damaged_record_does_not_break_ls_or_gc(c):
 
 
 def test_a_missing_public_key_never_replaces_the_private_key(c):
-    from clusterctl.cluster import sshkeys
+    from clusterctl.remote import sshkeys
 
     key = c.cli.home / "clusters" / c.name / "id_ed25519"
     private, public = key.read_bytes(), Path(f"{key}.pub").read_text()

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from clusterctl.cluster.state import Record, StateStore
 from clusterctl.errors import ConfigError, StateError
+from clusterctl.state import Record, StateStore
 from clusterctl.types import Cluster, Node
 
 
@@ -89,7 +89,7 @@ def test_state_does_not_import_the_cli(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys; from clusterctl.cluster.state import StateStore; "
+            "import sys; from clusterctl.state import StateStore; "
             f"assert StateStore({str(tmp_path)!r}).list()[1]; "
             "print(sorted(m for m in sys.modules if m.startswith('clusterctl.cli')))",
         ],
@@ -106,7 +106,7 @@ def test_lock_is_exclusive_and_names_the_holder(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from clusterctl.cluster.state import StateStore\n"
+            "import sys, time; from clusterctl.state import StateStore\n"
             f"s = StateStore({str(tmp_path)!r})\n"
             "with s.lock('alpha'):\n    print('locked', flush=True); time.sleep(30)",
         ],

@@ -156,7 +156,7 @@ def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
 
 
 def test_a_hop_to_a_node_with_a_wrong_host_key_is_refused_and_the_node_still_gets_a_checked_copy(c4, tmp_path):
-    from clusterctl.cluster.sshkeys import generate_ed25519
+    from clusterctl.remote.sshkeys import generate_ed25519
 
     src = tmp_path / "ds"
     sums = make_dataset(src, random_files(6, 20_000, seed=11))

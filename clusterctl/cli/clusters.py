@@ -94,7 +94,7 @@ def up(
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display
     from clusterctl.cluster import provision
-    from clusterctl.cluster.state import validate_name
+    from clusterctl.state import validate_name
     from clusterctl.types import ClusterSpec
 
     store = _store()
@@ -373,8 +373,8 @@ def status(
     """
     from clusterctl.cli import display
     from clusterctl.cluster import overview, provision
-    from clusterctl.cluster.state import validate_name
     from clusterctl.errors import StateError
+    from clusterctl.state import validate_name
 
     store = _store()
     n = name or store.resolve(None).cluster.name
@@ -422,8 +422,8 @@ def _runtime_status(record) -> None:
 
 
 def _autostop_status(store, record) -> None:
-    from clusterctl.autostop import status as autostop_status
     from clusterctl.cli import display
+    from clusterctl.cluster import autostop_status
     from clusterctl.providers.local import supervisor
 
     for line in autostop_status.status_lines(store, record, supervisor.watchdog_running):
@@ -436,7 +436,8 @@ def keep(
     for_: str = typer.Option(..., "--for", help="How long nothing may stop it, e.g. 4h."),
 ) -> None:
     """Keep a cluster up a while longer, idle or not."""
-    from clusterctl.autostop import control, settings as autostop
+    from clusterctl.autostop import settings as autostop
+    from clusterctl.cluster import autostop_control as control
 
     seconds = autostop.parse_duration(for_, "--for", allow_off=False)
     assert seconds is not None  # allow_off=False: a duration, or an error
@@ -464,8 +465,9 @@ def autostop_(
     ),
 ) -> None:
     """Show or change when a cluster stops itself."""
-    from clusterctl.autostop import control, settings as autostop
+    from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display
+    from clusterctl.cluster import autostop_control as control
 
     if off and (on or idle_stop or max_lifetime):
         raise UsageError("--off goes alone")

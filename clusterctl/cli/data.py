@@ -76,7 +76,7 @@ def sync(
         for line in syncplan.render_plan(strategy, labels, source, fanout, labels[0] if labels else None):
             sys.stdout.write(line + "\n")
         return
-    from clusterctl.autostop import control as autostop
+    from clusterctl.cluster import autostop_control as autostop
 
     with (
         autostop.lease(_store(), inv.cluster, "sync", warn=display.warn),
@@ -200,7 +200,7 @@ def data_tfrecords(
         if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
             raise UsageError(f"--endpoint-url {endpoint_url!r} is not an http(s) URL")
         inv = _resolve_hosts(None, cluster)
-        from clusterctl.autostop import control as autostop
+        from clusterctl.cluster import autostop_control as autostop
 
         with autostop.lease(_store(), inv.cluster, "data", warn=display.warn):  # autostop waits for the conversion
             _data_report(

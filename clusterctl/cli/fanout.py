@@ -71,7 +71,7 @@ def _write_failed_hosts(inv, report, path: str) -> None:
     """pssh -o / clush -b habits: the hosts to retry, with their slots (an empty file when none failed, so an
     old list never lingers)."""
     from clusterctl.cli import display
-    from clusterctl.cluster.state import atomic_write
+    from clusterctl.state import atomic_write
 
     bad = {r.host for r in report if not r.ok}
     text = "".join(f"{e.host} slots={e.slots}\n" for e in inv.hosts.entries if e.host in bad)
@@ -161,7 +161,7 @@ def clean(
 ) -> None:
     """The troubleshooting commands, done safely: kill leftover jobs, remove a log folder, show disks, reboot."""
     from clusterctl.cli import display
-    from clusterctl.remote import clean as cleanlib
+    from clusterctl.cluster import clean as cleanlib
 
     kill = kill or not (logs_dir is not None or disk or reboot)
     if logs_dir is not None:
@@ -208,7 +208,7 @@ def _name_this_process() -> None:
 
 def _reboot(inv, parallel: int, wait: float) -> int:
     from clusterctl.cli import display
-    from clusterctl.remote import clean as cleanlib
+    from clusterctl.cluster import clean as cleanlib
 
     start = time.monotonic()
     store = _store()

@@ -33,7 +33,7 @@ def within(
 
 
 def _store():
-    from clusterctl.cluster.state import StateStore
+    from clusterctl.state import StateStore
 
     return StateStore()
 

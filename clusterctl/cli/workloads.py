@@ -718,7 +718,7 @@ def launch(
     inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config)
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     np_ = userjob.check_np(np_, inv.hosts.total_slots)
-    from clusterctl.autostop import control as autostop
+    from clusterctl.cluster import autostop_control as autostop
 
     with autostop.lease(_store(), inv.cluster, "launch", warn=display.warn):  # autostop waits for the start
         job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
-    from clusterctl.cluster.state import StateStore
+    from clusterctl.state import StateStore
     from clusterctl.types import Cluster
 
 if TYPE_CHECKING:
-    from clusterctl.cluster.state import StateStore
+    from clusterctl.state import StateStore
     from clusterctl.types import Cluster
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -56,7 +56,7 @@ def epoch_line(
 
 
 def save_measured(store: StateStore, cluster_name: str, img_per_sec: float, np: int, model: str) -> None:
-    from clusterctl.cluster.state import atomic_write
+    from clusterctl.state import atomic_write
 
     if img_per_sec <= 0:
         return

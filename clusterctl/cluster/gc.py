@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 from clusterctl.providers.base import Found, Provider
 
 if TYPE_CHECKING:
-    from clusterctl.cluster.state import Record, StateStore
+    from clusterctl.state import Record, StateStore
     from clusterctl.types import Cluster
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from clusterctl.cluster import provision
-from clusterctl.cluster.state import StateStore
 from clusterctl.hostsfile import HostsFile
 from clusterctl.remote.ssh import SshSettings, SshTarget, targets_from_hosts, user_known_hosts
+from clusterctl.state import StateStore
 from clusterctl.types import Cluster
 
 

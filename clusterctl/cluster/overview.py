@@ -17,7 +17,7 @@ from clusterctl.errors import UsageError
 from clusterctl.providers.base import Provider
 
 if TYPE_CHECKING:
-    from clusterctl.cluster.state import StateStore
+    from clusterctl.state import StateStore
     from clusterctl.types import Cluster
 
 LOCAL = "local"  # the one provider whose clusters live on this machine, listed from their records
@@ -77,7 +77,7 @@ def down_targets(
 ) -> list[Target]:
     """The clusters `down` is about: NAME (or the current one), or with --all every cluster the providers
     still hold resources of, and every record here (of --provider only, when given)."""
-    from clusterctl.cluster.state import validate_name
+    from clusterctl.state import validate_name
 
     targets: list[Target] = []
     if all_:

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from clusterctl.cluster import sshkeys
-from clusterctl.cluster.state import Record, StateStore, atomic_write
 from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, UnreachableError, WaitTimeout
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, Provider, Teardown
+from clusterctl.remote import sshkeys
 from clusterctl.remote.ssh import SshPool, SshSettings, SshTarget
 from clusterctl.runtime.install import RuntimeRequest, S3Cache, install as install_runtime
+from clusterctl.state import Record, StateStore, atomic_write
 from clusterctl.types import Cluster, ClusterSpec, Node
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from clusterctl.types import Cluster
 
 if TYPE_CHECKING:
-    from clusterctl.cluster.state import StateStore
+    from clusterctl.state import StateStore
 
 
 def folder() -> Path:
@@ -71,7 +71,7 @@ def render(cluster: Cluster, store: StateStore) -> str:
 
 
 def write(cluster: Cluster, store: StateStore) -> Path:
-    from clusterctl.cluster.state import atomic_write
+    from clusterctl.state import atomic_write
 
     path = config_path(cluster.name)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -125,7 +125,7 @@ def has_include() -> bool:
 def add_include() -> bool:
     """Put the Include line at the top of the user's ssh config (first, so it applies to every host and
     no `Host` block above it captures it). False when it was there already."""
-    from clusterctl.cluster.state import atomic_write
+    from clusterctl.state import atomic_write
 
     if has_include():
         return False

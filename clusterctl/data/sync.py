@@ -197,7 +197,7 @@ class Syncer:
         self.stall_timeout = stall_timeout
         self.verify = verify
         if cache_dir is None:
-            from clusterctl.cluster import state
+            from clusterctl import state
 
             cache_dir = state.home() / "sync-manifests"
         self.cache_dir = cache_dir  # a local source's manifest kept for the next run (the operator's state folder)

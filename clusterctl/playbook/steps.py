@@ -95,7 +95,7 @@ def _bench(s: BenchSpec, ctx: Context) -> tuple[bool, str]:
 
 def _clean(s: CleanSpec, ctx: Context) -> tuple[bool, str]:
     """The troubleshooting list: kill leftover jobs, remove a log folder, show disk (clean.py's commands)."""
-    from clusterctl.remote import clean
+    from clusterctl.cluster import clean
     from clusterctl.remote.ssh import SshPool
 
     inv = ctx.inventory

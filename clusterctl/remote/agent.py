@@ -72,7 +72,7 @@ def idle_timeout() -> float:
 
 
 def home() -> Path:
-    from clusterctl.cluster.state import home as state_home
+    from clusterctl.state import home as state_home
 
     return state_home()
 

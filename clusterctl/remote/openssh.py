@@ -105,7 +105,7 @@ def jump_ssh_config(target: SshTarget, known_hosts: str) -> str:
     except OSError:
         current = None
     if current != text:
-        from clusterctl.cluster.state import atomic_write
+        from clusterctl.state import atomic_write
 
         atomic_write(Path(path), text, mode=0o600)
     return path

@@ -137,7 +137,7 @@ def _stamp(roots: list[tuple[Path, Path]]) -> tuple[list[list[object]], bool]:
 
 
 def _cache_path() -> Path:
-    from clusterctl.cluster.state import home
+    from clusterctl.state import home
 
     return home() / "ssh-G.json"
 
@@ -190,7 +190,7 @@ def _save(path: Path, cache: dict[str, Any], keep: set[str]) -> None:
         others = [k for k in cache if k not in keep][-(4096 - len(keep)) :] if len(keep) < 4096 else []
         cache = {k: cache[k] for k in [*others, *keep]}
     try:
-        from clusterctl.cluster.state import atomic_write
+        from clusterctl.state import atomic_write
 
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic_write(path, json.dumps(cache), mode=0o600)

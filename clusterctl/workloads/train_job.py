@@ -365,7 +365,7 @@ def require_job(store, inv) -> TrainJob:
 
 
 def _save_job(store, inv, job: TrainJob) -> None:
-    from clusterctl.cluster.state import atomic_write
+    from clusterctl.state import atomic_write
 
     path = _record_path(store, inv)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -314,7 +314,7 @@ def load_jobs(store, inv) -> list[LaunchJob]:
 
 
 def _save(store, inv, jobs_: Sequence[LaunchJob]) -> None:
-    from clusterctl.cluster.state import atomic_write
+    from clusterctl.state import atomic_write
 
     path = _record_path(store, inv)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

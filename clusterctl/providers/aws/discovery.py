@@ -426,7 +426,7 @@ def identities(api: Api, name: str) -> list[Scope]:
 
 def all_clusters(api: Api) -> list[str]:
     """The names (valid ones: anything else is reachable by `gc`, by resource id, only) of every cluster here."""
-    from clusterctl.cluster.state import validate_name
+    from clusterctl.state import validate_name
 
     names = set()
     for f in resources_of(api, None):

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.autostop import settings as autostop
-from clusterctl.cluster.state import atomic_write
 from clusterctl.errors import CapacityError, ProvisionError, WaitTimeout
 from clusterctl.providers.aws import bootstrap, fabric
 from clusterctl.providers.aws.api import Api, _code, _message, _tagdict, _tags
@@ -36,6 +35,7 @@ from clusterctl.providers.aws.discovery import (
 )
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.base import ClusterKeys
+from clusterctl.state import atomic_write
 from clusterctl.types import Cluster, node_names
 
 CAPACITY_CODES = {

@@ -22,7 +22,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
-from clusterctl.cluster.state import StateStore, atomic_write
 from clusterctl.providers.aws import bootstrap, discovery, instances, machine, plan as planning, teardown
 from clusterctl.providers.aws.api import Api, Report
 from clusterctl.providers.aws.discovery import CLUSTER_ID, Scope, _owner, new_cluster_id
@@ -30,6 +29,7 @@ from clusterctl.providers.aws.instances import CONSOLE_WAIT
 from clusterctl.providers.aws.machine import Context, Image, TypeInfo
 from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, Plan, Teardown
+from clusterctl.state import StateStore, atomic_write
 from clusterctl.types import Cluster, ClusterSpec
 
 

@@ -6,9 +6,9 @@ import sys
 
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "supervise":
-        from clusterctl.cluster.state import StateStore, validate_name
         from clusterctl.providers.local.provider import LocalProvider
         from clusterctl.providers.local.supervisor import supervise
+        from clusterctl.state import StateStore, validate_name
 
         name = validate_name(argv[1])
         store = StateStore()

@@ -176,7 +176,7 @@ def create_node(
     tmp_size: str = "2g",
 ) -> NetNode:
     """Make one node and start its sshd. The caller waits for the port."""
-    from clusterctl.cluster.sshkeys import generate_ed25519
+    from clusterctl.remote.sshkeys import generate_ed25519
 
     ns = netns_name(cluster, node.index)
     veth = veth_name(cluster, node.index)
@@ -222,8 +222,7 @@ def operator_paths() -> list[str]:
     """This machine's clusterctl files that a node must not see (it shares the base OS, never the
     operator's environment): its state (private keys), the runtime cache and wheelhouse, the venv running
     clusterctl, and a source checkout. Paths under what a node already has of its own are left out."""
-    from clusterctl import paths, resources
-    from clusterctl.cluster import state
+    from clusterctl import paths, resources, state
 
     found = [
         str(state.home()),

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from clusterctl.autostop import settings as autostop
-from clusterctl.cluster.state import StateStore, validate_name
 from clusterctl.errors import ConfigError
 from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, NodeStatus, Plan, Teardown
 from clusterctl.providers.local import netns
+from clusterctl.state import StateStore, validate_name
 from clusterctl.types import Cluster, ClusterSpec, Node, node_names
 
 MAX_NODES = 250

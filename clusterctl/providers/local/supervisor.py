@@ -29,7 +29,7 @@ from clusterctl.providers.base import Teardown
 from clusterctl.providers.local import netns
 
 if TYPE_CHECKING:
-    from clusterctl.cluster.state import StateStore
+    from clusterctl.state import StateStore
 
 ENTRY = "clusterctl.providers.local"  # `python -m` this package: its __main__ runs supervise()
 OLD_ENTRY = "clusterctl.autostop"  # the argv of supervisors started by older versions
@@ -174,8 +174,8 @@ def supervise(name: str, store: StateStore, terminate: Callable[[str], Teardown]
 
 def _power_off(store: StateStore, name: str, ns: str, fired: Path, terminate: Callable[[str], Teardown]) -> int:
     """The leader powered itself off (or is about to): remove the cluster as `down` does, say why."""
-    from clusterctl.cluster.state import Record
     from clusterctl.errors import StateError
+    from clusterctl.state import Record
 
     info = watchdog().read_json(str(fired), {}) or {}
     reason = str(info.get("reason") or "the watchdog fired")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterctl.cluster.state import atomic_write
+from clusterctl.state import atomic_write
 
 
 @dataclass(frozen=True)

@@ -6,26 +6,27 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from clusterctl.autostop.settings import from_extra
 from clusterctl.autostop.watchdog import local_dir, remote_command, watchdog
-from clusterctl.types import Autostop
+from clusterctl.state import Record, StateStore
+from clusterctl.types import Autostop, Cluster
 from clusterctl.units import duration
 
 
-def local_status(store, name: str, running: Callable[[str], bool]) -> dict | None:
+def local_status(store: StateStore, name: str, running: Callable[[str], bool]) -> dict[str, Any] | None:
     """A local leader's watchdog status from its files; `running(name)` says whether the watchdog process runs
     in the leader (the local provider's supervisor.watchdog_running: the state's pid is the node's own view)."""
     d = local_dir(store, name)
     if not (d / "config.json").exists():
         return None
-    st = watchdog().status(str(d))
+    st: dict[str, Any] = watchdog().status(str(d))
     st["running"] = running(name)
     return st
 
 
-def remote_status(cluster, store, timeout: float = 20.0) -> dict | None:
+def remote_status(cluster: Cluster, store: StateStore, timeout: float = 20.0) -> dict[str, Any] | None:
     """The leader's watchdog status over ssh (a fresh connection, not the agent's: it must not look like
     activity), or None when it does not answer."""
     from clusterctl.cluster import provision
@@ -35,12 +36,13 @@ def remote_status(cluster, store, timeout: float = 20.0) -> dict | None:
     with SshPool(provision.ssh_settings(cluster, store, connect_timeout=5.0)) as pool:
         r = pool.run_one(target, remote_command("status"), timeout=timeout)
     try:
-        return json.loads(r.stdout.strip().splitlines()[-1]) if r.ok else None
+        st: dict[str, Any] | None = json.loads(r.stdout.strip().splitlines()[-1]) if r.ok else None
+        return st
     except (ValueError, IndexError):
         return None
 
 
-def status_lines(store, record, local_running: Callable[[str], bool]) -> list[str]:
+def status_lines(store: StateStore, record: Record, local_running: Callable[[str], bool]) -> list[str]:
     """What `status` says about autostop for a cluster with a local record. `local_running`: whether a local
     cluster's watchdog runs (given by the caller, so autostop never imports the local provider)."""
     c = record.cluster
@@ -56,7 +58,10 @@ def status_lines(store, record, local_running: Callable[[str], bool]) -> list[st
 
 
 def summary(
-    st: dict | None, fallback: Autostop | None = None, created_at: float | None = None, now: float | None = None
+    st: dict[str, Any] | None,
+    fallback: Autostop | None = None,
+    created_at: float | None = None,
+    now: float | None = None,
 ) -> list[str]:
     """Lines for `status`: when the cluster stops and why, from the watchdog's own status (or, when the
     leader did not answer, from the settings alone)."""

@@ -10,19 +10,21 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from clusterctl.autostop.settings import from_extra
 from clusterctl.autostop.watchdog import edit_local, local_dir, remote_command, watchdog
 from clusterctl.proc import owner
+from clusterctl.state import Record, StateStore
+from clusterctl.types import Cluster
 
 
-def change(store, record, action: str, **values) -> list[str]:
+def change(store: StateStore, record: Record, action: str, **values: Any) -> list[str]:
     """keep / off / on on every node of the cluster; returns one line per node that did not take it.
     values: seconds (keep), idle_stop / max_lifetime (on: seconds, or None to clear)."""
     c = record.cluster
     if action == "keep":
-        changes: dict = {"keep_until": time.time() + float(values["seconds"])}
+        changes: dict[str, Any] = {"keep_until": time.time() + float(values["seconds"])}
         args: tuple[str, ...] = ("--for", str(int(values["seconds"])))
     else:
         changes = {"enabled": action == "on"}
@@ -39,7 +41,7 @@ def change(store, record, action: str, **values) -> list[str]:
     return _on_nodes(store, c, remote_command(action, *args))
 
 
-def _on_nodes(store, cluster, command: str) -> list[str]:
+def _on_nodes(store: StateStore, cluster: Cluster, command: str) -> list[str]:
     """`command` on every node of a cloud cluster; one line per node where it failed."""
     from clusterctl.cluster import provision
     from clusterctl.remote.ssh import SshPool
@@ -58,7 +60,13 @@ LEASE_TTL = 600.0  # a lease outlives its operator by at most this (a laptop clo
 
 
 @contextmanager
-def lease(store, cluster, what: str, ttl: float = LEASE_TTL, warn: Callable[[str], None] | None = None):
+def lease(
+    store: StateStore,
+    cluster: Cluster | None,
+    what: str,
+    ttl: float = LEASE_TTL,
+    warn: Callable[[str], None] | None = None,
+) -> Iterator[str | None]:
     """Hold an autostop lease on `cluster` (a Cluster of a record, or None for a plain hosts file: nothing to
     hold) while the block runs: the watchdog counts it as activity. Renewed in the background, released at the
     end whatever happens; a node that does not take it is a warning, never a failure of the operation."""
@@ -92,7 +100,7 @@ def lease(store, cluster, what: str, ttl: float = LEASE_TTL, warn: Callable[[str
         hold(False)
 
 
-def _lease_all(store, cluster, lease_id: str, seconds: float | None, what: str) -> list[str]:
+def _lease_all(store: StateStore, cluster: Cluster, lease_id: str, seconds: float | None, what: str) -> list[str]:
     """Take (seconds) or release (None) a lease on every node's watchdog; one line per node that did not."""
     if cluster.shares_this_machine:
         for i in range(len(cluster.nodes)):
