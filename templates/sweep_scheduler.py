@@ -41,7 +41,7 @@ TAIL_BYTES = 262144  # the metric is searched in the last 256 KiB of a trial's l
 _NUM = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
-# ---- pure helpers (unit-tested from tests/test_sweep_unit.py) ----------------------------------------------
+# ---- pure helpers (unit-tested from tests/workloads/test_sweep_unit.py) ----------------------------------------------
 def write_json(path: str, data) -> None:
     """Atomically: a reader sees the old file or the new one, never half of either."""
     tmp = f"{path}.tmp{os.getpid()}"

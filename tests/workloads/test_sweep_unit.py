@@ -15,15 +15,14 @@ import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from clusterctl.errors import UsageError
 from clusterctl.remote.ssh import TREE_FN
 from clusterctl.workloads import sweep
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 SCHEDULER = REPO / "templates" / "sweep_scheduler.py"
 
 

@@ -15,12 +15,12 @@ import pytest
 from clusterctl.workloads import train_job as train, train_log
 from clusterctl.workloads.train_job import TrainOptions
 from clusterctl.workloads.train_log import CheckpointSaved, TrainRow
+from conftest import FIXTURES, REPO
 
-DATA = Path(__file__).parent / "data"
-KILLED = (DATA / "train_tiny_np2_killed.log").read_text()
-RESUMED = (DATA / "train_tiny_np2_resumed.log").read_text()
-EVAL_ONLY = (DATA / "train_tiny_eval_only.log").read_text()
-NO_CHECKPOINT = (DATA / "train_no_checkpoint.log").read_text()
+KILLED = (FIXTURES / "train_tiny_np2_killed.log").read_text()
+RESUMED = (FIXTURES / "train_tiny_np2_resumed.log").read_text()
+EVAL_ONLY = (FIXTURES / "train_tiny_eval_only.log").read_text()
+NO_CHECKPOINT = (FIXTURES / "train_no_checkpoint.log").read_text()
 
 
 # ---- the killed run -----------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_trainer_accepts_every_flag_the_argv_builder_writes():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "train_imagenet", DATA.parent.parent / "templates" / "train_imagenet.py"
+        "train_imagenet", FIXTURES.parent.parent / "templates" / "train_imagenet.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -268,7 +268,7 @@ def test_learning_rate_schedule_of_the_template():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "train_imagenet", DATA.parent.parent / "templates" / "train_imagenet.py"
+        "train_imagenet", FIXTURES.parent.parent / "templates" / "train_imagenet.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -383,9 +383,7 @@ def _template():
     """templates/train_imagenet.py as a module (it imports TensorFlow only inside main)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "train_imagenet_t", Path(__file__).parent.parent / "templates" / "train_imagenet.py"
-    )
+    spec = importlib.util.spec_from_file_location("train_imagenet_t", REPO / "templates" / "train_imagenet.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -14,11 +14,11 @@ import shutil
 
 import pytest
 import yaml
+from test_aws import instances, ok, one_error_line
 
 from clusterctl.providers.aws import catalog
 from conftest import REPO
 from motoaws import REGION, decode_user_data
-from test_aws import instances, ok, one_error_line
 
 pytestmark = pytest.mark.integration
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from clusterctl.errors import HostsFileError
 from clusterctl.hostsfile import HostsFile, host_problem
+from conftest import REPO
 
 EXAMPLE = """\
 # leader first
@@ -44,10 +45,9 @@ def test_formats():
 
 
 def test_slots_default_to_one_and_hosts_file_example_parses():
-    from pathlib import Path
 
     assert HostsFile.parse("node1\n").entries[0].slots == 1
-    example = HostsFile.read(str(Path(__file__).resolve().parent.parent / "hosts.example"))
+    example = HostsFile.read(str(REPO / "hosts.example"))
     assert example.total_slots == 32
 
 

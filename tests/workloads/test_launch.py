@@ -13,6 +13,7 @@ import pytest
 from clusterctl.errors import UsageError
 from clusterctl.workloads import userjob
 from conftest import wait_for
+from workload_support import HELPER, RANK_LINE, SCRIPT
 
 # ---- pure: the command and the files ---------------------------------------------------------------------
 
@@ -112,45 +113,6 @@ def test_shell_text_quotes_everything():
 
 
 # ---- on a real cluster -------------------------------------------------------------------------------------
-HELPER = """import socket
-import sys
-
-
-def describe(rank, size):
-    return f"RANK {rank} SIZE {size} HOST {socket.gethostname()} PY {sys.executable}"
-"""
-
-SCRIPT = """import argparse
-import time
-
-import numpy as np
-import tensorflow as tf
-import horovod.tensorflow.keras as hvd
-
-from helper import describe  # staged beside this script by --file
-
-p = argparse.ArgumentParser()
-p.add_argument("--steps", type=int, default=3)
-p.add_argument("--forever", action="store_true")
-args = p.parse_args()
-
-hvd.init()
-print(describe(hvd.rank(), hvd.size()), flush=True)
-if args.forever:
-    print(f"READY rank={hvd.rank()}", flush=True)
-    time.sleep(3600)  # no output, no collective: only `kill` ends the ranks on the member
-
-model = tf.keras.Sequential([tf.keras.layers.Input((8,)), tf.keras.layers.Dense(1)])
-model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.01 * hvd.size())), loss="mse")
-rng = np.random.default_rng(hvd.rank())
-x = rng.random((64, 8), dtype=np.float32)
-y = x.sum(axis=1, keepdims=True)
-hist = model.fit(x, y, batch_size=16, steps_per_epoch=args.steps, epochs=1, verbose=0,
-                 callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-print(f"DONE rank={hvd.rank()} loss={hist.history['loss'][-1]:.4f}", flush=True)
-"""
-
-RANK_LINE = re.compile(r"RANK (\d+) SIZE (\d+) HOST (\S+) PY (\S+)")
 
 
 @pytest.fixture(scope="module")

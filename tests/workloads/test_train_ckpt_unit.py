@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import REPO, free_port
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("train_ckpt", REPO / "templates" / "train_ckpt.py")
 ck = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ck)

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_bench_output, scrubbed_env
-from conftest import HOROVODRUN, TRAIN_PY as PY
+from conftest import HOROVODRUN, REPO, TRAIN_PY as PY
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "bench_synthetic.py"
+TEMPLATE = REPO / "templates" / "bench_synthetic.py"
 TIMEOUT_S = 300  # measured: about 10 s on 2 cores
 
 

@@ -16,8 +16,8 @@ from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import ClusterStatus, NodeStatus
 from clusterctl.state import Record
 from clusterctl.types import Cluster, ClusterSpec, Node, node_names
+from conftest import FIXTURES
 
-DATA = Path(__file__).parent / "data"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9vZGJ5ZSBjbHVzdGVyY3RsIHRlc3Qga2V5IDAwMDAwMDA clusterctl-demo-internal"
 
 
@@ -138,7 +138,7 @@ def test_login_user_comes_from_the_image(name, tags, user):
 
 def test_user_data_matches_the_golden_file_and_is_yaml():
     text = cloud_init.render_user_data("demo", "us-east-1", "ubuntu", 8, KEY)
-    assert text == (DATA / "aws_cloud_init_demo.yaml").read_text()
+    assert text == (FIXTURES / "aws_cloud_init_demo.yaml").read_text()
     doc = yaml.safe_load(text)
     assert text.startswith("#cloud-config\n")
     assert doc["ssh_authorized_keys"] == [KEY] and doc["ssh_pwauth"] is False and doc["disable_root"] is True

@@ -20,11 +20,10 @@ import pytest
 
 from clusterctl.workloads import train_job as train, train_log
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
-from conftest import HOROVODRUN, TRAIN_PY as PY
+from conftest import HOROVODRUN, REPO, TRAIN_PY as PY
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
-REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "templates" / "train_imagenet.py"
 
 TIMEOUT_S = 240  # each launch; measured 10-20 s on 2 cores

@@ -12,12 +12,12 @@ import time
 from datetime import timedelta
 
 import pytest
+from test_aws import MUTATING, cluster_id, instances, ok, one_error_line, state_dir
 
 from clusterctl.proc import owner
 from clusterctl.state import Record, StateStore
 from clusterctl.types import Cluster
 from motoaws import CHECKIP_ADDRESS, REGION
-from test_aws import MUTATING, cluster_id, instances, ok, one_error_line, state_dir
 
 pytestmark = pytest.mark.integration
 

@@ -446,7 +446,7 @@ def test_data_tfrecords_on_the_leader_from_a_folder_there_or_s3(env, tmp_path):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    from test_data import imagenet_layout
+    from workload_support import imagenet_layout
 
     cluster, s3, endpoint, _ = env
     cli = cluster.cli

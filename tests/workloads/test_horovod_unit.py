@@ -10,16 +10,21 @@ from pathlib import Path
 import pytest
 
 from clusterctl.hostsfile import HostsFile
+from clusterctl.types import Cluster, Node
 from clusterctl.workloads.horovod import (
     BenchHost,
     BenchInterval,
+    DeviceReport,
+    device_problems,
+    gpus_per_node,
     horovodrun_argv,
     is_secret_env,
     parse_bench_output,
+    parse_devices,
     scrubbed_env,
 )
+from conftest import FIXTURES, REPO
 
-DATA = Path(__file__).parent / "data"
 PY = "/opt/clusterctl/venv/bin/python"
 SCRIPT = [PY, "bench_synthetic.py", "--model", "tiny", "--expect-size", "4"]
 
@@ -164,7 +169,7 @@ def test_is_secret_env_by_value_alone():
 
 # ---- parser ----------------------------------------------------------------------------------------
 def test_parse_captured_real_run():
-    text = (DATA / "bench_tiny_np2.log").read_text()
+    text = (FIXTURES / "bench_tiny_np2.log").read_text()
     run = parse_bench_output(text)
     assert run.size == 2
     assert run.model == "tiny" and run.batch == 32
@@ -214,15 +219,11 @@ def test_parse_errors_are_clear():
 def test_import_stays_cheap():
     # `clusterctl --help` imports this module: it must not pull in TensorFlow or Horovod.
     code = "import sys, clusterctl.workloads.horovod; print(sorted(m for m in ('tensorflow', 'horovod') if m in sys.modules))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
 
 
 # ---- which GPU each rank used (templates' `device` lines) --------------------------------------------
-from clusterctl.types import Cluster, Node  # noqa: E402
-from clusterctl.workloads.horovod import DeviceReport, device_problems, gpus_per_node, parse_devices  # noqa: E402
 
 
 def _devices(*rows: str, mark: str = "CLUSTERCTL-BENCH") -> str:

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from clusterctl.data import tfrecords as data
+from conftest import REPO
+from workload_support import imagenet_layout
 
-REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = REPO / "templates" / "train_imagenet.py"
 FEATURES = (
     "image/height",
@@ -309,28 +310,6 @@ def test_pure_helpers_and_no_tensorflow_at_import():
 
 
 # ---- ImageNet's flat val/ ---------------------------------------------------------------------------
-def imagenet_layout(root: Path, tf) -> dict[str, str]:
-    """train/<synset>/*.JPEG for three synsets and the official flat val/ of ILSVRC2012_val_<N>.JPEG (with a
-    LICENSE beside them); returns image stem -> synset of the validation images."""
-    import numpy as np
-
-    synsets = ("n01440764", "n01443537", "n02119789")  # sorted: labels 1, 2, 3
-    for k, s in enumerate(synsets):
-        d = root / "train" / s
-        d.mkdir(parents=True)
-        for i in range(2):
-            (d / f"{s}_{i}.JPEG").write_bytes(tf.io.encode_jpeg(np.full((10, 10, 3), 30 * k, np.uint8)).numpy())
-    (root / "val").mkdir()
-    truth = {}
-    for n in range(1, 8):
-        s = synsets[(n * 2) % 3]
-        stem = f"ILSVRC2012_val_{n:08d}"
-        (root / "val" / f"{stem}.JPEG").write_bytes(tf.io.encode_jpeg(np.full((10, 10, 3), n, np.uint8)).numpy())
-        truth[stem] = s
-    (root / "val" / "LICENSE.txt").write_text("terms\n")
-    return truth
-
-
 def test_flat_val_folder_with_labels_csv_or_devkit_ground_truth(tmp_path, tf):
     src = tmp_path / "imagenet"
     truth = imagenet_layout(src, tf)

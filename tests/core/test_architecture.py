@@ -16,7 +16,9 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "clusterctl"
+from conftest import REPO
+
+PACKAGE = REPO / "clusterctl"
 
 CORE = {"errors", "types", "hostsfile", "resources", "retry", "units", "proc", "paths", "state"}
 # Top to bottom. Packages on one layer may import each other (no cycle between modules, below).
@@ -96,7 +98,7 @@ def layering_violations(edges: list[Edge]) -> list[str]:
         for name, module, where in ((src, e.source, above), (dst, e.target, below)):
             if where is None:
                 bad.append(
-                    f"{e.where}: {module} is in package {name}/, which is on no layer (tests/test_architecture.py)"
+                    f"{e.where}: {module} is in package {name}/, which is on no layer (tests/core/test_architecture.py)"
                 )
         if src == dst or above is None or below is None:
             continue
@@ -219,7 +221,7 @@ def test_the_checker_sees_function_level_imports_and_cycles(tmp_path):
         "clusterctl/cluster/state.py:4: clusterctl.cluster.state imports clusterctl.cli.app (cluster/ is below cli/)",
         "clusterctl/errors.py:2: clusterctl.errors imports clusterctl.cluster.state (core imports only core)",
         "clusterctl/gadgets/__init__.py:1: clusterctl.gadgets is in package gadgets/, which is on no layer "
-        "(tests/test_architecture.py)",
+        "(tests/core/test_architecture.py)",
         "clusterctl/workloads/bench.py:2: clusterctl.workloads.bench imports clusterctl.playbook.run "
         "(workloads/ is below playbook/)",
     ]

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import Forward
+from conftest import REPO, Forward
 
 pytestmark = pytest.mark.integration
 
@@ -729,7 +729,7 @@ def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_p
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert out.stdout.strip() == "False", out.stderr
     from clusterctl.errors import ConfigError

@@ -15,7 +15,7 @@ import pytest
 
 from clusterctl import paths
 from conftest import Forward
-from test_launch import HELPER, RANK_LINE, SCRIPT
+from workload_support import HELPER, RANK_LINE, SCRIPT
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
