@@ -23,7 +23,9 @@ from typing import Callable, Mapping, Sequence
 from clusterctl import resources
 from clusterctl.errors import UnreachableError
 from clusterctl.hostsfile import HostEntry, HostsFile
-from clusterctl.remote.ssh import OnLine, SshPool, SshTarget
+from clusterctl.remote.ssh import SshPool
+from clusterctl.remote.stream import OnLine
+from clusterctl.remote.targets import SshTarget
 from clusterctl.types import Cluster, HostResult, RunReport
 from clusterctl.workloads import horovod
 
@@ -133,11 +135,24 @@ def run_on_leader(
 
 
 def kill_job(pool: SshPool, targets: Sequence[SshTarget], job: JobFolder) -> RunReport:
-    """End every process of the job on every node (ranks, horovodrun, its task services)."""
-    # A bracket in each pattern keeps pkill from matching the shell that runs it (its command line
-    # holds the pattern's text, which the regex itself does not match).
-    pattern = shlex.quote(f"{job.home}/{JOBS}/[{job.name[0]}]{job.name[1:]}")
-    return pool.run(targets, f"pkill -KILL -f -- {pattern}; pkill -KILL -f -- 'horovod[.]runner[.]'; true", timeout=30)
+    """End every process of the job on every node (ranks, horovodrun, its task services), and no other."""
+    return pool.run(targets, kill_job_command(job), timeout=30)
+
+
+def kill_job_command(job: JobFolder) -> str:
+    """SIGKILL to the job's processes on a node: those whose command line names the job's folder, and those
+    running in it. horovodrun starts every remote process with `cd <job folder>`, so its task services
+    (`python -m horovod.runner.task_fn ...`, whose command line holds no path of ours) are found by their
+    working directory; a pattern like 'horovod.runner' would also end another job's, or another user's."""
+    # The shell running this holds the folder's path in its own command line (d=...): it skips itself ($$).
+    pattern = shlex.quote(f"{job.home}/{JOBS}/{job.name}(/| |$)")  # not job-10's when job-1 ends
+    return (
+        f"d={shlex.quote(job.dir)}; pids=; "
+        f'for p in $(pgrep -f -- {pattern}); do [ "$p" = "$$" ] || pids="$pids $p"; done; '
+        'for p in /proc/[0-9]*; do c=$(readlink "$p/cwd" 2>/dev/null) || continue; '
+        'case "$c" in "$d"|"$d"/*) pids="$pids ${p#/proc/}";; esac; done; '
+        '[ -z "$pids" ] || kill -KILL $pids 2>/dev/null; true'
+    )
 
 
 def remove_job(pool: SshPool, targets: Sequence[SshTarget], job: JobFolder) -> RunReport:

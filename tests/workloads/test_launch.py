@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
+from subprocess import DEVNULL
 
 import pytest
 
 from clusterctl.errors import UsageError
 from clusterctl.workloads import userjob
-from conftest import wait_for
+from conftest import node_pid, wait_for
 from workload_support import HELPER, RANK_LINE, SCRIPT
 
 # ---- pure: the command and the files ---------------------------------------------------------------------
@@ -232,3 +234,48 @@ def test_bad_input_is_one_line_error(cluster):
         assert proc.returncode == code, (args, proc.returncode, proc.stderr)
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error: ") and why in lines[0], (args, proc.stderr)
+
+
+@pytest.mark.integration
+def test_kill_job_ends_the_jobs_processes_on_every_node_and_no_one_elses(local_cluster_factory):
+    """What horovodrun leaves on a node: processes whose command line names the job's folder, and task services
+    started with `cd <job folder>` whose command line holds no path of ours. Both end; another job's
+    `horovod.runner` task service, in its own folder, keeps running (it once died with ours), and so does a job
+    whose name starts with ours."""
+    from clusterctl.cluster import inventory
+    from clusterctl.remote.ssh import SshPool
+    from clusterctl.state import StateStore
+    from clusterctl.workloads import launch
+
+    c = local_cluster_factory(2, 1)
+    job = launch.JobFolder("bench-20261123-070000-1", "/root")
+    other = launch.JobFolder("train-20261123-060000-2", "/root")
+    longer = launch.JobFolder(job.name + "0", "/root")  # its name starts with ours
+
+    def spawn(i: int, cwd: str, name: str) -> None:  # a process in node i, running in cwd, shown as name
+        shell = f"cd {shlex.quote(cwd)} && exec -a {name} sleep 600"
+        argv = ["nsenter", "-t", str(node_pid(c.name, i)), "-a", "bash", "-c", shell]
+        subprocess.Popen(argv, stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL, start_new_session=True)
+
+    task = shlex.quote("python -m horovod.runner.task_fn 0 2 abc")
+    for i in range(2):
+        c.node_exec(i, "mkdir", "-p", job.dir, other.dir)
+        spawn(i, "/", shlex.quote(f"bash {job.dir}/hvd_launch.py"))
+        spawn(i, "/", shlex.quote(f"bash {longer.dir}/hvd_launch.py"))
+        spawn(i, job.dir, task)
+        spawn(i, other.dir, task)
+
+    def running(i: int) -> list[str]:
+        out = c.node_exec(
+            i, "bash", "-c", "for p in $(pgrep -f '[h]vd_launch|[t]ask_fn'); do readlink /proc/$p/cwd; done"
+        )
+        return sorted(out.stdout.split())
+
+    wait_for(lambda: running(0) == running(1) == sorted(["/", "/", job.dir, other.dir]), 30, "the processes to start")
+    inv = inventory.resolve(None, c.name, StateStore(c.cli.home))
+    with SshPool(inv.settings) as pool:
+        report = launch.kill_job(pool, list(inv.targets), job)
+    assert [r.exit_code for r in report] == [0, 0]
+    assert running(0) == running(1) == ["/", other.dir]
+    for i in range(2):
+        c.node_exec(i, "pkill", "-KILL", "-f", "[t]ask_fn|[h]vd_launch")
