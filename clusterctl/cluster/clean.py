@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 from clusterctl.data.node_side import SYSTEM_TREES
 from clusterctl.errors import UsageError
-from clusterctl.remote.ssh import TREE_FN
+from clusterctl.remote.session import TREE_FN
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from clusterctl.remote.ssh import SshPool, SshTarget
+    from clusterctl.remote.ssh import SshPool
+    from clusterctl.remote.targets import SshTarget
     from clusterctl.types import Cluster
 
 KILL_NAMES = r"^(python[0-9.]*|horovodrun|mpirun|mpiexec|orted|prted|prterun)$"

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 from clusterctl.cluster import provision
 from clusterctl.hostsfile import HostsFile
-from clusterctl.remote.ssh import SshSettings, SshTarget, targets_from_hosts, user_known_hosts
+from clusterctl.remote.targets import SshSettings, SshTarget, targets_from_hosts, user_known_hosts
 from clusterctl.state import StateStore
 from clusterctl.types import Cluster
 

@@ -23,7 +23,8 @@ from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, Unr
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, Provider, Teardown
 from clusterctl.remote import sshkeys
-from clusterctl.remote.ssh import SshPool, SshSettings, SshTarget
+from clusterctl.remote.ssh import SshPool
+from clusterctl.remote.targets import SshSettings, SshTarget
 from clusterctl.runtime.install import RuntimeRequest, S3Cache, install as install_runtime
 from clusterctl.state import Record, StateStore, atomic_write
 from clusterctl.types import Cluster, ClusterSpec, Node

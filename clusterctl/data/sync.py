@@ -45,7 +45,8 @@ from clusterctl.data.plan import SOURCE, STRATEGIES, Source, check_dst, plan_rel
 from clusterctl.data.stall import StallWatch
 from clusterctl.errors import ClusterctlError, ConfigError, ExitCode, UsageError
 from clusterctl.remote.openssh import bracketed, node_ssh, operator_ssh
-from clusterctl.remote.ssh import SshPool, SshTarget
+from clusterctl.remote.ssh import SshPool
+from clusterctl.remote.targets import SshTarget
 from clusterctl.types import HostResult
 
 _T = TypeVar("_T")

@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Sequence, cast
 
 from clusterctl.proc import alive
-from clusterctl.remote.ssh import OnLine, SshPool, SshSettings, SshTarget
+from clusterctl.remote.ssh import SshPool
+from clusterctl.remote.stream import OnLine
+from clusterctl.remote.targets import SshSettings, SshTarget
 from clusterctl.types import HostResult, RunReport
 
 DEFAULT_IDLE = 600.0
@@ -52,7 +54,8 @@ def _build_id() -> str:
     from clusterctl import __version__
 
     stamps = []
-    for name in ("remote/agent.py", "remote/ssh.py", "remote/sshconfig.py", "types.py"):
+    code = ("agent", "ssh", "connect", "session", "stream", "targets", "sshconfig")
+    for name in [*(f"remote/{m}.py" for m in code), "types.py"]:
         try:
             stamps.append(str((_PKG / name).stat().st_mtime_ns))
         except OSError:

@@ -8,7 +8,7 @@ import os
 import shlex
 from pathlib import Path
 
-from clusterctl.remote.ssh import SshTarget
+from clusterctl.remote.targets import SshTarget
 
 CIPHERS = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr"  # AES-NI first; no compression
 HOP_OPTIONS = (

@@ -14,7 +14,7 @@ import re
 import shlex
 
 from clusterctl.errors import UsageError
-from clusterctl.remote.ssh import TREE_FN
+from clusterctl.remote.session import TREE_FN
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 JOBS_DIR = "$HOME/.clusterctl/jobs"  # expanded by the remote shell, always inside double quotes

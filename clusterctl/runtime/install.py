@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 
 from clusterctl import resources
 from clusterctl.errors import ConfigError, ProvisionError, UnreachableError, UsageError
-from clusterctl.remote.ssh import SshPool, SshTarget
+from clusterctl.remote.ssh import SshPool
+from clusterctl.remote.targets import SshTarget
 from clusterctl.runtime import spec as rt
 from clusterctl.types import Cluster
 

@@ -289,7 +289,7 @@ def validate_id(sweep_id: str) -> str:
 
 def config(spec: SweepSpec, sweep_id: str, sweep_dir: str, hosts, user: str, python: str) -> dict:
     """config.json for the scheduler: everything it needs, nothing it must work out."""
-    from clusterctl.remote.ssh import TREE_FN
+    from clusterctl.remote.session import TREE_FN
 
     biggest = max(e.slots for e in hosts.entries)
     if spec.gpus_per_trial > biggest:

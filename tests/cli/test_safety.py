@@ -121,7 +121,7 @@ def test_clean_logs_refuses_system_folders_and_ssh_trees(c):
 
 # ---- many files: results come back by SFTP, never through the capped ssh output -------------------------
 CAPPED = (
-    "import sys, runpy; import clusterctl.remote.ssh as r; r.MAX_CAPTURE = 1 << 16; "
+    "import sys, runpy; import clusterctl.remote.stream as r; r.MAX_CAPTURE = 1 << 16; "
     "sys.argv = ['clusterctl'] + sys.argv[1:]; runpy.run_module('clusterctl', run_name='__main__')"
 )
 
@@ -412,7 +412,7 @@ def test_syncs_openssh_jump_hop_of_a_cluster_gets_the_pinned_known_hosts_and_str
     with `-F` alone, so the config file must carry the pinned known_hosts and strict checking for that hop.
     OpenSSH itself (`ssh -G` with that file, for the leader) is the judge."""
     from clusterctl.remote import openssh
-    from clusterctl.remote.ssh import SshTarget
+    from clusterctl.remote.targets import SshTarget
 
     kh = tmp_path / "known_hosts"
     kh.write_text("")

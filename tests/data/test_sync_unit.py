@@ -14,7 +14,7 @@ import pytest
 from clusterctl.data import node_side as sync_agent, plan as syncplan, sync as transfer
 from clusterctl.errors import ConfigError, UsageError
 from clusterctl.remote import openssh
-from clusterctl.remote.ssh import SshTarget
+from clusterctl.remote.targets import SshTarget
 
 
 # ---- plans ------------------------------------------------------------------------------------------

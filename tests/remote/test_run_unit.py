@@ -13,7 +13,8 @@ from clusterctl.cluster import clean
 from clusterctl.errors import HostsFileError, UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.proc import alive
-from clusterctl.remote import ssh as remote, tmux as jobs
+from clusterctl.remote import session, tmux as jobs
+from clusterctl.remote.targets import SshTarget
 from clusterctl.types import HostResult, RunReport
 
 HOSTILE = [
@@ -40,7 +41,7 @@ def sh(script: str, cwd, env: dict | None = None, timeout: float = 30) -> subpro
 
 @pytest.mark.parametrize("cmd", HOSTILE + ["echo 'a b'  \"c\"", ""])
 def test_wrapper_runs_the_command_exactly_and_reports_its_session(tmp_path, cmd):
-    script = remote.wrap_command(f"printf '%s' {shlex.quote(cmd)}")
+    script = session.wrap_command(f"printf '%s' {shlex.quote(cmd)}")
     proc = subprocess.run(
         ["setsid", "/bin/sh", "-c", script + "; exit 0"],
         cwd=tmp_path,
@@ -51,7 +52,7 @@ def test_wrapper_runs_the_command_exactly_and_reports_its_session(tmp_path, cmd)
     )
     assert proc.stdout == cmd  # the user's text arrives as one word, byte for byte
     mark, _, rest = proc.stderr.partition("\n")
-    assert mark.startswith(remote.SID_MARK) and int(mark[len(remote.SID_MARK) :]) > 1 and rest == ""
+    assert mark.startswith(session.SID_MARK) and int(mark[len(session.SID_MARK) :]) > 1 and rest == ""
     assert not os.path.exists("/tmp/pwned")
 
 
@@ -71,7 +72,7 @@ def test_kill_command_kills_session_and_escaped_descendants(tmp_path):
             time.sleep(0.05)
         victims = _pids_of(pattern)
         assert len(victims) == 2
-        proc = sh(remote.kill_command(sid), tmp_path)
+        proc = sh(session.kill_command(sid), tmp_path)
         assert proc.returncode == 0, proc.stderr
         leader.wait(timeout=10)
         assert not [p for p in victims if alive(p)]
@@ -107,7 +108,7 @@ def test_job_scripts_quote_every_value_and_parse(cmd):
         clean.logs_command("/data/run 1", force=True),
         clean.DISK_COMMAND,
         clean.REBOOT_COMMAND,
-        remote.kill_command(1234, grace=2),
+        session.kill_command(1234, grace=2),
     ):
         assert subprocess.run(["/bin/sh", "-n", "-c", script], capture_output=True).returncode == 0, script
     # the user's command reaches tmux as one argument that, unquoted twice, is the command again
@@ -241,8 +242,8 @@ def test_targets_carry_absolute_paths_through_the_agent(tmp_path, monkeypatch):
     from clusterctl.remote import agent
 
     monkeypatch.chdir(tmp_path)
-    jump = remote.SshTarget("b", "10.0.0.1", 22, "u", ("key",))
-    t = remote.SshTarget("h", "10.0.0.2", 2222, "root", ("k1",), jump)
+    jump = SshTarget("b", "10.0.0.1", 22, "u", ("key",))
+    t = SshTarget("h", "10.0.0.2", 2222, "root", ("k1",), jump)
     back = agent.target_from_dict(agent.target_to_dict(t))
     assert back.identity_files == (str(tmp_path / "k1"),) and back.proxy_jump.identity_files == (str(tmp_path / "key"),)
     assert (back.hostname, back.port, back.user, back.proxy_jump.hostname) == ("10.0.0.2", 2222, "root", "10.0.0.1")

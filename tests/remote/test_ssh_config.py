@@ -316,7 +316,7 @@ def test_every_host_command_takes_the_shared_ssh_options(cli):
 
 def test_agent_wire_format_carries_the_per_host_settings():
     from clusterctl.remote import agent
-    from clusterctl.remote.ssh import SshTarget
+    from clusterctl.remote.targets import SshTarget
 
     jump = SshTarget("j", "10.0.0.1", 22, "root", ("/k",), None, ("/kh1",), "jalias", "/a.sock", True, 3.0, "/cfg")
     t = SshTarget(
@@ -641,7 +641,7 @@ def test_syncs_openssh_jump_hop_checks_the_jump_hosts_pinned_key_strictly(c, set
     """The config's `Host *` would accept-new into an empty file: the jump hop of sync's OpenSSH call still
     checks the key pinned for the jump host (its own UserKnownHostsFile), strictly, and writes nothing."""
     from clusterctl.remote import openssh
-    from clusterctl.remote.ssh import targets_from_hosts
+    from clusterctl.remote.targets import targets_from_hosts
 
     d, sock = setup
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path / "home"))

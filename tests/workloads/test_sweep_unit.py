@@ -19,7 +19,7 @@ import time
 import pytest
 
 from clusterctl.errors import UsageError
-from clusterctl.remote.ssh import TREE_FN
+from clusterctl.remote.session import TREE_FN
 from clusterctl.workloads import sweep
 from conftest import REPO
 

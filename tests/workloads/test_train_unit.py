@@ -558,7 +558,7 @@ def test_an_unreachable_node_is_an_error_off_spot_with_np_or_when_none_answers()
 def test_the_inventory_keeps_the_chosen_nodes_and_later_commands_find_the_jobs_leader():
     from clusterctl.cluster.inventory import Inventory
     from clusterctl.hostsfile import HostsFile
-    from clusterctl.remote.ssh import SshSettings, SshTarget
+    from clusterctl.remote.targets import SshSettings, SshTarget
 
     hosts = HostsFile.parse("10.0.0.1 slots=2\n10.0.0.2 slots=2\n10.0.0.3 slots=1\n")
     inv = Inventory(hosts, tuple(SshTarget(h, h) for h in LABELS), SshSettings("/kh"))
