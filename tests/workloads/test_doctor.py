@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.providers.local import netns
-from clusterctl.workloads import doctor
+from clusterctl.workloads import doctor, doctor_judge
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def test_judge_flags_version_skew_and_clock():
         "time": "100.0",
     }
     facts = {"a": dict(base), "b": dict(base), "c": {**base, "horovod": "0.27.0", "time": "105.0"}}
-    report = doctor.judge(facts, {"a": 8, "b": 8, "c": 8}, {h: (100.0, 100.5) for h in facts}, {})
+    report = doctor_judge.judge(facts, {"a": 8, "b": 8, "c": 8}, {h: (100.0, 100.5) for h in facts}, {})
     cells = {n.host: n.cells for n in report.nodes}
     assert cells["a"]["versions"].status == "ok" and cells["c"]["versions"].why == "horovod 0.27.0 != 0.28.1"
     assert cells["c"]["clock"].status == "fail" and cells["c"]["clock"].why == "+4.50s from this machine"
@@ -58,7 +58,7 @@ def test_judge_gpus_against_slots_and_cloud_placement():
         "c": {"type": "p3.16xlarge", "zone": "us-east-1b", "placement": "pg"},
     }
     facts = {"a": dict(base), "b": {**base, "gpus": "7"}, "c": dict(base)}
-    report = doctor.judge(facts, {"a": 8, "b": 8, "c": 8}, {h: (0.5, 1.5) for h in facts}, {}, cloud)
+    report = doctor_judge.judge(facts, {"a": 8, "b": 8, "c": 8}, {h: (0.5, 1.5) for h in facts}, {}, cloud)
     cells = {n.host: n.cells for n in report.nodes}
     assert cells["b"]["gpus"].why == "nvidia-smi sees 7 GPUs, slots=8"
     assert cells["c"]["same-type"].why == "zone us-east-1b != us-east-1a" and cells["a"]["same-type"].status == "ok"
@@ -132,29 +132,29 @@ def test_doctor_names_each_broken_node(local_cluster_factory):
 
 
 def test_ring_rounds_never_put_a_node_in_two_pairs_at_once():
-    assert doctor.ring_rounds(1) == [] and doctor.ring_rounds(2) == [[(0, 1)]]
-    assert doctor.ring_rounds(3) == [[(0, 1)], [(1, 2)], [(2, 0)]]
-    assert doctor.ring_rounds(4) == [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]
+    assert doctor_judge.ring_rounds(1) == [] and doctor_judge.ring_rounds(2) == [[(0, 1)]]
+    assert doctor_judge.ring_rounds(3) == [[(0, 1)], [(1, 2)], [(2, 0)]]
+    assert doctor_judge.ring_rounds(4) == [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]
     for n in range(3, 12):
-        rounds = doctor.ring_rounds(n)
+        rounds = doctor_judge.ring_rounds(n)
         assert sorted(e for r in rounds for e in r) == sorted((i, (i + 1) % n) for i in range(n))
         assert all(len({x for e in r for x in e}) == 2 * len(r) for r in rounds)
 
 
 def test_judge_fabric_names_the_node_whose_every_pair_is_slow():
-    A = doctor.Allreduce
+    A = doctor_judge.Allreduce
     pairs = [A(("a", "b"), 0.80, 0.02), A(("b", "c"), 0.21, 0.01), A(("c", "d"), 0.19, 0.01), A(("d", "a"), 0.78, 0.03)]
-    fab = doctor.judge_fabric(["a", "b", "c", "d"], A(("a", "b", "c", "d"), 0.3), pairs)
+    fab = doctor_judge.judge_fabric(["a", "b", "c", "d"], A(("a", "b", "c", "d"), 0.3), pairs)
     assert fab.slow == ("c",) and fab.best == {"a": 0.80, "b": 0.80, "c": 0.21, "d": 0.78}
     assert fab.why["c"] == "best pair 0.21 Gbit/s < 50% of the median node's 0.79 Gbit/s"
     # against the instance type's floor when there is one: every node under it is named
-    floor = doctor.FABRIC_FLOORS["p4d.24xlarge"]
+    floor = doctor_judge.FABRIC_FLOORS["p4d.24xlarge"]
     assert "single-flow limit" in floor[1]
-    fab = doctor.judge_fabric(["a", "b", "c", "d"], A(("a",)), pairs, floor)
+    fab = doctor_judge.judge_fabric(["a", "b", "c", "d"], A(("a",)), pairs, floor)
     assert fab.slow == ("a", "b", "c", "d") and fab.reference.startswith("floor 5 Gbit/s busbw per pair")
     # two nodes: one pair, nobody to blame without a floor; a failed pair names its nodes
-    assert doctor.judge_fabric(["a", "b"], A(("a", "b")), [A(("a", "b"), 0.1)]).slow == ()
-    failed = doctor.judge_fabric(
+    assert doctor_judge.judge_fabric(["a", "b"], A(("a", "b")), [A(("a", "b"), 0.1)]).slow == ()
+    failed = doctor_judge.judge_fabric(
         ["a", "b", "c"],
         A(("a",)),
         [A(("a", "b"), 0.8), A(("b", "c"), error="no result"), A(("c", "a"), error="no result")],
@@ -196,37 +196,39 @@ NCCL_OLD = """#                                                     out-of-place
 
 
 def test_all_reduce_perf_output_read_back():
-    res = doctor.parse_all_reduce_perf(NCCL_2X)
+    res = doctor_judge.parse_all_reduce_perf(NCCL_2X)
     assert len(res.rows) == 5 and res.avg_busbw_gbyte == 8.13801 and res.out_of_bounds == 0 and res.wrong == 0
-    assert res.rows[2] == doctor.NcclRow(
+    assert res.rows[2] == doctor_judge.NcclRow(
         1048576, 262144, "float", "sum", 291.4, 3.60, 6.75, "0", 290.8, 3.61, 6.76, "0"
     )
     assert res.rows[-1].time_us == 16195 and res.peak_busbw_gbyte == 7.77  # the largest size, not the best one
     # mpirun --tag-output (and srun -l) put the rank in front of every line
     tagged = "".join(f"[1,0]<stdout>:{line}\n" for line in NCCL_2X.splitlines())
-    assert doctor.parse_all_reduce_perf(tagged) == res
-    assert doctor.parse_all_reduce_perf("".join(f"0: {line}\n" for line in NCCL_2X.splitlines())) == res
-    old = doctor.parse_all_reduce_perf(NCCL_OLD)
+    assert doctor_judge.parse_all_reduce_perf(tagged) == res
+    assert doctor_judge.parse_all_reduce_perf("".join(f"0: {line}\n" for line in NCCL_2X.splitlines())) == res
+    old = doctor_judge.parse_all_reduce_perf(NCCL_OLD)
     assert [r.size_bytes for r in old.rows] == [8, 536870912, 1073741824] and old.avg_busbw_gbyte == 4.9
     assert old.rows[0].wrong == "2e-07" and old.wrong == 0 and old.peak_busbw_gbyte == 14.73
     # a wrong result counts; a run that died before its summary is no result
     bad = NCCL_2X.replace("26.14      0", "26.14      3").replace("values : 0 OK", "values : 3 FAILED")
-    got, parsed = doctor._nccl_allreduce(bad, ("a", "b"))
+    got, parsed = doctor_judge.nccl_allreduce(bad, ("a", "b"))
     assert parsed.wrong == 3 and parsed.out_of_bounds == 3 and got.error == "all_reduce_perf found 3 wrong result(s)"
     cut = (
         NCCL_2X.split("# Out of bounds")[0]
         + "ip-10-0-1-12: Test NCCL failure common.cu:1012 'unhandled system error'\n"
     )
     with pytest.raises(ValueError, match="no all_reduce_perf result .*unhandled system error"):
-        doctor.parse_all_reduce_perf(cut)
-    got, parsed = doctor._nccl_allreduce(NCCL_2X, ("a", "b"))
-    assert parsed is not None and got == doctor.Allreduce(("a", "b"), 7.77 * 8)  # GB/s -> Gbit/s, like the gloo test
+        doctor_judge.parse_all_reduce_perf(cut)
+    got, parsed = doctor_judge.nccl_allreduce(NCCL_2X, ("a", "b"))
+    assert parsed is not None and got == doctor_judge.Allreduce(
+        ("a", "b"), 7.77 * 8
+    )  # GB/s -> Gbit/s, like the gloo test
 
 
 def test_all_reduce_perf_argv_and_hostfile_from_the_hosts_file():
     from clusterctl.hostsfile import HostsFile
 
-    tool = doctor.FabricTool(
+    tool = doctor_judge.FabricTool(
         "nccl-tests", "", "/usr/local/cuda-12.4/efa/test-cuda-12.4/all_reduce_perf", "/opt/amazon/openmpi/bin/mpirun"
     )
     argv = doctor.all_reduce_perf_argv(
@@ -261,7 +263,7 @@ def test_all_reduce_perf_argv_and_hostfile_from_the_hosts_file():
         "10",
     ]
     root = doctor.all_reduce_perf_argv(
-        doctor.FabricTool("nccl-tests", "", "/x y/all_reduce_perf", "mpirun"),
+        doctor_judge.FabricTool("nccl-tests", "", "/x y/all_reduce_perf", "mpirun"),
         1,
         1,
         "/tmp/h",
@@ -280,8 +282,10 @@ def test_all_reduce_perf_argv_and_hostfile_from_the_hosts_file():
 def test_nccl_tests_only_when_every_node_has_it_and_gpus():
     arp, mpi = "/opt/nccl-tests/build/all_reduce_perf", "/opt/amazon/openmpi/bin/mpirun"
     both = {"all_reduce_perf": arp, "mpirun": mpi}
-    tool = doctor.choose_fabric_tool({"a": both, "b": both}, gpus=8)
-    assert tool == doctor.FabricTool("nccl-tests", f"all_reduce_perf on every node ({arp}) through mpirun", arp, mpi)
+    tool = doctor_judge.choose_fabric_tool({"a": both, "b": both}, gpus=8)
+    assert tool == doctor_judge.FabricTool(
+        "nccl-tests", f"all_reduce_perf on every node ({arp}) through mpirun", arp, mpi
+    )
     for found, gpus, why in (
         ({"a": both, "b": both}, 0, "no GPUs on these nodes"),
         ({"a": both, "b": {"mpirun": mpi}}, 8, "all_reduce_perf not found on b"),
@@ -293,9 +297,9 @@ def test_nccl_tests_only_when_every_node_has_it_and_gpus():
             "all_reduce_perf at different paths",
         ),
     ):
-        tool = doctor.choose_fabric_tool(found, gpus)
+        tool = doctor_judge.choose_fabric_tool(found, gpus)
         assert tool.name == "gloo" and tool.why.startswith(why) and tool.why.endswith("Horovod's allreduce over gloo")
-    assert doctor.parse_tools(f"all_reduce_perf {arp}\nmpirun {mpi}\nnoise\n") == both
+    assert doctor_judge.parse_tools(f"all_reduce_perf {arp}\nmpirun {mpi}\nnoise\n") == both
 
 
 def test_the_probe_finds_all_reduce_perf_on_each_node_and_one_missing_means_gloo(local_cluster_factory):
@@ -322,17 +326,17 @@ def test_the_probe_finds_all_reduce_perf_on_each_node_and_one_missing_means_gloo
     def probe() -> dict:
         with SshPool(inv.settings) as pool:
             report = pool.run(list(inv.targets), doctor.tools_probe_command(), timeout=60)
-        return {r.host: doctor.parse_tools(r.stdout) if r.exit_code == 0 else None for r in report}
+        return {r.host: doctor_judge.parse_tools(r.stdout) if r.exit_code == 0 else None for r in report}
 
     found = probe()
     assert found == {
         c.hosts[0]: {"all_reduce_perf": arp, "mpirun": "/opt/amazon/openmpi/bin/mpirun"},
         c.hosts[1]: {"mpirun": "/opt/amazon/openmpi/bin/mpirun"},
     }
-    tool = doctor.choose_fabric_tool(found, gpus=8)
+    tool = doctor_judge.choose_fabric_tool(found, gpus=8)
     assert tool.name == "gloo" and tool.why.startswith(f"all_reduce_perf not found on {c.hosts[1]}:")
     c.node_exec(1, "chmod", "+x", arp)
-    assert doctor.choose_fabric_tool(probe(), gpus=8) == doctor.FabricTool(
+    assert doctor_judge.choose_fabric_tool(probe(), gpus=8) == doctor_judge.FabricTool(
         "nccl-tests", f"all_reduce_perf on every node ({arp}) through mpirun", arp, "/opt/amazon/openmpi/bin/mpirun"
     )
 
