@@ -534,7 +534,7 @@ def train(
     follows it). Refuses while a job runs (--force stops it first) or when the data is not verified on
     every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
     from clusterctl.cli import display
-    from clusterctl.workloads import launch as launchlib, train_job as trainlib
+    from clusterctl.workloads import launch as launchlib, train_job as trainlib, train_options as trainopts
 
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     store = _store()
@@ -563,20 +563,20 @@ def train(
         precision = "fp32"
     if mixed_precision and precision is not None:
         raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
-    if precision is not None and precision not in trainlib.PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(trainlib.PRECISIONS)}")
-    if recipe is not None and recipe not in trainlib.RECIPES:
-        raise UsageError(f"unknown recipe {recipe!r}", f"use one of {', '.join(trainlib.RECIPES)}")
+    if precision is not None and precision not in trainopts.PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(trainopts.PRECISIONS)}")
+    if recipe is not None and recipe not in trainopts.RECIPES:
+        raise UsageError(f"unknown recipe {recipe!r}", f"use one of {', '.join(trainopts.RECIPES)}")
     within("--eval-every", eval_every, 1)
     within("--fusion-threshold-mb", fusion_threshold_mb, 0)
     within("--cycle-time-ms", cycle_time_ms, above=0)
     if checkpoint_to is not None:
-        trainlib.check_s3_uri(checkpoint_to)
+        trainopts.check_s3_uri(checkpoint_to)
         if inv.cluster is not None:
             _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(
                 inv.cluster, checkpoint_to
             )
-    opts = trainlib.TrainOptions(
+    opts = trainopts.TrainOptions(
         data=data,
         synthetic=synthetic,
         model=model,
@@ -659,10 +659,10 @@ def _train_estimate(inv, job, opts) -> None:
     images, what = None, ""
     if opts.max_steps:
         images, what = opts.max_steps * (opts.batch_size or 64) * job.np, f"{opts.max_steps} step(s)"
-    elif job.options.get("data"):
+    elif job.options.data:
         from clusterctl.workloads import train_job as trainlib
 
-        per_epoch = trainlib.dataset_examples(inv, job.options["data"])
+        per_epoch = trainlib.dataset_examples(inv, job.options.data)
         if per_epoch:
             images, what = int(per_epoch * opts.epochs), f"{opts.epochs:g} epoch(s) of {per_epoch:,} images"
     if images is None:
@@ -793,13 +793,13 @@ def tensorboard(
     TensorBoard bound to the leader's 127.0.0.1 (never an open port), reached through an ssh tunnel to
     local --port; Ctrl-C ends both."""
     from clusterctl.cli import display
-    from clusterctl.workloads import train_job as trainlib
+    from clusterctl.workloads import train_job as trainlib, train_tensorboard
 
     for flag, value in (("--port", port), ("--remote-port", remote_port)):
         within(flag, value, 1, 65535)
     inv = _train_inventory(hostsfile, cluster)
     job = trainlib.require_job(_store(), inv)
-    with trainlib.tensorboard_tunnel(inv, job, port, remote_port) as tunnel:
+    with train_tensorboard.tensorboard_tunnel(inv, job, port, remote_port) as tunnel:
         display.info(f"TensorBoard of {job.job}: http://127.0.0.1:{port}/ (Ctrl-C to stop)")
         code = tunnel.wait()
         raise ClusterctlError(f"the ssh tunnel ended (exit {code})", "run `clusterctl tensorboard` again")
@@ -814,7 +814,7 @@ def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> Non
     if follow:
         code = launchlib.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
         raise typer.Exit(0 if code == 0 else int(ExitCode.REMOTE_FAILED))
-    text, _running = trainlib.read_log(inv, job)
+    text = trainlib.read_log(inv, job).text
     sys.stdout.write(text)
 
 

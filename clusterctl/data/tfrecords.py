@@ -748,7 +748,7 @@ def convert_on_leader(
     from clusterctl.errors import RemoteCommandError, UnreachableError, UsageError
     from clusterctl.remote import tmux as jobs
     from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import launch, train_job as train
+    from clusterctl.workloads import launch, train_options as train
 
     if src.startswith("s3://"):
         if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?", src):

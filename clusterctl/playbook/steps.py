@@ -157,9 +157,9 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
 
 
 def _train(s: TrainSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.workloads import launch, train_job as train
+    from clusterctl.workloads import launch, train_job as train, train_options
 
-    opts = train.TrainOptions(
+    opts = train_options.TrainOptions(
         data=None if s.synthetic else s.data or None,
         synthetic=s.synthetic,
         model=s.model,

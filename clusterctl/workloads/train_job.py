@@ -1,145 +1,28 @@
-"""The training job's lifecycle: the trainer's command line, and the job on a cluster (start on the
-leader in tmux, the nodes it runs on, stop, evaluate, TensorBoard). The log it writes is read by
-workloads/train_log.py."""
+"""The training job on a cluster: its record (TrainJob, train.json), start on the leader in tmux after asking
+every node (workloads/train_nodes.py judges the answers), stop, evaluate, its log and status. The trainer's
+argv comes from workloads/train_options.py; its log is read by workloads/train_log.py; TensorBoard is
+workloads/train_tensorboard.py."""
 
 from __future__ import annotations
 
-import contextlib
-import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
 
 from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
+from clusterctl.workloads.train_nodes import (
+    PROBE_TIMEOUT_S,
+    choose_nodes,
+    data_check_command,
+    data_problems,
+    keep_nodes,
+    left_out_line,
+)
+from clusterctl.workloads.train_options import TrainOptions, horovod_env, node_path, trainer_argv
 
 TEMPLATE = "train_imagenet.py"
 COMPANION = "train_ckpt.py"  # the trainer imports it from its own folder: checkpoint manifests, copies, spot
 SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 5 seconds
-
-
-# ---- the command line ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TrainOptions:
-    """What `clusterctl train` passes to the trainer; None leaves the trainer's default."""
-
-    data: str | None = None
-    synthetic: bool = False
-    model: str = "resnet50"
-    epochs: float | None = None
-    batch_size: int | None = None
-    model_dir: str | None = None
-    image_size: int | None = None
-    max_steps: int | None = None
-    base_lr: float | None = None
-    warmup_epochs: float | None = None
-    checkpoint_every: int | None = None
-    keep_checkpoints: int | None = None
-    log_every: int | None = None
-    mixed_precision: bool = False
-    precision: str | None = None  # auto | fp32 | float16 | bfloat16 | mixed (the trainer's default: auto)
-    fp16_allreduce: bool = False
-    recipe: str | None = None  # default | goyal
-    eval_every: int | None = None  # epochs between evaluations during training
-    fusion_threshold_mb: float | None = None  # Horovod's tensor fusion buffer (an environment variable, not a flag)
-    cycle_time_ms: float | None = None  # Horovod's cycle time (likewise)
-    xla: bool = False
-    no_eval: bool = False
-    eval_only: bool = False
-    no_gpu: bool = False
-    expect_size: int | None = None
-    checkpoint_copy: str | None = None  # a second node (as the leader's ssh reaches it) keeping a copy
-    checkpoint_to: str | None = None  # s3://bucket/prefix keeping a copy
-    spot_poll: float | None = None  # seconds between polls of the spot interruption notice
-    extra: tuple[str, ...] = ()  # more trainer flags, passed as they are
-
-
-_VALUE_FLAGS = (
-    ("data", "--data"),
-    ("model", "--model"),
-    ("epochs", "--epochs"),
-    ("batch_size", "--batch-size"),
-    ("model_dir", "--model-dir"),
-    ("image_size", "--image-size"),
-    ("max_steps", "--max-steps"),
-    ("base_lr", "--base-lr"),
-    ("warmup_epochs", "--warmup-epochs"),
-    ("checkpoint_every", "--checkpoint-every"),
-    ("precision", "--precision"),
-    ("recipe", "--recipe"),
-    ("eval_every", "--eval-every"),
-    ("keep_checkpoints", "--keep-checkpoints"),
-    ("log_every", "--log-every"),
-    ("expect_size", "--expect-size"),
-    ("checkpoint_copy", "--checkpoint-copy"),
-    ("checkpoint_to", "--checkpoint-to"),
-    ("spot_poll", "--spot-poll"),
-)
-_SWITCHES = (
-    ("synthetic", "--synthetic"),
-    ("mixed_precision", "--mixed-precision"),
-    ("xla", "--xla"),
-    ("no_eval", "--no-eval"),
-    ("eval_only", "--eval-only"),
-    ("no_gpu", "--no-gpu"),
-    ("fp16_allreduce", "--fp16-allreduce"),
-)
-PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")
-RECIPES = ("default", "goyal")
-# Horovod's tensor fusion buffer as its tensor-fusion docs give it (64 MB; 0.21+ builds default to 128 MB)
-# and its cycle time (1 ms, its default since 0.21): set explicitly so every rank runs with the same.
-FUSION_THRESHOLD_MB = 64.0
-CYCLE_TIME_MS = 1.0
-
-
-def horovod_env(opts: TrainOptions) -> dict[str, str]:
-    """HOROVOD_FUSION_THRESHOLD (bytes) and HOROVOD_CYCLE_TIME (ms) for every rank."""
-    mb = FUSION_THRESHOLD_MB if opts.fusion_threshold_mb is None else opts.fusion_threshold_mb
-    ms = CYCLE_TIME_MS if opts.cycle_time_ms is None else opts.cycle_time_ms
-    if mb < 0 or ms <= 0:
-        raise ValueError("the fusion threshold must not be negative and the cycle time must be positive")
-    return {"HOROVOD_FUSION_THRESHOLD": str(int(mb * 1024 * 1024)), "HOROVOD_CYCLE_TIME": f"{ms:g}"}
-
-
-def check_s3_uri(uri: str) -> tuple[str, str]:
-    """(bucket, prefix ending in /) of --checkpoint-to; UsageError for anything but s3://bucket/prefix."""
-    from clusterctl.errors import UsageError
-
-    m = re.fullmatch(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/([^*?\s]*))?", uri)
-    if not m:
-        raise UsageError(
-            f"--checkpoint-to {uri!r} is not an S3 location", "give one like s3://my-bucket/checkpoints/run1"
-        )
-    prefix = (m.group(2) or "").strip("/")
-    if not prefix:
-        raise UsageError(
-            f"--checkpoint-to {uri!r} needs a prefix (the nodes may write there only)",
-            "give one like s3://my-bucket/checkpoints/run1",
-        )
-    return m.group(1), prefix + "/"
-
-
-def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:
-    """`python script --flag value ...` for templates/train_imagenet.py (an argv: quote it with shlex.join)."""
-    if not opts.synthetic and not opts.data:
-        raise ValueError("give a data folder or synthetic=True")
-    if opts.model not in ("resnet50", "tiny"):
-        raise ValueError(f"model must be resnet50 or tiny, not {opts.model!r}")
-    if opts.precision is not None and opts.precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
-    if opts.recipe is not None and opts.recipe not in RECIPES:
-        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, not {opts.recipe!r}")
-    argv = [python, script]
-    for name, flag in _VALUE_FLAGS:
-        value = getattr(opts, name)
-        if value is None or (name == "data" and opts.synthetic):
-            continue
-        text = f"{value:g}" if isinstance(value, float) else str(value)
-        if text.startswith("-") and name in ("data", "model_dir"):
-            raise ValueError(f"{flag} {text!r}: a path may not start with '-'")
-        argv += [flag, text]
-    argv += [flag for name, flag in _SWITCHES if getattr(opts, name)]
-    return argv + list(opts.extra)
 
 
 # ---- the job on a cluster ----------------------------------------------------------------------------
@@ -154,7 +37,6 @@ def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:
 
 RECORD = "train.json"
 MODEL_DIR = "clusterctl-train/model"  # under the leader's login home, unless --model-dir says otherwise
-TENSORBOARD_SESSION = "clusterctl-tensorboard"
 
 
 @dataclass(frozen=True)
@@ -169,7 +51,7 @@ class TrainJob:
     model_dir: str
     np: int
     python: str
-    options: Mapping[str, object]  # TrainOptions as a dict (paths absolute on the nodes)
+    options: TrainOptions  # as launched (paths absolute on the nodes); a JSON object in train.json
     started_at: float
     previous: tuple[str, ...] = ()  # earlier launches of this job (restarts), oldest first
     hosts: tuple[str, ...] = ()  # the nodes this launch runs on, leader first (labels; () in older records)
@@ -178,16 +60,12 @@ class TrainJob:
     def log_path(self) -> str:
         return f"{self.home}/.clusterctl/jobs/{self.job}.log"
 
-    def train_options(self) -> TrainOptions:
-        opts: dict[str, Any] = dict(self.options)
-        opts["extra"] = tuple(opts.get("extra", ()))
-        return TrainOptions(**opts)
-
     def to_json(self) -> str:
         import dataclasses
         import json
 
-        d = dataclasses.asdict(self)
+        d = dataclasses.asdict(self)  # options becomes a dict, its extra a list (as train.json always held)
+        d["options"]["extra"] = list(self.options.extra)
         d["previous"] = list(self.previous)
         d["hosts"] = list(self.hosts)
         return json.dumps(d, indent=2) + "\n"
@@ -199,130 +77,14 @@ class TrainJob:
         d = json.loads(text)
         d["previous"] = tuple(d.get("previous", ()))
         d["hosts"] = tuple(d.get("hosts", ()))
+        opts = d.get("options", {})
+        opts["extra"] = tuple(opts.get("extra", ()))
+        # an option an older or newer clusterctl wrote that this one does not know is left out
+        d["options"] = TrainOptions(**{k: v for k, v in opts.items() if k in TrainOptions.__dataclass_fields__})
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-def node_path(path: str, home: str) -> str:
-    """A path as the nodes' shells would read it: `~/x` and relative paths are under the login home."""
-    if not path or any(c in path for c in "\n\r\0"):
-        raise ValueError(f"bad path {path!r}")
-    if path == "~":
-        return home
-    if path.startswith("~/"):
-        return f"{home}/{path[2:]}"
-    if path.startswith("~"):
-        raise ValueError(f"{path}: only ~/ (the login user's home) is understood")
-    return path if path.startswith("/") else f"{home}/{path}"
-
-
-def data_check_command(data_dir: str) -> str:
-    """Prints `shards TRAIN VALIDATION` then the sync completion marker (one JSON line) or `unverified`."""
-    q = shlex.quote(data_dir)
-    return (
-        f"cd {q} 2>/dev/null || {{ echo missing; exit 0; }}; "
-        't=0; v=0; for f in train-*; do [ -f "$f" ] && t=$((t+1)); done; '
-        'for f in validation-*; do [ -f "$f" ] && v=$((v+1)); done; echo "shards $t $v"; '
-        "cat .clusterctl-sync/COMPLETE 2>/dev/null || echo unverified"
-    )
-
-
-def data_problems(outputs: Mapping[str, str | None]) -> list[str]:
-    """What is wrong with the data on the nodes, from each node's data_check_command output (None: the
-    node could not be asked). Every node needs shards and a completion marker, all of the same manifest."""
-    import json
-
-    problems, digests = [], {}
-    for host, out in outputs.items():
-        if out is None:
-            problems.append(f"{host}: could not check (unreachable)")
-            continue
-        lines = out.strip().splitlines()
-        if not lines or lines[0] == "missing":
-            problems.append(f"{host}: no such folder")
-            continue
-        parts = lines[0].split()
-        if len(parts) != 3 or parts[0] != "shards" or parts[1] == "0":
-            problems.append(f"{host}: no train-* shards")
-            continue
-        if len(lines) < 2 or lines[1] == "unverified":
-            problems.append(f"{host}: not verified by `clusterctl sync` (no completion marker)")
-            continue
-        try:
-            digests[host] = json.loads(lines[1])["manifest_sha256"]
-        except (ValueError, KeyError, TypeError):
-            problems.append(f"{host}: unreadable completion marker")
-    if len(set(digests.values())) > 1:
-        first = next(iter(digests.values()))
-        odd = [h for h, d in digests.items() if d != first]
-        problems.append(f"{', '.join(odd)}: a different dataset than {next(iter(digests))} (another manifest)")
-    return problems
-
-
-@dataclass(frozen=True)
-class NodeChoice:
-    """The nodes a launch runs on (indices into the hosts, leader first) and those left out, with why."""
-
-    keep: tuple[int, ...]
-    left_out: tuple[tuple[int, str], ...] = ()
-
-
-def choose_nodes(
-    labels: tuple[str, ...] | list[str],
-    errors: list[str | None] | tuple[str | None, ...],
-    *,
-    spot: bool,
-    np_given: bool,
-) -> NodeChoice:
-    """Which nodes to train on, from one probe of each (errors[i]: None when node i answered, else why not).
-    On a spot cluster without --np, the unreachable nodes are left out (an interrupted instance is gone) and
-    the first reachable one leads. Anywhere else an unreachable node is an error (UnreachableError): the
-    job was asked for every node, and running on fewer would change it silently."""
-    from clusterctl.errors import UnreachableError
-
-    if len(labels) != len(errors):
-        raise ValueError("one probe result per node")
-    gone = tuple((i, e) for i, e in enumerate(errors) if e is not None)
-    keep = tuple(i for i, e in enumerate(errors) if e is None)
-    if not gone:
-        return NodeChoice(keep)
-    named = "; ".join(f"{labels[i]}: {e}" for i, e in gone)
-    if not keep:
-        raise UnreachableError(
-            f"no node of the cluster answered ({named})",
-            "check that the nodes run (`clusterctl status`), then run the same command again",
-        )
-    if not spot:
-        raise UnreachableError(
-            f"{len(gone)} of {len(labels)} node(s) did not answer ({named})",
-            "bring them back (`clusterctl status`, `clusterctl doctor`), or train on the others "
-            "with a hosts file that leaves them out",
-        )
-    if np_given:
-        raise UnreachableError(
-            f"{len(gone)} of {len(labels)} spot node(s) did not answer ({named}) and --np "
-            "asks for a fixed number of processes",
-            "run the same command without --np: it trains on the nodes that answer",
-        )
-    return NodeChoice(keep, gone)
-
-
-def left_out_line(labels, choice: NodeChoice) -> str:
-    """One line for the operator: which nodes a spot launch leaves out, why, and who leads."""
-    out = ", ".join(f"{labels[i]} ({' '.join(e.split())[:120]})" for i, e in choice.left_out)
-    return (
-        f"spot cluster: left out {out}, unreachable (an interrupted instance?); training on "
-        f"{len(choice.keep)} of {len(labels)} node(s), leader {labels[choice.keep[0]]}"
-    )
-
-
-def keep_nodes(inv, keep: tuple[int, ...]):
-    """The inventory with the nodes at these indices only (in the hosts' order)."""
-    from clusterctl.cluster import inventory
-
-    return inventory.subset(inv, [inv.hosts.entries[i].host for i in keep])
-
-
-def job_inventory(inv, job: "TrainJob"):
+def job_inventory(inv, job: TrainJob):
     """The inventory of the nodes the job runs on, its leader first: after a spot node was left out, the
     leader may be another node than the hosts' first."""
     labels = {t.label for t in inv.targets}
@@ -331,9 +93,6 @@ def job_inventory(inv, job: "TrainJob"):
     from clusterctl.cluster import inventory
 
     return inventory.subset(inv, job.hosts)
-
-
-PROBE_TIMEOUT_S = 30.0
 
 
 def _record_path(store, inv) -> Path:
@@ -387,7 +146,7 @@ def wait_for_devices(
     from clusterctl.workloads import horovod
 
     n = jobs.validate_job_name(job_name)
-    cmd = f'head -c 4000000 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; echo; {_alive_command(n)}'
+    cmd = f'head -c 4000000 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; echo; {alive_command(n)}'
     deadline = _time.monotonic() + timeout
     while True:
         r = pool.run_one(leader, cmd, timeout=60)
@@ -403,13 +162,13 @@ def wait_for_devices(
         _time.sleep(poll)
 
 
-def _alive_command(session: str) -> str:
+def alive_command(session: str) -> str:
     return f"tmux has-session -t {shlex.quote('=' + session)} 2>/dev/null && echo alive || echo gone"
 
 
 def is_running(pool, leader, job: TrainJob) -> bool | None:
     """Whether the job's tmux session still lives on the leader (None: the leader did not answer)."""
-    r = pool.run_one(leader, _alive_command(job.job), timeout=30)
+    r = pool.run_one(leader, alive_command(job.job), timeout=30)
     if r.exit_code is None:
         return None
     return r.stdout.strip() == "alive"
@@ -444,7 +203,7 @@ def start(
     node of the hosts keeps a copy of every checkpoint; on spot nodes the trainer polls the interruption
     notice."""
     import time as _time
-    from dataclasses import asdict, replace
+    from dataclasses import replace
 
     from clusterctl import resources
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
@@ -541,7 +300,7 @@ def start(
             model_dir=model_dir,
             np=np,
             python=python,
-            options={**asdict(opts), "extra": list(opts.extra)},
+            options=opts,
             started_at=_time.time(),
             previous=earlier[-20:],
             hosts=tuple(t.label for t in targets),
@@ -575,7 +334,15 @@ def history_command(job: TrainJob, launches: int = 10) -> str:
     return earlier + f'cat "{jobs.JOBS_DIR}/{names[-1]}.log" 2>/dev/null; true'
 
 
-def read_log(inv, job: TrainJob) -> tuple[str, bool | None]:
+@dataclass(frozen=True)
+class JobLog:
+    """The job's log as the leader holds it, and whether the job still runs there."""
+
+    text: str  # every launch of the job: a restart's log follows the one it resumed
+    running: bool | None  # None: the leader did not answer that question
+
+
+def read_log(inv, job: TrainJob) -> JobLog:
     """The job's log from the leader (every launch of it: a restart's log follows the one it resumed),
     and whether it still runs."""
     from clusterctl.errors import UnreachableError
@@ -587,12 +354,12 @@ def read_log(inv, job: TrainJob) -> tuple[str, bool | None]:
         r = pool.run_one(leader, history_command(job), timeout=120)
         if r.exit_code is None:
             raise UnreachableError(f"cannot read the log on {leader.label}: {r.error}")
-        return r.stdout, is_running(pool, leader, job)
+        return JobLog(r.stdout, is_running(pool, leader, job))
 
 
 def job_status(inv, job: TrainJob) -> TrainStatus:
-    text, running = read_log(inv, job)
-    return status(parse_train_log(text, strict=False), running=running)
+    log = read_log(inv, job)
+    return status(parse_train_log(log.text, strict=False), running=log.running)
 
 
 def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> EvalResult:
@@ -604,7 +371,7 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import launch
 
-    opts = replace(job.train_options(), eval_only=True, expect_size=None, no_eval=False)
+    opts = replace(job.options, eval_only=True, expect_size=None, no_eval=False)
     script = f"{job.job_dir}/{TEMPLATE}"
     inv = job_inventory(inv, job)
     with SshPool(inv.settings) as pool:
@@ -649,147 +416,6 @@ def stop(inv, job: TrainJob) -> None:
 
     with SshPool(inv.settings) as pool:
         _stop(pool, list(job_inventory(inv, job).targets), job)
-
-
-def tensorboard_command(job: TrainJob, port: int) -> str:
-    """TensorBoard on the leader, bound to 127.0.0.1 only (reached through an ssh tunnel, never a port)."""
-    logdir = f"{job.model_dir}/tensorboard"
-    return (
-        f'exec env -i HOME="$HOME" LANG=C.UTF-8 PATH={shlex.quote(job.python.rsplit("/", 1)[0] + ":" + "/usr/bin:/bin")} '
-        f"{shlex.quote(job.python)} -m tensorboard.main --logdir {shlex.quote(logdir)} --host 127.0.0.1 "
-        f"--port {int(port)} 2>&1"
-    )
-
-
-@contextlib.contextmanager
-def tensorboard_tunnel(inv, job: TrainJob, local_port: int, remote_port: int = 6006, wait_s: float = 120.0):
-    """TensorBoard on the leader (tmux session clusterctl-tensorboard, 127.0.0.1 only; an existing one is
-    reused) reached through an ssh tunnel 127.0.0.1:local_port -> leader's 127.0.0.1:remote_port, host key
-    checked. Yields the tunnel process (subprocess.Popen). However the block is left (a failure while
-    opening, Ctrl-C at any moment, the tunnel ending), the tunnel and the session are both stopped: a Ctrl-C
-    that landed between starting TensorBoard and returning the tunnel once left both running."""
-    _require_free(local_port)  # else the tunnel's readiness check would talk to whatever listens there
-    inv = job_inventory(inv, job)
-    tunnel = None
-    try:
-        _start_tensorboard(inv, job, remote_port, wait_s)
-        tunnel = _open_tunnel(inv, local_port, remote_port)
-        yield tunnel
-    finally:
-        _close_tensorboard(inv, tunnel)
-
-
-def _require_free(port: int) -> None:
-    import socket
-
-    from clusterctl.errors import ConfigError
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise ConfigError(
-                f"local port {port} is not free on this machine ({exc.strerror})", "pick another with --port"
-            ) from None
-
-
-def _start_tensorboard(inv, job: TrainJob, remote_port: int, wait_s: float) -> None:
-    import time as _time
-
-    from clusterctl.errors import RemoteCommandError
-    from clusterctl.remote import tmux as jobs
-    from clusterctl.remote.ssh import SshPool
-
-    leader = inv.targets[0]
-    with SshPool(inv.settings) as pool:
-        r = pool.run_one(
-            leader, jobs.detach_command(TENSORBOARD_SESSION, tensorboard_command(job, remote_port)), timeout=60
-        )
-        if r.exit_code not in (0, 3):  # 3: already running, reuse it
-            raise RemoteCommandError(
-                f"could not start TensorBoard on {leader.label}: {(r.error or r.stderr or r.stdout).strip()[-300:]}"
-            )
-        probe = (
-            f'{shlex.quote(job.python)} -c \'import socket,sys; socket.create_connection(("127.0.0.1", '
-            f"{int(remote_port)}), 2)' 2>/dev/null"
-        )
-        deadline = _time.monotonic() + wait_s
-        alive = _alive_command(TENSORBOARD_SESSION)
-        while True:
-            if pool.run_one(leader, probe, timeout=30).exit_code == 0:
-                return
-            gone = pool.run_one(leader, alive, timeout=30).stdout.strip() == "gone"
-            if gone or _time.monotonic() > deadline:
-                log = pool.run_one(leader, jobs.logs_command(TENSORBOARD_SESSION), timeout=30).stdout
-                why = "exited" if gone else f"did not answer within {wait_s:.0f}s"
-                raise RemoteCommandError(
-                    f"TensorBoard {why} on {leader.label}", log.strip().splitlines()[-1][:300] if log.strip() else None
-                )
-            _time.sleep(1)
-
-
-def _open_tunnel(inv, local_port: int, remote_port: int):
-    import socket
-    import subprocess
-    import time as _time
-
-    from clusterctl.errors import UnreachableError
-    from clusterctl.remote import openssh
-
-    leader = inv.targets[0]
-    argv = openssh.operator_ssh(leader, inv.settings.known_hosts, inv.cluster is not None)
-    argv += [
-        "-N",
-        "-o",
-        "ExitOnForwardFailure=yes",
-        "-L",
-        f"127.0.0.1:{int(local_port)}:127.0.0.1:{int(remote_port)}",
-        leader.hostname,
-    ]
-    tunnel = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = _time.monotonic() + 30
-        while _time.monotonic() < deadline:
-            if tunnel.poll() is not None:
-                why = tunnel.stderr.read().strip()[-300:] if tunnel.stderr is not None else ""
-                raise UnreachableError(f"the ssh tunnel to {leader.label} failed: {why}")
-            try:
-                socket.create_connection(("127.0.0.1", local_port), 1).close()
-                return tunnel
-            except OSError:
-                _time.sleep(0.2)
-        raise UnreachableError(f"the ssh tunnel to {leader.label} did not open local port {local_port}")
-    except BaseException:
-        _end(tunnel)
-        raise
-
-
-def _end(tunnel) -> None:
-    if tunnel.poll() is None:
-        tunnel.terminate()
-        try:
-            tunnel.wait(5)
-        except Exception:
-            tunnel.kill()
-            tunnel.wait()
-
-
-def _close_tensorboard(inv, tunnel) -> None:
-    from clusterctl.errors import RemoteCommandError
-    from clusterctl.remote import tmux as jobs
-    from clusterctl.remote.ssh import SshPool
-
-    if tunnel is not None:
-        _end(tunnel)
-    with SshPool(inv.settings) as pool:
-        r = pool.run_one(inv.targets[0], jobs.kill_job_command(TENSORBOARD_SESSION, 2.0), timeout=60)
-    if not r.ok:  # never leave it running silently
-        raise RemoteCommandError(
-            f"TensorBoard may still run on {inv.targets[0].label}: {(r.error or r.stderr or r.stdout).strip()[-200:]}",
-            f"stop it: clusterctl kill {TENSORBOARD_SESSION}",
-        )
 
 
 def dataset_examples(inv, data: str) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.workloads import train_job as train, train_log
+from clusterctl.workloads import train_log, train_options as train
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
 from conftest import HOROVODRUN, REPO, TRAIN_PY as PY
 

@@ -1,5 +1,6 @@
-"""clusterctl.workloads.train_job without running anything: the trainer's argv, and its log read back into typed values,
-against logs captured from real runs of templates/train_imagenet.py (tests/data/train_*.log): horovodrun -np 2
+"""The training job's modules (train_options, train_nodes, train_job, train_tensorboard) without running
+anything: the trainer's argv, the nodes chosen, the job's record, and its log read back into typed values,
+against logs captured from real runs of templates/train_imagenet.py (tests/fixtures/train_*.log): horovodrun -np 2
 --gloo on localhost, the tiny model on `clusterctl data synthetic` (640 images, 10 classes, 32 px); rank 1
 SIGKILLed after the step-60 checkpoint (killed), the same command again (resumed), then --eval-only on one
 process (eval_only), and --eval-only on an empty model dir (no_checkpoint)."""
@@ -12,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.workloads import train_job as train, train_log
-from clusterctl.workloads.train_job import TrainOptions
+from clusterctl.workloads import train_job as train, train_log, train_nodes as nodes, train_options, train_tensorboard
 from clusterctl.workloads.train_log import CheckpointSaved, TrainRow
+from clusterctl.workloads.train_options import TrainOptions
 from conftest import FIXTURES, REPO
 
 KILLED = (FIXTURES / "train_tiny_np2_killed.log").read_text()
@@ -169,7 +170,7 @@ def test_trainer_argv_golden():
         xla=True,
         expect_size=256,
     )
-    assert train.trainer_argv("/opt/venv/bin/python", "/home/u/job/train_imagenet.py", opts) == [
+    assert train_options.trainer_argv("/opt/venv/bin/python", "/home/u/job/train_imagenet.py", opts) == [
         "/opt/venv/bin/python",
         "/home/u/job/train_imagenet.py",
         "--data",
@@ -194,7 +195,7 @@ def test_trainer_argv_golden():
     synth = TrainOptions(
         data="/ignored", synthetic=True, model="tiny", epochs=0.5, max_steps=30, no_eval=True, extra=("--seed", "7")
     )
-    assert train.trainer_argv("python3", "t.py", synth) == [
+    assert train_options.trainer_argv("python3", "t.py", synth) == [
         "python3",
         "t.py",
         "--model",
@@ -209,11 +210,11 @@ def test_trainer_argv_golden():
         "7",
     ]
     with pytest.raises(ValueError, match="give a data folder"):
-        train.trainer_argv("python3", "t.py", TrainOptions())
+        train_options.trainer_argv("python3", "t.py", TrainOptions())
     with pytest.raises(ValueError, match="may not start with '-'"):
-        train.trainer_argv("python3", "t.py", TrainOptions(data="--evil"))
+        train_options.trainer_argv("python3", "t.py", TrainOptions(data="--evil"))
     with pytest.raises(ValueError, match="resnet50 or tiny"):
-        train.trainer_argv("python3", "t.py", TrainOptions(data="/d", model="vgg"))
+        train_options.trainer_argv("python3", "t.py", TrainOptions(data="/d", model="vgg"))
 
 
 def test_trainer_accepts_every_flag_the_argv_builder_writes():
@@ -244,7 +245,7 @@ def test_trainer_accepts_every_flag_the_argv_builder_writes():
         no_gpu=True,
         expect_size=4,
     )
-    args = mod.parse_args(train.trainer_argv("py", "t.py", every)[2:])
+    args = mod.parse_args(train_options.trainer_argv("py", "t.py", every)[2:])
     assert (args.data, args.model, args.epochs, args.batch_size, args.model_dir, args.max_steps) == (
         "/d",
         "tiny",
@@ -298,29 +299,29 @@ def test_a_killed_log_followed_by_its_restart_and_a_cut_line():
 
 
 def test_node_path():
-    assert train.node_path("~/imagenet_data", "/home/ubuntu") == "/home/ubuntu/imagenet_data"
-    assert train.node_path("~", "/root") == "/root"
-    assert train.node_path("data/x", "/root") == "/root/data/x"
-    assert train.node_path("/mnt/data", "/root") == "/mnt/data"
+    assert train_options.node_path("~/imagenet_data", "/home/ubuntu") == "/home/ubuntu/imagenet_data"
+    assert train_options.node_path("~", "/root") == "/root"
+    assert train_options.node_path("data/x", "/root") == "/root/data/x"
+    assert train_options.node_path("/mnt/data", "/root") == "/mnt/data"
     for bad in ("~other/x", "", "a\nb"):
         with pytest.raises(ValueError):
-            train.node_path(bad, "/root")
+            train_options.node_path(bad, "/root")
 
 
 def test_data_problems():
     marker = '{"files": 8, "manifest_sha256": "%s", "source": "/x"}'
     good = {"10.0.0.2": "shards 4 2\n" + marker % "aa", "10.0.0.3": "shards 4 2\n" + marker % "aa"}
-    assert train.data_problems(good) == []
-    assert train.data_problems({**good, "10.0.0.4": "missing\n"}) == ["10.0.0.4: no such folder"]
-    assert train.data_problems({**good, "10.0.0.4": "shards 0 0\nunverified\n"}) == ["10.0.0.4: no train-* shards"]
-    assert train.data_problems({**good, "10.0.0.4": "shards 4 2\nunverified\n"}) == [
+    assert nodes.data_problems(good) == []
+    assert nodes.data_problems({**good, "10.0.0.4": "missing\n"}) == ["10.0.0.4: no such folder"]
+    assert nodes.data_problems({**good, "10.0.0.4": "shards 0 0\nunverified\n"}) == ["10.0.0.4: no train-* shards"]
+    assert nodes.data_problems({**good, "10.0.0.4": "shards 4 2\nunverified\n"}) == [
         "10.0.0.4: not verified by `clusterctl sync` (no completion marker)"
     ]
-    assert train.data_problems({**good, "10.0.0.4": None}) == ["10.0.0.4: could not check (unreachable)"]
-    assert train.data_problems({**good, "10.0.0.4": "shards 4 2\n" + marker % "bb"}) == [
+    assert nodes.data_problems({**good, "10.0.0.4": None}) == ["10.0.0.4: could not check (unreachable)"]
+    assert nodes.data_problems({**good, "10.0.0.4": "shards 4 2\n" + marker % "bb"}) == [
         "10.0.0.4: a different dataset than 10.0.0.2 (another manifest)"
     ]
-    assert train.data_check_command("/data/my set").startswith("cd '/data/my set' ")
+    assert nodes.data_check_command("/data/my set").startswith("cd '/data/my set' ")
 
 
 def test_train_job_record_and_history_command():
@@ -333,12 +334,34 @@ def test_train_job_record_and_history_command():
         model_dir="/root/runs/tiny",
         np=4,
         python="/opt/v/bin/python",
-        options={"data": "/root/ds", "model": "tiny", "extra": ["--seed", "1"]},
+        options=TrainOptions(data="/root/ds", model="tiny", extra=("--seed", "1")),
         started_at=1.5,
         previous=("train-20261121-230653-11508",),
     )
     back = train.TrainJob.from_json(job.to_json())
-    assert back == job and back.train_options() == TrainOptions(data="/root/ds", model="tiny", extra=("--seed", "1"))
+    assert back == job and back.options == TrainOptions(data="/root/ds", model="tiny", extra=("--seed", "1"))
+    # train.json as it always was: the options one JSON object of every field, extra a list
+    on_disk = json.loads(job.to_json())
+    assert list(on_disk) == [
+        "key",
+        "job",
+        "job_dir",
+        "home",
+        "leader",
+        "model_dir",
+        "np",
+        "python",
+        "options",
+        "started_at",
+        "previous",
+        "hosts",
+    ]
+    assert on_disk["options"]["extra"] == ["--seed", "1"] and on_disk["options"]["data"] == "/root/ds"
+    assert list(on_disk["options"]) == list(TrainOptions.__dataclass_fields__)
+    # a record whose options this version does not know (another version wrote it) still reads
+    on_disk["options"]["gone_option"] = 1
+    del on_disk["options"]["xla"]
+    assert train.TrainJob.from_json(json.dumps(on_disk)) == job
     assert job.log_path == "/root/.clusterctl/jobs/train-20261121-230757-15810.log"
     assert train.history_command(job) == (
         'cat "$HOME/.clusterctl/jobs/train-20261121-230653-11508.log" 2>/dev/null && echo; '
@@ -348,7 +371,7 @@ def test_train_job_record_and_history_command():
 
     with pytest.raises(UsageError):
         train.history_command(train.TrainJob(**{**job.__dict__, "job": "x; rm -rf ~"}))
-    tb = train.tensorboard_command(job, 6006)
+    tb = train_tensorboard.tensorboard_command(job, 6006)
     assert "--host 127.0.0.1 --port 6006" in tb and "--logdir /root/runs/tiny/tensorboard" in tb
 
 
@@ -487,7 +510,7 @@ def test_periodic_evaluations_stay_in_their_run():
 
 
 def test_train_options_reach_the_trainer_and_horovod():
-    argv = train.trainer_argv(
+    argv = train_options.trainer_argv(
         "py",
         "t.py",
         TrainOptions(synthetic=True, precision="float16", recipe="goyal", eval_every=2, fp16_allreduce=True),
@@ -495,15 +518,26 @@ def test_train_options_reach_the_trainer_and_horovod():
     assert argv[argv.index("--precision") + 1] == "float16" and argv[argv.index("--recipe") + 1] == "goyal"
     assert argv[argv.index("--eval-every") + 1] == "2" and "--fp16-allreduce" in argv
     with pytest.raises(ValueError, match="precision must be one of"):
-        train.trainer_argv("py", "t.py", TrainOptions(synthetic=True, precision="half"))
-    assert train.horovod_env(TrainOptions()) == {
+        train_options.trainer_argv("py", "t.py", TrainOptions(synthetic=True, precision="half"))
+    assert train_options.horovod_env(TrainOptions()) == {
         "HOROVOD_FUSION_THRESHOLD": str(64 * 1024 * 1024),
         "HOROVOD_CYCLE_TIME": "1",
     }
-    assert train.horovod_env(TrainOptions(fusion_threshold_mb=0, cycle_time_ms=3.5)) == {
+    assert train_options.horovod_env(TrainOptions(fusion_threshold_mb=0, cycle_time_ms=3.5)) == {
         "HOROVOD_FUSION_THRESHOLD": "0",
         "HOROVOD_CYCLE_TIME": "3.5",
     }
+
+
+def test_checkpoint_to_is_a_bucket_and_a_prefix():
+    from clusterctl.errors import ExitCode, UsageError
+
+    loc = train_options.check_s3_uri("s3://my-bucket/runs/r1/")
+    assert loc == train_options.S3Location("my-bucket", "runs/r1/")
+    for bad, why in (("s3://my-bucket", "needs a prefix"), ("/tmp/x", "is not an S3 location")):
+        with pytest.raises(UsageError, match=why) as exc:
+            train_options.check_s3_uri(bad)
+        assert exc.value.exit_code == ExitCode.USAGE
 
 
 # ---- which nodes a launch runs on (a spot node may be gone) ----------------------------------------------
@@ -512,20 +546,20 @@ LABELS = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
 
 def test_every_node_answered_all_are_kept_the_first_leads():
     for spot in (True, False):
-        assert train.choose_nodes(LABELS, [None, None, None], spot=spot, np_given=False) == train.NodeChoice((0, 1, 2))
+        assert nodes.choose_nodes(LABELS, [None, None, None], spot=spot, np_given=False) == nodes.NodeChoice((0, 1, 2))
 
 
 def test_a_spot_cluster_leaves_out_the_unreachable_and_the_next_node_leads():
-    choice = train.choose_nodes(LABELS, ["timed out", None, None], spot=True, np_given=False)
-    assert choice == train.NodeChoice((1, 2), ((0, "timed out"),))
-    line = train.left_out_line(LABELS, choice)
+    choice = nodes.choose_nodes(LABELS, ["timed out", None, None], spot=True, np_given=False)
+    assert choice == nodes.NodeChoice((1, 2), (nodes.LeftOut(0, "timed out"),))
+    line = nodes.left_out_line(LABELS, choice)
     assert line == (
         "spot cluster: left out 10.0.0.1 (timed out), unreachable (an interrupted instance?); "
         "training on 2 of 3 node(s), leader 10.0.0.2"
     )
-    choice = train.choose_nodes(LABELS, [None, "refused\nby host", "gone"], spot=True, np_given=False)
-    assert choice.keep == (0,) and [i for i, _ in choice.left_out] == [1, 2]
-    assert "left out 10.0.0.2 (refused by host), 10.0.0.3 (gone)" in train.left_out_line(LABELS, choice)
+    choice = nodes.choose_nodes(LABELS, [None, "refused\nby host", "gone"], spot=True, np_given=False)
+    assert choice.keep == (0,) and [n.index for n in choice.left_out] == [1, 2]
+    assert "left out 10.0.0.2 (refused by host), 10.0.0.3 (gone)" in nodes.left_out_line(LABELS, choice)
 
 
 def test_an_unreachable_node_is_an_error_off_spot_with_np_or_when_none_answers():
@@ -547,12 +581,12 @@ def test_an_unreachable_node_is_an_error_off_spot_with_np_or_when_none_answers()
     ]
     for kw, errors, start in cases:
         with pytest.raises(UnreachableError) as exc:
-            train.choose_nodes(LABELS, errors, **kw)
+            nodes.choose_nodes(LABELS, errors, **kw)
         assert exc.value.exit_code == ExitCode.UNREACHABLE and exc.value.one_line().startswith(start), (
             exc.value.one_line()
         )
     with pytest.raises(ValueError):
-        train.choose_nodes(LABELS, [None], spot=True, np_given=False)
+        nodes.choose_nodes(LABELS, [None], spot=True, np_given=False)
 
 
 def test_the_inventory_keeps_the_chosen_nodes_and_later_commands_find_the_jobs_leader():
@@ -562,7 +596,7 @@ def test_the_inventory_keeps_the_chosen_nodes_and_later_commands_find_the_jobs_l
 
     hosts = HostsFile.parse("10.0.0.1 slots=2\n10.0.0.2 slots=2\n10.0.0.3 slots=1\n")
     inv = Inventory(hosts, tuple(SshTarget(h, h) for h in LABELS), SshSettings("/kh"))
-    kept = train.keep_nodes(inv, (1, 2))
+    kept = nodes.keep_nodes(inv, (1, 2))
     assert [e.host for e in kept.hosts.entries] == ["10.0.0.2", "10.0.0.3"] and kept.hosts.total_slots == 3
     assert [t.label for t in kept.targets] == ["10.0.0.2", "10.0.0.3"] and kept.settings == inv.settings
     job = train.TrainJob(
@@ -574,7 +608,7 @@ def test_the_inventory_keeps_the_chosen_nodes_and_later_commands_find_the_jobs_l
         model_dir="/m",
         np=3,
         python="/p",
-        options={},
+        options=TrainOptions(),
         started_at=0.0,
         hosts=("10.0.0.2", "10.0.0.3"),
     )

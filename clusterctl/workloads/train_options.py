@@ -1,0 +1,153 @@
+"""The trainer's options and command line (templates/train_imagenet.py), pure: TrainOptions, the argv built
+from them, Horovod's environment for every rank, and the checks of the paths and the S3 location they name.
+workloads/train_job.py launches the trainer with them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+# ---- the command line ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainOptions:
+    """What `clusterctl train` passes to the trainer; None leaves the trainer's default."""
+
+    data: str | None = None
+    synthetic: bool = False
+    model: str = "resnet50"
+    epochs: float | None = None
+    batch_size: int | None = None
+    model_dir: str | None = None
+    image_size: int | None = None
+    max_steps: int | None = None
+    base_lr: float | None = None
+    warmup_epochs: float | None = None
+    checkpoint_every: int | None = None
+    keep_checkpoints: int | None = None
+    log_every: int | None = None
+    mixed_precision: bool = False
+    precision: str | None = None  # auto | fp32 | float16 | bfloat16 | mixed (the trainer's default: auto)
+    fp16_allreduce: bool = False
+    recipe: str | None = None  # default | goyal
+    eval_every: int | None = None  # epochs between evaluations during training
+    fusion_threshold_mb: float | None = None  # Horovod's tensor fusion buffer (an environment variable, not a flag)
+    cycle_time_ms: float | None = None  # Horovod's cycle time (likewise)
+    xla: bool = False
+    no_eval: bool = False
+    eval_only: bool = False
+    no_gpu: bool = False
+    expect_size: int | None = None
+    checkpoint_copy: str | None = None  # a second node (as the leader's ssh reaches it) keeping a copy
+    checkpoint_to: str | None = None  # s3://bucket/prefix keeping a copy
+    spot_poll: float | None = None  # seconds between polls of the spot interruption notice
+    extra: tuple[str, ...] = ()  # more trainer flags, passed as they are
+
+
+_VALUE_FLAGS = (
+    ("data", "--data"),
+    ("model", "--model"),
+    ("epochs", "--epochs"),
+    ("batch_size", "--batch-size"),
+    ("model_dir", "--model-dir"),
+    ("image_size", "--image-size"),
+    ("max_steps", "--max-steps"),
+    ("base_lr", "--base-lr"),
+    ("warmup_epochs", "--warmup-epochs"),
+    ("checkpoint_every", "--checkpoint-every"),
+    ("precision", "--precision"),
+    ("recipe", "--recipe"),
+    ("eval_every", "--eval-every"),
+    ("keep_checkpoints", "--keep-checkpoints"),
+    ("log_every", "--log-every"),
+    ("expect_size", "--expect-size"),
+    ("checkpoint_copy", "--checkpoint-copy"),
+    ("checkpoint_to", "--checkpoint-to"),
+    ("spot_poll", "--spot-poll"),
+)
+_SWITCHES = (
+    ("synthetic", "--synthetic"),
+    ("mixed_precision", "--mixed-precision"),
+    ("xla", "--xla"),
+    ("no_eval", "--no-eval"),
+    ("eval_only", "--eval-only"),
+    ("no_gpu", "--no-gpu"),
+    ("fp16_allreduce", "--fp16-allreduce"),
+)
+PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")
+RECIPES = ("default", "goyal")
+# Horovod's tensor fusion buffer as its tensor-fusion docs give it (64 MB; 0.21+ builds default to 128 MB)
+# and its cycle time (1 ms, its default since 0.21): set explicitly so every rank runs with the same.
+FUSION_THRESHOLD_MB = 64.0
+CYCLE_TIME_MS = 1.0
+
+
+def horovod_env(opts: TrainOptions) -> dict[str, str]:
+    """HOROVOD_FUSION_THRESHOLD (bytes) and HOROVOD_CYCLE_TIME (ms) for every rank."""
+    mb = FUSION_THRESHOLD_MB if opts.fusion_threshold_mb is None else opts.fusion_threshold_mb
+    ms = CYCLE_TIME_MS if opts.cycle_time_ms is None else opts.cycle_time_ms
+    if mb < 0 or ms <= 0:
+        raise ValueError("the fusion threshold must not be negative and the cycle time must be positive")
+    return {"HOROVOD_FUSION_THRESHOLD": str(int(mb * 1024 * 1024)), "HOROVOD_CYCLE_TIME": f"{ms:g}"}
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """Where --checkpoint-to keeps a copy: a bucket and a prefix ending in /."""
+
+    bucket: str
+    prefix: str
+
+
+def check_s3_uri(uri: str) -> S3Location:
+    """The bucket and prefix of --checkpoint-to; UsageError for anything but s3://bucket/prefix."""
+    from clusterctl.errors import UsageError
+
+    m = re.fullmatch(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/([^*?\s]*))?", uri)
+    if not m:
+        raise UsageError(
+            f"--checkpoint-to {uri!r} is not an S3 location", "give one like s3://my-bucket/checkpoints/run1"
+        )
+    prefix = (m.group(2) or "").strip("/")
+    if not prefix:
+        raise UsageError(
+            f"--checkpoint-to {uri!r} needs a prefix (the nodes may write there only)",
+            "give one like s3://my-bucket/checkpoints/run1",
+        )
+    return S3Location(m.group(1), prefix + "/")
+
+
+def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:
+    """`python script --flag value ...` for templates/train_imagenet.py (an argv: quote it with shlex.join)."""
+    if not opts.synthetic and not opts.data:
+        raise ValueError("give a data folder or synthetic=True")
+    if opts.model not in ("resnet50", "tiny"):
+        raise ValueError(f"model must be resnet50 or tiny, not {opts.model!r}")
+    if opts.precision is not None and opts.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
+    if opts.recipe is not None and opts.recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, not {opts.recipe!r}")
+    argv = [python, script]
+    for name, flag in _VALUE_FLAGS:
+        value = getattr(opts, name)
+        if value is None or (name == "data" and opts.synthetic):
+            continue
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+        if text.startswith("-") and name in ("data", "model_dir"):
+            raise ValueError(f"{flag} {text!r}: a path may not start with '-'")
+        argv += [flag, text]
+    argv += [flag for name, flag in _SWITCHES if getattr(opts, name)]
+    return argv + list(opts.extra)
+
+
+def node_path(path: str, home: str) -> str:
+    """A path as the nodes' shells would read it: `~/x` and relative paths are under the login home."""
+    if not path or any(c in path for c in "\n\r\0"):
+        raise ValueError(f"bad path {path!r}")
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return f"{home}/{path[2:]}"
+    if path.startswith("~"):
+        raise ValueError(f"{path}: only ~/ (the login user's home) is understood")
+    return path if path.startswith("/") else f"{home}/{path}"
