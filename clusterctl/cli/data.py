@@ -55,7 +55,7 @@ def sync(
     A pipelined relay by default, a sha256 manifest checked on every node.
     """
     from clusterctl.cli import display
-    from clusterctl.data import plan as syncplan, sync as transfer
+    from clusterctl.data import plan as syncplan, session as syncsession, sync as transfer
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import launch
 
@@ -66,7 +66,7 @@ def sync(
         raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(syncplan.STRATEGIES)}")
     within("--fanout", fanout, 1)
     within("--stall-timeout", stall_timeout, above=0)
-    if verify not in transfer.VERIFY:
+    if verify not in syncsession.VERIFY:
         raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")
     syncplan.check_dst(dst)
     source = syncplan.parse_source(src)

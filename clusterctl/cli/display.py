@@ -394,7 +394,7 @@ def doctor_table(report) -> None:
 
 # ---- sync ----------------------------------------------------------------------------------------------
 class SyncProgress:
-    """transfer.Events drawn with rich: one bar per node (bytes, rate) plus the total, on stderr."""
+    """sync's Events (data/outcome.py) drawn with rich: one bar per node (bytes, rate) plus the total, on stderr."""
 
     def __init__(self, hosts: Sequence[str]):
         from rich.progress import (

@@ -122,7 +122,7 @@ def _clean(s: CleanSpec, ctx: Context) -> tuple[bool, str]:
 
 
 def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.data import plan as syncplan, sync as transfer
+    from clusterctl.data import outcome as sync_outcome, plan as syncplan, sync as transfer
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import launch
 
@@ -130,7 +130,7 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
     syncplan.check_dst(s.dst)
     source = syncplan.parse_source(s.src)
 
-    class Phases(transfer.Events):
+    class Phases(sync_outcome.Events):
         def phase(self, text: str) -> None:
             ctx.report(f"  {text}")
 

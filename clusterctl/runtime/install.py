@@ -23,7 +23,7 @@ from clusterctl.runtime import spec as rt
 from clusterctl.types import Cluster
 
 if TYPE_CHECKING:
-    from clusterctl.data import sync as transfer
+    from clusterctl.data import outcome as sync_outcome
 
 Report = Callable[[str], None]
 Mode = Literal["install", "none", "own"]
@@ -291,12 +291,12 @@ def put_command(urls: Mapping[str, str], out: str) -> str:
     )
 
 
-def _progress(report: Report) -> transfer.Events:
+def _progress(report: Report) -> sync_outcome.Events:
     """sync's events as report lines: one per phase, and per node at each quarter and when verified.
     Built here because sync is imported only when a runtime is relayed (it costs `up` 80 ms otherwise)."""
-    from clusterctl.data import sync as transfer
+    from clusterctl.data import outcome as sync_outcome
 
-    class Progress(transfer.Events):
+    class Progress(sync_outcome.Events):
         def __init__(self) -> None:
             self.need_bytes: dict[str, int] = {}
             self.said: dict[str, int] = {}
@@ -315,7 +315,7 @@ def _progress(report: Report) -> transfer.Events:
                     self.said[host] = quarter
                     report(f"  relay: {host} {25 * quarter}% of {total / 2**20:.0f} MiB")
 
-        def finished(self, outcome: transfer.NodeOutcome) -> None:
+        def finished(self, outcome: sync_outcome.NodeOutcome) -> None:
             report(
                 f"  relay: {outcome.host} {'verified' if outcome.status == 'ok' else outcome.status}"
                 + (f": {outcome.detail}" if outcome.detail else "")

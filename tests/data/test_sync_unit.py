@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.data import node_side as sync_agent, plan as syncplan, sync as transfer
+from clusterctl.data import node_scripts, node_side as sync_agent, outcome, plan as syncplan
 from clusterctl.errors import ConfigError, UsageError
 from clusterctl.remote import openssh
 from clusterctl.remote.targets import SshTarget
@@ -325,10 +325,10 @@ def test_s3_etags_single_and_multipart(tmp_path):
 
 # ---- relay scripts and ssh lines --------------------------------------------------------------------
 def test_relay_script_quotes_every_path_and_pins_host_keys(tmp_path):
-    child = transfer._Node(1, SshTarget("10.0.0.3", "10.0.0.3"), "10.0.0.3", transfer.NodeOutcome("10.0.0.3"))
+    child = "10.0.0.3"  # the child's address, as the other nodes reach it
     hop = openssh.node_ssh("root", 22, managed=True)
     root = "/data/-x 'q' $HOME \"d\""
-    text = transfer.relay_script(0, root, [child], hop, ".clusterctl/sync/abc").decode()
+    text = node_scripts.relay_script(0, root, [child], hop, ".clusterctl/sync/abc").decode()
     assert "StrictHostKeyChecking=yes" in text and "UserKnownHostsFile=~/.ssh/known_hosts" in text
     assert "aes128-gcm@openssh.com" in text and "Compression=no" in text
     assert f"tar -C {shlex.quote(root)} -xf -" in text
@@ -336,10 +336,10 @@ def test_relay_script_quotes_every_path_and_pins_host_keys(tmp_path):
     assert f'"$P" "$W/agent.py" relay --index 0 --out "$W/fifo.0" | {recv}' in text  # a chain: the zero-copy relay
     assert 'mv -f "$W/recv.part" "$W/recv.json"' in text  # kept only when recv and tar both exited 0
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # it parses
-    two = transfer.relay_script(0, root, [child, child], hop, ".clusterctl/sync/abc").decode()
+    two = node_scripts.relay_script(0, root, [child, child], hop, ".clusterctl/sync/abc").decode()
     assert f'tee -p "$W/fifo.0" "$W/fifo.1" | {recv}' in two  # fan-out: tee
     subprocess.run(["bash", "-n"], input=two, text=True, check=True)
-    disk = transfer.relay_script(0, root, [], hop, ".clusterctl/sync/abc", hash_stream=False).decode()
+    disk = node_scripts.relay_script(0, root, [], hop, ".clusterctl/sync/abc", hash_stream=False).decode()
     assert "recv" not in disk and f"tar -C {shlex.quote(root)} -xf -" in disk  # --verify disk: read back instead
 
 
@@ -374,9 +374,9 @@ def test_operator_ssh_uses_the_clusters_key_and_known_hosts_only():
 
 
 def test_sync_report_exit_codes():
-    o = [transfer.NodeOutcome("a"), transfer.NodeOutcome("b", status="failed", detail="disk")]
-    rep = transfer.SyncReport(o, 10, 1.0, "chain", 1)
+    o = [outcome.NodeOutcome("a"), outcome.NodeOutcome("b", status="failed", detail="disk")]
+    rep = outcome.SyncReport(o, 10, 1.0, "chain", 1)
     assert rep.exit_code == 1 and "1 of 2 node(s) not verified" in rep.error().message
-    o.append(transfer.NodeOutcome("c", status="unreachable"))
+    o.append(outcome.NodeOutcome("c", status="unreachable"))
     assert rep.exit_code == 5 and int(rep.error().exit_code) == 5
-    assert transfer.SyncReport([transfer.NodeOutcome("a")], 0, 0, "chain", 0).error() is None
+    assert outcome.SyncReport([outcome.NodeOutcome("a")], 0, 0, "chain", 0).error() is None

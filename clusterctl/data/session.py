@@ -1,0 +1,206 @@
+"""One sync's state, shared by its phases (sync.py) and its transports (chain.py, rsync_hops.py, s3_round.py):
+the options checked, the nodes with what each lacks, and the helpers they all use: the agent (node_side.py)
+run on a node with its JSON result fetched by SFTP, a node's failure recorded once, a bounded fan-out that
+Ctrl-C stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence, TypeVar
+
+from clusterctl.data.outcome import CopyStatus, Events, NodeOutcome, Silent
+from clusterctl.data.pipes import Children
+from clusterctl.data.plan import STRATEGIES, Source, check_dst
+from clusterctl.errors import UsageError
+from clusterctl.remote.ssh import SshPool
+from clusterctl.remote.targets import SshTarget
+from clusterctl.types import HostResult
+
+_T = TypeVar("_T")
+
+STALL_TIMEOUT = 120.0  # sync --stall-timeout: seconds a chain may move no data before the node that stopped is cut out
+WORK = ".clusterctl/sync"  # under the login home of every node
+VERIFY = ("stream", "disk")  # sync --verify: the chain's hashes as written, or every file read back
+
+
+@dataclass
+class SyncNode:
+    index: int
+    target: SshTarget  # how the operator reaches it
+    address: str  # how the other nodes reach it (hosts-file token)
+    outcome: NodeOutcome
+    root: str = ""  # DST resolved on the node
+    bad: list[str] = field(default_factory=list)
+    bad_bytes: int = 0
+    free: int = 0
+    alive: bool = True
+    last_error: str = ""  # why its last copy attempt failed, when the copy said so
+
+    @property
+    def label(self) -> str:
+        return self.target.label
+
+
+class SyncSession:
+    """One sync's options, nodes and state, and the helpers every phase and transport uses (the agent on a
+    node, uploads, failures, a bounded fan-out). Syncer runs it; the transports take it."""
+
+    def __init__(
+        self,
+        targets: Sequence[SshTarget],
+        addresses: Sequence[str],
+        known_hosts: str,
+        pool: SshPool,
+        source: Source,
+        dst: str,
+        *,
+        strategy: str = "chain",
+        fanout: int = 1,
+        delete: bool = False,
+        endpoint_url: str | None = None,
+        managed: bool = True,
+        events: Events | None = None,
+        node_python: str | None = None,
+        timeout: float | None = None,
+        stall_timeout: float | None = STALL_TIMEOUT,
+        verify: str = "stream",
+        cache_dir: Path | None = None,
+    ):
+        if strategy not in STRATEGIES:
+            raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
+        if fanout < 1:
+            raise UsageError("--fanout must be at least 1")
+        if verify not in VERIFY:
+            raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")
+        if stall_timeout is not None and not stall_timeout > 0:
+            raise UsageError(f"--stall-timeout must be positive, not {stall_timeout:g}")
+        if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
+            raise UsageError(f"--endpoint-url {endpoint_url!r} is not an http(s) URL")
+        self.pool, self.source, self.dst = pool, source, check_dst(dst)
+        self.strategy, self.fanout, self.delete, self.endpoint_url = strategy, fanout, delete, endpoint_url
+        self.known_hosts, self.managed = known_hosts, managed
+        self.events = events or Silent()
+        self.python = node_python or "python3"  # the record's runtime Python where the caller has one
+        self.timeout = timeout
+        self.stall_timeout = stall_timeout
+        self.verify = verify
+        if cache_dir is None:
+            from clusterctl import state
+
+            cache_dir = state.home() / "sync-manifests"
+        self.cache_dir = cache_dir  # a local source's manifest kept for the next run (the operator's state folder)
+        self.token = uuid.uuid4().hex[:12]
+        self.work = f"{WORK}/{self.token}"
+        self.nodes = [SyncNode(i, t, a, NodeOutcome(t.label)) for i, (t, a) in enumerate(zip(targets, addresses))]
+        self.start = 0.0
+        self.entries: list[dict] = []
+        self.manifest_bytes = b""
+        self.src_root = ""  # the source folder, resolved where it is
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.children = Children()
+
+    @property
+    def leader(self) -> SyncNode:
+        return self.nodes[0]
+
+    def py(self, script: str, *args: str) -> str:
+        py = shlex.quote(self.python)
+        return f'P={py}; [ -x "$P" ] || P=python3; "$P" {shlex.quote(f"{self.work}/{script}")} ' + " ".join(
+            shlex.quote(a) for a in args
+        )
+
+    def agent(
+        self,
+        node: SyncNode,
+        *args: str,
+        timeout: float | None = None,
+        on_line: Callable[[str, str, str], None] | None = None,
+    ) -> tuple[dict | None, HostResult]:
+        out = f"{self.work}/out-{uuid.uuid4().hex[:8]}.json"  # the result comes back by SFTP: no output cap
+        r = self.pool.run_one(
+            node.target, self.py("agent.py", args[0], "--out", out, *args[1:]), timeout=timeout, on_line=on_line
+        )
+        data = None
+        for line in reversed(r.stdout.strip().splitlines()):
+            try:
+                data = json.loads(line)
+                break
+            except ValueError:
+                continue
+        if isinstance(data, dict) and data.get("out") == out:
+            try:
+                data = json.loads(self.fetch(node, out))
+            except (OSError, ValueError) as exc:
+                data = {"error": f"cannot read the agent's result {out}: {exc}"}
+        return data, r
+
+    def fetch(self, node: SyncNode, path: str) -> bytes:
+        """A file of the node (relative to the login home) by SFTP, then removed there."""
+        client = self.pool.client(node.target)
+        sftp = client.open_sftp()
+        try:
+            with sftp.open(path, "rb") as f:
+                f.prefetch()
+                data = f.read()
+            sftp.remove(path)
+            return data
+        finally:
+            sftp.close()
+
+    def fail(self, node: SyncNode, status: CopyStatus, detail: str) -> None:
+        if node.outcome.status == "ok" or status == "unreachable":
+            node.outcome.status = status
+            node.outcome.detail = " ".join(detail.split())[:300]
+        node.outcome.seconds = time.monotonic() - self.start
+        node.alive = False
+
+    def failed_result(self, node: SyncNode, r: HostResult, data: dict | None, what: str) -> None:
+        if r.exit_code is None:
+            self.fail(node, "unreachable", r.error or "unreachable")
+        else:
+            why = (data or {}).get("error") or r.stderr.strip()[-200:] or f"exit {r.exit_code}"
+            self.fail(node, "failed", f"{what}: {why}")
+
+    @property
+    def scratch(self) -> Path:
+        """This machine's scratch folder for the run (lists, ssh wrappers): run() makes it."""
+        assert self._tmp is not None, "outside run()"
+        return Path(self._tmp.name)
+
+    def live(self, nodes: Sequence[SyncNode] | None = None) -> list[SyncNode]:
+        return [n for n in (self.nodes if nodes is None else nodes) if n.alive]
+
+    def fan(self, items: Sequence[_T], fn: Callable[[_T], object], parallel: int = 64) -> None:
+        """fn over items on a bounded pool. Ctrl-C stops local children and remote commands, then re-raises."""
+        if not items:
+            return
+        ex = ThreadPoolExecutor(max_workers=max(1, min(parallel, len(items))))
+        futures = [ex.submit(fn, it) for it in items]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            self.interrupt()
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
+        ex.shutdown(wait=True)
+
+    def interrupt(self) -> None:
+        self.pool.cancel.set()
+        self.children.kill_all()
+
+    def write_list(self, paths: Sequence[str]) -> bytes:
+        return b"".join(os.fsencode(p) + b"\0" for p in paths)
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
