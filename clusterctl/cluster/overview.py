@@ -1,10 +1,11 @@
 """What `ls` lists and what `down --all` removes: typed rows and targets, chosen here, rendered by cli/.
 
 Providers are made by the caller's factory (the CLI's reports progress on stderr), one per provider and
-region (Providers). Local clusters are listed from their records (their state is the record's: up, stopped
-by autostop ...); clusters of a cloud provider are asked of the provider in every region a record names
-(or the one given), so a cluster without a record here is listed too, and a record the cloud no longer
-knows says so.
+region (Providers). Which providers are asked where follows each one's `lists_from_cloud` (providers/base.py,
+"Where clusters are listed from"); no provider is named here. Clusters of this machine are listed from their
+records (their state is the record's: up, stopped by autostop ...); clusters of a cloud provider are asked
+of the provider in every region a record names (or the one given), so a cluster without a record here is
+listed too, and a record the cloud no longer knows says so.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from clusterctl.providers.base import Provider
 if TYPE_CHECKING:
     from clusterctl.state import StateStore
     from clusterctl.types import Cluster
-
-LOCAL = "local"  # the one provider whose clusters live on this machine, listed from their records
 
 
 @dataclass(frozen=True)
@@ -46,24 +45,38 @@ class Providers:
             impl.force = self._force
         return self._made[key]
 
+    def kinds(self, *, cloud: bool) -> list[str]:
+        """The registered providers whose clusters are asked of a cloud (cloud=True) or whose records here
+        list them all (cloud=False), by their `lists_from_cloud`. Making one calls nothing remote."""
+        from clusterctl import providers as registry
 
-def _region(cluster: Cluster) -> str | None:
-    """The region to ask a record's provider in (None for this machine: the local provider has one)."""
-    return None if cluster.provider == LOCAL else cluster.region
+        return [k for k in registry.names() if self.get(k, None).lists_from_cloud == cloud]
+
+
+def _region(cluster: Cluster, here: list[str]) -> str | None:
+    """The region to ask a record's provider in (None for a provider of this machine: it has one)."""
+    return None if cluster.provider in here else cluster.region
 
 
 def guess_provider(name: str, region: str | None) -> str:
-    """The provider of a cluster that has no local record: local when it has namespaces here or when no
-    AWS region is configured (so it cannot be looked up in the cloud), else aws."""
-    from clusterctl.providers.local import netns
+    """The provider of a cluster that has no local record: one of this machine's that holds it (local: its
+    namespaces are here), else a cloud provider that can be asked (a region given or configured), else the
+    first of this machine's (no cloud to look it up in)."""
+    from clusterctl import providers as registry
+    from clusterctl.errors import ConfigError
 
-    if name in netns.all_clusters():
-        return LOCAL
-    if region:
-        return "aws"
-    from clusterctl.providers.aws.api import configured_region
-
-    return "aws" if configured_region() else LOCAL
+    made = [registry.get(kind, region=region) for kind in registry.names()]
+    here = [p for p in made if not p.lists_from_cloud]
+    for p in here:
+        if name in p.all_clusters():
+            return p.name
+    for p in made:
+        try:
+            if p.lists_from_cloud and p.region:  # reading region raises ConfigError when none is configured
+                return p.name
+        except ConfigError:
+            continue
+    return here[0].name
 
 
 def down_targets(
@@ -81,34 +94,32 @@ def down_targets(
 
     targets: list[Target] = []
     if all_:
+        here = providers.kinds(cloud=False)
         listed, damaged = store.list()
         for line in damaged:
             warn(line)
         records = {r.cluster.name: r.cluster for r in listed}
-        kinds = (
-            [provider]
-            if provider
-            else sorted({c.provider for c in records.values()} | {LOCAL} | ({"aws"} if region else set()))
-        )
+        cloud = set(providers.kinds(cloud=True)) if region else set()  # no record, no flag: no cloud call
+        kinds = [provider] if provider else sorted({c.provider for c in records.values()} | set(here) | cloud)
         for kind in kinds:
             regions = (
                 {region}
-                if region and kind != LOCAL
-                else ({_region(c) for c in records.values() if c.provider == kind} or {None})
+                if region and kind not in here
+                else ({_region(c, here) for c in records.values() if c.provider == kind} or {None})
             )
             for reg in sorted(regions, key=str):
                 for n in providers.get(kind, reg).all_clusters():
                     targets.append(Target(n, kind, reg))
         for n, c in records.items():
             if (not provider or c.provider == provider) and not any(t.name == n for t in targets):
-                targets.append(Target(n, c.provider, _region(c)))
+                targets.append(Target(n, c.provider, _region(c, here)))
         return targets
     n = validate_name(name or store.current() or "") if (name or store.current()) else ""
     if not n:
         raise UsageError("no cluster given and none is current", "name the cluster: clusterctl down NAME")
     record = store.load(n).cluster if store.exists(n) else None
     kind = provider or (record.provider if record else None) or guess_provider(n, region)
-    return [Target(n, kind, region or (_region(record) if record is not None else None))]
+    return [Target(n, kind, region or (_region(record, providers.kinds(cloud=False)) if record is not None else None))]
 
 
 def ages_and_owners(targets: list[Target], providers: Providers) -> dict[tuple[str, str], tuple[float | None, str]]:
@@ -167,13 +178,17 @@ def listing(
     for line in damaged:
         warn(line)
     records = {r.cluster.name: r for r in listed}
-    regions: set[str | None] = {r.cluster.region for r in records.values() if r.cluster.provider == "aws"}
-    if provider == "aws" or region:
-        regions = {region} if region else (regions or {None})
+    asked: dict[str, set[str | None]] = {}  # cloud provider -> the regions asked of it
+    for kind in providers.kinds(cloud=True):
+        regions: set[str | None] = {r.cluster.region for r in records.values() if r.cluster.provider == kind}
+        if provider == kind or region:
+            regions = {region} if region else (regions or {None})
+        asked[kind] = regions
+    here = providers.kinds(cloud=False)
     rows, seen = [], set()
     hourly_sum, so_far_sum, unknown = 0.0, 0.0, 0
-    for reg in sorted(regions, key=str):
-        impl = providers.get("aws", reg)
+    for kind, reg in sorted(((k, r) for k, regs in asked.items() for r in regs), key=lambda kr: (kr[0], str(kr[1]))):
+        impl = providers.get(kind, reg)
         for cname, st in impl.statuses().items():
             hourly, so_far = st.hourly_usd, st.cost_so_far(now)
             hourly_sum += hourly or 0.0
@@ -206,7 +221,7 @@ def listing(
         if cname in seen:
             continue
         c = r.cluster
-        if c.provider != LOCAL and c.region in regions:
+        if c.region in asked.get(c.provider, set()):
             rows.append(
                 Row(
                     cname,
@@ -236,10 +251,10 @@ def listing(
                 "",
                 r.status,
                 now - c.created_at if r.status == "up" else None,
-                0.0 if c.provider == LOCAL else None,
-                0.0 if c.provider == LOCAL else None,
+                0.0 if c.provider in here else None,  # this machine's clusters cost nothing
+                0.0 if c.provider in here else None,
                 r.note,
-                priced=c.provider == LOCAL,
+                priced=c.provider in here,
             )
         )
     return Listing(tuple(rows), hourly_sum, so_far_sum, unknown)

@@ -16,7 +16,18 @@ Reading, never changing anything:
 Changing a running cluster:
   remove (`gc`: exactly the listed ids), reboot (`clean --reboot`), grant_checkpoint_write
   (`train --checkpoint-to`).
-Capabilities (plain attributes): region, builds_runtime_locally, force.
+Capabilities (plain attributes): region, builds_runtime_locally, lists_from_cloud, force.
+
+Where clusters are listed from (`ls`, `down --all`, and whose a cluster without a record is: cluster/
+overview.py asks every registered provider for lists_from_cloud and never names one):
+  lists_from_cloud False   the clusters live on this machine and the records here are the whole list:
+                           `ls` shows each record's own state (up, stopped by autostop ...) at no cost;
+                           `down --all` also asks all_clusters() (what is left without a record).
+  lists_from_cloud True    the clusters live in a cloud's regions: statuses() / all_clusters() are asked in
+                           every region a record of this provider names, or the one --region gives (or the
+                           default one with --provider), so a cluster without a record here is listed too
+                           and a record the cloud no longer knows says so. Never asked with no record and
+                           no flag: `ls` works without the cloud's credentials.
 """
 
 from __future__ import annotations
@@ -131,6 +142,9 @@ class Provider(Protocol):
     # True when this machine builds the node runtime for the nodes (they share its OS); False when the
     # leader builds it (runtime/install.py).
     builds_runtime_locally: bool
+    # True when its clusters are asked of a cloud, region by region, beyond the records here (AWS); False
+    # when the records here list them all (local). See "Where clusters are listed from" above.
+    lists_from_cloud: bool
     # `down`/`gc` may remove another owner's cluster (AWS owner tags); set by --force before any call.
     force: bool
 

@@ -36,6 +36,7 @@ from clusterctl.types import Cluster, ClusterSpec
 class AwsProvider:
     name = "aws"
     builds_runtime_locally = False  # the leader builds the node runtime (the DLAMI is not this machine's OS)
+    lists_from_cloud = True  # `ls` / `down --all` ask EC2 in every region a record names (or --region)
 
     def __init__(
         self,

@@ -47,6 +47,7 @@ class LocalProvider:
     name = "local"
     region = "local"
     builds_runtime_locally = True  # the nodes have this machine's OS: it builds their runtime
+    lists_from_cloud = False  # its clusters are this machine's: the records here list them all
 
     def __init__(
         self,

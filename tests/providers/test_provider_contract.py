@@ -1,0 +1,73 @@
+"""The Provider contract's listing capability (providers/base.py: lists_from_cloud), without a cloud: every
+registered provider declares it, and `ls` / `down --all` (cluster/overview.py) follow it without naming a
+provider, so with no cloud record and no flag no cloud is asked (here: no AWS region or credentials at all)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from clusterctl import providers
+from clusterctl.cluster import overview
+from clusterctl.providers.base import Provider
+from clusterctl.state import Record, StateStore
+from clusterctl.types import Cluster, Node
+
+
+@pytest.fixture
+def no_aws(monkeypatch, tmp_path):
+    """No region, no credentials: asking AWS anything would fail with a ConfigError."""
+    for var in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+
+
+def _made(store: StateStore, made: list[tuple[str, str | None]]) -> overview.Providers:
+    def make(kind: str, region: str | None) -> Provider:
+        made.append((kind, region))
+        return providers.get(kind, store=store, region=region)
+
+    return overview.Providers(make)
+
+
+def _record(store: StateStore, name: str) -> None:
+    node = Node(f"{name}-leader", "10.250.0.2", 1, "leader")
+    store.save(Record(Cluster(name, "local", (node,), created_at=1000.0), "up", 1000.0))
+
+
+def test_every_provider_says_where_its_clusters_are_listed_from(tmp_path):
+    store = StateStore(tmp_path / "home")
+    for name in providers.names():
+        assert isinstance(providers.get(name, store=store).lists_from_cloud, bool), name
+    found = _made(store, [])
+    assert found.kinds(cloud=True) == ["aws"] and found.kinds(cloud=False) == ["local"]
+
+
+def test_ls_and_down_all_ask_no_cloud_without_a_cloud_record_or_a_flag(tmp_path, no_aws):
+    store = StateStore(tmp_path / "home")
+    _record(store, "zz-contract-here")
+    made: list[tuple[str, str | None]] = []
+    listing = overview.listing(store, _made(store, made), None, None, warn=pytest.fail, now=4600.0)
+    (row,) = [r for r in listing.rows if r.name == "zz-contract-here"]
+    # this machine's cluster: the record's state, priced at nothing
+    assert (row.provider, row.state, row.priced, row.hourly_usd, row.uptime_s) == ("local", "up", True, 0.0, 3600.0)
+    assert [r.name for r in listing.rows] == ["zz-contract-here"]
+    targets = overview.down_targets(store, _made(store, made), None, True, None, None, warn=pytest.fail)
+    assert overview.Target("zz-contract-here", "local", None) in targets
+    assert {t.provider for t in targets} == {"local"}
+    # providers are made to read their capability; the cloud one only with no region, and never asked
+    assert ("aws", None) in made and not any(kind == "aws" and region for kind, region in made)
+
+
+def test_a_cluster_without_a_record_is_the_cloud_s_only_when_a_cloud_can_be_asked(no_aws):
+    assert overview.guess_provider("zz-contract-nowhere", None) == "local"  # no region anywhere: nothing to ask
+    assert overview.guess_provider("zz-contract-nowhere", "eu-west-1") == "aws"
+
+
+def test_ls_and_down_name_no_provider():
+    # the choice is the providers' capability: no provider's name is written in overview.py
+    source = inspect.getsource(overview)
+    for name in providers.names():
+        assert f'"{name}"' not in source and f"'{name}'" not in source, name
