@@ -275,7 +275,7 @@ def sweep(
 
     from clusterctl.cli import display
     from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import sweep as sweeplib
+    from clusterctl.workloads import sweep as sweeplib, sweep_plan as planlib, sweep_results as resultlib
 
     modes = [
         name
@@ -293,7 +293,7 @@ def sweep(
         raise UsageError("--json goes with --status")
     within("--poll", poll, 0.1, 60, unit="seconds")
     if sweep_id is not None:
-        sweeplib.validate_id(sweep_id)
+        planlib.validate_id(sweep_id)
     spec = None
     if not control:
         if goal not in ("max", "min"):
@@ -301,21 +301,21 @@ def sweep(
         within("--gpus-per-trial", gpus_per_trial, 1)
         within("--trial-timeout", trial_timeout, above=0)
         within("--node-timeout", node_timeout, above=0)
-        sweeplib.check_metric(metric)
-        grid_values = sweeplib.parse_grid(grid)
-        ranges = sweeplib.parse_ranges(range_)
-        combos = sweeplib.expand(grid_values, ranges, random_k, seed)
-        staged = sweeplib.stage_files(files)
-        sweeplib.build_trials(cmd or [], combos[:1], "python")  # a bad command template fails before connecting
+        planlib.check_metric(metric)
+        grid_values = planlib.parse_grid(grid)
+        ranges = planlib.parse_ranges(range_)
+        combos = planlib.expand(grid_values, ranges, random_k, seed)
+        staged = planlib.stage_files(files)
+        planlib.build_trials(cmd or [], combos[:1], "python")  # a bad command template fails before connecting
     inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
     inv.hosts.check_launchable("the sweep scheduler (ssh from the leader to each node)")
     py = sweeplib.python_for(inv.cluster, python)
     if not control:
-        trials = sweeplib.build_trials(cmd or [], combos, py)
+        trials = planlib.build_trials(cmd or [], combos, py)
         params = tuple(combos[0])
-        for name in sweeplib.unused(cmd or [], params):
+        for name in planlib.unused(cmd or [], params):
             display.warn(f"parameter {name} is not used in the command (no {{{name}}} in it)")
-        spec = sweeplib.SweepSpec(
+        spec = planlib.SweepSpec(
             tuple(cmd or ()),
             tuple(trials),
             params,
@@ -344,12 +344,12 @@ def sweep(
                 return
             _sweep_watch(pool, inv, sid, out, poll)
             return
-        sid = sweeplib.validate_id(sweep_id) if sweep_id else sweeplib.latest(pool, leader)
+        sid = planlib.validate_id(sweep_id) if sweep_id else sweeplib.latest(pool, leader)
         if status:
             snap = sweeplib.read_state(pool, leader, sid)
             if json_:
                 sys.stdout.write(
-                    jsonlib.dumps({"id": sid, "scheduler": "running" if snap.alive else "stopped", "state": snap.state})
+                    jsonlib.dumps({"id": sid, "scheduler": "running" if snap.alive else "stopped", "state": snap.raw})
                     + "\n"
                 )
                 return
@@ -359,14 +359,14 @@ def sweep(
                     + ("" if snap.alive else f" and is not running; see ~/.clusterctl/jobs/{sid}.log on the leader")
                 )
                 return
-            _sweep_show(snap.state, sort=snap.state.get("status") in sweeplib.ENDED)
-            if not snap.alive and snap.state.get("status") not in sweeplib.ENDED and snap.log_tail.strip():
+            _sweep_show(snap.state, sort=snap.state.ended_for_good)
+            if not snap.alive and not snap.state.ended_for_good and snap.log_tail.strip():
                 display.warn("the scheduler's last words: " + " / ".join(snap.log_tail.strip().splitlines()[-3:]))
             display.info(
-                sweeplib.summary(snap.state)
+                resultlib.summary(snap.state)
                 + (
                     ""
-                    if snap.alive or snap.state.get("status") in sweeplib.ENDED
+                    if snap.alive or snap.state.ended_for_good
                     else "; the scheduler is not running (--cancel ends its trials)"
                 )
             )
@@ -374,19 +374,17 @@ def sweep(
         if cancel:
             state = sweeplib.cancel(pool, leader, sid, py)
             _sweep_show(state, sort=False)
-            display.info(sweeplib.summary(state))
+            display.info(resultlib.summary(state))
             return
         _sweep_watch(pool, inv, sid, out, poll)
 
 
-def _sweep_show(state: dict, sort: bool, title: Optional[str] = None) -> None:
+def _sweep_show(state, sort: bool, title: Optional[str] = None) -> None:
     from clusterctl.cli import display
-    from clusterctl.workloads import sweep as sweeplib
+    from clusterctl.workloads import sweep_results as resultlib
 
-    meta = state.get("meta") or {}
-    params = meta.get("params") or (list(state["trials"][0]["params"]) if state.get("trials") else [])
     display.sweep_table(
-        sweeplib.rows(state, params, meta.get("goal", "max"), sort), params, meta.get("metric", "metric"), title
+        resultlib.rows(state, state.params, state.meta.goal, sort), state.params, state.meta.metric, title
     )
 
 
@@ -394,7 +392,7 @@ def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
     """Follow a sweep to its end, then: the sorted table, results.json, the logs, the plot; exit status."""
     from clusterctl.cli import display
     from clusterctl.errors import RemoteCommandError
-    from clusterctl.workloads import sweep as sweeplib
+    from clusterctl.workloads import sweep as sweeplib, sweep_results as resultlib
 
     try:
         state = sweeplib.watch(pool, inv.targets[0], sid, display.SweepProgress, poll=poll)
@@ -404,36 +402,28 @@ def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
             f"clusterctl sweep --status | --attach | --cancel  (--id {sid})"
         )
         raise
-    meta = state.get("meta") or {}
-    params, goal = meta.get("params") or list(state["trials"][0]["params"]), meta.get("goal", "max")
-    folder = sweeplib.results_dir(out)
+    metric, goal = state.meta.metric, state.meta.goal
+    folder = resultlib.results_dir(out)
     missing = sweeplib.collect_logs(pool, inv, state, folder)
-    sweeplib.write_results(folder, state, {"cluster": inv.cluster.name if inv.cluster else None, **meta})
-    plotted = sweeplib.plot(
-        state, params, meta.get("metric", "metric"), goal, folder / "metric_vs_params.png", meta.get("log_scale") or ()
-    )
-    _sweep_show(state, sort=True, title=f"sweep {sid}: {meta.get('metric', 'metric')} ({goal}), best first")
-    top = sweeplib.best(state, goal)
-    display.info(sweeplib.summary(state))
-    if state.get("error"):
-        display.warn(state["error"])
+    resultlib.write_results(folder, state, inv.cluster.name if inv.cluster else None)
+    plotted = resultlib.plot(state, folder / "metric_vs_params.png")
+    _sweep_show(state, sort=True, title=f"sweep {sid}: {metric} ({goal}), best first")
+    top = resultlib.best(state, goal)
+    display.info(resultlib.summary(state))
+    if state.error:
+        display.warn(state.error)
     if top is not None:
-        display.info(
-            f"best: trial {top['id']} ("
-            + " ".join(f"{k}={v}" for k, v in top["params"].items())
-            + f") {meta.get('metric', 'metric')} {top['metric']:.6g}"
-        )
+        display.info(f"best: trial {top.id} ({top.params_text()}) {metric} {top.metric:.6g}")
     if missing:
         display.warn(f"no logs from {', '.join(missing)} (node dead or unreachable)")
     display.info(f"results: {folder}/results.json, logs/" + (", metric_vs_params.png" if plotted else ""))
-    trials = state.get("trials", [])
-    if state.get("status") == "cancelled":
+    if state.status == "cancelled":
         raise RemoteCommandError(f"sweep {sid} was cancelled", f"results so far are in {folder}")
-    bad = [t for t in trials if t.get("state") != "done" or t.get("metric") is None]
+    bad = [t for t in state.trials if not t.done_with_metric]
     if bad:
         raise RemoteCommandError(
-            f"{len(bad)} of {len(trials)} trial(s) did not finish with a metric "
-            f"({', '.join(str(t['id']) for t in bad[:10])})",
+            f"{len(bad)} of {len(state.trials)} trial(s) did not finish with a metric "
+            f"({', '.join(str(t.id) for t in bad[:10])})",
             f"see their logs in {folder}/logs",
         )
 

@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from clusterctl.errors import UsageError
+from clusterctl.errors import RemoteCommandError, UsageError
 from clusterctl.remote.session import TREE_FN
-from clusterctl.workloads import sweep
+from clusterctl.workloads import sweep_plan, sweep_results, sweep_state
 from conftest import REPO
 
 SCHEDULER = REPO / "templates" / "sweep_scheduler.py"
@@ -38,9 +38,9 @@ S = load_scheduler()
 
 # ---- trials ------------------------------------------------------------------------------------------------
 def test_grid_is_every_combination_first_flag_slowest():
-    grid = sweep.parse_grid(["lr=0.1,0.01", "batch=32,64,128"])
+    grid = sweep_plan.parse_grid(["lr=0.1,0.01", "batch=32,64,128"])
     assert grid == {"lr": ["0.1", "0.01"], "batch": ["32", "64", "128"]}
-    combos = sweep.expand(grid)
+    combos = sweep_plan.expand(grid)
     assert len(combos) == 6
     assert combos[0] == {"lr": "0.1", "batch": "32"} and combos[2] == {"lr": "0.1", "batch": "128"}
     assert combos[3] == {"lr": "0.01", "batch": "32"}
@@ -62,13 +62,13 @@ def test_grid_is_every_combination_first_flag_slowest():
 )
 def test_bad_grids_are_refused(items, needle):
     with pytest.raises(UsageError, match=needle):
-        sweep.parse_grid(items)
+        sweep_plan.parse_grid(items)
 
 
 def test_random_samples_stay_in_their_ranges_and_repeat_with_the_seed():
-    ranges = sweep.parse_ranges(["lr=1e-4:1e-1:log", "batch=16:128:int", "dropout=0.1:0.5"])
+    ranges = sweep_plan.parse_ranges(["lr=1e-4:1e-1:log", "batch=16:128:int", "dropout=0.1:0.5"])
     grid = {"opt": ["sgd", "adam"]}
-    combos = sweep.expand(grid, ranges, random_k=200, seed=7)
+    combos = sweep_plan.expand(grid, ranges, random_k=200, seed=7)
     assert len(combos) == 200
     lrs = [float(c["lr"]) for c in combos]
     assert all(1e-4 * 0.999 <= x <= 1e-1 * 1.001 for x in lrs)
@@ -78,8 +78,8 @@ def test_random_samples_stay_in_their_ranges_and_repeat_with_the_seed():
     assert all(re.fullmatch(r"\d+", c["batch"]) and 16 <= int(c["batch"]) <= 128 for c in combos)
     assert all(0.1 <= float(c["dropout"]) <= 0.5 for c in combos)
     assert {c["opt"] for c in combos} == {"sgd", "adam"}
-    assert sweep.expand(grid, ranges, random_k=200, seed=7) == combos
-    assert sweep.expand(grid, ranges, random_k=200, seed=8) != combos
+    assert sweep_plan.expand(grid, ranges, random_k=200, seed=7) == combos
+    assert sweep_plan.expand(grid, ranges, random_k=200, seed=8) != combos
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def test_random_samples_stay_in_their_ranges_and_repeat_with_the_seed():
 )
 def test_bad_sweeps_are_refused(grid, ranges, k, needle):
     with pytest.raises(UsageError, match=needle):
-        sweep.expand(grid, sweep.parse_ranges(ranges), k)
+        sweep_plan.expand(grid, sweep_plan.parse_ranges(ranges), k)
 
 
 @pytest.mark.parametrize(
@@ -110,11 +110,11 @@ def test_bad_sweeps_are_refused(grid, ranges, k, needle):
 )
 def test_bad_ranges_are_refused(item, needle):
     with pytest.raises(UsageError, match=needle):
-        sweep.parse_ranges([item])
+        sweep_plan.parse_ranges([item])
 
 
 def test_command_words_are_filled_then_quoted():
-    trials = sweep.build_trials(
+    trials = sweep_plan.build_trials(
         ["{python}", "train.py", "--lr={lr}", "--name", "{name}", "--out", "run{trial}"],
         [{"lr": "0.1", "name": "a b; rm -rf /"}],
         "/opt/py/bin/python",
@@ -132,10 +132,10 @@ def test_command_words_are_filled_then_quoted():
 
 
 def test_one_word_command_is_shell_text_with_quoted_values():
-    cmd = sweep.render_command(["python t.py --tag {tag} > out-${HOME}.txt; echo {tag}"], {"tag": "x y"})
+    cmd = sweep_plan.render_command(["python t.py --tag {tag} > out-${HOME}.txt; echo {tag}"], {"tag": "x y"})
     assert cmd == "python t.py --tag 'x y' > out-${HOME}.txt; echo 'x y'"
     out = subprocess.run(
-        ["sh", "-c", sweep.render_command(["printf '%s|' {a} {b}"], {"a": "1 2", "b": "$(id)"})],
+        ["sh", "-c", sweep_plan.render_command(["printf '%s|' {a} {b}"], {"a": "1 2", "b": "$(id)"})],
         capture_output=True,
         text=True,
     ).stdout
@@ -144,17 +144,17 @@ def test_one_word_command_is_shell_text_with_quoted_values():
 
 def test_unknown_placeholder_and_missing_command_are_refused():
     with pytest.raises(UsageError, match=r"\{batch\}"):
-        sweep.build_trials(["python", "t.py", "--lr", "{lr}", "--batch", "{batch}"], [{"lr": "1"}], "python")
+        sweep_plan.build_trials(["python", "t.py", "--lr", "{lr}", "--batch", "{batch}"], [{"lr": "1"}], "python")
     with pytest.raises(UsageError, match="no command"):
-        sweep.build_trials([], [{"lr": "1"}], "python")
-    assert sweep.unused(["python", "t.py", "{lr}"], ["lr", "batch"]) == ["batch"]
+        sweep_plan.build_trials([], [{"lr": "1"}], "python")
+    assert sweep_plan.unused(["python", "t.py", "{lr}"], ["lr", "batch"]) == ["batch"]
 
 
 def test_metric_name_comes_from_the_regex_or_the_key():
-    assert sweep.SweepSpec((), (), (), metric_regex=r"accuracy: (\S+)").metric_name == "accuracy"
-    assert sweep.SweepSpec((), (), (), metric_regex=r"(?P<val_loss>\S+) loss").metric_name == "val_loss"
-    assert sweep.SweepSpec((), (), (), metric_regex=r"\s+top1=(\S+)").metric_name == "metric"
-    assert sweep.SweepSpec((), (), (), metric_key="top1").metric_name == "top1"
+    assert sweep_plan.SweepSpec((), (), (), metric_regex=r"accuracy: (\S+)").metric_name == "accuracy"
+    assert sweep_plan.SweepSpec((), (), (), metric_regex=r"(?P<val_loss>\S+) loss").metric_name == "val_loss"
+    assert sweep_plan.SweepSpec((), (), (), metric_regex=r"\s+top1=(\S+)").metric_name == "metric"
+    assert sweep_plan.SweepSpec((), (), (), metric_key="top1").metric_name == "top1"
 
 
 # ---- the metric ----------------------------------------------------------------------------------------------
@@ -404,6 +404,13 @@ def test_scheduler_runs_each_trial_once_and_requeues_a_dead_nodes_trials(tmp_pat
         if (n1, g1) == (n2, g2):
             assert e1 <= s2
     assert "trial" in out and "node n2 is dead" in out
+    # the state the scheduler wrote reads as typed values and gives back exactly what it wrote (results.json)
+    typed = sweep_state.parse_state(st)
+    assert typed.status == "done" and typed.ended_for_good and [n.alive for n in typed.nodes] == [True, False]
+    assert [t.to_dict() for t in typed.trials] == st["trials"] and [n.to_dict() for n in typed.nodes] == st["nodes"]
+    assert {t.id: [a.node for a in t.attempts] for t in typed.trials if t.id in moved} == {
+        i: ["n2", "n1"] for i in moved
+    }
 
 
 def test_scheduler_fails_a_trial_twice_orphaned_and_honours_cancel_and_timeouts(tmp_path):
@@ -432,6 +439,10 @@ def test_scheduler_fails_a_trial_twice_orphaned_and_honours_cancel_and_timeouts(
     assert by[3]["state"] == "failed" and by[3]["error"] == "timed out after 1s"
     assert by[5]["state"] == "cancelled" and by[5]["attempts"][-1]["outcome"] == "cancelled"
     assert not {str(by[i]["sid"]) for i in (3, 4, 5)} & live_sessions()
+    typed = {t.id: t for t in sweep_state.parse_state(st).trials}
+    assert (
+        typed[3].timed_out and typed[3].to_dict() == by[3] and typed[2].metric is None and not typed[2].done_with_metric
+    )
 
 
 def test_cancel_mode_ends_the_trials_of_a_sweep_whose_scheduler_is_gone(tmp_path):
@@ -494,51 +505,107 @@ def _done_state():
 
 
 def test_rows_are_ranked_by_the_goal_with_failures_last():
-    st = _done_state()
-    assert [t["id"] for t in sweep.ranked(st, "max")] == [2, 3, 1, 4]
-    assert [t["id"] for t in sweep.ranked(st, "min")] == [1, 3, 2, 4]
-    rows = sweep.rows(st, ["lr", "opt"], "max", sort=True, now=200.0)
+    st = sweep_state.parse_state(_done_state())
+    assert [t.id for t in sweep_results.ranked(st, "max")] == [2, 3, 1, 4]
+    assert [t.id for t in sweep_results.ranked(st, "min")] == [1, 3, 2, 4]
+    rows = sweep_results.rows(st, ["lr", "opt"], "max", sort=True, now=200.0)
     assert rows[0]["best"] and rows[0]["trial"] == "2" and rows[0]["params"] == ["0.01", "adam"]
     assert rows[0]["node"] == "10.0.0.2/gpu1" and rows[0]["elapsed"] == "2.5s" and rows[0]["metric"] == "0.9"
     assert "re-run after its node died" in rows[1]["note"]
     assert rows[-1]["state"] == "failed" and rows[-1]["metric"] == "-" and rows[-1]["note"] == "exit 1"
-    assert [r["trial"] for r in sweep.rows(st, ["lr"], "max", sort=False)] == ["1", "2", "3", "4"]
+    assert [r["trial"] for r in sweep_results.rows(st, ["lr"], "max", sort=False)] == ["1", "2", "3", "4"]
 
 
 def test_events_say_what_changed():
-    st = _done_state()
-    before = json.loads(json.dumps(st))
+    raw = _done_state()
+    st = sweep_state.parse_state(raw)
+    before = json.loads(json.dumps(raw))
     for t in before["trials"]:
         t.update(state="running", metric=None)
     before["trials"][3]["state"] = "queued"
-    lines = sweep.events(before, st)
+    lines = sweep_results.events(sweep_state.parse_state(before), st)
     assert "trial 2 done after 2.5s: metric 0.9" in lines
     assert "trial 4 failed after 1.0s: exit 1" in lines
-    assert sweep.events(st, st) == []
-    assert "trial 2 done after 2.5s: acc 0.9" in sweep.events(before, st, "acc")
-    moved = json.loads(json.dumps(st))
+    assert sweep_results.events(st, st) == []
+    assert "trial 2 done after 2.5s: acc 0.9" in sweep_results.events(sweep_state.parse_state(before), st, "acc")
+    moved = json.loads(json.dumps(raw))
     moved["trials"][2]["attempts"] = [
         {"node": "10.0.0.3", "outcome": "node died"},
         {"node": "10.0.0.2", "outcome": "done"},
     ]
     before["trials"][2]["requeued"] = 0
-    assert "trial 3 (lr=0.001 opt=sgd) re-queued: its node 10.0.0.3 died" in sweep.events(before, moved)
+    lines = sweep_results.events(sweep_state.parse_state(before), sweep_state.parse_state(moved))
+    assert "trial 3 (lr=0.001 opt=sgd) re-queued: its node 10.0.0.3 died" in lines
 
 
 def test_results_json_and_plot(tmp_path):
-    st = _done_state()
-    folder = sweep.results_dir(tmp_path / "sweep-results")
-    again = sweep.results_dir(tmp_path / "sweep-results")
+    raw = dict(_done_state(), meta={"goal": "max", "metric": "acc", "params": ["lr", "opt"]})
+    st = sweep_state.parse_state(raw)
+    folder = sweep_results.results_dir(tmp_path / "sweep-results")
+    again = sweep_results.results_dir(tmp_path / "sweep-results")
     assert folder != again and folder.parent == again.parent
-    path = sweep.write_results(folder, st, {"goal": "max", "metric": "acc", "params": ["lr", "opt"]})
+    path = sweep_results.write_results(folder, st, "c1")
     doc = json.loads(path.read_text())
     assert doc["best"]["id"] == 2 and [t["id"] for t in doc["trials"]] == [2, 3, 1, 4] and doc["metric"] == "acc"
+    assert list(doc)[:3] == ["cluster", "template", "params"] and doc["cluster"] == "c1" and doc["goal"] == "max"
+    assert doc["trials"][0]["params"] == {"lr": "0.01", "opt": "adam"} and doc["status"] == "failed"
     png = folder / "metric_vs_params.png"
-    assert sweep.plot(st, ["lr", "opt"], "acc", "max", png)
+    assert sweep_results.plot(st, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
-    empty = {"trials": [dict(t, state="failed", metric=None) for t in st["trials"]]}
-    assert not sweep.plot(empty, ["lr"], "acc", "max", tmp_path / "none.png")
+    empty = dict(raw, trials=[dict(t, state="failed", metric=None) for t in raw["trials"]])
+    assert not sweep_results.plot(sweep_state.parse_state(empty), tmp_path / "none.png")
     assert not (tmp_path / "none.png").exists()
+
+
+# ---- the state read at the border --------------------------------------------------------------------------
+def test_an_older_state_reads_with_its_documented_defaults():
+    # no meta, no nodes, trials with only id, state and params: what an older scheduler may have written
+    old = {
+        "id": "sweep-20240101-000000-abcd",
+        "status": "running",
+        "trials": [{"id": 1, "state": "queued", "params": {"lr": 0.1}}],
+    }
+    st = sweep_state.parse_state(old)
+    assert st.params == ("lr",) and st.meta.goal == "max" and st.meta.metric == "metric" and st.nodes == ()
+    t = st.trials[0]
+    assert (t.params, t.requeued, t.attempts, t.node, t.timed_out, t.where()) == (
+        {"lr": "0.1"},
+        0,
+        (),
+        None,
+        False,
+        "-",
+    )
+    assert not st.ended_for_good and sweep_results.summary(st) == "sweep sweep-20240101-000000-abcd running: 1 queued"
+    assert sweep_state.parse_state(dict(old, trials=[])).params == ()
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (lambda d: d.pop("trials"), "state.trials is missing"),
+        (lambda d: d.pop("status"), "state.status is missing"),
+        (lambda d: d.update(status="paused"), "state.status is 'paused', not one of running"),
+        (lambda d: d.update(trials={"1": {}}), "state.trials is dict"),
+        (lambda d: d["trials"][1].pop("id"), "trials[1].id is missing"),
+        (lambda d: d["trials"][0].update(state="weird"), "trials[0].state is 'weird'"),
+        (lambda d: d["trials"][0].update(metric="0.9"), "trials[0].metric is str '0.9'"),
+        (lambda d: d["trials"][0].update(requeued=True), "trials[0].requeued is bool"),
+        (lambda d: d["trials"][0].update(gpus=["0"]), "trials[0].gpus holds something that is not a whole number"),
+        (lambda d: d["trials"][2].update(attempts=[{"outcome": "done"}]), "trials[2].attempts[0].node is missing"),
+        (lambda d: d.update(nodes=[{"slots": 2}]), "nodes[0].host is missing"),
+        (lambda d: d.update(meta={"goal": "best"}), "meta.goal is 'best'"),
+        (lambda d: d.update(meta=["lr"]), "state.meta is list"),
+    ],
+)
+def test_a_damaged_state_is_refused_naming_the_field(change, needle):
+    doc = _done_state()
+    change(doc)
+    with pytest.raises(RemoteCommandError, match="damaged") as err:
+        sweep_state.parse_state(doc)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(RemoteCommandError, match="state is list, not an object"):
+        sweep_state.parse_state([doc])
 
 
 # ---- the CLI refuses bad input before anything connects ------------------------------------------------------
@@ -579,11 +646,11 @@ def test_the_trainer_model_dir_must_differ_per_trial():
         ["python train_imagenet.py --lr {lr} --model-dir out"],
     ):
         with pytest.raises(UsageError, match=r"would be shared by every trial") as err:
-            sweep.build_trials(template, [{"lr": "0.1"}], "py")
+            sweep_plan.build_trials(template, [{"lr": "0.1"}], "py")
         assert "{trial}" in err.value.hint
     for template in (
         ["python", "train_imagenet.py", "--lr", "{lr}", "--model-dir", "run{trial}"],
         ["python", "train_imagenet.py", "--lr", "{lr}"],  # the trainer's per-trial default
         ["python", "mine.py", "--lr", "{lr}", "--model-dir", "shared"],
     ):  # not the shipped trainer
-        assert len(sweep.build_trials(template, [{"lr": "0.1"}, {"lr": "0.2"}], "py")) == 2
+        assert len(sweep_plan.build_trials(template, [{"lr": "0.1"}, {"lr": "0.2"}], "py")) == 2
