@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from clusterctl.cli.shared import _SSH, _resolve_hosts, _store, within
+from clusterctl.cli.shared import DEFAULT_SSH, LOGIN, Ssh, _resolve_hosts, _store, ssh_options, within
 from clusterctl.errors import UsageError
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
@@ -16,6 +16,7 @@ app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMAN
 
 # ---- the dataset on every node ---------------------------------------------------------------------------
 @app.command()
+@ssh_options("connect_timeout", *LOGIN)
 def sync(
     args: List[str] = typer.Argument(
         ...,
@@ -44,11 +45,7 @@ def sync(
         help="stream: a chain node's copy is proved by the sha256 of "
         "every file as it was written (no second read); disk: every file read back and hashed.",
     ),
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
-    user: Optional[str] = _SSH["user"],
-    identity: List[str] = _SSH["identity"],
-    known_hosts: Optional[str] = _SSH["known_hosts"],
-    ssh_config: Optional[str] = _SSH["ssh_config"],
+    ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """Put a dataset on every node: fast, verified, resumable.
 
@@ -70,7 +67,7 @@ def sync(
         raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")
     syncplan.check_dst(dst)
     source = syncplan.parse_source(src)
-    inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config, connect_timeout)
+    inv = _resolve_hosts(hosts_path, cluster, ssh)
     labels = [t.label for t in inv.targets]
     if plan:
         for line in syncplan.render_plan(strategy, labels, source, fanout, labels[0] if labels else None):

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from clusterctl.cli.shared import _SSH, _confirm, _fan_out, _inventory, _provider, _store, within
+from clusterctl.cli.shared import (
+    _SSH,
+    DEFAULT_SSH,
+    FANOUT,
+    LOGIN,
+    Ssh,
+    _confirm,
+    _fan_out,
+    _inventory,
+    _provider,
+    _store,
+    ssh_options,
+    within,
+)
 from clusterctl.cli.workloads import _train_logs
 from clusterctl.errors import ExitCode, UsageError, combined
 
@@ -16,6 +30,7 @@ app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMAN
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
+@ssh_options(*LOGIN)
 def run(
     args: List[str] = typer.Argument(..., metavar="[HOSTS] CMD", help="A hosts file (optional) and the command."),
     cluster: Optional[str] = _SSH["cluster"],
@@ -31,10 +46,7 @@ def run(
         metavar="NAME",
         help="Start it in tmux session NAME on every host and return (see logs, kill).",
     ),
-    user: Optional[str] = _SSH["user"],
-    identity: List[str] = _SSH["identity"],
-    known_hosts: Optional[str] = _SSH["known_hosts"],
-    ssh_config: Optional[str] = _SSH["ssh_config"],
+    ssh: Ssh = DEFAULT_SSH,
     failed_hosts: Optional[str] = typer.Option(
         None,
         "--failed-hosts",
@@ -54,7 +66,8 @@ def run(
         from clusterctl.remote import tmux as jobs
 
         cmd = jobs.detach_command(detach, cmd)  # validates NAME before anything connects
-    inv = _inventory(hosts_path, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
+    ssh = replace(ssh, cluster=cluster, parallel=parallel, connect_timeout=connect_timeout)
+    inv = _inventory(hosts_path, ssh)
     report = _fan_out(inv, cmd, parallel, timeout, live=not (group or json_))
     if failed_hosts is not None:
         _write_failed_hosts(inv, report, failed_hosts)
@@ -80,6 +93,7 @@ def _write_failed_hosts(inv, report, path: str) -> None:
 
 
 @app.command(short_help="Stream a detached job's output.")
+@ssh_options(*FANOUT)
 def logs(
     name: Optional[str] = typer.Argument(
         None, help="The job's name (as given to run --detach); default: the training job, from the leader."
@@ -88,13 +102,7 @@ def logs(
         None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
     ),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends everywhere."),
-    cluster: Optional[str] = _SSH["cluster"],
-    parallel: int = _SSH["parallel"],
-    connect_timeout: float = _SSH["connect_timeout"],
-    user: Optional[str] = _SSH["user"],
-    identity: List[str] = _SSH["identity"],
-    known_hosts: Optional[str] = _SSH["known_hosts"],
-    ssh_config: Optional[str] = _SSH["ssh_config"],
+    ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """Stream a detached job's output from every host, prefixed by host; with -f, until it ends.
     Exit status: the job's worst exit status once it ended (0 while it still runs)."""
@@ -102,28 +110,23 @@ def logs(
     from clusterctl.remote import tmux as jobs
 
     if name is None:
-        return _train_logs(hostsfile, cluster, follow, connect_timeout)
+        return _train_logs(hostsfile, ssh.cluster, follow, ssh.connect_timeout)
     cmd = jobs.logs_command(name, follow)
-    inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
-    report = _fan_out(inv, cmd, parallel)
+    inv = _inventory(hostsfile, ssh)
+    report = _fan_out(inv, cmd, ssh.parallel)
     display.summary(report)
     raise typer.Exit(report.exit_code)
 
 
 @app.command("kill", short_help="End a detached job on every node.")
+@ssh_options(*FANOUT)
 def kill_(
     name: str = typer.Argument(..., help="The job's name (as given to run --detach)."),
     hostsfile: Optional[str] = typer.Argument(
         None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
     ),
     grace: float = typer.Option(3.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
-    cluster: Optional[str] = _SSH["cluster"],
-    parallel: int = _SSH["parallel"],
-    connect_timeout: float = _SSH["connect_timeout"],
-    user: Optional[str] = _SSH["user"],
-    identity: List[str] = _SSH["identity"],
-    known_hosts: Optional[str] = _SSH["known_hosts"],
-    ssh_config: Optional[str] = _SSH["ssh_config"],
+    ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """End a detached job on every host: its whole process tree, then its tmux session; verified."""
     from clusterctl.cli import display
@@ -131,13 +134,14 @@ def kill_(
 
     within("--grace", grace, 0, 300, unit="seconds")
     cmd = jobs.kill_job_command(name, grace)
-    inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
-    report = _fan_out(inv, cmd, parallel)
+    inv = _inventory(hostsfile, ssh)
+    report = _fan_out(inv, cmd, ssh.parallel)
     display.summary(report)
     raise typer.Exit(report.exit_code)
 
 
 @app.command(short_help="Kill leftovers, remove logs, disks, reboot.")
+@ssh_options(*FANOUT)
 def clean(
     hostsfile: Optional[str] = typer.Argument(
         None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
@@ -151,13 +155,7 @@ def clean(
     reboot: bool = typer.Option(False, "--reboot", help="Reboot every node and wait until each answers ssh again."),
     wait: float = typer.Option(300.0, "--wait", help="Seconds to wait for rebooted nodes."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (--logs, --reboot)."),
-    cluster: Optional[str] = _SSH["cluster"],
-    parallel: int = _SSH["parallel"],
-    connect_timeout: float = _SSH["connect_timeout"],
-    user: Optional[str] = _SSH["user"],
-    identity: List[str] = _SSH["identity"],
-    known_hosts: Optional[str] = _SSH["known_hosts"],
-    ssh_config: Optional[str] = _SSH["ssh_config"],
+    ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """The troubleshooting commands, done safely: kill leftover jobs, remove a log folder, show disks, reboot."""
     from clusterctl.cli import display
@@ -169,7 +167,7 @@ def clean(
     if force and logs_dir is None:
         raise UsageError("--force goes with --logs DIR")
     within("--wait", wait, above=0)
-    inv = _inventory(hostsfile, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config)
+    inv = _inventory(hostsfile, ssh)
     where = f"{len(inv.targets)} node(s)"
     if logs_dir is not None:
         _confirm(f"Remove {logs_dir} on {where}?", yes)
@@ -178,22 +176,22 @@ def clean(
     codes = []
     if kill:
         _name_this_process()  # so a clean run from a node never matches clusterctl itself
-        report = _fan_out(inv, cleanlib.kill_command(), parallel)
+        report = _fan_out(inv, cleanlib.kill_command(), ssh.parallel)
         display.summary(report)
         codes.append(report.exit_code)
     if logs_dir is not None:
-        report = _fan_out(inv, cleanlib.logs_command(logs_dir, force), parallel)
+        report = _fan_out(inv, cleanlib.logs_command(logs_dir, force), ssh.parallel)
         display.summary(report)
         codes.append(report.exit_code)
     if disk:
-        report = _fan_out(inv, cleanlib.DISK_COMMAND, parallel, live=False)
+        report = _fan_out(inv, cleanlib.DISK_COMMAND, ssh.parallel, live=False)
         rows = [row for r in report if r.ok for row in cleanlib.parse_disk(r.host, r.stdout)]
         display.disk_table(rows)
         if not report.all_ok:
             display.summary(report)
         codes.append(report.exit_code)
     if reboot:
-        codes.append(_reboot(inv, parallel, wait))
+        codes.append(_reboot(inv, ssh.parallel, wait))
     raise typer.Exit(combined(codes))
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
 
 import typer
 
@@ -62,41 +66,79 @@ def _hourly(cluster) -> float | None:
 
 
 # ---- running commands ------------------------------------------------------------------------------------
-def _ssh_opts():
-    """The ssh options every fan-out command shares, as typer parameters (see run/logs/kill/clean)."""
-    return dict(
-        cluster=typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
-        parallel=typer.Option(64, "--parallel", "-p", help="At most this many hosts at once."),
-        connect_timeout=typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection."),
-        user=typer.Option(None, "--user", "-l", help="Login user."),
-        identity=typer.Option([], "--identity", "-i", help="Private key file (repeatable)."),
-        known_hosts=typer.Option(None, "--known-hosts", help="known_hosts file to trust."),
-        ssh_config=typer.Option(
+# The ssh options the commands share, each declared once: its type and its typer parameter (see ssh_options).
+_SSH_OPTIONS = dict(
+    cluster=(Optional[str], typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current).")),
+    parallel=(int, typer.Option(64, "--parallel", "-p", help="At most this many hosts at once.")),
+    connect_timeout=(float, typer.Option(10.0, "--connect-timeout", help="Seconds to wait for each connection.")),
+    user=(Optional[str], typer.Option(None, "--user", "-l", help="Login user.")),
+    identity=(List[str], typer.Option([], "--identity", "-i", help="Private key file (repeatable).")),
+    known_hosts=(Optional[str], typer.Option(None, "--known-hosts", help="known_hosts file to trust.")),
+    ssh_config=(
+        Optional[str],
+        typer.Option(
             None, "--ssh-config", help="ssh config file (default ~/.ssh/config), read as OpenSSH does (ssh -G)."
         ),
-    )
+    ),
+)
+_SSH = {name: option for name, (_, option) in _SSH_OPTIONS.items()}  # one by one, where a command interleaves
+LOGIN = ("user", "identity", "known_hosts", "ssh_config")  # how to log in: every command that connects
+FANOUT = ("cluster", "parallel", "connect_timeout", *LOGIN)  # logs, kill, clean: the whole set
 
 
-_SSH = _ssh_opts()
+@dataclass(frozen=True)
+class Ssh:
+    """The shared ssh options of one command line; the ones a command does not declare keep these defaults."""
+
+    cluster: Optional[str] = None
+    parallel: int = 64
+    connect_timeout: float = 10.0
+    user: Optional[str] = None
+    identity: Tuple[str, ...] = ()
+    known_hosts: Optional[str] = None
+    ssh_config: Optional[str] = None
 
 
-def _inventory(hosts_path, cluster, parallel, connect_timeout, user, identity, known_hosts, ssh_config):
-
-    within("--parallel", parallel, 1)
-    within("--connect-timeout", connect_timeout, above=0)
-    return _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config, connect_timeout)
+DEFAULT_SSH = Ssh()  # the `ssh` parameter's default in a command's own signature (ssh_options replaces it)
 
 
-def _resolve_hosts(
-    hosts_path,
-    cluster,
-    user=None,
-    identity=(),
-    known_hosts=None,
-    ssh_config=None,
-    connect_timeout: float = 10.0,
-    store=None,
-):
+def ssh_options(*names: str) -> Callable[[Callable], Callable]:
+    """sqlite-utils' shared option decorators, for typer: the command declares one parameter `ssh: Ssh`, and
+    typer sees these options in its place (so `--help` lists them where that parameter stands); the command
+    gets them back as one Ssh value."""
+
+    def decorate(fn: Callable) -> Callable:
+        sig = inspect.signature(fn, eval_str=True)
+        params = []
+        for p in sig.parameters.values():
+            if p.name != "ssh":
+                params.append(p)
+                continue
+            params.extend(
+                inspect.Parameter(n, p.kind, default=_SSH_OPTIONS[n][1], annotation=_SSH_OPTIONS[n][0]) for n in names
+            )
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            given = {n: kwargs.pop(n) for n in names if n in kwargs}
+            if "identity" in given:
+                given["identity"] = tuple(given["identity"] or ())
+            return fn(*args, ssh=Ssh(**given), **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]  # what typer reads
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate
+
+
+def _inventory(hosts_path, ssh: Ssh):
+    within("--parallel", ssh.parallel, 1)
+    within("--connect-timeout", ssh.connect_timeout, above=0)
+    return _resolve_hosts(hosts_path, ssh.cluster, ssh)
+
+
+def _resolve_hosts(hosts_path, cluster, ssh: Ssh = DEFAULT_SSH, store=None):
     """The inventory with the shared ssh options (flags win over the ssh config; a ConnectTimeout in the
     config applies unless --connect-timeout was given)."""
     try:  # newer typer carries its own click (and may not install click): its context is the live one
@@ -118,11 +160,11 @@ def _resolve_hosts(
         cluster,
         store or _store(),
         inventory.SshOverrides(
-            user=user,
-            identity=tuple(identity or ()),
-            known_hosts=known_hosts,
-            ssh_config=ssh_config,
-            connect_timeout=connect_timeout,
+            user=ssh.user,
+            identity=ssh.identity,
+            known_hosts=ssh.known_hosts,
+            ssh_config=ssh.ssh_config,
+            connect_timeout=ssh.connect_timeout,
             connect_timeout_given=given,
         ),
         warn=display.warn,

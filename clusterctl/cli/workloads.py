@@ -9,7 +9,18 @@ from typing import List, Optional
 
 import typer
 
-from clusterctl.cli.shared import _SSH, _hourly, _print_line, _provider, _resolve_hosts, _store, within
+from clusterctl.cli.shared import (
+    DEFAULT_SSH,
+    LOGIN,
+    Ssh,
+    _hourly,
+    _print_line,
+    _provider,
+    _resolve_hosts,
+    _store,
+    ssh_options,
+    within,
+)
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError
 from clusterctl.units import duration, money
 
@@ -18,6 +29,7 @@ app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMAN
 
 # ---- the synthetic benchmark -----------------------------------------------------------------------------
 @app.command()
+@ssh_options(*LOGIN)
 def bench(
     hostsfile: Optional[str] = typer.Argument(
         None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
@@ -41,10 +53,7 @@ def bench(
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds each rung may take."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     out: Path = typer.Option(Path("bench-results"), "--out", help="Folder for results.json, logs and scaling.png."),
-    user: Optional[str] = _SSH["user"],
-    identity: List[str] = _SSH["identity"],
-    known_hosts: Optional[str] = _SSH["known_hosts"],
-    ssh_config: Optional[str] = _SSH["ssh_config"],
+    ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """Synthetic Horovod ladder: 1 GPU, 1 node, all; a verdict."""
     from clusterctl.cli import display
@@ -61,7 +70,7 @@ def bench(
     within("--iters", iters, benchlib.MIN_ITERS)
     within("--steps", steps, 1)
     within("--batch-size", batch_size, 1)
-    inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
+    inv = _resolve_hosts(hostsfile, cluster, ssh)
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
     opts = benchlib.BenchOptions(
@@ -105,6 +114,7 @@ def _bench_cost(inv, ladder, model: str) -> None:
 
 # ---- the preflight check ---------------------------------------------------------------------------------
 @app.command()
+@ssh_options(*LOGIN)
 def doctor(
     hostsfile: Optional[str] = typer.Argument(
         None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
@@ -117,10 +127,7 @@ def doctor(
         False, "--fabric", help="Also measure allreduce bandwidth: the cluster, and ring neighbours."
     ),
     fabric_mb: float = typer.Option(64.0, "--fabric-mb", help="MiB per allreduce in the --fabric test."),
-    user: Optional[str] = _SSH["user"],
-    identity: List[str] = _SSH["identity"],
-    known_hosts: Optional[str] = _SSH["known_hosts"],
-    ssh_config: Optional[str] = _SSH["ssh_config"],
+    ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """Preflight checks that silently ruin multi-node training.
 
@@ -135,7 +142,7 @@ def doctor(
     if fabric:
         within("--fabric-mb", fabric_mb, above=0, high=4096)
     store = _store()
-    inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config, store=store)
+    inv = _resolve_hosts(hostsfile, cluster, ssh, store=store)
     if fabric:
         inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     report = doctorlib.run(inv, python=python, timeout=timeout, cloud=_cloud_facts(inv.cluster, store))
@@ -206,6 +213,7 @@ def play(
 
 # ---- parameter sweeps ------------------------------------------------------------------------------------
 @app.command(context_settings={"allow_interspersed_args": False})
+@ssh_options(*LOGIN)
 def sweep(
     cmd: Optional[List[str]] = typer.Argument(
         None,
@@ -262,10 +270,7 @@ def sweep(
     hostsfile: Optional[str] = typer.Option(None, "--hosts", help="A hosts file instead of a cluster."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     poll: float = typer.Option(1.0, "--poll", help="Seconds between the scheduler's rounds (and this watch's)."),
-    user: Optional[str] = _SSH["user"],
-    identity: List[str] = _SSH["identity"],
-    known_hosts: Optional[str] = _SSH["known_hosts"],
-    ssh_config: Optional[str] = _SSH["ssh_config"],
+    ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """Parallel experiments: one trial per GPU, run detached.
 
@@ -307,7 +312,7 @@ def sweep(
         combos = planlib.expand(grid_values, ranges, random_k, seed)
         staged = planlib.stage_files(files)
         planlib.build_trials(cmd or [], combos[:1], "python")  # a bad command template fails before connecting
-    inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
+    inv = _resolve_hosts(hostsfile, cluster, ssh)
     inv.hosts.check_launchable("the sweep scheduler (ssh from the leader to each node)")
     py = sweeplib.python_for(inv.cluster, python)
     if not control:
@@ -436,6 +441,7 @@ def _train_inventory(hostsfile, cluster, connect_timeout: float = 10.0):
 
 
 @app.command()
+@ssh_options(*LOGIN)
 def train(
     hostsfile: Optional[str] = typer.Argument(
         None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
@@ -513,10 +519,7 @@ def train(
         False, "--no-checkpoint-copy", help="Do not keep a copy of every checkpoint on the second node."
     ),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
-    user: Optional[str] = _SSH["user"],
-    identity: List[str] = _SSH["identity"],
-    known_hosts: Optional[str] = _SSH["known_hosts"],
-    ssh_config: Optional[str] = _SSH["ssh_config"],
+    ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """Start training on the leader, in tmux.
 
@@ -526,7 +529,7 @@ def train(
     from clusterctl.cli import display
     from clusterctl.workloads import launch as launchlib, train_job as trainlib, train_options as trainopts
 
-    inv = _resolve_hosts(hostsfile, cluster, user, identity, known_hosts, ssh_config)
+    inv = _resolve_hosts(hostsfile, cluster, ssh)
     store = _store()
     if stop:
         job = trainlib.require_job(store, inv)
@@ -667,6 +670,7 @@ def _train_estimate(inv, job, opts) -> None:
 
 # ---- your own Horovod script -------------------------------------------------------------------------------
 @app.command(short_help="Run your own Horovod script on the cluster, in tmux.")
+@ssh_options(*LOGIN)
 def launch(
     args: List[str] = typer.Argument(
         None,
@@ -684,10 +688,7 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", help="The job's name (default: launch-<time>-<pid>)."),
     attach: bool = typer.Option(False, "--attach", help="Follow the job to its end (exit status: the job's)."),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
-    user: Optional[str] = _SSH["user"],
-    identity: List[str] = _SSH["identity"],
-    known_hosts: Optional[str] = _SSH["known_hosts"],
-    ssh_config: Optional[str] = _SSH["ssh_config"],
+    ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """Run your own Horovod script: horovodrun on the leader, detached in tmux.
 
@@ -705,7 +706,7 @@ def launch(
 
         jobs.validate_job_name(name)
     userjob.check_np(np_, 1 << 30)  # the lower bound now; the slots once the hosts are known
-    inv = _resolve_hosts(hosts_path, cluster, user, identity, known_hosts, ssh_config)
+    inv = _resolve_hosts(hosts_path, cluster, ssh)
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
     np_ = userjob.check_np(np_, inv.hosts.total_slots)
     from clusterctl.cluster import autostop_control as autostop
