@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """`clusterctl data tfrecords --on leader`: the conversion run on the leader, where the images are.
 
-Staged by clusterctl in a job folder on the leader with a copy of clusterctl's own data/tfrecords.py and errors.py
-(under pkg/clusterctl/), and run with the node runtime's Python (TensorFlow, boto3). SRC is a folder on the
-leader, or s3://bucket/prefix read with the instance's own credentials (its IAM instance profile): the
-objects are pulled to a hidden folder beside DST first, and removed once the shards are written.
+Staged by clusterctl in a job folder on the leader with a copy of the clusterctl modules it needs (under
+pkg/clusterctl/: data/tfrecords_leader.py's STAGED), and run with the node runtime's Python (TensorFlow,
+boto3). SRC is a folder on the leader, or s3://bucket/prefix read with the instance's own credentials (its
+IAM instance profile): the objects are pulled to a hidden folder beside DST first, and removed once the
+shards are written.
 
 Output: progress lines, then one line `CLUSTERCTL-DATA {json}` with what was written; an error is one line
 `CLUSTERCTL-DATA-ERROR {json}` ({"message", "hint", "exit"}) and the exit status of clusterctl's table.

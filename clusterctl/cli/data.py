@@ -183,7 +183,7 @@ def data_tfrecords(
     import re
 
     from clusterctl.cli import display
-    from clusterctl.data import tfrecords as data
+    from clusterctl.data import tfrecords as data, tfrecords_leader
 
     within("--train-shards", train_shards, 1)
     within("--validation-shards", validation_shards, 1)
@@ -201,7 +201,7 @@ def data_tfrecords(
 
         with autostop.lease(_store(), inv.cluster, "data", warn=display.warn):  # autostop waits for the conversion
             _data_report(
-                data.convert_on_leader(
+                tfrecords_leader.convert_on_leader(
                     inv,
                     src,
                     dst,

@@ -372,3 +372,31 @@ def test_flat_val_folder_with_labels_csv_or_devkit_ground_truth(tmp_path, tf):
     proc = cli("data", "tfrecords", str(src), str(tmp_path / "c"), "--val-labels", str(csv), cwd=tmp_path)
     assert proc.returncode == 3 and "1 of the 7 images in" in proc.stderr and "have no class in" in proc.stderr
     assert not (tmp_path / "c").exists()
+
+
+# ---- `data tfrecords --on leader`: what is staged ------------------------------------------------------------
+def test_the_staged_converter_needs_nothing_else_of_clusterctl(tmp_path):
+    """The leader gets the converter and tfrecords_leader.STAGED under empty package __init__s, nothing else
+    of clusterctl: from that copy alone (an isolated interpreter), every clusterctl module it imports is a
+    staged one, and the converter starts."""
+    from clusterctl.data import tfrecords_leader
+
+    pkg = tmp_path / "pkg" / "clusterctl"
+    for name in ("__init__.py", "data/__init__.py", *tfrecords_leader.STAGED):
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        body = b"" if name.endswith("__init__.py") else (tfrecords_leader.PACKAGE / name).read_bytes()
+        (pkg / name).write_bytes(body)
+    converter = tmp_path / tfrecords_leader.CONVERTER
+    converter.write_bytes((REPO / "templates" / tfrecords_leader.CONVERTER).read_bytes())
+    probe = (
+        f"import runpy, sys; sys.argv = [{str(converter)!r}, '--help']\n"
+        "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n    code = e.code\n"
+        "import json; print(json.dumps([m.__file__ for n, m in sys.modules.items() if n.startswith('clusterctl.')]))\n"
+        "print(code)"
+    )
+    proc = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    files, code = proc.stdout.strip().splitlines()[-2:]
+    loaded = {str(Path(f).relative_to(pkg)) for f in json.loads(files)}
+    assert code == "0" and {"data/tfrecords.py", "data/image_folder.py", "errors.py"} <= loaded
+    assert loaded <= {"__init__.py", "data/__init__.py", *tfrecords_leader.STAGED}

@@ -1,0 +1,163 @@
+"""`data tfrecords --on leader`, the operator's side: stage the converter (templates/tfrecords_convert.py with
+the clusterctl modules it imports, STAGED) in a job folder on the leader, run it there detached in tmux with
+the node runtime's Python, follow its output, and read its result line back as a DatasetInfo."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+
+from clusterctl.data.tfrecords import DatasetInfo, SplitInfo
+from clusterctl.errors import ConfigError
+
+CONVERTER = "tfrecords_convert.py"  # templates/: run on the leader with STAGED beside it
+# What the converter imports of clusterctl, relative to the package, copied to the leader as they are here
+# under empty package __init__s: each imports only the others and the stdlib (TensorFlow lazily, the
+# runtime's). test_data.py imports them from such a staged copy alone.
+STAGED = ("data/tfrecords.py", "data/image_folder.py", "errors.py")
+PACKAGE = Path(__file__).resolve().parent.parent  # clusterctl/
+_RESULT = "CLUSTERCTL-DATA "
+_FAILED = "CLUSTERCTL-DATA-ERROR "
+
+
+def leader_argv(
+    python: str,
+    src: str,
+    dst: str,
+    *,
+    train_shards: int | None = None,
+    validation_shards: int | None = None,
+    validation_fraction: float = 0.1,
+    seed: int = 0,
+    force: bool = False,
+    val_labels: bool = False,
+    val_synsets: bool = False,
+    endpoint_url: str | None = None,
+) -> list[str]:
+    """The converter's command line on the leader (paths already as the leader reads them)."""
+    argv = [python, CONVERTER, src, dst, "--validation-fraction", repr(validation_fraction), "--seed", str(seed)]
+    for flag, value in (
+        ("--train-shards", train_shards),
+        ("--validation-shards", validation_shards),
+        ("--endpoint-url", endpoint_url),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += (["--force"] if force else []) + (["--val-labels", "val_labels"] if val_labels else [])
+    return argv + (["--val-synsets", "val_synsets"] if val_synsets else [])
+
+
+def parse_leader_result(text: str) -> DatasetInfo:
+    """The converter's last result line; its error line raised as the same ClusterctlError class."""
+    from clusterctl.errors import ExitCode, RemoteCommandError, UsageError
+
+    for line in reversed(text.splitlines()):
+        if _FAILED in line:
+            e = json.loads(line.split(_FAILED, 1)[1])
+            cls = UsageError if e.get("exit") == int(ExitCode.USAGE) else ConfigError
+            raise cls(e["message"], e.get("hint"))
+        if _RESULT in line:
+            r = json.loads(line.split(_RESULT, 1)[1])
+            splits = {k: SplitInfo(k, int(v["examples"]), tuple(v["shards"])) for k, v in r["splits"].items()}
+            return DatasetInfo(
+                Path(r["path"]),
+                tuple(r["classes"]),
+                splits,
+                tuple(tuple(s) for s in r["skipped"]),
+                int(r["reencoded"]),
+                float(r["seconds"]),
+                int(r["bytes"]),
+            )
+    tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
+    raise RemoteCommandError("the conversion on the leader failed", tail[0][:300])
+
+
+def convert_on_leader(
+    inv,
+    src: str,
+    dst: str,
+    *,
+    val_labels: str | os.PathLike[str] | None = None,
+    val_synsets: str | os.PathLike[str] | None = None,
+    on_line=lambda _l: None,
+    **options,
+) -> DatasetInfo:
+    """`data tfrecords --on leader`: convert where the images are (a folder on the leader, or s3://... read
+    with the nodes' instance profile), writing the shards on the leader, for `sync leader:DST ...`. Runs with
+    the node runtime's Python, detached in tmux on the leader (a dropped connection loses nothing), the
+    output followed here."""
+    from clusterctl import resources
+    from clusterctl.errors import RemoteCommandError, UnreachableError, UsageError
+    from clusterctl.remote import tmux as jobs
+    from clusterctl.remote.ssh import SshPool
+    from clusterctl.workloads import launch, train_options as train
+
+    if src.startswith("s3://"):
+        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?", src):
+            raise UsageError(f"{src!r} is not an S3 location", "give one like s3://my-bucket/imagenet/")
+    elif any(c in src for c in "\n\r\0") or not src:
+        raise UsageError(f"bad source path {src!r}")
+    labels = {}
+    for name, path in (("val_labels", val_labels), ("val_synsets", val_synsets)):
+        if path is not None:
+            try:
+                labels[name] = Path(path).read_bytes()
+            except OSError as exc:
+                raise ConfigError(f"--{name.replace('_', '-')} {path}: {exc.strerror or exc}") from None
+    if "val_synsets" in labels and "val_labels" not in labels:
+        raise ConfigError("--val-synsets goes with --val-labels (the devkit's ground truth)")
+    python = launch.node_python(inv.cluster)
+    with SshPool(inv.settings) as pool:
+        leader = inv.targets[0]
+        job = launch.new_job(pool, leader, "data")
+        try:
+            where_src = src if src.startswith("s3://") else train.node_path(src, job.home)
+            where_dst = train.node_path(dst, job.home)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        pkg = f"{job.dir}/pkg/clusterctl"
+        files = {
+            f"{job.dir}/{CONVERTER}": (resources.template_bytes(CONVERTER), 0o644),
+            f"{pkg}/__init__.py": (b"", 0o644),
+            f"{pkg}/data/__init__.py": (b"", 0o644),
+            **{f"{pkg}/{name}": ((PACKAGE / name).read_bytes(), 0o644) for name in STAGED},
+            **{f"{job.dir}/{k}": (v, 0o644) for k, v in labels.items()},
+        }
+        put = pool.put([leader], files)
+        if not put.all_ok:
+            raise UnreachableError(f"cannot copy the converter to the leader {leader.label}: {put.failed[0].error}")
+        argv = leader_argv(
+            python,
+            where_src,
+            where_dst,
+            val_labels="val_labels" in labels,
+            val_synsets="val_synsets" in labels,
+            **options,
+        )
+        path = f"{os.path.dirname(python)}:{launch.BASE_PATH}" if python.startswith("/") else launch.BASE_PATH
+        cmd = (
+            f'cd {shlex.quote(job.dir)} && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '
+            f"PATH={shlex.quote(path)} TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 {shlex.join(argv)}"
+        )
+        r = pool.run_one(leader, jobs.detach_command(job.name, cmd), timeout=60)
+        if r.exit_code != 0:
+            raise RemoteCommandError(
+                f"could not start the conversion on {leader.label}",
+                (r.error or r.stderr or r.stdout).strip()[-300:] or None,
+            )
+    lines: list[str] = []
+
+    def line(text: str) -> None:
+        lines.append(text)
+        if not text.startswith((_RESULT, _FAILED)):
+            on_line(text)
+
+    launch.follow(inv, job.name, line)
+    try:
+        return parse_leader_result("\n".join(lines))
+    finally:
+        with SshPool(inv.settings) as pool:
+            launch.remove_job(pool, [inv.targets[0]], job)
