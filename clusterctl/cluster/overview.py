@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from clusterctl.errors import UsageError
 from clusterctl.providers.base import Provider
@@ -45,12 +45,15 @@ class Providers:
             impl.force = self._force
         return self._made[key]
 
-    def kinds(self, *, cloud: bool) -> list[str]:
-        """The registered providers whose clusters are asked of a cloud (cloud=True) or whose records here
-        list them all (cloud=False), by their `lists_from_cloud`. Making one calls nothing remote."""
+    def split(self, kinds: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
+        """These providers (default: every registered one; unknown names dropped) as (those whose clusters are
+        asked of a cloud, those whose records here list them all), by each one's `lists_from_cloud`. Only
+        these are made (a provider module costs `ls` its import), and making one calls nothing remote."""
         from clusterctl import providers as registry
 
-        return [k for k in registry.names() if self.get(k, None).lists_from_cloud == cloud]
+        known = sorted(set(registry.names()) & set(registry.names() if kinds is None else kinds))
+        cloud = [k for k in known if self.get(k, None).lists_from_cloud]
+        return cloud, [k for k in known if k not in cloud]
 
 
 def _region(cluster: Cluster, here: list[str]) -> str | None:
@@ -94,13 +97,13 @@ def down_targets(
 
     targets: list[Target] = []
     if all_:
-        here = providers.kinds(cloud=False)
+        cloud, here = providers.split()
         listed, damaged = store.list()
         for line in damaged:
             warn(line)
         records = {r.cluster.name: r.cluster for r in listed}
-        cloud = set(providers.kinds(cloud=True)) if region else set()  # no record, no flag: no cloud call
-        kinds = [provider] if provider else sorted({c.provider for c in records.values()} | set(here) | cloud)
+        asked = set(cloud) if region else set()  # no record, no flag: no cloud call
+        kinds = [provider] if provider else sorted({c.provider for c in records.values()} | set(here) | asked)
         for kind in kinds:
             regions = (
                 {region}
@@ -119,7 +122,11 @@ def down_targets(
         raise UsageError("no cluster given and none is current", "name the cluster: clusterctl down NAME")
     record = store.load(n).cluster if store.exists(n) else None
     kind = provider or (record.provider if record else None) or guess_provider(n, region)
-    return [Target(n, kind, region or (_region(record, providers.kinds(cloud=False)) if record is not None else None))]
+    return [
+        Target(
+            n, kind, region or (_region(record, providers.split([record.provider])[1]) if record is not None else None)
+        )
+    ]
 
 
 def ages_and_owners(targets: list[Target], providers: Providers) -> dict[tuple[str, str], tuple[float | None, str]]:
@@ -178,13 +185,16 @@ def listing(
     for line in damaged:
         warn(line)
     records = {r.cluster.name: r for r in listed}
+    # only the providers that can have something to say: those of a record and --provider's (every one with --region)
+    cloud, here = providers.split(
+        None if region else {r.cluster.provider for r in records.values()} | ({provider} if provider else set())
+    )
     asked: dict[str, set[str | None]] = {}  # cloud provider -> the regions asked of it
-    for kind in providers.kinds(cloud=True):
+    for kind in cloud:
         regions: set[str | None] = {r.cluster.region for r in records.values() if r.cluster.provider == kind}
         if provider == kind or region:
             regions = {region} if region else (regions or {None})
         asked[kind] = regions
-    here = providers.kinds(cloud=False)
     rows, seen = [], set()
     hourly_sum, so_far_sum, unknown = 0.0, 0.0, 0
     for kind, reg in sorted(((k, r) for k, regs in asked.items() for r in regs), key=lambda kr: (kr[0], str(kr[1]))):

@@ -42,7 +42,7 @@ def test_every_provider_says_where_its_clusters_are_listed_from(tmp_path):
     for name in providers.names():
         assert isinstance(providers.get(name, store=store).lists_from_cloud, bool), name
     found = _made(store, [])
-    assert found.kinds(cloud=True) == ["aws"] and found.kinds(cloud=False) == ["local"]
+    assert found.split() == (["aws"], ["local"]) and found.split(["local", "no-such"]) == ([], ["local"])
 
 
 def test_ls_and_down_all_ask_no_cloud_without_a_cloud_record_or_a_flag(tmp_path, no_aws):
@@ -54,11 +54,13 @@ def test_ls_and_down_all_ask_no_cloud_without_a_cloud_record_or_a_flag(tmp_path,
     # this machine's cluster: the record's state, priced at nothing
     assert (row.provider, row.state, row.priced, row.hourly_usd, row.uptime_s) == ("local", "up", True, 0.0, 3600.0)
     assert [r.name for r in listing.rows] == ["zz-contract-here"]
+    assert made == [("local", None)]  # no cloud record, no flag: the cloud provider is not even loaded
+    made.clear()
     targets = overview.down_targets(store, _made(store, made), None, True, None, None, warn=pytest.fail)
     assert overview.Target("zz-contract-here", "local", None) in targets
     assert {t.provider for t in targets} == {"local"}
-    # providers are made to read their capability; the cloud one only with no region, and never asked
-    assert ("aws", None) in made and not any(kind == "aws" and region for kind, region in made)
+    # down --all reads every provider's capability; the cloud one is made with no region and never asked
+    assert sorted(made) == [("aws", None), ("local", None)]
 
 
 def test_a_cluster_without_a_record_is_the_cloud_s_only_when_a_cloud_can_be_asked(no_aws):
