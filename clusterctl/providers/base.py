@@ -19,7 +19,7 @@ Changing a running cluster:
 Capabilities (plain attributes): region, builds_runtime_locally, lists_from_cloud, force.
 
 Where clusters are listed from (`ls`, `down --all`, and whose a cluster without a record is: cluster/
-overview.py asks every registered provider for lists_from_cloud and never names one):
+overview.py reads lists_from_cloud of the providers concerned and never names one):
   lists_from_cloud False   the clusters live on this machine and the records here are the whole list:
                            `ls` shows each record's own state (up, stopped by autostop ...) at no cost;
                            `down --all` also asks all_clusters() (what is left without a record).
