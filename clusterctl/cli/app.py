@@ -11,7 +11,7 @@ from typing import Callable
 
 import typer
 
-from clusterctl.cli import clusters, data, fanout, fastargs as _fastargs, workloads
+from clusterctl.cli import clusters, data, fanout, fastargs as _fastargs, train, up, workloads
 from clusterctl.errors import ClusterctlError, ExitCode
 
 _fastargs.install()  # plain str/int/float/bool options without pydantic: ~0.1 s less per invocation
@@ -97,7 +97,7 @@ COMMANDS = (
 
 def _merge() -> None:
     infos = {}
-    for module in (clusters, fanout, data, workloads):
+    for module in (up, clusters, fanout, data, workloads, train):
         for info in module.app.registered_commands:
             infos[info.name or info.callback.__name__.lower().replace("_", "-")] = info
         for group in module.app.registered_groups:  # `data tfrecords` and the like: the same wrapping

@@ -1,235 +1,19 @@
-"""Commands about clusters: up down ls status keep autostop gc hosts ssh."""
+"""Commands about clusters: down ls status keep autostop gc hosts ssh (`up` is cli/up.py)."""
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from clusterctl.cli.shared import _confirm, _hourly, _provider, _store, within
-from clusterctl.cli.workloads import _launch_status, _train_status
+from clusterctl.cli.shared import _confirm, _hourly, _provider, _store
+from clusterctl.cli.train import _launch_status, _train_status
 from clusterctl.errors import UsageError
 from clusterctl.units import duration, money
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
-
-
-# ---- clusters --------------------------------------------------------------------------------------------
-@app.command()
-def up(
-    nodes: int = typer.Option(2, "--nodes", "-n", help="Number of nodes (the first is the leader)."),
-    type_: str = typer.Option("p3.16xlarge", "--type", "-t", help="Instance type (AWS)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Cluster name (default: 'local' or 'cluster')."),
-    provider: str = typer.Option("aws", "--provider", help="aws, or local: namespace nodes on this machine."),
-    slots: Optional[int] = typer.Option(
-        None, "--slots", help="Processes per node (default: GPUs per node; 1 locally)."
-    ),
-    region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the AWS config's)."),
-    hosts_file: Path = typer.Option(Path("hosts"), "--hosts-file", help="Where to write the hosts file."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    ssh_config_entry: Optional[bool] = typer.Option(
-        None,
-        "--ssh-config-entry/--no-ssh-config-entry",
-        help="Add `Include ~/.ssh/clusterctl/*.conf` to ~/.ssh/config (once) so "
-        "`ssh NAME` works (default: ask on a terminal).",
-    ),
-    ami: Optional[str] = typer.Option(None, "--ami", help="Image id (default: the current Deep Learning AMI)."),
-    ami_parameter: Optional[str] = typer.Option(None, "--ami-parameter", help="SSM public parameter naming the image."),
-    ssh_user: Optional[str] = typer.Option(
-        None, "--ssh-user", help="Login user (default: from the image; ubuntu for the DLAMI)."
-    ),
-    volume_size: int = typer.Option(200, "--volume-size", help="Root disk GB per node."),
-    volume_type: str = typer.Option("io2", "--volume-type", help="io2 | io1 | gp3 | gp2."),
-    iops: Optional[int] = typer.Option(
-        None, "--iops", help="Provisioned IOPS (default 10000 for io1/io2, 3000 for gp3)."
-    ),
-    spot: bool = typer.Option(False, "--spot", help="Spot instances (one-time; terminated on interruption)."),
-    vpc: Optional[str] = typer.Option(None, "--vpc", help="Use this VPC (its subnets) instead of creating one."),
-    subnet: List[str] = typer.Option([], "--subnet", help="Use this subnet (repeatable: AZs tried in order)."),
-    cidr: Optional[str] = typer.Option(None, "--cidr", help="Address range of a VPC clusterctl creates (10.0.0.0/16)."),
-    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="Who may ssh in (default: your public IP /32)."),
-    s3_read: List[str] = typer.Option([], "--s3-read", help="s3://bucket/prefix the nodes may read (repeatable)."),
-    private_ips: bool = typer.Option(
-        False, "--private-ips", help="No public addresses: reach nodes by private IP (VPN/VPC)."
-    ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and check permissions; create nothing."),
-    max_hourly: float = typer.Option(
-        50.0, "--max-hourly", "--confirm-above", help="Ask before launching above this many $/hour."
-    ),
-    ssh_timeout: float = typer.Option(600.0, "--ssh-timeout", help="Seconds to wait for every node's ssh."),
-    trust_first_contact: bool = typer.Option(
-        False,
-        "--trust-first-contact",
-        help="AWS: accept the host key a node shows at first contact when its "
-        "console has none (default: fail, exit 5).",
-    ),
-    idle_stop: str = typer.Option(
-        "60m", "--idle-stop", help="Stop the cluster after this long with nothing busy (off: never)."
-    ),
-    max_lifetime: Optional[str] = typer.Option(
-        None, "--max-lifetime", help="Stop it this long after it was made, busy or not (e.g. 12h)."
-    ),
-    runtime: str = typer.Option(
-        "install", "--runtime", help="install: the node runtime (TensorFlow + Horovod) on every node; none: skip it."
-    ),
-    python: Optional[str] = typer.Option(
-        None, "--python", help="Bring your own: this Python on the nodes runs the jobs (no runtime installed)."
-    ),
-    runtime_cache: Optional[str] = typer.Option(
-        None, "--runtime-cache", help="AWS: s3://bucket/prefix where built runtimes are kept and reused."
-    ),
-    runtime_wheels: Optional[str] = typer.Option(
-        None,
-        "--runtime-wheels",
-        help="AWS: a wheel mirror URL (every wheel the runtime needs) the leader installs from instead of PyPI.",
-    ),
-) -> None:
-    """Bring up identical nodes, keys pinned, runtime installed.
-
-    One network, one zone, one placement group; safe to re-run and to interrupt.
-    """
-    from clusterctl.autostop import settings as autostop
-    from clusterctl.cli import display
-    from clusterctl.cluster import provision
-    from clusterctl.state import validate_name
-    from clusterctl.types import ClusterSpec
-
-    store = _store()
-    name = validate_name(name or ("local" if provider == "local" else "cluster"))
-    stop_rules = autostop.settings(idle_stop, max_lifetime)
-    within("--slots", slots, 1, 1024)
-    within("--nodes", nodes, 1)
-    options: dict = {}
-    if provider == "aws":
-        within("--nodes", nodes, 1, 1000)
-        options = {
-            "ami": ami,
-            "ami_parameter": ami_parameter,
-            "ssh_user": ssh_user,
-            "volume_size": volume_size,
-            "volume_type": volume_type,
-            "iops": iops,
-            "spot": spot,
-            "vpc": vpc,
-            "subnets": tuple(subnet),
-            "cidr": cidr,
-            "ssh_cidr": ssh_cidr,
-            "s3_read": tuple(s3_read),
-            "private_ips": private_ips,
-        }
-    spec = ClusterSpec(
-        name=name,
-        provider=provider,
-        nodes=nodes,
-        slots=slots,
-        instance_type=type_ if provider != "local" else "local",
-        region=region or "",
-        options=options,
-        autostop=stop_rules,
-    )
-    impl = _provider(provider, store, region)
-    request = _runtime_request(runtime, python, runtime_cache, runtime_wheels, impl.builds_runtime_locally)
-    plan = impl.plan(spec)
-    for line in plan.lines:
-        display.info(f"plan: {line}")
-    display.info(f"plan: autostop: {autostop.describe(stop_rules)}")
-    display.info(f"plan: node runtime: {_runtime_line(request)}")
-    if dry_run:
-        for line in impl.dry_run(spec):
-            display.info(f"dry run: {line}")
-        display.info("dry run: nothing was created")
-        return
-    if plan.hourly_usd is None or plan.hourly_usd > max_hourly:
-        cost = "an unknown price" if plan.hourly_usd is None else f"{money(plan.hourly_usd)}/hour"
-        _confirm(f"Launch {nodes} x {type_} at {cost}?", yes)
-    start = time.monotonic()
-    cluster = provision.up(
-        spec,
-        store,
-        impl,
-        hosts_out=hosts_file,
-        report=lambda m: display.info(m),
-        ssh_timeout=ssh_timeout,
-        runtime=request,
-        trust_first_contact=trust_first_contact,
-        runtime_cache=_runtime_s3(request.cache, region) if request.cache else None,
-    )
-    display.info(
-        f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
-        f"in {time.monotonic() - start:.1f}s; hosts file: {hosts_file}"
-    )
-    _ssh_entry(cluster, store, ssh_config_entry)
-    display.node_table(cluster)
-
-
-def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:
-    """`ssh NAME` / `ssh NAME-member-1`: the cluster's OpenSSH config (see sshentry), and with the user's
-    consent (the flag, or asked on a terminal) the one Include line in ~/.ssh/config that finds it."""
-    from clusterctl.cli import display
-    from clusterctl.cluster import sshentry
-
-    try:
-        path = sshentry.write(cluster, store)
-        if entry is None and not sshentry.has_include() and sys.stdin.isatty() and sys.stderr.isatty():
-            entry = typer.confirm(
-                f"Add `{sshentry.include_line()}` to {sshentry.user_config()} so `ssh {cluster.name}` works?",
-                default=True,
-                err=True,
-            )
-        if entry and sshentry.add_include():
-            display.info(f"added `{sshentry.include_line()}` at the top of {sshentry.user_config()}")
-    except OSError as exc:
-        display.warn(f"could not write the cluster's ssh config ({exc}); `clusterctl ssh` still works")
-        return
-    if sshentry.has_include():
-        display.info(f"ssh config: {path} (ssh {cluster.name}, ssh {cluster.nodes[-1].name})")
-    else:
-        display.info(
-            f"ssh config: {path} (ssh -F {path} {cluster.name}; `up --ssh-config-entry` adds "
-            f"`{sshentry.include_line()}` to {sshentry.user_config()} for `ssh {cluster.name}`)"
-        )
-
-
-def _runtime_request(
-    runtime: str, python: Optional[str], cache: Optional[str], wheels: Optional[str], builds_here: bool
-):
-    from clusterctl.runtime.install import RuntimeRequest
-
-    if runtime not in ("install", "none"):
-        raise UsageError(f"unknown --runtime {runtime!r}", "use install or none")
-    if python is not None and runtime == "none":
-        raise UsageError("--python and --runtime none together", "give one of them")
-    if (cache or wheels) and builds_here:  # the leader builds (or fetches) it: a cache or wheels are for it
-        raise UsageError(
-            "--runtime-cache and --runtime-wheels are for AWS clusters",
-            "local clusters build the runtime once on this machine and cache it here",
-        )
-    if python is not None:
-        return RuntimeRequest("own", python=python)
-    return RuntimeRequest(runtime, cache=cache or "", wheels=wheels or "")  # type: ignore[arg-type]  # checked above
-
-
-def _runtime_line(request) -> str:
-    from clusterctl.runtime.spec import ROOT, RuntimeSpec
-
-    if request.mode == "none":
-        return "none (--runtime none): jobs need a Python with TensorFlow and Horovod on the nodes"
-    if request.mode == "own":
-        return f"your own Python {request.python} (`clusterctl doctor` checks it has TensorFlow and Horovod)"
-    s = RuntimeSpec()
-    where = f"; cache {request.cache}" if request.cache else ""
-    return f"TensorFlow {s.tensorflow} + Horovod {s.horovod} at {ROOT}/<id> on every node{where}"
-
-
-def _runtime_s3(url: str, region: Optional[str]):
-    import boto3
-
-    from clusterctl.runtime.install import S3Cache
-
-    return S3Cache(url, boto3.session.Session(region_name=region or None).client("s3"))
 
 
 @app.command()
@@ -322,7 +106,7 @@ def ls(
     ),
 ) -> None:
     """List clusters: nodes, type, AZ, state, uptime, cost so far."""
-    from clusterctl.cli import display
+    from clusterctl.cli import display, tables
     from clusterctl.cluster import overview
 
     store = _store()
@@ -348,7 +132,7 @@ def ls(
     if not rows:
         display.info("no clusters; bring one up with `clusterctl up --provider local --nodes 2`")
         return
-    display.cluster_table(
+    tables.cluster_table(
         rows, ("name", "provider", "region", "nodes", "type", "az", "state", "uptime", "$/hour", "cost so far", "note")
     )
     display.info(
@@ -371,7 +155,7 @@ def status(
 
     Says where the local record and the provider disagree.
     """
-    from clusterctl.cli import display
+    from clusterctl.cli import tables
     from clusterctl.cluster import overview, provision
     from clusterctl.errors import StateError
     from clusterctl.state import validate_name
@@ -384,7 +168,7 @@ def status(
     if kind == "local":
         if record is None:
             record = store.load(n)  # raises "no cluster named ..."
-        display.node_table(record.cluster, current=n == store.current())
+        tables.node_table(record.cluster, current=n == store.current())
         _autostop_status(store, record)
         _runtime_status(record)
         if record.status == "up":
@@ -399,7 +183,7 @@ def status(
         from clusterctl.providers.base import ClusterStatus
 
         st = ClusterStatus(n, kind, record.cluster.region, record.cluster.instance_type, ())
-    display.cluster_status(
+    tables.cluster_status(
         st,
         time.time(),
         current=n == store.current(),
@@ -537,7 +321,7 @@ def gc(
     removed, and another owner's clusters only with --force.
     """
     from clusterctl.autostop import settings as autostop
-    from clusterctl.cli import display
+    from clusterctl.cli import display, tables
     from clusterctl.cluster import gc as gclib, overview
 
     limit = autostop.parse_duration(older_than, "--older-than", allow_off=False) if older_than else None
@@ -550,7 +334,7 @@ def gc(
     if not found.found:
         display.info("nothing found: clusterctl left nothing behind")
         return
-    display.gc_table(list(found.found), list(found.chosen), now)
+    tables.gc_table(list(found.found), list(found.chosen), now)
     if found.others:
         display.info(
             f"kept: {len(found.others)} cluster(s) of other owners ("

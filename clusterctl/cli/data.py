@@ -51,7 +51,7 @@ def sync(
 
     A pipelined relay by default, a sha256 manifest checked on every node.
     """
-    from clusterctl.cli import display
+    from clusterctl.cli import display, tables
     from clusterctl.data import plan as syncplan, session as syncsession, sync as transfer
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import launch
@@ -98,7 +98,7 @@ def sync(
             verify=verify,
         )
         report = syncer.run()
-    display.sync_table(report)
+    tables.sync_table(report)
     err = report.error()
     if err is not None:
         raise err

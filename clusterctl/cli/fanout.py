@@ -23,7 +23,7 @@ from clusterctl.cli.shared import (
     ssh_options,
     within,
 )
-from clusterctl.cli.workloads import _train_logs
+from clusterctl.cli.train import _train_logs
 from clusterctl.errors import ExitCode, UsageError, combined
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)

@@ -342,7 +342,7 @@ def test_costs():
 def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys):
     from types import SimpleNamespace
 
-    from clusterctl.cli import workloads as cli
+    from clusterctl.cli import train, workloads as cli
     from clusterctl.state import StateStore
     from clusterctl.workloads import bench
 
@@ -363,11 +363,12 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
     assert costs.load_measured(StateStore(tmp_path), "c")["img_per_sec"] == 1500.0
 
     opts = SimpleNamespace(model="resnet50", max_steps=None, epochs=2.0, batch_size=None)
-    cli._train_estimate(inv, SimpleNamespace(np=8, options={}), opts)
+    job = SimpleNamespace(np=8, options=SimpleNamespace(data=None))  # no --data: ImageNet-sized epochs
+    train._train_estimate(inv, job, opts)
     err = capsys.readouterr().err
     assert (
         "cost: estimated at 750 img/s, 2 ImageNet-sized epoch(s) (2,562,334 images) takes 56m and costs about "
         "$46.46 (from the 1,500 img/s `bench` measured at 16 process(es), scaled linearly"
     ) in err, err
-    cli._train_estimate(inv, SimpleNamespace(np=8, options={}), SimpleNamespace(**{**vars(opts), "model": "tiny"}))
+    train._train_estimate(inv, job, SimpleNamespace(**{**vars(opts), "model": "tiny"}))
     assert "no img/s measured for tiny on this cluster yet" in capsys.readouterr().err

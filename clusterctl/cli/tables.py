@@ -1,0 +1,371 @@
+"""The tables of results (rich), on stdout: clusters, gc, the bench ladder, doctor, sync, sweeps, playbooks,
+training; and a running sweep's table, redrawn in place. Library code never prints; it hands typed values
+here (the line printers are cli/display.py)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Sequence
+
+from clusterctl.cli.display import _esc, console, info
+from clusterctl.units import duration, money
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+    from rich.live import Live
+
+
+# ---- clusters ----------------------------------------------------------------------------------------
+def cluster_table(
+    rows: Sequence[dict], columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state")
+) -> None:
+    from rich.table import Table
+
+    t = Table(box=None, header_style="bold")
+    for col in columns:
+        t.add_column(col.upper())
+    for r in rows:
+        t.add_row(*(_esc(str(r.get(c, ""))) for c in columns))
+    console().print(t)
+
+
+def cluster_status(status, now: float, current: bool = False, notes: Sequence[str] = ()) -> None:
+    """`status` of a cluster as its provider sees it: one row per node, then $/hour and cost so far."""
+    from rich.table import Table
+
+    c = console()
+    c.print(
+        f"[bold]{_esc(status.name)}[/] ({status.provider}, {status.region}, {status.instance_type or '-'})"
+        + (" [dim]current[/]" if current else "")
+    )
+    t = Table(box=None, header_style="bold")
+    for col in ("NODE", "ROLE", "INSTANCE", "AZ", "STATE", "ADDRESS", "SSH", "SLOTS", "UPTIME"):
+        t.add_column(col)
+    for ns in status.nodes:
+        n = ns.node
+        up = duration(now - ns.launched_at) if ns.launched_at and ns.state in ("pending", "running") else "-"
+        t.add_row(
+            n.name,
+            n.role,
+            n.instance_id or "-",
+            ns.zone or "-",
+            ns.state,
+            n.private_ip,
+            f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}",
+            str(n.slots),
+            up,
+        )
+    if status.nodes:
+        c.print(t)
+    hourly, so_far = status.hourly_usd, status.cost_so_far(now)
+    c.print(f"cost: {money(hourly)}/hour now, {money(so_far)} so far (built-in on-demand prices; not a bill)")
+    for line in status.other:
+        c.print(f"  left without nodes: {_esc(line)}")
+    for note in notes:
+        c.print(f"[yellow]note:[/] {_esc(note)}")
+
+
+def gc_table(found, chosen, now: float) -> None:
+    """`gc`: one row per cluster found (age, owner, record here), then each resource of the ones to remove."""
+    from rich.table import Table
+
+    picked = {id(c) for c in chosen}  # per identity: two owners' clusters may share a name
+    t = Table(box=None, header_style="bold")
+    for col in ("CLUSTER", "WHERE", "AGE", "OWNER", "RECORD HERE", "NODES", "RESOURCES", ""):
+        t.add_column(col)
+    for c in found:
+        nodes = sum(f.kind in ("instance", "namespace") for f in c.found)
+        t.add_row(
+            _esc(c.name),
+            c.where,
+            duration(now - c.created_at) if c.created_at else "?",
+            _esc(c.owner or "?"),
+            c.record or "none",
+            str(nodes),
+            str(len(c.found)),
+            "remove"
+            if id(c) in picked
+            else "kept (younger)"
+            if getattr(c, "mine", True)
+            else "kept (another owner's: --force)",
+        )
+    console().print(t)
+    for c in chosen:
+        for f in c.found:
+            info(
+                f"  {c.name}: {f.kind} {f.id}"
+                + (f" ({f.state})" if f.state else "")
+                + (f", {duration(now - f.created_at)} old" if f.created_at else "")
+            )
+
+
+def node_table(cluster, current: bool = False) -> None:
+    from rich.table import Table
+
+    c = console()
+    c.print(
+        f"[bold]{_esc(cluster.name)}[/] ({cluster.provider}, {cluster.region}, {cluster.instance_type})"
+        + (" [dim]current[/]" if current else "")
+    )
+    t = Table(box=None, header_style="bold")
+    for col in ("NODE", "ROLE", "ADDRESS", "SSH", "SLOTS"):
+        t.add_column(col)
+    for n in cluster.nodes:
+        t.add_row(n.name, n.role, n.private_ip, f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}", str(n.slots))
+    c.print(t)
+
+
+def ladder_table(ladder) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"Synthetic {ladder.model} ladder (batch {ladder.batch_size}/process)", header_style="bold")
+    for col in ("processes", "nodes", "img/s (+- 1.96 sigma)", "speedup", "efficiency", "per process vs one node"):
+        t.add_column(col, justify="right")
+    for r in ladder.rungs:
+        t.add_row(
+            str(r.np),
+            str(r.nodes),
+            f"{r.img_per_sec:.1f} +- {r.conf:.1f}",
+            f"{r.speedup:.2f}x",
+            f"{r.efficiency:.1%}",
+            "-" if r.node_scaling is None else f"{r.node_scaling:.1%} +- {r.node_scaling_conf:.1%}",
+        )
+    c = console()
+    c.print(t)
+    if ladder.alone:
+        nodes = Table(title="each node alone, all at once: img/s per process", header_style="bold")
+        nodes.add_column("node")
+        nodes.add_column("processes", justify="right")
+        nodes.add_column("img/s per process (+- 1.96 sigma)", justify="right")
+        for a in ladder.alone:
+            nodes.add_row(
+                _esc(
+                    a.node
+                    + (f" ({a.hostname})" if a.hostname else "")
+                    + (" (slow)" if a.node in ladder.slow_nodes else "")
+                ),
+                str(a.np),
+                f"{a.per_proc:.1f} +- {a.conf:.1f}",
+            )
+        c.print(nodes)
+    style = (
+        ("green" if ladder.passed else "yellow" if ladder.status == "INCONCLUSIVE" else "red")
+        if ladder.judged
+        else "yellow"
+    )
+    c.print(f"[{style}]{_esc(ladder.verdict)}[/]")
+    c.print(f"results: {_esc(ladder.results_dir)}/results.json, scaling.png, rung logs")
+
+
+# ---- the doctor --------------------------------------------------------------------------------------
+def doctor_table(report) -> None:
+    from rich.table import Table
+
+    marks = {"ok": "[green]ok[/]", "fail": "[bold red]FAIL[/]", "n/a": "[dim]n/a[/]"}
+    t = Table(title="clusterctl doctor", header_style="bold")
+    t.add_column("node")
+    for check in report.checks:
+        t.add_column(check)
+    for n in report.nodes:
+        t.add_row(_esc(n.host + (f" ({n.name})" if n.name else "")), *(marks[n.cells[c].status] for c in report.checks))
+    c = console()
+    c.print(t)
+    if report.fabric is not None:
+        f = report.fabric
+        c.print(f"fabric: measured with {_esc(f.tool)}: {_esc(f.tool_why)}")
+        if f.nccl is not None:  # all_reduce_perf times each size many times; no spread to print
+            c.print(
+                f"fabric: all_reduce_perf avg bus bandwidth {f.nccl.avg_busbw_gbyte:.2f} GB/s over "
+                f"{len(f.nccl.rows)} sizes, {f.nccl.peak_busbw_gbyte:.2f} GB/s at the largest"
+            )
+        spread = (lambda a: "") if f.tool == "nccl-tests" else (lambda a: f" +- {a.conf:.2f}")
+        c.print(
+            "fabric: cluster allreduce "
+            + (
+                f"{f.cluster.busbw_gbit:.2f}{spread(f.cluster)} Gbit/s busbw"
+                if not f.cluster.error
+                else f"failed: {_esc(f.cluster.error)}"
+            )
+        )
+        for p in f.pairs:
+            c.print(
+                f"fabric: pair {_esc(' <-> '.join(p.hosts))}: "
+                + (f"{p.busbw_gbit:.2f}{spread(p)} Gbit/s" if not p.error else f"failed: {_esc(p.error)}")
+            )
+        c.print(f"fabric: judged against {_esc(f.reference)}")
+    for line in report.failures():
+        c.print(f"[red]FAIL[/] {_esc(line)}")
+    c.print("[green]all checks passed[/]" if report.ok else f"[red]{len(report.failures())} check(s) failed[/]")
+
+
+def sync_table(report) -> None:
+    """The final table: node, bytes, seconds, MB/s, verified; and one summary line."""
+    from rich.table import Table
+
+    t = Table(box=None, header_style="bold")
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("NODE", "left"),
+        ("BYTES", "right"),
+        ("SECONDS", "right"),
+        ("MB/S", "right"),
+        ("VERIFIED", "left"),
+    )
+    for col, just in columns:
+        t.add_column(col, justify=just)
+    for o in report.outcomes:
+        rate = f"{o.bytes / o.seconds / 1e6:.1f}" if o.seconds > 0 and o.bytes else "-"
+        verified = "yes" if o.verified else f"no: {o.status}: {o.detail}"
+        t.add_row(_esc(o.host), f"{o.bytes:,}", f"{o.seconds:.1f}", rate, _esc(verified))
+    console().print(t)
+    ok = sum(1 for o in report.outcomes if o.verified)
+    style = "green" if ok == len(report.outcomes) else "red"
+    console(stderr=True).print(
+        f"[{style}]{ok} of {len(report.outcomes)} node(s) verified and marked complete: "
+        f"{report.files} file(s), {report.total_bytes:,} bytes, {report.strategy}, "
+        f"{report.seconds:.1f}s[/]"
+    )
+
+
+# ---- playbooks ---------------------------------------------------------------------------------------
+def play_summary(results) -> None:
+    c = console()
+    for r in results:
+        mark = "[dim]skip[/]" if r.skipped else ("[green]ok[/]" if r.ok else "[bold red]FAIL[/]")
+        c.print(f"{mark:>6} {_esc(r.step.name)} ({r.step.kind}): {_esc(r.detail)}")
+    failed = [r for r in results if not r.ok]
+    c.print("[green]playbook finished[/]" if not failed else f"[red]{len(failed)} step(s) failed[/]")
+
+
+# ---- sweeps --------------------------------------------------------------------------------------------
+_SWEEP_STYLE = {
+    "done": "green",
+    "running": "cyan",
+    "starting": "cyan",
+    "queued": "dim",
+    "failed": "red",
+    "lost": "red",
+    "cancelled": "yellow",
+}
+
+
+def sweep_rich_table(rows: Sequence[dict], params: Sequence[str], metric_name: str, title: str | None = None):
+    from rich.table import Table
+
+    t = Table(title=title, box=None, header_style="bold", title_justify="left")
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("TRIAL", "right"),
+        *((p.upper(), "right") for p in params),
+        ("NODE/GPU", "left"),
+        ("STATE", "left"),
+        ("ELAPSED", "right"),
+        (metric_name.upper(), "right"),
+        ("", "left"),
+    ]
+    for col, just in columns:
+        t.add_column(_esc(col), justify=just)
+    for r in rows:
+        style = _SWEEP_STYLE.get(r["state"], "")
+        mark = "[bold green]best[/]" if r["best"] else ""
+        note = f"[dim]{_esc(r['note'])}[/]" if r["note"] else ""
+        t.add_row(
+            r["trial"],
+            *(_esc(v) for v in r["params"]),
+            _esc(r["node"]),
+            f"[{style}]{_esc(r['state'])}[/]" if style else _esc(r["state"]),
+            r["elapsed"],
+            _esc(r["metric"]),
+            " ".join(x for x in (mark, note) if x),
+        )
+    return t
+
+
+def sweep_table(rows: Sequence[dict], params: Sequence[str], metric_name: str, title: str | None = None) -> None:
+    """The sweep's trials as a table on stdout (the caller orders the rows)."""
+    console().print(sweep_rich_table(rows, params, metric_name, title))
+
+
+class SweepProgress:
+    """The live view of a running sweep: a table redrawn in place on a terminal; elsewhere, one line per
+    change (trial started / finished / re-queued, node dead) on stderr."""
+
+    def __init__(self, params: Sequence[str], metric_name: str):
+        self.params, self.metric_name = list(params), metric_name
+        self.live: Live | None = None
+        self.tty = sys.stderr.isatty()
+
+    def __enter__(self) -> "SweepProgress":
+        if self.tty:
+            from rich.live import Live
+
+            self.live = Live(console=console(stderr=True), refresh_per_second=4, transient=True)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def update(self, rows: Sequence[dict], summary: str, lines: Sequence[str]) -> None:
+        if self.live is not None:
+            from rich.console import Group
+            from rich.text import Text
+
+            self.live.update(Group(sweep_rich_table(rows, self.params, self.metric_name), Text(summary)))
+        else:
+            for line in lines:
+                info(line)
+
+
+# ---- training ----------------------------------------------------------------------------------------
+def train_eval(result) -> None:
+    """`clusterctl eval`: the recipe's evaluation line, top-1/top-5 in percent."""
+    from rich.table import Table
+
+    t = Table(box=None, header_style="bold")
+    for col in ("STEP", "EPOCH", "TOP-1", "TOP-5", "LOSS", "IMAGES", "CHECKPOINT", "TIME (UTC)"):
+        t.add_column(col)
+    t.add_row(
+        str(result.step),
+        f"{result.epoch:.1f}",
+        f"{result.top1:.2f}%",
+        f"{result.top5:.2f}%",
+        f"{result.loss:.3f}",
+        str(result.examples),
+        _esc(result.checkpoint.rsplit("/", 1)[-1] or "-"),
+        _esc(result.time or "-"),
+    )
+    console().print(t)
+
+
+def train_status(job, st, dollars_per_hour) -> None:
+    """The training job under `status`: state, step, epoch, img/s, loss, elapsed, ETA and its cost."""
+
+    c = console()
+    c.print(
+        f"[bold]training[/] {_esc(job.job)}: {st.state}"
+        + (f" ({_esc(st.reason)})" if st.reason else "")
+        + (f", restarted {st.restarts}x" if st.restarts else "")
+    )
+    if st.stop_step:
+        c.print(
+            f"  step {st.step}/{st.stop_step}  epoch {st.epoch:.2f}/{st.epochs:g}  "
+            f"{'-' if st.img_per_sec is None else f'{st.img_per_sec:,.1f}'} img/s  "
+            f"loss {'-' if st.loss is None else f'{st.loss:.4f}'}  lr {'-' if st.lr is None else f'{st.lr:.6f}'}  "
+            f"{st.size} process(es)"
+        )
+    cost = None if dollars_per_hour is None else st.cost_to_finish(dollars_per_hour)
+    c.print(
+        f"  elapsed {duration(st.elapsed_s)} (all runs {duration(st.total_elapsed_s)})  "
+        f"ETA {duration(st.eta_s)}  cost to finish {money(cost)}"
+    )
+    if st.last_checkpoint is not None:
+        c.print(f"  last checkpoint: step {st.last_checkpoint.step} ({_esc(st.last_checkpoint.path)})")
+    if st.result is not None:
+        r = st.result
+        c.print(f"  evaluation: top-1 {r.top1:.2f}%  top-5 {r.top5:.2f}%  at step {r.step} ({r.examples} images)")
+    elif st.validation is not None:
+        v = st.validation
+        c.print(
+            f"  validation during training: top-1 {v.top1:.2f}%  top-5 {v.top5:.2f}%  at epoch {v.epoch:g} "
+            f"(step {v.step}, {v.examples} images)"
+        )

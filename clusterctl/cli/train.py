@@ -1,0 +1,425 @@
+"""Commands that train on the cluster: train launch eval tensorboard; the training job's part of logs and status."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from clusterctl.cli.shared import (
+    DEFAULT_SSH,
+    LOGIN,
+    Ssh,
+    _hourly,
+    _print_line,
+    _provider,
+    _resolve_hosts,
+    _store,
+    ssh_options,
+    within,
+)
+from clusterctl.errors import ClusterctlError, ExitCode, UsageError
+from clusterctl.units import duration, money
+
+app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
+
+
+# ---- training ------------------------------------------------------------------------------------------
+def _train_inventory(hostsfile, cluster, connect_timeout: float = 10.0):
+    from clusterctl.cluster import inventory
+
+    return inventory.resolve(hostsfile, cluster, _store(), inventory.SshOverrides(connect_timeout=connect_timeout))
+
+
+@app.command()
+@ssh_options(*LOGIN)
+def train(
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
+    data: Optional[str] = typer.Option(
+        None, "--data", help="Dataset folder on every node (ImageNet-format TFRecords, put there by `clusterctl sync`)."
+    ),
+    synthetic: bool = typer.Option(False, "--synthetic", help="Random in-memory images instead of --data."),
+    model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU rehearsals."),
+    epochs: float = typer.Option(90, "--epochs"),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", help="Images per process per step (trainer default 64)."
+    ),
+    model_dir: Optional[str] = typer.Option(
+        None,
+        "--model-dir",
+        help="Checkpoints and TensorBoard logs on the leader (default ~/clusterctl-train/model); a restart resumes from it.",
+    ),
+    checkpoint_every: Optional[int] = typer.Option(
+        None, "--checkpoint-every", help="Steps between checkpoints (also at every epoch)."
+    ),
+    log_every: Optional[int] = typer.Option(None, "--log-every", help="Steps between log lines."),
+    max_steps: Optional[int] = typer.Option(
+        None, "--max-steps", help="Stop at this step (the schedule still spans --epochs)."
+    ),
+    base_lr: Optional[float] = typer.Option(
+        None, "--base-lr", help="Learning rate per 256 images (scaled with the global batch)."
+    ),
+    warmup_epochs: Optional[float] = typer.Option(None, "--warmup-epochs"),
+    mixed_precision: bool = typer.Option(
+        False, "--mixed-precision", help="float16 on GPUs, bfloat16 on CPUs (--precision mixed)."
+    ),
+    precision: Optional[str] = typer.Option(
+        None,
+        "--precision",
+        help="auto (the trainer's default: float16 with loss scaling on GPUs with tensor cores, compute capability 7.0+, else fp32), fp32, float16, bfloat16 or mixed.",
+    ),
+    fp32: bool = typer.Option(False, "--fp32", help="No mixed precision, even on tensor-core GPUs (--precision fp32)."),
+    fp16_allreduce: bool = typer.Option(
+        False, "--fp16-allreduce", help="Compress gradients to float16 for the allreduce."
+    ),
+    recipe: Optional[str] = typer.Option(
+        None,
+        "--recipe",
+        help="default (cosine decay, label smoothing 0.1) or goyal (Goyal et al. 2017: /10 at epochs 30, 60, 80 of 90, 5 warm-up epochs, no label smoothing, zero last BN gamma per residual block).",
+    ),
+    eval_every: Optional[int] = typer.Option(
+        None,
+        "--eval-every",
+        help="Also evaluate every N epochs during training (all processes, each validation image once).",
+    ),
+    fusion_threshold_mb: float = typer.Option(
+        64.0, "--fusion-threshold-mb", help="Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB."
+    ),
+    cycle_time_ms: float = typer.Option(1.0, "--cycle-time-ms", help="Horovod's cycle time (HOROVOD_CYCLE_TIME), ms."),
+    xla: bool = typer.Option(False, "--xla"),
+    trainer_arg: List[str] = typer.Option(
+        [], "--trainer-arg", help="One more argument for train_imagenet.py (repeatable)."
+    ),
+    np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
+    python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (exit status: the job's)."),
+    force: bool = typer.Option(False, "--force", help="Stop a job still running first."),
+    stop: bool = typer.Option(False, "--stop", help="Stop the training job everywhere, and start nothing."),
+    no_verify_data: bool = typer.Option(
+        False, "--no-verify-data", help="Skip the check that `clusterctl sync` verified the data on every node."
+    ),
+    checkpoint_to: Optional[str] = typer.Option(
+        None,
+        "--checkpoint-to",
+        metavar="S3_URI",
+        help="Also upload every checkpoint to s3://bucket/prefix (the nodes' instance profile; on AWS clusters clusterctl grants it write on that prefix only).",
+    ),
+    no_checkpoint_copy: bool = typer.Option(
+        False, "--no-checkpoint-copy", help="Do not keep a copy of every checkpoint on the second node."
+    ),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    ssh: Ssh = DEFAULT_SSH,
+) -> None:
+    """Start training on the leader, in tmux.
+
+    Horovod over every slot, launched by horovodrun on the leader inside tmux; returns at once (--wait
+    follows it). Refuses while a job runs (--force stops it first) or when the data is not verified on
+    every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
+    from clusterctl.cli import display
+    from clusterctl.workloads import launch as launchlib, train_job as trainlib, train_options as trainopts
+
+    inv = _resolve_hosts(hostsfile, cluster, ssh)
+    store = _store()
+    if stop:
+        job = trainlib.require_job(store, inv)
+        trainlib.stop(inv, job)
+        display.info(f"stopped {job.job} on every node")
+        return
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
+    if synthetic == bool(data):
+        raise UsageError("give --data DIR or --synthetic (one of them)")
+    if model not in ("resnet50", "tiny"):
+        raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
+    for flag, value in (
+        ("--batch-size", batch_size),
+        ("--checkpoint-every", checkpoint_every),
+        ("--log-every", log_every),
+        ("--max-steps", max_steps),
+        ("--np", np_),
+    ):
+        within(flag, value, 0 if flag == "--checkpoint-every" else 1)
+    within("--epochs", epochs, above=0)
+    if fp32:
+        if precision not in (None, "fp32"):
+            raise UsageError(f"--fp32 and --precision {precision} say different things", "give one of them")
+        precision = "fp32"
+    if mixed_precision and precision is not None:
+        raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
+    if precision is not None and precision not in trainopts.PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(trainopts.PRECISIONS)}")
+    if recipe is not None and recipe not in trainopts.RECIPES:
+        raise UsageError(f"unknown recipe {recipe!r}", f"use one of {', '.join(trainopts.RECIPES)}")
+    within("--eval-every", eval_every, 1)
+    within("--fusion-threshold-mb", fusion_threshold_mb, 0)
+    within("--cycle-time-ms", cycle_time_ms, above=0)
+    if checkpoint_to is not None:
+        trainopts.check_s3_uri(checkpoint_to)
+        if inv.cluster is not None:
+            _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(
+                inv.cluster, checkpoint_to
+            )
+    opts = trainopts.TrainOptions(
+        data=data,
+        synthetic=synthetic,
+        model=model,
+        epochs=epochs,
+        batch_size=batch_size,
+        model_dir=model_dir,
+        max_steps=max_steps,
+        base_lr=base_lr,
+        warmup_epochs=warmup_epochs,
+        checkpoint_every=checkpoint_every,
+        log_every=log_every,
+        mixed_precision=mixed_precision,
+        xla=xla,
+        checkpoint_to=checkpoint_to,
+        extra=tuple(trainer_arg),
+    )
+    from dataclasses import replace
+
+    opts = replace(
+        opts,
+        precision=precision,
+        fp16_allreduce=fp16_allreduce,
+        recipe=recipe,
+        eval_every=eval_every,
+        fusion_threshold_mb=fusion_threshold_mb,
+        cycle_time_ms=cycle_time_ms,
+    )
+    job = trainlib.start(
+        inv,
+        store,
+        opts,
+        np=np_,
+        python=python,
+        force=force,
+        verify_data=not no_verify_data,
+        report=display.info,
+        checkpoint_copy=not no_checkpoint_copy,
+    )
+    display.info(
+        f"started training job {job.job}: {job.np} process(es), leader {job.leader} (tmux session "
+        f"{job.job}); checkpoints in {job.model_dir}"
+    )
+    _train_estimate(trainlib.job_inventory(inv, job), job, opts)
+    if not wait:
+        display.info("follow it: clusterctl logs -f; where it is: clusterctl status")
+        return
+    began = time.monotonic()
+    code = launchlib.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
+    from clusterctl.cluster import costs
+
+    per_hour = costs.hourly(inv.cluster)
+    took = time.monotonic() - began
+    display.info(
+        f"cost: this run took {duration(took)}"
+        + (
+            f" on a {money(per_hour)}/hour cluster: about {money(costs.run_cost(took, per_hour))}"
+            if per_hour is not None
+            else ""
+        )
+    )
+    if code != 0:
+        raise typer.Exit(int(ExitCode.REMOTE_FAILED))
+
+
+def _train_estimate(inv, job, opts) -> None:
+    """The run's estimated cost: images to train (the dataset's count x epochs, or --max-steps) at the img/s
+    `bench` measured on this cluster for this model."""
+    from clusterctl.cli import display
+    from clusterctl.cluster import costs
+
+    per_hour = costs.hourly(inv.cluster)
+    measured = costs.load_measured(_store(), inv.cluster.name) if inv.cluster is not None else None
+    if measured is None or measured.get("model") != opts.model:
+        display.info(
+            f"cost: {money(per_hour)}/hour; no img/s measured for {opts.model} on this cluster yet "
+            f"(`clusterctl bench --synthetic --model {opts.model}` measures it; `clusterctl status` shows "
+            "the cost to finish once the job runs)"
+        )
+        return
+    images, what = None, ""
+    if opts.max_steps:
+        images, what = opts.max_steps * (opts.batch_size or 64) * job.np, f"{opts.max_steps} step(s)"
+    elif job.options.data:
+        from clusterctl.workloads import train_job as trainlib
+
+        per_epoch = trainlib.dataset_examples(inv, job.options.data)
+        if per_epoch:
+            images, what = int(per_epoch * opts.epochs), f"{opts.epochs:g} epoch(s) of {per_epoch:,} images"
+    if images is None:
+        images, what = int(costs.IMAGENET_TRAIN_IMAGES * opts.epochs), f"{opts.epochs:g} ImageNet-sized epoch(s)"
+    rate = float(measured["img_per_sec"]) * job.np / max(1, int(measured.get("np") or job.np))
+    display.info(
+        f"cost: estimated {costs.epoch_line(rate, per_hour, images, 1.0, what)} (from the "
+        f"{float(measured['img_per_sec']):,.0f} img/s `bench` measured at {measured.get('np')} process(es), "
+        "scaled linearly; `clusterctl status` shows the cost to finish from the job's own rate)"
+    )
+
+
+# ---- your own Horovod script -------------------------------------------------------------------------------
+@app.command(short_help="Run your own Horovod script on the cluster, in tmux.")
+@ssh_options(*LOGIN)
+def launch(
+    args: List[str] = typer.Argument(
+        None,
+        metavar="[HOSTS] -- python SCRIPT [ARGS]",
+        help="A hosts file (optional), then after -- the command every rank runs.",
+    ),
+    np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
+    file: List[str] = typer.Option(
+        [],
+        "--file",
+        metavar="PATH",
+        help="One more file for the job folder (repeatable); "
+        "the script named in the command is copied when it is a file here.",
+    ),
+    name: Optional[str] = typer.Option(None, "--name", help="The job's name (default: launch-<time>-<pid>)."),
+    attach: bool = typer.Option(False, "--attach", help="Follow the job to its end (exit status: the job's)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    ssh: Ssh = DEFAULT_SSH,
+) -> None:
+    """Run your own Horovod script: horovodrun on the leader, detached in tmux.
+
+    The script and --file files go to one job folder at the same path on every node; the leading
+    `python` becomes the node runtime's Python; horovodrun runs over every slot (or --np) with host
+    keys checked and a scrubbed environment. Follow it with `clusterctl logs NAME`, end it with
+    `clusterctl kill NAME`; `clusterctl status` lists it."""
+    from clusterctl.cli import display
+    from clusterctl.workloads import launch as launchlib, userjob
+
+    hosts_path, command_argv = userjob.split_hosts(args or [])
+    the_plan = userjob.plan(command_argv, file, Path.cwd())  # bad input fails here, before any connection
+    if name is not None:
+        from clusterctl.remote import tmux as jobs
+
+        jobs.validate_job_name(name)
+    userjob.check_np(np_, 1 << 30)  # the lower bound now; the slots once the hosts are known
+    inv = _resolve_hosts(hosts_path, cluster, ssh)
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
+    np_ = userjob.check_np(np_, inv.hosts.total_slots)
+    from clusterctl.cluster import autostop_control as autostop
+
+    with autostop.lease(_store(), inv.cluster, "launch", warn=display.warn):  # autostop waits for the start
+        job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)
+    display.info(f"`{the_plan.command.python}` runs as the node runtime's Python on every node: {job.python}")
+    display.info(
+        f"started job {job.job}: {job.np} process(es) on {len(job.nodes)} node(s), horovodrun on the "
+        f"leader {job.leader} (tmux session {job.job}, folder {job.job_dir})"
+    )
+    if not attach:
+        display.info(f"follow it: clusterctl logs {job.job} -f; end it: clusterctl kill {job.job}")
+        return
+    try:
+        with autostop.lease(_store(), inv.cluster, "launch --attach", warn=display.warn):
+            code = launchlib.follow(inv, job.job, _print_line)
+    except KeyboardInterrupt:
+        display.info(f"detached; {job.job} keeps running (clusterctl kill {job.job} ends it)")
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    if code != 0:
+        display.error(f"job {job.job} exited {code}")
+        raise typer.Exit(int(ExitCode.REMOTE_FAILED))
+
+
+def _launch_status(name: str) -> None:
+    """The cluster's `launch` jobs (running ones and the latest), after its node table in `status`."""
+    from clusterctl.cli import display
+    from clusterctl.cluster import inventory
+    from clusterctl.workloads import userjob
+
+    store = _store()
+    try:
+        inv = inventory.resolve(None, name, store)
+        lines = userjob.status_lines(store, inv)
+    except ClusterctlError as exc:
+        display.warn(f"launch jobs: {exc.one_line()}")
+        return
+    for line in lines:
+        display.console().print(display._esc(line))
+
+
+@app.command("eval")
+def eval_(
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the evaluation's own output."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds the evaluation may take."),
+) -> None:
+    """Top-1/top-5 of the latest checkpoint.
+
+    Evaluates the training job's latest checkpoint on the leader alone (GPUs hidden while it trains)."""
+    from clusterctl.cli import tables
+    from clusterctl.workloads import train_job as trainlib
+
+    inv = _train_inventory(hostsfile, cluster)
+    job = trainlib.require_job(_store(), inv)
+    result = trainlib.evaluate(inv, job, on_line=_print_line if verbose else None, timeout=timeout)
+    tables.train_eval(result)
+
+
+@app.command()
+def tensorboard(
+    hostsfile: Optional[str] = typer.Argument(
+        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
+    ),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    port: int = typer.Option(6006, "--port", help="Local port of the tunnel (127.0.0.1 only)."),
+    remote_port: int = typer.Option(6006, "--remote-port", help="TensorBoard's port on the leader (127.0.0.1 only)."),
+) -> None:
+    """TensorBoard on the leader, via ssh tunnel.
+
+    TensorBoard bound to the leader's 127.0.0.1 (never an open port), reached through an ssh tunnel to
+    local --port; Ctrl-C ends both."""
+    from clusterctl.cli import display
+    from clusterctl.workloads import train_job as trainlib, train_tensorboard
+
+    for flag, value in (("--port", port), ("--remote-port", remote_port)):
+        within(flag, value, 1, 65535)
+    inv = _train_inventory(hostsfile, cluster)
+    job = trainlib.require_job(_store(), inv)
+    with train_tensorboard.tensorboard_tunnel(inv, job, port, remote_port) as tunnel:
+        display.info(f"TensorBoard of {job.job}: http://127.0.0.1:{port}/ (Ctrl-C to stop)")
+        code = tunnel.wait()
+        raise ClusterctlError(f"the ssh tunnel ended (exit {code})", "run `clusterctl tensorboard` again")
+
+
+def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> None:
+    """`clusterctl logs` without a job name: the training job's log, from the leader."""
+    from clusterctl.workloads import launch as launchlib, train_job as trainlib
+
+    inv = _train_inventory(hostsfile, cluster, connect_timeout)
+    job = trainlib.require_job(_store(), inv)
+    if follow:
+        code = launchlib.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
+        raise typer.Exit(0 if code == 0 else int(ExitCode.REMOTE_FAILED))
+    text = trainlib.read_log(inv, job).text
+    sys.stdout.write(text)
+
+
+def _train_status(name: str) -> None:
+    """The training job's place, when the cluster has one (`status` calls this after its node table)."""
+    from clusterctl.cli import display, tables
+    from clusterctl.cluster import inventory
+    from clusterctl.workloads import train_job as trainlib
+
+    store = _store()
+    try:
+        inv = inventory.resolve(None, name, store)
+    except ClusterctlError:
+        return
+    job = trainlib.load_job(store, inv)
+    if job is None:
+        return
+    try:
+        st = trainlib.job_status(inv, job)
+    except ClusterctlError as exc:
+        display.warn(f"training job {job.job}: {exc.one_line()}")
+        return
+    tables.train_status(job, st, _hourly(inv.cluster))
