@@ -1,7 +1,7 @@
 """Connections kept across invocations: a small per-user background agent.
 
 `clusterctl run` is a short-lived process; opening 64 ssh connections costs far more than running
-`true` on them. So the first `run` starts an agent (`python -m clusterctl.remote.agent`) that holds the
+`true` on them. So the first `run` starts an agent (remote/agent_server.py, this module's server) that holds the
 paramiko connections (remote.SshPool) and serves fan-out requests over a Unix socket in
 CLUSTERCTL_HOME; later runs within the idle timeout reuse its connections and skip every handshake.
 
@@ -33,11 +33,10 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Sequence, cast
+from typing import Any, Callable, Sequence, cast
 
 from clusterctl.proc import alive
 from clusterctl.remote.ssh import SshPool
@@ -49,12 +48,12 @@ DEFAULT_IDLE = 600.0
 _PKG = Path(__file__).resolve().parent.parent  # the clusterctl package
 
 
-def _build_id() -> str:
+def build_id() -> str:
     """Changes whenever the code the agent runs changes, so a stale agent is replaced, not spoken to."""
     from clusterctl import __version__
 
     stamps = []
-    code = ("agent", "ssh", "connect", "session", "stream", "targets", "sshconfig")
+    code = ("agent", "agent_server", "ssh", "connect", "session", "stream", "targets", "sshconfig")
     for name in [*(f"remote/{m}.py" for m in code), "types.py"]:
         try:
             stamps.append(str((_PKG / name).stat().st_mtime_ns))
@@ -181,7 +180,7 @@ def _request(path: Path, req: dict[str, Any], timeout: float = 5.0) -> dict[str,
 def ping(root: Path | None = None) -> dict[str, Any] | None:
     """The running agent's facts (pid, connections, idle timeout), or None when none answers."""
     try:
-        return _request(socket_path(root), {"op": "ping", "build": _build_id()})
+        return _request(socket_path(root), {"op": "ping", "build": build_id()})
     except (OSError, ValueError):
         return None
 
@@ -190,7 +189,7 @@ def stop(root: Path | None = None, timeout: float = 5.0) -> bool:
     """Stop the agent of this CLUSTERCTL_HOME (closing its connections). True if one was running."""
     try:
         path = socket_path(root)
-        info = _request(path, {"op": "stop", "build": _build_id()}, timeout)
+        info = _request(path, {"op": "stop", "build": build_id()}, timeout)
     except (OSError, ValueError):
         return False
     pid = int(info.get("pid", 0))
@@ -230,7 +229,15 @@ def _ensure(root: Path) -> socket.socket:
         log = os.open(root / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "clusterctl.remote.agent", "--socket", str(path), "--idle", str(idle_timeout())],
+                [
+                    sys.executable,
+                    "-m",
+                    "clusterctl.remote.agent_server",
+                    "--socket",
+                    str(path),
+                    "--idle",
+                    str(idle_timeout()),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -280,7 +287,6 @@ def run(
         except AgentUnavailable as exc:
             if warn is not None:
                 warn(f"{exc}; running without connection reuse")
-    from clusterctl.remote.ssh import SshPool
 
     with SshPool(settings) as pool:
         return pool.run(targets, command, parallel=parallel, timeout=timeout, on_line=on_line)
@@ -297,7 +303,7 @@ def _run_via_agent(
 ) -> RunReport:
     req = {
         "op": "run",
-        "build": _build_id(),
+        "build": build_id(),
         "targets": [target_to_dict(t) for t in targets],
         "settings": settings_to_dict(settings),
         "command": command,
@@ -408,182 +414,3 @@ def _handle(event: dict[str, Any], results: dict[str, HostResult], on_line: OnLi
         results[r["host"]] = HostResult(
             r["host"], r["exit_code"], r["stdout"], r["stderr"], r["error"], r["timed_out"], r["duration_s"]
         )
-
-
-# ---- the agent -------------------------------------------------------------------------------------
-class Agent:
-    def __init__(self, path: Path, idle: float):
-        self.path = path
-        self.idle = idle
-        self.build = _build_id()
-        self.pools: dict[tuple[str, float, bool], SshPool] = {}
-        self.lock = threading.Lock()
-        self.active = 0
-        self.last = time.monotonic()
-        self.stopping = threading.Event()
-
-    def pool(self, settings: SshSettings) -> SshPool:
-        key = (settings.known_hosts, settings.connect_timeout, settings.allow_agent)
-        with self.lock:
-            if key not in self.pools:
-                self.pools[key] = SshPool(settings)
-            return self.pools[key]
-
-    def connections(self) -> int:
-        with self.lock:
-            pools = list(self.pools.values())
-        return sum(len(p) for p in pools)
-
-    def serve(self) -> None:
-        old = os.umask(0o177)
-        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            srv.bind(str(self.path))
-        finally:
-            os.umask(old)
-        os.chmod(self.path, 0o600)
-        inode = self.path.stat().st_ino
-        srv.listen(64)
-        srv.settimeout(0.5)
-        threading.Thread(target=_warm_imports, daemon=True).start()
-        try:
-            while not self.stopping.is_set():
-                with self.lock:
-                    idle = self.active == 0 and time.monotonic() - self.last > self.idle
-                if idle:
-                    break
-                try:
-                    conn, _ = srv.accept()
-                except socket.timeout:
-                    continue
-                threading.Thread(target=self._client, args=(conn,), daemon=True).start()
-        finally:
-            srv.close()
-            try:
-                if self.path.stat().st_ino == inode:
-                    self.path.unlink()
-            except OSError:
-                pass
-            with self.lock:
-                pools = list(self.pools.values())
-            for p in pools:
-                p.close()
-
-    def _client(self, conn: socket.socket) -> None:
-        try:
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            _pid, uid, _gid = struct.unpack("3i", creds)
-            if uid != os.getuid():
-                return
-            reader = conn.makefile("rb")
-            line = reader.readline()
-            if not line:
-                return
-            req = json.loads(line)
-            op = req.get("op")
-            if req.get("build") != self.build:
-                _send(
-                    conn,
-                    {
-                        "event": "error",
-                        "stale": True,
-                        "message": "agent of another clusterctl build",
-                        "pid": os.getpid(),
-                    },
-                )
-                if op == "stop":
-                    self.stopping.set()
-                return
-            if op == "ping":
-                _send(conn, {"event": "pong", "pid": os.getpid(), "connections": self.connections(), "idle": self.idle})
-            elif op == "stop":
-                self.stopping.set()
-                _send(conn, {"event": "stopping", "pid": os.getpid()})
-            elif op == "run":  # only runs count as activity (a status query does not keep it alive)
-                with self.lock:
-                    self.active += 1
-                try:
-                    self._run(conn, reader, req)
-                finally:
-                    with self.lock:
-                        self.active -= 1
-                        self.last = time.monotonic()
-            else:
-                _send(conn, {"event": "error", "message": f"unknown op {op!r}"})
-        except Exception as exc:  # one bad client never takes the agent down
-            try:
-                _send(conn, {"event": "error", "message": f"{exc.__class__.__name__}: {exc}"})
-            except OSError:
-                pass
-        finally:
-            try:
-                conn.close()
-            except OSError:
-                pass
-
-    def _run(self, conn: socket.socket, reader: BinaryIO, req: dict[str, Any]) -> None:
-        settings = SshSettings(**req["settings"])
-        targets = [target_from_dict(d) for d in req["targets"]]
-        pool = self.pool(settings)
-        pool.recheck_host_keys()
-        cancel = threading.Event()
-        send_lock = threading.Lock()
-
-        def send(event: dict[str, Any]) -> None:
-            try:
-                with send_lock:
-                    _send(conn, event)
-            except OSError:
-                cancel.set()  # the client is gone: stop its commands
-
-        def watch() -> None:
-            try:
-                for line in reader:
-                    if json.loads(line).get("op") == "cancel":
-                        break
-            except (OSError, ValueError):
-                pass
-            cancel.set()  # cancel, or EOF (the client exited or was killed)
-
-        def on_line(host: str, stream: str, text: str) -> None:
-            send({"event": "line", "host": host, "stream": stream, "text": text})
-
-        threading.Thread(target=watch, daemon=True).start()
-        send({"event": "started"})
-        report = pool.run(
-            targets,
-            req["command"],
-            parallel=int(req.get("parallel") or 64),
-            timeout=req.get("timeout"),
-            on_line=on_line,
-            cancel=cancel,
-        )
-        for r in report:
-            send({"event": "result", "result": r.to_dict()})
-        send({"event": "done"})
-
-
-def _send(conn: socket.socket, event: dict[str, Any]) -> None:
-    conn.sendall((json.dumps(event) + "\n").encode())
-
-
-def _warm_imports() -> None:
-    import paramiko  # noqa: F401  (the first request does not wait for this import)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m clusterctl.remote.agent", description=__doc__.splitlines()[0])
-    ap.add_argument("--socket", required=True)
-    ap.add_argument("--idle", type=float, default=DEFAULT_IDLE)
-    args = ap.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only `stop`, SIGTERM or the idle timeout end it
-    signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
-    agent = Agent(Path(args.socket), args.idle)
-    agent.serve()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -160,7 +160,7 @@ def test_agent_exits_when_idle(c):
     assert not agent.socket_path(c.cli.home).exists()
     assert (
         subprocess.run(
-            ["pgrep", "-f", f"clusterctl.remote.agent --socket {agent.socket_path(c.cli.home)}"], capture_output=True
+            ["pgrep", "-f", f"clusterctl.remote.agent_server --socket {agent.socket_path(c.cli.home)}"], capture_output=True
         ).returncode
         == 1
     )
