@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from clusterctl.cli.shared import _confirm, _hourly, _provider, _store
+from clusterctl.cli.shared import CLUSTER, CURRENT_CLUSTER, _confirm, _hourly, _provider, _store
 from clusterctl.cli.train import _launch_status, _train_status
 from clusterctl.errors import UsageError
 from clusterctl.units import duration, money
@@ -366,7 +366,7 @@ def gc(
 @app.command()
 def hosts(
     hostsfile: Optional[str] = typer.Argument(None, help="A hosts file to read (default: the current cluster)."),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    cluster: Optional[str] = CLUSTER,
     format_: str = typer.Option("slots", "--format", "-f", help="slots | horovod | mpi | tf-config | json"),
 ) -> None:
     """Print the hosts file for horovodrun, mpirun, TF_CONFIG."""
@@ -392,7 +392,7 @@ def ssh_(
         help="A node (leader, member-N, its index or address; default: the "
         "leader), then the command (default: an interactive shell).",
     ),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
+    cluster: Optional[str] = CURRENT_CLUSTER,
 ) -> None:
     """A shell (a real tty) or a command on a node, with OpenSSH and the cluster's pinned host keys."""
     import os

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from clusterctl.cli.shared import DEFAULT_SSH, LOGIN, Ssh, _resolve_hosts, _store, ssh_options, within
+from clusterctl.cli.shared import CURRENT_CLUSTER, DEFAULT_SSH, LOGIN, Ssh, _resolve_hosts, _store, ssh_options, within
 from clusterctl.errors import UsageError
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
@@ -25,7 +25,7 @@ def sync(
         "s3://bucket/prefix; DST: the folder on every node. Put -- before "
         "paths that start with '-'.",
     ),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
+    cluster: Optional[str] = CURRENT_CLUSTER,
     strategy: str = typer.Option("chain", "--strategy", help="chain (pipelined relay), tree, parallel or sequential."),
     fanout: int = typer.Option(1, "--fanout", help="chain: split the nodes after the first into K chains."),
     plan: bool = typer.Option(False, "--plan", help="Print who sends to whom, and copy nothing."),

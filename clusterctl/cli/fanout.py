@@ -13,6 +13,7 @@ from clusterctl.cli.shared import (
     _SSH,
     DEFAULT_SSH,
     FANOUT,
+    HOSTS,
     LOGIN,
     Ssh,
     _confirm,
@@ -98,9 +99,7 @@ def logs(
     name: Optional[str] = typer.Argument(
         None, help="The job's name (as given to run --detach); default: the training job, from the leader."
     ),
-    hostsfile: Optional[str] = typer.Argument(
-        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
-    ),
+    hostsfile: Optional[str] = HOSTS,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends everywhere."),
     ssh: Ssh = DEFAULT_SSH,
 ) -> None:
@@ -122,9 +121,7 @@ def logs(
 @ssh_options(*FANOUT)
 def kill_(
     name: str = typer.Argument(..., help="The job's name (as given to run --detach)."),
-    hostsfile: Optional[str] = typer.Argument(
-        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
-    ),
+    hostsfile: Optional[str] = HOSTS,
     grace: float = typer.Option(3.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
     ssh: Ssh = DEFAULT_SSH,
 ) -> None:
@@ -143,9 +140,7 @@ def kill_(
 @app.command(short_help="Kill leftovers, remove logs, disks, reboot.")
 @ssh_options(*FANOUT)
 def clean(
-    hostsfile: Optional[str] = typer.Argument(
-        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
-    ),
+    hostsfile: Optional[str] = HOSTS,
     kill: bool = typer.Option(
         False, "--kill", help="SIGKILL python/horovodrun/mpirun/orted trees (the default action)."
     ),

@@ -82,6 +82,10 @@ _SSH_OPTIONS = dict(
     ),
 )
 _SSH = {name: option for name, (_, option) in _SSH_OPTIONS.items()}  # one by one, where a command interleaves
+# The target parameters many commands write the same way (typer copies a parameter for each command).
+HOSTS = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster).")
+CLUSTER = typer.Option(None, "--cluster", "-c", help="A cluster by name.")
+CURRENT_CLUSTER = _SSH["cluster"]  # the same, saying the default
 LOGIN = ("user", "identity", "known_hosts", "ssh_config")  # how to log in: every command that connects
 FANOUT = ("cluster", "parallel", "connect_timeout", *LOGIN)  # logs, kill, clean: the whole set
 

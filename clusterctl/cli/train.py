@@ -10,7 +10,9 @@ from typing import List, Optional
 import typer
 
 from clusterctl.cli.shared import (
+    CLUSTER,
     DEFAULT_SSH,
+    HOSTS,
     LOGIN,
     Ssh,
     _hourly,
@@ -37,9 +39,7 @@ def _train_inventory(hostsfile, cluster, connect_timeout: float = 10.0):
 @app.command()
 @ssh_options(*LOGIN)
 def train(
-    hostsfile: Optional[str] = typer.Argument(
-        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
-    ),
+    hostsfile: Optional[str] = HOSTS,
     data: Optional[str] = typer.Option(
         None, "--data", help="Dataset folder on every node (ImageNet-format TFRecords, put there by `clusterctl sync`)."
     ),
@@ -112,7 +112,7 @@ def train(
     no_checkpoint_copy: bool = typer.Option(
         False, "--no-checkpoint-copy", help="Do not keep a copy of every checkpoint on the second node."
     ),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    cluster: Optional[str] = CLUSTER,
     ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """Start training on the leader, in tmux.
@@ -281,7 +281,7 @@ def launch(
     ),
     name: Optional[str] = typer.Option(None, "--name", help="The job's name (default: launch-<time>-<pid>)."),
     attach: bool = typer.Option(False, "--attach", help="Follow the job to its end (exit status: the job's)."),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    cluster: Optional[str] = CLUSTER,
     ssh: Ssh = DEFAULT_SSH,
 ) -> None:
     """Run your own Horovod script: horovodrun on the leader, detached in tmux.
@@ -345,10 +345,8 @@ def _launch_status(name: str) -> None:
 
 @app.command("eval")
 def eval_(
-    hostsfile: Optional[str] = typer.Argument(
-        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
-    ),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    hostsfile: Optional[str] = HOSTS,
+    cluster: Optional[str] = CLUSTER,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the evaluation's own output."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds the evaluation may take."),
 ) -> None:
@@ -366,10 +364,8 @@ def eval_(
 
 @app.command()
 def tensorboard(
-    hostsfile: Optional[str] = typer.Argument(
-        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
-    ),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    hostsfile: Optional[str] = HOSTS,
+    cluster: Optional[str] = CLUSTER,
     port: int = typer.Option(6006, "--port", help="Local port of the tunnel (127.0.0.1 only)."),
     remote_port: int = typer.Option(6006, "--remote-port", help="TensorBoard's port on the leader (127.0.0.1 only)."),
 ) -> None:

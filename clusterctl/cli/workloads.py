@@ -9,7 +9,10 @@ from typing import List, Optional
 import typer
 
 from clusterctl.cli.shared import (
+    CLUSTER,
+    CURRENT_CLUSTER,
     DEFAULT_SSH,
+    HOSTS,
     LOGIN,
     Ssh,
     _provider,
@@ -27,13 +30,11 @@ app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMAN
 @app.command()
 @ssh_options(*LOGIN)
 def bench(
-    hostsfile: Optional[str] = typer.Argument(
-        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
-    ),
+    hostsfile: Optional[str] = HOSTS,
     synthetic: bool = typer.Option(
         False, "--synthetic", help="Synthetic images (the only kind; real data is `train`)."
     ),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    cluster: Optional[str] = CLUSTER,
     model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU smoke runs."),
     batch_size: int = typer.Option(32, "--batch-size", help="Images per process per step."),
     steps: int = typer.Option(10, "--steps", help="Steps per timed batch."),
@@ -112,10 +113,8 @@ def _bench_cost(inv, ladder, model: str) -> None:
 @app.command()
 @ssh_options(*LOGIN)
 def doctor(
-    hostsfile: Optional[str] = typer.Argument(
-        None, metavar="[HOSTS]", help="A hosts file (default: the current cluster)."
-    ),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    hostsfile: Optional[str] = HOSTS,
+    cluster: Optional[str] = CLUSTER,
     json_: bool = typer.Option(False, "--json", help="The report as JSON."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds the probe may take on each node."),
@@ -171,7 +170,7 @@ def _cloud_facts(cluster, store):
 def play(
     playbook: str = typer.Argument(..., help="A playbook file, or the name of a shipped one (smoke, cleanup ...)."),
     hostsfile: Optional[str] = typer.Option(None, "--hosts", help="A hosts file (default: the current cluster)."),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name."),
+    cluster: Optional[str] = CLUSTER,
     var: List[str] = typer.Option([], "--var", help="Override a variable: --var name=value (repeatable)."),
     start_from: Optional[str] = typer.Option(None, "--from", help="Resume from this step."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what each step would run; run nothing."),
@@ -262,7 +261,7 @@ def sweep(
     ),
     json_: bool = typer.Option(False, "--json", help="With --status: the scheduler's whole state as JSON."),
     out: Path = typer.Option(Path("sweep-results"), "--out", help="Folder for <time>/results.json, logs and the plot."),
-    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="A cluster by name (default: the current)."),
+    cluster: Optional[str] = CURRENT_CLUSTER,
     hostsfile: Optional[str] = typer.Option(None, "--hosts", help="A hosts file instead of a cluster."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     poll: float = typer.Option(1.0, "--poll", help="Seconds between the scheduler's rounds (and this watch's)."),
