@@ -368,7 +368,13 @@ def _wait(cond, timeout=30.0, what="condition"):
 
 
 def test_scheduler_runs_each_trial_once_and_requeues_a_dead_nodes_trials(tmp_path):
-    trials = [{"id": i, "params": {"x": str(i)}, "command": TRIAL.format(sleep=1.0, m=i / 10)} for i in range(1, 7)]
+    # Every trial waits for the gate before its work: the first four are still running when n2 dies, however
+    # slow this machine is (a fixed sleep once let a trial finish first under load).
+    gate = tmp_path / "gate"
+    hold = f"while [ ! -e {gate} ]; do sleep 0.05; done; "
+    trials = [
+        {"id": i, "params": {"x": str(i)}, "command": hold + TRIAL.format(sleep=0.3, m=i / 10)} for i in range(1, 7)
+    ]
     d, dead = _config(tmp_path, trials)
     proc = _scheduler(d, dead)
     try:
@@ -379,6 +385,7 @@ def test_scheduler_runs_each_trial_once_and_requeues_a_dead_nodes_trials(tmp_pat
         for t in on_n2:  # n2 "dies": its processes end and its sshd stops answering
             os.killpg(t["sid"], signal.SIGKILL)
         (dead / "n2").touch()
+        gate.touch()
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
