@@ -24,7 +24,6 @@ from clusterctl.cli.shared import (
     within,
 )
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError
-from clusterctl.units import duration, money
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -121,7 +120,7 @@ def train(
     follows it). Refuses while a job runs (--force stops it first) or when the data is not verified on
     every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
     from clusterctl.cli import display
-    from clusterctl.workloads import launch as launchlib, train_job as trainlib, train_options as trainopts
+    from clusterctl.workloads import launch as launchlib, train_cost, train_job as trainlib, train_options as trainopts
 
     inv = _resolve_hosts(hostsfile, cluster, ssh)
     store = _store()
@@ -206,60 +205,15 @@ def train(
         f"started training job {job.job}: {job.np} process(es), leader {job.leader} (tmux session "
         f"{job.job}); checkpoints in {job.model_dir}"
     )
-    _train_estimate(trainlib.job_inventory(inv, job), job, opts)
+    display.info(train_cost.estimate_line(store, trainlib.job_inventory(inv, job), job, opts))
     if not wait:
         display.info("follow it: clusterctl logs -f; where it is: clusterctl status")
         return
     began = time.monotonic()
     code = launchlib.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
-    from clusterctl.cluster import costs
-
-    per_hour = costs.hourly(inv.cluster)
-    took = time.monotonic() - began
-    display.info(
-        f"cost: this run took {duration(took)}"
-        + (
-            f" on a {money(per_hour)}/hour cluster: about {money(costs.run_cost(took, per_hour))}"
-            if per_hour is not None
-            else ""
-        )
-    )
+    display.info(train_cost.run_line(time.monotonic() - began, _hourly(inv.cluster)))
     if code != 0:
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
-
-
-def _train_estimate(inv, job, opts) -> None:
-    """The run's estimated cost: images to train (the dataset's count x epochs, or --max-steps) at the img/s
-    `bench` measured on this cluster for this model."""
-    from clusterctl.cli import display
-    from clusterctl.cluster import costs
-
-    per_hour = costs.hourly(inv.cluster)
-    measured = costs.load_measured(_store(), inv.cluster.name) if inv.cluster is not None else None
-    if measured is None or measured.get("model") != opts.model:
-        display.info(
-            f"cost: {money(per_hour)}/hour; no img/s measured for {opts.model} on this cluster yet "
-            f"(`clusterctl bench --synthetic --model {opts.model}` measures it; `clusterctl status` shows "
-            "the cost to finish once the job runs)"
-        )
-        return
-    images, what = None, ""
-    if opts.max_steps:
-        images, what = opts.max_steps * (opts.batch_size or 64) * job.np, f"{opts.max_steps} step(s)"
-    elif job.options.data:
-        from clusterctl.workloads import train_job as trainlib
-
-        per_epoch = trainlib.dataset_examples(inv, job.options.data)
-        if per_epoch:
-            images, what = int(per_epoch * opts.epochs), f"{opts.epochs:g} epoch(s) of {per_epoch:,} images"
-    if images is None:
-        images, what = int(costs.IMAGENET_TRAIN_IMAGES * opts.epochs), f"{opts.epochs:g} ImageNet-sized epoch(s)"
-    rate = float(measured["img_per_sec"]) * job.np / max(1, int(measured.get("np") or job.np))
-    display.info(
-        f"cost: estimated {costs.epoch_line(rate, per_hour, images, 1.0, what)} (from the "
-        f"{float(measured['img_per_sec']):,.0f} img/s `bench` measured at {measured.get('np')} process(es), "
-        "scaled linearly; `clusterctl status` shows the cost to finish from the job's own rate)"
-    )
 
 
 # ---- your own Horovod script -------------------------------------------------------------------------------

@@ -342,9 +342,9 @@ def test_costs():
 def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys):
     from types import SimpleNamespace
 
-    from clusterctl.cli import train, workloads as cli
+    from clusterctl.cli import workloads as cli
     from clusterctl.state import StateStore
-    from clusterctl.workloads import bench
+    from clusterctl.workloads import bench, train_cost
 
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     c = Cluster(
@@ -364,11 +364,13 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
 
     opts = SimpleNamespace(model="resnet50", max_steps=None, epochs=2.0, batch_size=None)
     job = SimpleNamespace(np=8, options=SimpleNamespace(data=None))  # no --data: ImageNet-sized epochs
-    train._train_estimate(inv, job, opts)
-    err = capsys.readouterr().err
+    line = train_cost.estimate_line(StateStore(tmp_path), inv, job, opts)
     assert (
         "cost: estimated at 750 img/s, 2 ImageNet-sized epoch(s) (2,562,334 images) takes 56m and costs about "
         "$46.46 (from the 1,500 img/s `bench` measured at 16 process(es), scaled linearly"
-    ) in err, err
-    train._train_estimate(inv, job, SimpleNamespace(**{**vars(opts), "model": "tiny"}))
-    assert "no img/s measured for tiny on this cluster yet" in capsys.readouterr().err
+    ) in line, line
+    tiny = SimpleNamespace(**{**vars(opts), "model": "tiny"})
+    line = train_cost.estimate_line(StateStore(tmp_path), inv, job, tiny)
+    assert "no img/s measured for tiny on this cluster yet" in line, line
+    assert train_cost.run_line(1800.0, 48.96) == "cost: this run took 30m on a $48.96/hour cluster: about $24.48"
+    assert train_cost.run_line(1800.0, None) == "cost: this run took 30m"
