@@ -22,8 +22,8 @@ use the node's own (instance profile, or ~/.aws config). Sub-commands print one 
                                         multipart ETag of unknown part size) --record takes the object as
                                         pulled and returns its streamed sha256 ("recorded"), else it fails
 
-A manifest is JSON: {"entries": [{"p": path, "t": "f"|"d"|"l", "s": size, "h": sha256, "l": link
-target, "etag": S3 ETag, "sha256b64": S3 ChecksumSHA256}], ...}. Paths are relative, '/'-separated,
+A manifest is JSON: {"entries": [entry, ...], ...}, each entry a compact dict whose one-letter keys
+ManifestEntry documents (the one place they are written down). Paths are relative, '/'-separated,
 never absolute, never with '.' or '..' components (a manifest that has one is refused whole).
 """
 
@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 STATE_DIR = ".clusterctl-sync"  # in DST: manifest.json and the COMPLETE marker
 PARTIAL_DIR = ".clusterctl-partial"  # per directory: rsync's and the S3 pull's partial files
@@ -53,6 +54,51 @@ class AgentError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILED):
         super().__init__(message)
         self.code = code
+
+
+class ManifestEntry(NamedTuple):
+    """One manifest entry, typed: what the operator reads. On the wire (manifest.json, the manifest cache,
+    the agent's output) an entry stays a compact dict, as 1.28M of them must stay small; its keys:
+
+        "p"  path       relative, '/'-separated
+        "t"  kind       "f" a regular file, "d" a directory, "l" a symlink
+        "s"  size       bytes (files only)
+        "h"  sha256     hex digest of the content (absent for an S3 object until a node records it)
+        "l"  link       a symlink's target
+        "etag"          S3's ETag (s3list)
+        "sha256b64"     S3's ChecksumSHA256, base64 (s3list, when the object has one)
+
+    An absent key is None here, so from_wire and to_wire give back the same dict, key order included."""
+
+    path: str
+    kind: str  # "f" | "d" | "l"
+    size: int | None = None
+    sha256: str | None = None
+    link: str | None = None
+    etag: str | None = None
+    sha256b64: str | None = None
+
+    @classmethod
+    def from_wire(cls, e: dict) -> ManifestEntry:
+        return cls(e["p"], e["t"], e.get("s"), e.get("h"), e.get("l"), e.get("etag"), e.get("sha256b64"))
+
+    def to_wire(self) -> dict:
+        wire: dict = {"p": self.path, "t": self.kind}
+        # the order scan and s3list write them in ("h" last: the S3 round adds it to a listed object)
+        for key, value in (("l", self.link), ("s", self.size), ("etag", self.etag), ("sha256b64", self.sha256b64)):
+            if value is not None:
+                wire[key] = value
+        if self.sha256 is not None:
+            wire["h"] = self.sha256
+        return wire
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def nbytes(self) -> int:  # 0 for a directory or a symlink
+        return self.size or 0
 
 
 def path_problem(p: str) -> str | None:

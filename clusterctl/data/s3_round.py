@@ -4,7 +4,6 @@ first node that pulled them."""
 
 from __future__ import annotations
 
-import json
 import re
 
 from clusterctl.data import node_side as sync_agent
@@ -38,12 +37,13 @@ def pull_all(s: SyncSession, nodes: list[SyncNode]) -> None:
 
 def _adopt_recorded(s: SyncSession, reference: dict[str, tuple[str, str]]) -> None:
     adopted: dict[str, str] = {}
-    for e in s.entries:
-        if e["p"] in reference and "h" not in e and not e.get("sha256b64"):
-            e["h"], adopted[e["p"]] = reference[e["p"]]
+    for i, e in enumerate(s.entries):
+        if e.path in reference and e.sha256 is None and not e.sha256b64:
+            digest, adopted[e.path] = reference[e.path]
+            s.entries[i] = e._replace(sha256=digest)
     if not adopted:
         return
-    s.manifest_bytes = json.dumps({"entries": s.entries, "source": s.source.describe()}, ensure_ascii=True).encode()
+    s.encode_manifest()
     by = ", ".join(sorted(set(adopted.values())))
     s.events.phase(
         f"{len(adopted)} object(s) have no checksum S3 vouches for (SSE-KMS, or a multipart ETag "

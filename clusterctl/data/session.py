@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
+from clusterctl.data.node_side import ManifestEntry
 from clusterctl.data.outcome import CopyStatus, Events, NodeOutcome, Silent
 from clusterctl.data.pipes import Children
 from clusterctl.data.plan import STRATEGIES, Source, check_dst
@@ -102,7 +103,7 @@ class SyncSession:
         self.work = f"{WORK}/{self.token}"
         self.nodes = [SyncNode(i, t, a, NodeOutcome(t.label)) for i, (t, a) in enumerate(zip(targets, addresses))]
         self.start = 0.0
-        self.entries: list[dict] = []
+        self.entries: list[ManifestEntry] = []  # read from the wire once (node_side.ManifestEntry)
         self.manifest_bytes = b""
         self.src_root = ""  # the source folder, resolved where it is
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -197,6 +198,12 @@ class SyncSession:
     def interrupt(self) -> None:
         self.pool.cancel.set()
         self.children.kill_all()
+
+    def encode_manifest(self) -> None:
+        """The manifest as the nodes read it (wire dicts), from the typed entries."""
+        self.manifest_bytes = json.dumps(
+            {"entries": [e.to_wire() for e in self.entries], "source": self.source.describe()}, ensure_ascii=True
+        ).encode()
 
     def write_list(self, paths: Sequence[str]) -> bytes:
         return b"".join(os.fsencode(p) + b"\0" for p in paths)

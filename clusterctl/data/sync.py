@@ -22,7 +22,6 @@ scripts a node runs are uploaded as files and every path in them is shlex-quoted
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import posixpath
 import shlex
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from clusterctl.data import chain, node_side as sync_agent, rsync_hops, s3_round
+from clusterctl.data.node_side import ManifestEntry
 from clusterctl.data.outcome import SyncIncomplete, SyncReport
 from clusterctl.data.session import SyncNode, SyncSession, mb
 from clusterctl.errors import ConfigError, ExitCode, UsageError
@@ -56,8 +56,8 @@ class Syncer(SyncSession):
             if n.alive:
                 n.outcome.verified = True
             self.events.finished(n.outcome)
-        total = sum(e.get("s", 0) for e in self.entries)
-        files = sum(1 for e in self.entries if e["t"] == "f")
+        total = sum(e.nbytes for e in self.entries)
+        files = sum(1 for e in self.entries if e.is_file)
         return SyncReport([n.outcome for n in self.nodes], total, time.monotonic() - self.start, self.strategy, files)
 
     def _run(self) -> None:
@@ -106,7 +106,8 @@ class Syncer(SyncSession):
             cache = self.cache_dir / f"{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}.json"
             known = sync_agent.load_scan_cache(str(cache), src.path)
             before = len(known)
-            self.entries, known, hashed = sync_agent.scan_reusing(src.path, known, workers=min(4, os.cpu_count() or 1))
+            wire, known, hashed = sync_agent.scan_reusing(src.path, known, workers=min(4, os.cpu_count() or 1))
+            self.entries = [ManifestEntry.from_wire(e) for e in wire]
             try:
                 if hashed or len(known) != before:  # else the kept manifest is still the one
                     sync_agent.save_scan_cache(str(cache), src.path, known)
@@ -145,21 +146,19 @@ class Syncer(SyncSession):
                     "see the message",
                     ExitCode.REMOTE_FAILED,
                 )
-            self.entries = data["entries"]
+            self.entries = [ManifestEntry.from_wire(e) for e in data["entries"]]
             self.src_root = data.get("root", "")
             if src.kind == "leader":
                 self._check_overlap(data)
                 self._said_hashed(int(data.get("hashed", 0)))
         for e in self.entries:
-            problem = sync_agent.path_problem(e["p"])
+            problem = sync_agent.path_problem(e.path)
             if problem:
                 raise ConfigError(f"SRC {src.describe()}: {problem}")
-        self.manifest_bytes = json.dumps(
-            {"entries": self.entries, "source": src.describe()}, ensure_ascii=True
-        ).encode()
+        self.encode_manifest()
 
     def _said_hashed(self, hashed: int) -> None:
-        files = sum(1 for e in self.entries if e["t"] == "f")
+        files = sum(1 for e in self.entries if e.is_file)
         self.events.phase(
             f"manifest: {hashed} file(s) hashed, {files - hashed} unchanged since the last run "
             "(size, mtime, ctime and inode as then: their sha256 kept)"
@@ -186,7 +185,7 @@ class Syncer(SyncSession):
     def _check_all(self, nodes: Sequence[SyncNode] | None = None, reset: bool = False, received: bool = False) -> None:
         """Check (and mark) every node's copy. With `received`, a chain node's files whose sha256 as written
         (recv, on the stream) matches the manifest are taken without being read back."""
-        total = sum(e.get("s", 0) for e in self.entries)
+        total = sum(e.nbytes for e in self.entries)
         timeout = self.timeout or 600 + total / 20e6
         counts = {"streamed": 0, "reread": 0}
 
@@ -263,7 +262,7 @@ class Syncer(SyncSession):
             union: set[str] = set()
             for n in todo:
                 union.update(n.bad)
-            sizes = {e["p"]: e.get("s", 0) for e in self.entries}
+            sizes = {e.path: e.nbytes for e in self.entries}
             union_bytes = sum(sizes[p] for p in union)
             relay = [n for n in todo if n.bad_bytes * 2 >= union_bytes]  # the nearly complete get rsync instead
             if len(relay) < len(todo):
@@ -273,7 +272,7 @@ class Syncer(SyncSession):
                 n.outcome.bytes = union_bytes
                 self.events.need(n.label, union_bytes)
             self.events.phase(f"streaming {mb(union_bytes)} down a chain of {len(relay)} node(s)")
-            chain.stream(self, relay, [e["p"] for e in self.entries if e["p"] in union])
+            chain.stream(self, relay, [e.path for e in self.entries if e.path in union])
             rest = [n for n in todo if n not in relay]
             if rest:
                 rsync_hops.repair(self, rest)

@@ -104,6 +104,25 @@ def test_scan_lists_dirs_files_links_with_sha256_and_leaves_out_its_own(tmp_path
     assert entries["empty"]["t"] == "d"
 
 
+def test_manifest_entries_are_read_once_into_a_typed_value_and_written_back_unchanged(tmp_path):
+    """The operator reads every manifest entry into node_side.ManifestEntry and sends the nodes its wire form:
+    the same dicts, key order included (what scan and s3list wrote), so the bytes the nodes check are as before."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f.bin").write_bytes(b"abc")
+    (tmp_path / "link").symlink_to("d/f.bin")
+    wire = sync_agent.scan(str(tmp_path)) + [
+        {"p": "o", "t": "f", "s": 5, "etag": "e" * 32},
+        {"p": "k", "t": "f", "s": 5, "etag": "e" * 32 + "-2", "sha256b64": "c2hh", "h": "ab" * 32},
+    ]
+    entries = [sync_agent.ManifestEntry.from_wire(e) for e in wire]
+    assert [e.kind for e in entries[:3]] == ["d", "f", "l"] and entries[1].path == "d/f.bin"
+    assert entries[1].sha256 == hashlib.sha256(b"abc").hexdigest() and entries[2].link == "d/f.bin"
+    assert [e.nbytes for e in entries] == [0, 3, 0, 5, 5] and entries[3].sha256 is None
+    assert json.dumps([e.to_wire() for e in entries]) == json.dumps(wire)
+    adopted = entries[3]._replace(sha256="cd" * 32)  # the S3 round's recorded sha256 goes last, as before
+    assert list(adopted.to_wire()) == ["p", "t", "s", "etag", "h"]
+
+
 def _agent(*args: str) -> tuple[int, dict]:
     proc = subprocess.run(["python3", sync_agent.__file__, *args], capture_output=True, text=True)
     return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1])
