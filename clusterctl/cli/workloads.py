@@ -176,22 +176,11 @@ def play(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what each step would run; run nothing."),
 ) -> None:
     """Run a playbook of named steps (run, put, sync, bench ...)."""
-    from clusterctl import resources
     from clusterctl.cli import display, tables
     from clusterctl.cluster import inventory
     from clusterctl.playbook import load as pbload, model as pbmodel, run as pb
 
-    path = Path(playbook)
-    if not path.exists() and "/" not in playbook:
-        shipped = resources.folder("playbooks") / (playbook if playbook.endswith(".yaml") else f"{playbook}.yaml")
-        path = shipped if shipped.exists() else path
-    overrides = {}
-    for item in var:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--var takes name=value, not {item!r}")
-        overrides[key] = value
-    book = pbload.load(path, overrides)
+    book = pbload.load(pbload.find(playbook), pbload.parse_vars(var))
     if dry_run:
         for step in book.steps:
             display.info(

@@ -21,12 +21,35 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from clusterctl.errors import UsageError
 from clusterctl.playbook.model import SPECS, OnFailure, Playbook, PlaybookError, Spec, Step, SyncSpec, TrainSpec
 from clusterctl.playbook.run import render
 
 STEP_KEYS = ("name", "on_failure")
+
+
+def find(name: str) -> Path:
+    """A playbook by path, or by the name of a shipped one (smoke, cleanup ...) when no such file is here."""
+    path = Path(name)
+    if path.exists() or "/" in name:
+        return path
+    from clusterctl import resources
+
+    shipped = resources.folder("playbooks") / (name if name.endswith(".yaml") else f"{name}.yaml")
+    return shipped if shipped.exists() else path
+
+
+def parse_vars(items: Sequence[str]) -> dict[str, str]:
+    """`--var name=value` (repeatable): the overrides of the playbook's vars; a bad one is a UsageError."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--var takes name=value, not {item!r}")
+        overrides[key] = value
+    return overrides
 
 
 def load(path: str | Path, overrides: Mapping[str, str] | None = None) -> Playbook:

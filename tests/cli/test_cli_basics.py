@@ -189,3 +189,23 @@ def test_every_range_check_says_flag_range_and_value(args, kw, message):
     assert str(exc.value) == message and exc.value.exit_code == 2
     within(args[0], None, *args[2:], **kw)  # an option not given passes
     within("--port", 65535, 1, 65535)
+
+
+def test_play_finds_a_shipped_playbook_by_name_and_refuses_a_bad_var(tmp_path, monkeypatch):
+    """What `play` does before it loads: a file here wins, else a shipped playbook by name; --var name=value."""
+    from pathlib import Path
+
+    from clusterctl.errors import UsageError
+    from clusterctl.playbook import load
+
+    monkeypatch.chdir(tmp_path)
+    shipped = load.find("smoke")
+    assert shipped.name == "smoke.yaml" and shipped.is_file() and load.find("smoke.yaml") == shipped
+    (tmp_path / "smoke").write_text("steps: []\n")
+    assert load.find("smoke") == Path("smoke")  # a file of that name here wins
+    assert load.find("./cleanup") == Path("./cleanup")  # a path is never a shipped name
+    assert load.parse_vars(["a=b=c", "m="]) == {"a": "b=c", "m": ""}
+    for bad in ("x", "=1"):
+        with pytest.raises(UsageError, match=f"--var takes name=value, not '{bad}'") as exc:
+            load.parse_vars([bad])
+        assert exc.value.exit_code == 2
