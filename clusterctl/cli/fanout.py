@@ -25,7 +25,7 @@ from clusterctl.cli.shared import (
     within,
 )
 from clusterctl.cli.train import _train_logs
-from clusterctl.errors import ExitCode, UsageError, combined
+from clusterctl.errors import UsageError, combined
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -207,20 +207,15 @@ def _reboot(inv, parallel: int, wait: float) -> int:
     store = _store()
     provider = _provider(inv.cluster.provider, store, inv.cluster.region) if inv.cluster is not None else None
     why = cleanlib.reboot(inv, provider, parallel, wait, display.info, store.root)
-    bad = {h: w for h, w in why.items() if w}
     for t in inv.targets:
         if why.get(t.label) is None:
             display.info(f"{t.label}: back after {time.monotonic() - start:.1f}s")
         else:
             display.warn(f"{t.label}: {why[t.label]}")
-    if not bad:
+    code = cleanlib.reboot_exit_code(why)
+    if code == 0:
         display.info(f"{len(inv.targets)} node(s) rebooted and answering ssh")
-        return 0
-    if all(str(w).startswith("refused") for w in bad.values()):
-        return int(ExitCode.CONFIG)
-    if any("host key" in str(w) for w in bad.values()):
-        return int(ExitCode.UNREACHABLE)
-    return int(ExitCode.TIMEOUT)
+    return code
 
 
 @app.command("agent", short_help="Status or stop of the connection agent.")

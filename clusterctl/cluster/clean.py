@@ -20,10 +20,10 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from clusterctl.data.node_side import SYSTEM_TREES
-from clusterctl.errors import UsageError
+from clusterctl.errors import ExitCode, UsageError
 from clusterctl.remote.session import TREE_FN
 
 if TYPE_CHECKING:
@@ -228,3 +228,16 @@ def reboot(
         wait_rebooted(lambda: SshPool(inv.settings), [t for t in inv.targets if t.label in boot_ids], boot_ids, wait)
     )
     return why
+
+
+def reboot_exit_code(why: Mapping[str, str | None]) -> int:
+    """The exit status of `clean --reboot` from reboot()'s answer: 0 when every node is back; a provider's
+    refusal everywhere is CONFIG, a changed host key UNREACHABLE, anything else (not back in time) TIMEOUT."""
+    bad = [w for w in why.values() if w]
+    if not bad:
+        return 0
+    if all(w.startswith("refused") for w in bad):
+        return int(ExitCode.CONFIG)
+    if any("host key" in w for w in bad):
+        return int(ExitCode.UNREACHABLE)
+    return int(ExitCode.TIMEOUT)

@@ -209,3 +209,14 @@ def test_play_finds_a_shipped_playbook_by_name_and_refuses_a_bad_var(tmp_path, m
         with pytest.raises(UsageError, match=f"--var takes name=value, not '{bad}'") as exc:
             load.parse_vars([bad])
         assert exc.value.exit_code == 2
+
+
+def test_clean_reboot_exit_status_names_the_worst_node():
+    """`clean --reboot`'s exit status from each node's answer (None: back with a new boot id)."""
+    from clusterctl.cluster.clean import reboot_exit_code
+    from clusterctl.errors import ExitCode
+
+    assert reboot_exit_code({"a": None, "b": None}) == 0
+    assert reboot_exit_code({"a": "refused: spot", "b": None}) == ExitCode.CONFIG
+    assert reboot_exit_code({"a": "refused: spot", "b": "host key changed"}) == ExitCode.UNREACHABLE
+    assert reboot_exit_code({"a": "not back after 300s", "b": "refused: spot"}) == ExitCode.TIMEOUT
