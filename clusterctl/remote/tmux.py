@@ -33,6 +33,16 @@ def _paths(name: str) -> str:
     return f'd="{JOBS_DIR}"; log="$d/{n}.log"; ex="$d/{n}.exit"; '
 
 
+def has_session(name: str) -> str:
+    """Shell test: true while job `name`'s tmux session exists (`=`: that name exactly, not a prefix)."""
+    return f"tmux has-session -t {shlex.quote('=' + validate_job_name(name))} 2>/dev/null"
+
+
+def alive_command(name: str) -> str:
+    """Prints `alive` while job `name`'s session exists, else `gone`."""
+    return f"{has_session(name)} && echo alive || echo gone"
+
+
 def _pane_pid(name: str) -> str:
     return f"tmux display-message -p -t {shlex.quote('=' + name + ':')} '#{{pane_pid}}' 2>/dev/null"
 
@@ -40,7 +50,6 @@ def _pane_pid(name: str) -> str:
 def detach_command(name: str, command: str) -> str:
     """Start `command` in tmux session `name`; refuse (exit 3) if that job is still running there."""
     n = validate_job_name(name)
-    qn = shlex.quote("=" + n)
     inner = (
         f'( "${{SHELL:-/bin/sh}}" -c {shlex.quote(command)}; echo $? > "{JOBS_DIR}/{n}.exit" ) 2>&1 '
         f'| tee -a "{JOBS_DIR}/{n}.log"'
@@ -49,7 +58,7 @@ def detach_command(name: str, command: str) -> str:
         "command -v tmux >/dev/null 2>&1 || { echo 'tmux is not installed on this host' >&2; exit 127; }; "
         + _paths(n)
         + 'mkdir -p "$d" && chmod 700 "$d" || exit 1; '
-        f"if tmux has-session -t {qn} 2>/dev/null; then "
+        f"if {has_session(n)}; then "
         f"echo {shlex.quote(f'job {n} is still running here: clusterctl kill {n}')} >&2; exit 3; fi; "
         'rm -f "$ex"; : > "$log"; '
         f"tmux new-session -d -s {shlex.quote(n)} -x 200 -y 50 -e PYTHONUNBUFFERED=1 {shlex.quote(inner)} || exit 1; "

@@ -188,7 +188,7 @@ def read_state(pool, leader, sweep_id: str) -> Snapshot:
     cmd = (
         f'd="$HOME/{SWEEPS}/{n}"; [ -d "$d" ] || {{ echo "no sweep {n} on this cluster" >&2; exit 3; }}; '
         f'cat "$d/state.json" 2>/dev/null; printf "\\n{MARK}"; '
-        f"tmux has-session -t {shlex.quote('=' + n)} 2>/dev/null && echo alive || "
+        f"{jobs.has_session(n)} && echo alive || "
         f'{{ echo gone; tail -n 15 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; }}; true'
     )
     r = pool.run_one(leader, cmd, timeout=30)

@@ -146,7 +146,7 @@ def wait_for_devices(
     from clusterctl.workloads import horovod
 
     n = jobs.validate_job_name(job_name)
-    cmd = f'head -c 4000000 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; echo; {alive_command(n)}'
+    cmd = f'head -c 4000000 "{jobs.JOBS_DIR}/{n}.log" 2>/dev/null; echo; {jobs.alive_command(n)}'
     deadline = _time.monotonic() + timeout
     while True:
         r = pool.run_one(leader, cmd, timeout=60)
@@ -162,13 +162,11 @@ def wait_for_devices(
         _time.sleep(poll)
 
 
-def alive_command(session: str) -> str:
-    return f"tmux has-session -t {shlex.quote('=' + session)} 2>/dev/null && echo alive || echo gone"
-
-
 def is_running(pool, leader, job: TrainJob) -> bool | None:
     """Whether the job's tmux session still lives on the leader (None: the leader did not answer)."""
-    r = pool.run_one(leader, alive_command(job.job), timeout=30)
+    from clusterctl.remote import tmux as jobs
+
+    r = pool.run_one(leader, jobs.alive_command(job.job), timeout=30)
     if r.exit_code is None:
         return None
     return r.stdout.strip() == "alive"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 
-from clusterctl.workloads.train_job import TrainJob, alive_command, job_inventory
+from clusterctl.workloads.train_job import TrainJob, job_inventory
 
 TENSORBOARD_SESSION = "clusterctl-tensorboard"
 
@@ -75,7 +75,7 @@ def _start_tensorboard(inv, job: TrainJob, remote_port: int, wait_s: float) -> N
             f"{int(remote_port)}), 2)' 2>/dev/null"
         )
         deadline = _time.monotonic() + wait_s
-        alive = alive_command(TENSORBOARD_SESSION)
+        alive = jobs.alive_command(TENSORBOARD_SESSION)
         while True:
             if pool.run_one(leader, probe, timeout=30).exit_code == 0:
                 return

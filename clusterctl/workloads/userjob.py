@@ -255,7 +255,7 @@ def state_command(names: Sequence[str]) -> str:
     out = []
     for n in (jobs.validate_job_name(x) for x in names):
         out.append(
-            f"if tmux has-session -t {shlex.quote('=' + n)} 2>/dev/null; then echo {n} running; "
+            f"if {jobs.has_session(n)}; then echo {n} running; "
             f'elif [ -f "{jobs.JOBS_DIR}/{n}.exit" ]; then echo "{n} exited $(cat "{jobs.JOBS_DIR}/{n}.exit")"; '
             f"else echo {n} gone; fi"
         )
