@@ -48,14 +48,9 @@ def down(
         for key, (created, owner) in overview.ages_and_owners(targets, providers).items():
             known[key] = (f", age {duration(now - created)}" if created else "") + (f", owner {owner}" if owner else "")
     if all_ and not force:  # another owner's cluster (no record here) is kept; --force includes it
-        mine = []
-        for t in targets:
-            try:
-                providers.get(t.provider, t.region).resources(t.name)
-                mine.append(t)
-            except UsageError as exc:
-                display.info(f"cluster {t.name}: kept ({exc.message}; --force removes it)")
-        targets = mine
+        targets, kept = overview.split_mine(targets, providers)
+        for t, why in kept:
+            display.info(f"cluster {t.name}: kept ({why}; --force removes it)")
         if not targets:
             display.info("no clusters of yours found")
             return

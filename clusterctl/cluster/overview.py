@@ -129,6 +129,20 @@ def down_targets(
     ]
 
 
+def split_mine(targets: list[Target], providers: Providers) -> tuple[list[Target], list[tuple[Target, str]]]:
+    """`down --all` without --force: the clusters that are this owner's to remove, and the others with why
+    they are kept (the provider refuses to list another owner's cluster: its UsageError's message)."""
+    mine: list[Target] = []
+    kept: list[tuple[Target, str]] = []
+    for t in targets:
+        try:
+            providers.get(t.provider, t.region).resources(t.name)
+            mine.append(t)
+        except UsageError as exc:
+            kept.append((t, exc.message))
+    return mine, kept
+
+
 def ages_and_owners(targets: list[Target], providers: Providers) -> dict[tuple[str, str], tuple[float | None, str]]:
     """(name, provider) -> (created_at, owner), from the same search as `gc` (for `down --all`'s listing)."""
     from clusterctl.cluster import gc as gclib
