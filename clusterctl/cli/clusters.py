@@ -160,7 +160,9 @@ def status(
     validate_name(n)
     record = store.load(n) if store.exists(n) else None
     kind = provider or (record.cluster.provider if record is not None else overview.guess_provider(n, region))
-    if kind == "local":
+    reg = region or (record.cluster.region if record is not None and record.cluster.provider == kind else None)
+    impl = _provider(kind, store, reg)
+    if not impl.lists_from_cloud:  # the record here is the whole truth about this provider's clusters
         if record is None:
             record = store.load(n)  # raises "no cluster named ..."
         tables.node_table(record.cluster, current=n == store.current())
@@ -170,8 +172,7 @@ def status(
             _train_status(n)
             _launch_status(n)
         return
-    reg = region or (record.cluster.region if record is not None and record.cluster.provider == kind else None)
-    st = _provider(kind, store, reg).status(n)
+    st = impl.status(n)
     if st is None:
         if record is None:
             raise StateError(f"no cluster named {n!r} here or in the cloud", "see `clusterctl ls --provider aws`")
