@@ -15,6 +15,12 @@ use the node's own (instance profile, or ~/.aws config). Sub-commands print one 
     recv --hashes H                     stdin to stdout (into tar -x) unchanged, hashing every tar
                                         member's bytes on the way: H gets {path: [sha256, size, mtime]}
     relay --out FIFO [--index I]        stdin to stdout and FIFO at once (the chain's zero-copy tee)
+    probe --hop SSH --remote CMD [--seconds S] -- ADDRESS...   the fan-out probe (sync --fanout auto):
+                                        a stream of throwaway bytes to every ADDRESS at once, through
+                                        the chain's own ssh (SSH: its argv as JSON) into CMD there (sink),
+                                        for S seconds; each stream's bytes and seconds as the sink saw them
+    sink                                the probe's receiver: "ready", then stdin read and thrown away,
+                                        then {bytes, seconds} from its first read to its last
     s3list BUCKET PREFIX                a manifest made from the bucket's listing (size, ETag/SHA256)
     s3pull --dst DST --manifest M --bucket B --prefix P --only LIST [--record]   pull the listed objects,
                                         each checked against S3's checksum (MD5 ETag, ChecksumSHA256) or
@@ -925,6 +931,77 @@ def cmd_relay(args: dict) -> dict | None:
     return None
 
 
+# ---- fan-out probe ----------------------------------------------------------------------------------
+def cmd_sink(args: dict) -> None:
+    """Throwaway bytes on stdin, timed from the first read's end (its bytes not counted) to the last's."""
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    buf, count, first, last = bytearray(CHUNK), 0, 0.0, 0.0
+    while True:
+        got = os.readv(0, [buf])
+        if not got:
+            break
+        last = time.monotonic()
+        if first:
+            count += got
+        else:
+            first = last
+    sys.stdout.write(json.dumps({"bytes": count, "seconds": last - first}) + "\n")
+
+
+def cmd_probe(args: dict) -> dict:
+    """One stream to every address at once, started together once every sink said it is ready: what the
+    addresses took at once is what this node's uplink gives that many chains."""
+    import select
+    import subprocess
+
+    hop, remote, seconds = json.loads(args["hop"]), args["remote"], float(args.get("seconds") or 1.0)
+    addresses = args["addresses"]
+    procs = [
+        subprocess.Popen([*hop, "--", a, remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for a in addresses
+    ]
+
+    def said(p, a: str, what: str) -> bytes:
+        if select.select([p.stdout], [], [], 30)[0]:
+            line = p.stdout.readline()
+            if line:
+                return line
+        p.kill()
+        err = p.stderr.read().decode(errors="replace").strip()[-200:]
+        raise AgentError(f"{a}: the probe's sink {what}: {err or 'no answer in 30s'}")
+
+    try:
+        for p, a in zip(procs, addresses):
+            said(p, a, "did not start")
+        block = os.urandom(1 << 16)  # random: nothing on the way can shrink it
+        deadline = time.monotonic() + seconds
+        errors: list[str] = []
+
+        def send(p) -> None:
+            try:
+                while time.monotonic() < deadline:
+                    p.stdin.write(block)
+                p.stdin.close()
+            except OSError as exc:
+                errors.append(str(exc))
+
+        threads = [threading.Thread(target=send, args=(p,), daemon=True) for p in procs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise AgentError(f"a probe stream broke: {errors[0]}")
+        streams = [dict(json.loads(said(p, a, "gave no count")), address=a) for p, a in zip(procs, addresses)]
+        return {"streams": streams, "seconds": seconds}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
 # ---- main -------------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one JSON error and exit 2 (main's), not argparse's usage text and exit
@@ -935,7 +1012,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="agent.py", add_help=False)
     sub = parser.add_subparsers(dest="cmd", parser_class=_Parser)
     sub.required = True
-    commands = {
+    commands: dict[str, tuple[list[tuple[str, ...]], list[str], list[str]]] = {  # positional (name, nargs?)
         "manifest": ([("root",)], ["--workers", "--cache", "--out"], []),
         "check": ([], ["--dst", "--manifest", "--mark", "--workers", "--received", "--out"], ["--reset", "--delete"]),
         "s3list": ([("bucket",), ("prefix",)], ["--endpoint-url", "--out"], []),
@@ -946,15 +1023,17 @@ def _parser() -> argparse.ArgumentParser:
         ),
         "relay": ([], ["--out", "--index"], []),
         "recv": ([], ["--hashes"], []),
+        "probe": ([("addresses", "+")], ["--hop", "--remote", "--seconds", "--out"], []),
+        "sink": ([], [], []),
     }
     for name, (positional, options, flags) in commands.items():
         p = sub.add_parser(name, add_help=False)
-        for (dest,) in positional:
-            p.add_argument(dest)
+        for dest, *nargs in positional:
+            p.add_argument(dest, nargs=nargs[0] if nargs else None)
         for opt in options:
             p.add_argument(
                 opt,
-                required=opt in ("--dst", "--manifest", "--hashes")
+                required=opt in ("--dst", "--manifest", "--hashes", "--hop", "--remote")
                 or (name == "relay" and opt == "--out")
                 or (name == "s3pull" and opt in ("--bucket", "--prefix", "--only")),
             )
@@ -983,6 +1062,9 @@ def parse(argv: list[str]) -> tuple[str, dict]:
         "--only",
         "--index",
         "--hashes",
+        "--hop",
+        "--remote",
+        "--seconds",
     }
     joined, i = [], 0
     while i < len(argv):
@@ -1004,9 +1086,15 @@ def main(argv: list[str]) -> int:
     args: dict = {}
     try:
         cmd, args = parse(argv)
-        if cmd in ("relay", "recv"):
-            return _stream({"relay": cmd_relay, "recv": cmd_recv}[cmd], args)
-        result = {"check": cmd_check, "manifest": cmd_manifest, "s3list": cmd_s3list, "s3pull": cmd_s3pull}[cmd](args)
+        if cmd in ("relay", "recv", "sink"):
+            return _stream({"relay": cmd_relay, "recv": cmd_recv, "sink": cmd_sink}[cmd], args)
+        result = {
+            "check": cmd_check,
+            "manifest": cmd_manifest,
+            "s3list": cmd_s3list,
+            "s3pull": cmd_s3pull,
+            "probe": cmd_probe,
+        }[cmd](args)
         _emit(result, args.get("out"))
         return 0
     except AgentError as exc:
@@ -1018,7 +1106,8 @@ def main(argv: list[str]) -> int:
 
 
 def _stream(fn, args: dict) -> int:
-    """relay and recv: stdout is the data (and relay's --out a fifo), so a failure is said on stderr."""
+    """relay, recv and sink: stdout is the data (and relay's --out a fifo; sink's the probe's lines), so a
+    failure is said on stderr."""
     try:
         fn(args)
         return 0

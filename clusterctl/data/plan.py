@@ -1,6 +1,7 @@
 """What a sync will do, decided before anything moves: the source (a folder here, leader:PATH or
 s3://bucket/prefix), the destination checked, and who streams to whom (the chain relay with its fan-out,
-the rsync tree's rounds) with the lines `sync --plan` prints. Pure: no ssh, no subprocess."""
+which choose_fanout picks from measured rates with --fanout auto; the rsync tree's rounds) with the lines
+`sync --plan` prints. Pure: no ssh, no subprocess."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 from clusterctl.errors import ConfigError, UsageError
 
@@ -120,6 +121,65 @@ def plan_relay(nodes: Sequence[str], fanout: int = 1, source_is: str | None = No
     return RelayPlan({k: v for k, v in children.items() if v})
 
 
+# ---- the chain's fan-out, chosen by the numbers ----------------------------------------------------
+FANOUT_CAP = 4  # sync --fanout auto measures 2..FANOUT_CAP streams at once: more chains only shorten them
+SHARE = 0.9  # a chain at >= 90% of a hop's rate counts as at that rate (the rest is the probe's noise)
+
+
+@dataclass(frozen=True)
+class FanoutChoice:
+    k: int
+    why: str
+
+    def line(self) -> str:
+        """What `sync --plan` and the run print about an automatic fan-out."""
+        return f"fanout {self.k} (auto): {self.why}"
+
+
+def _mbs(rate: float) -> str:
+    return f"{rate / 1e6:.1f} MB/s"
+
+
+def choose_fanout(
+    aggregate: Mapping[int, float], hop: float, receivers: int, sender: str = "the sender"
+) -> FanoutChoice:
+    """K chains: the sender (the leader, or the chain's head for a source here) sends K copies at once.
+    `aggregate[k]` is the bytes/s its k simultaneous streams to k different nodes delivered together,
+    `hop` one node-to-node stream's bytes/s, `receivers` the nodes after the sender. K is the largest k
+    such that every k' <= k gave each of its streams >= SHARE of a hop (the first k that falls short ends
+    the search: per-stream rates only fall as k grows, so a later pass is noise); at most `receivers`.
+    Each chain then runs at a hop's rate, and K chains are K times shorter than one (less start-up per
+    hop, one slow node holds back fewer). Anything unmeasured or not a positive number counts as short."""
+    if receivers < 2:
+        return FanoutChoice(1, f"{receivers + 1} node(s) take the stream: one chain, nothing to measure")
+    if not hop > 0:
+        return FanoutChoice(1, "one chain: no hop rate was measured")
+    k, tried = 1, []
+    for n in range(2, receivers + 1):
+        agg = aggregate.get(n)
+        if agg is None:
+            break
+        each = agg / n
+        ok = each >= SHARE * hop  # False for NaN too
+        tried.append(f"{n} streams from {sender} at once make {_mbs(agg)} ({_mbs(each)} each)")
+        if not ok:
+            break
+        k = n
+    hop_text = f"{SHARE:.0%} of a hop's {_mbs(hop)}"
+    if not tried:
+        return FanoutChoice(1, f"one chain: a hop makes {_mbs(hop)}, the sender's streams were not measured")
+    if k == 1:
+        return FanoutChoice(1, f"one chain: {tried[0]}, below {hop_text} (the sender's uplink is the limit)")
+    reason = f"{tried[k - 2]}, at least {hop_text}"
+    if len(tried) > k - 1:
+        reason += f"; {tried[k - 1]}, below"
+    elif k == receivers:
+        reason += f" (one chain per node after {sender})"
+    else:
+        reason += f" (measured up to {k} streams)"
+    return FanoutChoice(k, f"{k} chains: {reason}")
+
+
 def plan_tree(nodes: Sequence[str], source_is: str | None = None) -> list[list[tuple[str, str]]]:
     """Rounds of whole-copy hops: in each round every holder (the source included) sends to one more."""
     pending = [n for n in nodes if n != source_is]
@@ -131,7 +191,15 @@ def plan_tree(nodes: Sequence[str], source_is: str | None = None) -> list[list[t
     return rounds
 
 
-def render_plan(strategy: str, nodes: Sequence[str], source: Source, fanout: int, leader: str | None) -> list[str]:
+def render_plan(
+    strategy: str,
+    nodes: Sequence[str],
+    source: Source,
+    fanout: int,
+    leader: str | None,
+    chosen: FanoutChoice | None = None,
+) -> list[str]:
+    """The lines of `sync --plan`. `chosen`: the fan-out was measured (--fanout auto), and why is said."""
     src = f"source ({source.describe()})" if source.kind != "leader" else f"source (leader {leader}: {source.path})"
     name = lambda n: src if n == SOURCE else n  # noqa: E731
     if source.kind == "s3":
@@ -142,6 +210,8 @@ def render_plan(strategy: str, nodes: Sequence[str], source: Source, fanout: int
     if strategy == "chain":
         plan = plan_relay(nodes, fanout, source_is)
         lines = [f"chain (fanout {fanout}): one tar stream per link, every node writes and forwards at once"]
+        if chosen is not None:
+            lines.append(f"  {chosen.line()}")
         if source_is is not None:
             lines.append(f"  {leader} extracts its own copy from the stream (unless DST is the source folder)")
         return lines + [f"  {name(a)} -> {b}" for a, b in plan.edges()]

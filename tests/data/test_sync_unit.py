@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,86 @@ def test_render_plan_names_every_hop():
     assert "round 2" in "\n".join(syncplan.render_plan("tree", ["a", "b", "c"], src, 1, "a"))
     s3 = syncplan.render_plan("chain", ["a", "b"], syncplan.Source("s3", bucket="bk", prefix="p/"), 1, "a")
     assert s3[1:] == ["  s3://bk/p/ -> a", "  s3://bk/p/ -> b"]
+
+
+# ---- fan-out chosen by the numbers ------------------------------------------------------------------
+MB = 1e6
+
+
+def test_an_uplink_bound_sender_gets_one_chain():
+    # two streams share the hop's rate: half each, far below 90%
+    got = syncplan.choose_fanout({2: 18.9 * MB}, 18.8 * MB, receivers=7, sender="n0")
+    assert got.k == 1
+    assert got.why == (
+        "one chain: 2 streams from n0 at once make 18.9 MB/s (9.4 MB/s each), below 90% of a hop's 18.8 MB/s "
+        "(the sender's uplink is the limit)"
+    )
+    assert got.line().startswith("fanout 1 (auto): one chain: ")
+
+
+def test_a_sender_with_twice_a_hops_rate_gets_two_chains():
+    got = syncplan.choose_fanout({2: 37.0 * MB, 3: 37.4 * MB}, 18.8 * MB, receivers=7, sender="n0")
+    assert got.k == 2
+    assert got.why == (
+        "2 chains: 2 streams from n0 at once make 37.0 MB/s (18.5 MB/s each), at least 90% of a hop's 18.8 MB/s; "
+        "3 streams from n0 at once make 37.4 MB/s (12.5 MB/s each), below"
+    )
+
+
+def test_a_fat_uplink_is_capped_by_the_nodes_and_by_what_was_measured():
+    fat = {k: k * 20 * MB for k in range(2, 9)}
+    assert syncplan.choose_fanout(fat, 20 * MB, receivers=3).k == 3
+    assert "one chain per node after" in syncplan.choose_fanout(fat, 20 * MB, receivers=3).why
+    got = syncplan.choose_fanout({2: 40 * MB, 3: 60 * MB}, 20 * MB, receivers=7)
+    assert got.k == 3 and got.why.endswith("(measured up to 3 streams)")
+
+
+@pytest.mark.parametrize("receivers", [0, 1])
+def test_too_few_nodes_get_one_chain_without_a_probe(receivers):
+    got = syncplan.choose_fanout({2: 100 * MB}, 10 * MB, receivers=receivers)
+    assert got.k == 1 and "nothing to measure" in got.why
+
+
+def test_noisy_figures():
+    hop = 20 * MB
+    # 2 streams at 92% each: within the noise, two chains
+    assert syncplan.choose_fanout({2: 2 * 0.92 * hop}, hop, receivers=5).k == 2
+    # 88%: short
+    assert syncplan.choose_fanout({2: 2 * 0.88 * hop}, hop, receivers=5).k == 1
+    # a pass after a miss is noise: the first miss ends the search
+    assert syncplan.choose_fanout({2: 1.9 * hop, 3: 2.4 * hop, 4: 3.9 * hop}, hop, receivers=5).k == 2
+    # a gap in the figures ends it too
+    assert syncplan.choose_fanout({2: 2 * hop, 4: 4 * hop}, hop, receivers=5).k == 2
+    # figures that are not positive numbers count as short
+    for bad in (float("nan"), 0.0, -1.0):
+        assert syncplan.choose_fanout({2: 2 * hop}, bad, receivers=5).k == 1
+        assert syncplan.choose_fanout({2: bad}, hop, receivers=5).k == 1
+    got = syncplan.choose_fanout({}, hop, receivers=5)
+    assert got.k == 1 and "were not measured" in got.why
+
+
+def test_render_plan_says_why_for_a_measured_fanout():
+    src = syncplan.Source("local", path="/data")
+    chosen = syncplan.FanoutChoice(2, "2 chains: because")
+    lines = syncplan.render_plan("chain", ["a", "b", "c", "d"], src, 2, "a", chosen)
+    assert lines[1] == "  fanout 2 (auto): 2 chains: because"
+    assert lines[2:] == ["  source (/data) -> a", "  a -> b", "  a -> d", "  b -> c"]
+
+
+def test_probe_times_every_stream_as_its_sink_saw_it(tmp_path):
+    """node_side's probe and sink, with a local hop in place of ssh (run the remote command here)."""
+    hop = [sys.executable, "-c", "import os, sys; os.execvp('sh', ['sh', '-c', sys.argv[3]])"]
+    sink = f"{shlex.quote(sys.executable)} {shlex.quote(sync_agent.__file__)} sink"
+    args = ["probe", "--seconds", "0.3", "--hop", json.dumps(hop), "--remote", sink, "--", "a", "-b"]
+    proc = subprocess.run(["python3", sync_agent.__file__, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    streams = json.loads(proc.stdout)["streams"]
+    assert [st["address"] for st in streams] == ["a", "-b"]
+    for st in streams:
+        assert st["bytes"] > 0 and 0.1 < st["seconds"] < 5
+    args[args.index(sink)] = "exit 7"  # a sink that never starts: one JSON error, exit 1
+    proc = subprocess.run(["python3", sync_agent.__file__, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "the probe's sink did not start" in json.loads(proc.stdout)["error"]
 
 
 # ---- inputs -----------------------------------------------------------------------------------------
