@@ -27,7 +27,13 @@ def sync(
     ),
     cluster: Optional[str] = CURRENT_CLUSTER,
     strategy: str = typer.Option("chain", "--strategy", help="chain (pipelined relay), tree, parallel or sequential."),
-    fanout: int = typer.Option(1, "--fanout", help="chain: split the nodes after the first into K chains."),
+    fanout: str = typer.Option(
+        "auto",
+        "--fanout",
+        metavar="K|auto",
+        help="chain: split the nodes after the first into K chains; auto: K measured first "
+        "(a few seconds: the sender's streams to several nodes at once against one hop's rate).",
+    ),
     plan: bool = typer.Option(False, "--plan", help="Print who sends to whom, and copy nothing."),
     delete: bool = typer.Option(False, "--delete", help="Mirror: remove files on the nodes that SRC does not have."),
     endpoint_url: Optional[str] = typer.Option(
@@ -61,7 +67,7 @@ def sync(
     hosts_path, src, dst = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
     if strategy not in syncplan.STRATEGIES:
         raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(syncplan.STRATEGIES)}")
-    within("--fanout", fanout, 1)
+    chains = _fanout(fanout)
     within("--stall-timeout", stall_timeout, above=0)
     if verify not in syncsession.VERIFY:
         raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")
@@ -70,7 +76,11 @@ def sync(
     inv = _resolve_hosts(hosts_path, cluster, ssh)
     labels = [t.label for t in inv.targets]
     if plan:
-        for line in syncplan.render_plan(strategy, labels, source, fanout, labels[0] if labels else None):
+        chosen = None
+        if chains is None and strategy == "chain" and source.kind != "s3":
+            chosen = _plan_fanout(inv, source, dst, launch.node_python(inv.cluster))
+        k = chosen.k if chosen else chains or 1
+        for line in syncplan.render_plan(strategy, labels, source, k, labels[0] if labels else None, chosen):
             sys.stdout.write(line + "\n")
         return
     from clusterctl.cluster import autostop_control as autostop
@@ -88,7 +98,7 @@ def sync(
             source,
             dst,
             strategy=strategy,
-            fanout=fanout,
+            fanout=chains,
             delete=delete,
             endpoint_url=endpoint_url,
             managed=inv.cluster is not None,
@@ -102,6 +112,38 @@ def sync(
     err = report.error()
     if err is not None:
         raise err
+
+
+def _fanout(text: str) -> int | None:
+    """--fanout: a number of chains (>= 1), or auto (None: measured when the chain starts)."""
+    if text == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise UsageError(f"--fanout must be auto or a whole number, not {text!r}") from None
+    within("--fanout", k, 1)
+    return k
+
+
+def _plan_fanout(inv, source, dst: str, node_python: str | None):
+    """--plan with --fanout auto: the probe runs (nothing of the dataset moves)."""
+    from clusterctl.data import probe, session as syncsession
+    from clusterctl.remote.ssh import SshPool
+
+    with SshPool(inv.settings) as pool:
+        s = syncsession.SyncSession(
+            inv.targets,
+            [e.address for e in inv.hosts.entries],
+            inv.settings.known_hosts,
+            pool,
+            source,
+            dst,
+            fanout=None,
+            managed=inv.cluster is not None,
+            node_python=node_python,
+        )
+        return probe.for_plan(s)
 
 
 # ---- datasets --------------------------------------------------------------------------------------------

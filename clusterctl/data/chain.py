@@ -1,7 +1,8 @@
 """The chain transport (`--strategy chain`, the default): a pipelined relay. The source streams one tar to the
 first node, which extracts it and, at the same moment, forwards the same bytes to the next node (tee into that
 hop's ssh), and so on down the chain: every link carries the data once and all links run at once. `--fanout K`
-splits the nodes after the first into K chains (plan.plan_relay). A node that takes no data for
+splits the nodes after the first into K chains (plan.plan_relay); `--fanout auto` (the default) has K
+measured first (probe.py). A node that takes no data for
 --stall-timeout is cut out (stall.StallWatch); the nodes after it are repaired from verified neighbours."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import shlex
 import threading
 import time
 
+from clusterctl.data import probe
 from clusterctl.data.node_scripts import TAR_CHECKPOINT, relay_script, source_script
 from clusterctl.data.pipes import run_pipeline
 from clusterctl.data.plan import SOURCE, plan_relay
@@ -25,7 +27,13 @@ def stream(s: SyncSession, relay: list[SyncNode], paths: list[str]) -> None:
         return
     by_label = {n.label: n for n in s.nodes}
     leader_src = s.source.kind == "leader"
-    plan = plan_relay([n.label for n in relay], s.fanout, s.leader.label if leader_src else None)
+    fanout = s.fanout
+    if fanout is None:
+        wanted = set(paths)
+        chosen = probe.auto_fanout(s, relay, sum(e.nbytes for e in s.entries if e.path in wanted))
+        s.events.phase(chosen.line())
+        fanout = chosen.k
+    plan = plan_relay([n.label for n in relay], fanout, s.leader.label if leader_src else None)
     hop = node_ssh(s.leader.target.user, s.leader.target.port, s.managed)
     extract = {n.label for n in relay}
     scripts: dict[str, bytes] = {}

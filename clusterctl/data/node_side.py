@@ -951,7 +951,10 @@ def cmd_sink(args: dict) -> None:
 
 def cmd_probe(args: dict) -> dict:
     """One stream to every address at once, started together once every sink said it is ready: what the
-    addresses took at once is what this node's uplink gives that many chains."""
+    addresses took at once is what this node's uplink gives that many chains. Bounded: writes never block
+    past the end, and a sink that does not answer in time fails the probe (a stalled node is not waited for).
+    """
+    import fcntl
     import select
     import subprocess
 
@@ -962,39 +965,36 @@ def cmd_probe(args: dict) -> dict:
         for a in addresses
     ]
 
-    def said(p, a: str, what: str) -> bytes:
-        if select.select([p.stdout], [], [], 30)[0]:
+    def said(p, a: str, what: str, wait: float) -> bytes:
+        if select.select([p.stdout], [], [], wait)[0]:
             line = p.stdout.readline()
             if line:
                 return line
         p.kill()
         err = p.stderr.read().decode(errors="replace").strip()[-200:]
-        raise AgentError(f"{a}: the probe's sink {what}: {err or 'no answer in 30s'}")
+        raise AgentError(f"{a}: the probe's sink {what}: {err or f'no answer in {wait:g}s'}")
 
     try:
         for p, a in zip(procs, addresses):
-            said(p, a, "did not start")
+            said(p, a, "did not start", 20)
         block = os.urandom(1 << 16)  # random: nothing on the way can shrink it
+        stdins = [p.stdin for p in procs if p.stdin is not None]  # all of them: PIPE
+        fds = [f.fileno() for f in stdins]
+        for fd in fds:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
         deadline = time.monotonic() + seconds
-        errors: list[str] = []
-
-        def send(p) -> None:
-            try:
-                while time.monotonic() < deadline:
-                    p.stdin.write(block)
-                p.stdin.close()
-            except OSError as exc:
-                errors.append(str(exc))
-
-        threads = [threading.Thread(target=send, args=(p,), daemon=True) for p in procs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise AgentError(f"a probe stream broke: {errors[0]}")
-        streams = [dict(json.loads(said(p, a, "gave no count")), address=a) for p, a in zip(procs, addresses)]
-        return {"streams": streams, "seconds": seconds}
+        while (left := deadline - time.monotonic()) > 0:
+            for fd in select.select([], fds, [], left)[1]:
+                try:
+                    os.write(fd, block)
+                except BlockingIOError:
+                    pass
+                except OSError as exc:
+                    raise AgentError(f"a probe stream broke: {exc}") from None
+        for f in stdins:
+            f.close()
+        counts = [said(p, a, "gave no count", 15 + seconds) for p, a in zip(procs, addresses)]
+        return {"streams": [dict(json.loads(c), address=a) for c, a in zip(counts, addresses)], "seconds": seconds}
     finally:
         for p in procs:
             if p.poll() is None:

@@ -65,7 +65,7 @@ class SyncSession:
         dst: str,
         *,
         strategy: str = "chain",
-        fanout: int = 1,
+        fanout: int | None = 1,  # None: --fanout auto, chosen by the probe (probe.py) when the chain starts
         delete: bool = False,
         endpoint_url: str | None = None,
         managed: bool = True,
@@ -78,7 +78,7 @@ class SyncSession:
     ):
         if strategy not in STRATEGIES:
             raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
-        if fanout < 1:
+        if fanout is not None and fanout < 1:
             raise UsageError("--fanout must be at least 1")
         if verify not in VERIFY:
             raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")

@@ -118,6 +118,26 @@ def test_render_plan_says_why_for_a_measured_fanout():
     assert lines[2:] == ["  source (/data) -> a", "  a -> b", "  a -> d", "  b -> c"]
 
 
+def test_auto_fanout_asks_no_node_when_there_is_nothing_to_measure(tmp_path):
+    from clusterctl.data import probe, session
+
+    targets = [SshTarget(f"10.9.0.{i}", f"10.9.0.{i}") for i in range(4)]
+    s = session.SyncSession(
+        targets,
+        [t.hostname for t in targets],
+        "",
+        None,
+        syncplan.Source("local", path="/d"),
+        "d",
+        fanout=None,
+        cache_dir=tmp_path,
+    )  # no pool: any ssh would raise
+    got = probe.auto_fanout(s, s.nodes, nbytes=probe.PROBE_MIN_BYTES - 1)
+    assert got == syncplan.FanoutChoice(1, "one chain: 16.0 MB to stream, too little to be worth a probe")
+    got = probe.auto_fanout(s, s.nodes[:2], nbytes=10**12)
+    assert got.k == 1 and got.why == "2 node(s) take the stream: one chain, nothing to measure"
+
+
 def test_probe_times_every_stream_as_its_sink_saw_it(tmp_path):
     """node_side's probe and sink, with a local hop in place of ssh (run the remote command here)."""
     hop = [sys.executable, "-c", "import os, sys; os.execvp('sh', ['sh', '-c', sys.argv[3]])"]

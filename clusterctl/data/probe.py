@@ -1,0 +1,103 @@
+"""`sync --fanout auto` (the default): the chain's fan-out chosen from a short measurement, on the nodes.
+
+With K chains the sender (the leader for a leader:PATH source, else the chain's head, which the source
+here feeds one stream) sends K copies at once. The probe measures, through the chain's own ssh hop (its
+key, pinned known_hosts and cipher): one node-to-node stream between two other nodes (a hop's rate),
+then k = 2, 3, ... streams from the sender to k different nodes at once, for PROBE_SECONDS each, the
+bytes thrown away on arrival (node_side.py's probe and sink). plan.choose_fanout turns the figures into
+K and the line that says why. No probe (one chain) with fewer than 3 nodes taking the stream or under
+PROBE_MIN_BYTES to send. A probe that fails never fails the sync: one chain, and the reason."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Sequence
+
+from clusterctl.data import node_side
+from clusterctl.data.plan import FANOUT_CAP, SHARE, FanoutChoice, choose_fanout
+from clusterctl.data.session import SyncNode, SyncSession, mb
+from clusterctl.remote.openssh import node_ssh
+
+PROBE_SECONDS = 1.0  # per measurement; at most FANOUT_CAP of them (a hop, then 2..FANOUT_CAP streams)
+PROBE_MIN_BYTES = 16_000_000  # less to stream: one chain, unmeasured (the probe would cost more than it saves)
+
+
+class ProbeFailed(Exception):
+    pass
+
+
+def _rate(s: SyncSession, sender: SyncNode, receivers: Sequence[SyncNode]) -> float:
+    """Bytes/s of `sender`'s streams to `receivers` at once, together: k times the slowest one's (k chains
+    all go at the pace of the slowest), each as its receiver saw it, from its first read to its last."""
+    hop = node_ssh(s.leader.target.user, s.leader.target.port, s.managed)
+    data, r = s.agent(
+        sender,
+        "probe",
+        "--seconds",
+        str(PROBE_SECONDS),
+        "--hop",
+        json.dumps(hop),
+        "--remote",
+        s.py("agent.py", "sink"),
+        "--",
+        *(n.address for n in receivers),
+        timeout=PROBE_SECONDS + 90,
+    )
+    if r.exit_code != 0 or not data or not isinstance(data.get("streams"), list):
+        why = (data or {}).get("error") or r.error or r.stderr.strip()[-200:] or f"exit {r.exit_code}"
+        raise ProbeFailed(f"{sender.label}: {' '.join(str(why).split())}")
+    took = [(int(st["bytes"]), float(st["seconds"])) for st in data["streams"]]
+    if len(took) != len(receivers) or not all(n > 0 and seconds > 0 for n, seconds in took):
+        raise ProbeFailed(f"{sender.label}: a stream moved too little to time")
+    return len(took) * min(n / seconds for n, seconds in took)
+
+
+def auto_fanout(s: SyncSession, relay: Sequence[SyncNode], nbytes: int | None = None) -> FanoutChoice:
+    """K for the chain over `relay` (the nodes that take the stream, in plan_relay's order) that will
+    carry `nbytes` (None: not known, as for --plan)."""
+    sender = s.leader if s.source.kind == "leader" else relay[0]
+    receivers = [n for n in relay if n is not sender and n.alive]
+    if len(receivers) < 2:
+        return choose_fanout({}, 0.0, len(receivers), sender.label)
+    if not sender.alive:
+        return FanoutChoice(1, f"one chain: the sender {sender.label} is down")
+    if nbytes is not None and nbytes < PROBE_MIN_BYTES:
+        return FanoutChoice(1, f"one chain: {mb(nbytes)} to stream, too little to be worth a probe")
+    aggregate: dict[int, float] = {}
+    try:
+        hop = _rate(s, receivers[0], receivers[1:2])
+        for k in range(2, min(FANOUT_CAP, len(receivers)) + 1):
+            aggregate[k] = _rate(s, sender, receivers[:k])
+            if not aggregate[k] / k >= SHARE * hop:  # fewer each with more streams: no need to try more
+                break
+    except Exception as exc:  # the probe only advises: nothing in it fails the sync (Ctrl-C still stops it)
+        why = str(exc) if isinstance(exc, ProbeFailed) else f"{type(exc).__name__}: {exc}"
+        return FanoutChoice(1, f"one chain: the probe failed ({why})")
+    return choose_fanout(aggregate, hop, len(receivers), sender.label)
+
+
+def for_plan(s: SyncSession) -> FanoutChoice:
+    """`sync --plan` with --fanout auto: the probe over every node (as a first copy would stream), with the
+    node script put in this run's own work folder and that folder removed after."""
+    if len(s.nodes) < 3:
+        return auto_fanout(s, s.nodes)  # too few to measure: no ssh at all
+    files = {f"{s.work}/agent.py": (Path(node_side.__file__).read_bytes(), 0o600)}
+
+    def put(n: SyncNode) -> None:
+        r = s.pool.put_one(n.target, files)
+        if not r.ok:
+            s.fail(n, "unreachable", r.error or "upload failed")
+
+    try:
+        s.fan(s.nodes, put)
+        down = [n.label for n in s.nodes if not n.alive]
+        if down:
+            return FanoutChoice(1, f"one chain: the probe failed ({', '.join(down)} unreachable)")
+        return auto_fanout(s, s.nodes)
+    finally:
+        s.fan(
+            [n for n in s.nodes if n.alive],
+            lambda n: s.pool.run_one(n.target, f"rm -rf -- {shlex.quote(s.work)}", timeout=30),
+        )
