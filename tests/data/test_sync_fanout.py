@@ -47,10 +47,10 @@ def c4(tmp_path_factory):
 def uplink(cluster, index: int, rate: str | None) -> None:
     """htb inside the node, on its eth0: what the node sends goes at `rate` (None: unshaped)."""
     tc = ["tc", "-n", netns_of(cluster, index)]
+    subprocess.run([*tc, "qdisc", "del", "dev", "eth0", "root"], capture_output=True)  # htb cannot be changed
     if rate is None:
-        subprocess.run([*tc, "qdisc", "del", "dev", "eth0", "root"], capture_output=True)
         return
-    subprocess.run([*tc, "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10"], check=True)
+    subprocess.run([*tc, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10"], check=True)
     subprocess.run(
         [*tc, "class", "replace", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb"]
         + ["rate", rate, "ceil", rate, "burst", "32k"],
