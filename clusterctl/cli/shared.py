@@ -149,8 +149,8 @@ def _resolve_hosts(hosts_path, cluster, ssh: Ssh = DEFAULT_SSH, store=None):
         from typer._click.core import ParameterSource
         from typer._click.globals import get_current_context
     except ImportError:  # a typer that uses click itself: the same names, other (equal) classes for mypy
-        from click.core import ParameterSource  # type: ignore[assignment]
-        from click.globals import get_current_context  # type: ignore[no-redef]
+        from click.core import ParameterSource  # type: ignore[assignment]  # click's class, equal to typer's
+        from click.globals import get_current_context  # type: ignore[no-redef]  # the same function from click
 
     from clusterctl.cli import display
     from clusterctl.cluster import inventory
