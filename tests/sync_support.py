@@ -93,35 +93,29 @@ def veth(cluster: LocalCluster, index: int) -> str:
     return netns.veth_name(cluster.name, index)
 
 
-def shape(cluster: LocalCluster, index: int, rate: str) -> None:
-    """htb on the host side of the node's veth: what the node receives comes at `rate`."""
-    dev = veth(cluster, index)
-    subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"], check=True)
+def htb(dev: str, rate: str | None, netns: str | None = None, burst: str = "32k", cburst: str | None = None) -> None:
+    """What leaves through `dev` (in namespace `netns`, else on the host) goes at `rate` (None: unshaped); this
+    kernel has htb, no netem. The root is made anew each time: an htb root cannot be changed in place."""
+    tc = ["tc", *(["-n", netns] if netns else [])]
+    subprocess.run([*tc, "qdisc", "del", "dev", dev, "root"], capture_output=True)
+    if rate is None:
+        return
+    subprocess.run([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"], check=True)
     subprocess.run(
-        [
-            "tc",
-            "class",
-            "replace",
-            "dev",
-            dev,
-            "parent",
-            "1:",
-            "classid",
-            "1:10",
-            "htb",
-            "rate",
-            rate,
-            "ceil",
-            rate,
-            "burst",
-            "32k",
-        ],
+        [*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb"]
+        + ["rate", rate, "ceil", rate, "burst", burst]
+        + (["cburst", cburst] if cburst else []),
         check=True,
     )
 
 
+def shape(cluster: LocalCluster, index: int, rate: str) -> None:
+    """htb on the host side of the node's veth: what the node receives comes at `rate`."""
+    htb(veth(cluster, index), rate)
+
+
 def unshape(cluster: LocalCluster, index: int) -> None:
-    subprocess.run(["tc", "qdisc", "del", "dev", veth(cluster, index), "root"], capture_output=True)
+    htb(veth(cluster, index), None)
 
 
 def tx_bytes(cluster: LocalCluster, index: int) -> int:

@@ -6,12 +6,12 @@ One 4-node cluster; every node receives at HOP, node 0 (the sender) sends at wha
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 
 from sync_support import (
     down_cluster,
+    htb,
     make_dataset,
     marker,
     netns_of,
@@ -46,16 +46,7 @@ def c4(tmp_path_factory):
 
 def uplink(cluster, index: int, rate: str | None) -> None:
     """htb inside the node, on its eth0: what the node sends goes at `rate` (None: unshaped)."""
-    tc = ["tc", "-n", netns_of(cluster, index)]
-    subprocess.run([*tc, "qdisc", "del", "dev", "eth0", "root"], capture_output=True)  # htb cannot be changed
-    if rate is None:
-        return
-    subprocess.run([*tc, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "10"], check=True)
-    subprocess.run(
-        [*tc, "class", "replace", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb"]
-        + ["rate", rate, "ceil", rate, "burst", "32k"],
-        check=True,
-    )
+    htb("eth0", rate, netns_of(cluster, index))
 
 
 def _verified(c4, root: str, sums: dict) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from clusterctl.providers.local import netns
 from clusterctl.workloads import doctor, doctor_judge
+from sync_support import htb
 
 pytestmark = pytest.mark.integration
 
@@ -124,37 +125,8 @@ def test_the_probe_finds_all_reduce_perf_on_each_node_and_one_missing_means_gloo
 def shape(name: str, index: int, rate: str) -> None:
     """htb on node `index`'s link both ways (this kernel has htb but no netem): into the node on the bridge's
     veth, out of it on the node's eth0. The links go with the cluster at down."""
-    for dev, prefix in (
-        (netns.veth_name(name, index), []),
-        ("eth0", ["ip", "netns", "exec", netns.netns_name(name, index)]),
-    ):
-        subprocess.run(
-            [*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"], check=True
-        )
-        subprocess.run(
-            [
-                *prefix,
-                "tc",
-                "class",
-                "replace",
-                "dev",
-                dev,
-                "parent",
-                "1:",
-                "classid",
-                "1:10",
-                "htb",
-                "rate",
-                rate,
-                "ceil",
-                rate,
-                "burst",
-                "256k",
-                "cburst",
-                "256k",
-            ],
-            check=True,
-        )
+    htb(netns.veth_name(name, index), rate, burst="256k", cburst="256k")
+    htb("eth0", rate, netns.netns_name(name, index), burst="256k", cburst="256k")
 
 
 def test_doctor_fabric_names_the_node_with_a_quarter_link(local_cluster_factory):
