@@ -146,6 +146,26 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
+POOL_FROM = 1 << 20  # files this big are hashed in a thread pool; smaller ones in the calling thread
+
+
+def map_by_size(fn, entries: list[dict], workers: int) -> list:
+    """[fn(e) for e in entries], the big files' calls spread over `workers` threads (hashlib lets go of the
+    GIL on big updates). A small file's hand-off to a pool costs more than hashing it under the GIL's
+    contention: 200,000 files of 4 kB took 14 s in a pool of 2 and 2.4 s in one thread."""
+    out: list = [None] * len(entries)
+    big = [i for i, e in enumerate(entries) if e.get("s", 0) >= POOL_FROM]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [(i, pool.submit(fn, entries[i])) for i in big]
+        taken = set(big)
+        for i, e in enumerate(entries):  # the small ones meanwhile, here
+            if i not in taken:
+                out[i] = fn(e)
+        for i, f in futures:
+            out[i] = f.result()
+    return out
+
+
 def scan(root: str, workers: int = 4) -> list[dict]:
     """Every directory, regular file and symlink under root (symlinks not followed), sorted by path."""
     return scan_reusing(root, {}, workers)[0]
@@ -192,9 +212,8 @@ def scan_reusing(root: str, known: dict[str, list], workers: int = 4) -> tuple[l
                 else:
                     files.append(e)
             # sockets, fifos and devices are not data: left out
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for e, h in zip(files, pool.map(lambda e: sha256_file(os.path.join(root, e["p"])), files)):
-            e["h"] = h
+    for e, h in zip(files, map_by_size(lambda e: sha256_file(os.path.join(root, e["p"])), files, workers)):
+        e["h"] = h
     entries.sort(key=lambda e: e["p"].split("/"))
     return entries, {p: [k, e["h"]] for e in entries if e["t"] == "f" for p, k in ((e["p"], keys[e["p"]]),)}, len(files)
 
@@ -329,13 +348,12 @@ def check(
                     bad_bytes += e["s"]
             else:
                 to_hash.append(e)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for e, ok in zip(to_hash, pool.map(lambda e: entry_ok(root, e), to_hash)):
-            if ok:
-                good_bytes += e["s"]
-            else:
-                bad.append(e["p"])
-                bad_bytes += e["s"]
+    for e, ok in zip(to_hash, map_by_size(lambda e: entry_ok(root, e), to_hash, workers)):
+        if ok:
+            good_bytes += e["s"]
+        else:
+            bad.append(e["p"])
+            bad_bytes += e["s"]
     if delete:
         delete_extras(root, {e["p"] for e in entries})
     return bad, bad_bytes, good_bytes, len(to_hash)

@@ -500,3 +500,20 @@ def test_sync_report_exit_codes():
     o.append(outcome.NodeOutcome("c", status="unreachable"))
     assert rep.exit_code == 5 and int(rep.error().exit_code) == 5
     assert outcome.SyncReport([outcome.NodeOutcome("a")], 0, 0, "chain", 0).error() is None
+
+
+def test_map_by_size_keeps_order_and_pools_only_big_files():
+    """Small files are hashed in the calling thread (a pool's hand-off costs more than a 4 kB hash),
+    big ones in the pool; the results come back in the entries' order whatever ran where."""
+    import threading
+
+    entries = [{"p": str(i), "s": s} for i, s in enumerate([10, sync_agent.POOL_FROM, 0, 5 << 20, 4000])]
+    where: dict[str, str] = {}
+
+    def fn(e: dict) -> str:
+        where[e["p"]] = threading.current_thread().name
+        return e["p"] * 2
+
+    assert sync_agent.map_by_size(fn, entries, 2) == ["00", "11", "22", "33", "44"]
+    here = threading.current_thread().name
+    assert [where[p] == here for p in "01234"] == [True, False, True, False, True]
