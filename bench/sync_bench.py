@@ -20,7 +20,9 @@ checked against the source (sha256 of every file). Needs root. Example:
 
     python bench/sync_bench.py --nodes 4 8 --rate 450 --size-mb 400 --files 2000
     python bench/sync_bench.py --nodes 8 --rate 150 --methods clusterctl
-    python bench/sync_bench.py --small-files 200000 --nodes 4     # files/s against one bare tar | ssh copy
+    python bench/sync_bench.py --small-files 200000 --nodes 4 --rate 450 --repeat 2
+        # files/s against one bare tar | ssh copy to one node and the bare chain to all N (links unshaped
+        # unless --rate is given; --rate 0: unshaped)
 """
 
 from __future__ import annotations
@@ -378,38 +380,54 @@ def make_small_files(root: Path, files: int, size: int = 4000) -> tuple[int, str
     return size * files, out.stdout.split()[0]
 
 
+SMALL_METHODS = ("bare-one", "bare-chain", "clusterctl")
+
+
 def run_small(args) -> list[dict]:
-    """Many small files, links unshaped (the per-file cost is what is measured): clusterctl sync to N nodes,
-    verified, against one bare `tar | ssh` copy to one node; files/s and the ratio."""
+    """Many small files: clusterctl sync to N nodes, verified, against two yardsticks timed in the same
+    rounds (interleaved): one bare `tar | ssh` copy to ONE node, and the bare chain (tar | tee | ssh to all
+    N, unverified; on a machine of few cores, N nodes extracting cost N times one, so only the chain is a
+    like-for-like yardstick). Links shaped at --rate when it is given and > 0, else unshaped (the per-file
+    cost is what is measured). files/s, the ratios, and the bench's own cgroup CPU (core-s)."""
     work = Path(tempfile.mkdtemp(prefix="sync-bench-", dir="/var/tmp"))
     results = []
+    own = OwnCpu()
+    rate = args.rate or 0.0
     try:
         src = work / "small"
         t0 = time.perf_counter()
         size, digest = make_small_files(src, args.small_files)
         print(
             f"dataset: {args.small_files} files, {size / 1e6:.0f} MB in 1,000 folders (made in "
-            f"{time.perf_counter() - t0:.0f} s)",
+            f"{time.perf_counter() - t0:.0f} s); links "
+            + (f"shaped at {rate:g} Mbit/s (one-copy limit {size * 8 / (rate * 1e6):.1f} s)" if rate else "unshaped"),
             flush=True,
         )
         for n in args.nodes:
-            b = Bench(n, args.rate, work / f"home{n}", work, args.ref_repo)
+            b = Bench(n, rate, work / f"home{n}", work, args.ref_repo)
             b.up()
             try:
-                for method in [m for _ in range(args.repeat) for m in ("bare-one", "clusterctl")]:
+                if rate:
+                    b.shape()
+                for method in [m for _ in range(args.repeat) for m in SMALL_METHODS]:
                     b.clear()
+                    subprocess.run(["sync"])
                     b.notes = []
+                    o0 = own.seconds()
                     t0 = time.perf_counter()
                     getattr(b, "m_" + method.replace("-", "_"))(src)
                     secs = time.perf_counter() - t0
+                    ours = own.seconds() - o0
                     digests = b.digests()
                     ok = sum(1 for d in (digests[:1] if method == "bare-one" else digests) if d == [digest])
                     row = {
                         "nodes": n,
+                        "rate_mbit": rate,
                         "method": method,
                         "seconds": round(secs, 2),
                         "files": args.small_files,
                         "files_per_s": round(args.small_files / secs),
+                        "own_cpu_seconds": round(ours, 1),
                         "verified_nodes": ok,
                         "notes": b.notes,
                     }
@@ -417,22 +435,29 @@ def run_small(args) -> list[dict]:
                         row["phases_s"] = {k: round(v, 2) for k, v in b.phases}
                     results.append(row)
                     print(
-                        f"  {method:<11} {secs:7.1f} s  {args.small_files / secs:8.0f} files/s "
-                        f"({'1 node' if method == 'bare-one' else f'{n} nodes, verified {ok}/{n}'})"
+                        f"  {method:<11} {secs:7.1f} s  {args.small_files / secs:8.0f} files/s  {ours:6.1f} core-s "
+                        f"({'1 node' if method == 'bare-one' else f'{n} nodes, right on {ok}/{n}'})"
                         + (f"  (phases at: {row['phases_s']}; {'; '.join(b.notes)})" if b.notes else ""),
                         flush=True,
                     )
                 b.clear()
             finally:
                 b.down()
-        best = {m: min(r["seconds"] for r in results if r["method"] == m) for m in ("bare-one", "clusterctl")}
-        print(
-            f"best: clusterctl {best['clusterctl']:.1f} s to {args.nodes[-1]} nodes, bare tar | ssh "
-            f"{best['bare-one']:.1f} s to one: {best['clusterctl'] / best['bare-one']:.2f}x",
-            flush=True,
-        )
+            rows = [r for r in results if r["nodes"] == n]
+            best = {m: min((r for r in rows if r["method"] == m), key=lambda r: r["seconds"]) for m in SMALL_METHODS}
+            print(f"N={n}, best of {args.repeat} (spread: min-max s; the machine is shared):", flush=True)
+            for m in SMALL_METHODS:
+                r, secs = best[m], [x["seconds"] for x in rows if x["method"] == m]
+                print(
+                    f"  {m:<11} {r['seconds']:7.1f} s  {r['files_per_s']:8d} files/s  "
+                    f"{r['seconds'] / best['bare-one']['seconds']:5.2f}x one copy  "
+                    f"{r['seconds'] / best['bare-chain']['seconds']:5.2f}x bare chain  "
+                    f"{r['own_cpu_seconds']:6.1f} core-s  (spread {min(secs):.1f}-{max(secs):.1f} s)",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        own.close()
     return results
 
 
@@ -507,7 +532,11 @@ def run(args) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, nargs="+", default=[4, 8])
-    p.add_argument("--rate", type=float, default=450.0, help="Mbit/s of every link")
+    p.add_argument(
+        "--rate",
+        type=float,
+        help="Mbit/s of every link (default 450; with --small-files: unshaped unless given, 0 = unshaped)",
+    )
     p.add_argument("--size-mb", type=int, default=400)
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
@@ -515,7 +544,7 @@ def main() -> None:
     p.add_argument(
         "--small-files",
         type=int,
-        help="instead: this many 4 kB files, clusterctl against one bare tar | ssh copy (links unshaped)",
+        help="instead: this many 4 kB files, clusterctl against one bare tar | ssh copy and the bare chain",
     )
     p.add_argument("--ref-repo", type=Path, help="clusterctl-ref: the checkout to compare with (a git worktree)")
     p.add_argument("--json", type=Path, help="also write the results here")
@@ -534,6 +563,8 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(results, indent=2) + "\n")
         return
+    if not args.rate:
+        args.rate = 450.0
     results = run(args)
     if args.repeat > 1:
         print("best of", args.repeat, "(the machine is shared: the fastest round is the least disturbed one):")
