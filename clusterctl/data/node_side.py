@@ -28,9 +28,12 @@ use the node's own (instance profile, or ~/.aws config). Sub-commands print one 
                                         multipart ETag of unknown part size) --record takes the object as
                                         pulled and returns its streamed sha256 ("recorded"), else it fails
 
-A manifest is JSON: {"entries": [entry, ...], ...}, each entry a compact dict whose one-letter keys
-ManifestEntry documents (the one place they are written down). Paths are relative, '/'-separated,
-never absolute, never with '.' or '..' components (a manifest that has one is refused whole).
+A manifest is JSON Lines (read one line at a time: 1.28M entries never become one document): a header
+{"v": 2, "source": ...}, then one entry per line, a compact dict whose one-letter keys ManifestEntry
+documents (the one place they are written down); its digest is the sha256 of the file's bytes. Paths
+are relative, '/'-separated, never absolute, never with '.' or '..' components: a manifest that has one
+is refused (exit 3) at that line, before anything is deleted. manifest and s3list write the same lines
+into --out after a first line with their other results and "lines": the number of entries.
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
-STATE_DIR = ".clusterctl-sync"  # in DST: manifest.json and the COMPLETE marker
+STATE_DIR = ".clusterctl-sync"  # in DST: manifest.jsonl and the COMPLETE marker
+SAVED = "manifest.jsonl"  # in STATE_DIR: the manifest the copy was last checked against
+OLD_SAVED = "manifest.json"  # what versions before JSON Lines kept there (removed when seen)
+MANIFEST_VERSION = 2  # the header's "v"; 1 was the one JSON document {"entries": [...]}
 PARTIAL_DIR = ".clusterctl-partial"  # per directory: rsync's and the S3 pull's partial files
 MARKER = "COMPLETE"
 CHUNK = 1 << 20
@@ -63,7 +69,7 @@ class AgentError(Exception):
 
 
 class ManifestEntry(NamedTuple):
-    """One manifest entry, typed: what the operator reads. On the wire (manifest.json, the manifest cache,
+    """One manifest entry, typed: what the operator reads. On the wire (manifest.jsonl, the manifest cache,
     the agent's output) an entry stays a compact dict, as 1.28M of them must stay small; its keys:
 
         "p"  path       relative, '/'-separated
@@ -118,20 +124,62 @@ def path_problem(p: str) -> str | None:
     return None
 
 
-def load_manifest(path: str) -> list[dict]:
-    with open(path, "rb") as f:
-        data = json.loads(f.read().decode("utf-8", "surrogatepass"))
-    entries = data["entries"]
-    for e in entries:
-        problem = path_problem(e["p"])
-        if problem:
-            raise AgentError(f"manifest refused: {problem}", EXIT_INPUT)
-    return entries
+def manifest_line(e: dict) -> bytes:
+    """One JSON line (a header or an entry). ASCII only: a newline in a name is written \\n, and a name's
+    undecodable bytes (surrogateescape'd by os.fsdecode) are written \\udcXX, read back by json's
+    surrogatepass: paths round-trip whatever bytes they hold."""
+    return (json.dumps(e, ensure_ascii=True, separators=(",", ":")) + "\n").encode()
 
 
-def manifest_digest(entries: list[dict]) -> str:
-    text = json.dumps(entries, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+def manifest_header(source: str) -> bytes:
+    return manifest_line({"v": MANIFEST_VERSION, "source": source})
+
+
+class ManifestReader:
+    """A manifest file read one line at a time: iterating yields its entries (wire dicts), every path
+    checked as it comes (AgentError, exit 3, at the first bad one). Once read through, .digest is the
+    sha256 of the file's bytes, computed on the way. A manifest of an older version is refused."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.header: dict = {}
+        self.digest = ""
+
+    def __iter__(self):
+        h = hashlib.sha256()
+        with open(self.path, "rb") as f:
+            first = f.readline()
+            h.update(first)
+            try:
+                header = json.loads(first)
+            except ValueError:
+                header = None
+            if not isinstance(header, dict) or header.get("v") != MANIFEST_VERSION:
+                raise AgentError(f"manifest refused: not a version {MANIFEST_VERSION} manifest", EXIT_INPUT)
+            self.header = header
+            for n, line in enumerate(f, 2):
+                h.update(line)
+                try:
+                    e = json.loads(line)
+                    problem = path_problem(e["p"])
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    problem = f"line {n} is not a manifest entry"
+                if problem:
+                    raise AgentError(f"manifest refused: {problem}", EXIT_INPUT)
+                yield e
+        self.digest = h.hexdigest()
+
+
+def write_lines(path: str, first: dict, rows) -> None:
+    """first, then every row, as JSON lines into path (atomically, as atomic_write): no whole document."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(manifest_line(first))
+        for e in rows:
+            f.write(manifest_line(e))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 # ---- making a manifest ------------------------------------------------------------------------------
@@ -302,19 +350,33 @@ def _remove(full: str) -> None:
         os.unlink(full)
 
 
-def check(
-    root: str, entries: list[dict], delete: bool, workers: int, received: dict[str, list] | None = None
-) -> tuple[list[str], int, int, int]:
-    """(bad paths, bytes of bad files, bytes present and right, files read back). Entries of the wrong
-    type are removed (a file where a directory belongs, a link in place of a file), so the copy can put
-    the right one. A file in `received` (recv's {path: [sha256, size, mtime]}) whose sha256 as written
-    is the manifest's, and whose size and mtime are still those tar wrote, is not read back: its hash
-    says it is right, or wrong."""
+class Checked(NamedTuple):
+    bad: list[str]  # paths
+    bad_bytes: int
+    good_bytes: int  # present and right
+    reread: int  # files read back
+    files: int  # in the manifest
+    total: int  # the manifest's bytes
+
+
+def check(root: str, entries, delete: bool, workers: int, received: dict[str, list] | None = None) -> Checked:
+    """DST against the entries, walked once as they come (a ManifestReader: never a list). Entries of
+    the wrong type are removed (a file where a directory belongs, a link in place of a file), so the copy
+    can put the right one. A file in `received` (recv's {path: [sha256, size, mtime]}) whose sha256 as
+    written is the manifest's, and whose size and mtime are still those tar wrote, is not read back: its
+    hash says it is right, or wrong. Held meanwhile: the bad paths, the files still to read back, and for
+    --delete the set of every path (what is not in it goes, once the whole manifest was read)."""
     received = received or {}
     bad: list[str] = []
-    bad_bytes = good_bytes = 0
+    bad_bytes = good_bytes = files = total = 0
     to_hash: list[dict] = []
+    wanted: set[str] | None = set() if delete else None
     for e in entries:
+        if wanted is not None:
+            wanted.add(e["p"])
+        if e["t"] == "f":
+            files += 1
+            total += e["s"]
         full = os.path.join(root, e["p"])
         try:
             st = os.lstat(full)
@@ -354,9 +416,9 @@ def check(
         else:
             bad.append(e["p"])
             bad_bytes += e["s"]
-    if delete:
-        delete_extras(root, {e["p"] for e in entries})
-    return bad, bad_bytes, good_bytes, len(to_hash)
+    if wanted is not None:
+        delete_extras(root, wanted)
+    return Checked(bad, bad_bytes, good_bytes, len(to_hash), files, total)
 
 
 def delete_extras(root: str, wanted: set[str]) -> None:
@@ -373,6 +435,16 @@ def delete_extras(root: str, wanted: set[str]) -> None:
                 _remove(os.path.join(dirpath, name))
                 if name in dirnames:
                     dirnames.remove(name)
+
+
+def atomic_copy(src: str, path: str) -> None:
+    """src's bytes into path, atomically (as atomic_write), in pieces."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(src, "rb") as fi, open(tmp, "wb") as fo:
+        shutil.copyfileobj(fi, fo, CHUNK)
+        fo.flush()
+        os.fsync(fo.fileno())
+    os.replace(tmp, path)
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -444,46 +516,42 @@ def cmd_check(args: dict) -> dict:
     root = safe_root(args["dst"], bool(args.get("delete")))
     state = os.path.join(root, STATE_DIR)
     marker = os.path.join(state, MARKER)
+    saved = os.path.join(state, SAVED)
     if args.get("reset"):
         try:
             os.unlink(marker)  # from here on, this copy is not complete until verified again
         except FileNotFoundError:
             pass
-    entries = load_manifest(args["manifest"])
-    digest = manifest_digest(entries)
     try:
         os.makedirs(state, exist_ok=True)
         if args.get("reset"):
-            with open(args["manifest"], "rb") as f:
-                atomic_write(os.path.join(state, "manifest.json"), f.read())
+            atomic_copy(args["manifest"], saved)
+        if os.path.lexists(os.path.join(state, OLD_SAVED)):  # an older version's: its marker's digest was
+            os.unlink(os.path.join(state, OLD_SAVED))  # another hash; the copy is checked anew below
     except OSError as exc:
         raise AgentError(f"cannot write {state}: {exc.strerror}") from None
     received = load_received(args["received"]) if args.get("received") else {}
     if received:
         sync_fs(root)  # tar's writes on disk before its hashes count
-    bad, bad_bytes, good_bytes, reread = check(
-        root, entries, bool(args.get("delete")), int(args.get("workers", 4)), received
-    )
+    manifest = ManifestReader(args["manifest"])
+    got = check(root, manifest, bool(args.get("delete")), int(args.get("workers", 4)), received)
     marked = False
-    if not bad and args.get("mark") is not None:
+    if not got.bad and args.get("mark") is not None:
         info = {
-            "manifest_sha256": digest,
-            "files": sum(1 for e in entries if e["t"] == "f"),
-            "bytes": sum(e.get("s", 0) for e in entries),
+            "manifest_sha256": manifest.digest,  # of the manifest file's bytes (JSON Lines, version 2)
+            "manifest_version": MANIFEST_VERSION,
+            "files": got.files,
+            "bytes": got.total,
             "source": args["mark"],
             "verified_at": time.time(),
         }
         try:
-            saved = os.path.join(state, "manifest.json")
-            with open(args["manifest"], "rb") as f:
-                current = f.read()
             try:
-                with open(saved, "rb") as f:
-                    same = f.read() == current
+                same = sha256_file(saved) == manifest.digest
             except OSError:
                 same = False
             if not same:  # the manifest changed since --reset (S3: sha256s recorded by the first node)
-                atomic_write(saved, current)
+                atomic_copy(args["manifest"], saved)
             atomic_write(marker, (json.dumps(info, sort_keys=True) + "\n").encode())
             marked = True
         except OSError as exc:
@@ -491,14 +559,14 @@ def cmd_check(args: dict) -> dict:
     vfs = os.statvfs(root)
     return {
         "root": root,
-        "bad": bad,
-        "bad_bytes": bad_bytes,
-        "good_bytes": good_bytes,
-        "digest": digest,
+        "bad": got.bad,
+        "bad_bytes": got.bad_bytes,
+        "good_bytes": got.good_bytes,
+        "digest": manifest.digest,
         "marked": marked,
         "free": vfs.f_bavail * vfs.f_frsize,
-        "reread": reread,
-        "streamed": sum(1 for e in entries if e["t"] == "f") - reread,
+        "reread": got.reread,
+        "streamed": got.files - got.reread,
     }
 
 
@@ -752,9 +820,13 @@ class _Progress:
 
 def cmd_s3pull(args: dict) -> dict:
     root = safe_root(args["dst"], False)
-    entries = {e["p"]: e for e in load_manifest(args["manifest"])}
     with open(args["only"], "rb") as f:
         wanted = [p for p in f.read().decode("utf-8", "surrogateescape").split("\0") if p]
+    only = set(wanted)  # of the manifest, only the entries pulled are held
+    entries = {e["p"]: e for e in ManifestReader(args["manifest"]) if e["p"] in only}
+    missing = only.difference(entries)
+    if missing:
+        raise AgentError(f"--only names {min(missing)!r}, which the manifest does not", EXIT_INPUT)
     s3 = _s3(args)
     bucket, prefix = args["bucket"], args["prefix"]
     progress = _Progress()
@@ -1136,12 +1208,18 @@ def _stream(fn, args: dict) -> int:
 
 def _emit(result: dict, out: str | None) -> None:
     """The result as one JSON line on stdout, or, with --out, into that file (fetched by SFTP: no cap on
-    its size, where the ssh output of a command keeps only its last MiBs) and a short line on stdout."""
-    text = json.dumps(result, ensure_ascii=True) + "\n"
+    its size, where the ssh output of a command keeps only its last MiBs) and a short line on stdout.
+    Into --out, a result's "entries" (manifest, s3list) go one per line after the first line, which
+    says how many ("lines"): the operator reads them one at a time too."""
     if out:
-        atomic_write(out, text.encode())
-        text = json.dumps({"out": out, **({"error": result["error"]} if "error" in result else {})}) + "\n"
-    sys.stdout.write(text)
+        entries = result.get("entries")
+        if entries is None:
+            write_lines(out, result, ())
+        else:
+            head = {k: v for k, v in result.items() if k != "entries"}
+            write_lines(out, {**head, "lines": len(entries)}, entries)
+        result = {"out": out, **({"error": result["error"]} if "error" in result else {})}
+    sys.stdout.write(json.dumps(result, ensure_ascii=True) + "\n")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def _adopt_recorded(s: SyncSession, reference: dict[str, tuple[str, str]]) -> No
     )
 
     def put(n: SyncNode) -> None:
-        r = s.pool.put_one(n.target, {f"{s.work}/manifest.json": (s.manifest_bytes, 0o600)})
+        r = s.pool.put_one(n.target, {s.manifest_path: (s.manifest_bytes, 0o600)})
         if not r.ok:
             s.fail(n, "unreachable", r.error or "upload failed")
 
@@ -70,7 +70,7 @@ def _pull(s: SyncSession, n: SyncNode, record: bool = False) -> dict[str, str] |
         "--dst",
         s.dst,
         "--manifest",
-        f"{s.work}/manifest.json",
+        s.manifest_path,
         "--bucket",
         s.source.bucket,
         "--prefix",

@@ -5,6 +5,7 @@ Ctrl-C stops."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -15,9 +16,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import IO, Callable, Iterator, Sequence, TypeVar
 
-from clusterctl.data.node_side import ManifestEntry
+from clusterctl.data.node_side import ManifestEntry, manifest_header, manifest_line
 from clusterctl.data.outcome import CopyStatus, Events, NodeOutcome, Silent
 from clusterctl.data.pipes import Children
 from clusterctl.data.plan import STRATEGIES, Source, check_dst
@@ -30,6 +31,7 @@ _T = TypeVar("_T")
 
 STALL_TIMEOUT = 120.0  # sync --stall-timeout: seconds a chain may move no data before the node that stopped is cut out
 WORK = ".clusterctl/sync"  # under the login home of every node
+MANIFEST = "manifest.jsonl"  # in the run's work folder on every node: JSON Lines (node_side.ManifestReader)
 VERIFY = ("stream", "disk")  # sync --verify: the chain's hashes as written, or every file read back
 
 
@@ -101,6 +103,7 @@ class SyncSession:
         self.cache_dir = cache_dir  # a local source's manifest kept for the next run (the operator's state folder)
         self.token = uuid.uuid4().hex[:12]
         self.work = f"{WORK}/{self.token}"
+        self.manifest_path = f"{self.work}/{MANIFEST}"
         self.nodes = [SyncNode(i, t, a, NodeOutcome(t.label)) for i, (t, a) in enumerate(zip(targets, addresses))]
         self.start = 0.0
         self.entries: list[ManifestEntry] = []  # read from the wire once (node_side.ManifestEntry)
@@ -139,21 +142,33 @@ class SyncSession:
                 continue
         if isinstance(data, dict) and data.get("out") == out:
             try:
-                data = json.loads(self.fetch(node, out))
-            except (OSError, ValueError) as exc:
+                local = self.fetch(node, out)
+            except OSError as exc:
+                return {"error": f"cannot read the agent's result {out}: {exc}"}, r
+            try:
+                data = json.loads(local.readline())
+            except ValueError as exc:
                 data = {"error": f"cannot read the agent's result {out}: {exc}"}
+            if isinstance(data, dict) and "lines" in data:  # manifest, s3list: one entry a line follows
+                data["entries"] = _entry_lines(local, int(data["lines"]), f"{node.label}:{out}")
+            else:
+                local.close()
         return data, r
 
-    def fetch(self, node: SyncNode, path: str) -> bytes:
-        """A file of the node (relative to the login home) by SFTP, then removed there."""
+    def fetch(self, node: SyncNode, path: str) -> IO[bytes]:
+        """A file of the node (relative to the login home) by SFTP into a local temporary file (read from
+        its start; gone once closed), then removed there."""
         client = self.pool.client(node.target)
         sftp = client.open_sftp()
+        local = tempfile.TemporaryFile()
         try:
-            with sftp.open(path, "rb") as f:
-                f.prefetch()
-                data = f.read()
+            sftp.getfo(path, local)
             sftp.remove(path)
-            return data
+            local.seek(0)
+            return local
+        except BaseException:
+            local.close()
+            raise
         finally:
             sftp.close()
 
@@ -200,13 +215,38 @@ class SyncSession:
         self.children.kill_all()
 
     def encode_manifest(self) -> None:
-        """The manifest as the nodes read it (wire dicts), from the typed entries."""
-        self.manifest_bytes = json.dumps(
-            {"entries": [e.to_wire() for e in self.entries], "source": self.source.describe()}, ensure_ascii=True
-        ).encode()
+        """The manifest as the nodes read it, from the typed entries: JSON Lines, a header then one wire
+        dict a line, written line by line (never one document). Kept as bytes: every node is sent them."""
+        buf = io.BytesIO()
+        buf.write(manifest_header(self.source.describe()))
+        for e in self.entries:
+            buf.write(manifest_line(e.to_wire()))
+        self.manifest_bytes = buf.getvalue()
 
     def write_list(self, paths: Sequence[str]) -> bytes:
         return b"".join(os.fsencode(p) + b"\0" for p in paths)
+
+
+class ManifestUnreadable(Exception):
+    pass
+
+
+def _entry_lines(f: IO[bytes], count: int, where: str) -> Iterator[dict]:
+    """The wire dicts of an agent's result file, parsed one line at a time; the file is closed at the end.
+    Fewer lines than the header said (a result cut short) or one that is not a JSON object: ManifestUnreadable."""
+    with f:
+        n = 0
+        for line in f:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                e = None
+            if not isinstance(e, dict):
+                raise ManifestUnreadable(f"{where}: line {n + 2} is not a JSON object")
+            n += 1
+            yield e
+        if n != count:
+            raise ManifestUnreadable(f"{where}: {n} entries, the first line said {count}")
 
 
 def mb(n: int) -> str:

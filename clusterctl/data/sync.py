@@ -33,7 +33,7 @@ from typing import Sequence
 from clusterctl.data import chain, node_side as sync_agent, rsync_hops, s3_round
 from clusterctl.data.node_side import ManifestEntry
 from clusterctl.data.outcome import SyncIncomplete, SyncReport
-from clusterctl.data.session import SyncNode, SyncSession, mb
+from clusterctl.data.session import ManifestUnreadable, SyncNode, SyncSession, mb
 from clusterctl.errors import ConfigError, ExitCode, UsageError
 
 CACHE = ".clusterctl/sync-manifests"  # a leader source's manifest kept for the next run (beside WORK, not in it)
@@ -146,7 +146,14 @@ class Syncer(SyncSession):
                     "see the message",
                     ExitCode.REMOTE_FAILED,
                 )
-            self.entries = [ManifestEntry.from_wire(e) for e in data["entries"]]
+            try:  # one line at a time, as the leader wrote them
+                self.entries = [ManifestEntry.from_wire(e) for e in data["entries"]]
+            except (ManifestUnreadable, KeyError) as exc:
+                raise SyncIncomplete(
+                    f"the leader's manifest of {src.describe()} is unreadable: {exc}",
+                    "see the message",
+                    ExitCode.REMOTE_FAILED,
+                ) from None
             self.src_root = data.get("root", "")
             if src.kind == "leader":
                 self._check_overlap(data)
@@ -171,7 +178,7 @@ class Syncer(SyncSession):
     def _upload(self) -> None:
         files = {
             f"{self.work}/agent.py": (self._agent_bytes(), 0o600),
-            f"{self.work}/manifest.json": (self.manifest_bytes, 0o600),
+            self.manifest_path: (self.manifest_bytes, 0o600),
         }
 
         def one(n: SyncNode) -> None:
@@ -195,7 +202,7 @@ class Syncer(SyncSession):
                 "--dst",
                 self.dst,
                 "--manifest",
-                f"{self.work}/manifest.json",
+                self.manifest_path,
                 "--mark",
                 self.source.describe(),
                 "--workers",

@@ -276,8 +276,8 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
         assert node_sha256(cluster, i, "/tmp/s3kms") == want
         assert marker(cluster, i, "/tmp/s3kms") is not None
         # the manifest every copy was verified against carries the recorded sha256 of those two
-        saved = json.loads(cluster.node_exec(i, "cat", f"/tmp/s3kms/{sync_agent.STATE_DIR}/manifest.json").stdout)
-        hashes = {e["p"]: e.get("h") for e in saved["entries"]}
+        saved = cluster.node_exec(i, "cat", f"/tmp/s3kms/{sync_agent.STATE_DIR}/{sync_agent.SAVED}").stdout
+        hashes = {e["p"]: e.get("h") for e in map(json.loads, saved.splitlines()[1:])}
         assert hashes == {"secret.bin": want["secret.bin"], "odd.bin": want["odd.bin"], "plain.txt": None}
 
     # the node side: a pull whose data differs from the recorded sha256 is refused, and without a recorded one
@@ -287,15 +287,18 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     listing = tmp_path / "s3list.json"
     assert sync_agent.main(["s3list", BUCKET, "kms/", "--endpoint-url", endpoint, "--out", str(listing)]) == 0
-    entries = json.loads(listing.read_text())["entries"]
+    entries = [json.loads(line) for line in listing.read_text().splitlines()[1:]]  # after the result's line
     only = tmp_path / "only"
     only.write_bytes(b"secret.bin\0")
     for h, expect in (
         (None, "S3 gives no checksum for it (SSE-KMS or a multipart ETag) and no node recorded one"),
         ("0" * 64, "content does not match the sha256 recorded by the first node"),
     ):
-        manifest = tmp_path / "m.json"
-        manifest.write_text(json.dumps({"entries": [{**e, **({"h": h} if h else {})} for e in entries]}))
+        manifest = tmp_path / "m.jsonl"
+        manifest.write_bytes(
+            sync_agent.manifest_header("test")
+            + b"".join(sync_agent.manifest_line({**e, **({"h": h} if h else {})}) for e in entries)
+        )
         out = tmp_path / "out.json"
         rc = sync_agent.main(
             [

@@ -229,10 +229,14 @@ def _agent(*args: str) -> tuple[int, dict]:
     return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _manifest(tmp_path: Path, src: Path) -> Path:
-    m = tmp_path / "m.json"
-    m.write_text(json.dumps({"entries": sync_agent.scan(str(src))}))
+def _lines(m: Path, entries: list[dict]) -> Path:
+    """A manifest as the operator writes it: JSON Lines, the header first."""
+    m.write_bytes(sync_agent.manifest_header("test") + b"".join(sync_agent.manifest_line(e) for e in entries))
     return m
+
+
+def _manifest(tmp_path: Path, src: Path) -> Path:
+    return _lines(tmp_path / "m.jsonl", sync_agent.scan(str(src)))
 
 
 def test_check_finds_a_flipped_byte_with_size_and_mtime_kept_and_marks_only_a_whole_copy(tmp_path):
@@ -243,7 +247,9 @@ def test_check_finds_a_flipped_byte_with_size_and_mtime_kept_and_marks_only_a_wh
     rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "test")
     assert rc == 0 and out["bad"] == [] and out["marked"]
     marker = json.loads((dst / ".clusterctl-sync" / "COMPLETE").read_text())
-    assert marker["manifest_sha256"] == out["digest"] and marker["files"] == 3
+    assert marker["manifest_sha256"] == out["digest"] == hashlib.sha256(m.read_bytes()).hexdigest()
+    assert marker["files"] == 3 and marker["bytes"] == 3007
+    assert (dst / ".clusterctl-sync" / "manifest.jsonl").read_bytes() == m.read_bytes()
 
     f = dst / "-lead"
     st = f.stat()
@@ -416,11 +422,67 @@ def test_agent_argv_takes_values_that_start_with_a_dash():
 
 
 def test_hostile_manifest_paths_are_refused(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "extra").write_text("x")
+    ok = {"p": "fine", "t": "d"}
     for bad in ["../x", "/etc/passwd", "a/../../x", "a//b", ".clusterctl-sync/COMPLETE", "a/.clusterctl-partial/x"]:
-        m = tmp_path / "m.json"
-        m.write_text(json.dumps({"entries": [{"p": bad, "t": "f", "s": 1, "h": "0" * 64}]}))
-        rc, out = _agent("check", "--dst", str(tmp_path / "d"), "--manifest", str(m))
+        m = _lines(tmp_path / "m.jsonl", [ok, {"p": bad, "t": "f", "s": 1, "h": "0" * 64}])
+        rc, out = _agent("check", "--dst", str(tmp_path / "d"), "--manifest", str(m), "--delete")
         assert rc == sync_agent.EXIT_INPUT and "manifest refused" in out["error"], bad
+        assert (tmp_path / "d" / "extra").exists()  # --delete never ran on a manifest read only in part
+    # not JSON Lines of this version (an older version's one document, a broken line): refused too
+    (tmp_path / "old.json").write_text(json.dumps({"entries": [ok]}))
+    _lines(tmp_path / "broken.jsonl", [ok]).write_bytes((tmp_path / "broken.jsonl").read_bytes() + b"{nope\n")
+    for m in ("old.json", "broken.jsonl"):
+        rc, out = _agent("check", "--dst", str(tmp_path / "d"), "--manifest", str(tmp_path / m))
+        assert rc == sync_agent.EXIT_INPUT and "manifest refused" in out["error"], m
+
+
+def test_manifest_lines_round_trip_odd_names_and_the_digest_is_the_files_sha256(tmp_path):
+    """Newlines, quotes and undecodable bytes in names (os.fsdecode's surrogateescape) survive the lines; the
+    reader yields the same dicts and its digest is the sha256 of the bytes it read."""
+    src = tmp_path / "src"
+    _tree(src)
+    (src / os.fsdecode(b"bad-\xff\xfe utf8")).write_bytes(b"raw")
+    (src / 'q"\\\t').write_bytes(b"q")
+    entries = sync_agent.scan(str(src))
+    m = _manifest(tmp_path, src)
+    text = m.read_bytes()
+    assert text.count(b"\n") == len(entries) + 1 and text.isascii()  # one line each, the header first
+    assert json.loads(text.splitlines()[0]) == {"v": 2, "source": "test"}
+    reader = sync_agent.ManifestReader(str(m))
+    assert reader.digest == "" and list(reader) == entries
+    assert reader.digest == hashlib.sha256(text).hexdigest()
+    # the agent's --out: its other results on the first line, then the same entry lines
+    out = tmp_path / "out.jsonl"
+    assert sync_agent.main(["manifest", "--out", str(out), "--", str(src)]) == 0
+    first, *rest = out.read_bytes().split(b"\n")[:-1]
+    head = json.loads(first)
+    assert head["lines"] == len(entries) and head["hashed"] == 5 and "entries" not in head
+    assert [json.loads(line) for line in rest] == entries
+    assert os.fsencode(next(e["p"] for e in entries if e["p"].startswith("bad-"))) == b"bad-\xff\xfe utf8"
+
+
+def test_a_marker_of_an_older_version_is_not_taken_and_the_copy_is_checked_again(tmp_path):
+    """A DST marked by a version before JSON Lines (its manifest.json, its digest of the entries' JSON): the
+    copy is read back whole, the marker written again with this version's digest, the old file gone."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _tree(src)
+    subprocess.run(["cp", "-a", f"{src}/.", str(dst)], check=True)
+    state = dst / ".clusterctl-sync"
+    entries = sync_agent.scan(str(src))
+    old_digest = hashlib.sha256(
+        json.dumps(entries, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    ).hexdigest()
+    (state / "manifest.json").write_text(json.dumps({"entries": entries, "source": "test"}))
+    (state / "COMPLETE").write_text(json.dumps({"manifest_sha256": old_digest, "files": 3, "source": "test"}))
+    m = _manifest(tmp_path, src)
+    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--reset", "--mark", "test")
+    assert rc == 0 and out["bad"] == [] and out["marked"] and out["reread"] == 3  # checked again, by content
+    marker = json.loads((state / "COMPLETE").read_text())
+    assert marker["manifest_sha256"] == hashlib.sha256(m.read_bytes()).hexdigest() != old_digest
+    assert marker["manifest_version"] == 2
+    assert not (state / "manifest.json").exists() and (state / "manifest.jsonl").read_bytes() == m.read_bytes()
 
 
 def test_agent_refuses_root_and_missing_source(tmp_path):
