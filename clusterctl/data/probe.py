@@ -4,9 +4,11 @@ With K chains the sender (the leader for a leader:PATH source, else the chain's 
 here feeds one stream) sends K copies at once. The probe measures, through the chain's own ssh hop (its
 key, pinned known_hosts and cipher): one node-to-node stream between two other nodes (a hop's rate),
 then k = 2, 3, ... streams from the sender to k different nodes at once, for PROBE_SECONDS each, the
-bytes thrown away on arrival (node_side.py's probe and sink). plan.choose_fanout turns the figures into
-K and the line that says why. No probe (one chain) with fewer than 3 nodes taking the stream or under
-PROBE_MIN_BYTES to send. A probe that fails never fails the sync: one chain, and the reason."""
+bytes thrown away on arrival (node_side.py's probe and sink); the sender is not measured when the
+stream, at the hop's rate, is too short for that to pay (plan.too_short_to_probe; --plan always is).
+plan.choose_fanout turns the figures into K and the line that says why. No probe (one chain) with
+fewer than 3 nodes taking the stream or under PROBE_MIN_BYTES to send. A probe that fails never fails
+the sync: one chain, and the reason."""
 
 from __future__ import annotations
 
@@ -16,11 +18,17 @@ from pathlib import Path
 from typing import Sequence
 
 from clusterctl.data import node_side
-from clusterctl.data.plan import FANOUT_CAP, SHARE, FanoutChoice, choose_fanout
+from clusterctl.data.plan import (
+    FANOUT_CAP,
+    PROBE_SECONDS,
+    SHARE,
+    FanoutChoice,
+    choose_fanout,
+    too_short_to_probe,
+)
 from clusterctl.data.session import SyncNode, SyncSession, mb
 from clusterctl.remote.openssh import node_ssh
 
-PROBE_SECONDS = 1.0  # per measurement; at most FANOUT_CAP of them (a hop, then 2..FANOUT_CAP streams)
 PROBE_MIN_BYTES = 16_000_000  # less to stream: one chain, unmeasured (the probe would cost more than it saves)
 
 
@@ -68,6 +76,9 @@ def auto_fanout(s: SyncSession, relay: Sequence[SyncNode], nbytes: int | None = 
     aggregate: dict[int, float] = {}
     try:
         hop = _rate(s, receivers[0], receivers[1:2])
+        short = too_short_to_probe(nbytes, hop) if nbytes is not None else None
+        if short:
+            return short
         for k in range(2, min(FANOUT_CAP, len(receivers)) + 1):
             aggregate[k] = _rate(s, sender, receivers[:k])
             if not aggregate[k] / k >= SHARE * hop:  # fewer each with more streams: no need to try more

@@ -1,6 +1,7 @@
 """`sync --fanout auto` on real namespace nodes: the sender's uplink shaped with htb above one hop's rate
 and at it, the probe's choice and its figures in `--plan` and in the run, a sync with the measured fan-out
-complete and verified, an explicit --fanout that skips the probe, and a failed probe that is only one chain.
+complete and verified, a short stream whose probe stops after the hop, an explicit --fanout that skips
+the probe, and a failed probe that is only one chain.
 One 4-node cluster; every node receives at HOP, node 0 (the sender) sends at what each test sets."""
 
 from __future__ import annotations
@@ -87,10 +88,23 @@ def test_an_uplink_of_twice_a_hop_gets_two_chains(c4, tmp_path):
         assert c4.node_exec(0, "test", "-e", "/tmp/fan2", check=False).returncode == 1  # nothing copied
         _no_work_left(c4)
 
+        # 18 MB at a hop's ~4.8 MB/s: the probe stops after the hop, the sender is not measured
         run = sync(c4, str(src), "/tmp/fan2")
         assert run.returncode == 0, run.stderr
-        assert f"fanout 2 (auto): 2 chains: 2 streams from {h[0]} at once" in run.stderr
+        assert re.search(
+            r"fanout 1 \(auto\): one chain: 18\.0 MB at a hop's [\d.]+ MB/s is [\d.]+ s of streaming, under 10x a "
+            r"measurement \(~1\.5 s\): measuring the sender would cost more than it saves",
+            run.stderr,
+        ), run.stderr
         _verified(c4, "/tmp/fan2", sums)
+
+        big = tmp_path / "big"  # ~31 s at a hop's rate: worth measuring the sender
+        sums = make_dataset(big, random_files(6, 25_000_000, seed=42))
+        run = sync(c4, str(big), "/tmp/fan2b")
+        assert run.returncode == 0, run.stderr
+        said = [line for line in run.stderr.splitlines() if "fanout" in line]
+        assert f"fanout 2 (auto): 2 chains: 2 streams from {h[0]} at once" in run.stderr, said
+        _verified(c4, "/tmp/fan2b", sums)
     finally:
         uplink(c4, 0, None)
 
@@ -116,9 +130,9 @@ def test_an_uplink_at_a_hops_rate_gets_one_chain_with_the_leader_as_the_source(c
             f"  {h[2]} -> {h[3]}",
         ]
 
-        run = sync(c4, "leader:/tmp/fan1-src", "/tmp/fan1")
+        run = sync(c4, "leader:/tmp/fan1-src", "/tmp/fan1")  # 17 MB: too short to measure the sender
         assert run.returncode == 0, run.stderr
-        assert "fanout 1 (auto): one chain: 2 streams from" in run.stderr
+        assert "fanout 1 (auto): one chain: 17.0 MB at a hop's " in run.stderr
         _verified(c4, "/tmp/fan1", sums)
     finally:
         uplink(c4, 0, None)

@@ -579,3 +579,19 @@ def test_map_by_size_keeps_order_and_pools_only_big_files():
     assert sync_agent.map_by_size(fn, entries, 2) == ["00", "11", "22", "33", "44"]
     here = threading.current_thread().name
     assert [where[p] == here for p in "01234"] == [True, False, True, False, True]
+
+
+def test_the_probe_measures_the_sender_only_when_the_stream_is_long_enough_to_pay():
+    hop = 17.9 * MB  # 150 Mbit/s
+    short = syncplan.too_short_to_probe(200_000_000, hop)
+    assert short == syncplan.FanoutChoice(
+        1,
+        "one chain: 200.0 MB at a hop's 17.9 MB/s is 11.2 s of streaming, under 10x a measurement (~1.5 s): "
+        "measuring the sender would cost more than it saves",
+    )
+    assert syncplan.too_short_to_probe(269_000_000, hop) is None  # 15.03 s >= 10 x 1.5 s
+    assert syncplan.too_short_to_probe(268_000_000, hop) is not None  # 14.97 s
+    assert syncplan.too_short_to_probe(150 * 10**9, 1e9) is None  # ImageNet at 1 GB/s: 150 s
+    assert syncplan.too_short_to_probe(2 * 10**9, 1e9) is not None  # 2 s at 1 GB/s
+    for bad in (0.0, float("nan"), -1.0):  # nothing measured: choose_fanout says so, not this
+        assert syncplan.too_short_to_probe(10**6, bad) is None
