@@ -385,6 +385,87 @@ def test_tar_follower_hashes_long_names_and_links_fed_in_odd_pieces(tmp_path, fm
     assert got == want
 
 
+def _odd_tree(src: Path) -> dict[str, bytes]:
+    """Files for the follower's paths: many small ones (whole in a piece), sizes around a block, one big
+    one (across pieces), a long name, odd names, and a file dated past GNU's 11 octal digits (base-256)."""
+    files = {f"d{i % 3}/f{i:03d}": os.urandom(i * 37 % 3001) for i in range(300)}
+    files.update({f"sizes/{n}": os.urandom(n) for n in (0, 1, 511, 512, 513, 1024, 7777)})
+    files["big"] = os.urandom(70_001)
+    files["x" * 120 + "/" + "y" * 90] = b"long"  # a GNU long-name member (or pax path) before its file
+    files["new\nline"] = b"nl"
+    files[os.fsdecode(b"bad-\xff name")] = b"not utf-8"
+    files["far"] = b"dated 2286"
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    os.utime(src / "far", (10**10, 10**10))  # 8^11 s and beyond: GNU tar writes mtime base-256 (pax: a record)
+    os.link(src / "d0/f000", src / "hard")
+    os.symlink("big", src / "link")
+    return files
+
+
+def _tar(src: Path, fmt: str) -> bytes:
+    """src as the chain streams it: tar -C SRC --null --no-recursion -T LIST -cf - (format fmt)."""
+    names = [e["p"] for e in sync_agent.scan(str(src))]
+    return subprocess.run(
+        ["tar", "-C", str(src), f"--format={fmt}", "--null", "--no-recursion", "-T", "-", "-cf", "-"],
+        input=b"".join(os.fsencode(n) + b"\0" for n in names),
+        capture_output=True,
+        check=True,
+    ).stdout
+
+
+def _follow(stream: bytes, piece: int) -> sync_agent.TarFollower:
+    follower = sync_agent.TarFollower()
+    view = memoryview(stream)
+    for i in range(0, len(view), piece):
+        follower.feed(view[i : i + piece])
+    return follower
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "pax"])
+def test_tar_follower_fast_and_slow_paths_give_hashlibs_hashes_in_any_piece_size(tmp_path, fmt):
+    """A real tar stream fed in pieces of 1, 511, 513, 7777 bytes and 1 MiB: members whole in a piece (the
+    fast path: a plain file in one step; a long-name or pax member and its file), headers and data split
+    across pieces (the state machine), base-256 mtimes, hard links: every hash is hashlib's of the file."""
+    src = tmp_path / "src"
+    files = _odd_tree(src)
+    stream = _tar(src, fmt)
+    want = {k: [hashlib.sha256(v).hexdigest(), len(v), int((src / k).stat().st_mtime)] for k, v in files.items()}
+    want["hard"] = want["d0/f000"][:2] + [int((src / "hard").stat().st_mtime)]
+    assert want["far"][2] == 10**10
+    for piece in (1, 511, 513, 7777, 1 << 20):
+        follower = _follow(stream, piece)
+        assert follower.done and follower.hashes == want, piece
+
+
+def test_tar_follower_takes_a_base256_size_and_still_checks_every_header_checksum(tmp_path):
+    """A size in GNU base-256 (as tar writes 8 GiB and more; here put into a real stream's header, the checksum
+    made again) leaves the fast path and is read right; a byte changed in a header, whole in a piece or split
+    across pieces, is caught by its checksum."""
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(5000)
+    (src / "one").write_bytes(data)
+    (src / "two").write_bytes(b"2")
+    stream = bytearray(_tar(src, "gnu"))
+    assert stream[:3] == b"one" and stream[156:157] == b"0"
+    stream[124:136] = b"\x80" + len(data).to_bytes(11, "big")
+    stream[148:156] = b"%06o\0 " % (sum(stream[:148]) + 256 + sum(stream[156:512]))
+    want = {"one": hashlib.sha256(data).hexdigest(), "two": hashlib.sha256(b"2").hexdigest()}
+    for piece in (1, 511, 513, 7777, 1 << 20):
+        follower = _follow(bytes(stream), piece)
+        assert follower.done and {k: v[0] for k, v in follower.hashes.items()} == want, piece
+    clean = _tar(src, "gnu")
+    second = clean.index(b"two\0")  # the second member's header: a plain file, fast path when whole
+    for at in (0, second + 1, second + 130):  # base-256 header's name, a plain header's name, its size field
+        bad = bytearray(stream if at == 0 else clean)
+        bad[at] ^= 1
+        for piece in (511, 1 << 20):
+            with pytest.raises(sync_agent.TarStreamError):
+                _follow(bytes(bad), piece)
+
+
 def test_manifest_cache_rehashes_only_what_changed(tmp_path):
     src = tmp_path / "src"
     _tree(src)
