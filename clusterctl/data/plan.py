@@ -124,8 +124,8 @@ def plan_relay(nodes: Sequence[str], fanout: int = 1, source_is: str | None = No
 # ---- the chain's fan-out, chosen by the numbers ----------------------------------------------------
 FANOUT_CAP = 4  # sync --fanout auto measures 2..FANOUT_CAP streams at once: more chains only shorten them
 SHARE = 0.9  # a chain at >= 90% of a hop's rate counts as at that rate (the rest is the probe's noise)
-PAYS = 10  # the probe goes past a hop's rate only for a stream at least this many times one measurement
-PROBE_SECONDS = 1.0  # the probe's streams of one measurement run this long (at most FANOUT_CAP measurements)
+PAYS = 15  # the probe goes past a hop's rate only for a stream at least this many times one measurement
+PROBE_SECONDS = 0.5  # the probe's streams of one measurement run this long (at most FANOUT_CAP measurements)
 PROBE_STEP_SECONDS = PROBE_SECONDS + 0.5  # a measurement with its ssh start, as too_short_to_probe counts it
 
 
@@ -144,7 +144,7 @@ def too_short_to_probe(nbytes: int, hop: float) -> FanoutChoice | None:
     PAYS measurements (PROBE_STEP_SECONDS each: a fixed figure, so the choice does not depend on how busy
     this machine is). The sender's streams are 1-3 more measurements, and more chains shorten a pipelined
     stream's start-up and stragglers, not its rate: on a short stream measuring costs more than it can
-    save (200 MB at 150 Mbit/s: ~11 s of streaming; the rest of the probe ~3 s)."""
+    save (200 MB at 150 Mbit/s: ~11 s of streaming; the rest of the probe ~2-3 s)."""
     if not hop > 0:
         return None  # choose_fanout says what was not measured
     seconds = nbytes / hop

@@ -92,8 +92,8 @@ def test_an_uplink_of_twice_a_hop_gets_two_chains(c4, tmp_path):
         run = sync(c4, str(src), "/tmp/fan2")
         assert run.returncode == 0, run.stderr
         assert re.search(
-            r"fanout 1 \(auto\): one chain: 18\.0 MB at a hop's [\d.]+ MB/s is [\d.]+ s of streaming, under 10x a "
-            r"measurement \(~1\.5 s\): measuring the sender would cost more than it saves",
+            r"fanout 1 \(auto\): one chain: 18\.0 MB at a hop's [\d.]+ MB/s is [\d.]+ s of streaming, under 15x a "
+            r"measurement \(~1 s\): measuring the sender would cost more than it saves",
             run.stderr,
         ), run.stderr
         _verified(c4, "/tmp/fan2", sums)
