@@ -123,6 +123,21 @@ def tx_bytes(cluster: LocalCluster, index: int) -> int:
     return int(Path(f"/sys/class/net/{veth(cluster, index)}/statistics/tx_bytes").read_text())
 
 
+def ssh_masters(cluster: LocalCluster, index: int) -> list[int]:
+    """Host PIDs of the ssh masters a chain relay opened on node `index` (node_scripts.preconnect_script)."""
+    from clusterctl.providers.local import netns
+
+    found = []
+    for pid in netns.netns_pids(netns_of(cluster, index)):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"ssh") and b"-M" in argv and any(b"/mux." in a for a in argv):
+            found.append(pid)
+    return found
+
+
 def netns_of(cluster: LocalCluster, index: int) -> str:
     from clusterctl.providers.local import netns
 

@@ -21,6 +21,7 @@ from sync_support import (
     node_sha256,
     random_files,
     shape,
+    ssh_masters,
     sync,
     table_rows,
     tx_bytes,
@@ -203,12 +204,16 @@ def test_a_stalled_node_is_cut_out_of_the_chain_and_the_rest_finish(c4, tmp_path
     dst = "/tmp/stall"
     shape(c4, 1, "16mbit")  # the chain runs at node 1's pace: time to stop it mid-copy
     stopped = None
+    # an earlier test's node that was unreachable may still hold its relay's master for a while (bounded)
+    before = [set(ssh_masters(c4, i)) for i in range(4)]
     try:
         began = time.monotonic()
         p = c4.cli.popen("sync", "--cluster", c4.name, "--stall-timeout", "4", str(src), dst)
         _wait_for(lambda: _du(c4, 1, dst) > 500_000 and _tar_of_relay(c4, 1), 120, "node 1 to receive 0.5 MB")
         stopped = _tar_of_relay(c4, 1)
         os.kill(stopped, signal.SIGSTOP)
+        # the hops' connections were opened before the data came: node 0's to node 1 is a master
+        assert set(ssh_masters(c4, 0)) - before[0], "no ssh master on node 0: the hop was not warmed up"
         out, err = p.communicate(timeout=120)
         took = time.monotonic() - began
     finally:
@@ -229,6 +234,8 @@ def test_a_stalled_node_is_cut_out_of_the_chain_and_the_rest_finish(c4, tmp_path
         assert node_sha256(c4, i, dst) == sums and marker(c4, i, dst) is not None
     assert "no: failed" in rows[c4.hosts[1]] and marker(c4, 1, dst) is None
     assert _tar_of_relay(c4, 1) is None  # its relay was killed, stopped tar included
+    # no hop's master outlives the sync (a leaked one would live ControlPersist's 30 s)
+    _wait_for(lambda: all(set(ssh_masters(c4, i)) <= before[i] for i in range(4)), 10, "the hops' ssh masters to end")
     again = sync(c4, str(src), dst)  # a re-run completes it
     assert again.returncode == 0, again.stderr
     assert node_sha256(c4, 1, dst) == sums and marker(c4, 1, dst) is not None

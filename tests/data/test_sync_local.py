@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from conftest import wait_for
 from sync_support import (
     down_cluster,
     first_error_line,
@@ -14,6 +15,7 @@ from sync_support import (
     marker,
     node_sha256,
     random_files,
+    ssh_masters,
     sync,
     table_rows,
     up_cluster,
@@ -66,6 +68,8 @@ def test_chain_copies_hostile_paths_to_every_node_verified(c3, hostile_src):
         assert c3.node_exec(i, "test", "-d", f"{root}/empty dir", check=False).returncode == 0
         left = c3.node_exec(i, "ls", "-A", "/root/.clusterctl/sync", check=False).stdout.strip()
         assert left == "", f"node {i} kept sync's work files: {left}"
+    # the relays ended their hops' masters (a leaked one would live ControlPersist's 30 s)
+    wait_for(lambda: not any(ssh_masters(c3, i) for i in range(3)), 10, "the hops' ssh masters to end")
     rows = table_rows(proc.stdout)
     assert set(rows) == set(c3.hosts) and all(r.rstrip().endswith("yes") for r in rows.values())
     total = sum(len(v) for v in HOSTILE.values())
