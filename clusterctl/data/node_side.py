@@ -665,26 +665,24 @@ class TarFollower:
                 self._header(h)
                 left = self._left
                 if left and i + left + self._pad <= end:
-                    sink = self._sink
-                    if sink is not None:
-                        if isinstance(sink, bytearray):
-                            sink += mv[i : i + left]
-                        else:
-                            sink.update(mv[i : i + left])
+                    self._take(mv[i : i + left])
                     i += left + self._pad
                     self._left = self._pad = 0
                     self._end()
+
+    def _take(self, data: memoryview) -> None:
+        """A member's data into its sink: hashed (a file), kept (a long name, pax records) or skipped."""
+        sink = self._sink
+        if isinstance(sink, bytearray):
+            sink += data
+        elif sink is not None:
+            sink.update(data)
 
     def _step(self, mv: memoryview, i: int, end: int) -> int:
         """One state's worth of the piece from i (data, padding or a header's rest); the new i."""
         if self._left:
             take = min(self._left, end - i)
-            sink = self._sink
-            if sink is not None:
-                if isinstance(sink, bytearray):
-                    sink += mv[i : i + take]
-                else:
-                    sink.update(mv[i : i + take])
+            self._take(mv[i : i + take])
             self._left -= take
             if not self._left:
                 self._end()
