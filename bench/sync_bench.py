@@ -212,7 +212,7 @@ class Bench:
         )  # -m puts the cwd first on sys.path
         self.phases = []
         for line in p.stderr:
-            for key in ("making the manifest", "checking", "streaming", "verifying", "repairing"):
+            for key in ("making the manifest", "listing", "checking", "sending", "streaming", "verifying", "repairing"):
                 if line.startswith(key):
                     self.phases.append((key.split()[-1], time.perf_counter() - t0))
             if line.startswith(("manifest: ", "verified: ")):

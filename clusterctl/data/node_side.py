@@ -228,8 +228,17 @@ def _stat_key(st: os.stat_result) -> list[int]:
 def scan_reusing(root: str, known: dict[str, list], workers: int = 4) -> tuple[list[dict], dict[str, list], int]:
     """scan(), where a file whose stat key (size, mtime, ctime, inode, device) is the one in `known`
     (path -> [key, sha256], from the last run) keeps that sha256 unread. (entries, the new known, files hashed)."""
+    entries, todo, keys = walk(root, known)
+    hash_files(root, todo, workers)
+    return entries, known_after(entries, keys), len(todo)
+
+
+def walk(root: str, known: dict[str, list]) -> tuple[list[dict], list[dict], dict[str, list]]:
+    """root listed, nothing read: (every entry sorted by path, a file whose stat key is the one in `known`
+    carrying that sha256; the file entries still to hash, the same dicts; every file's stat key, taken
+    before its bytes are read, so a file changed meanwhile is hashed again next time)."""
     entries: list[dict] = []
-    files: list[dict] = []
+    todo: list[dict] = []
     keys: dict[str, list] = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         rel = os.path.relpath(dirpath, root)
@@ -259,12 +268,21 @@ def scan_reusing(root: str, known: dict[str, list], workers: int = 4) -> tuple[l
                 if old and old[0] == keys[p]:
                     e["h"] = old[1]
                 else:
-                    files.append(e)
+                    todo.append(e)
             # sockets, fifos and devices are not data: left out
-    for e, h in zip(files, map_by_size(lambda e: sha256_file(os.path.join(root, e["p"])), files, workers)):
-        e["h"] = h
     entries.sort(key=lambda e: e["p"].split("/"))
-    return entries, {p: [k, e["h"]] for e in entries if e["t"] == "f" for p, k in ((e["p"], keys[e["p"]]),)}, len(files)
+    return entries, todo, keys
+
+
+def hash_files(root: str, todo: list[dict], workers: int) -> None:
+    """Every entry of todo gets its file's sha256 ("h"), in place."""
+    for e, h in zip(todo, map_by_size(lambda e: sha256_file(os.path.join(root, e["p"])), todo, workers)):
+        e["h"] = h
+
+
+def known_after(entries: list[dict], keys: dict[str, list]) -> dict[str, list]:
+    """The cache for the next run: path -> [stat key, sha256], every file of a hashed listing."""
+    return {e["p"]: [keys[e["p"]], e["h"]] for e in entries if e["t"] == "f"}
 
 
 def load_scan_cache(path: str, root: str) -> dict[str, list]:
@@ -569,6 +587,32 @@ def cmd_check(args: dict) -> dict:
         "reread": got.reread,
         "streamed": got.files - got.reread,
     }
+
+
+def cmd_fresh(args: dict) -> dict:
+    """Whether DST holds nothing yet (missing, or only this tool's state folder): then its completion marker
+    is removed and every entry of any manifest is missing there, so the node needs no manifest to say so
+    (a first sync of 200,000 files skips reading them and looking each up). Else nothing is touched."""
+    root = safe_root(args["dst"], bool(args.get("delete")))
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        names = []
+    except NotADirectoryError:
+        return {"root": root, "fresh": False}
+    if names and names != [STATE_DIR]:
+        return {"root": root, "fresh": False}
+    state = os.path.join(root, STATE_DIR)
+    try:
+        try:
+            os.unlink(os.path.join(state, MARKER))
+        except FileNotFoundError:
+            pass
+        os.makedirs(state, exist_ok=True)
+    except OSError as exc:
+        raise AgentError(f"cannot write {state}: {exc.strerror}") from None
+    vfs = os.statvfs(root)
+    return {"root": root, "fresh": True, "free": vfs.f_bavail * vfs.f_frsize}
 
 
 def load_received(path: str) -> dict[str, list]:
@@ -1180,6 +1224,7 @@ def _parser() -> argparse.ArgumentParser:
     commands: dict[str, tuple[list[tuple[str, ...]], list[str], list[str]]] = {  # positional (name, nargs?)
         "manifest": ([("root",)], ["--workers", "--cache", "--out"], []),
         "check": ([], ["--dst", "--manifest", "--mark", "--workers", "--received", "--out"], ["--reset", "--delete"]),
+        "fresh": ([], ["--dst", "--out"], ["--delete"]),
         "s3list": ([("bucket",), ("prefix",)], ["--endpoint-url", "--out"], []),
         "s3pull": (
             [],
@@ -1255,6 +1300,7 @@ def main(argv: list[str]) -> int:
             return _stream({"relay": cmd_relay, "recv": cmd_recv, "sink": cmd_sink}[cmd], args)
         result = {
             "check": cmd_check,
+            "fresh": cmd_fresh,
             "manifest": cmd_manifest,
             "s3list": cmd_s3list,
             "s3pull": cmd_s3pull,

@@ -3,6 +3,10 @@
     source manifest -> pre-check every node (marker removed first) -> transport -> check -> repair
     -> check -> completion marker (written last, only on a node whose copy matched the manifest)
 
+A local source is listed first and hashed in the background; a node whose DST is empty lacks everything
+without a lookup, and when every node is such, the data flows while the manifest is still being made and
+sent (the check after waits for it).
+
 Transports (`--strategy`), each a module of its own, taking the run's session (session.py):
   chain       the default: a pipelined relay, one tar stream extracted and forwarded by every node (chain.py).
   tree        rounds of whole-copy rsync hops: every node that has the data sends to one more (rsync_hops.py).
@@ -27,6 +31,7 @@ import posixpath
 import shlex
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -45,12 +50,15 @@ class Syncer(SyncSession):
     def run(self) -> SyncReport:
         self.start = time.monotonic()
         self._tmp = tempfile.TemporaryDirectory(prefix="clusterctl-sync-")
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-manifest")
+        self._hashed: Future = Future()
         try:
             self._run()
         except BaseException:
             self.interrupt()
             raise
         finally:
+            self._background.shutdown(wait=True, cancel_futures=True)
             self._tmp.cleanup()
         for n in self.nodes:
             if n.alive:
@@ -62,14 +70,14 @@ class Syncer(SyncSession):
 
     def _run(self) -> None:
         self._manifest()
-        self._upload()
-        self.events.phase(f"checking {len(self.live())} node(s) against the manifest")
-        self._check_all(reset=True)
+        self._upload_agent()
+        sending = self._precheck()
         todo = [n for n in self.live() if n.bad]
         for n in todo:
             n.outcome.bytes = n.bad_bytes
         if todo:
             self._transport(todo)
+            sending.result()  # the manifest every node checks against (sent while the data flowed)
             self.events.phase(
                 "verifying every copy against the manifest"
                 + (" (read back: --verify disk)" if self.verify == "disk" else "")
@@ -99,21 +107,22 @@ class Syncer(SyncSession):
 
     # ---- manifest ----------------------------------------------------------------------------------
     def _manifest(self) -> None:
+        """self.entries: every path, kind and size. A local source is listed now and its changed files are
+        hashed in the background (self._hashed), while the nodes are checked and, on a first sync, while the
+        data already flows; the other sources' manifests come whole."""
         src = self.source
         if src.kind == "local":
-            self.events.phase(f"making the manifest of {src.path} (sha256 of every file changed since the last run)")
+            self.events.phase(f"listing {src.path} (sha256 of every file changed since the last run follows)")
             self.src_root = src.path
             cache = self.cache_dir / f"{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}.json"
             known = sync_agent.load_scan_cache(str(cache), src.path)
-            before = len(known)
-            wire, known, hashed = sync_agent.scan_reusing(src.path, known, workers=min(4, os.cpu_count() or 1))
-            self.entries = [ManifestEntry.from_wire(e) for e in wire]
-            try:
-                if hashed or len(known) != before:  # else the kept manifest is still the one
-                    sync_agent.save_scan_cache(str(cache), src.path, known)
-            except OSError as exc:  # only the next run's speed depends on it
-                self.events.phase(f"cannot keep the manifest for the next run in {cache}: {exc.strerror}")
-            self._said_hashed(hashed)
+            wire, todo, keys = sync_agent.walk(src.path, known)
+            self.entries = [ManifestEntry.from_wire(e) for e in wire]  # a pending file's sha256 is None
+            self._check_paths()
+            if todo:
+                self.events.phase(f"hashing {len(todo)} file(s) changed since the last run, in the background")
+            self._hashed = self._background.submit(self._hash_local, wire, todo, keys, known, cache)
+            return
         else:
             self.events.phase(
                 "making the manifest on the leader"
@@ -158,10 +167,32 @@ class Syncer(SyncSession):
             if src.kind == "leader":
                 self._check_overlap(data)
                 self._said_hashed(int(data.get("hashed", 0)))
+        self._check_paths()
+        self.encode_manifest()
+        self._hashed.set_result(None)
+
+    def _check_paths(self) -> None:
         for e in self.entries:
             problem = sync_agent.path_problem(e.path)
             if problem:
-                raise ConfigError(f"SRC {src.describe()}: {problem}")
+                raise ConfigError(f"SRC {self.source.describe()}: {problem}")
+
+    def _hash_local(self, wire: list[dict], todo: list[dict], keys: dict[str, list], known: dict, cache: Path) -> None:
+        """(in the background) The pending files hashed, the manifest made whole and encoded, the cache kept."""
+        for i in range(0, len(todo), 256):  # a run that ends (Ctrl-C, an error) stops hashing too
+            if self.pool.cancel.is_set():
+                raise SyncIncomplete(
+                    "stopped while the source was hashed", "run the same sync again", ExitCode.INTERRUPTED
+                )
+            sync_agent.hash_files(self.src_root, todo[i : i + 256], workers=min(4, os.cpu_count() or 1))
+        self.entries = [ManifestEntry.from_wire(e) for e in wire]
+        fresh = sync_agent.known_after(wire, keys)
+        try:
+            if todo or len(fresh) != len(known):  # else the kept manifest is still the one
+                sync_agent.save_scan_cache(str(cache), self.src_root, fresh)
+        except OSError as exc:  # only the next run's speed depends on it
+            self.events.phase(f"cannot keep the manifest for the next run in {cache}: {exc.strerror}")
+        self._said_hashed(len(todo))
         self.encode_manifest()
 
     def _said_hashed(self, hashed: int) -> None:
@@ -175,19 +206,58 @@ class Syncer(SyncSession):
     def _agent_bytes() -> bytes:
         return Path(sync_agent.__file__).read_bytes()
 
-    def _upload(self) -> None:
-        files = {
-            f"{self.work}/agent.py": (self._agent_bytes(), 0o600),
-            self.manifest_path: (self.manifest_bytes, 0o600),
-        }
-
+    def _upload_agent(self) -> None:
         def one(n: SyncNode) -> None:
-            r = self.pool.put_one(n.target, files)
+            r = self.pool.put_one(n.target, {f"{self.work}/agent.py": (self._agent_bytes(), 0o600)})
             if not r.ok:
                 self.fail(n, "unreachable", r.error or "upload failed")
 
-        self.events.phase(f"sending the manifest ({len(self.entries)} entries) to {len(self.nodes)} node(s)")
         self.fan(self.nodes, one)
+
+    def _send_manifest(self) -> None:
+        """Once the manifest is whole: to every live node (JSON Lines, 25 MB for 200,000 files)."""
+        self._hashed.result()
+
+        def one(n: SyncNode) -> None:
+            r = self.pool.put_one(n.target, {self.manifest_path: (self.manifest_bytes, 0o600)})
+            if not r.ok:
+                self.fail(n, "unreachable", r.error or "upload failed")
+
+        self.events.phase(f"sending the manifest ({len(self.entries)} entries) to {len(self.live())} node(s)")
+        self.fan(self.live(), one)
+
+    def _precheck(self) -> Future:
+        """What every node lacks (n.bad), its marker removed first. A node whose DST holds nothing yet lacks
+        everything: it is told so without a manifest (agent `fresh`). The others are checked against the
+        whole manifest, sent first. When every node is fresh, the manifest is made and sent while the data
+        flows: the returned future is done once every node has it."""
+        fresh: list[SyncNode] = []
+
+        def probe(n: SyncNode) -> None:
+            data, r = self.agent(n, "fresh", "--dst", self.dst, *(["--delete"] if self.delete else []))
+            if r.exit_code != 0 or not data or "fresh" not in data:
+                if r.exit_code == 2:
+                    raise UsageError(f"DST {self.dst!r}: {(data or {}).get('error', 'refused')}")
+                self.failed_result(n, r, data, "check")
+            elif data["fresh"]:
+                n.root, n.free = data["root"], data["free"]
+                n.bad, n.bad_bytes = [e.path for e in self.entries], sum(e.nbytes for e in self.entries)
+                if not self._lacks_space(n):
+                    fresh.append(n)
+
+        if self.entries:  # an empty manifest: the check below marks the copy complete
+            self.fan(self.live(), probe)
+        if fresh:
+            self.events.phase(f"{len(fresh)} node(s) have nothing at {self.dst} yet: they get all of it")
+        rest = [n for n in self.live() if n not in fresh]
+        if not rest:
+            return self._background.submit(self._send_manifest)
+        self._send_manifest()
+        self.events.phase(f"checking {len(rest)} node(s) against the manifest")
+        self._check_all(rest, reset=True)
+        done: Future = Future()
+        done.set_result(None)
+        return done
 
     def _check_all(self, nodes: Sequence[SyncNode] | None = None, reset: bool = False, received: bool = False) -> None:
         """Check (and mark) every node's copy. With `received`, a chain node's files whose sha256 as written
@@ -223,9 +293,9 @@ class Syncer(SyncSession):
             n.root, n.bad, n.bad_bytes, n.free = data["root"], data["bad"], data["bad_bytes"], data["free"]
             counts["streamed"] += int(data.get("streamed", 0))
             counts["reread"] += int(data.get("reread", 0))
-            if reset and n.bad_bytes > n.free:
-                self.fail(n, "failed", f"not enough space at {n.root}: needs {mb(n.bad_bytes)}, has {mb(n.free)} free")
-            elif not n.bad and not n.outcome.seconds:
+            if reset and self._lacks_space(n):
+                return
+            if not n.bad and not n.outcome.seconds:
                 n.outcome.seconds = time.monotonic() - self.start
                 self.events.progress(n.label, n.outcome.bytes)
 
@@ -234,6 +304,12 @@ class Syncer(SyncSession):
             self.events.phase(
                 f"verified: {counts['streamed']} file(s) by their sha256 as written, {counts['reread']} read back"
             )
+
+    def _lacks_space(self, n: SyncNode) -> bool:
+        if n.bad_bytes <= n.free:
+            return False
+        self.fail(n, "failed", f"not enough space at {n.root}: needs {mb(n.bad_bytes)}, has {mb(n.free)} free")
+        return True
 
     def _check_overlap(self, data: dict) -> None:
         """Before anything is touched: on the leader, DST inside SRC (or SRC inside DST) is refused; the

@@ -114,6 +114,10 @@ def test_chain_copies_are_proved_by_their_hashes_as_written_and_verify_disk_read
     sums = make_dataset(src, random_files(6, 30_000, seed=7))
     proc = sync(c3, str(src), "/tmp/streamed")
     assert proc.returncode == 0, proc.stderr
+    # a first sync: no node looked anything up, the source was hashed while the data flowed
+    assert _line(proc.stderr, "3 node(s) have nothing at /tmp/streamed yet") != [], proc.stderr
+    assert _line(proc.stderr, "checking ") == [], proc.stderr
+    assert _line(proc.stderr, "manifest: 6 file(s) hashed, 0 unchanged") != [], proc.stderr
     assert _line(proc.stderr, "verified: ") == ["verified: 18 file(s) by their sha256 as written, 0 read back"]
     _all_verified(c3, "/tmp/streamed", sums)
     proc = sync(c3, "--verify", "disk", str(src), "/tmp/read-back")
@@ -129,8 +133,10 @@ def test_a_file_changed_at_the_source_after_the_manifest_is_caught_without_the_r
     make_dataset(src, random_files(4, 200_000, seed=9))
     victim = src / "part-0002.bin"
     st = victim.stat()
+    for i in range(3):  # not a first sync: the manifest is on every node before anything is streamed
+        c3.node_exec(i, "sh", "-c", "mkdir -p /tmp/changed && echo kept > /tmp/changed/kept.txt")
     proc = c3.cli.popen("sync", "--cluster", c3.name, str(src), "/tmp/changed")
-    for line in proc.stderr:  # the manifest is made; nothing is streamed before it is on every node
+    for line in proc.stderr:
         if line.startswith("sending the manifest"):
             break
     data = bytearray(victim.read_bytes())

@@ -262,6 +262,29 @@ def test_check_finds_a_flipped_byte_with_size_and_mtime_kept_and_marks_only_a_wh
     assert not (dst / ".clusterctl-sync" / "COMPLETE").exists()  # removed first, not written again
 
 
+def test_fresh_says_an_empty_dst_lacks_everything_without_a_manifest_and_touches_nothing_else(tmp_path):
+    rc, out = _agent("fresh", "--dst", str(tmp_path / "new"))  # missing: made, with its state folder
+    assert rc == 0 and out["fresh"] and out["root"] == str(tmp_path / "new") and out["free"] > 0
+    assert (tmp_path / "new" / ".clusterctl-sync").is_dir()
+    state = tmp_path / "was" / ".clusterctl-sync"  # a copy whose data is gone: only its state is left
+    state.mkdir(parents=True)
+    (state / "COMPLETE").write_text("{}")
+    rc, out = _agent("fresh", "--dst", str(tmp_path / "was"), "--delete")
+    assert rc == 0 and out["fresh"] and not (state / "COMPLETE").exists()  # not complete until verified
+    full = tmp_path / "full"
+    (full / ".clusterctl-sync").mkdir(parents=True)
+    (full / ".clusterctl-sync" / "COMPLETE").write_text("{}")
+    (full / "a.bin").write_bytes(b"a")
+    rc, out = _agent("fresh", "--dst", str(full))
+    assert rc == 0 and out == {"root": str(full), "fresh": False}
+    assert (full / ".clusterctl-sync" / "COMPLETE").exists()  # left for the check, which reads the manifest
+    (tmp_path / "file").write_bytes(b"x")
+    rc, out = _agent("fresh", "--dst", str(tmp_path / "file"))
+    assert rc == 0 and not out["fresh"]
+    rc, out = _agent("fresh", "--dst", "/")
+    assert rc == 2 and "refusing to sync into /" in out["error"]
+
+
 def test_check_replaces_wrong_types_and_delete_mirrors(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     _tree(src)
