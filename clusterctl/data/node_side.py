@@ -43,6 +43,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -114,6 +115,13 @@ class ManifestEntry(NamedTuple):
         return self.size or 0
 
 
+# Any of path_problem's findings (an empty, '.', '..' or partial-dir component, a NUL, the state folder first):
+# one search per entry when a manifest of 1.28M entries is read; the message is then path_problem's.
+_SUSPECT = re.compile(
+    r"(?:^|/)(?:|\.|\.\.|" + re.escape(PARTIAL_DIR) + r")(?:/|$)|\0|^" + re.escape(STATE_DIR) + r"(?:/|$)"
+)
+
+
 def path_problem(p: str) -> str | None:
     if not p or p.startswith("/") or "\0" in p:
         return f"bad path {p!r}"
@@ -160,9 +168,10 @@ class ManifestReader:
             self.header = header
             for n, line in enumerate(f, 2):
                 h.update(line)
-                try:
-                    e = json.loads(line)
-                    problem = path_problem(e["p"])
+                try:  # str, not bytes: json.loads(bytes) guesses the encoding of every line first
+                    e = json.loads(line.decode("ascii"))
+                    p = e["p"]
+                    problem = path_problem(p) if _SUSPECT.search(p) else None
                 except (ValueError, KeyError, TypeError, AttributeError):
                     problem = f"line {n} is not a manifest entry"
                 if problem:
@@ -396,7 +405,7 @@ def check(root: str, entries, delete: bool, workers: int, received: dict[str, li
         if e["t"] == "f":
             files += 1
             total += e["s"]
-        full = os.path.join(root, e["p"])
+        full = f"{root}/{e['p']}"  # root is absolute and normalized, the path checked (ManifestReader)
         try:
             st = os.lstat(full)
         except FileNotFoundError:

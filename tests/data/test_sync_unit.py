@@ -534,6 +534,13 @@ def test_hostile_manifest_paths_are_refused(tmp_path):
         rc, out = _agent("check", "--dst", str(tmp_path / "d"), "--manifest", str(m), "--delete")
         assert rc == sync_agent.EXIT_INPUT and "manifest refused" in out["error"], bad
         assert (tmp_path / "d" / "extra").exists()  # --delete never ran on a manifest read only in part
+    # the reader searches every path once for anything suspect before asking path_problem: a superset
+    names = ["", "a", "a/b", "/a", "a//b", "a/", "./a", "a/.", "..", "a/../b", "a\0b", "...", "a..b", ".a/..b/c."]
+    names += [".clusterctl-sync", ".clusterctl-sync/x", "x/.clusterctl-sync", ".clusterctl-syncx"]
+    names += ["a/.clusterctl-partial/b", ".clusterctl-partial", "x/.clusterctl-partialy", "new\nline", "\udcff"]
+    for name in names:
+        assert sync_agent.path_problem(name) is None or sync_agent._SUSPECT.search(name), name
+    assert sum(sync_agent.path_problem(n) is not None for n in names) == 13
     # not JSON Lines of this version (an older version's one document, a broken line): refused too
     (tmp_path / "old.json").write_text(json.dumps({"entries": [ok]}))
     _lines(tmp_path / "broken.jsonl", [ok]).write_bytes((tmp_path / "broken.jsonl").read_bytes() + b"{nope\n")
