@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -9,6 +10,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -572,6 +574,30 @@ def test_manifest_lines_round_trip_odd_names_and_the_digest_is_the_files_sha256(
     assert head["lines"] == len(entries) and head["hashed"] == 5 and "entries" not in head
     assert [json.loads(line) for line in rest] == entries
     assert os.fsencode(next(e["p"] for e in entries if e["p"].startswith("bad-"))) == b"bad-\xff\xfe utf8"
+
+
+def test_the_manifest_goes_gzipped_reads_the_same_and_is_kept_unzipped(tmp_path):
+    from clusterctl.data.plan import parse_source
+    from clusterctl.data.session import MANIFEST, SyncSession
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _tree(src)
+    no_pool: Any = None  # encoding the manifest connects to nothing
+    s = SyncSession([], [], "", no_pool, parse_source(str(src)), "/tmp/x", cache_dir=tmp_path)
+    wire = sync_agent.scan(str(src))
+    s.entries = [sync_agent.ManifestEntry.from_wire(e) for e in wire]
+    s.encode_manifest()
+    plain = tmp_path / "m.jsonl"
+    plain.write_bytes(sync_agent.manifest_header(str(src)) + b"".join(sync_agent.manifest_line(e) for e in wire))
+    assert MANIFEST.endswith(".gz") and gzip.decompress(s.manifest_bytes) == plain.read_bytes()
+    sent = tmp_path / MANIFEST
+    sent.write_bytes(s.manifest_bytes)
+    a, b = sync_agent.ManifestReader(str(sent)), sync_agent.ManifestReader(str(plain))
+    assert list(a) == list(b) and a.digest == b.digest == hashlib.sha256(plain.read_bytes()).hexdigest()
+    subprocess.run(["cp", "-a", f"{src}/.", str(dst)], check=True)
+    rc, out = _agent("check", "--dst", str(dst), "--manifest", str(sent), "--reset", "--mark", "test")
+    assert rc == 0 and out["marked"] and out["digest"] == a.digest
+    assert (dst / ".clusterctl-sync" / "manifest.jsonl").read_bytes() == plain.read_bytes()
 
 
 def test_a_marker_of_an_older_version_is_not_taken_and_the_copy_is_checked_again(tmp_path):
