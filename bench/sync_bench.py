@@ -393,6 +393,7 @@ def run_small(args) -> list[dict]:
     results = []
     own = OwnCpu()
     rate = args.rate or 0.0
+    methods = SMALL_METHODS + (("clusterctl-ref",) if args.ref_repo else ())
     try:
         src = work / "small"
         t0 = time.perf_counter()
@@ -409,7 +410,7 @@ def run_small(args) -> list[dict]:
             try:
                 if rate:
                     b.shape()
-                for method in [m for _ in range(args.repeat) for m in SMALL_METHODS]:
+                for method in [m for _ in range(args.repeat) for m in methods]:
                     b.clear()
                     subprocess.run(["sync"])
                     b.notes = []
@@ -431,7 +432,7 @@ def run_small(args) -> list[dict]:
                         "verified_nodes": ok,
                         "notes": b.notes,
                     }
-                    if method == "clusterctl":
+                    if method.startswith("clusterctl"):
                         row["phases_s"] = {k: round(v, 2) for k, v in b.phases}
                     results.append(row)
                     print(
@@ -444,9 +445,9 @@ def run_small(args) -> list[dict]:
             finally:
                 b.down()
             rows = [r for r in results if r["nodes"] == n]
-            best = {m: min((r for r in rows if r["method"] == m), key=lambda r: r["seconds"]) for m in SMALL_METHODS}
+            best = {m: min((r for r in rows if r["method"] == m), key=lambda r: r["seconds"]) for m in methods}
             print(f"N={n}, best of {args.repeat} (spread: min-max s; the machine is shared):", flush=True)
-            for m in SMALL_METHODS:
+            for m in methods:
                 r, secs = best[m], [x["seconds"] for x in rows if x["method"] == m]
                 print(
                     f"  {m:<11} {r['seconds']:7.1f} s  {r['files_per_s']:8d} files/s  "

@@ -215,7 +215,7 @@ class Syncer(SyncSession):
         self.fan(self.nodes, one)
 
     def _send_manifest(self) -> None:
-        """Once the manifest is whole: to every live node (JSON Lines, 25 MB for 200,000 files)."""
+        """Once the manifest is whole: to every live node (gzipped JSON Lines: 9 MB for 200,000 files)."""
         self._hashed.result()
 
         def one(n: SyncNode) -> None:
