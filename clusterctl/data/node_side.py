@@ -50,6 +50,7 @@ import stat
 import sys
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 from zlib import adler32
@@ -150,6 +151,13 @@ def open_manifest(path: str):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
+NOT_GZIP = (EOFError, gzip.BadGzipFile, zlib.error)  # a manifest cut short or damaged on the way
+
+
+def not_gzip(exc: Exception) -> AgentError:
+    return AgentError(f"manifest refused: not a whole gzip stream ({exc})", EXIT_INPUT)
+
+
 class ManifestReader:
     """A manifest file read one line at a time: iterating yields its entries (wire dicts), every path
     checked as it comes (AgentError, exit 3, at the first bad one). Once read through, .digest is the
@@ -161,6 +169,12 @@ class ManifestReader:
         self.digest = ""
 
     def __iter__(self):
+        try:
+            yield from self._entries()
+        except NOT_GZIP as exc:
+            raise not_gzip(exc) from None
+
+    def _entries(self):
         h = hashlib.sha256()
         with open_manifest(self.path) as f:
             first = f.readline()
@@ -474,10 +488,14 @@ def delete_extras(root: str, wanted: set[str]) -> None:
 def keep_manifest(src: str, path: str) -> None:
     """The manifest's JSON Lines (unzipped) into path, atomically (as atomic_write), in pieces."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open_manifest(src) as fi, open(tmp, "wb") as fo:
-        shutil.copyfileobj(fi, fo, CHUNK)
-        fo.flush()
-        os.fsync(fo.fileno())
+    try:
+        with open_manifest(src) as fi, open(tmp, "wb") as fo:
+            shutil.copyfileobj(fi, fo, CHUNK)
+            fo.flush()
+            os.fsync(fo.fileno())
+    except NOT_GZIP as exc:
+        os.unlink(tmp)
+        raise not_gzip(exc) from None
     os.replace(tmp, path)
 
 

@@ -598,6 +598,17 @@ def test_the_manifest_goes_gzipped_reads_the_same_and_is_kept_unzipped(tmp_path)
     rc, out = _agent("check", "--dst", str(dst), "--manifest", str(sent), "--reset", "--mark", "test")
     assert rc == 0 and out["marked"] and out["digest"] == a.digest
     assert (dst / ".clusterctl-sync" / "manifest.jsonl").read_bytes() == plain.read_bytes()
+    # cut short on the way, or damaged: refused in one line, nothing marked
+    whole = s.manifest_bytes
+    damaged = whole[:200] + bytes(b ^ 0xFF for b in whole[200:260]) + whole[260:]
+    (dst / ".clusterctl-sync" / "COMPLETE").unlink()
+    for bad in (whole[: len(whole) // 2], damaged, b"not gzip at all\n"):
+        sent.write_bytes(bad)
+        for reset in ([], ["--reset"]):  # read as entries, or first kept unzipped
+            rc, out = _agent("check", "--dst", str(dst), "--manifest", str(sent), *reset, "--mark", "test")
+            assert rc == sync_agent.EXIT_INPUT and out["error"].startswith("manifest refused"), (out, reset)
+            assert os.listdir(dst / ".clusterctl-sync") == ["manifest.jsonl"]  # no marker, nothing half-kept
+            assert (dst / ".clusterctl-sync" / "manifest.jsonl").read_bytes() == plain.read_bytes()
 
 
 def test_a_marker_of_an_older_version_is_not_taken_and_the_copy_is_checked_again(tmp_path):
