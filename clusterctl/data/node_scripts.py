@@ -72,6 +72,7 @@ def relay_script(
     hashing = bool(extract) and hash_stream
     if hashing:
         extract = f'"$P" "$W/agent.py" recv --hashes "$W/recv.part" | {extract}'
+        lines.append('rm -f "$W/recv.json"')  # only this stream's, whole, is ever there
     if len(fifos) == 1 and extract:
         lines.append(f'"$P" "$W/agent.py" relay --index {index} --out {fifos[0]} | {extract}')
     elif fifos:

@@ -48,6 +48,7 @@ class SyncNode:
     free: int = 0
     alive: bool = True
     last_error: str = ""  # why its last copy attempt failed, when the copy said so
+    fresh: bool = False  # DST held nothing before this run (agent `fresh`): it lacked every entry
 
     @property
     def label(self) -> str:

@@ -240,7 +240,7 @@ class Syncer(SyncSession):
                     raise UsageError(f"DST {self.dst!r}: {(data or {}).get('error', 'refused')}")
                 self.failed_result(n, r, data, "check")
             elif data["fresh"]:
-                n.root, n.free = data["root"], data["free"]
+                n.root, n.free, n.fresh = data["root"], data["free"], True
                 n.bad, n.bad_bytes = [e.path for e in self.entries], sum(e.nbytes for e in self.entries)
                 if not self._lacks_space(n):
                     fresh.append(n)
@@ -261,10 +261,13 @@ class Syncer(SyncSession):
 
     def _check_all(self, nodes: Sequence[SyncNode] | None = None, reset: bool = False, received: bool = False) -> None:
         """Check (and mark) every node's copy. With `received`, a chain node's files whose sha256 as written
-        (recv, on the stream) matches the manifest are taken without being read back."""
+        (recv, on the stream) matches the manifest are taken without being read back; a node that was fresh
+        got every entry in manifest order (the chain streams the union of what the nodes lack), so the
+        stream's digest alone can prove its copy (node_side.stream_digest)."""
         total = sum(e.nbytes for e in self.entries)
         timeout = self.timeout or 600 + total / 20e6
-        counts = {"streamed": 0, "reread": 0}
+        counts = {"streamed": 0, "reread": 0, "by_stream": 0}
+        stream = sync_agent.stream_digest(self.entries) if received else None
 
         def one(n: SyncNode) -> None:
             args = [
@@ -282,6 +285,8 @@ class Syncer(SyncSession):
                 args.append("--reset")
             if received:
                 args += ["--received", f"{self.work}/recv.json"]
+                if stream and n.fresh:
+                    args += ["--stream-digest", stream]
             if self.delete:
                 args.append("--delete")
             data, r = self.agent(n, *args, timeout=timeout)
@@ -293,6 +298,7 @@ class Syncer(SyncSession):
             n.root, n.bad, n.bad_bytes, n.free = data["root"], data["bad"], data["bad_bytes"], data["free"]
             counts["streamed"] += int(data.get("streamed", 0))
             counts["reread"] += int(data.get("reread", 0))
+            counts["by_stream"] += bool(data.get("by_stream"))
             if reset and self._lacks_space(n):
                 return
             if not n.bad and not n.outcome.seconds:
@@ -301,8 +307,9 @@ class Syncer(SyncSession):
 
         self.fan(self.live(nodes), one)
         if not reset:
+            whole = f" ({counts['by_stream']} node(s) by the stream's digest)" if counts["by_stream"] else ""
             self.events.phase(
-                f"verified: {counts['streamed']} file(s) by their sha256 as written, {counts['reread']} read back"
+                f"verified: {counts['streamed']} file(s) by their sha256 as written{whole}, {counts['reread']} read back"
             )
 
     def _lacks_space(self, n: SyncNode) -> bool:

@@ -357,6 +357,73 @@ def test_a_copy_hashed_as_written_is_verified_without_reading_it_back(tmp_path):
     assert out["bad"] == ["-lead", "hard"] and out["reread"] == 4 and not out["marked"]
 
 
+def test_a_fresh_copy_whose_stream_was_the_manifest_is_proved_by_its_digest_and_any_other_is_checked(tmp_path):
+    """An empty DST that got the manifest's whole stream (recv's digest is the operator's) is marked without
+    the manifest being read or a file looked up; the marker is the one the entry-by-entry check writes. A
+    stream that left something out, or the digest of another manifest, falls back to that check."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _odd_tree(src)
+    m = _manifest(tmp_path, src)
+    wire = sync_agent.scan(str(src))
+    digest = sync_agent.stream_digest([sync_agent.ManifestEntry.from_wire(e) for e in wire])
+    assert digest
+    hashes = _stream_into(tmp_path, src, dst)
+    head = json.loads(hashes.read_bytes().split(b"\n", 1)[0])
+    files = [e for e in wire if e["t"] == "f"]
+    assert head == {"stream": digest, "files": len(files), "bytes": sum(e["s"] for e in files)}
+    check = ["check", "--dst", str(dst), "--manifest", str(m), "--mark", "t", "--received", str(hashes)]
+    rc, out = _agent(*check, "--stream-digest", digest)
+    assert rc == 0 and out["by_stream"] and out["marked"] and out["bad"] == [] and out["reread"] == 0
+    assert out["streamed"] == len(files) and out["digest"] == hashlib.sha256(m.read_bytes()).hexdigest()
+    fast = json.loads((dst / ".clusterctl-sync" / "COMPLETE").read_text())
+    assert (dst / ".clusterctl-sync" / "manifest.jsonl").read_bytes() == m.read_bytes()
+    rc, slow = _agent(*check)  # entry by entry, from the same hashes as written: the same marker
+    assert rc == 0 and not slow["by_stream"] and slow["marked"] and slow["streamed"] == len(files)
+    again = json.loads((dst / ".clusterctl-sync" / "COMPLETE").read_text())
+    assert {k: v for k, v in again.items() if k != "verified_at"} == {
+        k: v for k, v in fast.items() if k != "verified_at"
+    }
+    # a stream of all but one file, into another empty DST: not the manifest's digest, so every entry is
+    # looked up and the missing one found; the copy is not marked
+    part = tmp_path / "part"
+    gone = files[3]["p"]
+    (src / gone).rename(tmp_path / "aside")
+    hashes = _stream_into(tmp_path, src, part)
+    (tmp_path / "aside").rename(src / gone)
+    rc, out = _agent(
+        "check",
+        "--dst",
+        str(part),
+        "--manifest",
+        str(m),
+        "--mark",
+        "t",
+        "--received",
+        str(hashes),
+        "--stream-digest",
+        digest,
+    )
+    assert not out["by_stream"] and out["bad"] == [gone] and not out["marked"]
+    assert not (part / ".clusterctl-sync" / "COMPLETE").exists()
+    # the manifest's stream, but the operator's digest of another: checked entry by entry (and right)
+    other = tmp_path / "other"
+    hashes = _stream_into(tmp_path, src, other)
+    rc, out = _agent(
+        "check",
+        "--dst",
+        str(other),
+        "--manifest",
+        str(m),
+        "--mark",
+        "t",
+        "--received",
+        str(hashes),
+        "--stream-digest",
+        "0" * 64,
+    )
+    assert rc == 0 and not out["by_stream"] and out["marked"] and out["reread"] == 0
+
+
 def test_a_byte_changed_on_the_wire_is_caught_without_the_read_back(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     _tree(src)
@@ -459,9 +526,20 @@ def test_tar_follower_fast_and_slow_paths_give_hashlibs_hashes_in_any_piece_size
     want = {k: [hashlib.sha256(v).hexdigest(), len(v), int((src / k).stat().st_mtime)] for k, v in files.items()}
     want["hard"] = want["d0/f000"][:2] + [int((src / "hard").stat().st_mtime)]
     assert want["far"][2] == 10**10
+    # the stream's digest is the one the operator makes of the manifest's entries in the order it streamed
+    entries = [sync_agent.ManifestEntry.from_wire(e) for e in sync_agent.scan(str(src))]
+    digest = sync_agent.stream_digest(entries)
+    assert digest and {e.kind for e in entries} == {"d", "f", "l"}
     for piece in (1, 511, 513, 7777, 1 << 20):
         follower = _follow(stream, piece)
         assert follower.done and follower.hashes == want, piece
+        assert follower.stream.hexdigest() == digest, piece
+        assert (follower.files, follower.bytes) == (len(want), sum(w[1] for w in want.values()))
+    # one entry changed, missing, or in another order: another digest
+    f = next(i for i, e in enumerate(entries) if e.kind == "f")
+    assert sync_agent.stream_digest(entries[:f] + [entries[f]._replace(size=1)] + entries[f + 1 :]) != digest
+    assert sync_agent.stream_digest(entries[1:]) != digest and sync_agent.stream_digest(entries[::-1]) != digest
+    assert sync_agent.stream_digest([entries[f]._replace(sha256=None)]) is None  # S3's, not yet recorded
 
 
 def test_tar_follower_takes_a_base256_size_and_still_checks_every_header_checksum(tmp_path):
