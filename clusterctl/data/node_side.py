@@ -271,17 +271,16 @@ def _stat_key(st: os.stat_result) -> list[int]:
 def scan_reusing(root: str, known: dict[str, list], workers: int = 4) -> tuple[list[dict], dict[str, list], int]:
     """scan(), where a file whose stat key (size, mtime, ctime, inode, device) is the one in `known`
     (path -> [key, sha256], from the last run) keeps that sha256 unread. (entries, the new known, files hashed)."""
-    entries, todo, keys = walk(root, known)
+    entries, keys = walk(root)
+    todo = reuse_known(entries, keys, known)
     hash_files(root, todo, workers)
     return entries, known_after(entries, keys), len(todo)
 
 
-def walk(root: str, known: dict[str, list]) -> tuple[list[dict], list[dict], dict[str, list]]:
-    """root listed, nothing read: (every entry sorted by path, a file whose stat key is the one in `known`
-    carrying that sha256; the file entries still to hash, the same dicts; every file's stat key, taken
-    before its bytes are read, so a file changed meanwhile is hashed again next time)."""
+def walk(root: str) -> tuple[list[dict], dict[str, list]]:
+    """root listed, nothing read: (every entry sorted by path, files without their sha256 yet; every
+    file's stat key, taken before its bytes are read, so a file changed meanwhile is hashed again next time)."""
     entries: list[dict] = []
-    todo: list[dict] = []
     keys: dict[str, list] = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         rel = os.path.relpath(dirpath, root)
@@ -304,17 +303,25 @@ def walk(root: str, known: dict[str, list]) -> tuple[list[dict], list[dict], dic
             if stat.S_ISLNK(st.st_mode):
                 entries.append({"p": p, "t": "l", "l": os.readlink(full)})
             elif stat.S_ISREG(st.st_mode):
-                e = {"p": p, "t": "f", "s": st.st_size}
-                entries.append(e)
+                entries.append({"p": p, "t": "f", "s": st.st_size})
                 keys[p] = _stat_key(st)
-                old = known.get(p)
-                if old and old[0] == keys[p]:
-                    e["h"] = old[1]
-                else:
-                    todo.append(e)
             # sockets, fifos and devices are not data: left out
     entries.sort(key=lambda e: e["p"].split("/"))
-    return entries, todo, keys
+    return entries, keys
+
+
+def reuse_known(entries: list[dict], keys: dict[str, list], known: dict[str, list]) -> list[dict]:
+    """A file entry whose stat key is the one in `known` (path -> [key, sha256], the last run's) gets that
+    sha256, in place; the file entries still to hash (the same dicts) are returned."""
+    todo = []
+    for e in entries:
+        if e["t"] == "f":
+            old = known.get(e["p"])
+            if old and old[0] == keys[e["p"]]:
+                e["h"] = old[1]
+            else:
+                todo.append(e)
+    return todo
 
 
 def hash_files(root: str, todo: list[dict], workers: int) -> None:

@@ -107,21 +107,17 @@ class Syncer(SyncSession):
 
     # ---- manifest ----------------------------------------------------------------------------------
     def _manifest(self) -> None:
-        """self.entries: every path, kind and size. A local source is listed now and its changed files are
-        hashed in the background (self._hashed), while the nodes are checked and, on a first sync, while the
-        data already flows; the other sources' manifests come whole."""
+        """self.entries: every path, kind and size. A local source is listed now; the last run's manifest is
+        read and its changed files are hashed in the background (self._hashed), while the nodes are checked
+        and, on a first sync, while the data already flows; the other sources' manifests come whole."""
         src = self.source
         if src.kind == "local":
             self.events.phase(f"listing {src.path} (sha256 of every file changed since the last run follows)")
             self.src_root = src.path
-            cache = self.cache_dir / f"{hashlib.sha256(os.fsencode(src.path)).hexdigest()[:16]}.json"
-            known = sync_agent.load_scan_cache(str(cache), src.path)
-            wire, todo, keys = sync_agent.walk(src.path, known)
-            self.entries = [ManifestEntry.from_wire(e) for e in wire]  # a pending file's sha256 is None
+            wire, keys = sync_agent.walk(src.path)
+            self.entries = [ManifestEntry.from_wire(e) for e in wire]  # no sha256 yet: _hash_local's
             self._check_paths()
-            if todo:
-                self.events.phase(f"hashing {len(todo)} file(s) changed since the last run, in the background")
-            self._hashed = self._background.submit(self._hash_local, wire, todo, keys, known, cache)
+            self._hashed = self._background.submit(self._hash_local, wire, keys)
             return
         else:
             self.events.phase(
@@ -177,8 +173,14 @@ class Syncer(SyncSession):
             if problem:
                 raise ConfigError(f"SRC {self.source.describe()}: {problem}")
 
-    def _hash_local(self, wire: list[dict], todo: list[dict], keys: dict[str, list], known: dict, cache: Path) -> None:
-        """(in the background) The pending files hashed, the manifest made whole and encoded, the cache kept."""
+    def _hash_local(self, wire: list[dict], keys: dict[str, list]) -> None:
+        """(in the background) The last run's sha256 of every unchanged file taken, the others hashed, the
+        manifest made whole and encoded, the cache kept."""
+        cache = self.cache_dir / f"{hashlib.sha256(os.fsencode(self.src_root)).hexdigest()[:16]}.json"
+        known = sync_agent.load_scan_cache(str(cache), self.src_root)
+        todo = sync_agent.reuse_known(wire, keys, known)
+        if todo:
+            self.events.phase(f"hashing {len(todo)} file(s) changed since the last run, in the background")
         for i in range(0, len(todo), 256):  # a run that ends (Ctrl-C, an error) stops hashing too
             if self.pool.cancel.is_set():
                 raise SyncIncomplete(
