@@ -371,13 +371,17 @@ def test_a_fresh_copy_whose_stream_was_the_manifest_is_proved_by_its_digest_and_
     head = json.loads(hashes.read_bytes().split(b"\n", 1)[0])
     files = [e for e in wire if e["t"] == "f"]
     assert head == {"stream": digest, "files": len(files), "bytes": sum(e["s"] for e in files)}
-    check = ["check", "--dst", str(dst), "--manifest", str(m), "--mark", "t", "--received", str(hashes)]
-    rc, out = _agent(*check, "--stream-digest", digest)
+
+    def check(into: Path, received: Path, *digest: str) -> tuple[int, dict]:
+        args = ["--dst", str(into), "--manifest", str(m), "--mark", "t", "--received", str(received)]
+        return _agent("check", *args, *(["--stream-digest", *digest] if digest else []))
+
+    rc, out = check(dst, hashes, digest)
     assert rc == 0 and out["by_stream"] and out["marked"] and out["bad"] == [] and out["reread"] == 0
     assert out["streamed"] == len(files) and out["digest"] == hashlib.sha256(m.read_bytes()).hexdigest()
     fast = json.loads((dst / ".clusterctl-sync" / "COMPLETE").read_text())
     assert (dst / ".clusterctl-sync" / "manifest.jsonl").read_bytes() == m.read_bytes()
-    rc, slow = _agent(*check)  # entry by entry, from the same hashes as written: the same marker
+    rc, slow = check(dst, hashes)  # entry by entry, from the same hashes as written: the same marker
     assert rc == 0 and not slow["by_stream"] and slow["marked"] and slow["streamed"] == len(files)
     again = json.loads((dst / ".clusterctl-sync" / "COMPLETE").read_text())
     assert {k: v for k, v in again.items() if k != "verified_at"} == {
@@ -390,37 +394,13 @@ def test_a_fresh_copy_whose_stream_was_the_manifest_is_proved_by_its_digest_and_
     (src / gone).rename(tmp_path / "aside")
     hashes = _stream_into(tmp_path, src, part)
     (tmp_path / "aside").rename(src / gone)
-    rc, out = _agent(
-        "check",
-        "--dst",
-        str(part),
-        "--manifest",
-        str(m),
-        "--mark",
-        "t",
-        "--received",
-        str(hashes),
-        "--stream-digest",
-        digest,
-    )
+    rc, out = check(part, hashes, digest)
     assert not out["by_stream"] and out["bad"] == [gone] and not out["marked"]
     assert not (part / ".clusterctl-sync" / "COMPLETE").exists()
     # the manifest's stream, but the operator's digest of another: checked entry by entry (and right)
     other = tmp_path / "other"
     hashes = _stream_into(tmp_path, src, other)
-    rc, out = _agent(
-        "check",
-        "--dst",
-        str(other),
-        "--manifest",
-        str(m),
-        "--mark",
-        "t",
-        "--received",
-        str(hashes),
-        "--stream-digest",
-        "0" * 64,
-    )
+    rc, out = check(other, hashes, "0" * 64)
     assert rc == 0 and not out["by_stream"] and out["marked"] and out["reread"] == 0
 
 
