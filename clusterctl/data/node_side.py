@@ -616,45 +616,42 @@ def cmd_check(args: dict) -> dict:
     except OSError as exc:
         raise AgentError(f"cannot write {state}: {exc.strerror}") from None
     head, received = load_received(args["received"], head_only=True) if args.get("received") else ({}, {})
-    # --stream-digest: DST held nothing before (`fresh`) and the stream was to be the manifest, all of it
-    by_stream = bool(head) and head["stream"] == args.get("stream_digest") and not args.get("reset")
     if head:
         sync_fs(root)  # tar's writes on disk before its hashes count
-    if by_stream and args.get("mark") is not None:  # it was, and tar wrote it all: nothing to look up
-        try:
-            digest = keep_manifest(args["manifest"], saved)
-        except OSError as exc:
-            raise AgentError(f"cannot write the completion marker: {exc.strerror}") from None
-        files, total = int(head["files"]), int(head["bytes"])
-        got = Checked([], 0, total, 0, files, total)
+    # --stream-digest: DST held nothing before (`fresh`) and the stream was to be the manifest, all of it;
+    # when it was, tar wrote it all: nothing to look up
+    mark = args.get("mark")
+    by_stream = (
+        bool(head) and head["stream"] == args.get("stream_digest") and mark is not None and not args.get("reset")
+    )
+    if by_stream:
+        got, digest = Checked([], 0, int(head["bytes"]), 0, int(head["files"]), int(head["bytes"])), ""
     else:
-        by_stream = False
         if head:
             received = load_received(args["received"])[1]
         manifest = ManifestReader(args["manifest"])
         got = check(root, manifest, bool(args.get("delete")), int(args.get("workers", 4)), received)
         digest = manifest.digest
-        if not got.bad and args.get("mark") is not None:
-            try:
-                same = sha256_file(saved) == digest
-            except OSError:
-                same = False
-            if not same:  # the manifest changed since --reset (S3: sha256s recorded by the first node)
-                try:
-                    keep_manifest(args["manifest"], saved)
-                except OSError as exc:
-                    raise AgentError(f"cannot write the completion marker: {exc.strerror}") from None
     marked = False
-    if not got.bad and args.get("mark") is not None:
-        info = {
-            "manifest_sha256": digest,  # of the manifest file's bytes (JSON Lines, version 2)
-            "manifest_version": MANIFEST_VERSION,
-            "files": got.files,
-            "bytes": got.total,
-            "source": args["mark"],
-            "verified_at": time.time(),
-        }
+    if not got.bad and mark is not None:
         try:
+            if by_stream:  # DST was empty: its manifest is this one
+                digest = keep_manifest(args["manifest"], saved)
+            else:
+                try:
+                    same = sha256_file(saved) == digest
+                except OSError:
+                    same = False
+                if not same:  # the manifest changed since --reset (S3: sha256s recorded by the first node)
+                    keep_manifest(args["manifest"], saved)
+            info = {
+                "manifest_sha256": digest,  # of the manifest file's bytes (JSON Lines, version 2)
+                "manifest_version": MANIFEST_VERSION,
+                "files": got.files,
+                "bytes": got.total,
+                "source": mark,
+                "verified_at": time.time(),
+            }
             atomic_write(marker, (json.dumps(info, sort_keys=True) + "\n").encode())
             marked = True
         except OSError as exc:
@@ -751,6 +748,14 @@ def _fs(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")  # a name as it was on disk and in the tar header
 
 
+# The stream digest's records (module docstring): one definition for recv and for the operator.
+FILE_RECORD, DIR_RECORD, LINK_RECORD = (
+    b"f%s\0%d\0%s\0",
+    b"d%s\0",
+    b"l%s\0%s\0",
+)  # path, size, sha256 / path / path, target
+
+
 def stream_digest(entries: Iterable[ManifestEntry]) -> str | None:
     """The digest recv makes of a tar stream of these entries, in this order (see the module's docstring);
     None when one cannot be made (a file without its sha256, a name that was never bytes)."""
@@ -760,11 +765,11 @@ def stream_digest(entries: Iterable[ManifestEntry]) -> str | None:
             if e.kind == "f":
                 if e.sha256 is None:
                     return None
-                h.update(b"f%s\0%d\0%s\0" % (_fs(e.path), e.size or 0, e.sha256.encode()))
+                h.update(FILE_RECORD % (_fs(e.path), e.size or 0, e.sha256.encode()))
             elif e.kind == "l":
-                h.update(b"l%s\0%s\0" % (_fs(e.path), _fs(e.link or "")))
+                h.update(LINK_RECORD % (_fs(e.path), _fs(e.link or "")))
             else:
-                h.update(b"d%s\0" % _fs(e.path))
+                h.update(DIR_RECORD % _fs(e.path))
     except UnicodeEncodeError:
         return None
     return h.hexdigest()
@@ -822,7 +827,7 @@ class TarFollower:
                             name = h[345:500].split(b"\0", 1)[0] + b"/" + name
                         digest = hashlib.sha256(mv[i : i + size]).hexdigest()
                         self.hashes[_tar_name(name)] = [digest, size, mtime]
-                        self.stream.update(b"f%s\0%d\0%s\0" % (name.rstrip(b"/"), size, digest.encode()))
+                        self.stream.update(FILE_RECORD % (name.rstrip(b"/"), size, digest.encode()))
                         self.files += 1
                         self.bytes += size
                         i += size + pad
@@ -929,13 +934,13 @@ class TarFollower:
         if sink is not None or (kind == b"1" and m[2] in self.hashes):
             digest, size = (sink.hexdigest(), m[3]) if sink is not None else self.hashes[m[2]][:2]
             self.hashes[m[1]] = [digest, size, m[4]]
-            self.stream.update(b"f%s\0%d\0%s\0" % (path, size, digest.encode()))
+            self.stream.update(FILE_RECORD % (path, size, digest.encode()))
             self.files += 1
             self.bytes += size
         elif kind == b"5":
-            self.stream.update(b"d%s\0" % path)
+            self.stream.update(DIR_RECORD % path)
         elif kind == b"2":
-            self.stream.update(b"l%s\0%s\0" % (path, _fs(m[2])))
+            self.stream.update(LINK_RECORD % (path, _fs(m[2])))
         else:  # a device, a fifo, a hard link to what the stream did not carry: no manifest has it
             self.stream.update(b"?%s%s\0" % (kind, path))
 

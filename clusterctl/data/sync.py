@@ -269,7 +269,8 @@ class Syncer(SyncSession):
         total = sum(e.nbytes for e in self.entries)
         timeout = self.timeout or 600 + total / 20e6
         counts = {"streamed": 0, "reread": 0, "by_stream": 0}
-        stream = sync_agent.stream_digest(self.entries) if received else None
+        fresh = received and any(n.fresh for n in self.live(nodes))
+        stream = sync_agent.stream_digest(self.entries) if fresh else None  # only a fresh node is given it
 
         def one(n: SyncNode) -> None:
             args = [
