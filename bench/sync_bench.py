@@ -436,7 +436,7 @@ def run_small(args) -> list[dict]:
                         row["phases_s"] = {k: round(v, 2) for k, v in b.phases}
                     results.append(row)
                     print(
-                        f"  {method:<11} {secs:7.1f} s  {args.small_files / secs:8.0f} files/s  {ours:6.1f} core-s "
+                        f"  {method:<14} {secs:7.1f} s  {args.small_files / secs:8.0f} files/s  {ours:6.1f} core-s "
                         f"({'1 node' if method == 'bare-one' else f'{n} nodes, right on {ok}/{n}'})"
                         + (f"  (phases at: {row['phases_s']}; {'; '.join(b.notes)})" if b.notes else ""),
                         flush=True,
@@ -450,7 +450,7 @@ def run_small(args) -> list[dict]:
             for m in methods:
                 r, secs = best[m], [x["seconds"] for x in rows if x["method"] == m]
                 print(
-                    f"  {m:<11} {r['seconds']:7.1f} s  {r['files_per_s']:8d} files/s  "
+                    f"  {m:<14} {r['seconds']:7.1f} s  {r['files_per_s']:8d} files/s  "
                     f"{r['seconds'] / best['bare-one']['seconds']:5.2f}x one copy  "
                     f"{r['seconds'] / best['bare-chain']['seconds']:5.2f}x bare chain  "
                     f"{r['own_cpu_seconds']:6.1f} core-s  (spread {min(secs):.1f}-{max(secs):.1f} s)",

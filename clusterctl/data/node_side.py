@@ -214,9 +214,15 @@ class ManifestReader:
         self.digest = h.hexdigest()
 
 
+def temp_beside(path: str) -> str:
+    """A new file's name next to path, for an atomic write: the pid alone is not enough, as nodes that share
+    a file system (NFS, EFS; local nodes' /) run in PID namespaces of their own and can have the same pid."""
+    return f"{path}.tmp{os.getpid()}.{os.urandom(6).hex()}"
+
+
 def write_lines(path: str, first: dict, rows) -> None:
     """first, then every row, as JSON lines into path (atomically, as atomic_write): no whole document."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = temp_beside(path)
     with open(tmp, "wb") as f:
         f.write(manifest_line(first))
         for e in rows:
@@ -509,7 +515,7 @@ def delete_extras(root: str, wanted: set[str]) -> None:
 def keep_manifest(src: str, path: str) -> str:
     """The manifest's JSON Lines (unzipped) into path, atomically (as atomic_write), in pieces; its digest
     (ManifestReader's). One of another version is refused, as ManifestReader refuses it."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = temp_beside(path)
     h = hashlib.sha256()
     try:
         with open_manifest(src) as fi, open(tmp, "wb") as fo:
@@ -533,7 +539,7 @@ def keep_manifest(src: str, path: str) -> str:
 
 
 def atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = temp_beside(path)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

@@ -669,6 +669,23 @@ def test_the_manifest_goes_gzipped_reads_the_same_and_is_kept_unzipped(tmp_path)
             assert (dst / ".clusterctl-sync" / "manifest.jsonl").read_bytes() == plain.read_bytes()
 
 
+def test_writes_of_nodes_sharing_a_file_system_with_the_same_pid_do_not_collide(tmp_path, monkeypatch):
+    # Two nodes on one NFS/EFS folder (or local nodes on the shared /) in PID namespaces of their own: the
+    # other node's half-written file with "our" pid must survive our atomic writes untouched.
+    monkeypatch.setattr(os, "getpid", lambda: 4242)
+    target = tmp_path / "manifest.jsonl"
+    theirs = tmp_path / "manifest.jsonl.tmp4242"
+    theirs.write_bytes(b"the other node's, half written")
+    sync_agent.atomic_write(str(target), b"ours\n")
+    sync_agent.write_lines(str(tmp_path / "other.jsonl"), {"v": 2}, [{"p": "a"}])
+    src = tmp_path / "m.jsonl"
+    src.write_bytes(sync_agent.manifest_header("/src"))
+    sync_agent.keep_manifest(str(src), str(target))
+    assert theirs.read_bytes() == b"the other node's, half written"
+    assert target.read_bytes() == src.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, theirs.name, "other.jsonl", src.name])
+
+
 def test_a_marker_of_an_older_version_is_not_taken_and_the_copy_is_checked_again(tmp_path):
     """A DST marked by a version before JSON Lines (its manifest.json, its digest of the entries' JSON): the
     copy is read back whole, the marker written again with this version's digest, the old file gone."""
