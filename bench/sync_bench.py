@@ -58,6 +58,7 @@ METHODS = (
     "bare-chain-chacha",
     "bare-one",
 )
+PHASES = ("making the manifest", "listing", "checking", "sending", "streaming", "fanout", "verifying", "repairing")
 CIPHER = {"aes": "aes128-gcm@openssh.com", "chacha": "chacha20-poly1305@openssh.com"}
 
 
@@ -212,10 +213,10 @@ class Bench:
         )  # -m puts the cwd first on sys.path
         self.phases = []
         for line in p.stderr:
-            for key in ("making the manifest", "listing", "checking", "sending", "streaming", "verifying", "repairing"):
+            for key in PHASES:
                 if line.startswith(key):
                     self.phases.append((key.split()[-1], time.perf_counter() - t0))
-            if line.startswith(("manifest: ", "verified: ")):
+            if line.startswith(("manifest: ", "verified: ", "fanout ")):
                 self.notes.append(line.strip())
         if p.wait() != 0:
             raise RuntimeError("clusterctl sync failed")
@@ -259,15 +260,19 @@ class Bench:
     def m_bare_chain(self, src: Path, cipher: str = "aes") -> None:
         """By hand, as a user would: a small script on every node extracts and forwards with tee (the
         user's ssh, no compression, the cipher given on every hop); the first ssh returns when the whole
-        chain has finished."""
+        chain has finished. The next hop's ssh is a job of the script's own shell, so `wait` waits for it:
+        `tee >(ssh ...)` is not (its $! is unset in the shell), and timed that way the chain "ended" while
+        the nodes after the first were still taking their last megabytes (seen: 6 of 8 copies incomplete)."""
         c = CIPHER[cipher]
         for i, h in enumerate(self.hosts):
             nxt = self.hosts[i + 1] if i + 1 < len(self.hosts) else None
             body = f"mkdir -p {DST}\n"
             if nxt:
                 body += (
-                    f"tee >(ssh -o BatchMode=yes -o Compression=no -c {c} {nxt} bash /tmp/bench-relay.sh "
-                    f">/dev/null 2>&1) | tar -C {DST} -xf -\nwait $!\n"
+                    "rm -f /tmp/bench-fifo; mkfifo /tmp/bench-fifo\n"
+                    f"ssh -o BatchMode=yes -o Compression=no -c {c} {nxt} bash /tmp/bench-relay.sh "
+                    f"</tmp/bench-fifo >/dev/null 2>&1 &\n"
+                    f"tee /tmp/bench-fifo | tar -C {DST} -xf -\nwait\n"
                 )
             else:
                 body += f"tar -C {DST} -xf -\n"
