@@ -8,12 +8,17 @@ bytes thrown away on arrival (node_side.py's probe and sink); the sender is not 
 stream, at the hop's rate, is too short for that to pay (plan.too_short_to_probe; --plan always is).
 plan.choose_fanout turns the figures into K and the line that says why. No probe (one chain) with
 fewer than 3 nodes taking the stream or under PROBE_MIN_BYTES to send. A probe that fails never fails
-the sync: one chain, and the reason."""
+the sync: one chain, and the reason. A hop's measured rate is kept for HOP_RATE_TTL (the operator's sync
+cache, per node set): a later stream it shows too short to probe is one chain with no probe at all (the
+hop's measurement was ~0.9 s of a 14 s sync of 200 MB to 8 nodes at 150 Mbit/s, bench/sync_bench.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shlex
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -30,6 +35,7 @@ from clusterctl.data.session import SyncNode, SyncSession, mb
 from clusterctl.remote.openssh import node_ssh
 
 PROBE_MIN_BYTES = 16_000_000  # less to stream: one chain, unmeasured (the probe would cost more than it saves)
+HOP_RATE_TTL = 3600.0  # seconds a hop's measured rate stands in for a new measurement (a short stream's only)
 
 
 class ProbeFailed(Exception):
@@ -73,9 +79,15 @@ def auto_fanout(s: SyncSession, relay: Sequence[SyncNode], nbytes: int | None = 
         return FanoutChoice(1, f"one chain: the sender {sender.label} is down")
     if nbytes is not None and nbytes < PROBE_MIN_BYTES:
         return FanoutChoice(1, f"one chain: {mb(nbytes)} to stream, too little to be worth a probe")
+    kept = _kept_hop(s)
+    if kept and nbytes is not None:
+        short = too_short_to_probe(nbytes, kept[0])
+        if short:
+            return FanoutChoice(1, f"{short.why} (a hop's rate as measured {kept[1]:.0f} s ago)")
     aggregate: dict[int, float] = {}
     try:
         hop = _rate(s, receivers[0], receivers[1:2])
+        _keep_hop(s, hop)
         short = too_short_to_probe(nbytes, hop) if nbytes is not None else None
         if short:
             return short
@@ -87,6 +99,33 @@ def auto_fanout(s: SyncSession, relay: Sequence[SyncNode], nbytes: int | None = 
         why = str(exc) if isinstance(exc, ProbeFailed) else f"{type(exc).__name__}: {exc}"
         return FanoutChoice(1, f"one chain: the probe failed ({why})")
     return choose_fanout(aggregate, hop, len(receivers), sender.label)
+
+
+def _hop_file(s: SyncSession) -> Path:
+    """Where this node set's last measured hop rate is kept (the same addresses: the same cluster)."""
+    key = hashlib.sha256("\0".join(sorted(n.address for n in s.nodes)).encode()).hexdigest()[:16]
+    return s.cache_dir / f"hop-{key}.json"
+
+
+def _kept_hop(s: SyncSession) -> tuple[float, float] | None:
+    """(bytes/s, its age in s) of the hop rate measured within HOP_RATE_TTL, else None."""
+    try:
+        data = json.loads(_hop_file(s).read_text())
+        rate, age = float(data["hop"]), time.time() - float(data["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (rate, age) if rate > 0 and 0 <= age < HOP_RATE_TTL else None
+
+
+def _keep_hop(s: SyncSession, rate: float) -> None:
+    path = _hop_file(s)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:  # only a later sync's speed depends on it
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"hop": rate, "at": time.time()}) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def for_plan(s: SyncSession) -> FanoutChoice:

@@ -102,7 +102,8 @@ class SyncSession:
             from clusterctl import state
 
             cache_dir = state.home() / "sync-manifests"
-        self.cache_dir = cache_dir  # a local source's manifest kept for the next run (the operator's state folder)
+        # what the next run reuses (the operator's state folder): a local source's manifest, a hop's rate (probe)
+        self.cache_dir = cache_dir
         self.token = uuid.uuid4().hex[:12]
         self.work = f"{WORK}/{self.token}"
         self.manifest_path = f"{self.work}/{MANIFEST}"

@@ -89,14 +89,22 @@ def test_an_uplink_of_twice_a_hop_gets_two_chains(c4, tmp_path):
         _no_work_left(c4)
 
         # 18 MB at a hop's ~4.8 MB/s: the probe stops after the hop, the sender is not measured
+        kept = list((c4.cli.home / "sync-manifests").glob("hop-*.json"))
+        assert len(kept) == 1  # the plan's measured hop, kept for the next run
+        kept[0].unlink()
         run = sync(c4, str(src), "/tmp/fan2")
         assert run.returncode == 0, run.stderr
-        assert re.search(
+        short = (
             r"fanout 1 \(auto\): one chain: 18\.0 MB at a hop's [\d.]+ MB/s is [\d.]+ s of streaming, under 15x a "
-            r"measurement \(~1 s\): measuring the sender would cost more than it saves",
-            run.stderr,
-        ), run.stderr
+            r"measurement \(~1 s\): measuring the sender would cost more than it saves"
+        )
+        assert re.search(short + "$", run.stderr, re.M), run.stderr
         _verified(c4, "/tmp/fan2", sums)
+        # the next short stream: the hop's rate just measured stands, no probe at all
+        run = sync(c4, str(src), "/tmp/fan2c")
+        assert run.returncode == 0, run.stderr
+        assert re.search(short + r" \(a hop's rate as measured \d+ s ago\)$", run.stderr, re.M), run.stderr
+        _verified(c4, "/tmp/fan2c", sums)
 
         big = tmp_path / "big"  # ~31 s at a hop's rate: worth measuring the sender
         sums = make_dataset(big, random_files(6, 25_000_000, seed=42))

@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,20 @@ def test_auto_fanout_asks_no_node_when_there_is_nothing_to_measure(tmp_path):
     assert got == syncplan.FanoutChoice(1, "one chain: 16.0 MB to stream, too little to be worth a probe")
     got = probe.auto_fanout(s, s.nodes[:2], nbytes=10**12)
     assert got.k == 1 and got.why == "2 node(s) take the stream: one chain, nothing to measure"
+    # a hop's rate measured within the hour: a stream it shows too short to probe asks no node either
+    probe._keep_hop(s, 18e6)
+    got = probe.auto_fanout(s, s.nodes, nbytes=200_000_000)
+    assert got.k == 1 and got.why.startswith("one chain: 200.0 MB at a hop's 18.0 MB/s is 11.1 s of streaming")
+    assert got.why.endswith("more than it saves (a hop's rate as measured 0 s ago)"), got.why
+    # ... a long one, or a rate kept too long ago, is measured (here: no pool, so the probe fails)
+    for nbytes, at in ((10**10, time.time()), (200_000_000, time.time() - probe.HOP_RATE_TTL - 1)):
+        probe._hop_file(s).write_text(json.dumps({"hop": 18e6, "at": at}))
+        got = probe.auto_fanout(s, s.nodes, nbytes=nbytes)
+        assert got.k == 1 and got.why.startswith("one chain: the probe failed ("), got.why
+    other = session.SyncSession(
+        targets[1:], [t.hostname for t in targets[1:]], "", None, syncplan.Source("local", path="/d"), "d"
+    )
+    assert probe._hop_file(other) != probe._hop_file(s)  # another node set: another cluster's rate
 
 
 def test_probe_times_every_stream_as_its_sink_saw_it(tmp_path):
