@@ -117,6 +117,16 @@ class ManifestEntry(NamedTuple):
             wire["h"] = self.sha256
         return wire
 
+    def line(self) -> bytes:
+        """manifest_line(self.to_wire()), the same bytes; a plain file's or folder's without building the
+        dict and json.dumps (0.43 s of 200,000 lines' 0.5 s: the encoding json.dumps itself uses, in C)."""
+        if self.link is None and self.etag is None and self.sha256b64 is None:
+            if self.kind == "f" and type(self.size) is int and self.sha256 is not None:
+                return b'{"p":%s,"t":"f","s":%d,"h":%s}\n' % (_quote(self.path), self.size, _quote(self.sha256))
+            if self.kind == "d" and self.size is None and self.sha256 is None:
+                return b'{"p":%s,"t":"d"}\n' % _quote(self.path)
+        return manifest_line(self.to_wire())
+
     @property
     def is_file(self) -> bool:
         return self.kind == "f"
@@ -142,6 +152,10 @@ def path_problem(p: str) -> str | None:
     if parts[0] == STATE_DIR or PARTIAL_DIR in parts:
         return f"path {p!r} is reserved for clusterctl"
     return None
+
+
+def _quote(text: str) -> bytes:
+    return json.encoder.encode_basestring_ascii(text).encode()  # json.dumps(text, ensure_ascii=True)
 
 
 def manifest_line(e: dict) -> bytes:
@@ -269,25 +283,25 @@ def scan(root: str, workers: int = 4) -> list[dict]:
     return scan_reusing(root, {}, workers)[0]
 
 
-def _stat_key(st: os.stat_result) -> list[int]:
+def _stat_key(st: os.stat_result) -> str:
     # ctime cannot be set back by anyone: a write or chmod since the last run changes it whatever mtime says
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    return f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {st.st_dev}"
 
 
-def scan_reusing(root: str, known: dict[str, list], workers: int = 4) -> tuple[list[dict], dict[str, list], int]:
+def scan_reusing(root: str, known: dict[str, str], workers: int = 4) -> tuple[list[dict], dict[str, str], int]:
     """scan(), where a file whose stat key (size, mtime, ctime, inode, device) is the one in `known`
-    (path -> [key, sha256], from the last run) keeps that sha256 unread. (entries, the new known, files hashed)."""
+    (path -> "KEY SHA256", from the last run) keeps that sha256 unread. (entries, the new known, files hashed)."""
     entries, keys = walk(root)
     todo = reuse_known(entries, keys, known)
     hash_files(root, todo, workers)
     return entries, known_after(entries, keys), len(todo)
 
 
-def walk(root: str) -> tuple[list[dict], dict[str, list]]:
+def walk(root: str) -> tuple[list[dict], dict[str, str]]:
     """root listed, nothing read: (every entry sorted by path, files without their sha256 yet; every
     file's stat key, taken before its bytes are read, so a file changed meanwhile is hashed again next time)."""
     entries: list[dict] = []
-    keys: dict[str, list] = {}
+    keys: dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         rel = os.path.relpath(dirpath, root)
         rel = "" if rel == "." else rel
@@ -316,15 +330,15 @@ def walk(root: str) -> tuple[list[dict], dict[str, list]]:
     return entries, keys
 
 
-def reuse_known(entries: list[dict], keys: dict[str, list], known: dict[str, list]) -> list[dict]:
-    """A file entry whose stat key is the one in `known` (path -> [key, sha256], the last run's) gets that
+def reuse_known(entries: list[dict], keys: dict[str, str], known: dict[str, str]) -> list[dict]:
+    """A file entry whose stat key is the one in `known` (path -> "KEY SHA256", the last run's) gets that
     sha256, in place; the file entries still to hash (the same dicts) are returned."""
     todo = []
     for e in entries:
         if e["t"] == "f":
             old = known.get(e["p"])
-            if old and old[0] == keys[e["p"]]:
-                e["h"] = old[1]
+            if old and old[:-65] == keys[e["p"]]:  # "KEY" " " 64 hex digits
+                e["h"] = old[-64:]
             else:
                 todo.append(e)
     return todo
@@ -336,28 +350,34 @@ def hash_files(root: str, todo: list[dict], workers: int) -> None:
         e["h"] = h
 
 
-def known_after(entries: list[dict], keys: dict[str, list]) -> dict[str, list]:
-    """The cache for the next run: path -> [stat key, sha256], every file of a hashed listing."""
-    return {e["p"]: [keys[e["p"]], e["h"]] for e in entries if e["t"] == "f"}
+def known_after(entries: list[dict], keys: dict[str, str]) -> dict[str, str]:
+    """The cache for the next run: path -> "STAT-KEY SHA256", every file of a hashed listing."""
+    return {e["p"]: f"{keys[e['p']]} {e['h']}" for e in entries if e["t"] == "f"}
 
 
-def load_scan_cache(path: str, root: str) -> dict[str, list]:
-    """The last run's {path: [stat key, sha256]} of root, or {} when missing, for another root, or not
-    the file it was: its first line is the sha256 of the rest (checked on the bytes, before parsing)."""
+# One string per file, not a list: json.loads of 200,000 of them takes 0.06 s, of lists 0.5 s (in one C
+# call that holds the GIL while the main thread starts the sync). Version 1's lists are not read.
+SCAN_CACHE_VERSION = 2
+
+
+def load_scan_cache(path: str, root: str) -> dict[str, str]:
+    """The last run's {path: "STAT-KEY SHA256"} of root, or {} when missing, for another root or version, or
+    not the file it was: its first line is the sha256 of the rest (checked on the bytes, before parsing)."""
     try:
         with open(path, "rb") as f:
             seal, _, body = f.read().partition(b"\n")
         if hashlib.sha256(body).hexdigest().encode() != seal:
             return {}
         data = json.loads(body.decode("utf-8", "surrogatepass"))
-        return data["files"] if data.get("root") == root and isinstance(data["files"], dict) else {}
+        ours = data.get("v") == SCAN_CACHE_VERSION and data.get("root") == root
+        return data["files"] if ours and isinstance(data["files"], dict) else {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
 
-def save_scan_cache(path: str, root: str, known: dict[str, list]) -> None:
+def save_scan_cache(path: str, root: str, known: dict[str, str]) -> None:
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    body = json.dumps({"root": root, "files": known}, ensure_ascii=True).encode()
+    body = json.dumps({"v": SCAN_CACHE_VERSION, "root": root, "files": known}, ensure_ascii=True).encode()
     atomic_write(path, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
 
 

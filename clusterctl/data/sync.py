@@ -173,7 +173,7 @@ class Syncer(SyncSession):
             if problem:
                 raise ConfigError(f"SRC {self.source.describe()}: {problem}")
 
-    def _hash_local(self, wire: list[dict], keys: dict[str, list]) -> None:
+    def _hash_local(self, wire: list[dict], keys: dict[str, str]) -> None:
         """(in the background) The last run's sha256 of every unchanged file taken, the others hashed, the
         manifest made whole and encoded, the cache kept."""
         cache = self.cache_dir / f"{hashlib.sha256(os.fsencode(self.src_root)).hexdigest()[:16]}.json"
@@ -188,10 +188,9 @@ class Syncer(SyncSession):
                 )
             sync_agent.hash_files(self.src_root, todo[i : i + 256], workers=min(4, os.cpu_count() or 1))
         self.entries = [ManifestEntry.from_wire(e) for e in wire]
-        fresh = sync_agent.known_after(wire, keys)
         try:
-            if todo or len(fresh) != len(known):  # else the kept manifest is still the one
-                sync_agent.save_scan_cache(str(cache), self.src_root, fresh)
+            if todo or len(keys) != len(known):  # else the kept manifest is still the one (not rebuilt)
+                sync_agent.save_scan_cache(str(cache), self.src_root, sync_agent.known_after(wire, keys))
         except OSError as exc:  # only the next run's speed depends on it
             self.events.phase(f"cannot keep the manifest for the next run in {cache}: {exc.strerror}")
         self._said_hashed(len(todo))

@@ -587,6 +587,13 @@ def test_manifest_cache_rehashes_only_what_changed(tmp_path):
     assert fourth["hashed"] == 3 and fourth["entries"] == third["entries"]
     rc, fifth = _agent("manifest", "--cache", str(cache), "--", str(src))
     assert fifth["hashed"] == 0  # written again whole by the fourth
+    # an older version's cache (a [key, sha256] list per file), sealed as it was: not taken, all hashed again
+    files = json.loads(cache.read_bytes().partition(b"\n")[2])["files"]
+    old = {p: [[int(x) for x in v[:-65].split()], v[-64:]] for p, v in files.items()}
+    body = json.dumps({"root": str(src), "files": old}).encode()
+    cache.write_bytes(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    rc, sixth = _agent("manifest", "--cache", str(cache), "--", str(src))
+    assert sixth["hashed"] == 3 and sixth["entries"] == third["entries"]
 
 
 def test_agent_argv_takes_values_that_start_with_a_dash():
@@ -647,6 +654,18 @@ def test_manifest_lines_round_trip_odd_names_and_the_digest_is_the_files_sha256(
     assert head["lines"] == len(entries) and head["hashed"] == 5 and "entries" not in head
     assert [json.loads(line) for line in rest] == entries
     assert os.fsencode(next(e["p"] for e in entries if e["p"].startswith("bad-"))) == b"bad-\xff\xfe utf8"
+    # the typed entry's own line (the operator's fast path) is the same bytes, whatever it holds
+    odd = [
+        {"p": "a\nb", "t": "f", "s": 0, "h": "0" * 64},
+        {"p": "s3/x", "t": "f", "s": 5, "etag": '"abc"', "sha256b64": "q=="},
+        {"p": "s3/y", "t": "f", "s": 5, "etag": '"abc"', "h": "1" * 64},
+        {"p": "no-hash-yet", "t": "f", "s": 7},
+        {"p": "f", "t": "f", "s": 1.5, "h": 'odd"\\'},  # not ours, still written as json.dumps would
+        {"p": "l", "t": "l", "l": "../\u00e9"},
+    ]
+    for e in entries + odd:
+        typed = sync_agent.ManifestEntry.from_wire(e)
+        assert typed.line() == sync_agent.manifest_line(e), e
 
 
 def test_the_manifest_goes_gzipped_reads_the_same_and_is_kept_unzipped(tmp_path):
