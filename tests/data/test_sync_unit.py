@@ -150,7 +150,13 @@ def test_auto_fanout_asks_no_node_when_there_is_nothing_to_measure(tmp_path):
         got = probe.auto_fanout(s, s.nodes, nbytes=nbytes)
         assert got.k == 1 and got.why.startswith("one chain: the probe failed ("), got.why
     other = session.SyncSession(
-        targets[1:], [t.hostname for t in targets[1:]], "", None, syncplan.Source("local", path="/d"), "d"
+        targets[1:],
+        [t.hostname for t in targets[1:]],
+        "",
+        None,
+        syncplan.Source("local", path="/d"),
+        "d",
+        cache_dir=tmp_path,
     )
     assert probe._hop_file(other) != probe._hop_file(s)  # another node set: another cluster's rate
 
