@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
 import time
 from pathlib import Path
 from typing import Sequence
 
+from clusterctl import state
 from clusterctl.data import node_side
 from clusterctl.data.plan import (
     FANOUT_CAP,
@@ -119,13 +119,11 @@ def _kept_hop(s: SyncSession) -> tuple[float, float] | None:
 
 def _keep_hop(s: SyncSession, rate: float) -> None:
     path = _hop_file(s)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:  # only a later sync's speed depends on it
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"hop": rate, "at": time.time()}) + "\n")
-        os.replace(tmp, path)
+        state.atomic_write(path, json.dumps({"hop": rate, "at": time.time()}) + "\n")
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def for_plan(s: SyncSession) -> FanoutChoice:
