@@ -15,10 +15,17 @@ from clusterctl.units import money
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
+# What only an AWS cluster has: given with --provider local they are refused, never silently dropped.
+_AWS_ONLY = (
+    "type_", "region", "ami", "ami_parameter", "ssh_user", "volume_size", "volume_type", "iops", "spot", "vpc",
+    "subnet", "cidr", "ssh_cidr", "s3_read", "private_ips", "trust_first_contact",
+)  # fmt: skip
+
 
 # ---- clusters --------------------------------------------------------------------------------------------
 @app.command()
 def up(
+    ctx: typer.Context,
     nodes: int = typer.Option(2, "--nodes", "-n", help="Number of nodes (the first is the leader)."),
     type_: str = typer.Option("p3.16xlarge", "--type", "-t", help="Instance type (AWS)."),
     name: Optional[str] = typer.Option(None, "--name", help="Cluster name (default: 'local' or 'cluster')."),
@@ -96,6 +103,8 @@ def up(
     from clusterctl.state import validate_name
     from clusterctl.types import ClusterSpec
 
+    if provider == "local":
+        _refuse_aws_only(ctx)
     store = _store()
     name = validate_name(name or ("local" if provider == "local" else "cluster"))
     stop_rules = autostop.settings(idle_stop, max_lifetime)
@@ -162,6 +171,20 @@ def up(
     )
     _ssh_entry(cluster, store, ssh_config_entry)
     tables.node_table(cluster)
+
+
+def _refuse_aws_only(ctx: typer.Context) -> None:
+    given = [
+        p.opts[0]
+        for p in ctx.command.params
+        # by name: typer 0.29 carries its own copy of click, whose ParameterSource is not click's
+        if p.name in _AWS_ONLY and getattr(ctx.get_parameter_source(p.name), "name", "") == "COMMANDLINE"
+    ]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for AWS clusters",
+            f"drop {'it' if len(given) == 1 else 'them'} for --provider local (namespace nodes on this machine)",
+        )
 
 
 def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:

@@ -59,6 +59,19 @@ def test_usage_errors_are_exit_2(cli):
     assert proc.returncode == 2 and proc.stderr.startswith("Error: unknown format 'yaml'")
 
 
+def test_aws_only_flags_on_a_local_cluster_are_refused_not_dropped(cli):
+    for args, text in (
+        (("--type", "p3.2xlarge"), "Error: --type is for AWS clusters: drop it for --provider local"),
+        (("-t", "p3.2xlarge", "--spot", "--region=us-east-1"), "Error: --type, --region, --spot are for AWS"),
+        (("--s3-read", "s3://b/p", "--private-ips"), "Error: --s3-read, --private-ips are for AWS clusters"),
+    ):
+        proc = cli("up", "--provider", "local", "--name", "bad", "--nodes", "1", "--yes", *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.startswith(text), proc.stderr
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert not (cli.home / "clusters" / "bad").exists()
+
+
 def test_missing_state_is_exit_3(cli):
     proc = cli("status")
     assert proc.returncode == 3
