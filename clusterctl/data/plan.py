@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 
+from clusterctl import s3uri
 from clusterctl.errors import ConfigError, UsageError
 
 Strategy = Literal["chain", "tree", "parallel", "sequential"]
@@ -31,9 +31,6 @@ class Source:
         return f"leader:{self.path}" if self.kind == "leader" else self.path
 
 
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-
-
 def _bad_chars(text: str) -> bool:
     return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
@@ -42,12 +39,11 @@ def parse_source(text: str) -> Source:
     if not text or _bad_chars(text):
         raise UsageError(f"SRC {text!r} is empty or has control characters")
     if text.startswith("s3://"):
-        bucket, _, prefix = text[5:].partition("/")
-        if not _BUCKET.match(bucket):
-            raise UsageError(f"SRC {text!r}: {bucket!r} is not an S3 bucket name")
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
-        return Source("s3", bucket=bucket, prefix=prefix)
+        try:
+            loc = s3uri.parse(text)
+        except ValueError as exc:
+            raise UsageError(f"SRC {text!r} is not an S3 location ({exc})") from None
+        return Source("s3", bucket=loc.bucket, prefix=loc.prefix)
     if text.startswith("leader:"):
         path = text[len("leader:") :]
         if not path:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 from pathlib import Path
 
+from clusterctl import s3uri
 from clusterctl.data.tfrecords import DatasetInfo, SplitInfo
 from clusterctl.errors import ConfigError
 
@@ -96,8 +96,12 @@ def convert_on_leader(
     from clusterctl.workloads import launch, train_options as train
 
     if src.startswith("s3://"):
-        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?", src):
-            raise UsageError(f"{src!r} is not an S3 location", "give one like s3://my-bucket/imagenet/")
+        try:
+            s3uri.parse(src)
+        except ValueError as exc:
+            raise UsageError(
+                f"{src!r} is not an S3 location ({exc})", "give one like s3://my-bucket/imagenet/"
+            ) from None
     elif any(c in src for c in "\n\r\0") or not src:
         raise UsageError(f"bad source path {src!r}")
     labels = {}

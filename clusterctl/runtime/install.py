@@ -15,8 +15,8 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 
-from clusterctl import resources
-from clusterctl.errors import ConfigError, ProvisionError, UnreachableError, UsageError
+from clusterctl import resources, s3uri
+from clusterctl.errors import ProvisionError, UnreachableError, UsageError
 from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshTarget
 from clusterctl.runtime import spec as rt
@@ -48,8 +48,11 @@ class RuntimeRequest:
     def __post_init__(self) -> None:
         if self.mode == "own" and not self.python.startswith("/"):
             raise UsageError(f"--python {self.python!r} must be an absolute path on the nodes", "e.g. /usr/bin/python3")
-        if self.cache and not self.cache.startswith("s3://"):
-            raise UsageError(f"--runtime-cache {self.cache!r} is not an s3://bucket/prefix")
+        if self.cache:
+            try:
+                s3uri.parse(self.cache)
+            except ValueError as exc:
+                raise UsageError(f"--runtime-cache {self.cache!r} is not an S3 location ({exc})") from None
 
 
 def record(request: RuntimeRequest) -> dict[str, str]:
@@ -329,10 +332,8 @@ class S3Cache:
     URLs (GET to fetch, PUT to fill), so no node needs S3 write access and nothing is listed by pattern."""
 
     def __init__(self, url: str, client):
-        bucket, _, prefix = url[len("s3://") :].partition("/")
-        if not bucket:
-            raise ConfigError(f"--runtime-cache {url!r} names no bucket")
-        self.bucket, self.prefix, self.client = bucket, prefix.strip("/"), client
+        loc = s3uri.parse(url)  # checked by RuntimeRequest
+        self.bucket, self.prefix, self.client = loc.bucket, loc.prefix.rstrip("/"), client
 
     def key(self, rid: str, name: str) -> str:
         return "/".join(p for p in (self.prefix, rid, name) if p)

@@ -4,8 +4,9 @@ workloads/train_job.py launches the trainer with them."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from clusterctl import s3uri
 
 
 # ---- the command line ------------------------------------------------------------------------------
@@ -91,30 +92,19 @@ def horovod_env(opts: TrainOptions) -> dict[str, str]:
     return {"HOROVOD_FUSION_THRESHOLD": str(int(mb * 1024 * 1024)), "HOROVOD_CYCLE_TIME": f"{ms:g}"}
 
 
-@dataclass(frozen=True)
-class S3Location:
-    """Where --checkpoint-to keeps a copy: a bucket and a prefix ending in /."""
-
-    bucket: str
-    prefix: str
-
-
-def check_s3_uri(uri: str) -> S3Location:
-    """The bucket and prefix of --checkpoint-to; UsageError for anything but s3://bucket/prefix."""
+def check_s3_uri(uri: str) -> s3uri.S3Uri:
+    """Where --checkpoint-to keeps a copy: a bucket and a prefix (the nodes may write there only);
+    UsageError for anything else."""
     from clusterctl.errors import UsageError
 
-    m = re.fullmatch(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/([^*?\s]*))?", uri)
-    if not m:
-        raise UsageError(
-            f"--checkpoint-to {uri!r} is not an S3 location", "give one like s3://my-bucket/checkpoints/run1"
-        )
-    prefix = (m.group(2) or "").strip("/")
-    if not prefix:
-        raise UsageError(
-            f"--checkpoint-to {uri!r} needs a prefix (the nodes may write there only)",
-            "give one like s3://my-bucket/checkpoints/run1",
-        )
-    return S3Location(m.group(1), prefix + "/")
+    example = "give one like s3://my-bucket/checkpoints/run1"
+    try:
+        loc = s3uri.parse(uri)
+    except ValueError as exc:
+        raise UsageError(f"--checkpoint-to {uri!r} is not an S3 location ({exc})", example) from None
+    if not loc.prefix:
+        raise UsageError(f"--checkpoint-to {uri!r} needs a prefix (the nodes may write there only)", example)
+    return loc
 
 
 def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:

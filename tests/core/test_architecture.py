@@ -4,7 +4,7 @@ Every `import` in every module of clusterctl/ counts, wherever it stands: at the
 lazy import is still a dependency, and still closes a cycle when the function runs), or under TYPE_CHECKING.
 The rules (docs/ARCHITECTURE.md draws them):
 - every package sits on one layer of LAYERS; a module imports its own layer and the layers below, never one
-  above (core: errors, types, hostsfile, resources, retry, units, proc, paths, state and the package's
+  above (core: errors, types, hostsfile, resources, retry, units, s3uri, proc, paths, state and the package's
   __init__, imports nothing of clusterctl but core);
 - a package that is on no layer is itself a finding (a new package gets its place here first);
 - no import cycle between modules (Tarjan's strongly connected components over the module graph).
@@ -20,7 +20,7 @@ from conftest import REPO
 
 PACKAGE = REPO / "clusterctl"
 
-CORE = {"errors", "types", "hostsfile", "resources", "retry", "units", "proc", "paths", "state"}
+CORE = {"errors", "types", "hostsfile", "resources", "retry", "units", "s3uri", "proc", "paths", "state"}
 # Top to bottom. Packages on one layer may import each other (no cycle between modules, below).
 LAYERS = (
     {"main"},  # clusterctl/__main__.py

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl.s3uri import S3Uri
 from clusterctl.workloads import train_job as train, train_log, train_nodes as nodes, train_options, train_tensorboard
 from clusterctl.workloads.train_log import CheckpointSaved, TrainRow
 from clusterctl.workloads.train_options import TrainOptions
@@ -533,7 +534,7 @@ def test_checkpoint_to_is_a_bucket_and_a_prefix():
     from clusterctl.errors import ExitCode, UsageError
 
     loc = train_options.check_s3_uri("s3://my-bucket/runs/r1/")
-    assert loc == train_options.S3Location("my-bucket", "runs/r1/")
+    assert loc == S3Uri("my-bucket", "runs/r1/")
     for bad, why in (("s3://my-bucket", "needs a prefix"), ("/tmp/x", "is not an S3 location")):
         with pytest.raises(UsageError, match=why) as exc:
             train_options.check_s3_uri(bad)

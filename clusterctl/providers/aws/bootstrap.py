@@ -13,12 +13,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from clusterctl import s3uri
 from clusterctl.errors import ClusterctlError, ConfigError, ProvisionError
 from clusterctl.providers.aws import fabric
 from clusterctl.providers.aws.api import NOT_FOUND, Api, _code, _tagdict, _tags
 from clusterctl.providers.aws.discovery import IAM_PATH, KIND, Scope, find_one
 from clusterctl.providers.aws.machine import Context
-from clusterctl.providers.aws.options import parse_s3
+from clusterctl.providers.aws.options import parse_s3_read
 from clusterctl.types import Cluster
 
 CHECKIP_URL = "https://checkip.amazonaws.com"
@@ -376,7 +377,8 @@ def s3_read_policy(locations: Iterable[str]) -> dict[str, Any]:
     """Read-only access to exactly the given prefixes (and listing them), nothing else."""
     objects, lists = [], []
     for uri in locations:
-        bucket, prefix = parse_s3(uri)
+        loc = parse_s3_read(uri)
+        bucket, prefix = loc.bucket, loc.prefix
         objects.append(f"arn:aws:s3:::{bucket}/{prefix}*")
         lists.append(
             {
@@ -394,8 +396,10 @@ def s3_read_policy(locations: Iterable[str]) -> dict[str, Any]:
 
 def s3_checkpoint_policy(uri: str) -> dict[str, Any]:
     """Checkpoints under one prefix: write, read back, delete the old ones, list that prefix; nothing else."""
-    bucket, prefix = parse_s3(uri)
-    prefix = prefix.strip("/") + "/"  # a folder: b/run1 grants b/run1/..., never b/run10/...
+    loc = s3uri.parse(uri)  # a folder: b/run1 grants b/run1/..., never b/run10/...
+    if not loc.prefix:
+        raise ValueError(f"{uri}: checkpoints go under a prefix, never the whole bucket")
+    bucket, prefix = loc.bucket, loc.prefix
     return {
         "Version": "2012-10-17",
         "Statement": [

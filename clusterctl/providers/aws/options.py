@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from clusterctl import s3uri
 from clusterctl.errors import ConfigError
 from clusterctl.types import ClusterSpec
 
@@ -96,7 +97,7 @@ class AwsOptions:
         if net.version != 4 or not net.is_private or not 16 <= net.prefixlen <= 24:
             raise ConfigError(f"--cidr {self.cidr} must be a private IPv4 network of /16 to /24")
         for s in self.s3_read:
-            parse_s3(s)
+            parse_s3_read(s)
         if self.private_ips and not (self.vpc or self.subnets):
             raise ConfigError(
                 "--private-ips needs --vpc or --subnet", "a VPC clusterctl creates has no way in but public addresses"
@@ -112,11 +113,11 @@ class AwsOptions:
                 raise ConfigError(f"--subnet {s!r} is not a subnet id")
 
 
-def parse_s3(uri: str) -> tuple[str, str]:
-    """'s3://bucket/some/prefix' (or 'bucket/prefix') -> (bucket, 'some/prefix/'); '' for the whole bucket."""
-    rest = uri[5:] if uri.startswith("s3://") else uri
-    bucket, _, prefix = rest.partition("/")
-    if not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket) or "*" in prefix or "?" in prefix:
-        raise ConfigError(f"--s3-read {uri!r} is not an S3 location", "give one like s3://my-bucket/imagenet/")
-    # A prefix is a folder: s3://b/imagenet grants b/imagenet/..., never b/imagenet-private/...
-    return bucket, (prefix.rstrip("/") + "/") if prefix.strip("/") else ""
+def parse_s3_read(uri: str) -> s3uri.S3Uri:
+    """An --s3-read location: 's3://bucket/some/prefix' or 'bucket/prefix' ('' prefix: the whole bucket)."""
+    try:
+        return s3uri.parse(uri, scheme_optional=True)
+    except ValueError as exc:
+        raise ConfigError(
+            f"--s3-read {uri!r} is not an S3 location ({exc})", "give one like s3://my-bucket/imagenet/"
+        ) from None

@@ -12,7 +12,7 @@ from clusterctl.providers.aws.api import Api, _code, _message, _tags
 from clusterctl.providers.aws.discovery import KIND, Scope, _owner, find_one, instances_of, new_cluster_id
 from clusterctl.providers.aws.instances import run_params
 from clusterctl.providers.aws.machine import Context
-from clusterctl.providers.aws.options import parse_s3
+from clusterctl.providers.aws.options import parse_s3_read
 from clusterctl.providers.base import Plan
 from clusterctl.types import node_names
 from clusterctl.units import money
@@ -62,9 +62,7 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
         lines.append(f"placement group {group} (cluster strategy)")
     lines.append(_interfaces(ctx))
     lines.append(f"key pair {group} (this machine's per-cluster key; private half stays here)")
-    reads = (
-        ("reads " + ", ".join(f"s3://{b}/{p}" for b, p in map(parse_s3, o.s3_read))) if o.s3_read else "no S3 access"
-    )
+    reads = ("reads " + ", ".join(str(parse_s3_read(s)) for s in o.s3_read)) if o.s3_read else "no S3 access"
     lines.append(
         f"IAM instance profile {scope.iam(ctx.region) if scope else 'clusterctl-<id>'}: {reads}; no AWS keys on nodes"
     )
