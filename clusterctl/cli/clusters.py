@@ -34,57 +34,26 @@ def down(
     Everything is found by tags (or names), so this works without the local record.
     """
     from clusterctl.cli import display
-    from clusterctl.cluster import overview, provision
+    from clusterctl.cluster import overview
 
     store = _store()
     providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg), force=force)
-    targets = overview.down_targets(store, providers, name, all_, provider, region, display.warn)
-    if not targets:
-        display.info("no clusters found")
+    plan = overview.plan_down(store, providers, name, all_, provider, region, display.warn)
+    for t, why in plan.kept:
+        display.info(f"cluster {t.name}: kept ({why}; --force removes it)")
+    if not plan.removals:
+        display.info("no clusters of yours found" if plan.kept else "no clusters found")
         return
-    known = {}
-    if all_:
-        now = time.time()
-        for key, (created, owner) in overview.ages_and_owners(targets, providers).items():
-            known[key] = (f", age {duration(now - created)}" if created else "") + (f", owner {owner}" if owner else "")
-    if all_ and not force:  # another owner's cluster (no record here) is kept; --force includes it
-        targets, kept = overview.split_mine(targets, providers)
-        for t, why in kept:
-            display.info(f"cluster {t.name}: kept ({why}; --force removes it)")
-        if not targets:
-            display.info("no clusters of yours found")
-            return
-    owners: dict = {}
-    for t in targets:
-        impl = providers.get(t.provider, t.region)
-        found = impl.resources(t.name)  # another owner's cluster: refused here, before anything changes
-        owners[t.name] = impl.owners(t.name)
-        where = (t.provider if impl.region == t.provider else f"{t.provider}, {impl.region}") + known.get(
-            (t.name, t.provider), ""
-        )
+    for r in plan.removals:
         display.info(
-            f"cluster {t.name} ({where}): " + (f"{len(found)} resource(s) to remove" if found else "nothing found")
+            f"cluster {r.target.name} ({r.where}): "
+            + (f"{len(r.found)} resource(s) to remove" if r.found else "nothing found")
         )
-        for line in found:
+        for line in r.found:
             display.info(f"  {line}")
-    _confirm(
-        f"Remove cluster(s) {', '.join(t.name + (' (owner ' + ', '.join(owners[t.name]) + ')' if owners.get(t.name) else '') for t in targets)} "
-        "and everything they created?",
-        yes,
-    )
-    from clusterctl.remote import agent
-
-    agent.stop(store.root)  # the connection agent holds ssh connections to these nodes: nothing stays running
-    failed = []
-    for t in targets:
-        teardown = provision.down(t.name, store, providers.get(t.provider, t.region), report=display.info)
-        if teardown.clean:
-            display.info(f"cluster {t.name} is gone: nothing tagged for it is left")
-            from clusterctl.cluster import sshentry
-
-            sshentry.remove(t.name)  # its ssh config entry goes with it
-        else:
-            failed.append(f"{t.name}: {'; '.join(teardown.left)}")
+    named = (r.target.name + (f" (owner {', '.join(r.owners)})" if r.owners else "") for r in plan.removals)
+    _confirm(f"Remove cluster(s) {', '.join(named)} and everything they created?", yes)
+    failed = overview.take_down(plan, store, providers, report=display.info)
     if failed:
         from clusterctl.errors import ProvisionError
 

@@ -1,4 +1,4 @@
-"""What `ls` lists and what `down --all` removes: typed rows and targets, chosen here, rendered by cli/.
+"""What `ls` lists and what `down` removes: typed rows and plans, chosen here, rendered by cli/.
 
 Providers are made by the caller's factory (the CLI's reports progress on stderr), one per provider and
 region (Providers). Which providers are asked where follows each one's `lists_from_cloud` (providers/base.py,
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from clusterctl.errors import UsageError
 from clusterctl.providers.base import Provider
+from clusterctl.units import duration
 
 if TYPE_CHECKING:
     from clusterctl.state import StateStore
@@ -129,18 +130,76 @@ def down_targets(
     ]
 
 
-def split_mine(targets: list[Target], providers: Providers) -> tuple[list[Target], list[tuple[Target, str]]]:
-    """`down --all` without --force: the clusters that are this owner's to remove, and the others with why
-    they are kept (the provider refuses to list another owner's cluster: its UsageError's message)."""
-    mine: list[Target] = []
+@dataclass(frozen=True)
+class Removal:
+    """One cluster `down` will remove: where it is (as shown), what it has left, and who made it."""
+
+    target: Target
+    where: str  # "aws, us-east-1, age 2h05m, owner alice@laptop"
+    found: tuple[str, ...]  # one line per resource
+    owners: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DownPlan:
+    removals: tuple[Removal, ...]
+    kept: tuple[tuple[Target, str], ...]  # --all without --force: another owner's clusters, with why
+
+
+def plan_down(
+    store: StateStore,
+    providers: Providers,
+    name: str | None,
+    all_: bool,
+    provider: str | None,
+    region: str | None,
+    warn: Callable[[str], None],
+    now: float | None = None,
+) -> DownPlan:
+    """What `down` will remove, found and listed once per cluster; nothing is changed here. The provider
+    refuses to list another owner's cluster (a UsageError) unless --force was given to Providers: for NAME
+    that refusal is the answer, for --all the cluster is kept and the refusal says why."""
+    targets = down_targets(store, providers, name, all_, provider, region, warn)
+    shown: dict[tuple[str, str], str] = {}
+    if all_ and targets:
+        now = time.time() if now is None else now
+        for key, (created, owner) in ages_and_owners(targets, providers).items():
+            shown[key] = (f", age {duration(now - created)}" if created else "") + (f", owner {owner}" if owner else "")
+    removals: list[Removal] = []
     kept: list[tuple[Target, str]] = []
     for t in targets:
+        impl = providers.get(t.provider, t.region)
         try:
-            providers.get(t.provider, t.region).resources(t.name)
-            mine.append(t)
+            found = impl.resources(t.name)
         except UsageError as exc:
+            if not all_:
+                raise
             kept.append((t, exc.message))
-    return mine, kept
+            continue
+        where = t.provider if impl.region == t.provider else f"{t.provider}, {impl.region}"
+        removals.append(
+            Removal(t, where + shown.get((t.name, t.provider), ""), tuple(found), tuple(impl.owners(t.name)))
+        )
+    return DownPlan(tuple(removals), tuple(kept))
+
+
+def take_down(plan: DownPlan, store: StateStore, providers: Providers, report: Callable[[str], None]) -> list[str]:
+    """Remove what the plan lists (the connection agent first: it holds ssh connections to these nodes);
+    a cluster left clean loses its record and ssh config entry. Returns what remains, one line per cluster."""
+    from clusterctl.cluster import provision, sshentry
+    from clusterctl.remote import agent
+
+    agent.stop(store.root)
+    failed = []
+    for r in plan.removals:
+        t = r.target
+        teardown = provision.down(t.name, store, providers.get(t.provider, t.region), report=report)
+        if teardown.clean:
+            report(f"cluster {t.name} is gone: nothing tagged for it is left")
+            sshentry.remove(t.name)
+        else:
+            failed.append(f"{t.name}: {'; '.join(teardown.left)}")
+    return failed
 
 
 def ages_and_owners(targets: list[Target], providers: Providers) -> dict[tuple[str, str], tuple[float | None, str]]:

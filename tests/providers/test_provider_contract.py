@@ -73,3 +73,37 @@ def test_ls_and_down_name_no_provider():
     source = inspect.getsource(overview)
     for name in providers.names():
         assert f'"{name}"' not in source and f"'{name}'" not in source, name
+
+
+def test_down_lists_each_cluster_once_and_keeps_another_owner_s_unless_forced(tmp_path, no_aws):
+    from clusterctl.errors import UsageError
+
+    store = StateStore(tmp_path / "home")
+    mine, theirs = "zz-contract-mine", "zz-contract-theirs"
+    _record(store, mine)
+    _record(store, theirs)
+    asked: list[str] = []
+
+    def make(kind: str, region: str | None) -> Provider:
+        impl = providers.get(kind, store=store, region=region)
+        listed = impl.resources
+
+        def resources(name: str) -> list[str]:  # as AWS answers for a cluster another owner made
+            asked.append(name)
+            if name == theirs and not impl.force:
+                raise UsageError(f"cluster {theirs} is bob@elsewhere's")
+            return listed(name)
+
+        impl.resources = resources  # type: ignore[method-assign]
+        return impl
+
+    plan = overview.plan_down(store, overview.Providers(make), None, True, None, None, warn=pytest.fail)
+    assert mine in [r.target.name for r in plan.removals]
+    assert plan.kept == ((overview.Target(theirs, "local", None), f"cluster {theirs} is bob@elsewhere's"),)
+    assert asked.count(mine) == 1 and asked.count(theirs) == 1  # found once: the listing is the check
+    with pytest.raises(UsageError, match="bob@elsewhere"):  # by name, the refusal is the answer
+        overview.plan_down(store, overview.Providers(make), theirs, False, None, None, warn=pytest.fail)
+    forced = overview.plan_down(store, overview.Providers(make, force=True), None, True, None, None, pytest.fail)
+    assert {mine, theirs} <= {r.target.name for r in forced.removals} and forced.kept == ()
+    (r,) = [r for r in forced.removals if r.target.name == mine]
+    assert r.found == () and r.owners == ()  # no namespace of it on this machine; every local one is ours
