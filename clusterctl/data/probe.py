@@ -9,7 +9,7 @@ stream, at the hop's rate, is too short for that to pay (plan.too_short_to_probe
 plan.choose_fanout turns the figures into K and the line that says why. No probe (one chain) with
 fewer than 3 nodes taking the stream or under PROBE_MIN_BYTES to send. A probe that fails never fails
 the sync: one chain, and the reason. A hop's measured rate is kept for HOP_RATE_TTL (the operator's sync
-cache, per node set): a later stream it shows too short to probe is one chain with no probe at all (the
+cache, per node set and its host keys): a later stream it shows too short to probe is one chain with no probe at all (the
 hop's measurement was ~0.9 s of a 14 s sync of 200 MB to 8 nodes at 150 Mbit/s, bench/sync_bench.py)."""
 
 from __future__ import annotations
@@ -102,9 +102,14 @@ def auto_fanout(s: SyncSession, relay: Sequence[SyncNode], nbytes: int | None = 
 
 
 def _hop_file(s: SyncSession) -> Path:
-    """Where this node set's last measured hop rate is kept (the same addresses: the same cluster)."""
-    key = hashlib.sha256("\0".join(sorted(n.address for n in s.nodes)).encode()).hexdigest()[:16]
-    return s.cache_dir / f"hop-{key}.json"
+    """Where this node set's last measured hop rate is kept: the same addresses with the same trusted host
+    keys (a new cluster that reuses an old one's addresses has new keys, so it is measured anew)."""
+    key = hashlib.sha256("\0".join(sorted(n.address for n in s.nodes)).encode())
+    try:
+        key.update(Path(s.known_hosts).read_bytes() if s.known_hosts else b"")
+    except OSError:
+        pass
+    return s.cache_dir / f"hop-{key.hexdigest()[:16]}.json"
 
 
 def _kept_hop(s: SyncSession) -> tuple[float, float] | None:

@@ -159,6 +159,13 @@ def test_auto_fanout_asks_no_node_when_there_is_nothing_to_measure(tmp_path):
         cache_dir=tmp_path,
     )
     assert probe._hop_file(other) != probe._hop_file(s)  # another node set: another cluster's rate
+    pinned = tmp_path / "known_hosts"
+    pinned.write_text("10.9.0.0 ssh-ed25519 AAAAold\n")
+    s.known_hosts = str(pinned)
+    before = probe._hop_file(s)
+    assert probe._hop_file(s) == before
+    pinned.write_text("10.9.0.0 ssh-ed25519 AAAAnew\n")  # a new cluster at the old addresses: new host keys
+    assert probe._hop_file(s) != before
 
 
 def test_probe_times_every_stream_as_its_sink_saw_it(tmp_path):
