@@ -272,14 +272,19 @@ def listing(
     hourly_sum, so_far_sum, unknown = 0.0, 0.0, 0
     for kind, reg in sorted(((k, r) for k, regs in asked.items() for r in regs), key=lambda kr: (kr[0], str(kr[1]))):
         impl = providers.get(kind, reg)
-        for cname, st in impl.statuses().items():
+        for st in impl.statuses():
+            cname = st.name
             hourly, so_far = st.hourly_usd, st.cost_so_far(now)
             hourly_sum += hourly or 0.0
             so_far_sum += so_far or 0.0
             unknown += hourly is None or so_far is None
             rec = records.get(cname)
             rec = rec if rec is not None and rec.cluster.provider == impl.name else None
-            seen.add(cname)
+            if rec is not None and not st.recorded:  # another owner's of the same name: not the one recorded
+                note = f"not this machine's: {st.owner or 'another owner'}'s cluster of the same name"
+            else:
+                note = "; ".join(provision.disagreements(rec, st))
+                seen.add(cname)
             states: dict[str, int] = {}
             for ns in st.nodes:
                 states[ns.state] = states.get(ns.state, 0) + 1
@@ -287,7 +292,7 @@ def listing(
             rows.append(
                 Row(
                     cname,
-                    cname == current,
+                    cname == current and (rec is None or st.recorded),
                     impl.name,
                     impl.region,
                     len(st.nodes),
@@ -297,7 +302,7 @@ def listing(
                     now - min(started) if started else None,
                     hourly,
                     so_far,
-                    "; ".join(provision.disagreements(rec, st)),
+                    note,
                 )
             )
     for cname, r in records.items():

@@ -81,6 +81,10 @@ class ClusterStatus:
     instance_type: str
     nodes: tuple[NodeStatus, ...]
     other: tuple[str, ...] = ()  # resources without nodes (e.g. a VPC left by an interrupted `up`)
+    owner: str = ""  # who made it (user@host), where the provider records it
+    # The cluster this machine's record of the name describes; False for a cluster without a record here, and
+    # for another of the same name (another owner's: a cloud account is shared, a name is not an identity).
+    recorded: bool = False
 
     @property
     def hourly_usd(self) -> float | None:
@@ -171,8 +175,9 @@ class Provider(Protocol):
     def status(self, name: str) -> ClusterStatus | None:
         """Nodes, states, zones, launch times and prices, from the provider alone."""
 
-    def statuses(self) -> dict[str, ClusterStatus]:
-        """Every cluster of this provider (and region), by name, as status() sees each (for `ls`)."""
+    def statuses(self) -> list[ClusterStatus]:
+        """Every cluster of this provider (and region), as status() sees each, in name order (for `ls`); two
+        clusters of one name (two owners') are two entries, and `recorded` says which one is this machine's."""
 
     def node_facts(self, cluster: Cluster) -> dict[str, NodeFacts]:
         """Instance type, zone and placement of each node, by node name, as the provider sees them now

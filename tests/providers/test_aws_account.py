@@ -183,6 +183,34 @@ def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_
     assert by_id(aws, cid) == [] and aws.sweep("shared") == []
 
 
+def test_ls_shows_another_owner_s_cluster_of_the_same_name_as_its_own_row(aws, aws_cli, tmp_path):
+    """Alice's "twin" stopped itself (its VPC and the rest stay); Bob, on his machine, made his own "twin".
+    Alice's `ls` shows hers (what is left of it) and his, each as what it is, never his nodes as hers."""
+    ok(aws_cli(*aws_cli.up_args("twin", 1), env=ALICE))
+    for inst in instances(aws, "twin"):
+        assert aws.shutdown_from_inside(inst["InstanceId"]) == "terminated"
+    bob_home = tmp_path / "bob"
+    bob = {
+        "LOGNAME": "bob",
+        "USER": "bob",
+        "CLUSTERCTL_HOME": str(bob_home),
+        "CLUSTERCTL_SSH_DIR": str(bob_home / "ssh"),
+    }
+    ok(aws_cli(*aws_cli.up_args("twin", 2), env=bob))
+
+    rows = [line for line in ok(aws_cli("ls", env=ALICE)).stdout.splitlines() if "twin" in line]
+    assert len(rows) == 2, rows
+    hers, his = rows
+    assert "no nodes" in hers and "resource(s) remain" in hers, hers
+    assert "2 running" in his and "not this machine's: bob@" in his and "cluster of the same name" in his, his
+    assert "nodes differ" not in his, his
+    rows = [line for line in ok(aws_cli("ls", env=bob)).stdout.splitlines() if "twin" in line]
+    assert len(rows) == 1 and "2 running" in rows[0] and "same name" not in rows[0], rows
+    ok(aws_cli("down", "twin", "--yes", env=bob))
+    ok(aws_cli("down", "twin", "--yes", env=ALICE))
+    assert aws.sweep("twin") == []
+
+
 def test_a_cluster_made_before_ids_is_its_name_and_owner_and_another_owners_needs_force(aws, aws_cli):
     """A record without an id (made before ids): its identity is its name and this machine's owner tag."""
     me = owner()

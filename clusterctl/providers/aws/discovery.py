@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from clusterctl.errors import ConfigError
 from clusterctl.providers.aws import catalog
@@ -438,16 +438,21 @@ def all_clusters(api: Api) -> list[str]:
 
 
 # ---- status --------------------------------------------------------------------------------------------------
-def statuses(api: Api, scope: Scope | None) -> dict[str, ClusterStatus]:
-    """The scope's cluster (every cluster's with None, in one DescribeInstances): nodes, states, zones, prices;
-    a name with no instances but other resources left shows those."""
+def statuses(
+    api: Api, scope: Scope | None, known: Callable[[str], Scope | None] = lambda name: None
+) -> list[ClusterStatus]:
+    """The scope's cluster (every cluster's with None, in one DescribeInstances), one entry per identity (two
+    owners' clusters of one name are two): nodes, states, zones, prices, the owner, and whether it is the one
+    `known(name)` (this machine's record) names; a name with no instances but other resources shows those."""
     name = scope.name if scope is not None else None
-    by_cluster: dict[str, list[dict[str, Any]]] = {}
+    by_cluster: dict[Scope, list[dict[str, Any]]] = {}
     for inst in instances_of(api, scope, LIVE_STATES):
-        by_cluster.setdefault(_tagdict(inst).get(TAG, ""), []).append(inst)
-    out = {}
+        tags = _tagdict(inst)
+        by_cluster.setdefault(Scope(tags.get(TAG, ""), tags.get(TAG_ID, ""), tags.get(TAG_OWNER, "")), []).append(inst)
+    out = []
     volumes = _volume_prices(api, name) if by_cluster else {}
-    for cname, instances in by_cluster.items():
+    for ident, instances in by_cluster.items():
+        cname, mine = ident.name, known(ident.name)
         cluster = cluster_of(api.region, cname, instances)
         by_id = {i["InstanceId"]: i for i in instances}
         nodes = []
@@ -464,12 +469,20 @@ def statuses(api: Api, scope: Scope | None) -> dict[str, ClusterStatus]:
                     None if inst_price is None else inst_price + vol,
                 )
             )
-        out[cname] = ClusterStatus(cname, "aws", api.region, cluster.instance_type, tuple(nodes))
-    if scope is not None and scope.name not in out:
+        recorded = mine is not None and mine.holds(_tagdict(instances[0]))
+        out.append(
+            ClusterStatus(
+                cname, "aws", api.region, cluster.instance_type, tuple(nodes), owner=ident.owner, recorded=recorded
+            )
+        )
+    if scope is not None and not any(st.name == scope.name for st in out):
         left = resources_of(api, scope)
         if left:
-            out[scope.name] = ClusterStatus(scope.name, "aws", api.region, "", (), tuple(f.line() for f in left))
-    return out
+            lines = tuple(f.line() for f in left)
+            out.append(
+                ClusterStatus(scope.name, "aws", api.region, "", (), lines, scope.owner, known(scope.name) is not None)
+            )
+    return sorted(out, key=lambda st: (st.name, not st.recorded, st.owner))
 
 
 def _volume_prices(api: Api, name: str | None) -> dict[str, float]:

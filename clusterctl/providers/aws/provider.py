@@ -200,22 +200,32 @@ class AwsProvider:
         return discovery.find(self.api, self._view(name))
 
     def status(self, name: str) -> ClusterStatus | None:
-        return discovery.statuses(self.api, self._view(name)).get(name)
+        found = discovery.statuses(self.api, self._view(name), self.known_scope)
+        if len(found) < 2:
+            return found[0] if found else None
+        # no record here: every identity of the name, shown as one (their owners listed)
+        return ClusterStatus(
+            name,
+            self.name,
+            self.region,
+            found[0].instance_type,
+            tuple(n for st in found for n in st.nodes),
+            tuple(line for st in found for line in st.other),
+            ", ".join(sorted({st.owner for st in found if st.owner})),
+        )
 
-    def statuses(self) -> dict[str, ClusterStatus]:
+    def statuses(self) -> list[ClusterStatus]:
         """Every cluster of this account and region, in one DescribeInstances (plus the listing of names)."""
-        out = discovery.statuses(self.api, None)
-        for name in self.all_clusters():
-            if name not in out:
-                out[name] = ClusterStatus(
-                    name,
-                    self.name,
-                    self.region,
-                    "",
-                    (),
-                    tuple(f.line() for f in discovery.resources_of(self.api, self._view(name))),
-                )
-        return dict(sorted(out.items()))
+        out = discovery.statuses(self.api, None, self.known_scope)
+        for name in self.all_clusters():  # names with resources but no instances (of this machine's identity)
+            known = self.known_scope(name)
+            if any(st.name == name and (st.recorded or known is None) for st in out):
+                continue
+            view = known or self._view(name)
+            left = tuple(f.line() for f in discovery.resources_of(self.api, view))
+            if left:
+                out.append(ClusterStatus(name, self.name, self.region, "", (), left, view.owner, known is not None))
+        return sorted(out, key=lambda st: (st.name, not st.recorded, st.owner))
 
     def node_facts(self, cluster: Cluster) -> dict[str, NodeFacts]:
         """Type, AZ and placement group of each node now, by node name (one DescribeInstances)."""

@@ -97,15 +97,11 @@ class LocalProvider:
             cluster.region,
             cluster.instance_type,
             tuple(NodeStatus(n, "running", "local", cluster.created_at or None, 0.0) for n in cluster.nodes),
+            recorded=True,  # found from this machine's record
         )
 
-    def statuses(self) -> dict[str, ClusterStatus]:
-        out = {}
-        for name in self.all_clusters():
-            st = self.status(name)
-            if st is not None:
-                out[name] = st
-        return out
+    def statuses(self) -> list[ClusterStatus]:
+        return [st for st in map(self.status, sorted(self.all_clusters())) if st is not None]
 
     def owners(self, name: str) -> list[str]:
         return []  # every local cluster is this machine's
