@@ -76,6 +76,8 @@ class Syncer(SyncSession):
         for n in todo:
             n.outcome.bytes = n.bad_bytes
         if todo:
+            if self.source.kind == "s3":  # a pull reads the manifest on its node (sizes, S3's checksums)
+                sending.result()
             self._transport(todo)
             sending.result()  # the manifest every node checks against (sent while the data flowed)
             self.events.phase(

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,54 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
         )
         assert rc != 0 and expect in json.loads(out.read_text())["error"]
         assert not (tmp_path / "dst" / "secret.bin").exists()
+
+
+def test_the_pulls_start_once_every_node_has_the_manifest_they_read(s3env, monkeypatch, tmp_path):
+    """A first copy sends the manifest in the background while the data flows; an S3 pull reads it on its
+    node, so the pulls wait for it. Here its upload is slowed: before, each node's first pull failed on the
+    missing file (CI once saw it on one node) and was retried."""
+    from clusterctl.cluster import inventory
+    from clusterctl.data import plan as syncplan, sync as transfer
+    from clusterctl.data.outcome import Silent
+    from clusterctl.remote.ssh import SshPool
+    from clusterctl.state import StateStore
+    from clusterctl.workloads import launch
+
+    cluster, endpoint, sums, _ = s3env
+    monkeypatch.setenv("CLUSTERCTL_HOME", str(cluster.cli.home))
+    store = StateStore(cluster.cli.home)
+    inv = inventory.resolve(None, cluster.name, store)
+
+    class Phases(Silent):
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def phase(self, text: str) -> None:
+            self.lines.append(text)
+
+    send = transfer.Syncer._send_manifest
+
+    def slow_send(self) -> None:
+        time.sleep(3)
+        send(self)
+
+    monkeypatch.setattr(transfer.Syncer, "_send_manifest", slow_send)
+    events = Phases()
+    with SshPool(inv.settings) as pool:
+        report = transfer.Syncer(
+            inv.targets,
+            [e.address for e in inv.hosts.entries],
+            inv.settings.known_hosts,
+            pool,
+            syncplan.parse_source(f"s3://{BUCKET}/data"),
+            "/tmp/s3slow",
+            endpoint_url=endpoint,
+            events=events,
+            node_python=launch.node_python(store.load(cluster.name).cluster),
+            cache_dir=tmp_path,
+        ).run()
+    assert report.error() is None, events.lines
+    assert any("have nothing at /tmp/s3slow yet" in line for line in events.lines), events.lines  # all fresh
+    assert not [line for line in events.lines if "will retry" in line or "repairing" in line], events.lines
+    for i in range(3):
+        assert node_sha256(cluster, i, "/tmp/s3slow") == sums

@@ -187,8 +187,6 @@ def test_ls_shows_another_owner_s_cluster_of_the_same_name_as_its_own_row(aws, a
     """Alice's "twin" stopped itself (its VPC and the rest stay); Bob, on his machine, made his own "twin".
     Alice's `ls` shows hers (what is left of it) and his, each as what it is, never his nodes as hers."""
     ok(aws_cli(*aws_cli.up_args("twin", 1), env=ALICE))
-    for inst in instances(aws, "twin"):
-        assert aws.shutdown_from_inside(inst["InstanceId"]) == "terminated"
     bob_home = tmp_path / "bob"
     bob = {
         "LOGNAME": "bob",
@@ -196,15 +194,26 @@ def test_ls_shows_another_owner_s_cluster_of_the_same_name_as_its_own_row(aws, a
         "CLUSTERCTL_HOME": str(bob_home),
         "CLUSTERCTL_SSH_DIR": str(bob_home / "ssh"),
     }
+    for nodes in (1, 2):  # hers is running: never adopted, never his to remove, whatever --nodes says
+        proc = aws_cli(*aws_cli.up_args("twin", nodes), env=bob)
+        assert proc.returncode == 4, proc.stderr
+        assert re.fullmatch(
+            r"Error: cluster twin already exists \(aws, owner (alice@\S+)\) but this machine has no record of it "
+            r"\(nor its keys\): choose another --name \(that one is \1's\)",
+            one_error_line(proc),
+        ), proc.stderr
+    assert not aws.actions("RunInstances")[1:]
+    for inst in instances(aws, "twin"):
+        assert aws.shutdown_from_inside(inst["InstanceId"]) == "terminated"
     ok(aws_cli(*aws_cli.up_args("twin", 2), env=bob))
 
-    rows = [line for line in ok(aws_cli("ls", env=ALICE)).stdout.splitlines() if "twin" in line]
+    rows = [line for line in ok(aws_cli("ls", env=ALICE)).stdout.splitlines() if line.split()[:1] == ["twin"]]
     assert len(rows) == 2, rows
     hers, his = rows
-    assert "no nodes" in hers and "resource(s) remain" in hers, hers
+    assert "twin *" in hers and "no nodes, but" in hers and "twin *" not in his, hers  # hers is the current one
     assert "2 running" in his and "not this machine's: bob@" in his and "cluster of the same name" in his, his
     assert "nodes differ" not in his, his
-    rows = [line for line in ok(aws_cli("ls", env=bob)).stdout.splitlines() if "twin" in line]
+    rows = [line for line in ok(aws_cli("ls", env=bob)).stdout.splitlines() if line.split()[:1] == ["twin"]]
     assert len(rows) == 1 and "2 running" in rows[0] and "same name" not in rows[0], rows
     ok(aws_cli("down", "twin", "--yes", env=bob))
     ok(aws_cli("down", "twin", "--yes", env=ALICE))

@@ -8,8 +8,16 @@ from typing import Any
 
 from clusterctl.errors import ProvisionError
 from clusterctl.providers.aws import bootstrap, catalog, fabric
-from clusterctl.providers.aws.api import Api, _code, _message, _tags
-from clusterctl.providers.aws.discovery import KIND, Scope, _owner, find_one, instances_of, new_cluster_id
+from clusterctl.providers.aws.api import Api, _code, _message, _tagdict, _tags
+from clusterctl.providers.aws.discovery import (
+    KIND,
+    TAG_OWNER,
+    Scope,
+    _owner,
+    find_one,
+    instances_of,
+    new_cluster_id,
+)
 from clusterctl.providers.aws.instances import run_params
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.aws.options import parse_s3_read
@@ -71,6 +79,14 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
         + ("; spot (one-time, terminated on interruption)" if o.spot else "")
     )
     existing = instances_of(api, scope or Scope(spec.name, every=True))
+    others = sorted({_tagdict(i).get(TAG_OWNER, "") for i in existing} - {_owner()}) if scope is None else []
+    if others:  # another owner's cluster of this name is running: never adopted, never this owner's to remove
+        owner = ", ".join(o or "unknown" for o in others)
+        raise ProvisionError(
+            f"cluster {spec.name} already exists (aws, owner {owner}) but this machine has no record of it "
+            "(nor its keys)",
+            f"choose another --name (that one is {owner}'s)",
+        )
     if existing and len(existing) != n:  # said here, before `up` starts (whose failures clean up)
         raise ProvisionError(
             f"cluster {spec.name} already has {len(existing)} instance(s) in {ctx.region}, not {n}",
