@@ -90,10 +90,8 @@ def sync(
         SshPool(inv.settings) as pool,
         display.SyncProgress(labels) as events,
     ):  # the lease: autostop counts the copy as activity
-        syncer = transfer.Syncer(
-            inv.targets,
-            [e.address for e in inv.hosts.entries],
-            inv.settings.known_hosts,
+        syncer = transfer.Syncer.over(
+            inv,
             pool,
             source,
             dst,
@@ -101,7 +99,6 @@ def sync(
             fanout=chains,
             delete=delete,
             endpoint_url=endpoint_url,
-            managed=inv.cluster is not None,
             events=events,
             node_python=launch.node_python(inv.cluster),
             stall_timeout=stall_timeout,
@@ -132,18 +129,9 @@ def _plan_fanout(inv, source, dst: str, node_python: str | None):
     from clusterctl.remote.ssh import SshPool
 
     with SshPool(inv.settings) as pool:
-        s = syncsession.SyncSession(
-            inv.targets,
-            [e.address for e in inv.hosts.entries],
-            inv.settings.known_hosts,
-            pool,
-            source,
-            dst,
-            fanout=None,
-            managed=inv.cluster is not None,
-            node_python=node_python,
+        return probe.for_plan(
+            syncsession.SyncSession.over(inv, pool, source, dst, fanout=None, node_python=node_python)
         )
-        return probe.for_plan(s)
 
 
 # ---- datasets --------------------------------------------------------------------------------------------

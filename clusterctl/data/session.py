@@ -17,18 +17,20 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Iterator, Sequence, TypeVar
+from typing import IO, Any, Callable, Iterator, Protocol, Sequence, TypeVar
 
 from clusterctl.data.node_side import ManifestEntry, manifest_header
 from clusterctl.data.outcome import CopyStatus, Events, NodeOutcome, Silent
 from clusterctl.data.pipes import Children
 from clusterctl.data.plan import STRATEGIES, Source, check_dst
 from clusterctl.errors import UsageError
+from clusterctl.hostsfile import HostsFile
 from clusterctl.remote.ssh import SshPool
-from clusterctl.remote.targets import SshTarget
-from clusterctl.types import HostResult
+from clusterctl.remote.targets import SshSettings, SshTarget
+from clusterctl.types import Cluster, HostResult
 
 _T = TypeVar("_T")
+_S = TypeVar("_S", bound="SyncSession")
 
 STALL_TIMEOUT = 120.0  # sync --stall-timeout: seconds a chain may move no data before the node that stopped is cut out
 WORK = ".clusterctl/sync"  # under the login home of every node
@@ -55,9 +57,31 @@ class SyncNode:
         return self.target.label
 
 
+class Reach(Protocol):
+    """The nodes a run goes to, as cluster/inventory.Inventory holds them (named by shape: that module sits
+    above this one)."""
+
+    @property
+    def hosts(self) -> HostsFile: ...
+    @property
+    def targets(self) -> Sequence[SshTarget]: ...
+    @property
+    def settings(self) -> SshSettings: ...
+    @property
+    def cluster(self) -> Cluster | None: ...
+
+
 class SyncSession:
     """One sync's options, nodes and state, and the helpers every phase and transport uses (the agent on a
     node, uploads, failures, a bounded fan-out). Syncer runs it; the transports take it."""
+
+    @classmethod
+    def over(cls: type[_S], reach: Reach, pool: SshPool, source: Source, dst: str, **options: Any) -> _S:
+        """A run to an inventory's nodes: its targets at their hosts-file addresses, its trusted host keys,
+        and between nodes the cluster's own key and known_hosts when the hosts are a cluster's."""
+        addresses = [e.address for e in reach.hosts.entries]
+        managed = reach.cluster is not None
+        return cls(reach.targets, addresses, reach.settings.known_hosts, pool, source, dst, managed=managed, **options)
 
     def __init__(
         self,

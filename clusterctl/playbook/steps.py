@@ -135,10 +135,8 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
             ctx.report(f"  {text}")
 
     with SshPool(inv.settings) as pool:
-        report = transfer.Syncer(
-            inv.targets,
-            [e.address for e in inv.hosts.entries],
-            inv.settings.known_hosts,
+        report = transfer.Syncer.over(
+            inv,
             pool,
             source,
             s.dst,
@@ -146,7 +144,6 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
             fanout=s.fanout,
             delete=s.delete,
             endpoint_url=s.endpoint_url or None,
-            managed=inv.cluster is not None,
             events=Phases(),
             node_python=launch.node_python(inv.cluster),
         ).run()

@@ -356,10 +356,8 @@ def test_the_pulls_start_once_every_node_has_the_manifest_they_read(s3env, monke
     monkeypatch.setattr(transfer.Syncer, "_send_manifest", slow_send)
     events = Phases()
     with SshPool(inv.settings) as pool:
-        report = transfer.Syncer(
-            inv.targets,
-            [e.address for e in inv.hosts.entries],
-            inv.settings.known_hosts,
+        report = transfer.Syncer.over(
+            inv,
             pool,
             syncplan.parse_source(f"s3://{BUCKET}/data"),
             "/tmp/s3slow",
