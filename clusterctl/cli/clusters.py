@@ -38,7 +38,8 @@ def down(
 
     store = _store()
     providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg), force=force)
-    plan = overview.plan_down(store, providers, name, all_, provider, region, display.warn)
+    targets = overview.down_targets(store, providers, name, all_, provider, region, display.warn)
+    plan = overview.plan_down(targets, providers, all_)
     for t, why in plan.kept:
         display.info(f"cluster {t.name}: kept ({why}; --force removes it)")
     if not plan.removals:

@@ -146,20 +146,10 @@ class DownPlan:
     kept: tuple[tuple[Target, str], ...]  # --all without --force: another owner's clusters, with why
 
 
-def plan_down(
-    store: StateStore,
-    providers: Providers,
-    name: str | None,
-    all_: bool,
-    provider: str | None,
-    region: str | None,
-    warn: Callable[[str], None],
-    now: float | None = None,
-) -> DownPlan:
-    """What `down` will remove, found and listed once per cluster; nothing is changed here. The provider
-    refuses to list another owner's cluster (a UsageError) unless --force was given to Providers: for NAME
-    that refusal is the answer, for --all the cluster is kept and the refusal says why."""
-    targets = down_targets(store, providers, name, all_, provider, region, warn)
+def plan_down(targets: list[Target], providers: Providers, all_: bool, now: float | None = None) -> DownPlan:
+    """What `down` will remove of its targets (down_targets), found and listed once per cluster; nothing is
+    changed here. The provider refuses to list another owner's cluster (a UsageError) unless --force was
+    given to Providers: for NAME that refusal is the answer, for --all the cluster is kept and it says why."""
     shown: dict[tuple[str, str], str] = {}
     if all_ and targets:
         now = time.time() if now is None else now

@@ -56,6 +56,12 @@ def by_id(aws, cid: str) -> list[str]:
     return sorted(out)
 
 
+def _bob(tmp_path) -> dict:
+    """Bob, on his own machine: another owner, with his own clusterctl home."""
+    home = tmp_path / "bob"
+    return {"LOGNAME": "bob", "USER": "bob", "CLUSTERCTL_HOME": str(home), "CLUSTERCTL_SSH_DIR": str(home / "ssh")}
+
+
 def policy(aws, role: str) -> dict:
     doc = aws.client("iam").get_role_policy(RoleName=role, PolicyName="s3-read")["PolicyDocument"]
     return json.loads(doc) if isinstance(doc, str) else doc
@@ -119,14 +125,7 @@ def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_
     }
 
     # Bob, on his machine, brings up his own "shared"; it fails (no capacity anywhere).
-    bob_home = tmp_path / "bob"
-    bob = {
-        "LOGNAME": "bob",
-        "USER": "bob",
-        "CLUSTERCTL_HOME": str(bob_home),
-        "CLUSTERCTL_SSH_DIR": str(bob_home / "ssh"),
-        "AWS_MAX_ATTEMPTS": "1",
-    }
+    bob = {**_bob(tmp_path), "AWS_MAX_ATTEMPTS": "1"}
     aws.fail("RunInstances", "InsufficientInstanceCapacity", status=500, times=-1, message="no capacity")
     proc = aws_cli(*aws_cli.up_args("shared", 1, "--s3-read", "s3://bucket-b/other"), env=bob)
     assert proc.returncode == 4 and one_error_line(proc).startswith("Error: no capacity"), proc.stderr
@@ -187,13 +186,7 @@ def test_ls_shows_another_owner_s_cluster_of_the_same_name_as_its_own_row(aws, a
     """Alice's "twin" stopped itself (its VPC and the rest stay); Bob, on his machine, made his own "twin".
     Alice's `ls` shows hers (what is left of it) and his, each as what it is, never his nodes as hers."""
     ok(aws_cli(*aws_cli.up_args("twin", 1), env=ALICE))
-    bob_home = tmp_path / "bob"
-    bob = {
-        "LOGNAME": "bob",
-        "USER": "bob",
-        "CLUSTERCTL_HOME": str(bob_home),
-        "CLUSTERCTL_SSH_DIR": str(bob_home / "ssh"),
-    }
+    bob = _bob(tmp_path)
     for nodes in (1, 2):  # hers is running: never adopted, never his to remove, whatever --nodes says
         proc = aws_cli(*aws_cli.up_args("twin", nodes), env=bob)
         assert proc.returncode == 4, proc.stderr

@@ -97,13 +97,19 @@ def test_down_lists_each_cluster_once_and_keeps_another_owner_s_unless_forced(tm
         impl.resources = resources  # type: ignore[method-assign]
         return impl
 
-    plan = overview.plan_down(store, overview.Providers(make), None, True, None, None, warn=pytest.fail)
+    def plan_down(name: str | None, force: bool = False) -> overview.DownPlan:
+        found = overview.Providers(make, force=force)
+        return overview.plan_down(
+            overview.down_targets(store, found, name, name is None, None, None, pytest.fail), found, name is None
+        )
+
+    plan = plan_down(None)
     assert mine in [r.target.name for r in plan.removals]
     assert plan.kept == ((overview.Target(theirs, "local", None), f"cluster {theirs} is bob@elsewhere's"),)
     assert asked.count(mine) == 1 and asked.count(theirs) == 1  # found once: the listing is the check
     with pytest.raises(UsageError, match="bob@elsewhere"):  # by name, the refusal is the answer
-        overview.plan_down(store, overview.Providers(make), theirs, False, None, None, warn=pytest.fail)
-    forced = overview.plan_down(store, overview.Providers(make, force=True), None, True, None, None, pytest.fail)
+        plan_down(theirs)
+    forced = plan_down(None, force=True)
     assert {mine, theirs} <= {r.target.name for r in forced.removals} and forced.kept == ()
     (r,) = [r for r in forced.removals if r.target.name == mine]
     assert r.found == () and r.owners == ()  # no namespace of it on this machine; every local one is ours
