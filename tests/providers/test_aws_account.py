@@ -199,6 +199,16 @@ def test_ls_shows_another_owner_s_cluster_of_the_same_name_as_its_own_row(aws, a
     for inst in instances(aws, "twin"):
         assert aws.shutdown_from_inside(inst["InstanceId"]) == "terminated"
     ok(aws_cli(*aws_cli.up_args("twin", 2), env=bob))
+    # and an instance someone tagged by hand with no valid name: listed as it is, never matched to a record
+    stray = (
+        aws.ec2_backend()
+        .run_instances(
+            aws.node_image, 1, None, [], instance_type="t3.micro", is_instance_type_default=False, region_name=REGION
+        )
+        .instances[0]
+        .id
+    )
+    aws.client("ec2").create_tags(Resources=[stray], Tags=[{"Key": "clusterctl:cluster", "Value": "Twin*"}])
 
     rows = [line for line in ok(aws_cli("ls", env=ALICE)).stdout.splitlines() if line.split()[:1] == ["twin"]]
     assert len(rows) == 2, rows
@@ -208,6 +218,8 @@ def test_ls_shows_another_owner_s_cluster_of_the_same_name_as_its_own_row(aws, a
     assert "nodes differ" not in his, his
     rows = [line for line in ok(aws_cli("ls", env=bob)).stdout.splitlines() if line.split()[:1] == ["twin"]]
     assert len(rows) == 1 and "2 running" in rows[0] and "same name" not in rows[0], rows
+    assert "Twin*" in ok(aws_cli("ls", env=ALICE)).stdout
+    aws.client("ec2").terminate_instances(InstanceIds=[stray])
     ok(aws_cli("down", "twin", "--yes", env=bob))
     ok(aws_cli("down", "twin", "--yes", env=ALICE))
     assert aws.sweep("twin") == []

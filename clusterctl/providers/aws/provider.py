@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
+from clusterctl.errors import ConfigError
 from clusterctl.providers.aws import bootstrap, discovery, instances, machine, plan as planning, teardown
 from clusterctl.providers.aws.api import Api, Report
 from clusterctl.providers.aws.discovery import CLUSTER_ID, Scope, _owner, new_cluster_id
@@ -29,7 +30,7 @@ from clusterctl.providers.aws.instances import CONSOLE_WAIT
 from clusterctl.providers.aws.machine import Context, Image, TypeInfo
 from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, Plan, Teardown
-from clusterctl.state import StateStore, atomic_write
+from clusterctl.state import StateStore, atomic_write, validate_name
 from clusterctl.types import Cluster, ClusterSpec
 
 
@@ -101,6 +102,14 @@ class AwsProvider:
         if scope is not None:
             self._scopes[name] = scope
         return scope
+
+    def _recorded_scope(self, name: str) -> Scope | None:
+        """known_scope of a name as tagged on an instance: a tag that is no valid name has no record here."""
+        try:
+            validate_name(name)
+        except ConfigError:
+            return None
+        return self.known_scope(name)
 
     def _launch_scope(self, name: str) -> Scope:
         """The identity `up` creates under: the known one, else a new random id, saved before anything is made."""
@@ -200,7 +209,7 @@ class AwsProvider:
         return discovery.find(self.api, self._view(name))
 
     def status(self, name: str) -> ClusterStatus | None:
-        found = discovery.statuses(self.api, self._view(name), self.known_scope)
+        found = discovery.statuses(self.api, self._view(name), self._recorded_scope)
         if len(found) < 2:
             return found[0] if found else None
         # no record here: every identity of the name, shown as one (their owners listed)
@@ -216,7 +225,7 @@ class AwsProvider:
 
     def statuses(self) -> list[ClusterStatus]:
         """Every cluster of this account and region, in one DescribeInstances (plus the listing of names)."""
-        out = discovery.statuses(self.api, None, self.known_scope)
+        out = discovery.statuses(self.api, None, self._recorded_scope)
         for name in self.all_clusters():  # names with resources but no instances (of this machine's identity)
             known = self.known_scope(name)
             if any(st.name == name and (st.recorded or known is None) for st in out):
