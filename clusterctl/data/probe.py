@@ -9,8 +9,9 @@ stream, at the hop's rate, is too short for that to pay (plan.too_short_to_probe
 plan.choose_fanout turns the figures into K and the line that says why. No probe (one chain) with
 fewer than 3 nodes taking the stream or under PROBE_MIN_BYTES to send. A probe that fails never fails
 the sync: one chain, and the reason. A hop's measured rate is kept for HOP_RATE_TTL (the operator's sync
-cache, per node set and its host keys): a later stream it shows too short to probe is one chain with no probe at all (the
-hop's measurement was ~0.9 s of a 14 s sync of 200 MB to 8 nodes at 150 Mbit/s, bench/sync_bench.py)."""
+cache, per node set and its host keys): a later stream it shows too short to probe is one chain with no
+probe at all (the hop's measurement was ~0.9 s of a 14 s sync of 200 MB to 8 nodes at 150 Mbit/s,
+bench/sync_bench.py)."""
 
 from __future__ import annotations
 

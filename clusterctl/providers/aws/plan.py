@@ -85,7 +85,7 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
         raise ProvisionError(
             f"cluster {spec.name} already exists (aws, owner {owner}) but this machine has no record of it "
             "(nor its keys)",
-            f"choose another --name (that one is {owner}'s)",
+            "choose another --name" + ("" if "" in others else f" (that one is {owner}'s)"),
         )
     if existing and len(existing) != n:  # said here, before `up` starts (whose failures clean up)
         raise ProvisionError(
