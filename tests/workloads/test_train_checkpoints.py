@@ -189,11 +189,11 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
         "--model",
         "tiny",
         "--epochs",
-        "20",
+        "60",
         "--batch-size",
         "8",
         "--checkpoint-every",
-        "10",
+        "50",
         "--log-every",
         "10",
         "--model-dir",
@@ -211,6 +211,9 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
 
     job1 = started(cli(*cmd))
 
+    # 600 steps, a checkpoint every 50: the run outlasts its first copies on a fast machine (at 20 it could
+    # end first), and a copy has 5 checkpoints' time before the leader prunes what it reads (at 10 steps
+    # apart, copies on a busy machine lost that race until the run ended).
     def copied_twice():  # a checkpoint at step >= 20 is on the member and in S3
         log = leader_log(cluster, job1)
         steps = {}
@@ -266,17 +269,17 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
     assert re.search(rf"incomplete_checkpoint place={re.escape(member)}:{folder} checkpoints=\S*ckpt-990", out), out
     assert re.search(rf"checkpoint_fetched step={member_max} place={re.escape(member)}:{folder} ", out), out[-3000:]
     assert run2.resumed_from is not None and run2.resumed_from.step == member_max
-    assert run2.start.start_step == member_max and run2.done.complete and run2.done.step == 200
-    assert run2.eval is not None and run2.eval.step == 200
+    assert run2.start.start_step == member_max and run2.done.complete and run2.done.step == 600
+    assert run2.eval is not None and run2.eval.step == 600
 
-    # S3 is the last place left: the member's copies and the leader's gone, `eval` finds ckpt-200 there
+    # S3 is the last place left: the member's copies and the leader's gone, `eval` finds ckpt-600 there
     cluster.node_exec(0, "rm", "-rf", "/root/runs/ck")
     cluster.node_exec(1, "rm", "-rf", "/root/runs/ck")
     proc = cli("eval", timeout=300)
     assert proc.returncode == 0, proc.stderr
     row = proc.stdout.splitlines()[1].split()
-    assert row[0] == "200" and row[6] == "ckpt-200", proc.stdout
-    assert "ckpt-200.manifest.json" in node_files(cluster, 0, folder)
+    assert row[0] == "600" and row[6] == "ckpt-600", proc.stdout
+    assert "ckpt-600.manifest.json" in node_files(cluster, 0, folder)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="ckpts/run1/")["Contents"]]
     assert len([k for k in keys if k.endswith(".index")]) <= 5
 
