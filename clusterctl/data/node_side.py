@@ -19,7 +19,7 @@ use the node's own (instance profile, or ~/.aws config). Sub-commands print one 
                                         system folder, the home, clusterctl's own folders; with --src S
                                         --src-id DEV:INO --src-boot B (the source folder resolved where
                                         it is), a DST that holds SRC, lies inside it, or is SRC unless
-                                        --src-may-be-dst (then it is only checked: nothing written into it)
+                                        --src-may-be-dst (then only checked: no data written or deleted)
     recv --hashes H                     stdin to stdout (into tar -x) unchanged, hashing every tar
                                         member's bytes on the way: H gets a first line {stream, files,
                                         bytes}, then {path: [sha256, size, mtime]}
@@ -692,8 +692,8 @@ def safe_root(args: dict) -> tuple[str, bool]:
     """DST resolved on this node (symlinks followed) and whether it is SRC itself (--src ...), refused (exit 2)
     before anything in it is touched: a system or clusterctl folder (dst_problem), or SRC, a folder holding
     SRC or one inside it (the copy would write into its own source, and --delete remove it). DST being SRC
-    is allowed with --src-may-be-dst (a leader source: that node's copy is the source, checked, never
-    written or deleted from)."""
+    is allowed with --src-may-be-dst (a leader source: that node's copy is the source, checked; no data is
+    written into it or deleted from it, only its state folder kept)."""
     dst, delete = args["dst"], bool(args.get("delete"))
     home = os.path.realpath(os.path.expanduser("~"))
     real = os.path.realpath(resolve_root(dst))
@@ -784,7 +784,7 @@ def cmd_check(args: dict) -> dict:
         "reread": got.reread,
         "streamed": got.files - got.reread,
         "by_stream": by_stream,  # proved by the stream's digest alone
-        "source": is_src,  # DST is SRC itself (--src-may-be-dst): never written into
+        "source": is_src,  # DST is SRC itself (--src-may-be-dst): its data never written nor deleted
     }
 
 

@@ -51,7 +51,7 @@ class SyncNode:
     alive: bool = True
     last_error: str = ""  # why its last copy attempt failed, when the copy said so
     fresh: bool = False  # DST held nothing before this run (agent `fresh`): it lacked every entry
-    is_source: bool = False  # DST is the source folder itself here (a leader source): checked, never written
+    is_source: bool = False  # DST is SRC itself here (a leader source): checked, no data written
 
     @property
     def label(self) -> str:
