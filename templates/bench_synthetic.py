@@ -169,7 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     tf.random.set_seed(args.seed + rank)
     model, shape, classes = build_model(tf, args.model)
     if args.input_only:
-        batches = iter(input_pipeline(tf, args.batch_size, shape, args.seed + rank))
+        # The node's cores shared by its processes, as the trainer's pipeline has them; on to the GPU as there.
+        threads = max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
+        ds = input_pipeline(tf, args.batch_size, shape, args.seed + rank, threads)
+        if gpus:
+            ds = ds.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
+        batches = iter(ds)
 
         def train_step():
             return next(batches)[0]
@@ -286,7 +291,7 @@ def mean_conf(values: list[float]) -> tuple[float, float]:
     return mean, 1.96 * (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
 
 
-def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int):
+def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int, threads: int):
     """ImageNet's training-side pipeline on in-memory JPEGs: parallel decode_and_crop_jpeg, flip, resize,
     batch, prefetch. The JPEGs are made once here (no disk in the measurement: it times decoding and
     augmentation, the part that eats a node's CPUs)."""
@@ -313,7 +318,7 @@ def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int):
         return tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, shape[:2])), 0, 255), tf.uint8)
 
     options = tf.data.Options()
-    options.threading.private_threadpool_size = max(1, os.cpu_count() or 1)
+    options.threading.private_threadpool_size = threads  # its own pool: not TensorFlow's inter-op threads
     return (
         ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
         .batch(batch, drop_remainder=True)
