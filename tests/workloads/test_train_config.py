@@ -96,3 +96,19 @@ def test_the_launched_argv_carries_the_configuration():
     args = bench.BenchOptions().resolved(v100).script_args(8)
     assert args[args.index("--precision") + 1] == "float16" and args[args.index("--batch-size") + 1] == "256"
     assert "--xla" in args and "--fp16-allreduce" in args
+
+
+def test_bench_precision_flags_agree_or_fail_with_one_line():
+    from clusterctl.cli.workloads import _precision
+    from clusterctl.errors import UsageError
+
+    assert _precision(None, False, False) is None  # the GPU type's
+    assert _precision(None, True, False) == "fp32" and _precision("fp32", True, False) == "fp32"
+    assert _precision(None, False, True) == "mixed" and _precision("bfloat16", False, False) == "bfloat16"
+    for args, message in (
+        (("float16", True, False), "--fp32 and --precision float16 say different things"),
+        (("float16", False, True), "--mixed-precision and --precision/--fp32 say different things"),
+        (("fp8", False, False), "unknown precision 'fp8'"),
+    ):
+        with pytest.raises(UsageError, match=message):
+            _precision(*args)
