@@ -70,8 +70,9 @@ _NVIDIA = "NVIDIA DeepLearningExamples TensorFlow/Classification/ConvNets/resnet
 
 # Tensor-core GPUs: float16 with loss scaling (NVIDIA's AMP is float16 on V100, T4 and A100 alike, so its
 # published img/s are float16's; bfloat16 stays a flag away on A100/H100/A10G/L4), XLA on (the reference's
-# --use_xla), gradients allreduced in float16 (Horovod's hvd.Compression.fp16: half the bytes on the wire,
-# as AWS's and Horovod's ResNet-50 examples run; the averaged gradient is float16 anyway under AMP).
+# --use_xla), gradients allreduced in float16 (Horovod's hvd.Compression.fp16, its synthetic benchmark's
+# --fp16-allreduce: half the bytes on the wire; the loss-scaled gradients come from float16 activations,
+# so their precision loses little, and they are unscaled after the allreduce).
 def _gpu(gpu: str, batch: int, fp32_batch: int, source: str) -> TrainConfig:
     return TrainConfig(
         gpu,
@@ -162,18 +163,24 @@ def choose(
     image_size: int | None = None,
 ) -> TrainConfig:
     """The table's row for `gpu` with the user's overrides (None: the row's). --fp32 (or --precision fp32)
-    without a batch takes the row's FP32 batch; `mixed` means the row's 16-bit type on GPUs, bfloat16 on CPU."""
+    without a batch takes the row's FP32 batch; `mixed` means the row's 16-bit type on GPUs, bfloat16 on CPU;
+    the float16 allreduce is the row's only with float16 (loss-scaled) training."""
     row = DEFAULTS.get(gpu, DEFAULTS[UNKNOWN])
     if precision == "mixed":
         precision = (
             "bfloat16" if gpu == CPU else (row.precision if row.precision in ("float16", "bfloat16") else "mixed")
         )
+    precision = precision or row.precision
+    if fp16_allreduce is None:
+        # float16 on the wire only under loss scaling: without it (fp32, bfloat16) small gradients would
+        # underflow float16's range (below 6e-8) and be lost; a flag still asks for it.
+        fp16_allreduce = row.fp16_allreduce and precision == "float16"
     chosen = replace(
         row,
         model=model or row.model,
-        precision=precision or row.precision,
+        precision=precision,
         xla=row.xla if xla is None else xla,
-        fp16_allreduce=row.fp16_allreduce if fp16_allreduce is None else fp16_allreduce,
+        fp16_allreduce=fp16_allreduce,
         image_size=image_size,
     )
     if batch_size is None:

@@ -51,10 +51,10 @@ def bench_flags(config: Any) -> str:
     """The `bench` flags that measure `config` on its GPU type (the table's fields need none)."""
     from clusterctl.workloads import train_config
 
-    row = train_config.choose(config.gpu)
     flags = [f"--model {config.model}"]
-    if config.precision != row.precision:
+    if config.precision != train_config.choose(config.gpu).precision:
         flags.append(f"--precision {config.precision}")
+    row = train_config.choose(config.gpu, precision=config.precision)  # what bench runs with those flags
     if config.batch_size != row.batch_size:
         flags.append(f"--batch-size {config.batch_size}")
     if config.xla != row.xla:

@@ -380,7 +380,11 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
     # another model, precision, batch, XLA or compression: never that rate, and the bench flags that measure it
     for options, flags in (
         (TrainOptions(synthetic=True, model="tiny"), "--model tiny"),
-        (TrainOptions(synthetic=True, precision="fp32"), "--model resnet50 --precision fp32 --batch-size 128"),
+        (TrainOptions(synthetic=True, precision="fp32"), "--model resnet50 --precision fp32"),
+        (
+            TrainOptions(synthetic=True, precision="bfloat16", batch_size=192),
+            "--model resnet50 --precision bfloat16 --batch-size 192",
+        ),
         (TrainOptions(synthetic=True, batch_size=128), "--model resnet50 --batch-size 128"),
         (TrainOptions(synthetic=True, xla=False), "--model resnet50 --no-xla"),
         (TrainOptions(synthetic=True, fp16_allreduce=False), "--model resnet50 --no-fp16-allreduce"),

@@ -60,6 +60,12 @@ def test_flags_override_one_field_each():
     assert tc.choose("V100", precision="fp32").batch_size == 128  # --fp32 alone: NVIDIA's FP32 batch
     assert tc.choose("V100", precision="fp32", batch_size=96).batch_size == 96
     assert tc.choose("A100", precision="bfloat16").batch_size == 256
+    # the float16 allreduce comes with float16's loss scaling only; asked for, it is had with any precision
+    assert (
+        not tc.choose("A100", precision="bfloat16").fp16_allreduce
+        and not tc.choose("V100", precision="fp32").fp16_allreduce
+    )
+    assert tc.choose("A100", precision="bfloat16", fp16_allreduce=True).fp16_allreduce
     assert tc.choose("V100", precision="mixed").precision == "float16"
     assert tc.choose(tc.CPU, precision="mixed").precision == "bfloat16"
     off = tc.choose("H100", xla=False, fp16_allreduce=False)
@@ -78,7 +84,7 @@ def test_bench_and_train_run_one_configuration():
         assert tc.for_train(filled, cluster) == (filled, t)  # idempotent: the launched options give it again
     v100 = _aws("p3.16xlarge", gpus="8")
     filled, cfg = tc.for_train(TrainOptions(synthetic=True, precision="fp32", xla=False), v100)
-    assert (filled.precision, filled.batch_size, filled.xla, filled.fp16_allreduce) == ("fp32", 128, False, True)
+    assert (filled.precision, filled.batch_size, filled.xla, filled.fp16_allreduce) == ("fp32", 128, False, False)
     assert bench.BenchOptions(precision="fp32", xla=False).config(v100) == cfg
     assert bench.BenchOptions(mixed_precision=True).config(Cluster("l", "local", ())).precision == "bfloat16"
 
