@@ -496,12 +496,23 @@ def plot(ladder: Ladder, path: Path) -> None:
     ideal = [base.img_per_sec * n / base.np for n in nps]
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     ax.plot(nps, ideal, "--", color="grey", label="ideal (linear)")
-    ax.plot(nps, ips, "o-", color="tab:blue", label="measured img/s")
+    ax.errorbar(
+        nps, ips, yerr=[r.conf for r in ladder.rungs], fmt="o-", color="tab:blue", capsize=3, label="img/s (95% CI)"
+    )
     ax.set_xlabel("processes (GPUs)")
     ax.set_ylabel("images / second")
     ax.set_xticks(nps)
     ax2 = ax.twinx()
-    ax2.plot(nps, [r.efficiency * 100 for r in ladder.rungs], "s:", color="tab:orange", label="efficiency %")
+    ax2.errorbar(
+        nps,
+        [r.efficiency * 100 for r in ladder.rungs],
+        yerr=[r.efficiency_conf * 100 for r in ladder.rungs],
+        fmt="s:",
+        color="tab:orange",
+        capsize=3,
+        label="efficiency 1->N % (95% CI)",
+    )
+    ax2.axhline(ladder.threshold * 100, color="tab:red", linewidth=0.8, label="threshold")
     ax2.set_ylabel("scaling efficiency (%)")
     ax2.set_ylim(0, 110)
     lines = ax.get_legend_handles_labels()
