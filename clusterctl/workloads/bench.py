@@ -8,6 +8,7 @@ real horovodrun launch on the leader (launch.py); the arithmetic below is pure a
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -142,11 +143,28 @@ def _check(kind: str, np_: int, nodes: int, est: stats.Estimate, threshold: floa
     return Check(kind, np_, nodes, est.value, conf, threshold, status, text, needed)
 
 
+def rung_seconds(runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]], iters: int) -> float | None:
+    """Seconds the slowest rung would take at `iters` timed batches: its launch and warm-up as measured, plus
+    the batches at its measured rate (None when a run did not say its steps per batch)."""
+    worst = 0.0
+    for np_, _, run, seconds, _ in runs:
+        steps = int(run.start.get("steps") or 0)
+        if not steps or run.img_per_sec <= 0:
+            return None
+        per_batch = run.batch * steps * np_ / run.img_per_sec
+        worst = max(worst, max(0.0, seconds - len(run.intervals) * per_batch) + iters * per_batch)
+    return worst
+
+
 def analyze(
-    runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]], threshold: float, full_np: int | None = None
+    runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]],
+    threshold: float,
+    full_np: int | None = None,
+    timeout: float | None = None,
 ) -> Ladder:
     """runs: (np, nodes, parsed run, seconds, log name) per rung, ascending np; full_np: one full node's
-    processes (default: the largest one-node rung).
+    processes (default: the largest one-node rung); timeout: each rung's --timeout, raised in the advice
+    when the advised --iters would not fit in it.
 
     Every figure is a mean over the timed batches with its 95% confidence interval (bench_stats: Student's t,
     propagated to first order through each ratio). Judged against the threshold:
@@ -203,6 +221,10 @@ def analyze(
             )
         )
     status, verdict, needed = _verdict(checks)
+    longest = rung_seconds(runs, needed) if needed is not None and timeout is not None else None
+    if longest is not None and timeout is not None and longest > timeout:  # else the advice would time out
+        advice = f"rerun with --iters {needed} "
+        verdict = verdict.replace(advice, f"{advice}--timeout {math.ceil(1.5 * longest / 60) * 60} ")
     return Ladder(
         tuple(rungs), threshold, status == "PASS", verdict, status=status, checks=tuple(checks), iters_needed=needed
     )
@@ -390,7 +412,7 @@ def run_ladder(
                 launch.kill_job(pool, inv.targets, job)  # nothing of a rung outlives it
                 run = _checked_run(result, np_, f"rung of {np_} processes", out_dir / log, opts.timeout, gpus)
                 runs.append((np_, len(hosts.entries), run, seconds, log))
-                partial = analyze(runs, opts.threshold, full_np)
+                partial = analyze(runs, opts.threshold, full_np, opts.timeout)
                 on_event("rung", partial.rungs[-1])
             if len(inv.targets) > 1:
                 alone = _nodes_alone(pool, inv, job, python, env, script, opts, out_dir, gpus, on_event)
@@ -400,7 +422,7 @@ def run_ladder(
                 launch.remove_job(pool, inv.targets, job)
             except KeyboardInterrupt:
                 pass
-    ladder = analyze(runs, opts.threshold, full_np)
+    ladder = analyze(runs, opts.threshold, full_np, opts.timeout)
     slow = stragglers(alone)
     verdict = ladder.verdict + (f"; slow node(s) on their own: {', '.join(slow)}" if slow else "")
     judged = inv.cluster is None or not inv.cluster.shares_this_machine

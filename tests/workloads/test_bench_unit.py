@@ -150,6 +150,27 @@ def test_inconclusive_names_the_iters_that_decide_it_and_they_do():
     assert sum(first_rerun) >= 0.85 * len(first_rerun), first_rerun
 
 
+def test_advice_that_would_outlast_the_timeout_raises_it_too():
+    """The advised --iters must fit in each rung's --timeout, or following it would end in a timeout."""
+    rates = {1: steady(100.0, 0.03), 8: steady(736.0, 0.03)}
+
+    def per_batch(n: int) -> float:  # batch 64 x 50 steps at the rung's rate: 32 s (1), 35 s (8)
+        return 50 * 64 * n / (sum(rates[n]) / 10)
+
+    runs = [
+        (n, 1, dataclasses.replace(run(n, r), start={"steps": "50"}), 20.0 + 10 * per_batch(n), f"r{n}")
+        for n, r in rates.items()
+    ]
+    roomy = bench.analyze(runs, 0.9, timeout=1e6)
+    needed = roomy.iters_needed
+    assert needed and f"rerun with --iters {needed} (estimated" in roomy.verdict
+    longest = bench.rung_seconds(runs, needed)  # 20 s to launch and warm up, then the batches
+    assert longest == pytest.approx(20.0 + needed * per_batch(8)) and longest > 900
+    tight = bench.analyze(runs, 0.9, timeout=900.0)
+    expected = math.ceil(1.5 * longest / 60) * 60
+    assert f"rerun with --iters {needed} --timeout {expected} (estimated from the measured variance)" in tight.verdict
+
+
 def test_iters_to_clear_follows_from_the_variance():
     # 92% with a relative se of 2% at 10 batches: the gap of 2 points needs t x se <= 2% / (1 + power margin)
     est = stats.Estimate(0.92, (stats.Part(0.02**2 * 10, 10),))
