@@ -40,6 +40,7 @@ class Rung:
     speedup: float  # over the 1-process rung (or the smallest rung)
     efficiency: float  # 1 -> N: img/s / (np / base np x the base rung's img/s)
     node_scaling: float | None  # per-process img/s / the full-node rung's per-process img/s; None on one node
+    # img/s of each node's ranks, their own means: no interval (ranks in lockstep have no independent errors)
     per_node: dict[str, float]
     seconds: float
     log: str  # file name of the raw log in the results folder
@@ -48,6 +49,7 @@ class Rung:
     efficiency_conf: float = 0.0  # the same for efficiency, propagated from this rung and the base rung
     spread: float = 0.0  # img/s: 1.96 standard deviations of single batches (Horovod's +-; not the mean's)
     iters: int = 0  # timed batches
+    speedup_conf: float = 0.0  # the same for speedup (efficiency's, times np / base np)
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,7 @@ def analyze(
                 efficiency_conf,
                 stats.spread(samples),
                 len(samples),
+                efficiency_conf * np_ / base_np,
             )
         )
     status, verdict, needed = _verdict(checks)

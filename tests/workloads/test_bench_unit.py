@@ -244,6 +244,7 @@ def test_every_ratio_carries_both_rungs_intervals():
     assert top.node_scaling_conf == pytest.approx(t18 * 0.92 * (2 * 0.05**2 / 10) ** 0.5)
     assert top.efficiency == pytest.approx(5520 / (16 * 400))
     assert top.efficiency_conf == pytest.approx(t18 * top.efficiency * (2 * 0.05**2 / 10) ** 0.5)
+    assert top.speedup == pytest.approx(13.8) and top.speedup_conf == pytest.approx(16 * top.efficiency_conf)
     assert ladder.status == "INCONCLUSIVE" and not ladder.passed
     # the deciding check: the furthest below the threshold, 1 -> 16 at 86%; per process against a full node 92%
     assert ladder.verdict.startswith(
