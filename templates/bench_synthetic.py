@@ -6,14 +6,15 @@ the allreduce and nothing of storage. Standalone on purpose: nodes have TensorFl
 clusterctl.
 
 Timing follows Horovod's tensorflow2_synthetic_benchmark.py: at least 10 untimed warm-up steps, then
---iters timed batches of --steps steps each; the result is the mean over the batches +- 1.96 standard
-deviations (conf=), so a caller can tell a real difference from noise.
+--iters timed batches of --steps steps each; the result is the mean over the batches with their spread,
+1.96 standard deviations of single batches (conf=, Horovod's +-). Every batch's rate is printed too
+(`interval`): clusterctl takes the mean's confidence interval from them (workloads/bench_stats.py).
 
 Only rank 0 prints, and only lines that start with `CLUSTERCTL-BENCH` are meant for machines
 (clusterctl.workloads.horovod.parse_bench_output reads them):
 
     CLUSTERCTL-BENCH device rank=1 host=node-1 local_rank=1 gpus=1 logical=1   (one per rank; gpus=none: CPU)
-    CLUSTERCTL-BENCH start size=4 model=tiny batch=32 warmup_steps=10 steps=10 iters=10 gpus=0 ...
+    CLUSTERCTL-BENCH start size=4 model=tiny batch=32 ... precision=float32 compression=none  (what ran)
     CLUSTERCTL-BENCH interval step=10 img_per_sec=123.4 size=4                 (one per timed batch)
     CLUSTERCTL-BENCH host rank=1 name=node-1 local_rank=0 img_per_sec=30.9 conf=1.2
     CLUSTERCTL-BENCH result size=4 img_per_sec=123.6 img_per_sec_per_proc=30.9 model=tiny batch=32 conf=4.1
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             loss_scaling=int(loss_scaling),
             xla=int(args.xla),
             fp16_allreduce=int(args.fp16_allreduce),
+            compression="fp16" if args.fp16_allreduce else "none",  # what the allreduce sends
         )
 
     local_rates, totals = [], []

@@ -40,7 +40,9 @@ def bench(
         None, "--batch-size", help="Images per process per step (default: the GPU type's, as `train`)."
     ),
     steps: int = typer.Option(10, "--steps", help="Steps per timed batch."),
-    iters: int = typer.Option(10, "--iters", help="Timed batches per rung (mean +- 1.96 sigma over them)."),
+    iters: int = typer.Option(
+        10, "--iters", help="Timed batches per rung (the verdict's 95% interval narrows as their square root)."
+    ),
     warmup: int = typer.Option(10, "--warmup-steps", help="Untimed steps first (at least 10)."),
     input_only: bool = typer.Option(False, "--input-only", help="Time the input pipeline alone (no model)."),
     ladder: Optional[str] = typer.Option(
