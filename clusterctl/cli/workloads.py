@@ -60,17 +60,7 @@ def bench(
         raise UsageError(
             "only --synthetic is supported", "run `clusterctl bench --synthetic`; real data is `clusterctl train`"
         )
-    if model not in ("resnet50", "tiny"):
-        raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
-    within("--threshold", threshold, above=0, high=1)
-    within("--warmup-steps", warmup, benchlib.MIN_WARMUP)
-    within("--iters", iters, benchlib.MIN_ITERS)
-    within("--steps", steps, 1)
-    within("--batch-size", batch_size, 1)
-    inv = _resolve_hosts(hostsfile, cluster, ssh)
-    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
-    rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
-    opts = benchlib.BenchOptions(
+    opts = benchlib.BenchOptions(  # every option checked here, as a playbook's bench step is
         model=model,
         batch_size=batch_size,
         steps=steps,
@@ -82,6 +72,9 @@ def bench(
         threshold=threshold,
         timeout=timeout,
     )
+    inv = _resolve_hosts(hostsfile, cluster, ssh)
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
+    rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
     display.info(
         f"ladder: {', '.join(map(str, rungs))} process(es) on {len(inv.hosts.entries)} node(s), "
         f"model {model}, batch {batch_size}/process"

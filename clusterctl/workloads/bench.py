@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from clusterctl import resources
 from clusterctl.cluster import costs
-from clusterctl.errors import ClusterctlError, ExitCode, UsageError
+from clusterctl.errors import ClusterctlError, ExitCode, UsageError, within
 from clusterctl.hostsfile import HostsFile
 from clusterctl.units import duration, money
 from clusterctl.workloads import horovod, launch
@@ -236,6 +236,17 @@ class BenchOptions:
     threshold: float = DEFAULT_THRESHOLD
     timeout: float = 900.0  # per rung
     extra: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        """The same checks for `clusterctl bench` and a playbook's bench step, one per option."""
+        if self.model not in ("resnet50", "tiny"):
+            raise UsageError(f"unknown model {self.model!r}", "use resnet50 or tiny")
+        within("--batch-size", self.batch_size, 1)
+        within("--steps", self.steps, 1)
+        within("--iters", self.iters, MIN_ITERS)
+        within("--warmup-steps", self.warmup_steps, MIN_WARMUP)
+        within("--threshold", self.threshold, above=0, high=1)
+        within("--timeout", self.timeout, above=0)
 
     def script_args(self, np: int) -> list[str]:
         args = [
