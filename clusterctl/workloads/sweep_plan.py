@@ -143,18 +143,12 @@ def placeholders(template: Sequence[str]) -> list[str]:
 def render_command(template: Sequence[str], values: Mapping[str, str]) -> str:
     """The shell command of one trial. Several words (`-- python train.py --lr {lr}`): each word filled in,
     then quoted for the shell. One word (`-- 'python t.py --lr {lr} | tee out'`): shell text, with each
-    value quoted where it goes."""
-
-    def fill(text: str, quote: bool) -> str:
-        def sub(m: re.Match) -> str:
-            value = str(values[m.group(1)])
-            return shlex.quote(value) if quote else value
-
-        return _PLACEHOLDER.sub(sub, text)
+    value quoted for where it stands (bare, '...' or "..."; remote/shelltext.py)."""
+    from clusterctl.remote import shelltext
 
     if len(template) == 1:
-        return fill(template[0], True)
-    return shlex.join(fill(word, False) for word in template)
+        return shelltext.fill(template[0], _PLACEHOLDER, lambda m: str(values[m.group(1)]))
+    return shlex.join(_PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), word) for word in template)
 
 
 @dataclass(frozen=True)
