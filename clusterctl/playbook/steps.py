@@ -107,7 +107,7 @@ def _clean(s: CleanSpec, ctx: Context) -> tuple[bool, str]:
     inv = ctx.inventory
     actions = []
     if s.kill if s.kill is not None else not (s.logs is not None or s.disk):
-        actions.append(("kill", clean.kill_command()))
+        actions.append(("kill", clean.kill_command(s.all_user_processes)))  # the step is the confirmation
     if s.logs is not None:
         clean.check_logs_path(s.logs)
         actions.append(("logs", clean.logs_command(s.logs, s.force)))
