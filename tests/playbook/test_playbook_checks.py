@@ -104,3 +104,16 @@ def test_a_good_train_step_passes_the_checks_and_is_shown_as_given(tmp_path):
     proc = clusterctl(tmp_path, "play", str(book), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "t: clusterctl train --data d --model tiny --epochs 2 --batch-size 8" in proc.stderr
+
+
+def test_a_sweep_of_the_trainer_gets_the_same_checks_before_it_starts(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 slots=1\n")
+    argv = ["python", "train_imagenet.py", "--synthetic", "--epochs", "{epochs}", "--batch-size={bs}"]
+    proc = clusterctl(tmp_path, "sweep", "--hosts", str(hosts), "--grid", "epochs=1,-3", "--grid", "bs=8", "--", *argv)
+    assert proc.returncode == 2, proc.stderr
+    assert error_line(proc) == "trial 2 (epochs=-3, bs=8): --epochs must be positive, not -3.0"
+    proc = clusterctl(tmp_path, "sweep", "--hosts", str(hosts), "--grid", "epochs=1", "--grid", "bs=0,8", "--", *argv)
+    assert (
+        proc.returncode == 2 and error_line(proc) == "trial 1 (epochs=1, bs=0): --batch-size must be at least 1, not 0"
+    )
