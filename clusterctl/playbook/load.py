@@ -23,7 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from clusterctl.errors import ClusterctlError, UsageError
+from clusterctl.errors import ClusterctlError, UsageError, within
 from clusterctl.playbook import steps as playsteps
 from clusterctl.playbook.model import (
     SPECS,
@@ -32,6 +32,7 @@ from clusterctl.playbook.model import (
     OnFailure,
     Playbook,
     PlaybookError,
+    RunSpec,
     Spec,
     Step,
     SyncSpec,
@@ -238,7 +239,9 @@ def _check(spec: Spec, what: str) -> None:
     """What a field's type cannot say: the library's own checks of the values, the ones the CLI command's
     flags go through (the same one-line error, after file:line), before any step runs."""
     try:
-        if isinstance(spec, TrainSpec):
+        if isinstance(spec, RunSpec):
+            within("--timeout", spec.timeout, above=0)  # `clusterctl run --timeout`'s check
+        elif isinstance(spec, TrainSpec):
             playsteps.train_options(spec)
         elif isinstance(spec, BenchSpec):
             playsteps.bench_options(spec)

@@ -74,6 +74,11 @@ CASES = [
         "--fanout must be at least 1, not 0",
     ),
     (
+        ("run", "--timeout", "0", "HOSTS", "true"),
+        "run: {command: 'true', timeout: 0}",
+        "--timeout must be positive, not 0.0",
+    ),
+    (
         ("sync", "--strategy", "pigeon", "/srv/x", "/srv/y"),
         "sync: {src: /srv/x, dst: /srv/y, strategy: pigeon}",
         "unknown --strategy 'pigeon': use one of chain, tree, parallel, sequential",
@@ -85,7 +90,8 @@ CASES = [
 def test_the_cli_and_a_playbook_refuse_a_value_with_the_same_error(tmp_path, argv, step, message):
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 slots=1\n")
-    cli = clusterctl(tmp_path, argv[0], str(hosts), *argv[1:])
+    argv = [str(hosts) if a == "HOSTS" else a for a in argv] if "HOSTS" in argv else [argv[0], str(hosts), *argv[1:]]
+    cli = clusterctl(tmp_path, *argv)
     assert cli.returncode == 2 and error_line(cli) == message, cli.stderr
     marker = tmp_path / "first-step-ran"
     book = tmp_path / "book.yaml"
