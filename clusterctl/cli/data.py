@@ -65,8 +65,7 @@ def sync(
     if len(args) not in (2, 3):
         raise UsageError("expected [HOSTS] SRC DST", "e.g. clusterctl sync hosts ~/imagenet_data ~/imagenet_data")
     hosts_path, src, dst = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
-    if strategy not in syncplan.STRATEGIES:
-        raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(syncplan.STRATEGIES)}")
+    syncplan.check_strategy(strategy)
     chains = _fanout(fanout)
     within("--stall-timeout", stall_timeout, above=0)
     if verify not in syncsession.VERIFY:
@@ -115,12 +114,13 @@ def _fanout(text: str) -> int | None:
     """--fanout: a number of chains (>= 1), or auto (None: measured when the chain starts)."""
     if text == "auto":
         return None
+    from clusterctl.data import plan as syncplan
+
     try:
         k = int(text)
     except ValueError:
         raise UsageError(f"--fanout must be auto or a whole number, not {text!r}") from None
-    within("--fanout", k, 1)
-    return k
+    return syncplan.check_fanout(k)
 
 
 def _plan_fanout(inv, source, dst: str, node_python: str | None):

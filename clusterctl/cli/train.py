@@ -133,40 +133,11 @@ def train(
         trainlib.stop(inv, job)
         display.info(f"stopped {job.job} on every node")
         return
-    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
-    if synthetic == bool(data):
-        raise UsageError("give --data DIR or --synthetic (one of them)")
-    if model not in ("resnet50", "tiny"):
-        raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
-    for flag, value in (
-        ("--batch-size", batch_size),
-        ("--checkpoint-every", checkpoint_every),
-        ("--log-every", log_every),
-        ("--max-steps", max_steps),
-        ("--np", np_),
-    ):
-        within(flag, value, 0 if flag == "--checkpoint-every" else 1)
-    within("--epochs", epochs, above=0)
-    if fp32:
+    if fp32:  # a synonym of --precision fp32, a flag's business
         if precision not in (None, "fp32"):
             raise UsageError(f"--fp32 and --precision {precision} say different things", "give one of them")
         precision = "fp32"
-    if mixed_precision and precision is not None:
-        raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
-    if precision is not None and precision not in trainopts.PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(trainopts.PRECISIONS)}")
-    if recipe is not None and recipe not in trainopts.RECIPES:
-        raise UsageError(f"unknown recipe {recipe!r}", f"use one of {', '.join(trainopts.RECIPES)}")
-    within("--eval-every", eval_every, 1)
-    within("--fusion-threshold-mb", fusion_threshold_mb, 0)
-    within("--cycle-time-ms", cycle_time_ms, above=0)
-    if checkpoint_to is not None:
-        trainopts.check_s3_uri(checkpoint_to)
-        if inv.cluster is not None:
-            _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(
-                inv.cluster, checkpoint_to
-            )
-    opts = trainopts.TrainOptions(
+    opts = trainopts.TrainOptions(  # every option checked here, as a playbook's train step is
         data=data,
         synthetic=synthetic,
         model=model,
@@ -179,21 +150,19 @@ def train(
         checkpoint_every=checkpoint_every,
         log_every=log_every,
         mixed_precision=mixed_precision,
-        xla=xla,
-        checkpoint_to=checkpoint_to,
-        extra=tuple(trainer_arg),
-    )
-    from dataclasses import replace
-
-    opts = replace(
-        opts,
         precision=precision,
         fp16_allreduce=fp16_allreduce,
         recipe=recipe,
         eval_every=eval_every,
         fusion_threshold_mb=fusion_threshold_mb,
         cycle_time_ms=cycle_time_ms,
-    )
+        xla=xla,
+        checkpoint_to=checkpoint_to,
+        extra=tuple(trainer_arg),
+    ).require_source()
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
+    if checkpoint_to is not None and inv.cluster is not None:
+        _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(inv.cluster, checkpoint_to)
     job = trainlib.start(
         inv,
         store,

@@ -249,6 +249,7 @@ def _runtime_line(request) -> str:
 def _runtime_s3(url: str, region: Optional[str]):
     import boto3
 
+    from clusterctl.providers.aws.api import configured_region
     from clusterctl.runtime.install import S3Cache
 
-    return S3Cache(url, boto3.session.Session(region_name=region or None).client("s3"))
+    return S3Cache(url, boto3.session.Session(region_name=region or configured_region()).client("s3"))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from clusterctl.cluster import hosts_out as hosts_out_mod
 from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, UnreachableError, WaitTimeout
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, Provider, Teardown
@@ -128,6 +129,8 @@ def up(
                 if owner and owner != me()
                 else f"remove it with `clusterctl down {spec.name} --yes`, or choose another --name",
             )
+        if hosts_out is not None:
+            hosts_out_mod.check(hosts_out)  # the user's ./hosts (an inventory, /etc/hosts) is never replaced
         p = paths(store, spec.name)
         store.ensure_dir(spec.name)
         operator = sshkeys.ensure_keypair(p.operator_key, f"clusterctl-{spec.name}-operator")
@@ -181,8 +184,10 @@ def up(
                 )
             cluster = dataclasses.replace(cluster, extra={**cluster.extra, **fields})
             atomic_write(p.hosts, hf.render(), mode=0o644)
-            if hosts_out is not None:
-                atomic_write(hosts_out, hf.render(), mode=0o644)
+            if hosts_out is not None and not hosts_out_mod.write(hosts_out, hf.render(), spec.name):
+                report(
+                    f"warning: {hosts_out} appeared while up ran and is not clusterctl's: left alone; the hosts file is {p.hosts}"
+                )
             store.save(Record(cluster, "up", time.time()))
             store.set_current(spec.name)
             return cluster

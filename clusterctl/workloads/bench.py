@@ -17,11 +17,12 @@ from typing import Callable, Sequence
 
 from clusterctl import resources
 from clusterctl.cluster import costs
-from clusterctl.errors import ClusterctlError, ExitCode, UsageError
+from clusterctl.errors import ClusterctlError, ExitCode, UsageError, within
 from clusterctl.hostsfile import HostsFile
 from clusterctl.units import duration, money
 from clusterctl.workloads import bench_stats as stats, horovod, launch, train_config
 from clusterctl.workloads.train_config import TrainConfig
+from clusterctl.workloads.train_options import PRECISIONS
 
 DEFAULT_THRESHOLD = 0.90  # scaling efficiency: the figure Horovod (90% at 512 GPUs) and AWS's recipe report
 SLOW_NODE = 0.80  # a node whose per-process img/s alone is below this share of the other nodes' median is named
@@ -370,6 +371,19 @@ class BenchOptions:
             xla=c.xla,
             fp16_allreduce=c.fp16_allreduce,
         )
+
+    def __post_init__(self) -> None:
+        """The same checks for `clusterctl bench` and a playbook's bench step, one per option."""
+        if self.model not in ("resnet50", "tiny"):
+            raise UsageError(f"unknown model {self.model!r}", "use resnet50 or tiny")
+        within("--batch-size", self.batch_size, 1)
+        within("--steps", self.steps, 1)
+        within("--iters", self.iters, MIN_ITERS)
+        within("--warmup-steps", self.warmup_steps, MIN_WARMUP)
+        within("--threshold", self.threshold, above=0, high=1)
+        within("--timeout", self.timeout, above=0)
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise UsageError(f"unknown precision {self.precision!r}", f"use one of {', '.join(PRECISIONS)}")
 
     def script_args(self, np: int) -> list[str]:
         args = [

@@ -210,6 +210,7 @@ def start(
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import horovod, launch
 
+    opts.require_source()
     total = inv.hosts.total_slots
     if np is not None and not 1 <= np <= total:
         raise UsageError(f"--np {np}: the hosts have {total} slot(s)")
