@@ -475,8 +475,8 @@ class MotoAws:
 
     def audit(self) -> list[str]:
         """What every test must leave true: each real RunInstances carried IMDSv2 required, encrypted volumes,
-        the instance profile, the cluster tag and the placement group; no rule opened ssh to the world unless
-        the test asked for it (world_ssh)."""
+        a shutdown behaviour of --idle-action's (stop or terminate), the instance profile, the cluster tag and
+        the placement group; no rule opened ssh to the world unless the test asked for it (world_ssh)."""
         problems = []
         for c in self.actions("RunInstances"):
             p = c.params
@@ -485,9 +485,12 @@ class MotoAws:
             want = {
                 "MetadataOptions.HttpTokens": "required",
                 "BlockDeviceMapping.1.Ebs.Encrypted": "true",
-                "InstanceInitiatedShutdownBehavior": "terminate",
             }
             problems += [f"RunInstances {k}={p.get(k)!r}" for k, v in want.items() if p.get(k) != v]
+            if p.get("InstanceInitiatedShutdownBehavior") not in ("stop", "terminate"):  # --idle-action's two
+                problems.append(
+                    f"RunInstances InstanceInitiatedShutdownBehavior={p.get('InstanceInitiatedShutdownBehavior')!r}"
+                )
             if not (p.get("IamInstanceProfile.Name") or p.get("IamInstanceProfile.Arn")):
                 problems.append("RunInstances without an instance profile")
             if not p.get("Placement.GroupName"):

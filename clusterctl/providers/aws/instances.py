@@ -36,7 +36,7 @@ from clusterctl.providers.aws.discovery import (
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.base import ClusterKeys
 from clusterctl.state import atomic_write
-from clusterctl.types import Cluster, node_names
+from clusterctl.types import Cluster, ClusterSpec, node_names
 
 CAPACITY_CODES = {
     "InsufficientInstanceCapacity",
@@ -162,6 +162,12 @@ def fabric_extra(ctx: Context) -> dict[str, str]:
     }
 
 
+def shutdown_behavior(spec: ClusterSpec) -> str:
+    """What a `shutdown` on the node (the autostop watchdog's power-off) does to the instance: the cluster's
+    --idle-action, stop (its EBS disks kept, `up` starts it again) or terminate."""
+    return spec.autostop.idle_action if spec.autostop is not None else "terminate"
+
+
 def run_params(
     ctx: Context,
     scope: Scope,
@@ -201,7 +207,7 @@ def run_params(
         "NetworkInterfaces": nics,
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
         "BlockDeviceMappings": [{"DeviceName": ctx.image.root_device, "Ebs": ebs}],
-        "InstanceInitiatedShutdownBehavior": "terminate",
+        "InstanceInitiatedShutdownBehavior": shutdown_behavior(spec),
         "TagSpecifications": tag_specs,
         "UserData": render_user_data(
             spec.name, ctx.region, ctx.image.ssh_user, ctx.slots, internal_key, autostop=spec.autostop
