@@ -34,8 +34,8 @@ daemons, and clusterctl's own checks (anything running this script) do not count
 is first in the hosts file (the leader) decides for the whole cluster: it asks every member over ssh, and
 when it fires it powers the members off first, then itself. A member defers to the leader while the leader
 answers on port 22, and acts alone (on its own activity) when there is no hosts file yet or the leader is
-gone. What idle does (idle_action): "stop" (AWS: the instances stop, their disks kept; `clusterctl up NAME`
-starts them again) or "terminate" (gone, disks included); the power-off is the same, the instance's
+gone. What idle does (idle_action): "stop" (AWS: the instances stop, their disks kept; `clusterctl up
+--name NAME` starts them again) or "terminate" (gone, disks included); the power-off is the same, the instance's
 shutdown behaviour (set at launch) or the local supervisor makes the difference.
 """
 
@@ -554,7 +554,8 @@ def run(d):
             seen, first = {}, True  # sessions seen before a pause say nothing about activity after it
         else:
             here = probe(cfg.get("gpu_busy_percent", 1))
-            reasons = leases(d, now) + busy_reasons("this node", here, seen.get("", {}), own, first, cfg)
+            label = f"{hosts[0]} (leader)" if role == "leader" else "this node"
+            reasons = leases(d, now) + busy_reasons(label, here, seen.get("", {}), own, first, cfg)
             seen[""] = here
             members = [h for h in hosts[1:] if h not in mine] if role == "leader" else []
             probes = probe_members(cfg, members) if members else {}
@@ -577,7 +578,8 @@ def run(d):
                 "checked_at": now,
                 "last_active": last_active,
                 "last_reason": last_reason,
-                "busy": [r[:200] for r in reasons[:20]],  # what holds the cluster at this check (`status` says)
+                # what holds the cluster at this check (`status` says); nothing while off or a member
+                "busy": [r[:200] for r in reasons[:20]] if role != "member" and cfg.get("enabled", True) else [],
                 "role": role,
                 "plan": p,
             },

@@ -81,7 +81,7 @@ def up(
     idle_action: str = typer.Option(
         "stop",
         "--idle-action",
-        help="What autostop does: stop (disks kept; `clusterctl up NAME` starts it again) or terminate.",
+        help="What autostop does: stop (disks kept; `clusterctl up --name NAME` starts it again) or terminate.",
     ),
     runtime: str = typer.Option(
         "install", "--runtime", help="install: the node runtime (TensorFlow + Horovod) on every node; none: skip it."
