@@ -933,6 +933,24 @@ def _install_patches(aws: MotoAws) -> None:
 
     minst.InstanceBackend.terminate_instances = terminate_instances
 
+    orig_start = minst.InstanceBackend.start_instances
+
+    def start_instances(self, instance_ids):
+        """A stopped instance started again (autostop's --idle-action stop, then `up`) gets a new public address,
+        as on EC2: its node answers on it. (Its namespace node ran on while "stopped": moto stops no process.)"""
+        aws = cur()
+        before = {iid: getattr(self.get_instance(iid), "public_ip", None) for iid in instance_ids}
+        result = orig_start(self, instance_ids)
+        for instance, _ in result:
+            old, new = before.get(instance.id), getattr(instance, "public_ip", None)
+            if instance.id in aws.nodes and new and new != old:
+                if old:
+                    aws.remove_public(old)
+                aws.add_public(instance.id, new)
+        return result
+
+    minst.InstanceBackend.start_instances = start_instances
+
     # ---- console output like cloud-init's --------------------------------------------------------------
     from moto.core.types import Base64EncodedString
     from moto.core.utils import utcnow
