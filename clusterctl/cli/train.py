@@ -46,7 +46,9 @@ def train(
     model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU rehearsals."),
     epochs: float = typer.Option(90, "--epochs"),
     batch_size: Optional[int] = typer.Option(
-        None, "--batch-size", help="Images per process per step (trainer default 64)."
+        None,
+        "--batch-size",
+        help="Images per process per step (default: the GPU type's, as `bench`: 256 on GPUs in 16-bit, 32 on CPUs).",
     ),
     model_dir: Optional[str] = typer.Option(
         None,
@@ -70,11 +72,13 @@ def train(
     precision: Optional[str] = typer.Option(
         None,
         "--precision",
-        help="auto (the trainer's default: float16 with loss scaling on GPUs with tensor cores, compute capability 7.0+, else fp32), fp32, float16, bfloat16 or mixed.",
+        help="fp32, float16 (with loss scaling), bfloat16, mixed or auto (default: the GPU type's, as `bench`: float16 on GPUs, fp32 on CPUs; auto lets the trainer pick by compute capability).",
     ),
     fp32: bool = typer.Option(False, "--fp32", help="No mixed precision, even on tensor-core GPUs (--precision fp32)."),
-    fp16_allreduce: bool = typer.Option(
-        False, "--fp16-allreduce", help="Compress gradients to float16 for the allreduce."
+    fp16_allreduce: Optional[bool] = typer.Option(
+        None,
+        "--fp16-allreduce/--no-fp16-allreduce",
+        help="Compress gradients to float16 for the allreduce (default: on GPUs).",
     ),
     recipe: Optional[str] = typer.Option(
         None,
@@ -90,7 +94,7 @@ def train(
         64.0, "--fusion-threshold-mb", help="Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB."
     ),
     cycle_time_ms: float = typer.Option(1.0, "--cycle-time-ms", help="Horovod's cycle time (HOROVOD_CYCLE_TIME), ms."),
-    xla: bool = typer.Option(False, "--xla"),
+    xla: Optional[bool] = typer.Option(None, "--xla/--no-xla", help="Compile the model with XLA (default: on GPUs)."),
     trainer_arg: List[str] = typer.Option(
         [], "--trainer-arg", help="One more argument for train_imagenet.py (repeatable)."
     ),

@@ -14,6 +14,12 @@ use the node's own (instance profile, or ~/.aws config). Sub-commands print one 
                                         and mtime are still tar's, as proved without reading it back;
                                         with --stream-digest D too, a DST that was empty and whose stream
                                         had D as its digest (recv) is whole without a lookup (below)
+    fresh --dst DST                     whether DST holds nothing yet (then its marker goes; see cmd_fresh)
+    check and fresh first resolve DST on the node (realpath) and refuse it (exit 2, nothing touched): a
+                                        system folder, the home, clusterctl's own folders; with --src S
+                                        --src-id DEV:INO --src-boot B (the source folder resolved where
+                                        it is), a DST that holds SRC, lies inside it, or is SRC unless
+                                        --src-may-be-dst (then only checked: no data written or deleted)
     recv --hashes H                     stdin to stdout (into tar -x) unchanged, hashing every tar
                                         member's bytes on the way: H gets a first line {stream, files,
                                         bytes}, then {path: [sha256, size, mtime]}
@@ -76,9 +82,10 @@ EXIT_FAILED = 1
 
 
 class AgentError(Exception):
-    def __init__(self, message: str, code: int = EXIT_FAILED):
+    def __init__(self, message: str, code: int = EXIT_FAILED, hint: str = ""):
         super().__init__(message)
         self.code = code
+        self.hint = hint  # what to do, for a refusal the operator shows as one line
 
 
 class ManifestEntry(NamedTuple):
@@ -594,16 +601,35 @@ SYSTEM_TREES = (
 )
 
 
+# clusterctl's own folders on a node: the node runtimes (runtime/spec.py ROOT) and the AWS idle watchdog
+# (autostop/watchdog.py), and the login home's .clusterctl (every run's work folder, this script among
+# them). Never synced into, nor held by a DST with --delete. The one exception: the runtime's own relay
+# lands its pack in RUNTIME_INCOMING/<id> (runtime/install.py INCOMING).
+TOOL_TREES = ("/opt/clusterctl-runtime", "/opt/clusterctl")
+RUNTIME_INCOMING = "/opt/clusterctl-runtime/.incoming"
+TOOL_HOME = ".clusterctl"
+
+
+def _within(path: str, tree: str) -> bool:
+    """path is tree or lies inside it (both absolute and normalized)."""
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
 def dst_problem(real: str, home: str, delete: bool) -> str | None:
     """Why DST (already realpath'd, symlinks followed) must not be synced into, or None. The same rules
     as `clean --logs` (clean.logs_command): with --delete, or for a removal, `delete` is True."""
     if real == "/":
         return "it resolves to /"
     for tree in SYSTEM_TREES:
-        if real == tree or real.startswith(tree + "/"):
+        if _within(real, tree):
             return f"{real} is a system folder ({tree})"
     if real == home or home.startswith(real.rstrip("/") + "/"):
         return f"{real} is the login home {home} or holds it"
+    for tree in (*TOOL_TREES, os.path.join(home, TOOL_HOME)):
+        if _within(real, tree) and not real.startswith(RUNTIME_INCOMING + "/"):
+            return f"{real} is in clusterctl's own folder {tree}"
+        if delete and tree.startswith(real + "/"):
+            return f"{real} holds clusterctl's own folder {tree} (--delete would empty it)"
     if delete:
         if real.count("/") == 1:
             return f"{real} is a top-level folder (--delete would empty it)"
@@ -613,18 +639,82 @@ def dst_problem(real: str, home: str, delete: bool) -> str | None:
     return None
 
 
-def safe_root(dst: str, delete: bool) -> str:
-    """DST resolved on this node (symlinks followed), refused (exit 2) before anything in it is touched."""
+def boot_id() -> str:
+    """This kernel's boot id ("" where there is none). Two views of a folder with one boot id are one
+    kernel's (namespace nodes and this machine; a hosts file naming this machine), where a device and inode
+    name one folder; another machine's boot id differs, so no folder there is taken for the source."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def folder_id(path: str) -> str:
+    """device:inode of the folder at path (symlinks followed)."""
+    st = os.stat(path)
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def source_relation(real: str, src: str, src_id: str, src_boot: str) -> tuple[str, str]:
+    """How DST, resolved on this node (real), stands to SRC: the source folder resolved where it is (src),
+    its device:inode and its kernel's boot id. ("", "") when this node cannot see SRC (another kernel, or
+    another folder at that path, as a namespace node's own /root); else "is" (DST is SRC), "holds" or
+    "inside", and SRC's path as seen here. Also found when SRC is seen under another path (a bind mount):
+    DST or a folder above it being SRC."""
+    if not src or not src_boot or src_boot != boot_id():
+        return "", ""
+    try:
+        here = os.path.realpath(src)
+        seen = folder_id(here) == src_id
+    except OSError:
+        seen = False
+    if seen:
+        if real == here:
+            return "is", here
+        if _within(here, real):
+            return "holds", here
+        if _within(real, here):
+            return "inside", here
+    p = real
+    while True:
+        try:
+            if folder_id(p) == src_id:
+                return ("is" if p == real else "inside"), p
+        except OSError:
+            pass  # not made yet
+        if p == "/":
+            return "", ""
+        p = os.path.dirname(p)
+
+
+def safe_root(args: dict) -> tuple[str, bool]:
+    """DST resolved on this node (symlinks followed) and whether it is SRC itself (--src ...), refused (exit 2)
+    before anything in it is touched: a system or clusterctl folder (dst_problem), or SRC, a folder holding
+    SRC or one inside it (the copy would write into its own source, and --delete remove it). DST being SRC
+    is allowed with --src-may-be-dst (a leader source: that node's copy is the source, checked; no data is
+    written into it or deleted from it, only its state folder kept)."""
+    dst, delete = args["dst"], bool(args.get("delete"))
     home = os.path.realpath(os.path.expanduser("~"))
     real = os.path.realpath(resolve_root(dst))
     problem = dst_problem(real, home, delete)
+    hint = "name a folder of its own (not a system folder, the home, nor clusterctl's)"
+    relation, here = source_relation(real, args.get("src", ""), args.get("src_id", ""), args.get("src_boot", ""))
+    said = {
+        "holds": f"it resolves to {real}, which holds SRC {here}",
+        "inside": f"it resolves to {real}, inside SRC {here}",
+        "is": "" if args.get("src_may_be_dst") else f"it resolves to {real}, which is SRC {here} itself",
+    }.get(relation, "")
+    if said:
+        problem, hint = said, "sync into a folder outside SRC that does not hold it (e.g. one beside it)"
     if problem:
-        raise AgentError(f"refusing to sync into {dst}: {problem}", 2)
-    return real
+        raise AgentError(f"refusing to sync into {dst}: {problem}", 2, hint)
+    return real, relation == "is"
 
 
 def cmd_check(args: dict) -> dict:
-    root = safe_root(args["dst"], bool(args.get("delete")))
+    root, is_src = safe_root(args)
+    delete = bool(args.get("delete")) and not is_src  # the source itself: only checked
     state = os.path.join(root, STATE_DIR)
     marker = os.path.join(state, MARKER)
     saved = os.path.join(state, SAVED)
@@ -656,7 +746,7 @@ def cmd_check(args: dict) -> dict:
         if head:
             received = load_received(args["received"])[1]
         manifest = ManifestReader(args["manifest"])
-        got = check(root, manifest, bool(args.get("delete")), int(args.get("workers", 4)), received)
+        got = check(root, manifest, delete, int(args.get("workers", 4)), received)
         digest = manifest.digest
     marked = False
     if not got.bad and mark is not None:
@@ -694,6 +784,7 @@ def cmd_check(args: dict) -> dict:
         "reread": got.reread,
         "streamed": got.files - got.reread,
         "by_stream": by_stream,  # proved by the stream's digest alone
+        "source": is_src,  # DST is SRC itself (--src-may-be-dst): its data never written nor deleted
     }
 
 
@@ -701,7 +792,9 @@ def cmd_fresh(args: dict) -> dict:
     """Whether DST holds nothing yet (missing, or only this tool's state folder): then its completion marker
     is removed and every entry of any manifest is missing there, so the node needs no manifest to say so
     (a first sync of 200,000 files skips reading them and looking each up). Else nothing is touched."""
-    root = safe_root(args["dst"], bool(args.get("delete")))
+    root, is_src = safe_root(args)
+    if is_src:
+        return {"root": root, "fresh": False, "source": True}
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -1017,7 +1110,8 @@ def cmd_manifest(args: dict) -> dict:
     return {
         "root": root,
         "real": os.path.realpath(root),
-        "home": os.path.expanduser("~"),
+        "id": folder_id(root),  # with "boot": how every node tells whether it sees this folder (safe_root)
+        "boot": boot_id(),
         "entries": entries,
         "hashed": hashed,
     }
@@ -1102,7 +1196,7 @@ class _Progress:
 
 
 def cmd_s3pull(args: dict) -> dict:
-    root = safe_root(args["dst"], False)
+    root = safe_root({"dst": args["dst"]})[0]
     with open(args["only"], "rb") as f:
         wanted = [p for p in f.read().decode("utf-8", "surrogateescape").split("\0") if p]
     only = set(wanted)  # of the manifest, only the entries pulled are held
@@ -1381,6 +1475,9 @@ class _Parser(argparse.ArgumentParser):
         raise AgentError(message, 2)
 
 
+SRC_OPTIONS = ("--src", "--src-id", "--src-boot")  # check, fresh: the source folder DST is judged against
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="agent.py", add_help=False)
     sub = parser.add_subparsers(dest="cmd", parser_class=_Parser)
@@ -1389,10 +1486,10 @@ def _parser() -> argparse.ArgumentParser:
         "manifest": ([("root",)], ["--workers", "--cache", "--out"], []),
         "check": (
             [],
-            ["--dst", "--manifest", "--mark", "--workers", "--received", "--stream-digest", "--out"],
-            ["--reset", "--delete"],
+            ["--dst", "--manifest", "--mark", "--workers", "--received", "--stream-digest", "--out", *SRC_OPTIONS],
+            ["--reset", "--delete", "--src-may-be-dst"],
         ),
-        "fresh": ([], ["--dst", "--out"], ["--delete"]),
+        "fresh": ([], ["--dst", "--out", *SRC_OPTIONS], ["--delete", "--src-may-be-dst"]),
         "s3list": ([("bucket",), ("prefix",)], ["--endpoint-url", "--out"], []),
         "s3pull": (
             [],
@@ -1444,6 +1541,7 @@ def parse(argv: list[str]) -> tuple[str, dict]:
         "--hop",
         "--remote",
         "--seconds",
+        *SRC_OPTIONS,
     }
     joined, i = [], 0
     while i < len(argv):
@@ -1478,7 +1576,7 @@ def main(argv: list[str]) -> int:
         _emit(result, args.get("out"))
         return 0
     except AgentError as exc:
-        _emit({"error": str(exc)}, args.get("out"))
+        _emit({"error": str(exc), **({"hint": exc.hint} if exc.hint else {})}, args.get("out"))
         return exc.code
     except OSError as exc:
         _emit({"error": f"{exc.strerror or exc}: {exc.filename or ''}".strip()}, args.get("out"))
@@ -1508,7 +1606,7 @@ def _emit(result: dict, out: str | None) -> None:
         else:
             head = {k: v for k, v in result.items() if k != "entries"}
             write_lines(out, {**head, "lines": len(entries)}, entries)
-        result = {"out": out, **({"error": result["error"]} if "error" in result else {})}
+        result = {"out": out, **{k: result[k] for k in ("error", "hint") if k in result}}
     sys.stdout.write(json.dumps(result, ensure_ascii=True) + "\n")
 
 

@@ -51,6 +51,7 @@ class SyncNode:
     alive: bool = True
     last_error: str = ""  # why its last copy attempt failed, when the copy said so
     fresh: bool = False  # DST held nothing before this run (agent `fresh`): it lacked every entry
+    is_source: bool = False  # DST is SRC itself here (a leader source): checked, no data written
 
     @property
     def label(self) -> str:
@@ -136,6 +137,7 @@ class SyncSession:
         self.entries: list[ManifestEntry] = []  # read from the wire once (node_side.ManifestEntry)
         self.manifest_bytes = b""
         self.src_root = ""  # the source folder, resolved where it is
+        self.src_judge: tuple[str, ...] = ()  # the agent's --src options: every node judges DST against SRC
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.children = Children()
 
@@ -198,6 +200,11 @@ class SyncSession:
             raise
         finally:
             sftp.close()
+
+    def refused(self, node: SyncNode, data: dict | None) -> UsageError:
+        """The agent's refusal of DST on a node (exit 2), as one line naming the node."""
+        why = (data or {}).get("error") or f"refusing to sync into {self.dst}"
+        return UsageError(f"on {node.label}: {why}", (data or {}).get("hint") or None)
 
     def fail(self, node: SyncNode, status: CopyStatus, detail: str) -> None:
         if node.outcome.status == "ok" or status == "unreachable":

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import posixpath
 import shlex
 import tempfile
 import time
@@ -39,7 +38,7 @@ from clusterctl.data import chain, node_side as sync_agent, rsync_hops, s3_round
 from clusterctl.data.node_side import ManifestEntry
 from clusterctl.data.outcome import SyncIncomplete, SyncReport
 from clusterctl.data.session import ManifestUnreadable, SyncNode, SyncSession, mb
-from clusterctl.errors import ConfigError, ExitCode, UsageError
+from clusterctl.errors import ConfigError, ExitCode
 
 CACHE = ".clusterctl/sync-manifests"  # a leader source's manifest kept for the next run (beside WORK, not in it)
 
@@ -72,6 +71,9 @@ class Syncer(SyncSession):
         self._manifest()
         self._upload_agent()
         sending = self._precheck()
+        for n in self.live():
+            if n.is_source and n.bad:  # nothing is ever written into the source: the run is to be made again
+                self.fail(n, "failed", f"DST is SRC here, changed since its manifest, e.g. {n.bad[0]!r}: run it again")
         todo = [n for n in self.live() if n.bad]
         for n in todo:
             n.outcome.bytes = n.bad_bytes
@@ -116,6 +118,8 @@ class Syncer(SyncSession):
         if src.kind == "local":
             self.events.phase(f"listing {src.path} (sha256 of every file changed since the last run follows)")
             self.src_root = src.path
+            real = os.path.realpath(src.path)  # every node on this kernel judges its DST against it
+            self.src_judge = ("--src", real, "--src-id", sync_agent.folder_id(real), "--src-boot", sync_agent.boot_id())
             wire, keys = sync_agent.walk(src.path)
             self.entries = [ManifestEntry.from_wire(e) for e in wire]  # no sha256 yet: _hash_local's
             self._check_paths()
@@ -162,8 +166,9 @@ class Syncer(SyncSession):
                     ExitCode.REMOTE_FAILED,
                 ) from None
             self.src_root = data.get("root", "")
-            if src.kind == "leader":
-                self._check_overlap(data)
+            if src.kind == "leader":  # every node judges its DST against it; on the leader DST may be SRC
+                real, fid, boot = data.get("real", self.src_root), data.get("id", ""), data.get("boot", "")
+                self.src_judge = ("--src", real, "--src-id", fid, "--src-boot", boot, "--src-may-be-dst")
                 self._said_hashed(int(data.get("hashed", 0)))
         self._check_paths()
         self.encode_manifest()
@@ -237,19 +242,22 @@ class Syncer(SyncSession):
         fresh: list[SyncNode] = []
 
         def probe(n: SyncNode) -> None:
-            data, r = self.agent(n, "fresh", "--dst", self.dst, *(["--delete"] if self.delete else []))
+            delete = ["--delete"] if self.delete else []
+            data, r = self.agent(n, "fresh", "--dst", self.dst, *delete, *self.src_judge)
             if r.exit_code != 0 or not data or "fresh" not in data:
                 if r.exit_code == 2:
-                    raise UsageError(f"DST {self.dst!r}: {(data or {}).get('error', 'refused')}")
+                    raise self.refused(n, data)
                 self.failed_result(n, r, data, "check")
-            elif data["fresh"]:
+            elif data.get("source"):
+                n.root, n.is_source = data["root"], True
+            elif data["fresh"] and self.entries:
                 n.root, n.free, n.fresh = data["root"], data["free"], True
                 n.bad, n.bad_bytes = [e.path for e in self.entries], sum(e.nbytes for e in self.entries)
                 if not self._lacks_space(n):
                     fresh.append(n)
 
-        if self.entries:  # an empty manifest: the check below marks the copy complete
-            self.fan(self.live(), probe)
+        # every node judges DST before any check deletes (an empty manifest: the check marks the copy complete)
+        self.fan(self.live(), probe)
         if fresh:
             self.events.phase(f"{len(fresh)} node(s) have nothing at {self.dst} yet: they get all of it")
         rest = [n for n in self.live() if n not in fresh]
@@ -293,13 +301,14 @@ class Syncer(SyncSession):
                     args += ["--stream-digest", stream]
             if self.delete:
                 args.append("--delete")
-            data, r = self.agent(n, *args, timeout=timeout)
+            data, r = self.agent(n, *args, *self.src_judge, timeout=timeout)
             if r.exit_code != 0 or not data or "bad" not in data:
                 if r.exit_code == 2:
-                    raise UsageError(f"DST {self.dst!r}: {(data or {}).get('error', 'refused')}")
+                    raise self.refused(n, data)
                 self.failed_result(n, r, data, "check")
                 return
             n.root, n.bad, n.bad_bytes, n.free = data["root"], data["bad"], data["bad_bytes"], data["free"]
+            n.is_source = bool(data.get("source"))
             counts["streamed"] += int(data.get("streamed", 0))
             counts["reread"] += int(data.get("reread", 0))
             counts["by_stream"] += bool(data.get("by_stream"))
@@ -321,19 +330,6 @@ class Syncer(SyncSession):
             return False
         self.fail(n, "failed", f"not enough space at {n.root}: needs {mb(n.bad_bytes)}, has {mb(n.free)} free")
         return True
-
-    def _check_overlap(self, data: dict) -> None:
-        """Before anything is touched: on the leader, DST inside SRC (or SRC inside DST) is refused; the
-        check of DST (with --delete) would otherwise remove parts of the source."""
-        dst = self.dst if self.dst.startswith("/") else posixpath.join(data.get("home", "/root"), self.dst)
-        dst = posixpath.normpath(dst).rstrip("/") + "/"
-        for src in {self.src_root, data.get("real", self.src_root)}:
-            a = src.rstrip("/") + "/"
-            if a != dst and (a.startswith(dst) or dst.startswith(a)):
-                raise UsageError(
-                    f"on the leader, SRC {src} and DST {dst.rstrip('/')} are inside one another",
-                    "sync into a folder of its own",
-                )
 
     def _cleanup(self) -> None:
         self.fan(

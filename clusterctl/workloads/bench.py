@@ -12,7 +12,7 @@ import math
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -21,7 +21,8 @@ from clusterctl.cluster import costs
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.units import duration, money
-from clusterctl.workloads import horovod, launch
+from clusterctl.workloads import horovod, launch, train_config
+from clusterctl.workloads.train_config import TrainConfig
 
 DEFAULT_THRESHOLD = 0.90  # per process against one full node: the figure Horovod and the recipes report
 SLOW_NODE = 0.80  # a node whose per-process img/s alone is below this share of the median node's is named
@@ -73,6 +74,7 @@ class Ladder:
     results_dir: str = ""
     status: str = ""  # PASS | FAIL | INCONCLUSIVE (the interval straddles the threshold)
     alone: tuple[NodeAlone, ...] = ()
+    config: dict = field(default_factory=dict)  # the configuration measured (TrainConfig.to_dict(): its key too)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -225,24 +227,51 @@ def cost_lines(ladder: Ladder, per_hour: float | None, model: str) -> list[str]:
 
 @dataclass
 class BenchOptions:
+    """None: the GPU type's configuration (train_config.py), the one `train` runs; `resolved` fills it in."""
+
     model: str = "resnet50"
-    batch_size: int = 32
+    batch_size: int | None = None
     steps: int = 10  # per timed batch
     iters: int = 10  # timed batches
     warmup_steps: int = MIN_WARMUP
-    mixed_precision: bool = False
-    xla: bool = False
+    mixed_precision: bool = False  # --precision mixed
+    xla: bool | None = None
     input_only: bool = False
     threshold: float = DEFAULT_THRESHOLD
     timeout: float = 900.0  # per rung
     extra: list[str] = field(default_factory=list)
+    precision: str | None = None  # fp32 | float16 | bfloat16 | mixed | auto
+    fp16_allreduce: bool | None = None
+
+    def config(self, cluster) -> TrainConfig:
+        """The configuration this ladder measures on `cluster` (a rate is stored under its key)."""
+        return train_config.choose(
+            train_config.gpu_type_of(cluster),
+            model=self.model,
+            precision=self.precision or ("mixed" if self.mixed_precision else None),
+            batch_size=self.batch_size,
+            xla=self.xla,
+            fp16_allreduce=self.fp16_allreduce,
+        )
+
+    def resolved(self, cluster) -> "BenchOptions":
+        """These options with the configuration's fields filled in (idempotent)."""
+        c = self.config(cluster)
+        return replace(
+            self,
+            batch_size=c.batch_size,
+            precision=c.precision,
+            mixed_precision=False,
+            xla=c.xla,
+            fp16_allreduce=c.fp16_allreduce,
+        )
 
     def script_args(self, np: int) -> list[str]:
         args = [
             "--model",
             self.model,
             "--batch-size",
-            str(self.batch_size),
+            str(self.batch_size or train_config.DEFAULTS[train_config.UNKNOWN].batch_size),
             "--steps",
             str(self.steps),
             "--iters",
@@ -252,10 +281,14 @@ class BenchOptions:
             "--expect-size",
             str(np),
         ]
+        if self.precision:
+            args += ["--precision", self.precision]
         if self.mixed_precision:
             args.append("--mixed-precision")
         if self.xla:
             args.append("--xla")
+        if self.fp16_allreduce:
+            args.append("--fp16-allreduce")
         if self.input_only:
             args.append("--input-only")
         return args + list(self.extra)
@@ -275,10 +308,13 @@ def run_ladder(
     """Every rung for real on the cluster; the results folder written as it goes."""
     from clusterctl.remote.ssh import SshPool
 
+    opts = opts.resolved(inv.cluster)  # the GPU type's configuration, the one `train` runs
+    config = opts.config(inv.cluster)
     out_dir = out_root / time.strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=False)
     python = python or launch.node_python(inv.cluster)
-    env = launch.job_env(inv.cluster, python)
+    # as `train` runs: the GPU type's TensorFlow settings and Horovod's fusion
+    env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **train_config.horovod_env(config)}
     gpus = horovod.gpus_per_node(inv.cluster)  # 0: no GPUs to prove (local nodes, CPU types, hosts files)
     runs = []
     alone: list[NodeAlone] = []
@@ -335,10 +371,11 @@ def run_ladder(
         slow,
         judged,
         opts.model,
-        opts.batch_size,
+        opts.batch_size or 0,
         str(out_dir),
         ladder.status,
         tuple(alone),
+        config.to_dict(),
     )
     (out_dir / "results.json").write_text(ladder.to_json() + "\n")
     plot(ladder, out_dir / "scaling.png")

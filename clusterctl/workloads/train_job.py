@@ -9,6 +9,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusterctl.workloads import train_config
 from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
 from clusterctl.workloads.train_nodes import (
     PROBE_TIMEOUT_S,
@@ -261,6 +262,9 @@ def start(
                     "(or pass --no-verify-data when it is on a shared file system)",
                 )
         opts = replace(opts, data=data, model_dir=model_dir, expect_size=np)
+        # The GPU type's configuration (train_config.py), the user's flags over it: what bench measures too.
+        opts, config = train_config.for_train(opts, inv.cluster)
+        report(f"configuration for {config.describe()} ({config.source})")
         if checkpoint_copy and opts.checkpoint_copy is None and len(inv.hosts.entries) > 1:
             opts = replace(opts, checkpoint_copy=inv.hosts.entries[1].host)
         if opts.spot_poll is None and inv.cluster is not None and inv.cluster.extra.get("spot") == "true":
@@ -274,7 +278,7 @@ def start(
             {TEMPLATE: resources.template_bytes(TEMPLATE), COMPANION: resources.template_bytes(COMPANION)},
             hosts,
         )
-        env = {**launch.job_env(inv.cluster, python), **horovod_env(opts)}
+        env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
         cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env)
         r = pool.run_one(
             leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd), timeout=60

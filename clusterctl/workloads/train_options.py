@@ -29,12 +29,12 @@ class TrainOptions:
     log_every: int | None = None
     mixed_precision: bool = False
     precision: str | None = None  # auto | fp32 | float16 | bfloat16 | mixed (the trainer's default: auto)
-    fp16_allreduce: bool = False
+    fp16_allreduce: bool | None = None  # None: the GPU type's default (train_config.py)
     recipe: str | None = None  # default | goyal
     eval_every: int | None = None  # epochs between evaluations during training
     fusion_threshold_mb: float | None = None  # Horovod's tensor fusion buffer (an environment variable, not a flag)
     cycle_time_ms: float | None = None  # Horovod's cycle time (likewise)
-    xla: bool = False
+    xla: bool | None = None  # None: the GPU type's default (train_config.py)
     no_eval: bool = False
     eval_only: bool = False
     no_gpu: bool = False

@@ -250,9 +250,14 @@ def test_bad_input_is_one_error_line_with_its_exit_code(c3, tmp_path):
 
 def test_src_and_dst_inside_one_another_on_the_leader_is_refused_before_anything_is_touched(c3):
     c3.node_exec(0, "sh", "-c", "mkdir -p /root/ovl/sub && echo keep > /root/ovl/a && echo keep > /root/ovl/sub/b")
-    for src, dst in (("leader:ovl", "ovl/sub"), ("leader:/root/ovl/sub", "~/ovl"), ("leader:ovl/", "/root/ovl/sub/x")):
+    for src, dst, said in (
+        ("leader:ovl", "ovl/sub", "it resolves to /root/ovl/sub, inside SRC /root/ovl"),
+        ("leader:/root/ovl/sub", "~/ovl", "it resolves to /root/ovl, which holds SRC /root/ovl/sub"),
+        ("leader:ovl/", "/root/ovl/sub/x", "it resolves to /root/ovl/sub/x, inside SRC /root/ovl"),
+    ):
         proc = sync(c3, "--delete", src, dst)
         assert proc.returncode == 2, (src, dst, proc.stderr)
-        assert "are inside one another" in first_error_line(proc.stderr)
+        line = first_error_line(proc.stderr)
+        assert line.startswith(f"Error: on {c3.hosts[0]}: refusing to sync into ") and said in line, line
     assert c3.node_exec(0, "cat", "/root/ovl/a", "/root/ovl/sub/b").stdout == "keep\nkeep\n"
     assert c3.node_exec(0, "ls", "-A", "/root/ovl/sub").stdout.split() == ["b"]

@@ -371,3 +371,25 @@ def test_the_pulls_start_once_every_node_has_the_manifest_they_read(s3env, monke
     assert not [line for line in events.lines if "will retry" in line or "repairing" in line], events.lines
     for i in range(3):
         assert node_sha256(cluster, i, "/tmp/s3slow") == sums
+
+
+def test_a_dst_that_resolves_into_the_node_runtime_is_refused_before_anything_is_pulled_or_deleted(s3env):
+    """An S3 source has no folder on the nodes to overlap: its DST meets the node's own rules, judged on the
+    node after every symlink. Here a link in the home to the node runtime (whose Python runs the agent)."""
+    cluster, endpoint, _, _ = s3env
+    rid = cluster.node_exec(1, "ls", "/opt/clusterctl-runtime").stdout.split()
+    rid = [r for r in rid if not r.startswith(".")][0]
+    runtime = f"/opt/clusterctl-runtime/{rid}"
+    before = cluster.node_exec(1, "sh", "-c", f"find {runtime} | wc -l").stdout
+    cluster.node_exec(1, "ln", "-sfn", runtime, "/root/rt")
+    proc = sync(cluster, "--delete", "--endpoint-url", endpoint, f"s3://{BUCKET}/data", "/root/rt")
+    assert proc.returncode == 2, proc.stderr
+    line = first_error_line(proc.stderr)
+    assert line == (
+        f"Error: on {cluster.hosts[1]}: refusing to sync into /root/rt: {runtime} is in clusterctl's own folder "
+        "/opt/clusterctl-runtime: name a folder of its own (not a system folder, the home, nor clusterctl's)"
+    ), line
+    assert cluster.node_exec(1, "sh", "-c", f"find {runtime} | wc -l").stdout == before
+    assert cluster.node_exec(1, f"{runtime}/bin/python", "-c", "import boto3").returncode == 0
+    for i in range(3):
+        assert cluster.node_exec(i, "test", "-e", "/root/rt/one.bin", check=False).returncode == 1

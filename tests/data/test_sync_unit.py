@@ -315,6 +315,95 @@ def test_fresh_says_an_empty_dst_lacks_everything_without_a_manifest_and_touches
     assert rc == 2 and "refusing to sync into /" in out["error"]
 
 
+def _judge(src: Path, boot: str | None = None) -> list[str]:
+    """The agent's --src options for a folder of this machine, as data.sync passes them."""
+    real = os.path.realpath(src)
+    boot = sync_agent.boot_id() if boot is None else boot
+    return ["--src", real, "--src-id", sync_agent.folder_id(real), "--src-boot", boot]
+
+
+def test_dst_is_judged_against_src_after_every_symlink_before_anything_is_touched(tmp_path):
+    proj = tmp_path / "proj"
+    (proj / "imagenet").mkdir(parents=True)
+    (proj / "imagenet" / "a.bin").write_bytes(b"a")
+    (proj / "notes.txt").write_text("mine")
+    os.symlink(proj, proj / "current")  # DST holds SRC through it
+    os.symlink(proj / "imagenet" / ".", tmp_path / "same")  # DST is SRC through it
+    os.symlink(proj / "imagenet", tmp_path / "into")  # DST inside SRC through it: into/sub
+    m = _manifest(tmp_path, proj / "imagenet")
+    judge = _judge(proj / "imagenet")
+    for dst, said in (
+        (proj / "current", f"it resolves to {proj}, which holds SRC {proj / 'imagenet'}"),
+        (tmp_path / "into" / "sub", f"it resolves to {proj / 'imagenet' / 'sub'}, inside SRC {proj / 'imagenet'}"),
+        (tmp_path / "same", f"it resolves to {proj / 'imagenet'}, which is SRC {proj / 'imagenet'} itself"),
+    ):
+        for cmd in (["fresh"], ["check", "--manifest", str(m), "--reset", "--mark", "t"]):
+            rc, out = _agent(*cmd, "--dst", str(dst), "--delete", *judge)
+            assert rc == 2 and out["error"] == f"refusing to sync into {dst}: {said}", out
+            assert out["hint"] == "sync into a folder outside SRC that does not hold it (e.g. one beside it)"
+        rc, out = _agent("fresh", "--dst", str(dst), *judge)  # without --delete too: tar would write into SRC
+        assert rc == 2, out
+    assert sorted(os.listdir(proj)) == ["current", "imagenet", "notes.txt"]
+    assert os.listdir(proj / "imagenet") == ["a.bin"]  # no state folder, no marker, nothing removed
+    # SRC itself with --src-may-be-dst (a leader source): only checked, nothing deleted (the fifo is no data)
+    os.mkfifo(proj / "imagenet" / "fifo")
+    rc, out = _agent(
+        "check", "--dst", str(tmp_path / "same"), "--manifest", str(m), "--delete", *judge, "--src-may-be-dst"
+    )
+    assert rc == 0 and out["source"] and out["bad"] == [] and (proj / "imagenet" / "fifo").exists()
+    rc, out = _agent("fresh", "--dst", str(tmp_path / "same"), "--delete", *judge, "--src-may-be-dst")
+    assert rc == 0 and out == {"root": str(proj / "imagenet"), "fresh": False, "source": True}
+    # another kernel (boot id), or another folder at SRC's path (a node's own /root): no overlap to judge
+    rc, out = _agent("fresh", "--dst", str(proj / "current"), *_judge(proj / "imagenet", boot="another-kernel"))
+    assert rc == 0 and not out["fresh"]
+    other = ["--src", str(proj / "imagenet"), "--src-id", "1:2", "--src-boot", sync_agent.boot_id()]
+    rc, out = _agent("fresh", "--dst", str(proj / "current"), *other)
+    assert rc == 0
+    # a folder beside SRC, and a symlink to one: fine
+    os.symlink(tmp_path / "beside", tmp_path / "via")
+    for dst in (tmp_path / "beside", tmp_path / "via"):
+        rc, out = _agent("check", "--dst", str(dst), "--manifest", str(m), "--delete", *judge, "--mark", "t")
+        assert rc == 0 and out["bad"] == ["a.bin"] and not out["source"] and out["root"] == str(tmp_path / "beside")
+
+
+def test_src_seen_under_another_path_is_found_above_dst():
+    """SRC's identity (device:inode) is what counts: a DST whose resolved folder, or one above it, is SRC
+    seen under another path (a bind mount) lies inside it. Here: SRC given under a path this machine has not."""
+    real = os.path.realpath(os.path.dirname(sync_agent.__file__))
+    fid = sync_agent.folder_id(real)
+    got = sync_agent.source_relation(f"{real}/sub/x", "/no/such/path", fid, sync_agent.boot_id())
+    assert got == ("inside", real)
+    assert sync_agent.source_relation(real, "/no/such/path", fid, sync_agent.boot_id()) == ("is", real)
+    assert sync_agent.source_relation(real, "/no/such/path", fid, "") == ("", "")
+
+
+def test_clusterctl_own_folders_are_never_a_dst():
+    home = "/home/u"
+    for real in (
+        "/opt/clusterctl-runtime",
+        "/opt/clusterctl-runtime/abc/lib",
+        "/opt/clusterctl/x",
+        "/home/u/.clusterctl",
+    ):
+        assert "clusterctl's own folder" in (sync_agent.dst_problem(real, home, False) or ""), real
+    assert sync_agent.dst_problem("/opt/clusterctl-runtime/.incoming/abc", home, True) is None  # the runtime relay
+    assert sync_agent.dst_problem("/opt/clusterctl-data", home, True) is None
+    assert "holds clusterctl's own folder" in (sync_agent.dst_problem("/opt", home, True) or "")
+
+
+def test_the_agents_own_folders_are_those_the_runtime_and_the_watchdog_use():
+    """node_side.py is one standalone file on the nodes (it imports nothing of clusterctl): its copies of
+    these paths are held to the modules that own them."""
+    from clusterctl.autostop import watchdog
+    from clusterctl.data import session
+    from clusterctl.runtime import install, spec
+
+    assert spec.ROOT in sync_agent.TOOL_TREES and install.INCOMING == sync_agent.RUNTIME_INCOMING
+    assert os.path.dirname(watchdog.AWS_SCRIPT) in sync_agent.TOOL_TREES
+    for work in (session.WORK, install.WORK):
+        assert work.split("/")[0] == sync_agent.TOOL_HOME
+
+
 def test_check_replaces_wrong_types_and_delete_mirrors(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"
     _tree(src)

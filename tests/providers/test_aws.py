@@ -335,6 +335,8 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
     assert "NetworkInterface.2.DeviceIndex" not in p and p["NetworkInterface.1.AssociatePublicIpAddress"] == "true"
     extra = json.loads((state_dir(aws_cli, "efa") / "cluster.json").read_text())["cluster"]["extra"]
     assert (extra["efa"], extra["efa_interfaces"], extra["efa_rdma"]) == ("true", "1", "false")
+    # EC2's GPU name is kept: bench and train take the V100 row of train_config.py from it
+    assert extra["gpu_model"] == "V100"
     assert p["InstanceMarketOptions.MarketType"] == "spot" and p["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
     assert p["InstanceInitiatedShutdownBehavior"] == "terminate"  # --idle-action terminate
     policy = aws.client("iam").get_role_policy(

@@ -82,6 +82,15 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
     ]
     assert all(a["per_proc"] > 0 for a in results["alone"])
     assert "cost: lower bound only: the tiny model" in proc.stdout + proc.stderr
+    # local nodes are CPUs: the CPU row of train_config.py, the configuration `train` runs there too
+    key = "tiny 32px fp32 batch 32 xla off allreduce fp32"
+    assert f"configuration for CPU: {key}" in proc.stderr, proc.stderr
+    assert results["config"]["key"] == key and results["batch_size"] == 32
+    from clusterctl.cluster import costs
+    from clusterctl.state import StateStore
+
+    measured = costs.load_measured(StateStore(cli.home), name, key)
+    assert measured is not None and measured["np"] == 4 and measured["img_per_sec"] > 0
     log4 = (results_dir / "rung-np4.log").read_text()
     assert "CLUSTERCTL-BENCH result size=4" in log4  # Horovod's own size, from the real run
     assert (results_dir / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
