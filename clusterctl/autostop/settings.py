@@ -1,9 +1,9 @@
-"""Autostop's settings: --idle-stop / --max-lifetime parsed into an Autostop, described, and kept as
-Cluster.extra facts. Pure (no files, no processes): the AWS and local providers import it.
+"""Autostop's settings: --idle-stop / --max-lifetime / --idle-action parsed into an Autostop, described, and
+kept as Cluster.extra facts. Pure (no files, no processes): the AWS and local providers import it.
 
-The rest of autostop: watchdog.py (the node-side watchdog, its files and the AWS user data), status.py
-(what `status`, `keep` and `autostop` show and change), lease.py (long operations keep a cluster up); the
-local provider's host-side supervisor is providers/local/supervisor.py.
+The rest of autostop: watchdog.py (the node-side watchdog, its files and the AWS user data); the operator's
+side in cluster/ (autostop_control.py: keep, --on/--off, leases; autostop_status.py: what `status` and
+`autostop` show); the local provider's host-side supervisor is providers/local/supervisor.py.
 """
 
 from __future__ import annotations
