@@ -42,6 +42,7 @@ shutdown behaviour (set at launch) or the local supervisor makes the difference.
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -208,6 +209,18 @@ def io_counters():
     return {"t": time.time(), "net": net, "disk": disk}
 
 
+def _shown(cmd):
+    """A command line as a person reads it: the command clusterctl's session wrapper (remote/session.py:
+    `printf ...clusterctl-sid...; exec </dev/null; eval 'CMD'`) runs, not the wrapper."""
+    head, sep, tail = cmd.partition("; eval ")
+    if sep and "clusterctl-sid" in head:
+        try:
+            return " ".join(shlex.split(tail)) or cmd
+        except ValueError:
+            return tail
+    return cmd
+
+
 def probe(threshold=1):
     procs = processes()
     mine = {os.getpid()}
@@ -223,7 +236,7 @@ def probe(threshold=1):
             training.append(f"{comm}[{pid}] {cmd[:80]}".strip())
     for pid, (_ppid, comm, cmd, start, faults, _cgroup) in procs.items():
         if comm == "sshd" and "@" in cmd:  # "sshd: user@notty" / "sshd: user@pts/0": a logged-in session
-            kids = [{"cmd": c[:80], "own": MARK in c} for p, (pp, _, c, *_rest) in procs.items() if pp == pid]
+            kids = [{"cmd": _shown(c)[:80], "own": MARK in c} for p, (pp, _, c, *_rest) in procs.items() if pp == pid]
             login = re.search(r"sshd: (\S+@(pts|tty)\S*)", cmd)  # a terminal: an interactive login
             sessions[f"{pid}:{start}"] = {"faults": faults, "children": kids, "login": login.group(1) if login else ""}
     return {

@@ -103,6 +103,13 @@ def test_an_interactive_login_and_an_ssh_command_are_busy_a_kept_connection_is_n
     assert W.busy_reasons("n", kept, {"sessions": kept["sessions"]}, set(), False, CFG) == []
 
 
+def test_a_clusterctl_command_is_shown_without_its_session_wrapper():
+    from clusterctl.remote.session import wrap_command
+
+    assert W._shown("bash -c " + wrap_command("sleep 25; echo 'a b'")) == "sleep 25; echo 'a b'"
+    assert W._shown("rsync --server -e.LsfxC . /data") == "rsync --server -e.LsfxC . /data"
+
+
 def test_the_probe_names_the_login_of_a_session():
     """The probe's own parse of sshd's title ("sshd: user@pts/0" for a terminal, "user@notty" for a command)."""
     proc = subprocess.run(
