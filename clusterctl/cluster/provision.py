@@ -105,10 +105,12 @@ def up(
 ) -> Cluster:
     with store.lock(spec.name):
         found = None
+        stopped: dict[str, tuple[str, ...]] | None = None  # a stopped cluster's pinned keys, by node name
         if store.exists(spec.name):
             record = store.load(spec.name)
             live = provider.find(spec.name)
-            if record.status == "up" and live is not None:
+            stopped = _stopped_keys(store, provider, record, live)
+            if record.status == "up" and live is not None and stopped is None:
                 provider.refresh_access(spec, record.cluster)  # AWS: the ssh rule becomes this run's
                 report(f"cluster {spec.name} is already up ({len(live.nodes)} nodes); nothing to do")
                 store.set_current(spec.name)
@@ -137,13 +139,19 @@ def up(
         internal = sshkeys.ensure_keypair(p.internal_key, f"clusterctl-{spec.name}-internal")
         keys = ClusterKeys(operator.public_line, internal.public_line, str(p.operator_key))
         try:
+            if stopped is not None:
+                report(f"cluster {spec.name} was stopped (autostop --idle-action stop): starting it again")
             report(f"launching {spec.nodes} node(s) with the {provider.name} provider")
             launched = provider.launch(spec, keys)
             cluster = launched.cluster
             store.save(Record(cluster, "creating", time.time()))
             report("waiting for ssh on every node")
             wait_for_ssh(cluster, ssh_timeout)
-            known = dict(provider.host_keys(cluster))
+            # a restarted node keeps its disk, so its host key: the one pinned at its creation, by node name
+            # (its address may have changed; cloud-init prints keys to the console at the first boot only)
+            was = stopped or {}
+            known = {n.ssh_host: was[n.name] for n in cluster.nodes if n.name in was}
+            known.update(provider.host_keys(cluster))
             known.update(launched.host_keys)
             unverified = [n for n in cluster.nodes if n.ssh_host not in known]
             if unverified and not trust_first_contact:
@@ -192,6 +200,12 @@ def up(
             store.set_current(spec.name)
             return cluster
         except BaseException as exc:  # Ctrl-C included: leave nothing behind
+            if stopped is not None:  # never remove a stopped cluster's disks because its start failed
+                report(
+                    f"up failed ({_why(exc)}); the stopped cluster is left as it is: run `clusterctl up` again, "
+                    f"or remove it with `clusterctl down {spec.name} --yes`"
+                )
+                raise
             report(f"up failed ({_why(exc)}); removing what it created")
             teardown = provider.terminate(spec.name)
             for line in teardown.removed:
@@ -201,6 +215,32 @@ def up(
             else:
                 report(f"  still present: {'; '.join(teardown.left)} (run `clusterctl down {spec.name} --yes`)")
             raise
+
+
+def _stopped_keys(
+    store: StateStore, provider: Provider, record: Record, live: Cluster | None
+) -> dict[str, tuple[str, ...]] | None:
+    """A cluster that autostop stopped (--idle-action stop: a local record saying so, or instances the
+    provider sees stopped): the host keys pinned for its nodes, by node name. None for any other cluster."""
+    if record.status == "stopped" and "homes kept" not in (record.note or ""):
+        return None  # terminated by autostop: nothing to start again
+    if record.status != "stopped":
+        if live is None:
+            return None
+        status = provider.status(record.cluster.name)
+        if status is None or not any(n.state in ("stopped", "stopping") for n in status.nodes):
+            return None
+    pinned: dict[str, list[str]] = {}
+    try:
+        text = paths(store, record.cluster.name).known_hosts.read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            host = parts[0][1:].rsplit("]:", 1)[0] if parts[0].startswith("[") else parts[0]
+            pinned.setdefault(host, []).append(f"{parts[1]} {parts[2]}")
+    return {n.name: tuple(pinned[n.ssh_host]) for n in record.cluster.nodes if n.ssh_host in pinned}
 
 
 def _why(exc: BaseException) -> str:

@@ -92,14 +92,14 @@ def test_gpu_nodes_are_busy_when_any_signal_says_so():
     own: set = set()
     busy = {"gpus": [0, 87], "training": ["python3[5] train.py"], "sessions": {"1:1": _session(9, "bash")}}
     assert W.busy_reasons("n1", busy, {}, own, False) == [
-        "n1: GPU 1 at 87%",
-        "n1: python3[5] train.py",
         "n1: ssh session running bash",
+        "n1: python3[5] train.py",
+        "n1: GPU 1 at 87%",
     ]
     # idle GPUs do not make a copy or a shell idle (this returned [] before: a 3-hour sync was stopped)
     assert W.busy_reasons("n1", {**busy, "gpus": [0, 0]}, {}, own, False) == [
-        "n1: python3[5] train.py",
         "n1: ssh session running bash",
+        "n1: python3[5] train.py",
     ]
     assert W.busy_reasons("n1", {"gpus": [0, 0], "training": [], "sessions": {}}, {}, own, False) == []
 
@@ -158,10 +158,10 @@ def test_cpu_nodes_training_processes_and_ssh_commands():
     ]
     # a kept connection with nothing running: idle; the same one after a command ended in between: busy
     kept = {"1:5": _session(400)}
-    assert W.busy_reasons("n", {"training": [], "sessions": kept}, kept, own, False) == []
-    assert W.busy_reasons("n", {"training": [], "sessions": {"1:5": _session(800)}}, kept, own, False) == [
-        "n: a command ran in an ssh session"
-    ]
+    assert W.busy_reasons("n", {"training": [], "sessions": kept}, {"sessions": kept}, own, False) == []
+    assert W.busy_reasons(
+        "n", {"training": [], "sessions": {"1:5": _session(800)}}, {"sessions": kept}, own, False
+    ) == ["n: a command ran in an ssh session"]
     # a connection first seen after it ran something: busy, except on the first check (no history yet)
     assert W.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, False) == [
         "n: a new ssh session ran a command"
@@ -170,7 +170,9 @@ def test_cpu_nodes_training_processes_and_ssh_commands():
     # clusterctl's own checks never count, not even after they ended
     probe = {"2:9": _session(300, "/usr/bin/python3 /opt/clusterctl/idle_watchdog.py status --dir d")}
     assert W.busy_reasons("n", {"training": [], "sessions": probe}, {}, own, False) == [] and "n/2:9" in own
-    assert W.busy_reasons("n", {"training": [], "sessions": {"2:9": _session(700)}}, probe, own, False) == []
+    assert (
+        W.busy_reasons("n", {"training": [], "sessions": {"2:9": _session(700)}}, {"sessions": probe}, own, False) == []
+    )
 
 
 def test_probe_sees_this_machines_processes_but_not_itself(tmp_path):

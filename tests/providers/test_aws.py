@@ -167,7 +167,8 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
     cid = cluster_id(aws_cli, name)  # the random id made at creation: IAM by it, groups by name and it
     assert p["IamInstanceProfile.Name"] == f"clusterctl-{cid}"
     assert p["Placement.GroupName"] == f"clusterctl-{name}-{cid}"
-    assert p["InstanceInitiatedShutdownBehavior"] == "terminate" and p["KeyName"] == f"clusterctl-{name}-{cid}"
+    # autostop's power-off stops the instances (the default --idle-action): disks kept, `up` starts them again
+    assert p["InstanceInitiatedShutdownBehavior"] == "stop" and p["KeyName"] == f"clusterctl-{name}-{cid}"
     assert p["ClientToken"].startswith(f"{name}-1-")
     # p3.16xlarge has no EFA: one plain interface with its public address
     assert not [k for k in p if k.endswith("InterfaceType")] and "NetworkInterface.2.DeviceIndex" not in p
@@ -319,6 +320,8 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
                 "--type",
                 "p3dn.24xlarge",
                 "--spot",
+                "--idle-action",
+                "terminate",
                 "--volume-type",
                 "gp3",
                 "--s3-read",
@@ -335,6 +338,7 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
     # EC2's GPU name is kept: bench and train take the V100 row of train_config.py from it
     assert extra["gpu_model"] == "V100"
     assert p["InstanceMarketOptions.MarketType"] == "spot" and p["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
+    assert p["InstanceInitiatedShutdownBehavior"] == "terminate"  # --idle-action terminate
     policy = aws.client("iam").get_role_policy(
         RoleName=f"clusterctl-{cluster_id(aws_cli, 'efa')}", PolicyName="s3-read"
     )
@@ -701,7 +705,9 @@ def test_a_launch_over_the_vcpu_quota_stops_before_anything_is_created(aws, aws_
     assert_gone(aws, aws_cli, "big")
 
     # one node fits (64 of 96); the plan says what it checked
-    proc = ok(aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--spot", "--dry-run"))
+    proc = ok(
+        aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--spot", "--idle-action", "terminate", "--dry-run")
+    )
     assert (
         "plan: quota: All P Spot Instance Requests (L-7212CCBC): 4096 vCPUs, 0 in use, this cluster needs 64 "
         "(from Service Quotas)"

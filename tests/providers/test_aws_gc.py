@@ -28,7 +28,7 @@ def _tagged_instances(aws, name):
 
 
 def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_and_nothing_else(aws, aws_cli):
-    ok(aws_cli(*aws_cli.up_args("gca", 2, "--idle-stop", "20s", "--max-lifetime", "1h")))
+    ok(aws_cli(*aws_cli.up_args("gca", 2, "--idle-stop", "20s", "--max-lifetime", "1h", "--idle-action", "terminate")))
     proc = ok(aws_cli(*aws_cli.up_args("gcb", 1, "--idle-stop", "off")))
     assert "plan: autostop: off" in proc.stderr
 

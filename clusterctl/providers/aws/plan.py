@@ -18,7 +18,7 @@ from clusterctl.providers.aws.discovery import (
     instances_of,
     new_cluster_id,
 )
-from clusterctl.providers.aws.instances import run_params
+from clusterctl.providers.aws.instances import run_params, shutdown_behavior
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.aws.options import parse_s3_read
 from clusterctl.providers.base import Plan
@@ -75,7 +75,8 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
         f"IAM instance profile {scope.iam(ctx.region) if scope else 'clusterctl-<id>'}: {reads}; no AWS keys on nodes"
     )
     lines.append(
-        "IMDSv2 required; instance-initiated shutdown terminates"
+        "IMDSv2 required; instance-initiated shutdown (autostop's power-off) "
+        + ("stops the instances (disks kept)" if shutdown_behavior(spec) == "stop" else "terminates the instances")
         + ("; spot (one-time, terminated on interruption)" if o.spot else "")
     )
     existing = instances_of(api, scope or Scope(spec.name, every=True))

@@ -178,6 +178,15 @@ class LocalProvider:
         return None
 
     def terminate(self, name: str) -> Teardown:
+        return self._end(name, keep_homes=False)
+
+    def stop(self, name: str) -> Teardown:
+        """Autostop's --idle-action stop (the supervisor's, never `down`'s): the nodes end as a stopped instance
+        does, their homes (the disks: what jobs wrote under /root) are kept for the next `up` of this name. /opt
+        and /tmp are memory (tmpfs), like an instance store: gone."""
+        return self._end(name, keep_homes=True)
+
+    def _end(self, name: str, keep_homes: bool) -> Teardown:
         from clusterctl.providers.local import supervisor
 
         supervisor.stop_supervisor(name)  # first: it must not take the nodes' end for the watchdog's power-off
@@ -188,7 +197,7 @@ class LocalProvider:
         removed += [f"process {pid}" for pid in before.pids if pid not in left.pids]
         removed += [f"node /opt {m}" for m in before.mounts if m not in left.mounts]
         nodes_dir = self.store.cluster_dir(name) / "nodes"
-        if nodes_dir.exists():
+        if nodes_dir.exists() and not keep_homes:
             import shutil
 
             shutil.rmtree(nodes_dir, ignore_errors=True)
