@@ -54,11 +54,15 @@ def parse_action(text: str | None) -> str:
     return t
 
 
-def settings(idle_stop: str | None, max_lifetime: str | None, idle_action: str | None = None) -> Autostop:
+def settings(
+    idle_stop: str | None, max_lifetime: str | None, idle_action: str | None = None, spot: bool = False
+) -> Autostop:
+    """`spot`: one-time spot instances, which EC2 can only terminate, so that is their default action (a
+    `--idle-action stop` given with them is refused by the AWS provider, naming the way out)."""
     return Autostop(
         parse_duration(idle_stop if idle_stop is not None else DEFAULT_IDLE, "--idle-stop"),
         parse_duration(max_lifetime, "--max-lifetime") if max_lifetime else None,
-        parse_action(idle_action),
+        parse_action(idle_action if idle_action is not None or not spot else "terminate"),
     )
 
 

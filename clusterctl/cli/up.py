@@ -78,10 +78,11 @@ def up(
     max_lifetime: Optional[str] = typer.Option(
         None, "--max-lifetime", help="Stop it this long after it was made, busy or not (e.g. 12h)."
     ),
-    idle_action: str = typer.Option(
-        "stop",
+    idle_action: Optional[str] = typer.Option(
+        None,
         "--idle-action",
-        help="What autostop does: stop (disks kept; `clusterctl up --name NAME` starts it again) or terminate.",
+        help="What autostop does: stop (the default; disks kept, `clusterctl up --name NAME` starts it again) or "
+        "terminate (the default with --spot, which EC2 cannot stop).",
     ),
     runtime: str = typer.Option(
         "install", "--runtime", help="install: the node runtime (TensorFlow + Horovod) on every node; none: skip it."
@@ -112,7 +113,7 @@ def up(
         _refuse_aws_only(ctx)
     store = _store()
     name = validate_name(name or ("local" if provider == "local" else "cluster"))
-    stop_rules = autostop.settings(idle_stop, max_lifetime, idle_action)
+    stop_rules = autostop.settings(idle_stop, max_lifetime, idle_action, spot=provider == "aws" and spot)
     within("--slots", slots, 1, 1024)
     within("--nodes", nodes, 1)
     options: dict = {}

@@ -66,14 +66,17 @@ def test_stop_is_the_shutdown_behaviour_and_up_starts_the_stopped_cluster_again(
 
 
 def test_terminate_is_asked_for_and_spot_can_only_terminate(aws, aws_cli):
-    proc = aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--spot", "--dry-run")
+    # a one-time spot instance can only terminate: that is its default, and a stop asked for is refused
+    proc = _ok(aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--spot", "--dry-run"))
+    assert "idle action terminate" in proc.stderr, proc.stderr
+    proc = aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--spot", "--idle-action", "stop", "--dry-run")
     assert proc.returncode == 3, proc.stderr
     assert "Error: --spot instances cannot be stopped by autostop" in proc.stderr
     assert "add --idle-action terminate" in proc.stderr
     proc = _ok(aws_cli(*aws_cli.up_args("idt", 1, "--idle-action", "terminate"), timeout=300))
     assert "instance-initiated shutdown (autostop's power-off) terminates the instances" in proc.stderr
     assert "idle action terminate: the nodes and their disks are removed" in proc.stderr
-    (run,) = aws.actions("RunInstances")
+    (run,) = [c for c in aws.actions("RunInstances") if c.params.get("DryRun") != "true"]  # not the dry run's
     assert run.params["InstanceInitiatedShutdownBehavior"] == "terminate"
     assert _node_config(run)["idle_action"] == "terminate"
     (inst,) = _instances(aws, "idt")

@@ -320,8 +320,6 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
                 "--type",
                 "p3dn.24xlarge",
                 "--spot",
-                "--idle-action",
-                "terminate",
                 "--volume-type",
                 "gp3",
                 "--s3-read",
@@ -338,7 +336,7 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
     # EC2's GPU name is kept: bench and train take the V100 row of train_config.py from it
     assert extra["gpu_model"] == "V100"
     assert p["InstanceMarketOptions.MarketType"] == "spot" and p["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
-    assert p["InstanceInitiatedShutdownBehavior"] == "terminate"  # --idle-action terminate
+    assert p["InstanceInitiatedShutdownBehavior"] == "terminate"  # spot's idle action: EC2 cannot stop it
     policy = aws.client("iam").get_role_policy(
         RoleName=f"clusterctl-{cluster_id(aws_cli, 'efa')}", PolicyName="s3-read"
     )
@@ -705,9 +703,7 @@ def test_a_launch_over_the_vcpu_quota_stops_before_anything_is_created(aws, aws_
     assert_gone(aws, aws_cli, "big")
 
     # one node fits (64 of 96); the plan says what it checked
-    proc = ok(
-        aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--spot", "--idle-action", "terminate", "--dry-run")
-    )
+    proc = ok(aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--spot", "--dry-run"))
     assert (
         "plan: quota: All P Spot Instance Requests (L-7212CCBC): 4096 vCPUs, 0 in use, this cluster needs 64 "
         "(from Service Quotas)"
