@@ -63,6 +63,7 @@ def test_tiny_bench_two_processes(tmp_path):
     run = parse_bench_output(out)
     assert run.size == 2
     assert run.img_per_sec > 0
+    assert "[0]<stdout>:model tiny: 5,466 parameters\n" in out  # the shared network (train_model.py), named
     # Horovod's reference timing: 10 warm-up steps by default, then --iters timed batches, mean +- 1.96 sigma
     assert "warmup_steps=10 steps=5 iters=4" in out
     assert [i.step for i in run.intervals] == [5, 10, 15, 20]
