@@ -77,41 +77,6 @@ def emit(kind: str, /, **fields: object) -> None:
     print(" ".join(parts), flush=True)
 
 
-def device_report(tf) -> tuple[str, int]:
-    """The GPUs this process computes on, as its node numbers them (CUDA_VISIBLE_DEVICES mapped back), and
-    how many GPU devices TensorFlow made: ("none", 0) when it runs on the CPU. clusterctl checks these
-    against the node's slots: a GPU node's rank on the CPU, or two ranks on one GPU, fail the run."""
-    logical = len(tf.config.list_logical_devices("GPU"))
-    if not logical:
-        return "none", 0
-    order = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    ids = []
-    for dev in tf.config.get_visible_devices("GPU"):
-        i = int(dev.name.rsplit(":", 1)[1])
-        ids.append(order[i] if i < len(order) else str(i))
-    return ",".join(ids) or "none", logical
-
-
-def build_model(tf, name: str):
-    if name == "resnet50":
-        # Logits out, softmax inside the loss: under mixed precision the loss stays in float32.
-        model = tf.keras.applications.ResNet50(weights=None, classifier_activation=None)
-        return model, (224, 224, 3), 1000
-    layers = tf.keras.layers
-    model = tf.keras.Sequential(
-        [
-            layers.Input((32, 32, 3)),
-            layers.Conv2D(16, 3, padding="same", activation="relu"),
-            layers.MaxPooling2D(),
-            layers.Conv2D(32, 3, padding="same", activation="relu"),
-            layers.MaxPooling2D(),
-            layers.Flatten(),
-            layers.Dense(10),
-        ]
-    )
-    return model, (32, 32, 3), 10
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
@@ -154,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             pass  # TF already initialised its runtime; its defaults still work
 
     # Every rank says which GPU it has (after the device set-up above: this starts TensorFlow's runtime).
-    gpu_ids, logical = device_report(tf)
+    import train_model  # staged beside this script: the networks and the device report, shared with the trainer
+
+    gpu_ids, logical = train_model.device_report(tf)
     devices = hvd.allgather_object((rank, socket.gethostname(), local_rank, gpu_ids, logical))
     if rank == 0:
         for r, host, lrank, ids, n in devices:
@@ -168,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
 
     tf.random.set_seed(args.seed + rank)
-    model, shape, classes = build_model(tf, args.model)
+    shape, classes = train_model.input_shape(args.model), 1000 if args.model == "resnet50" else 10
+    model = train_model.build_model(tf, args.model, shape[0], classes)
+    if rank == 0:
+        print(train_model.describe(args.model, model), flush=True)
     if args.input_only:
         # The node's cores shared by its processes, as the trainer's pipeline has them; on to the GPU as there.
         threads = max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))

@@ -447,7 +447,7 @@ def run_ladder(
                 pool,
                 inv.targets,
                 job,
-                {"bench_synthetic.py": resources.template_bytes("bench_synthetic.py")},
+                resources.node_script("bench_synthetic.py"),
                 inv.hosts,
             )
             for np_ in rungs:

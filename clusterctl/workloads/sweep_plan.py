@@ -295,7 +295,7 @@ def is_id(name: str) -> bool:
 
 def stage_files(files: Sequence[str]) -> list[tuple[str, bytes]]:
     """--file PATH (a file here, or a shipped template's name) as (name, bytes) for every node's sweep folder;
-    train_imagenet.py brings its checkpoint module along."""
+    a shipped script brings the modules it imports (resources.COMPANIONS)."""
     staged = []
     for f in files:
         path = Path(f).expanduser()
@@ -307,8 +307,8 @@ def stage_files(files: Sequence[str]) -> list[tuple[str, bytes]]:
         if not path.is_file():
             raise UsageError(f"--file {f}: no such file here (nor a shipped template)")
         staged.append((path.name, path.read_bytes()))
-        if path.name == "train_imagenet.py":  # it imports its checkpoint module from its own folder
-            staged.append(("train_ckpt.py", resources.template_bytes("train_ckpt.py")))
+        # a shipped script's own modules (train_imagenet.py: its checkpoints and networks) come along
+        staged += [(n, resources.template_bytes(n)) for n in resources.COMPANIONS.get(path.name, ())]
     if len({n for n, _ in staged}) != len(staged):
         raise UsageError("--file: two files have the same name")
     return staged

@@ -22,7 +22,6 @@ from clusterctl.workloads.train_nodes import (
 from clusterctl.workloads.train_options import TrainOptions, horovod_env, node_path, trainer_argv
 
 TEMPLATE = "train_imagenet.py"
-COMPANION = "train_ckpt.py"  # the trainer imports it from its own folder: checkpoint manifests, copies, spot
 SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 5 seconds
 
 
@@ -276,7 +275,7 @@ def start(
             pool,
             targets,
             job,
-            {TEMPLATE: resources.template_bytes(TEMPLATE), COMPANION: resources.template_bytes(COMPANION)},
+            resources.node_script(TEMPLATE),
             hosts,
         )
         env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
@@ -384,10 +383,7 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
             opts = replace(opts, no_gpu=True)
         put = pool.put(
             [leader],
-            {
-                script: (resources.template_bytes(TEMPLATE), 0o644),
-                f"{job.job_dir}/{COMPANION}": (resources.template_bytes(COMPANION), 0o644),
-            },
+            {f"{job.job_dir}/{name}": (data, 0o644) for name, data in resources.node_script(TEMPLATE).items()},
         )
         if not put.all_ok:
             raise UnreachableError(f"cannot copy {TEMPLATE} to the leader {leader.label}")

@@ -63,6 +63,7 @@ def test_tiny_bench_two_processes(tmp_path):
     run = parse_bench_output(out)
     assert run.size == 2
     assert run.img_per_sec > 0
+    assert "[0]<stdout>:model tiny: 5,466 parameters\n" in out  # the shared network (train_model.py), named
     # Horovod's reference timing: 10 warm-up steps by default, then --iters timed batches, each one's rate
     # printed (clusterctl takes the mean's interval from them); the result's conf= is their spread, 1.96 sd
     assert "warmup_steps=10 steps=5 iters=4" in out
