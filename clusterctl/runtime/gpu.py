@@ -119,14 +119,16 @@ def horovod_env(build: CudaBuild, nccl_home: str) -> dict[str, str]:
     """Horovod 0.28.1's build variables (its setup.py / CMakeLists.txt / cmake/build_utils.py read them):
     nvcc and the toolkit from HOROVOD_CUDA_HOME, the kernels' architectures from HOROVOD_BUILD_CUDA_CC_LIST
     (comma-separated, e.g. 70,80), NCCL from HOROVOD_NCCL_HOME linked shared, found at run time through the
-    rpath (CMake takes LDFLAGS as its linker flags), so Horovod loads the very libnccl.so.2 TensorFlow loads."""
+    rpath (CMake takes LDFLAGS as its linker flags), so Horovod loads the very libnccl.so.2 TensorFlow loads.
+    An old-style DT_RPATH (--disable-new-dtags) is searched before LD_LIBRARY_PATH, where an image's own
+    NCCL of another CUDA may sit."""
     return {
         "HOROVOD_GPU_OPERATIONS": "NCCL",
         "HOROVOD_CUDA_HOME": build.home,
         "HOROVOD_BUILD_CUDA_CC_LIST": ",".join(str(c) for c in build.cc),
         "HOROVOD_NCCL_HOME": nccl_home,
         "HOROVOD_NCCL_LINK": "SHARED",
-        "LDFLAGS": f"-Wl,-rpath,{nccl_home}/lib",
+        "LDFLAGS": f"-Wl,--disable-new-dtags,-rpath,{nccl_home}/lib",
     }
 
 

@@ -68,7 +68,7 @@ def test_horovod_build_environment_field_by_field():
         "HOROVOD_BUILD_CUDA_CC_LIST": "70,80",
         "HOROVOD_NCCL_HOME": "/v/nvidia/nccl",
         "HOROVOD_NCCL_LINK": "SHARED",
-        "LDFLAGS": "-Wl,-rpath,/v/nvidia/nccl/lib",
+        "LDFLAGS": "-Wl,--disable-new-dtags,-rpath,/v/nvidia/nccl/lib",
     }
 
 
@@ -236,7 +236,7 @@ def test_the_build_script_builds_with_the_chosen_toolkit_and_tensorflows_nccl(tm
         "HOROVOD_BUILD_CUDA_CC_LIST": "70",
         "HOROVOD_NCCL_HOME": nccl,
         "HOROVOD_NCCL_LINK": "SHARED",
-        "LDFLAGS": f"-Wl,-rpath,{nccl}/lib",
+        "LDFLAGS": f"-Wl,--disable-new-dtags,-rpath,{nccl}/lib",
     }
     # Horovod's build_utils asks `nvcc` on PATH first: it is 12.8's, not the login PATH's CUDA 13.
     assert horovod["path0"] == f"{cuda}/cuda-12.8/bin" and horovod["nvcc"] == f"{cuda}/cuda-12.8/bin/nvcc"
