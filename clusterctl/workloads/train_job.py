@@ -133,6 +133,21 @@ def _save_job(store, inv, job: TrainJob) -> None:
 
 
 GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
+FEED_PROBE = "input_rate.py"  # the input pipeline on one core, staged beside the trainer (it imports it)
+FEED_TIMEOUT_S = 300.0
+
+
+def feed_warning(pool, leader, job_dir: str, python: str, data: str, gpus: int, gpu: str) -> str | None:
+    """Before a GPU run: the trainer's input pipeline timed on one of the leader's cores, on the run's own
+    records (templates/input_rate.py, GPUs hidden), and train_feed's line when the node's cores cannot feed
+    its GPUs at their expected rate. None when they can, or when the probe did not answer (the run goes on)."""
+    from clusterctl.workloads import train_feed
+
+    cmd = f"cd {shlex.quote(job_dir)} && CUDA_VISIBLE_DEVICES= {shlex.join([python, FEED_PROBE, '--data', data])} 2>&1"
+    r = pool.run_one(leader, cmd, timeout=FEED_TIMEOUT_S)
+    measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
+    f = train_feed.feed(measured[1], measured[0], gpus, gpu) if measured else None
+    return train_feed.warning(f) if f else None
 
 
 def wait_for_devices(
@@ -272,13 +287,27 @@ def start(
             opts = replace(opts, spot_poll=SPOT_POLL_S)
         script = f"{job.dir}/{TEMPLATE}"
         report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
+        gpus = horovod.gpus_per_node(inv.cluster)
+        feed = bool(gpus and data)  # real records on GPU nodes: can the cores decode fast enough?
         launch.stage(
             pool,
             targets,
             job,
-            {TEMPLATE: resources.template_bytes(TEMPLATE), COMPANION: resources.template_bytes(COMPANION)},
+            {
+                TEMPLATE: resources.template_bytes(TEMPLATE),
+                COMPANION: resources.template_bytes(COMPANION),
+                **({FEED_PROBE: resources.template_bytes(FEED_PROBE)} if feed else {}),
+            },
             hosts,
         )
+        if feed:
+            from clusterctl.providers.aws import catalog
+
+            gpu = catalog.FAMILY_GPU.get(catalog.family(inv.cluster.instance_type), "")
+            report(f"timing the input pipeline on one of {leader.label}'s cores (decode + augment, {data})")
+            line = feed_warning(pool, leader, job.dir, python, str(data), gpus, gpu)
+            if line:
+                report(f"warning: {line}")
         env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
         cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env)
         r = pool.run_one(
@@ -309,7 +338,6 @@ def start(
             hosts=tuple(t.label for t in targets),
         )
         _save_job(store, inv, record)
-        gpus = horovod.gpus_per_node(inv.cluster)
         if gpus:
             report(f"waiting until each of the {np} processes reports its GPU ({gpus} per node)")
             gpu_problems = wait_for_devices(pool, leader, job.name, np, gpus, gpu_check_timeout)

@@ -80,6 +80,29 @@ GPUS: dict[str, int] = {
     "g4dn.16xlarge": 1,
     "g4dn.12xlarge": 4,
     "g4dn.metal": 8,
+    "g6.xlarge": 1,
+    "g6.12xlarge": 4,
+    "g6.48xlarge": 8,
+}
+
+# vCPUs per instance (AWS's instance type pages): what feeds the GPUs' input pipelines (bench/input_pipeline.py).
+VCPUS: dict[str, int] = {
+    "p3.2xlarge": 8,
+    "p3.8xlarge": 32,
+    "p3.16xlarge": 64,
+    "p3dn.24xlarge": 96,
+    "p4d.24xlarge": 96,
+    "p4de.24xlarge": 96,
+    "p5.48xlarge": 192,
+    "g4dn.xlarge": 4,
+    "g4dn.12xlarge": 48,
+    "g4dn.metal": 96,
+    "g5.xlarge": 4,
+    "g5.12xlarge": 48,
+    "g5.48xlarge": 192,
+    "g6.xlarge": 4,
+    "g6.12xlarge": 48,
+    "g6.48xlarge": 192,
 }
 
 # EFA support, same purpose (the API's NetworkInfo.EfaSupported wins when present).
