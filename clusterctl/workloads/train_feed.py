@@ -32,8 +32,8 @@ EXPECTED: dict[str, Expected] = {
 
 # What to do when the cores fall short, said once for `train` and the bench table.
 ADVICE = (
-    "pre-resize the records so the shorter side is about 256 pixels (decoding is most of the cost), "
-    "lighten the augmentation, or pick a type with more vCPUs per GPU"
+    "pre-resize the images to a shorter side of about 256 pixels before making the records, lighten the "
+    "augmentation, or pick a type with more vCPUs per GPU (bench/input_pipeline.py shows the rates)"
 )
 
 
