@@ -32,7 +32,7 @@ EXPECTED: dict[str, Expected] = {
 
 # What to do when the cores fall short, said once for `train` and the bench table.
 ADVICE = (
-    "pre-resize the images to a shorter side of about 256 pixels before making the records, lighten the "
+    "make the records from smaller images (`clusterctl data tfrecords SRC DST --resize 256`), lighten the "
     "augmentation, or pick a type with more vCPUs per GPU (bench/input_pipeline.py shows the rates)"
 )
 
