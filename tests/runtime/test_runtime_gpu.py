@@ -163,11 +163,34 @@ with open(os.environ["STANDIN_LOG"], "a") as f:
 """
 
 
-def test_the_build_script_builds_with_the_chosen_toolkit_and_tensorflows_nccl(tmp_path):
+COMMON = [  # every pip call's options, as runtime_build.sh passes them for an offline build
+    "install",
+    "-q",
+    "--no-cache-dir",
+    "--disable-pip-version-check",
+    "--progress-bar",
+    "off",
+    "--find-links",
+    "/wheels",
+    "--no-index",
+]
+CPU_ENV = {
+    "HOROVOD_WITH_TENSORFLOW": "1",
+    "HOROVOD_WITH_GLOO": "1",
+    "HOROVOD_WITHOUT_PYTORCH": "1",
+    "HOROVOD_WITHOUT_MXNET": "1",
+    "HOROVOD_WITHOUT_MPI": "1",
+}
+
+
+def stand_in_build(tmp_path: Path, gpu: bool, nccl_wheel: bool = True):
     """runtime_build.sh itself, in a private mount namespace whose /opt is a tmpfs (as runtime/cache.py builds),
-    on the stand-in image: the Horovod step's environment and argv asserted field by field."""
+    on the stand-in image, with a stand-in python whose venv's pip records each call (PIP). The login PATH puts
+    CUDA 13's bin first, as an image's profile may (/usr/local/cuda/bin). Returns (result, calls, spec, rid, cuda)."""
     cuda, bin_ = stand_in_image(tmp_path)
     _exe(bin_ / "apt-get", "#!/bin/sh\necho 'apt-get must not run in this test' >&2\nexit 1\n")
+    pip = PIP if nccl_wheel else PIP.replace("if any(", "if False and any(")
+    _exe(tmp_path / "pip", pip)
     python = _exe(
         tmp_path / "python3",
         "#!/bin/sh\n"
@@ -177,30 +200,21 @@ def test_the_build_script_builds_with_the_chosen_toolkit_and_tensorflows_nccl(tm
         "fi\n"
         'exec /usr/bin/python3.11 "$@"\n',
     )
-    _exe(tmp_path / "pip", PIP)
-    out = tmp_path / "out"
-    platform = rt.Platform(
-        "ubuntu 22.04",
-        "x86_64",
-        "3.11.2",
-        str(python),
-        "13.0",
-        ("7.0",) * 8,
-        (f"{cuda}/cuda-12.8", f"{cuda}/cuda-13.0"),
-    )
+    gpus = ("13.0", ("7.0",) * 8, (f"{cuda}/cuda-12.8", f"{cuda}/cuda-13.0")) if gpu else ("none", None, None)
+    platform = rt.Platform("ubuntu 22.04", "x86_64", "3.11.2", str(python), *gpus)
     spec = rt.RuntimeSpec.for_platform(platform)
     rid = rt.runtime_id(spec, platform)
-    build = rt.Build(rid, spec, platform, str(out), find_links="/wheels", no_index=True)
+    build = rt.Build(rid, spec, platform, str(tmp_path / "out"), find_links="/wheels", no_index=True)
     argv = rt.build_argv(str(resources.template_path("runtime_build.sh")), build)
     inner = f"mount -t tmpfs -o mode=0755 standin /opt && mkdir -p {rt.ROOT} && exec {rt.shell(argv)}"
     log = tmp_path / "pip.log"
-    # The image's login PATH may put CUDA 13's bin first (/usr/local/cuda/bin): the build must not use it.
     env = {
         "PATH": f"{cuda}/cuda-13.0/bin:{bin_}:/usr/bin:/bin",
         "STANDIN_LOG": str(log),
         "STANDIN_PIP": str(tmp_path / "pip"),
         "HOME": str(tmp_path),
     }
+    assert shutil.which("unshare") and os.geteuid() == 0  # what these tests need (as runtime/cache.py does)
     r = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
         env=env,
@@ -208,29 +222,20 @@ def test_the_build_script_builds_with_the_chosen_toolkit_and_tensorflows_nccl(tm
         text=True,
         timeout=300,
     )
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return r, calls, spec, rid, cuda
+
+
+def test_the_build_script_builds_with_the_chosen_toolkit_and_tensorflows_nccl(tmp_path):
+    r, calls, spec, rid, cuda = stand_in_build(tmp_path, gpu=True)
     assert r.returncode == 0, r.stderr
-    first, horovod = (json.loads(line) for line in log.read_text().splitlines())
-    common = [
-        "install",
-        "-q",
-        "--no-cache-dir",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "--find-links",
-        "/wheels",
-        "--no-index",
-    ]
-    assert first["argv"] == common + list(spec.requirements) and spec.requirements[0] == "tensorflow[and-cuda]==2.15.1"
+    first, horovod = calls
+    assert first["argv"] == COMMON + list(spec.requirements) and spec.requirements[0] == "tensorflow[and-cuda]==2.15.1"
     assert first["env"] == {}  # TensorFlow is installed without Horovod's variables
-    assert horovod["argv"] == common + ["--no-build-isolation", "horovod==0.28.1"]
+    assert horovod["argv"] == COMMON + ["--no-build-isolation", "horovod==0.28.1"]
     nccl = f"{rt.prefix(rid)}/lib/python3.11/site-packages/nvidia/nccl"
     assert horovod["env"] == {
-        "HOROVOD_WITH_TENSORFLOW": "1",
-        "HOROVOD_WITH_GLOO": "1",
-        "HOROVOD_WITHOUT_PYTORCH": "1",
-        "HOROVOD_WITHOUT_MXNET": "1",
-        "HOROVOD_WITHOUT_MPI": "1",
+        **CPU_ENV,
         "HOROVOD_GPU_OPERATIONS": "NCCL",
         "HOROVOD_CUDA_HOME": f"{cuda}/cuda-12.8",
         "HOROVOD_BUILD_CUDA_CC_LIST": "70",
@@ -241,39 +246,28 @@ def test_the_build_script_builds_with_the_chosen_toolkit_and_tensorflows_nccl(tm
     # Horovod's build_utils asks `nvcc` on PATH first: it is 12.8's, not the login PATH's CUDA 13.
     assert horovod["path0"] == f"{cuda}/cuda-12.8/bin" and horovod["nvcc"] == f"{cuda}/cuda-12.8/bin/nvcc"
     assert horovod["libnccl.so"] == "libnccl.so.2"  # what CMake's find_library(nccl) looks for
-    info = json.loads((out / rt.INFO).read_text())
+    info = json.loads((tmp_path / "out" / rt.INFO).read_text())
     assert info["id"] == rid and info["spec"]["cuda_build"] == {
         "cuda": "12.8",
         "home": f"{cuda}/cuda-12.8",
         "cc": [70],
         "nccl": "2.16.5",
     }
-    assert (out / rt.PACK).stat().st_size > 0
+    assert (tmp_path / "out" / rt.PACK).stat().st_size > 0
+
+
+def test_the_cpu_build_is_left_as_it_was(tmp_path):
+    r, calls, spec, rid, cuda = stand_in_build(tmp_path, gpu=False)
+    assert r.returncode == 0, r.stderr
+    first, horovod = calls
+    assert first["argv"] == COMMON + list(spec.requirements) and spec.requirements[0] == "tensorflow-cpu==2.15.1"
+    assert horovod["env"] == CPU_ENV and horovod["argv"] == COMMON + ["--no-build-isolation", "horovod==0.28.1"]
+    assert horovod["path0"] == f"{cuda}/cuda-13.0/bin" and horovod["libnccl.so"] is None  # PATH untouched
+    assert json.loads((tmp_path / "out" / rt.INFO).read_text())["spec"]["cuda_build"] is None
 
 
 def test_the_build_script_stops_when_tensorflows_nccl_is_missing(tmp_path):
-    """A TensorFlow without its NCCL wheel (a CPU wheel by mistake) stops the build before Horovod compiles."""
-    cuda, bin_ = stand_in_image(tmp_path)
-    _exe(bin_ / "apt-get", "#!/bin/sh\nexit 1\n")
-    python = _exe(
-        tmp_path / "python3",
-        "#!/bin/sh\n"
-        'if [ "$1" = -m ] && [ "$2" = venv ]; then mkdir -p "$3/bin" && printf "#!/bin/sh\\nexit 0\\n" > "$3/bin/pip"'
-        ' && chmod +x "$3/bin/pip"; exit 0; fi\n'
-        'exec /usr/bin/python3.11 "$@"\n',
-    )
-    platform = rt.Platform("ubuntu 22.04", "x86_64", "3.11.2", str(python), "13.0", ("7.0",), (f"{cuda}/cuda-12.8",))
-    spec = rt.RuntimeSpec.for_platform(platform)
-    build = rt.Build(rt.runtime_id(spec, platform), spec, platform, str(tmp_path / "out"))
-    argv = rt.build_argv(str(resources.template_path("runtime_build.sh")), build)
-    inner = f"mount -t tmpfs -o mode=0755 standin /opt && mkdir -p {rt.ROOT} && exec {rt.shell(argv)}"
-    r = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
-        env={"PATH": f"{bin_}:/usr/bin:/bin", "HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 1 and "TensorFlow's NCCL is not at" in r.stderr
-    assert not (tmp_path / "out" / rt.INFO).exists()
-    assert shutil.which("unshare") and os.geteuid() == 0  # what these two tests need (as runtime/cache.py does)
+    """A TensorFlow without its NCCL wheel stops the build before Horovod compiles, and leaves no pack."""
+    r, calls, *_ = stand_in_build(tmp_path, gpu=True, nccl_wheel=False)
+    assert r.returncode == 1 and "TensorFlow's NCCL is not at" in r.stderr, r.stderr
+    assert len(calls) == 1 and not (tmp_path / "out" / rt.INFO).exists()
