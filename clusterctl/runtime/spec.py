@@ -103,7 +103,8 @@ def platform_probe(cuda_root: str = cuda.CUDA_ROOT) -> str:
         '"$P" -c "import platform; print(\'python=\' + platform.python_version())"; fi; '
         "if command -v nvidia-smi >/dev/null 2>&1; then "
         'echo "cuda=$(timeout 20 nvidia-smi 2>/dev/null | sed -n "s/.*CUDA Version: *\\([0-9.]*\\).*/\\1/p" | head -n1)"; '
-        "timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | sed 's/^ */compute_cap=/'; "
+        "timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null "
+        "| sed -n 's/^ *\\([0-9][0-9]*\\.[0-9][0-9]*\\) *$/compute_cap=\\1/p'; "
         f'for d in {root}/cuda-*; do if [ -x "$d/bin/nvcc" ]; then echo "toolkit=$d"; fi; done; '
         'else echo "cuda=none"; fi'
     )

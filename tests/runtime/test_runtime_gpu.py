@@ -132,6 +132,24 @@ def test_the_probe_on_a_stand_in_image_reads_gpus_and_toolkits(tmp_path):
     # The choice is in the id: another toolkit or other GPUs make another runtime.
     a100 = rt.RuntimeSpec(gpu=True, cuda_build=gpu.CudaBuild("12.8", f"{cuda}/cuda-12.8", (80,)))
     assert rt.runtime_id(s, p) != rt.runtime_id(a100, p)
+    # A driver too old for the compute_cap field prints its complaint on stdout: no capability is read from it,
+    # and the spec is refused with the way out.
+    _exe(
+        bin_ / "nvidia-smi",
+        '#!/bin/sh\ncase "$*" in *compute_cap*) echo \'Field "compute_cap" is not a valid field to query.\'; exit 2 ;;\n'
+        '*) echo "| CUDA Version: 12.2 |" ;; esac\n',
+    )
+    old = rt.parse_platform(
+        subprocess.run(
+            ["sh", "-c", rt.platform_probe(str(cuda))],
+            capture_output=True,
+            text=True,
+            env={"PATH": f"{bin_}:/usr/bin:/bin"},
+        ).stdout
+    )
+    assert old is not None and old.cuda == "12.2" and old.compute_caps == ()
+    with pytest.raises(ProvisionError, match="did not report the GPUs' compute capability"):
+        rt.RuntimeSpec.for_platform(old)
     # A node without nvidia-smi says so and nothing else about GPUs (the CPU id stays as it was).
     cpu = rt.parse_platform(
         subprocess.run(
