@@ -71,6 +71,18 @@ class Feed:
         )
 
 
+def gpu_to_feed(gpus: int, instance_type: str, data: str | None) -> str:
+    """The GPU model whose rate `train` checks the cores against before a run, or "" when there is nothing to
+    check: no GPUs (local nodes, CPU types, a plain hosts file), synthetic images (no decoding), or a type
+    whose GPU has no expected rate."""
+    from clusterctl.providers.aws import catalog
+
+    if gpus <= 0 or not data:
+        return ""
+    gpu = catalog.FAMILY_GPU.get(catalog.family(instance_type), "")
+    return gpu if gpu in EXPECTED else ""
+
+
 def feed(vcpus: int, per_core: float, gpus: int, gpu: str) -> Feed | None:
     """The node's Feed, or None when its GPU has no expected rate (a CPU node, an unknown GPU)."""
     expected = EXPECTED.get(gpu)

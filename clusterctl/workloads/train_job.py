@@ -223,7 +223,7 @@ def start(
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
     from clusterctl.remote import tmux as jobs
     from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import horovod, launch
+    from clusterctl.workloads import horovod, launch, train_feed
 
     opts.require_source()
     total = inv.hosts.total_slots
@@ -288,7 +288,8 @@ def start(
         script = f"{job.dir}/{TEMPLATE}"
         report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
         gpus = horovod.gpus_per_node(inv.cluster)
-        feed = bool(gpus and data)  # real records on GPU nodes: can the cores decode fast enough?
+        # real records on GPU nodes: can the cores decode fast enough? ("": nothing to check)
+        gpu = train_feed.gpu_to_feed(gpus, inv.cluster.instance_type if inv.cluster else "", data)
         launch.stage(
             pool,
             targets,
@@ -296,14 +297,11 @@ def start(
             {
                 TEMPLATE: resources.template_bytes(TEMPLATE),
                 COMPANION: resources.template_bytes(COMPANION),
-                **({FEED_PROBE: resources.template_bytes(FEED_PROBE)} if feed else {}),
+                **({FEED_PROBE: resources.template_bytes(FEED_PROBE)} if gpu else {}),
             },
             hosts,
         )
-        if feed:
-            from clusterctl.providers.aws import catalog
-
-            gpu = catalog.FAMILY_GPU.get(catalog.family(inv.cluster.instance_type), "")
+        if gpu:
             report(f"timing the input pipeline on one of {leader.label}'s cores (decode + augment, {data})")
             line = feed_warning(pool, leader, job.dir, python, str(data), gpus, gpu)
             if line:

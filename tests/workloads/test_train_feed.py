@@ -30,6 +30,15 @@ def test_the_arithmetic_and_the_line():
     assert set(train_feed.EXPECTED) == {"V100", "T4", "A10G", "L4", "A100", "H100"}
 
 
+def test_which_runs_train_checks():
+    assert train_feed.gpu_to_feed(8, "p3.16xlarge", "/data/imagenet") == "V100"
+    assert train_feed.gpu_to_feed(4, "g5.12xlarge", "/data") == "A10G"
+    assert train_feed.gpu_to_feed(8, "p4d.24xlarge", "/data") == "A100"
+    assert train_feed.gpu_to_feed(0, "local", "/data") == ""  # local nodes and CPU types: no GPUs
+    assert train_feed.gpu_to_feed(8, "p3.16xlarge", None) == ""  # --synthetic: nothing is decoded
+    assert train_feed.gpu_to_feed(8, "p5e.48xlarge", "/data") == ""  # H200: no expected rate to judge by
+
+
 def test_the_probes_line_is_read_back():
     assert train_feed.parse_probe("noise\ninput-rate per_core=84.2 cpus=64 images=384\n") == (84.2, 64)
     assert train_feed.parse_probe("input-rate per_core=x cpus=2") is None
