@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from clusterctl.providers.aws import catalog  # noqa: E402
-from clusterctl.workloads import train_feed  # noqa: E402
+from clusterctl.workloads import train_config, train_feed  # noqa: E402
 
 IMAGES = 192  # 6 classes x 32: the timed run reads them in a loop
 CLASSES = 6
@@ -97,7 +97,7 @@ def main() -> int:
     starved = []
     for itype, vcpus in catalog.VCPUS.items():
         gpus = catalog.gpus(itype) or 0
-        gpu = catalog.FAMILY_GPU.get(catalog.family(itype), "")
+        gpu = train_config.gpu_type(itype)
         f = train_feed.feed(vcpus, rate, gpus, gpu)
         if f is None:
             continue

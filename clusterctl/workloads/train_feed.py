@@ -71,15 +71,12 @@ class Feed:
         )
 
 
-def gpu_to_feed(gpus: int, instance_type: str, data: str | None) -> str:
-    """The GPU model whose rate `train` checks the cores against before a run, or "" when there is nothing to
-    check: no GPUs (local nodes, CPU types, a plain hosts file), synthetic images (no decoding), or a type
-    whose GPU has no expected rate."""
-    from clusterctl.providers.aws import catalog
-
-    if gpus <= 0 or not data:
+def gpu_to_feed(gpus: int, gpu: str, precision: str, data: str | None) -> str:
+    """The GPU (train_config's type of the nodes) whose rate `train` checks the cores against before a run, or
+    "" when there is nothing to check: no GPUs (local nodes, CPU types, a plain hosts file), synthetic images
+    (nothing decoded), a GPU without an expected rate, or float32 (the rates are mixed precision's)."""
+    if gpus <= 0 or not data or precision == "fp32":
         return ""
-    gpu = catalog.FAMILY_GPU.get(catalog.family(instance_type), "")
     return gpu if gpu in EXPECTED else ""
 
 

@@ -289,7 +289,7 @@ def start(
         report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
         gpus = horovod.gpus_per_node(inv.cluster)
         # real records on GPU nodes: can the cores decode fast enough? ("": nothing to check)
-        gpu = train_feed.gpu_to_feed(gpus, inv.cluster.instance_type if inv.cluster else "", data)
+        gpu = train_feed.gpu_to_feed(gpus, config.gpu, config.precision, data)
         launch.stage(
             pool,
             targets,
