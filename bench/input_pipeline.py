@@ -57,7 +57,7 @@ def make_jpegs(folder: Path, width: int, height: int) -> float:
 def per_core_rate(records: Path) -> float:
     """templates/input_rate.py in its own process (it pins itself to one core)."""
     out = subprocess.run(
-        [sys.executable, str(REPO / "templates" / "input_rate.py"), "--data", str(records), "--images", "384"],
+        [sys.executable, str(REPO / "templates" / "input_rate.py"), "--data", str(records)],
         capture_output=True,
         text=True,
         check=True,

@@ -56,7 +56,7 @@ def measure(data: str, images: int, batch: int, image_size: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="a folder of train-* TFRecord shards")
-    p.add_argument("--images", type=int, default=256, help="images timed (after a warm-up batch)")
+    p.add_argument("--images", type=int, default=1024, help="images timed (after a warm-up batch)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=224)
     a = p.parse_args(argv)
