@@ -180,6 +180,12 @@ def data_tfrecords(
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the split and the shuffle."),
     force: bool = typer.Option(False, "--force", help="Replace a dataset already in DST."),
+    resize: Optional[int] = typer.Option(
+        None,
+        "--resize",
+        metavar="SIDE",
+        help="Scale images whose shorter side is longer down to SIDE pixels (e.g. 256): less to decode per image in training.",
+    ),
     val_labels: Optional[Path] = typer.Option(
         None,
         "--val-labels",
@@ -244,6 +250,7 @@ def data_tfrecords(
                     seed=seed,
                     force=force,
                     endpoint_url=endpoint_url,
+                    resize=resize,
                 )
             )
         return
@@ -258,6 +265,7 @@ def data_tfrecords(
             force=force,
             val_labels=val_labels,
             val_synsets=val_synsets,
+            resize=resize,
         )
     )
 

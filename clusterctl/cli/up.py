@@ -106,6 +106,7 @@ def up(
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display, tables
     from clusterctl.cluster import provision
+    from clusterctl.runtime.install import plan_line
     from clusterctl.state import validate_name
     from clusterctl.types import ClusterSpec
 
@@ -150,7 +151,7 @@ def up(
     for line in plan.lines:
         display.info(f"plan: {line}")
     display.info(f"plan: autostop: {autostop.describe(stop_rules)}")
-    display.info(f"plan: node runtime: {_runtime_line(request)}")
+    display.info(f"plan: node runtime: {plan_line(request, plan.image)}")  # may refuse the image
     if dry_run:
         for line in impl.dry_run(spec):
             display.info(f"dry run: {line}")
@@ -238,18 +239,6 @@ def _runtime_request(
     if python is not None:
         return RuntimeRequest("own", python=python)
     return RuntimeRequest(runtime, cache=cache or "", wheels=wheels or "")  # type: ignore[arg-type]  # checked above
-
-
-def _runtime_line(request) -> str:
-    from clusterctl.runtime.spec import ROOT, RuntimeSpec
-
-    if request.mode == "none":
-        return "none (--runtime none): jobs need a Python with TensorFlow and Horovod on the nodes"
-    if request.mode == "own":
-        return f"your own Python {request.python} (`clusterctl doctor` checks it has TensorFlow and Horovod)"
-    s = RuntimeSpec()
-    where = f"; cache {request.cache}" if request.cache else ""
-    return f"TensorFlow {s.tensorflow} + Horovod {s.horovod} at {ROOT}/<id> on every node{where}"
 
 
 def _runtime_s3(url: str, region: Optional[str]):

@@ -156,19 +156,24 @@ def _is_jpeg(data: bytes) -> bool:
     return data[:3] == b"\xff\xd8\xff"
 
 
-def to_rgb_jpeg(tf, data: bytes) -> tuple[bytes, int, int, bool]:
+def to_rgb_jpeg(tf, data: bytes, resize: int | None = None) -> tuple[bytes, int, int, bool]:
     """(JPEG bytes, height, width, re-encoded?). RGB JPEGs are kept as they are; PNGs and grayscale or
-    CMYK JPEGs are decoded and written again as RGB JPEG (quality 95). Raises ValueError if unreadable."""
+    CMYK JPEGs are decoded and written again as RGB JPEG (quality 95). With `resize`, an image whose shorter
+    side is longer is scaled down to that shorter side (aspect kept, antialiased) and written again: the
+    trainer then decodes fewer pixels per image. Raises ValueError if unreadable."""
     try:
         if _is_jpeg(data):
             h, w, c = (int(x) for x in tf.image.extract_jpeg_shape(data).numpy())
-            if c == 3:
+            if c == 3 and not (resize and min(h, w) > resize):
                 tf.io.decode_jpeg(data, channels=3)  # a truncated or corrupt file fails here, not in training
                 return data, h, w, False
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
     except tf.errors.OpError as exc:
         raise ValueError(" ".join(str(exc).split())[:200]) from None
     h, w = int(image.shape[0]), int(image.shape[1])
+    if resize and min(h, w) > resize:
+        h, w = (resize, max(1, round(w * resize / h))) if h <= w else (max(1, round(h * resize / w)), resize)
+        image = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, [h, w], antialias=True)), 0, 255), tf.uint8)
     return tf.io.encode_jpeg(image, quality=95).numpy(), h, w, True
 
 
@@ -256,10 +261,14 @@ def convert_folder(
     progress: Progress | None = None,
     val_labels: str | os.PathLike[str] | None = None,
     val_synsets: str | os.PathLike[str] | None = None,
+    resize: int | None = None,
 ) -> DatasetInfo:
     """A folder of class sub-folders of JPEG/PNG images -> ImageNet-format TFRecord shards in `dst`.
     Unreadable images are skipped and reported in DatasetInfo.skipped; if none can be read, ConfigError.
-    A flat val/ folder takes its classes from `val_labels` (see read_val_labels)."""
+    A flat val/ folder takes its classes from `val_labels` (see read_val_labels). `resize`: images whose
+    shorter side is longer are scaled down to it (see to_rgb_jpeg)."""
+    if resize is not None and not 32 <= resize <= 4096:
+        raise ConfigError(f"--resize must be 32..4096 pixels, not {resize}", "e.g. --resize 256")
     t0 = time.monotonic()
     scan = scan_folder(
         src, validation_fraction=validation_fraction, seed=seed, val_labels=val_labels, val_synsets=val_synsets
@@ -285,7 +294,7 @@ def convert_folder(
         def records(part: list[ImageItem], split=split, items=items, done=done):
             for item in part:
                 try:
-                    encoded, h, w, again = to_rgb_jpeg(tf, item.path.read_bytes())
+                    encoded, h, w, again = to_rgb_jpeg(tf, item.path.read_bytes(), resize)
                 except (OSError, ValueError) as exc:
                     with lock:
                         skipped.append((str(item.path), str(exc)))

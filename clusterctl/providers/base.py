@@ -54,12 +54,25 @@ class Launched:
 
 
 @dataclass(frozen=True)
+class ImageFacts:
+    """What the provider knows before launch about the image and GPUs the node runtime will be built for
+    (runtime/install.plan_line judges it); empty values are unknown until `up` probes the nodes."""
+
+    python: str = ""  # the image's python3, major.minor ("3.10")
+    cuda_toolkits: tuple[str, ...] = ()  # toolkit versions the image keeps side by side ("12.8", "13.0")
+    default_cuda: str = ""  # what /usr/local/cuda is
+    compute_caps: tuple[str, ...] = ()  # the type's GPUs ("7.0"); () for CPU types or when unknown
+    gpu_model: str = ""
+
+
+@dataclass(frozen=True)
 class Plan:
     """What `up` would create, said before anything is created (no mutating call)."""
 
     lines: tuple[str, ...]
     hourly_usd: float | None = 0.0  # the whole cluster; None when a price is unknown
     prices_date: str | None = None  # the date of the built-in price table, when prices come from it
+    image: ImageFacts | None = None  # None: the nodes are this machine's OS (their runtime is built here)
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 
 from clusterctl import resources, s3uri
 from clusterctl.errors import ProvisionError, UnreachableError, UsageError
+from clusterctl.providers.base import ImageFacts
 from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshTarget
-from clusterctl.runtime import spec as rt
+from clusterctl.runtime import gpu as gpu_build, spec as rt
 from clusterctl.types import Cluster
 
 if TYPE_CHECKING:
@@ -62,6 +63,19 @@ def record(request: RuntimeRequest) -> dict[str, str]:
     return {"runtime": "none"}
 
 
+def plan_line(request: RuntimeRequest, image: ImageFacts | None) -> str:
+    """`up`'s plan line for the runtime; an image it could not be built on (a python3 without TensorFlow
+    wheels, no CUDA 12 toolkit for the type's GPUs) is refused here, before anything is launched."""
+    if request.mode == "none":
+        return "none (--runtime none): jobs need a Python with TensorFlow and Horovod on the nodes"
+    if request.mode == "own":
+        return f"your own Python {request.python} (`clusterctl doctor` checks it has TensorFlow and Horovod)"
+    s = rt.RuntimeSpec()
+    gpu = gpu_build.planned(image.python, image.cuda_toolkits, image.default_cuda, image.compute_caps) if image else ""
+    where = f"; cache {request.cache}" if request.cache else ""
+    return f"TensorFlow {s.tensorflow} + Horovod {s.horovod} at {rt.ROOT}/<id> on every node{gpu}{where}"
+
+
 def describe(extra: Mapping[str, str]) -> str:
     """The record's runtime, for `status`."""
     rid, python = extra.get("runtime", ""), extra.get("python", "")
@@ -90,7 +104,7 @@ def install(
         return record(request)
     names = [n.name for n in cluster.nodes]
     platform = probe(pool, targets, names)
-    spec = rt.RuntimeSpec(gpu=platform.gpu)
+    spec = rt.RuntimeSpec.for_platform(platform)  # refuses a python3 or CUDA toolkit it cannot build on
     rid = rt.runtime_id(spec, platform)
     fields = {"runtime": rid, "python": rt.python_of(rid)}
     have = prepare(pool, targets, names, rid)
@@ -100,8 +114,7 @@ def install(
         return fields
     report(
         f"node runtime {rid}: {platform.os} {platform.arch}, python {platform.python}, "
-        f"CUDA {platform.cuda}; TensorFlow {spec.tensorflow} ({'GPU' if spec.gpu else 'CPU'}), "
-        f"Horovod {spec.horovod}; {len(need)} node(s) need it"
+        f"CUDA {platform.cuda}; {spec.describe()}; {len(need)} node(s) need it"
     )
     incoming = f"{INCOMING}/{rid}"
     if build_here:  # the nodes have this machine's base OS: it builds for them

@@ -132,6 +132,21 @@ def _save_job(store, inv, job: TrainJob) -> None:
 
 
 GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
+FEED_PROBE = "input_rate.py"  # the input pipeline on one core, staged beside the trainer (it imports it)
+FEED_TIMEOUT_S = 300.0
+
+
+def feed_warning(pool, leader, job_dir: str, python: str, data: str, gpus: int, gpu: str) -> str | None:
+    """Before a GPU run: the trainer's input pipeline timed on one of the leader's cores, on the run's own
+    records (templates/input_rate.py, GPUs hidden), and train_feed's line when the node's cores cannot feed
+    its GPUs at their expected rate. None when they can, or when the probe did not answer (the run goes on)."""
+    from clusterctl.workloads import train_feed
+
+    cmd = f"cd {shlex.quote(job_dir)} && CUDA_VISIBLE_DEVICES= {shlex.join([python, FEED_PROBE, '--data', data])} 2>&1"
+    r = pool.run_one(leader, cmd, timeout=FEED_TIMEOUT_S)
+    measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
+    f = train_feed.feed(measured[1], measured[0], gpus, gpu) if measured else None
+    return train_feed.warning(f) if f else None
 
 
 def wait_for_devices(
@@ -207,7 +222,7 @@ def start(
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
     from clusterctl.remote import tmux as jobs
     from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import horovod, launch
+    from clusterctl.workloads import horovod, launch, train_feed
 
     opts.require_source()
     total = inv.hosts.total_slots
@@ -271,13 +286,24 @@ def start(
             opts = replace(opts, spot_poll=SPOT_POLL_S)
         script = f"{job.dir}/{TEMPLATE}"
         report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
+        gpus = horovod.gpus_per_node(inv.cluster)
+        # real records on GPU nodes: can the cores decode fast enough? ("": nothing to check)
+        gpu = train_feed.gpu_to_feed(gpus, config.gpu, config.precision, data)
         launch.stage(
             pool,
             targets,
             job,
-            resources.node_script(TEMPLATE),
+            {
+                **resources.node_script(TEMPLATE),
+                **({FEED_PROBE: resources.template_bytes(FEED_PROBE)} if gpu else {}),  # it imports the trainer
+            },
             hosts,
         )
+        if gpu:
+            report(f"timing the input pipeline on one of {leader.label}'s cores (decode + augment, {data})")
+            line = feed_warning(pool, leader, job.dir, python, str(data), gpus, gpu)
+            if line:
+                report(f"warning: {line}")
         env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
         cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env)
         r = pool.run_one(
@@ -308,7 +334,6 @@ def start(
             hosts=tuple(t.label for t in targets),
         )
         _save_job(store, inv, record)
-        gpus = horovod.gpus_per_node(inv.cluster)
         if gpus:
             report(f"waiting until each of the {np} processes reports its GPU ({gpus} per node)")
             gpu_problems = wait_for_devices(pool, leader, job.name, np, gpus, gpu_check_timeout)

@@ -21,7 +21,7 @@ from clusterctl.providers.aws.discovery import (
 from clusterctl.providers.aws.instances import run_params, shutdown_behavior
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.aws.options import parse_s3_read
-from clusterctl.providers.base import Plan
+from clusterctl.providers.base import ImageFacts, Plan
 from clusterctl.types import node_names
 from clusterctl.units import money
 
@@ -113,7 +113,21 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
             f"{money(ctx.price.volume_usd_per_hour)} disk; {catalog.PRICES_REGION} on-demand "
             f"prices of {catalog.PRICES_DATE}, other regions differ)"
         )
-    return Plan(tuple(lines), hourly, catalog.PRICES_DATE)
+    return Plan(tuple(lines), hourly, catalog.PRICES_DATE, image_facts(ctx))
+
+
+def image_facts(ctx: Context) -> ImageFacts:
+    """What the node runtime's build will find on these nodes, as far as the tables know before launch."""
+    release, t = ctx.image.release, ctx.type
+    model = (t.gpu_model or catalog.FAMILY_GPU.get(catalog.family(t.name), "")) if t.gpus else ""
+    cc = catalog.compute_capability(t.name, model) if t.gpus else ""
+    return ImageFacts(
+        python=catalog.image_python(ctx.image.name),
+        cuda_toolkits=release.toolkits if release else (),
+        default_cuda=release.cuda if release else "",
+        compute_caps=(cc,) if cc else (),
+        gpu_model=model,
+    )
 
 
 def _interfaces(ctx: Context) -> str:
