@@ -145,6 +145,9 @@ class AwsProvider:
             )
         return found
 
+    def me(self) -> str:
+        return _owner()
+
     def owners(self, name: str) -> list[str]:
         """The owners of what `down NAME` would remove (for the confirmation prompt)."""
         return sorted({s.owner or "unknown" for s in self._scopes_for(name)})
