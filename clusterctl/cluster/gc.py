@@ -63,9 +63,9 @@ class Leftover:
         return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
-def group(found: list[Found], provider: str, region: str, records: dict[str, Record], me: str) -> list[Leftover]:
+def group(found: list[Found], provider: str, region: str, records: dict[str, Record], me: str = "") -> list[Leftover]:
     """One Leftover per identity: name and cluster id (before ids: name and owner); `mine` when its owner is `me`
-    (the provider's me(): the caller as that provider records owners)."""
+    (the provider's me(): the caller as that provider records owners; "" makes none the caller's)."""
     by: dict[tuple[str, str, str], list[Found]] = {}
     for f in found:
         by.setdefault((f.cluster, f.cluster_id, "" if f.cluster_id else f.owner), []).append(f)
