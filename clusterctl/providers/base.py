@@ -188,7 +188,7 @@ class Provider(Protocol):
         another owner's cluster unless `force` is set."""
 
     def me(self) -> str:
-        """The caller as this provider records owners (AWS: user@host; local: user@host:CLUSTERCTL_HOME): a
+        """The caller as this provider records owners (AWS: the caller identity's ARN; local: user@host:HOME): a
         cluster whose owner is this is the caller's, any other is kept by `down`/`gc` without --force."""
 
     def owners(self, name: str) -> list[str]:
