@@ -119,8 +119,6 @@ def up(
             found = provider.find(spec.name)
         if found is not None:
             # Never adopt (nor, on failure, remove) a cluster this machine holds no keys for.
-            from clusterctl.proc import owner as me
-
             owner = found.extra.get("owner", "")
             raise ProvisionError(
                 f"cluster {spec.name} already exists ({provider.name}"
@@ -128,7 +126,7 @@ def up(
                 + ") but this machine has no record "
                 "of it (nor its keys)",
                 f"choose another --name (that one is {owner}'s)"
-                if owner and owner != me()
+                if owner and owner != provider.me()
                 else f"remove it with `clusterctl down {spec.name} --yes`, or choose another --name",
             )
         if hosts_out is not None:

@@ -6,7 +6,8 @@ same input and seed writes the same bytes):
     DST/train-00000-of-00008 ... train-00007-of-00008        tf.train.Example records
     DST/validation-00000-of-00004 ... validation-00003-of-00004
     DST/labels.txt     line N is the class name of label N (labels are 1-based, as in ImageNet's records)
-    DST/dataset.json   counts, classes, shards; written last, so its presence means the set is whole
+    DST/dataset.json   counts, classes, shards (each one's records and bytes); written last, so its presence
+                       means the set is whole, and what a whole copy of it holds (train checks every node's)
 
 Every shard is written under a hidden temporary name (`.train-00000-of-00008.tmp`) and renamed when
 complete: an interrupted run leaves no half shard under a real name. Each record carries the features of
@@ -44,6 +45,7 @@ class SplitInfo:
     name: str
     examples: int
     shards: tuple[str, ...]
+    records: tuple[int, ...] = ()  # per shard, in the order of `shards` (empty in sets written before it was kept)
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,15 @@ def _finish(dst: Path, classes: Sequence[str], splits: dict[str, SplitInfo], sou
         "num_classes": len(classes),
         "source": source,
         **extra,
-        "splits": {s.name: {"examples": s.examples, "shards": list(s.shards)} for s in splits.values()},
+        "splits": {
+            s.name: {
+                "examples": s.examples,
+                "shards": list(s.shards),
+                "records": list(s.records),
+                "bytes": [(dst / n).stat().st_size for n in s.shards],
+            }
+            for s in splits.values()
+        },
     }
     tmp = dst / ".dataset.json.tmp"
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
@@ -318,10 +328,10 @@ def convert_folder(
 
         parts = deal(items, count)
         with ThreadPoolExecutor(_workers(workers, count)) as pool:
-            written = sum(
+            written = tuple(
                 pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])), zip(names, parts))
             )
-        splits[split] = SplitInfo(split, written, tuple(names))
+        splits[split] = SplitInfo(split, sum(written), tuple(names), written)
     if splits["train"].examples == 0:
         raise ConfigError(
             f"{src}: none of the {len(scan.splits['train'])} training images could be read",
@@ -427,10 +437,10 @@ def write_synthetic(
             random.Random(seed).shuffle(indices)
         parts = deal(indices, count)
         with ThreadPoolExecutor(_workers(workers, count)) as pool:
-            written = sum(
+            written = tuple(
                 pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])), zip(names, parts))
             )
-        splits[split] = SplitInfo(split, written, tuple(names))
+        splits[split] = SplitInfo(split, sum(written), tuple(names), written)
     _finish(dst, names_of_classes, splits, "synthetic", extra={"image_size": image_size, "seed": seed})
     return DatasetInfo(dst, names_of_classes, splits, (), 0, time.monotonic() - t0, _size(dst, _files(splits)))
 
@@ -448,5 +458,8 @@ def read_info(path: str | os.PathLike[str]) -> DatasetInfo:
     if meta.get("format") != FORMAT:
         raise ConfigError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     classes = tuple(line for line in (root / "labels.txt").read_text().splitlines() if line)
-    splits = {s: SplitInfo(s, int(v["examples"]), tuple(v["shards"])) for s, v in meta["splits"].items()}
+    splits = {
+        s: SplitInfo(s, int(v["examples"]), tuple(v["shards"]), tuple(v.get("records", ())))
+        for s, v in meta["splits"].items()
+    }
     return DatasetInfo(root, classes, splits, bytes=_size(root, _files(splits)))

@@ -11,7 +11,7 @@ Lifecycle, in the order `up` / `down` call it:
   resources -> terminate                     (`down`)
 Reading, never changing anything:
   find, status, statuses, all_clusters       (`ls`, `status`, `down --all`)
-  everything_made, owners                    (`gc`, `down --all`: what exists, by whom)
+  everything_made, owners, me                (`gc`, `down --all`: what exists, by whom, who asks)
   node_facts                                 (`doctor`'s same-type / zone / placement check)
 Changing a running cluster:
   remove (`gc`: exactly the listed ids), reboot (`clean --reboot`), grant_checkpoint_write
@@ -124,7 +124,7 @@ class Found:
     kind: str  # "instance", "VPC", "IAM role", "namespace" ...
     id: str
     created_at: float | None = None  # epoch seconds, where the provider says
-    owner: str = ""  # user@host that made it, where known
+    owner: str = ""  # who made it, where known (as me() says it)
     state: str = ""
     cluster_id: str = ""  # the cluster's random id (AWS `clusterctl:id`); "" for clusters made before ids
 
@@ -162,7 +162,7 @@ class Provider(Protocol):
     # True when its clusters are asked of a cloud, region by region, beyond the records here (AWS); False
     # when the records here list them all (local). See "Where clusters are listed from" above.
     lists_from_cloud: bool
-    # `down`/`gc` may remove another owner's cluster (AWS owner tags); set by --force before any call.
+    # `down`/`gc` may remove another owner's cluster (see me()); set by --force before any call.
     force: bool
 
     def plan(self, spec: ClusterSpec) -> Plan:
@@ -200,8 +200,12 @@ class Provider(Protocol):
         """One line per resource the cluster holds (what `down` is about to remove). Raises UsageError for
         another owner's cluster unless `force` is set."""
 
+    def me(self) -> str:
+        """The caller as this provider records owners (AWS: the caller identity's ARN; local: user@host:HOME): a
+        cluster whose owner is this is the caller's, any other is kept by `down`/`gc` without --force."""
+
     def owners(self, name: str) -> list[str]:
-        """Who made the cluster (user@host), where the provider records it; [] when unknown."""
+        """Who made the cluster, where the provider records it; [] when unknown."""
 
     def terminate(self, name: str) -> Teardown:
         """Remove everything the cluster created, found by tags/names, and prove it is gone."""

@@ -273,7 +273,7 @@ def test_down_and_ls_work_from_tags_when_the_local_state_is_gone(aws, aws_cli):
     # up neither adopts nor removes a cluster whose keys are gone.
     proc = aws_cli(*aws_cli.up_args("lost", 1))
     assert proc.returncode == 4 and re.fullmatch(
-        r"Error: cluster lost already exists \(aws, owner [^@ ]+@\S+\) but this machine has no record of it \(nor its "
+        r"Error: cluster lost already exists \(aws, owner arn:aws:\S+\) but this machine has no record of it \(nor its "
         r"keys\): remove it with `clusterctl down lost --yes`, or choose another --name",
         one_error_line(proc),
     ), proc.stderr

@@ -7,6 +7,7 @@ from the cache and builds nothing. Then doctor, the synthetic ladder across 2 no
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -70,6 +71,13 @@ def test_leader_builds_caches_relays_and_a_second_cluster_reuses(aws, aws_cli, m
     assert "unpacked and verified on 2 node(s)" in out
     keys = {o["Key"] for o in aws.client("s3").list_objects_v2(Bucket=BUCKET)["Contents"]}
     assert keys == {f"runtimes/{rid}/runtime.tar.zst", f"runtimes/{rid}/runtime.json"}
+    # this machine holds the digests of what it cached (a later fetch must find exactly these)
+    held = json.loads((aws_cli.cli.home / "runtime-cache.json").read_text())[f"s3://{BUCKET}/runtimes/{rid}/"]
+    s3 = aws.client("s3")
+    assert held == {
+        n: hashlib.sha256(s3.get_object(Bucket=BUCKET, Key=f"runtimes/{rid}/{n}")["Body"].read()).hexdigest()
+        for n in ("runtime.tar.zst", "runtime.json")
+    }
 
     cli = aws_cli.cli
     doctor = cli("doctor", "--cluster", "rta", "--json", env=aws.env(**env))

@@ -131,7 +131,7 @@ def test_cache_commands_quote_and_finish_with_the_info():
         rt.PACK: "http://127.0.0.1:5000/b/p/r/runtime.tar.zst?X-Amz-Signature=a&b=c",
         rt.INFO: "http://127.0.0.1:5000/b/p/r/runtime.json?X-Amz-Signature=d",
     }
-    fetch = fetch_command(urls, "out dir")
+    fetch = fetch_command(urls, "out dir", {rt.PACK: "a" * 64, rt.INFO: "b" * 64})
     assert fetch.index("runtime.tar.zst.partial") < fetch.index("runtime.json.partial")  # the info last
     assert "'http://127.0.0.1:5000/b/p/r/runtime.tar.zst?X-Amz-Signature=a&b=c'" in fetch and "'out dir'" in fetch
     put = put_command(urls, "out")

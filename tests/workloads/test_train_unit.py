@@ -308,22 +308,6 @@ def test_node_path():
             train_options.node_path(bad, "/root")
 
 
-def test_data_problems():
-    marker = '{"files": 8, "manifest_sha256": "%s", "source": "/x"}'
-    good = {"10.0.0.2": "shards 4 2\n" + marker % "aa", "10.0.0.3": "shards 4 2\n" + marker % "aa"}
-    assert nodes.data_problems(good) == []
-    assert nodes.data_problems({**good, "10.0.0.4": "missing\n"}) == ["10.0.0.4: no such folder"]
-    assert nodes.data_problems({**good, "10.0.0.4": "shards 0 0\nunverified\n"}) == ["10.0.0.4: no train-* shards"]
-    assert nodes.data_problems({**good, "10.0.0.4": "shards 4 2\nunverified\n"}) == [
-        "10.0.0.4: not verified by `clusterctl sync` (no completion marker)"
-    ]
-    assert nodes.data_problems({**good, "10.0.0.4": None}) == ["10.0.0.4: could not check (unreachable)"]
-    assert nodes.data_problems({**good, "10.0.0.4": "shards 4 2\n" + marker % "bb"}) == [
-        "10.0.0.4: a different dataset than 10.0.0.2 (another manifest)"
-    ]
-    assert nodes.data_check_command("/data/my set").startswith("cd '/data/my set' ")
-
-
 def test_train_job_record_and_history_command():
     job = train.TrainJob(
         key="c1",

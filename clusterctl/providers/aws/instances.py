@@ -32,6 +32,7 @@ from clusterctl.providers.aws.discovery import (
     cluster_of,
     instances_of,
     ordered,
+    owner_label,
 )
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.base import ClusterKeys
@@ -130,6 +131,7 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
         "network_created": "yes" if net.created else "no",
         "cluster_id": scope.id,
         "owner": scope.owner,
+        "owner_label": owner_label(),
         **fabric_extra(ctx),
         **autostop.extra(spec.autostop),
     }

@@ -13,7 +13,7 @@ from clusterctl.providers.aws.discovery import (
     KIND,
     TAG_OWNER,
     Scope,
-    _owner,
+    caller,
     find_one,
     instances_of,
     new_cluster_id,
@@ -80,7 +80,7 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
         + ("; spot (one-time, terminated on interruption)" if o.spot else "")
     )
     existing = instances_of(api, scope or Scope(spec.name, every=True))
-    others = sorted({_tagdict(i).get(TAG_OWNER, "") for i in existing} - {_owner()}) if scope is None else []
+    others = sorted({_tagdict(i).get(TAG_OWNER, "") for i in existing} - {caller(api)}) if scope is None else []
     if others:  # another owner's cluster of this name is running: never adopted, never this owner's to remove
         owner = ", ".join(o or "unknown" for o in others)
         raise ProvisionError(
@@ -189,7 +189,7 @@ def dry_run(api: Api, ctx: Context, scope: Scope | None) -> list[str]:
             else:
                 raise api.error(f"{op} (DryRun)", exc) from None
 
-    scope = scope or Scope(spec.name, new_cluster_id(), _owner())  # not saved: nothing is made
+    scope = scope or Scope(spec.name, new_cluster_id(), caller(api))  # not saved: nothing is made
     tags = [{"ResourceType": "placement-group", "Tags": _tags(scope.tags(ctx.region))}]
     if o.placement and ctx.type.cluster_placement:
         check(
