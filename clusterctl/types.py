@@ -35,6 +35,59 @@ class Node:
 
 
 @dataclass(frozen=True)
+class ClusterFacts:
+    """Typed reads of Cluster.extra, the string map a record keeps (its JSON stays as it was). Every key read
+    outside the provider that writes it is here, so a caller never spells one."""
+
+    extra: Mapping[str, str]
+
+    def _flag(self, key: str) -> bool:
+        return self.extra.get(key) == "true"
+
+    @property
+    def gpus(self) -> int | None:
+        """GPUs per node as the provider recorded them (AWS: DescribeInstanceTypes); None when not recorded."""
+        got = str(self.extra.get("gpus", ""))
+        return int(got) if got.isdigit() else None
+
+    @property
+    def gpu_model(self) -> str:
+        return str(self.extra.get("gpu_model", ""))
+
+    @property
+    def python(self) -> str:  # the interpreter jobs run with on the nodes (the runtime's, or --python's)
+        return self.extra.get("python", "")
+
+    @property
+    def runtime(self) -> str:  # the node runtime's id ("" when none was installed)
+        return self.extra.get("runtime", "")
+
+    @property
+    def efa(self) -> bool:
+        return self._flag("efa")
+
+    @property
+    def efa_rdma(self) -> bool:  # p4d/p5: device RDMA; p3dn's EFA has none
+        return self._flag("efa_rdma")
+
+    @property
+    def spot(self) -> bool:
+        return self._flag("spot")
+
+    @property
+    def cluster_id(self) -> str:  # the provider's random id of the cluster ("" for clusters made before ids)
+        return self.extra.get("cluster_id", "")
+
+    @property
+    def owner(self) -> str:
+        return self.extra.get("owner", "")
+
+    @property
+    def zone(self) -> str:
+        return self.extra.get("az", "")
+
+
+@dataclass(frozen=True)
 class Cluster:
     name: str
     provider: str  # "local" | "aws"
@@ -42,7 +95,7 @@ class Cluster:
     region: str = "local"
     instance_type: str = "local"
     created_at: float = 0.0
-    extra: Mapping[str, str] = field(default_factory=dict)  # provider facts (bridge, vpc id, ...)
+    extra: Mapping[str, str] = field(default_factory=dict)  # provider facts (bridge, vpc id, ...): read via .facts
 
     @property
     def leader(self) -> Node:
@@ -57,10 +110,9 @@ class Cluster:
         return sum(n.slots for n in self.nodes)
 
     @property
-    def shares_this_machine(self) -> bool:
-        """Namespace nodes: one kernel, these cores, no GPUs, no instance type to judge against. The one
-        place workloads ask which kind of nodes they run on (speed verdicts, GPU counts, NCCL settings)."""
-        return self.provider == "local"
+    def facts(self) -> ClusterFacts:
+        """The record's provider facts, typed (the record keeps them as strings in `extra`)."""
+        return ClusterFacts(self.extra)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -176,9 +176,8 @@ def _runtime_status(record) -> None:
 def _autostop_status(store, record) -> None:
     from clusterctl.cli import display
     from clusterctl.cluster import autostop_status
-    from clusterctl.providers.local import supervisor
 
-    for line in autostop_status.status_lines(store, record, supervisor.watchdog_running):
+    for line in autostop_status.status_lines(store, record):
         display.console().print(display._esc(line))
 
 

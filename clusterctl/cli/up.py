@@ -15,12 +15,6 @@ from clusterctl.units import money
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
-# What only an AWS cluster has: given with --provider local they are refused, never silently dropped.
-_AWS_ONLY = (
-    "type_", "region", "ami", "ami_parameter", "ssh_user", "volume_size", "volume_type", "iops", "spot", "vpc",
-    "subnet", "cidr", "ssh_cidr", "s3_read", "private_ips", "trust_first_contact",
-)  # fmt: skip
-
 
 # ---- clusters --------------------------------------------------------------------------------------------
 @app.command()
@@ -103,23 +97,24 @@ def up(
 
     One network, one zone, one placement group; safe to re-run and to interrupt.
     """
+    from clusterctl import providers
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display, tables
     from clusterctl.cluster import provision
-    from clusterctl.runtime.install import plan_line
+    from clusterctl.runtime.install import S3Cache, plan_line
     from clusterctl.state import validate_name
     from clusterctl.types import ClusterSpec
 
-    if provider == "local":
-        _refuse_aws_only(ctx)
+    kind = providers.provider_class(provider)
+    providers.refuse_foreign_flags(provider, _given(ctx))  # the provider's option schema
     store = _store()
-    name = validate_name(name or ("local" if provider == "local" else "cluster"))
-    stop_rules = autostop.settings(idle_stop, max_lifetime, idle_action, spot=provider == "aws" and spot)
+    name = validate_name(name or kind.default_cluster)
+    stop_rules = autostop.settings(idle_stop, max_lifetime, idle_action, spot=spot)  # --spot: refused unless taken
     within("--slots", slots, 1, 1024)
     within("--nodes", nodes, 1)
+    within("--nodes", nodes, 1, kind.max_nodes)
     options: dict = {}
-    if provider == "aws":
-        within("--nodes", nodes, 1, 1000)
+    if kind.up_flags:  # the provider's own settings, checked by it (AWS: options.AwsOptions)
         options = {
             "ami": ami,
             "ami_parameter": ami_parameter,
@@ -140,7 +135,7 @@ def up(
         provider=provider,
         nodes=nodes,
         slots=slots,
-        instance_type=type_ if provider != "local" else "local",
+        instance_type=type_ if "--type" in kind.up_flags else provider,
         region=region or "",
         options=options,
         autostop=stop_rules,
@@ -170,7 +165,7 @@ def up(
         ssh_timeout=ssh_timeout,
         runtime=request,
         trust_first_contact=trust_first_contact,
-        runtime_cache=_runtime_s3(request.cache, region) if request.cache else None,
+        runtime_cache=S3Cache(request.cache, impl.object_store()) if request.cache else None,
     )
     display.info(
         f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
@@ -180,18 +175,14 @@ def up(
     tables.node_table(cluster)
 
 
-def _refuse_aws_only(ctx: typer.Context) -> None:
-    given = [
+def _given(ctx: typer.Context) -> list[str]:
+    """The flags given on the command line (each by its first name), in the command's order."""
+    return [
         p.opts[0]
         for p in ctx.command.params
         # by name: typer 0.29 carries its own copy of click, whose ParameterSource is not click's
-        if p.name in _AWS_ONLY and getattr(ctx.get_parameter_source(p.name), "name", "") == "COMMANDLINE"
+        if p.name and getattr(ctx.get_parameter_source(p.name), "name", "") == "COMMANDLINE"
     ]
-    if given:
-        raise UsageError(
-            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for AWS clusters",
-            f"drop {'it' if len(given) == 1 else 'them'} for --provider local (namespace nodes on this machine)",
-        )
 
 
 def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:
@@ -239,12 +230,3 @@ def _runtime_request(
     if python is not None:
         return RuntimeRequest("own", python=python)
     return RuntimeRequest(runtime, cache=cache or "", wheels=wheels or "")  # type: ignore[arg-type]  # checked above
-
-
-def _runtime_s3(url: str, region: Optional[str]):
-    import boto3
-
-    from clusterctl.providers.aws.api import configured_region
-    from clusterctl.runtime.install import S3Cache
-
-    return S3Cache(url, boto3.session.Session(region_name=region or configured_region()).client("s3"))

@@ -12,6 +12,7 @@ import uuid
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+from clusterctl import providers
 from clusterctl.autostop.settings import from_extra
 from clusterctl.autostop.watchdog import edit_local, local_dir, remote_command, watchdog
 from clusterctl.proc import owner
@@ -33,7 +34,7 @@ def change(store: StateStore, record: Record, action: str, **values: Any) -> lis
             if key in values:
                 changes[key] = values[key]
                 args += (flag, "none" if values[key] is None else str(int(values[key])))
-    if c.shares_this_machine:
+    if providers.shares_this_machine(c):
         if not (local_dir(store, c.name) / "config.json").exists():
             return [f"{c.name}: no autostop watchdog on this cluster (it was brought up without one)"]
         edit_local(store, c.name, len(c.nodes), **changes)
@@ -102,7 +103,7 @@ def lease(
 
 def _lease_all(store: StateStore, cluster: Cluster, lease_id: str, seconds: float | None, what: str) -> list[str]:
     """Take (seconds) or release (None) a lease on every node's watchdog; one line per node that did not."""
-    if cluster.shares_this_machine:
+    if providers.shares_this_machine(cluster):
         for i in range(len(cluster.nodes)):
             d = str(local_dir(store, cluster.name, i))
             if not os.path.exists(os.path.join(d, "config.json")):

@@ -42,14 +42,18 @@ def remote_status(cluster: Cluster, store: StateStore, timeout: float = 20.0) ->
         return None
 
 
-def status_lines(store: StateStore, record: Record, local_running: Callable[[str], bool]) -> list[str]:
-    """What `status` says about autostop for a cluster with a local record. `local_running`: whether a local
-    cluster's watchdog runs (given by the caller, so autostop never imports the local provider)."""
+def status_lines(store: StateStore, record: Record) -> list[str]:
+    """What `status` says about autostop for a cluster with a local record (whether the watchdog of a cluster on
+    this machine runs: its provider's watchdog_running)."""
+    from clusterctl import providers
+
     c = record.cluster
     if record.status == "stopped" and record.note:
         return [f"autostop: {record.note}"]
-    if c.shares_this_machine:  # the watchdog's files are on this machine
-        return summary(local_status(store, c.name, local_running), from_extra(c.extra), c.created_at)
+    if providers.shares_this_machine(c):  # the watchdog's files are on this machine
+        impl = providers.of(c)
+        running = local_status(store, c.name, lambda _name: bool(impl.watchdog_running(c)))
+        return summary(running, from_extra(c.extra), c.created_at)
     try:
         st = remote_status(c, store)
     except Exception:  # unreachable, keys gone ...: say what is known from the settings

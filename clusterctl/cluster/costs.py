@@ -1,8 +1,8 @@
 """What a run costs, from the built-in price table and the img/s measured on the cluster.
 
 Pure except for the small per-cluster file `measured.json` (the `bench` rates by configuration, for `train`'s estimate).
-Prices are the dated on-demand table of providers/aws/catalog.py (instances only; disks are cents): an
-estimate, not a bill.
+Prices are the provider's (Provider.hourly_price: AWS's dated on-demand table, instances only; disks are cents):
+an estimate, not a bill.
 """
 
 from __future__ import annotations
@@ -18,10 +18,6 @@ if TYPE_CHECKING:
     from clusterctl.state import StateStore
     from clusterctl.types import Cluster
 
-if TYPE_CHECKING:
-    from clusterctl.state import StateStore
-    from clusterctl.types import Cluster
-
 IMAGENET_TRAIN_IMAGES = 1_281_167
 
 
@@ -29,12 +25,9 @@ def hourly(cluster: Cluster | None) -> float | None:
     """The cluster's $/hour (instances, built-in table); 0 for local clusters; None when unknown."""
     if cluster is None:
         return None
-    if cluster.shares_this_machine:  # nothing billed
-        return 0.0
-    from clusterctl.providers.aws import catalog as aws_catalog
+    from clusterctl import providers
 
-    each = aws_catalog.instance_price(cluster.instance_type)
-    return None if each is None else each * len(cluster.nodes)
+    return providers.of(cluster).hourly_price(cluster)
 
 
 def run_cost(seconds: float, per_hour: float | None) -> float | None:

@@ -80,7 +80,7 @@ def group(found: list[Found], provider: str, region: str, records: dict[str, Rec
 
 def _same(cluster: Cluster, provider: str, cluster_id: str) -> bool:
     """The local record is this identity's (a record made before ids matches the id-less identity)."""
-    return cluster.provider == provider and (provider != "aws" or cluster.extra.get("cluster_id", "") == cluster_id)
+    return cluster.provider == provider and cluster.facts.cluster_id == cluster_id
 
 
 def record_of(c: Leftover, records: dict[str, Record]) -> Record | None:

@@ -308,7 +308,7 @@ def listing(
                     c.region,
                     len(c.nodes),
                     c.instance_type,
-                    c.extra.get("az", ""),
+                    c.facts.zone,
                     "not in the cloud",
                     None,
                     None,

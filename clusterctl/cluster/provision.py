@@ -119,7 +119,7 @@ def up(
             found = provider.find(spec.name)
         if found is not None:
             # Never adopt (nor, on failure, remove) a cluster this machine holds no keys for.
-            owner = found.extra.get("owner", "")
+            owner = found.facts.owner
             raise ProvisionError(
                 f"cluster {spec.name} already exists ({provider.name}"
                 + (f", owner {owner}" if owner else "")
@@ -409,7 +409,7 @@ def _gpu_probe(text: str | None) -> tuple[str, int | None, int | None, str]:
 
 def _type_gpus(cluster: Cluster) -> int:
     try:
-        return int(cluster.extra.get("gpus") or 0)
+        return cluster.facts.gpus or 0
     except ValueError:
         return 0
 

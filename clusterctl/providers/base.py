@@ -16,7 +16,15 @@ Reading, never changing anything:
 Changing a running cluster:
   remove (`gc`: exactly the listed ids), reboot (`clean --reboot`), grant_checkpoint_write
   (`train --checkpoint-to`).
-Capabilities (plain attributes): region, builds_runtime_locally, lists_from_cloud, force.
+Facts of a recorded cluster, for workloads (no call to the provider's API):
+  hourly_price, gpus_per_node, gpu_model           (`train`'s estimate, the GPU check, train_config's row)
+  watchdog_running                                  (`status`: does the autostop watchdog run)
+  object_store                                      (`up --runtime-cache`: the bucket built runtimes are kept in)
+Capabilities (plain attributes): region, builds_runtime_locally, lists_from_cloud, shares_this_machine, force,
+and the option schema: up_flags (the `up` flags only this provider takes), title, about, default_cluster.
+
+Every provider subclasses Provider (an ABC): mypy checks each method's signature against this class, and
+the registry (providers/__init__.py) refuses a class that does not.
 
 Where clusters are listed from (`ls`, `down --all`, and whose a cluster without a record is: cluster/
 overview.py reads lists_from_cloud of the providers concerned and never names one):
@@ -32,9 +40,11 @@ overview.py reads lists_from_cloud of the providers concerned and never names on
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Protocol
+from typing import ClassVar, Iterable, Mapping
 
+from clusterctl.errors import UsageError
 from clusterctl.types import Cluster, ClusterSpec, Node
 
 
@@ -151,79 +161,163 @@ class Teardown:
         return not self.left
 
 
-class Provider(Protocol):
-    name: str  # "aws", "local": what Cluster.provider and --provider say
-    # The region this instance works in ("local" for this machine); reading it may raise ConfigError when
-    # none is configured (AWS).
-    region: str
+class ObjectStore(ABC):
+    """A provider's object store (S3 for AWS), as the runtime cache (runtime/install.S3Cache) uses it: presigned
+    URLs the nodes fetch and fill, so no node needs write access to it."""
+
+    @abstractmethod
+    def exists(self, bucket: str, key: str) -> bool:
+        """Whether the object exists; raises ProvisionError (the store's one-line reason) when it cannot say."""
+
+    @abstractmethod
+    def presigned_get(self, bucket: str, key: str) -> str:
+        """A URL that reads the object for an hour."""
+
+    @abstractmethod
+    def presigned_put(self, bucket: str, key: str) -> str:
+        """A URL that writes the object for an hour."""
+
+
+class Provider(ABC):
+    name: ClassVar[str]  # "aws", "local": what Cluster.provider and --provider say
     # True when this machine builds the node runtime for the nodes (they share its OS); False when the
     # leader builds it (runtime/install.py).
-    builds_runtime_locally: bool
+    builds_runtime_locally: ClassVar[bool]
     # True when its clusters are asked of a cloud, region by region, beyond the records here (AWS); False
     # when the records here list them all (local). See "Where clusters are listed from" above.
-    lists_from_cloud: bool
+    lists_from_cloud: ClassVar[bool]
+    # Namespace nodes: one kernel, these cores, no GPUs, no instance type to judge against, the watchdog's
+    # files on this machine (speed verdicts, GPU counts, NCCL settings, autostop's status and control).
+    shares_this_machine: ClassVar[bool]
     # `down`/`gc` may remove another owner's cluster (see me()); set by --force before any call.
     force: bool
 
+    # The option schema of `up`: the flags only this provider takes (given with another provider they are
+    # refused, never silently dropped: refuse_foreign_flags below), and how messages name it.
+    up_flags: ClassVar[frozenset[str]] = frozenset()
+    title: ClassVar[str]  # "AWS": "--ami is for AWS clusters"
+    about: ClassVar[str]  # "namespace nodes on this machine": "drop it for --provider local (...)"
+    default_cluster: ClassVar[str]  # `up`'s cluster name when --name is not given
+    max_nodes: ClassVar[int | None] = None  # `up --nodes` above this is refused (None: the provider's plan says)
+
+    @property
+    @abstractmethod
+    def region(self) -> str:
+        """The region this instance works in ("local" for this machine); reading it may raise ConfigError when
+        none is configured (AWS)."""
+
+    @abstractmethod
     def plan(self, spec: ClusterSpec) -> Plan:
         """What `up` will create and what it costs per hour (read-only calls only)."""
 
+    @abstractmethod
     def dry_run(self, spec: ClusterSpec) -> list[str]:
         """Ask the provider whether `up` would be allowed, without creating anything (EC2 DryRun)."""
 
+    @abstractmethod
     def launch(self, spec: ClusterSpec, keys: ClusterKeys) -> Launched:
         """Create all nodes or none; found again by tags/names on re-run."""
 
+    @abstractmethod
     def host_keys(self, cluster: Cluster) -> Mapping[str, tuple[str, ...]]:
         """Host keys learned out of band once the nodes answer ssh (e.g. cloud-init's console output),
         by ssh address. Nodes missing here are pinned at first contact."""
 
+    @abstractmethod
     def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
         """`up` of a cluster that is already up: bring who may reach it in line with this run's options
         (AWS: the ssh rule becomes this run's range; local: nothing to do)."""
 
+    @abstractmethod
     def find(self, name: str) -> Cluster | None:
         """The cluster as the provider sees it, from tags/names alone (no local state needed)."""
 
+    @abstractmethod
     def status(self, name: str) -> ClusterStatus | None:
         """Nodes, states, zones, launch times and prices, from the provider alone."""
 
+    @abstractmethod
     def statuses(self) -> list[ClusterStatus]:
         """Every cluster of this provider (and region), as status() sees each, in name order (for `ls`); two
         clusters of one name (two owners') are two entries, and `recorded` says which one is this machine's."""
 
+    @abstractmethod
     def node_facts(self, cluster: Cluster) -> dict[str, NodeFacts]:
         """Instance type, zone and placement of each node, by node name, as the provider sees them now
         (nodes it does not know are missing)."""
 
+    @abstractmethod
     def resources(self, name: str) -> list[str]:
         """One line per resource the cluster holds (what `down` is about to remove). Raises UsageError for
         another owner's cluster unless `force` is set."""
 
+    @abstractmethod
     def me(self) -> str:
         """The caller as this provider records owners (AWS: the caller identity's ARN; local: user@host:HOME): a
         cluster whose owner is this is the caller's, any other is kept by `down`/`gc` without --force."""
 
+    @abstractmethod
     def owners(self, name: str) -> list[str]:
         """Who made the cluster, where the provider records it; [] when unknown."""
 
+    @abstractmethod
     def terminate(self, name: str) -> Teardown:
         """Remove everything the cluster created, found by tags/names, and prove it is gone."""
 
+    @abstractmethod
     def all_clusters(self) -> list[str]:
         """Names of every cluster of this provider that still has resources."""
 
+    @abstractmethod
     def everything_made(self) -> list[Found]:
         """Every resource this provider made for any cluster, with or without a local record (for `gc`)."""
 
+    @abstractmethod
     def remove(self, found: Iterable[Found]) -> Teardown:
         """Remove exactly these resources (from everything_made(), confirmed by the user), never a search by name."""
 
+    @abstractmethod
     def reboot(self, cluster: Cluster, hosts: Iterable[str], timeout: float = 60.0) -> dict[str, str | None] | None:
         """Restart the nodes at these ssh addresses by the provider's own means: address -> None, or why it
         failed. None when the provider has none (a cloud VM has its own kernel): the caller then runs
         `reboot` on the nodes over ssh."""
 
+    @abstractmethod
     def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
         """Let the nodes write checkpoints under `uri` (AWS: the nodes' IAM role; local: nothing to grant,
         the nodes use whatever credentials they are given)."""
+
+    @abstractmethod
+    def hourly_price(self, cluster: Cluster) -> float | None:
+        """The cluster's $/hour (instances; 0 for what is not billed); None when the price is unknown."""
+
+    @abstractmethod
+    def gpus_per_node(self, cluster: Cluster) -> int:
+        """GPUs per node; 0 for nodes without GPUs or whose GPUs nothing checks (local nodes)."""
+
+    @abstractmethod
+    def gpu_model(self, cluster: Cluster) -> str:
+        """The nodes' GPU model as the provider knows it ("V100", "NVIDIA A100"); "" for none or unknown."""
+
+    @abstractmethod
+    def watchdog_running(self, cluster: Cluster) -> bool | None:
+        """Whether the autostop watchdog runs in the leader, seen from this machine; None when only the leader
+        can say (over ssh)."""
+
+    @abstractmethod
+    def object_store(self) -> ObjectStore:
+        """The provider's object store (the runtime cache); raises UsageError when it has none."""
+
+
+def refuse_foreign_flags(chosen: type[Provider], given: Iterable[str], others: Iterable[type[Provider]]) -> None:
+    """`up --provider local --type x`: the flags given that another provider's option schema holds and the chosen
+    one's does not are refused with one line (UsageError, exit 2), never silently dropped."""
+    foreign = {f: o for o in others if o is not chosen for f in o.up_flags if f not in chosen.up_flags}
+    bad = [f for f in given if f in foreign]
+    if not bad:
+        return
+    owner = foreign[bad[0]].title
+    raise UsageError(
+        f"{', '.join(bad)} {'is' if len(bad) == 1 else 'are'} for {owner} clusters",
+        f"drop {'it' if len(bad) == 1 else 'them'} for --provider {chosen.name} ({chosen.about})",
+    )

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 
 from clusterctl import resources, s3uri, state
 from clusterctl.errors import ProvisionError, UnreachableError, UsageError
-from clusterctl.providers.base import ImageFacts
+from clusterctl.providers.base import ImageFacts, ObjectStore
 from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshTarget
 from clusterctl.runtime import gpu as gpu_build, spec as rt
-from clusterctl.types import Cluster
+from clusterctl.types import Cluster, ClusterFacts
 
 if TYPE_CHECKING:
     from clusterctl.data import outcome as sync_outcome
@@ -87,7 +87,8 @@ def plan_line(request: RuntimeRequest, image: ImageFacts | None) -> str:
 
 def describe(extra: Mapping[str, str]) -> str:
     """The record's runtime, for `status`."""
-    rid, python = extra.get("runtime", ""), extra.get("python", "")
+    facts = ClusterFacts(extra)
+    rid, python = facts.runtime, facts.python
     if rid == "own":
         return f"runtime: your own Python {python}"
     if rid in ("", "none"):
@@ -394,9 +395,9 @@ class S3Cache:
     """A runtime cache under s3://bucket/prefix/<id>/: the operator checks it and hands the leader presigned
     URLs (GET to fetch, PUT to fill), so no node needs S3 write access and nothing is listed by pattern."""
 
-    def __init__(self, url: str, client, held: Path | None = None):
+    def __init__(self, url: str, objects: ObjectStore | None, held: Path | None = None):
         loc = s3uri.parse(url)  # checked by RuntimeRequest
-        self.bucket, self.prefix, self.client = loc.bucket, loc.prefix.rstrip("/"), client
+        self.bucket, self.prefix, self._objects = loc.bucket, loc.prefix.rstrip("/"), objects
         self.held = held or state.home() / HELD  # what this machine cached there, by sha256
 
     def _held(self) -> dict[str, dict[str, str]]:
@@ -428,29 +429,20 @@ class S3Cache:
     def url(self, rid: str) -> str:
         return f"s3://{self.bucket}/{self.key(rid, '')}/"
 
-    def has(self, rid: str) -> bool:
-        from botocore.exceptions import ClientError
+    @property
+    def objects(self) -> ObjectStore:
+        if self._objects is None:
+            raise ProvisionError(f"no object store to reach the runtime cache {self.url('')}")
+        return self._objects
 
+    def has(self, rid: str) -> bool:
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self.key(rid, rt.INFO))
-            return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
+            return self.objects.exists(self.bucket, self.key(rid, rt.INFO))
+        except ProvisionError as exc:
             raise ProvisionError(f"cannot read the runtime cache {self.url(rid)}: {exc}") from None
 
-    def get_urls(self, rid: str) -> dict[str, str]:
-        return {
-            n: self.client.generate_presigned_url(
-                "get_object", Params={"Bucket": self.bucket, "Key": self.key(rid, n)}, ExpiresIn=3600
-            )
-            for n in (rt.PACK, rt.INFO)
-        }
+    def get_urls(self, rid: str) -> dict[str, str]:  # presigned for an hour
+        return {n: self.objects.presigned_get(self.bucket, self.key(rid, n)) for n in (rt.PACK, rt.INFO)}
 
     def put_urls(self, rid: str) -> dict[str, str]:
-        return {
-            n: self.client.generate_presigned_url(
-                "put_object", Params={"Bucket": self.bucket, "Key": self.key(rid, n)}, ExpiresIn=3600
-            )
-            for n in (rt.PACK, rt.INFO)
-        }
+        return {n: self.objects.presigned_put(self.bucket, self.key(rid, n)) for n in (rt.PACK, rt.INFO)}

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clusterctl import resources
+from clusterctl import providers, resources
 from clusterctl.cluster import costs
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError, within
 from clusterctl.hostsfile import HostsFile
@@ -478,7 +478,7 @@ def run_ladder(
     ladder = analyze(runs, opts.threshold, full_np, opts.timeout)
     slow = stragglers(alone)
     verdict = ladder.verdict + (f"; slow node(s) on their own: {', '.join(slow)}" if slow else "")
-    judged = inv.cluster is None or not inv.cluster.shares_this_machine
+    judged = inv.cluster is None or not providers.shares_this_machine(inv.cluster)
     if not judged:
         verdict = f"not judged: local nodes share this machine's {os.cpu_count()} cores ({verdict})"
     # A straggler names where to look; the verdict stays the scaling's (a slow node shows there, as lost img/s).

@@ -11,7 +11,7 @@ import shlex
 import time
 from dataclasses import replace
 
-from clusterctl import resources
+from clusterctl import providers, resources
 from clusterctl.remote.ssh import SshPool
 from clusterctl.workloads import launch
 from clusterctl.workloads.doctor_judge import (
@@ -79,7 +79,7 @@ def run(
 
 def recorded_runtime(cluster) -> str | None:
     """The runtime id in the cluster record, where `up` installed one."""
-    rid = cluster.extra.get("runtime", "") if cluster is not None else ""
+    rid = cluster.facts.runtime if cluster is not None else ""
     return rid if rid not in ("", "none", "own") else None
 
 
@@ -233,7 +233,11 @@ def fabric(inv, python: str | None = None, mb: float = 64.0, iters: int = 10, ti
         finally:
             launch.kill_job(pool, inv.targets, job)
             launch.remove_job(pool, inv.targets, job)
-    itype = inv.cluster.instance_type if inv.cluster is not None and not inv.cluster.shares_this_machine else None
+    itype = (
+        inv.cluster.instance_type
+        if inv.cluster is not None and not providers.shares_this_machine(inv.cluster)
+        else None
+    )
     # the floors are of the gloo test (one TCP flow); NCCL over EFA is judged against the median node
     floor = FABRIC_FLOORS.get(itype or "") if tool.name == "gloo" else None
     judged = judge_fabric(labels, cluster, pairs, floor)

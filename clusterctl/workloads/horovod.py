@@ -231,14 +231,11 @@ def parse_devices(text: str, mark: str = MARK) -> tuple[DeviceReport, ...]:
 def gpus_per_node(cluster) -> int:
     """GPUs per node of a cluster whose instance type has them; 0 for local nodes, CPU types and plain
     hosts files (nothing says what they have), where the GPU check does not apply."""
-    if cluster is None or cluster.shares_this_machine:
+    if cluster is None:
         return 0
-    recorded = str(cluster.extra.get("gpus", ""))
-    if recorded.isdigit():
-        return int(recorded)
-    from clusterctl.providers.aws import catalog as aws_catalog
+    from clusterctl import providers
 
-    return aws_catalog.gpus(cluster.instance_type) or 0
+    return providers.of(cluster).gpus_per_node(cluster)
 
 
 def _ranks(ranks: Sequence[int]) -> str:

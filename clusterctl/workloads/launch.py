@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from clusterctl import resources
+from clusterctl import providers, resources
 from clusterctl.errors import UnreachableError
 from clusterctl.hostsfile import HostEntry, HostsFile
 from clusterctl.remote.ssh import SshPool
@@ -61,8 +61,8 @@ def node_python(cluster: Cluster | None) -> str:
     """The Python every rank runs: the cluster's recorded one (its node runtime, or the user's own
     `up --python`), else the nodes' python3 (a plain hosts file; `--python` overrides). Never this
     machine's interpreter: no node has its path."""
-    if cluster is not None and cluster.extra.get("python"):
-        return cluster.extra["python"]
+    if cluster is not None and cluster.facts.python:
+        return cluster.facts.python
     return "python3"
 
 
@@ -85,11 +85,11 @@ def job_env(cluster: Cluster | None, python: str) -> dict[str, str]:
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     # NCCL over libfabric's EFA (aws-ofi-nccl), as AWS's "Get started with EFA and NCCL" guide runs it:
     # FI_PROVIDER=efa, and FI_EFA_USE_DEVICE_RDMA=1 on the types whose EFA does RDMA (p4d, p5).
-    if cluster is not None and cluster.extra.get("efa") == "true":
+    if cluster is not None and cluster.facts.efa:
         env["FI_PROVIDER"] = "efa"
-        if cluster.extra.get("efa_rdma") == "true":  # p4d/p5: device RDMA; p3dn's EFA has none
+        if cluster.facts.efa_rdma:  # p4d/p5: device RDMA; p3dn's EFA has none
             env["FI_EFA_USE_DEVICE_RDMA"] = "1"
-    if cluster is not None and not cluster.shares_this_machine:
+    if cluster is not None and not providers.shares_this_machine(cluster):
         env["NCCL_SOCKET_IFNAME"] = "^lo,docker"
     return env
 

@@ -16,7 +16,7 @@ the row of the GPU with the same memory, and say so.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from clusterctl.workloads import train_options
 from clusterctl.workloads.train_options import CYCLE_TIME_MS, FUSION_THRESHOLD_MB, TrainOptions
@@ -105,51 +105,33 @@ DEFAULTS: dict[str, TrainConfig] = {
     UNKNOWN: TrainConfig(UNKNOWN, precision="auto", batch_size=64, fp32_batch_size=64, source="nothing known"),
 }
 
-# EC2 families and the GPU each carries (AWS's accelerated-computing instance pages).
-FAMILY_GPU = {
-    "p3": "V100",
-    "p3dn": "V100",
-    "g4dn": "T4",
-    "g5": "A10G",
-    "g6": "L4",
-    "gr6": "L4",
-    "p4d": "A100",
-    "p4de": "A100",
-    "p5": "H100",
-    "p5e": "H200",
-    "p5en": "H200",
-}
 _REPORTED = ("V100", "A100", "H100", "A10G", "T4", "L4")  # names as nvidia-smi or DescribeInstanceTypes say them
 
 
-def gpu_type(instance_type: str = "", reported: str = "") -> str:
-    """The table's row for a node: from the GPU model the nodes or EC2 reported ("Tesla V100-SXM2-16GB",
-    "A10G"), else from the instance type's family; CPU for a type without GPUs; UNKNOWN when neither says."""
+def gpu_type(reported: str) -> str:
+    """The table's row for a GPU model as the nodes, EC2 or the provider name it ("Tesla V100-SXM2-16GB", "A10G",
+    "H200"); UNKNOWN when no row matches."""
     name = (reported or "").upper()
     for gpu in _REPORTED:
         if gpu in name:
             return gpu
-    if "H200" in name:
+    if "H200" in name:  # H200 (141 GB): at least H100's memory, the same batch
         return "H100"
-    family = instance_type.split(".", 1)[0].lower()
-    gpu = FAMILY_GPU.get(family, "")
-    if gpu == "H200":  # H200 (141 GB): at least H100's memory, the same batch
-        return "H100"
-    if gpu:
-        return gpu
-    return CPU if instance_type else UNKNOWN
+    return UNKNOWN
 
 
 def gpu_type_of(cluster: Any) -> str:
-    """A cluster's row: CPU for local nodes and CPU types, UNKNOWN without a cluster (a hosts file)."""
+    """A cluster's row: its provider's GPU model (AWS: EC2's name, else the family's); CPU for local nodes, CPU
+    types and GPUs no row names; UNKNOWN without a cluster (a hosts file)."""
     if cluster is None:
         return UNKNOWN
-    if cluster.shares_this_machine:
+    from clusterctl import providers
+
+    impl = providers.of(cluster)
+    if impl.shares_this_machine or impl.gpus_per_node(cluster) == 0:
         return CPU
-    extra: Mapping[str, str] = cluster.extra
-    if str(extra.get("gpus", "")) == "0":
-        return CPU
-    return gpu_type(cluster.instance_type, str(extra.get("gpu_model", "")))
+    row = gpu_type(impl.gpu_model(cluster))
+    return CPU if row == UNKNOWN else row
 
 
 def choose(

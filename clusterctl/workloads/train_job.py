@@ -228,7 +228,7 @@ def start(
     total = inv.hosts.total_slots
     if np is not None and not 1 <= np <= total:
         raise UsageError(f"--np {np}: the hosts have {total} slot(s)")
-    spot = inv.cluster is not None and inv.cluster.extra.get("spot") == "true"
+    spot = inv.cluster is not None and inv.cluster.facts.spot
     python = python or launch.node_python(inv.cluster)
     with SshPool(inv.settings) as pool:
         # One short round first: an unreachable node fails here, by name, before anything is staged; on a
@@ -282,7 +282,7 @@ def start(
         report(f"configuration for {config.describe()} ({config.source})")
         if checkpoint_copy and opts.checkpoint_copy is None and len(inv.hosts.entries) > 1:
             opts = replace(opts, checkpoint_copy=inv.hosts.entries[1].host)
-        if opts.spot_poll is None and inv.cluster is not None and inv.cluster.extra.get("spot") == "true":
+        if opts.spot_poll is None and inv.cluster is not None and inv.cluster.facts.spot:
             opts = replace(opts, spot_poll=SPOT_POLL_S)
         script = f"{job.dir}/{TEMPLATE}"
         report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")

@@ -236,3 +236,114 @@ def test_the_checker_sees_function_level_imports_and_cycles(tmp_path):
             "clusterctl.playbook.steps -> clusterctl.playbook.run  (clusterctl/playbook/steps.py:2)",
         ],
     ]
+
+
+# ---- the provider contract (providers/base.py) ---------------------------------------------------------
+# Outside providers/ a provider is reached through the contract only: no module imports a provider's own
+# package (providers/aws, providers/local), no comparison names one (`provider == "aws"`: a capability or the
+# option schema says it instead), and no module but the AWS provider's and the node programs' imports AWS's
+# SDK (ruff's TID251 says the same as you type; this rule holds it for the whole tree).
+PROVIDER_NAMES = ("aws", "local")
+SDK = ("boto3", "botocore")
+# Programs that run on the nodes, whose runtime has boto3 for S3 (sync's pulls, checkpoint uploads).
+NODE_PROGRAMS = ("clusterctl/data/node_side.py", "clusterctl/node/")
+
+
+def _names_a_provider(node: ast.Compare) -> bool:
+    """`x.provider == "aws"`, `provider != "local"`, `"aws" in (cluster.provider, ...)`-like comparisons."""
+    sides = [node.left, *node.comparators]
+    named = any(isinstance(s, ast.Constant) and s.value in PROVIDER_NAMES for s in sides)
+    about = any("provider" in ast.unparse(s).rsplit(".", 1)[-1] for s in sides if not isinstance(s, ast.Constant))
+    return named and about
+
+
+def provider_leaks(package: Path) -> list[str]:
+    bad = []
+    for path in sorted(package.rglob("*.py")):
+        shown = path.relative_to(package.parent).as_posix()
+        if shown.startswith(f"{package.name}/providers/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), shown)):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if any(name.startswith(f"clusterctl.providers.{p}") for p in PROVIDER_NAMES):
+                    bad.append(f"{shown}:{node.lineno}: imports {name} (a provider's own package)")
+                    break
+                if name.split(".")[0] in SDK and not shown.startswith(NODE_PROGRAMS):
+                    bad.append(f"{shown}:{node.lineno}: imports {name} (AWS's SDK: providers/aws only)")
+                    break
+            if isinstance(node, ast.Compare) and _names_a_provider(node):
+                bad.append(f"{shown}:{node.lineno}: `{ast.unparse(node)}` names a provider (ask a capability)")
+    return bad
+
+
+def test_no_provider_is_named_outside_providers():
+    found = provider_leaks(PACKAGE)
+    assert not found, "a provider named outside providers/:\n" + "\n".join(found)
+
+
+def test_the_provider_rule_catches_names_imports_and_the_sdk(tmp_path):
+    pkg = tmp_path / "clusterctl"
+    files = {
+        "cli/up.py": 'def f(provider):\n    return provider == "local"\n',
+        "cluster/gc.py": 'def g(c):\n    return "aws" != c.provider\n',
+        "cluster/costs.py": "from clusterctl.providers.aws import catalog\n",
+        "cli/clusters.py": "import clusterctl.providers.local.supervisor\n",
+        "runtime/install.py": "def h():\n    from botocore.exceptions import ClientError\n",
+        "data/sync.py": 'def k(src):\n    return src.kind == "local"\n',  # a source's kind, not a provider
+        "data/node_side.py": "import boto3\n",  # runs on a node
+        "providers/aws/api.py": 'import boto3\n\nname = "aws"\nok = name == "aws"\n',
+    }
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    assert provider_leaks(pkg) == [
+        "clusterctl/cli/clusters.py:1: imports clusterctl.providers.local.supervisor (a provider's own package)",
+        "clusterctl/cli/up.py:2: `provider == 'local'` names a provider (ask a capability)",
+        "clusterctl/cluster/costs.py:1: imports clusterctl.providers.aws (a provider's own package)",
+        "clusterctl/cluster/gc.py:2: `'aws' != c.provider` names a provider (ask a capability)",
+        "clusterctl/runtime/install.py:2: imports botocore.exceptions (AWS's SDK: providers/aws only)",
+    ]
+
+
+def test_every_provider_subclasses_the_contract():
+    """mypy checks each method of a Provider subclass against providers/base.py; the registry hands out only
+    subclasses, and a subclass missing a method of the contract cannot be made."""
+    from clusterctl import providers
+    from clusterctl.providers.base import Provider
+
+    for name in providers.names():
+        cls = providers.provider_class(name)
+        assert issubclass(cls, Provider) and not getattr(cls, "__abstractmethods__", None), name
+        assert cls.name == name
+        assert isinstance(cls.shares_this_machine, bool) and isinstance(cls.up_flags, frozenset), name
+
+
+def test_the_registry_refuses_a_class_outside_the_contract(monkeypatch):
+    import pytest
+
+    from clusterctl import providers
+    from clusterctl.providers.base import Provider
+
+    class Loose:  # all the methods, no contract: what the registry built by getattr before
+        name = "loose"
+
+    class Partial(Provider):  # the contract, a method short
+        name = "partial"
+
+    import sys
+    import types
+
+    module = types.ModuleType("zz_contract_fake")
+    module.Loose, module.Partial = Loose, Partial  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "zz_contract_fake", module)
+    monkeypatch.setitem(providers._PROVIDERS, "loose", ("zz_contract_fake", "Loose"))
+    monkeypatch.setitem(providers._PROVIDERS, "partial", ("zz_contract_fake", "Partial"))
+    with pytest.raises(TypeError, match="does not subclass providers.base.Provider"):
+        providers.get("loose")
+    with pytest.raises(TypeError, match="abstract"):
+        providers.get("partial")

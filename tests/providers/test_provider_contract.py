@@ -117,3 +117,44 @@ def test_down_lists_each_cluster_once_and_keeps_another_owner_s_unless_forced(tm
     (r,) = [r for r in forced.removals if r.target.name == mine]
     # no namespace of it on this machine; made before owner marks, it is ours by its record here
     assert r.found == () and r.owners == (providers.get("local", store=store).me(),)
+
+
+def _aws_cluster(instance_type: str, **extra: str) -> Cluster:
+    nodes = (Node("c-leader", "10.0.0.1", 8, "leader"), Node("c-member-1", "10.0.0.2", 8, "member"))
+    return Cluster("c", "aws", nodes, "us-east-1", instance_type, extra=extra)
+
+
+def test_a_cluster_s_price_and_gpus_come_through_the_contract(no_aws):
+    """Workloads ask providers.of(cluster) (costs, horovod, train_config): no AWS call, no region configured."""
+    local = Cluster("l", "local", (Node("l-leader", "10.250.0.2", 1, "leader"),))
+    assert providers.shares_this_machine(local) and not providers.shares_this_machine(_aws_cluster("p3.16xlarge"))
+    here = providers.of(local)
+    assert (here.hourly_price(local), here.gpus_per_node(local), here.gpu_model(local)) == (0.0, 0, "")
+    p3 = _aws_cluster("p3.16xlarge")
+    aws = providers.of(p3)
+    assert aws.hourly_price(p3) == 2 * 24.48  # two nodes at the built-in on-demand table's price
+    assert (aws.gpus_per_node(p3), aws.gpu_model(p3)) == (8, "V100")  # the family's GPU when EC2 named none
+    named = _aws_cluster("x9.big", gpus="4", gpu_model="NVIDIA A10G")
+    assert (aws.gpus_per_node(named), aws.gpu_model(named), aws.hourly_price(named)) == (4, "NVIDIA A10G", None)
+    cpu = _aws_cluster("p3.16xlarge", gpus="0")  # the record's word wins over the table
+    assert (aws.gpus_per_node(cpu), aws.gpu_model(cpu)) == (0, "")
+
+
+def test_the_record_s_facts_are_typed():
+    facts = _aws_cluster("p4d.24xlarge", gpus="8", efa="true", efa_rdma="false", spot="true", cluster_id="abc").facts
+    assert (facts.gpus, facts.efa, facts.efa_rdma, facts.spot, facts.cluster_id) == (8, True, False, True, "abc")
+    bare = _aws_cluster("m5.large").facts
+    assert (bare.gpus, bare.gpu_model, bare.python, bare.runtime, bare.efa, bare.owner) == (None, "", "", "", False, "")
+
+
+def test_up_s_flags_are_checked_against_the_provider_s_option_schema():
+    """The library refuses what the CLI refused by a list of its own (cli/up.py): exit 2, one line."""
+    from clusterctl.errors import UsageError
+
+    providers.refuse_foreign_flags("aws", ["--type", "--spot", "--nodes"])  # AWS's own
+    providers.refuse_foreign_flags("local", ["--nodes", "--name"])  # every provider's
+    with pytest.raises(UsageError) as got:
+        providers.refuse_foreign_flags("local", ["--nodes", "--spot", "--vpc"])
+    assert got.value.exit_code == 2
+    assert got.value.message == "--spot, --vpc are for AWS clusters"
+    assert got.value.hint == "drop them for --provider local (namespace nodes on this machine)"

@@ -14,25 +14,31 @@ def _aws(instance_type: str, **extra: str) -> Cluster:
 
 
 @pytest.mark.parametrize(
-    "instance_type, reported, gpu",
+    "instance_type, extra, gpu",
     [
-        ("p3.16xlarge", "", "V100"),
-        ("p3dn.24xlarge", "", "V100"),
-        ("g4dn.12xlarge", "", "T4"),
-        ("g5.48xlarge", "", "A10G"),
-        ("g6.12xlarge", "", "L4"),
-        ("p4d.24xlarge", "", "A100"),
-        ("p4de.24xlarge", "", "A100"),
-        ("p5.48xlarge", "", "H100"),
-        ("c5.xlarge", "", "CPU"),
-        ("", "Tesla V100-SXM2-16GB", "V100"),  # as nvidia-smi names it
-        ("", "NVIDIA A100-SXM4-40GB", "A100"),
-        ("x9.big", "A10G", "A10G"),  # as DescribeInstanceTypes names it, for a type the table lacks
-        ("", "", "unknown"),
+        ("p3.16xlarge", {}, "V100"),  # the family's GPU, as the AWS provider settles it (catalog.gpu_model_of)
+        ("p3dn.24xlarge", {}, "V100"),
+        ("g4dn.12xlarge", {}, "T4"),
+        ("g5.48xlarge", {}, "A10G"),
+        ("g6.12xlarge", {}, "L4"),
+        ("p4d.24xlarge", {}, "A100"),
+        ("p4de.24xlarge", {}, "A100"),
+        ("p5.48xlarge", {}, "H100"),
+        ("c5.xlarge", {}, "CPU"),
+        ("x9.big", {"gpus": "4", "gpu_model": "A10G"}, "A10G"),  # as DescribeInstanceTypes names it
     ],
 )
-def test_the_gpu_type_comes_from_the_reported_model_or_the_instance_family(instance_type, reported, gpu):
-    assert tc.gpu_type(instance_type, reported) == gpu
+def test_the_gpu_type_comes_from_the_reported_model_or_the_instance_family(instance_type, extra, gpu):
+    assert tc.gpu_type_of(_aws(instance_type, **extra)) == gpu
+
+
+@pytest.mark.parametrize(
+    "reported, gpu",
+    [("Tesla V100-SXM2-16GB", "V100"), ("NVIDIA A100-SXM4-40GB", "A100"), ("A10G", "A10G"), ("H200", "H100")],
+)
+def test_a_reported_model_names_its_row(reported, gpu):  # as nvidia-smi or EC2 say it
+    assert tc.gpu_type(reported) == gpu
+    assert tc.gpu_type("") == tc.UNKNOWN
 
 
 def test_a_cluster_s_row():

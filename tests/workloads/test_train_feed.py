@@ -33,9 +33,9 @@ def test_the_arithmetic_and_the_line():
 def test_which_runs_train_checks():
     from clusterctl.workloads import train_config
 
-    v100 = train_config.DEFAULTS[train_config.gpu_type("p3.16xlarge")]
+    v100 = train_config.DEFAULTS[train_config.gpu_type("V100")]
     assert train_feed.gpu_to_feed(8, v100.gpu, v100.precision, "/data/imagenet") == "V100"
-    assert train_feed.gpu_to_feed(4, train_config.gpu_type("g5.12xlarge"), "float16", "/data") == "A10G"
+    assert train_feed.gpu_to_feed(4, train_config.gpu_type("A10G"), "float16", "/data") == "A10G"
     assert train_feed.gpu_to_feed(0, "CPU", "fp32", "/data") == ""  # local nodes and CPU types: no GPUs
     assert train_feed.gpu_to_feed(8, "V100", "float16", None) == ""  # --synthetic: nothing is decoded
     assert train_feed.gpu_to_feed(8, "V100", "fp32", "/data") == ""  # --fp32: slower than the rates judged by

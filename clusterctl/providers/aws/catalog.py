@@ -271,12 +271,21 @@ FAMILY_GPU = {
     "g5": "A10G",
     "g6": "L4",
     "g6e": "L40S",
+    "gr6": "L4",
     "p4d": "A100",
     "p4de": "A100",
     "p5": "H100",
     "p5e": "H200",
     "p5en": "H200",
 }
+
+
+def gpu_model_of(instance_type: str, reported: str = "", gpus: int | None = None) -> str:
+    """The one place a type's GPU model is settled: EC2's name for it, else its family's (FAMILY_GPU); "" for a
+    type without GPUs. What the record's gpu_model holds (instances.fabric_extra) and the plan says."""
+    if gpus == 0:
+        return ""
+    return reported or FAMILY_GPU.get(family(instance_type), "")
 
 
 def compute_capability(instance_type: str, gpu_model: str = "") -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from clusterctl.autostop import settings as autostop
 from clusterctl.errors import CapacityError, ProvisionError, WaitTimeout
-from clusterctl.providers.aws import bootstrap, fabric
+from clusterctl.providers.aws import bootstrap, catalog, fabric
 from clusterctl.providers.aws.api import Api, _code, _message, _tagdict, _tags
 from clusterctl.providers.aws.bootstrap import Network
 from clusterctl.providers.aws.cloud_init import render_user_data
@@ -154,7 +154,7 @@ def fabric_extra(ctx: Context) -> dict[str, str]:
         "efa_interfaces": str(fabric.efa_count(t)),
         "efa_rdma": "true" if fabric.efa_count(t) and t.efa_rdma else "false",
         "gpus": str(t.gpus),
-        "gpu_model": t.gpu_model,  # DescribeInstanceTypes' GPU name: train_config.py's row for the type
+        "gpu_model": catalog.gpu_model_of(t.name, t.gpu_model, t.gpus),  # train_config.py's row for the type
         "driver_branch": str(r.driver_branch) if r else "",
         "cuda": r.cuda if r else "",
     }

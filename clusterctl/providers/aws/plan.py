@@ -119,7 +119,7 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
 def image_facts(ctx: Context) -> ImageFacts:
     """What the node runtime's build will find on these nodes, as far as the tables know before launch."""
     release, t = ctx.image.release, ctx.type
-    model = (t.gpu_model or catalog.FAMILY_GPU.get(catalog.family(t.name), "")) if t.gpus else ""
+    model = catalog.gpu_model_of(t.name, t.gpu_model, t.gpus)
     cc = catalog.compute_capability(t.name, model) if t.gpus else ""
     return ImageFacts(
         python=catalog.image_python(ctx.image.name),

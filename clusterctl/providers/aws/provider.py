@@ -23,21 +23,44 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from clusterctl.errors import ConfigError
-from clusterctl.providers.aws import bootstrap, discovery, instances, machine, plan as planning, teardown
+from clusterctl.providers.aws import bootstrap, catalog, discovery, instances, machine, plan as planning, teardown
 from clusterctl.providers.aws.api import Api, Report
 from clusterctl.providers.aws.discovery import CLUSTER_ID, Scope, caller, new_cluster_id
 from clusterctl.providers.aws.instances import CONSOLE_WAIT
 from clusterctl.providers.aws.machine import Context, Image, TypeInfo
 from clusterctl.providers.aws.options import AwsOptions
-from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, Plan, Teardown
+from clusterctl.providers.base import (
+    ClusterKeys,
+    ClusterStatus,
+    Found,
+    Launched,
+    NodeFacts,
+    ObjectStore,
+    Plan,
+    Provider,
+    Teardown,
+)
 from clusterctl.state import StateStore, atomic_write, validate_name
 from clusterctl.types import Cluster, ClusterSpec
 
 
-class AwsProvider:
+class AwsProvider(Provider):
     name = "aws"
     builds_runtime_locally = False  # the leader builds the node runtime (the DLAMI is not this machine's OS)
     lists_from_cloud = True  # `ls` / `down --all` ask EC2 in every region a record names (or --region)
+    shares_this_machine = False
+    # `up`'s flags only an AWS cluster has (the option schema): with --provider local they are refused.
+    up_flags = frozenset(
+        {
+            "--type", "--region", "--ami", "--ami-parameter", "--ssh-user", "--volume-size", "--volume-type",
+            "--iops", "--spot", "--vpc", "--subnet", "--cidr", "--ssh-cidr", "--s3-read", "--private-ips",
+            "--trust-first-contact",
+        }
+    )  # fmt: skip
+    title = "AWS"
+    about = "EC2 instances"
+    default_cluster = "cluster"
+    max_nodes = 1000
 
     def __init__(
         self,
@@ -90,8 +113,8 @@ class AwsProvider:
         if self.store.exists(name):
             cluster = self.store.load(name).cluster
             if cluster.provider == self.name:
-                cid = cluster.extra.get("cluster_id", "")
-                scope = Scope(name, cid, cluster.extra.get("owner") or self.me())
+                cid = cluster.facts.cluster_id
+                scope = Scope(name, cid, cluster.facts.owner or self.me())
         if scope is None and self._id_file(name).is_file():
             scope = Scope(name, self._id_file(name).read_text().strip(), self.me())
         if scope is not None and scope.id and not CLUSTER_ID.match(scope.id):
@@ -278,3 +301,24 @@ class AwsProvider:
         return Teardown(
             tuple(removed), tuple(f.line() for f in discovery.resources_of(self.api, None) if (f.kind, f.id) in wanted)
         )
+
+    # ---- a recorded cluster's facts (no API call) -------------------------------------------------------
+    def hourly_price(self, cluster: Cluster) -> float | None:
+        """Instances at the built-in dated on-demand table (catalog.py): an estimate, not a bill."""
+        each = catalog.instance_price(cluster.instance_type)
+        return None if each is None else each * len(cluster.nodes)
+
+    def gpus_per_node(self, cluster: Cluster) -> int:
+        recorded = cluster.facts.gpus
+        return recorded if recorded is not None else catalog.gpus(cluster.instance_type) or 0
+
+    def gpu_model(self, cluster: Cluster) -> str:
+        return catalog.gpu_model_of(cluster.instance_type, cluster.facts.gpu_model, self.gpus_per_node(cluster))
+
+    def watchdog_running(self, cluster: Cluster) -> bool | None:
+        return None  # only the leader can say (autostop_status asks it over ssh)
+
+    def object_store(self) -> ObjectStore:
+        from clusterctl.providers.aws.objects import S3Objects
+
+        return S3Objects(self.client("s3"))

@@ -18,8 +18,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from clusterctl.autostop import settings as autostop
-from clusterctl.errors import ConfigError
-from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, NodeStatus, Plan, Teardown
+from clusterctl.errors import ConfigError, UsageError
+from clusterctl.providers.base import (
+    ClusterKeys,
+    ClusterStatus,
+    Found,
+    Launched,
+    NodeFacts,
+    NodeStatus,
+    ObjectStore,
+    Plan,
+    Provider,
+    Teardown,
+)
 from clusterctl.providers.local import netns
 from clusterctl.state import StateStore, validate_name
 from clusterctl.types import Cluster, ClusterSpec, Node, node_names
@@ -45,11 +56,16 @@ def _net_lock() -> Iterator[None]:
         os.close(fd)
 
 
-class LocalProvider:
+class LocalProvider(Provider):
     name = "local"
     region = "local"
     builds_runtime_locally = True  # the nodes have this machine's OS: it builds their runtime
     lists_from_cloud = False  # its clusters are this machine's: the records here list them all
+    shares_this_machine = True  # one kernel, these cores, no GPUs; the watchdog's files are here
+    up_flags = frozenset()  # nothing beyond the flags every provider takes
+    title = "local"
+    about = "namespace nodes on this machine"
+    default_cluster = "local"
 
     def __init__(
         self,
@@ -315,3 +331,24 @@ class LocalProvider:
 
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(todo)))) as pool:
             return dict(pool.map(one, todo))
+
+    # ---- a recorded cluster's facts -------------------------------------------------------------------
+    def hourly_price(self, cluster: Cluster) -> float | None:
+        return 0.0  # nothing billed
+
+    def gpus_per_node(self, cluster: Cluster) -> int:
+        return 0  # namespace nodes see the host's GPUs, if any, but none is theirs to check
+
+    def gpu_model(self, cluster: Cluster) -> str:
+        return ""
+
+    def watchdog_running(self, cluster: Cluster) -> bool | None:
+        from clusterctl.providers.local import supervisor
+
+        return supervisor.watchdog_running(cluster.name)
+
+    def object_store(self) -> ObjectStore:
+        raise UsageError(
+            "local clusters have no object store",
+            "local clusters build the runtime once on this machine and cache it here",
+        )
