@@ -69,13 +69,13 @@ def bench(
 ) -> None:
     """Synthetic Horovod ladder: 1 GPU, 1 node, all; a verdict."""
     from clusterctl.cli import display, tables
-    from clusterctl.workloads import bench as benchlib
+    from clusterctl.workloads import bench as benchlib, train_run
 
     if not synthetic:
         raise UsageError(
             "only --synthetic is supported", "run `clusterctl bench --synthetic`; real data is `clusterctl train`"
         )
-    precision = _precision(precision, fp32, mixed_precision)
+    precision = train_run.precision_of(precision, fp32, mixed_precision)  # one precision from its synonyms
     opts = benchlib.BenchOptions(  # every option checked here, as a playbook's bench step is
         model=model,
         batch_size=batch_size,
@@ -118,19 +118,6 @@ def _bench_cost(inv, ladder, model: str) -> None:
     top = max(ladder.rungs, key=lambda r: r.np, default=None)
     if top is not None and top.img_per_sec > 0 and inv.cluster is not None and model != "input-pipeline":
         costs.save_measured(_store(), inv.cluster.name, top.img_per_sec, top.np, model, ladder.config)
-
-
-def _precision(precision: Optional[str], fp32: bool, mixed: bool) -> Optional[str]:
-    """One precision from --precision, --fp32 and --mixed-precision (None: the GPU type's)."""
-    if fp32:
-        if precision not in (None, "fp32"):
-            raise UsageError(f"--fp32 and --precision {precision} say different things", "give one of them")
-        precision = "fp32"
-    if mixed:
-        if precision is not None:
-            raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
-        precision = "mixed"
-    return precision  # an unknown one is refused by BenchOptions, as a playbook's is
 
 
 # ---- the preflight check ---------------------------------------------------------------------------------
