@@ -247,7 +247,6 @@ LONG_COMMANDS = {
     "clusters.py:status": "merges five sources: to one library value the command renders",
     "clusters.py:gc": "the sweep and its confirmation: to a library plan",
     "data.py:sync": "the plan and the fan-out choice: to the sync session",
-    "fanout.py:clean": "the confirm-then-act steps are not yet a library plan",
 }
 
 
