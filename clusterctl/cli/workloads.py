@@ -207,7 +207,29 @@ def play(
 
 
 # ---- parameter sweeps ------------------------------------------------------------------------------------
+class _SweepGroup(typer.core.TyperGroup):
+    """`clusterctl sweep --grid ... -- CMD` (options first, no subcommand) is `sweep run`, as before the
+    subcommands; the old mode flags (--status, --attach, --cancel) are refused naming their subcommand."""
+
+    def parse_args(self, ctx, args):
+        if not args or not args[0].startswith("-") or args[0] in ctx.help_option_names:
+            return super().parse_args(ctx, args)  # a subcommand (or --help) first: as any group
+        head = args[: args.index("--")] if "--" in args else args
+        old = [a for a in head if a in ("--status", "--attach", "--cancel")]
+        if old:  # parsing comes before the command's own error handling (app.command): the same line here
+            from clusterctl.cli import display
+
+            name = old[0][2:]
+            refused = UsageError(
+                f"`sweep --{name}` is now `clusterctl sweep {name}`", f"see `clusterctl sweep {name} --help`"
+            )
+            display.error(refused.one_line())
+            raise typer.Exit(int(refused.exit_code))
+        return super().parse_args(ctx, ["run", *args])
+
+
 sweep_app = typer.Typer(
+    cls=_SweepGroup,
     no_args_is_help=True,
     short_help="Parallel experiments: one trial per GPU, run detached.",
     help="Parallel experiments: one trial per GPU, run detached.\n\nA grid or random search across every node: "

@@ -645,6 +645,17 @@ def test_the_modes_are_subcommands_and_their_options_do_not_mix(cli):
     """`sweep status` takes no trial parameters (click refuses the option), `sweep run` no --json."""
     assert "No such option: --grid" in cli("sweep", "status", "--grid", "lr=1").stderr
     assert "No such option: --json" in cli("sweep", "run", "--json", "--grid", "lr=1", "--", "echo").stderr
+    # options first and no subcommand: `sweep run`, as before the subcommands (its checks, exit 2)
+    bare = cli("sweep", "--grid", "lr=1", "--goal", "best", "--", "echo", "{lr}")
+    assert bare.returncode == 2 and bare.stderr == "Error: --goal must be max or min, not 'best'\n", bare.stderr
+    # the old mode flags: one line naming the subcommand (a trial command's own --status is left alone)
+    old = cli("sweep", "--cluster", "x", "--status", "--id", "y")
+    assert old.returncode == 2, old.stderr
+    assert (
+        old.stderr == "Error: `sweep --status` is now `clusterctl sweep status`: see `clusterctl sweep status --help`\n"
+    )
+    trial = cli("sweep", "--grid", "lr=1", "--goal", "best", "--", "echo", "{lr}", "--status")
+    assert "--goal must be max or min" in trial.stderr
     listed = cli("sweep", "--help").stdout
     assert all(f"  {name} " in listed for name in ("run", "status", "attach", "cancel")), listed
 
