@@ -73,6 +73,7 @@ COMMANDS = (
     "down",
     "ls",
     "status",
+    "repair",
     "keep",
     "autostop",
     "gc",

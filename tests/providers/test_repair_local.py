@@ -1,0 +1,99 @@
+"""`clusterctl repair` on a local cluster: a member's namespace processes killed, then the node replaced (or dropped)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from conftest import node_pid
+
+pytestmark = pytest.mark.integration
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def kill_node(c, index: int) -> None:
+    """Every process of the node gone (sshd is its PID 1: killing it ends the node's PID namespace)."""
+    os.kill(node_pid(c.name, index), signal.SIGKILL)
+    from clusterctl.providers.local import netns
+
+    ns = netns.netns_name(c.name, index)
+    assert netns.kill_netns(ns, 10.0) == []
+
+
+def runs(c, command: str) -> list[dict]:
+    """`run --json` on the whole cluster: one object per host."""
+    out = ok(c.cli("run", "--cluster", c.name, "--json", command)).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def record(c) -> dict:
+    return json.loads((c.cli.home / "clusters" / c.name / "cluster.json").read_text())["cluster"]
+
+
+def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(local_cluster_factory, tmp_path):
+    c = local_cluster_factory(3, 1)
+    src = tmp_path / "ds"
+    src.mkdir()
+    for i in range(5):
+        (src / f"f{i}.bin").write_bytes(os.urandom(2000 + i))
+    ok(c.cli("sync", "--cluster", c.name, str(src), "/root/data"))
+    old_key = (c.cli.home / "clusters" / c.name / "known_hosts").read_text()
+    kill_node(c, 2)
+
+    st = ok(c.cli("status", c.name))
+    assert f"lost: {c.name}-member-2 ({c.hosts[2]})" in st.stderr + st.stdout
+    proc = c.cli("repair", c.name)  # no terminal, no --yes: nothing is done
+    assert proc.returncode == 2 and "needs confirmation" in proc.stderr
+    assert f"{c.name}-member-2 ({c.hosts[2]}): no process left" in proc.stderr
+
+    proc = ok(c.cli("repair", c.name, "--yes"))
+    assert "cost: +$0.00/hour" in proc.stderr
+    assert "dataset /root/data verified on 1 new node(s)" in proc.stderr, proc.stderr
+    # the new node has a new host key, pinned; the others' are kept
+    new_key = (c.cli.home / "clusters" / c.name / "known_hosts").read_text()
+    assert new_key != old_key and new_key.splitlines()[:2] == old_key.splitlines()[:2]
+    assert [n["private_ip"] for n in record(c)["nodes"]] == c.hosts
+    assert (c.cli.cwd / "hosts").read_text().split() == [x for h in c.hosts for x in (h, "slots=1")]
+    # the dataset on the new node: verified and marked complete, the same bytes
+    marker = c.node_exec(2, "cat", "/root/data/.clusterctl-sync/COMPLETE")
+    assert json.loads(marker.stdout)["files"] == 5
+    assert (
+        c.node_exec(2, "sha256sum", "/root/data/f3.bin").stdout.split()[0]
+        == __import__("hashlib").sha256((src / "f3.bin").read_bytes()).hexdigest()
+    )
+    # every node's hosts file names all three; the leader's live-hosts too
+    res = runs(c, "cat ~/hosts | wc -l")
+    assert sorted(r["stdout"].strip() for r in res) == ["3", "3", "3"] and all(r["exit_code"] == 0 for r in res), res
+    assert c.node_exec(0, "cat", "/root/.clusterctl/live-hosts").stdout.split() == [f"{h}:1" for h in c.hosts]
+    # the leader reaches the new member with its key checked
+    ok(c.cli("run", "--cluster", c.name, f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes {c.hosts[2]} true"))
+    assert "nothing to repair" in ok(c.cli("repair", c.name)).stderr
+
+
+def test_repair_drop_removes_a_lost_leader_and_the_next_node_leads(local_cluster_factory):
+    c = local_cluster_factory(3, 1)
+    kill_node(c, 0)
+    proc = ok(c.cli("repair", c.name, "--drop", "--yes"))
+    assert f"{c.name}-member-1 ({c.hosts[1]}) becomes the leader" in proc.stderr
+    nodes = record(c)["nodes"]
+    assert [(n["name"], n["role"]) for n in nodes] == [
+        (f"{c.name}-member-1", "leader"),
+        (f"{c.name}-member-2", "member"),
+    ]
+    assert (c.cli.cwd / "hosts").read_text().split() == [c.hosts[1], "slots=1", c.hosts[2], "slots=1"]
+    res = runs(c, "cat ~/hosts | wc -l")
+    assert [r["stdout"].strip() for r in res] == ["2", "2"]
+    assert c.node_exec(1, "cat", "/root/.clusterctl/live-hosts").stdout.split() == [
+        f"{c.hosts[1]}:1",
+        f"{c.hosts[2]}:1",
+    ]
+    from clusterctl.providers.local import netns
+
+    assert netns.netns_name(c.name, 0) not in netns.cluster_netns(c.name)  # the lost node's namespace is gone
