@@ -242,7 +242,11 @@ def _replace(
             _runtime(whole, provider, peer, fresh, pool, targets, str(paths.known_hosts), report)
             _datasets(whole, peer, fresh, pool, targets, str(paths.known_hosts), data, report)
             every = [targets[n.ssh_host] for n in whole.nodes]
-            provision.setup_nodes(whole, pool, every, pinned, paths, hf)
+            try:
+                provision.setup_nodes(whole, pool, every, pinned, paths, hf)
+            except ProvisionError:  # the leader's first ssh to a new node: retried while its network settles
+                _leader_reaches(pool, every[0], [n for n in fresh if n.role != "leader"])
+                provision.setup_nodes(whole, pool, every, pinned, paths, hf)
             report("the leader reaches every node over ssh with host keys checked; hosts files updated")
             _write_live_hosts(pool, every[0], whole)
     except BaseException as exc:  # Ctrl-C included: nothing launched is left, the record is untouched
@@ -390,6 +394,23 @@ def _datasets(
         if err is not None:
             raise ProvisionError(f"dataset {dst} did not reach the new node(s) whole: {err.message}")
         report(f"dataset {dst} verified on {len(fresh)} new node(s)")
+
+
+def _leader_reaches(pool: SshPool, leader: SshTarget, fresh: Sequence[Node], timeout: float = 60.0) -> None:
+    """The leader's ssh to each new member, host key checked, retried while the network learns the new node."""
+    deadline = time.monotonic() + timeout
+    for n in fresh:
+        probe = (
+            f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=10 {shlex.quote(n.private_ip)} true"
+        )
+        while True:
+            r = pool.run_one(leader, probe, timeout=30)
+            if r.ok:
+                break
+            if time.monotonic() > deadline:
+                why = (r.error or r.stderr.strip() or f"exit {r.exit_code}").splitlines()[-1][:200]
+                raise ProvisionError(f"the leader cannot ssh to the new node {n.name} ({n.private_ip}): {why}")
+            time.sleep(2.0)
 
 
 def _write_live_hosts(pool: SshPool, leader: SshTarget, cluster: Cluster) -> None:
