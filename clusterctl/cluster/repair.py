@@ -41,6 +41,7 @@ from clusterctl.types import Cluster, Node
 
 Report = Callable[[str], None]
 LIVE_HOSTS = ".clusterctl/live-hosts"  # on the leader, under the login home
+REPAIR_WORK = ".clusterctl/repair"  # a repair's files on the peer and the new nodes (removed at the end)
 PROBE = "true"
 # Where a dataset `sync` marked complete is looked for on a peer (its DST holds .clusterctl-sync/COMPLETE): the
 # login home and the usual data mounts, a few levels deep; `--data DST` names others.
@@ -372,28 +373,101 @@ def _datasets(
     report: Report,
 ) -> None:
     """Every dataset the peer holds complete (and every `--data DST`) copied from it to the new nodes with sync's
-    relay, each copy verified against the peer's manifest and marked complete."""
-    from clusterctl.data import plan as syncplan, sync as transfer
+    relay, then each new copy checked again, file by file, against the manifest the peer's own copy was verified
+    against, and marked with it: every node's completion marker names one manifest, as `train` requires."""
+    from clusterctl.data import node_side, plan as syncplan, sync as transfer
 
     found = _complete_datasets(pool, targets[peer.ssh_host])
     dsts = list(dict.fromkeys([*found, *extra]))
     nodes = [peer, *fresh]
+    src = targets[peer.ssh_host]
     for dst in dsts:
         report(f"copying dataset {dst} from {peer.name} to {len(fresh)} new node(s)")
-        syncer = transfer.Syncer(
-            [targets[n.ssh_host] for n in nodes],
-            [n.private_ip for n in nodes],
-            known_hosts,
-            pool,
-            syncplan.Source("leader", path=dst),
-            dst,
-            managed=True,
-            node_python="python3",
+        state = f"{dst.rstrip('/')}/{node_side.STATE_DIR}"
+        marker, saved = f"{state}/{node_side.MARKER}", f"{state}/{node_side.SAVED}"
+        # The relay from the peer checks the peer's copy against a listing made there and marks it with that: the
+        # marker and manifest it was verified against are kept aside and put back (its data is never written).
+        keep = (
+            f"mkdir -p {REPAIR_WORK} && cp -p {shlex.quote(marker)} {REPAIR_WORK}/COMPLETE && "
+            f"cp -p {shlex.quote(saved)} {REPAIR_WORK}/manifest.jsonl"
         )
-        err = syncer.run().error()
+        r = pool.run_one(src, keep, timeout=600)
+        if not r.ok:
+            raise ProvisionError(
+                f"dataset {dst} on {peer.name} has no completion marker: {r.stderr.strip()[-200:] or r.error}",
+                f"copy and verify it with `clusterctl sync SRC {dst}` first",
+            )
+        try:
+            syncer = transfer.Syncer(
+                [targets[n.ssh_host] for n in nodes],
+                [n.private_ip for n in nodes],
+                known_hosts,
+                pool,
+                syncplan.Source("leader", path=dst),
+                dst,
+                managed=True,
+                node_python="python3",
+            )
+            err = syncer.run().error()
+        finally:
+            back = (
+                f"cp -p {REPAIR_WORK}/manifest.jsonl {shlex.quote(saved)} && "
+                f"cp -p {REPAIR_WORK}/COMPLETE {shlex.quote(marker)}"
+            )
+            restored = pool.run_one(src, back, timeout=600)
+        if not restored.ok:
+            raise ProvisionError(f"could not put back the completion marker of {dst} on {peer.name}")
         if err is not None:
             raise ProvisionError(f"dataset {dst} did not reach the new node(s) whole: {err.message}")
+        _check_against_peer(pool, targets, peer, fresh, dst)
         report(f"dataset {dst} verified on {len(fresh)} new node(s)")
+    pool.run([targets[n.ssh_host] for n in nodes], f"rm -rf {REPAIR_WORK}", timeout=60)
+
+
+def _check_against_peer(
+    pool: SshPool, targets: dict[str, SshTarget], peer: Node, fresh: Sequence[Node], dst: str
+) -> None:
+    """The peer's kept manifest (REPAIR_WORK) sent from it to each new node (host key checked), each new copy checked
+    against it and marked with the peer's marker's source."""
+    import json
+
+    from clusterctl.data import node_side
+
+    r = pool.run_one(targets[peer.ssh_host], f"cat {REPAIR_WORK}/COMPLETE", timeout=60)
+    try:
+        source = str(json.loads(r.stdout)["source"]) if r.ok else ""
+    except (ValueError, KeyError, TypeError):
+        source = ""
+    if not source:
+        raise ProvisionError(f"cannot read the completion marker of {dst} on {peer.name}")
+    sends = " ".join(
+        f"scp -q -o BatchMode=yes -o StrictHostKeyChecking=yes {REPAIR_WORK}/manifest.jsonl "
+        f"{shlex.quote(n.private_ip + ':' + REPAIR_WORK + '/manifest.jsonl')} || echo {shlex.quote(n.name)};"
+        for n in fresh
+    )
+    fresh_targets = [targets[n.ssh_host] for n in fresh]
+    put = pool.put(fresh_targets, {f"{REPAIR_WORK}/agent.py": (Path(node_side.__file__).read_bytes(), 0o600)})
+    if not put.all_ok:
+        raise ProvisionError(
+            f"could not reach the new node(s): {'; '.join(f'{x.host}: {x.error}' for x in put.failed)}"
+        )
+    r = pool.run_one(targets[peer.ssh_host], sends, timeout=600)
+    if not r.ok or r.stdout.strip():
+        raise ProvisionError(
+            f"{peer.name} could not send the manifest of {dst} to {r.stdout.strip() or r.stderr[-200:]}"
+        )
+    check = shlex.join(
+        ["python3", f"{REPAIR_WORK}/agent.py", "check", "--dst", dst, "--manifest", f"{REPAIR_WORK}/manifest.jsonl"]
+        + ["--mark", source, "--reset", "--workers", "4"]
+    )
+    for n, res in zip(fresh, pool.run(fresh_targets, check, timeout=3600)):
+        try:
+            got = json.loads(res.stdout.strip().splitlines()[-1]) if res.stdout.strip() else {}
+        except ValueError:
+            got = {}
+        if not res.ok or got.get("bad") or not got.get("marked"):
+            why = got.get("error") or (got.get("bad") or [""])[0] or res.error or res.stderr.strip()[-200:]
+            raise ProvisionError(f"dataset {dst} on {n.name} does not match {peer.name}'s manifest: {why}")
 
 
 def _leader_reaches(pool: SshPool, leader: SshTarget, fresh: Sequence[Node], timeout: float = 60.0) -> None:

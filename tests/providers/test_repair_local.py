@@ -44,6 +44,7 @@ def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(loca
     for i in range(5):
         (src / f"f{i}.bin").write_bytes(os.urandom(2000 + i))
     ok(c.cli("sync", "--cluster", c.name, str(src), "/root/data"))
+    first_marker = json.loads(c.node_exec(0, "cat", "/root/data/.clusterctl-sync/COMPLETE").stdout)
     old_key = (c.cli.home / "clusters" / c.name / "known_hosts").read_text()
     kill_node(c, 2)
 
@@ -52,6 +53,18 @@ def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(loca
     proc = c.cli("repair", c.name)  # no terminal, no --yes: nothing is done
     assert proc.returncode == 2 and "needs confirmation" in proc.stderr
     assert f"{c.name}-member-2 ({c.hosts[2]}): no process left" in proc.stderr
+
+    # a replacement that fails a check (here: a dataset no peer holds) is removed; nothing names it
+    hosts_before = (c.cli.cwd / "hosts").read_text()
+    kept = (c.cli.home / "clusters" / c.name / "cluster.json").read_text()
+    proc = c.cli("repair", c.name, "--yes", "--data", "/root/no-such-data")
+    assert proc.returncode != 0 and "removing the replacement node(s)" in proc.stderr, proc.stderr
+    assert (c.cli.home / "clusters" / c.name / "cluster.json").read_text() == kept
+    assert (c.cli.cwd / "hosts").read_text() == hosts_before
+    assert (c.cli.home / "clusters" / c.name / "known_hosts").read_text() == old_key
+    from clusterctl.providers.local import netns
+
+    assert netns.netns_name(c.name, 2) not in netns.cluster_netns(c.name)
 
     proc = ok(c.cli("repair", c.name, "--yes"))
     assert "cost: +$0.00/hour" in proc.stderr
@@ -62,8 +75,11 @@ def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(loca
     assert [n["private_ip"] for n in record(c)["nodes"]] == c.hosts
     assert (c.cli.cwd / "hosts").read_text().split() == [x for h in c.hosts for x in (h, "slots=1")]
     # the dataset on the new node: verified and marked complete, the same bytes
-    marker = c.node_exec(2, "cat", "/root/data/.clusterctl-sync/COMPLETE")
-    assert json.loads(marker.stdout)["files"] == 5
+    marker = json.loads(c.node_exec(2, "cat", "/root/data/.clusterctl-sync/COMPLETE").stdout)
+    markers = [json.loads(c.node_exec(i, "cat", "/root/data/.clusterctl-sync/COMPLETE").stdout) for i in (0, 1)]
+    assert markers[0] == first_marker  # the peer's own marker as it was (the relay from it only read its data)
+    assert marker["files"] == 5 and marker["source"] == markers[0]["source"] == str(src)
+    assert marker["manifest_sha256"] == markers[0]["manifest_sha256"] == markers[1]["manifest_sha256"]
     assert (
         c.node_exec(2, "sha256sum", "/root/data/f3.bin").stdout.split()[0]
         == __import__("hashlib").sha256((src / "f3.bin").read_bytes()).hexdigest()

@@ -496,3 +496,11 @@ def destroy_node(cluster: str, index: int, timeout: float = 10.0) -> list[str]:
     if etc.exists():
         shutil.rmtree(etc, ignore_errors=True)
     return removed
+
+
+def forget_address(cluster: str, bridge: str, address: str) -> None:
+    """A node made again at an address: the neighbour entries for it (the old node's MAC) dropped on this machine's
+    bridge and in every node of the cluster, so nobody waits for a stale entry to time out."""
+    _run(["ip", "neigh", "flush", "to", address, "dev", bridge], check=False)
+    for ns in cluster_netns(cluster):
+        _run(["ip", "-n", ns, "neigh", "flush", "to", address], check=False)

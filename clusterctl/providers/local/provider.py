@@ -313,7 +313,9 @@ class LocalProvider:
                     )
                 )
             for n in made:
-                netns.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log")
+                netns.forget_address(cluster.name, bridge, n.address)  # the old node's MAC, cached here and in peers
+            for n in made:
+                netns.wait_port(n.address, 22, 60.0, n.pid, nodes_root / str(n.index) / "sshd.log")
         except BaseException:
             for n in made:
                 netns.destroy_node(cluster.name, n.index)
