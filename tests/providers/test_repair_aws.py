@@ -107,5 +107,16 @@ def test_repair_replaces_a_terminated_instance_like_its_peers_and_a_failed_one_l
         assert re.search(rf"removed instance i-[0-9a-f]+ \({name}-node\)", proc.stderr), proc.stderr
         assert len(running(aws, name)) == 2, [i["InstanceId"] for i in running(aws, name)]
         assert (aws_cli.cli.home / "clusters" / name / "cluster.json").read_text() == kept
+
+        # --drop: a stopped member (still billed: it is terminated) and the terminated one leave the cluster
+        ec2 = aws.client("ec2")
+        ec2.stop_instances(InstanceIds=[before["nodes"][1]["instance_id"]])
+        proc = ok(aws_cli("repair", name, "--drop", "--yes", timeout=300))
+        assert re.search(r"cost: -\$25\.\d\d/hour", proc.stderr), proc.stderr
+        assert f"removed instance {before['nodes'][1]['instance_id']}" in proc.stderr
+        assert [n["name"] for n in record(aws_cli, name)["cluster"]["nodes"]] == [f"{name}-leader"]
+        assert (aws_cli.cli.cwd / "hosts").read_text().split() == [before["nodes"][0]["private_ip"], "slots=8"]
+        state = ec2.describe_instances(InstanceIds=[before["nodes"][1]["instance_id"]])["Reservations"][0]
+        assert state["Instances"][0]["State"]["Name"] == "terminated"
     finally:
         ok(aws_cli("down", name, "--yes", timeout=300))
