@@ -177,6 +177,9 @@ def repair(
         [], "--data", help="Also copy this dataset folder (a `sync` DST) from a peer; repeatable."
     ),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    watch: Optional[float] = typer.Option(
+        None, "--watch", help="Check again every this many seconds and repair what is lost, until Ctrl-C (needs --yes)."
+    ),
 ) -> None:
     """Replace the cluster's lost nodes (gone, stopped or unreachable) with new ones like their peers.
 
@@ -190,6 +193,12 @@ def repair(
     store = _store()
     record = store.resolve(name)
     impl = _provider(record.cluster.provider, store, record.cluster.region)
+    if watch is not None:
+        if not yes:
+            raise UsageError("--watch repairs without asking", "pass --yes with it")
+        display.info(f"checking cluster {record.cluster.name} every {watch:g}s; Ctrl-C stops")
+        repairing.watch(store, impl, record.cluster.name, drop=drop, interval=watch, report=display.info, data=data)
+        return
     plan = repairing.plan(store, impl, record.cluster.name, drop)
     for line in plan.lines():
         display.info(line)

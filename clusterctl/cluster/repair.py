@@ -161,6 +161,39 @@ def carry_out(
         return _replace(store, provider, p, report, data, hosts_out, ssh_timeout)
 
 
+def watch(
+    store: StateStore,
+    provider: Provider,
+    name: str,
+    *,
+    drop: bool,
+    interval: float,
+    report: Report = lambda _: None,
+    data: Sequence[str] = (),
+    rounds: int | None = None,
+) -> None:
+    """plan + carry_out every `interval` seconds until Ctrl-C (or `rounds` rounds): a spot cluster kept whole from the
+    operator's machine, where the cloud credentials are. A round that fails is reported and the next one tries again
+    (its launches already removed by carry_out)."""
+    from clusterctl.errors import ClusterctlError, UsageError
+
+    if interval < 1:
+        raise UsageError(f"--watch {interval:g} is too short", "give the seconds between checks, e.g. --watch 300")
+    done = 0
+    while rounds is None or done < rounds:
+        done += 1
+        try:
+            p = plan(store, provider, name, drop)
+            if p.lost:
+                for line in p.lines():
+                    report(line)
+                carry_out(store, provider, p, report=report, data=data)
+        except ClusterctlError as exc:
+            report(f"repair failed: {exc.message}; trying again in {interval:.0f}s")
+        if rounds is None or done < rounds:
+            time.sleep(interval)
+
+
 # ---- drop ---------------------------------------------------------------------------------------------------
 def _drop(store: StateStore, provider: Provider, p: RepairPlan, report: Report, hosts_out: Path | None) -> Cluster:
     live = list(p.live)

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from conftest import node_pid
+from conftest import node_pid, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -113,3 +113,27 @@ def test_repair_drop_removes_a_lost_leader_and_the_next_node_leads(local_cluster
     from clusterctl.providers.local import netns
 
     assert netns.netns_name(c.name, 0) not in netns.cluster_netns(c.name)  # the lost node's namespace is gone
+
+
+def test_repair_watch_replaces_a_node_lost_while_it_runs(local_cluster_factory):
+    c = local_cluster_factory(2, 1)
+    bad = c.cli("repair", c.name, "--watch", "0.5", "--yes")
+    assert bad.returncode == 2 and "Error: --watch 0.5 is too short" in bad.stderr
+    assert "pass --yes with it" in c.cli("repair", c.name, "--watch", "2").stderr
+    path = c.cli.home / "clusters" / c.name / "cluster.json"
+    saved = json.loads(path.read_text())["updated_at"]
+    p = c.cli.popen("repair", c.name, "--watch", "1", "--yes")
+    try:
+        kill_node(c, 1)
+        from clusterctl.providers.local import netns
+
+        wait_for(
+            lambda: netns.node_alive(c.name, 1) is None and json.loads(path.read_text())["updated_at"] > saved,
+            180,
+            "the watch to repair the lost member",
+        )
+        assert [r["exit_code"] for r in runs(c, "true")] == [0, 0]
+    finally:
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    assert f"{c.name}-member-1 ({c.hosts[1]}): " in err and "repaired 1 node(s)" in err, err
