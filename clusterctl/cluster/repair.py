@@ -14,7 +14,7 @@
     carry out (drop): the lost nodes out of the record, hosts files, ssh config and live-hosts; the next live node
     becomes the leader when the leader is lost.
 
-The live-hosts file (LIVE_HOSTS, `host:slots` lines) on the leader lists the nodes that answer ssh with the runtime
+The live-hosts file (provision.LIVE_HOSTS, `host:slots` lines) on the leader lists the nodes that answer ssh with the runtime
 and the datasets in place: what a Horovod host-discovery script prints (`cat ~/.clusterctl/live-hosts`), so an
 elastic job picks a repaired node up. `repair` runs on the operator's machine (it holds the cloud credentials,
 which never go to the nodes); a spot cluster's keep-repairing loop is `repair --yes` run again there.
@@ -40,7 +40,6 @@ from clusterctl.state import Record, StateStore, atomic_write
 from clusterctl.types import Cluster, Node
 
 Report = Callable[[str], None]
-LIVE_HOSTS = ".clusterctl/live-hosts"  # on the leader, under the login home
 REPAIR_WORK = ".clusterctl/repair"  # a repair's files on the peer and the new nodes (removed at the end)
 PROBE = "true"
 # Where a dataset `sync` marked complete is looked for on a peer (its DST holds .clusterctl-sync/COMPLETE): the
@@ -208,7 +207,7 @@ def _drop(store: StateStore, provider: Provider, p: RepairPlan, report: Report, 
         if not r.all_ok:
             bad = "; ".join(f"{x.host}: {x.error}" for x in r.failed)
             raise ProvisionError(f"could not write the hosts file on every live node: {bad}", "run `repair` again")
-        _write_live_hosts(pool, targets[0], cluster)
+        provision.write_live_hosts(pool, targets[0], cluster)
     _save(store, cluster, hf, hosts_out)
     for line in provider.remove_nodes(p.cluster, [x.node for x in p.lost]):
         report(f"removed {line}")
@@ -282,7 +281,7 @@ def _replace(
                 _leader_reaches(pool, every[0], [n for n in fresh if n.role != "leader"])
                 provision.setup_nodes(whole, pool, every, pinned, paths, hf)
             report("the leader reaches every node over ssh with host keys checked; hosts files updated")
-            _write_live_hosts(pool, every[0], whole)
+            provision.write_live_hosts(pool, every[0], whole)
     except BaseException as exc:  # Ctrl-C included: nothing launched is left, the record is untouched
         report(f"repair failed ({provision._why(exc)}); removing the replacement node(s)")
         for line in provider.remove_nodes(whole, fresh):
@@ -518,13 +517,6 @@ def _leader_reaches(pool: SshPool, leader: SshTarget, fresh: Sequence[Node], tim
                 why = (r.error or r.stderr.strip() or f"exit {r.exit_code}").splitlines()[-1][:200]
                 raise ProvisionError(f"the leader cannot ssh to the new node {n.name} ({n.private_ip}): {why}")
             time.sleep(2.0)
-
-
-def _write_live_hosts(pool: SshPool, leader: SshTarget, cluster: Cluster) -> None:
-    text = "".join(f"{n.private_ip}:{n.slots}\n" for n in cluster.nodes)
-    r = pool.put_one(leader, {LIVE_HOSTS: (text.encode(), 0o644)})
-    if not r.ok:
-        raise ProvisionError(f"could not write {LIVE_HOSTS} on the leader: {r.error}")
 
 
 def _save(store: StateStore, cluster: Cluster, hf: HostsFile, hosts_out: Path | None) -> None:

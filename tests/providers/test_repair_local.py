@@ -95,6 +95,7 @@ def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(loca
 
 def test_repair_drop_removes_a_lost_leader_and_the_next_node_leads(local_cluster_factory):
     c = local_cluster_factory(3, 1)
+    assert c.node_exec(0, "cat", "/root/.clusterctl/live-hosts").stdout.split() == [f"{h}:1" for h in c.hosts]  # up's
     kill_node(c, 0)
     proc = ok(c.cli("repair", c.name, "--drop", "--yes"))
     assert f"{c.name}-member-1 ({c.hosts[1]}) becomes the leader" in proc.stderr
