@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from clusterctl.cluster.provision import disagreements
 from clusterctl.cluster.repair import RepairPlan
 from clusterctl.providers.base import ClusterStatus, LostNode, NodeStatus
@@ -46,3 +48,12 @@ def test_status_names_the_nodes_the_cloud_no_longer_runs_as_lost():
     assert "lost: c-member-2 (`clusterctl repair c` replaces them, --drop removes them)" in notes
     whole = dataclasses.replace(st, nodes=tuple(NodeStatus(n, "running") for n in NODES))
     assert not [n for n in disagreements(Record(CLUSTER, "up", 0.0), whole) if n.startswith("lost")]
+
+
+def test_a_lost_leader_whose_elastic_ip_carries_the_members_is_refused_before_any_aws_call(tmp_path):
+    from clusterctl.errors import ProvisionError
+    from clusterctl.providers.aws import replace
+
+    eip = dataclasses.replace(CLUSTER, extra={"elastic_ip": "198.18.0.9"})
+    with pytest.raises(ProvisionError, match="reached through its Elastic IP"):
+        replace.replace(None, None, eip, [NODES[0]], "", tmp_path / "launch.json", 1.0)  # type: ignore[arg-type]

@@ -117,6 +117,11 @@ def replace(
     wait_timeout: float,
 ) -> list[Node]:
     """New instances in place of these nodes, running and tagged with their names, roles and indexes."""
+    if cluster.extra.get("elastic_ip") and any(n.role == "leader" for n in lost_nodes):
+        raise ProvisionError(
+            f"the leader of {cluster.name} is lost, and the members are reached through its Elastic IP",
+            f"bring the cluster down and up again: `clusterctl down {cluster.name} --yes`, then `clusterctl up`",
+        )
     peer = _template(api, scope, cluster, {n.instance_id for n in lost_nodes if n.instance_id})
     ctx = _context(api, cluster, peer, len(lost_nodes))
     subnet, az = peer["SubnetId"], peer["Placement"]["AvailabilityZone"]
