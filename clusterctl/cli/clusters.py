@@ -181,11 +181,12 @@ def repair(
         None, "--watch", help="Check again every this many seconds and repair what is lost, until Ctrl-C (needs --yes)."
     ),
 ) -> None:
-    """Replace the cluster's lost nodes (gone, stopped or unreachable) with new ones like their peers.
+    """Replace lost nodes with new ones like their peers.
 
-    The new nodes get pinned host keys, the cluster key, the node runtime and every dataset a peer holds complete,
+    A node is lost when its provider says it is gone (terminated, stopped, missing; a local node's namespace) or
+    when it does not answer ssh. The new nodes get pinned host keys, the cluster key, the node runtime and every dataset a peer holds complete,
     all checked, before the hosts files, the ssh config and the record name them. --drop removes the lost nodes
-    from the cluster instead. Then `train ... --resume` goes on with the same command.
+    from the cluster instead. Then the same `train` command resumes from its last checkpoint.
     """
     from clusterctl.cli import display
     from clusterctl.cluster import repair as repairing
