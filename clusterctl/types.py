@@ -87,6 +87,9 @@ class Autostop:
 
     idle_stop_s: int | None = 3600
     max_lifetime_s: int | None = None
+    # What firing does (--idle-action): "stop" keeps the disks (`clusterctl up --name NAME` starts the cluster again),
+    # "terminate" removes the nodes and their disks (autostop/settings.py says more).
+    idle_action: str = "stop"
 
     @property
     def enabled(self) -> bool:

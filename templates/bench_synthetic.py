@@ -6,14 +6,15 @@ the allreduce and nothing of storage. Standalone on purpose: nodes have TensorFl
 clusterctl.
 
 Timing follows Horovod's tensorflow2_synthetic_benchmark.py: at least 10 untimed warm-up steps, then
---iters timed batches of --steps steps each; the result is the mean over the batches +- 1.96 standard
-deviations (conf=), so a caller can tell a real difference from noise.
+--iters timed batches of --steps steps each; the result is the mean over the batches with their spread,
+1.96 standard deviations of single batches (conf=, Horovod's +-). Every batch's rate is printed too
+(`interval`): clusterctl takes the mean's confidence interval from them (workloads/bench_stats.py).
 
 Only rank 0 prints, and only lines that start with `CLUSTERCTL-BENCH` are meant for machines
 (clusterctl.workloads.horovod.parse_bench_output reads them):
 
     CLUSTERCTL-BENCH device rank=1 host=node-1 local_rank=1 gpus=1 logical=1   (one per rank; gpus=none: CPU)
-    CLUSTERCTL-BENCH start size=4 model=tiny batch=32 warmup_steps=10 steps=10 iters=10 gpus=0 ...
+    CLUSTERCTL-BENCH start size=4 model=tiny batch=32 ... precision=float32 compression=none  (what ran)
     CLUSTERCTL-BENCH interval step=10 img_per_sec=123.4 size=4                 (one per timed batch)
     CLUSTERCTL-BENCH host rank=1 name=node-1 local_rank=0 img_per_sec=30.9 conf=1.2
     CLUSTERCTL-BENCH result size=4 img_per_sec=123.6 img_per_sec_per_proc=30.9 model=tiny batch=32 conf=4.1
@@ -37,6 +38,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 EXIT_SIZE_MISMATCH = 3
 MARK = "CLUSTERCTL-BENCH"
+MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # ImageNet's, as train_imagenet.py normalises
+STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,8 +50,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="steps per timed batch")
     p.add_argument("--iters", type=int, default=10, help="timed batches (the spread is taken over these)")
     p.add_argument("--input-only", action="store_true", help="time the input pipeline alone, no model")
-    p.add_argument("--mixed-precision", action="store_true")
-    p.add_argument("--xla", action="store_true", help="compile the training step with XLA")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "float16", "bfloat16", "mixed"),
+        default="fp32",
+        help="float16 always with loss scaling; mixed: float16 on GPUs, bfloat16 on CPUs; auto: float16 on "
+        "GPUs with tensor cores (compute capability 7.0+), else fp32 (clusterctl passes the GPU type's)",
+    )
+    p.add_argument("--mixed-precision", dest="precision", action="store_const", const="mixed")
+    p.add_argument("--xla", action="store_true", help="compile the model with XLA (jit_compile)")
+    p.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for the allreduce")
     p.add_argument("--expect-size", type=int, default=None, help="fail unless Horovod's size is exactly this")
     p.add_argument("--seed", type=int, default=1234)
     args = p.parse_args(argv)
@@ -64,41 +75,6 @@ def emit(kind: str, /, **fields: object) -> None:
     for key, value in fields.items():
         parts.append(f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}")
     print(" ".join(parts), flush=True)
-
-
-def device_report(tf) -> tuple[str, int]:
-    """The GPUs this process computes on, as its node numbers them (CUDA_VISIBLE_DEVICES mapped back), and
-    how many GPU devices TensorFlow made: ("none", 0) when it runs on the CPU. clusterctl checks these
-    against the node's slots: a GPU node's rank on the CPU, or two ranks on one GPU, fail the run."""
-    logical = len(tf.config.list_logical_devices("GPU"))
-    if not logical:
-        return "none", 0
-    order = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    ids = []
-    for dev in tf.config.get_visible_devices("GPU"):
-        i = int(dev.name.rsplit(":", 1)[1])
-        ids.append(order[i] if i < len(order) else str(i))
-    return ",".join(ids) or "none", logical
-
-
-def build_model(tf, name: str):
-    if name == "resnet50":
-        # Logits out, softmax inside the loss: under mixed precision the loss stays in float32.
-        model = tf.keras.applications.ResNet50(weights=None, classifier_activation=None)
-        return model, (224, 224, 3), 1000
-    layers = tf.keras.layers
-    model = tf.keras.Sequential(
-        [
-            layers.Input((32, 32, 3)),
-            layers.Conv2D(16, 3, padding="same", activation="relu"),
-            layers.MaxPooling2D(),
-            layers.Conv2D(32, 3, padding="same", activation="relu"),
-            layers.MaxPooling2D(),
-            layers.Flatten(),
-            layers.Dense(10),
-        ]
-    )
-    return model, (32, 32, 3), 10
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,11 +99,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_SIZE_MISMATCH
 
     gpus = tf.config.list_physical_devices("GPU")
+    capabilities = []
     if gpus:
         # One GPU per process: local rank k gets GPU k; memory growth so co-tenants on a GPU don't OOM.
         gpu = gpus[local_rank % len(gpus)]
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
+        try:
+            capabilities = [tf.config.experimental.get_device_details(gpu).get("compute_capability")]
+        except (ValueError, RuntimeError):
+            capabilities = [None]
     else:
         # CPU runs: share the cores between the processes of this host instead of oversubscribing them.
         threads = max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
@@ -138,23 +119,33 @@ def main(argv: list[str] | None = None) -> int:
             pass  # TF already initialised its runtime; its defaults still work
 
     # Every rank says which GPU it has (after the device set-up above: this starts TensorFlow's runtime).
-    gpu_ids, logical = device_report(tf)
+    import train_model  # staged beside this script: the networks and the device report, shared with the trainer
+
+    gpu_ids, logical = train_model.device_report(tf)
     devices = hvd.allgather_object((rank, socket.gethostname(), local_rank, gpu_ids, logical))
     if rank == 0:
         for r, host, lrank, ids, n in devices:
             emit("device", rank=r, host=host, local_rank=lrank, gpus=ids, logical=n)
 
-    loss_scaling = False
-    if args.mixed_precision:
-        # float16 needs loss scaling and is what GPUs are fast at; CPUs only speed up bfloat16.
-        policy = "mixed_float16" if gpus else "mixed_bfloat16"
+    # float16 needs loss scaling and is what tensor-core GPUs are fast at; CPUs only speed up bfloat16.
+    policy = choose_precision(args.precision, capabilities)
+    if policy != "float32":
         tf.keras.mixed_precision.set_global_policy(policy)
-        loss_scaling = policy == "mixed_float16"
+    loss_scaling = policy == "mixed_float16"
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
 
     tf.random.set_seed(args.seed + rank)
-    model, shape, classes = build_model(tf, args.model)
+    shape, classes = train_model.input_shape(args.model), 1000 if args.model == "resnet50" else 10
+    model = train_model.build_model(tf, args.model, shape[0], classes)
+    if rank == 0:
+        print(train_model.describe(args.model, model), flush=True)
     if args.input_only:
-        batches = iter(input_pipeline(tf, args.batch_size, shape, args.seed + rank))
+        # The node's cores shared by its processes, as the trainer's pipeline has them; on to the GPU as there.
+        threads = max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
+        ds = input_pipeline(tf, args.batch_size, shape, args.seed + rank, threads)
+        if gpus:
+            ds = ds.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
+        batches = iter(ds)
 
         def train_step():
             return next(batches)[0]
@@ -164,13 +155,16 @@ def main(argv: list[str] | None = None) -> int:
             opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-        # One fixed random batch, made on this process's device: no input pipeline in the measurement.
-        images = tf.random.uniform((args.batch_size, *shape))
+        # One fixed random batch of 8-bit images (what the trainer's input pipeline hands over), made on this
+        # process's device: no input pipeline in the measurement.
+        images = tf.cast(tf.random.uniform((args.batch_size, *shape), maxval=256, dtype=tf.int32), tf.uint8)
         labels = tf.random.uniform((args.batch_size,), maxval=classes, dtype=tf.int64)
 
         # XLA compiles the model's forward pass (and so its gradient); Horovod's collectives have no XLA
         # kernels on CPU, so the step around it that holds the allreduce stays an ordinary graph.
         def forward(x):
+            # cast and normalise on the device, inside the (XLA-compiled) model step, as the trainer does
+            x = (tf.cast(x, tf.float32) - tf.constant(MEAN_RGB)) / tf.constant(STDDEV_RGB)
             return model(x, training=True)
 
         if args.xla:
@@ -182,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 logits = tf.cast(forward(images), tf.float32)
                 loss = loss_fn(labels, logits)
                 scaled = opt.get_scaled_loss(loss) if loss_scaling else loss
-            tape = hvd.DistributedGradientTape(tape)
+            tape = hvd.DistributedGradientTape(tape, compression=compression)
             grads = tape.gradient(scaled, model.trainable_variables)
             if loss_scaling:
                 grads = opt.get_unscaled_gradients(grads)
@@ -209,8 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps,
             iters=args.iters,
             gpus=len(gpus),
-            mixed_precision=int(args.mixed_precision),
+            precision=policy,
+            loss_scaling=int(loss_scaling),
             xla=int(args.xla),
+            fp16_allreduce=int(args.fp16_allreduce),
+            compression="fp16" if args.fp16_allreduce else "none",  # what the allreduce sends
         )
 
     local_rates, totals = [], []
@@ -245,13 +242,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def choose_precision(requested: str, gpu_capabilities: list) -> str:
+    """The Keras policy, as train_imagenet.py chooses it: float32, mixed_float16 or mixed_bfloat16."""
+    if requested == "fp32":
+        return "float32"
+    if requested == "float16":
+        return "mixed_float16"
+    if requested == "bfloat16":
+        return "mixed_bfloat16"
+    if requested == "mixed":
+        return "mixed_float16" if gpu_capabilities else "mixed_bfloat16"
+    if gpu_capabilities and all(c is not None and tuple(c) >= (7, 0) for c in gpu_capabilities):
+        return "mixed_float16"
+    return "float32"
+
+
 def mean_conf(values: list[float]) -> tuple[float, float]:
     """Mean and 1.96 standard deviations (population, as Horovod's benchmark computes them)."""
     mean = sum(values) / len(values)
     return mean, 1.96 * (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
 
 
-def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int):
+def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int, threads: int):
     """ImageNet's training-side pipeline on in-memory JPEGs: parallel decode_and_crop_jpeg, flip, resize,
     batch, prefetch. The JPEGs are made once here (no disk in the measurement: it times decoding and
     augmentation, the part that eats a node's CPUs)."""
@@ -274,10 +286,11 @@ def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int):
         h, w, _ = tf.unstack(size_)
         image = tf.image.decode_and_crop_jpeg(data, tf.stack([oy, ox, h, w]), channels=3)
         image = tf.image.random_flip_left_right(image)
-        return tf.image.resize(image, shape[:2]) / 255.0
+        # 8-bit out, as the trainer's pipeline: a quarter of float32's bytes to the device, cast there
+        return tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, shape[:2])), 0, 255), tf.uint8)
 
     options = tf.data.Options()
-    options.threading.private_threadpool_size = max(1, os.cpu_count() or 1)
+    options.threading.private_threadpool_size = threads  # its own pool: not TensorFlow's inter-op threads
     return (
         ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
         .batch(batch, drop_remainder=True)

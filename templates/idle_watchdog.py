@@ -17,19 +17,32 @@ DIR holds config.json (written by clusterctl: the settings), state.json (written
 watchdog.log (why it fired), leases/ID.json (one per long clusterctl operation that runs: sync, launch)
 and, once it fired, fired.json.
 
-Busy means, when ANY of these says so: a GPU in use (nvidia-smi), a training process (python,
-horovodrun, mpirun, orted ...), an ssh session that runs, or since the last check ran, a command (on any
-node of the cluster), or a lease that has not expired (on the deciding node). A node with idle GPUs is
-not idle while a copy or a shell runs on it. Kept-open ssh connections with nothing running, system
-daemons, and clusterctl's own checks (anything running this script) do not count. The node whose address is first in the hosts file
-(the leader) decides for the whole cluster: it asks every member over ssh, and when it fires it powers
-the members off first, then itself. A member defers to the leader while the leader answers on port 22,
-and acts alone (on its own activity) when there is no hosts file yet or the leader is gone.
+Busy means, when ANY of these says so (idle_reasons / busy_reasons decide, pure functions of the samples):
+  * a live process in a tmux session clusterctl started (`run --detach`, `train`, `launch`, `sweep`, `data
+    --on leader`, `tensorboard`: every one goes through clusterctl.remote.tmux.detach_command, whose pane
+    shell carries `.clusterctl/jobs/NAME.exit` in its command line), whatever it runs (`sleep`, `aws s3 sync`);
+  * a lease that has not expired (on the deciding node): sync, launch, data --on leader hold one;
+  * an ssh command that runs, an interactive login (a shell on a terminal), or since the last check a
+    command that ran (on any node of the cluster);
+  * a training process (python, horovodrun, mpirun, orted ...) outside system.slice;
+  * a GPU in use (nvidia-smi utilization at or above gpu_busy_percent);
+  * network or disk throughput above a floor (net_busy_bytes_per_s, disk_busy_bytes_per_s: bytes per
+    second between two checks, from /proc/net/dev without lo and /proc/diskstats' physical disks; None
+    turns one off: a namespace node shares this machine's disks, so the local provider turns disk off).
+Idle GPUs do not make a copy or a shell idle. Kept-open ssh connections with nothing running, system
+daemons, and clusterctl's own checks (anything running this script) do not count. The node whose address
+is first in the hosts file (the leader) decides for the whole cluster: it asks every member over ssh, and
+when it fires it powers the members off first, then itself. A member defers to the leader while the leader
+answers on port 22, and acts alone (on its own activity) when there is no hosts file yet or the leader is
+gone. What idle does (idle_action): "stop" (AWS: the instances stop, their disks kept; `clusterctl up
+--name NAME` starts them again) or "terminate" (gone, disks included); the power-off is the same, the instance's
+shutdown behaviour (set at launch) or the local supervisor makes the difference.
 """
 
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -54,8 +67,14 @@ DEFAULTS = {
     "python": "/usr/bin/python3",
     "script": None,
     "gpu_busy_percent": 1,
+    # Throughput floors, bytes per second between two checks. The watchdog's own probes move a few KB per
+    # member per check; a copy (`aws s3 sync`, a dataset download, a conversion writing shards) moves MBs.
+    "net_busy_bytes_per_s": 256 * 1024,
+    "disk_busy_bytes_per_s": 1024 * 1024,
+    "idle_action": "terminate",
     "cluster": "",
 }
+JOB_MARK = re.compile(r"\.clusterctl/jobs/([A-Za-z0-9][A-Za-z0-9_-]{0,62})\.exit")
 
 
 # ---- files --------------------------------------------------------------------------------------------
@@ -147,6 +166,61 @@ def gpu_use(threshold):
     return values if r.returncode == 0 and values else None
 
 
+def detached_jobs(procs):
+    """clusterctl's detached jobs that run on this node: [{"name", "pid", "cmd"}]. A job's pane shell (and the
+    subshell it forks) carries `.clusterctl/jobs/NAME.exit`; the top one of those is the job, the first of its
+    descendants without the mark is what the user's command runs (`sleep 400`, `horovodrun ...`)."""
+    # tmux itself is no job: its server's command line is the first client's, the first job's text included
+    marked = {pid: None if p[1].startswith("tmux") else JOB_MARK.search(p[2]) for pid, p in procs.items()}
+    kids = {}
+    for pid, p in procs.items():
+        kids.setdefault(p[0], []).append(pid)
+    out = []
+    for pid, m in sorted(marked.items()):
+        if m is None or marked.get(procs[pid][0]) is not None:  # not a job's top (its subshell)
+            continue
+        shown, todo = "", sorted(kids.get(pid, []))
+        while todo and not shown:
+            child = todo.pop(0)
+            if marked.get(child) is None and procs[child][1] != "tee":
+                shown = procs[child][2] or procs[child][1]
+            else:
+                todo += sorted(kids.get(child, []))
+        out.append({"name": m.group(1), "pid": pid, "cmd": shown[:80]})
+    return out
+
+
+def io_counters():
+    """Bytes moved since boot: {"net": received + sent on every interface but lo, "disk": read + written on
+    the physical disks (a /sys/block entry with a device: no partition, loop, dm or md counted twice)}, with
+    the time they were read. None where a file is missing."""
+    net = None
+    text = (_read("/proc/net/dev") or b"").decode(errors="replace")
+    for line in text.splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        f = rest.split()
+        if name.strip() != "lo" and len(f) >= 9:
+            net = (net or 0) + int(f[0]) + int(f[8])
+    disk = None
+    for line in (_read("/proc/diskstats") or b"").decode(errors="replace").splitlines():
+        f = line.split()
+        if len(f) >= 10 and os.path.exists(f"/sys/block/{f[2]}/device"):
+            disk = (disk or 0) + (int(f[5]) + int(f[9])) * 512  # sectors read, written: 512 bytes each
+    return {"t": time.time(), "net": net, "disk": disk}
+
+
+def _shown(cmd):
+    """A command line as a person reads it: the command clusterctl's session wrapper (remote/session.py:
+    `printf ...clusterctl-sid...; exec </dev/null; eval 'CMD'`) runs, not the wrapper."""
+    head, sep, tail = cmd.partition("; eval ")
+    if sep and "clusterctl-sid" in head:
+        try:
+            return " ".join(shlex.split(tail)) or cmd
+        except ValueError:
+            return tail
+    return cmd
+
+
 def probe(threshold=1):
     procs = processes()
     mine = {os.getpid()}
@@ -162,29 +236,69 @@ def probe(threshold=1):
             training.append(f"{comm}[{pid}] {cmd[:80]}".strip())
     for pid, (_ppid, comm, cmd, start, faults, _cgroup) in procs.items():
         if comm == "sshd" and "@" in cmd:  # "sshd: user@notty" / "sshd: user@pts/0": a logged-in session
-            kids = [{"cmd": c[:80], "own": MARK in c} for p, (pp, _, c, *_rest) in procs.items() if pp == pid]
-            sessions[f"{pid}:{start}"] = {"faults": faults, "children": kids}
-    return {"gpus": gpu_use(threshold), "training": sorted(training), "sessions": sessions}
+            kids = [{"cmd": _shown(c)[:80], "own": MARK in c} for p, (pp, _, c, *_rest) in procs.items() if pp == pid]
+            login = re.search(r"sshd: (\S+@(pts|tty)\S*)", cmd)  # a terminal: an interactive login
+            sessions[f"{pid}:{start}"] = {"faults": faults, "children": kids, "login": login.group(1) if login else ""}
+    return {
+        "gpus": gpu_use(threshold),
+        "training": sorted(training),
+        "sessions": sessions,
+        "jobs": [j for j in detached_jobs(procs) if j["pid"] not in mine],
+        "io": io_counters(),
+    }
 
 
-def busy_reasons(host, pr, seen, own, first, threshold=1):
-    """Why node `host` is busy now (empty: idle): every signal counts, GPUs or not (idle GPUs do not make a
-    running copy or shell idle). `seen`: its sessions at the last check; `own`: session keys known to be
-    clusterctl's own checks (updated here)."""
-    reasons = [f"{host}: GPU {i} at {u}%" for i, u in enumerate(pr.get("gpus") or []) if u >= threshold]
-    reasons += [f"{host}: {t}" for t in pr.get("training", [])]
+def _rate(bytes_per_s):
+    return f"{bytes_per_s / 1e6:.1f} MB/s" if bytes_per_s >= 1e6 else f"{bytes_per_s / 1e3:.0f} KB/s"
+
+
+def throughput(pr, prev):
+    """Bytes per second moved between two probes of one node: {"net": rate, "disk": rate}, a rate None when
+    either probe lacks its counter (a counter that went down, a node rebooted: None too)."""
+    now, then = pr.get("io") or {}, (prev or {}).get("io") or {}
+    dt = (now.get("t") or 0) - (then.get("t") or 0)
+    out = {}
+    for kind in ("net", "disk"):
+        a, b = then.get(kind), now.get(kind)
+        out[kind] = (b - a) / dt if dt > 0 and a is not None and b is not None and b >= a else None
+    return out
+
+
+def busy_reasons(host, pr, prev, own, first, cfg=None):
+    """Why node `host` is busy now (empty: idle), from its probe `pr` and its probe at the last check `prev`
+    ({} when none): every signal counts, GPUs or not (idle GPUs do not make a running copy or shell idle).
+    `own`: session keys known to be clusterctl's own checks (updated here); `first`: no history yet (a
+    session that ran something before the first check says nothing); `cfg`: the settings (DEFAULTS')."""
+    cfg = {**DEFAULTS, **(cfg or {})}
+    seen = (prev or {}).get("sessions", {})
+    reasons = [
+        f"{host}: detached job {j['name']} (tmux session {j['name']}, pid {j['pid']}"
+        + (f": {j['cmd']})" if j.get("cmd") else ")")
+        for j in pr.get("jobs", [])
+    ]
     for key, s in pr.get("sessions", {}).items():
         kids = s.get("children", [])
         if kids and all(k["own"] for k in kids):
             own.add(f"{host}/{key}")
         if f"{host}/{key}" in own:
             continue
-        if any(not k["own"] for k in kids):
-            reasons.append(f"{host}: ssh session running {next(k['cmd'] for k in kids if not k['own'])}")
+        running = next((k["cmd"] for k in kids if not k["own"]), None)
+        if running is not None and s.get("login"):
+            reasons.append(f"{host}: interactive login {s['login']} running {running}")
+        elif running is not None:
+            reasons.append(f"{host}: ssh session running {running}")
         elif key in seen and s["faults"] > seen[key]["faults"]:
             reasons.append(f"{host}: a command ran in an ssh session")
         elif key not in seen and not first and s["faults"] > 0:
             reasons.append(f"{host}: a new ssh session ran a command")
+    reasons += [f"{host}: {t}" for t in pr.get("training", [])]
+    threshold = cfg.get("gpu_busy_percent") or 1
+    reasons += [f"{host}: GPU {i} at {u}%" for i, u in enumerate(pr.get("gpus") or []) if u >= threshold]
+    rates = throughput(pr, prev)
+    for kind, key in (("network", "net"), ("disk", "disk")):
+        floor = cfg.get(f"{key}_busy_bytes_per_s")
+        if floor is not None and rates[key] is not None and rates[key] > float(floor):
+            reasons.append(f"{host}: {kind} {_rate(rates[key])} (above {_rate(float(floor))})")
     return reasons
 
 
@@ -399,6 +513,30 @@ def _name_process():
         pass
 
 
+def idle_action(cfg):
+    """What firing does: "stop" (disks kept) or "terminate"; a settings file from before the choice: terminate."""
+    return "stop" if cfg.get("idle_action") == "stop" else "terminate"
+
+
+def decide(cfg, reasons, last_active, last_reason, started, now):
+    """One check's decision, from what was found busy now (`reasons`, every node's and the leases'):
+    (last_active, last_reason, plan, why it fires now or None). Pure: the samples in, the decision out."""
+    if reasons:
+        last_active, last_reason = now, "; ".join(reasons)[:300]
+    p = plan(cfg, last_active, started, now)
+    if p["stop_at"] is None or now < p["stop_at"]:
+        return last_active, last_reason, p, None
+    if p["why"] == "idle-stop":
+        why = (
+            f"idle-stop: nothing busy for {int(now - max(last_active, started))}s (limit "
+            f"{int(cfg['idle_stop'])}s); last activity: {last_reason}"
+        )
+    else:
+        born = cfg.get("created_at") or boot_time() or started
+        why = f"max-lifetime: up {int(now - born)}s (limit {int(cfg['max_lifetime'])}s)"
+    return last_active, last_reason, p, why
+
+
 def run(d):
     os.makedirs(d, exist_ok=True)
     started = time.time()
@@ -413,7 +551,6 @@ def run(d):
     while True:
         cfg = load_config(d)
         now = time.time()
-        threshold = cfg.get("gpu_busy_percent", 1)
         hosts = hosts_file(cfg)
         mine = own_addresses()
         role = "alone"
@@ -426,14 +563,13 @@ def run(d):
                 leader_gone += 1
                 role = "member" if leader_gone < 3 else "alone"
         if not cfg.get("enabled", True) or role == "member":
-            last_active, last_reason = (
-                now,
-                ("autostop is off" if not cfg.get("enabled", True) else f"the leader {hosts[0]} decides"),
-            )
+            reasons = ["autostop is off" if not cfg.get("enabled", True) else f"the leader {hosts[0]} decides"]
+            seen, first = {}, True  # sessions seen before a pause say nothing about activity after it
         else:
-            here = probe(threshold)
-            reasons = leases(d, now) + busy_reasons("this node", here, seen.get("", {}), own, first, threshold)
-            seen[""] = here.get("sessions", {})
+            here = probe(cfg.get("gpu_busy_percent", 1))
+            label = f"{hosts[0]} (leader)" if role == "leader" else "this node"
+            reasons = leases(d, now) + busy_reasons(label, here, seen.get("", {}), own, first, cfg)
+            seen[""] = here
             members = [h for h in hosts[1:] if h not in mine] if role == "leader" else []
             probes = probe_members(cfg, members) if members else {}
             for host, pr in probes.items():
@@ -443,14 +579,10 @@ def run(d):
                         reasons.append(f"{host}: did not answer the check since {int(now - since)}s")
                     continue
                 failing.pop(host, None)
-                reasons += busy_reasons(host, pr, seen.get(host, {}), own, first, threshold)
-                seen[host] = pr.get("sessions", {})
-            if reasons:
-                last_active, last_reason = now, "; ".join(reasons)[:300]
+                reasons += busy_reasons(host, pr, seen.get(host, {}), own, first, cfg)
+                seen[host] = pr
             first = False
-        if role == "member" or not cfg.get("enabled", True):
-            seen, first = {}, True  # sessions seen before a pause say nothing about activity after it
-        p = plan(cfg, last_active, started, now)
+        last_active, last_reason, p, why = decide(cfg, reasons, last_active, last_reason, started, now)
         write_json(
             os.path.join(d, "state.json"),
             {
@@ -459,19 +591,13 @@ def run(d):
                 "checked_at": now,
                 "last_active": last_active,
                 "last_reason": last_reason,
+                # what holds the cluster at this check (`status` says); nothing while off or a member
+                "busy": [r[:200] for r in reasons[:20]] if role != "member" and cfg.get("enabled", True) else [],
                 "role": role,
                 "plan": p,
             },
         )
-        if p["stop_at"] is not None and now >= p["stop_at"]:
-            if p["why"] == "idle-stop":
-                why = (
-                    f"idle-stop: nothing busy for {int(now - max(last_active, started))}s (limit "
-                    f"{int(cfg['idle_stop'])}s); last activity: {last_reason}"
-                )
-            else:
-                born = cfg.get("created_at") or boot_time() or started
-                why = f"max-lifetime: up {int(now - born)}s (limit {int(cfg['max_lifetime'])}s)"
+        if why is not None:
             fire(cfg, d, why, [h for h in hosts[1:] if h not in mine] if role == "leader" else [])
             return
         time.sleep(max(1, int(cfg.get("poll") or 30)))
@@ -479,7 +605,8 @@ def run(d):
 
 def fire(cfg, d, why, members):
     log(d, f"firing: {why}")
-    write_json(os.path.join(d, "fired.json"), {"at": time.time(), "reason": why, "cluster": cfg.get("cluster", "")})
+    fired = {"at": time.time(), "reason": why, "cluster": cfg.get("cluster", ""), "action": idle_action(cfg)}
+    write_json(os.path.join(d, "fired.json"), fired)
     if members:
         log(d, f"powering off {len(members)} member(s): {', '.join(members)}")
         threads = [threading.Thread(target=ssh, args=(cfg, h, poweroff_command(cfg), 20), daemon=True) for h in members]

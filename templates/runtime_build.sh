@@ -48,6 +48,21 @@ echo "runtime: venv at $PREFIX on $("$PY" --version)" >&2
 echo "runtime: installing $REQS" >&2
 # shellcheck disable=SC2086  # the requirements are words on purpose
 "$PREFIX/bin/pip" install -q "${PIPARGS[@]}" $REQS
+# On GPU nodes (HOROVOD_CUDA_HOME set): that toolkit's nvcc first on PATH (Horovod's build_utils asks `nvcc` on
+# PATH before $HOROVOD_CUDA_HOME/bin/nvcc for the architectures it can compile), and the NCCL of TensorFlow's
+# nvidia-nccl-cu12 wheel, which ships libnccl.so.2 only: CMake's find_library looks for libnccl.so.
+hvd_var() { for kv in $HVD_ENV; do case $kv in "$1="*) echo "${kv#*=}" ;; esac; done; }
+CUDA_HOME_=$(hvd_var HOROVOD_CUDA_HOME)
+if [ -n "$CUDA_HOME_" ]; then
+  [ -x "$CUDA_HOME_/bin/nvcc" ] || { echo "runtime: no nvcc in $CUDA_HOME_/bin" >&2; exit 1; }
+  export PATH="$CUDA_HOME_/bin:$PATH"
+fi
+NCCL_HOME_=$(hvd_var HOROVOD_NCCL_HOME)
+if [ -n "$NCCL_HOME_" ]; then
+  [ -f "$NCCL_HOME_/include/nccl.h" ] && [ -f "$NCCL_HOME_/lib/libnccl.so.2" ] \
+    || { echo "runtime: TensorFlow's NCCL is not at $NCCL_HOME_ (nvidia-nccl-cu12)" >&2; exit 1; }
+  ln -sfn libnccl.so.2 "$NCCL_HOME_/lib/libnccl.so"
+fi
 echo "runtime: $HVD against TensorFlow ($HVD_ENV)" >&2
 # Built against the TF just installed: no build isolation, no wheel cache (FACTS: the cache ignores the TF).
 # shellcheck disable=SC2086

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val-labels")
     p.add_argument("--val-synsets")
     p.add_argument("--endpoint-url")
+    p.add_argument("--resize", type=int)
     a = p.parse_args(argv)
     t0 = time.monotonic()
     staging = None
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=progress,
             val_labels=a.val_labels,
             val_synsets=a.val_synsets,
+            resize=a.resize,
         )
     except ClusterctlError as exc:
         print(

@@ -1,10 +1,13 @@
 """Checkpoints that outlive the leader, for templates/train_imagenet.py (staged beside it in the job folder).
 
-A TensorFlow checkpoint `ckpt-N` is an index (`ckpt-N.index`) and data shards (`ckpt-N.data-0000i-of-0000K`).
-It is complete when `ckpt-N.manifest.json` exists, names the index and all K shards with their sizes,
-and every one of those files is present with that size. The manifest is written last, wherever the
-checkpoint goes (the leader's disk, the copy on a second node, S3): a copy cut off half-way has no
-manifest, or files of the wrong size, and is never taken.
+A TensorFlow checkpoint `ckpt-N` is an index (`ckpt-N.index`) and data shards (`ckpt-N.data-0000i-of-0000K`),
+N the images the run has trained on when it was saved (every rank's batches summed over every step, whatever
+the number of processes was then): a resume on another number of processes rescales the steps, never the
+images, so N orders checkpoints across resizes and two are never given one name. The manifest records N
+(`images`) beside the step and the global batch of the moment. It is complete when `ckpt-N.manifest.json`
+exists, names the index and all K shards with their sizes, and every one of those files is present with that
+size. The manifest is written last, wherever the checkpoint goes (the leader's disk, the copy on a second
+node, S3): a copy cut off half-way has no manifest, or files of the wrong size, and is never taken.
 
 Copies (rank 0, in one background thread, so training does not wait for the network):
 - a second node, over the leader's own ssh to it (the keys and pinned host keys horovodrun uses), into
@@ -15,8 +18,9 @@ Copies (rank 0, in one background thread, so training does not wait for the netw
   instance profile, allowed to write that prefix only).
 Each copy keeps the same number of checkpoints as the leader.
 
-`newest()` looks in all three and takes the checkpoint with the highest step that is complete where it
-lies, fetching it to the leader's folder first when it is elsewhere.
+`newest()` looks in all three and takes the checkpoint that has seen the most images and is complete where it
+lies, fetching it to the leader's folder first when it is elsewhere; each copy keeps its newest by images.
+A manifest without `images` (an older trainer's, ordered by step) is never taken: it is reported as incomplete.
 
 SpotWatch polls the instance's interruption notice the way IMDSv2 wants it: PUT a session token, then
 GET `latest/meta-data/spot/instance-action` with it (404 while there is no notice).
@@ -38,6 +42,7 @@ import urllib.request
 
 MANIFEST = ".manifest.json"
 FORMAT = "clusterctl-checkpoint"
+VERSION = 2  # 2: named and ordered by images seen (1: by step)
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _DATA = re.compile(r"^(ckpt-\d+)\.data-(\d+)-of-(\d+)$")
 # The leader's ssh to its nodes, as templates/hvd_launch.py gives horovodrun: pinned host keys, no prompt.
@@ -58,9 +63,18 @@ IMDS = "http://169.254.169.254"
 
 
 # ---- manifests -------------------------------------------------------------------------------------------
-def step_of(name: str) -> int | None:
+def number_of(name: str) -> int | None:
+    """N of `ckpt-N`: the images seen."""
     m = _NAME.match(name)
     return int(m.group(1)) if m else None
+
+
+def images_of(manifest: dict) -> int | None:
+    """The images a manifest's checkpoint had seen; None when it does not say (or its name says otherwise)."""
+    images = manifest.get("images")
+    if isinstance(images, int) and not isinstance(images, bool) and number_of(manifest.get("name", "")) == images:
+        return images
+    return None
 
 
 def checkpoint_files(names) -> dict[str, list[str]]:
@@ -68,18 +82,20 @@ def checkpoint_files(names) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for n in names:
         base = n[: -len(".index")] if n.endswith(".index") else (_DATA.match(n).group(1) if _DATA.match(n) else None)
-        if base and step_of(base) is not None:
+        if base and number_of(base) is not None:
             out.setdefault(base, []).append(n)
     return out
 
 
-def make_manifest(folder: str, name: str, step: int) -> dict:
+def make_manifest(folder: str, name: str, step: int, images: int, global_batch: int) -> dict:
     files = checkpoint_files(os.listdir(folder)).get(name, [])
     return {
         "format": FORMAT,
-        "version": 1,
+        "version": VERSION,
         "name": name,
+        "images": int(images),
         "step": int(step),
+        "global_batch": int(global_batch),
         "time": time.time(),
         "files": {f: os.path.getsize(os.path.join(folder, f)) for f in sorted(files)},
     }
@@ -90,8 +106,10 @@ def missing(manifest: dict, sizes: dict[str, int]) -> list[str]:
     The manifest itself must name the index and every shard 0..K-1 of its data."""
     name = manifest.get("name", "")
     files = manifest.get("files") or {}
-    if step_of(name) is None or manifest.get("format") != FORMAT:
+    if number_of(name) is None or manifest.get("format") != FORMAT:
         return ["not a checkpoint manifest"]
+    if images_of(manifest) is None:
+        return ["no images count (an older trainer's checkpoint, ordered by step)"]
     want = {f"{name}.index"}
     counts = {int(m.group(3)) for m in (_DATA.match(f) for f in files) if m}
     if len(counts) != 1:
@@ -117,7 +135,7 @@ def write_manifest(folder: str, manifest: dict) -> None:
 
 
 def scan_listing(sizes: dict[str, int], manifests: list[dict]) -> tuple[dict[int, dict], list[str]]:
-    """(step -> manifest of each complete checkpoint, names of incomplete ones) of one place."""
+    """(images seen -> manifest of each complete checkpoint, names of incomplete ones) of one place."""
     complete, bad = {}, []
     described = set()
     for m in manifests:
@@ -125,7 +143,7 @@ def scan_listing(sizes: dict[str, int], manifests: list[dict]) -> tuple[dict[int
         if missing(m, sizes):
             bad.append(m.get("name", "?"))
         else:
-            complete[int(m["step"])] = m
+            complete[images_of(m)] = m
     bad += [n for n in checkpoint_files(sizes) if n not in described]  # files but no manifest
     return complete, sorted(set(bad))
 
@@ -162,12 +180,15 @@ def prune_local(folder: str) -> None:
 
 def _names(sizes: dict[str, int], manifests: list[dict]) -> set[str]:
     """Every checkpoint name of a place: with files, or with a manifest alone."""
-    return set(checkpoint_files(sizes)) | {m["name"] for m in manifests if step_of(str(m.get("name", ""))) is not None}
+    return set(checkpoint_files(sizes)) | {
+        m["name"] for m in manifests if number_of(str(m.get("name", ""))) is not None
+    }
 
 
-def _keep_names(steps, keep: int) -> set[str]:
-    """The newest `keep` of the complete checkpoints' steps: everything else of a copy goes."""
-    return {f"ckpt-{s}" for s in sorted(steps)[-keep:]}
+def _keep_names(complete: dict[int, dict], keep: int) -> set[str]:
+    """The names of the `keep` complete checkpoints that have seen the most images: everything else of a copy
+    goes (a checkpoint from before a resize that saw fewer images is older, whatever its step)."""
+    return {complete[n]["name"] for n in sorted(complete)[-keep:]}
 
 
 # ---- a second node, over ssh -------------------------------------------------------------------------------
@@ -219,7 +240,7 @@ class SshCopy:
         sizes, manifests = self.listing()
         if missing(manifest, sizes):
             raise OSError(f"copy to {self.host} incomplete: {', '.join(missing(manifest, sizes))}")
-        kept = _keep_names(set(scan_listing(sizes, manifests)[0]) | {int(manifest["step"])}, keep)
+        kept = _keep_names({**scan_listing(sizes, manifests)[0], images_of(manifest): manifest}, keep)
         drop = sorted(n for n in _names(sizes, manifests) if n not in kept)
         body = json.dumps(manifest, sort_keys=True).encode()
         mname = manifest["name"] + MANIFEST
@@ -335,12 +356,12 @@ def newest(folder: str, copies, report=lambda event, **f: None) -> tuple[str | N
         complete, bad = scan_listing(sizes, manifests)
         if bad:
             report("warning", kind="incomplete_checkpoint", place=label, checkpoints=",".join(bad))
-        for step, m in complete.items():
-            if best is None or step > best[0]:  # ties: the first place (local, then the copies in order)
-                best = (step, label, copy, m)
+        for images, m in complete.items():
+            if best is None or images > best[0]:  # ties: the first place (local, then the copies in order)
+                best = (images, label, copy, m)
     if best is None:
         return None, "", None
-    step, label, copy, m = best
+    _, label, copy, m = best
     if copy is not None:
         os.makedirs(folder, exist_ok=True)
         copy.fetch(m, folder)
@@ -390,12 +411,19 @@ class Copier:
                     t = time.time()
                     try:
                         c.push(folder, manifest, self.keep)
-                        self.report("checkpoint_copy", step=manifest["step"], place=c.label, seconds=time.time() - t)
+                        self.report(
+                            "checkpoint_copy",
+                            images=manifest["images"],
+                            step=manifest["step"],
+                            place=c.label,
+                            seconds=time.time() - t,
+                        )
                     except Exception as exc:  # reported; the next checkpoint tries again
                         self.report(
                             "warning",
                             kind="checkpoint_copy_failed",
                             place=c.label,
+                            images=manifest["images"],
                             step=manifest["step"],
                             message=" ".join(str(exc).split())[:300],
                         )

@@ -27,10 +27,12 @@ node's slots.
 ({"metric": top1, "top1": ..., "top5": ..., "eval_loss": ..., "step": ...}) for `clusterctl sweep`.
 
 Fault tolerance: Horovod has none, so checkpoints are the way back. Rank 0 saves every
---checkpoint-every steps and at every epoch end (ckpt-<step>, the last --keep-checkpoints kept); on
-start it restores the latest one (model, optimizer state, step, epoch) and broadcasts it to every rank,
-so only rank 0 needs --model-dir. After a resume the input pipeline starts a fresh shuffle; it does not
-replay the exact images of the interrupted epoch.
+--checkpoint-every steps and at every epoch end (ckpt-<images seen, all ranks together>, the last
+--keep-checkpoints kept, by images); on start it restores the one that has seen the most images (model,
+optimizer state, step, epoch, images) and broadcasts it to every rank, so only rank 0 needs --model-dir.
+Resumed on another number of processes, the run goes on from the step of this global batch at those images,
+and the learning rate from the images exactly. After a resume the input pipeline starts a fresh shuffle; it
+does not replay the exact images of the interrupted epoch.
 
 Resuming: every variable the checkpoint tracks (the model, the optimizer with its momentum, and a loss-scale
 optimizer's loss scale and its counter) goes from rank 0 to every rank after the restore, and at the end
@@ -87,7 +89,7 @@ EXIT_SPOT = 8  # stopped after a spot interruption notice, its checkpoint saved 
 # ---- arguments ---------------------------------------------------------------------------------------
 # What a recipe sets when its flag is not given. Goyal et al. 2017, "Accurate, Large Minibatch SGD":
 # /10 at epochs 30, 60, 80 of 90 (the step schedule's 1/3, 2/3, 8/9), 5 warm-up epochs, no label
-# smoothing, and gamma 0 for the last batch norm of each residual block (zero_gamma).
+# smoothing. Its gamma 0 for the last batch norm of each residual block is in the model (train_model.py).
 RECIPES = {
     "default": {"lr_schedule": "cosine", "warmup_epochs": 5.0, "label_smoothing": 0.1},
     "goyal": {"lr_schedule": "step", "warmup_epochs": 5.0, "label_smoothing": 0.0},
@@ -170,7 +172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=tuple(RECIPES),
         default="default",
         help="default: cosine decay, label smoothing 0.1; goyal: Goyal et al. 2017 (step decay at "
-        "30/60/80 of 90 epochs, label smoothing 0, last BN gamma of each residual block zero)",
+        "30/60/80 of 90 epochs, label smoothing 0)",
     )
     m.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up from ~0 to the peak (5)")
     m.add_argument(
@@ -284,20 +286,6 @@ def emit(event: str, **fields: object) -> None:
     print(" ".join([MARK, event] + [f"{k}={_fmt(v)}" for k, v in fields.items()]), flush=True)
 
 
-def device_report(tf) -> tuple[str, int]:
-    """The GPUs this process computes on, as its node numbers them (CUDA_VISIBLE_DEVICES mapped back), and
-    how many GPU devices TensorFlow made: ("none", 0) when it runs on the CPU."""
-    logical = len(tf.config.list_logical_devices("GPU"))
-    if not logical:
-        return "none", 0
-    order = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    ids = []
-    for dev in tf.config.get_visible_devices("GPU"):
-        i = int(dev.name.rsplit(":", 1)[1])
-        ids.append(order[i] if i < len(order) else str(i))
-    return ",".join(ids) or "none", logical
-
-
 def table_header() -> None:
     print(
         f"{MARK} {'Step':>7} {'Epoch':>7} {'img/s':>10} {'Loss':>9} {'TotalLoss':>10} {'LR':>10} {'Elapsed':>9}",
@@ -374,8 +362,15 @@ def parse_record(tf, serialized, label_offset: int, classes: int | None = None):
 
 
 def _normalize(tf, image):
+    """Cast and normalise, on the device: the step's first op (XLA fuses it into the model's first conv)."""
     image = tf.cast(image, tf.float32)
     return (image - tf.constant(MEAN_RGB)) / tf.constant(STDDEV_RGB)
+
+
+def _to_uint8(tf, image):
+    """The pipeline hands 8-bit images to the device (a quarter of float32's bytes, as NVIDIA's reference
+    pipeline does); _normalize runs there."""
+    return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
 
 
 def preprocess_train(tf, encoded, box, size: int, min_area: float, seed):
@@ -398,7 +393,7 @@ def preprocess_train(tf, encoded, box, size: int, min_area: float, seed):
     image = tf.image.decode_and_crop_jpeg(encoded, tf.stack([y, x, h, w]), channels=3)
     image = tf.image.resize(image, [size, size], method="bilinear")
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-    return _normalize(tf, image)
+    return _to_uint8(tf, image)
 
 
 def preprocess_eval(tf, encoded, size: int):
@@ -408,7 +403,7 @@ def preprocess_eval(tf, encoded, size: int):
     side = tf.cast(tf.cast(tf.minimum(shape[0], shape[1]), tf.float32) * 0.875, tf.int32)
     image = tf.image.crop_to_bounding_box(image, (shape[0] - side) // 2, (shape[1] - side) // 2, side, side)
     image = tf.image.resize(image, [size, size], method="bilinear")
-    return _normalize(tf, image)
+    return _to_uint8(tf, image)
 
 
 def augment_seeds(tf, seed: int):
@@ -469,7 +464,8 @@ def train_dataset(
         encoded, label, box = parse_record(tf, serialized, args.label_offset, classes)
         return preprocess_train(tf, encoded, box, args.image_size, args.min_crop_area, aug_seed), label
 
-    ds = ds.map(fn, num_parallel_calls=threads, deterministic=False)
+    # AUTOTUNE: tf.data sizes the parallelism itself, within the pipeline's own pool of `threads` (_sized).
+    ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     return _sized(tf, ds.batch(args.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE), threads)
 
 
@@ -480,14 +476,15 @@ def eval_dataset(tf, args, files: list[str], rank: int, size: int, threads: int 
         encoded, label, _ = parse_record(tf, serialized, args.label_offset)
         return preprocess_eval(tf, encoded, args.image_size), label
 
-    ds = ds.map(fn, num_parallel_calls=threads)
+    ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
     return _sized(tf, ds.batch(args.eval_batch_size).prefetch(tf.data.AUTOTUNE), threads)
 
 
 def synthetic_dataset(tf, args, classes: int, seed: int, batch: int):
-    """One random batch on this process, repeated: measures everything but storage and decoding."""
+    """One random batch of 8-bit images on this process, repeated: measures everything but storage and
+    decoding."""
     g = tf.random.Generator.from_seed(seed)
-    images = g.normal((batch, args.image_size, args.image_size, 3))
+    images = tf.cast(g.uniform((batch, args.image_size, args.image_size, 3), maxval=256, dtype=tf.int32), tf.uint8)
     labels = g.uniform((batch,), maxval=classes, dtype=tf.int32)
     return tf.data.Dataset.from_tensors((images, labels)).repeat()
 
@@ -502,44 +499,7 @@ def count_records(tf, hvd, files: list[str]) -> int:
     return int(hvd.allreduce(tf.constant(n, tf.int64), op=hvd.Sum))
 
 
-# ---- model, learning rate ----------------------------------------------------------------------------
-def build_model(tf, name: str, size: int, classes: int):
-    """Logits out (softmax inside the loss, so mixed precision keeps the loss in float32)."""
-    if name == "resnet50":
-        return tf.keras.applications.ResNet50(
-            weights=None, input_shape=(size, size, 3), classes=classes, classifier_activation=None
-        )
-    layers = tf.keras.layers
-    return tf.keras.Sequential(
-        [
-            layers.Input((size, size, 3)),
-            layers.Conv2D(16, 3, padding="same", use_bias=False),
-            layers.BatchNormalization(),
-            layers.ReLU(),
-            layers.MaxPooling2D(),
-            layers.Conv2D(32, 3, padding="same", use_bias=False),
-            layers.BatchNormalization(),
-            layers.ReLU(),
-            layers.GlobalAveragePooling2D(),
-            layers.Dense(classes),
-        ],
-        name="tiny",
-    )
-
-
-def zero_last_gammas(model) -> int:
-    """Goyal et al.: gamma 0 in the last batch norm of each residual block, so every block starts as the
-    identity. Keras' ResNet-50 names that layer conv<S>_block<B>_3_bn. How many were set."""
-    import re
-
-    n = 0
-    for layer in model.layers:
-        if re.fullmatch(r"conv\d+_block\d+_3_bn", layer.name) and getattr(layer, "gamma", None) is not None:
-            layer.gamma.assign(layer.gamma * 0)
-            n += 1
-    return n
-
-
+# ---- learning rate, checkpoints ------------------------------------------------------------------
 def checkpoint_variables(tf, ckpt) -> list:
     """Every variable the checkpoint tracks, each once: the model, the optimizer with its slots, and a
     LossScaleOptimizer's loss scale and its counter (which its .variables leaves out in Keras 2.15)."""
@@ -642,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     # Every rank says which GPU it has (after the device set-up above: this starts TensorFlow's runtime).
-    gpu_ids, logical = device_report(tf)
+    import train_model  # staged beside this script: the networks and the device report, shared with the benchmark
+
+    gpu_ids, logical = train_model.device_report(tf)
     devices = hvd.allgather_object((rank, socket.gethostname(), local_rank, gpu_ids, logical))
     if chief:
         for r, host, lrank, ids, n in devices:
@@ -700,8 +662,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- model, optimizer, checkpoint
     tf.random.set_seed(args.seed)  # the same initial weights everywhere (and the broadcast makes sure)
-    model = build_model(tf, args.model, args.image_size, classes)
-    zeroed = zero_last_gammas(model) if args.recipe == "goyal" else 0
+    model = train_model.build_model(tf, args.model, args.image_size, classes)
+    zeroed = train_model.zero_gamma_layers(tf, model)
+    if chief:
+        print(train_model.describe(args.model, model), flush=True)
     opt = tf.keras.optimizers.SGD(learning_rate=peak_lr, momentum=args.momentum)
     inner = opt
     if loss_scaling:
@@ -712,7 +676,12 @@ def main(argv: list[str] | None = None) -> int:
     # The global batch the steps were counted in: a job resumed on another number of processes keeps its
     # place in the schedule by epochs, not by steps.
     batch_var = tf.Variable(global_batch, dtype=tf.int64, trainable=False, name="global_batch")
-    ckpt = tf.train.Checkpoint(model=model, optimizer=opt, step=step_var, epoch=epoch_var, global_batch=batch_var)
+    # Images trained on, all ranks together: what orders and names the checkpoints (ckpt-<images>), and where a
+    # resume on another number of processes takes up the schedule; steps are rescaled there, images never.
+    images_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="images_seen")
+    ckpt = tf.train.Checkpoint(
+        model=model, optimizer=opt, step=step_var, epoch=epoch_var, global_batch=batch_var, images=images_var
+    )
     ckpt_dir = os.path.join(args.model_dir, "checkpoints")
     copier = None
     manager = None
@@ -759,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     hvd.broadcast_variables(tracked, root_rank=0)
     start_step = int(step_var.numpy())
     saved_batch = int(batch_var.numpy())
+    start_images = int(images_var.numpy())
 
     eval_kwargs = dict(classes=classes, val_files=val_files, threads=threads)
     if args.eval_only:
@@ -767,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         return evaluate(tf, hvd, args, model, start_step, saved_spe, restored, **eval_kwargs)
     batch_changed = {}
     if saved_batch != global_batch:
-        moved = int(round(start_step * saved_batch / global_batch))
+        moved = int(round(start_images / global_batch))  # the step of this global batch at those images
         if restored:
             batch_changed = dict(saved=saved_batch, now=global_batch, step=start_step, new_step=moved)
         start_step = moved
@@ -790,6 +760,7 @@ def main(argv: list[str] | None = None) -> int:
             total_steps=total_steps,
             stop_step=stop_step,
             start_step=start_step,
+            start_images=start_images,
             peak_lr=peak_lr,
             schedule=args.lr_schedule,
             precision=precision,
@@ -811,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
             validation_files=len(val_files),
         )
         if restored:
-            emit("resume", step=start_step, epoch=int(epoch_var.numpy()), checkpoint=restored)
+            emit("resume", step=start_step, images=start_images, epoch=int(epoch_var.numpy()), checkpoint=restored)
         if batch_changed:
             emit("warning", kind="global_batch_changed", **batch_changed)
         if train_files and len(train_files) % size:
@@ -847,7 +818,7 @@ def main(argv: list[str] | None = None) -> int:
     sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False)  # loss, total loss, steps since the last line
 
     def forward(x):
-        return model(x, training=True)
+        return model(_normalize(tf, x), training=True)
 
     if args.xla:
         # Horovod's collectives have no XLA kernels on CPU: compile the model, not the step around it.
@@ -867,6 +838,7 @@ def main(argv: list[str] | None = None) -> int:
         inner.learning_rate.assign(lr)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         step_var.assign_add(1)
+        images_var.assign_add(global_batch)
         sums.assign_add(tf.cast(tf.stack([loss, total, 1.0]), tf.float64))
 
     if chief:
@@ -881,11 +853,19 @@ def main(argv: list[str] | None = None) -> int:
     step = start_step
     last_step, last_time = step, time.time()
     run_start = last_time
-    lr = learning_rate(step, peak_lr, warmup_steps, total_steps, args.lr_schedule)
+
+    def position(step: int) -> float:
+        """Where the schedule is, in steps of this global batch, counted from the images seen (exact after a
+        resume on another number of processes, where `step` was rounded)."""
+        return (start_images + (step - start_step) * global_batch) / global_batch
+
+    lr = learning_rate(position(step), peak_lr, warmup_steps, total_steps, args.lr_schedule)
     while step < stop_step:
         if args.spot_poll and spot_notice(tf, hvd, spot):
-            return stop_for_spot(tf, hvd, args, manager, copier, epoch_var, step, steps_per_epoch, spot)
-        lr = learning_rate(step, peak_lr, warmup_steps, total_steps, args.lr_schedule)
+            return stop_for_spot(
+                tf, hvd, args, manager, copier, epoch_var, step, steps_per_epoch, spot, images_var, global_batch
+            )
+        lr = learning_rate(position(step), peak_lr, warmup_steps, total_steps, args.lr_schedule)
         try:
             images, labels = next(it)
         except tf.errors.InvalidArgumentError as exc:
@@ -918,9 +898,10 @@ def main(argv: list[str] | None = None) -> int:
         if chief and (epoch_end or step == stop_step or (args.checkpoint_every and step % args.checkpoint_every == 0)):
             epoch_var.assign(step // steps_per_epoch)
             t = time.time()
-            path = manager.save(checkpoint_number=step)
-            seal_checkpoint(copier, path, step)
-            emit("checkpoint", step=step, epoch=int(epoch_var.numpy()), path=path, seconds=time.time() - t)
+            seen = int(images_var.numpy())  # (`images` is the batch)
+            path = manager.save(checkpoint_number=seen)
+            seal_checkpoint(copier, path, step, seen, global_batch)
+            emit("checkpoint", step=step, images=seen, epoch=int(epoch_var.numpy()), path=path, seconds=time.time() - t)
         if (
             args.eval_every
             and epoch_end
@@ -998,24 +979,33 @@ def choose_checkpoint(tf, args, ckpt_dir: str):
             os.remove(state)
     else:
         complete, _ = train_ckpt.scan_listing(*train_ckpt.local_listing(ckpt_dir))
-        kept = [os.path.join(ckpt_dir, complete[s]["name"]) for s in sorted(complete)]
+        kept = [os.path.join(ckpt_dir, complete[n]["name"]) for n in sorted(complete)]  # by images, oldest first
+        # Timestamps after the last preserved one: the manager counts these as its own and prunes them, fewest
+        # images first, to --keep-checkpoints (without, a restart would keep every older checkpoint forever).
+        now = time.time()
         quiet = tf.get_logger().level
         tf.get_logger().setLevel("ERROR")  # its deprecation note: the manager reads this very state file
         try:
-            tf.compat.v1.train.update_checkpoint_state(ckpt_dir, path, all_model_checkpoint_paths=kept)
+            tf.compat.v1.train.update_checkpoint_state(
+                ckpt_dir,
+                path,
+                all_model_checkpoint_paths=kept,
+                all_model_checkpoint_timestamps=[now - len(kept) + i for i in range(len(kept))],
+                last_preserved_timestamp=now - len(kept) - 1,
+            )
         finally:
             tf.get_logger().setLevel(quiet)
         if place != "local":
-            emit("checkpoint_fetched", step=manifest["step"], place=place, path=path)
+            emit("checkpoint_fetched", images=manifest["images"], step=manifest["step"], place=place, path=path)
     return train_ckpt.Copier(copies, args.keep_checkpoints, emit)
 
 
-def seal_checkpoint(copier, path: str, step: int) -> None:
+def seal_checkpoint(copier, path: str, step: int, images: int, global_batch: int) -> None:
     """The manifest, written last, makes a saved checkpoint complete; then the copies, in the background."""
     import train_ckpt
 
     folder, name = os.path.split(path)
-    manifest = train_ckpt.make_manifest(folder, name, step)
+    manifest = train_ckpt.make_manifest(folder, name, step, images, global_batch)
     train_ckpt.write_manifest(folder, manifest)
     train_ckpt.prune_local(folder)
     if copier is not None:
@@ -1028,17 +1018,26 @@ def spot_notice(tf, hvd, spot) -> bool:
     return int(hvd.allreduce(tf.constant(mine, tf.int32), op=hvd.Max, name="spot_notice").numpy()) > 0
 
 
-def stop_for_spot(tf, hvd, args, manager, copier, epoch_var, step: int, steps_per_epoch: int, spot) -> int:
+def stop_for_spot(
+    tf, hvd, args, manager, copier, epoch_var, step: int, steps_per_epoch: int, spot, images_var, global_batch: int
+) -> int:
     """Checkpoint now (unless this step's is saved), wait for its copies, and stop every rank together."""
     if manager is not None:
         t = time.time()
         path = manager.latest_checkpoint or ""
-        if not path.endswith(f"ckpt-{step}"):
+        images = int(images_var.numpy())
+        if not path.endswith(f"ckpt-{images}"):
             epoch_var.assign(step // steps_per_epoch)
-            path = manager.save(checkpoint_number=step)
-            seal_checkpoint(copier, path, step)
+            path = manager.save(checkpoint_number=images)
+            seal_checkpoint(copier, path, step, images, global_batch)
             emit(
-                "checkpoint", step=step, epoch=int(epoch_var.numpy()), path=path, seconds=time.time() - t, reason="spot"
+                "checkpoint",
+                step=step,
+                images=images,
+                epoch=int(epoch_var.numpy()),
+                path=path,
+                seconds=time.time() - t,
+                reason="spot",
             )
         if copier is not None:
             copier.wait()
@@ -1108,7 +1107,7 @@ def evaluate(
 
     @tf.function
     def eval_step(images, labels):
-        logits = tf.cast(model(images, training=False), tf.float32)
+        logits = tf.cast(model(_normalize(tf, images), training=False), tf.float32)
         top1 = tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, 1), tf.float64))
         topk = tf.reduce_sum(tf.cast(tf.math.in_top_k(labels, logits, k), tf.float64))
         return tf.stack(

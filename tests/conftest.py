@@ -132,6 +132,7 @@ class Forward:
             except (socket.timeout, OSError):
                 continue
             up = socket.create_connection(self.target, timeout=5)
+            up.settimeout(None)  # 5 s to connect, not to answer: moto may digest a 355 MB PUT for longer under load
             for a, b in ((conn, up), (up, conn)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 

@@ -475,8 +475,8 @@ class MotoAws:
 
     def audit(self) -> list[str]:
         """What every test must leave true: each real RunInstances carried IMDSv2 required, encrypted volumes,
-        the instance profile, the cluster tag and the placement group; no rule opened ssh to the world unless
-        the test asked for it (world_ssh)."""
+        a shutdown behaviour of --idle-action's (stop or terminate), the instance profile, the cluster tag and
+        the placement group; no rule opened ssh to the world unless the test asked for it (world_ssh)."""
         problems = []
         for c in self.actions("RunInstances"):
             p = c.params
@@ -485,9 +485,12 @@ class MotoAws:
             want = {
                 "MetadataOptions.HttpTokens": "required",
                 "BlockDeviceMapping.1.Ebs.Encrypted": "true",
-                "InstanceInitiatedShutdownBehavior": "terminate",
             }
             problems += [f"RunInstances {k}={p.get(k)!r}" for k, v in want.items() if p.get(k) != v]
+            if p.get("InstanceInitiatedShutdownBehavior") not in ("stop", "terminate"):  # --idle-action's two
+                problems.append(
+                    f"RunInstances InstanceInitiatedShutdownBehavior={p.get('InstanceInitiatedShutdownBehavior')!r}"
+                )
             if not (p.get("IamInstanceProfile.Name") or p.get("IamInstanceProfile.Arn")):
                 problems.append("RunInstances without an instance profile")
             if not p.get("Placement.GroupName"):
@@ -929,6 +932,24 @@ def _install_patches(aws: MotoAws) -> None:
         return result
 
     minst.InstanceBackend.terminate_instances = terminate_instances
+
+    orig_start = minst.InstanceBackend.start_instances
+
+    def start_instances(self, instance_ids):
+        """A stopped instance started again (autostop's --idle-action stop, then `up`) gets a new public address,
+        as on EC2: its node answers on it. (Its namespace node ran on while "stopped": moto stops no process.)"""
+        aws = cur()
+        before = {iid: getattr(self.get_instance(iid), "public_ip", None) for iid in instance_ids}
+        result = orig_start(self, instance_ids)
+        for instance, _ in result:
+            old, new = before.get(instance.id), getattr(instance, "public_ip", None)
+            if instance.id in aws.nodes and new and new != old:
+                if old:
+                    aws.remove_public(old)
+                aws.add_public(instance.id, new)
+        return result
+
+    minst.InstanceBackend.start_instances = start_instances
 
     # ---- console output like cloud-init's --------------------------------------------------------------
     from moto.core.types import Base64EncodedString

@@ -1,14 +1,15 @@
-"""Autostop's settings: --idle-stop / --max-lifetime parsed into an Autostop, described, and kept as
-Cluster.extra facts. Pure (no files, no processes): the AWS and local providers import it.
+"""Autostop's settings: --idle-stop / --max-lifetime / --idle-action parsed into an Autostop, described, and
+kept as Cluster.extra facts. Pure (no files, no processes): the AWS and local providers import it.
 
-The rest of autostop: watchdog.py (the node-side watchdog, its files and the AWS user data), status.py
-(what `status`, `keep` and `autostop` show and change), lease.py (long operations keep a cluster up); the
-local provider's host-side supervisor is providers/local/supervisor.py.
+The rest of autostop: watchdog.py (the node-side watchdog, its files and the AWS user data); the operator's
+side in cluster/ (autostop_control.py: keep, --on/--off, leases; autostop_status.py: what `status` and
+`autostop` show); the local provider's host-side supervisor is providers/local/supervisor.py.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any, Mapping
 
 from clusterctl.errors import UsageError
 from clusterctl.types import Autostop
@@ -35,11 +36,47 @@ def parse_duration(text: str | None, flag: str, allow_off: bool = True) -> int |
     return int(seconds)
 
 
-def settings(idle_stop: str | None, max_lifetime: str | None) -> Autostop:
+# What the watchdog's power-off does, as SkyPilot's autostop (stop) and its `--down` (terminate). A flag with
+# both values named, not a bare --down: `up`'s plan and `autostop` print the word the user typed. Stop is the
+# default: nothing is lost (the job's output, the data copied to the nodes); stopped instances cost their
+# disks only (EBS), and `clusterctl up --name NAME` starts them again with what they held.
+IDLE_ACTIONS = ("stop", "terminate")
+DEFAULT_ACTION = "stop"
+
+
+def parse_action(text: str | None) -> str:
+    t = (text or DEFAULT_ACTION).strip().lower()
+    if t not in IDLE_ACTIONS:
+        raise UsageError(
+            f"--idle-action {text!r} is neither stop nor terminate",
+            "give --idle-action stop (disks kept; `clusterctl up --name NAME` starts it again) or --idle-action terminate",
+        )
+    return t
+
+
+def settings(
+    idle_stop: str | None, max_lifetime: str | None, idle_action: str | None = None, spot: bool = False
+) -> Autostop:
+    """`spot`: one-time spot instances, which EC2 can only terminate, so that is their default action (a
+    `--idle-action stop` given with them is refused by the AWS provider, naming the way out)."""
     return Autostop(
         parse_duration(idle_stop if idle_stop is not None else DEFAULT_IDLE, "--idle-stop"),
         parse_duration(max_lifetime, "--max-lifetime") if max_lifetime else None,
+        parse_action(idle_action if idle_action is not None or not spot else "terminate"),
     )
+
+
+def action_of(config: Mapping[str, Any]) -> str:
+    """The action a watchdog's settings file names; a file from before the choice: terminate (what it did)."""
+    return "stop" if config.get("idle_action") == "stop" else "terminate"
+
+
+def describe_action(action: str) -> str:
+    if action == "stop":
+        return (
+            "stop: the nodes power off, their disks are kept (and cost); `clusterctl up --name NAME` starts them again"
+        )
+    return "terminate: the nodes and their disks are removed, with whatever they held"
 
 
 def describe(a: Autostop | None) -> str:
@@ -49,11 +86,17 @@ def describe(a: Autostop | None) -> str:
     if a.idle_stop_s:
         parts.append(
             f"after {duration(a.idle_stop_s)} with nothing busy (no GPU in use, no training process, no ssh "
-            "command, no sync or launch of clusterctl running)"
+            "command or login, no detached job of clusterctl, no sync or launch of clusterctl running, no network "
+            "or disk traffic)"
         )
     if a.max_lifetime_s:
         parts.append(f"at the latest {duration(a.max_lifetime_s)} after it was made")
-    return "stops itself " + ", and ".join(parts) + " (`clusterctl keep NAME --for 4h` extends)"
+    verb = "stops" if a.idle_action == "stop" else "terminates"
+    return (
+        f"{verb} itself "
+        + ", and ".join(parts)
+        + f" (`clusterctl keep NAME --for 4h` extends); idle action {describe_action(a.idle_action)}"
+    )
 
 
 def poll_seconds(a: Autostop) -> int:
@@ -65,11 +108,19 @@ def extra(a: Autostop | None) -> dict[str, str]:
     """The settings as Cluster.extra facts (kept in the local record)."""
     if a is None:
         return {}
-    return {"autostop_idle_stop": str(a.idle_stop_s or ""), "autostop_max_lifetime": str(a.max_lifetime_s or "")}
+    return {
+        "autostop_idle_stop": str(a.idle_stop_s or ""),
+        "autostop_max_lifetime": str(a.max_lifetime_s or ""),
+        "autostop_idle_action": a.idle_action,
+    }
 
 
 def from_extra(extra) -> Autostop | None:
     if "autostop_idle_stop" not in extra:
         return None
     num = lambda v: int(v) if str(v).isdigit() else None  # noqa: E731
-    return Autostop(num(extra.get("autostop_idle_stop")), num(extra.get("autostop_max_lifetime")))
+    return Autostop(
+        num(extra.get("autostop_idle_stop")),
+        num(extra.get("autostop_max_lifetime")),
+        action_of({"idle_action": extra.get("autostop_idle_action")}),  # a record from before: terminate
+    )

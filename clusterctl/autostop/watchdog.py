@@ -6,12 +6,12 @@ writes what the nodes run.
 
   * AWS: the user data installs it on every node as the systemd unit clusterctl-autostop, with its
     settings in /var/lib/clusterctl/autostop/config.json. It decides on the leader (asking every member
-    over ssh with the cluster's internal key) and its `shutdown -h now` terminates each instance, since
-    instances are launched with instance-initiated shutdown = terminate.
+    over ssh with the cluster's internal key) and its `shutdown -h now` stops or terminates each instance,
+    as the instance-initiated shutdown behaviour set at launch says (--idle-action: stop or terminate).
   * local: a namespace node cannot delete its own namespaces, so the local provider pairs the watchdog
     (a detached process inside the leader node, settings in the node's ~/.clusterctl/autostop) with a
-    per-cluster host-side supervisor (providers/local/supervisor.py) that restarts it and tears the
-    cluster down once it fired.
+    per-cluster host-side supervisor (providers/local/supervisor.py) that restarts it and, once it fired,
+    stops the cluster (its namespaces end, the nodes' homes are kept) or tears it down (--idle-action).
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ def node_config(cluster: str, a: Autostop, *, poweroff: str, user: str, script: 
         "python": NODE_PYTHON,
         "script": script,
         "gpu_busy_percent": 1,
+        "idle_action": a.idle_action,
+        # a namespace node shares this machine's disks: their traffic is anyone's, so it never counts there
+        **({"disk_busy_bytes_per_s": None} if poweroff == "node-init" else {}),
     }
 
 
@@ -131,6 +134,8 @@ def install_local(store, name: str, nodes: int, a: Autostop, created_at: float) 
     for i in range(nodes):
         d = local_dir(store, name, i)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for old in ("fired.json", "state.json"):  # a stopped cluster started again: its last firing is history
+            (d / old).unlink(missing_ok=True)
         (d / SCRIPT).write_bytes(script)
         os.chmod(d / SCRIPT, 0o755)
         watchdog().write_json(str(d / "config.json"), cfg)

@@ -26,7 +26,9 @@ def down(
     ),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     force: bool = typer.Option(
-        False, "--force", help="AWS: also another owner's cluster of this name (no record here)."
+        False,
+        "--force",
+        help="Also another owner's cluster (AWS: another owner tag, no record here; local: another CLUSTERCTL_HOME's).",
     ),
 ) -> None:
     """Remove a cluster and all it created; prove nothing is left.
@@ -333,13 +335,15 @@ def gc(
     provider: Optional[str] = typer.Option(None, "--provider", help="aws or local (default: both)."),
     region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the AWS config's)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    force: bool = typer.Option(False, "--force", help="Also another owner's clusters (their owner tag is not yours)."),
+    force: bool = typer.Option(
+        False, "--force", help="Also another owner's clusters (AWS: owner tag; local: made by another CLUSTERCTL_HOME)."
+    ),
 ) -> None:
     """Find and remove everything clusterctl left behind.
 
     Every resource tagged by clusterctl in the AWS region (with or without a local record) and every
     local cluster on this machine, shown with age and owner; on AWS exactly the listed resource ids are
-    removed, and another owner's clusters only with --force.
+    removed. Another owner's clusters (a local one made from another CLUSTERCTL_HOME) only with --force.
     """
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display, tables

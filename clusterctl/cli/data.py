@@ -65,8 +65,7 @@ def sync(
     if len(args) not in (2, 3):
         raise UsageError("expected [HOSTS] SRC DST", "e.g. clusterctl sync hosts ~/imagenet_data ~/imagenet_data")
     hosts_path, src, dst = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
-    if strategy not in syncplan.STRATEGIES:
-        raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(syncplan.STRATEGIES)}")
+    syncplan.check_strategy(strategy)
     chains = _fanout(fanout)
     within("--stall-timeout", stall_timeout, above=0)
     if verify not in syncsession.VERIFY:
@@ -115,12 +114,13 @@ def _fanout(text: str) -> int | None:
     """--fanout: a number of chains (>= 1), or auto (None: measured when the chain starts)."""
     if text == "auto":
         return None
+    from clusterctl.data import plan as syncplan
+
     try:
         k = int(text)
     except ValueError:
         raise UsageError(f"--fanout must be auto or a whole number, not {text!r}") from None
-    within("--fanout", k, 1)
-    return k
+    return syncplan.check_fanout(k)
 
 
 def _plan_fanout(inv, source, dst: str, node_python: str | None):
@@ -180,6 +180,12 @@ def data_tfrecords(
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the split and the shuffle."),
     force: bool = typer.Option(False, "--force", help="Replace a dataset already in DST."),
+    resize: Optional[int] = typer.Option(
+        None,
+        "--resize",
+        metavar="SIDE",
+        help="Scale images whose shorter side is longer down to SIDE pixels (e.g. 256): less to decode per image in training.",
+    ),
     val_labels: Optional[Path] = typer.Option(
         None,
         "--val-labels",
@@ -244,6 +250,7 @@ def data_tfrecords(
                     seed=seed,
                     force=force,
                     endpoint_url=endpoint_url,
+                    resize=resize,
                 )
             )
         return
@@ -258,6 +265,7 @@ def data_tfrecords(
             force=force,
             val_labels=val_labels,
             val_synsets=val_synsets,
+            resize=resize,
         )
     )
 

@@ -202,8 +202,9 @@ class BenchProgress:
         elif kind == "rung":
             r = value
             c.print(
-                f"  {r.np:>4} procs on {r.nodes} node(s): {r.img_per_sec:10.1f} img/s, speedup {r.speedup:5.2f}x, "
-                f"efficiency {r.efficiency:6.1%} ({r.seconds:.1f}s)"
+                f"  {r.np:>4} procs on {r.nodes} node(s): {r.img_per_sec:10.1f} +- {r.conf:.1f} img/s (95% CI), "
+                f"speedup {r.speedup:5.2f}x, efficiency {r.efficiency:6.1%} +- {r.efficiency_conf:.1%} "
+                f"({r.seconds:.1f}s)"
             )
 
 

@@ -142,21 +142,30 @@ def kill_(
 def clean(
     hostsfile: Optional[str] = HOSTS,
     kill: bool = typer.Option(
-        False, "--kill", help="SIGKILL python/horovodrun/mpirun/orted trees (the default action)."
+        False, "--kill", help="SIGKILL the jobs clusterctl started, every process of them (the default action)."
+    ),
+    all_user_processes: bool = typer.Option(
+        False,
+        "--all-user-processes",
+        help="With --kill: every python/horovodrun/mpirun/orted tree of the login user, whoever started it.",
     ),
     logs_dir: Optional[str] = typer.Option(None, "--logs", metavar="DIR", help="Remove this folder on every node."),
     force: bool = typer.Option(False, "--force", help="With --logs: allow a folder outside the login user's home."),
     disk: bool = typer.Option(False, "--disk", help="Table of free/used disk per node (under 10%% free flagged)."),
     reboot: bool = typer.Option(False, "--reboot", help="Reboot every node and wait until each answers ssh again."),
     wait: float = typer.Option(300.0, "--wait", help="Seconds to wait for rebooted nodes."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (--logs, --reboot)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation (--kill, --logs, --reboot)."),
     ssh: Ssh = DEFAULT_SSH,
 ) -> None:
-    """The troubleshooting commands, done safely: kill leftover jobs, remove a log folder, show disks, reboot."""
+    """The troubleshooting commands, done safely: kill leftover jobs, remove a log folder, show disks, reboot.
+
+    --kill (the default) ends the jobs clusterctl started (run --detach, launch, train, sweep: every process of
+    them, on every node) after naming them and asking; --all-user-processes widens it to every python,
+    horovodrun, mpirun or orted tree of the login user. Without a terminal, --yes confirms (else exit 2)."""
     from clusterctl.cli import display
     from clusterctl.cluster import clean as cleanlib
 
-    kill = kill or not (logs_dir is not None or disk or reboot)
+    kill = kill or all_user_processes or not (logs_dir is not None or disk or reboot)
     if logs_dir is not None:
         cleanlib.check_logs_path(logs_dir)
     if force and logs_dir is None:
@@ -164,14 +173,26 @@ def clean(
     within("--wait", wait, above=0)
     inv = _inventory(hostsfile, ssh)
     where = f"{len(inv.targets)} node(s)"
+    if kill:
+        _name_this_process()  # so a clean run from a node never matches clusterctl itself
+        listed = _fan_out(inv, cleanlib.list_command(all_user_processes), ssh.parallel, live=False)
+        doomed = [(r.host, line.strip()) for r in listed if r.ok for line in r.stdout.splitlines() if line.strip()]
+        whose = "process trees of the login user" if all_user_processes else "processes of jobs clusterctl started"
+        for host, line in doomed:
+            display.info(f"{host}: would kill {line}")
+        if not listed.all_ok:
+            display.summary(listed)
+        if doomed:
+            _confirm(f"Kill these {len(doomed)} {whose} on {where}?", yes)
+        else:
+            display.info(f"no {whose} to kill on {where}")
     if logs_dir is not None:
         _confirm(f"Remove {logs_dir} on {where}?", yes)
     if reboot:
         _confirm(f"Reboot {where}?", yes)
     codes = []
     if kill:
-        _name_this_process()  # so a clean run from a node never matches clusterctl itself
-        report = _fan_out(inv, cleanlib.kill_command(), ssh.parallel)
+        report = _fan_out(inv, cleanlib.kill_command(all_user_processes), ssh.parallel)
         display.summary(report)
         codes.append(report.exit_code)
     if logs_dir is not None:

@@ -10,30 +10,7 @@ from typing import Callable, List, Optional, Tuple
 
 import typer
 
-from clusterctl.errors import UsageError
-
-
-def within(
-    flag: str,
-    value: float | None,
-    low: float | None = None,
-    high: float | None = None,
-    *,
-    above: float | None = None,
-    unit: str = "",
-) -> None:
-    """The one range check of numeric options: a one-line UsageError (exit 2) naming the flag, the range
-    and the value given; None (an option not given) passes. `above` is an open lower bound."""
-    if value is None or (
-        (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high)
-    ):
-        return
-    u = f" {unit}" if unit else ""
-    if high is None:
-        want = f"at least {low}{u}" if above is None else "positive" if above == 0 else f"above {above}{u}"
-    else:
-        want = f"{low}..{high}{u}" if above is None else f"in ({above}, {high}]{u}"
-    raise UsageError(f"{flag} must be {want}, not {value}")
+from clusterctl.errors import UsageError, within  # within: the one range check, in core for the library too
 
 
 def _store():

@@ -116,36 +116,61 @@ def node_table(cluster, current: bool = False) -> None:
 
 
 def ladder_table(ladder) -> None:
+    """The rungs, each node alone, the verdict. +-: half the 95% interval of the mean (what is judged);
+    the batch spread (1.96 sd of single batches, Horovod's +-) is shown apart, labelled as such."""
     from rich.table import Table
 
-    t = Table(title=f"Synthetic {ladder.model} ladder (batch {ladder.batch_size}/process)", header_style="bold")
-    for col in ("processes", "nodes", "img/s (+- 1.96 sigma)", "speedup", "efficiency", "per process vs one node"):
+    from clusterctl.workloads.bench import SLOW_NODE
+
+    judged = {(c.kind, c.np): c.status for c in ladder.checks} if ladder.judged else {}
+
+    def figure(value: float | None, conf: float, kind: str, np_: int) -> str:
+        if value is None:
+            return "-"
+        mark = judged.get((kind, np_))
+        return f"{value:.1%} +- {conf:.1%}" + (f" {mark}" if mark else "")
+
+    iters = sorted({r.iters for r in ladder.rungs})
+    t = Table(
+        title=f"Synthetic {ladder.model} ladder (batch {ladder.batch_size}/process)",
+        caption=(
+            f"+-: 95% confidence interval of the mean over {'/'.join(map(str, iters))} timed batches (judged); "
+            "batch spread: 1.96 sd of single batches (not judged)"
+        ),
+        header_style="bold",
+    )
+    for col in ("processes", "nodes", "img/s", "batch spread", "speedup", "efficiency 1->N", "per process vs 1 node"):
         t.add_column(col, justify="right")
     for r in ladder.rungs:
         t.add_row(
             str(r.np),
             str(r.nodes),
             f"{r.img_per_sec:.1f} +- {r.conf:.1f}",
+            f"+- {r.spread:.1f}",
             f"{r.speedup:.2f}x",
-            f"{r.efficiency:.1%}",
-            "-" if r.node_scaling is None else f"{r.node_scaling:.1%} +- {r.node_scaling_conf:.1%}",
+            figure(r.efficiency, r.efficiency_conf, "efficiency", r.np) if r.np != ladder.rungs[0].np else "-",
+            figure(r.node_scaling, r.node_scaling_conf, "node_scaling", r.np),
         )
     c = console()
     c.print(t)
     if ladder.alone:
-        nodes = Table(title="each node alone, all at once: img/s per process", header_style="bold")
+        nodes = Table(
+            title="each node alone, all at once: img/s per process",
+            caption=f"slow: under {SLOW_NODE:.0%} of the median of the other nodes, the whole interval",
+            header_style="bold",
+        )
         nodes.add_column("node")
         nodes.add_column("processes", justify="right")
-        nodes.add_column("img/s per process (+- 1.96 sigma)", justify="right")
+        nodes.add_column("img/s per process", justify="right")
+        nodes.add_column("batch spread", justify="right")
+        nodes.add_column("vs the others' median", justify="right")
         for a in ladder.alone:
             nodes.add_row(
-                _esc(
-                    a.node
-                    + (f" ({a.hostname})" if a.hostname else "")
-                    + (" (slow)" if a.node in ladder.slow_nodes else "")
-                ),
+                _esc(a.node + (f" ({a.hostname})" if a.hostname else "")),
                 str(a.np),
                 f"{a.per_proc:.1f} +- {a.conf:.1f}",
+                f"+- {a.spread:.1f}",
+                "-" if a.vs_others is None else f"{a.vs_others:.1%} +- {a.vs_others_conf:.1%} {a.status}",
             )
         c.print(nodes)
     style = (

@@ -46,7 +46,9 @@ def train(
     model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU rehearsals."),
     epochs: float = typer.Option(90, "--epochs"),
     batch_size: Optional[int] = typer.Option(
-        None, "--batch-size", help="Images per process per step (trainer default 64)."
+        None,
+        "--batch-size",
+        help="Images per process per step (default: the GPU type's, as `bench`: 256 on GPUs in 16-bit, 32 on CPUs).",
     ),
     model_dir: Optional[str] = typer.Option(
         None,
@@ -70,11 +72,13 @@ def train(
     precision: Optional[str] = typer.Option(
         None,
         "--precision",
-        help="auto (the trainer's default: float16 with loss scaling on GPUs with tensor cores, compute capability 7.0+, else fp32), fp32, float16, bfloat16 or mixed.",
+        help="fp32, float16 (with loss scaling), bfloat16, mixed or auto (default: the GPU type's, as `bench`: float16 on GPUs, fp32 on CPUs; auto lets the trainer pick by compute capability).",
     ),
     fp32: bool = typer.Option(False, "--fp32", help="No mixed precision, even on tensor-core GPUs (--precision fp32)."),
-    fp16_allreduce: bool = typer.Option(
-        False, "--fp16-allreduce", help="Compress gradients to float16 for the allreduce."
+    fp16_allreduce: Optional[bool] = typer.Option(
+        None,
+        "--fp16-allreduce/--no-fp16-allreduce",
+        help="Compress gradients to float16 for the allreduce (default: on GPUs).",
     ),
     recipe: Optional[str] = typer.Option(
         None,
@@ -90,7 +94,7 @@ def train(
         64.0, "--fusion-threshold-mb", help="Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB."
     ),
     cycle_time_ms: float = typer.Option(1.0, "--cycle-time-ms", help="Horovod's cycle time (HOROVOD_CYCLE_TIME), ms."),
-    xla: bool = typer.Option(False, "--xla"),
+    xla: Optional[bool] = typer.Option(None, "--xla/--no-xla", help="Compile the model with XLA (default: on GPUs)."),
     trainer_arg: List[str] = typer.Option(
         [], "--trainer-arg", help="One more argument for train_imagenet.py (repeatable)."
     ),
@@ -129,40 +133,11 @@ def train(
         trainlib.stop(inv, job)
         display.info(f"stopped {job.job} on every node")
         return
-    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
-    if synthetic == bool(data):
-        raise UsageError("give --data DIR or --synthetic (one of them)")
-    if model not in ("resnet50", "tiny"):
-        raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
-    for flag, value in (
-        ("--batch-size", batch_size),
-        ("--checkpoint-every", checkpoint_every),
-        ("--log-every", log_every),
-        ("--max-steps", max_steps),
-        ("--np", np_),
-    ):
-        within(flag, value, 0 if flag == "--checkpoint-every" else 1)
-    within("--epochs", epochs, above=0)
-    if fp32:
+    if fp32:  # a synonym of --precision fp32, a flag's business
         if precision not in (None, "fp32"):
             raise UsageError(f"--fp32 and --precision {precision} say different things", "give one of them")
         precision = "fp32"
-    if mixed_precision and precision is not None:
-        raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
-    if precision is not None and precision not in trainopts.PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r}", f"use one of {', '.join(trainopts.PRECISIONS)}")
-    if recipe is not None and recipe not in trainopts.RECIPES:
-        raise UsageError(f"unknown recipe {recipe!r}", f"use one of {', '.join(trainopts.RECIPES)}")
-    within("--eval-every", eval_every, 1)
-    within("--fusion-threshold-mb", fusion_threshold_mb, 0)
-    within("--cycle-time-ms", cycle_time_ms, above=0)
-    if checkpoint_to is not None:
-        trainopts.check_s3_uri(checkpoint_to)
-        if inv.cluster is not None:
-            _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(
-                inv.cluster, checkpoint_to
-            )
-    opts = trainopts.TrainOptions(
+    opts = trainopts.TrainOptions(  # every option checked here, as a playbook's train step is
         data=data,
         synthetic=synthetic,
         model=model,
@@ -175,21 +150,19 @@ def train(
         checkpoint_every=checkpoint_every,
         log_every=log_every,
         mixed_precision=mixed_precision,
-        xla=xla,
-        checkpoint_to=checkpoint_to,
-        extra=tuple(trainer_arg),
-    )
-    from dataclasses import replace
-
-    opts = replace(
-        opts,
         precision=precision,
         fp16_allreduce=fp16_allreduce,
         recipe=recipe,
         eval_every=eval_every,
         fusion_threshold_mb=fusion_threshold_mb,
         cycle_time_ms=cycle_time_ms,
-    )
+        xla=xla,
+        checkpoint_to=checkpoint_to,
+        extra=tuple(trainer_arg),
+    ).require_source()
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
+    if checkpoint_to is not None and inv.cluster is not None:
+        _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(inv.cluster, checkpoint_to)
     job = trainlib.start(
         inv,
         store,

@@ -78,6 +78,12 @@ def up(
     max_lifetime: Optional[str] = typer.Option(
         None, "--max-lifetime", help="Stop it this long after it was made, busy or not (e.g. 12h)."
     ),
+    idle_action: Optional[str] = typer.Option(
+        None,
+        "--idle-action",
+        help="What autostop does: stop (the default; disks kept, `clusterctl up --name NAME` starts it again) or "
+        "terminate (the default with --spot, which EC2 cannot stop).",
+    ),
     runtime: str = typer.Option(
         "install", "--runtime", help="install: the node runtime (TensorFlow + Horovod) on every node; none: skip it."
     ),
@@ -100,6 +106,7 @@ def up(
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display, tables
     from clusterctl.cluster import provision
+    from clusterctl.runtime.install import plan_line
     from clusterctl.state import validate_name
     from clusterctl.types import ClusterSpec
 
@@ -107,7 +114,7 @@ def up(
         _refuse_aws_only(ctx)
     store = _store()
     name = validate_name(name or ("local" if provider == "local" else "cluster"))
-    stop_rules = autostop.settings(idle_stop, max_lifetime)
+    stop_rules = autostop.settings(idle_stop, max_lifetime, idle_action, spot=provider == "aws" and spot)
     within("--slots", slots, 1, 1024)
     within("--nodes", nodes, 1)
     options: dict = {}
@@ -144,7 +151,7 @@ def up(
     for line in plan.lines:
         display.info(f"plan: {line}")
     display.info(f"plan: autostop: {autostop.describe(stop_rules)}")
-    display.info(f"plan: node runtime: {_runtime_line(request)}")
+    display.info(f"plan: node runtime: {plan_line(request, plan.image)}")  # may refuse the image
     if dry_run:
         for line in impl.dry_run(spec):
             display.info(f"dry run: {line}")
@@ -234,21 +241,10 @@ def _runtime_request(
     return RuntimeRequest(runtime, cache=cache or "", wheels=wheels or "")  # type: ignore[arg-type]  # checked above
 
 
-def _runtime_line(request) -> str:
-    from clusterctl.runtime.spec import ROOT, RuntimeSpec
-
-    if request.mode == "none":
-        return "none (--runtime none): jobs need a Python with TensorFlow and Horovod on the nodes"
-    if request.mode == "own":
-        return f"your own Python {request.python} (`clusterctl doctor` checks it has TensorFlow and Horovod)"
-    s = RuntimeSpec()
-    where = f"; cache {request.cache}" if request.cache else ""
-    return f"TensorFlow {s.tensorflow} + Horovod {s.horovod} at {ROOT}/<id> on every node{where}"
-
-
 def _runtime_s3(url: str, region: Optional[str]):
     import boto3
 
+    from clusterctl.providers.aws.api import configured_region
     from clusterctl.runtime.install import S3Cache
 
-    return S3Cache(url, boto3.session.Session(region_name=region or None).client("s3"))
+    return S3Cache(url, boto3.session.Session(region_name=region or configured_region()).client("s3"))

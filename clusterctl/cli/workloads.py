@@ -36,17 +36,32 @@ def bench(
     ),
     cluster: Optional[str] = CLUSTER,
     model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU smoke runs."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Images per process per step."),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", help="Images per process per step (default: the GPU type's, as `train`)."
+    ),
     steps: int = typer.Option(10, "--steps", help="Steps per timed batch."),
-    iters: int = typer.Option(10, "--iters", help="Timed batches per rung (mean +- 1.96 sigma over them)."),
+    iters: int = typer.Option(
+        10, "--iters", help="Timed batches per rung (the verdict's 95% interval narrows as their square root)."
+    ),
     warmup: int = typer.Option(10, "--warmup-steps", help="Untimed steps first (at least 10)."),
     input_only: bool = typer.Option(False, "--input-only", help="Time the input pipeline alone (no model)."),
     ladder: Optional[str] = typer.Option(
         None, "--ladder", help="Process counts, e.g. 1,8,16,32 (default: 1, one node, all)."
     ),
     threshold: float = typer.Option(0.90, "--threshold", help="Scaling efficiency required per added node."),
-    mixed_precision: bool = typer.Option(False, "--mixed-precision", help="float16 compute."),
-    xla: bool = typer.Option(False, "--xla", help="Compile the step with XLA."),
+    mixed_precision: bool = typer.Option(
+        False, "--mixed-precision", help="float16 on GPUs, bfloat16 on CPUs (--precision mixed)."
+    ),
+    precision: Optional[str] = typer.Option(
+        None, "--precision", help="fp32, float16, bfloat16, mixed or auto (default: the GPU type's, as `train`)."
+    ),
+    fp32: bool = typer.Option(False, "--fp32", help="No mixed precision (--precision fp32)."),
+    xla: Optional[bool] = typer.Option(None, "--xla/--no-xla", help="Compile the model with XLA (default: on GPUs)."),
+    fp16_allreduce: Optional[bool] = typer.Option(
+        None,
+        "--fp16-allreduce/--no-fp16-allreduce",
+        help="Gradients compressed to float16 for the allreduce (default: on GPUs).",
+    ),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds each rung may take."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     out: Path = typer.Option(Path("bench-results"), "--out", help="Folder for results.json, logs and scaling.png."),
@@ -60,31 +75,27 @@ def bench(
         raise UsageError(
             "only --synthetic is supported", "run `clusterctl bench --synthetic`; real data is `clusterctl train`"
         )
-    if model not in ("resnet50", "tiny"):
-        raise UsageError(f"unknown model {model!r}", "use resnet50 or tiny")
-    within("--threshold", threshold, above=0, high=1)
-    within("--warmup-steps", warmup, benchlib.MIN_WARMUP)
-    within("--iters", iters, benchlib.MIN_ITERS)
-    within("--steps", steps, 1)
-    within("--batch-size", batch_size, 1)
-    inv = _resolve_hosts(hostsfile, cluster, ssh)
-    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
-    rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
-    opts = benchlib.BenchOptions(
+    precision = _precision(precision, fp32, mixed_precision)
+    opts = benchlib.BenchOptions(  # every option checked here, as a playbook's bench step is
         model=model,
         batch_size=batch_size,
         steps=steps,
         iters=iters,
         warmup_steps=warmup,
-        mixed_precision=mixed_precision,
         xla=xla,
         input_only=input_only,
         threshold=threshold,
         timeout=timeout,
+        precision=precision,
+        fp16_allreduce=fp16_allreduce,
     )
+    inv = _resolve_hosts(hostsfile, cluster, ssh)
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
+    rungs = benchlib.parse_ladder(ladder, inv.hosts) if ladder else benchlib.default_ladder(inv.hosts)
+    config = opts.config(inv.cluster)
     display.info(
         f"ladder: {', '.join(map(str, rungs))} process(es) on {len(inv.hosts.entries)} node(s), "
-        f"model {model}, batch {batch_size}/process"
+        f"configuration for {config.describe()} ({config.source})"
     )
     result = benchlib.run_ladder(inv, rungs, opts, out, python=python, on_event=display.BenchProgress())
     tables.ladder_table(result)
@@ -106,7 +117,20 @@ def _bench_cost(inv, ladder, model: str) -> None:
         display.info(line)
     top = max(ladder.rungs, key=lambda r: r.np, default=None)
     if top is not None and top.img_per_sec > 0 and inv.cluster is not None and model != "input-pipeline":
-        costs.save_measured(_store(), inv.cluster.name, top.img_per_sec, top.np, model)
+        costs.save_measured(_store(), inv.cluster.name, top.img_per_sec, top.np, model, ladder.config)
+
+
+def _precision(precision: Optional[str], fp32: bool, mixed: bool) -> Optional[str]:
+    """One precision from --precision, --fp32 and --mixed-precision (None: the GPU type's)."""
+    if fp32:
+        if precision not in (None, "fp32"):
+            raise UsageError(f"--fp32 and --precision {precision} say different things", "give one of them")
+        precision = "fp32"
+    if mixed:
+        if precision is not None:
+            raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
+        precision = "mixed"
+    return precision  # an unknown one is refused by BenchOptions, as a playbook's is
 
 
 # ---- the preflight check ---------------------------------------------------------------------------------

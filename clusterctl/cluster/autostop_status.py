@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any, Callable
 
-from clusterctl.autostop.settings import from_extra
+from clusterctl.autostop.settings import action_of, describe_action, from_extra
 from clusterctl.autostop.watchdog import local_dir, remote_command, watchdog
 from clusterctl.state import Record, StateStore
 from clusterctl.types import Autostop, Cluster
@@ -83,6 +83,7 @@ def summary(
             )
         return lines
     cfg, state, plan = st.get("config", {}), st.get("state", {}), st.get("plan", {})
+    verb = "terminates" if action_of(cfg) == "terminate" else "stops"
     if st.get("fired"):
         return [f"autostop: fired: {st['fired'].get('reason')}"]
     if not cfg.get("enabled", True):
@@ -96,19 +97,37 @@ def summary(
         return ["autostop: no limits set (`clusterctl autostop NAME --idle-stop 30m` sets one)"]
     else:
         left = plan["stop_at"] - st.get("now", now)
+        busy = state.get("busy") or []
+        if plan.get("why") == "idle-stop" and busy:
+            # the job, login, copy ... that holds it: the stop waits for it (idle-stop counts from its end)
+            checked = duration(max(0.0, st.get("now", now) - (state.get("checked_at") or now)))
+            lines = [f"autostop: busy: {reason}" for reason in busy[:5]]
+            if len(busy) > 5:
+                lines.append(f"autostop: busy: ... and {len(busy) - 5} more")
+            lines.append(
+                f"autostop: held by the above (checked {checked} ago): it {verb} {duration(cfg.get('idle_stop'))} "
+                "after the last of them ends"
+            )
+            return lines + _tail(cfg, plan, now, verb)
         if plan.get("why") == "idle-stop":
             lines = [
-                f"autostop: stops in {duration(left)} if nothing runs (idle-stop {duration(cfg.get('idle_stop'))}, "
+                f"autostop: {verb} in {duration(left)} if nothing runs (idle-stop {duration(cfg.get('idle_stop'))}, "
                 f"idle for {duration(plan.get('idle_for'))})"
             ]
         else:
-            lines = [f"autostop: stops in {duration(left)} (max lifetime {duration(cfg.get('max_lifetime'))})"]
+            lines = [f"autostop: {verb} in {duration(left)} (max lifetime {duration(cfg.get('max_lifetime'))})"]
     if state.get("last_reason"):
         lines.append(
             f"autostop: last activity {duration(now - (state.get('last_active') or now))} ago: {state['last_reason']}"
         )
+    return lines + _tail(cfg, plan, now, verb)
+
+
+def _tail(cfg: dict[str, Any], plan: dict[str, Any], now: float, verb: str) -> list[str]:
+    lines = []
     if cfg.get("keep_until") and cfg["keep_until"] > now:
         lines.append(f"autostop: kept until {time.strftime('%Y-%m-%d %H:%M', time.localtime(cfg['keep_until']))}")
     if plan.get("why") == "idle-stop" and plan.get("lifetime_at"):
         lines.append(f"autostop: max lifetime ends in {duration(plan['lifetime_at'] - now)}")
+    lines.append(f"autostop: when it fires: {describe_action(action_of(cfg))}")
     return lines

@@ -3,9 +3,14 @@
 The remote shell text is built here (values shlex-quoted), outputs are parsed here; the CLI only
 chooses, confirms and renders.
 
-  kill   SIGKILL every process tree rooted at a python / horovodrun / mpirun / orted process of the
-         login user (STOP first so nothing forks away), then verify none is left, and, where nvidia-smi
-         exists, that no process holds a GPU.
+  kill   SIGKILL the process trees of the jobs clusterctl started (STOP first so nothing forks away), then
+         verify none is left, and, where nvidia-smi exists, that no process holds a GPU. A job of clusterctl's
+         is a process of the login user carrying CLUSTERCTL_JOB (every tmux session clusterctl starts: run
+         --detach, launch, train, the sweep scheduler) or CLUSTERCTL_SWEEP (sweep trials) in its environment,
+         or working in ~/clusterctl-jobs or ~/clusterctl-sweeps (horovodrun starts every rank, on every node,
+         with `cd <job folder>`), and every descendant of one. With all_user_processes: every tree rooted at a
+         python / horovodrun / mpirun / orted process of the login user, whoever started it.
+         list_command() shows first what kill_command() will kill (the CLI asks before it kills).
   logs   remove one folder, resolved on the node (symlinks followed); refuse an empty path, `/`, a system
          folder (or inside one), the home itself or any folder holding it, a tree that holds an .ssh
          folder, or (without force) anything outside the login user's home. With force, still at least
@@ -37,18 +42,48 @@ KILL_NAMES = r"^(python[0-9.]*|horovodrun|mpirun|mpiexec|orted|prted|prterun)$"
 LOW_DISK_FREE = 0.10  # nodes under 10% free are flagged
 
 
-def kill_command(pattern: str = KILL_NAMES) -> str:
-    q = shlex.quote(pattern)
+# The pids of the login user's processes clusterctl started, and their descendants (this shell and its children
+# excepted): the roots by environment (one grep over every readable environ) and by working directory (one find).
+JOBS_FN = r"""cc_jobs() {
+  h=$(cd "$HOME" 2>/dev/null && pwd -P) || h=$HOME
+  r=$( { grep -lzE '^CLUSTERCTL_(JOB|SWEEP)=' /proc/[0-9]*/environ 2>/dev/null
+         find /proc/[0-9]* -maxdepth 1 -name cwd \( -lname "$h/clusterctl-jobs/*" -o -lname "$h/clusterctl-sweeps/*" \) \
+           2>/dev/null; } | cut -d/ -f3 | tr '\n' ' ')
+  ps -e -o pid= -o ppid= -o uid= -o stat= | awk -v r="$r" -v me="$$" -v u="$(id -u)" '
+    BEGIN { k=split(r, a, " "); for (i=1;i<=k;i++) t[a[i]]=1 }
+    { pid[NR]=$1; pp[NR]=$2; uid[NR]=$3; st[NR]=$4; n=NR }
+    END {
+      do { more=0; for (i=1;i<=n;i++) if (!(pid[i] in t) && (pp[i] in t)) { t[pid[i]]=1; more=1 } } while (more)
+      for (i=1;i<=n;i++) if ((pid[i] in t) && uid[i]==u && pid[i]!=me && pp[i]!=me && st[i] !~ /^Z/) printf "%s ", pid[i]
+    }'
+}"""
+
+
+def _select(all_user_processes: bool, pattern: str) -> str:
+    """Shell text defining `cc_pick`, the pids kill_command and list_command act on."""
+    if all_user_processes:
+        return f"{TREE_FN}\ncc_pick() {{ cc_tree 0 {shlex.quote(pattern)}; }}\n"
+    return f"{JOBS_FN}\ncc_pick() {{ cc_jobs; }}\n"
+
+
+def list_command(all_user_processes: bool = False, pattern: str = KILL_NAMES) -> str:
+    """One line per process kill_command would kill now (pid, name, command line), nothing when none."""
     return (
-        TREE_FN + "\n" + f"re={q}; "
-        'p=$(cc_tree 0 "$re"); '
+        _select(all_user_processes, pattern)
+        + 'p=$(cc_pick); [ -z "$p" ] || ps -o pid= -o comm= -o args= -p "$(echo $p | tr " " ,)" | cut -c1-160'
+    )
+
+
+def kill_command(all_user_processes: bool = False, pattern: str = KILL_NAMES) -> str:
+    return (
+        _select(all_user_processes, pattern) + "p=$(cc_pick); "
         'if [ -z "$p" ]; then echo "nothing to kill"; else '
         '  what=$(ps -o pid= -o comm= -p "$(echo $p | tr " " ,)" | awk \'{printf "%s%s[%s]", s, $2, $1; s=" "}\'); '
-        '  i=0; while q=$(cc_tree 0 "$re"); [ -n "$q" ] && [ $i -lt 50 ]; do '
-        '    kill -STOP $q 2>/dev/null; kill -KILL $(cc_tree 0 "$re") 2>/dev/null; sleep 0.05; i=$((i+1)); done; '
+        '  i=0; while q=$(cc_pick); [ -n "$q" ] && [ $i -lt 50 ]; do '
+        "    kill -STOP $q 2>/dev/null; kill -KILL $(cc_pick) 2>/dev/null; sleep 0.05; i=$((i+1)); done; "
         '  echo "killed $(echo $p | wc -w) process(es): $what"; '
         "fi; "
-        'left=$(cc_tree 0 "$re"); '
+        "left=$(cc_pick); "
         '[ -z "$left" ] || { echo "still running after SIGKILL: $left" >&2; exit 1; }; '
         "if command -v nvidia-smi >/dev/null 2>&1; then "
         "  g=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2>&1) "

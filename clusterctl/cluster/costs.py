@@ -1,6 +1,6 @@
 """What a run costs, from the built-in price table and the img/s measured on the cluster.
 
-Pure except for the small per-cluster file `measured.json` (the last `bench` rate, for `train`'s estimate).
+Pure except for the small per-cluster file `measured.json` (the `bench` rates by configuration, for `train`'s estimate).
 Prices are the dated on-demand table of providers/aws/catalog.py (instances only; disks are cents): an
 estimate, not a bill.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
 
 from clusterctl.units import duration, money
 
@@ -55,20 +56,38 @@ def epoch_line(
     )
 
 
-def save_measured(store: StateStore, cluster_name: str, img_per_sec: float, np: int, model: str) -> None:
+def save_measured(
+    store: StateStore, cluster_name: str, img_per_sec: float, np: int, model: str, config: Mapping[str, Any]
+) -> None:
+    """Keep a measured rate under its configuration's key (train_config.TrainConfig.key()): `train` estimates
+    only from a rate of the configuration it runs. Rates of other configurations stay beside it."""
     from clusterctl.state import atomic_write
 
     if img_per_sec <= 0:
         return
-    atomic_write(
-        store.ensure_dir(cluster_name) / "measured.json",
-        json.dumps({"img_per_sec": img_per_sec, "np": np, "model": model, "at": time.time()}) + "\n",
-    )
+    path = store.ensure_dir(cluster_name) / "measured.json"
+    rates = _rates(path)
+    rates[str(config["key"])] = {
+        "img_per_sec": img_per_sec,
+        "np": np,
+        "model": model,
+        "config": dict(config),
+        "at": time.time(),
+    }
+    atomic_write(path, json.dumps({"rates": rates}, indent=1, sort_keys=True) + "\n")
 
 
-def load_measured(store: StateStore, cluster_name: str) -> dict[str, Any] | None:
-    try:
-        measured = json.loads((store.cluster_dir(cluster_name) / "measured.json").read_text())
-    except (OSError, ValueError):
-        return None
+def load_measured(store: StateStore, cluster_name: str, key: str) -> dict[str, Any] | None:
+    """The rate measured for the configuration `key`, or None (a file of an older clusterctl kept one rate
+    without its configuration: never used)."""
+    measured = _rates(store.cluster_dir(cluster_name) / "measured.json").get(key)
     return measured if isinstance(measured, dict) else None
+
+
+def _rates(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    rates = data.get("rates") if isinstance(data, dict) else None
+    return dict(rates) if isinstance(rates, dict) else {}

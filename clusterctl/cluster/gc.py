@@ -1,11 +1,12 @@
 """`clusterctl gc`: everything clusterctl made, wherever it looks, whether or not this machine remembers it.
 
-AWS: every resource of the region (and IAM) tagged `clusterctl:cluster` (AwsProvider.inventory); this
-machine: every local cluster's namespaces and config folders (LocalProvider.inventory). Each cluster is shown
-with its age (its oldest resource) and owner (the `clusterctl:owner` tag: user@host that made it). On AWS a
+AWS: every resource of the region (and IAM) tagged `clusterctl:cluster` (AwsProvider.everything_made); this
+machine: every local cluster's namespaces and config folders (LocalProvider.everything_made). Each cluster is
+shown with its age (its oldest resource) and owner (AWS: the `clusterctl:owner` tag; local: the CLUSTERCTL_HOME
+that made it); it is the caller's when that owner is the provider's me(). On AWS a
 cluster is one identity (its name and `clusterctl:id`; before ids, name and owner), and what is removed is
 exactly the resource ids listed and confirmed (AwsProvider.remove), never a search by tag value (EC2 reads `*`
-in one as a wildcard); another owner's clusters are kept unless --force. Local clusters are removed by
+in one as a wildcard); another owner's clusters (another home's, locally) are kept unless --force. Local clusters are removed by
 their provider's terminate, as `down` does. scan() finds and chooses (nothing changes); remove() removes
 what the user confirmed, each provider's remove(), and the record with it.
 """
@@ -41,7 +42,7 @@ class Leftover:
     found: tuple[Found, ...]
     record: str  # the local record's status here ("up", "stopped" ...), "" when this machine has none
     cluster_id: str = ""  # AWS: its `clusterctl:id` ("" for clusters made before ids: name + owner)
-    mine: bool = True  # made by this user@host (another owner's is removed only with --force)
+    mine: bool = True  # made by this caller (provider.me(); another owner's is removed only with --force)
 
     @property
     def created_at(self) -> float | None:
@@ -62,14 +63,9 @@ class Leftover:
         return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
-def group(
-    found: list[Found], provider: str, region: str, records: dict[str, Record], me: str | None = None
-) -> list[Leftover]:
-    """One Leftover per identity: name and cluster id (before ids: name and owner)."""
-    if me is None:
-        from clusterctl.proc import owner
-
-        me = owner()
+def group(found: list[Found], provider: str, region: str, records: dict[str, Record], me: str = "") -> list[Leftover]:
+    """One Leftover per identity: name and cluster id (before ids: name and owner); `mine` when its owner is `me`
+    (the provider's me(): the caller as that provider records owners; "" makes none the caller's)."""
     by: dict[tuple[str, str, str], list[Found]] = {}
     for f in found:
         by.setdefault((f.cluster, f.cluster_id, "" if f.cluster_id else f.owner), []).append(f)
@@ -78,7 +74,7 @@ def group(
         rec = records.get(name)
         status = rec.status if rec is not None and _same(rec.cluster, provider, cid) else ""
         c = Leftover(name, provider, region, tuple(items), status, cid)
-        out.append(dataclasses.replace(c, mine=provider == "local" or c.owner == me))
+        out.append(dataclasses.replace(c, mine=bool(me) and c.owner == me))
     return out
 
 
@@ -144,7 +140,7 @@ def scan(
                 raise UsageError("no AWS region given", "pass --region or set AWS_REGION") from None
             not_looked.append(f"{kind}: no region configured, not looked at (--region R looks there)")
             continue
-        found += group(impl.everything_made(), kind, where, records)
+        found += group(impl.everything_made(), kind, where, records, impl.me())
     now = time.time() if now is None else now
     old = select(found, older_than, now)
     chosen = [c for c in old if force or c.mine]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from clusterctl.cluster import hosts_out as hosts_out_mod
 from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, UnreachableError, WaitTimeout
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, Provider, Teardown
@@ -104,10 +105,12 @@ def up(
 ) -> Cluster:
     with store.lock(spec.name):
         found = None
+        stopped: dict[str, tuple[str, ...]] | None = None  # a stopped cluster's pinned keys, by node name
         if store.exists(spec.name):
             record = store.load(spec.name)
             live = provider.find(spec.name)
-            if record.status == "up" and live is not None:
+            stopped = _stopped_keys(store, provider, record, live)
+            if record.status == "up" and live is not None and stopped is None:
                 provider.refresh_access(spec, record.cluster)  # AWS: the ssh rule becomes this run's
                 report(f"cluster {spec.name} is already up ({len(live.nodes)} nodes); nothing to do")
                 store.set_current(spec.name)
@@ -116,8 +119,6 @@ def up(
             found = provider.find(spec.name)
         if found is not None:
             # Never adopt (nor, on failure, remove) a cluster this machine holds no keys for.
-            from clusterctl.proc import owner as me
-
             owner = found.extra.get("owner", "")
             raise ProvisionError(
                 f"cluster {spec.name} already exists ({provider.name}"
@@ -125,22 +126,30 @@ def up(
                 + ") but this machine has no record "
                 "of it (nor its keys)",
                 f"choose another --name (that one is {owner}'s)"
-                if owner and owner != me()
+                if owner and owner != provider.me()
                 else f"remove it with `clusterctl down {spec.name} --yes`, or choose another --name",
             )
+        if hosts_out is not None:
+            hosts_out_mod.check(hosts_out)  # the user's ./hosts (an inventory, /etc/hosts) is never replaced
         p = paths(store, spec.name)
         store.ensure_dir(spec.name)
         operator = sshkeys.ensure_keypair(p.operator_key, f"clusterctl-{spec.name}-operator")
         internal = sshkeys.ensure_keypair(p.internal_key, f"clusterctl-{spec.name}-internal")
         keys = ClusterKeys(operator.public_line, internal.public_line, str(p.operator_key))
         try:
+            if stopped is not None:
+                report(f"cluster {spec.name} was stopped (autostop --idle-action stop): starting it again")
             report(f"launching {spec.nodes} node(s) with the {provider.name} provider")
             launched = provider.launch(spec, keys)
             cluster = launched.cluster
             store.save(Record(cluster, "creating", time.time()))
             report("waiting for ssh on every node")
             wait_for_ssh(cluster, ssh_timeout)
-            known = dict(provider.host_keys(cluster))
+            # a restarted node keeps its disk, so its host key: the one pinned at its creation, by node name
+            # (its address may have changed; cloud-init prints keys to the console at the first boot only)
+            was = stopped or {}
+            known = {n.ssh_host: was[n.name] for n in cluster.nodes if n.name in was}
+            known.update(provider.host_keys(cluster))
             known.update(launched.host_keys)
             unverified = [n for n in cluster.nodes if n.ssh_host not in known]
             if unverified and not trust_first_contact:
@@ -182,12 +191,20 @@ def up(
                 write_live_hosts(pool, ssh_targets(cluster, store)[0], cluster)
             cluster = dataclasses.replace(cluster, extra={**cluster.extra, **fields})
             atomic_write(p.hosts, hf.render(), mode=0o644)
-            if hosts_out is not None:
-                atomic_write(hosts_out, hf.render(), mode=0o644)
+            if hosts_out is not None and not hosts_out_mod.write(hosts_out, hf.render(), spec.name):
+                report(
+                    f"warning: {hosts_out} appeared while up ran and is not clusterctl's: left alone; the hosts file is {p.hosts}"
+                )
             store.save(Record(cluster, "up", time.time()))
             store.set_current(spec.name)
             return cluster
         except BaseException as exc:  # Ctrl-C included: leave nothing behind
+            if stopped is not None:  # never remove a stopped cluster's disks because its start failed
+                report(
+                    f"up failed ({_why(exc)}); the stopped cluster is left as it is: run `clusterctl up` again, "
+                    f"or remove it with `clusterctl down {spec.name} --yes`"
+                )
+                raise
             report(f"up failed ({_why(exc)}); removing what it created")
             teardown = provider.terminate(spec.name)
             for line in teardown.removed:
@@ -209,6 +226,32 @@ def write_live_hosts(pool: SshPool, leader: SshTarget, cluster: Cluster) -> None
     r = pool.put_one(leader, {LIVE_HOSTS: (text.encode(), 0o644)})
     if not r.ok:
         raise UnreachableError(f"could not write {LIVE_HOSTS} on the leader: {r.error}")
+
+
+def _stopped_keys(
+    store: StateStore, provider: Provider, record: Record, live: Cluster | None
+) -> dict[str, tuple[str, ...]] | None:
+    """A cluster that autostop stopped (--idle-action stop: a local record saying so, or instances the
+    provider sees stopped): the host keys pinned for its nodes, by node name. None for any other cluster."""
+    if record.status == "stopped" and "homes kept" not in (record.note or ""):
+        return None  # terminated by autostop: nothing to start again
+    if record.status != "stopped":
+        if live is None:
+            return None
+        status = provider.status(record.cluster.name)
+        if status is None or not any(n.state in ("stopped", "stopping") for n in status.nodes):
+            return None
+    pinned: dict[str, list[str]] = {}
+    try:
+        text = paths(store, record.cluster.name).known_hosts.read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            host = parts[0][1:].rsplit("]:", 1)[0] if parts[0].startswith("[") else parts[0]
+            pinned.setdefault(host, []).append(f"{parts[1]} {parts[2]}")
+    return {n.name: tuple(pinned[n.ssh_host]) for n in record.cluster.nodes if n.ssh_host in pinned}
 
 
 def _why(exc: BaseException) -> str:

@@ -208,7 +208,7 @@ def _drop(store: StateStore, provider: Provider, p: RepairPlan, report: Report, 
             bad = "; ".join(f"{x.host}: {x.error}" for x in r.failed)
             raise ProvisionError(f"could not write the hosts file on every live node: {bad}", "run `repair` again")
         provision.write_live_hosts(pool, targets[0], cluster)
-    _save(store, cluster, hf, hosts_out)
+    _save(store, cluster, hf, hosts_out, report)
     for line in provider.remove_nodes(p.cluster, [x.node for x in p.lost]):
         report(f"removed {line}")
     report(f"dropped {len(p.lost)} node(s): {', '.join(x.node.name for x in p.lost)}; {len(live)} node(s) left")
@@ -288,7 +288,7 @@ def _replace(
             report(f"  removed {line}")
         atomic_write(paths.known_hosts, known_before, mode=0o600)
         raise
-    _save(store, whole, hf, hosts_out)
+    _save(store, whole, hf, hosts_out, report)
     old = [n for n in billed if n.instance_id and n.instance_id not in {f.instance_id for f in fresh}]
     for line in provider.remove_nodes(p.cluster, old) if old else []:
         report(f"removed the lost {line}")
@@ -519,11 +519,18 @@ def _leader_reaches(pool: SshPool, leader: SshTarget, fresh: Sequence[Node], tim
             time.sleep(2.0)
 
 
-def _save(store: StateStore, cluster: Cluster, hf: HostsFile, hosts_out: Path | None) -> None:
+def _save(store: StateStore, cluster: Cluster, hf: HostsFile, hosts_out: Path | None, report: Report) -> None:
+    """The cluster's hosts file, ./hosts where it is this cluster's (what `up` wrote for it, unchanged since), the ssh
+    config entry where `up` made one, then the record."""
+    from clusterctl.cluster import hosts_out as hosts_out_mod
+
     paths = provision.paths(store, cluster.name)
+    before = paths.hosts.read_text() if paths.hosts.exists() else None
     atomic_write(paths.hosts, hf.render(), mode=0o644)
-    if hosts_out is not None:
-        atomic_write(hosts_out, hf.render(), mode=0o644)
+    if hosts_out is not None and hosts_out.exists():
+        ours = before is not None and hosts_out.read_text() == before
+        if not (ours and hosts_out_mod.write(hosts_out, hf.render(), cluster.name)):
+            report(f"{hosts_out} is not this cluster's hosts file: left alone; the cluster's is {paths.hosts}")
     if sshentry.config_path(cluster.name).exists():
         sshentry.write(cluster, store)
     store.save(Record(cluster, "up", time.time()))

@@ -11,10 +11,23 @@ from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 
 from clusterctl import s3uri
-from clusterctl.errors import ConfigError, UsageError
+from clusterctl.errors import ConfigError, UsageError, within
 
 Strategy = Literal["chain", "tree", "parallel", "sequential"]
 STRATEGIES: tuple[str, ...] = ("chain", "tree", "parallel", "sequential")
+
+
+def check_strategy(strategy: str) -> str:
+    """--strategy, for `clusterctl sync` and a playbook's sync step alike."""
+    if strategy not in STRATEGIES:
+        raise UsageError(f"unknown --strategy {strategy!r}", f"use one of {', '.join(STRATEGIES)}")
+    return strategy
+
+
+def check_fanout(chains: int | None) -> int | None:
+    """--fanout's number of chains (None: auto, measured when the chain starts)."""
+    within("--fanout", chains, 1)
+    return chains
 
 
 # ---- inputs -----------------------------------------------------------------------------------------

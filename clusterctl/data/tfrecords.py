@@ -6,7 +6,8 @@ same input and seed writes the same bytes):
     DST/train-00000-of-00008 ... train-00007-of-00008        tf.train.Example records
     DST/validation-00000-of-00004 ... validation-00003-of-00004
     DST/labels.txt     line N is the class name of label N (labels are 1-based, as in ImageNet's records)
-    DST/dataset.json   counts, classes, shards; written last, so its presence means the set is whole
+    DST/dataset.json   counts, classes, shards (each one's records and bytes); written last, so its presence
+                       means the set is whole, and what a whole copy of it holds (train checks every node's)
 
 Every shard is written under a hidden temporary name (`.train-00000-of-00008.tmp`) and renamed when
 complete: an interrupted run leaves no half shard under a real name. Each record carries the features of
@@ -44,6 +45,7 @@ class SplitInfo:
     name: str
     examples: int
     shards: tuple[str, ...]
+    records: tuple[int, ...] = ()  # per shard, in the order of `shards` (empty in sets written before it was kept)
 
 
 @dataclass(frozen=True)
@@ -156,19 +158,24 @@ def _is_jpeg(data: bytes) -> bool:
     return data[:3] == b"\xff\xd8\xff"
 
 
-def to_rgb_jpeg(tf, data: bytes) -> tuple[bytes, int, int, bool]:
+def to_rgb_jpeg(tf, data: bytes, resize: int | None = None) -> tuple[bytes, int, int, bool]:
     """(JPEG bytes, height, width, re-encoded?). RGB JPEGs are kept as they are; PNGs and grayscale or
-    CMYK JPEGs are decoded and written again as RGB JPEG (quality 95). Raises ValueError if unreadable."""
+    CMYK JPEGs are decoded and written again as RGB JPEG (quality 95). With `resize`, an image whose shorter
+    side is longer is scaled down to that shorter side (aspect kept, antialiased) and written again: the
+    trainer then decodes fewer pixels per image. Raises ValueError if unreadable."""
     try:
         if _is_jpeg(data):
             h, w, c = (int(x) for x in tf.image.extract_jpeg_shape(data).numpy())
-            if c == 3:
+            if c == 3 and not (resize and min(h, w) > resize):
                 tf.io.decode_jpeg(data, channels=3)  # a truncated or corrupt file fails here, not in training
                 return data, h, w, False
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
     except tf.errors.OpError as exc:
         raise ValueError(" ".join(str(exc).split())[:200]) from None
     h, w = int(image.shape[0]), int(image.shape[1])
+    if resize and min(h, w) > resize:
+        h, w = (resize, max(1, round(w * resize / h))) if h <= w else (max(1, round(h * resize / w)), resize)
+        image = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, [h, w], antialias=True)), 0, 255), tf.uint8)
     return tf.io.encode_jpeg(image, quality=95).numpy(), h, w, True
 
 
@@ -229,7 +236,15 @@ def _finish(dst: Path, classes: Sequence[str], splits: dict[str, SplitInfo], sou
         "num_classes": len(classes),
         "source": source,
         **extra,
-        "splits": {s.name: {"examples": s.examples, "shards": list(s.shards)} for s in splits.values()},
+        "splits": {
+            s.name: {
+                "examples": s.examples,
+                "shards": list(s.shards),
+                "records": list(s.records),
+                "bytes": [(dst / n).stat().st_size for n in s.shards],
+            }
+            for s in splits.values()
+        },
     }
     tmp = dst / ".dataset.json.tmp"
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
@@ -256,10 +271,14 @@ def convert_folder(
     progress: Progress | None = None,
     val_labels: str | os.PathLike[str] | None = None,
     val_synsets: str | os.PathLike[str] | None = None,
+    resize: int | None = None,
 ) -> DatasetInfo:
     """A folder of class sub-folders of JPEG/PNG images -> ImageNet-format TFRecord shards in `dst`.
     Unreadable images are skipped and reported in DatasetInfo.skipped; if none can be read, ConfigError.
-    A flat val/ folder takes its classes from `val_labels` (see read_val_labels)."""
+    A flat val/ folder takes its classes from `val_labels` (see read_val_labels). `resize`: images whose
+    shorter side is longer are scaled down to it (see to_rgb_jpeg)."""
+    if resize is not None and not 32 <= resize <= 4096:
+        raise ConfigError(f"--resize must be 32..4096 pixels, not {resize}", "e.g. --resize 256")
     t0 = time.monotonic()
     scan = scan_folder(
         src, validation_fraction=validation_fraction, seed=seed, val_labels=val_labels, val_synsets=val_synsets
@@ -285,7 +304,7 @@ def convert_folder(
         def records(part: list[ImageItem], split=split, items=items, done=done):
             for item in part:
                 try:
-                    encoded, h, w, again = to_rgb_jpeg(tf, item.path.read_bytes())
+                    encoded, h, w, again = to_rgb_jpeg(tf, item.path.read_bytes(), resize)
                 except (OSError, ValueError) as exc:
                     with lock:
                         skipped.append((str(item.path), str(exc)))
@@ -309,10 +328,10 @@ def convert_folder(
 
         parts = deal(items, count)
         with ThreadPoolExecutor(_workers(workers, count)) as pool:
-            written = sum(
+            written = tuple(
                 pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])), zip(names, parts))
             )
-        splits[split] = SplitInfo(split, written, tuple(names))
+        splits[split] = SplitInfo(split, sum(written), tuple(names), written)
     if splits["train"].examples == 0:
         raise ConfigError(
             f"{src}: none of the {len(scan.splits['train'])} training images could be read",
@@ -418,10 +437,10 @@ def write_synthetic(
             random.Random(seed).shuffle(indices)
         parts = deal(indices, count)
         with ThreadPoolExecutor(_workers(workers, count)) as pool:
-            written = sum(
+            written = tuple(
                 pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])), zip(names, parts))
             )
-        splits[split] = SplitInfo(split, written, tuple(names))
+        splits[split] = SplitInfo(split, sum(written), tuple(names), written)
     _finish(dst, names_of_classes, splits, "synthetic", extra={"image_size": image_size, "seed": seed})
     return DatasetInfo(dst, names_of_classes, splits, (), 0, time.monotonic() - t0, _size(dst, _files(splits)))
 
@@ -439,5 +458,8 @@ def read_info(path: str | os.PathLike[str]) -> DatasetInfo:
     if meta.get("format") != FORMAT:
         raise ConfigError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     classes = tuple(line for line in (root / "labels.txt").read_text().splitlines() if line)
-    splits = {s: SplitInfo(s, int(v["examples"]), tuple(v["shards"])) for s, v in meta["splits"].items()}
+    splits = {
+        s: SplitInfo(s, int(v["examples"]), tuple(v["shards"]), tuple(v.get("records", ())))
+        for s, v in meta["splits"].items()
+    }
     return DatasetInfo(root, classes, splits, bytes=_size(root, _files(splits)))

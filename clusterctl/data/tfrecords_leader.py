@@ -36,6 +36,7 @@ def leader_argv(
     val_labels: bool = False,
     val_synsets: bool = False,
     endpoint_url: str | None = None,
+    resize: int | None = None,
 ) -> list[str]:
     """The converter's command line on the leader (paths already as the leader reads them)."""
     argv = [python, CONVERTER, src, dst, "--validation-fraction", repr(validation_fraction), "--seed", str(seed)]
@@ -43,6 +44,7 @@ def leader_argv(
         ("--train-shards", train_shards),
         ("--validation-shards", validation_shards),
         ("--endpoint-url", endpoint_url),
+        ("--resize", resize),
     ):
         if value is not None:
             argv += [flag, str(value)]

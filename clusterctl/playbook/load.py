@@ -23,8 +23,21 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from clusterctl.errors import UsageError
-from clusterctl.playbook.model import SPECS, OnFailure, Playbook, PlaybookError, Spec, Step, SyncSpec, TrainSpec
+from clusterctl.errors import ClusterctlError, UsageError, within
+from clusterctl.playbook import steps as playsteps
+from clusterctl.playbook.model import (
+    SPECS,
+    BenchSpec,
+    CleanSpec,
+    OnFailure,
+    Playbook,
+    PlaybookError,
+    RunSpec,
+    Spec,
+    Step,
+    SyncSpec,
+    TrainSpec,
+)
 from clusterctl.playbook.run import render
 
 STEP_KEYS = ("name", "on_failure")
@@ -223,14 +236,25 @@ def _whole(value: float) -> int:
 
 
 def _check(spec: Spec, what: str) -> None:
-    """What a field's type cannot say."""
-    if isinstance(spec, SyncSpec):
-        from clusterctl.data.plan import STRATEGIES
+    """What a field's type cannot say: the library's own checks of the values, the ones the CLI command's
+    flags go through (the same one-line error, after file:line), before any step runs."""
+    try:
+        if isinstance(spec, RunSpec):
+            within("--timeout", spec.timeout, above=0)  # `clusterctl run --timeout`'s check
+        elif isinstance(spec, TrainSpec):
+            playsteps.train_options(spec)
+        elif isinstance(spec, BenchSpec):
+            playsteps.bench_options(spec)
+        elif isinstance(spec, SyncSpec):
+            playsteps.check_sync(spec)
+        elif isinstance(spec, CleanSpec) and spec.logs is not None:
+            from clusterctl.cluster import clean
 
-        if spec.strategy not in STRATEGIES:
-            raise PlaybookError(f"{what}: strategy is {', '.join(STRATEGIES)}, not {spec.strategy!r}")
-    if isinstance(spec, TrainSpec) and not spec.synthetic and not spec.data:
-        raise PlaybookError(f"{what}: train needs data or synthetic: true")
+            clean.check_logs_path(spec.logs)
+    except ClusterctlError as exc:
+        if isinstance(exc, PlaybookError):
+            raise
+        raise PlaybookError(f"{what}: {exc.message}", exc.hint) from None
 
 
 def _mapping(node) -> dict[str, tuple[Any, Any]]:

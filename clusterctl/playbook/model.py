@@ -92,6 +92,9 @@ class EvalSpec:
 @dataclass(frozen=True)
 class CleanSpec:
     kill: bool | None = None  # None: kill unless the step only removes logs or shows disks
+    all_user_processes: bool = (
+        False  # kill: every python/horovodrun/mpirun tree of the user, not only clusterctl's jobs
+    )
     logs: str | None = None  # a folder under the login home
     disk: bool = False
     force: bool = False

@@ -16,11 +16,12 @@ _VAR = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\|\s*([A-Za-z_]+)\s*)?}}"
 def render(value: Any, variables: Mapping[str, str], where: str, shell: bool = False) -> Any:
     """Substitute {{ var }} in every string; an unknown variable is an error. A string that is exactly
     one variable becomes that value as typed YAML would read it (so `steps: "{{ n }}"` is a number), but
-    never null (`--var logs=~` stays the text ~). shell: a shell command, every value goes in
-    shlex-quoted unless written {{ var | raw }}."""
-    import shlex
-
+    never null (`--var logs=~` stays the text ~). shell: a shell command, every value goes in quoted for
+    where it stands (bare, '...' or "...": remote/shelltext.py) unless written {{ var | raw }}."""
     import yaml
+
+    from clusterctl.errors import UsageError
+    from clusterctl.remote import shelltext
 
     if isinstance(value, dict):
         return {k: render(v, variables, where, shell) for k, v in value.items()}
@@ -34,16 +35,17 @@ def render(value: Any, variables: Mapping[str, str], where: str, shell: bool = F
         if flt and flt != "raw":
             raise PlaybookError(f"{where}: unknown filter {flt!r} on {name!r}", "the one filter is `raw`")
 
-    def sub(m: re.Match) -> str:
-        text = str(variables[m.group(1)])
-        return text if not shell or m.group(2) == "raw" else shlex.quote(text)
-
     whole = _VAR.fullmatch(value.strip())
     if whole and not shell:
         text = str(variables[whole.group(1)])
         typed = yaml.safe_load(text) if text != "" else ""
         return text if typed is None else typed
-    return _VAR.sub(sub, value)
+    if not shell:
+        return _VAR.sub(lambda m: str(variables[m.group(1)]), value)
+    try:
+        return shelltext.fill(value, _VAR, lambda m: str(variables[m.group(1)]), raw=lambda m: m.group(2) == "raw")
+    except UsageError as exc:
+        raise PlaybookError(f"{where}: {exc.message}", exc.hint) from None
 
 
 def describe(step: Step) -> str:

@@ -76,19 +76,25 @@ def _doctor(s: DoctorSpec, ctx: Context) -> tuple[bool, str]:
     return report.ok, "; ".join(report.failures()) or "all checks passed"
 
 
+def bench_options(s: BenchSpec):
+    """The step's bench.BenchOptions (the fields it leaves out: their defaults), checked as `clusterctl bench`'s
+    are; load.py calls this too, so a bad value is refused before any step runs."""
+    from clusterctl.workloads import bench
+
+    given = {
+        f.name: getattr(s, f.name)
+        for f in dataclasses.fields(bench.BenchOptions)
+        if getattr(s, f.name, None) is not None
+    }
+    return bench.BenchOptions(**given)
+
+
 def _bench(s: BenchSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.workloads import bench
 
     inv = ctx.inventory
     rungs = bench.parse_ladder(s.ladder, inv.hosts) if s.ladder else bench.default_ladder(inv.hosts)
-    given = {
-        f.name: getattr(s, f.name)
-        for f in dataclasses.fields(bench.BenchOptions)
-        if getattr(s, f.name, None) is not None
-    }  # the rest: BenchOptions' defaults
-    if "warmup_steps" in given:  # Horovod's reference warms up 10 steps: fewer would time graph tracing
-        given["warmup_steps"] = max(bench.MIN_WARMUP, given["warmup_steps"])
-    ladder = bench.run_ladder(inv, rungs, bench.BenchOptions(**given), Path(s.out))
+    ladder = bench.run_ladder(inv, rungs, bench_options(s), Path(s.out))
     summary = ", ".join(f"{r.np}:{r.img_per_sec:.0f} img/s" for r in ladder.rungs)
     return (ladder.passed or not ladder.judged), f"{summary}; {ladder.verdict}"
 
@@ -101,7 +107,7 @@ def _clean(s: CleanSpec, ctx: Context) -> tuple[bool, str]:
     inv = ctx.inventory
     actions = []
     if s.kill if s.kill is not None else not (s.logs is not None or s.disk):
-        actions.append(("kill", clean.kill_command()))
+        actions.append(("kill", clean.kill_command(s.all_user_processes)))  # the step is the confirmation
     if s.logs is not None:
         clean.check_logs_path(s.logs)
         actions.append(("logs", clean.logs_command(s.logs, s.force)))
@@ -121,13 +127,22 @@ def _clean(s: CleanSpec, ctx: Context) -> tuple[bool, str]:
     return ok, "; ".join(details)
 
 
+def check_sync(s: SyncSpec) -> None:
+    """`clusterctl sync`'s checks of the step's values (load.py calls this before any step runs)."""
+    from clusterctl.data import plan as syncplan
+
+    syncplan.check_strategy(s.strategy)
+    syncplan.check_fanout(s.fanout)
+    syncplan.check_dst(s.dst)
+
+
 def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.data import outcome as sync_outcome, plan as syncplan, sync as transfer
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import launch
 
     inv = ctx.inventory
-    syncplan.check_dst(s.dst)
+    check_sync(s)
     source = syncplan.parse_source(s.src)
 
     class Phases(sync_outcome.Events):
@@ -153,17 +168,25 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
     return True, f"{report.files} file(s), {report.total_bytes} bytes verified on {len(report.outcomes)} node(s)"
 
 
-def _train(s: TrainSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.workloads import launch, train_job as train, train_options
+def train_options(s: TrainSpec):
+    """The step's TrainOptions, checked as `clusterctl train`'s are (load.py calls this too, so a bad value is
+    refused before any step runs)."""
+    from clusterctl.workloads import train_options as options
 
-    opts = train_options.TrainOptions(
-        data=None if s.synthetic else s.data or None,
+    return options.TrainOptions(
+        data=s.data or None,
         synthetic=s.synthetic,
         model=s.model,
-        epochs=s.epochs or None,
-        batch_size=s.batch_size or None,
+        epochs=s.epochs,
+        batch_size=s.batch_size,
         extra=s.extra,
-    )
+    ).require_source()
+
+
+def _train(s: TrainSpec, ctx: Context) -> tuple[bool, str]:
+    from clusterctl.workloads import launch, train_job as train
+
+    opts = train_options(s)
     job = train.start(ctx.inventory, ctx.store, opts, report=ctx.report)
     if not s.wait:
         return True, f"started {job.job} (not waited for)"

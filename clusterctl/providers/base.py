@@ -11,7 +11,7 @@ Lifecycle, in the order `up` / `down` call it:
   resources -> terminate                     (`down`)
 Reading, never changing anything:
   find, status, statuses, all_clusters       (`ls`, `status`, `down --all`)
-  everything_made, owners                    (`gc`, `down --all`: what exists, by whom)
+  everything_made, owners, me                (`gc`, `down --all`: what exists, by whom, who asks)
   node_facts                                 (`doctor`'s same-type / zone / placement check)
 Changing a running cluster:
   remove (`gc`: exactly the listed ids), reboot (`clean --reboot`), grant_checkpoint_write
@@ -55,12 +55,25 @@ class Launched:
 
 
 @dataclass(frozen=True)
+class ImageFacts:
+    """What the provider knows before launch about the image and GPUs the node runtime will be built for
+    (runtime/install.plan_line judges it); empty values are unknown until `up` probes the nodes."""
+
+    python: str = ""  # the image's python3, major.minor ("3.10")
+    cuda_toolkits: tuple[str, ...] = ()  # toolkit versions the image keeps side by side ("12.8", "13.0")
+    default_cuda: str = ""  # what /usr/local/cuda is
+    compute_caps: tuple[str, ...] = ()  # the type's GPUs ("7.0"); () for CPU types or when unknown
+    gpu_model: str = ""
+
+
+@dataclass(frozen=True)
 class Plan:
     """What `up` would create, said before anything is created (no mutating call)."""
 
     lines: tuple[str, ...]
     hourly_usd: float | None = 0.0  # the whole cluster; None when a price is unknown
     prices_date: str | None = None  # the date of the built-in price table, when prices come from it
+    image: ImageFacts | None = None  # None: the nodes are this machine's OS (their runtime is built here)
 
 
 @dataclass(frozen=True)
@@ -112,7 +125,7 @@ class Found:
     kind: str  # "instance", "VPC", "IAM role", "namespace" ...
     id: str
     created_at: float | None = None  # epoch seconds, where the provider says
-    owner: str = ""  # user@host that made it, where known
+    owner: str = ""  # who made it, where known (as me() says it)
     state: str = ""
     cluster_id: str = ""  # the cluster's random id (AWS `clusterctl:id`); "" for clusters made before ids
 
@@ -159,7 +172,7 @@ class Provider(Protocol):
     # True when its clusters are asked of a cloud, region by region, beyond the records here (AWS); False
     # when the records here list them all (local). See "Where clusters are listed from" above.
     lists_from_cloud: bool
-    # `down`/`gc` may remove another owner's cluster (AWS owner tags); set by --force before any call.
+    # `down`/`gc` may remove another owner's cluster (see me()); set by --force before any call.
     force: bool
 
     def plan(self, spec: ClusterSpec) -> Plan:
@@ -197,8 +210,12 @@ class Provider(Protocol):
         """One line per resource the cluster holds (what `down` is about to remove). Raises UsageError for
         another owner's cluster unless `force` is set."""
 
+    def me(self) -> str:
+        """The caller as this provider records owners (AWS: the caller identity's ARN; local: user@host:HOME): a
+        cluster whose owner is this is the caller's, any other is kept by `down`/`gc` without --force."""
+
     def owners(self, name: str) -> list[str]:
-        """Who made the cluster (user@host), where the provider records it; [] when unknown."""
+        """Who made the cluster, where the provider records it; [] when unknown."""
 
     def terminate(self, name: str) -> Teardown:
         """Remove everything the cluster created, found by tags/names, and prove it is gone."""

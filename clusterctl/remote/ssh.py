@@ -13,7 +13,6 @@ the channel.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import threading
@@ -256,8 +255,8 @@ class SshPool:
                     if parent:
                         _sftp_makedirs(sftp, parent)
                     tmp = f"{path}.clusterctl-tmp"
-                    sftp.putfo(io.BytesIO(data), tmp)
-                    sftp.chmod(tmp, mode)
+                    _sftp_write_new(sftp, tmp, data, mode)
+                    sftp.chmod(tmp, mode)  # a server umask may have taken bits the mode asks for
                     sftp.posix_rename(tmp, path)
             finally:
                 sftp.close()
@@ -326,6 +325,30 @@ class SshPool:
             raise Interrupted(RunReport(tuple(results[t.label] for t in targets))) from None
         pool.shutdown(wait=True)
         return RunReport(tuple(results[t.label] for t in targets))
+
+
+def _sftp_write_new(sftp: paramiko.SFTPClient, path: str, data: bytes, mode: int) -> None:
+    """Write `data` to a new file created with `mode` (within the server's umask) from its first byte: SFTP's
+    OPEN carries the permissions (OpenSSH's sftp-server creates the file with them), where paramiko's open()
+    sends none (the server's default, 0666 less its umask, until a chmod after). A file left at the path by
+    an earlier attempt is removed first, since O_EXCL then refuses it rather than keep its mode."""
+    from paramiko.sftp import CMD_HANDLE, CMD_OPEN, SFTP_FLAG_CREATE, SFTP_FLAG_EXCL, SFTP_FLAG_WRITE, SFTPError
+    from paramiko.sftp_attr import SFTPAttributes
+    from paramiko.sftp_file import SFTPFile
+
+    try:
+        sftp.remove(path)
+    except IOError:
+        pass
+    attrs = SFTPAttributes()
+    attrs.st_mode = mode
+    # paramiko has no public call that sends the attributes with OPEN: its open(), with them filled in
+    kind, msg = sftp._request(CMD_OPEN, path, SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_EXCL, attrs)
+    if kind != CMD_HANDLE:
+        raise SFTPError("Expected handle")
+    with SFTPFile(sftp, msg.get_binary(), "wb") as f:
+        f.set_pipelined(True)
+        f.write(data)
 
 
 def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:

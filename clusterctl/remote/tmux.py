@@ -5,7 +5,8 @@ or validated) and parse nothing. On each host a job NAME is:
     the tmux session NAME (attach with `tmux attach -t NAME` on the node),
     ~/.clusterctl/jobs/NAME.log   everything it printed (stdout and stderr), appended live,
     ~/.clusterctl/jobs/NAME.exit  its exit status, once it ended.
-The job's Python output is unbuffered (PYTHONUNBUFFERED=1), so `logs -f` shows lines as they come.
+The job's Python output is unbuffered (PYTHONUNBUFFERED=1), so `logs -f` shows lines as they come; every
+process of the session carries CLUSTERCTL_JOB=NAME, which tells `clusterctl clean` it is clusterctl's.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def detach_command(name: str, command: str) -> str:
         f"if {has_session(n)}; then "
         f"echo {shlex.quote(f'job {n} is still running here: clusterctl kill {n}')} >&2; exit 3; fi; "
         'rm -f "$ex"; : > "$log"; '
-        f"tmux new-session -d -s {shlex.quote(n)} -x 200 -y 50 -e PYTHONUNBUFFERED=1 {shlex.quote(inner)} || exit 1; "
+        # CLUSTERCTL_JOB marks every process of the session as clusterctl's (`clean` kills those only)
+        f"tmux new-session -d -s {shlex.quote(n)} -x 200 -y 50 -e PYTHONUNBUFFERED=1 "
+        f"-e {shlex.quote('CLUSTERCTL_JOB=' + n)} {shlex.quote(inner)} || exit 1; "
         f'echo "started job {n}; log: $log"'
     )
 

@@ -5,6 +5,12 @@
     or built on the leader (AWS: it reaches the package index) -> relayed to the nodes with sync's
     pipelined chain (sha256-checked) -> unpacked and verified on every node, marker written last.
 
+The S3 cache is filled and read through presigned URLs, so whoever sees one within its hour could replace a
+pack and its runtime.json together: a pack from the cache is taken only when it has the sha256 this machine
+recorded when it cached it (S3Cache.held, in CLUSTERCTL_HOME, out of reach of any URL), checked on the leader
+before anything unpacks it; a replaced one stops `up` with one line naming it. A pack this machine never
+cached (a teammate's) vouches for nothing here: the leader builds instead.
+
 A node never runs the operator's interpreter: the record's extra["python"] is the runtime's Python (or
 the user's own `--python`), and launch.node_python reads it.
 """
@@ -13,13 +19,15 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 
-from clusterctl import resources, s3uri
+from clusterctl import resources, s3uri, state
 from clusterctl.errors import ProvisionError, UnreachableError, UsageError
+from clusterctl.providers.base import ImageFacts
 from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshTarget
-from clusterctl.runtime import spec as rt
+from clusterctl.runtime import gpu as gpu_build, spec as rt
 from clusterctl.types import Cluster
 
 if TYPE_CHECKING:
@@ -33,6 +41,8 @@ WORK = ".clusterctl/runtime"  # under the login home: the scripts
 INCOMING = f"{rt.ROOT}/.incoming"
 INSTALL_TIMEOUT_S = 1800.0
 BUILD_TIMEOUT_S = 3600.0
+MISMATCH_EXIT = 86  # fetch_command: a file from the cache is not the one this machine cached
+HELD = "runtime-cache.json"  # in CLUSTERCTL_HOME: cache location -> {file: sha256} of what this machine cached
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,19 @@ def record(request: RuntimeRequest) -> dict[str, str]:
     if request.mode == "own":
         return {"runtime": "own", "python": request.python}
     return {"runtime": "none"}
+
+
+def plan_line(request: RuntimeRequest, image: ImageFacts | None) -> str:
+    """`up`'s plan line for the runtime; an image it could not be built on (a python3 without TensorFlow
+    wheels, no CUDA 12 toolkit for the type's GPUs) is refused here, before anything is launched."""
+    if request.mode == "none":
+        return "none (--runtime none): jobs need a Python with TensorFlow and Horovod on the nodes"
+    if request.mode == "own":
+        return f"your own Python {request.python} (`clusterctl doctor` checks it has TensorFlow and Horovod)"
+    s = rt.RuntimeSpec()
+    gpu = gpu_build.planned(image.python, image.cuda_toolkits, image.default_cuda, image.compute_caps) if image else ""
+    where = f"; cache {request.cache}" if request.cache else ""
+    return f"TensorFlow {s.tensorflow} + Horovod {s.horovod} at {rt.ROOT}/<id> on every node{gpu}{where}"
 
 
 def describe(extra: Mapping[str, str]) -> str:
@@ -90,7 +113,7 @@ def install(
         return record(request)
     names = [n.name for n in cluster.nodes]
     platform = probe(pool, targets, names)
-    spec = rt.RuntimeSpec(gpu=platform.gpu)
+    spec = rt.RuntimeSpec.for_platform(platform)  # refuses a python3 or CUDA toolkit it cannot build on
     rid = rt.runtime_id(spec, platform)
     fields = {"runtime": rid, "python": rt.python_of(rid)}
     have = prepare(pool, targets, names, rid)
@@ -100,8 +123,7 @@ def install(
         return fields
     report(
         f"node runtime {rid}: {platform.os} {platform.arch}, python {platform.python}, "
-        f"CUDA {platform.cuda}; TensorFlow {spec.tensorflow} ({'GPU' if spec.gpu else 'CPU'}), "
-        f"Horovod {spec.horovod}; {len(need)} node(s) need it"
+        f"CUDA {platform.cuda}; {spec.describe()}; {len(need)} node(s) need it"
     )
     incoming = f"{INCOMING}/{rid}"
     if build_here:  # the nodes have this machine's base OS: it builds for them
@@ -237,11 +259,22 @@ def _on_leader(
 ) -> None:
     """The pack in the leader's `out` folder: fetched from the S3 cache, else built there (and cached)."""
     leader = targets[0]
-    if s3 is not None and s3.has(rid):
+    cached = s3 is not None and s3.has(rid)
+    want = s3.held_digests(rid) if s3 is not None else None
+    if s3 is not None and cached and want is None:
+        report(f"node runtime {rid}: {s3.url(rid)} holds it, but this machine did not cache it (no digest of it here)")
+    elif s3 is not None and cached and want is not None:
         report(f"node runtime {rid}: fetching from the cache {s3.url(rid)}")
-        r = pool.run_one(leader, fetch_command(s3.get_urls(rid), out), timeout=BUILD_TIMEOUT_S)
+        r = pool.run_one(leader, fetch_command(s3.get_urls(rid), out, want), timeout=BUILD_TIMEOUT_S)
         if r.ok:
             return
+        if r.exit_code == MISMATCH_EXIT:
+            said = [line for line in r.stderr.splitlines() if line.startswith("runtime: ")]
+            raise ProvisionError(
+                f"node runtime {rid}: the cache {s3.url(rid)} is not what this machine put there: "
+                + (said[-1][len("runtime: ") :] if said else "a file's sha256 differs"),
+                f"remove {s3.url(rid)} and run `clusterctl up` again: the leader builds the runtime anew",
+            )
         report(
             f"node runtime {rid}: the cache could not be read ({(r.stderr.strip() or r.error or '')[-200:]}); "
             "building instead"
@@ -269,21 +302,51 @@ def _on_leader(
         last = lines[-1] if lines else (r.error or f"exit {r.exit_code}")
         raise ProvisionError(f"building the node runtime on the leader failed: {last}", "see the lines above")
     if s3 is not None:
-        r = pool.run_one(leader, put_command(s3.put_urls(rid), out), timeout=BUILD_TIMEOUT_S)
+        # the digests of what the leader built, taken before anything goes through a URL: what a later fetch
+        # must find in the cache
+        sums = pool.run_one(leader, digest_command(out), timeout=BUILD_TIMEOUT_S)
+        digests = parse_digests(sums.stdout) if sums.ok else {}
+        r = pool.run_one(leader, put_command(s3.put_urls(rid), out), timeout=BUILD_TIMEOUT_S) if digests else sums
+        if r.ok:
+            s3.hold(rid, digests)
         report(
             f"node runtime {rid}: "
             + (f"cached at {s3.url(rid)}" if r.ok else f"not cached ({(r.stderr.strip() or r.error or '')[-200:]})")
         )
 
 
-def fetch_command(urls: Mapping[str, str], out: str) -> str:
-    """curl the pack, then runtime.json (last, so a cut download never looks complete)."""
+def fetch_command(urls: Mapping[str, str], out: str, want: Mapping[str, str]) -> str:
+    """curl the pack, then runtime.json (last, so a cut download never looks complete), each kept only when its
+    sha256 is `want`'s (else one `runtime: NAME ...` line and exit MISMATCH_EXIT, the file removed)."""
     o = shlex.quote(out)
     steps = [f"mkdir -p {o}", f"rm -f {o}/{rt.INFO}"]
     for name in (rt.PACK, rt.INFO):
-        steps.append(f"curl -fsS --retry 3 -o {o}/{name}.partial {shlex.quote(urls[name])}")
-        steps.append(f"mv {o}/{name}.partial {o}/{name}")
+        part, sha = f"{o}/{name}.partial", shlex.quote(want[name])
+        steps.append(f"curl -fsS --retry 3 -o {part} {shlex.quote(urls[name])}")
+        steps.append(
+            f'{{ got=$(sha256sum {part} | cut -d" " -f1); [ "$got" = {sha} ] || {{ rm -f {part}; '
+            f'echo "runtime: {name} has sha256 $got, not "{sha}" as when it was cached" >&2; exit {MISMATCH_EXIT}; }}; }}'
+        )
+        steps.append(f"mv {part} {o}/{name}")
     return " && ".join(steps)
+
+
+def digest_command(out: str) -> str:
+    """`SHA256  NAME` of the pack and runtime.json the leader built (sha256sum's lines)."""
+    o = shlex.quote(out)
+    return f"cd {o} && sha256sum {rt.PACK} {rt.INFO}"
+
+
+def parse_digests(text: str) -> dict[str, str]:
+    """digest_command's output as {name: sha256}; {} unless it names both files with well-formed digests."""
+    import re
+
+    found = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"([0-9a-f]{64}) [ *](\S+)", line.strip())
+        if m:
+            found[m.group(2)] = m.group(1)
+    return found if set(found) == {rt.PACK, rt.INFO} else {}
 
 
 def put_command(urls: Mapping[str, str], out: str) -> str:
@@ -331,9 +394,33 @@ class S3Cache:
     """A runtime cache under s3://bucket/prefix/<id>/: the operator checks it and hands the leader presigned
     URLs (GET to fetch, PUT to fill), so no node needs S3 write access and nothing is listed by pattern."""
 
-    def __init__(self, url: str, client):
+    def __init__(self, url: str, client, held: Path | None = None):
         loc = s3uri.parse(url)  # checked by RuntimeRequest
         self.bucket, self.prefix, self.client = loc.bucket, loc.prefix.rstrip("/"), client
+        self.held = held or state.home() / HELD  # what this machine cached there, by sha256
+
+    def _held(self) -> dict[str, dict[str, str]]:
+        import json
+
+        try:
+            found = json.loads(self.held.read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def held_digests(self, rid: str) -> dict[str, str] | None:
+        """The sha256 of the pack and runtime.json this machine put at this id, or None (it put none there)."""
+        got = self._held().get(self.url(rid))
+        if isinstance(got, dict) and all(isinstance(got.get(n), str) for n in (rt.PACK, rt.INFO)):
+            return {n: got[n] for n in (rt.PACK, rt.INFO)}
+        return None
+
+    def hold(self, rid: str, digests: Mapping[str, str]) -> None:
+        import json
+
+        held = {**self._held(), self.url(rid): dict(digests)}
+        self.held.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        state.atomic_write(self.held, json.dumps(held, indent=1, sort_keys=True) + "\n")
 
     def key(self, rid: str, name: str) -> str:
         return "/".join(p for p in (self.prefix, rid, name) if p)

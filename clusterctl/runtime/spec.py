@@ -4,8 +4,9 @@ The runtime is one Python environment (a venv on the image's own python3) with T
 against it, boto3 and what the templates import. It lives at ROOT/<id> on every node, outside the login
 home, so horovodrun's remote ranks (which run the driver's interpreter path) find it everywhere.
 
-Its id hashes the spec and the platform it was built for (OS, Python, CUDA, architecture): a runtime is
-only ever reused where it was built for, and a cache entry is found again by id alone.
+Its id hashes the spec and the platform it was built for (OS, Python, CUDA, architecture, and on GPU nodes
+the toolkit and compute capabilities Horovod was compiled for): a runtime is only ever reused where it was
+built for, and a cache entry is found again by id alone.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+
+from clusterctl.runtime import gpu as cuda
 
 ROOT = "/opt/clusterctl-runtime"
 MARKER = ".clusterctl-runtime.json"  # inside ROOT/<id>, written last: the runtime is complete and verified
@@ -28,13 +31,6 @@ HOROVOD_CPU_ENV = {
     "HOROVOD_WITHOUT_MXNET": "1",
     "HOROVOD_WITHOUT_MPI": "1",
 }
-# NCCL for the allreduce on GPUs; the DLAMI carries CUDA and NCCL under /usr/local/cuda.
-HOROVOD_GPU_ENV = {
-    **HOROVOD_CPU_ENV,
-    "HOROVOD_GPU_OPERATIONS": "NCCL",
-    "HOROVOD_CUDA_HOME": "/usr/local/cuda",
-    "HOROVOD_NCCL_LINK": "SHARED",
-}
 
 
 @dataclass(frozen=True)
@@ -48,10 +44,21 @@ class RuntimeSpec:
     # boto3: S3 pulls of `sync` and checkpoint uploads; setuptools<81: TensorBoard 2.15 imports pkg_resources.
     extras: tuple[str, ...] = ("boto3==1.44.5", "setuptools==80.10.2", "wheel==0.48.0")
     recipe: int = RECIPE
+    cuda_build: cuda.CudaBuild | None = None  # GPU nodes: the toolkit and compute capabilities (gpu.choose)
+
+    @classmethod
+    def for_platform(cls, platform: Platform) -> RuntimeSpec:
+        """The spec for these nodes, or a refusal with the way out (a python3 without TF wheels; on GPU nodes
+        no CUDA 12 toolkit for their GPUs)."""
+        cuda.check_python(platform.python)
+        if not platform.gpu:
+            return cls()
+        return cls(gpu=True, cuda_build=cuda.choose(platform.toolkits or (), platform.compute_caps or ()))
 
     @property
     def tensorflow_requirement(self) -> str:
-        # The GPU build brings CUDA/cuDNN wheels matched to this TF, so the image's CUDA version does not matter.
+        # The GPU build brings CUDA 12.2/cuDNN wheels matched to this TF; Horovod is compiled with a CUDA 12
+        # toolkit of the image beside them (gpu.py).
         return f"tensorflow[and-cuda]=={self.tensorflow}" if self.gpu else f"tensorflow-cpu=={self.tensorflow}"
 
     @property
@@ -63,9 +70,9 @@ class RuntimeSpec:
     def horovod_requirement(self) -> str:
         return f"horovod=={self.horovod}"
 
-    @property
-    def horovod_env(self) -> dict[str, str]:
-        return dict(HOROVOD_GPU_ENV if self.gpu else HOROVOD_CPU_ENV)
+    def describe(self) -> str:
+        base = f"TensorFlow {self.tensorflow} ({'GPU' if self.gpu else 'CPU'}), Horovod {self.horovod}"
+        return base + (f"; {self.cuda_build.describe()}" if self.cuda_build else "")
 
 
 @dataclass(frozen=True)
@@ -76,41 +83,60 @@ class Platform:
     arch: str  # uname -m
     python: str  # the image's python3 version, e.g. "3.11.2"
     python_path: str  # its real path, e.g. /usr/bin/python3.11 (the venv's base interpreter)
-    cuda: str = "none"  # the CUDA version nvidia-smi reports, or none
+    cuda: str = "none"  # the CUDA version nvidia-smi reports (the driver's), or none
+    # GPU nodes only (None elsewhere, so a CPU platform's id is what it was before these existed):
+    compute_caps: tuple[str, ...] | None = None  # nvidia-smi --query-gpu=compute_cap, e.g. ("7.0",)
+    toolkits: tuple[str, ...] | None = None  # the image's versioned toolkit folders, e.g. /usr/local/cuda-12.8
 
     @property
     def gpu(self) -> bool:
         return self.cuda != "none"
 
 
-# One shell line per fact; read-only; run on every node so a mixed cluster is caught before anything is built.
-PLATFORM_PROBE = (
-    '. /etc/os-release 2>/dev/null; echo "os=$ID $VERSION_ID"; echo "arch=$(uname -m)"; '
-    'P=$(command -v python3 || true); if [ -n "$P" ]; then P=$(readlink -f "$P"); echo "python_path=$P"; '
-    '"$P" -c "import platform; print(\'python=\' + platform.python_version())"; fi; '
-    "if command -v nvidia-smi >/dev/null 2>&1; then "
-    'echo "cuda=$(timeout 20 nvidia-smi 2>/dev/null | sed -n "s/.*CUDA Version: *\\([0-9.]*\\).*/\\1/p" | head -n1)"; '
-    'else echo "cuda=none"; fi'
-)
+def platform_probe(cuda_root: str = cuda.CUDA_ROOT) -> str:
+    """One shell line per fact; read-only; run on every node so a mixed cluster is caught before anything is
+    built. On GPU nodes: each GPU's compute capability and each versioned toolkit folder holding an nvcc."""
+    root = shlex.quote(cuda_root.rstrip("/") or "/")
+    return (
+        '. /etc/os-release 2>/dev/null; echo "os=$ID $VERSION_ID"; echo "arch=$(uname -m)"; '
+        'P=$(command -v python3 || true); if [ -n "$P" ]; then P=$(readlink -f "$P"); echo "python_path=$P"; '
+        '"$P" -c "import platform; print(\'python=\' + platform.python_version())"; fi; '
+        "if command -v nvidia-smi >/dev/null 2>&1; then "
+        'echo "cuda=$(timeout 20 nvidia-smi 2>/dev/null | sed -n "s/.*CUDA Version: *\\([0-9.]*\\).*/\\1/p" | head -n1)"; '
+        "timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null "
+        "| sed -n 's/^ *\\([0-9][0-9]*\\.[0-9][0-9]*\\) *$/compute_cap=\\1/p'; "
+        f'for d in {root}/cuda-*; do if [ -x "$d/bin/nvcc" ]; then echo "toolkit=$d"; fi; done; '
+        'else echo "cuda=none"; fi'
+    )
+
+
+PLATFORM_PROBE = platform_probe()
 
 
 def parse_platform(text: str) -> Platform | None:
     """The probe's output, or None when the node has no python3 (the runtime needs the image's python3)."""
-    facts = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    pairs = [line.split("=", 1) for line in text.splitlines() if "=" in line]
+    facts = dict(pairs)
     if not facts.get("python_path") or not facts.get("python"):
         return None
-    return Platform(
+    p = Platform(
         os=facts.get("os", "?").strip(),
         arch=facts.get("arch", "?").strip(),
         python=facts["python"].strip(),
         python_path=facts["python_path"].strip(),
         cuda=(facts.get("cuda") or "none").strip() or "none",
     )
+    if not p.gpu:
+        return p
+    caps = tuple(sorted(v.strip() for k, v in pairs if k == "compute_cap" and v.strip()))
+    return replace(p, compute_caps=caps, toolkits=tuple(sorted(v.strip() for k, v in pairs if k == "toolkit")))
 
 
 def runtime_id(spec: RuntimeSpec, platform: Platform) -> str:
     """sha256 of the spec and the platform, 16 hex digits: the same inputs give the same id anywhere."""
-    text = json.dumps({"spec": asdict(spec), "platform": asdict(platform)}, sort_keys=True)
+    # Fields that are None are left out, so adding an optional field keeps the ids made before it.
+    facts = [{k: v for k, v in asdict(x).items() if v is not None} for x in (spec, platform)]
+    text = json.dumps({"spec": facts[0], "platform": facts[1]}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -133,10 +159,25 @@ class Build:
     find_links: str = ""  # a wheel folder or URL to install from instead of the index (offline builds)
     no_index: bool = False
 
+    @property
+    def horovod_env(self) -> dict[str, str]:
+        """Horovod's build environment: gloo and TensorFlow everywhere; on GPU nodes NCCL from the wheel
+        TensorFlow installed into this venv, and the CUDA 12 toolkit and CC list of the spec."""
+        env = dict(HOROVOD_CPU_ENV)
+        if self.spec.cuda_build is not None:
+            env.update(cuda.horovod_env(self.spec.cuda_build, nccl_home(self.rid, self.platform.python)))
+        return env
+
+
+def nccl_home(rid: str, python: str) -> str:
+    """The NCCL folder of TensorFlow's nvidia-nccl-cu12 wheel inside the runtime's venv."""
+    major_minor = ".".join(python.split(".")[:2])
+    return f"{prefix(rid)}/lib/python{major_minor}/site-packages/nvidia/nccl"
+
 
 def build_argv(script: str, build: Build) -> list[str]:
     """`bash SCRIPT ...` with every value its own argument (the script never evals them)."""
-    env = " ".join(f"{k}={v}" for k, v in sorted(build.spec.horovod_env.items()))
+    env = " ".join(f"{k}={v}" for k, v in sorted(build.horovod_env.items()))
     return [
         "bash",
         script,

@@ -10,23 +10,24 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 from clusterctl import resources
 from clusterctl.cluster import costs
-from clusterctl.errors import ClusterctlError, ExitCode, UsageError
+from clusterctl.errors import ClusterctlError, ExitCode, UsageError, within
 from clusterctl.hostsfile import HostsFile
 from clusterctl.units import duration, money
-from clusterctl.workloads import horovod, launch
+from clusterctl.workloads import bench_stats as stats, horovod, launch, train_config
+from clusterctl.workloads.train_config import TrainConfig
+from clusterctl.workloads.train_options import PRECISIONS
 
-DEFAULT_THRESHOLD = 0.90  # per process against one full node: the figure Horovod and the recipes report
-SLOW_NODE = 0.80  # a node whose per-process img/s alone is below this share of the median node's is named
+DEFAULT_THRESHOLD = 0.90  # scaling efficiency: the figure Horovod (90% at 512 GPUs) and AWS's recipe report
+SLOW_NODE = 0.80  # a node whose per-process img/s alone is below this share of the other nodes' median is named
 MIN_WARMUP = 10  # Horovod's reference benchmark warms up 10 steps; fewer times graph tracing and autotuning
-MIN_ITERS = 3  # a spread needs a few timed batches
+MIN_ITERS = 3  # a mean's interval needs a few timed batches (its t-quantile at 2 degrees of freedom is 4.3)
 
 
 class BenchFailed(ClusterctlError):
@@ -37,15 +38,35 @@ class BenchFailed(ClusterctlError):
 class Rung:
     np: int
     nodes: int
-    img_per_sec: float
+    img_per_sec: float  # the mean over the timed batches of every process's rate summed
     speedup: float  # over the 1-process rung (or the smallest rung)
-    efficiency: float  # speedup / (np / np of the base rung)
+    efficiency: float  # 1 -> N: img/s / (np / base np x the base rung's img/s)
     node_scaling: float | None  # per-process img/s / the full-node rung's per-process img/s; None on one node
+    # img/s of each node's ranks, their own means: no interval (ranks in lockstep have no independent errors)
     per_node: dict[str, float]
     seconds: float
     log: str  # file name of the raw log in the results folder
-    conf: float = 0.0  # img/s: 1.96 standard deviations over the timed batches
+    conf: float = 0.0  # img/s: half the 95% confidence interval of the mean (bench_stats)
     node_scaling_conf: float = 0.0  # the same for node_scaling, propagated from both rungs
+    efficiency_conf: float = 0.0  # the same for efficiency, propagated from this rung and the base rung
+    spread: float = 0.0  # img/s: 1.96 standard deviations of single batches (Horovod's +-; not the mean's)
+    iters: int = 0  # timed batches
+    speedup_conf: float = 0.0  # the same for speedup (efficiency's, times np / base np)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One judged figure: its value, the half-width of its 95% interval, and what that says."""
+
+    kind: str  # "efficiency" (1 -> N processes) | "node_scaling" (per process against one full node)
+    np: int
+    nodes: int
+    value: float
+    conf: float
+    threshold: float
+    status: str  # PASS | FAIL | INCONCLUSIVE
+    text: str  # the figure in words, as the verdict says it
+    iters_needed: int | None = None  # INCONCLUSIVE: --iters that would decide it at the measured variance
 
 
 @dataclass(frozen=True)
@@ -56,8 +77,12 @@ class NodeAlone:
     hostname: str
     np: int
     per_proc: float  # img/s per process
-    conf: float  # per process, 1.96 sigma
+    conf: float  # per process, half the 95% confidence interval of the mean
     log: str = ""
+    spread: float = 0.0  # per process, 1.96 standard deviations of single batches
+    vs_others: float | None = None  # per_proc / the median of the other nodes' (None: no other node)
+    vs_others_conf: float = 0.0
+    status: str = ""  # slow | ok | undecided (the interval straddles SLOW_NODE) | "" (no other node)
 
 
 @dataclass(frozen=True)
@@ -71,8 +96,12 @@ class Ladder:
     model: str = ""
     batch_size: int = 0
     results_dir: str = ""
-    status: str = ""  # PASS | FAIL | INCONCLUSIVE (the interval straddles the threshold)
+    status: str = ""  # PASS | FAIL | INCONCLUSIVE (an interval straddles the threshold)
     alone: tuple[NodeAlone, ...] = ()
+    checks: tuple[Check, ...] = ()
+    iters_needed: int | None = None  # INCONCLUSIVE: the --iters that would decide every undecided check
+    config: dict[str, object] = field(default_factory=dict)  # the configuration chosen (TrainConfig.to_dict(), key)
+    ran: dict[str, object] = field(default_factory=dict)  # what the rungs ran (the benchmark's own start line)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -98,12 +127,9 @@ def parse_ladder(text: str, hosts: HostsFile) -> list[int]:
     return sorted({*rungs, full_node_np(hosts)})
 
 
-def _ratio_conf(a: float, ca: float, b: float, cb: float) -> tuple[float, float]:
-    """a/b and its 1.96-sigma half-width, by first-order propagation of the two relative errors."""
-    if a <= 0 or b <= 0:
-        return 0.0, 0.0
-    r = a / b
-    return r, r * math.hypot(ca / a, cb / b)
+def rate_of(run: horovod.BenchRun) -> stats.Estimate:
+    """A run's img/s as a mean over its timed batches (each batch: every process's rate summed)."""
+    return stats.Estimate.of([i.img_per_sec for i in run.intervals])
 
 
 def _status(value: float, conf: float, threshold: float) -> str:
@@ -114,86 +140,168 @@ def _status(value: float, conf: float, threshold: float) -> str:
     return "INCONCLUSIVE"
 
 
+def _check(kind: str, np_: int, nodes: int, est: stats.Estimate, threshold: float, words: str) -> Check:
+    conf = est.half_width()
+    status = _status(est.value, conf, threshold)
+    text = words.format(value=f"{est.value:.0%} +- {conf:.0%}", threshold=f"threshold {threshold:.0%}")
+    needed = est.iters_to_clear(threshold) if status == "INCONCLUSIVE" else None
+    return Check(kind, np_, nodes, est.value, conf, threshold, status, text, needed)
+
+
+def rung_seconds(runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]], iters: int) -> float | None:
+    """Seconds the slowest rung would take at `iters` timed batches: its launch and warm-up as measured, plus
+    the batches at its measured rate (None when a run did not say its steps per batch)."""
+    worst = 0.0
+    for np_, _, run, seconds, _ in runs:
+        steps = int(run.start.get("steps") or 0)
+        if not steps or run.img_per_sec <= 0:
+            return None
+        per_batch = run.batch * steps * np_ / run.img_per_sec
+        worst = max(worst, max(0.0, seconds - len(run.intervals) * per_batch) + iters * per_batch)
+    return worst
+
+
 def analyze(
-    runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]], threshold: float, full_np: int | None = None
+    runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]],
+    threshold: float,
+    full_np: int | None = None,
+    timeout: float | None = None,
 ) -> Ladder:
     """runs: (np, nodes, parsed run, seconds, log name) per rung, ascending np; full_np: one full node's
-    processes (default: the largest one-node rung).
+    processes (default: the largest one-node rung); timeout: each rung's --timeout, raised in the advice
+    when the advised --iters would not fit in it.
 
-    The verdict: every rung on more than one node is judged per process against the full-node rung,
-    (img/s / np) / (full img/s / full np), with the 1.96-sigma interval of both propagated. PASS when every
-    such interval lies at or above the threshold, FAIL when one lies wholly below it, INCONCLUSIVE when one
-    straddles it. One node only: the last rung's efficiency over the first, the same way."""
+    Every figure is a mean over the timed batches with its 95% confidence interval (bench_stats: Student's t,
+    propagated to first order through each ratio). Judged against the threshold:
+    - every rung above the base (the 1-process rung, else the smallest): its 1 -> N efficiency,
+      img/s / (np / base np x base img/s), the figure Horovod and AWS's recipe report;
+    - every rung on more than one node: per process against the full-node rung,
+      (img/s / np) / (full img/s / full np), so the loss the network adds shows apart from the node's own.
+    PASS when every interval lies at or above the threshold, FAIL when one lies wholly below it, else
+    INCONCLUSIVE, with the --iters that would decide it (each undecided check's Estimate.iters_to_clear)."""
     base_np, base_run = runs[0][0], runs[0][2]
     single = [r for r in runs if r[1] == 1]
     full = (
         next((r for r in runs if r[0] == full_np and r[1] == 1), None) if full_np else (single[-1] if single else None)
     )
-    multi_node = any(r[1] > 1 for r in runs)
-    if multi_node and full is None:
+    if any(r[1] > 1 for r in runs) and full is None:
         raise ValueError("a ladder over several nodes needs a full-node rung to judge against")
-    rungs = []
+    base = rate_of(base_run)
+    rungs, checks = [], []
     for np_, nodes, run, seconds, log in runs:
-        speedup = run.img_per_sec / base_run.img_per_sec if base_run.img_per_sec else 0.0
-        efficiency = speedup / (np_ / base_np)
+        rate = rate_of(run)
+        efficiency, efficiency_conf = 1.0, 0.0
+        if np_ != base_np:
+            eff = rate.over(base.times(np_ / base_np))
+            efficiency, efficiency_conf = eff.value, eff.half_width()
+            where = f" on {nodes} nodes" if nodes > 1 else ""
+            words = f"{np_} processes{where} give {{value}} of linear scaling over {base_np} ({{threshold}})"
+            checks.append(_check("efficiency", np_, nodes, eff, threshold, words))
         scaling, scaling_conf = None, 0.0
         if nodes > 1 and full is not None:  # a multi-node ladder has its full-node rung: checked above
-            fnp, frun = full[0], full[2]
-            scaling, scaling_conf = _ratio_conf(
-                run.img_per_sec / np_, run.conf / np_, frun.img_per_sec / fnp, frun.conf / fnp
+            per_proc = rate.times(1 / np_).over(rate_of(full[2]).times(1 / full[0]))
+            scaling, scaling_conf = per_proc.value, per_proc.half_width()
+            words = (
+                f"at {np_} processes on {nodes} nodes each process gives {{value}} of a process on one full "
+                f"node ({full[0]} processes; {{threshold}})"
             )
+            checks.append(_check("node_scaling", np_, nodes, per_proc, threshold, words))
+        samples = [i.img_per_sec for i in run.intervals]
         rungs.append(
             Rung(
                 np_,
                 nodes,
-                run.img_per_sec,
-                speedup,
+                rate.value,
+                rate.value / base.value,
                 efficiency,
                 scaling,
                 run.per_node(),
                 seconds,
                 log,
-                run.conf,
+                rate.half_width(),
                 scaling_conf,
+                efficiency_conf,
+                stats.spread(samples),
+                len(samples),
+                efficiency_conf * np_ / base_np,
             )
         )
-    multi = [(r, r.node_scaling) for r in rungs if r.node_scaling is not None]
-    if multi and full is not None:
-        judged = [(r, scaling, _status(scaling, r.node_scaling_conf, threshold)) for r, scaling in multi]
-        status = (
-            "FAIL"
-            if any(s == "FAIL" for _, _, s in judged)
-            else "INCONCLUSIVE"
-            if any(s == "INCONCLUSIVE" for _, _, s in judged)
-            else "PASS"
-        )
-        worst, worst_scaling = min(((r, scaling) for r, scaling, s in judged if s == status), key=lambda x: x[1])
-        verdict = (
-            f"{status}: at {worst.np} processes on {worst.nodes} nodes each process gives "
-            f"{worst_scaling:.0%} +- {worst.node_scaling_conf:.0%} of a process on one full node "
-            f"({full[0]} processes; threshold {threshold:.0%})"
-        )
-    else:
-        last = rungs[-1]
-        _, conf = _ratio_conf(last.img_per_sec, last.conf, base_run.img_per_sec, base_run.conf)
-        conf /= last.np / base_np
-        status = _status(last.efficiency, conf, threshold)
-        verdict = (
-            f"{status}: {last.np} processes give {last.efficiency:.0%} +- {conf:.0%} of "
-            f"linear scaling over {base_np} (threshold {threshold:.0%})"
-        )
+    status, verdict, needed = _verdict(checks)
+    longest = rung_seconds(runs, needed) if needed is not None and timeout is not None else None
+    if longest is not None and timeout is not None and longest > timeout:  # else the advice would time out
+        advice = f"rerun with --iters {needed} "
+        verdict = verdict.replace(advice, f"{advice}--timeout {math.ceil(1.5 * longest / 60) * 60} ")
+    return Ladder(
+        tuple(rungs), threshold, status == "PASS", verdict, status=status, checks=tuple(checks), iters_needed=needed
+    )
+
+
+def _verdict(checks: Sequence[Check]) -> tuple[str, str, int | None]:
+    """The ladder's status (its worst check's), the verdict line naming the deciding check, and for an
+    INCONCLUSIVE one the --iters that would decide every undecided check."""
+    if not checks:  # a one-rung ladder compares nothing
+        return "PASS", "PASS: one rung, nothing to compare (give --ladder two process counts or more)", None
+    order = ("FAIL", "INCONCLUSIVE", "PASS")
+    status = min((c.status for c in checks), key=order.index)
+    worst = min((c for c in checks if c.status == status), key=lambda c: c.value - c.threshold)
+    tally = ", ".join(f"{sum(c.status == s for c in checks)} {s}" for s in order if any(c.status == s for c in checks))
+    verdict = f"{status}: {worst.text}"
+    needed: int | None = None
     if status == "INCONCLUSIVE":
-        verdict += ": the interval straddles the threshold; rerun with more --iters"
-    return Ladder(tuple(rungs), threshold, status == "PASS", verdict, status=status)
+        undecided = [c.iters_needed for c in checks if c.status == "INCONCLUSIVE"]
+        needed = None if None in undecided else max(n for n in undecided if n is not None)
+        verdict += ": the interval straddles the threshold; " + (
+            f"rerun with --iters {needed} (estimated from the measured variance)"
+            if needed is not None
+            else f"no --iters up to {stats.MAX_ITERS:,} would decide it: the figure sits on the threshold"
+        )
+    return status, verdict + (f"; checks: {tally}" if len(checks) > 1 else ""), needed
+
+
+def judge_nodes(alone: Sequence[NodeAlone], rates: Sequence[stats.Estimate]) -> list[NodeAlone]:
+    """Each node alone against the median of the OTHER nodes (per process, with the ratio's 95% interval):
+    slow when the whole interval is under SLOW_NODE, ok when it is at or above, else undecided. The others'
+    median, not the best node: with two nodes it is the other node (nothing of the node itself dilutes the
+    comparison, as a median over all would), with many it stays put when a few nodes are slow, and one
+    unusually fast node does not make every other node slow. rates: each node's per-process Estimate."""
+    judged = []
+    for i, a in enumerate(alone):
+        others = sorted((r for j, r in enumerate(rates) if j != i), key=lambda r: r.value)
+        if not others:
+            judged.append(a)
+            continue
+        mid = len(others) // 2
+        median = others[mid] if len(others) % 2 else others[mid - 1].average(others[mid])
+        ratio = rates[i].over(median)
+        conf = ratio.half_width()
+        status = "slow" if ratio.value + conf < SLOW_NODE else "ok" if ratio.value - conf >= SLOW_NODE else "undecided"
+        judged.append(replace(a, vs_others=ratio.value, vs_others_conf=conf, status=status))
+    return judged
 
 
 def stragglers(alone: Sequence[NodeAlone]) -> tuple[str, ...]:
-    """Nodes that are slow on their own: per-process img/s, even at the top of its interval, under
-    SLOW_NODE x the median node's. Needs at least two nodes (one has nothing to differ from)."""
-    if len(alone) < 2:
-        return ()
-    median = statistics.median(a.per_proc for a in alone)
-    return tuple(a.node for a in alone if a.per_proc + a.conf < SLOW_NODE * median)
+    """The nodes judge_nodes found slow on their own."""
+    return tuple(a.node for a in alone if a.status == "slow")
+
+
+def run_config(run: horovod.BenchRun, hosts: HostsFile, rungs: Sequence[int]) -> dict[str, object]:
+    """What the ladder ran, as the benchmark itself reported it on its start line (not what was asked)."""
+    s = run.start
+    precision = s.get("precision") or ("mixed" if s.get("mixed_precision") == "1" else "float32")
+    return {
+        "model": s.get("model", run.model),
+        "precision": precision,
+        "batch_per_process": int(s.get("batch", run.batch)),
+        "xla": s.get("xla") == "1",
+        "compression": s.get("compression", "none"),  # a template that names none sends gradients as they are
+        "warmup_steps": int(s.get("warmup_steps", 0)),
+        "steps_per_batch": int(s.get("steps", 0)),
+        "iters": len(run.intervals),
+        "gpus_per_process": int(s.get("gpus", 0)),
+        "nodes": [{"node": e.host, "slots": e.slots} for e in hosts.entries],
+        "processes": list(rungs),
+        "start_line": dict(s),
+    }
 
 
 def cost_lines(ladder: Ladder, per_hour: float | None, model: str) -> list[str]:
@@ -225,24 +333,64 @@ def cost_lines(ladder: Ladder, per_hour: float | None, model: str) -> list[str]:
 
 @dataclass
 class BenchOptions:
+    """None: the GPU type's configuration (train_config.py), the one `train` runs; `resolved` fills it in."""
+
     model: str = "resnet50"
-    batch_size: int = 32
+    batch_size: int | None = None
     steps: int = 10  # per timed batch
     iters: int = 10  # timed batches
     warmup_steps: int = MIN_WARMUP
-    mixed_precision: bool = False
-    xla: bool = False
+    mixed_precision: bool = False  # --precision mixed
+    xla: bool | None = None
     input_only: bool = False
     threshold: float = DEFAULT_THRESHOLD
     timeout: float = 900.0  # per rung
     extra: list[str] = field(default_factory=list)
+    precision: str | None = None  # fp32 | float16 | bfloat16 | mixed | auto
+    fp16_allreduce: bool | None = None
+
+    def config(self, cluster) -> TrainConfig:
+        """The configuration this ladder measures on `cluster` (a rate is stored under its key)."""
+        return train_config.choose(
+            train_config.gpu_type_of(cluster),
+            model=self.model,
+            precision=self.precision or ("mixed" if self.mixed_precision else None),
+            batch_size=self.batch_size,
+            xla=self.xla,
+            fp16_allreduce=self.fp16_allreduce,
+        )
+
+    def resolved(self, cluster) -> "BenchOptions":
+        """These options with the configuration's fields filled in (idempotent)."""
+        c = self.config(cluster)
+        return replace(
+            self,
+            batch_size=c.batch_size,
+            precision=c.precision,
+            mixed_precision=False,
+            xla=c.xla,
+            fp16_allreduce=c.fp16_allreduce,
+        )
+
+    def __post_init__(self) -> None:
+        """The same checks for `clusterctl bench` and a playbook's bench step, one per option."""
+        if self.model not in ("resnet50", "tiny"):
+            raise UsageError(f"unknown model {self.model!r}", "use resnet50 or tiny")
+        within("--batch-size", self.batch_size, 1)
+        within("--steps", self.steps, 1)
+        within("--iters", self.iters, MIN_ITERS)
+        within("--warmup-steps", self.warmup_steps, MIN_WARMUP)
+        within("--threshold", self.threshold, above=0, high=1)
+        within("--timeout", self.timeout, above=0)
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise UsageError(f"unknown precision {self.precision!r}", f"use one of {', '.join(PRECISIONS)}")
 
     def script_args(self, np: int) -> list[str]:
         args = [
             "--model",
             self.model,
             "--batch-size",
-            str(self.batch_size),
+            str(self.batch_size or train_config.DEFAULTS[train_config.UNKNOWN].batch_size),
             "--steps",
             str(self.steps),
             "--iters",
@@ -252,10 +400,14 @@ class BenchOptions:
             "--expect-size",
             str(np),
         ]
+        if self.precision:
+            args += ["--precision", self.precision]
         if self.mixed_precision:
             args.append("--mixed-precision")
         if self.xla:
             args.append("--xla")
+        if self.fp16_allreduce:
+            args.append("--fp16-allreduce")
         if self.input_only:
             args.append("--input-only")
         return args + list(self.extra)
@@ -275,10 +427,13 @@ def run_ladder(
     """Every rung for real on the cluster; the results folder written as it goes."""
     from clusterctl.remote.ssh import SshPool
 
+    opts = opts.resolved(inv.cluster)  # the GPU type's configuration, the one `train` runs
+    config = opts.config(inv.cluster)
     out_dir = out_root / time.strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=False)
     python = python or launch.node_python(inv.cluster)
-    env = launch.job_env(inv.cluster, python)
+    # as `train` runs: the GPU type's TensorFlow settings and Horovod's fusion
+    env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **train_config.horovod_env(config)}
     gpus = horovod.gpus_per_node(inv.cluster)  # 0: no GPUs to prove (local nodes, CPU types, hosts files)
     runs = []
     alone: list[NodeAlone] = []
@@ -292,7 +447,7 @@ def run_ladder(
                 pool,
                 inv.targets,
                 job,
-                {"bench_synthetic.py": resources.template_bytes("bench_synthetic.py")},
+                resources.node_script("bench_synthetic.py"),
                 inv.hosts,
             )
             for np_ in rungs:
@@ -310,7 +465,7 @@ def run_ladder(
                 launch.kill_job(pool, inv.targets, job)  # nothing of a rung outlives it
                 run = _checked_run(result, np_, f"rung of {np_} processes", out_dir / log, opts.timeout, gpus)
                 runs.append((np_, len(hosts.entries), run, seconds, log))
-                partial = analyze(runs, opts.threshold, full_np)
+                partial = analyze(runs, opts.threshold, full_np, opts.timeout)
                 on_event("rung", partial.rungs[-1])
             if len(inv.targets) > 1:
                 alone = _nodes_alone(pool, inv, job, python, env, script, opts, out_dir, gpus, on_event)
@@ -320,25 +475,24 @@ def run_ladder(
                 launch.remove_job(pool, inv.targets, job)
             except KeyboardInterrupt:
                 pass
-    ladder = analyze(runs, opts.threshold, full_np)
+    ladder = analyze(runs, opts.threshold, full_np, opts.timeout)
     slow = stragglers(alone)
     verdict = ladder.verdict + (f"; slow node(s) on their own: {', '.join(slow)}" if slow else "")
     judged = inv.cluster is None or not inv.cluster.shares_this_machine
     if not judged:
         verdict = f"not judged: local nodes share this machine's {os.cpu_count()} cores ({verdict})"
     # A straggler names where to look; the verdict stays the scaling's (a slow node shows there, as lost img/s).
-    ladder = Ladder(
-        ladder.rungs,
-        ladder.threshold,
-        ladder.passed,
-        verdict,
-        slow,
-        judged,
-        opts.model,
-        opts.batch_size,
-        str(out_dir),
-        ladder.status,
-        tuple(alone),
+    ladder = replace(
+        ladder,
+        verdict=verdict,
+        slow_nodes=slow,
+        judged=judged,
+        model=opts.model,
+        batch_size=opts.batch_size or 0,
+        results_dir=str(out_dir),
+        alone=tuple(alone),
+        config=config.to_dict(),
+        ran=run_config(runs[0][2], inv.hosts, rungs),
     )
     (out_dir / "results.json").write_text(ladder.to_json() + "\n")
     plot(ladder, out_dir / "scaling.png")
@@ -357,6 +511,8 @@ def _checked_run(result, np_: int, what: str, log: Path, timeout: float, gpus: i
         raise BenchFailed(f"{what} failed (exit {result.exit_code}): {exc}", f"see {log}") from None
     if run.size != np_:
         raise BenchFailed(f"Horovod reported size {run.size}, but {np_} slots were asked for", f"see {log}")
+    if len(run.intervals) < 2:  # the mean's interval needs a variance
+        raise BenchFailed(f"{what} reported {len(run.intervals)} timed batch(es), not the --iters asked", f"see {log}")
     gpu_faults = horovod.device_problems(run.devices, run.size, gpus)
     if gpu_faults:
         raise BenchFailed(
@@ -380,23 +536,27 @@ def _nodes_alone(pool, inv, job, python, env, script, opts, out_dir: Path, gpus:
 
     report = pool.run(inv.targets, command, timeout=opts.timeout)
     launch.kill_job(pool, inv.targets, job)
-    alone = []
+    alone, rates = [], []
     for i, r in enumerate(report):
         log = f"alone-node{i}.log"
         (out_dir / log).write_text(r.stdout + r.stderr)
         run = _checked_run(r, slots[r.host], f"{r.host} on its own", out_dir / log, opts.timeout, gpus)
+        rate = rate_of(run).times(1 / run.size)
+        rates.append(rate)
         alone.append(
             NodeAlone(
                 r.host,
                 run.hosts[0].name if run.hosts else "",
                 run.size,
-                run.img_per_sec / run.size,
-                run.conf / run.size,
+                rate.value,
+                rate.half_width(),
                 log,
+                stats.spread([i.img_per_sec / run.size for i in run.intervals]),
             )
         )
-    on_event("alone", tuple(alone))
-    return alone
+    judged = judge_nodes(alone, rates)
+    on_event("alone", tuple(judged))
+    return judged
 
 
 def plot(ladder: Ladder, path: Path) -> None:
@@ -412,12 +572,23 @@ def plot(ladder: Ladder, path: Path) -> None:
     ideal = [base.img_per_sec * n / base.np for n in nps]
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     ax.plot(nps, ideal, "--", color="grey", label="ideal (linear)")
-    ax.plot(nps, ips, "o-", color="tab:blue", label="measured img/s")
+    ax.errorbar(
+        nps, ips, yerr=[r.conf for r in ladder.rungs], fmt="o-", color="tab:blue", capsize=3, label="img/s (95% CI)"
+    )
     ax.set_xlabel("processes (GPUs)")
     ax.set_ylabel("images / second")
     ax.set_xticks(nps)
     ax2 = ax.twinx()
-    ax2.plot(nps, [r.efficiency * 100 for r in ladder.rungs], "s:", color="tab:orange", label="efficiency %")
+    ax2.errorbar(
+        nps,
+        [r.efficiency * 100 for r in ladder.rungs],
+        yerr=[r.efficiency_conf * 100 for r in ladder.rungs],
+        fmt="s:",
+        color="tab:orange",
+        capsize=3,
+        label="efficiency 1->N % (95% CI)",
+    )
+    ax2.axhline(ladder.threshold * 100, color="tab:red", linewidth=0.8, label="threshold")
     ax2.set_ylabel("scaling efficiency (%)")
     ax2.set_ylim(0, 110)
     lines = ax.get_legend_handles_labels()

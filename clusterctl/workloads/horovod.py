@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from clusterctl.hostsfile import HostsFile, host_problem
@@ -292,7 +292,8 @@ class BenchRun:
     intervals: tuple[BenchInterval, ...]
     hosts: tuple[BenchHost, ...]
     devices: tuple[DeviceReport, ...] = ()
-    conf: float = 0.0  # img/s: 1.96 standard deviations of the total over the timed batches
+    conf: float = 0.0  # img/s: 1.96 standard deviations of the total over the timed batches (their spread)
+    start: Mapping[str, str] = field(default_factory=dict)  # the `start` line: the configuration the run used
 
     def per_node(self) -> dict[str, float]:
         """img/s summed per host name, in rank order of first appearance."""
@@ -334,6 +335,7 @@ def parse_bench_output(text: str) -> BenchRun:
     hosts: list[BenchHost] = []
     devices: list[DeviceReport] = []
     result: dict[str, Any] | None = None
+    start: dict[str, str] = {}
     errors: list[str] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if MARK not in line:
@@ -365,9 +367,11 @@ def parse_bench_output(text: str) -> BenchRun:
             devices.append(DeviceReport.from_fields(raw, f"bench output line {lineno}"))
         elif kind == "error":
             errors.append(body.strip())
-        # other kinds ("start", and any later ones) carry nothing the result needs
+        elif kind == "start":
+            start = dict(tok.split("=", 1) for tok in body.split())
+        # other kinds carry nothing the result needs
     if result is None:
         if errors:
             raise ValueError(f"the benchmark reported an error and no result: {'; '.join(errors)}")
         raise ValueError(f"no '{MARK} result' line in the benchmark output (did every rank start?)")
-    return BenchRun(intervals=tuple(intervals), hosts=tuple(hosts), devices=tuple(devices), **result)
+    return BenchRun(intervals=tuple(intervals), hosts=tuple(hosts), devices=tuple(devices), start=start, **result)

@@ -83,7 +83,9 @@ def rung_hosts(hosts: HostsFile, np: int) -> HostsFile:
 def job_env(cluster: Cluster | None, python: str) -> dict[str, str]:
     """What every rank needs set, decided by clusterctl, not the user."""
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-    if cluster is not None and cluster.extra.get("efa") == "true":  # NCCL over libfabric's EFA (aws-ofi-nccl)
+    # NCCL over libfabric's EFA (aws-ofi-nccl), as AWS's "Get started with EFA and NCCL" guide runs it:
+    # FI_PROVIDER=efa, and FI_EFA_USE_DEVICE_RDMA=1 on the types whose EFA does RDMA (p4d, p5).
+    if cluster is not None and cluster.extra.get("efa") == "true":
         env["FI_PROVIDER"] = "efa"
         if cluster.extra.get("efa_rdma") == "true":  # p4d/p5: device RDMA; p3dn's EFA has none
             env["FI_EFA_USE_DEVICE_RDMA"] = "1"

@@ -143,18 +143,12 @@ def placeholders(template: Sequence[str]) -> list[str]:
 def render_command(template: Sequence[str], values: Mapping[str, str]) -> str:
     """The shell command of one trial. Several words (`-- python train.py --lr {lr}`): each word filled in,
     then quoted for the shell. One word (`-- 'python t.py --lr {lr} | tee out'`): shell text, with each
-    value quoted where it goes."""
-
-    def fill(text: str, quote: bool) -> str:
-        def sub(m: re.Match) -> str:
-            value = str(values[m.group(1)])
-            return shlex.quote(value) if quote else value
-
-        return _PLACEHOLDER.sub(sub, text)
+    value quoted for where it stands (bare, '...' or "..."; remote/shelltext.py)."""
+    from clusterctl.remote import shelltext
 
     if len(template) == 1:
-        return fill(template[0], True)
-    return shlex.join(fill(word, False) for word in template)
+        return shelltext.fill(template[0], _PLACEHOLDER, lambda m: str(values[m.group(1)]))
+    return shlex.join(_PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), word) for word in template)
 
 
 @dataclass(frozen=True)
@@ -162,6 +156,9 @@ class Trial:
     id: int
     params: dict
     command: str
+
+    def params_text(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.params.items())
 
 
 def check_model_dir(template: Sequence[str]) -> None:
@@ -203,8 +200,43 @@ def build_trials(template: Sequence[str], combos: Sequence[Mapping[str, str]], p
     trials = []
     for i, combo in enumerate(combos, start=1):
         values = dict(combo, python=python, trial=str(i))
-        trials.append(Trial(i, dict(combo), render_command(template, values)))
+        trial = Trial(i, dict(combo), render_command(template, values))
+        check_trainer_options(trial)
+        trials.append(trial)
     return trials
+
+
+def check_trainer_options(trial: Trial) -> None:
+    """A trial of the shipped trainer gets `clusterctl train`'s checks of the options it gives (TrainOptions),
+    before the sweep starts: `--grid epochs=10,-3` is refused here, not by trial 2's trainer an hour later."""
+    import typing
+
+    from clusterctl.workloads import train_options
+
+    try:
+        words = shlex.split(trial.command)
+    except ValueError:
+        return  # shell text shlex cannot split: the shell will say
+    if not any("train_imagenet" in w for w in words):
+        return
+    by_flag = {flag: name for name, flag in train_options.FLAGS.items() if name not in ("data", "checkpoint_copy")}
+    hints = typing.get_type_hints(train_options.TrainOptions)
+    given: dict[str, object] = {}
+    for i, word in enumerate(words):
+        flag, eq, text = word.partition("=")
+        if flag not in by_flag or (not eq and i + 1 >= len(words)):
+            continue
+        name, value = by_flag[flag], text if eq else words[i + 1]
+        kind = next((t for t in (int, float) if t in typing.get_args(hints[name]) or hints[name] is t), str)
+        try:
+            given[name] = kind(value)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise UsageError(f"trial {trial.id} ({trial.params_text()}): {flag} takes {what}, not {value!r}") from None
+    try:
+        train_options.TrainOptions(synthetic=True, **given)  # type: ignore[arg-type]
+    except UsageError as exc:
+        raise UsageError(f"trial {trial.id} ({trial.params_text()}): {exc.message}", exc.hint) from None
 
 
 def unused(template: Sequence[str], names: Sequence[str]) -> list[str]:
@@ -263,7 +295,7 @@ def is_id(name: str) -> bool:
 
 def stage_files(files: Sequence[str]) -> list[tuple[str, bytes]]:
     """--file PATH (a file here, or a shipped template's name) as (name, bytes) for every node's sweep folder;
-    train_imagenet.py brings its checkpoint module along."""
+    a shipped script brings the modules it imports (resources.COMPANIONS)."""
     staged = []
     for f in files:
         path = Path(f).expanduser()
@@ -275,8 +307,8 @@ def stage_files(files: Sequence[str]) -> list[tuple[str, bytes]]:
         if not path.is_file():
             raise UsageError(f"--file {f}: no such file here (nor a shipped template)")
         staged.append((path.name, path.read_bytes()))
-        if path.name == "train_imagenet.py":  # it imports its checkpoint module from its own folder
-            staged.append(("train_ckpt.py", resources.template_bytes("train_ckpt.py")))
+        # a shipped script's own modules (train_imagenet.py: its checkpoints and networks) come along
+        staged += [(n, resources.template_bytes(n)) for n in resources.COMPANIONS.get(path.name, ())]
     if len({n for n, _ in staged}) != len(staged):
         raise UsageError("--file: two files have the same name")
     return staged

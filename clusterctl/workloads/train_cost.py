@@ -1,5 +1,6 @@
 """What a training run costs, as lines for the CLI (bench.cost_lines is the same for the ladder): the estimate
-when it starts, from the img/s `bench` measured on this cluster for this model and the images to train (the
+when it starts, from the img/s `bench` measured on this cluster for the same configuration (train_config.py:
+model, precision, batch, XLA, compression) and the images to train (the
 dataset's count x epochs, or --max-steps), and what the run cost when it ends."""
 
 from __future__ import annotations
@@ -12,18 +13,23 @@ from clusterctl.units import duration, money
 
 
 def estimate_line(store: StateStore, inv: Any, job: Any, opts: Any) -> str:
-    """`inv`: the job's inventory (the leader first: the dataset's count is read there, over ssh)."""
+    """`inv`: the job's inventory (the leader first: the dataset's count is read there, over ssh); `job`: the
+    launched job, whose options carry the configuration it runs (train_config.py). Only a rate `bench`
+    measured for that same configuration is used; without one the line says so and how to measure it."""
+    from clusterctl.workloads import train_config
+
     per_hour = costs.hourly(inv.cluster)
-    measured = costs.load_measured(store, inv.cluster.name) if inv.cluster is not None else None
-    if measured is None or measured.get("model") != opts.model:
+    _, config = train_config.for_train(job.options, inv.cluster)
+    measured = costs.load_measured(store, inv.cluster.name, config.key()) if inv.cluster is not None else None
+    if measured is None:
         return (
-            f"cost: {money(per_hour)}/hour; no img/s measured for {opts.model} on this cluster yet "
-            f"(`clusterctl bench --synthetic --model {opts.model}` measures it; `clusterctl status` shows "
-            "the cost to finish once the job runs)"
+            f"cost: {money(per_hour)}/hour; no img/s measured on this cluster for this configuration "
+            f"({config.key()}) yet (`clusterctl bench --synthetic {bench_flags(config)}` measures it; "
+            "`clusterctl status` shows the cost to finish once the job runs)"
         )
     images, what = None, ""
     if opts.max_steps:
-        images, what = opts.max_steps * (opts.batch_size or 64) * job.np, f"{opts.max_steps} step(s)"
+        images, what = opts.max_steps * config.batch_size * job.np, f"{opts.max_steps} step(s)"
     elif job.options.data:
         from clusterctl.workloads import train_job
 
@@ -35,9 +41,27 @@ def estimate_line(store: StateStore, inv: Any, job: Any, opts: Any) -> str:
     rate = float(measured["img_per_sec"]) * job.np / max(1, int(measured.get("np") or job.np))
     return (
         f"cost: estimated {costs.epoch_line(rate, per_hour, images, 1.0, what)} (from the "
-        f"{float(measured['img_per_sec']):,.0f} img/s `bench` measured at {measured.get('np')} process(es), "
-        "scaled linearly; `clusterctl status` shows the cost to finish from the job's own rate)"
+        f"{float(measured['img_per_sec']):,.0f} img/s `bench` measured at {measured.get('np')} process(es) "
+        f"for {config.key()}, scaled linearly; `clusterctl status` shows the cost to finish from the job's "
+        "own rate)"
     )
+
+
+def bench_flags(config: Any) -> str:
+    """The `bench` flags that measure `config` on its GPU type (the table's fields need none)."""
+    from clusterctl.workloads import train_config
+
+    flags = [f"--model {config.model}"]
+    if config.precision != train_config.choose(config.gpu).precision:
+        flags.append(f"--precision {config.precision}")
+    row = train_config.choose(config.gpu, precision=config.precision)  # what bench runs with those flags
+    if config.batch_size != row.batch_size:
+        flags.append(f"--batch-size {config.batch_size}")
+    if config.xla != row.xla:
+        flags.append("--xla" if config.xla else "--no-xla")
+    if config.fp16_allreduce != row.fp16_allreduce:
+        flags.append("--fp16-allreduce" if config.fp16_allreduce else "--no-fp16-allreduce")
+    return " ".join(flags)
 
 
 def run_line(seconds: float, per_hour: float | None) -> str:

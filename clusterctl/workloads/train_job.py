@@ -9,6 +9,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusterctl.workloads import train_config
 from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
 from clusterctl.workloads.train_nodes import (
     PROBE_TIMEOUT_S,
@@ -21,7 +22,6 @@ from clusterctl.workloads.train_nodes import (
 from clusterctl.workloads.train_options import TrainOptions, horovod_env, node_path, trainer_argv
 
 TEMPLATE = "train_imagenet.py"
-COMPANION = "train_ckpt.py"  # the trainer imports it from its own folder: checkpoint manifests, copies, spot
 SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 5 seconds
 
 
@@ -132,6 +132,21 @@ def _save_job(store, inv, job: TrainJob) -> None:
 
 
 GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
+FEED_PROBE = "input_rate.py"  # the input pipeline on one core, staged beside the trainer (it imports it)
+FEED_TIMEOUT_S = 300.0
+
+
+def feed_warning(pool, leader, job_dir: str, python: str, data: str, gpus: int, gpu: str) -> str | None:
+    """Before a GPU run: the trainer's input pipeline timed on one of the leader's cores, on the run's own
+    records (templates/input_rate.py, GPUs hidden), and train_feed's line when the node's cores cannot feed
+    its GPUs at their expected rate. None when they can, or when the probe did not answer (the run goes on)."""
+    from clusterctl.workloads import train_feed
+
+    cmd = f"cd {shlex.quote(job_dir)} && CUDA_VISIBLE_DEVICES= {shlex.join([python, FEED_PROBE, '--data', data])} 2>&1"
+    r = pool.run_one(leader, cmd, timeout=FEED_TIMEOUT_S)
+    measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
+    f = train_feed.feed(measured[1], measured[0], gpus, gpu) if measured else None
+    return train_feed.warning(f) if f else None
 
 
 def wait_for_devices(
@@ -207,8 +222,9 @@ def start(
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
     from clusterctl.remote import tmux as jobs
     from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import horovod, launch
+    from clusterctl.workloads import horovod, launch, train_feed
 
+    opts.require_source()
     total = inv.hosts.total_slots
     if np is not None and not 1 <= np <= total:
         raise UsageError(f"--np {np}: the hosts have {total} slot(s)")
@@ -261,20 +277,34 @@ def start(
                     "(or pass --no-verify-data when it is on a shared file system)",
                 )
         opts = replace(opts, data=data, model_dir=model_dir, expect_size=np)
+        # The GPU type's configuration (train_config.py), the user's flags over it: what bench measures too.
+        opts, config = train_config.for_train(opts, inv.cluster)
+        report(f"configuration for {config.describe()} ({config.source})")
         if checkpoint_copy and opts.checkpoint_copy is None and len(inv.hosts.entries) > 1:
             opts = replace(opts, checkpoint_copy=inv.hosts.entries[1].host)
         if opts.spot_poll is None and inv.cluster is not None and inv.cluster.extra.get("spot") == "true":
             opts = replace(opts, spot_poll=SPOT_POLL_S)
         script = f"{job.dir}/{TEMPLATE}"
         report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
+        gpus = horovod.gpus_per_node(inv.cluster)
+        # real records on GPU nodes: can the cores decode fast enough? ("": nothing to check)
+        gpu = train_feed.gpu_to_feed(gpus, config.gpu, config.precision, data)
         launch.stage(
             pool,
             targets,
             job,
-            {TEMPLATE: resources.template_bytes(TEMPLATE), COMPANION: resources.template_bytes(COMPANION)},
+            {
+                **resources.node_script(TEMPLATE),
+                **({FEED_PROBE: resources.template_bytes(FEED_PROBE)} if gpu else {}),  # it imports the trainer
+            },
             hosts,
         )
-        env = {**launch.job_env(inv.cluster, python), **horovod_env(opts)}
+        if gpu:
+            report(f"timing the input pipeline on one of {leader.label}'s cores (decode + augment, {data})")
+            line = feed_warning(pool, leader, job.dir, python, str(data), gpus, gpu)
+            if line:
+                report(f"warning: {line}")
+        env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
         cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env)
         r = pool.run_one(
             leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd), timeout=60
@@ -304,7 +334,6 @@ def start(
             hosts=tuple(t.label for t in targets),
         )
         _save_job(store, inv, record)
-        gpus = horovod.gpus_per_node(inv.cluster)
         if gpus:
             report(f"waiting until each of the {np} processes reports its GPU ({gpus} per node)")
             gpu_problems = wait_for_devices(pool, leader, job.name, np, gpus, gpu_check_timeout)
@@ -379,10 +408,7 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
             opts = replace(opts, no_gpu=True)
         put = pool.put(
             [leader],
-            {
-                script: (resources.template_bytes(TEMPLATE), 0o644),
-                f"{job.job_dir}/{COMPANION}": (resources.template_bytes(COMPANION), 0o644),
-            },
+            {f"{job.job_dir}/{name}": (data, 0o644) for name, data in resources.node_script(TEMPLATE).items()},
         )
         if not put.all_ok:
             raise UnreachableError(f"cannot copy {TEMPLATE} to the leader {leader.label}")

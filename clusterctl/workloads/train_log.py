@@ -49,7 +49,8 @@ class TrainRow:
 class CheckpointSaved:
     step: int
     epoch: int
-    path: str
+    path: str  # .../ckpt-<images>
+    images: int | None = None  # images seen, all ranks together: what orders checkpoints (None: not said)
 
 
 @dataclass(frozen=True)
@@ -271,9 +272,15 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:
             if cur is None:
                 cur = _RunBuilder(None)
             if kind == "resume":
-                cur.resumed_from = CheckpointSaved(g("step", int), g("epoch", int), g("checkpoint", str))
+                cur.resumed_from = CheckpointSaved(
+                    g("step", int), g("epoch", int), g("checkpoint", str), g("images", int) if "images" in f else None
+                )
             elif kind == "checkpoint":
-                cur.checkpoints.append(CheckpointSaved(g("step", int), g("epoch", int), g("path", str)))
+                cur.checkpoints.append(
+                    CheckpointSaved(
+                        g("step", int), g("epoch", int), g("path", str), g("images", int) if "images" in f else None
+                    )
+                )
             elif kind == "done":
                 cur.done = TrainDone(
                     g("step", int), g("epoch", float), g("complete", bool), g("elapsed", float), g("img_per_sec", float)

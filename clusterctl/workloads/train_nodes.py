@@ -1,9 +1,11 @@
 """The nodes a training launch runs on, pure: which ones (choose_nodes: a spot cluster's unreachable nodes
-left out, an error anywhere else) and whether each holds the same verified dataset (data_check_command's
-output judged by data_problems). workloads/train_job.py asks the nodes and acts on the answers."""
+left out, an error anywhere else) and whether each holds the same verified dataset, whole (data_check_command's
+output judged by data_problems against the node's dataset.json: a copy of a conversion killed halfway, or a
+node that lost shards, is refused by name). workloads/train_job.py asks the nodes and acts on the answers."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Mapping
@@ -12,19 +14,121 @@ PROBE_TIMEOUT_S = 30.0  # one short `true` on every node before anything is stag
 
 
 def data_check_command(data_dir: str) -> str:
-    """Prints `shards TRAIN VALIDATION` then the sync completion marker (one JSON line) or `unverified`."""
+    """What the node holds of the dataset, for data_problems: `@files` then a `NAME BYTES` line per train-* and
+    validation-* file (symlinks followed, as the trainer reads them), `@marker` then the sync completion marker
+    (one JSON line) or `unverified`, `@meta` then dataset.json when there is one; or `missing`. Nothing is read
+    but dataset.json and the marker: a shard is judged by its size."""
     q = shlex.quote(data_dir)
     return (
-        f"cd {q} 2>/dev/null || {{ echo missing; exit 0; }}; "
-        't=0; v=0; for f in train-*; do [ -f "$f" ] && t=$((t+1)); done; '
-        'for f in validation-*; do [ -f "$f" ] && v=$((v+1)); done; echo "shards $t $v"; '
-        "cat .clusterctl-sync/COMPLETE 2>/dev/null || echo unverified"
+        f"cd {q} 2>/dev/null || {{ echo missing; exit 0; }}; echo @files; "
+        "find -L . -maxdepth 1 -type f \\( -name 'train-*' -o -name 'validation-*' \\) -printf '%f %s\\n' "
+        "2>/dev/null; echo @marker; cat .clusterctl-sync/COMPLETE 2>/dev/null || echo unverified; echo @meta; "
+        "cat dataset.json 2>/dev/null; true"
     )
 
 
+SPLITS = ("train", "validation")
+_SHARD = re.compile(r"^(train|validation)-(\d+)-of-(\d+)$")  # the ImageNet scripts' names, as `clusterctl data`'s
+SHOWN = 3  # missing or short shards named per split; the rest counted
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """One node's answer to data_check_command: its shard files and sizes, marker line, dataset.json text."""
+
+    files: Mapping[str, int]
+    marker: str  # the marker's JSON line, or "unverified"
+    meta: str  # dataset.json as found ("" when there is none)
+
+
+def parse_node_data(out: str) -> NodeData | None:
+    """data_check_command's output read back; None for `missing` (no such folder)."""
+    text = out.strip()
+    if text == "missing" or not text.startswith("@files"):
+        return None
+    head, _, meta = text.partition("\n@meta")
+    listing, _, marker = head.partition("\n@marker")
+    files: dict[str, int] = {}
+    for line in listing.splitlines()[1:]:
+        name, _, size = line.rpartition(" ")
+        if name and size.isdigit() and not name.endswith((".tmp", ".partial")):
+            files[name] = int(size)
+    return NodeData(files, marker.strip() or "unverified", meta.strip())
+
+
+def _named(names: list[str]) -> str:
+    return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def _expected(meta: dict) -> dict[str, list[tuple[str, int | None]]]:
+    """split -> [(shard, its bytes or None)] as dataset.json lists them (ValueError when it makes no sense)."""
+    out: dict[str, list[tuple[str, int | None]]] = {}
+    for split, info in meta["splits"].items():
+        names = [str(n) for n in info["shards"]]
+        sizes = info.get("bytes") or [None] * len(names)
+        if len(sizes) != len(names):
+            raise ValueError("bytes and shards differ in length")
+        out[str(split)] = [(n, None if b is None else int(b)) for n, b in zip(names, sizes)]
+    return out
+
+
+def _by_name(files: Mapping[str, int]) -> tuple[dict[str, list[tuple[str, int | None]]], list[str]]:
+    """Without dataset.json: the shards each split's `-of-N` names promise (split -> expected), and the splits
+    whose names promise two different counts."""
+    seen: dict[str, dict[str, str]] = {}  # split -> N as written -> an index as written (its width)
+    for name in files:
+        m = _SHARD.match(name)
+        if m:
+            seen.setdefault(m.group(1), {})[m.group(3)] = m.group(2)
+    out: dict[str, list[tuple[str, int | None]]] = {}
+    mixed: list[str] = []
+    for split, counts in seen.items():
+        if len(counts) > 1:
+            mixed.append(f"{split} shards of {len(counts)} different sets (-of-{' and -of-'.join(sorted(counts))})")
+            continue
+        ((count, index),) = counts.items()
+        out[split] = [(f"{split}-{i:0{len(index)}d}-of-{count}", None) for i in range(int(count))]
+    return out, mixed
+
+
+def node_data_problem(data: NodeData) -> str:
+    """What this node's copy lacks against dataset.json (its shards per split and their bytes), or without
+    one against what the shards' `-of-N` names promise; at least one train shard and the sync marker; ""."""
+    import json
+
+    problems: list[str] = []
+    if data.meta:
+        try:
+            expected = _expected(json.loads(data.meta))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return "unreadable dataset.json"
+    else:
+        expected, problems = _by_name(data.files)
+    for split in sorted(expected, key=lambda s: (s not in SPLITS, s)):
+        shards = expected[split]
+        missing = [n for n, _ in shards if n not in data.files]
+        short = [
+            f"{n} ({data.files[n]} bytes, not {b})"
+            for n, b in shards
+            if n in data.files and b is not None and data.files[n] != b
+        ]
+        if missing:
+            problems.append(
+                f"{split} has {len(shards) - len(missing)} of {len(shards)} shards (missing {_named(missing)})"
+            )
+        if short:
+            problems.append(f"{split} shards of another size than dataset.json says: {_named(short)}")
+    if not problems and not any(n.startswith("train-") for n in data.files):
+        problems.append("no train-* shards")
+    if not problems and data.marker == "unverified":
+        problems.append("not verified by `clusterctl sync` (no completion marker)")
+    return "; ".join(problems)
+
+
 def data_problems(outputs: Mapping[str, str | None]) -> list[str]:
-    """What is wrong with the data on the nodes, from each node's data_check_command output (None: the
-    node could not be asked). Every node needs shards and a completion marker, all of the same manifest."""
+    """What is wrong with the data on the nodes, one line per node that is wrong, from each node's
+    data_check_command output (None: the node could not be asked). Every node needs the whole set (every shard
+    of dataset.json, of its size), a completion marker, and all the same manifest."""
     import json
 
     problems, digests = [], {}
@@ -32,19 +136,16 @@ def data_problems(outputs: Mapping[str, str | None]) -> list[str]:
         if out is None:
             problems.append(f"{host}: could not check (unreachable)")
             continue
-        lines = out.strip().splitlines()
-        if not lines or lines[0] == "missing":
+        data = parse_node_data(out)
+        if data is None:
             problems.append(f"{host}: no such folder")
             continue
-        parts = lines[0].split()
-        if len(parts) != 3 or parts[0] != "shards" or parts[1] == "0":
-            problems.append(f"{host}: no train-* shards")
-            continue
-        if len(lines) < 2 or lines[1] == "unverified":
-            problems.append(f"{host}: not verified by `clusterctl sync` (no completion marker)")
+        problem = node_data_problem(data)
+        if problem:
+            problems.append(f"{host}: {problem}")
             continue
         try:
-            digests[host] = json.loads(lines[1])["manifest_sha256"]
+            digests[host] = json.loads(data.marker)["manifest_sha256"]
         except (ValueError, KeyError, TypeError):
             problems.append(f"{host}: unreadable completion marker")
     if len(set(digests.values())) > 1:

@@ -5,8 +5,10 @@ workloads/train_job.py launches the trainer with them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from clusterctl import s3uri
+from clusterctl.errors import UsageError, within
 
 
 # ---- the command line ------------------------------------------------------------------------------
@@ -29,12 +31,12 @@ class TrainOptions:
     log_every: int | None = None
     mixed_precision: bool = False
     precision: str | None = None  # auto | fp32 | float16 | bfloat16 | mixed (the trainer's default: auto)
-    fp16_allreduce: bool = False
+    fp16_allreduce: bool | None = None  # None: the GPU type's default (train_config.py)
     recipe: str | None = None  # default | goyal
     eval_every: int | None = None  # epochs between evaluations during training
     fusion_threshold_mb: float | None = None  # Horovod's tensor fusion buffer (an environment variable, not a flag)
     cycle_time_ms: float | None = None  # Horovod's cycle time (likewise)
-    xla: bool = False
+    xla: bool | None = None  # None: the GPU type's default (train_config.py)
     no_eval: bool = False
     eval_only: bool = False
     no_gpu: bool = False
@@ -43,6 +45,24 @@ class TrainOptions:
     checkpoint_to: str | None = None  # s3://bucket/prefix keeping a copy
     spot_poll: float | None = None  # seconds between polls of the spot interruption notice
     extra: tuple[str, ...] = ()  # more trainer flags, passed as they are
+
+    def __post_init__(self) -> None:
+        """Every way in (the CLI, a playbook's train step, a job record read back) gets the same checks: each
+        option's own (CHECKS), then the pairs that may not go together. A UsageError names the flag."""
+        for name, check in CHECKS.items():
+            value = getattr(self, name)
+            if value is not None:
+                check(FLAGS[name], value)
+        if self.synthetic and self.data:
+            raise UsageError("give --data DIR or --synthetic (one of them)", "not both")
+        if self.mixed_precision and self.precision is not None:
+            raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
+
+    def require_source(self) -> TrainOptions:
+        """A job's options: data or synthetic images (a record of neither is no job to start)."""
+        if not self.synthetic and not self.data:
+            raise UsageError("give --data DIR or --synthetic (one of them)")
+        return self
 
 
 _VALUE_FLAGS = (
@@ -75,6 +95,8 @@ _SWITCHES = (
     ("no_gpu", "--no-gpu"),
     ("fp16_allreduce", "--fp16-allreduce"),
 )
+FLAGS = dict(_VALUE_FLAGS, fusion_threshold_mb="--fusion-threshold-mb", cycle_time_ms="--cycle-time-ms")
+MODELS = ("resnet50", "tiny")
 PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")
 RECIPES = ("default", "goyal")
 # Horovod's tensor fusion buffer as its tensor-fusion docs give it (64 MB; 0.21+ builds default to 128 MB)
@@ -83,20 +105,66 @@ FUSION_THRESHOLD_MB = 64.0
 CYCLE_TIME_MS = 1.0
 
 
+# ---- the checks, one per option (the trainer's own argparse checks the same, later and on the node) ----------
+def _at_least(low: float) -> Callable[[str, Any], None]:
+    return lambda flag, value: within(flag, value, low)
+
+
+def _positive(flag: str, value: float) -> None:
+    within(flag, value, above=0)
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str, Any], None]:
+    def check(flag: str, value: str) -> None:
+        if value not in choices:
+            raise UsageError(f"unknown {flag[2:]} {value!r}", f"use one of {', '.join(choices)}")
+
+    return check
+
+
+def _path(flag: str, value: str) -> None:
+    if value.startswith("-"):
+        raise UsageError(f"{flag} {value!r}: a path may not start with '-'", "write ./" + value)
+
+
+def _s3(flag: str, value: str) -> None:
+    check_s3_uri(value)
+
+
+CHECKS: dict[str, Callable[[str, Any], None]] = {
+    "data": _path,
+    "model": _one_of(MODELS),
+    "epochs": _positive,
+    "batch_size": _at_least(1),
+    "model_dir": _path,
+    "image_size": _at_least(1),
+    "max_steps": _at_least(1),
+    "base_lr": _at_least(0),
+    "warmup_epochs": _at_least(0),
+    "checkpoint_every": _at_least(0),  # 0: at epoch ends only
+    "keep_checkpoints": _at_least(1),
+    "log_every": _at_least(1),
+    "precision": _one_of(PRECISIONS),
+    "recipe": _one_of(RECIPES),
+    "eval_every": _at_least(1),
+    "fusion_threshold_mb": _at_least(0),
+    "cycle_time_ms": _positive,
+    "expect_size": _at_least(1),
+    "checkpoint_to": _s3,
+    "spot_poll": _positive,
+}
+
+
 def horovod_env(opts: TrainOptions) -> dict[str, str]:
-    """HOROVOD_FUSION_THRESHOLD (bytes) and HOROVOD_CYCLE_TIME (ms) for every rank."""
+    """HOROVOD_FUSION_THRESHOLD (bytes) and HOROVOD_CYCLE_TIME (ms) for every rank (both checked by TrainOptions)."""
     mb = FUSION_THRESHOLD_MB if opts.fusion_threshold_mb is None else opts.fusion_threshold_mb
     ms = CYCLE_TIME_MS if opts.cycle_time_ms is None else opts.cycle_time_ms
-    if mb < 0 or ms <= 0:
-        raise ValueError("the fusion threshold must not be negative and the cycle time must be positive")
     return {"HOROVOD_FUSION_THRESHOLD": str(int(mb * 1024 * 1024)), "HOROVOD_CYCLE_TIME": f"{ms:g}"}
 
 
 def check_s3_uri(uri: str) -> s3uri.S3Uri:
     """Where --checkpoint-to keeps a copy: a bucket and a prefix (the nodes may write there only);
     UsageError for anything else."""
-    from clusterctl.errors import UsageError
-
     example = "give one like s3://my-bucket/checkpoints/run1"
     try:
         loc = s3uri.parse(uri)
@@ -109,22 +177,13 @@ def check_s3_uri(uri: str) -> s3uri.S3Uri:
 
 def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:
     """`python script --flag value ...` for templates/train_imagenet.py (an argv: quote it with shlex.join)."""
-    if not opts.synthetic and not opts.data:
-        raise ValueError("give a data folder or synthetic=True")
-    if opts.model not in ("resnet50", "tiny"):
-        raise ValueError(f"model must be resnet50 or tiny, not {opts.model!r}")
-    if opts.precision is not None and opts.precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {opts.precision!r}")
-    if opts.recipe is not None and opts.recipe not in RECIPES:
-        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, not {opts.recipe!r}")
+    opts.require_source()  # each option was checked when opts was made
     argv = [python, script]
     for name, flag in _VALUE_FLAGS:
         value = getattr(opts, name)
         if value is None or (name == "data" and opts.synthetic):
             continue
         text = f"{value:g}" if isinstance(value, float) else str(value)
-        if text.startswith("-") and name in ("data", "model_dir"):
-            raise ValueError(f"{flag} {text!r}: a path may not start with '-'")
         argv += [flag, text]
     argv += [flag for name, flag in _SWITCHES if getattr(opts, name)]
     return argv + list(opts.extra)

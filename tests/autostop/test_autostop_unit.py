@@ -92,14 +92,14 @@ def test_gpu_nodes_are_busy_when_any_signal_says_so():
     own: set = set()
     busy = {"gpus": [0, 87], "training": ["python3[5] train.py"], "sessions": {"1:1": _session(9, "bash")}}
     assert W.busy_reasons("n1", busy, {}, own, False) == [
-        "n1: GPU 1 at 87%",
-        "n1: python3[5] train.py",
         "n1: ssh session running bash",
+        "n1: python3[5] train.py",
+        "n1: GPU 1 at 87%",
     ]
     # idle GPUs do not make a copy or a shell idle (this returned [] before: a 3-hour sync was stopped)
     assert W.busy_reasons("n1", {**busy, "gpus": [0, 0]}, {}, own, False) == [
-        "n1: python3[5] train.py",
         "n1: ssh session running bash",
+        "n1: python3[5] train.py",
     ]
     assert W.busy_reasons("n1", {"gpus": [0, 0], "training": [], "sessions": {}}, {}, own, False) == []
 
@@ -158,10 +158,10 @@ def test_cpu_nodes_training_processes_and_ssh_commands():
     ]
     # a kept connection with nothing running: idle; the same one after a command ended in between: busy
     kept = {"1:5": _session(400)}
-    assert W.busy_reasons("n", {"training": [], "sessions": kept}, kept, own, False) == []
-    assert W.busy_reasons("n", {"training": [], "sessions": {"1:5": _session(800)}}, kept, own, False) == [
-        "n: a command ran in an ssh session"
-    ]
+    assert W.busy_reasons("n", {"training": [], "sessions": kept}, {"sessions": kept}, own, False) == []
+    assert W.busy_reasons(
+        "n", {"training": [], "sessions": {"1:5": _session(800)}}, {"sessions": kept}, own, False
+    ) == ["n: a command ran in an ssh session"]
     # a connection first seen after it ran something: busy, except on the first check (no history yet)
     assert W.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, False) == [
         "n: a new ssh session ran a command"
@@ -170,7 +170,9 @@ def test_cpu_nodes_training_processes_and_ssh_commands():
     # clusterctl's own checks never count, not even after they ended
     probe = {"2:9": _session(300, "/usr/bin/python3 /opt/clusterctl/idle_watchdog.py status --dir d")}
     assert W.busy_reasons("n", {"training": [], "sessions": probe}, {}, own, False) == [] and "n/2:9" in own
-    assert W.busy_reasons("n", {"training": [], "sessions": {"2:9": _session(700)}}, probe, own, False) == []
+    assert (
+        W.busy_reasons("n", {"training": [], "sessions": {"2:9": _session(700)}}, {"sessions": probe}, own, False) == []
+    )
 
 
 def test_probe_sees_this_machines_processes_but_not_itself(tmp_path):
@@ -340,11 +342,13 @@ def test_costs():
 
 
 def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys):
+    from dataclasses import replace
     from types import SimpleNamespace
 
     from clusterctl.cli import workloads as cli
     from clusterctl.state import StateStore
-    from clusterctl.workloads import bench, train_cost
+    from clusterctl.workloads import bench, train_config, train_cost
+    from clusterctl.workloads.train_options import TrainOptions
 
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     c = Cluster(
@@ -352,7 +356,9 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
     )
     inv = SimpleNamespace(cluster=c)
     rung = lambda np_, ips, s: bench.Rung(np_, 1 + np_ // 9, ips, 1.0, 1.0, None, {}, s, "log")  # noqa: E731
-    ladder = bench.Ladder((rung(1, 100.0, 60.0), rung(16, 1500.0, 120.0)), 0.9, True, "ok")
+    v100 = bench.BenchOptions().config(c)  # what `bench` runs on p3.16xlarge with no flags
+    assert v100 == train_config.DEFAULTS["V100"]
+    ladder = bench.Ladder((rung(1, 100.0, 60.0), rung(16, 1500.0, 120.0)), 0.9, True, "ok", config=v100.to_dict())
     cli._bench_cost(inv, ladder, "resnet50")
     err = capsys.readouterr().err
     assert "cost: this ladder ran 3m on a $48.96/hour cluster: about $2.45" in err
@@ -360,17 +366,36 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
         "cost: at 1,500 img/s, one ImageNet epoch (1,281,167 images) takes 14m and costs about $11.62; "
         "90 epochs about $1,045.43"
     ) in err, err
-    assert costs.load_measured(StateStore(tmp_path), "c")["img_per_sec"] == 1500.0
+    store = StateStore(tmp_path)
+    assert costs.load_measured(store, "c", v100.key())["img_per_sec"] == 1500.0
+    assert costs.load_measured(store, "c", replace(v100, xla=False).key()) is None
 
+    # `train` with no flags on the same type runs the same configuration: its estimate uses that rate
     opts = SimpleNamespace(model="resnet50", max_steps=None, epochs=2.0, batch_size=None)
-    job = SimpleNamespace(np=8, options=SimpleNamespace(data=None))  # no --data: ImageNet-sized epochs
-    line = train_cost.estimate_line(StateStore(tmp_path), inv, job, opts)
+    job = SimpleNamespace(np=8, options=TrainOptions(synthetic=True))  # no --data: ImageNet-sized epochs
+    line = train_cost.estimate_line(store, inv, job, opts)
     assert (
         "cost: estimated at 750 img/s, 2 ImageNet-sized epoch(s) (2,562,334 images) takes 56m and costs about "
-        "$46.46 (from the 1,500 img/s `bench` measured at 16 process(es), scaled linearly"
+        "$46.46 (from the 1,500 img/s `bench` measured at 16 process(es) for resnet50 224px float16 batch 256 "
+        "xla on allreduce fp16, scaled linearly"
     ) in line, line
-    tiny = SimpleNamespace(**{**vars(opts), "model": "tiny"})
-    line = train_cost.estimate_line(StateStore(tmp_path), inv, job, tiny)
-    assert "no img/s measured for tiny on this cluster yet" in line, line
+    # another model, precision, batch, XLA or compression: never that rate, and the bench flags that measure it
+    for options, flags in (
+        (TrainOptions(synthetic=True, model="tiny"), "--model tiny"),
+        (TrainOptions(synthetic=True, precision="fp32"), "--model resnet50 --precision fp32"),
+        (
+            TrainOptions(synthetic=True, precision="bfloat16", batch_size=192),
+            "--model resnet50 --precision bfloat16 --batch-size 192",
+        ),
+        (TrainOptions(synthetic=True, batch_size=128), "--model resnet50 --batch-size 128"),
+        (TrainOptions(synthetic=True, xla=False), "--model resnet50 --no-xla"),
+        (TrainOptions(synthetic=True, fp16_allreduce=False), "--model resnet50 --no-fp16-allreduce"),
+    ):
+        line = train_cost.estimate_line(store, inv, SimpleNamespace(np=8, options=options), opts)
+        assert "no img/s measured on this cluster for this configuration" in line, line
+        assert f"`clusterctl bench --synthetic {flags}` measures it" in line, line
+    # a measured.json of an older clusterctl (one rate, no configuration) is never taken for this one
+    (store.cluster_dir("c") / "measured.json").write_text('{"img_per_sec": 1500.0, "np": 16, "model": "resnet50"}')
+    assert "no img/s measured" in train_cost.estimate_line(store, inv, job, opts)
     assert train_cost.run_line(1800.0, 48.96) == "cost: this run took 30m on a $48.96/hour cluster: about $24.48"
     assert train_cost.run_line(1800.0, None) == "cost: this run took 30m"

@@ -133,12 +133,12 @@ def test_fields_take_their_types(tmp_path):
         (
             "steps:\n  - name: a\n    sync: {src: x, dst: y, strategy: carrier-pigeon}\n",
             None,
-            "book.yaml:2: sync step 'a': strategy is chain, tree, parallel, sequential, not 'carrier-pigeon'",
+            "book.yaml:2: sync step 'a': unknown --strategy 'carrier-pigeon': use one of chain, tree, parallel, sequential",
         ),
         (
             "steps:\n  - name: a\n    train: {model: tiny}\n",
             None,
-            "book.yaml:2: train step 'a': train needs data or synthetic: true",
+            "book.yaml:2: train step 'a': give --data DIR or --synthetic (one of them)",
         ),
         ("steps:\n  - name: a\n    eval: {model: tiny}\n", None, "book.yaml:3: eval step 'a' has no field 'model'"),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -29,6 +30,7 @@ def test_smoke_playbook(cluster):
 
 
 def test_cleanup_playbook_kills_removes_and_reports(cluster):
+    """It ends the jobs clusterctl started (a leftover detached job here), never the user's own python."""
     cli = cluster.cli
     for i in (0, 1):
         cluster.node_exec(
@@ -36,19 +38,34 @@ def test_cleanup_playbook_kills_removes_and_reports(cluster):
             "sh",
             "-c",
             "mkdir -p /root/imagenet_resnet && echo x > /root/imagenet_resnet/ckpt && "
-            "setsid /usr/bin/python3 -c 'import time; time.sleep(600)' "
+            "cd /root && setsid /usr/bin/python3 -c 'import time; time.sleep(601)' "
             "</dev/null >/dev/null 2>&1 &",
         )
-    before = cli("run", "--json", "pgrep -c -x 'python[0-9.]*' || true")
-    assert all(json.loads(line)["stdout"].strip() == "1" for line in before.stdout.splitlines()), before.stdout
-    proc = cli("play", "cleanup", timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ok kill (clean): kill: ok on 2 node(s)" in proc.stdout
-    assert "ok disk (clean)" in proc.stdout and "/: " in proc.stderr
-    after = cli("run", "--json", "pgrep -c -x 'python[0-9.]*'; test -e ~/imagenet_resnet && echo present || echo gone")
-    for line in after.stdout.splitlines():
-        r = json.loads(line)
-        assert r["stdout"].split() == ["0", "gone"], r
+    job = cli("run", "--detach", "leftover", "/usr/bin/python3 -c 'import time; time.sleep(602)'")
+    assert job.returncode == 0, job.stderr
+    pythons = "pgrep -a -x python3 | grep -o 'time.sleep(60[12])' | sort | tr '\\n' ' '; true"
+    deadline = time.monotonic() + 20
+    while True:
+        before = cli("run", "--json", pythons)
+        if all(
+            json.loads(line)["stdout"].split() == ["time.sleep(601)", "time.sleep(602)"]
+            for line in before.stdout.splitlines()
+        ):
+            break
+        assert time.monotonic() < deadline, before.stdout
+        time.sleep(0.2)
+    try:
+        proc = cli("play", "cleanup", timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "ok kill (clean): kill: ok on 2 node(s)" in proc.stdout
+        assert "ok disk (clean)" in proc.stdout and "/: " in proc.stderr
+        after = cli("run", "--json", pythons + "; test -e ~/imagenet_resnet && echo present || echo gone")
+        for line in after.stdout.splitlines():
+            r = json.loads(line)
+            assert r["stdout"].split() == ["time.sleep(601)", "gone"], r  # the job killed, the user's python alive
+    finally:
+        for i in (0, 1):
+            cluster.node_exec(i, "pkill", "-f", "time.sleep.60[12]", check=False)
 
 
 def test_playbook_errors_before_anything_runs(cluster, tmp_path):

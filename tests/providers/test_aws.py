@@ -167,7 +167,8 @@ def test_up_run_ls_status_down_on_namespace_backed_instances(aws, aws_cli):
     cid = cluster_id(aws_cli, name)  # the random id made at creation: IAM by it, groups by name and it
     assert p["IamInstanceProfile.Name"] == f"clusterctl-{cid}"
     assert p["Placement.GroupName"] == f"clusterctl-{name}-{cid}"
-    assert p["InstanceInitiatedShutdownBehavior"] == "terminate" and p["KeyName"] == f"clusterctl-{name}-{cid}"
+    # autostop's power-off stops the instances (the default --idle-action): disks kept, `up` starts them again
+    assert p["InstanceInitiatedShutdownBehavior"] == "stop" and p["KeyName"] == f"clusterctl-{name}-{cid}"
     assert p["ClientToken"].startswith(f"{name}-1-")
     # p3.16xlarge has no EFA: one plain interface with its public address
     assert not [k for k in p if k.endswith("InterfaceType")] and "NetworkInterface.2.DeviceIndex" not in p
@@ -272,7 +273,7 @@ def test_down_and_ls_work_from_tags_when_the_local_state_is_gone(aws, aws_cli):
     # up neither adopts nor removes a cluster whose keys are gone.
     proc = aws_cli(*aws_cli.up_args("lost", 1))
     assert proc.returncode == 4 and re.fullmatch(
-        r"Error: cluster lost already exists \(aws, owner [^@ ]+@\S+\) but this machine has no record of it \(nor its "
+        r"Error: cluster lost already exists \(aws, owner arn:aws:\S+\) but this machine has no record of it \(nor its "
         r"keys\): remove it with `clusterctl down lost --yes`, or choose another --name",
         one_error_line(proc),
     ), proc.stderr
@@ -332,7 +333,10 @@ def test_efa_spot_gp3_and_s3_read(aws, aws_cli):
     assert "NetworkInterface.2.DeviceIndex" not in p and p["NetworkInterface.1.AssociatePublicIpAddress"] == "true"
     extra = json.loads((state_dir(aws_cli, "efa") / "cluster.json").read_text())["cluster"]["extra"]
     assert (extra["efa"], extra["efa_interfaces"], extra["efa_rdma"]) == ("true", "1", "false")
+    # EC2's GPU name is kept: bench and train take the V100 row of train_config.py from it
+    assert extra["gpu_model"] == "V100"
     assert p["InstanceMarketOptions.MarketType"] == "spot" and p["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
+    assert p["InstanceInitiatedShutdownBehavior"] == "terminate"  # spot's idle action: EC2 cannot stop it
     policy = aws.client("iam").get_role_policy(
         RoleName=f"clusterctl-{cluster_id(aws_cli, 'efa')}", PolicyName="s3-read"
     )

@@ -1,5 +1,8 @@
 """One AWS account, several people: what `up`, `down` and `gc` may touch (issue 14, "The account").
 
+An owner is the caller identity's ARN (two IAM users here, Alice and Bob, each with their own access key), never
+the login name: both log in as `ubuntu` on one bastion, and a LOGNAME set to the other's changes nothing.
+
 Driven through the real CLI against moto's HTTP server (motoaws.py: filter values there have EC2's wildcard
 semantics, as on AWS); each test failed on the code before its fix.
 """
@@ -14,14 +17,30 @@ from datetime import timedelta
 import pytest
 from test_aws import MUTATING, cluster_id, instances, ok, one_error_line, state_dir
 
-from clusterctl.proc import owner
 from clusterctl.state import Record, StateStore
 from clusterctl.types import Cluster
-from motoaws import CHECKIP_ADDRESS, REGION
+from motoaws import ACCOUNT, CHECKIP_ADDRESS, REGION
 
 pytestmark = pytest.mark.integration
 
-ALICE = {"LOGNAME": "alice", "USER": "alice"}
+
+def principal(aws, user: str) -> dict:
+    """An IAM user of the account with its own access key, logged in as `ubuntu` (the bastion's one login)."""
+    iam = aws.client("iam")
+    iam.create_user(UserName=user)
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    return {
+        "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+        "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+        "LOGNAME": "ubuntu",
+        "USER": "ubuntu",
+    }
+
+
+def arn(user: str) -> str:
+    return f"arn:aws:iam::{ACCOUNT}:user/{user}"
+
+
 KINDS = (
     ("describe_vpcs", "Vpcs", "VpcId"),
     ("describe_subnets", "Subnets", "SubnetId"),
@@ -56,10 +75,10 @@ def by_id(aws, cid: str) -> list[str]:
     return sorted(out)
 
 
-def _bob(tmp_path) -> dict:
-    """Bob, on his own machine: another owner, with his own clusterctl home."""
+def _bob(aws, tmp_path) -> dict:
+    """Bob, with his own AWS profile and his own clusterctl home, on the same bastion as Alice (both `ubuntu`)."""
     home = tmp_path / "bob"
-    return {"LOGNAME": "bob", "USER": "bob", "CLUSTERCTL_HOME": str(home), "CLUSTERCTL_SSH_DIR": str(home / "ssh")}
+    return {**principal(aws, "bob"), "CLUSTERCTL_HOME": str(home), "CLUSTERCTL_SSH_DIR": str(home / "ssh")}
 
 
 def policy(aws, role: str) -> dict:
@@ -108,6 +127,7 @@ def test_gc_removes_exactly_the_listed_ids_and_a_wildcard_tag_value_reaches_noth
 
 
 def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_cli, tmp_path):
+    ALICE = principal(aws, "alice")
     ok(aws_cli(*aws_cli.up_args("shared", 1, "--s3-read", "s3://bucket-a/imagenet"), env=ALICE))
     [role] = [x.split()[1] for x in aws.iam_of("shared") if x.startswith("role ")]
     doc = policy(aws, role)
@@ -125,7 +145,7 @@ def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_
     }
 
     # Bob, on his machine, brings up his own "shared"; it fails (no capacity anywhere).
-    bob = {**_bob(tmp_path), "AWS_MAX_ATTEMPTS": "1"}
+    bob = {**_bob(aws, tmp_path), "AWS_MAX_ATTEMPTS": "1"}
     aws.fail("RunInstances", "InsufficientInstanceCapacity", status=500, times=-1, message="no capacity")
     proc = aws_cli(*aws_cli.up_args("shared", 1, "--s3-read", "s3://bucket-b/other"), env=bob)
     assert proc.returncode == 4 and one_error_line(proc).startswith("Error: no capacity"), proc.stderr
@@ -173,9 +193,13 @@ def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_
     proc = aws_cli("down", "shared", "--yes", env=bob)
     assert proc.returncode == 2, proc.stderr
     line = one_error_line(proc)
-    assert re.search(r"belongs to another owner \(id [0-9a-f]{12}, owner alice@", line) and "--force" in line, line
+    assert re.search(rf"belongs to another owner \(id [0-9a-f]{{12}}, owner {arn('alice')}\)", line), line
+    assert "--force" in line, line
     proc = ok(aws_cli("gc", "--provider", "aws", "--yes", env=bob))
-    assert "kept (another owner's" in proc.stdout and "of alice@" in proc.stderr, proc.stdout + proc.stderr
+    assert "kept (another owner's" in proc.stdout and f"of {arn('alice')}" in proc.stderr, proc.stdout + proc.stderr
+    # a login name is no identity: Bob calling himself alice is still Bob
+    proc = ok(aws_cli("gc", "--provider", "aws", "--yes", env={**bob, "LOGNAME": "alice", "USER": "alice"}))
+    assert f"of {arn('alice')}" in proc.stderr and "is gone" not in proc.stderr, proc.stderr
     assert not [c for c in aws.actions()[start:] if MUTATING.match(c.action)]
 
     ok(aws_cli("down", "shared", "--yes", env=ALICE))
@@ -185,13 +209,15 @@ def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_
 def test_ls_shows_another_owner_s_cluster_of_the_same_name_as_its_own_row(aws, aws_cli, tmp_path):
     """Alice's "twin" stopped itself (its VPC and the rest stay); Bob, on his machine, made his own "twin".
     Alice's `ls` shows hers (what is left of it) and his, each as what it is, never his nodes as hers."""
+    ALICE = principal(aws, "alice")
     ok(aws_cli(*aws_cli.up_args("twin", 1), env=ALICE))
-    bob = _bob(tmp_path)
+    bob = _bob(aws, tmp_path)
     for nodes in (1, 2):  # hers is running: never adopted, never his to remove, whatever --nodes says
         proc = aws_cli(*aws_cli.up_args("twin", nodes), env=bob)
         assert proc.returncode == 4, proc.stderr
         assert re.fullmatch(
-            r"Error: cluster twin already exists \(aws, owner (alice@\S+)\) but this machine has no record of it "
+            r"Error: cluster twin already exists \(aws, owner (arn:aws:iam::\d+:user/alice)\) but this machine has no "
+            r"record of it "
             r"\(nor its keys\): choose another --name \(that one is \1's\)",
             one_error_line(proc),
         ), proc.stderr
@@ -210,11 +236,13 @@ def test_ls_shows_another_owner_s_cluster_of_the_same_name_as_its_own_row(aws, a
     )
     aws.client("ec2").create_tags(Resources=[stray], Tags=[{"Key": "clusterctl:cluster", "Value": "Twin*"}])
 
-    rows = [line for line in ok(aws_cli("ls", env=ALICE)).stdout.splitlines() if line.split()[:1] == ["twin"]]
+    listed = ok(aws_cli("ls", env=ALICE)).stdout
+    rows = [line for line in listed.splitlines() if line.split()[:1] == ["twin"]]
     assert len(rows) == 2, rows
     hers, his = rows
     assert "twin *" in hers and "no nodes, but" in hers and "twin *" not in his, hers  # hers is the current one
-    assert "2 running" in his and "not this machine's: bob@" in his and "cluster of the same name" in his, his
+    assert "2 running" in his and f"not this machine's: {arn('bob')}'s" in his, his
+    assert "cluster of the same name" in " ".join(listed.split()), listed  # the note wraps after the long ARN
     assert "nodes differ" not in his, his
     rows = [line for line in ok(aws_cli("ls", env=bob)).stdout.splitlines() if line.split()[:1] == ["twin"]]
     assert len(rows) == 1 and "2 running" in rows[0] and "same name" not in rows[0], rows
@@ -227,7 +255,7 @@ def test_ls_shows_another_owner_s_cluster_of_the_same_name_as_its_own_row(aws, a
 
 def test_a_cluster_made_before_ids_is_its_name_and_owner_and_another_owners_needs_force(aws, aws_cli):
     """A record without an id (made before ids): its identity is its name and this machine's owner tag."""
-    me = owner()
+    me = aws.client("sts").get_caller_identity()["Arn"]  # the tests' default credentials
     ec2 = aws.client("ec2")
 
     def tagged(rtype: str, owner: str) -> list[dict]:

@@ -28,7 +28,7 @@ def _tagged_instances(aws, name):
 
 
 def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_and_nothing_else(aws, aws_cli):
-    ok(aws_cli(*aws_cli.up_args("gca", 2, "--idle-stop", "20s", "--max-lifetime", "1h")))
+    ok(aws_cli(*aws_cli.up_args("gca", 2, "--idle-stop", "20s", "--max-lifetime", "1h", "--idle-action", "terminate")))
     proc = ok(aws_cli(*aws_cli.up_args("gcb", 1, "--idle-stop", "off")))
     assert "plan: autostop: off" in proc.stderr
 
@@ -51,9 +51,11 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     assert ["systemctl", "enable", "--now", "clusterctl-autostop.service"] in doc["runcmd"]
     off = {f["path"]: f for f in yaml.safe_load(decode_user_data(second))["write_files"]}  # installed, but off
     assert json.loads(off["/var/lib/clusterctl/autostop/config.json"]["content"])["enabled"] is False
-    # Every resource carries its owner.
-    owners = {t["Value"] for i in _tagged_instances(aws, None) for t in i["Tags"] if t["Key"] == "clusterctl:owner"}
-    assert len(owners) == 1 and re.fullmatch(r"[^@]+@\S+", owners.pop())
+    # Every resource carries its owner: the caller identity's ARN, and user@host as a label.
+    tags = [{t["Key"]: t["Value"] for t in i["Tags"]} for i in _tagged_instances(aws, None)]
+    assert {t["clusterctl:owner"] for t in tags} == {aws.client("sts").get_caller_identity()["Arn"]}
+    labels = {t["clusterctl:owner-label"] for t in tags}
+    assert len(labels) == 1 and re.fullmatch(r"[^@]+@\S+", labels.pop())
 
     # ls: cost so far per cluster, and the total of both (3 nodes at the instance and io2 disk prices)
     proc = ok(aws_cli("ls"))
@@ -94,7 +96,7 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     table = proc.stdout
     for name in ("gca", "gcb"):
         row = next(line for line in table.splitlines() if line.strip().startswith(name))
-        assert f"aws {REGION}" in row and "none" in row and "remove" in row and "@" in row, table
+        assert f"aws {REGION}" in row and "none" in row and "remove" in row and "arn:aws:" in row, table
         assert re.search(r"\s\d+[sm]\s", row), row  # its age (minutes on a busy machine)
     gca_row = next(line for line in table.splitlines() if line.strip().startswith("gca")).split()
     gcb_row = next(line for line in table.splitlines() if line.strip().startswith("gcb")).split()
@@ -116,7 +118,7 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
 
     proc = aws_cli("down", "--all", "--provider", "aws")  # down --all finds the same, with age and owner
     assert proc.returncode == 2 and re.search(
-        r"cluster gca \(aws, us-east-1, age (\d+s|\d+m(\d\ds)?), owner [^@]+@\S+\): \d+ resource", proc.stderr
+        r"cluster gca \(aws, us-east-1, age (\d+s|\d+m(\d\ds)?), owner arn:aws:\S+\): \d+ resource", proc.stderr
     ), proc.stderr
     proc = ok(aws_cli("gc", "--provider", "aws", "--yes"))
     assert "cluster gca (aws us-east-1) is gone" in proc.stderr and "cluster gcb (aws us-east-1) is gone" in proc.stderr

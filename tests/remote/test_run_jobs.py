@@ -88,7 +88,7 @@ def test_detached_job_survives_disconnect_and_kill_ends_its_whole_tree(c):
     assert again.returncode == 0 and all(f"{h}: job train is not running here" in again.stdout for h in c.hosts)
 
 
-def test_clean_kills_python_trees_only_and_verifies(c):
+def test_clean_all_user_processes_kills_python_trees_only_and_verifies(c):
     start = (
         'setsid nohup python3 -c \'import subprocess; subprocess.run(["sleep", "7351"])\' >/dev/null 2>&1 & '
         "setsid nohup sleep 7352 >/dev/null 2>&1 & echo started"
@@ -98,17 +98,51 @@ def test_clean_kills_python_trees_only_and_verifies(c):
     while not all(running(c, "^sleep 7351$")):
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    proc = c.cli("clean", "hosts")
+    proc = c.cli("clean", "--all-user-processes", "--yes", "hosts")
     assert proc.returncode == 0, proc.stderr
     for h in c.hosts:
         line = next(x for x in proc.stdout.splitlines() if x.startswith(h + ": killed"))
         assert "killed 2 process(es): " in line and "python3[" in line and "sleep[" in line
     assert running(c, "^sleep 7351$") == [False, False] and running(c, "python3 -c") == [False, False]
     assert running(c, "^sleep 7352$") == [True, True]  # not a python tree: left alone
-    again = c.cli("clean", "--kill", "hosts")
+    again = c.cli("clean", "--kill", "--all-user-processes", "--yes", "hosts")
     assert again.returncode == 0 and again.stdout.count(": nothing to kill") == 2
     for i in range(len(c.hosts)):
         c.node_exec(i, "pkill", "-f", "^sleep 7352$", check=False)
+
+
+def test_bare_clean_names_what_it_kills_asks_and_kills_only_the_jobs_clusterctl_started(c):
+    # The user's own python on every node, started without clusterctl (as a login shell would).
+    mine = "cd /root && setsid nohup python3 -c 'import time; time.sleep(7361)' >/dev/null 2>&1 &"
+    for i in range(len(c.hosts)):
+        c.node_exec(i, "env", "-i", "PATH=/usr/bin:/bin", "HOME=/root", "sh", "-c", mine)
+    job = c.cli("run", "--detach", "cjob", "hosts", "python3 -c 'import time; time.sleep(7362)'; sleep 7363")
+    assert job.returncode == 0, job.stderr
+    deadline = time.monotonic() + 20
+    while not (all(running(c, "time.sleep.7361")) and all(running(c, "time.sleep.7362"))):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    try:
+        asked = c.cli("clean", "hosts")  # no terminal, no --yes: it names them and asks, and kills nothing
+        assert asked.returncode == 2, asked.stderr
+        assert "needs confirmation: pass --yes" in asked.stderr.splitlines()[-1]
+        named = [x for x in asked.stderr.splitlines() if "would kill" in x]
+        for h in c.hosts:
+            assert any(x.startswith(f"{h}: would kill") and "time.sleep(7362)" in x for x in named), asked.stderr
+        assert not any("7361" in x for x in named), named
+        assert running(c, "time.sleep.7362") == [True, True] and running(c, "time.sleep.7361") == [True, True]
+        proc = c.cli("clean", "--yes", "hosts")
+        assert proc.returncode == 0, proc.stderr
+        assert all(f"{h}: killed" in proc.stdout for h in c.hosts), proc.stdout
+        assert running(c, "time.sleep.7362") == [False, False] and running(c, "^sleep 7363$") == [False, False]
+        assert running(c, "time.sleep.7361") == [True, True]  # the user's own: alive
+        assert on_nodes(c, "tmux", "ls") == ["", ""]
+        again = c.cli("clean", "hosts")  # nothing of clusterctl's left: nothing to ask about
+        assert again.returncode == 0 and "no processes of jobs clusterctl started to kill on 2 node(s)" in again.stderr
+        assert running(c, "time.sleep.7361") == [True, True]
+    finally:
+        for i in range(len(c.hosts)):
+            c.node_exec(i, "pkill", "-f", "time.sleep.736[123]", check=False)
 
 
 def test_clean_logs_folder_with_refusals(c):

@@ -7,6 +7,7 @@ from the cache and builds nothing. Then doctor, the synthetic ladder across 2 no
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -70,6 +71,13 @@ def test_leader_builds_caches_relays_and_a_second_cluster_reuses(aws, aws_cli, m
     assert "unpacked and verified on 2 node(s)" in out
     keys = {o["Key"] for o in aws.client("s3").list_objects_v2(Bucket=BUCKET)["Contents"]}
     assert keys == {f"runtimes/{rid}/runtime.tar.zst", f"runtimes/{rid}/runtime.json"}
+    # this machine holds the digests of what it cached (a later fetch must find exactly these)
+    held = json.loads((aws_cli.cli.home / "runtime-cache.json").read_text())[f"s3://{BUCKET}/runtimes/{rid}/"]
+    s3 = aws.client("s3")
+    assert held == {
+        n: hashlib.sha256(s3.get_object(Bucket=BUCKET, Key=f"runtimes/{rid}/{n}")["Body"].read()).hexdigest()
+        for n in ("runtime.tar.zst", "runtime.json")
+    }
 
     cli = aws_cli.cli
     doctor = cli("doctor", "--cluster", "rta", "--json", env=aws.env(**env))
@@ -135,3 +143,37 @@ def test_leader_builds_caches_relays_and_a_second_cluster_reuses(aws, aws_cli, m
     down = aws_cli("down", "rtb", "--yes", env=env, timeout=600)
     assert down.returncode == 0, down.stdout + down.stderr
     assert aws.sweep("rtb") == []
+
+
+def test_the_plan_shows_the_gpu_build_and_refuses_images_it_cannot_build_on(aws, aws_cli):
+    """Dry runs only: the choice of toolkit and compute capabilities from the DLAMI table and the type's GPUs,
+    and the images refused before anything is launched (CUDA 13 only; Ubuntu 24.04's python3 3.12)."""
+    proc = aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "plan: node runtime: TensorFlow 2.15.1 + Horovod 0.28.1 at /opt/clusterctl-runtime/<id> on every node; "
+        "Horovod built with CUDA 12.8 (/usr/local/cuda-12.8) for sm_70, NCCL 2.16.5 of TensorFlow's wheels, "
+        "not the image's default CUDA 13.0"
+    ) in proc.stderr
+    proc = aws_cli("up", "--nodes", "1", "--type", "p4d.24xlarge", "--dry-run")
+    assert "for sm_80, NCCL 2.16.5 of TensorFlow's wheels, not the image's default CUDA 13.2" in proc.stderr
+    proc = aws_cli("up", "--nodes", "1", "--type", "c5.xlarge", "--dry-run")
+    assert proc.returncode == 0 and "plan: node runtime: TensorFlow" in proc.stderr and "sm_" not in proc.stderr
+
+    ec2 = aws.client("ec2")
+    noble = ec2.register_image(
+        Name="Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04) 20261008", RootDeviceName="/dev/sda1"
+    )["ImageId"]
+    launches = len(aws.actions("RunInstances"))  # the dry runs' above
+    proc = aws_cli("up", "--nodes", "1", "--type", "p4d.24xlarge", "--ami", noble, "--dry-run")
+    assert proc.returncode == 4, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        "Error: the image's python3 is 3.12: TensorFlow 2.15.1 (the newest Horovod 0.28.1 runs with) has wheels for "
+        "Python 3.9, 3.10, 3.11 only: use an Ubuntu 22.04 Deep Learning Base OSS Nvidia Driver AMI (the default; it "
+        "keeps /usr/local/cuda-12.8 and -12.9 beside CUDA 13), or --runtime none / --python PATH with your own "
+        "TensorFlow and Horovod"
+    ], proc.stderr
+    assert len(aws.actions("RunInstances")) == launches  # refused before the dry run's launch
+    proc = aws_cli("up", "--nodes", "1", "--type", "p4d.24xlarge", "--ami", noble, "--runtime", "none", "--dry-run")
+    assert proc.returncode == 0 and "plan: node runtime: none" in proc.stderr  # the way out works

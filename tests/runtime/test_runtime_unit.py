@@ -14,7 +14,15 @@ from clusterctl.runtime import spec as rt
 from clusterctl.runtime.install import RuntimeRequest, fetch_command, put_command, record
 
 DEBIAN = rt.Platform(os="debian 12", arch="x86_64", python="3.11.2", python_path="/usr/bin/python3.11")
-DLAMI = rt.Platform(os="ubuntu 22.04", arch="x86_64", python="3.10.12", python_path="/usr/bin/python3.10", cuda="12.8")
+DLAMI = rt.Platform(
+    os="ubuntu 22.04",
+    arch="x86_64",
+    python="3.10.12",
+    python_path="/usr/bin/python3.10",
+    cuda="13.0",
+    compute_caps=("7.0", "7.0"),
+    toolkits=("/usr/local/cuda-12.8", "/usr/local/cuda-13.0"),
+)
 
 
 def test_id_is_stable_and_changes_with_every_input():
@@ -40,19 +48,23 @@ def test_id_is_stable_and_changes_with_every_input():
 
 
 def test_gpu_and_cpu_builds():
-    cpu, gpu = rt.RuntimeSpec(), rt.RuntimeSpec(gpu=True)
+    cpu, gpu = rt.RuntimeSpec.for_platform(DEBIAN), rt.RuntimeSpec.for_platform(DLAMI)
     assert cpu.requirements[0] == "tensorflow-cpu==2.15.1"
     assert gpu.requirements[0] == "tensorflow[and-cuda]==2.15.1"
     assert cpu.horovod_requirement == gpu.horovod_requirement == "horovod==0.28.1"
-    assert cpu.horovod_env == {
+    cpu_env = {
         "HOROVOD_WITH_TENSORFLOW": "1",
         "HOROVOD_WITH_GLOO": "1",
         "HOROVOD_WITHOUT_PYTORCH": "1",
         "HOROVOD_WITHOUT_MXNET": "1",
         "HOROVOD_WITHOUT_MPI": "1",
     }
-    assert gpu.horovod_env["HOROVOD_GPU_OPERATIONS"] == "NCCL" and gpu.horovod_env["HOROVOD_WITH_GLOO"] == "1"
-    assert gpu.horovod_env["HOROVOD_CUDA_HOME"] == "/usr/local/cuda"
+    assert cpu == rt.RuntimeSpec() and cpu.cuda_build is None
+    env = rt.Build("r", gpu, DLAMI, "out").horovod_env
+    assert env["HOROVOD_GPU_OPERATIONS"] == "NCCL" and env["HOROVOD_WITH_GLOO"] == "1"
+    assert env["HOROVOD_CUDA_HOME"] == "/usr/local/cuda-12.8" and env["HOROVOD_BUILD_CUDA_CC_LIST"] == "70"
+    assert env["HOROVOD_NCCL_HOME"] == "/opt/clusterctl-runtime/r/lib/python3.10/site-packages/nvidia/nccl"
+    assert rt.Build("r", cpu, DEBIAN, "out").horovod_env == cpu_env
     assert any(r.startswith("boto3==") for r in cpu.requirements)
     assert not DEBIAN.gpu and DLAMI.gpu
 
@@ -63,7 +75,10 @@ def test_platform_probe_parses_what_the_shell_prints():
     assert p is not None and p.arch and p.os and p.python.count(".") == 2 and p.python_path.startswith("/")
     assert p.cuda == "none"  # no nvidia-smi here
     assert (
-        rt.parse_platform("os=ubuntu 22.04\narch=x86_64\npython_path=/usr/bin/python3.10\npython=3.10.12\ncuda=12.8\n")
+        rt.parse_platform(
+            "os=ubuntu 22.04\narch=x86_64\npython_path=/usr/bin/python3.10\npython=3.10.12\ncuda=13.0\n"
+            "compute_cap=7.0\ntoolkit=/usr/local/cuda-13.0\ncompute_cap=7.0\ntoolkit=/usr/local/cuda-12.8\n"
+        )
         == DLAMI
     )
     assert rt.parse_platform("os=debian 12\narch=x86_64\ncuda=none\n") is None  # no python3: no runtime
@@ -94,7 +109,7 @@ def test_build_argv_golden():
     info = json.loads(argv[10])
     assert info["id"] == "abcdef0123456789" and info["python"] == "/opt/clusterctl-runtime/abcdef0123456789/bin/python"
     assert info["platform"]["python_path"] == "/usr/bin/python3.11" and info["spec"]["gpu"] is False
-    gpu = rt.build_argv("S.sh", dataclasses.replace(b, spec=rt.RuntimeSpec(gpu=True), platform=DLAMI))
+    gpu = rt.build_argv("S.sh", dataclasses.replace(b, spec=rt.RuntimeSpec.for_platform(DLAMI), platform=DLAMI))
     assert gpu[5].startswith("tensorflow[and-cuda]==2.15.1 ") and "HOROVOD_GPU_OPERATIONS=NCCL" in gpu[7]
     assert rt.shell(rt.install_argv("i.sh", "abcdef0123456789", "in dir")) == "bash i.sh abcdef0123456789 'in dir'"
 
@@ -116,7 +131,7 @@ def test_cache_commands_quote_and_finish_with_the_info():
         rt.PACK: "http://127.0.0.1:5000/b/p/r/runtime.tar.zst?X-Amz-Signature=a&b=c",
         rt.INFO: "http://127.0.0.1:5000/b/p/r/runtime.json?X-Amz-Signature=d",
     }
-    fetch = fetch_command(urls, "out dir")
+    fetch = fetch_command(urls, "out dir", {rt.PACK: "a" * 64, rt.INFO: "b" * 64})
     assert fetch.index("runtime.tar.zst.partial") < fetch.index("runtime.json.partial")  # the info last
     assert "'http://127.0.0.1:5000/b/p/r/runtime.tar.zst?X-Amz-Signature=a&b=c'" in fetch and "'out dir'" in fetch
     put = put_command(urls, "out")

@@ -63,9 +63,21 @@ def test_tiny_bench_two_processes(tmp_path):
     run = parse_bench_output(out)
     assert run.size == 2
     assert run.img_per_sec > 0
-    # Horovod's reference timing: 10 warm-up steps by default, then --iters timed batches, mean +- 1.96 sigma
+    assert "[0]<stdout>:model tiny: 5,466 parameters\n" in out  # the shared network (train_model.py), named
+    # Horovod's reference timing: 10 warm-up steps by default, then --iters timed batches, each one's rate
+    # printed (clusterctl takes the mean's interval from them); the result's conf= is their spread, 1.96 sd
     assert "warmup_steps=10 steps=5 iters=4" in out
     assert [i.step for i in run.intervals] == [5, 10, 15, 20]
+    # what ran, as the start line says it: results.json's configuration is read from here
+    assert {k: run.start[k] for k in ("model", "batch", "steps", "iters", "xla", "precision", "compression")} == {
+        "model": "tiny",
+        "batch": "32",
+        "steps": "5",
+        "iters": "4",
+        "xla": "0",
+        "precision": "float32",
+        "compression": "none",
+    }
     assert all(i.img_per_sec > 0 and i.size == 2 for i in run.intervals)
     totals = [i.img_per_sec for i in run.intervals]
     mean = sum(totals) / 4

@@ -213,26 +213,29 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
 
     # 600 steps (60 epochs of 10): the run outlasts its first copies. At 200 a fast machine ended it first:
     # a checkpoint every 0.5 s, and the copier (newest first) lost its races with the leader's pruning.
-    def copied_twice():  # a checkpoint at step >= 20 is on the member and in S3
+    # Checkpoints are named by the images seen: 4 processes of 8, 32 a step.
+    def copied_twice():  # a checkpoint at step >= 20 is on the member and in S3 (its images count)
         log = leader_log(cluster, job1)
-        steps = {}
-        for m in re.finditer(r"checkpoint_copy step=(\d+) place=(\S+)", log):
-            steps.setdefault(int(m.group(1)), set()).add(m.group(2).split(":")[0])
-        done = [s for s, places in steps.items() if s >= 20 and {member, "s3"} <= places]
+        seen = {}
+        for m in re.finditer(r"checkpoint_copy images=(\d+) step=(\d+) place=(\S+)", log):
+            assert int(m.group(1)) == 32 * int(m.group(2)), m.group(0)
+            seen.setdefault(int(m.group(1)), set()).add(m.group(3).split(":")[0])
+        done = [n for n, places in seen.items() if n >= 20 * 32 and {member, "s3"} <= places]
         return max(done) if done else None
 
     saved = wait_for(copied_twice, 300, "a checkpoint copied to the member and to S3", interval=0.2)
     assert cli("train", "--stop").returncode == 0
     log1 = train_log.parse_train_log(leader_log(cluster, job1))
     assert log1.current.done is None, "the run finished before it was stopped"
-    assert f"checkpoint_copy step={saved} place={member}:{folder} " in leader_log(cluster, job1)
+    assert f"checkpoint_copy images={saved} step={saved // 32} place={member}:{folder} " in leader_log(cluster, job1)
 
     # the copy on the member: the files the leader's manifest names (the leader may have pruned them by now),
     # at their sizes, the manifest beside them; the same in S3
     member_files = node_files(cluster, 1, folder)
     manifest = json.loads(cluster.node_exec(1, "cat", f"{folder}/ckpt-{saved}.manifest.json").stdout)
     mine = manifest["files"]
-    assert manifest["step"] == saved and sorted(mine) == [f"ckpt-{saved}.data-00000-of-00001", f"ckpt-{saved}.index"]
+    assert (manifest["images"], manifest["step"]) == (saved, saved // 32)
+    assert sorted(mine) == [f"ckpt-{saved}.data-00000-of-00001", f"ckpt-{saved}.index"]
     assert all(member_files[n] == size for n, size in mine.items())
     # --keep-checkpoints 5 there too (beside them, perhaps, a copy the stop cut off before its manifest)
     assert len([n for n in member_files if n.endswith(".manifest.json")]) <= 5
@@ -252,12 +255,12 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
         1,
         "sh",
         "-c",
-        f"cd {folder} && cp ckpt-{saved}.index ckpt-990.index && "
-        f'sed \'s/ckpt-{saved}\\([."]\\)/ckpt-990\\1/g; s/"step": {saved}/"step": 990/\' '
-        f"ckpt-{saved}.manifest.json > ckpt-990.manifest.json",
+        f"cd {folder} && cp ckpt-{saved}.index ckpt-99000.index && "
+        f'sed \'s/ckpt-{saved}\\([."]\\)/ckpt-99000\\1/g; s/"images": {saved}/"images": 99000/\' '
+        f"ckpt-{saved}.manifest.json > ckpt-99000.manifest.json",
     )
-    fake = json.loads(cluster.node_exec(1, "cat", f"{folder}/ckpt-990.manifest.json").stdout)
-    assert fake["step"] == 990 and "ckpt-990.data-00000-of-00001" in fake["files"]
+    fake = json.loads(cluster.node_exec(1, "cat", f"{folder}/ckpt-99000.manifest.json").stdout)
+    assert fake["images"] == 99000 and "ckpt-99000.data-00000-of-00001" in fake["files"]
     # the leader's checkpoints are gone (a lost leader disk)
     cluster.node_exec(0, "rm", "-rf", "/root/runs/ck")
 
@@ -266,20 +269,21 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
     out = proc.stdout
     run2 = train_log.parse_train_log(out).current
     # reported as incomplete, not taken (beside it, perhaps, a copy the stop cut off before its manifest)
-    assert re.search(rf"incomplete_checkpoint place={re.escape(member)}:{folder} checkpoints=\S*ckpt-990", out), out
-    assert re.search(rf"checkpoint_fetched step={member_max} place={re.escape(member)}:{folder} ", out), out[-3000:]
-    assert run2.resumed_from is not None and run2.resumed_from.step == member_max
-    assert run2.start.start_step == member_max and run2.done.complete and run2.done.step == 600
+    assert re.search(rf"incomplete_checkpoint place={re.escape(member)}:{folder} checkpoints=\S*ckpt-99000", out), out
+    fetched = rf"checkpoint_fetched images={member_max} step={member_max // 32} place={re.escape(member)}:{folder} "
+    assert re.search(fetched, out), out[-3000:]
+    assert run2.resumed_from is not None and run2.resumed_from.images == member_max
+    assert run2.start.start_step == member_max // 32 and run2.done.complete and run2.done.step == 600
     assert run2.eval is not None and run2.eval.step == 600
 
-    # S3 is the last place left: the member's copies and the leader's gone, `eval` finds ckpt-600 there
+    # S3 is the last place left: the member's copies and the leader's gone, `eval` finds step 600's there
     cluster.node_exec(0, "rm", "-rf", "/root/runs/ck")
     cluster.node_exec(1, "rm", "-rf", "/root/runs/ck")
     proc = cli("eval", timeout=300)
     assert proc.returncode == 0, proc.stderr
     row = proc.stdout.splitlines()[1].split()
-    assert row[0] == "600" and row[6] == "ckpt-600", proc.stdout
-    assert "ckpt-600.manifest.json" in node_files(cluster, 0, folder)
+    assert row[0] == "600" and row[6] == f"ckpt-{600 * 32}", proc.stdout
+    assert f"ckpt-{600 * 32}.manifest.json" in node_files(cluster, 0, folder)
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="ckpts/run1/")["Contents"]]
     assert len([k for k in keys if k.endswith(".index")]) <= 5
 
@@ -338,13 +342,13 @@ def test_spot_notice_checkpoints_within_one_poll_and_stops_then_resumes(env):
     # the checkpoint of that step: saved now (reason=spot), or at that very step's epoch end just before
     saved_now = re.findall(r"CLUSTERCTL-TRAIN checkpoint step=(\d+) .*reason=spot", text)
     assert saved_now in ([str(step)], []) and f"checkpoint step={step} " in text
-    manifest = json.loads(cluster.node_exec(0, "cat", f"{folder}/ckpt-{step}.manifest.json").stdout)
+    manifest = json.loads(cluster.node_exec(0, "cat", f"{folder}/ckpt-{32 * step}.manifest.json").stdout)
     # complete within one poll interval of the notice (plus the step in flight and the save itself)
     assert manifest["time"] - imds.noticed_at <= poll + 3.0, manifest["time"] - imds.noticed_at
     assert float(run.errors[-1].fields["at"]) >= manifest["time"]  # the stop after the checkpoint and its copies
     assert re.search(r"\[2\]<stdout>:CLUSTERCTL-TRAIN spot_notice rank=2 ", text)  # the member's first process saw it
     # copied to the member before anyone exited; rank 0 stopped by itself with status 8, the others with 0
-    assert json.loads(cluster.node_exec(1, "cat", f"{folder}/ckpt-{step}.manifest.json").stdout) == manifest
+    assert json.loads(cluster.node_exec(1, "cat", f"{folder}/ckpt-{32 * step}.manifest.json").stdout) == manifest
     assert cluster.node_exec(0, "cat", f"/root/.clusterctl/jobs/{job1}.exit").stdout.strip() != "0"
     codes = dict(re.findall(r"Process (\d+) exit with status code (-?\d+)", text))
     # (a rank still exiting when rank 0 is done may be ended by horovodrun: SIGTERM, or ssh's 255 for a member)
@@ -381,7 +385,7 @@ def test_spot_notice_checkpoints_within_one_poll_and_stops_then_resumes(env):
         proc.stderr,
     ), proc.stderr
     run2 = train_log.parse_train_log(proc.stdout).current
-    assert run2.start.size == 2 and run2.resumed_from.path == f"{folder}/ckpt-{step}"  # the leader's 2 slots
+    assert run2.start.size == 2 and run2.resumed_from.path == f"{folder}/ckpt-{32 * step}"  # the leader's 2 slots
     # half the global batch: the trainer carries on at the step that has seen as many images (not from scratch)
     changed = [
         {k: w.fields.get(k) for k in ("saved", "now", "step", "new_step")}

@@ -21,13 +21,14 @@ ck = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ck)
 
 
-def fake_checkpoint(folder: Path, step: int, shards: int = 2) -> dict:
-    """A checkpoint's files as TensorFlow names them (contents do not matter here), sealed with its manifest."""
+def fake_checkpoint(folder: Path, images: int, shards: int = 2, step: int | None = None, batch: int = 1) -> dict:
+    """A checkpoint's files as TensorFlow names them (ckpt-<images>; contents do not matter here), sealed with
+    its manifest."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"ckpt-{step}.index").write_bytes(os.urandom(100 + step))
+    (folder / f"ckpt-{images}.index").write_bytes(os.urandom(100 + images % 1000))
     for i in range(shards):
-        (folder / f"ckpt-{step}.data-{i:05d}-of-{shards:05d}").write_bytes(os.urandom(1000 + i))
-    m = ck.make_manifest(str(folder), f"ckpt-{step}", step)
+        (folder / f"ckpt-{images}.data-{i:05d}-of-{shards:05d}").write_bytes(os.urandom(1000 + i))
+    m = ck.make_manifest(str(folder), f"ckpt-{images}", images // batch if step is None else step, images, batch)
     ck.write_manifest(str(folder), m)
     return m
 
@@ -48,7 +49,7 @@ def test_complete_means_manifest_last_and_every_shard_at_its_size(tmp_path):
     short = dict(m, files={k: v for k, v in m["files"].items() if "00001-of" not in k})
     assert ck.missing(short, {k: v for k, v in m["files"].items()}) == ["ckpt-10.data-00001-of-00002"]
     path, place, got = ck.newest(str(tmp_path), [])
-    assert (path, place, got["step"]) == (str(tmp_path / "ckpt-10"), "local", 10)
+    assert (path, place, got["images"]) == (str(tmp_path / "ckpt-10"), "local", 10)
 
 
 @pytest.fixture
@@ -91,12 +92,45 @@ def test_s3_copy_keeps_the_newest_and_a_lost_leader_folder_resumes_from_it(tmp_p
         p.unlink()
     events = []
     path, place, m = ck.newest(str(leader), [copy], lambda event, **f: events.append((event, f)))
-    assert (path, place, m["step"]) == (str(leader / "ckpt-40"), "s3://ckb/runs/r1/", 40)
+    assert (path, place, m["images"]) == (str(leader / "ckpt-40"), "s3://ckb/runs/r1/", 40)
     assert {n: (leader / n).read_bytes() for n in want} == want  # fetched byte for byte, manifest last
     assert (
         "warning",
         {"kind": "incomplete_checkpoint", "place": "s3://ckb/runs/r1/", "checkpoints": "ckpt-50"},
     ) in events
+
+
+def test_checkpoints_are_ordered_by_images_not_steps_everywhere(tmp_path, s3):
+    """After a resume on twice the processes the steps halve: step 40 of batch 32 (1,280 images) is newer than
+    step 60 of batch 16 (960). The copies keep, and newest() takes, the most images; a manifest without an
+    images count (an older trainer's, named by step) is never taken."""
+    url, client = s3
+    leader = tmp_path / "leader"
+    copy = ck.S3Copy("s3://ckb/runs/r2", url)
+    old = fake_checkpoint(leader, 960, step=60, batch=16)
+    new = fake_checkpoint(leader, 1280, step=40, batch=32)
+    assert (new["version"], new["images"], new["step"], new["global_batch"]) == (2, 1280, 40, 32)
+    copy.push(str(leader), new, keep=1)
+    copy.push(str(leader), old, keep=1)  # a late copy of the older one: pruned at once, the newer kept
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="ckb", Prefix="runs/r2/")["Contents"])
+    assert [k for k in keys if k.endswith(".manifest.json")] == ["runs/r2/ckpt-1280.manifest.json"]
+    # an older trainer's checkpoint named by its step 5000: complete files, but no images count
+    legacy = fake_checkpoint(leader, 5000, step=5000)
+    del legacy["images"]
+    legacy["version"] = 1
+    ck.write_manifest(str(leader), legacy)
+    complete, bad = ck.scan_listing(*ck.local_listing(str(leader)))
+    assert sorted(complete) == [960, 1280] and bad == ["ckpt-5000"]
+    assert ck.missing(legacy, {}) == ["no images count (an older trainer's checkpoint, ordered by step)"]
+    # a manifest whose name says other images than its count is not taken either
+    assert ck.missing(dict(new, images=1281), {}) != []
+    path, place, m = ck.newest(str(leader), [copy])
+    assert (path, place, m["images"]) == (str(leader / "ckpt-1280"), "local", 1280)
+    # the leader's folder lost: S3's (the newest by images) is fetched
+    for p in leader.iterdir():
+        p.unlink()
+    path, place, m = ck.newest(str(leader), [copy])
+    assert (path, place, m["step"], m["images"]) == (str(leader / "ckpt-1280"), "s3://ckb/runs/r2/", 40, 1280)
 
 
 def test_spot_watch_speaks_imdsv2_and_sees_the_notice_within_one_poll():

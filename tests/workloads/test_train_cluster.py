@@ -81,12 +81,18 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
     proc = cli(*TRAIN)
     assert proc.returncode == 0, proc.stderr
     job1 = re.search(r"started training job (train-[\w-]+): 4 process\(es\)", proc.stderr).group(1)
+    # local nodes run train_config.py's CPU row, --batch-size over it; no bench of that configuration yet
+    key = "tiny 32px fp32 batch 8 xla off allreduce fp32"
+    assert f"configuration for CPU: {key}" in proc.stderr, proc.stderr
+    assert f"no img/s measured on this cluster for this configuration ({key})" in proc.stderr, proc.stderr
     again = cli(*TRAIN)
     assert again.returncode == 3 and f"training job {job1} is still running" in again.stderr
     assert "--force" in again.stderr
 
     # ---- a checkpoint, then `status` sees it running
     wait_for(lambda: "checkpoint step=20 " in leader_log(cluster, job1), 240, "the first checkpoint")
+    # the network is named and counted at the start (templates/train_model.py, staged beside the trainer)
+    assert "[0]<stdout>:model tiny: 5,466 parameters\n" in leader_log(cluster, job1)
     st = cli("status")
     assert st.returncode == 0, st.stderr
     assert re.search(rf"training {job1}: running", st.stdout), st.stdout
@@ -142,7 +148,8 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
     proc = cli("eval", timeout=300)
     assert proc.returncode == 0, proc.stderr
     row = proc.stdout.splitlines()[1].split()
-    assert row[:4] == ["400", "20.0", f"{ev.top1:.2f}%", f"{ev.top5:.2f}%"] and row[6] == "ckpt-400"
+    # named by the images seen: 400 steps of 4 processes x 8
+    assert row[:4] == ["400", "20.0", f"{ev.top1:.2f}%", f"{ev.top5:.2f}%"] and row[6] == f"ckpt-{400 * 32}"
 
     # ---- a local port already taken: one Error line before anything starts on the leader
     with socket.socket() as taken:

@@ -181,6 +181,12 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     assert (run1.start.global_batch, run1.start.steps_per_epoch, run1.start.total_steps) == (32, 20, 240)
     assert run1.resumed_from is None and run1.done is None and run1.eval is None
     assert [c.step for c in run1.checkpoints][:3] == [20, 40, 60]
+    # named by the images seen (global batch 32), which the log says beside the step
+    assert [(c.images, c.path.rsplit("/", 1)[1]) for c in run1.checkpoints][:3] == [
+        (640, "ckpt-640"),
+        (1280, "ckpt-1280"),
+        (1920, "ckpt-1920"),
+    ]
     assert run1.rows[0].step == 1 and run1.rows[-1].step < 240
     st = train_log.status(log1, running=False)
     assert st.state == "failed" and st.reason == "process 1 exited 137 (killed: SIGKILL or out of memory)"
@@ -191,15 +197,15 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     saved = sorted(
         int(p.name.split("-")[1].split(".")[0]) for p in (job.model_dir / "checkpoints").glob("ckpt-*.index")
     )
-    assert saved[-1] == st.last_checkpoint.step and len(saved) <= 3  # --keep-checkpoints 3
+    assert saved[-1] == st.last_checkpoint.images == 32 * st.last_checkpoint.step and len(saved) <= 3
 
     # ---- 2: the same command again resumes from that checkpoint, finishes, evaluates
     code, out2, _ = job.run()
     assert code == 0, out2[-3000:]
     run2 = train_log.parse_train_log(out2).current
-    resumed = saved[-1]
+    resumed = saved[-1] // 32
     assert run2.start.start_step == resumed and run2.resumed_from.step == resumed
-    assert run2.resumed_from.path.endswith(f"ckpt-{resumed}")
+    assert run2.resumed_from.path.endswith(f"ckpt-{saved[-1]}") and run2.resumed_from.images == saved[-1]
     assert run2.rows[0].step == resumed + 1, "the step did not continue from the checkpoint"
     assert run2.done is not None and run2.done.complete and run2.done.step == 240
     assert run2.checkpoints[-1].step == 240 and run2.checkpoints[-1].epoch == 12
@@ -238,7 +244,7 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     assert proc.returncode == 0, proc.stderr[-3000:]
     alone = train_log.parse_eval(proc.stdout)
     assert alone.size == 1 and alone.step == 240 and alone.epoch == 12.0 and alone.examples == 128
-    assert alone.checkpoint.endswith("ckpt-240")
+    assert alone.checkpoint.endswith(f"ckpt-{240 * 32}")
     # rank 0's weights and batch-norm statistics everywhere: the number of processes does not change the result
     assert abs(alone.top1 - ev.top1) < 100 / 128 and abs(alone.top5 - ev.top5) < 100 / 128
     print(
@@ -249,6 +255,60 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
             if train_log.MARK in line or "Validation:" in line
         )
     )
+
+
+def test_a_resume_on_more_processes_then_a_restart_takes_the_newest_checkpoint_by_images(tmp_path, dataset):
+    # 1 process (global batch 16) to step 60: 960 images. Then 2 processes (global batch 32) resume at step 30
+    # and save at step 40: 1,280 images. Ordered by step, the restart would take the older step-60 one (and
+    # a save at step 60 of the new batch would overwrite it); by images it takes ckpt-1280.
+    def run(np: int, max_steps: int) -> train_log.TrainRun:
+        opts = train.TrainOptions(
+            data=str(dataset),
+            model="tiny",
+            epochs=12,
+            batch_size=16,
+            model_dir=str(tmp_path / "model"),
+            max_steps=max_steps,
+            checkpoint_every=20,
+            keep_checkpoints=3,
+            log_every=10,
+            no_eval=True,
+            extra=("--shuffle-buffer", "64"),
+        )
+        argv = horovodrun_argv(
+            np, f"localhost:{np}", train.trainer_argv(PY, str(TEMPLATE), opts), horovodrun=HOROVODRUN
+        )
+        proc = subprocess.run(
+            argv, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S, env=scrubbed_env(dict(os.environ))
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert "model tiny: 5,466 parameters" in proc.stdout
+        return train_log.parse_train_log(proc.stdout).current
+
+    folder = tmp_path / "model" / "checkpoints"
+
+    def on_disk() -> list[int]:
+        return sorted(int(p.name[5 : -len(".manifest.json")]) for p in folder.glob("ckpt-*.manifest.json"))
+
+    first = run(1, 61)
+    assert [(c.step, c.images) for c in first.checkpoints] == [(20, 320), (40, 640), (60, 960), (61, 976)]
+    assert on_disk() == [640, 960, 976]  # --keep-checkpoints 3
+
+    wider = run(2, 40)
+    # 976 images are step 30.5 of batch 32: the run counts on from step 30, the schedule from 30.5
+    assert wider.resumed_from.images == 976 and wider.start.start_step == 30
+    assert [(c.step, c.images) for c in wider.checkpoints] == [(40, 1296)]
+    peak = wider.start.peak_lr
+    assert peak == 0.1 * 32 / 256 and wider.start.fields["start_images"] == "976"
+    # in the 5-epoch warm-up (100 steps of batch 32): the rate at 30.5 steps, not at the rounded 30
+    assert wider.rows[0].step == 31 and wider.rows[0].lr == pytest.approx(peak * 31.5 / 100, abs=1e-6)
+    assert on_disk() == [960, 976, 1296]  # the one with the fewest images went, whatever its step
+    manifest = json.loads((folder / "ckpt-1296.manifest.json").read_text())
+    assert (manifest["images"], manifest["step"], manifest["global_batch"]) == (1296, 40, 32)
+
+    again = run(2, 50)
+    assert again.resumed_from.images == 1296 and again.resumed_from.path == str(folder / "ckpt-1296")
+    assert again.start.start_step == 40 and [(c.step, c.images) for c in again.checkpoints] == [(50, 1616)]
 
 
 def test_eval_only_without_a_checkpoint_fails_with_its_reason(tmp_path, dataset):
@@ -300,19 +360,6 @@ def test_crops_and_flips_differ_by_rank_and_restart_and_repeat_for_the_same_ones
     assert h0 != h1, "ranks 0 and 1 drew the same crops and flips"
     assert h0 != h_restart, "a restart drew the same crops and flips as the first start"
     assert h0 == h_again, "the same rank and start step must draw the same augmentation"
-
-
-def test_goyal_zeroes_the_last_batch_norm_gamma_of_every_residual_block():
-    out = _template_script(
-        "m = t.build_model(tf, 'resnet50', 32, 10)\n"
-        "print('ZEROED', t.zero_last_gammas(m))\n"
-        "g = {l.name: float(tf.reduce_sum(tf.abs(l.gamma))) for l in m.layers if l.name.endswith('_bn')}\n"
-        "print('LAST', sorted({v for k, v in g.items() if k.endswith('_3_bn')}))\n"
-        "print('OTHER', min(v for k, v in g.items() if not k.endswith('_3_bn')))\n"
-    )
-    assert "ZEROED 16" in out  # ResNet-50: 3 + 4 + 6 + 3 blocks
-    assert "LAST [0.0]" in out
-    assert float(out.split("OTHER ")[1].split()[0]) > 0
 
 
 def _single(tmp_path, *argv: str) -> subprocess.CompletedProcess:

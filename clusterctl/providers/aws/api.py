@@ -41,10 +41,12 @@ def _no_report(_: str) -> None:
 
 
 def configured_region() -> str | None:
-    """The region boto3 would use (AWS_REGION, AWS_DEFAULT_REGION, the profile's), or None."""
+    """The region the user configured, as the AWS CLI v2 and the other SDKs read it: AWS_REGION, then what
+    boto3 itself reads (AWS_DEFAULT_REGION, then the profile's); None when there is none. boto3 alone
+    ignores AWS_REGION, which users set, and the error's advice names."""
     import boto3
 
-    return boto3.session.Session().region_name or None
+    return os.environ.get("AWS_REGION", "").strip() or boto3.session.Session().region_name or None
 
 
 def _tags(pairs: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -86,9 +88,7 @@ class Api:
     @property
     def region(self) -> str:
         if not self._region:
-            import boto3
-
-            self._region = boto3.session.Session().region_name
+            self._region = configured_region()
             if not self._region:
                 raise ConfigError(
                     "no AWS region given", "pass --region or set AWS_REGION (or a region in ~/.aws/config)"

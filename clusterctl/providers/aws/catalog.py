@@ -80,6 +80,29 @@ GPUS: dict[str, int] = {
     "g4dn.16xlarge": 1,
     "g4dn.12xlarge": 4,
     "g4dn.metal": 8,
+    "g6.xlarge": 1,
+    "g6.12xlarge": 4,
+    "g6.48xlarge": 8,
+}
+
+# vCPUs per instance (AWS's instance type pages): what feeds the GPUs' input pipelines (bench/input_pipeline.py).
+VCPUS: dict[str, int] = {
+    "p3.2xlarge": 8,
+    "p3.8xlarge": 32,
+    "p3.16xlarge": 64,
+    "p3dn.24xlarge": 96,
+    "p4d.24xlarge": 96,
+    "p4de.24xlarge": 96,
+    "p5.48xlarge": 192,
+    "g4dn.xlarge": 4,
+    "g4dn.12xlarge": 48,
+    "g4dn.metal": 96,
+    "g5.xlarge": 4,
+    "g5.12xlarge": 48,
+    "g5.48xlarge": 192,
+    "g6.xlarge": 4,
+    "g6.12xlarge": 48,
+    "g6.48xlarge": 192,
 }
 
 # EFA support, same purpose (the API's NetworkInfo.EfaSupported wins when present).
@@ -162,6 +185,7 @@ class DlamiRelease:
     driver: str  # the full driver version of the release notes
     cuda: str  # the default CUDA of the image (others may sit beside it)
     source: str  # the release note it was read from
+    toolkits: tuple[str, ...] = ()  # every CUDA toolkit the release note lists (/usr/local/cuda-X.Y)
 
     @property
     def volta(self) -> bool:
@@ -177,6 +201,7 @@ DLAMI_RELEASES: tuple[DlamiRelease, ...] = (
         "595.58.03-595.91.07",
         "13.2",
         _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2404-2026-04-30.html (595.58.03, CUDA 13.2)",
+        ("12.8", "12.9", "13.0", "13.2"),
     ),
     DlamiRelease(
         _BASE_OSS + "20261*",
@@ -184,6 +209,7 @@ DLAMI_RELEASES: tuple[DlamiRelease, ...] = (
         "595.91.07",
         "13.2",
         _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2026-10-08.html (595.91.07, CUDA 13.2)",
+        ("12.8", "12.9", "13.0", "13.2"),
     ),
     DlamiRelease(
         _BASE_OSS + "202601*",
@@ -191,6 +217,7 @@ DLAMI_RELEASES: tuple[DlamiRelease, ...] = (
         "580.105.08",
         "13.0",
         _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2026-01-08.html (580.105.08, CUDA 13.0)",
+        ("12.8", "12.9", "13.0"),
     ),
     DlamiRelease(
         _BASE_OSS + "202512*",
@@ -198,6 +225,7 @@ DLAMI_RELEASES: tuple[DlamiRelease, ...] = (
         "580.105.08",
         "13.0",
         _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2404-2025-12-10.html (580.105.08, CUDA 13.0)",
+        ("12.8", "12.9", "13.0"),
     ),
     DlamiRelease(
         _BASE_OSS + "202510*",
@@ -206,8 +234,55 @@ DLAMI_RELEASES: tuple[DlamiRelease, ...] = (
         "12.9",
         _NOTES + "aws-deep-learning-ami-gpubaseossarm64-ul2204-2025-11-10.html (release 20251031: "
         "580.95.05, CUDA 12.9)",
+        ("12.9",),
     ),
 )
+
+
+# The image's python3 by its Ubuntu release (Ubuntu's python3 package: 20.04 ships 3.8, 22.04 3.10, 24.04 3.12).
+UBUNTU_PYTHON = {"20.04": "3.8", "22.04": "3.10", "24.04": "3.12"}
+
+# Compute capability per GPU model, as DescribeInstanceTypes names them (NVIDIA, developer.nvidia.com/cuda-gpus).
+COMPUTE_CAPABILITY = {
+    "V100": "7.0",
+    "T4": "7.5",
+    "A10G": "8.6",
+    "L4": "8.9",
+    "L40S": "8.9",
+    "A100": "8.0",
+    "H100": "9.0",
+    "H200": "9.0",
+}
+
+
+def image_python(image_name: str) -> str:
+    """The python3 an image's name implies ("Ubuntu 24.04" -> "3.12"), or "" when the name does not say."""
+    import re
+
+    m = re.search(r"ubuntu[ -]?(\d\d\.\d\d)", image_name or "", re.IGNORECASE)
+    return UBUNTU_PYTHON.get(m.group(1), "") if m else ""
+
+
+# The GPU of a family, for types the API does not describe (AWS's accelerated computing instance pages).
+FAMILY_GPU = {
+    "p3": "V100",
+    "p3dn": "V100",
+    "g4dn": "T4",
+    "g5": "A10G",
+    "g6": "L4",
+    "g6e": "L40S",
+    "p4d": "A100",
+    "p4de": "A100",
+    "p5": "H100",
+    "p5e": "H200",
+    "p5en": "H200",
+}
+
+
+def compute_capability(instance_type: str, gpu_model: str = "") -> str:
+    """The type's GPUs' compute capability ("NVIDIA V100" or a p3 type -> "7.0"); "" when not in the tables."""
+    words = (gpu_model or FAMILY_GPU.get(family(instance_type), "")).replace(",", " ").split()
+    return next((COMPUTE_CAPABILITY[w] for w in words if w in COMPUTE_CAPABILITY), "")
 
 
 def dlami_release(image_name: str) -> DlamiRelease | None:

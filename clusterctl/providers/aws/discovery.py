@@ -27,21 +27,29 @@ TAG_INDEX = "clusterctl:index"
 TAG_SLOTS = "clusterctl:slots"
 TAG_USER = "clusterctl:ssh-user"
 TAG_REGION = "clusterctl:region"
-TAG_OWNER = "clusterctl:owner"  # user@host that made it (shown by `gc`)
+TAG_OWNER = "clusterctl:owner"  # the ARN of the AWS identity that made it: whose it is (`down`, `gc`, `ls`)
+TAG_LABEL = "clusterctl:owner-label"  # user@host that made it: a label for people, never a test of ownership
 TAG_ID = "clusterctl:id"  # the random id of the cluster, made at its creation: with the name, its identity
 IAM_PATH = "/clusterctl/"
 _ID = "[0-9a-f]{12}"
 CLUSTER_ID = re.compile(rf"^{_ID}$")
 
-_OWNER: dict[str, str] = {}
+_CALLERS: dict[int, str] = {}  # id(Api) -> its caller's ARN (asked once per Api)
 
 
-def _owner() -> str:
-    if "v" not in _OWNER:
-        from clusterctl.proc import owner
+def caller(api: Api) -> str:
+    """Who asks: the ARN of the credentials' AWS identity (STS GetCallerIdentity, which needs no permission). Two
+    people on one machine with their own profiles are two owners; a login name (LOGNAME) changes nothing."""
+    if id(api) not in _CALLERS:
+        _CALLERS[id(api)] = str(api.call("sts", "get_caller_identity")["Arn"])
+    return _CALLERS[id(api)]
 
-        _OWNER["v"] = owner()
-    return _OWNER["v"]
+
+def owner_label() -> str:
+    """user@host of this machine, kept beside the owner for people to read."""
+    from clusterctl.proc import owner
+
+    return owner()
 
 
 def new_cluster_id() -> str:
@@ -67,7 +75,7 @@ class Scope:
 
     name: str
     id: str = ""
-    owner: str = ""
+    owner: str = ""  # the ARN of whoever made it (before owner ARNs: user@host)
     every: bool = False
 
     def filters(self) -> list[dict[str, Any]]:
@@ -101,7 +109,8 @@ class Scope:
             TAG: self.name,
             **({TAG_ID: self.id} if self.id else {}),
             TAG_REGION: region,
-            TAG_OWNER: self.owner or _owner(),
+            TAG_OWNER: self.owner,
+            TAG_LABEL: owner_label(),
         }
 
     def label(self) -> str:
@@ -294,7 +303,14 @@ def find(api: Api, scope: Scope) -> Cluster | None:
         return None
     tags = _tagdict(ordered(instances)[0])
     return cluster_of(
-        api.region, scope.name, instances, extra={"cluster_id": tags.get(TAG_ID, ""), "owner": tags.get(TAG_OWNER, "")}
+        api.region,
+        scope.name,
+        instances,
+        extra={
+            "cluster_id": tags.get(TAG_ID, ""),
+            "owner": tags.get(TAG_OWNER, ""),
+            "owner_label": tags.get(TAG_LABEL, ""),
+        },
     )
 
 

@@ -32,11 +32,12 @@ from clusterctl.providers.aws.discovery import (
     cluster_of,
     instances_of,
     ordered,
+    owner_label,
 )
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.base import ClusterKeys
 from clusterctl.state import atomic_write
-from clusterctl.types import Cluster, node_names
+from clusterctl.types import Cluster, ClusterSpec, node_names
 
 CAPACITY_CODES = {
     "InsufficientInstanceCapacity",
@@ -111,12 +112,7 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
     key = bootstrap.ensure_key_pair(api, ctx, scope, keys.operator_public)
     profile = bootstrap.ensure_instance_profile(api, ctx, scope)
     if existing:
-        bad = [i["InstanceId"] for i in existing if i["State"]["Name"] not in ("pending", "running")]
-        if bad:
-            raise ProvisionError(
-                f"cluster {name} has instance(s) that are not running: {', '.join(bad)}",
-                f"bring it down first: clusterctl down {name} --yes",
-            )
+        existing = start_stopped(api, name, existing, wait_timeout)
         api.report(f"found {len(existing)} running instance(s) of {name} by tags: reusing them")
         ids = [i["InstanceId"] for i in existing]
     else:
@@ -135,6 +131,7 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
         "network_created": "yes" if net.created else "no",
         "cluster_id": scope.id,
         "owner": scope.owner,
+        "owner_label": owner_label(),
         **fabric_extra(ctx),
         **autostop.extra(spec.autostop),
     }
@@ -157,9 +154,39 @@ def fabric_extra(ctx: Context) -> dict[str, str]:
         "efa_interfaces": str(fabric.efa_count(t)),
         "efa_rdma": "true" if fabric.efa_count(t) and t.efa_rdma else "false",
         "gpus": str(t.gpus),
+        "gpu_model": t.gpu_model,  # DescribeInstanceTypes' GPU name: train_config.py's row for the type
         "driver_branch": str(r.driver_branch) if r else "",
         "cuda": r.cuda if r else "",
     }
+
+
+def start_stopped(api: Api, name: str, existing: list[dict[str, Any]], wait_timeout: float) -> list[dict[str, Any]]:
+    """A cluster autostop stopped (--idle-action stop): its instances started again, their disks as they were
+    left. One still stopping is waited for (bounded); any other state than pending/running/stopped is refused."""
+    deadline = time.monotonic() + wait_timeout
+    while any(i["State"]["Name"] == "stopping" for i in existing) and time.monotonic() < deadline:
+        time.sleep(api.poll_interval)
+        ids = [i["InstanceId"] for i in existing]
+        existing = [
+            i for r in api.call("ec2", "describe_instances", InstanceIds=ids)["Reservations"] for i in r["Instances"]
+        ]
+    bad = [i["InstanceId"] for i in existing if i["State"]["Name"] not in ("pending", "running", "stopped")]
+    if bad:
+        raise ProvisionError(
+            f"cluster {name} has instance(s) that are neither running nor stopped: {', '.join(bad)}",
+            f"wait a minute and run `clusterctl up` again, or remove it: clusterctl down {name} --yes",
+        )
+    stopped = [i["InstanceId"] for i in existing if i["State"]["Name"] == "stopped"]
+    if stopped:
+        api.report(f"starting {len(stopped)} stopped instance(s) of {name} (their disks as autostop left them)")
+        api.api("ec2", "start_instances", InstanceIds=stopped)
+    return existing
+
+
+def shutdown_behavior(spec: ClusterSpec) -> str:
+    """What a `shutdown` on the node (the autostop watchdog's power-off) does to the instance: the cluster's
+    --idle-action, stop (its EBS disks kept, `up` starts it again) or terminate."""
+    return spec.autostop.idle_action if spec.autostop is not None else "terminate"
 
 
 def run_params(
@@ -201,7 +228,7 @@ def run_params(
         "NetworkInterfaces": nics,
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
         "BlockDeviceMappings": [{"DeviceName": ctx.image.root_device, "Ebs": ebs}],
-        "InstanceInitiatedShutdownBehavior": "terminate",
+        "InstanceInitiatedShutdownBehavior": shutdown_behavior(spec),
         "TagSpecifications": tag_specs,
         "UserData": render_user_data(
             spec.name, ctx.region, ctx.image.ssh_user, ctx.slots, internal_key, autostop=spec.autostop

@@ -48,6 +48,12 @@ class AwsOptions:
                 o[k] = tuple(o[k])
         opts = cls(**o)
         opts.validate()
+        if opts.spot and spec.autostop is not None and spec.autostop.idle_action == "stop":
+            # EC2 stops no one-time spot instance: its shutdown behaviour can only be terminate
+            raise ConfigError(
+                "--spot instances cannot be stopped by autostop (EC2 only terminates one-time spot instances)",
+                "add --idle-action terminate (what they hold is lost when autostop fires), or drop --spot",
+            )
         return opts
 
     @property

@@ -13,15 +13,15 @@ from clusterctl.providers.aws.discovery import (
     KIND,
     TAG_OWNER,
     Scope,
-    _owner,
+    caller,
     find_one,
     instances_of,
     new_cluster_id,
 )
-from clusterctl.providers.aws.instances import run_params
+from clusterctl.providers.aws.instances import run_params, shutdown_behavior
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.aws.options import parse_s3_read
-from clusterctl.providers.base import Plan
+from clusterctl.providers.base import ImageFacts, Plan
 from clusterctl.types import node_names
 from clusterctl.units import money
 
@@ -75,11 +75,12 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
         f"IAM instance profile {scope.iam(ctx.region) if scope else 'clusterctl-<id>'}: {reads}; no AWS keys on nodes"
     )
     lines.append(
-        "IMDSv2 required; instance-initiated shutdown terminates"
+        "IMDSv2 required; instance-initiated shutdown (autostop's power-off) "
+        + ("stops the instances (disks kept)" if shutdown_behavior(spec) == "stop" else "terminates the instances")
         + ("; spot (one-time, terminated on interruption)" if o.spot else "")
     )
     existing = instances_of(api, scope or Scope(spec.name, every=True))
-    others = sorted({_tagdict(i).get(TAG_OWNER, "") for i in existing} - {_owner()}) if scope is None else []
+    others = sorted({_tagdict(i).get(TAG_OWNER, "") for i in existing} - {caller(api)}) if scope is None else []
     if others:  # another owner's cluster of this name is running: never adopted, never this owner's to remove
         owner = ", ".join(o or "unknown" for o in others)
         raise ProvisionError(
@@ -112,7 +113,21 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
             f"{money(ctx.price.volume_usd_per_hour)} disk; {catalog.PRICES_REGION} on-demand "
             f"prices of {catalog.PRICES_DATE}, other regions differ)"
         )
-    return Plan(tuple(lines), hourly, catalog.PRICES_DATE)
+    return Plan(tuple(lines), hourly, catalog.PRICES_DATE, image_facts(ctx))
+
+
+def image_facts(ctx: Context) -> ImageFacts:
+    """What the node runtime's build will find on these nodes, as far as the tables know before launch."""
+    release, t = ctx.image.release, ctx.type
+    model = (t.gpu_model or catalog.FAMILY_GPU.get(catalog.family(t.name), "")) if t.gpus else ""
+    cc = catalog.compute_capability(t.name, model) if t.gpus else ""
+    return ImageFacts(
+        python=catalog.image_python(ctx.image.name),
+        cuda_toolkits=release.toolkits if release else (),
+        default_cuda=release.cuda if release else "",
+        compute_caps=(cc,) if cc else (),
+        gpu_model=model,
+    )
 
 
 def _interfaces(ctx: Context) -> str:
@@ -174,7 +189,7 @@ def dry_run(api: Api, ctx: Context, scope: Scope | None) -> list[str]:
             else:
                 raise api.error(f"{op} (DryRun)", exc) from None
 
-    scope = scope or Scope(spec.name, new_cluster_id(), _owner())  # not saved: nothing is made
+    scope = scope or Scope(spec.name, new_cluster_id(), caller(api))  # not saved: nothing is made
     tags = [{"ResourceType": "placement-group", "Tags": _tags(scope.tags(ctx.region))}]
     if o.placement and ctx.type.cluster_placement:
         check(

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 from clusterctl.errors import ConfigError
 from clusterctl.providers.aws import bootstrap, discovery, instances, machine, plan as planning, replace, teardown
 from clusterctl.providers.aws.api import Api, Report
-from clusterctl.providers.aws.discovery import CLUSTER_ID, Scope, _owner, new_cluster_id
+from clusterctl.providers.aws.discovery import CLUSTER_ID, Scope, caller, new_cluster_id
 from clusterctl.providers.aws.instances import CONSOLE_WAIT
 from clusterctl.providers.aws.machine import Context, Image, TypeInfo
 from clusterctl.providers.aws.options import AwsOptions
@@ -92,9 +92,9 @@ class AwsProvider:
             cluster = self.store.load(name).cluster
             if cluster.provider == self.name:
                 cid = cluster.extra.get("cluster_id", "")
-                scope = Scope(name, cid, cluster.extra.get("owner") or _owner())
+                scope = Scope(name, cid, cluster.extra.get("owner") or self.me())
         if scope is None and self._id_file(name).is_file():
-            scope = Scope(name, self._id_file(name).read_text().strip(), _owner())
+            scope = Scope(name, self._id_file(name).read_text().strip(), self.me())
         if scope is not None and scope.id and not CLUSTER_ID.match(scope.id):
             raise StateError(
                 f"the record of cluster {name} holds a bad cluster id {scope.id!r}",
@@ -116,7 +116,7 @@ class AwsProvider:
         """The identity `up` creates under: the known one, else a new random id, saved before anything is made."""
         scope = self.known_scope(name)
         if scope is None:
-            scope = Scope(name, new_cluster_id(), _owner())
+            scope = Scope(name, new_cluster_id(), self.me())
             atomic_write(self.store.ensure_dir(name) / "aws-id", scope.id + "\n")
             self._scopes[name] = scope
         return scope
@@ -135,7 +135,7 @@ class AwsProvider:
         if known is not None:
             return [known]
         found = self.identities(name)
-        foreign = [s for s in found if s.owner != _owner()]
+        foreign = [s for s in found if s.owner != self.me()]
         if foreign and not self.force:
             from clusterctl.errors import UsageError
 
@@ -145,6 +145,10 @@ class AwsProvider:
                 "pass --force to remove it anyway",
             )
         return found
+
+    def me(self) -> str:
+        """The caller identity's ARN (discovery.caller): what `clusterctl:owner` says of what it makes."""
+        return caller(self.api)
 
     def owners(self, name: str) -> list[str]:
         """The owners of what `down NAME` would remove (for the confirmation prompt)."""

@@ -13,6 +13,7 @@ import base64
 from pathlib import Path
 from typing import Any, Sequence
 
+from clusterctl.autostop import settings as autostop
 from clusterctl.errors import CapacityError, ProvisionError
 from clusterctl.providers.aws import catalog, instances, machine, teardown
 from clusterctl.providers.aws.api import Api, _tagdict, _tags
@@ -77,6 +78,7 @@ def _context(api: Api, cluster: Cluster, peer: dict[str, Any], count: int) -> ma
         slots=int(tags.get(TAG_SLOTS) or 1),
         instance_type=peer["InstanceType"],
         region=cluster.region,
+        autostop=autostop.from_extra(cluster.extra),  # its idle action is the instances' shutdown behaviour
     )
     image = machine.Image(
         peer["ImageId"], cluster.extra.get("image_name", ""), tags.get(TAG_USER) or "ubuntu", root, "the cluster's"
@@ -140,6 +142,18 @@ def replace(
         token=instances._token(f"{cluster.name}-repair", 1),
         internal_key=internal_key,
     )
+    behavior = (
+        api.call(
+            "ec2",
+            "describe_instance_attribute",
+            InstanceId=peer["InstanceId"],
+            Attribute="instanceInitiatedShutdownBehavior",
+        )
+        .get("InstanceInitiatedShutdownBehavior", {})
+        .get("Value")
+    )
+    if behavior in ("stop", "terminate"):
+        params["InstanceInitiatedShutdownBehavior"] = behavior  # as the peer's, whatever the record says
     user_data = _user_data(api, peer)
     if user_data:
         params["UserData"] = user_data  # the peer's own cloud-init (its watchdog settings included)

@@ -12,7 +12,8 @@ def main(argv: list[str]) -> int:
 
         name = validate_name(argv[1])
         store = StateStore()
-        return supervise(name, store, LocalProvider(store).terminate)
+        provider = LocalProvider(store)
+        return supervise(name, store, provider.terminate, provider.stop)
     sys.stderr.write("usage: python -m clusterctl.providers.local supervise NAME\n")
     return 2
 

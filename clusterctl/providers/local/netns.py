@@ -38,6 +38,10 @@ from clusterctl.proc import alive
 NETNS_PREFIX = "clusterctl-"
 DEFAULT_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 NET_LOCK = Path("/run/clusterctl-net.lock")
+# Whose each local cluster is: one file per cluster naming the CLUSTERCTL_HOME (and user@host) that made it,
+# written before its first namespace and removed with its last. Kept with the namespaces (in /run: a reboot
+# clears both), not in /etc/netns/NS, whose files `ip netns exec` binds over the node's /etc.
+OWNERS = Path("/run/clusterctl-owners")
 SSHD = "/usr/sbin/sshd"
 
 
@@ -359,6 +363,27 @@ def wait_port(address: str, port: int, timeout: float, pid: int | None = None, l
         time.sleep(0.05)
 
 
+# ---- ownership ---------------------------------------------------------------------------------------
+def _owner_file(cluster: str) -> Path:
+    return OWNERS / f"{NETNS_PREFIX}{cluster}"
+
+
+def write_owner(cluster: str, owner: str) -> None:
+    """Mark the cluster as `owner`'s (before anything of it is made: a half-made cluster has an owner too)."""
+    OWNERS.mkdir(mode=0o755, exist_ok=True)
+    tmp = _owner_file(cluster).with_suffix(".tmp")
+    tmp.write_text(owner + "\n")
+    os.replace(tmp, _owner_file(cluster))
+
+
+def read_owner(cluster: str) -> str:
+    """Who made the cluster ("" when no mark says: a cluster made before marks, or an unreadable one)."""
+    try:
+        return _owner_file(cluster).read_text().strip()
+    except OSError:
+        return ""
+
+
 # ---- discovery and teardown -------------------------------------------------------------------------
 def cluster_netns(cluster: str) -> list[str]:
     try:
@@ -450,7 +475,10 @@ def destroy(cluster: str, timeout: float = 10.0) -> Leftovers:
         _run(["umount", "-l", mount], check=False)
     for d in _etc_dirs(cluster):
         shutil.rmtree(d, ignore_errors=True)
-    return leftovers(cluster)
+    left = leftovers(cluster)
+    if left.empty:  # the owner's mark goes last, with nothing left to own
+        _owner_file(cluster).unlink(missing_ok=True)
+    return left
 
 
 def _etc_dirs(cluster: str) -> list[Path]:

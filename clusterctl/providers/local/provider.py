@@ -1,7 +1,9 @@
 """The built-in cluster: N namespace nodes with real sshd on this machine (see netns.py).
 
 It proves the provider interface covers fixed machines and gives every user a cluster to try with
-no cloud account. Resources are found by name (the local equivalent of tags).
+no cloud account. Resources are found by name (the local equivalent of tags). A cluster belongs to the
+CLUSTERCTL_HOME that made it (netns.write_owner's mark: user@host:HOME, its real path): `down`, `gc` and `down
+--all` from another home (another user's, a test's) leave it alone unless --force.
 """
 
 from __future__ import annotations
@@ -68,7 +70,31 @@ class LocalProvider:
         force: bool = False,
     ) -> None:
         self.store = store or StateStore()  # region, report: the contract's, nothing here is regional or slow
-        self.force = force  # every local cluster is this machine's user's: nothing to force
+        self.force = force  # down/gc may remove another CLUSTERCTL_HOME's cluster
+
+    def me(self) -> str:
+        """This caller as an owner: user@host and the real path of its CLUSTERCTL_HOME (two homes of one user
+        on one machine, a test's and the user's, are two owners)."""
+        from clusterctl.proc import owner
+
+        return f"{owner()}:{os.path.realpath(self.store.root)}"
+
+    def whose(self, name: str) -> str:
+        """Who made local cluster `name`: its mark; a cluster made before marks is this home's when the record
+        here is of it; "" when nobody is known."""
+        owner = netns.read_owner(name)
+        if owner:
+            return owner
+        try:
+            mine = self.store.exists(name) and self.store.load(name).cluster.provider == self.name
+        except Exception:  # a damaged record vouches for nothing
+            mine = False
+        return self.me() if mine else ""
+
+    def _foreign(self, name: str) -> str:
+        """ "" when this caller may remove the cluster (its own, or --force), else whose it is."""
+        owner = self.whose(name)
+        return "" if self.force or owner == self.me() else owner or "an unknown owner (no mark, no record here)"
 
     def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
         pass  # the nodes' bridge has no route out: nobody else can reach them
@@ -102,7 +128,8 @@ class LocalProvider:
         cluster = self.find(name)
         if cluster is None:
             return None
-        lost = {x.node.name for x in self.lost_nodes(cluster)}
+        up = self.store.exists(name) and self.store.load(name).status == "up"  # a stopped cluster's nodes are not lost
+        lost = {x.node.name for x in self.lost_nodes(cluster)} if up else set()
         return ClusterStatus(
             name,
             self.name,
@@ -119,9 +146,18 @@ class LocalProvider:
         return [st for st in map(self.status, sorted(self.all_clusters())) if st is not None]
 
     def owners(self, name: str) -> list[str]:
-        return []  # every local cluster is this machine's
+        return [self.whose(name) or "unknown"]
 
     def resources(self, name: str) -> list[str]:
+        other = self._foreign(name)
+        if other:
+            from clusterctl.errors import UsageError
+
+            raise UsageError(
+                f"local cluster {name} belongs to another owner ({other}), not this CLUSTERCTL_HOME "
+                f"({os.path.realpath(self.store.root)})",
+                "run clusterctl with that CLUSTERCTL_HOME, or pass --force to remove it anyway",
+            )
         left = netns.leftovers(name)
         return [f"namespace {ns}" for ns in left.netns] + [f"link {link}" for link in left.links]
 
@@ -149,6 +185,7 @@ class LocalProvider:
             if len(addresses) != spec.nodes:
                 raise ConfigError(f"subnet {subnet} has room for {len(addresses)} nodes, not {spec.nodes}")
             netns.check_subnet_free(subnet)
+            netns.write_owner(spec.name, self.me())  # before anything of it exists: a half-made one is ours too
             bridge = netns.create_bridge(spec.name, subnet, gateway)
 
         specs = [netns.NodeSpec(i, names[i], addresses[i]) for i in range(spec.nodes)]
@@ -193,6 +230,20 @@ class LocalProvider:
         return None
 
     def terminate(self, name: str) -> Teardown:
+        """Everything of the cluster, when it is this caller's (or --force); another owner's is kept and said
+        so (an `up` that finds the name taken by another home rolls back through here)."""
+        other = self._foreign(name)
+        if other:
+            return Teardown((), (f"local cluster {name}: another owner's ({other}), kept (--force removes it)",))
+        return self._end(name, keep_homes=False)
+
+    def stop(self, name: str) -> Teardown:
+        """Autostop's --idle-action stop (the supervisor's, never `down`'s): the nodes end as a stopped instance
+        does, their homes (the disks: what jobs wrote under /root) are kept for the next `up` of this name. /opt
+        and /tmp are memory (tmpfs), like an instance store: gone."""
+        return self._end(name, keep_homes=True)
+
+    def _end(self, name: str, keep_homes: bool) -> Teardown:
         from clusterctl.providers.local import supervisor
 
         supervisor.stop_supervisor(name)  # first: it must not take the nodes' end for the watchdog's power-off
@@ -203,7 +254,7 @@ class LocalProvider:
         removed += [f"process {pid}" for pid in before.pids if pid not in left.pids]
         removed += [f"node /opt {m}" for m in before.mounts if m not in left.mounts]
         nodes_dir = self.store.cluster_dir(name) / "nodes"
-        if nodes_dir.exists():
+        if nodes_dir.exists() and not keep_homes:
             import shutil
 
             shutil.rmtree(nodes_dir, ignore_errors=True)
@@ -214,18 +265,17 @@ class LocalProvider:
         return netns.all_clusters()
 
     def everything_made(self) -> list[Found]:
-        """Namespaces (and their config folders) of every local cluster on this machine."""
-        from clusterctl.proc import owner
-
+        """Namespaces (and their config folders) of every local cluster on this machine, each with its owner
+        (whose(): the home that made it)."""
         names = set(netns.all_clusters())
         etc = Path("/etc/netns")
         if etc.is_dir():
             for d in etc.iterdir():
                 if d.name.startswith(netns.NETNS_PREFIX) and d.name.rsplit("-", 1)[-1].isdigit():
                     names.add(d.name[len(netns.NETNS_PREFIX) :].rsplit("-", 1)[0])
-        me = owner()
         out = []
         for name in sorted(names):
+            owner = self.whose(name)
             left = netns.leftovers(name)
             for ns in left.netns:
                 out.append(
@@ -234,13 +284,13 @@ class LocalProvider:
                         "namespace",
                         ns,
                         _mtime(Path("/run/netns") / ns),
-                        me,
+                        owner,
                         f"{len(netns.netns_pids(ns))} process(es)",
                     )
                 )
-            out += [Found(name, "link", link, None, me) for link in left.links]
+            out += [Found(name, "link", link, None, owner) for link in left.links]
             out += [
-                Found(name, "config folder", d, _mtime(Path(d)), me)
+                Found(name, "config folder", d, _mtime(Path(d)), owner)
                 for d in left.etc_dirs
                 if not any(d.endswith("/" + ns) for ns in left.netns)
             ]

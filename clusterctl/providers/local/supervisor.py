@@ -5,7 +5,8 @@ a detached process inside the leader node, settings in the node's ~/.clusterctl/
 supervisor, `python -m clusterctl.providers.local supervise NAME`, started detached. It (re)starts the
 watchdog whenever the leader's PID 1 (re)starts, as an init system would; when the watchdog fired
 (fired.json) and the leader's PID 1 ended (its power-off), it tears the cluster down through the provider's
-own terminate (the same as `down`) and writes why into the state record (status "stopped"). It exits when
+own stop (--idle-action stop: the nodes end, their homes are kept) or terminate (the same as `down`) and
+writes why into the state record (status "stopped", its note says which). It exits when
 the cluster's namespaces are gone; `down` stops it first.
 
 Running supervisors are found by their command line. Versions before this module ran them as
@@ -144,9 +145,16 @@ def _say(text: str) -> None:
     print(time.strftime("%Y-%m-%dT%H:%M:%S ") + text, flush=True)
 
 
-def supervise(name: str, store: StateStore, terminate: Callable[[str], Teardown], poll: float = 0.5) -> int:
-    """The host-side half of a local cluster's autostop (see the module's docstring). `terminate`: the local
-    provider's own (given by __main__, so this module does not import the provider that imports it)."""
+def supervise(
+    name: str,
+    store: StateStore,
+    terminate: Callable[[str], Teardown],
+    stop_nodes: Callable[[str], Teardown] | None = None,
+    poll: float = 0.5,
+) -> int:
+    """The host-side half of a local cluster's autostop (see the module's docstring). `terminate`, `stop_nodes`:
+    the local provider's own (given by __main__, so this module does not import the provider that imports it);
+    the watchdog's idle action (fired.json) picks one: stop keeps the nodes' homes."""
     ns = netns.netns_name(name, 0)
     fired = local_dir(store, name) / "fired.json"
     stop = {"now": False}
@@ -159,7 +167,7 @@ def supervise(name: str, store: StateStore, terminate: Callable[[str], Teardown]
             _say("the cluster's namespaces are gone; nothing to supervise")
             return 0
         if fired.exists():
-            return _power_off(store, name, ns, fired, terminate)
+            return _power_off(store, name, ns, fired, terminate, stop_nodes)
         if (init is None or not alive(init)) and time.monotonic() - looked >= (2.0 if init is None else 0.0):
             looked = time.monotonic()  # a node without PID 1 (killed, rebooting) is looked for every 2s only
             now_init = node_init_pid(ns)
@@ -172,8 +180,16 @@ def supervise(name: str, store: StateStore, terminate: Callable[[str], Teardown]
     return 0
 
 
-def _power_off(store: StateStore, name: str, ns: str, fired: Path, terminate: Callable[[str], Teardown]) -> int:
-    """The leader powered itself off (or is about to): remove the cluster as `down` does, say why."""
+def _power_off(
+    store: StateStore,
+    name: str,
+    ns: str,
+    fired: Path,
+    terminate: Callable[[str], Teardown],
+    stop_nodes: Callable[[str], Teardown] | None,
+) -> int:
+    """The leader powered itself off (or is about to): stop the cluster (its homes kept) or remove it as `down`
+    does, as the watchdog's idle action says; say why."""
     from clusterctl.errors import StateError
     from clusterctl.state import Record
 
@@ -187,11 +203,16 @@ def _power_off(store: StateStore, name: str, ns: str, fired: Path, terminate: Ca
     for _ in range(600):
         try:
             with store.lock(name):
-                teardown = terminate(name)
+                end = stop_nodes if stop_nodes is not None and info.get("action") == "stop" else terminate
+                teardown = end(name)
                 for line in teardown.removed:
                     _say(f"removed {line}")
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.get("at") or time.time())))
-                note = f"stopped by autostop at {when}: {reason}"
+                if end is terminate:
+                    note = f"terminated by autostop at {when} (the nodes' homes are gone): {reason}"
+                else:
+                    note = f"stopped by autostop at {when} (the nodes' homes kept: `clusterctl up --name {name} "
+                    note += f"--provider local` starts it again): {reason}"
                 if not teardown.clean:
                     note += f" (left: {'; '.join(teardown.left)}; run `clusterctl down {name} --yes`)"
                 if record is not None:

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Can the CPUs feed the GPUs? The training input pipeline's rate per core here, and what it means per type.
+
+No arguments; one to two minutes on a 2-core machine. It makes ImageNet-sized JPEGs (500x375, quality 90, about
+ImageNet's ~110 KB a file) in a temp folder, turns them into TFRecords the way `clusterctl data tfrecords`
+does, and runs templates/input_rate.py on them: the trainer's own pipeline (templates/train_imagenet.py's
+train_dataset: decode, random crop, resize to 224, flip, normalise, batch), pinned to one core; the same
+again on the images pre-resized to a shorter side of 256, the remedy `train` suggests. Then, for
+every supported instance type, its vCPUs x that rate against its GPUs x NVIDIA's published ResNet-50 v1.5
+img/s (clusterctl/workloads/train_feed.py): what `train` warns about before a run.
+
+    python bench/input_pipeline.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from clusterctl.providers.aws import catalog  # noqa: E402
+from clusterctl.workloads import train_config, train_feed  # noqa: E402
+
+IMAGES = 192  # 6 classes x 32: the timed run reads them in a loop
+CLASSES = 6
+WIDTH, HEIGHT, QUALITY = 500, 375, 90  # ImageNet's typical landscape photo
+SMALL_WIDTH, SMALL_HEIGHT = 341, 256  # the same, its shorter side resized to 256 (what the crops are taken from)
+
+
+def make_jpegs(folder: Path, width: int, height: int) -> float:
+    """IMAGES JPEG files in class folders: smooth random scenes with grain, so they decode like photographs
+    (flat images decode several times faster). Returns their mean size in KB."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    total = 0
+    for i in range(IMAGES):
+        low = rng.uniform(0, 255, (12, 16, 3)).astype(np.float32)
+        img = tf.image.resize(low[None], (height, width), method="bicubic")[0].numpy()
+        img += rng.normal(0, 20, img.shape)
+        data = tf.io.encode_jpeg(np.clip(img, 0, 255).astype(np.uint8), quality=QUALITY).numpy()
+        path = folder / f"class_{i % CLASSES}" / f"img_{i:05d}.JPEG"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        total += len(data)
+    return total / IMAGES / 1024
+
+
+def per_core_rate(records: Path) -> float:
+    """templates/input_rate.py in its own process (it pins itself to one core)."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "templates" / "input_rate.py"), "--data", str(records)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    parsed = train_feed.parse_probe(out)
+    if parsed is None:
+        sys.exit(f"input_rate.py printed no rate: {out!r}")
+    return parsed[0]
+
+
+def main() -> int:
+    t0 = time.monotonic()
+    from clusterctl.data import tfrecords
+
+    rates, sizes = {}, {}
+    with tempfile.TemporaryDirectory(prefix="input-pipeline-") as tmp:
+        # ImageNet-sized, and the same scenes pre-resized to a shorter side of 256 (the advice's effect).
+        for width, height in ((WIDTH, HEIGHT), (SMALL_WIDTH, SMALL_HEIGHT)):
+            jpegs, records = Path(tmp) / f"jpegs-{width}", Path(tmp) / f"records-{width}"
+            sizes[width] = make_jpegs(jpegs, width, height)
+            tfrecords.convert_folder(jpegs, records, train_shards=4, validation_shards=1, validation_fraction=0.05)
+            rates[width] = per_core_rate(records)
+    rate = rates[WIDTH]
+    print(
+        f"{IMAGES} JPEGs of {WIDTH}x{HEIGHT} at quality {QUALITY}, {sizes[WIDTH]:.0f} KB on average; "
+        f"{os.cpu_count()} cores here"
+    )
+    print(f"input pipeline: {rate:.0f} img/s per core")
+    print(
+        f"(pre-resized to {SMALL_WIDTH}x{SMALL_HEIGHT}, {sizes[SMALL_WIDTH]:.0f} KB: {rates[SMALL_WIDTH]:.0f} img/s "
+        f"per core, {rates[SMALL_WIDTH] / rate:.1f}x)"
+    )
+    print()
+    header = f"{'type':<15}{'GPUs':>10}{'vCPUs':>7}{'decoded img/s':>15}{'GPUs need':>11}{'feeds':>8}"
+    print(header)
+    print("-" * len(header))
+    starved = []
+    for itype, vcpus in catalog.VCPUS.items():
+        gpus = catalog.gpus(itype) or 0
+        gpu = train_config.gpu_type(itype)
+        f = train_feed.feed(vcpus, rate, gpus, gpu)
+        if f is None:
+            continue
+        print(f"{itype:<15}{f'{gpus} x {gpu}':>10}{vcpus:>7}{f.supply:>15,.0f}{f.demand:>11,.0f}{f.ratio:>8.0%}")
+        if f.starves:
+            starved.append(itype)
+    print()
+    print("GPUs need: GPUs x their expected img/s (clusterctl/workloads/train_feed.py, with sources):")
+    for gpu, e in train_feed.EXPECTED.items():
+        print(f"  {gpu:<5} {e.per_gpu:>6,.0f} img/s  {e.source}")
+    if starved:
+        print(f"below 100%: the GPUs would wait for images on {', '.join(starved)}: {train_feed.ADVICE}")
+    print(f"({time.monotonic() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""The networks templates/train_imagenet.py and templates/bench_synthetic.py build, written once (staged beside
+them in the job folder), and the device report both print.
+
+ResNet-50 v1.5, as the references define it:
+- torchvision's models/resnet.py (its Bottleneck "places the stride for downsampling at 3x3 convolution
+  (self.conv2) while original implementation places the stride at the first 1x1 convolution ... also known as
+  ResNet V1.5"), NVIDIA DeepLearningExamples' TensorFlow/Classification/ConvNets resnet50v1.5 and TF Model
+  Garden's official/legacy/image_classification/resnet/resnet_model.py (`conv_block`: the stride on the 3x3
+  conv '2b', use_bias=False);
+- no conv biases (a batch norm follows every conv);
+- conv kernels He-normal on fan_out: variance 2 / (out channels x kh x kw), torchvision's
+  `kaiming_normal_(mode="fan_out", nonlinearity="relu")` and NVIDIA's default `--weight_init fan_out`
+  (`variance_scaling_initializer(scale=2.0, distribution='truncated_normal', mode=weight_init)`), truncated
+  as NVIDIA's (Keras rescales a truncated normal so the variance is still 2 / fan_out);
+- batch norm momentum 0.9, epsilon 1e-5 (torchvision's momentum 0.1 in PyTorch's convention, eps 1e-5;
+  Model Garden's BATCH_NORM_DECAY 0.9, BATCH_NORM_EPSILON 1e-5);
+- gamma 0 in the last batch norm of every residual block, so each block starts as the identity (Goyal et al.
+  2017, "Accurate, Large Minibatch SGD", section 5.1; torchvision's zero_init_residual);
+- the classifier N(0, 0.01) with zero bias (Model Garden's resnet_model.py: RandomNormal(stddev=0.01));
+- padding as torchvision's: symmetric (k - 1) / 2 before every strided conv, 1 before the 3x3/2 max pool.
+25,557,032 trainable parameters at 1,000 classes (torchvision's count: it counts no batch-norm moving
+statistics), of which the classifier is 2,049 per class. Keras' tf.keras.applications.ResNet50 is v1 (the
+stride on the first 1x1 conv, conv biases, momentum 0.99): not this.
+
+Stdlib only at import: TensorFlow is passed in (`tf`), as the scripts import it after their argument checks.
+"""
+
+from __future__ import annotations
+
+import os
+
+BN_MOMENTUM = 0.9
+BN_EPSILON = 1e-5
+# (bottleneck width, blocks, stride of the stage's first block): ResNet-50's 3, 4, 6, 3 blocks
+RESNET50_STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))
+EXPANSION = 4  # a bottleneck's output is 4x its width
+NAMES = {"resnet50": "resnet50 v1.5", "tiny": "tiny"}
+
+
+def input_shape(name: str, image_size: int | None = None) -> tuple[int, int, int]:
+    side = image_size or (224 if name == "resnet50" else 32)
+    return side, side, 3
+
+
+def build_model(tf, name: str, size: int, classes: int):
+    """Logits out (softmax inside the loss, so mixed precision keeps the loss in float32)."""
+    if name == "resnet50":
+        return resnet50_v15(tf, input_shape(name, size), classes)
+    if name == "tiny":
+        return tiny(tf, input_shape(name, size), classes)
+    raise ValueError(f"unknown model {name!r}: resnet50 or tiny")
+
+
+def parameters(model) -> int:
+    """Trainable parameters, as torchvision and the papers count them (no batch-norm moving statistics)."""
+    return int(sum(int(w.shape.num_elements()) for w in model.trainable_weights))
+
+
+def describe(name: str, model) -> str:
+    """The line both scripts print at start, e.g. `model resnet50 v1.5: 25,557,032 parameters`."""
+    return f"model {NAMES.get(name, name)}: {parameters(model):,} parameters"
+
+
+def zero_gamma_layers(tf, model) -> int:
+    """Batch norms whose gamma is all zero (ResNet-50 v1.5 as built: the last of each of its 16 blocks)."""
+    return sum(
+        1
+        for layer in model.layers
+        if isinstance(layer, tf.keras.layers.BatchNormalization)
+        and layer.gamma is not None
+        and not bool(tf.reduce_any(tf.not_equal(layer.gamma, 0)))
+    )
+
+
+def resnet50_v15(tf, shape: tuple[int, int, int], classes: int):
+    layers = tf.keras.layers
+
+    def conv(x, filters: int, kernel: int, stride: int, name: str):
+        if stride > 1 and kernel > 1:  # torchvision's symmetric padding (TF's 'same' pads more at the end)
+            x = layers.ZeroPadding2D((kernel - 1) // 2, name=name + "_pad")(x)
+        return layers.Conv2D(
+            filters,
+            kernel,
+            strides=stride,
+            padding="valid" if stride > 1 else "same",
+            use_bias=False,
+            # one instance per layer: Keras 2.15's unseeded initializers repeat their values when reused
+            kernel_initializer=tf.keras.initializers.VarianceScaling(
+                scale=2.0, mode="fan_out", distribution="truncated_normal"
+            ),
+            name=name,
+        )(x)
+
+    def bn(x, name: str, zero_gamma: bool = False):
+        return layers.BatchNormalization(
+            momentum=BN_MOMENTUM, epsilon=BN_EPSILON, gamma_initializer="zeros" if zero_gamma else "ones", name=name
+        )(x)
+
+    def bottleneck(x, width: int, stride: int, name: str, project: bool):
+        shortcut = x
+        if project:  # the first block of a stage: 1x1 conv (with the stage's stride) to 4x width
+            shortcut = bn(conv(x, width * EXPANSION, 1, stride, name + "_0_conv"), name + "_0_bn")
+        y = layers.ReLU(name=name + "_1_relu")(bn(conv(x, width, 1, 1, name + "_1_conv"), name + "_1_bn"))
+        y = layers.ReLU(name=name + "_2_relu")(bn(conv(y, width, 3, stride, name + "_2_conv"), name + "_2_bn"))
+        y = bn(conv(y, width * EXPANSION, 1, 1, name + "_3_conv"), name + "_3_bn", zero_gamma=True)
+        return layers.ReLU(name=name + "_out")(layers.Add(name=name + "_add")([shortcut, y]))
+
+    inputs = layers.Input(shape)
+    x = layers.ReLU(name="conv1_relu")(bn(conv(inputs, 64, 7, 2, "conv1_conv"), "conv1_bn"))
+    x = layers.ZeroPadding2D(1, name="pool1_pad")(x)  # after a ReLU: zeros pad as -inf would
+    x = layers.MaxPooling2D(3, strides=2, name="pool1_pool")(x)
+    for stage, (width, blocks, stride) in enumerate(RESNET50_STAGES, start=2):
+        for b in range(blocks):
+            x = bottleneck(x, width, stride if b == 0 else 1, f"conv{stage}_block{b + 1}", project=b == 0)
+    x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
+    x = layers.Dense(
+        classes,
+        kernel_initializer=tf.keras.initializers.RandomNormal(stddev=0.01),
+        bias_initializer="zeros",
+        name="predictions",
+    )(x)
+    return tf.keras.Model(inputs, x, name="resnet50_v1_5")
+
+
+def tiny(tf, shape: tuple[int, int, int], classes: int):
+    """Two convs and a classifier: for tests and smoke runs on CPUs."""
+    layers = tf.keras.layers
+    return tf.keras.Sequential(
+        [
+            layers.Input(shape),
+            layers.Conv2D(16, 3, padding="same", use_bias=False),
+            layers.BatchNormalization(),
+            layers.ReLU(),
+            layers.MaxPooling2D(),
+            layers.Conv2D(32, 3, padding="same", use_bias=False),
+            layers.BatchNormalization(),
+            layers.ReLU(),
+            layers.GlobalAveragePooling2D(),
+            layers.Dense(classes),
+        ],
+        name="tiny",
+    )
+
+
+def device_report(tf) -> tuple[str, int]:
+    """The GPUs this process computes on, as its node numbers them (CUDA_VISIBLE_DEVICES mapped back), and
+    how many GPU devices TensorFlow made: ("none", 0) when it runs on the CPU. clusterctl checks these
+    against the node's slots: a GPU node's rank on the CPU, or two ranks on one GPU, fail the run."""
+    logical = len(tf.config.list_logical_devices("GPU"))
+    if not logical:
+        return "none", 0
+    order = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    ids = []
+    for dev in tf.config.get_visible_devices("GPU"):
+        i = int(dev.name.rsplit(":", 1)[1])
+        ids.append(order[i] if i < len(order) else str(i))
+    return ",".join(ids) or "none", logical

@@ -1,0 +1,291 @@
+"""Horovod's GPU build: which CUDA toolkit and compute capabilities (pure), the probe on a stand-in image layout
+(CUDA 12.8 and 13.0 side by side, a stand-in nvidia-smi), and the real build script run against that layout with
+stand-ins for python and pip that record the build's environment and command lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from clusterctl import resources
+from clusterctl.errors import ProvisionError
+from clusterctl.providers.base import ImageFacts
+from clusterctl.runtime import gpu, spec as rt
+from clusterctl.runtime.install import RuntimeRequest, plan_line
+
+DLAMI_2026 = ["/usr/local/cuda-12.8", "/usr/local/cuda-12.9", "/usr/local/cuda-13.0", "/usr/local/cuda-13.2"]
+
+
+def test_the_toolkit_is_cuda_12_closest_to_tensorflows_and_never_13():
+    b = gpu.choose(DLAMI_2026, ["7.0"] * 8)
+    assert (b.cuda, b.home, b.cc, b.nccl) == ("12.8", "/usr/local/cuda-12.8", (70,), "2.16.5")
+    assert gpu.choose(["/usr/local/cuda-12.1", "/usr/local/cuda-12.4", "/usr/local/cuda-12.9"], ["8.0"]).cuda == "12.4"
+    assert gpu.choose(["/usr/local/cuda-12.0", "/usr/local/cuda-12.1"], ["8.6"]).cuda == "12.1"  # newest below 12.2
+    assert gpu.choose(DLAMI_2026, ["8.0", "7.0", "9.0", "8.0"]).cc == (70, 80, 90)
+    assert gpu.choose(["/usr/local/cuda-12.4", "/usr/local/cuda-12.8"], ["10.0"]).cuda == "12.8"  # Blackwell: 12.8+
+    assert gpu.choose(["/opt/x/cuda-12.8", "/usr/local/cuda", "/usr/local/cuda-x"], ["7.5"]).home == "/opt/x/cuda-12.8"
+
+
+@pytest.mark.parametrize(
+    "toolkits, caps, words",
+    [
+        (["/usr/local/cuda-13.0", "/usr/local/cuda-13.2"], ["7.0"], "no CUDA 12 toolkit"),
+        ([], ["8.0"], "found: none"),
+        (["/usr/local/cuda-12.4"], ["10.0"], "compute capability 100"),
+        (["/usr/local/cuda-12.8"], ["3.7"], "compute capability 37"),
+        (["/usr/local/cuda-12.8"], [], "did not report"),
+        (["/usr/local/cuda-12.8"], ["7"], "not MAJOR.MINOR"),
+    ],
+)
+def test_images_it_cannot_build_on_are_refused_with_the_way_out(toolkits, caps, words):
+    with pytest.raises(ProvisionError) as err:
+        gpu.choose(toolkits, caps)
+    assert words in err.value.message and err.value.hint
+    if caps and "." in caps[0]:
+        assert err.value.hint == gpu.IMAGE_WAY_OUT and "--runtime none" in err.value.hint
+
+
+def test_python_without_tensorflow_wheels_is_refused():
+    for ok in ("3.9.18", "3.10.12", "3.11.2"):
+        gpu.check_python(ok)
+    with pytest.raises(ProvisionError) as err:
+        gpu.check_python("3.12.3")
+    assert "3.12.3" in err.value.message and "3.9, 3.10, 3.11" in err.value.message
+    assert "Ubuntu 22.04" in err.value.hint
+
+
+def test_horovod_build_environment_field_by_field():
+    env = gpu.horovod_env(gpu.CudaBuild("12.8", "/usr/local/cuda-12.8", (70, 80)), "/v/nvidia/nccl")
+    assert env == {
+        "HOROVOD_GPU_OPERATIONS": "NCCL",
+        "HOROVOD_CUDA_HOME": "/usr/local/cuda-12.8",
+        "HOROVOD_BUILD_CUDA_CC_LIST": "70,80",
+        "HOROVOD_NCCL_HOME": "/v/nvidia/nccl",
+        "HOROVOD_NCCL_LINK": "SHARED",
+        "LDFLAGS": "-Wl,--disable-new-dtags,-rpath,/v/nvidia/nccl/lib",
+    }
+
+
+def test_the_plan_shows_the_choice_or_refuses_before_launch():
+    install = RuntimeRequest()
+    v100 = ImageFacts("3.10", ("12.8", "12.9", "13.0", "13.2"), "13.2", ("7.0",), "V100")
+    line = plan_line(install, v100)
+    assert "Horovod built with CUDA 12.8 (/usr/local/cuda-12.8) for sm_70, NCCL 2.16.5" in line
+    assert "not the image's default CUDA 13.2" in line
+    assert "CUDA" not in plan_line(install, ImageFacts("3.10", ("12.8",), "12.8", (), ""))  # a CPU type
+    assert "read at `up`" in plan_line(install, ImageFacts("", (), "", ("8.0",), "A100"))  # a custom AMI
+    assert "CUDA" not in plan_line(install, None)  # local nodes
+    for bad in (ImageFacts("3.12", ("12.8",), "13.2", ("7.0",)), ImageFacts("3.10", ("13.0",), "13.0", ("7.0",))):
+        with pytest.raises(ProvisionError):
+            plan_line(install, bad)
+    assert plan_line(RuntimeRequest("none"), ImageFacts("3.12")).startswith("none")  # nothing built: no refusal
+
+
+def _exe(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def stand_in_image(root: Path) -> tuple[Path, Path]:
+    """A DLAMI-like layout under root: cuda-12.8 and cuda-13.0 with an nvcc each, cuda-12.9 without one
+    (half-installed: not a toolkit), cuda -> cuda-13.0, and bin/nvidia-smi for 8 V100s. (cuda root, bin)."""
+    cuda = root / "usr-local"
+    for v in ("12.8", "13.0"):
+        _exe(cuda / f"cuda-{v}/bin/nvcc", f"#!/bin/sh\necho 'Cuda compilation tools, release {v}'\n")
+    (cuda / "cuda-12.9/lib64").mkdir(parents=True)
+    (cuda / "cuda").symlink_to(cuda / "cuda-13.0")
+    smi = (
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        '  *compute_cap*) for i in 0 1 2 3 4 5 6 7; do echo "7.0"; done ;;\n'
+        '  "") echo "| NVIDIA-SMI 580.105.08   Driver Version: 580.105.08   CUDA Version: 13.0 |" ;;\n'
+        "  *) exit 2 ;;\n"
+        "esac\n"
+    )
+    _exe(root / "bin/nvidia-smi", smi)
+    return cuda, root / "bin"
+
+
+def test_the_probe_on_a_stand_in_image_reads_gpus_and_toolkits(tmp_path):
+    cuda, bin_ = stand_in_image(tmp_path)
+    out = subprocess.run(
+        ["sh", "-c", rt.platform_probe(str(cuda))],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": f"{bin_}:/usr/bin:/bin"},
+    ).stdout
+    p = rt.parse_platform(out)
+    assert p is not None and p.cuda == "13.0" and p.gpu
+    assert p.compute_caps == ("7.0",) * 8
+    assert p.toolkits == (f"{cuda}/cuda-12.8", f"{cuda}/cuda-13.0")  # 12.9 has no nvcc; `cuda` is no version
+    s = rt.RuntimeSpec.for_platform(p)
+    assert s.gpu and s.cuda_build == gpu.CudaBuild("12.8", f"{cuda}/cuda-12.8", (70,))
+    # The choice is in the id: another toolkit or other GPUs make another runtime.
+    a100 = rt.RuntimeSpec(gpu=True, cuda_build=gpu.CudaBuild("12.8", f"{cuda}/cuda-12.8", (80,)))
+    assert rt.runtime_id(s, p) != rt.runtime_id(a100, p)
+    # A driver too old for the compute_cap field prints its complaint on stdout: no capability is read from it,
+    # and the spec is refused with the way out.
+    _exe(
+        bin_ / "nvidia-smi",
+        '#!/bin/sh\ncase "$*" in *compute_cap*) echo \'Field "compute_cap" is not a valid field to query.\'; exit 2 ;;\n'
+        '*) echo "| CUDA Version: 12.2 |" ;; esac\n',
+    )
+    old = rt.parse_platform(
+        subprocess.run(
+            ["sh", "-c", rt.platform_probe(str(cuda))],
+            capture_output=True,
+            text=True,
+            env={"PATH": f"{bin_}:/usr/bin:/bin"},
+        ).stdout
+    )
+    assert old is not None and old.cuda == "12.2" and old.compute_caps == ()
+    with pytest.raises(ProvisionError, match="did not report the GPUs' compute capability"):
+        rt.RuntimeSpec.for_platform(old)
+    # A node without nvidia-smi says so and nothing else about GPUs (the CPU id stays as it was).
+    cpu = rt.parse_platform(
+        subprocess.run(
+            ["sh", "-c", rt.platform_probe(str(cuda))], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}
+        ).stdout
+    )
+    assert cpu is not None and cpu.compute_caps is None and cpu.toolkits is None and not cpu.gpu
+
+
+PIP = r"""#!/usr/bin/python3.11
+# Stand-in for the venv's pip: records its argv and the build's environment, and installs TensorFlow's NCCL
+# folder (as nvidia-nccl-cu12 does: include/nccl.h and lib/libnccl.so.2 only).
+import json, os, shutil, sys
+prefix = os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0])))
+nccl = os.path.join(prefix, "lib/python3.11/site-packages/nvidia/nccl")
+if any(a.startswith("tensorflow") for a in sys.argv):
+    os.makedirs(nccl + "/include"); os.makedirs(nccl + "/lib")
+    open(nccl + "/include/nccl.h", "w").close(); open(nccl + "/lib/libnccl.so.2", "w").close()
+link = nccl + "/lib/libnccl.so"
+record = {
+    "argv": sys.argv[1:],
+    "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_") or k == "LDFLAGS"},
+    "path0": os.environ["PATH"].split(":")[0],
+    "nvcc": shutil.which("nvcc"),
+    "libnccl.so": os.readlink(link) if os.path.islink(link) else None,
+}
+with open(os.environ["STANDIN_LOG"], "a") as f:
+    f.write(json.dumps(record) + "\n")
+"""
+
+
+COMMON = [  # every pip call's options, as runtime_build.sh passes them for an offline build
+    "install",
+    "-q",
+    "--no-cache-dir",
+    "--disable-pip-version-check",
+    "--progress-bar",
+    "off",
+    "--find-links",
+    "/wheels",
+    "--no-index",
+]
+CPU_ENV = {
+    "HOROVOD_WITH_TENSORFLOW": "1",
+    "HOROVOD_WITH_GLOO": "1",
+    "HOROVOD_WITHOUT_PYTORCH": "1",
+    "HOROVOD_WITHOUT_MXNET": "1",
+    "HOROVOD_WITHOUT_MPI": "1",
+}
+
+
+def stand_in_build(tmp_path: Path, gpu: bool, nccl_wheel: bool = True):
+    """runtime_build.sh itself, in a private mount namespace whose /opt is a tmpfs (as runtime/cache.py builds),
+    on the stand-in image, with a stand-in python whose venv's pip records each call (PIP). The login PATH puts
+    CUDA 13's bin first, as an image's profile may (/usr/local/cuda/bin). Returns (result, calls, spec, rid, cuda)."""
+    cuda, bin_ = stand_in_image(tmp_path)
+    _exe(bin_ / "apt-get", "#!/bin/sh\necho 'apt-get must not run in this test' >&2\nexit 1\n")
+    pip = PIP if nccl_wheel else PIP.replace("if any(", "if False and any(")
+    _exe(tmp_path / "pip", pip)
+    python = _exe(
+        tmp_path / "python3",
+        "#!/bin/sh\n"
+        'if [ "$1" = -m ] && [ "$2" = venv ]; then\n'
+        '  mkdir -p "$3/bin" && cp "$STANDIN_PIP" "$3/bin/pip" && printf "#!/bin/sh\\nexit 0\\n" > "$3/bin/python"\n'
+        '  chmod +x "$3/bin/pip" "$3/bin/python"; exit 0\n'
+        "fi\n"
+        'exec /usr/bin/python3.11 "$@"\n',
+    )
+    gpus = ("13.0", ("7.0",) * 8, (f"{cuda}/cuda-12.8", f"{cuda}/cuda-13.0")) if gpu else ("none", None, None)
+    platform = rt.Platform("ubuntu 22.04", "x86_64", "3.11.2", str(python), *gpus)
+    spec = rt.RuntimeSpec.for_platform(platform)
+    rid = rt.runtime_id(spec, platform)
+    build = rt.Build(rid, spec, platform, str(tmp_path / "out"), find_links="/wheels", no_index=True)
+    argv = rt.build_argv(str(resources.template_path("runtime_build.sh")), build)
+    inner = f"mount -t tmpfs -o mode=0755 standin /opt && mkdir -p {rt.ROOT} && exec {rt.shell(argv)}"
+    log = tmp_path / "pip.log"
+    env = {
+        "PATH": f"{cuda}/cuda-13.0/bin:{bin_}:/usr/bin:/bin",
+        "STANDIN_LOG": str(log),
+        "STANDIN_PIP": str(tmp_path / "pip"),
+        "HOME": str(tmp_path),
+    }
+    assert shutil.which("unshare") and os.geteuid() == 0  # what these tests need (as runtime/cache.py does)
+    r = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return r, calls, spec, rid, cuda
+
+
+def test_the_build_script_builds_with_the_chosen_toolkit_and_tensorflows_nccl(tmp_path):
+    r, calls, spec, rid, cuda = stand_in_build(tmp_path, gpu=True)
+    assert r.returncode == 0, r.stderr
+    first, horovod = calls
+    assert first["argv"] == COMMON + list(spec.requirements) and spec.requirements[0] == "tensorflow[and-cuda]==2.15.1"
+    assert first["env"] == {}  # TensorFlow is installed without Horovod's variables
+    assert horovod["argv"] == COMMON + ["--no-build-isolation", "horovod==0.28.1"]
+    nccl = f"{rt.prefix(rid)}/lib/python3.11/site-packages/nvidia/nccl"
+    assert horovod["env"] == {
+        **CPU_ENV,
+        "HOROVOD_GPU_OPERATIONS": "NCCL",
+        "HOROVOD_CUDA_HOME": f"{cuda}/cuda-12.8",
+        "HOROVOD_BUILD_CUDA_CC_LIST": "70",
+        "HOROVOD_NCCL_HOME": nccl,
+        "HOROVOD_NCCL_LINK": "SHARED",
+        "LDFLAGS": f"-Wl,--disable-new-dtags,-rpath,{nccl}/lib",
+    }
+    # Horovod's build_utils asks `nvcc` on PATH first: it is 12.8's, not the login PATH's CUDA 13.
+    assert horovod["path0"] == f"{cuda}/cuda-12.8/bin" and horovod["nvcc"] == f"{cuda}/cuda-12.8/bin/nvcc"
+    assert horovod["libnccl.so"] == "libnccl.so.2"  # what CMake's find_library(nccl) looks for
+    info = json.loads((tmp_path / "out" / rt.INFO).read_text())
+    assert info["id"] == rid and info["spec"]["cuda_build"] == {
+        "cuda": "12.8",
+        "home": f"{cuda}/cuda-12.8",
+        "cc": [70],
+        "nccl": "2.16.5",
+    }
+    assert (tmp_path / "out" / rt.PACK).stat().st_size > 0
+
+
+def test_the_cpu_build_is_left_as_it_was(tmp_path):
+    r, calls, spec, rid, cuda = stand_in_build(tmp_path, gpu=False)
+    assert r.returncode == 0, r.stderr
+    first, horovod = calls
+    assert first["argv"] == COMMON + list(spec.requirements) and spec.requirements[0] == "tensorflow-cpu==2.15.1"
+    assert horovod["env"] == CPU_ENV and horovod["argv"] == COMMON + ["--no-build-isolation", "horovod==0.28.1"]
+    assert horovod["path0"] == f"{cuda}/cuda-13.0/bin" and horovod["libnccl.so"] is None  # PATH untouched
+    assert json.loads((tmp_path / "out" / rt.INFO).read_text())["spec"]["cuda_build"] is None
+
+
+def test_the_build_script_stops_when_tensorflows_nccl_is_missing(tmp_path):
+    """A TensorFlow without its NCCL wheel stops the build before Horovod compiles, and leaves no pack."""
+    r, calls, *_ = stand_in_build(tmp_path, gpu=True, nccl_wheel=False)
+    assert r.returncode == 1 and "TensorFlow's NCCL is not at" in r.stderr, r.stderr
+    assert len(calls) == 1 and not (tmp_path / "out" / rt.INFO).exists()
