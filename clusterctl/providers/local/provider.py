@@ -94,7 +94,11 @@ class LocalProvider:
     def _foreign(self, name: str) -> str:
         """ "" when this caller may remove the cluster (its own, or --force), else whose it is."""
         owner = self.whose(name)
-        return "" if self.force or owner == self.me() else owner or "an unknown owner (no mark, no record here)"
+        if self.force or owner == self.me():
+            return ""
+        if not owner and netns.leftovers(name).empty:
+            return ""  # nothing of it on this machine: nobody's cluster to protect
+        return owner or "an unknown owner (no mark, no record here)"
 
     def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
         pass  # the nodes' bridge has no route out: nobody else can reach them
