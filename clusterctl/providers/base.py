@@ -16,6 +16,7 @@ Reading, never changing anything:
 Changing a running cluster:
   remove (`gc`: exactly the listed ids), reboot (`clean --reboot`), grant_checkpoint_write
   (`train --checkpoint-to`).
+  lost_nodes -> replace_nodes -> host_keys -> [remove_nodes]   (`repair`: cluster/repair.py)
 Facts of a recorded cluster, for workloads (no call to the provider's API):
   hourly_price, gpus_per_node, gpu_model           (`train`'s estimate, the GPU check, train_config's row)
   watchdog_running                                  (`status`: does the autostop watchdog run)
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterable, Mapping
+from typing import ClassVar, Iterable, Mapping, Sequence
 
 from clusterctl.errors import UsageError
 from clusterctl.types import Cluster, ClusterSpec, Node
@@ -149,6 +150,15 @@ class NodeFacts:
     instance_type: str
     zone: str
     placement: str = ""  # the placement group (AWS), the bridge (local); "" when none
+
+
+@dataclass(frozen=True)
+class LostNode:
+    """A node of the record the provider says is gone (for `repair` and `status`)."""
+
+    node: Node
+    why: str  # "terminated", "stopped", "missing", "namespace gone", "no ssh answer" ...
+    billed: bool = False  # still costs money (a stopped or unreachable instance) until it is removed
 
 
 @dataclass(frozen=True)
@@ -286,6 +296,24 @@ class Provider(ABC):
     def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
         """Let the nodes write checkpoints under `uri` (AWS: the nodes' IAM role; local: nothing to grant,
         the nodes use whatever credentials they are given)."""
+
+    @abstractmethod
+    def lost_nodes(self, cluster: Cluster) -> list[LostNode]:
+        """The record's nodes the provider knows to be gone (AWS: terminated, stopped or missing by id and tags;
+        local: the node's namespace or its sshd gone), in record order. Read-only; an ssh probe is the caller's."""
+
+    @abstractmethod
+    def replace_nodes(self, cluster: Cluster, lost: Sequence[Node], keys: ClusterKeys) -> Launched:
+        """Launch one node in place of each lost one, like its peers (AWS: type, AZ, subnet, placement group,
+        profile, IMDSv2, volumes, security group, tags and user data of a live node, through the launch code
+        of `up`; local: a fresh namespace node at the lost one's address). Launched.cluster holds only the
+        replacements, each with its lost node's name and role, and running; host keys known at creation in
+        Launched.host_keys. All or nothing: what it launched is removed before it raises."""
+
+    @abstractmethod
+    def remove_nodes(self, cluster: Cluster, nodes: Sequence[Node]) -> list[str]:
+        """Remove exactly these nodes of the cluster (by id, never a search by name); one line per removal.
+        A node already gone is skipped."""
 
     @abstractmethod
     def hourly_price(self, cluster: Cluster) -> float | None:
