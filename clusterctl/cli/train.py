@@ -124,7 +124,8 @@ def train(
     follows it). Refuses while a job runs (--force stops it first) or when the data is not verified on
     every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
     from clusterctl.cli import display
-    from clusterctl.workloads import launch as launchlib, train_cost, train_job as trainlib, train_options as trainopts
+    from clusterctl.remote import jobfolder
+    from clusterctl.workloads import train_cost, train_job as trainlib, train_options as trainopts
 
     inv = _resolve_hosts(hostsfile, cluster, ssh)
     store = _store()
@@ -183,7 +184,7 @@ def train(
         display.info("follow it: clusterctl logs -f; where it is: clusterctl status")
         return
     began = time.monotonic()
-    code = launchlib.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
+    code = jobfolder.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
     display.info(train_cost.run_line(time.monotonic() - began, _hourly(inv.cluster)))
     if code != 0:
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
@@ -218,7 +219,8 @@ def launch(
     keys checked and a scrubbed environment. Follow it with `clusterctl logs NAME`, end it with
     `clusterctl kill NAME`; `clusterctl status` lists it."""
     from clusterctl.cli import display
-    from clusterctl.workloads import launch as launchlib, userjob
+    from clusterctl.remote import jobfolder
+    from clusterctl.workloads import userjob
 
     hosts_path, command_argv = userjob.split_hosts(args or [])
     the_plan = userjob.plan(command_argv, file, Path.cwd())  # bad input fails here, before any connection
@@ -244,7 +246,7 @@ def launch(
         return
     try:
         with autostop.lease(_store(), inv.cluster, "launch --attach", warn=display.warn):
-            code = launchlib.follow(inv, job.job, _print_line)
+            code = jobfolder.follow(inv, job.job, _print_line)
     except KeyboardInterrupt:
         display.info(f"detached; {job.job} keeps running (clusterctl kill {job.job} ends it)")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
@@ -315,12 +317,13 @@ def tensorboard(
 
 def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> None:
     """`clusterctl logs` without a job name: the training job's log, from the leader."""
-    from clusterctl.workloads import launch as launchlib, train_job as trainlib
+    from clusterctl.remote import jobfolder
+    from clusterctl.workloads import train_job as trainlib
 
     inv = _train_inventory(hostsfile, cluster, connect_timeout)
     job = trainlib.require_job(_store(), inv)
     if follow:
-        code = launchlib.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
+        code = jobfolder.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
         raise typer.Exit(0 if code == 0 else int(ExitCode.REMOTE_FAILED))
     text = trainlib.read_log(inv, job).text
     sys.stdout.write(text)

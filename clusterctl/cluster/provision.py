@@ -121,7 +121,7 @@ def up(
                 report("the leader reaches every member over ssh with host keys checked")
                 for warning in check_gpus(cluster, pool, ssh_targets(cluster, store)):
                     report(f"warning: {warning}")
-                # The nodes' training environment; the record says which (launch.node_python reads it).
+                # The nodes' training environment; the record says which (jobfolder.node_python reads it).
                 fields = install_runtime(
                     cluster,
                     pool,
