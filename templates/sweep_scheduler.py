@@ -9,7 +9,7 @@ SWEEP_DIR (the same absolute path on every node) holds, on the leader:
                   the metric, timeouts, the ssh command line (host keys checked, never a prompt)
     state.json    the scheduler's state, rewritten atomically (temp file + rename) every round; the CLI
                   reads it over ssh for the live table, --status and the results
-    cancel        created by `clusterctl sweep --cancel`: end every trial, mark the sweep cancelled
+    cancel        created by `clusterctl sweep cancel`: end every trial, mark the sweep cancelled
 and on the node a trial ran on:
     trial-NNNN.log   everything the trial printed; trial-NNNN.pid its session id; trial-NNNN.exit its status
 

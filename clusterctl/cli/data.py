@@ -216,58 +216,25 @@ def data_tfrecords(
     Class sub-folders of JPEG/PNG images (the flowers layout, or train/ and validation/ holding them)
     become train-*/validation-* TFRecord shards with labels.txt and dataset.json. ImageNet's flat val/
     needs --val-labels. --on leader converts where the data is (then `clusterctl sync leader:DST DST`)."""
-    import re
-
     from clusterctl.cli import display
-    from clusterctl.data import tfrecords as data, tfrecords_leader
+    from clusterctl.workloads import tfrecords_run
 
-    within("--train-shards", train_shards, 1)
-    within("--validation-shards", validation_shards, 1)
-    if on is None and (src.startswith("s3://") or endpoint_url):
-        raise UsageError(
-            "an s3:// SRC (and --endpoint-url) needs --on leader", "the leader reads it with its instance profile"
-        )
-    if on is not None:
-        if on != "leader":
-            raise UsageError(f"--on {on!r}: only `--on leader` is understood")
-        if endpoint_url is not None and not re.match(r"^https?://[^\s'\"]+$", endpoint_url):
-            raise UsageError(f"--endpoint-url {endpoint_url!r} is not an http(s) URL")
-        inv = _resolve_hosts(None, cluster)
-        from clusterctl.cluster import autostop_control as autostop
-
-        with autostop.lease(_store(), inv.cluster, "data", warn=display.warn):  # autostop waits for the conversion
-            _data_report(
-                tfrecords_leader.convert_on_leader(
-                    inv,
-                    src,
-                    dst,
-                    val_labels=val_labels,
-                    val_synsets=val_synsets,
-                    on_line=display.info,
-                    train_shards=train_shards,
-                    validation_shards=validation_shards,
-                    validation_fraction=validation_fraction,
-                    seed=seed,
-                    force=force,
-                    endpoint_url=endpoint_url,
-                    resize=resize,
-                )
-            )
-        return
-    _data_report(
-        data.convert_folder(
-            src,
-            dst,
-            train_shards=train_shards,
-            validation_shards=validation_shards,
-            validation_fraction=validation_fraction,
-            seed=seed,
-            force=force,
-            val_labels=val_labels,
-            val_synsets=val_synsets,
-            resize=resize,
-        )
+    conversion = tfrecords_run.Conversion(  # every option checked here, before anything runs
+        src=src,
+        dst=dst,
+        validation_fraction=validation_fraction,
+        train_shards=train_shards,
+        validation_shards=validation_shards,
+        seed=seed,
+        force=force,
+        val_labels=val_labels,
+        val_synsets=val_synsets,
+        on=on,
+        endpoint_url=endpoint_url,
+        resize=resize,
     )
+    leader = lambda: _resolve_hosts(None, cluster)  # noqa: E731  # resolved only for --on leader
+    _data_report(tfrecords_run.convert(conversion, leader, _store(), display.info, display.warn))
 
 
 @data_app.command("synthetic")

@@ -163,52 +163,49 @@ def clean(
     them, on every node) after naming them and asking; --all-user-processes widens it to every python,
     horovodrun, mpirun or orted tree of the login user. Without a terminal, --yes confirms (else exit 2)."""
     from clusterctl.cli import display
-    from clusterctl.cluster import clean as cleanlib
+    from clusterctl.cluster import clean as cleanlib, clean_run
 
-    kill = kill or all_user_processes or not (logs_dir is not None or disk or reboot)
-    if logs_dir is not None:
-        cleanlib.check_logs_path(logs_dir)
-    if force and logs_dir is None:
-        raise UsageError("--force goes with --logs DIR")
-    within("--wait", wait, above=0)
+    spec = clean_run.CleanSpec(  # every option checked here, before anything connects
+        kill=kill,
+        all_user_processes=all_user_processes,
+        logs_dir=logs_dir,
+        force=force,
+        disk=disk,
+        reboot=reboot,
+        wait=wait,
+    )
     inv = _inventory(hostsfile, ssh)
     where = f"{len(inv.targets)} node(s)"
-    if kill:
-        _name_this_process()  # so a clean run from a node never matches clusterctl itself
-        listed = _fan_out(inv, cleanlib.list_command(all_user_processes), ssh.parallel, live=False)
-        doomed = [(r.host, line.strip()) for r in listed if r.ok for line in r.stdout.splitlines() if line.strip()]
-        whose = "process trees of the login user" if all_user_processes else "processes of jobs clusterctl started"
-        for host, line in doomed:
-            display.info(f"{host}: would kill {line}")
-        if not listed.all_ok:
-            display.summary(listed)
-        if doomed:
-            _confirm(f"Kill these {len(doomed)} {whose} on {where}?", yes)
-        else:
-            display.info(f"no {whose} to kill on {where}")
-    if logs_dir is not None:
-        _confirm(f"Remove {logs_dir} on {where}?", yes)
-    if reboot:
-        _confirm(f"Reboot {where}?", yes)
+    doomed = _clean_preview(inv, spec, ssh.parallel, where) if spec.kill else 0
+    for question in spec.questions(where, doomed):
+        _confirm(question, yes)
     codes = []
-    if kill:
-        report = _fan_out(inv, cleanlib.kill_command(all_user_processes), ssh.parallel)
-        display.summary(report)
-        codes.append(report.exit_code)
-    if logs_dir is not None:
-        report = _fan_out(inv, cleanlib.logs_command(logs_dir, force), ssh.parallel)
-        display.summary(report)
-        codes.append(report.exit_code)
-    if disk:
-        report = _fan_out(inv, cleanlib.DISK_COMMAND, ssh.parallel, live=False)
-        rows = [row for r in report if r.ok for row in cleanlib.parse_disk(r.host, r.stdout)]
-        display.disk_table(rows)
-        if not report.all_ok:
+    for step in spec.steps():
+        report = _fan_out(inv, step.command, ssh.parallel, live=step.live)
+        if step.kind == "disk":
+            display.disk_table([row for r in report if r.ok for row in cleanlib.parse_disk(r.host, r.stdout)])
+        if step.live or not report.all_ok:
             display.summary(report)
         codes.append(report.exit_code)
-    if reboot:
-        codes.append(_reboot(inv, ssh.parallel, wait))
+    if spec.reboot:
+        codes.append(_reboot(inv, ssh.parallel, spec.wait))
     raise typer.Exit(combined(codes))
+
+
+def _clean_preview(inv, spec, parallel: int, where: str) -> int:
+    """Name every process tree `clean` would kill, on every node; how many."""
+    from clusterctl.cli import display
+
+    _name_this_process()  # so a clean run from a node never matches clusterctl itself
+    listed = _fan_out(inv, spec.list_command(), parallel, live=False)
+    doomed = [(r.host, line.strip()) for r in listed if r.ok for line in r.stdout.splitlines() if line.strip()]
+    for host, line in doomed:
+        display.info(f"{host}: would kill {line}")
+    if not listed.all_ok:
+        display.summary(listed)
+    if not doomed:
+        display.info(f"no {spec.whose} to kill on {where}")
+    return len(doomed)
 
 
 def _name_this_process() -> None:

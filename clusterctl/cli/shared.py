@@ -6,7 +6,7 @@ import functools
 import inspect
 import sys
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 import typer
 
@@ -88,23 +88,33 @@ def ssh_options(*names: str) -> Callable[[Callable], Callable]:
     typer sees these options in its place (so `--help` lists them where that parameter stands); the command
     gets them back as one Ssh value."""
 
+    def ssh(**given):
+        if "identity" in given:
+            given["identity"] = tuple(given["identity"] or ())
+        return Ssh(**given)
+
+    return option_group("ssh", {n: _SSH_OPTIONS[n] for n in names}, ssh)
+
+
+def option_group(param: str, options: Mapping[str, Tuple[Any, Any]], build: Callable[..., Any]) -> Callable:
+    """Options declared once for one parameter: typer sees `options` (name -> (type, typer parameter)) where
+    the command's parameter `param` stands, and the command gets `build(**their values)` in it."""
+
     def decorate(fn: Callable) -> Callable:
         sig = inspect.signature(fn, eval_str=True)
         params = []
         for p in sig.parameters.values():
-            if p.name != "ssh":
+            if p.name != param:
                 params.append(p)
                 continue
             params.extend(
-                inspect.Parameter(n, p.kind, default=_SSH_OPTIONS[n][1], annotation=_SSH_OPTIONS[n][0]) for n in names
+                inspect.Parameter(n, p.kind, default=opt, annotation=kind) for n, (kind, opt) in options.items()
             )
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            given = {n: kwargs.pop(n) for n in names if n in kwargs}
-            if "identity" in given:
-                given["identity"] = tuple(given["identity"] or ())
-            return fn(*args, ssh=Ssh(**given), **kwargs)
+            given = {n: kwargs.pop(n) for n in options if n in kwargs}
+            return fn(*args, **{param: build(**given)}, **kwargs)
 
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]  # what typer reads
         wrapper.__annotations__ = {p.name: p.annotation for p in params}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -17,13 +16,13 @@ from clusterctl.cli.shared import (
     Ssh,
     _hourly,
     _print_line,
-    _provider,
     _resolve_hosts,
     _store,
+    option_group,
     ssh_options,
     within,
 )
-from clusterctl.errors import ClusterctlError, ExitCode, UsageError
+from clusterctl.errors import ClusterctlError, ExitCode
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -35,69 +34,106 @@ def _train_inventory(hostsfile, cluster, connect_timeout: float = 10.0):
     return inventory.resolve(hostsfile, cluster, _store(), inventory.SshOverrides(connect_timeout=connect_timeout))
 
 
+TRAIN_FLAGS = dict(  # train's training options, declared once; train_run.options checks them as TrainOptions
+    data=(
+        Optional[str],
+        typer.Option(
+            None,
+            "--data",
+            help="Dataset folder on every node (ImageNet-format TFRecords, put there by `clusterctl sync`).",
+        ),
+    ),
+    synthetic=(bool, typer.Option(False, "--synthetic", help="Random in-memory images instead of --data.")),
+    model=(str, typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU rehearsals.")),
+    epochs=(float, typer.Option(90, "--epochs")),
+    batch_size=(
+        Optional[int],
+        typer.Option(
+            None,
+            "--batch-size",
+            help="Images per process per step (default: the GPU type's, as `bench`: 256 on GPUs in 16-bit, 32 on CPUs).",
+        ),
+    ),
+    model_dir=(
+        Optional[str],
+        typer.Option(
+            None,
+            "--model-dir",
+            help="Checkpoints and TensorBoard logs on the leader (default ~/clusterctl-train/model); a restart resumes from it.",
+        ),
+    ),
+    checkpoint_every=(
+        Optional[int],
+        typer.Option(None, "--checkpoint-every", help="Steps between checkpoints (also at every epoch)."),
+    ),
+    log_every=(Optional[int], typer.Option(None, "--log-every", help="Steps between log lines.")),
+    max_steps=(
+        Optional[int],
+        typer.Option(None, "--max-steps", help="Stop at this step (the schedule still spans --epochs)."),
+    ),
+    base_lr=(
+        Optional[float],
+        typer.Option(None, "--base-lr", help="Learning rate per 256 images (scaled with the global batch)."),
+    ),
+    warmup_epochs=(Optional[float], typer.Option(None, "--warmup-epochs")),
+    mixed_precision=(
+        bool,
+        typer.Option(False, "--mixed-precision", help="float16 on GPUs, bfloat16 on CPUs (--precision mixed)."),
+    ),
+    precision=(
+        Optional[str],
+        typer.Option(
+            None,
+            "--precision",
+            help="fp32, float16 (with loss scaling), bfloat16, mixed or auto (default: the GPU type's, as `bench`: float16 on GPUs, fp32 on CPUs; auto lets the trainer pick by compute capability).",
+        ),
+    ),
+    fp32=(bool, typer.Option(False, "--fp32", help="No mixed precision, even on tensor-core GPUs (--precision fp32).")),
+    fp16_allreduce=(
+        Optional[bool],
+        typer.Option(
+            None,
+            "--fp16-allreduce/--no-fp16-allreduce",
+            help="Compress gradients to float16 for the allreduce (default: on GPUs).",
+        ),
+    ),
+    recipe=(
+        Optional[str],
+        typer.Option(
+            None,
+            "--recipe",
+            help="default (cosine decay, label smoothing 0.1) or goyal (Goyal et al. 2017: /10 at epochs 30, 60, 80 of 90, 5 warm-up epochs, no label smoothing, zero last BN gamma per residual block).",
+        ),
+    ),
+    eval_every=(
+        Optional[int],
+        typer.Option(
+            None,
+            "--eval-every",
+            help="Also evaluate every N epochs during training (all processes, each validation image once).",
+        ),
+    ),
+    fusion_threshold_mb=(
+        float,
+        typer.Option(
+            64.0, "--fusion-threshold-mb", help="Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB."
+        ),
+    ),
+    cycle_time_ms=(float, typer.Option(1.0, "--cycle-time-ms", help="Horovod's cycle time (HOROVOD_CYCLE_TIME), ms.")),
+    xla=(Optional[bool], typer.Option(None, "--xla/--no-xla", help="Compile the model with XLA (default: on GPUs).")),
+    trainer_arg=(
+        List[str],
+        typer.Option([], "--trainer-arg", help="One more argument for train_imagenet.py (repeatable)."),
+    ),
+)
+
+
 @app.command()
 @ssh_options(*LOGIN)
+@option_group("flags", TRAIN_FLAGS, dict)
 def train(
     hostsfile: Optional[str] = HOSTS,
-    data: Optional[str] = typer.Option(
-        None, "--data", help="Dataset folder on every node (ImageNet-format TFRecords, put there by `clusterctl sync`)."
-    ),
-    synthetic: bool = typer.Option(False, "--synthetic", help="Random in-memory images instead of --data."),
-    model: str = typer.Option("resnet50", "--model", help="resnet50, or tiny for CPU rehearsals."),
-    epochs: float = typer.Option(90, "--epochs"),
-    batch_size: Optional[int] = typer.Option(
-        None,
-        "--batch-size",
-        help="Images per process per step (default: the GPU type's, as `bench`: 256 on GPUs in 16-bit, 32 on CPUs).",
-    ),
-    model_dir: Optional[str] = typer.Option(
-        None,
-        "--model-dir",
-        help="Checkpoints and TensorBoard logs on the leader (default ~/clusterctl-train/model); a restart resumes from it.",
-    ),
-    checkpoint_every: Optional[int] = typer.Option(
-        None, "--checkpoint-every", help="Steps between checkpoints (also at every epoch)."
-    ),
-    log_every: Optional[int] = typer.Option(None, "--log-every", help="Steps between log lines."),
-    max_steps: Optional[int] = typer.Option(
-        None, "--max-steps", help="Stop at this step (the schedule still spans --epochs)."
-    ),
-    base_lr: Optional[float] = typer.Option(
-        None, "--base-lr", help="Learning rate per 256 images (scaled with the global batch)."
-    ),
-    warmup_epochs: Optional[float] = typer.Option(None, "--warmup-epochs"),
-    mixed_precision: bool = typer.Option(
-        False, "--mixed-precision", help="float16 on GPUs, bfloat16 on CPUs (--precision mixed)."
-    ),
-    precision: Optional[str] = typer.Option(
-        None,
-        "--precision",
-        help="fp32, float16 (with loss scaling), bfloat16, mixed or auto (default: the GPU type's, as `bench`: float16 on GPUs, fp32 on CPUs; auto lets the trainer pick by compute capability).",
-    ),
-    fp32: bool = typer.Option(False, "--fp32", help="No mixed precision, even on tensor-core GPUs (--precision fp32)."),
-    fp16_allreduce: Optional[bool] = typer.Option(
-        None,
-        "--fp16-allreduce/--no-fp16-allreduce",
-        help="Compress gradients to float16 for the allreduce (default: on GPUs).",
-    ),
-    recipe: Optional[str] = typer.Option(
-        None,
-        "--recipe",
-        help="default (cosine decay, label smoothing 0.1) or goyal (Goyal et al. 2017: /10 at epochs 30, 60, 80 of 90, 5 warm-up epochs, no label smoothing, zero last BN gamma per residual block).",
-    ),
-    eval_every: Optional[int] = typer.Option(
-        None,
-        "--eval-every",
-        help="Also evaluate every N epochs during training (all processes, each validation image once).",
-    ),
-    fusion_threshold_mb: float = typer.Option(
-        64.0, "--fusion-threshold-mb", help="Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD), MiB."
-    ),
-    cycle_time_ms: float = typer.Option(1.0, "--cycle-time-ms", help="Horovod's cycle time (HOROVOD_CYCLE_TIME), ms."),
-    xla: Optional[bool] = typer.Option(None, "--xla/--no-xla", help="Compile the model with XLA (default: on GPUs)."),
-    trainer_arg: List[str] = typer.Option(
-        [], "--trainer-arg", help="One more argument for train_imagenet.py (repeatable)."
-    ),
+    flags: dict = {},  # noqa: B006  # TRAIN_FLAGS in its place (option_group)
     np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (exit status: the job's)."),
@@ -124,69 +160,31 @@ def train(
     follows it). Refuses while a job runs (--force stops it first) or when the data is not verified on
     every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
     from clusterctl.cli import display
-    from clusterctl.remote import jobfolder
-    from clusterctl.workloads import train_cost, train_job as trainlib, train_options as trainopts
+    from clusterctl.workloads import train_run
 
     inv = _resolve_hosts(hostsfile, cluster, ssh)
-    store = _store()
     if stop:
-        job = trainlib.require_job(store, inv)
-        trainlib.stop(inv, job)
-        display.info(f"stopped {job.job} on every node")
+        display.info(f"stopped {train_run.stop(inv, _store())} on every node")
         return
-    if fp32:  # a synonym of --precision fp32, a flag's business
-        if precision not in (None, "fp32"):
-            raise UsageError(f"--fp32 and --precision {precision} say different things", "give one of them")
-        precision = "fp32"
-    opts = trainopts.TrainOptions(  # every option checked here, as a playbook's train step is
-        data=data,
-        synthetic=synthetic,
-        model=model,
-        epochs=epochs,
-        batch_size=batch_size,
-        model_dir=model_dir,
-        max_steps=max_steps,
-        base_lr=base_lr,
-        warmup_epochs=warmup_epochs,
-        checkpoint_every=checkpoint_every,
-        log_every=log_every,
-        mixed_precision=mixed_precision,
-        precision=precision,
-        fp16_allreduce=fp16_allreduce,
-        recipe=recipe,
-        eval_every=eval_every,
-        fusion_threshold_mb=fusion_threshold_mb,
-        cycle_time_ms=cycle_time_ms,
-        xla=xla,
-        checkpoint_to=checkpoint_to,
-        extra=tuple(trainer_arg),
-    ).require_source()
-    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
-    if checkpoint_to is not None and inv.cluster is not None:
-        _provider(inv.cluster.provider, store, inv.cluster.region).grant_checkpoint_write(inv.cluster, checkpoint_to)
-    job = trainlib.start(
+    started = train_run.start(
         inv,
-        store,
-        opts,
+        _store(),
+        train_run.options(flags, checkpoint_to),
         np=np_,
         python=python,
         force=force,
         verify_data=not no_verify_data,
-        report=display.info,
         checkpoint_copy=not no_checkpoint_copy,
+        report=display.info,
     )
-    display.info(
-        f"started training job {job.job}: {job.np} process(es), leader {job.leader} (tmux session "
-        f"{job.job}); checkpoints in {job.model_dir}"
-    )
-    display.info(train_cost.estimate_line(store, trainlib.job_inventory(inv, job), job, opts))
+    display.info(started.line())
+    display.info(started.estimate)
     if not wait:
         display.info("follow it: clusterctl logs -f; where it is: clusterctl status")
         return
-    began = time.monotonic()
-    code = jobfolder.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
-    display.info(train_cost.run_line(time.monotonic() - began, _hourly(inv.cluster)))
-    if code != 0:
+    ended = train_run.follow(inv, started.job, _print_line)
+    display.info(ended.cost)
+    if ended.code != 0:
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
 
 

@@ -69,13 +69,13 @@ def bench(
 ) -> None:
     """Synthetic Horovod ladder: 1 GPU, 1 node, all; a verdict."""
     from clusterctl.cli import display, tables
-    from clusterctl.workloads import bench as benchlib
+    from clusterctl.workloads import bench as benchlib, train_run
 
     if not synthetic:
         raise UsageError(
             "only --synthetic is supported", "run `clusterctl bench --synthetic`; real data is `clusterctl train`"
         )
-    precision = _precision(precision, fp32, mixed_precision)
+    precision = train_run.precision_of(precision, fp32, mixed_precision)  # one precision from its synonyms
     opts = benchlib.BenchOptions(  # every option checked here, as a playbook's bench step is
         model=model,
         batch_size=batch_size,
@@ -118,19 +118,6 @@ def _bench_cost(inv, ladder, model: str) -> None:
     top = max(ladder.rungs, key=lambda r: r.np, default=None)
     if top is not None and top.img_per_sec > 0 and inv.cluster is not None and model != "input-pipeline":
         costs.save_measured(_store(), inv.cluster.name, top.img_per_sec, top.np, model, ladder.config)
-
-
-def _precision(precision: Optional[str], fp32: bool, mixed: bool) -> Optional[str]:
-    """One precision from --precision, --fp32 and --mixed-precision (None: the GPU type's)."""
-    if fp32:
-        if precision not in (None, "fp32"):
-            raise UsageError(f"--fp32 and --precision {precision} say different things", "give one of them")
-        precision = "fp32"
-    if mixed:
-        if precision is not None:
-            raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
-        precision = "mixed"
-    return precision  # an unknown one is refused by BenchOptions, as a playbook's is
 
 
 # ---- the preflight check ---------------------------------------------------------------------------------
@@ -220,9 +207,47 @@ def play(
 
 
 # ---- parameter sweeps ------------------------------------------------------------------------------------
-@app.command(context_settings={"allow_interspersed_args": False})
+class _SweepGroup(typer.core.TyperGroup):
+    """`clusterctl sweep --grid ... -- CMD` (options first, no subcommand) is `sweep run`, as before the
+    subcommands; the old mode flags (--status, --attach, --cancel) are refused naming their subcommand."""
+
+    def parse_args(self, ctx, args):
+        if not args or not args[0].startswith("-") or args[0] in ctx.help_option_names:
+            return super().parse_args(ctx, args)  # a subcommand (or --help) first: as any group
+        head = args[: args.index("--")] if "--" in args else args
+        old = [a for a in head if a in ("--status", "--attach", "--cancel")]
+        if old:  # parsing comes before the command's own error handling (app.command): the same line here
+            from clusterctl.cli import display
+
+            name = old[0][2:]
+            refused = UsageError(
+                f"`sweep --{name}` is now `clusterctl sweep {name}`", f"see `clusterctl sweep {name} --help`"
+            )
+            display.error(refused.one_line())
+            raise typer.Exit(int(refused.exit_code))
+        return super().parse_args(ctx, ["run", *args])
+
+
+sweep_app = typer.Typer(
+    cls=_SweepGroup,
+    no_args_is_help=True,
+    short_help="Parallel experiments: one trial per GPU, run detached.",
+    help="Parallel experiments: one trial per GPU, run detached.\n\nA grid or random search across every node: "
+    "`sweep run` starts one (and follows it unless --detach); `sweep status`, `sweep attach` and "
+    "`sweep cancel` reach it from any terminal.",
+)
+app.add_typer(sweep_app, name="sweep")
+# The options the sweep's subcommands share, each declared once.
+SWEEP_ID = typer.Option(None, "--id", help="The sweep (default: the latest on the cluster).")
+SWEEP_HOSTS = typer.Option(None, "--hosts", help="A hosts file instead of a cluster.")
+SWEEP_PYTHON = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's).")
+SWEEP_OUT = typer.Option(Path("sweep-results"), "--out", help="Folder for <time>/results.json, logs and the plot.")
+SWEEP_POLL = typer.Option(1.0, "--poll", help="Seconds between the scheduler's rounds (and this watch's).")
+
+
+@sweep_app.command("run", context_settings={"allow_interspersed_args": False})
 @ssh_options(*LOGIN)
-def sweep(
+def sweep_run(
     cmd: Optional[List[str]] = typer.Argument(
         None,
         metavar="-- CMD ...",
@@ -264,132 +289,124 @@ def sweep(
         30.0, "--node-timeout", help="Seconds of failed ssh before a node is dead and its trials re-queued."
     ),
     detach: bool = typer.Option(
-        False, "--detach", help="Start the sweep and return (then --status, --attach, --cancel)."
+        False, "--detach", help="Start the sweep and return (then sweep status, attach, cancel)."
     ),
-    status: bool = typer.Option(False, "--status", help="Show a sweep's trials now (from another terminal too)."),
-    attach: bool = typer.Option(False, "--attach", help="Watch a sweep until it ends, then write its results here."),
-    cancel: bool = typer.Option(False, "--cancel", help="End every trial of a sweep and stop it."),
-    sweep_id: Optional[str] = typer.Option(
-        None, "--id", help="The sweep for --status/--attach/--cancel (default: the latest)."
-    ),
-    json_: bool = typer.Option(False, "--json", help="With --status: the scheduler's whole state as JSON."),
-    out: Path = typer.Option(Path("sweep-results"), "--out", help="Folder for <time>/results.json, logs and the plot."),
+    out: Path = SWEEP_OUT,
     cluster: Optional[str] = CURRENT_CLUSTER,
-    hostsfile: Optional[str] = typer.Option(None, "--hosts", help="A hosts file instead of a cluster."),
-    python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
-    poll: float = typer.Option(1.0, "--poll", help="Seconds between the scheduler's rounds (and this watch's)."),
+    hostsfile: Optional[str] = SWEEP_HOSTS,
+    python: Optional[str] = SWEEP_PYTHON,
+    poll: float = SWEEP_POLL,
     ssh: Ssh = DEFAULT_SSH,
 ) -> None:
-    """Parallel experiments: one trial per GPU, run detached.
+    """Start a sweep, one trial per GPU, and follow it to its end.
 
-    A grid or random search across every node.
-    """
+    Its scheduler runs detached on the leader: --detach returns at once, and Ctrl-C stops only the watching."""
+    from clusterctl.cli import display, tables
+    from clusterctl.workloads import sweep_control as control, sweep_plan as planlib
+
+    spec = planlib.SweepSpec(  # every option checked here, before anything connects
+        template=tuple(cmd or ()),
+        grid=tuple(grid),
+        ranges=tuple(range_),
+        random_k=random_k,
+        seed=seed,
+        gpus_per_trial=gpus_per_trial,
+        metric_regex=metric,
+        metric_key=metric_key,
+        goal=goal,
+        file_paths=tuple(files),
+        workdir=workdir,
+        trial_timeout=trial_timeout,
+        node_timeout=node_timeout,
+        poll=poll,
+    )
+    done = control.run(
+        lambda: _resolve_hosts(hostsfile, cluster, ssh),
+        spec,
+        python=python,
+        detach=detach,
+        out=out,
+        open_view=tables.SweepProgress,
+        report=display.info,
+        warn=display.warn,
+    )
+    if done is not None:
+        _sweep_results(done)
+
+
+@sweep_app.command("status")
+@ssh_options(*LOGIN)
+def sweep_status(
+    sweep_id: Optional[str] = SWEEP_ID,
+    json_: bool = typer.Option(False, "--json", help="The scheduler's whole state as JSON."),
+    cluster: Optional[str] = CURRENT_CLUSTER,
+    hostsfile: Optional[str] = SWEEP_HOSTS,
+    ssh: Ssh = DEFAULT_SSH,
+) -> None:
+    """Show a sweep's trials now (from another terminal too)."""
     import json as jsonlib
 
     from clusterctl.cli import display
-    from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import sweep as sweeplib, sweep_plan as planlib, sweep_results as resultlib
+    from clusterctl.workloads import sweep_control as control, sweep_results as resultlib
 
-    modes = [
-        name
-        for name, on in (("--status", status), ("--attach", attach), ("--cancel", cancel), ("--detach", detach))
-        if on
-    ]
-    if len(modes) > 1:
-        raise UsageError(f"{' and '.join(modes)} do not go together")
-    control = status or attach or cancel
-    if control and (cmd or grid or range_ or random_k is not None or files):
-        raise UsageError(f"{modes[0]} takes no command or parameters", "name the sweep with --id (default: the latest)")
-    if sweep_id is not None and not control:
-        raise UsageError("--id goes with --status, --attach or --cancel")
-    if json_ and not status:
-        raise UsageError("--json goes with --status")
-    within("--poll", poll, 0.1, 60, unit="seconds")
-    if sweep_id is not None:
-        planlib.validate_id(sweep_id)
-    spec = None
-    if not control:
-        if goal not in ("max", "min"):
-            raise UsageError(f"--goal must be max or min, not {goal!r}")
-        within("--gpus-per-trial", gpus_per_trial, 1)
-        within("--trial-timeout", trial_timeout, above=0)
-        within("--node-timeout", node_timeout, above=0)
-        planlib.check_metric(metric)
-        grid_values = planlib.parse_grid(grid)
-        ranges = planlib.parse_ranges(range_)
-        combos = planlib.expand(grid_values, ranges, random_k, seed)
-        staged = planlib.stage_files(files)
-        planlib.build_trials(cmd or [], combos[:1], "python")  # a bad command template fails before connecting
-    inv = _resolve_hosts(hostsfile, cluster, ssh)
-    inv.hosts.check_launchable("the sweep scheduler (ssh from the leader to each node)")
-    py = sweeplib.python_for(inv.cluster, python)
-    if not control:
-        trials = planlib.build_trials(cmd or [], combos, py)
-        params = tuple(combos[0])
-        for name in planlib.unused(cmd or [], params):
-            display.warn(f"parameter {name} is not used in the command (no {{{name}}} in it)")
-        spec = planlib.SweepSpec(
-            tuple(cmd or ()),
-            tuple(trials),
-            params,
-            gpus_per_trial,
-            metric,
-            metric_key,
-            goal,
-            tuple(staged),
-            workdir,
-            trial_timeout,
-            node_timeout,
-            poll,
-            tuple(n for n, r in ranges.items() if r.scale == "log"),
-        )
-    with SshPool(inv.settings) as pool:
-        leader = inv.targets[0]
-        if spec is not None:
-            sid, folder = sweeplib.start(pool, inv, spec, py)
-            slots = sum(e.slots for e in inv.hosts.entries) // gpus_per_trial
-            display.info(
-                f"sweep {sid}: {len(spec.trials)} trial(s) on {len(inv.hosts.entries)} node(s), up to {slots} "
-                f"at once; scheduler detached on the leader {leader.label} (tmux {sid}), trials' logs in {folder}"
-            )
-            if detach:
-                display.info(f"follow it with: clusterctl sweep --attach --id {sid}  (or --status, --cancel)")
-                return
-            _sweep_watch(pool, inv, sid, out, poll)
-            return
-        sid = planlib.validate_id(sweep_id) if sweep_id else sweeplib.latest(pool, leader)
-        if status:
-            snap = sweeplib.read_state(pool, leader, sid)
-            if json_:
-                sys.stdout.write(
-                    jsonlib.dumps({"id": sid, "scheduler": "running" if snap.alive else "stopped", "state": snap.raw})
-                    + "\n"
-                )
-                return
-            if snap.state is None:
-                display.info(
-                    f"sweep {sid}: the scheduler has not written its state yet"
-                    + ("" if snap.alive else f" and is not running; see ~/.clusterctl/jobs/{sid}.log on the leader")
-                )
-                return
-            _sweep_show(snap.state, sort=snap.state.ended_for_good)
-            if not snap.alive and not snap.state.ended_for_good and snap.log_tail.strip():
-                display.warn("the scheduler's last words: " + " / ".join(snap.log_tail.strip().splitlines()[-3:]))
-            display.info(
-                resultlib.summary(snap.state)
-                + (
-                    ""
-                    if snap.alive or snap.state.ended_for_good
-                    else "; the scheduler is not running (--cancel ends its trials)"
-                )
-            )
-            return
-        if cancel:
-            state = sweeplib.cancel(pool, leader, sid, py)
-            _sweep_show(state, sort=False)
-            display.info(resultlib.summary(state))
-            return
-        _sweep_watch(pool, inv, sid, out, poll)
+    found = control.status(lambda: _resolve_hosts(hostsfile, cluster, ssh), sweep_id)
+    snap, sid = found.snapshot, found.id
+    if json_:
+        sys.stdout.write(jsonlib.dumps(found.as_json()) + "\n")
+        return
+    if snap.state is None:
+        gone = f" and is not running; see ~/.clusterctl/jobs/{sid}.log on the leader"
+        display.info(f"sweep {sid}: the scheduler has not written its state yet" + ("" if snap.alive else gone))
+        return
+    _sweep_show(snap.state, sort=snap.state.ended_for_good)
+    stopped = not snap.alive and not snap.state.ended_for_good
+    if stopped and snap.log_tail.strip():
+        display.warn("the scheduler's last words: " + " / ".join(snap.log_tail.strip().splitlines()[-3:]))
+    ending = "; the scheduler is not running (`clusterctl sweep cancel` ends its trials)" if stopped else ""
+    display.info(resultlib.summary(snap.state) + ending)
+
+
+@sweep_app.command("attach")
+@ssh_options(*LOGIN)
+def sweep_attach(
+    sweep_id: Optional[str] = SWEEP_ID,
+    out: Path = SWEEP_OUT,
+    cluster: Optional[str] = CURRENT_CLUSTER,
+    hostsfile: Optional[str] = SWEEP_HOSTS,
+    poll: float = SWEEP_POLL,
+    ssh: Ssh = DEFAULT_SSH,
+) -> None:
+    """Watch a sweep until it ends, then write its results here."""
+    from clusterctl.cli import display, tables
+    from clusterctl.workloads import sweep_control as control
+
+    done = control.attach(
+        lambda: _resolve_hosts(hostsfile, cluster, ssh),
+        sweep_id,
+        out=out,
+        poll=poll,
+        open_view=tables.SweepProgress,
+        report=display.info,
+    )
+    _sweep_results(done)
+
+
+@sweep_app.command("cancel")
+@ssh_options(*LOGIN)
+def sweep_cancel(
+    sweep_id: Optional[str] = SWEEP_ID,
+    cluster: Optional[str] = CURRENT_CLUSTER,
+    hostsfile: Optional[str] = SWEEP_HOSTS,
+    python: Optional[str] = SWEEP_PYTHON,
+    ssh: Ssh = DEFAULT_SSH,
+) -> None:
+    """End every trial of a sweep on every node, and its scheduler."""
+    from clusterctl.cli import display
+    from clusterctl.workloads import sweep_control as control, sweep_results as resultlib
+
+    state = control.cancel(lambda: _resolve_hosts(hostsfile, cluster, ssh), sweep_id, python=python)
+    _sweep_show(state, sort=False)
+    display.info(resultlib.summary(state))
 
 
 def _sweep_show(state, sort: bool, title: Optional[str] = None) -> None:
@@ -401,41 +418,22 @@ def _sweep_show(state, sort: bool, title: Optional[str] = None) -> None:
     )
 
 
-def _sweep_watch(pool, inv, sid: str, out: Path, poll: float) -> None:
-    """Follow a sweep to its end, then: the sorted table, results.json, the logs, the plot; exit status."""
-    from clusterctl.cli import display, tables
-    from clusterctl.errors import RemoteCommandError
-    from clusterctl.workloads import sweep as sweeplib, sweep_results as resultlib
+def _sweep_results(done) -> None:
+    """A finished sweep: the sorted table, the best trial, where its results are; its exit status."""
+    from clusterctl.cli import display
+    from clusterctl.workloads import sweep_results as resultlib
 
-    try:
-        state = sweeplib.watch(pool, inv.targets[0], sid, tables.SweepProgress, poll=poll)
-    except KeyboardInterrupt:
-        display.info(
-            f"stopped watching; sweep {sid} goes on on the leader: "
-            f"clusterctl sweep --status | --attach | --cancel  (--id {sid})"
-        )
-        raise
-    metric, goal = state.meta.metric, state.meta.goal
-    folder = resultlib.results_dir(out)
-    missing = sweeplib.collect_logs(pool, inv, state, folder)
-    resultlib.write_results(folder, state, inv.cluster.name if inv.cluster else None)
-    plotted = resultlib.plot(state, folder / "metric_vs_params.png")
-    _sweep_show(state, sort=True, title=f"sweep {sid}: {metric} ({goal}), best first")
+    state, metric, goal = done.state, done.state.meta.metric, done.state.meta.goal
+    _sweep_show(state, sort=True, title=f"sweep {done.id}: {metric} ({goal}), best first")
     top = resultlib.best(state, goal)
     display.info(resultlib.summary(state))
     if state.error:
         display.warn(state.error)
     if top is not None:
         display.info(f"best: trial {top.id} ({top.params_text()}) {metric} {top.metric:.6g}")
-    if missing:
-        display.warn(f"no logs from {', '.join(missing)} (node dead or unreachable)")
-    display.info(f"results: {folder}/results.json, logs/" + (", metric_vs_params.png" if plotted else ""))
-    if state.status == "cancelled":
-        raise RemoteCommandError(f"sweep {sid} was cancelled", f"results so far are in {folder}")
-    bad = [t for t in state.trials if not t.done_with_metric]
-    if bad:
-        raise RemoteCommandError(
-            f"{len(bad)} of {len(state.trials)} trial(s) did not finish with a metric "
-            f"({', '.join(str(t.id) for t in bad[:10])})",
-            f"see their logs in {folder}/logs",
-        )
+    if done.missing:
+        display.warn(f"no logs from {', '.join(done.missing)} (node dead or unreachable)")
+    display.info(f"results: {done.folder}/results.json, logs/" + (", metric_vs_params.png" if done.plotted else ""))
+    error = done.error()
+    if error is not None:
+        raise error

@@ -3,7 +3,7 @@
     the plan (sweep_plan.py, pure: trials, commands, SweepSpec)  ->  here: config.json + the scheduler staged
     on the leader, the user's files on every node, templates/sweep_scheduler.py detached in tmux there
     (state in ~/clusterctl-sweeps/ID/state.json)  ->  here: that state read over ssh into a typed SweepState
-    (sweep_state.py) for the live table, --status and --attach; --cancel; the trials' logs copied back  ->
+    (sweep_state.py) for the live table, `sweep status` and `sweep attach`; cancel; the trials' logs copied back  ->
     sweep_results.py: results.json and metric_vs_params.png in sweep-results/<time>/.
 
 The scheduler needs nothing of clusterctl on the leader: it is a standalone stdlib script that ssh-es
@@ -19,7 +19,7 @@ import os
 import re
 import shlex
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,8 +52,11 @@ SSH = (
 )
 
 
-def config(spec: SweepSpec, sweep_id: str, sweep_dir: str, hosts, user: str, python: str) -> dict:
-    """config.json for the scheduler: everything it needs, nothing it must work out."""
+def config(
+    spec: SweepSpec, sweep_id: str, sweep_dir: str, hosts, user: str, python: str, workdir: str | None = None
+) -> dict:
+    """config.json for the scheduler: everything it needs, nothing it must work out (`workdir`: the spec's
+    with ~ expanded on the leader)."""
     from clusterctl.remote.session import TREE_FN
 
     biggest = max(e.slots for e in hosts.entries)
@@ -63,11 +66,11 @@ def config(spec: SweepSpec, sweep_id: str, sweep_dir: str, hosts, user: str, pyt
         "id": sweep_id,
         "nodes": [{"host": e.host, "slots": e.slots} for e in hosts.entries],
         "gpus_per_trial": spec.gpus_per_trial,
-        "trials": [{"id": t.id, "params": t.params, "command": t.command} for t in spec.trials],
+        "trials": [{"id": t.id, "params": t.params, "command": t.command} for t in spec.trials(python)],
         "metric": {"regex": spec.metric_regex, "key": spec.metric_key},
         "env": {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"},
         "path_prefix": os.path.dirname(python),
-        "workdir": spec.workdir,
+        "workdir": workdir or spec.workdir,
         "trial_timeout": spec.trial_timeout,
         "node_timeout": spec.node_timeout,
         "poll": spec.poll,
@@ -127,7 +130,7 @@ def start(pool, inv, spec: SweepSpec, python: str, sweep_id: str | None = None) 
     if busy:
         raise ConfigError(
             f"sweep {busy[0]} is still running on this cluster (its trials hold the GPUs)",
-            f"wait for it (clusterctl sweep --attach --id {busy[0]}) or cancel it (--cancel --id {busy[0]})",
+            f"wait for it (clusterctl sweep attach --id {busy[0]}) or cancel it (clusterctl sweep cancel --id {busy[0]})",
         )
     sweep_id = sweep_id or new_id()
     home = leader_home(pool, leader)
@@ -135,7 +138,7 @@ def start(pool, inv, spec: SweepSpec, python: str, sweep_id: str | None = None) 
     workdir = spec.workdir
     if workdir and (workdir == "~" or workdir.startswith("~/")):
         workdir = home + workdir[1:]
-    spec_cfg = config(replace(spec, workdir=workdir), sweep_id, d, inv.hosts, leader.user, python)
+    spec_cfg = config(spec, sweep_id, d, inv.hosts, leader.user, python, workdir)
     if spec.files:
         report = pool.put(list(inv.targets), {f"{d}/{name}": (data, 0o644) for name, data in spec.files})
         if not report.all_ok:
@@ -166,7 +169,7 @@ def latest(pool, leader) -> str:
         raise UnreachableError(f"cannot reach the leader {leader.label}: {r.error or r.stderr.strip()}")
     found = r.stdout.strip()
     if not found:
-        raise ConfigError("no sweep on this cluster yet", "start one: clusterctl sweep --grid lr=0.1,0.01 -- CMD")
+        raise ConfigError("no sweep on this cluster yet", "start one: clusterctl sweep run --grid lr=0.1,0.01 -- CMD")
     return validate_id(found)
 
 
@@ -192,7 +195,7 @@ def read_state(pool, leader, sweep_id: str) -> Snapshot:
     )
     r = pool.run_one(leader, cmd, timeout=30)
     if r.exit_code == 3:
-        raise ConfigError(f"no sweep {n} on this cluster", "see `clusterctl sweep --status` for the latest one")
+        raise ConfigError(f"no sweep {n} on this cluster", "see `clusterctl sweep status` for the latest one")
     if not r.ok:
         raise UnreachableError(
             f"cannot read the sweep's state on the leader {leader.label}: {r.error or r.stderr.strip()}"
@@ -244,7 +247,7 @@ def follow(
             raise RemoteCommandError(
                 f"the scheduler of {sweep_id} stopped on the leader while the sweep was {snap.status}"
                 + (f": {snap.log_tail.strip().splitlines()[-1]}" if snap.log_tail.strip() else ""),
-                f"see ~/.clusterctl/jobs/{sweep_id}.log on the leader; end its trials with --cancel",
+                f"see ~/.clusterctl/jobs/{sweep_id}.log on the leader; end its trials with `clusterctl sweep cancel`",
             )
         if snap.state is None and time.monotonic() - began > start_timeout:
             raise RemoteCommandError(

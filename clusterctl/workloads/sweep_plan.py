@@ -14,12 +14,12 @@ import re
 import secrets
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from clusterctl import resources
-from clusterctl.errors import ClusterctlError, UsageError
+from clusterctl.errors import ClusterctlError, UsageError, within
 
 RESERVED = ("python", "trial")  # placeholders clusterctl fills in itself
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -184,7 +184,8 @@ def check_model_dir(template: Sequence[str]) -> None:
 def build_trials(template: Sequence[str], combos: Sequence[Mapping[str, str]], python: str) -> list[Trial]:
     if not template or not "".join(template).strip():
         raise UsageError(
-            "no command to sweep", "put it after --: clusterctl sweep --grid lr=0.1,0.01 -- python train.py --lr {lr}"
+            "no command to sweep",
+            "put it after --: clusterctl sweep run --grid lr=0.1,0.01 -- python train.py --lr {lr}",
         )
     try:
         check_model_dir(template)
@@ -245,21 +246,55 @@ def unused(template: Sequence[str], names: Sequence[str]) -> list[str]:
 
 
 # ---- the sweep's description for the scheduler ---------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SweepSpec:
-    template: tuple[str, ...]
-    trials: tuple[Trial, ...]
-    params: tuple[str, ...]
+    """A sweep as the user asks for it, built by keyword and checked whole on construction (the CLI and any
+    other caller get the same UsageError before anything connects): the trials follow from it and the nodes'
+    Python (trials())."""
+
+    template: tuple[str, ...]  # the trial's command: {NAME} placeholders, {python}, {trial}
+    grid: tuple[str, ...] = ()  # NAME=V1,V2 each: every combination is a trial
+    ranges: tuple[str, ...] = ()  # NAME=LOW:HIGH[:log|int] each, sampled by random_k
+    random_k: int | None = None
+    seed: int = 0
     gpus_per_trial: int = 1
     metric_regex: str | None = None
     metric_key: str = "metric"
     goal: str = "max"
-    files: tuple[tuple[str, bytes], ...] = ()  # (name in the sweep folder, content)
+    file_paths: tuple[str, ...] = ()  # files here (or shipped templates' names) for every node's sweep folder
     workdir: str | None = None
     trial_timeout: float | None = None
     node_timeout: float = 30.0
     poll: float = 1.0
-    log_scale: tuple[str, ...] = ()  # parameters sampled on a log scale (plotted so)
+    # worked out on construction from the fields above
+    combos: tuple[dict[str, str], ...] = field(init=False, repr=False)
+    files: tuple[tuple[str, bytes], ...] = field(init=False, repr=False)  # (name in the sweep folder, content)
+    params: tuple[str, ...] = field(init=False)
+    log_scale: tuple[str, ...] = field(init=False)  # parameters sampled on a log scale (plotted so)
+
+    def __post_init__(self) -> None:
+        if self.goal not in ("max", "min"):
+            raise UsageError(f"--goal must be max or min, not {self.goal!r}")
+        within("--gpus-per-trial", self.gpus_per_trial, 1)
+        within("--trial-timeout", self.trial_timeout, above=0)
+        within("--node-timeout", self.node_timeout, above=0)
+        within("--poll", self.poll, 0.1, 60, unit="seconds")
+        check_metric(self.metric_regex)
+        ranges = parse_ranges(self.ranges)
+        combos = tuple(expand(parse_grid(self.grid), ranges, self.random_k, self.seed))
+        object.__setattr__(self, "combos", combos)
+        object.__setattr__(self, "params", tuple(combos[0]))
+        object.__setattr__(self, "log_scale", tuple(n for n, r in ranges.items() if r.scale == "log"))
+        object.__setattr__(self, "files", tuple(stage_files(self.file_paths)))
+        build_trials(self.template, combos, "python")  # a bad command or trial fails here, before connecting
+
+    def trials(self, python: str) -> tuple[Trial, ...]:
+        """Every trial's command, with {python} the nodes' Python."""
+        return tuple(build_trials(self.template, self.combos, python))
+
+    def unused(self) -> list[str]:
+        """Parameters the command does not name (worth a warning: their values change nothing)."""
+        return unused(self.template, self.params)
 
     @property
     def metric_name(self) -> str:
@@ -285,7 +320,9 @@ def new_id() -> str:
 
 def validate_id(sweep_id: str) -> str:
     if not _ID.match(sweep_id or ""):
-        raise UsageError(f"{sweep_id!r} is not a sweep id", "ids look like sweep-20240101-120000-ab12; see --status")
+        raise UsageError(
+            f"{sweep_id!r} is not a sweep id", "ids look like sweep-20240101-120000-ab12; see `clusterctl sweep status`"
+        )
     return sweep_id
 
 

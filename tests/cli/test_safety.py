@@ -375,6 +375,7 @@ def test_sweep_attach_redials_a_leader_that_comes_back(c):
 
     start = c.cli(
         "sweep",
+        "run",
         "--cluster",
         c.name,
         "--detach",
@@ -392,7 +393,7 @@ def test_sweep_attach_redials_a_leader_that_comes_back(c):
     sid = start.stderr.split("sweep ", 1)[1].split(":", 1)[0]
     ns = netns.netns_name(c.name, 0)
     rule = ["INPUT", "!", "-i", "lo", "-p", "tcp", "--dport", "22", "-j", "REJECT", "--reject-with", "tcp-reset"]
-    attach = c.cli.popen("sweep", "--cluster", c.name, "--attach", "--id", sid)
+    attach = c.cli.popen("sweep", "attach", "--cluster", c.name, "--id", sid)
     try:
         time.sleep(2)
         subprocess.run(["ip", "netns", "exec", ns, "iptables", "-I", *rule], check=True)

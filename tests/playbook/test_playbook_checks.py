@@ -116,10 +116,14 @@ def test_a_sweep_of_the_trainer_gets_the_same_checks_before_it_starts(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 slots=1\n")
     argv = ["python", "train_imagenet.py", "--synthetic", "--epochs", "{epochs}", "--batch-size={bs}"]
-    proc = clusterctl(tmp_path, "sweep", "--hosts", str(hosts), "--grid", "epochs=1,-3", "--grid", "bs=8", "--", *argv)
+    proc = clusterctl(
+        tmp_path, "sweep", "run", "--hosts", str(hosts), "--grid", "epochs=1,-3", "--grid", "bs=8", "--", *argv
+    )
     assert proc.returncode == 2, proc.stderr
     assert error_line(proc) == "trial 2 (epochs=-3, bs=8): --epochs must be positive, not -3.0"
-    proc = clusterctl(tmp_path, "sweep", "--hosts", str(hosts), "--grid", "epochs=1", "--grid", "bs=0,8", "--", *argv)
+    proc = clusterctl(
+        tmp_path, "sweep", "run", "--hosts", str(hosts), "--grid", "epochs=1", "--grid", "bs=0,8", "--", *argv
+    )
     assert (
         proc.returncode == 2 and error_line(proc) == "trial 1 (epochs=1, bs=0): --batch-size must be at least 1, not 0"
     )

@@ -308,8 +308,9 @@ def test_sync_takes_the_ssh_options_and_openssh_reads_the_config(c, setup, tmp_p
 
 
 def test_every_host_command_takes_the_shared_ssh_options(cli):
-    for cmd in ("run", "logs", "kill", "clean", "sync", "doctor", "bench", "train", "launch", "sweep"):
-        out = cli(cmd, "--help", env={"COLUMNS": "300"}).stdout
+    commands = ("run", "logs", "kill", "clean", "sync", "doctor", "bench", "train", "launch")
+    for cmd in (*commands, "sweep run", "sweep status", "sweep attach", "sweep cancel"):
+        out = cli(*cmd.split(), "--help", env={"COLUMNS": "300"}).stdout
         for flag in ("--ssh-config", "--known-hosts", "--user", "--identity"):
             assert flag in out, (cmd, flag)
 

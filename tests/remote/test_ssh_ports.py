@@ -138,14 +138,14 @@ def test_sync_reaches_ported_and_ipv6_hosts(c, setup, tmp_path):
         ("launch", "HOSTS", "--", "python", "-c", "print(1)"),
         ("bench", "HOSTS", "--synthetic"),
         ("train", "HOSTS", "--synthetic", "--model", "tiny"),
-        ("sweep", "--hosts", "HOSTS", "--grid", "x=1,2", "--", "python", "-c", "print({x})"),
+        ("sweep run", "--hosts", "HOSTS", "--grid", "x=1,2", "--", "python", "-c", "print({x})"),
     ],
 )
 def test_horovod_commands_refuse_per_host_ports_in_one_line(c, setup, argv):
     d, v4, v6 = setup
     hosts = _hosts(c, "ported-hvd", f"{c.hosts[0]} slots=1\n[{v6}]:2222 slots=1\n")
     args = [hosts if a == "HOSTS" else a for a in argv]
-    proc = c.cli(args[0], "--ssh-config", str(d / "config"), *args[1:])
+    proc = c.cli(*args[0].split(), "--ssh-config", str(d / "config"), *args[1:])
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
     assert len(errors) == 1 and "takes one ssh port for all hosts" in errors[0], proc.stderr

@@ -63,7 +63,7 @@ def runs_in(text: str) -> list[dict]:
 
 
 def status_json(c, *extra) -> dict:
-    r = c.cli("sweep", "--cluster", c.name, "--status", "--json", *extra, timeout=60)
+    r = c.cli("sweep", "status", "--cluster", c.name, "--json", *extra, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -91,7 +91,7 @@ def existing_results(c) -> set:
 
 def test_grid_runs_every_trial_once_one_per_slot_and_finds_the_best(c):
     before = existing_results(c)
-    r = c.cli("sweep", "--cluster", c.name, "--file", "trial.py", *GRID, *CMD, timeout=300)
+    r = c.cli("sweep", "run", "--cluster", c.name, "--file", "trial.py", *GRID, *CMD, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     folder = results_of(c, before)
     doc = json.loads((folder / "results.json").read_text())
@@ -143,6 +143,7 @@ def test_random_samples_with_two_gpus_per_trial_and_shell_text(c):
     )  # values arrive quoted: {name} has a space
     r = c.cli(
         "sweep",
+        "run",
         "--cluster",
         c.name,
         "--random",
@@ -192,6 +193,7 @@ def test_a_sweep_over_the_shipped_trainer_works_out_of_the_box(c):
     before = existing_results(c)
     r = c.cli(
         "sweep",
+        "run",
         "--cluster",
         c.name,
         "--file",
@@ -254,6 +256,7 @@ def test_sweeps_over_the_trainer_never_resume_another_trials_checkpoint(c):
         before = existing_results(c)
         r = c.cli(
             "sweep",
+            "run",
             "--cluster",
             c.name,
             "--file",
@@ -285,6 +288,7 @@ def test_sweeps_over_the_trainer_never_resume_another_trials_checkpoint(c):
     # a --model-dir every trial would share is refused before anything starts
     r = c.cli(
         "sweep",
+        "run",
         "--cluster",
         c.name,
         "--file",
@@ -308,6 +312,7 @@ def test_status_and_cancel_from_another_terminal(c):
     # watching in one process; Ctrl-C there stops the watching, not the sweep
     watch = c.cli.popen(
         "sweep",
+        "run",
         "--cluster",
         c.name,
         "--file",
@@ -341,11 +346,11 @@ def test_status_and_cancel_from_another_terminal(c):
     assert st["scheduler"] == "running" and st["state"]["meta"]["goal"] == "min"
 
     # a second sweep would share the GPUs: refused while this one runs
-    again = c.cli("sweep", "--cluster", c.name, "--grid", "x=1", "--", "true", timeout=60)
+    again = c.cli("sweep", "run", "--cluster", c.name, "--grid", "x=1", "--", "true", timeout=60)
     assert again.returncode == 3 and f"sweep {st['id']} is still running" in again.stderr
 
     # --status from another process: the table of what runs where
-    shown = c.cli("sweep", "--cluster", c.name, "--status", timeout=60)
+    shown = c.cli("sweep", "status", "--cluster", c.name, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count("running") == 4 and shown.stdout.count("queued") == 2
     assert f"sweep {st['id']} running: 2 queued, 4 running" in shown.stderr
@@ -353,7 +358,7 @@ def test_status_and_cancel_from_another_terminal(c):
         assert len(c.node_exec(i, "pgrep", "-f", "^python trial[.]py lr=", check=False).stdout.split()) == 2
 
     # --cancel: every trial ends, on every node, and the scheduler with them
-    cancelled = c.cli("sweep", "--cluster", c.name, "--cancel", "--id", st["id"], timeout=120)
+    cancelled = c.cli("sweep", "cancel", "--cluster", c.name, "--id", st["id"], timeout=120)
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout.count("cancelled") == 6
     for i in range(2):
@@ -363,7 +368,7 @@ def test_status_and_cancel_from_another_terminal(c):
     assert {t["state"] for t in after["state"]["trials"]} == {"cancelled"}
     # attaching to it now reports the end (exit 1: it did not finish) and still writes the results
     before = existing_results(c)
-    attach = c.cli("sweep", "--cluster", c.name, "--attach", timeout=120)
+    attach = c.cli("sweep", "attach", "--cluster", c.name, timeout=120)
     assert attach.returncode == 1 and f"Error: sweep {st['id']} was cancelled" in attach.stderr
     assert json.loads((results_of(c, before) / "results.json").read_text())["status"] == "cancelled"
 
@@ -373,6 +378,7 @@ def test_a_node_killed_mid_sweep_has_its_trials_rerun_elsewhere(module_cluster_f
     (c.cli.cwd / "trial.py").write_text(TRIAL)
     start = c.cli(
         "sweep",
+        "run",
         "--cluster",
         c.name,
         "--detach",
@@ -402,7 +408,7 @@ def test_a_node_killed_mid_sweep_has_its_trials_rerun_elsewhere(module_cluster_f
     os.kill(node_pid(c.name, 1), signal.SIGKILL)  # the member's PID 1: every process in it dies with it
 
     before = existing_results(c)
-    r = c.cli("sweep", "--cluster", c.name, "--attach", "--id", sid, timeout=300)
+    r = c.cli("sweep", "attach", "--cluster", c.name, "--id", sid, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     folder = results_of(c, before)
     doc = json.loads((folder / "results.json").read_text())

@@ -151,10 +151,13 @@ def test_unknown_placeholder_and_missing_command_are_refused():
 
 
 def test_metric_name_comes_from_the_regex_or_the_key():
-    assert sweep_plan.SweepSpec((), (), (), metric_regex=r"accuracy: (\S+)").metric_name == "accuracy"
-    assert sweep_plan.SweepSpec((), (), (), metric_regex=r"(?P<val_loss>\S+) loss").metric_name == "val_loss"
-    assert sweep_plan.SweepSpec((), (), (), metric_regex=r"\s+top1=(\S+)").metric_name == "metric"
-    assert sweep_plan.SweepSpec((), (), (), metric_key="top1").metric_name == "top1"
+    def spec(**metric):
+        return sweep_plan.SweepSpec(template=("echo", "{x}"), grid=("x=1",), **metric)
+
+    assert spec(metric_regex=r"accuracy: (\S+)").metric_name == "accuracy"
+    assert spec(metric_regex=r"(?P<val_loss>\S+) loss").metric_name == "val_loss"
+    assert spec(metric_regex=r"\s+top1=(\S+)").metric_name == "metric"
+    assert spec(metric_key="top1").metric_name == "top1"
 
 
 # ---- the metric ----------------------------------------------------------------------------------------------
@@ -619,22 +622,62 @@ def test_a_damaged_state_is_refused_naming_the_field(change, needle):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--range", "lr=0.1:1", "--", "echo", "{lr}"], "--range needs --random"),
-        (["--grid", "lr=1", "--", "echo", "{lr}", "{bs}"], "{bs}"),
-        (["--status", "--cancel"], "do not go together"),
-        (["--status", "--grid", "lr=1"], "takes no command"),
-        (["--grid", "lr=1", "--goal", "best", "--", "echo"], "--goal must be max or min"),
-        (["--grid", "lr=1", "--metric", "acc(", "--", "echo"], "not a regular expression"),
-        (["--grid", "lr=1", "--gpus-per-trial", "0", "--", "echo"], "at least 1"),
-        (["--grid", "lr=1", "--file", "no-such-file.py", "--", "echo"], "no such file"),
-        (["--status", "--id", "nope"], "not a sweep id"),
-        (["--grid", "lr=1", "--id", "sweep-20240101-000000-abcd", "--", "echo"], "--id goes with"),
+        (["run", "--range", "lr=0.1:1", "--", "echo", "{lr}"], "--range needs --random"),
+        (["run", "--grid", "lr=1", "--", "echo", "{lr}", "{bs}"], "{bs}"),
+        (["run", "--grid", "lr=1", "--goal", "best", "--", "echo"], "--goal must be max or min"),
+        (["run", "--grid", "lr=1", "--metric", "acc(", "--", "echo"], "not a regular expression"),
+        (["run", "--grid", "lr=1", "--gpus-per-trial", "0", "--", "echo"], "at least 1"),
+        (["run", "--grid", "lr=1", "--poll", "0", "--", "echo"], "--poll"),
+        (["run", "--grid", "lr=1", "--file", "no-such-file.py", "--", "echo"], "no such file"),
+        (["status", "--id", "nope"], "not a sweep id"),
+        (["attach", "--id", "nope"], "not a sweep id"),
+        (["cancel", "--id", "nope"], "not a sweep id"),
+        (["attach", "--poll", "100"], "--poll"),
     ],
 )
 def test_cli_usage_errors(cli, args, needle):
     r = cli("sweep", *args)
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and r.stderr.startswith("Error: ")
+
+
+def test_the_modes_are_subcommands_and_their_options_do_not_mix(cli):
+    """`sweep status` takes no trial parameters (click refuses the option), `sweep run` no --json."""
+    assert "No such option: --grid" in cli("sweep", "status", "--grid", "lr=1").stderr
+    assert "No such option: --json" in cli("sweep", "run", "--json", "--grid", "lr=1", "--", "echo").stderr
+    # options first and no subcommand: `sweep run`, as before the subcommands (its checks, exit 2)
+    bare = cli("sweep", "--grid", "lr=1", "--goal", "best", "--", "echo", "{lr}")
+    assert bare.returncode == 2 and bare.stderr == "Error: --goal must be max or min, not 'best'\n", bare.stderr
+    # the old mode flags: one line naming the subcommand (a trial command's own --status is left alone)
+    old = cli("sweep", "--cluster", "x", "--status", "--id", "y")
+    assert old.returncode == 2, old.stderr
+    assert (
+        old.stderr == "Error: `sweep --status` is now `clusterctl sweep status`: see `clusterctl sweep status --help`\n"
+    )
+    trial = cli("sweep", "--grid", "lr=1", "--goal", "best", "--", "echo", "{lr}", "--status")
+    assert "--goal must be max or min" in trial.stderr
+    listed = cli("sweep", "--help").stdout
+    assert all(f"  {name} " in listed for name in ("run", "status", "attach", "cancel")), listed
+
+
+def test_the_spec_is_keyword_built_and_checked_whole():
+    """The library refuses what the CLI refused (one UsageError for every caller), by keyword only."""
+    with pytest.raises(TypeError):
+        sweep_plan.SweepSpec(("echo", "{lr}"), ("lr=1",))  # type: ignore[misc]  # keyword-only on purpose
+    spec = sweep_plan.SweepSpec(template=("echo", "{lr}", "{bs}"), grid=("lr=1,2", "bs=8"), ranges=())
+    assert spec.params == ("lr", "bs") and len(spec.combos) == 2 and spec.unused() == []
+    assert [t.command for t in spec.trials("py")] == ["echo 1 8", "echo 2 8"]
+    for bad, needle in (
+        (dict(goal="best"), "--goal must be max or min"),
+        (dict(node_timeout=0), "--node-timeout"),
+        (dict(trial_timeout=-1), "--trial-timeout"),
+        (dict(poll=0.01), "--poll"),
+        (dict(metric_regex="acc("), "not a regular expression"),
+        (dict(grid=()), "nothing to sweep"),
+        (dict(template=()), "command"),
+    ):
+        with pytest.raises(UsageError, match=re.escape(needle)):
+            sweep_plan.SweepSpec(**{"template": ("echo", "{lr}"), "grid": ("lr=1",), **bad})
 
 
 def test_the_shipped_trainer_takes_the_usual_flags():

@@ -105,8 +105,8 @@ def test_the_launched_argv_carries_the_configuration():
 
 
 def test_bench_precision_flags_agree_or_fail_with_one_line():
-    from clusterctl.cli.workloads import _precision
     from clusterctl.errors import UsageError
+    from clusterctl.workloads.train_run import precision_of as _precision  # train's and bench's alike
 
     assert _precision(None, False, False) is None  # the GPU type's
     assert _precision(None, True, False) == "fp32" and _precision("fp32", True, False) == "fp32"
