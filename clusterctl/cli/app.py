@@ -83,6 +83,7 @@ COMMANDS = (
     "down",
     "ls",
     "status",
+    "repair",
     "keep",
     "autostop",
     "gc",

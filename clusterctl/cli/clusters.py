@@ -138,6 +138,7 @@ def status(
         if record is None:
             record = store.load(n)  # raises "no cluster named ..."
         tables.node_table(record.cluster, current=n == store.current())
+        _lost_status(impl, record)
         _autostop_status(store, record)
         _runtime_status(record)
         if record.status == "up":
@@ -158,12 +159,66 @@ def status(
         notes=overview.disagreements(record, st if (st.nodes or st.other) else None),
     )
     if record is not None:
+        if record.status == "up" and st.nodes:
+            _lost_status(impl, record)
         if st.nodes or record.status == "stopped":
             _autostop_status(store, record)
         _runtime_status(record)
         _train_status(n)
         if st.nodes:
             _launch_status(n)
+
+
+@app.command()
+def repair(
+    name: Optional[str] = typer.Argument(None, help="Cluster (default: the current one)."),
+    drop: bool = typer.Option(
+        False, "--drop", help="Remove the lost nodes from the cluster instead of replacing them."
+    ),
+    data: List[str] = typer.Option(
+        [], "--data", help="Also copy this dataset folder (a `sync` DST) from a peer; repeatable."
+    ),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    watch: Optional[float] = typer.Option(
+        None, "--watch", help="Check again every this many seconds and repair what is lost, until Ctrl-C (needs --yes)."
+    ),
+) -> None:
+    """Replace lost nodes with new ones like their peers.
+
+    A node is lost when its provider says it is gone (terminated, stopped, missing; a local node's namespace) or
+    when it does not answer ssh. The new nodes get pinned host keys, the cluster key, the node runtime and every dataset a peer holds complete,
+    all checked, before the hosts files, the ssh config and the record name them. --drop removes the lost nodes
+    from the cluster instead. Then the same `train` command resumes from its last checkpoint.
+    """
+    from clusterctl.cli import display
+    from clusterctl.cluster import repair as repairing
+
+    store = _store()
+    record = store.resolve(name)
+    impl = _provider(record.cluster.provider, store, record.cluster.region)
+    if watch is not None:
+        if not yes:
+            raise UsageError("--watch repairs without asking", "pass --yes with it")
+        display.info(f"checking cluster {record.cluster.name} every {watch:g}s; Ctrl-C stops")
+        repairing.watch(store, impl, record.cluster.name, drop=drop, interval=watch, report=display.info, data=data)
+        return
+    plan = repairing.plan(store, impl, record.cluster.name, drop)
+    for line in plan.lines():
+        display.info(line)
+    if not plan.lost:
+        return
+    _confirm(f"{'Drop' if drop else 'Replace'} {len(plan.lost)} lost node(s) of {record.cluster.name}?", yes)
+    repairing.carry_out(store, impl, plan, report=display.info, data=data)
+
+
+def _lost_status(impl, record) -> None:
+    """The record's nodes the provider says are gone, one line each (`repair` replaces them)."""
+    from clusterctl.cli import display
+
+    if record.status != "up":
+        return
+    for x in impl.lost_nodes(record.cluster):
+        display.warn(f"lost: {x.node.name} ({x.node.private_ip}): {x.why}; `clusterctl repair` replaces it")
 
 
 def _runtime_status(record) -> None:

@@ -366,6 +366,9 @@ def disagreements(record: Record | None, status: ClusterStatus | None) -> list[s
             f"nodes differ: the record has {len(mine)}, the provider {len(theirs)} "
             f"({len(mine - theirs)} only in the record, {len(theirs - mine)} only in the provider)"
         )
+    gone = [n.name for n in record.cluster.nodes if (n.instance_id or n.private_ip) not in theirs]
+    if gone and record.status == "up":
+        notes.append(f"lost: {', '.join(gone)} (`clusterctl repair {name}` replaces them, --drop removes them)")
     stopped = [s.node.name for s in status.nodes if s.state not in ("running",)]
     if stopped:
         notes.append(f"not running: {', '.join(stopped)}")

@@ -16,6 +16,7 @@ Reading, never changing anything:
 Changing a running cluster:
   remove (`gc`: exactly the listed ids), reboot (`clean --reboot`), grant_checkpoint_write
   (`train --checkpoint-to`).
+  lost_nodes -> replace_nodes -> host_keys -> [remove_nodes]   (`repair`: cluster/repair.py)
 Capabilities (plain attributes): region, builds_runtime_locally, lists_from_cloud, force.
 
 Where clusters are listed from (`ls`, `down --all`, and whose a cluster without a record is: cluster/
@@ -33,7 +34,7 @@ overview.py reads lists_from_cloud of the providers concerned and never names on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Protocol
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from clusterctl.types import Cluster, ClusterSpec, Node
 
@@ -142,6 +143,15 @@ class NodeFacts:
 
 
 @dataclass(frozen=True)
+class LostNode:
+    """A node of the record the provider says is gone (for `repair` and `status`)."""
+
+    node: Node
+    why: str  # "terminated", "stopped", "missing", "namespace gone", "no ssh answer" ...
+    billed: bool = False  # still costs money (a stopped or unreachable instance) until it is removed
+
+
+@dataclass(frozen=True)
 class Teardown:
     removed: tuple[str, ...]  # one line per resource removed
     left: tuple[str, ...]  # what a final sweep still found (empty when all is gone)
@@ -227,3 +237,18 @@ class Provider(Protocol):
     def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
         """Let the nodes write checkpoints under `uri` (AWS: the nodes' IAM role; local: nothing to grant,
         the nodes use whatever credentials they are given)."""
+
+    def lost_nodes(self, cluster: Cluster) -> list[LostNode]:
+        """The record's nodes the provider knows to be gone (AWS: terminated, stopped or missing by id and tags;
+        local: the node's namespace or its sshd gone), in record order. Read-only; an ssh probe is the caller's."""
+
+    def replace_nodes(self, cluster: Cluster, lost: Sequence[Node], keys: ClusterKeys) -> Launched:
+        """Launch one node in place of each lost one, like its peers (AWS: type, AZ, subnet, placement group,
+        profile, IMDSv2, volumes, security group, tags and user data of a live node, through the launch code
+        of `up`; local: a fresh namespace node at the lost one's address). Launched.cluster holds only the
+        replacements, each with its lost node's name and role, and running; host keys known at creation in
+        Launched.host_keys. All or nothing: what it launched is removed before it raises."""
+
+    def remove_nodes(self, cluster: Cluster, nodes: Sequence[Node]) -> list[str]:
+        """Remove exactly these nodes of the cluster (by id, never a search by name); one line per removal.
+        A node already gone is skipped."""

@@ -208,17 +208,19 @@ def test_the_trainers_pipeline_reads_what_the_writer_wrote(tmp_path, tf, trainer
     labels_seen = []
     for rank in range(2):
         for images, labels in trainer.eval_dataset(tf, args, val_files, rank, 2):
-            assert images.shape[1:] == (32, 32, 3) and images.dtype == tf.float32
+            assert images.shape[1:] == (32, 32, 3) and images.dtype == tf.uint8  # normalised on the device
             labels_seen += labels.numpy().tolist()
     assert Counter(labels_seen) == Counter({k: 5 for k in range(6)})
 
-    # Training batches: augmented, normalised, fixed shape, labels in range; repeats past one epoch.
+    # Training batches: augmented, uint8 (the model normalises them on the device), fixed shape, labels in
+    # range; repeats past one epoch.
     train_files = trainer.data_files(str(ds), "train")
     batches = list(trainer.train_dataset(tf, args, train_files, 0, 2, seed=1).take(12))  # > 30 records/rank
     assert all(b[0].shape == (4, 32, 32, 3) for b in batches)
     labels = [int(x) for b in batches for x in b[1].numpy()]
     assert set(labels) <= set(range(6)) and len(set(labels)) >= 4
-    pixels = tf.concat([b[0] for b in batches], 0)
+    assert all(b[0].dtype == tf.uint8 for b in batches)
+    pixels = trainer._normalize(tf, tf.concat([b[0] for b in batches], 0))  # as the model's first step does
     assert -3.0 < float(tf.reduce_mean(pixels)) < 3.0 and float(tf.math.reduce_std(pixels)) > 0.1
 
 

@@ -6,6 +6,7 @@
     discovery.py  identity (Scope), the ONE table of tagged kinds, instances, status, every resource of a scope
     bootstrap.py  network, security group, placement group, key pair, IAM role and profile
     instances.py  `up`'s steps: RunInstances per AZ, wait, name, host keys from the console
+    replace.py    `repair`: lost instances, and new ones like their peers through instances.py's launch code
     cloud_init.py the nodes' user data
     fabric.py     EFA interfaces, the leader's Elastic IP, the S3 endpoint, quotas
     plan.py       what `up` would make and cost; EC2 DryRun
@@ -20,18 +21,18 @@ identity on this machine), the resolved Context of the spec at hand, and `force`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from clusterctl.errors import ConfigError
-from clusterctl.providers.aws import bootstrap, discovery, instances, machine, plan as planning, teardown
+from clusterctl.providers.aws import bootstrap, discovery, instances, machine, plan as planning, replace, teardown
 from clusterctl.providers.aws.api import Api, Report
 from clusterctl.providers.aws.discovery import CLUSTER_ID, Scope, caller, new_cluster_id
 from clusterctl.providers.aws.instances import CONSOLE_WAIT
 from clusterctl.providers.aws.machine import Context, Image, TypeInfo
 from clusterctl.providers.aws.options import AwsOptions
-from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, Plan, Teardown
+from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, LostNode, NodeFacts, Plan, Teardown
 from clusterctl.state import StateStore, atomic_write, validate_name
-from clusterctl.types import Cluster, ClusterSpec
+from clusterctl.types import Cluster, ClusterSpec, Node
 
 
 class AwsProvider:
@@ -207,6 +208,35 @@ class AwsProvider:
     def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
         """`train --checkpoint-to`: the nodes' role may write checkpoints under `uri` only."""
         bootstrap.grant_checkpoint_write(self.api, cluster, uri)
+
+    # ---- repair (cluster/repair.py) ---------------------------------------------------------------------------
+    def _own_scope(self, cluster: Cluster) -> Scope:
+        scope = self.known_scope(cluster.name)
+        if scope is None:
+            from clusterctl.errors import StateError
+
+            raise StateError(f"no identity of cluster {cluster.name} on this machine", "see `clusterctl status`")
+        return scope
+
+    def lost_nodes(self, cluster: Cluster) -> list[LostNode]:
+        """The record's instances that are terminated, stopped or missing (by id, among its identity's)."""
+        return replace.lost(self.api, self._own_scope(cluster), cluster)
+
+    def replace_nodes(self, cluster: Cluster, lost: Sequence[Node], keys: ClusterKeys) -> Launched:
+        """New instances like a live peer's (replace.py), through `up`'s RunInstances parameters; all or none."""
+        nodes = replace.replace(
+            self.api,
+            self._own_scope(cluster),
+            cluster,
+            lost,
+            keys.internal_public,
+            self.store.ensure_dir(cluster.name) / "aws-repair.json",
+            self.wait_timeout,
+        )
+        return Launched(Cluster(cluster.name, self.name, tuple(nodes), cluster.region, cluster.instance_type), {})
+
+    def remove_nodes(self, cluster: Cluster, nodes: Sequence[Node]) -> list[str]:
+        return replace.remove(self.api, self._own_scope(cluster), cluster, nodes, self.delete_timeout)
 
     # ---- find / status / ls / gc ------------------------------------------------------------------------------
     def find(self, name: str) -> Cluster | None:

@@ -489,3 +489,46 @@ def _etc_dirs(cluster: str) -> list[Path]:
     except FileNotFoundError:
         return []
     return sorted(Path("/etc/netns") / n for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit())
+
+
+def node_alive(cluster: str, index: int) -> str | None:
+    """None when node `index` has its namespace and a process in it (its sshd), else why not."""
+    ns = netns_name(cluster, index)
+    if not (Path("/run/netns") / ns).exists():
+        return "namespace gone"
+    if not netns_pids(ns):
+        return "no process left in its namespace (sshd gone)"
+    return None
+
+
+def destroy_node(cluster: str, index: int, timeout: float = 10.0) -> list[str]:
+    """One node of a cluster gone (its processes, namespace, link, /opt tmpfs, /etc/netns folder); what was removed."""
+    ns = netns_name(cluster, index)
+    removed: list[str] = []
+    if (Path("/run/netns") / ns).exists():
+        kill_netns(ns, timeout)
+        _run(["ip", "netns", "del", ns], check=False)
+        removed.append(f"namespace {ns}")
+    veth = veth_name(cluster, index)
+    if any(link.get("ifname") == veth for link in _ip_json("link")):
+        _run(["ip", "link", "del", veth], check=False)
+        removed.append(f"link {veth}")
+    source = _opt_source(ns)
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields, _, rest = line.partition(" - ")
+        parts = rest.split()
+        if len(parts) >= 2 and parts[1] == source:
+            _run(["umount", "-l", fields.split()[4].encode().decode("unicode_escape")], check=False)
+            removed.append(f"node /opt of {ns}")
+    etc = Path("/etc/netns") / ns
+    if etc.exists():
+        shutil.rmtree(etc, ignore_errors=True)
+    return removed
+
+
+def forget_address(cluster: str, bridge: str, address: str) -> None:
+    """A node made again at an address: the neighbour entries for it (the old node's MAC) dropped on this machine's
+    bridge and in every node of the cluster, so nobody waits for a stale entry to time out."""
+    _run(["ip", "neigh", "flush", "to", address, "dev", bridge], check=False)
+    for ns in cluster_netns(cluster):
+        _run(["ip", "-n", ns, "neigh", "flush", "to", address], check=False)

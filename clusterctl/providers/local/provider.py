@@ -12,14 +12,25 @@ import contextlib
 import fcntl
 import ipaddress
 import os
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from clusterctl.autostop import settings as autostop
 from clusterctl.errors import ConfigError
-from clusterctl.providers.base import ClusterKeys, ClusterStatus, Found, Launched, NodeFacts, NodeStatus, Plan, Teardown
+from clusterctl.providers.base import (
+    ClusterKeys,
+    ClusterStatus,
+    Found,
+    Launched,
+    LostNode,
+    NodeFacts,
+    NodeStatus,
+    Plan,
+    Teardown,
+)
 from clusterctl.providers.local import netns
 from clusterctl.state import StateStore, validate_name
 from clusterctl.types import Cluster, ClusterSpec, Node, node_names
@@ -83,7 +94,11 @@ class LocalProvider:
     def _foreign(self, name: str) -> str:
         """ "" when this caller may remove the cluster (its own, or --force), else whose it is."""
         owner = self.whose(name)
-        return "" if self.force or owner == self.me() else owner or "an unknown owner (no mark, no record here)"
+        if self.force or owner == self.me():
+            return ""
+        if not owner and netns.leftovers(name).empty:
+            return ""  # nothing of it on this machine: nobody's cluster to protect
+        return owner or "an unknown owner (no mark, no record here)"
 
     def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
         pass  # the nodes' bridge has no route out: nobody else can reach them
@@ -117,12 +132,17 @@ class LocalProvider:
         cluster = self.find(name)
         if cluster is None:
             return None
+        up = self.store.exists(name) and self.store.load(name).status == "up"  # a stopped cluster's nodes are not lost
+        lost = {x.node.name for x in self.lost_nodes(cluster)} if up else set()
         return ClusterStatus(
             name,
             self.name,
             cluster.region,
             cluster.instance_type,
-            tuple(NodeStatus(n, "running", "local", cluster.created_at or None, 0.0) for n in cluster.nodes),
+            tuple(
+                NodeStatus(n, "lost" if n.name in lost else "running", "local", cluster.created_at or None, 0.0)
+                for n in cluster.nodes
+            ),
             recorded=True,  # found from this machine's record
         )
 
@@ -315,3 +335,68 @@ class LocalProvider:
 
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(todo)))) as pool:
             return dict(pool.map(one, todo))
+
+    # ---- repair (cluster/repair.py) ---------------------------------------------------------------------
+    def lost_nodes(self, cluster: Cluster) -> list[LostNode]:
+        """Nodes whose namespace, or every process in it (sshd is its PID 1), is gone."""
+        out = []
+        for node in cluster.nodes:
+            why = netns.node_alive(cluster.name, node_index(cluster.name, node))
+            if why is not None:
+                out.append(LostNode(node, why))
+        return out
+
+    def replace_nodes(self, cluster: Cluster, lost: Sequence[Node], keys: ClusterKeys) -> Launched:
+        """A fresh namespace node (new home, new /opt, new host key) at each lost node's address and name."""
+        netns.require_root()
+        subnet = ipaddress.IPv4Network(cluster.extra["subnet"])
+        bridge = cluster.extra["bridge"]
+        everyone = [netns.NodeSpec(node_index(cluster.name, n), n.name, n.private_ip) for n in cluster.nodes]
+        authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
+        nodes_root = self.store.ensure_dir(cluster.name) / "nodes"
+        made: list[netns.NetNode] = []
+        try:
+            for node in lost:
+                index = node_index(cluster.name, node)
+                netns.destroy_node(cluster.name, index)
+                shutil.rmtree(nodes_root / str(index), ignore_errors=True)  # a new machine: nothing of the old
+                spec = netns.NodeSpec(index, node.name, node.private_ip)
+                made.append(
+                    netns.create_node(
+                        cluster.name, bridge, subnet, spec, everyone, nodes_root / str(index), authorized, node.ssh_port
+                    )
+                )
+            for n in made:
+                netns.forget_address(cluster.name, bridge, n.address)  # the old node's MAC, cached here and in peers
+            for n in made:
+                netns.wait_port(n.address, 22, 60.0, n.pid, nodes_root / str(n.index) / "sshd.log")
+        except BaseException:
+            for n in made:
+                netns.destroy_node(cluster.name, n.index)
+            raise
+        return Launched(
+            Cluster(cluster.name, self.name, tuple(lost), cluster.region, cluster.instance_type, time.time()),
+            {n.address: (n.host_public_key,) for n in made},
+        )
+
+    def remove_nodes(self, cluster: Cluster, nodes: Sequence[Node]) -> list[str]:
+        removed: list[str] = []
+        for node in nodes:
+            index = node_index(cluster.name, node)
+            removed += netns.destroy_node(cluster.name, index)
+            home = self.store.cluster_dir(cluster.name) / "nodes" / str(index)
+            if home.exists():
+                shutil.rmtree(home, ignore_errors=True)
+                removed.append(f"node home {home}")
+        return removed
+
+
+def node_index(cluster: str, node: Node) -> int:
+    """The namespace index of a node, from its name (NAME-leader is 0, NAME-member-K is K): positions in the record
+    shift when `repair --drop` removes a node, names never do."""
+    if node.name == f"{cluster}-leader":
+        return 0
+    prefix = f"{cluster}-member-"
+    if node.name.startswith(prefix) and node.name[len(prefix) :].isdigit():
+        return int(node.name[len(prefix) :])
+    raise ConfigError(f"node {node.name!r} is not named like a node of local cluster {cluster}")

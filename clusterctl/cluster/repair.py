@@ -1,0 +1,536 @@
+"""`repair`: the cluster's lost nodes found and replaced (or, with --drop, removed from the cluster).
+
+    plan:  the provider's lost nodes (terminated, stopped, missing; a namespace gone) + an ssh probe of the rest
+    carry out (replace):
+        provider.replace_nodes (like their peers, the launch code of `up`) -> wait for ssh -> host keys from an
+        authenticated source (provider.host_keys / Launched.host_keys; never first contact) -> every node's
+        known_hosts, the cluster key to the new nodes -> the node runtime (runtime/install.py, the relay) ->
+        every dataset a peer holds complete (data/sync.py from that peer, verified) -> every node's hosts file and
+        the leader-to-member proof (provision.setup_nodes) -> the leader's live-hosts file -> ./hosts, the ssh
+        config entry, the record -> the lost nodes that still cost money removed.
+    A replacement that fails a check is removed and never enters the record or any hosts file; the record is
+    written last, so a failed repair leaves the cluster as it found it (plus known_hosts lines of the removed
+    replacements on the nodes, which name no live node).
+    carry out (drop): the lost nodes out of the record, hosts files, ssh config and live-hosts; the next live node
+    becomes the leader when the leader is lost.
+
+The live-hosts file (provision.LIVE_HOSTS, `host:slots` lines) on the leader lists the nodes that answer ssh with the runtime
+and the datasets in place: what a Horovod host-discovery script prints (`cat ~/.clusterctl/live-hosts`), so an
+elastic job picks a repaired node up. `repair` runs on the operator's machine (it holds the cloud credentials,
+which never go to the nodes); a spot cluster's keep-repairing loop is `repair --yes` run again there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from clusterctl.cluster import provision, reach, sshentry
+from clusterctl.errors import HostKeyError, ProvisionError, StateError
+from clusterctl.hostsfile import HostsFile
+from clusterctl.providers.base import ClusterKeys, LostNode, Provider
+from clusterctl.remote import sshkeys
+from clusterctl.remote.ssh import SshPool
+from clusterctl.remote.targets import SshTarget
+from clusterctl.state import Record, StateStore, atomic_write
+from clusterctl.types import Cluster, Node
+
+Report = Callable[[str], None]
+REPAIR_WORK = ".clusterctl/repair"  # a repair's files on the peer and the new nodes (removed at the end)
+PROBE = "true"
+# Where a dataset `sync` marked complete is looked for on a peer (its DST holds .clusterctl-sync/COMPLETE): the
+# login home and the usual data mounts, a few levels deep; `--data DST` names others.
+DATA_ROOTS = ("$HOME", "/data", "/mnt", "/scratch", "/srv", "/opt/dlami/nvme")
+DATA_DEPTH = 6
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    cluster: Cluster
+    lost: tuple[LostNode, ...]
+    drop: bool
+    node_hourly_usd: float | None  # one node's price now (None: unknown)
+
+    @property
+    def live(self) -> tuple[Node, ...]:
+        gone = {x.node.name for x in self.lost}
+        return tuple(n for n in self.cluster.nodes if n.name not in gone)
+
+    @property
+    def new_leader(self) -> Node | None:
+        """With --drop, the live node that becomes the leader when the leader is lost."""
+        if self.drop and self.lost and self.cluster.leader.name in {x.node.name for x in self.lost} and self.live:
+            return self.live[0]
+        return None
+
+    @property
+    def hourly_change_usd(self) -> float | None:
+        """+ a node's price per replacement of a node that no longer costs; - per dropped node that still costs."""
+        if self.node_hourly_usd is None:
+            return None
+        if self.drop:
+            return -self.node_hourly_usd * sum(1 for x in self.lost if x.billed)
+        return self.node_hourly_usd * sum(1 for x in self.lost if not x.billed)
+
+    def lines(self) -> list[str]:
+        c = self.cluster
+        if not self.lost:
+            return [f"cluster {c.name}: all {len(c.nodes)} node(s) answer; nothing to repair"]
+        out = [f"cluster {c.name}: {len(self.lost)} of {len(c.nodes)} node(s) lost"]
+        for x in self.lost:
+            what = (
+                "dropped from the cluster"
+                if self.drop
+                else f"replaced by a new {c.instance_type} node of the same name and settings"
+            )
+            out.append(
+                f"  {x.node.name} ({x.node.private_ip}): {x.why}; {what}"
+                + ("; the old one is removed" if x.billed else "")
+            )
+        if self.new_leader is not None:
+            out.append(
+                f"  the leader is lost: {self.new_leader.name} ({self.new_leader.private_ip}) becomes the leader"
+            )
+        change = self.hourly_change_usd
+        out.append(
+            "cost: unknown change per hour"
+            if change is None
+            else f"cost: {'+' if change >= 0 else '-'}${abs(change):.2f}/hour"
+        )
+        return out
+
+
+def plan(store: StateStore, provider: Provider, name: str, drop: bool, probe_timeout: float = 10.0) -> RepairPlan:
+    """The lost nodes: the provider's word, then an ssh probe of the others (a node that does not answer is lost)."""
+    record = store.load(name)
+    if record.status != "up":
+        raise StateError(
+            f"cluster {name} is {record.status}, not up", f"bring it up with `clusterctl up --name {name}` first"
+        )
+    cluster = record.cluster
+    lost = list(provider.lost_nodes(cluster))
+    gone = {x.node.name for x in lost}
+    rest = [n for n in cluster.nodes if n.name not in gone]
+    if rest:
+        targets = {t.label: t for t in reach.ssh_targets(cluster, store)}
+        with SshPool(reach.ssh_settings(cluster, store, connect_timeout=probe_timeout)) as pool:
+            report = pool.run([targets[n.ssh_host] for n in rest], PROBE, timeout=probe_timeout * 2)
+        for n, r in zip(rest, report):
+            if not r.ok:
+                why = (r.error or r.stderr.strip() or f"exit {r.exit_code}").splitlines()[-1][:120]
+                lost.append(LostNode(n, f"no ssh answer ({why})", billed=True))
+    order = {n.name: i for i, n in enumerate(cluster.nodes)}
+    lost.sort(key=lambda x: order[x.node.name])
+    if lost and len(lost) == len(cluster.nodes):
+        raise ProvisionError(
+            f"every node of cluster {name} is lost: no peer to copy the runtime and data from",
+            f"bring it down and up again: `clusterctl down {name} --yes`, then `clusterctl up`",
+        )
+    price = None
+    if lost:
+        st = provider.status(name)
+        prices = [s.hourly_usd for s in (st.nodes if st else ()) if s.hourly_usd is not None]
+        price = prices[0] if prices else None
+    return RepairPlan(cluster, tuple(lost), drop, price)
+
+
+def carry_out(
+    store: StateStore,
+    provider: Provider,
+    p: RepairPlan,
+    *,
+    report: Report = lambda _: None,
+    data: Sequence[str] = (),
+    hosts_out: Path | None = Path("hosts"),
+    ssh_timeout: float = 300.0,
+) -> Cluster:
+    """Replace (or drop) the plan's lost nodes; the cluster as the record now says."""
+    name = p.cluster.name
+    with store.lock(name):
+        if store.load(name).cluster != p.cluster:
+            raise StateError(f"the record of cluster {name} changed since the plan", "run `clusterctl repair` again")
+        if not p.lost:
+            return p.cluster
+        if p.drop:
+            return _drop(store, provider, p, report, hosts_out)
+        return _replace(store, provider, p, report, data, hosts_out, ssh_timeout)
+
+
+def watch(
+    store: StateStore,
+    provider: Provider,
+    name: str,
+    *,
+    drop: bool,
+    interval: float,
+    report: Report = lambda _: None,
+    data: Sequence[str] = (),
+    rounds: int | None = None,
+) -> None:
+    """plan + carry_out every `interval` seconds until Ctrl-C (or `rounds` rounds): a spot cluster kept whole from the
+    operator's machine, where the cloud credentials are. A round that fails is reported and the next one tries again
+    (its launches already removed by carry_out)."""
+    from clusterctl.errors import ClusterctlError, UsageError
+
+    if interval < 1:
+        raise UsageError(f"--watch {interval:g} is too short", "give the seconds between checks, e.g. --watch 300")
+    done = 0
+    while rounds is None or done < rounds:
+        done += 1
+        try:
+            p = plan(store, provider, name, drop)
+            if p.lost:
+                for line in p.lines():
+                    report(line)
+                carry_out(store, provider, p, report=report, data=data)
+        except ClusterctlError as exc:
+            report(f"repair failed: {exc.message}; trying again in {interval:.0f}s")
+        if rounds is None or done < rounds:
+            time.sleep(interval)
+
+
+# ---- drop ---------------------------------------------------------------------------------------------------
+def _drop(store: StateStore, provider: Provider, p: RepairPlan, report: Report, hosts_out: Path | None) -> Cluster:
+    live = list(p.live)
+    if p.new_leader is not None:
+        live[0] = dataclasses.replace(live[0], role="leader")
+        report(f"{live[0].name} ({live[0].private_ip}) is the leader now")
+    cluster = dataclasses.replace(p.cluster, nodes=tuple(live))
+    hf = reach.hosts_file(cluster)
+    targets = reach.ssh_targets(cluster, store)
+    with SshPool(reach.ssh_settings(cluster, store)) as pool:
+        r = pool.put(targets, {"hosts": (hf.render().encode(), 0o644)})
+        if not r.all_ok:
+            bad = "; ".join(f"{x.host}: {x.error}" for x in r.failed)
+            raise ProvisionError(f"could not write the hosts file on every live node: {bad}", "run `repair` again")
+        provision.write_live_hosts(pool, targets[0], cluster)
+    _save(store, cluster, hf, hosts_out, report)
+    for line in provider.remove_nodes(p.cluster, [x.node for x in p.lost]):
+        report(f"removed {line}")
+    report(f"dropped {len(p.lost)} node(s): {', '.join(x.node.name for x in p.lost)}; {len(live)} node(s) left")
+    return cluster
+
+
+# ---- replace ------------------------------------------------------------------------------------------------
+def _replace(
+    store: StateStore,
+    provider: Provider,
+    p: RepairPlan,
+    report: Report,
+    data: Sequence[str],
+    hosts_out: Path | None,
+    ssh_timeout: float,
+) -> Cluster:
+    name, paths = p.cluster.name, reach.paths(store, p.cluster.name)
+    keys = ClusterKeys(
+        sshkeys.public_line_of(paths.operator_key, f"clusterctl-{name}-operator"),
+        sshkeys.public_line_of(paths.internal_key, f"clusterctl-{name}-internal"),
+        str(paths.operator_key),
+    )
+    lost = [x.node for x in p.lost]
+    billed = [x.node for x in p.lost if x.billed]
+    report(f"launching {len(lost)} replacement node(s) with the {provider.name} provider")
+    launched = provider.replace_nodes(p.cluster, lost, keys)
+    new = {n.name: n for n in launched.cluster.nodes}
+    whole = dataclasses.replace(p.cluster, nodes=tuple(new.get(n.name, n) for n in p.cluster.nodes))
+    fresh = [n for n in whole.nodes if n.name in new]
+    known_before = paths.known_hosts.read_text() if paths.known_hosts.exists() else ""
+    try:
+        report("waiting for ssh on the new node(s)")
+        provision.wait_for_ssh(
+            dataclasses.replace(whole, nodes=(whole.leader, *[n for n in fresh if n.role != "leader"])), ssh_timeout
+        )
+        known = dict(provider.host_keys(launched.cluster))
+        known.update(launched.host_keys)
+        unverified = [n.name for n in fresh if n.ssh_host not in known]
+        if unverified:
+            raise HostKeyError(
+                f"no host key for {', '.join(unverified)} from an authenticated source (their console output); "
+                "repair does not trust first contact",
+                "check that the image runs cloud-init, then run `clusterctl repair` again",
+            )
+        pinned_before = _read_known_hosts(known_before)
+        pinned = {
+            n.ssh_host: pinned_before.get(sshkeys.known_hosts_host(n.ssh_host, n.ssh_port), ()) for n in whole.nodes
+        }
+        pinned.update({n.ssh_host: tuple(known[n.ssh_host]) for n in fresh})
+        missing = [n.name for n in whole.nodes if not pinned[n.ssh_host]]
+        if missing:
+            raise StateError(
+                f"the cluster's known_hosts has no key for {', '.join(missing)}", "see `clusterctl status`"
+            )
+        pinned = provision.pin_host_keys(whole, pinned, paths.known_hosts)
+        report(f"host keys of {len(fresh)} new node(s) pinned from an authenticated source")
+        hf = reach.hosts_file(whole)
+        targets = {t.label: t for t in reach.ssh_targets(whole, store)}
+        with SshPool(reach.ssh_settings(whole, store)) as pool:
+            # every node learns the new keys, the new nodes get the cluster key; the hosts files stay as they were
+            # until the new nodes have passed every check
+            _hand_keys(whole, fresh, pool, targets, pinned, paths)
+            peer = next(n for n in whole.nodes if n.name not in new)
+            _runtime(whole, provider, peer, fresh, pool, targets, str(paths.known_hosts), report)
+            _datasets(whole, peer, fresh, pool, targets, str(paths.known_hosts), data, report)
+            every = [targets[n.ssh_host] for n in whole.nodes]
+            try:
+                provision.setup_nodes(whole, pool, every, pinned, paths, hf)
+            except ProvisionError:  # the leader's first ssh to a new node: retried while its network settles
+                _leader_reaches(pool, every[0], [n for n in fresh if n.role != "leader"])
+                provision.setup_nodes(whole, pool, every, pinned, paths, hf)
+            report("the leader reaches every node over ssh with host keys checked; hosts files updated")
+            provision.write_live_hosts(pool, every[0], whole)
+    except BaseException as exc:  # Ctrl-C included: nothing launched is left, the record is untouched
+        report(f"repair failed ({provision._why(exc)}); removing the replacement node(s)")
+        for line in provider.remove_nodes(whole, fresh):
+            report(f"  removed {line}")
+        atomic_write(paths.known_hosts, known_before, mode=0o600)
+        raise
+    _save(store, whole, hf, hosts_out, report)
+    old = [n for n in billed if n.instance_id and n.instance_id not in {f.instance_id for f in fresh}]
+    for line in provider.remove_nodes(p.cluster, old) if old else []:
+        report(f"removed the lost {line}")
+    report(f"repaired {len(fresh)} node(s): {', '.join(f'{n.name} ({n.private_ip})' for n in fresh)}")
+    return whole
+
+
+def _read_known_hosts(text: str) -> dict[str, tuple[str, ...]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            out.setdefault(parts[0], []).append(f"{parts[1]} {parts[2]}")
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _hand_keys(
+    cluster: Cluster,
+    fresh: Sequence[Node],
+    pool: SshPool,
+    targets: dict[str, SshTarget],
+    pinned: dict[str, tuple[str, ...]],
+    paths: reach.ClusterPaths,
+) -> None:
+    view = {}
+    for n in cluster.nodes:
+        view[n.private_ip] = list(pinned[n.ssh_host])
+        view[n.name] = list(pinned[n.ssh_host])
+    known = (sshkeys.render_known_hosts(view).encode(), 0o644)
+    pub = paths.internal_key.with_name(paths.internal_key.name + ".pub")
+    new = {
+        ".ssh/id_ed25519": (paths.internal_key.read_bytes(), 0o600),
+        ".ssh/id_ed25519.pub": (pub.read_bytes(), 0o644),
+        ".ssh/known_hosts": known,
+    }
+    names = {n.name for n in fresh}
+    for n in cluster.nodes:
+        r = pool.put_one(targets[n.ssh_host], new if n.name in names else {".ssh/known_hosts": known})
+        if not r.ok:
+            raise ProvisionError(f"could not hand the cluster's keys to {n.name}: {r.error}", "run `repair` again")
+
+
+def _runtime(
+    cluster: Cluster,
+    provider: Provider,
+    peer: Node,
+    fresh: Sequence[Node],
+    pool: SshPool,
+    targets: dict[str, SshTarget],
+    known_hosts: str,
+    report: Report,
+) -> None:
+    """The record's runtime onto the new nodes: install.install over the peer and them (the peer has it, so only
+    they are sent it: from this machine's cache for local clusters, else relayed from the peer), verified there."""
+    from clusterctl.runtime import install, spec as rt
+
+    rid, python = cluster.extra.get("runtime", ""), cluster.extra.get("python", "")
+    if rid in ("", "none"):
+        return
+    nodes = [peer, *fresh]
+    if rid != "own":
+        sub = dataclasses.replace(cluster, nodes=tuple(nodes))
+        fields = install.install(
+            sub,
+            pool,
+            [targets[n.ssh_host] for n in nodes],
+            [n.private_ip for n in nodes],
+            known_hosts,
+            install.RuntimeRequest("install"),
+            report,
+            build_here=provider.builds_runtime_locally,
+        )
+        if fields.get("runtime") != rid:
+            raise ProvisionError(
+                f"the new node(s) would get runtime {fields.get('runtime')}, the cluster has {rid}",
+                "the replacement differs from its peers (image or type): `clusterctl down` and `up` again",
+            )
+        python = rt.python_of(rid)
+    check = f"test -x {shlex.quote(python)} && {shlex.quote(python)} -c 'import sys'"
+    results = pool.run([targets[n.ssh_host] for n in fresh], check, timeout=120)
+    bad = [
+        f"{n.name}: {r.error or r.stderr.strip()[-120:] or f'exit {r.exit_code}'}"
+        for n, r in zip(fresh, results)
+        if not r.ok
+    ]
+    if bad:
+        raise ProvisionError(f"the runtime's Python {python} does not run on {'; '.join(bad)}")
+    report(f"node runtime {rid} verified on {len(fresh)} new node(s)")
+
+
+def _complete_datasets(pool: SshPool, peer: SshTarget) -> list[str]:
+    roots = " ".join(r if r == "$HOME" else shlex.quote(r) for r in DATA_ROOTS)
+    cmd = (
+        f'for r in {roots}; do [ -d "$r" ] && find "$r" -maxdepth {DATA_DEPTH} -type f '
+        "-path '*/.clusterctl-sync/COMPLETE' 2>/dev/null; done; true"
+    )
+    r = pool.run_one(peer, cmd, timeout=120)
+    if not r.ok:
+        raise ProvisionError(f"could not list the datasets on {peer.label}: {r.error or r.stderr.strip()[-200:]}")
+    found = sorted({line[: -len("/.clusterctl-sync/COMPLETE")] for line in r.stdout.splitlines() if line.strip()})
+    from clusterctl.runtime import spec as rt
+
+    return [d for d in found if not d.startswith(rt.ROOT)]
+
+
+def _datasets(
+    cluster: Cluster,
+    peer: Node,
+    fresh: Sequence[Node],
+    pool: SshPool,
+    targets: dict[str, SshTarget],
+    known_hosts: str,
+    extra: Sequence[str],
+    report: Report,
+) -> None:
+    """Every dataset the peer holds complete (and every `--data DST`) copied from it to the new nodes with sync's
+    relay, then each new copy checked again, file by file, against the manifest the peer's own copy was verified
+    against, and marked with it: every node's completion marker names one manifest, as `train` requires."""
+    from clusterctl.data import node_side, plan as syncplan, sync as transfer
+
+    found = _complete_datasets(pool, targets[peer.ssh_host])
+    dsts = list(dict.fromkeys([*found, *extra]))
+    nodes = [peer, *fresh]
+    src = targets[peer.ssh_host]
+    for dst in dsts:
+        report(f"copying dataset {dst} from {peer.name} to {len(fresh)} new node(s)")
+        state = f"{dst.rstrip('/')}/{node_side.STATE_DIR}"
+        marker, saved = f"{state}/{node_side.MARKER}", f"{state}/{node_side.SAVED}"
+        # The relay from the peer checks the peer's copy against a listing made there and marks it with that: the
+        # marker and manifest it was verified against are kept aside and put back (its data is never written).
+        keep = (
+            f"mkdir -p {REPAIR_WORK} && cp -p {shlex.quote(marker)} {REPAIR_WORK}/COMPLETE && "
+            f"cp -p {shlex.quote(saved)} {REPAIR_WORK}/manifest.jsonl"
+        )
+        r = pool.run_one(src, keep, timeout=600)
+        if not r.ok:
+            raise ProvisionError(
+                f"dataset {dst} on {peer.name} has no completion marker: {r.stderr.strip()[-200:] or r.error}",
+                f"copy and verify it with `clusterctl sync SRC {dst}` first",
+            )
+        try:
+            syncer = transfer.Syncer(
+                [targets[n.ssh_host] for n in nodes],
+                [n.private_ip for n in nodes],
+                known_hosts,
+                pool,
+                syncplan.Source("leader", path=dst),
+                dst,
+                managed=True,
+                node_python="python3",
+            )
+            err = syncer.run().error()
+        finally:
+            back = (
+                f"cp -p {REPAIR_WORK}/manifest.jsonl {shlex.quote(saved)} && "
+                f"cp -p {REPAIR_WORK}/COMPLETE {shlex.quote(marker)}"
+            )
+            restored = pool.run_one(src, back, timeout=600)
+        if not restored.ok:
+            raise ProvisionError(f"could not put back the completion marker of {dst} on {peer.name}")
+        if err is not None:
+            raise ProvisionError(f"dataset {dst} did not reach the new node(s) whole: {err.message}")
+        _check_against_peer(pool, targets, peer, fresh, dst)
+        report(f"dataset {dst} verified on {len(fresh)} new node(s)")
+    pool.run([targets[n.ssh_host] for n in nodes], f"rm -rf {REPAIR_WORK}", timeout=60)
+
+
+def _check_against_peer(
+    pool: SshPool, targets: dict[str, SshTarget], peer: Node, fresh: Sequence[Node], dst: str
+) -> None:
+    """The peer's kept manifest (REPAIR_WORK) sent from it to each new node (host key checked), each new copy checked
+    against it and marked with the peer's marker's source."""
+    import json
+
+    from clusterctl.data import node_side
+
+    r = pool.run_one(targets[peer.ssh_host], f"cat {REPAIR_WORK}/COMPLETE", timeout=60)
+    try:
+        source = str(json.loads(r.stdout)["source"]) if r.ok else ""
+    except (ValueError, KeyError, TypeError):
+        source = ""
+    if not source:
+        raise ProvisionError(f"cannot read the completion marker of {dst} on {peer.name}")
+    sends = " ".join(
+        f"scp -q -o BatchMode=yes -o StrictHostKeyChecking=yes {REPAIR_WORK}/manifest.jsonl "
+        f"{shlex.quote(n.private_ip + ':' + REPAIR_WORK + '/manifest.jsonl')} || echo {shlex.quote(n.name)};"
+        for n in fresh
+    )
+    fresh_targets = [targets[n.ssh_host] for n in fresh]
+    put = pool.put(fresh_targets, {f"{REPAIR_WORK}/agent.py": (Path(node_side.__file__).read_bytes(), 0o600)})
+    if not put.all_ok:
+        raise ProvisionError(
+            f"could not reach the new node(s): {'; '.join(f'{x.host}: {x.error}' for x in put.failed)}"
+        )
+    r = pool.run_one(targets[peer.ssh_host], sends, timeout=600)
+    if not r.ok or r.stdout.strip():
+        raise ProvisionError(
+            f"{peer.name} could not send the manifest of {dst} to {r.stdout.strip() or r.stderr[-200:]}"
+        )
+    check = shlex.join(
+        ["python3", f"{REPAIR_WORK}/agent.py", "check", "--dst", dst, "--manifest", f"{REPAIR_WORK}/manifest.jsonl"]
+        + ["--mark", source, "--reset", "--workers", "4"]
+    )
+    for n, res in zip(fresh, pool.run(fresh_targets, check, timeout=3600)):
+        try:
+            got = json.loads(res.stdout.strip().splitlines()[-1]) if res.stdout.strip() else {}
+        except ValueError:
+            got = {}
+        if not res.ok or got.get("bad") or not got.get("marked"):
+            why = got.get("error") or (got.get("bad") or [""])[0] or res.error or res.stderr.strip()[-200:]
+            raise ProvisionError(f"dataset {dst} on {n.name} does not match {peer.name}'s manifest: {why}")
+
+
+def _leader_reaches(pool: SshPool, leader: SshTarget, fresh: Sequence[Node], timeout: float = 60.0) -> None:
+    """The leader's ssh to each new member, host key checked, retried while the network learns the new node."""
+    deadline = time.monotonic() + timeout
+    for n in fresh:
+        probe = (
+            f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=10 {shlex.quote(n.private_ip)} true"
+        )
+        while True:
+            r = pool.run_one(leader, probe, timeout=30)
+            if r.ok:
+                break
+            if time.monotonic() > deadline:
+                why = (r.error or r.stderr.strip() or f"exit {r.exit_code}").splitlines()[-1][:200]
+                raise ProvisionError(f"the leader cannot ssh to the new node {n.name} ({n.private_ip}): {why}")
+            time.sleep(2.0)
+
+
+def _save(store: StateStore, cluster: Cluster, hf: HostsFile, hosts_out: Path | None, report: Report) -> None:
+    """The cluster's hosts file, ./hosts where it is this cluster's (what `up` wrote for it, unchanged since), the ssh
+    config entry where `up` made one, then the record."""
+    from clusterctl.cluster import hosts_out as hosts_out_mod
+
+    paths = reach.paths(store, cluster.name)
+    before = paths.hosts.read_text() if paths.hosts.exists() else None
+    atomic_write(paths.hosts, hf.render(), mode=0o644)
+    if hosts_out is not None and hosts_out.exists():
+        ours = before is not None and hosts_out.read_text() == before
+        if not (ours and hosts_out_mod.write(hosts_out, hf.render(), cluster.name)):
+            report(f"{hosts_out} is not this cluster's hosts file: left alone; the cluster's is {paths.hosts}")
+    if sshentry.config_path(cluster.name).exists():
+        sshentry.write(cluster, store)
+    store.save(Record(cluster, "up", time.time()))

@@ -1,0 +1,122 @@
+"""`clusterctl repair` on AWS (moto, instances backed by namespace nodes): a terminated instance replaced like its
+peers, asserted on the RunInstances request; a repair that fails after RunInstances leaves nothing it launched."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from motoaws import decode_user_data
+
+pytestmark = pytest.mark.integration
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def running(aws, name: str) -> list[dict]:
+    flt = [
+        {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        {"Name": "tag:clusterctl:cluster", "Values": [name]},
+    ]
+    return [i for r in aws.client("ec2").describe_instances(Filters=flt)["Reservations"] for i in r["Instances"]]
+
+
+def record(aws_cli, name: str) -> dict:
+    return json.loads((aws_cli.cli.home / "clusters" / name / "cluster.json").read_text())
+
+
+def test_repair_replaces_a_terminated_instance_like_its_peers_and_a_failed_one_leaves_nothing(aws, aws_cli):
+    name = "fix"
+    ok(aws_cli(*aws_cli.up_args(name, 3), timeout=300))
+    try:
+        before = record(aws_cli, name)["cluster"]
+        lost = before["nodes"][2]
+        aws.client("ec2").terminate_instances(InstanceIds=[lost["instance_id"]])  # its namespace node goes with it
+
+        st = ok(aws_cli("status", name))
+        assert f"lost: {name}-member-2 ({lost['private_ip']}): terminated" in st.stdout + st.stderr
+        proc = ok(aws_cli("repair", name, "--yes", timeout=300))
+        assert f"{name}-member-2 ({lost['private_ip']}): terminated" in proc.stderr
+        assert re.search(r"cost: \+\$25\.\d\d/hour", proc.stderr), proc.stderr
+        assert "host keys of 1 new node(s) pinned from an authenticated source" in proc.stderr
+
+        up_run, fix_run = aws.actions("RunInstances")
+        a, b = up_run.params, fix_run.params
+        assert (b["MinCount"], b["MaxCount"]) == ("1", "1") and b["ClientToken"].startswith(f"{name}-repair-")
+        # field by field: the same type, subnet, security group, placement group, profile, IMDSv2, volume, image, key
+        for key in (
+            "InstanceType",
+            "ImageId",
+            "KeyName",
+            "NetworkInterface.1.SubnetId",
+            "NetworkInterface.1.SecurityGroupId.1",
+            "NetworkInterface.1.AssociatePublicIpAddress",
+            "Placement.GroupName",
+            "IamInstanceProfile.Name",
+            "MetadataOptions.HttpTokens",
+            "MetadataOptions.HttpEndpoint",
+            "MetadataOptions.HttpPutResponseHopLimit",
+            "BlockDeviceMapping.1.DeviceName",
+            "BlockDeviceMapping.1.Ebs.Encrypted",
+            "BlockDeviceMapping.1.Ebs.VolumeSize",
+            "BlockDeviceMapping.1.Ebs.VolumeType",
+            "BlockDeviceMapping.1.Ebs.Iops",
+            "BlockDeviceMapping.1.Ebs.DeleteOnTermination",
+            "InstanceInitiatedShutdownBehavior",
+        ):
+            assert key in a and b.get(key) == a[key], (key, a.get(key), b.get(key))
+        cid = before["extra"]["cluster_id"]
+        assert (
+            b["Placement.GroupName"] == f"clusterctl-{name}-{cid}"
+            and b["IamInstanceProfile.Name"] == f"clusterctl-{cid}"
+        )
+        assert b["MetadataOptions.HttpTokens"] == "required" and b["BlockDeviceMapping.1.Ebs.Encrypted"] == "true"
+        assert decode_user_data(fix_run) == decode_user_data(up_run)  # the cloud-init (cluster key, watchdog)
+        tags = {b[k]: b[k.replace(".Key", ".Value")] for k in b if re.match(r"TagSpecification\.1\.Tag\.\d+\.Key$", k)}
+        assert (tags["clusterctl:cluster"], tags["clusterctl:id"], tags["clusterctl:owner"]) == (
+            name,
+            cid,
+            before["extra"]["owner"],
+        )
+
+        now = running(aws, name)
+        assert len(now) == 3 and len({i["Placement"]["AvailabilityZone"] for i in now}) == 1
+        after = record(aws_cli, name)["cluster"]
+        fresh = after["nodes"][2]
+        assert fresh["name"] == lost["name"] and fresh["instance_id"] not in (None, lost["instance_id"])
+        assert after["nodes"][:2] == before["nodes"][:2]
+        assert fresh["private_ip"] in (aws_cli.cli.cwd / "hosts").read_text()
+        out = ok(aws_cli("run", "--cluster", name, "--json", "cat ~/hosts | wc -l")).stdout
+        assert sorted(json.loads(line)["stdout"].strip() for line in out.splitlines() if line.strip()) == ["3"] * 3
+
+        # A repair that fails after RunInstances (tagging the new instance is refused): what it launched is gone, the
+        # record is as it was.
+        aws.client("ec2").terminate_instances(InstanceIds=[fresh["instance_id"]])
+        kept = (aws_cli.cli.home / "clusters" / name / "cluster.json").read_text()
+        aws.fail("CreateTags", "UnauthorizedOperation", status=403, message="You are not authorized to tag")
+        proc = aws_cli("repair", name, "--yes", timeout=300)
+        assert proc.returncode != 0 and [line for line in proc.stderr.splitlines() if line.startswith("Error: ")], (
+            proc.stderr
+        )
+        assert len(aws.actions("RunInstances")) == 3
+        assert re.search(rf"removed instance i-[0-9a-f]+ \({name}-node\)", proc.stderr), proc.stderr
+        assert len(running(aws, name)) == 2, [i["InstanceId"] for i in running(aws, name)]
+        assert (aws_cli.cli.home / "clusters" / name / "cluster.json").read_text() == kept
+
+        # --drop: a stopped member (still billed: it is terminated) and the terminated one leave the cluster
+        ec2 = aws.client("ec2")
+        ec2.stop_instances(InstanceIds=[before["nodes"][1]["instance_id"]])
+        proc = ok(aws_cli("repair", name, "--drop", "--yes", timeout=300))
+        assert re.search(r"cost: -\$25\.\d\d/hour", proc.stderr), proc.stderr
+        assert f"removed instance {before['nodes'][1]['instance_id']}" in proc.stderr
+        assert [n["name"] for n in record(aws_cli, name)["cluster"]["nodes"]] == [f"{name}-leader"]
+        assert (aws_cli.cli.cwd / "hosts").read_text().split() == [before["nodes"][0]["private_ip"], "slots=8"]
+        state = ec2.describe_instances(InstanceIds=[before["nodes"][1]["instance_id"]])["Reservations"][0]
+        assert state["Instances"][0]["State"]["Name"] == "terminated"
+    finally:
+        ok(aws_cli("down", name, "--yes", timeout=300))

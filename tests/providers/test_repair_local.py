@@ -1,0 +1,140 @@
+"""`clusterctl repair` on a local cluster: a member's namespace processes killed, then the node replaced (or dropped)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from conftest import node_pid, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def kill_node(c, index: int) -> None:
+    """Every process of the node gone (sshd is its PID 1: killing it ends the node's PID namespace)."""
+    os.kill(node_pid(c.name, index), signal.SIGKILL)
+    from clusterctl.providers.local import netns
+
+    ns = netns.netns_name(c.name, index)
+    assert netns.kill_netns(ns, 10.0) == []
+
+
+def runs(c, command: str) -> list[dict]:
+    """`run --json` on the whole cluster: one object per host."""
+    out = ok(c.cli("run", "--cluster", c.name, "--json", command)).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def record(c) -> dict:
+    return json.loads((c.cli.home / "clusters" / c.name / "cluster.json").read_text())["cluster"]
+
+
+def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(local_cluster_factory, tmp_path):
+    c = local_cluster_factory(3, 1)
+    src = tmp_path / "ds"
+    src.mkdir()
+    for i in range(5):
+        (src / f"f{i}.bin").write_bytes(os.urandom(2000 + i))
+    ok(c.cli("sync", "--cluster", c.name, str(src), "/root/data"))
+    first_marker = json.loads(c.node_exec(0, "cat", "/root/data/.clusterctl-sync/COMPLETE").stdout)
+    old_key = (c.cli.home / "clusters" / c.name / "known_hosts").read_text()
+    kill_node(c, 2)
+
+    st = ok(c.cli("status", c.name))
+    assert f"lost: {c.name}-member-2 ({c.hosts[2]})" in st.stderr + st.stdout
+    proc = c.cli("repair", c.name)  # no terminal, no --yes: nothing is done
+    assert proc.returncode == 2 and "needs confirmation" in proc.stderr
+    assert f"{c.name}-member-2 ({c.hosts[2]}): no process left" in proc.stderr
+
+    # a replacement that fails a check (here: a dataset no peer holds) is removed; nothing names it
+    hosts_before = (c.cli.cwd / "hosts").read_text()
+    kept = (c.cli.home / "clusters" / c.name / "cluster.json").read_text()
+    proc = c.cli("repair", c.name, "--yes", "--data", "/root/no-such-data")
+    assert proc.returncode != 0 and "removing the replacement node(s)" in proc.stderr, proc.stderr
+    assert (c.cli.home / "clusters" / c.name / "cluster.json").read_text() == kept
+    assert (c.cli.cwd / "hosts").read_text() == hosts_before
+    assert (c.cli.home / "clusters" / c.name / "known_hosts").read_text() == old_key
+    from clusterctl.providers.local import netns
+
+    assert netns.netns_name(c.name, 2) not in netns.cluster_netns(c.name)
+
+    proc = ok(c.cli("repair", c.name, "--yes"))
+    assert "cost: +$0.00/hour" in proc.stderr
+    assert "dataset /root/data verified on 1 new node(s)" in proc.stderr, proc.stderr
+    # the new node has a new host key, pinned; the others' are kept
+    new_key = (c.cli.home / "clusters" / c.name / "known_hosts").read_text()
+    assert new_key != old_key and new_key.splitlines()[:2] == old_key.splitlines()[:2]
+    assert [n["private_ip"] for n in record(c)["nodes"]] == c.hosts
+    assert (c.cli.cwd / "hosts").read_text().split() == [x for h in c.hosts for x in (h, "slots=1")]
+    # the dataset on the new node: verified and marked complete, the same bytes
+    marker = json.loads(c.node_exec(2, "cat", "/root/data/.clusterctl-sync/COMPLETE").stdout)
+    markers = [json.loads(c.node_exec(i, "cat", "/root/data/.clusterctl-sync/COMPLETE").stdout) for i in (0, 1)]
+    assert markers[0] == first_marker  # the peer's own marker as it was (the relay from it only read its data)
+    assert marker["files"] == 5 and marker["source"] == markers[0]["source"] == str(src)
+    assert marker["manifest_sha256"] == markers[0]["manifest_sha256"] == markers[1]["manifest_sha256"]
+    assert (
+        c.node_exec(2, "sha256sum", "/root/data/f3.bin").stdout.split()[0]
+        == __import__("hashlib").sha256((src / "f3.bin").read_bytes()).hexdigest()
+    )
+    # every node's hosts file names all three; the leader's live-hosts too
+    res = runs(c, "cat ~/hosts | wc -l")
+    assert sorted(r["stdout"].strip() for r in res) == ["3", "3", "3"] and all(r["exit_code"] == 0 for r in res), res
+    assert c.node_exec(0, "cat", "/root/.clusterctl/live-hosts").stdout.split() == [f"{h}:1" for h in c.hosts]
+    # the leader reaches the new member with its key checked
+    ok(c.cli("run", "--cluster", c.name, f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes {c.hosts[2]} true"))
+    assert "nothing to repair" in ok(c.cli("repair", c.name)).stderr
+
+
+def test_repair_drop_removes_a_lost_leader_and_the_next_node_leads(local_cluster_factory):
+    c = local_cluster_factory(3, 1)
+    assert c.node_exec(0, "cat", "/root/.clusterctl/live-hosts").stdout.split() == [f"{h}:1" for h in c.hosts]  # up's
+    kill_node(c, 0)
+    proc = ok(c.cli("repair", c.name, "--drop", "--yes"))
+    assert f"{c.name}-member-1 ({c.hosts[1]}) becomes the leader" in proc.stderr
+    nodes = record(c)["nodes"]
+    assert [(n["name"], n["role"]) for n in nodes] == [
+        (f"{c.name}-member-1", "leader"),
+        (f"{c.name}-member-2", "member"),
+    ]
+    assert (c.cli.cwd / "hosts").read_text().split() == [c.hosts[1], "slots=1", c.hosts[2], "slots=1"]
+    res = runs(c, "cat ~/hosts | wc -l")
+    assert [r["stdout"].strip() for r in res] == ["2", "2"]
+    assert c.node_exec(1, "cat", "/root/.clusterctl/live-hosts").stdout.split() == [
+        f"{c.hosts[1]}:1",
+        f"{c.hosts[2]}:1",
+    ]
+    from clusterctl.providers.local import netns
+
+    assert netns.netns_name(c.name, 0) not in netns.cluster_netns(c.name)  # the lost node's namespace is gone
+
+
+def test_repair_watch_replaces_a_node_lost_while_it_runs(local_cluster_factory):
+    c = local_cluster_factory(2, 1)
+    bad = c.cli("repair", c.name, "--watch", "0.5", "--yes")
+    assert bad.returncode == 2 and "Error: --watch 0.5 is too short" in bad.stderr
+    assert "pass --yes with it" in c.cli("repair", c.name, "--watch", "2").stderr
+    path = c.cli.home / "clusters" / c.name / "cluster.json"
+    saved = json.loads(path.read_text())["updated_at"]
+    p = c.cli.popen("repair", c.name, "--watch", "1", "--yes")
+    try:
+        kill_node(c, 1)
+        from clusterctl.providers.local import netns
+
+        wait_for(
+            lambda: netns.node_alive(c.name, 1) is None and json.loads(path.read_text())["updated_at"] > saved,
+            180,
+            "the watch to repair the lost member",
+        )
+        assert [r["exit_code"] for r in runs(c, "true")] == [0, 0]
+    finally:
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    assert f"{c.name}-member-1 ({c.hosts[1]}): " in err and "repaired 1 node(s)" in err, err
