@@ -46,20 +46,20 @@ def sh(argv, **kw) -> subprocess.CompletedProcess:
 def install_step(home: Path, name: str) -> str:
     """`up`'s runtime step on an existing cluster, as `up` runs it; returns the runtime id."""
     os.environ["CLUSTERCTL_HOME"] = str(home)
-    from clusterctl.cluster import provision
+    from clusterctl.cluster import reach
     from clusterctl.remote.ssh import SshPool
     from clusterctl.runtime.install import RuntimeRequest, install
     from clusterctl.state import StateStore
 
     store = StateStore(home)
     cluster = store.load(name).cluster
-    with SshPool(provision.ssh_settings(cluster, store)) as pool:
+    with SshPool(reach.ssh_settings(cluster, store)) as pool:
         fields = install(
             cluster,
             pool,
-            provision.ssh_targets(cluster, store),
-            provision.hosts_file(cluster).hosts,
-            str(provision.paths(store, name).known_hosts),
+            reach.ssh_targets(cluster, store),
+            reach.hosts_file(cluster).hosts,
+            str(reach.paths(store, name).known_hosts),
             RuntimeRequest("install"),
             lambda m: None,
         )

@@ -564,7 +564,7 @@ def learning_rate(step: float, peak: float, warmup_steps: float, total_steps: fl
 
 
 # ---- main --------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole run, in the order Horovod's examples write it)
     args = parse_args(argv)
 
     import horovod.tensorflow as hvd

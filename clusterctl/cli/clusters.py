@@ -123,7 +123,7 @@ def status(
     Says where the local record and the provider disagree.
     """
     from clusterctl.cli import tables
-    from clusterctl.cluster import overview, provision
+    from clusterctl.cluster import overview
     from clusterctl.errors import StateError
     from clusterctl.state import validate_name
 
@@ -156,7 +156,7 @@ def status(
         st,
         time.time(),
         current=n == store.current(),
-        notes=provision.disagreements(record, st if (st.nodes or st.other) else None),
+        notes=overview.disagreements(record, st if (st.nodes or st.other) else None),
     )
     if record is not None:
         if record.status == "up" and st.nodes:
@@ -394,13 +394,13 @@ def hosts(
     format_: str = typer.Option("slots", "--format", "-f", help="slots | horovod | mpi | tf-config | json"),
 ) -> None:
     """Print the hosts file for horovodrun, mpirun, TF_CONFIG."""
-    from clusterctl.cluster import provision
+    from clusterctl.cluster import reach
     from clusterctl.hostsfile import HostsFile
 
     if hostsfile is not None:
         hf = HostsFile.read(hostsfile)
     else:
-        hf = provision.hosts_file(_store().resolve(cluster).cluster)
+        hf = reach.hosts_file(_store().resolve(cluster).cluster)
     sys.stdout.write(hf.render_as(format_))
 
 

@@ -59,8 +59,8 @@ def sync(
     """
     from clusterctl.cli import display, tables
     from clusterctl.data import plan as syncplan, session as syncsession, sync as transfer
+    from clusterctl.remote import jobfolder
     from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import launch
 
     if len(args) not in (2, 3):
         raise UsageError("expected [HOSTS] SRC DST", "e.g. clusterctl sync hosts ~/imagenet_data ~/imagenet_data")
@@ -77,7 +77,7 @@ def sync(
     if plan:
         chosen = None
         if chains is None and strategy == "chain" and source.kind != "s3":
-            chosen = _plan_fanout(inv, source, dst, launch.node_python(inv.cluster))
+            chosen = _plan_fanout(inv, source, dst, jobfolder.node_python(inv.cluster))
         k = chosen.k if chosen else chains or 1
         for line in syncplan.render_plan(strategy, labels, source, k, labels[0] if labels else None, chosen):
             sys.stdout.write(line + "\n")
@@ -99,7 +99,7 @@ def sync(
             delete=delete,
             endpoint_url=endpoint_url,
             events=events,
-            node_python=launch.node_python(inv.cluster),
+            node_python=jobfolder.node_python(inv.cluster),
             stall_timeout=stall_timeout,
             verify=verify,
         )
@@ -217,7 +217,7 @@ def data_tfrecords(
     become train-*/validation-* TFRecord shards with labels.txt and dataset.json. ImageNet's flat val/
     needs --val-labels. --on leader converts where the data is (then `clusterctl sync leader:DST DST`)."""
     from clusterctl.cli import display
-    from clusterctl.data import tfrecords_run
+    from clusterctl.workloads import tfrecords_run
 
     conversion = tfrecords_run.Conversion(  # every option checked here, before anything runs
         src=src,

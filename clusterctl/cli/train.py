@@ -217,7 +217,8 @@ def launch(
     keys checked and a scrubbed environment. Follow it with `clusterctl logs NAME`, end it with
     `clusterctl kill NAME`; `clusterctl status` lists it."""
     from clusterctl.cli import display
-    from clusterctl.workloads import launch as launchlib, userjob
+    from clusterctl.remote import jobfolder
+    from clusterctl.workloads import userjob
 
     hosts_path, command_argv = userjob.split_hosts(args or [])
     the_plan = userjob.plan(command_argv, file, Path.cwd())  # bad input fails here, before any connection
@@ -243,7 +244,7 @@ def launch(
         return
     try:
         with autostop.lease(_store(), inv.cluster, "launch --attach", warn=display.warn):
-            code = launchlib.follow(inv, job.job, _print_line)
+            code = jobfolder.follow(inv, job.job, _print_line)
     except KeyboardInterrupt:
         display.info(f"detached; {job.job} keeps running (clusterctl kill {job.job} ends it)")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
@@ -314,12 +315,13 @@ def tensorboard(
 
 def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> None:
     """`clusterctl logs` without a job name: the training job's log, from the leader."""
-    from clusterctl.workloads import launch as launchlib, train_job as trainlib
+    from clusterctl.remote import jobfolder
+    from clusterctl.workloads import train_job as trainlib
 
     inv = _train_inventory(hostsfile, cluster, connect_timeout)
     job = trainlib.require_job(_store(), inv)
     if follow:
-        code = launchlib.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
+        code = jobfolder.follow(trainlib.job_inventory(inv, job), job.job, _print_line)
         raise typer.Exit(0 if code == 0 else int(ExitCode.REMOTE_FAILED))
     text = trainlib.read_log(inv, job).text
     sys.stdout.write(text)

@@ -44,11 +44,11 @@ def change(store: StateStore, record: Record, action: str, **values: Any) -> lis
 
 def _on_nodes(store: StateStore, cluster: Cluster, command: str) -> list[str]:
     """`command` on every node of a cloud cluster; one line per node where it failed."""
-    from clusterctl.cluster import provision
+    from clusterctl.cluster import reach
     from clusterctl.remote.ssh import SshPool
 
-    with SshPool(provision.ssh_settings(cluster, store, connect_timeout=10.0)) as pool:
-        report = pool.run(provision.ssh_targets(cluster, store), command, timeout=60)
+    with SshPool(reach.ssh_settings(cluster, store, connect_timeout=10.0)) as pool:
+        report = pool.run(reach.ssh_targets(cluster, store), command, timeout=60)
     return [
         f"{r.host}: {r.error or (r.stderr.strip() or r.stdout.strip())[-200:] or f'exit {r.exit_code}'}"
         for r in report

@@ -1,6 +1,6 @@
 """What `status` says about autostop: the leader watchdog's own status (a local node's files, or over ssh on
 a cloud node), as lines. When the cluster stops and why; from the settings alone when the leader does not
-answer. Operator side: it reads ssh targets from the cluster's record (cluster/provision.py)."""
+answer. Operator side: it reads ssh targets from the cluster's record (cluster/reach.py)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ def local_status(store: StateStore, name: str, running: Callable[[str], bool]) -
 def remote_status(cluster: Cluster, store: StateStore, timeout: float = 20.0) -> dict[str, Any] | None:
     """The leader's watchdog status over ssh (a fresh connection, not the agent's: it must not look like
     activity), or None when it does not answer."""
-    from clusterctl.cluster import provision
+    from clusterctl.cluster import reach
     from clusterctl.remote.ssh import SshPool
 
-    target = provision.ssh_targets(cluster, store)[0]
-    with SshPool(provision.ssh_settings(cluster, store, connect_timeout=5.0)) as pool:
+    target = reach.ssh_targets(cluster, store)[0]
+    with SshPool(reach.ssh_settings(cluster, store, connect_timeout=5.0)) as pool:
         r = pool.run_one(target, remote_command("status"), timeout=timeout)
     try:
         st: dict[str, Any] | None = json.loads(r.stdout.strip().splitlines()[-1]) if r.ok else None

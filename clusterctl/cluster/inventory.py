@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clusterctl.cluster import provision
+from clusterctl.cluster import reach
 from clusterctl.hostsfile import HostsFile
 from clusterctl.remote.targets import SshSettings, SshTarget, targets_from_hosts, user_known_hosts
 from clusterctl.state import StateStore
@@ -72,7 +72,7 @@ def resolve(
         )
         return Inventory(hf, tuple(targets), settings)
     record = store.resolve(cluster_name)
-    return _for_cluster(record.cluster, store, ssh, provision.hosts_file(record.cluster))
+    return _for_cluster(record.cluster, store, ssh, reach.hosts_file(record.cluster))
 
 
 def _without_config_timeout(t: SshTarget) -> SshTarget:
@@ -81,12 +81,12 @@ def _without_config_timeout(t: SshTarget) -> SshTarget:
 
 
 def _for_cluster(cluster: Cluster, store: StateStore, ssh: SshOverrides, hf: HostsFile) -> Inventory:
-    targets = provision.ssh_targets(cluster, store)
+    targets = reach.ssh_targets(cluster, store)
     if ssh.user or ssh.identity:
         targets = [
             replace(t, user=ssh.user or t.user, identity_files=tuple(ssh.identity) or t.identity_files) for t in targets
         ]  # members behind the leader stay behind it
-    settings = provision.ssh_settings(cluster, store, ssh.connect_timeout)
+    settings = reach.ssh_settings(cluster, store, ssh.connect_timeout)
     by_ip = {n.private_ip: t for n, t in zip(cluster.nodes, targets)}
     return Inventory(hf, tuple(by_ip[h] for h in hf.hosts), settings, cluster)
 

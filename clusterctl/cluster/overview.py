@@ -19,7 +19,8 @@ from clusterctl.providers.base import Provider
 from clusterctl.units import duration
 
 if TYPE_CHECKING:
-    from clusterctl.state import StateStore
+    from clusterctl.providers.base import ClusterStatus
+    from clusterctl.state import Record, StateStore
     from clusterctl.types import Cluster
 
 
@@ -240,8 +241,6 @@ def listing(
     now: float | None = None,
 ) -> Listing:
     """Every cluster: the cloud's view of every region a record names (or the one given) and every record."""
-    from clusterctl.cluster import provision
-
     now = time.time() if now is None else now
     current = store.current()
     listed, damaged = store.list()
@@ -273,7 +272,7 @@ def listing(
             if rec is not None and not st.recorded:  # another owner's of the same name: not the one recorded
                 note = f"not this machine's: {st.owner or 'another owner'}'s cluster of the same name"
             else:
-                note = "; ".join(provision.disagreements(rec, st))
+                note = "; ".join(disagreements(rec, st))
                 seen.add(cname)
             states: dict[str, int] = {}
             for ns in st.nodes:
@@ -313,7 +312,7 @@ def listing(
                     None,
                     None,
                     None,
-                    "; ".join(provision.disagreements(r, None)),
+                    "; ".join(disagreements(r, None)),
                     priced=False,
                 )
             )
@@ -336,3 +335,41 @@ def listing(
             )
         )
     return Listing(tuple(rows), hourly_sum, so_far_sum, unknown)
+
+
+def disagreements(record: Record | None, status: ClusterStatus | None) -> list[str]:
+    """Where the local record and the provider's view (a ClusterStatus, or None) of one cluster differ."""
+    notes = []
+    if record is None:
+        if status is not None:
+            notes.append(
+                "no local record on this machine (its keys are elsewhere or lost); "
+                f"`clusterctl down {status.name}` still removes it"
+            )
+        return notes
+    name = record.cluster.name
+    if status is None or (not status.nodes and not status.other):
+        notes.append(
+            f"the local record says {record.status}, but the provider has nothing for it "
+            f"(`clusterctl down {name}` removes the stale record)"
+        )
+        return notes
+    if not status.nodes:
+        notes.append(f"no nodes, but {len(status.other)} resource(s) remain (`clusterctl down {name}` removes them)")
+        return notes
+    if record.status != "up":
+        notes.append(f"the local record says {record.status} (an `up` did not finish)")
+    mine = {n.instance_id or n.private_ip for n in record.cluster.nodes}
+    theirs = {s.node.instance_id or s.node.private_ip for s in status.nodes}
+    if mine != theirs:
+        notes.append(
+            f"nodes differ: the record has {len(mine)}, the provider {len(theirs)} "
+            f"({len(mine - theirs)} only in the record, {len(theirs - mine)} only in the provider)"
+        )
+    gone = [n.name for n in record.cluster.nodes if (n.instance_id or n.private_ip) not in theirs]
+    if gone and record.status == "up":
+        notes.append(f"lost: {', '.join(gone)} (`clusterctl repair {name}` replaces them, --drop removes them)")
+    stopped = [s.node.name for s in status.nodes if s.state not in ("running",)]
+    if stopped:
+        notes.append(f"not running: {', '.join(stopped)}")
+    return notes

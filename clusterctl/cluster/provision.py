@@ -15,79 +15,24 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from clusterctl.cluster import hosts_out as hosts_out_mod
+from clusterctl.cluster.reach import ClusterPaths, behind_leader, hosts_file, paths, ssh_settings, ssh_targets
 from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, UnreachableError, WaitTimeout
-from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, Provider, Teardown
 from clusterctl.remote import sshkeys
 from clusterctl.remote.ssh import SshPool
-from clusterctl.remote.targets import SshSettings, SshTarget
+from clusterctl.remote.targets import SshTarget
 from clusterctl.runtime.install import RuntimeRequest, S3Cache, install as install_runtime
 from clusterctl.state import Record, StateStore, atomic_write
 from clusterctl.types import Cluster, ClusterSpec, Node
 
 if TYPE_CHECKING:
-    from clusterctl.providers.base import ClusterStatus
+    from clusterctl.hostsfile import HostsFile
 
 Report = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class ClusterPaths:
-    dir: Path
-
-    @property
-    def operator_key(self) -> Path:
-        return self.dir / "id_ed25519"
-
-    @property
-    def internal_key(self) -> Path:
-        return self.dir / "internal_ed25519"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.dir / "known_hosts"
-
-    @property
-    def hosts(self) -> Path:
-        return self.dir / "hosts"
-
-
-def paths(store: StateStore, name: str) -> ClusterPaths:
-    return ClusterPaths(store.cluster_dir(name))
-
-
-def hosts_file(cluster: Cluster) -> HostsFile:
-    return HostsFile.from_pairs((n.private_ip, n.slots) for n in cluster.nodes)
-
-
-def behind_leader(cluster: Cluster, node: Node) -> bool:
-    """A member without a public address in a cluster whose leader has one (EC2 gives none to instances with
-    several network interfaces; the leader has an Elastic IP): reached through the leader."""
-    return node.role != "leader" and not node.public_ip and bool(cluster.nodes and cluster.leader.public_ip)
-
-
-def ssh_targets(cluster: Cluster, store: StateStore) -> list[SshTarget]:
-    key = str(paths(store, cluster.name).operator_key)
-    direct = [
-        SshTarget(label=n.ssh_host, hostname=n.ssh_host, port=n.ssh_port, user=n.ssh_user, identity_files=(key,))
-        for n in cluster.nodes
-    ]
-    leader = direct[0] if direct else None
-    return [
-        SshTarget(t.label, t.hostname, t.port, t.user, t.identity_files, proxy_jump=leader)
-        if behind_leader(cluster, n)
-        else t
-        for n, t in zip(cluster.nodes, direct)
-    ]
-
-
-def ssh_settings(cluster: Cluster, store: StateStore, connect_timeout: float = 10.0) -> SshSettings:
-    return SshSettings(known_hosts=str(paths(store, cluster.name).known_hosts), connect_timeout=connect_timeout)
 
 
 # ---- up ---------------------------------------------------------------------------------------------
@@ -176,7 +121,7 @@ def up(
                 report("the leader reaches every member over ssh with host keys checked")
                 for warning in check_gpus(cluster, pool, ssh_targets(cluster, store)):
                     report(f"warning: {warning}")
-                # The nodes' training environment; the record says which (launch.node_python reads it).
+                # The nodes' training environment; the record says which (jobfolder.node_python reads it).
                 fields = install_runtime(
                     cluster,
                     pool,
@@ -469,42 +414,3 @@ def down(name: str, store: StateStore, provider: Provider, report: Report = lamb
         if teardown.clean:
             store.delete(name)
         return teardown
-
-
-# ---- the local record against the provider's view ---------------------------------------------------
-def disagreements(record: Record | None, status: ClusterStatus | None) -> list[str]:
-    """Where the local record and the provider's view (a ClusterStatus, or None) of one cluster differ."""
-    notes = []
-    if record is None:
-        if status is not None:
-            notes.append(
-                "no local record on this machine (its keys are elsewhere or lost); "
-                f"`clusterctl down {status.name}` still removes it"
-            )
-        return notes
-    name = record.cluster.name
-    if status is None or (not status.nodes and not status.other):
-        notes.append(
-            f"the local record says {record.status}, but the provider has nothing for it "
-            f"(`clusterctl down {name}` removes the stale record)"
-        )
-        return notes
-    if not status.nodes:
-        notes.append(f"no nodes, but {len(status.other)} resource(s) remain (`clusterctl down {name}` removes them)")
-        return notes
-    if record.status != "up":
-        notes.append(f"the local record says {record.status} (an `up` did not finish)")
-    mine = {n.instance_id or n.private_ip for n in record.cluster.nodes}
-    theirs = {s.node.instance_id or s.node.private_ip for s in status.nodes}
-    if mine != theirs:
-        notes.append(
-            f"nodes differ: the record has {len(mine)}, the provider {len(theirs)} "
-            f"({len(mine - theirs)} only in the record, {len(theirs - mine)} only in the provider)"
-        )
-    gone = [n.name for n in record.cluster.nodes if (n.instance_id or n.private_ip) not in theirs]
-    if gone and record.status == "up":
-        notes.append(f"lost: {', '.join(gone)} (`clusterctl repair {name}` replaces them, --drop removes them)")
-    stopped = [s.node.name for s in status.nodes if s.state not in ("running",)]
-    if stopped:
-        notes.append(f"not running: {', '.join(stopped)}")
-    return notes

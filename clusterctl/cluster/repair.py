@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clusterctl.cluster import provision, sshentry
+from clusterctl.cluster import provision, reach, sshentry
 from clusterctl.errors import HostKeyError, ProvisionError, StateError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, LostNode, Provider
@@ -116,8 +116,8 @@ def plan(store: StateStore, provider: Provider, name: str, drop: bool, probe_tim
     gone = {x.node.name for x in lost}
     rest = [n for n in cluster.nodes if n.name not in gone]
     if rest:
-        targets = {t.label: t for t in provision.ssh_targets(cluster, store)}
-        with SshPool(provision.ssh_settings(cluster, store, connect_timeout=probe_timeout)) as pool:
+        targets = {t.label: t for t in reach.ssh_targets(cluster, store)}
+        with SshPool(reach.ssh_settings(cluster, store, connect_timeout=probe_timeout)) as pool:
             report = pool.run([targets[n.ssh_host] for n in rest], PROBE, timeout=probe_timeout * 2)
         for n, r in zip(rest, report):
             if not r.ok:
@@ -200,9 +200,9 @@ def _drop(store: StateStore, provider: Provider, p: RepairPlan, report: Report, 
         live[0] = dataclasses.replace(live[0], role="leader")
         report(f"{live[0].name} ({live[0].private_ip}) is the leader now")
     cluster = dataclasses.replace(p.cluster, nodes=tuple(live))
-    hf = provision.hosts_file(cluster)
-    targets = provision.ssh_targets(cluster, store)
-    with SshPool(provision.ssh_settings(cluster, store)) as pool:
+    hf = reach.hosts_file(cluster)
+    targets = reach.ssh_targets(cluster, store)
+    with SshPool(reach.ssh_settings(cluster, store)) as pool:
         r = pool.put(targets, {"hosts": (hf.render().encode(), 0o644)})
         if not r.all_ok:
             bad = "; ".join(f"{x.host}: {x.error}" for x in r.failed)
@@ -225,7 +225,7 @@ def _replace(
     hosts_out: Path | None,
     ssh_timeout: float,
 ) -> Cluster:
-    name, paths = p.cluster.name, provision.paths(store, p.cluster.name)
+    name, paths = p.cluster.name, reach.paths(store, p.cluster.name)
     keys = ClusterKeys(
         sshkeys.public_line_of(paths.operator_key, f"clusterctl-{name}-operator"),
         sshkeys.public_line_of(paths.internal_key, f"clusterctl-{name}-internal"),
@@ -265,9 +265,9 @@ def _replace(
             )
         pinned = provision.pin_host_keys(whole, pinned, paths.known_hosts)
         report(f"host keys of {len(fresh)} new node(s) pinned from an authenticated source")
-        hf = provision.hosts_file(whole)
-        targets = {t.label: t for t in provision.ssh_targets(whole, store)}
-        with SshPool(provision.ssh_settings(whole, store)) as pool:
+        hf = reach.hosts_file(whole)
+        targets = {t.label: t for t in reach.ssh_targets(whole, store)}
+        with SshPool(reach.ssh_settings(whole, store)) as pool:
             # every node learns the new keys, the new nodes get the cluster key; the hosts files stay as they were
             # until the new nodes have passed every check
             _hand_keys(whole, fresh, pool, targets, pinned, paths)
@@ -311,7 +311,7 @@ def _hand_keys(
     pool: SshPool,
     targets: dict[str, SshTarget],
     pinned: dict[str, tuple[str, ...]],
-    paths: provision.ClusterPaths,
+    paths: reach.ClusterPaths,
 ) -> None:
     view = {}
     for n in cluster.nodes:
@@ -524,7 +524,7 @@ def _save(store: StateStore, cluster: Cluster, hf: HostsFile, hosts_out: Path | 
     config entry where `up` made one, then the record."""
     from clusterctl.cluster import hosts_out as hosts_out_mod
 
-    paths = provision.paths(store, cluster.name)
+    paths = reach.paths(store, cluster.name)
     before = paths.hosts.read_text() if paths.hosts.exists() else None
     atomic_write(paths.hosts, hf.render(), mode=0o644)
     if hosts_out is not None and hosts_out.exists():

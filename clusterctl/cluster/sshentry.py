@@ -43,10 +43,10 @@ def _q(value: str) -> str:
 
 
 def render(cluster: Cluster, store: StateStore) -> str:
-    from clusterctl.cluster import provision
+    from clusterctl.cluster import reach
 
-    p = provision.paths(store, cluster.name)
-    targets = provision.ssh_targets(cluster, store)
+    p = reach.paths(store, cluster.name)
+    targets = reach.ssh_targets(cluster, store)
     lines = [f"# written by clusterctl for cluster {cluster.name}; `clusterctl down` removes it", ""]
     for i, (node, t) in enumerate(zip(cluster.nodes, targets)):
         names = f"{cluster.name} {node.name}" if i == 0 else node.name

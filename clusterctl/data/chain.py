@@ -21,7 +21,7 @@ from clusterctl.data.stall import StallWatch
 from clusterctl.remote.openssh import node_ssh, operator_ssh
 
 
-def stream(s: SyncSession, relay: list[SyncNode], paths: list[str]) -> None:
+def stream(s: SyncSession, relay: list[SyncNode], paths: list[str]) -> None:  # noqa: C901 (the relay's setup, its progress lines and its stall handling share one session's state)
     """Stream `paths` from the source down the relay nodes (one or --fanout chains) and extract on each."""
     if not relay:
         return

@@ -93,9 +93,8 @@ def convert_on_leader(
     output followed here."""
     from clusterctl import resources
     from clusterctl.errors import RemoteCommandError, UnreachableError, UsageError
-    from clusterctl.remote import tmux as jobs
+    from clusterctl.remote import jobfolder, tmux as jobs
     from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import launch, train_options as train
 
     if src.startswith("s3://"):
         try:
@@ -115,13 +114,13 @@ def convert_on_leader(
                 raise ConfigError(f"--{name.replace('_', '-')} {path}: {exc.strerror or exc}") from None
     if "val_synsets" in labels and "val_labels" not in labels:
         raise ConfigError("--val-synsets goes with --val-labels (the devkit's ground truth)")
-    python = launch.node_python(inv.cluster)
+    python = jobfolder.node_python(inv.cluster)
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
-        job = launch.new_job(pool, leader, "data")
+        job = jobfolder.new_job(pool, leader, "data")
         try:
-            where_src = src if src.startswith("s3://") else train.node_path(src, job.home)
-            where_dst = train.node_path(dst, job.home)
+            where_src = src if src.startswith("s3://") else jobfolder.node_path(src, job.home)
+            where_dst = jobfolder.node_path(dst, job.home)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         pkg = f"{job.dir}/pkg/clusterctl"
@@ -143,7 +142,7 @@ def convert_on_leader(
             val_synsets="val_synsets" in labels,
             **options,
         )
-        path = f"{os.path.dirname(python)}:{launch.BASE_PATH}" if python.startswith("/") else launch.BASE_PATH
+        path = f"{os.path.dirname(python)}:{jobfolder.BASE_PATH}" if python.startswith("/") else jobfolder.BASE_PATH
         cmd = (
             f'cd {shlex.quote(job.dir)} && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '
             f"PATH={shlex.quote(path)} TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 {shlex.join(argv)}"
@@ -161,9 +160,9 @@ def convert_on_leader(
         if not text.startswith((_RESULT, _FAILED)):
             on_line(text)
 
-    launch.follow(inv, job.name, line)
+    jobfolder.follow(inv, job.name, line)
     try:
         return parse_leader_result("\n".join(lines))
     finally:
         with SshPool(inv.settings) as pool:
-            launch.remove_job(pool, [inv.targets[0]], job)
+            jobfolder.remove_job(pool, [inv.targets[0]], job)

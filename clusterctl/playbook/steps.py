@@ -138,8 +138,8 @@ def check_sync(s: SyncSpec) -> None:
 
 def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.data import outcome as sync_outcome, plan as syncplan, sync as transfer
+    from clusterctl.remote import jobfolder
     from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import launch
 
     inv = ctx.inventory
     check_sync(s)
@@ -160,7 +160,7 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
             delete=s.delete,
             endpoint_url=s.endpoint_url or None,
             events=Phases(),
-            node_python=launch.node_python(inv.cluster),
+            node_python=jobfolder.node_python(inv.cluster),
         ).run()
     err = report.error()
     if err is not None:
@@ -184,13 +184,14 @@ def train_options(s: TrainSpec):
 
 
 def _train(s: TrainSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.workloads import launch, train_job as train
+    from clusterctl.remote import jobfolder
+    from clusterctl.workloads import train_job as train
 
     opts = train_options(s)
     job = train.start(ctx.inventory, ctx.store, opts, report=ctx.report)
     if not s.wait:
         return True, f"started {job.job} (not waited for)"
-    code = launch.follow(ctx.inventory, job.job, lambda line: ctx.report(f"  {line}"))
+    code = jobfolder.follow(ctx.inventory, job.job, lambda line: ctx.report(f"  {line}"))
     return code == 0, f"{job.job} exited {code}"
 
 

@@ -78,7 +78,7 @@ class _Scanner:
     def context(self) -> str:
         return self.stack[-1].context
 
-    def feed(self, text: str) -> None:
+    def feed(self, text: str) -> None:  # noqa: C901 (a character-level shell lexer: one state machine, its cases read together)
         i = 0
         while i < len(text):
             c, nxt = text[i], text[i + 1 : i + 2]

@@ -20,7 +20,7 @@ MAX_LINE = 64 * 1024  # an unfinished line is cut (delivered in pieces) beyond t
 EOF_GRACE = 5.0  # after the exit status, how long a silent channel may keep us waiting for its EOF
 
 
-def pump(
+def pump(  # noqa: C901 (one select loop over stdout, stderr, timeout, cancel and exit status)
     chan: paramiko.Channel,
     label: str,
     on_line: OnLine | None,

@@ -12,7 +12,7 @@ before anything unpacks it; a replaced one stops `up` with one line naming it. A
 cached (a teammate's) vouches for nothing here: the leader builds instead.
 
 A node never runs the operator's interpreter: the record's extra["python"] is the runtime's Python (or
-the user's own `--python`), and launch.node_python reads it.
+the user's own `--python`), and remote/jobfolder.node_python reads it.
 """
 
 from __future__ import annotations

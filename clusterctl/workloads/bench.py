@@ -19,6 +19,7 @@ from clusterctl import providers, resources
 from clusterctl.cluster import costs
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError, within
 from clusterctl.hostsfile import HostsFile
+from clusterctl.remote import jobfolder
 from clusterctl.units import duration, money
 from clusterctl.workloads import bench_stats as stats, horovod, launch, train_config
 from clusterctl.workloads.train_config import TrainConfig
@@ -431,7 +432,7 @@ def run_ladder(
     config = opts.config(inv.cluster)
     out_dir = out_root / time.strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=False)
-    python = python or launch.node_python(inv.cluster)
+    python = python or jobfolder.node_python(inv.cluster)
     # as `train` runs: the GPU type's TensorFlow settings and Horovod's fusion
     env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **train_config.horovod_env(config)}
     gpus = horovod.gpus_per_node(inv.cluster)  # 0: no GPUs to prove (local nodes, CPU types, hosts files)
@@ -440,7 +441,7 @@ def run_ladder(
     full_np = full_node_np(inv.hosts)
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
-        job = launch.new_job(pool, leader, "bench")
+        job = jobfolder.new_job(pool, leader, "bench")
         script = f"{job.dir}/bench_synthetic.py"
         try:
             launch.stage(
@@ -472,7 +473,7 @@ def run_ladder(
         finally:
             try:
                 launch.kill_job(pool, inv.targets, job)
-                launch.remove_job(pool, inv.targets, job)
+                jobfolder.remove_job(pool, inv.targets, job)
             except KeyboardInterrupt:
                 pass
     ladder = analyze(runs, opts.threshold, full_np, opts.timeout)

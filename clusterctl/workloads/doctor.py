@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 
 from clusterctl import providers, resources
+from clusterctl.remote import jobfolder
 from clusterctl.remote.ssh import SshPool
 from clusterctl.workloads import launch
 from clusterctl.workloads.doctor_judge import (
@@ -50,7 +51,7 @@ def run(
     inv, python: str | None = None, timeout: float = 120.0, cloud: dict[str, dict[str, str]] | None = None
 ) -> DoctorReport:
     """Probe every node at once and judge the facts."""
-    python = python or launch.node_python(inv.cluster)
+    python = python or jobfolder.node_python(inv.cluster)
     peers = {
         t.label: " ".join(e.address for e in inv.hosts.entries if e.host != h)
         for t, h in zip(inv.targets, inv.hosts.hosts)
@@ -163,7 +164,7 @@ def fabric(inv, python: str | None = None, mb: float = 64.0, iters: int = 10, ti
     from clusterctl.hostsfile import HostsFile
     from clusterctl.workloads import horovod
 
-    python = python or launch.node_python(inv.cluster)
+    python = python or jobfolder.node_python(inv.cluster)
     env = launch.job_env(inv.cluster, python)
     labels = [t.label for t in inv.targets]
     hosts = [e.host for e in inv.hosts.entries]
@@ -174,7 +175,7 @@ def fabric(inv, python: str | None = None, mb: float = 64.0, iters: int = 10, ti
         leader = inv.targets[0]
         probe = pool.run(inv.targets, tools_probe_command(), timeout=60) if gpus else ()
         tool = choose_fabric_tool({r.host: parse_tools(r.stdout) if r.exit_code == 0 else None for r in probe}, gpus)
-        job = launch.new_job(pool, leader, "fabric")
+        job = jobfolder.new_job(pool, leader, "fabric")
         script = f"{job.dir}/{FABRIC_SCRIPT}"
         try:
             files = {FABRIC_SCRIPT: resources.template_bytes(FABRIC_SCRIPT)}
@@ -232,7 +233,7 @@ def fabric(inv, python: str | None = None, mb: float = 64.0, iters: int = 10, ti
                     pairs.append(measured(res.stdout + res.stderr, (labels[a], labels[b])))
         finally:
             launch.kill_job(pool, inv.targets, job)
-            launch.remove_job(pool, inv.targets, job)
+            jobfolder.remove_job(pool, inv.targets, job)
     itype = (
         inv.cluster.instance_type
         if inv.cluster is not None and not providers.shares_this_machine(inv.cluster)

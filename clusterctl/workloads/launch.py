@@ -15,55 +15,24 @@ from __future__ import annotations
 
 import os
 import shlex
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from clusterctl import providers, resources
 from clusterctl.errors import UnreachableError
 from clusterctl.hostsfile import HostEntry, HostsFile
+from clusterctl.remote.jobfolder import BASE_PATH, JOBS, JobFolder
 from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.stream import OnLine
 from clusterctl.remote.targets import SshTarget
 from clusterctl.types import Cluster, HostResult, RunReport
 from clusterctl.workloads import horovod
 
-JOBS = "clusterctl-jobs"  # under the login home of every node
-BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The DLAMI's EFA, aws-ofi-nccl (NCCL's EFA plugin) and CUDA libraries, kept under the scrubbed `env -i`
 # (the image sets them in login shells only): those that exist on the leader, which horovodrun passes to
 # every rank (identical nodes). None exists on a local node: then LD_LIBRARY_PATH is not set at all.
 NODE_LIB_DIRS = ("/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib", "/usr/local/cuda/lib64")
 LIB_PATH_SH = "L=; for d in " + " ".join(NODE_LIB_DIRS) + '; do [ -d "$d" ] && L="${L:+$L:}$d"; done;'
-
-
-@dataclass(frozen=True)
-class JobFolder:
-    """A job's folder, at the same path on every node: what it runs is staged there (not a process)."""
-
-    name: str
-    home: str  # the login home on the nodes (identical nodes: the same everywhere)
-
-    @property
-    def dir(self) -> str:
-        return f"{self.home}/{JOBS}/{self.name}"
-
-
-def new_job(pool: SshPool, leader: SshTarget, prefix: str) -> JobFolder:
-    result = pool.run_one(leader, 'printf %s "$HOME"', timeout=30)
-    if not result.ok or not result.stdout.startswith("/"):
-        raise UnreachableError(f"cannot reach the leader {leader.label}: {result.error or result.stderr.strip()}")
-    return JobFolder(f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", result.stdout.strip())
-
-
-def node_python(cluster: Cluster | None) -> str:
-    """The Python every rank runs: the cluster's recorded one (its node runtime, or the user's own
-    `up --python`), else the nodes' python3 (a plain hosts file; `--python` overrides). Never this
-    machine's interpreter: no node has its path."""
-    if cluster is not None and cluster.facts.python:
-        return cluster.facts.python
-    return "python3"
 
 
 def rung_hosts(hosts: HostsFile, np: int) -> HostsFile:
@@ -155,21 +124,3 @@ def kill_job_command(job: JobFolder) -> str:
         'case "$c" in "$d"|"$d"/*) pids="$pids ${p#/proc/}";; esac; done; '
         '[ -z "$pids" ] || kill -KILL $pids 2>/dev/null; true'
     )
-
-
-def remove_job(pool: SshPool, targets: Sequence[SshTarget], job: JobFolder) -> RunReport:
-    return pool.run(targets, f"rm -rf -- {shlex.quote(job.dir)}", timeout=30)
-
-
-def follow(inv, job_name: str, on_line: Callable[[str], None]) -> int:
-    """Stream a detached job's log (train or launch) from the leader until it ends; the job's exit status
-    (0 while it still runs after a dropped connection)."""
-    from clusterctl.remote import tmux as jobs
-
-    with SshPool(inv.settings) as pool:
-        r = pool.run_one(
-            inv.targets[0], jobs.logs_command(job_name, follow=True), on_line=lambda _h, _s, line: on_line(line)
-        )
-    if r.exit_code is None:
-        raise UnreachableError(f"lost the log of {job_name}: {r.error}")
-    return r.exit_code

@@ -25,8 +25,7 @@ from typing import Any, Callable
 
 from clusterctl import resources
 from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
-from clusterctl.remote import tmux as jobs
-from clusterctl.workloads import launch
+from clusterctl.remote import jobfolder, tmux as jobs
 from clusterctl.workloads.sweep_plan import SweepSpec, is_id, new_id, validate_id
 from clusterctl.workloads.sweep_results import events, rows, summary
 from clusterctl.workloads.sweep_state import ENDED, SweepState, parse_state
@@ -329,7 +328,7 @@ def collect_logs(pool, inv, state: SweepState, out_dir: Path, limit: int = 10485
 
 
 def python_for(cluster, python: str | None) -> str:
-    return python or launch.node_python(cluster)
+    return python or jobfolder.node_python(cluster)
 
 
 def watch(pool, leader, sweep_id: str, open_view: Callable, poll: float = 1.0) -> SweepState:

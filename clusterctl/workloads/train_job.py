@@ -9,6 +9,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusterctl.remote.jobfolder import node_path
 from clusterctl.workloads import train_config
 from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
 from clusterctl.workloads.train_nodes import (
@@ -19,7 +20,7 @@ from clusterctl.workloads.train_nodes import (
     keep_nodes,
     left_out_line,
 )
-from clusterctl.workloads.train_options import TrainOptions, horovod_env, node_path, trainer_argv
+from clusterctl.workloads.train_options import TrainOptions, horovod_env, trainer_argv
 
 TEMPLATE = "train_imagenet.py"
 SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 5 seconds
@@ -189,12 +190,12 @@ def is_running(pool, leader, job: TrainJob) -> bool | None:
 
 def _stop(pool, targets, job: TrainJob) -> None:
     """End a launch everywhere: its tmux session and process tree on the leader, any rank left on any node."""
-    from clusterctl.remote import tmux as jobs
+    from clusterctl.remote import jobfolder, tmux as jobs
     from clusterctl.workloads import launch
 
     leader = next((t for t in targets if t.label == job.leader), targets[0])
     pool.run_one(leader, jobs.kill_job_command(job.job), timeout=60)
-    launch.kill_job(pool, targets, launch.JobFolder(job.job, job.home))
+    launch.kill_job(pool, targets, jobfolder.JobFolder(job.job, job.home))
 
 
 def start(
@@ -220,7 +221,7 @@ def start(
 
     from clusterctl import resources
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
-    from clusterctl.remote import tmux as jobs
+    from clusterctl.remote import jobfolder, tmux as jobs
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import horovod, launch, train_feed
 
@@ -229,7 +230,7 @@ def start(
     if np is not None and not 1 <= np <= total:
         raise UsageError(f"--np {np}: the hosts have {total} slot(s)")
     spot = inv.cluster is not None and inv.cluster.facts.spot
-    python = python or launch.node_python(inv.cluster)
+    python = python or jobfolder.node_python(inv.cluster)
     with SshPool(inv.settings) as pool:
         # One short round first: an unreachable node fails here, by name, before anything is staged; on a
         # spot cluster it is left out instead (the connections stay open in the pool for what follows).
@@ -248,7 +249,7 @@ def start(
         hosts = launch.rung_hosts(inv.hosts, np)
         targets = list(inv.targets[: len(hosts.entries)])
         leader = inv.targets[0]
-        job = launch.new_job(pool, leader, "train")
+        job = jobfolder.new_job(pool, leader, "train")
         previous = load_job(store, inv)
         if previous is not None:
             # asked where it ran: a spot restart may lead from another node than the last launch did
@@ -395,6 +396,7 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
 
     from clusterctl import resources
     from clusterctl.errors import RemoteCommandError, UnreachableError
+    from clusterctl.remote import jobfolder
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import launch
 
@@ -415,7 +417,7 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
         env = {**launch.job_env(inv.cluster, job.python)}
         if running:
             env["CUDA_VISIBLE_DEVICES"] = ""
-        path = f"{job.python.rsplit('/', 1)[0]}:{launch.BASE_PATH}"
+        path = f"{job.python.rsplit('/', 1)[0]}:{jobfolder.BASE_PATH}"
         assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         cmd = (
             f'cd {shlex.quote(job.job_dir)} && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '

@@ -186,7 +186,7 @@ def _get(fields: Mapping[str, str], key: str, typ, lineno: int, kind: str):
         raise ValueError(f"train log line {lineno}: {key}={raw!r} is not a {typ.__name__}") from None
 
 
-def parse_train_log(text: str, strict: bool = True) -> TrainLog:
+def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (one pass over the log, one branch per kind of marked line)
     """Read the trainer's output (horovodrun's, or rank 0's own). Lines without the mark are noise and
     skipped. A last line without its newline is still being written and is ignored. A marked line that
     does not parse raises ValueError naming its line number (strict), or is skipped (not strict: for

@@ -187,16 +187,3 @@ def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:
         argv += [flag, text]
     argv += [flag for name, flag in _SWITCHES if getattr(opts, name)]
     return argv + list(opts.extra)
-
-
-def node_path(path: str, home: str) -> str:
-    """A path as the nodes' shells would read it: `~/x` and relative paths are under the login home."""
-    if not path or any(c in path for c in "\n\r\0"):
-        raise ValueError(f"bad path {path!r}")
-    if path == "~":
-        return home
-    if path.startswith("~/"):
-        return f"{home}/{path[2:]}"
-    if path.startswith("~"):
-        raise ValueError(f"{path}: only ~/ (the login user's home) is understood")
-    return path if path.startswith("/") else f"{home}/{path}"

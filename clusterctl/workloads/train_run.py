@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from clusterctl.errors import UsageError
-from clusterctl.workloads import launch, train_cost, train_job
+from clusterctl.remote import jobfolder
+from clusterctl.workloads import train_cost, train_job
 from clusterctl.workloads.train_options import TrainOptions
 
 
@@ -104,5 +105,5 @@ def follow(inv, job: train_job.TrainJob, on_line: Callable[[str], None]) -> Ende
     from clusterctl.cluster import costs
 
     began = time.monotonic()
-    code = launch.follow(train_job.job_inventory(inv, job), job.job, on_line)
+    code = jobfolder.follow(train_job.job_inventory(inv, job), job.job, on_line)
     return Ended(code, train_cost.run_line(time.monotonic() - began, costs.hourly(inv.cluster)))

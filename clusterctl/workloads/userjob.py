@@ -5,7 +5,7 @@
     slots through templates/hvd_launch.py (host keys checked), in a scrubbed environment
     (launch.leader_command), detached in a tmux session named after the job (jobs.detach_command).
 
-The leading `python` of the command becomes the node runtime's Python (launch.node_python): the
+The leading `python` of the command becomes the node runtime's Python (jobfolder.node_python): the
 operator's interpreter path means nothing on a node. The script (when it is a file here) and every
 --file are staged by their base name and the script is named by its absolute path in the job folder,
 so each rank's command line carries the job folder: that is what finds the job's processes on every
@@ -335,7 +335,7 @@ def start(
     """Stage, then start horovodrun detached on the leader; returns once it runs there."""
     from dataclasses import replace
 
-    from clusterctl.remote import tmux as jobs
+    from clusterctl.remote import jobfolder, tmux as jobs
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import launch
 
@@ -344,10 +344,10 @@ def start(
         jobs.validate_job_name(name)
     hosts = launch.rung_hosts(inv.hosts, np)
     targets = list(inv.targets[: len(hosts.entries)])
-    python = launch.node_python(inv.cluster)
+    python = jobfolder.node_python(inv.cluster)
     with SshPool(inv.settings) as pool:
         leader = targets[0]
-        job = launch.new_job(pool, leader, "launch")
+        job = jobfolder.new_job(pool, leader, "launch")
         if name is not None:
             job = replace(job, name=name)
         busy = pool.run_one(leader, state_command([job.name]), timeout=30)
@@ -371,7 +371,7 @@ def start(
             + (f": {', '.join(sorted(files))}" if files else "")
         )
         # A job folder used before (a --name launched again) starts empty: no stale file of an earlier launch.
-        launch.remove_job(pool, targets, job)
+        jobfolder.remove_job(pool, targets, job)
         launch.stage(pool, targets, job, files, hosts)
         env = launch.job_env(inv.cluster, python)
         argv = the_plan.rank_argv(python, job.dir)

@@ -7,7 +7,9 @@ The rules (docs/ARCHITECTURE.md draws them):
   above (core: errors, types, hostsfile, resources, retry, units, s3uri, proc, paths, state and the package's
   __init__, imports nothing of clusterctl but core);
 - a package that is on no layer is itself a finding (a new package gets its place here first);
-- no import cycle between modules (Tarjan's strongly connected components over the module graph).
+- no import cycle between modules (Tarjan's strongly connected components over the module graph);
+- no import cycle between packages either: packages on one layer may import each other, but one way only
+  (today workloads -> cluster -> runtime -> data), so each can be read, tested and moved without the others.
 """
 
 from __future__ import annotations
@@ -156,6 +158,17 @@ def cycles(edges: list[Edge]) -> list[list[str]]:
     return [_closed_path(scc, graph, where) for scc in sccs]
 
 
+def package_edges(edges: list[Edge]) -> list[Edge]:
+    """The module graph folded onto packages (core counts as one): one edge per pair of packages, the first
+    import statement that makes it standing for it."""
+    folded: dict[tuple[str, str], Edge] = {}
+    for e in edges:
+        src, dst = group(e.source), group(e.target)
+        if src != dst:
+            folded.setdefault((src, dst), Edge(src, dst, e.where))
+    return list(folded.values())
+
+
 def _closed_path(scc: list[str], graph: dict[str, set[str]], where: dict[tuple[str, str], str]) -> list[str]:
     """The shortest way from the SCC's first module back to itself, one line per import."""
     start, members = scc[0], set(scc)
@@ -192,6 +205,45 @@ def test_imports_point_one_way():
 def test_no_import_cycles():
     found = cycles(imports(PACKAGE))
     assert not found, "import cycles:\n\n" + "\n\n".join("\n".join(c) for c in found)
+
+
+def test_no_package_cycles():
+    found = cycles(package_edges(imports(PACKAGE)))
+    assert not found, "import cycles between packages:\n\n" + "\n\n".join("\n".join(c) for c in found)
+
+
+def test_the_checker_sees_package_cycles_that_no_module_cycle_shows(tmp_path):
+    """Four packages of one layer in a ring, each import a different module: no module cycle, one package cycle."""
+    pkg = tmp_path / "clusterctl"
+    files = {
+        "__init__.py": "",
+        "errors.py": "",
+        "cluster/__init__.py": "",
+        "cluster/provision.py": "from clusterctl.runtime import install\n",
+        "runtime/__init__.py": "",
+        "runtime/install.py": "def ship():\n    from clusterctl.data import sync\n",
+        "data/__init__.py": "",
+        "data/sync.py": "from clusterctl.workloads.launch import new_job\n",
+        "workloads/__init__.py": "",
+        "workloads/launch.py": "import clusterctl.errors\n",
+        "workloads/bench.py": "from clusterctl.cluster import provision\nfrom clusterctl import errors\n",
+    }
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    edges = imports(pkg)
+    assert layering_violations(edges) == [] and cycles(edges) == []
+    assert cycles(package_edges(edges)) == [
+        [
+            "cluster -> runtime  (clusterctl/cluster/provision.py:1)",
+            "runtime -> data  (clusterctl/runtime/install.py:2)",
+            "data -> workloads  (clusterctl/data/sync.py:1)",
+            "workloads -> cluster  (clusterctl/workloads/bench.py:1)",
+        ]
+    ]
+    # the ring broken (data no longer imports workloads): clean
+    (pkg / "data/sync.py").write_text("import clusterctl.errors\n")
+    assert cycles(package_edges(imports(pkg))) == []
 
 
 def test_the_checker_sees_function_level_imports_and_cycles(tmp_path):

@@ -331,9 +331,9 @@ def test_the_pulls_start_once_every_node_has_the_manifest_they_read(s3env, monke
     from clusterctl.cluster import inventory
     from clusterctl.data import plan as syncplan, sync as transfer
     from clusterctl.data.outcome import Silent
+    from clusterctl.remote import jobfolder
     from clusterctl.remote.ssh import SshPool
     from clusterctl.state import StateStore
-    from clusterctl.workloads import launch
 
     cluster, endpoint, sums, _ = s3env
     monkeypatch.setenv("CLUSTERCTL_HOME", str(cluster.cli.home))
@@ -363,7 +363,7 @@ def test_the_pulls_start_once_every_node_has_the_manifest_they_read(s3env, monke
             "/tmp/s3slow",
             endpoint_url=endpoint,
             events=events,
-            node_python=launch.node_python(store.load(cluster.name).cluster),
+            node_python=jobfolder.node_python(store.load(cluster.name).cluster),
             cache_dir=tmp_path,
         ).run()
     assert report.error() is None, events.lines

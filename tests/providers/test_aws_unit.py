@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clusterctl.cluster.provision import disagreements
+from clusterctl.cluster.overview import disagreements
 from clusterctl.errors import ConfigError
 from clusterctl.providers.aws import bootstrap, catalog, cloud_init, discovery, instances, machine
 from clusterctl.providers.aws.options import AwsOptions
@@ -336,7 +336,7 @@ def test_vcpu_quota_classes():
 
 
 def test_members_behind_the_leader_get_it_as_their_jump_host(tmp_path):
-    from clusterctl.cluster import provision
+    from clusterctl.cluster import reach
     from clusterctl.remote.openssh import operator_ssh
     from clusterctl.state import StateStore
 
@@ -345,17 +345,15 @@ def test_members_behind_the_leader_get_it_as_their_jump_host(tmp_path):
         Node("c-member-1", "10.0.0.5", 8, "member", "ubuntu"),
     )
     store = StateStore(tmp_path)
-    targets = provision.ssh_targets(Cluster("c", "aws", nodes, extra={"ssh_jump": "leader"}), store)
+    targets = reach.ssh_targets(Cluster("c", "aws", nodes, extra={"ssh_jump": "leader"}), store)
     assert targets[0].proxy_jump is None and targets[0].hostname == "198.18.0.9"
     assert targets[1].hostname == "10.0.0.5" and targets[1].proxy_jump == targets[0]
     # every node with its own public address (or none has one): direct
-    direct = provision.ssh_targets(
+    direct = reach.ssh_targets(
         Cluster("c", "aws", (nodes[0], Node("m", "10.0.0.5", 8, "member", public_ip="198.18.0.10"))), store
     )
     assert all(t.proxy_jump is None for t in direct)
-    private = provision.ssh_targets(
-        Cluster("c", "aws", tuple(Node(n.name, n.private_ip, 8, n.role) for n in nodes)), store
-    )
+    private = reach.ssh_targets(Cluster("c", "aws", tuple(Node(n.name, n.private_ip, 8, n.role) for n in nodes)), store)
     assert all(t.proxy_jump is None for t in private)
     # the agent's wire format carries the jump host
     from clusterctl.remote import agent

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from clusterctl.cluster.provision import disagreements
+from clusterctl.cluster.overview import disagreements
 from clusterctl.cluster.repair import RepairPlan
 from clusterctl.providers.base import ClusterStatus, LostNode, NodeStatus
 from clusterctl.state import Record

@@ -13,7 +13,7 @@ from clusterctl.cluster import clean
 from clusterctl.errors import HostsFileError, UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.proc import alive
-from clusterctl.remote import session, tmux as jobs
+from clusterctl.remote import jobfolder, session, tmux as jobs
 from clusterctl.remote.targets import SshTarget
 from clusterctl.types import HostResult, RunReport
 
@@ -261,3 +261,13 @@ def test_disk_table_flags_nodes_under_ten_percent(capsys):
     assert "LOW" in rows["10.0.0.2"] and "5%" in rows["10.0.0.2"]
     assert "LOW" not in rows["10.0.0.3"] and "90%" in rows["10.0.0.3"]
     assert "under 10% free on 10.0.0.2" in err
+
+
+def test_node_path():
+    assert jobfolder.node_path("~/imagenet_data", "/home/ubuntu") == "/home/ubuntu/imagenet_data"
+    assert jobfolder.node_path("~", "/root") == "/root"
+    assert jobfolder.node_path("data/x", "/root") == "/root/data/x"
+    assert jobfolder.node_path("/mnt/data", "/root") == "/mnt/data"
+    for bad in ("~other/x", "", "a\nb"):
+        with pytest.raises(ValueError):
+            jobfolder.node_path(bad, "/root")

@@ -105,7 +105,7 @@ def test_up_installs_one_verified_runtime_and_reuses_the_cache(local_cluster_fac
 
 def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
     """One node loses its runtime: a second install relays and unpacks on that node alone."""
-    from clusterctl.cluster import provision
+    from clusterctl.cluster import reach
     from clusterctl.providers.local.provider import LocalProvider
     from clusterctl.remote.ssh import SshPool
     from clusterctl.runtime.install import RuntimeRequest, install
@@ -114,16 +114,16 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
     store = StateStore(c.cli.home)
     cluster = store.load(c.name).cluster
     lines: list[str] = []
-    with SshPool(provision.ssh_settings(cluster, store)) as pool:
-        targets = provision.ssh_targets(cluster, store)
+    with SshPool(reach.ssh_settings(cluster, store)) as pool:
+        targets = reach.ssh_targets(cluster, store)
         gone = pool.run_one(targets[1], f"rm -rf /opt/clusterctl-runtime/{rid}", timeout=60)
         assert gone.ok, gone.stderr
         fields = install(
             cluster,
             pool,
             targets,
-            provision.hosts_file(cluster).hosts,
-            str(provision.paths(store, c.name).known_hosts),
+            reach.hosts_file(cluster).hosts,
+            str(reach.paths(store, c.name).known_hosts),
             RuntimeRequest("install"),
             lines.append,
             build_here=LocalProvider.builds_runtime_locally,

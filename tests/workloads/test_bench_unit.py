@@ -13,6 +13,7 @@ import pytest
 
 from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
+from clusterctl.remote import jobfolder
 from clusterctl.workloads import bench, bench_stats as stats, launch
 from clusterctl.workloads.horovod import BenchHost, BenchInterval, BenchRun, parse_bench_output
 
@@ -359,7 +360,7 @@ def test_costs_of_the_tiny_model_are_a_lower_bound():
 
 
 def test_leader_command_golden():
-    job = launch.JobFolder("bench-x", "/root")
+    job = jobfolder.JobFolder("bench-x", "/root")
     cmd = launch.leader_command(
         job,
         4,

@@ -243,14 +243,15 @@ def test_kill_job_ends_the_jobs_processes_on_every_node_and_no_one_elses(local_c
     `horovod.runner` task service, in its own folder, keeps running (it once died with ours), and so does a job
     whose name starts with ours."""
     from clusterctl.cluster import inventory
+    from clusterctl.remote import jobfolder
     from clusterctl.remote.ssh import SshPool
     from clusterctl.state import StateStore
     from clusterctl.workloads import launch
 
     c = local_cluster_factory(2, 1)
-    job = launch.JobFolder("bench-20261123-070000-1", "/root")
-    other = launch.JobFolder("train-20261123-060000-2", "/root")
-    longer = launch.JobFolder(job.name + "0", "/root")  # its name starts with ours
+    job = jobfolder.JobFolder("bench-20261123-070000-1", "/root")
+    other = jobfolder.JobFolder("train-20261123-060000-2", "/root")
+    longer = jobfolder.JobFolder(job.name + "0", "/root")  # its name starts with ours
 
     def spawn(i: int, cwd: str, name: str) -> None:  # a process in node i, running in cwd, shown as name
         shell = f"cd {shlex.quote(cwd)} && exec -a {name} sleep 600"

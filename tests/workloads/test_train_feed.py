@@ -56,9 +56,10 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     decode far fewer than the 10,400 img/s they would need). Without records the probe says nothing."""
     from clusterctl import resources
     from clusterctl.cluster import inventory
+    from clusterctl.remote import jobfolder
     from clusterctl.remote.ssh import SshPool
     from clusterctl.state import StateStore
-    from clusterctl.workloads import launch, train_job
+    from clusterctl.workloads import train_job
 
     c = local_cluster_factory(1, 1, runtime=True)
     cli = c.cli
@@ -81,7 +82,7 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     synced = cli("sync", str(cli.cwd / "ds"), "/root/ds", timeout=300)
     assert synced.returncode == 0, synced.stderr
     inv = inventory.resolve(None, c.name, StateStore(cli.home))
-    python = launch.node_python(inv.cluster)
+    python = jobfolder.node_python(inv.cluster)
     folder = "/root/feedjob"
     staged = {**resources.node_script(train_job.TEMPLATE), train_job.FEED_PROBE: b""}
     files = {f"{folder}/{name}": (resources.template_bytes(name), 0o644) for name in staged}

@@ -298,16 +298,6 @@ def test_a_killed_log_followed_by_its_restart_and_a_cut_line():
     assert train_log.parse_train_log(joined, strict=False).runs[1].start.start_step == 60
 
 
-def test_node_path():
-    assert train_options.node_path("~/imagenet_data", "/home/ubuntu") == "/home/ubuntu/imagenet_data"
-    assert train_options.node_path("~", "/root") == "/root"
-    assert train_options.node_path("data/x", "/root") == "/root/data/x"
-    assert train_options.node_path("/mnt/data", "/root") == "/mnt/data"
-    for bad in ("~other/x", "", "a\nb"):
-        with pytest.raises(ValueError):
-            train_options.node_path(bad, "/root")
-
-
 def test_train_job_record_and_history_command():
     job = train.TrainJob(
         key="c1",

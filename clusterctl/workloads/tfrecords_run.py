@@ -1,5 +1,6 @@
 """`clusterctl data tfrecords` as one library call: the conversion's options checked as one typed value, then
-the conversion here (tfrecords.py) or on the cluster's leader (tfrecords_leader.py) while autostop waits.
+the conversion here (data/tfrecords.py) or on the cluster's leader (data/tfrecords_leader.py) while autostop
+waits (cluster/autostop_control.py's lease: above both data/ and cluster/, so here).
 """
 
 from __future__ import annotations
