@@ -128,7 +128,13 @@ def test_gc_removes_exactly_the_listed_ids_and_a_wildcard_tag_value_reaches_noth
 
 def test_two_owners_of_one_name_b_failed_up_never_reuses_nor_removes_a(aws, aws_cli, tmp_path):
     ALICE = principal(aws, "alice")
-    ok(aws_cli(*aws_cli.up_args("shared", 1, "--s3-read", "s3://bucket-a/imagenet"), env=ALICE))
+    # --idle-action terminate: her nodes end themselves for good (the rest of the cluster stays)
+    ok(
+        aws_cli(
+            *aws_cli.up_args("shared", 1, "--s3-read", "s3://bucket-a/imagenet", "--idle-action", "terminate"),
+            env=ALICE,
+        )
+    )
     [role] = [x.split()[1] for x in aws.iam_of("shared") if x.startswith("role ")]
     doc = policy(aws, role)
     # Alice's nodes stop themselves (autostop): her VPC, security group, placement group, key pair and role stay.
@@ -210,7 +216,7 @@ def test_ls_shows_another_owner_s_cluster_of_the_same_name_as_its_own_row(aws, a
     """Alice's "twin" stopped itself (its VPC and the rest stay); Bob, on his machine, made his own "twin".
     Alice's `ls` shows hers (what is left of it) and his, each as what it is, never his nodes as hers."""
     ALICE = principal(aws, "alice")
-    ok(aws_cli(*aws_cli.up_args("twin", 1), env=ALICE))
+    ok(aws_cli(*aws_cli.up_args("twin", 1, "--idle-action", "terminate"), env=ALICE))  # her nodes end for good
     bob = _bob(aws, tmp_path)
     for nodes in (1, 2):  # hers is running: never adopted, never his to remove, whatever --nodes says
         proc = aws_cli(*aws_cli.up_args("twin", nodes), env=bob)
