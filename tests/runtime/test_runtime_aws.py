@@ -103,7 +103,9 @@ def test_leader_builds_caches_relays_and_a_second_cluster_reuses(aws, aws_cli, m
         timeout=900,
     )
     logs = "".join(p.read_text()[-3000:] for p in sorted((cli.cwd / "bench-results").glob("*/rung-*.log")))
-    assert bench.returncode == 0, bench.stdout + bench.stderr + logs
+    # The ladder ran on the runtime; its verdict on 2 shared cores is noise: PASS (0) or INCONCLUSIVE (6), never
+    # a failed rung (1). What the verdict judges is tested in tests/workloads/test_bench_*.py.
+    assert bench.returncode in (0, 6), bench.stdout + bench.stderr + logs
     assert "4 procs on 2 node(s)" in bench.stderr + bench.stdout, bench.stdout + bench.stderr
     # the user's own TF2 Keras + Horovod script: 4 ranks on 2 nodes, each running the runtime's Python
     (cli.cwd / "my_train.py").write_text(SCRIPT)

@@ -149,7 +149,7 @@ def test_eval_every_epoch_on_all_ranks_with_goyal_recipe(c, tmp_path):
     # one evaluation after epoch 1 during training, then the final one: each on all 4 ranks, 128 images once
     (mid,) = run.evals
     assert (mid.step, mid.epoch, mid.size, mid.examples) == (20, 1.0, 4, 128)
-    assert mid.checkpoint.endswith("ckpt-20")
+    assert mid.checkpoint.endswith(f"ckpt-{20 * run.start.global_batch}")  # named by images seen, not by step
     assert run.eval is not None and (run.eval.step, run.eval.size, run.eval.examples) == (40, 4, 128)
     assert [e["final"] for e in marked(proc.stdout, "eval")] == ["0", "1"]
     # both in TensorBoard, at their steps (event files are TFRecords: concatenated, still one)
