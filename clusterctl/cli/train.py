@@ -115,6 +115,29 @@ def train(
     no_checkpoint_copy: bool = typer.Option(
         False, "--no-checkpoint-copy", help="Do not keep a copy of every checkpoint on the second node."
     ),
+    elastic: bool = typer.Option(
+        False,
+        "--elastic",
+        help="Elastic Horovod: a lost node is dropped and the run goes on at the new size; a node back (or new) joins at the next commit. The schedule stays in images.",
+    ),
+    min_np: Optional[int] = typer.Option(
+        None,
+        "--min-np",
+        help="Elastic: fewest processes to go on with (default 1); fewer for --elastic-timeout stops the job.",
+    ),
+    max_np: Optional[int] = typer.Option(
+        None, "--max-np", help="Elastic: most processes (default: the slots at launch)."
+    ),
+    commit_every: Optional[int] = typer.Option(
+        None,
+        "--commit-every",
+        help="Elastic: steps between commits of the state (default 50; a loss redoes at most these).",
+    ),
+    elastic_timeout: Optional[int] = typer.Option(
+        None,
+        "--elastic-timeout",
+        help="Elastic: seconds to wait for --min-np processes' nodes before stopping (default 600).",
+    ),
     cluster: Optional[str] = CLUSTER,
     ssh: Ssh = DEFAULT_SSH,
 ) -> None:
@@ -158,6 +181,11 @@ def train(
         cycle_time_ms=cycle_time_ms,
         xla=xla,
         checkpoint_to=checkpoint_to,
+        elastic=elastic,
+        min_np=min_np,
+        max_np=max_np,
+        commit_every=commit_every,
+        elastic_timeout=elastic_timeout,
         extra=tuple(trainer_arg),
     ).require_source()
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
