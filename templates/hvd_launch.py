@@ -23,6 +23,7 @@ _remote.SSH_COMMAND_PREFIX = (
 
 EXIT_TOO_FEW = 9
 _too_few = threading.Event()
+_discovered: list = []  # the hosts of the last discovery, in the script's order
 
 
 def _watch_min_np() -> None:
@@ -43,6 +44,31 @@ def _watch_min_np() -> None:
     ElasticDriver.wait_for_available_slots = wait_for_available_slots
 
 
+def _discovery_in_order() -> None:
+    """Hosts in the discovery script's line order (horovodrun 0.28.1 reads them into a set): the first
+    line is the leader's, so rank 0, which checkpoints into the leader's --model-dir, starts there; Horovod
+    keeps the oldest hosts on the lowest ranks afterwards."""
+    from horovod.runner.elastic.discovery import HostDiscoveryScript, HostManager
+
+    def find_available_hosts_and_slots(self):
+        host_slots = {}
+        for line in self._execute_discovery_script().splitlines():
+            host, sep, slots = line.strip().rpartition(":")
+            host = host if sep else slots
+            if host and host not in host_slots:
+                host_slots[host] = int(slots) if sep else self._default_slots
+        _discovered[:] = list(host_slots)
+        return host_slots
+
+    def order_available_hosts(available_hosts, prev_host_assignment_order):
+        order = [h for h in prev_host_assignment_order if h in available_hosts]
+        order += [h for h in _discovered if h in available_hosts and h not in order]
+        return order + sorted(h for h in available_hosts if h not in order)
+
+    HostDiscoveryScript.find_available_hosts_and_slots = find_available_hosts_and_slots
+    HostManager.order_available_hosts = staticmethod(order_available_hosts)
+
+
 def _too_few_line(argv: list) -> str:
     def flag(name: str, default: str) -> str:
         return argv[argv.index(name) + 1] if name in argv[:-1] else default
@@ -60,6 +86,7 @@ if __name__ == "__main__":
     from horovod.runner.launch import run_commandline
 
     _watch_min_np()
+    _discovery_in_order()
     try:
         run_commandline()
     except BaseException:

@@ -49,9 +49,16 @@ complete checkpoint of all three places. With --spot-poll, each node's first pro
 spot interruption notice (IMDSv2); when one appears on any node, rank 0 checkpoints at once, waits for the
 copies, and the job ends with status 8 (rank 0's; the others exit 0): start it again with the same command.
 
+Elastic (--elastic, under horovodrun --min-np/--max-np --host-discovery-script): the training loop is
+train_elastic.py's, staged beside this script; no collective runs before it (a process that joins later
+would meet the others in their state sync), so each rank prints its own `device` line and rank 0's restore
+reaches the others in that sync. See train_elastic.py for what a commit keeps and the `world_size` lines.
+
 Exit status: 0 done; 2 bad arguments; 3 Horovod size differs from --expect-size; 4 nothing to evaluate
 or a checkpoint that does not fit the model; 5 no data files; 6 labels outside 0..classes-1 after
---label-offset; 7 the checkpoint was trained with other hyperparameters.
+--label-offset; 7 the checkpoint was trained with other hyperparameters; 8 a spot notice (see above). The
+job's own status 9 comes from hvd_launch.py: an elastic job had fewer than --min-np processes for
+--elastic-timeout.
 """
 
 from __future__ import annotations

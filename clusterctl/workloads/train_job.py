@@ -315,6 +315,10 @@ def start(
             live_hosts.write(pool, leader, hosts)  # what the discovery script offers; `repair` rewrites it
             pool.put([leader], {f"{job.dir}/{DISCOVERY}": (resources.template_bytes(DISCOVERY), 0o755)})
             env["CLUSTERCTL_EVENT_MARK"] = MARK  # hvd_launch.py's line when too few nodes are left
+            # Horovod's own fusion buffer and cycle time: with HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME
+            # set, horovod 0.28.1's re-init after a lost peer segfaults (measured on local nodes, gloo).
+            for name in horovod_env(opts):
+                env.pop(name, None)
             report(
                 f"elastic: {np} process(es) to start, at least {elastic.min_np}, at most {elastic.max_np}; "
                 f"hosts from ~/{live_hosts.PATH} on {leader.label}"
