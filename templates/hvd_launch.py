@@ -75,7 +75,7 @@ def _too_few_line(argv: list) -> str:
 
     min_np, timeout = flag("--min-np", "?"), flag("--elastic-timeout", "600")
     message = (
-        f"fewer than --min-np {min_np} processes' nodes answered for {timeout} s: the job stopped "
+        f"fewer than --min-np {min_np} processes could run for {timeout} s (too few nodes answered): the job stopped "
         "(its last commit is checkpointed); bring nodes back (`clusterctl repair`) and start it again"
     )
     mark = os.environ.get("CLUSTERCTL_EVENT_MARK", "CLUSTERCTL-HOROVOD")

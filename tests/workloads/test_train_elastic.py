@@ -83,3 +83,31 @@ def test_elastic_run_goes_on_without_a_lost_node(local_cluster_factory):
     assert st.returncode == 0, st.stderr
     assert f"elastic: world size 3 -> 2 (lost {cluster.hosts[2]})" in st.stdout, st.stdout
     assert re.search(r"\b2 process\(es\)", st.stdout), st.stdout
+
+
+def test_elastic_run_with_too_few_nodes_stops_with_a_checkpoint_and_one_line(local_cluster_factory):
+    """--min-np 3 on 3 nodes, one lost: horovodrun waits --elastic-timeout for a third, then the job ends with
+    status 9, the `too_few_nodes` line, and the last commit checkpointed."""
+    cluster = local_cluster_factory(3, 1, runtime=True)
+    cli = cluster.cli
+    argv = list(ELASTIC)
+    argv[argv.index("--min-np") + 1] = "3"
+    proc = cli(*argv, "--elastic-timeout", "20")
+    assert proc.returncode == 0, proc.stderr
+    job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
+    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    assert not netns.kill_netns(netns.netns_name(cluster.name, 2), 30)
+    wait_for(lambda: leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit 2>/dev/null").strip(), 240, "the job's end")
+    text = job_log(cluster, job)
+    assert leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit").strip() == "9", text[-3000:]
+    lines = [line for line in text.splitlines() if "too_few_nodes" in line]
+    assert len(lines) == 1 and "fewer than --min-np 3 processes could run for 20 s" in lines[0], text[-3000:]
+    run = train_log.parse_train_log(text, strict=False).current
+    saved = [c for c in run.checkpoints if c.path.endswith(f"ckpt-{c.images}")]
+    assert saved and saved[-1].images >= 200 * 3 * BATCH and saved[-1].images % (COMMIT * 3 * BATCH) == 0, saved
+    assert f"ckpt-{saved[-1].images}.manifest.json" in leader(cluster, "ls ~/runs/elastic/checkpoints")
+    st = cli("status")
+    assert "failed (too_few_nodes: fewer than --min-np 3" in st.stdout, st.stdout
+    # nothing of the job left on the nodes that remain
+    left = leader(cluster, "pgrep -af '[t]rain_imagenet|[h]vd_launch'")
+    assert left == "", left
