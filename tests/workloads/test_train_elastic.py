@@ -111,3 +111,25 @@ def test_elastic_run_with_too_few_nodes_stops_with_a_checkpoint_and_one_line(loc
     # nothing of the job left on the nodes that remain
     left = leader(cluster, "pgrep -af '[t]rain_imagenet|[h]vd_launch'")
     assert left == "", left
+
+
+def test_elastic_run_takes_a_node_back(local_cluster_factory):
+    """The lost member restarted (the same address and host key, as `repair` of a local node does) and still in
+    the live hosts: after Horovod's cooldown the discovery script offers it again and it joins at a commit."""
+    cluster = local_cluster_factory(3, 1, runtime=True)
+    cli = cluster.cli
+    argv = list(ELASTIC)
+    argv[argv.index("--max-steps") + 1] = "3000"
+    proc = cli(*argv)
+    assert proc.returncode == 0, proc.stderr
+    job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
+    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    ns = netns.netns_name(cluster.name, 2)
+    assert not netns.kill_netns(ns, 30)
+    wait_for(lambda: "world size 3 -> 2" in job_log(cluster, job), 120, "size 3 -> 2")
+    node_dir = cli.home / "clusters" / cluster.name / "nodes" / "2"
+    netns.restart_node(ns, f"{cluster.name}-member-2", cluster.hosts[2], node_dir)
+    wait_for(lambda: "world size 2 -> 3" in job_log(cluster, job), 180, "size 2 -> 3", interval=1)
+    text = job_log(cluster, job)
+    assert f"world size 2 -> 3 (joined {cluster.hosts[2]})" in text, text[-3000:]
+    cli("train", "--stop")
