@@ -37,7 +37,8 @@ def template_bytes(name: str) -> bytes:
 
 # The modules a node script imports from its own folder: staged beside it wherever it goes.
 COMPANIONS = {
-    "train_imagenet.py": ("train_ckpt.py", "train_model.py"),  # checkpoints and spot; the networks
+    # checkpoints and spot; the networks; the elastic loop
+    "train_imagenet.py": ("train_ckpt.py", "train_model.py", "train_elastic.py"),
     "bench_synthetic.py": ("train_model.py",),
 }
 

@@ -49,9 +49,16 @@ complete checkpoint of all three places. With --spot-poll, each node's first pro
 spot interruption notice (IMDSv2); when one appears on any node, rank 0 checkpoints at once, waits for the
 copies, and the job ends with status 8 (rank 0's; the others exit 0): start it again with the same command.
 
+Elastic (--elastic, under horovodrun --min-np/--max-np --host-discovery-script): the training loop is
+train_elastic.py's, staged beside this script; no collective runs before it (a process that joins later
+would meet the others in their state sync), so each rank prints its own `device` line and rank 0's restore
+reaches the others in that sync. See train_elastic.py for what a commit keeps and the `world_size` lines.
+
 Exit status: 0 done; 2 bad arguments; 3 Horovod size differs from --expect-size; 4 nothing to evaluate
 or a checkpoint that does not fit the model; 5 no data files; 6 labels outside 0..classes-1 after
---label-offset; 7 the checkpoint was trained with other hyperparameters.
+--label-offset; 7 the checkpoint was trained with other hyperparameters; 8 a spot notice (see above). The
+job's own status 9 comes from hvd_launch.py: an elastic job had fewer than --min-np processes for
+--elastic-timeout.
 """
 
 from __future__ import annotations
@@ -246,10 +253,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     o.add_argument("--no-gpu", action="store_true", help="hide GPUs (evaluating next to a running job)")
     o.add_argument("--expect-size", type=int, default=None, help="fail unless Horovod's size is exactly this")
+    e = p.add_argument_group("elastic (horovodrun --min-np/--max-np --host-discovery-script)")
+    e.add_argument(
+        "--elastic",
+        action="store_true",
+        help="train under Elastic Horovod: a lost process is dropped, a new one joins at the next commit",
+    )
+    # 50 steps: a commit copies the model and optimizer to host memory (Horovod's elastic docs: commit
+    # less often than every batch); a lost node costs at most this many steps, redone at the new size.
+    e.add_argument("--commit-every", type=int, default=50, help="steps between commits of the elastic state")
     args = p.parse_args(argv)
     if not args.synthetic and not args.data:
         p.error("give --data DIR (TFRecords) or --synthetic")
-    for name in ("batch_size", "log_every", "keep_checkpoints", "shuffle_buffer"):
+    for name in ("batch_size", "log_every", "keep_checkpoints", "shuffle_buffer", "commit_every"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     for name, value in RECIPES[args.recipe].items():
@@ -266,6 +282,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-steps must be at least 1")
     if not 0 < args.min_crop_area <= 1:
         p.error("--min-crop-area must be in (0, 1]")
+    if args.elastic and (args.eval_every or args.expect_size or args.eval_only):
+        p.error("--elastic trains at a changing size: --eval-every, --expect-size and --eval-only do not apply")
     if args.image_size is None:
         args.image_size = 224 if args.model == "resnet50" else 32
     if args.eval_batch_size is None:
@@ -489,14 +507,15 @@ def synthetic_dataset(tf, args, classes: int, seed: int, batch: int):
     return tf.data.Dataset.from_tensors((images, labels)).repeat()
 
 
-def count_records(tf, hvd, files: list[str]) -> int:
-    """Records in `files`, each rank counting its own share, summed over all ranks."""
-    rank, size = hvd.rank(), hvd.size()
+def count_records(tf, hvd, files: list[str], alone: bool = False) -> int:
+    """Records in `files`, each rank counting its own share, summed over all ranks (alone: this rank counts
+    them all, no collective: an elastic job's process may join while the others train)."""
+    rank, size = (0, 1) if alone else (hvd.rank(), hvd.size())
     mine = [f for i, f in enumerate(files) if i % size == rank]
     n = 0
     if mine:
         n = int(tf.data.TFRecordDataset(mine).reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
-    return int(hvd.allreduce(tf.constant(n, tf.int64), op=hvd.Sum))
+    return n if alone else int(hvd.allreduce(tf.constant(n, tf.int64), op=hvd.Sum))
 
 
 # ---- learning rate, checkpoints ------------------------------------------------------------------
@@ -605,10 +624,14 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
     import train_model  # staged beside this script: the networks and the device report, shared with the benchmark
 
     gpu_ids, logical = train_model.device_report(tf)
-    devices = hvd.allgather_object((rank, socket.gethostname(), local_rank, gpu_ids, logical))
-    if chief:
-        for r, host, lrank, ids, n in devices:
-            emit("device", rank=r, host=host, local_rank=lrank, gpus=ids, logical=n)
+    if args.elastic:
+        # No collective before the elastic loop: a process joining later would meet the others in its sync.
+        emit("device", rank=rank, host=socket.gethostname(), local_rank=local_rank, gpus=gpu_ids, logical=logical)
+    else:
+        devices = hvd.allgather_object((rank, socket.gethostname(), local_rank, gpu_ids, logical))
+        if chief:
+            for r, host, lrank, ids, n in devices:
+                emit("device", rank=r, host=host, local_rank=lrank, gpus=ids, logical=n)
 
     precision = choose_precision(args.precision, capabilities)
     if precision != "float32":
@@ -644,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
     elif meta.get("splits", {}).get("train", {}).get("examples"):
         train_examples = int(meta["splits"]["train"]["examples"])
     else:
-        train_examples = count_records(tf, hvd, train_files) if train_files else 0
+        train_examples = count_records(tf, hvd, train_files, alone=args.elastic) if train_files else 0
 
     bad_labels = None if args.synthetic else label_problem(meta, args.label_offset, classes)
     if bad_labels:
@@ -718,14 +741,16 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             emit("error", kind="no_checkpoint", model_dir=args.model_dir)
             status = EXIT_CHECKPOINT
     # Every rank learns rank 0's verdict, so all exit together instead of waiting in a collective.
-    status = int(hvd.broadcast(tf.constant(status, tf.int32), root_rank=0, name="restore_status"))
-    if status:
-        return status
+    if not args.elastic:  # (elastic: rank 0's status and variables reach every rank in the state's sync)
+        status = int(hvd.broadcast(tf.constant(status, tf.int32), root_rank=0, name="restore_status"))
+        if status:
+            return status
     # Everything the checkpoint holds, not model + opt.variables: a LossScaleOptimizer's loss scale is not
     # among its .variables, and a rank left at the initial scale unscales the averaged gradients differently.
     _ = ckpt.save_counter  # created lazily (by a restore or a save): make it on every rank, so all list the same
     tracked = checkpoint_variables(tf, ckpt)
-    hvd.broadcast_variables(tracked, root_rank=0)
+    if not args.elastic:
+        hvd.broadcast_variables(tracked, root_rank=0)
     start_step = int(step_var.numpy())
     saved_batch = int(batch_var.numpy())
     start_images = int(images_var.numpy())
@@ -780,6 +805,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             model_dir=args.model_dir,
             train_files=len(train_files),
             validation_files=len(val_files),
+            elastic=args.elastic,
+            commit_every=args.commit_every,
         )
         if restored:
             emit("resume", step=start_step, images=start_images, epoch=int(epoch_var.numpy()), checkpoint=restored)
@@ -788,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
         if train_files and len(train_files) % size:
             emit("warning", kind="uneven_shards", files=len(train_files), size=size)
 
-    if start_step >= stop_step:
+    if start_step >= stop_step and not args.elastic:
         if chief:
             emit(
                 "done",
@@ -803,15 +830,6 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             return 0
         return evaluate(tf, hvd, args, model, start_step, steps_per_epoch, restored, writer=writer, **eval_kwargs)
 
-    # A different shuffle and augmentation on every (re)start, different on every rank.
-    seed = data_seed(args.seed, rank, start_step)
-    if args.synthetic:
-        train_ds = synthetic_dataset(tf, args, classes, seed, args.batch_size)
-    else:
-        train_ds = train_dataset(tf, args, train_files, rank, size, seed, classes, threads)
-    if gpus:
-        train_ds = train_ds.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
-
     loss_fn = tf.keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
     decay_vars = [v for v in model.trainable_variables if "kernel" in v.name]
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
@@ -825,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
         forward = tf.function(forward, jit_compile=True)
 
     @tf.function
-    def train_step(images, labels, lr):
+    def train_step(images, labels, lr, batch):
         with tf.GradientTape() as tape:
             logits = tf.cast(forward(images), tf.float32)
             loss = loss_fn(tf.one_hot(labels, classes), logits)
@@ -838,11 +856,50 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
         inner.learning_rate.assign(lr)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         step_var.assign_add(1)
-        images_var.assign_add(global_batch)
+        images_var.assign_add(batch)  # the global batch (a tensor: an elastic job's size changes, no retrace)
         sums.assign_add(tf.cast(tf.stack([loss, total, 1.0]), tf.float64))
 
     if chief:
         table_header()
+    if args.elastic:
+        import train_elastic
+
+        return train_elastic.run(
+            tf,
+            hvd,
+            args,
+            train_elastic.Job(
+                train_step=train_step,
+                tracked=tracked,
+                sums=sums,
+                manager=manager,
+                copier=copier,
+                writer=writer,
+                step_var=step_var,
+                epoch_var=epoch_var,
+                batch_var=batch_var,
+                images_var=images_var,
+                classes=classes,
+                train_files=train_files,
+                train_examples=train_examples,
+                threads=threads,
+                gpus=len(gpus),
+                plan_images=stop_step * global_batch,
+                status=status,
+                model=model,
+                opt=opt if loss_scaling else None,
+                eval_kwargs=eval_kwargs,
+            ),
+        )
+    # A different shuffle and augmentation on every (re)start, different on every rank.
+    seed = data_seed(args.seed, rank, start_step)
+    if args.synthetic:
+        train_ds = synthetic_dataset(tf, args, classes, seed, args.batch_size)
+    else:
+        train_ds = train_dataset(tf, args, train_files, rank, size, seed, classes, threads)
+    if gpus:
+        train_ds = train_ds.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
+
     import train_ckpt
 
     # Each node's first process watches its own instance; a notice on any node stops every rank.
@@ -876,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             emit("error", kind="bad_labels", rank=rank, step=step + 1, message=message)
             print(f"train_imagenet: Error: {message}", file=sys.stderr, flush=True)
             return EXIT_BAD_LABELS
-        train_step(images, labels, tf.constant(lr, tf.float32))
+        train_step(images, labels, tf.constant(lr, tf.float32), tf.constant(global_batch, tf.int64))
         step += 1
         if step % args.log_every == 0 or step == start_step + 1 or step == stop_step:
             # The means of every rank over the steps since the last line (a collective: all ranks come here).

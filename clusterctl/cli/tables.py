@@ -383,6 +383,8 @@ def train_status(job, st, dollars_per_hour) -> None:
         f"  elapsed {duration(st.elapsed_s)} (all runs {duration(st.total_elapsed_s)})  "
         f"ETA {duration(st.eta_s)}  cost to finish {money(cost)}"
     )
+    if st.resized:
+        c.print(f"  elastic: {_esc(st.resized)}")
     if st.last_checkpoint is not None:
         c.print(f"  last checkpoint: step {st.last_checkpoint.step} ({_esc(st.last_checkpoint.path)})")
     if st.result is not None:

@@ -121,6 +121,42 @@ TRAIN_FLAGS = dict(  # train's training options, declared once; train_run.option
     ),
     cycle_time_ms=(float, typer.Option(1.0, "--cycle-time-ms", help="Horovod's cycle time (HOROVOD_CYCLE_TIME), ms.")),
     xla=(Optional[bool], typer.Option(None, "--xla/--no-xla", help="Compile the model with XLA (default: on GPUs).")),
+    elastic=(
+        bool,
+        typer.Option(
+            False,
+            "--elastic",
+            help="Elastic Horovod: a lost node is dropped and the run goes on at the new size; a node back (or new) joins at the next commit. The schedule stays in images.",
+        ),
+    ),
+    min_np=(
+        Optional[int],
+        typer.Option(
+            None,
+            "--min-np",
+            help="Elastic: fewest processes to go on with (default 1); fewer for --elastic-timeout stops the job.",
+        ),
+    ),
+    max_np=(
+        Optional[int],
+        typer.Option(None, "--max-np", help="Elastic: most processes (default: the slots at launch)."),
+    ),
+    commit_every=(
+        Optional[int],
+        typer.Option(
+            None,
+            "--commit-every",
+            help="Elastic: steps between commits of the state (default 50; a loss redoes at most these).",
+        ),
+    ),
+    elastic_timeout=(
+        Optional[int],
+        typer.Option(
+            None,
+            "--elastic-timeout",
+            help="Elastic: seconds to wait for --min-np processes' nodes before stopping (default 600).",
+        ),
+    ),
     trainer_arg=(
         List[str],
         typer.Option([], "--trainer-arg", help="One more argument for train_imagenet.py (repeatable)."),

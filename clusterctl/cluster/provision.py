@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from clusterctl.cluster import hosts_out as hosts_out_mod
+from clusterctl.cluster import hosts_out as hosts_out_mod, live_hosts
 from clusterctl.cluster.reach import ClusterPaths, behind_leader, hosts_file, paths, ssh_settings, ssh_targets
 from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, UnreachableError, WaitTimeout
 from clusterctl.providers.base import ClusterKeys, Provider, Teardown
@@ -133,7 +133,7 @@ def up(
                     s3=runtime_cache,
                     build_here=provider.builds_runtime_locally,
                 )
-                write_live_hosts(pool, ssh_targets(cluster, store)[0], cluster)
+                live_hosts.write(pool, ssh_targets(cluster, store)[0], hosts_file(cluster))
             cluster = dataclasses.replace(cluster, extra={**cluster.extra, **fields})
             atomic_write(p.hosts, hf.render(), mode=0o644)
             if hosts_out is not None and not hosts_out_mod.write(hosts_out, hf.render(), spec.name):
@@ -159,18 +159,6 @@ def up(
             else:
                 report(f"  still present: {'; '.join(teardown.left)} (run `clusterctl down {spec.name} --yes`)")
             raise
-
-
-# On the leader, under the login home: one `address:slots` line per node the cluster counts on now (answering, runtime
-# and data in place), written by `up` and `repair`: what a Horovod --host-discovery-script prints.
-LIVE_HOSTS = ".clusterctl/live-hosts"
-
-
-def write_live_hosts(pool: SshPool, leader: SshTarget, cluster: Cluster) -> None:
-    text = "".join(f"{n.private_ip}:{n.slots}\n" for n in cluster.nodes)
-    r = pool.put_one(leader, {LIVE_HOSTS: (text.encode(), 0o644)})
-    if not r.ok:
-        raise UnreachableError(f"could not write {LIVE_HOSTS} on the leader: {r.error}")
 
 
 def _stopped_keys(

@@ -14,7 +14,7 @@
     carry out (drop): the lost nodes out of the record, hosts files, ssh config and live-hosts; the next live node
     becomes the leader when the leader is lost.
 
-The live-hosts file (provision.LIVE_HOSTS, `host:slots` lines) on the leader lists the nodes that answer ssh with the runtime
+The live-hosts file (cluster/live_hosts.py, `host:slots` lines) on the leader lists the nodes that answer ssh with the runtime
 and the datasets in place: what a Horovod host-discovery script prints (`cat ~/.clusterctl/live-hosts`), so an
 elastic job picks a repaired node up. `repair` runs on the operator's machine (it holds the cloud credentials,
 which never go to the nodes); a spot cluster's keep-repairing loop is `repair --yes` run again there.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clusterctl.cluster import provision, reach, sshentry
+from clusterctl.cluster import live_hosts, provision, reach, sshentry
 from clusterctl.errors import HostKeyError, ProvisionError, StateError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, LostNode, Provider
@@ -207,7 +207,7 @@ def _drop(store: StateStore, provider: Provider, p: RepairPlan, report: Report, 
         if not r.all_ok:
             bad = "; ".join(f"{x.host}: {x.error}" for x in r.failed)
             raise ProvisionError(f"could not write the hosts file on every live node: {bad}", "run `repair` again")
-        provision.write_live_hosts(pool, targets[0], cluster)
+        live_hosts.write(pool, targets[0], reach.hosts_file(cluster))
     _save(store, cluster, hf, hosts_out, report)
     for line in provider.remove_nodes(p.cluster, [x.node for x in p.lost]):
         report(f"removed {line}")
@@ -281,7 +281,7 @@ def _replace(
                 _leader_reaches(pool, every[0], [n for n in fresh if n.role != "leader"])
                 provision.setup_nodes(whole, pool, every, pinned, paths, hf)
             report("the leader reaches every node over ssh with host keys checked; hosts files updated")
-            provision.write_live_hosts(pool, every[0], whole)
+            live_hosts.write(pool, every[0], reach.hosts_file(whole))
     except BaseException as exc:  # Ctrl-C included: nothing launched is left, the record is untouched
         report(f"repair failed ({provision._why(exc)}); removing the replacement node(s)")
         for line in provider.remove_nodes(whole, fresh):

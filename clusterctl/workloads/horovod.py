@@ -26,6 +26,37 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # ---- the command line ------------------------------------------------------------------------------
+# A failed host is left out for a while, then tried again (horovodrun --blacklist-cooldown-range, seconds):
+# without it Horovod never takes back a node that failed once, even when `repair` restarts it.
+ELASTIC_COOLDOWN_S = (10, 120)
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """horovodrun's elastic options: the processes it may run with, and the command it asks for hosts."""
+
+    min_np: int
+    max_np: int
+    discovery: str  # a shell command printing `host:slots` lines (templates/live_hosts.py)
+    timeout_s: int  # how long to wait for min_np processes' hosts before the job stops
+
+    def argv(self) -> list[str]:
+        lo, hi = ELASTIC_COOLDOWN_S
+        return [
+            "--min-np",
+            str(self.min_np),
+            "--max-np",
+            str(self.max_np),
+            "--host-discovery-script",
+            self.discovery,
+            "--elastic-timeout",
+            str(self.timeout_s),
+            "--blacklist-cooldown-range",
+            str(lo),
+            str(hi),
+        ]
+
+
 def horovodrun_argv(
     np: int,
     hosts: "HostsFile | str | os.PathLike[str]",
@@ -39,11 +70,14 @@ def horovodrun_argv(
     ssh_identity_file: str | os.PathLike[str] | None = None,
     start_timeout: int = DEFAULT_START_TIMEOUT_S,
     horovodrun: str = "horovodrun",
+    elastic: Elastic | None = None,
 ) -> list[str]:
     """The argv of one horovodrun launch.
 
     `hosts`: a path (pathlib.Path or any os.PathLike) is passed as `--hostfile`; a HostsFile or a
     `h1:8,h2:8` string as `-H`. A plain str is never taken for a path, so a typo cannot silently become one.
+    With `elastic`, horovodrun asks its discovery command for the hosts instead (`hosts` is not passed), and
+    `np` is the number of processes to start with, between its min_np and max_np.
     `extra_env` is set through a leading `env K=V`: horovodrun has no flag for it and copies the driver's
     environment to every rank, so this is how NCCL/EFA variables reach the nodes. Secrets are refused.
     """
@@ -68,7 +102,11 @@ def horovodrun_argv(
                 raise ValueError(f"extra_env: {name} looks like a credential; it would reach every node's ps")
             argv.append(f"{name}={value}")
     argv += [horovodrun, "-np", str(np)]
-    if isinstance(hosts, HostsFile):
+    if elastic is not None:
+        if not 1 <= elastic.min_np <= np <= elastic.max_np:
+            raise ValueError(f"elastic: need 1 <= min_np <= np <= max_np, not {elastic.min_np}, {np}, {elastic.max_np}")
+        argv += elastic.argv()
+    elif isinstance(hosts, HostsFile):
         argv += ["-H", hosts.horovod_arg()]
     elif isinstance(hosts, os.PathLike):
         argv += ["--hostfile", os.fspath(hosts)]

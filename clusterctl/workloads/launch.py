@@ -84,11 +84,18 @@ def leader_command(
     env: Mapping[str, str],
     start_timeout: int = horovod.DEFAULT_START_TIMEOUT_S,
     hosts: "HostsFile | str | Path" = Path("hosts"),
+    elastic: horovod.Elastic | None = None,
 ) -> str:
     """The shell command run on the leader: horovodrun in the job folder, in a scrubbed environment.
     `hosts`: the job's hosts file by default; `localhost:N` runs a node on its own (bench's per-node rung)."""
     argv = horovod.horovodrun_argv(
-        np, hosts, list(script_argv), extra_env=dict(env), start_timeout=start_timeout, horovodrun="@HOROVODRUN@"
+        np,
+        hosts,
+        list(script_argv),
+        extra_env=dict(env),
+        start_timeout=start_timeout,
+        horovodrun="@HOROVODRUN@",
+        elastic=elastic,
     )
     at = argv.index("@HOROVODRUN@")
     argv[at : at + 1] = [python, f"{job.dir}/hvd_launch.py"]

@@ -23,6 +23,7 @@ from clusterctl.workloads.train_nodes import (
 from clusterctl.workloads.train_options import TrainOptions, horovod_env, trainer_argv
 
 TEMPLATE = "train_imagenet.py"
+DISCOVERY = "live_hosts.py"  # an elastic job's host discovery script, run by horovodrun on the leader
 SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 5 seconds
 
 
@@ -220,6 +221,7 @@ def start(
     from dataclasses import replace
 
     from clusterctl import resources
+    from clusterctl.cluster import live_hosts
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
     from clusterctl.remote import jobfolder, tmux as jobs
     from clusterctl.remote.ssh import SshPool
@@ -277,7 +279,8 @@ def start(
                     f"copy and verify it with `clusterctl sync SRC {opts.data}` "
                     "(or pass --no-verify-data when it is on a shared file system)",
                 )
-        opts = replace(opts, data=data, model_dir=model_dir, expect_size=np)
+        # An elastic job's size changes by design: no --expect-size.
+        opts = replace(opts, data=data, model_dir=model_dir, expect_size=None if opts.elastic else np)
         # The GPU type's configuration (train_config.py), the user's flags over it: what bench measures too.
         opts, config = train_config.for_train(opts, inv.cluster)
         report(f"configuration for {config.describe()} ({config.source})")
@@ -306,7 +309,22 @@ def start(
             if line:
                 report(f"warning: {line}")
         env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
-        cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env)
+        elastic = None
+        if opts.elastic:
+            elastic = elastic_args(opts, np, python, job.dir)
+            np = min(np, elastic.max_np)
+            live_hosts.write(pool, leader, hosts)  # what the discovery script offers; `repair` rewrites it
+            pool.put([leader], {f"{job.dir}/{DISCOVERY}": (resources.template_bytes(DISCOVERY), 0o755)})
+            env["CLUSTERCTL_EVENT_MARK"] = MARK  # hvd_launch.py's line when too few nodes are left
+            # Horovod's own fusion buffer and cycle time: with HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME
+            # set, horovod 0.28.1's re-init after a lost peer segfaults (measured on local nodes, gloo).
+            for name in horovod_env(opts):
+                env.pop(name, None)
+            report(
+                f"elastic: {np} process(es) to start, at least {elastic.min_np}, at most {elastic.max_np}; "
+                f"hosts from ~/{live_hosts.PATH} on {leader.label}"
+            )
+        cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env, elastic=elastic)
         r = pool.run_one(
             leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd), timeout=60
         )
@@ -350,6 +368,24 @@ def start(
                     "see `clusterctl status` and `clusterctl logs`"
                 )
         return record
+
+
+def elastic_args(opts: TrainOptions, np: int, python: str, job_dir: str):
+    """horovodrun's elastic options for a job of `np` slots: --min-np (default 1), --max-np (default the
+    slots at launch), the discovery script staged in the job folder, --elastic-timeout."""
+    from clusterctl.errors import UsageError
+    from clusterctl.workloads import horovod, train_options
+
+    max_np = opts.max_np or np
+    min_np = opts.min_np or 1
+    if min_np > min(np, max_np):
+        raise UsageError(
+            f"--min-np {min_np} is more than the {min(np, max_np)} process(es) the job can start with",
+            "lower --min-np, or bring more nodes up",
+        )
+    discovery = shlex.join([python, f"{job_dir}/{DISCOVERY}", f"{job_dir}/hosts"])
+    timeout = opts.elastic_timeout or train_options.ELASTIC_TIMEOUT_S
+    return horovod.Elastic(min_np, max_np, discovery, timeout)
 
 
 def history_command(job: TrainJob, launches: int = 10) -> str:

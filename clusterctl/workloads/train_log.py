@@ -27,6 +27,8 @@ EXIT_CHECKPOINT = 4
 EXIT_NO_DATA = 5
 EXIT_BAD_LABELS = 6
 EXIT_HPARAMS = 7
+EXIT_SPOT = 8
+EXIT_TOO_FEW = 9  # templates/hvd_launch.py: an elastic job had fewer than --min-np processes for --elastic-timeout
 _MARKED = re.compile(rf".*{MARK}\s+(.*?)\s*$")  # the last mark of a line (two lines run together)
 _HOROVOD_FAILED = re.compile(r"Horovod detected that one or more processes exited with non-zero status")
 _PROCESS_NAME = re.compile(r"^\s*Process name:\s*(\S+)")
@@ -92,6 +94,18 @@ class TrainDone:
 
 
 @dataclass(frozen=True)
+class WorldSize:
+    """An elastic run's change of size (templates/train_elastic.py's `world_size` line)."""
+
+    size: int
+    was: int
+    lost: tuple[str, ...]  # one entry per process lost (its host)
+    joined: tuple[str, ...]
+    images: int  # images seen when the run went on at the new size (its last commit)
+    message: str  # `world size 3 -> 2 (lost 10.213.0.4)`
+
+
+@dataclass(frozen=True)
 class TrainEvent:
     kind: str  # warning / error
     fields: Mapping[str, str]
@@ -111,6 +125,7 @@ class TrainRun:
     errors: tuple[TrainEvent, ...] = ()
     failure: str | None = None  # horovodrun's own verdict when a process died (e.g. "process 1 exited 137")
     evals: tuple[EvalResult, ...] = ()  # the --eval-every evaluations during training (final=0)
+    resizes: tuple[WorldSize, ...] = ()  # an elastic run's changes of size, in order
 
 
 @dataclass(frozen=True)
@@ -142,6 +157,7 @@ class _RunBuilder:
         self.errors: list[TrainEvent] = []
         self.failure: str | None = None
         self.evals: list[EvalResult] = []
+        self.resizes: list[WorldSize] = []
 
     def build(self) -> TrainRun:
         return TrainRun(
@@ -155,6 +171,7 @@ class _RunBuilder:
             tuple(self.errors),
             self.failure,
             tuple(self.evals),
+            tuple(self.resizes),
         )
 
 
@@ -301,6 +318,17 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (
                     cur.evals.append(result)
                 else:
                     cur.eval = result
+            elif kind == "world_size":
+                cur.resizes.append(
+                    WorldSize(
+                        g("size", int),
+                        g("was", int),
+                        tuple(h for h in f.get("lost", "").split(",") if h),
+                        tuple(h for h in f.get("joined", "").split(",") if h),
+                        g("images", int),
+                        f.get("message", ""),
+                    )
+                )
             elif kind == "error":
                 cur.errors.append(TrainEvent(kind, dict(f)))
             elif kind == "warning":
@@ -355,6 +383,7 @@ class TrainStatus:
     result: EvalResult | None
     reason: str | None = None  # why it failed or stopped
     validation: EvalResult | None = None  # the latest --eval-every evaluation during training
+    resized: str | None = None  # an elastic run's latest change of size (`world size 3 -> 2 (lost HOST)`)
 
     def cost_to_finish(self, dollars_per_hour: float) -> float | None:
         """What the remaining steps cost at the cluster's hourly price (None while unknown)."""
@@ -439,11 +468,12 @@ def status(log: TrainLog, *, running: bool | None = None, recent: int = 5) -> Tr
         elapsed_s=elapsed,
         total_elapsed_s=before + elapsed,
         eta_s=eta,
-        size=start.size if start else 0,
+        size=run.resizes[-1].size if run.resizes else (start.size if start else 0),
         restarts=len(prior),
         resumed_from_step=run.resumed_from.step if run.resumed_from else None,
         last_checkpoint=run.checkpoints[-1] if run.checkpoints else (run.resumed_from if run.resumed_from else None),
         result=run.eval,
         reason=reason,
         validation=next((r.evals[-1] for r in reversed(log.runs) if r.evals), None),
+        resized=run.resizes[-1].message if run.resizes else None,
     )

@@ -44,6 +44,11 @@ class TrainOptions:
     checkpoint_copy: str | None = None  # a second node (as the leader's ssh reaches it) keeping a copy
     checkpoint_to: str | None = None  # s3://bucket/prefix keeping a copy
     spot_poll: float | None = None  # seconds between polls of the spot interruption notice
+    elastic: bool = False  # Elastic Horovod: the run goes on when a node is lost, and takes new ones
+    min_np: int | None = None  # elastic: fewest processes to go on with (None: 1)
+    max_np: int | None = None  # elastic: most processes (None: the slots at launch)
+    commit_every: int | None = None  # elastic: steps between commits of the state (None: the trainer's 50)
+    elastic_timeout: int | None = None  # elastic: seconds to wait for --min-np processes (None: ELASTIC_TIMEOUT_S)
     extra: tuple[str, ...] = ()  # more trainer flags, passed as they are
 
     def __post_init__(self) -> None:
@@ -55,6 +60,16 @@ class TrainOptions:
                 check(FLAGS[name], value)
         if self.synthetic and self.data:
             raise UsageError("give --data DIR or --synthetic (one of them)", "not both")
+        elastic_only = [FLAGS[n] for n in ELASTIC_ONLY if getattr(self, n) is not None]
+        if elastic_only and not self.elastic:
+            raise UsageError(f"{', '.join(elastic_only)}: for elastic runs only", "add --elastic")
+        if self.elastic and (self.eval_every or self.eval_only):
+            raise UsageError(
+                "--elastic trains at a changing size: --eval-every and --eval-only do not apply",
+                "evaluate at the end (the default) or afterwards with `clusterctl eval`",
+            )
+        if self.min_np is not None and self.max_np is not None and self.min_np > self.max_np:
+            raise UsageError(f"--min-np {self.min_np} is more than --max-np {self.max_np}")
         if self.mixed_precision and self.precision is not None:
             raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
 
@@ -85,6 +100,7 @@ _VALUE_FLAGS = (
     ("checkpoint_copy", "--checkpoint-copy"),
     ("checkpoint_to", "--checkpoint-to"),
     ("spot_poll", "--spot-poll"),
+    ("commit_every", "--commit-every"),
 )
 _SWITCHES = (
     ("synthetic", "--synthetic"),
@@ -94,8 +110,17 @@ _SWITCHES = (
     ("eval_only", "--eval-only"),
     ("no_gpu", "--no-gpu"),
     ("fp16_allreduce", "--fp16-allreduce"),
+    ("elastic", "--elastic"),
 )
-FLAGS = dict(_VALUE_FLAGS, fusion_threshold_mb="--fusion-threshold-mb", cycle_time_ms="--cycle-time-ms")
+# horovodrun's, not the trainer's: workloads/train_job.py passes them to horovod.Elastic
+_ELASTIC_FLAGS = (("min_np", "--min-np"), ("max_np", "--max-np"), ("elastic_timeout", "--elastic-timeout"))
+ELASTIC_ONLY = ("min_np", "max_np", "commit_every", "elastic_timeout")
+FLAGS = dict(
+    _VALUE_FLAGS + _ELASTIC_FLAGS, fusion_threshold_mb="--fusion-threshold-mb", cycle_time_ms="--cycle-time-ms"
+)
+# Horovod's own default for --elastic-timeout (runner/elastic/driver.py ELASTIC_TIMEOUT_SECS): how long an
+# elastic job waits for --min-np processes' hosts before it stops.
+ELASTIC_TIMEOUT_S = 600
 MODELS = ("resnet50", "tiny")
 PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")
 RECIPES = ("default", "goyal")
@@ -152,6 +177,10 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "expect_size": _at_least(1),
     "checkpoint_to": _s3,
     "spot_poll": _positive,
+    "min_np": _at_least(1),
+    "max_np": _at_least(1),
+    "commit_every": _at_least(1),
+    "elastic_timeout": _at_least(1),
 }
 
 

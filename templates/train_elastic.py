@@ -1,0 +1,256 @@
+"""The training loop under Elastic Horovod (train_imagenet.py --elastic), staged beside the trainer.
+
+horovodrun (`--min-np/--max-np --host-discovery-script`) starts and drops processes as nodes come and go;
+this loop is wrapped in `hvd.elastic.run`, so a collective that fails because a peer died restores the last
+commit on every survivor and runs the loop again at the new size, and a host added or removed by the
+discovery script is taken up at the next commit. What a commit keeps (in host memory): every variable the
+checkpoint tracks (the model, the optimizer's slots, a loss-scale optimizer's scale and counter, the step,
+epoch and images seen), and the plan in images. The data's position is the images seen: after a change each
+rank starts a fresh shuffle, seeded by that count.
+
+The schedule stays in images: at size N the global batch is batch * N, the peak learning rate
+base-lr * batch * N / 256, and the learning rate at `images seen / global batch` of the schedule's steps;
+the run ends when the images seen reach the plan (--max-steps or --epochs, in steps of the starting size's
+global batch). Steps since the last commit are redone after a loss: no image is counted twice.
+
+Lines (rank 0): `world_size size=2 was=3 lost=HOST joined= ... message='world size 3 -> 2 (lost HOST)'` at
+every change; `checkpoint ... reason=membership` (the committed state, saved when a peer is lost: the run may
+not go on if too few nodes are left) and `reason=spot` (a spot notice: checkpoint and commit, then go on).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import train_imagenet as ti
+
+
+@dataclass
+class Job:
+    """What the trainer built before the loop (train_imagenet.main)."""
+
+    train_step: Any
+    tracked: list
+    sums: Any
+    manager: Any  # rank 0's CheckpointManager (None elsewhere)
+    copier: Any
+    writer: Any
+    step_var: Any
+    epoch_var: Any
+    batch_var: Any
+    images_var: Any
+    classes: int
+    train_files: list
+    train_examples: int
+    threads: int
+    gpus: int
+    plan_images: int  # where the run ends: images seen, all ranks together
+    status: int  # rank 0's verdict on its checkpoint (non-zero: every rank stops with it)
+    model: Any
+    opt: Any  # the loss-scale optimizer (None without loss scaling)
+    eval_kwargs: dict
+
+
+def size_line(was: list[str], now: list[str]) -> tuple[list[str], list[str], str]:
+    """The hosts lost and joined between two memberships (one entry per process), and the line saying so."""
+    before, after = collections.Counter(was), collections.Counter(now)
+    lost, joined = sorted((before - after).elements()), sorted((after - before).elements())
+    parts = [f"lost {', '.join(lost)}"] if lost else []
+    parts += [f"joined {', '.join(joined)}"] if joined else []
+    return lost, joined, f"world size {len(was)} -> {len(now)}" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def run(tf, hvd, args, job: Job) -> int:  # noqa: C901 (the elastic loop in the order Horovod's elastic examples write it)
+    import train_ckpt
+    from horovod.common.elastic import ObjectState
+    from horovod.common.exceptions import HostsUpdatedInterrupt
+
+    def checkpoint(reason: str) -> None:
+        """Rank 0: ckpt-<images> of the variables as they are now, unless that one is saved already."""
+        if job.manager is None:
+            return
+        images = int(job.images_var.numpy())
+        if (job.manager.latest_checkpoint or "").endswith(f"ckpt-{images}"):
+            return
+        batch, step = int(job.batch_var.numpy()), int(job.step_var.numpy())
+        job.epoch_var.assign(images // max(1, job.train_examples))
+        t = time.time()
+        path = job.manager.save(checkpoint_number=images)
+        ti.seal_checkpoint(job.copier, path, step, images, batch)
+        fields = {"reason": reason} if reason else {}
+        ti.emit(
+            "checkpoint",
+            step=step,
+            images=images,
+            epoch=int(job.epoch_var.numpy()),
+            path=path,
+            seconds=time.time() - t,
+            **fields,
+        )
+
+    class State(ObjectState):
+        """The variables in host memory at each commit, and the plan; rank 0's reach every rank at a sync."""
+
+        def __init__(self, **kwargs):
+            self._values = [v.numpy() for v in job.tracked]
+            super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **kwargs)
+
+        def save(self):
+            self._values = [v.numpy() for v in job.tracked]
+            super().save()
+
+        def restore(self):
+            for v, value in zip(job.tracked, self._values):
+                v.assign(value)
+            super().restore()
+            checkpoint("membership")  # the committed state on disk: the run may stop if too few nodes are left
+
+        def check_host_updates(self):
+            try:
+                super().check_host_updates()
+            except HostsUpdatedInterrupt:
+                checkpoint("membership")  # as in restore: the hosts may not come back
+                raise
+
+        def sync(self):
+            # TensorFlowState broadcasts nothing in eager mode: the variables go from rank 0 here.
+            hvd.broadcast_variables(job.tracked, root_rank=0)
+            self._values = [v.numpy() for v in job.tracked]
+            super().sync()
+
+    state = State(plan_images=job.plan_images, members=[], status=job.status, started=time.time(), trained=0)
+    spot = (
+        train_ckpt.SpotWatch(args.imds_endpoint, args.spot_poll).start()
+        if args.spot_poll and hvd.local_rank() == 0
+        else None
+    )
+    handled = [False]  # this process's spot notice, acted on once
+
+    @hvd.elastic.run
+    def train(state) -> int:
+        if state.status:
+            return state.status
+        size, rank = hvd.size(), hvd.rank()
+        chief = rank == 0
+        members = hvd.allgather_object(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
+        images = int(job.images_var.numpy())
+        batch = args.batch_size * size
+        spe = max(1, job.train_examples // batch)
+        total_steps = max(1, int(round(args.epochs * spe)))
+        peak = args.base_lr * batch / 256
+        warmup = args.warmup_epochs * spe
+        step = images // batch  # this global batch's step at those images
+        if chief and state.members and collections.Counter(members) != collections.Counter(state.members):
+            lost, joined, line = size_line(state.members, members)
+            ti.emit(
+                "world_size",
+                size=size,
+                was=len(state.members),
+                lost=",".join(lost),
+                joined=",".join(joined),
+                step=step,
+                images=images,
+                global_batch=batch,
+                peak_lr=peak,
+                message=line,
+            )
+        state.members = members
+        job.step_var.assign(step)
+        job.batch_var.assign(batch)
+        job.sums.assign(tf.zeros(3, tf.float64))
+        seed = ti.data_seed(args.seed, rank, images)  # a fresh shuffle from the images seen
+        if args.synthetic:
+            ds = ti.synthetic_dataset(tf, args, job.classes, seed, args.batch_size)
+        else:
+            ds = ti.train_dataset(tf, args, job.train_files, rank, size, seed, job.classes, job.threads)
+        if job.gpus:
+            ds = ds.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
+        it = iter(ds)
+        batch_t = tf.constant(batch, tf.int64)
+        epoch_images = spe * batch
+        last_step, last_time = step, time.time()
+        while images < state.plan_images:
+            if args.spot_poll and ti.spot_notice(tf, hvd, spot) and not handled[0]:
+                handled[0] = True
+                checkpoint("spot")
+                if spot is not None and spot.notice is not None:
+                    ti.emit(
+                        "spot_notice", rank=rank, seen_at=f"{spot.seen_at:.3f}", action=spot.notice.get("action", "")
+                    )
+                state.commit()  # the node with the notice goes; the others go on from here
+            lr = ti.learning_rate(images / batch, peak, warmup, total_steps, args.lr_schedule)
+            x, y = next(it)
+            job.train_step(x, y, tf.constant(lr, tf.float32), batch_t)
+            step += 1
+            images += batch
+            state.trained += batch
+            if step % args.log_every == 0 or images >= state.plan_images:
+                means = hvd.allreduce(job.sums.read_value(), op=hvd.Average, name="log_sums").numpy()
+                job.sums.assign(tf.zeros(3, tf.float64))
+                now = time.time()
+                rate = (step - last_step) * batch / max(now - last_time, 1e-9)
+                last_step, last_time = step, now
+                loss, total = means[0] / max(means[2], 1), means[1] / max(means[2], 1)
+                if chief:
+                    ti.table_row(step, images / epoch_images, rate, loss, total, lr)
+                    with job.writer.as_default(step=images // args.batch_size):
+                        tf.summary.scalar("train/loss", loss)
+                        tf.summary.scalar("train/learning_rate", lr)
+                        tf.summary.scalar("train/images_per_sec", rate)
+                        tf.summary.scalar("train/world_size", size)
+            epoch_end = images // epoch_images > (images - batch) // epoch_images
+            if chief and (epoch_end or (args.checkpoint_every and step % args.checkpoint_every == 0)):
+                checkpoint("")
+            if step % args.commit_every == 0:
+                state.commit()
+        if chief:
+            checkpoint("")
+        return 0
+
+    status = train(state)
+    if status:
+        return status
+    # After the loop: the same ending as a fixed-size run (a change now fails the job: the work is saved).
+    chief = hvd.rank() == 0
+    step, images = int(job.step_var.numpy()), int(job.images_var.numpy())
+    batch = args.batch_size * hvd.size()
+    spe = max(1, job.train_examples // batch)
+    own = {v.ref() for v in job.model.non_trainable_variables} | {job.epoch_var.ref()}
+    sync = ti.replicas_agree(
+        tf, hvd, [v for v in job.tracked if v.ref() not in own and "save_counter" not in v.name], job.opt
+    )
+    if chief:
+        ti.emit("sync", step=step, identical=sync[0], variables=len(job.tracked) - len(own), loss_scales=sync[1])
+        job.writer.flush()
+        trained = time.time() - state.started
+        ti.emit(
+            "done",
+            step=step,
+            epoch=images / (spe * batch),
+            complete=step >= max(1, int(round(args.epochs * spe))),
+            elapsed=time.time() - ti._T0,
+            img_per_sec=state.trained / max(trained, 1e-9),
+            images=images,
+            plan_images=state.plan_images,
+        )
+        print(f"Finished in {trained:.1f} s", flush=True)
+    if job.copier is not None:
+        job.copier.wait()
+    if args.no_eval:
+        return 0
+    return ti.evaluate(
+        tf,
+        hvd,
+        args,
+        job.model,
+        step,
+        spe,
+        job.manager.latest_checkpoint if job.manager else "",
+        writer=job.writer,
+        **job.eval_kwargs,
+    )

@@ -1,0 +1,135 @@
+"""`clusterctl train --elastic` for real: a local cluster of 3 nodes x 1 slot, the tiny model on synthetic images
+under Elastic Horovod (gloo), launched by horovodrun on the leader with templates/live_hosts.py as its host
+discovery script. Every process of a member's namespace is killed mid-run (the node is gone, sshd with it): the
+run goes on at size 2 and ends with exit 0, every planned image trained once."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from clusterctl.providers.local import netns
+from clusterctl.workloads import train_log
+from conftest import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.horovod]
+
+STEPS, BATCH, COMMIT = 1200, 8, 20
+ELASTIC = [
+    "train",
+    "--synthetic",
+    "--model",
+    "tiny",
+    "--elastic",
+    "--min-np",
+    "2",
+    "--max-steps",
+    str(STEPS),
+    "--batch-size",
+    str(BATCH),
+    "--commit-every",
+    str(COMMIT),
+    "--log-every",
+    "100",
+    "--checkpoint-every",
+    "400",
+    "--model-dir",
+    "~/runs/elastic",
+]
+
+
+def leader(cluster, command: str) -> str:
+    return cluster.node_exec(0, "sh", "-c", command + "; true").stdout
+
+
+def job_log(cluster, job: str) -> str:
+    return leader(cluster, f"cat ~/.clusterctl/jobs/{job}.log 2>/dev/null")
+
+
+def test_elastic_run_goes_on_without_a_lost_node(local_cluster_factory):
+    cluster = local_cluster_factory(3, 1, runtime=True)
+    cli = cluster.cli
+    proc = cli(*ELASTIC)
+    assert proc.returncode == 0, proc.stderr
+    job = re.search(r"started training job (train-[\w-]+): 3 process\(es\)", proc.stderr).group(1)
+    assert "elastic: 3 process(es) to start, at least 2, at most 3" in proc.stderr, proc.stderr
+    # the live hosts the discovery script reads, written on the leader at start
+    assert leader(cluster, "cat ~/.clusterctl/live-hosts") == "".join(f"{h}:1\n" for h in cluster.hosts)
+
+    # ---- a member's namespace dies whole (its sshd too) after a few hundred steps
+    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    assert not netns.kill_netns(netns.netns_name(cluster.name, 2), 30)
+    wait_for(lambda: leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit 2>/dev/null").strip(), 240, "the job's end")
+    assert leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit").strip() == "0", job_log(cluster, job)[-3000:]
+
+    text = job_log(cluster, job)
+    run = train_log.parse_train_log(text, strict=False).current
+    assert f"world size 3 -> 2 (lost {cluster.hosts[2]})" in text, text[-3000:]
+    assert len(run.resizes) == 1, run.resizes
+    change = run.resizes[0]
+    assert (change.was, change.size, change.lost) == (3, 2, (cluster.hosts[2],))
+    # It went on from a commit made after step 200 at size 3: the images of the steps since were redone,
+    # not counted (the count at a commit is a whole number of commit intervals of 3 x BATCH).
+    assert change.images % (COMMIT * 3 * BATCH) == 0 and change.images >= 200 * 3 * BATCH, change
+    # The plan is in images (STEPS at the starting size); the end is exactly there: none counted twice or lost.
+    done = re.search(r"CLUSTERCTL-TRAIN done .*\bimages=(\d+) plan_images=(\d+)", text)
+    assert done and int(done.group(1)) == int(done.group(2)) == STEPS * 3 * BATCH, text[-2000:]
+    assert run.checkpoints[-1].images == STEPS * 3 * BATCH
+    # The committed state was checkpointed when the node was lost (a run that could not go on keeps it).
+    assert any(c.images == change.images for c in run.checkpoints), run.checkpoints
+
+    st = cli("status")
+    assert st.returncode == 0, st.stderr
+    assert f"elastic: world size 3 -> 2 (lost {cluster.hosts[2]})" in st.stdout, st.stdout
+    assert re.search(r"\b2 process\(es\)", st.stdout), st.stdout
+
+
+def test_elastic_run_with_too_few_nodes_stops_with_a_checkpoint_and_one_line(local_cluster_factory):
+    """--min-np 3 on 3 nodes, one lost: horovodrun waits --elastic-timeout for a third, then the job ends with
+    status 9, the `too_few_nodes` line, and the last commit checkpointed."""
+    cluster = local_cluster_factory(3, 1, runtime=True)
+    cli = cluster.cli
+    argv = list(ELASTIC)
+    argv[argv.index("--min-np") + 1] = "3"
+    proc = cli(*argv, "--elastic-timeout", "20")
+    assert proc.returncode == 0, proc.stderr
+    job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
+    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    assert not netns.kill_netns(netns.netns_name(cluster.name, 2), 30)
+    wait_for(lambda: leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit 2>/dev/null").strip(), 240, "the job's end")
+    text = job_log(cluster, job)
+    assert leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit").strip() == "9", text[-3000:]
+    lines = [line for line in text.splitlines() if "too_few_nodes" in line]
+    assert len(lines) == 1 and "fewer than --min-np 3 processes could run for 20 s" in lines[0], text[-3000:]
+    run = train_log.parse_train_log(text, strict=False).current
+    saved = [c for c in run.checkpoints if c.path.endswith(f"ckpt-{c.images}")]
+    assert saved and saved[-1].images >= 200 * 3 * BATCH and saved[-1].images % (COMMIT * 3 * BATCH) == 0, saved
+    assert f"ckpt-{saved[-1].images}.manifest.json" in leader(cluster, "ls ~/runs/elastic/checkpoints")
+    st = cli("status")
+    assert "failed (too_few_nodes: fewer than --min-np 3" in st.stdout, st.stdout
+    # nothing of the job left on the nodes that remain
+    left = leader(cluster, "pgrep -af '[t]rain_imagenet|[h]vd_launch'")
+    assert left == "", left
+
+
+def test_elastic_run_takes_a_node_back(local_cluster_factory):
+    """The lost member restarted (the same address and host key, as `repair` of a local node does) and still in
+    the live hosts: after Horovod's cooldown the discovery script offers it again and it joins at a commit."""
+    cluster = local_cluster_factory(3, 1, runtime=True)
+    cli = cluster.cli
+    argv = list(ELASTIC)
+    argv[argv.index("--max-steps") + 1] = "3000"
+    proc = cli(*argv)
+    assert proc.returncode == 0, proc.stderr
+    job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
+    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    ns = netns.netns_name(cluster.name, 2)
+    assert not netns.kill_netns(ns, 30)
+    wait_for(lambda: "world size 3 -> 2" in job_log(cluster, job), 120, "size 3 -> 2")
+    node_dir = cli.home / "clusters" / cluster.name / "nodes" / "2"
+    netns.restart_node(ns, f"{cluster.name}-member-2", cluster.hosts[2], node_dir)
+    wait_for(lambda: "world size 2 -> 3" in job_log(cluster, job), 180, "size 2 -> 3", interval=1)
+    text = job_log(cluster, job)
+    assert f"world size 2 -> 3 (joined {cluster.hosts[2]})" in text, text[-3000:]
+    cli("train", "--stop")
