@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             emit("device", rank=r, host=host, local_rank=lrank, gpus=ids, logical=n)
 
     # float16 needs loss scaling and is what tensor-core GPUs are fast at; CPUs only speed up bfloat16.
-    policy = choose_precision(args.precision, capabilities)
+    policy = train_model.choose_precision(args.precision, capabilities)
     if policy != "float32":
         tf.keras.mixed_precision.set_global_policy(policy)
     loss_scaling = policy == "mixed_float16"
@@ -240,21 +240,6 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             conf=conf,
         )
     return 0
-
-
-def choose_precision(requested: str, gpu_capabilities: list) -> str:
-    """The Keras policy, as train_imagenet.py chooses it: float32, mixed_float16 or mixed_bfloat16."""
-    if requested == "fp32":
-        return "float32"
-    if requested == "float16":
-        return "mixed_float16"
-    if requested == "bfloat16":
-        return "mixed_bfloat16"
-    if requested == "mixed":
-        return "mixed_float16" if gpu_capabilities else "mixed_bfloat16"
-    if gpu_capabilities and all(c is not None and tuple(c) >= (7, 0) for c in gpu_capabilities):
-        return "mixed_float16"
-    return "float32"
 
 
 def mean_conf(values: list[float]) -> tuple[float, float]:

@@ -530,22 +530,6 @@ def checkpoint_variables(tf, ckpt) -> list:
     return out
 
 
-def choose_precision(requested: str, gpu_capabilities: list) -> str:
-    """The Keras policy: float32, mixed_float16 or mixed_bfloat16. auto is mixed_float16 on GPUs with
-    tensor cores (compute capability 7.0 and up: V100 and later), float32 elsewhere."""
-    if requested == "fp32":
-        return "float32"
-    if requested == "float16":
-        return "mixed_float16"
-    if requested == "bfloat16":
-        return "mixed_bfloat16"
-    if requested == "mixed":
-        return "mixed_float16" if gpu_capabilities else "mixed_bfloat16"
-    if gpu_capabilities and all(c is not None and tuple(c) >= (7, 0) for c in gpu_capabilities):
-        return "mixed_float16"
-    return "float32"
-
-
 def check_hparams(path: str, hparams: dict, has_checkpoint: bool) -> str | None:
     """Compare with the hparams.json beside the checkpoints (written when missing). Why a resume under
     these hyperparameters is refused, or None."""
@@ -633,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             for r, host, lrank, ids, n in devices:
                 emit("device", rank=r, host=host, local_rank=lrank, gpus=ids, logical=n)
 
-    precision = choose_precision(args.precision, capabilities)
+    precision = train_model.choose_precision(args.precision, capabilities)
     if precision != "float32":
         tf.keras.mixed_precision.set_global_policy(precision)
     loss_scaling = precision == "mixed_float16"

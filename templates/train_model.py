@@ -142,6 +142,22 @@ def tiny(tf, shape: tuple[int, int, int], classes: int):
     )
 
 
+def choose_precision(requested: str, gpu_capabilities: list) -> str:
+    """The Keras policy: float32, mixed_float16 or mixed_bfloat16. auto is mixed_float16 on GPUs with
+    tensor cores (compute capability 7.0 and up: V100 and later), float32 elsewhere."""
+    if requested == "fp32":
+        return "float32"
+    if requested == "float16":
+        return "mixed_float16"
+    if requested == "bfloat16":
+        return "mixed_bfloat16"
+    if requested == "mixed":
+        return "mixed_float16" if gpu_capabilities else "mixed_bfloat16"
+    if gpu_capabilities and all(c is not None and tuple(c) >= (7, 0) for c in gpu_capabilities):
+        return "mixed_float16"
+    return "float32"
+
+
 def device_report(tf) -> tuple[str, int]:
     """The GPUs this process computes on, as its node numbers them (CUDA_VISIBLE_DEVICES mapped back), and
     how many GPU devices TensorFlow made: ("none", 0) when it runs on the CPU. clusterctl checks these
