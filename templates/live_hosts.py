@@ -8,6 +8,7 @@ host keys checked and within a few seconds; without that file, the lines of the 
 """
 
 import os
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,8 @@ SSH = [
     "-o", "ConnectTimeout=3",
 ]  # fmt: skip
 TIMEOUT_S = 5
+COPY_TIMEOUT_S = 60
+JOB_DIR = os.path.dirname(os.path.abspath(__file__))  # this script is staged in the job's folder
 
 
 def entries(text: str) -> list:
@@ -42,8 +45,35 @@ def entries(text: str) -> list:
 
 
 def answers(host: str) -> bool:
+    """The host answers ssh and holds this job's folder: one staged at the start has it; one that came later
+    (`clusterctl repair` replaced it) gets a copy of the leader's first, or Horovod would start a process there
+    on a trainer that is not on it, and that failure ends the whole job."""
     try:
-        return subprocess.run([*SSH, host, "true"], capture_output=True, timeout=TIMEOUT_S).returncode == 0
+        probe = subprocess.run(
+            [*SSH, host, shlex.join(["test", "-d", JOB_DIR])], capture_output=True, timeout=TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return probe.returncode == 0 or (probe.returncode == 1 and copy_job_dir(host))
+
+
+def copy_job_dir(host: str) -> bool:
+    """The job folder copied beside its place, then renamed into it: never seen half copied."""
+    incoming = JOB_DIR + ".incoming"
+    try:
+        # rsync makes the last folder only: the jobs folder first
+        mkdir = shlex.join(["mkdir", "-p", os.path.dirname(JOB_DIR)])
+        if subprocess.run([*SSH, host, mkdir], capture_output=True, timeout=TIMEOUT_S).returncode != 0:
+            return False
+        copied = subprocess.run(
+            ["rsync", "-a", "--delete", "--protect-args", "-e", shlex.join(SSH), JOB_DIR + "/", f"{host}:{incoming}/"],
+            capture_output=True,
+            timeout=COPY_TIMEOUT_S,
+        )
+        if copied.returncode != 0:
+            return False
+        cmd = shlex.join(["mv", "-T", incoming, JOB_DIR])
+        return subprocess.run([*SSH, host, cmd], capture_output=True, timeout=TIMEOUT_S).returncode == 0
     except subprocess.TimeoutExpired:
         return False
 

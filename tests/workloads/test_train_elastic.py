@@ -133,3 +133,41 @@ def test_elastic_run_takes_a_node_back(local_cluster_factory):
     text = job_log(cluster, job)
     assert f"world size 2 -> 3 (joined {cluster.hosts[2]})" in text, text[-3000:]
     cli("train", "--stop")
+
+
+def test_repair_brings_a_node_back_into_a_running_elastic_job(local_cluster_factory):
+    """A member lost mid-run, then `clusterctl repair --yes` as a user would run it: the replacement (the same
+    address, a new host key pinned, the runtime installed, back in the leader's live hosts) is offered by the
+    discovery script after Horovod's cooldown and joins at a commit; the run ends with exit 0, the plan whole."""
+    cluster = local_cluster_factory(3, 1, runtime=True)
+    cli = cluster.cli
+    steps = 3000
+    argv = list(ELASTIC)
+    argv[argv.index("--max-steps") + 1] = str(steps)
+    proc = cli(*argv)
+    assert proc.returncode == 0, proc.stderr
+    job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
+    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    assert not netns.kill_netns(netns.netns_name(cluster.name, 2), 30)
+    wait_for(lambda: "world size 3 -> 2" in job_log(cluster, job), 120, "size 3 -> 2")
+
+    fix = cli("repair", "--yes")
+    assert fix.returncode == 0, fix.stderr
+    assert f"{cluster.name}-member-2 ({cluster.hosts[2]})" in fix.stderr and "repaired 1 node(s)" in fix.stderr
+    try:
+        wait_for(lambda: "world size 2 -> 3" in job_log(cluster, job), 180, "size 2 -> 3", interval=1)
+    except BaseException:
+        print(job_log(cluster, job)[-4000:])  # why it did not join (shown with the failure)
+        raise
+    wait_for(lambda: leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit 2>/dev/null").strip(), 240, "the job's end")
+    text = job_log(cluster, job)
+    assert leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit").strip() == "0", text[-3000:]
+    assert f"world size 3 -> 2 (lost {cluster.hosts[2]})" in text, text[-3000:]
+    assert f"world size 2 -> 3 (joined {cluster.hosts[2]})" in text, text[-3000:]
+    run = train_log.parse_train_log(text, strict=False).current
+    assert [(c.was, c.size) for c in run.resizes] == [(3, 2), (2, 3)], run.resizes
+    # Every planned image trained: the last step at size 3 may go past the plan (a commit at size 2 leaves a
+    # remainder of 16-image steps), by less than one global batch.
+    done = re.search(r"CLUSTERCTL-TRAIN done .*\bimages=(\d+) plan_images=(\d+)", text)
+    assert done and int(done.group(2)) == steps * 3 * BATCH, text[-2000:]
+    assert 0 <= int(done.group(1)) - steps * 3 * BATCH < 3 * BATCH, done.group(0)
