@@ -435,7 +435,8 @@ def test_scheduler_fails_a_trial_twice_orphaned_and_honours_cancel_and_timeouts(
     proc = _scheduler(d, dead)
     try:
         _wait(lambda: _state(d).get("trials", [{}] * 5)[2].get("state") == "failed", what="the timeout")
-        _wait(lambda: _state(d)["trials"][4].get("state") == "running", what="trial 5 to start")
+        # trial 5 started (its own 1 s timeout may end it before the cancel lands on a loaded machine)
+        _wait(lambda: bool(_state(d)["trials"][4].get("attempts")), what="trial 5 to start")
         (d / "cancel").touch()
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -447,7 +448,10 @@ def test_scheduler_fails_a_trial_twice_orphaned_and_honours_cancel_and_timeouts(
     assert (by[1]["state"], by[1]["exit_code"], by[1]["error"]) == ("failed", 4, "exit 4")
     assert (by[2]["state"], by[2]["metric"], by[2]["error"]) == ("done", None, "no metric in its output")
     assert by[3]["state"] == "failed" and by[3]["error"] == "timed out after 1s"
-    assert by[5]["state"] == "cancelled" and by[5]["attempts"][-1]["outcome"] == "cancelled"
+    if by[5]["state"] == "cancelled":  # running when the cancel came: ended by it
+        assert by[5]["attempts"][-1]["outcome"] == "cancelled"
+    else:  # its timeout came first
+        assert by[5]["state"] == "failed" and by[5]["error"] == "timed out after 1s", by[5]
     assert not {str(by[i]["sid"]) for i in (3, 4, 5)} & live_sessions()
     typed = {t.id: t for t in sweep_state.parse_state(st).trials}
     assert (
