@@ -97,7 +97,7 @@ def main() -> int:
     starved = []
     for itype, vcpus in catalog.VCPUS.items():
         gpus = catalog.gpus(itype) or 0
-        gpu = train_config.gpu_type(itype)
+        gpu = train_config.gpu_type(catalog.gpu_model_of(itype))  # the model the record would hold
         f = train_feed.feed(vcpus, rate, gpus, gpu)
         if f is None:
             continue
