@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -11,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from clusterctl.workloads import bench_stats as stats
 
 pytestmark = pytest.mark.integration
 
@@ -174,15 +177,16 @@ def test_changed_member_key_stops_the_launch(cluster):
 
 def test_eight_times_the_iters_narrow_the_printed_interval(cluster):
     """The leader's line alone (one node: no per-node runs) and --ladder 1,2: one check, 2 processes against
-    1. At 8x the timed batches its printed interval narrows by sqrt(8) x t(0.975, ~10 df) / t(0.975, ~94 df),
-    about 3.5x for steady noise; asked: at least 2x (a sample sd from a few batches varies, and load on this
-    shared machine comes and goes). Local nodes: the verdict is printed, not judged (exit 0)."""
+    1. Each rung's interval is the mean's, t(0.975, n-1) s / sqrt(n), not the spread of single batches
+    (1.96 s): measured against that run's own spread, 8x the timed batches narrow it about 3.9x. Judged within
+    each run, as load on a shared machine changes the spread itself from run to run (CI saw the 48-batch run's
+    noise grow enough to hide the narrowing between runs). Local nodes: the verdict is printed, not judged."""
     cli, name = cluster
     leader = (cli.cwd / "hosts").read_text().splitlines()[0]
     (cli.cwd / "leader.hosts").write_text(leader + "\n")
     record = json.loads((cli.home / "clusters" / name / "cluster.json").read_text())
     python = record["cluster"]["extra"]["python"]
-    widths = {}
+    narrowing = {}
     for iters in (6, 48):
         proc = cli(
             "bench",
@@ -219,9 +223,12 @@ def test_eight_times_the_iters_narrow_the_printed_interval(cluster):
         results = json.loads((results_dir / "results.json").read_text())
         assert results["ran"]["iters"] == iters and [r["iters"] for r in results["rungs"]] == [iters, iters]
         assert f"{results['rungs'][1]['efficiency_conf']:.1%}" == f"{cell.group(2)}%"
-        widths[iters] = float(cell.group(2))
-    print(f"efficiency 1 -> 2 interval: +- {widths[6]}% at 6 batches, +- {widths[48]}% at 48")
-    assert widths[48] > 0 and widths[6] >= 2 * widths[48], widths
+        for rung in results["rungs"]:  # spread = 1.96 x the population sd; conf = t x the sample sd / sqrt(n)
+            expected = stats.t_quantile(0.975, iters - 1) / (1.96 * math.sqrt(iters - 1))
+            assert rung["spread"] > 0 and rung["conf"] == pytest.approx(expected * rung["spread"], rel=1e-6), rung
+        narrowing[iters] = results["rungs"][1]["conf"] / results["rungs"][1]["spread"]
+    print(f"2-process interval over single batches' spread: {narrowing[6]:.3f} at 6 batches, {narrowing[48]:.3f} at 48")
+    assert narrowing[6] >= 3.5 * narrowing[48], narrowing
 
 
 @contextmanager
