@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -12,6 +12,10 @@ from clusterctl.cli.shared import CLUSTER, CURRENT_CLUSTER, _confirm, _hourly, _
 from clusterctl.cli.train import _launch_status, _train_status
 from clusterctl.errors import UsageError
 from clusterctl.units import duration, money
+
+if TYPE_CHECKING:
+    from clusterctl.providers.base import Provider
+    from clusterctl.state import Record, StateStore
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -211,7 +215,7 @@ def repair(
     repairing.carry_out(store, impl, plan, report=display.info, data=data)
 
 
-def _lost_status(impl, record) -> None:
+def _lost_status(impl: Provider, record: Record) -> None:
     """The record's nodes the provider says are gone, one line each (`repair` replaces them)."""
     from clusterctl.cli import display
 
@@ -221,14 +225,14 @@ def _lost_status(impl, record) -> None:
         display.warn(f"lost: {x.node.name} ({x.node.private_ip}): {x.why}; `clusterctl repair` replaces it")
 
 
-def _runtime_status(record) -> None:
+def _runtime_status(record: Record) -> None:
     from clusterctl.cli import display
     from clusterctl.runtime.install import describe
 
     display.console().print(display._esc(describe(record.cluster.extra)))
 
 
-def _autostop_status(store, record) -> None:
+def _autostop_status(store: StateStore, record: Record) -> None:
     from clusterctl.cli import display
     from clusterctl.cluster import autostop_status
 
@@ -292,7 +296,7 @@ def autostop_(
                 f"{money(hourly)}/hour while it does; `clusterctl autostop {c.name} --on` undoes this"
             )
     elif on or idle_stop or max_lifetime:
-        values: dict = {}
+        values: dict[str, float | None] = {}
         if idle_stop:
             values["idle_stop"] = autostop.parse_duration(idle_stop, "--idle-stop")
         if max_lifetime:
@@ -302,7 +306,7 @@ def autostop_(
     _autostop_status(store, record)
 
 
-def _running(record):
+def _running(record: Record) -> Record:
     if record.status != "up":
         from clusterctl.errors import StateError
 
@@ -314,7 +318,7 @@ def _running(record):
     return record
 
 
-def _autostop_done(record, failed: list, message: str) -> None:
+def _autostop_done(record: Record, failed: list[str], message: str) -> None:
     from clusterctl.cli import display
     from clusterctl.errors import UnreachableError
 

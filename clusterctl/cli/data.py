@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from clusterctl.cli.shared import CURRENT_CLUSTER, DEFAULT_SSH, LOGIN, Ssh, _resolve_hosts, _store, ssh_options, within
 from clusterctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.data.plan import FanoutChoice, Source
+    from clusterctl.data.tfrecords import DatasetInfo
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -123,7 +128,7 @@ def _fanout(text: str) -> int | None:
     return syncplan.check_fanout(k)
 
 
-def _plan_fanout(inv, source, dst: str, node_python: str | None):
+def _plan_fanout(inv: Inventory, source: Source, dst: str, node_python: str | None) -> FanoutChoice:
     """--plan with --fanout auto: the probe runs (nothing of the dataset moves)."""
     from clusterctl.data import probe, session as syncsession
     from clusterctl.remote.ssh import SshPool
@@ -143,7 +148,7 @@ data_app = typer.Typer(
 app.add_typer(data_app, name="data")
 
 
-def _data_report(info) -> None:
+def _data_report(info: DatasetInfo) -> None:
     from clusterctl.cli import display
 
     parts = ", ".join(f"{s.examples} {s.name} image(s) in {len(s.shards)} shard(s)" for s in info.splits.values())

@@ -5,19 +5,33 @@ here (the line printers are cli/display.py)."""
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from clusterctl.cli.display import _esc, console, info
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from rich.console import JustifyMethod
     from rich.live import Live
+    from rich.table import Table
+
+    from clusterctl.cluster.gc import Leftover
+    from clusterctl.data.outcome import SyncReport
+    from clusterctl.playbook.model import StepResult
+    from clusterctl.providers.base import ClusterStatus
+    from clusterctl.types import Cluster
+    from clusterctl.workloads.bench import Ladder
+    from clusterctl.workloads.doctor_judge import Allreduce, DoctorReport
+    from clusterctl.workloads.train_job import TrainJob
+    from clusterctl.workloads.train_log import EvalResult, TrainStatus
 
 
 # ---- clusters ----------------------------------------------------------------------------------------
 def cluster_table(
-    rows: Sequence[dict], columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state")
+    rows: Sequence[Mapping[str, object]],
+    columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state"),
 ) -> None:
     from rich.table import Table
 
@@ -29,7 +43,7 @@ def cluster_table(
     console().print(t)
 
 
-def cluster_status(status, now: float, current: bool = False, notes: Sequence[str] = ()) -> None:
+def cluster_status(status: ClusterStatus, now: float, current: bool = False, notes: Sequence[str] = ()) -> None:
     """`status` of a cluster as its provider sees it: one row per node, then $/hour and cost so far."""
     from rich.table import Table
 
@@ -65,7 +79,7 @@ def cluster_status(status, now: float, current: bool = False, notes: Sequence[st
         c.print(f"[yellow]note:[/] {_esc(note)}")
 
 
-def gc_table(found, chosen, now: float) -> None:
+def gc_table(found: Sequence[Leftover], chosen: Sequence[Leftover], now: float) -> None:
     """`gc`: one row per cluster found (age, owner, record here), then each resource of the ones to remove."""
     from rich.table import Table
 
@@ -99,7 +113,7 @@ def gc_table(found, chosen, now: float) -> None:
             )
 
 
-def node_table(cluster, current: bool = False) -> None:
+def node_table(cluster: Cluster, current: bool = False) -> None:
     from rich.table import Table
 
     c = console()
@@ -115,7 +129,7 @@ def node_table(cluster, current: bool = False) -> None:
     c.print(t)
 
 
-def ladder_table(ladder) -> None:
+def ladder_table(ladder: Ladder) -> None:
     """The rungs, each node alone, the verdict. +-: half the 95% interval of the mean (what is judged);
     the batch spread (1.96 sd of single batches, Horovod's +-) is shown apart, labelled as such."""
     from rich.table import Table
@@ -183,7 +197,7 @@ def ladder_table(ladder) -> None:
 
 
 # ---- the doctor --------------------------------------------------------------------------------------
-def doctor_table(report) -> None:
+def doctor_table(report: DoctorReport) -> None:
     from rich.table import Table
 
     marks = {"ok": "[green]ok[/]", "fail": "[bold red]FAIL[/]", "n/a": "[dim]n/a[/]"}
@@ -203,7 +217,11 @@ def doctor_table(report) -> None:
                 f"fabric: all_reduce_perf avg bus bandwidth {f.nccl.avg_busbw_gbyte:.2f} GB/s over "
                 f"{len(f.nccl.rows)} sizes, {f.nccl.peak_busbw_gbyte:.2f} GB/s at the largest"
             )
-        spread = (lambda a: "") if f.tool == "nccl-tests" else (lambda a: f" +- {a.conf:.2f}")
+        timed_alone = f.tool != "nccl-tests"  # our own allreduce: a spread over its timed runs
+
+        def spread(a: Allreduce) -> str:
+            return f" +- {a.conf:.2f}" if timed_alone else ""
+
         c.print(
             "fabric: cluster allreduce "
             + (
@@ -223,7 +241,7 @@ def doctor_table(report) -> None:
     c.print("[green]all checks passed[/]" if report.ok else f"[red]{len(report.failures())} check(s) failed[/]")
 
 
-def sync_table(report) -> None:
+def sync_table(report: SyncReport) -> None:
     """The final table: node, bytes, seconds, MB/s, verified; and one summary line."""
     from rich.table import Table
 
@@ -252,7 +270,7 @@ def sync_table(report) -> None:
 
 
 # ---- playbooks ---------------------------------------------------------------------------------------
-def play_summary(results) -> None:
+def play_summary(results: Sequence[StepResult]) -> None:
     c = console()
     for r in results:
         mark = "[dim]skip[/]" if r.skipped else ("[green]ok[/]" if r.ok else "[bold red]FAIL[/]")
@@ -273,7 +291,9 @@ _SWEEP_STYLE = {
 }
 
 
-def sweep_rich_table(rows: Sequence[dict], params: Sequence[str], metric_name: str, title: str | None = None):
+def sweep_rich_table(
+    rows: Sequence[Mapping[str, Any]], params: Sequence[str], metric_name: str, title: str | None = None
+) -> Table:
     from rich.table import Table
 
     t = Table(title=title, box=None, header_style="bold", title_justify="left")
@@ -304,7 +324,9 @@ def sweep_rich_table(rows: Sequence[dict], params: Sequence[str], metric_name: s
     return t
 
 
-def sweep_table(rows: Sequence[dict], params: Sequence[str], metric_name: str, title: str | None = None) -> None:
+def sweep_table(
+    rows: Sequence[Mapping[str, Any]], params: Sequence[str], metric_name: str, title: str | None = None
+) -> None:
     """The sweep's trials as a table on stdout (the caller orders the rows)."""
     console().print(sweep_rich_table(rows, params, metric_name, title))
 
@@ -326,11 +348,11 @@ class SweepProgress:
             self.live.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.live is not None:
             self.live.stop()
 
-    def update(self, rows: Sequence[dict], summary: str, lines: Sequence[str]) -> None:
+    def update(self, rows: Sequence[Mapping[str, Any]], summary: str, lines: Sequence[str]) -> None:
         if self.live is not None:
             from rich.console import Group
             from rich.text import Text
@@ -342,7 +364,7 @@ class SweepProgress:
 
 
 # ---- training ----------------------------------------------------------------------------------------
-def train_eval(result) -> None:
+def train_eval(result: EvalResult) -> None:
     """`clusterctl eval`: the recipe's evaluation line, top-1/top-5 in percent."""
     from rich.table import Table
 
@@ -362,7 +384,7 @@ def train_eval(result) -> None:
     console().print(t)
 
 
-def train_status(job, st, dollars_per_hour) -> None:
+def train_status(job: TrainJob, st: TrainStatus, dollars_per_hour: float | None) -> None:
     """The training job under `status`: state, step, epoch, img/s, loss, elapsed, ETA and its cost."""
 
     c = console()

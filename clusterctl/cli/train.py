@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
@@ -24,11 +24,14 @@ from clusterctl.cli.shared import (
 )
 from clusterctl.errors import ClusterctlError, ExitCode
 
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
 
 # ---- training ------------------------------------------------------------------------------------------
-def _train_inventory(hostsfile, cluster, connect_timeout: float = 10.0):
+def _train_inventory(hostsfile: str | None, cluster: str | None, connect_timeout: float = 10.0) -> Inventory:
     from clusterctl.cluster import inventory
 
     return inventory.resolve(hostsfile, cluster, _store(), inventory.SshOverrides(connect_timeout=connect_timeout))
@@ -169,7 +172,7 @@ TRAIN_FLAGS = dict(  # train's training options, declared once; train_run.option
 @option_group("flags", TRAIN_FLAGS, dict)
 def train(
     hostsfile: Optional[str] = HOSTS,
-    flags: dict = {},  # noqa: B006  # TRAIN_FLAGS in its place (option_group)
+    flags: dict[str, Any] = {},  # noqa: B006  # TRAIN_FLAGS in its place (option_group)
     np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (exit status: the job's)."),
@@ -349,7 +352,7 @@ def tensorboard(
         raise ClusterctlError(f"the ssh tunnel ended (exit {code})", "run `clusterctl tensorboard` again")
 
 
-def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> None:
+def _train_logs(hostsfile: str | None, cluster: str | None, follow: bool, connect_timeout: float) -> None:
     """`clusterctl logs` without a job name: the training job's log, from the leader."""
     from clusterctl.remote import jobfolder
     from clusterctl.workloads import train_job as trainlib

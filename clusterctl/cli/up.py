@@ -5,13 +5,18 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from clusterctl.cli.shared import _confirm, _provider, _store, within
 from clusterctl.errors import UsageError
 from clusterctl.units import money
+
+if TYPE_CHECKING:
+    from clusterctl.runtime.install import RuntimeRequest
+    from clusterctl.state import StateStore
+    from clusterctl.types import Cluster
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -113,7 +118,7 @@ def up(
     within("--slots", slots, 1, 1024)
     within("--nodes", nodes, 1)
     within("--nodes", nodes, 1, kind.max_nodes)
-    options: dict = {}
+    options: dict[str, object] = {}
     if kind.up_flags:  # the provider's own settings, checked by it (AWS: options.AwsOptions)
         options = {
             "ami": ami,
@@ -185,7 +190,7 @@ def _given(ctx: typer.Context) -> list[str]:
     ]
 
 
-def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:
+def _ssh_entry(cluster: Cluster, store: StateStore, entry: Optional[bool] = None) -> None:
     """`ssh NAME` / `ssh NAME-member-1`: the cluster's OpenSSH config (see sshentry), and with the user's
     consent (the flag, or asked on a terminal) the one Include line in ~/.ssh/config that finds it."""
     from clusterctl.cli import display
@@ -215,7 +220,7 @@ def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:
 
 def _runtime_request(
     runtime: str, python: Optional[str], cache: Optional[str], wheels: Optional[str], builds_here: bool
-):
+) -> RuntimeRequest:
     from clusterctl.runtime.install import RuntimeRequest
 
     if runtime not in ("install", "none"):
