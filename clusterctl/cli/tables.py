@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from clusterctl.cli.display import _esc, console, info
+from clusterctl.cli.display import _esc, console, info, warn
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from clusterctl.providers.base import ClusterStatus
     from clusterctl.types import Cluster
     from clusterctl.workloads.bench import Ladder
+    from clusterctl.workloads.cluster_view import ClusterView
     from clusterctl.workloads.doctor_judge import Allreduce, DoctorReport
     from clusterctl.workloads.train_job import TrainJob
     from clusterctl.workloads.train_log import EvalResult, TrainStatus
@@ -77,6 +78,33 @@ def cluster_status(status: ClusterStatus, now: float, current: bool = False, not
         c.print(f"  left without nodes: {_esc(line)}")
     for note in notes:
         c.print(f"[yellow]note:[/] {_esc(note)}")
+
+
+def cluster_view(view: ClusterView) -> None:
+    """`status`: the cluster's nodes (as the record, or the cloud, has them), then what is lost, autostop,
+    the node runtime, and the jobs on it."""
+    if view.nodes is not None:
+        node_table(view.nodes, current=view.current)
+    elif view.cloud is not None:
+        cluster_status(view.cloud, view.now, current=view.current, notes=view.notes)
+    for x in view.lost:
+        warn(f"lost: {x.node.name} ({x.node.private_ip}): {x.why}; `clusterctl repair` replaces it")
+    c = console()
+    for line in view.autostop:
+        c.print(_esc(line))
+    if view.runtime is not None:
+        c.print(_esc(view.runtime))
+    if view.training is not None:
+        t = view.training
+        if t.status is None:
+            warn(f"training job {t.job.job}: {t.error}")
+        else:
+            train_status(t.job, t.status, t.hourly_usd)
+    if view.launches is not None:
+        if view.launches.error:
+            warn(f"launch jobs: {view.launches.error}")
+        for line in view.launches.lines:
+            c.print(_esc(line))
 
 
 def gc_table(found: Sequence[Leftover], chosen: Sequence[Leftover], now: float) -> None:

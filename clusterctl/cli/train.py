@@ -14,7 +14,6 @@ from clusterctl.cli.shared import (
     HOSTS,
     LOGIN,
     Ssh,
-    _hourly,
     _print_line,
     _resolve_hosts,
     _store,
@@ -292,23 +291,6 @@ def launch(
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
 
 
-def _launch_status(name: str) -> None:
-    """The cluster's `launch` jobs (running ones and the latest), after its node table in `status`."""
-    from clusterctl.cli import display
-    from clusterctl.cluster import inventory
-    from clusterctl.workloads import userjob
-
-    store = _store()
-    try:
-        inv = inventory.resolve(None, name, store)
-        lines = userjob.status_lines(store, inv)
-    except ClusterctlError as exc:
-        display.warn(f"launch jobs: {exc.one_line()}")
-        return
-    for line in lines:
-        display.console().print(display._esc(line))
-
-
 @app.command("eval")
 def eval_(
     hostsfile: Optional[str] = HOSTS,
@@ -364,25 +346,3 @@ def _train_logs(hostsfile: str | None, cluster: str | None, follow: bool, connec
         raise typer.Exit(0 if code == 0 else int(ExitCode.REMOTE_FAILED))
     text = trainlib.read_log(inv, job).text
     sys.stdout.write(text)
-
-
-def _train_status(name: str) -> None:
-    """The training job's place, when the cluster has one (`status` calls this after its node table)."""
-    from clusterctl.cli import display, tables
-    from clusterctl.cluster import inventory
-    from clusterctl.workloads import train_job as trainlib
-
-    store = _store()
-    try:
-        inv = inventory.resolve(None, name, store)
-    except ClusterctlError:
-        return
-    job = trainlib.load_job(store, inv)
-    if job is None:
-        return
-    try:
-        st = trainlib.job_status(inv, job)
-    except ClusterctlError as exc:
-        display.warn(f"training job {job.job}: {exc.one_line()}")
-        return
-    tables.train_status(job, st, _hourly(inv.cluster))
