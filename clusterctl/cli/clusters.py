@@ -305,33 +305,12 @@ def gc(
     if not found.found:
         display.info("nothing found: clusterctl left nothing behind")
         return
-    tables.gc_table(list(found.found), list(found.chosen), now)
-    if found.others:
-        display.info(
-            f"kept: {len(found.others)} cluster(s) of other owners ("
-            + ", ".join(f"{c.name} of {c.owner or 'unknown'}" for c in found.others)
-            + "); --force removes them"
-        )
-    if not found.chosen:
-        display.info(
-            f"nothing is older than {older_than}" if older_than and not found.others else "nothing of yours to remove"
-        )
-        return
-    total = sum(len(c.found) for c in found.chosen)
-    _confirm(
-        f"Remove {total} resource(s) of {len(found.chosen)} cluster(s) ("
-        + ", ".join(c.name + ("" if c.mine else f" (owner {c.owner or 'unknown'})") for c in found.chosen)
-        + ")?",
-        yes,
-    )
-    from clusterctl.remote import agent
-
-    agent.stop(store.root)
-    failed = gclib.remove(store, providers, found.chosen, display.info)
-    if failed:
-        from clusterctl.errors import ProvisionError
-
-        raise ProvisionError(f"some resources remain ({' | '.join(failed)})", "run `clusterctl gc` again")
+    tables.gc_table(found.found, found.chosen, now)
+    for line in found.notes(older_than):
+        display.info(line)
+    if found.chosen:
+        _confirm(found.question(), yes)
+        gclib.collect(store, providers, found.chosen, display.info)
 
 
 @app.command()

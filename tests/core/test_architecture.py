@@ -407,7 +407,6 @@ COMMAND_BODY_LIMIT = 40  # lines of a command function's body, its docstring not
 # short enough is a finding too, so the list only shrinks.
 LONG_COMMANDS = {
     "up.py:up": "the provider's options gathered and the plan shown: to a cluster spec the provider builds",
-    "clusters.py:gc": "the sweep and its confirmation: to a library plan",
     "data.py:sync": "the plan and the fan-out choice: to the sync session",
 }
 
