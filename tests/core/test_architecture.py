@@ -406,7 +406,6 @@ COMMAND_BODY_LIMIT = 40  # lines of a command function's body, its docstring not
 # Commands still over the limit, each with what is left to move into the library; an entry whose command got
 # short enough is a finding too, so the list only shrinks.
 LONG_COMMANDS = {
-    "up.py:up": "the provider's options gathered and the plan shown: to a cluster spec the provider builds",
     "data.py:sync": "the plan and the fan-out choice: to the sync session",
 }
 
