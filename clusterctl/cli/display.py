@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from rich.console import Console, JustifyMethod
+    from rich.table import Table
 
     from clusterctl.cluster.clean import DiskRow
     from clusterctl.data.outcome import NodeOutcome
@@ -151,11 +152,18 @@ def summary(report: RunReport, tail_lines: int = 3) -> None:
         c.print(f"  [red]{_esc(host)}[/]: {_esc(text)}" if host else f"[{style}]{_esc(text)}[/]")
 
 
-def disk_table(rows: Sequence[DiskRow]) -> None:
-    """clean --disk: one row per node and file system; under 10% free flagged."""
+def justified_table(columns: Sequence[tuple[str, JustifyMethod]], title: str | None = None) -> Table:
+    """A borderless table of these (header, justification) columns (headers are taken as plain text)."""
     from rich.table import Table
 
-    t = Table(box=None, header_style="bold")
+    t = Table(title=title, box=None, header_style="bold", title_justify="left")
+    for col, just in columns:
+        t.add_column(_esc(col), justify=just)
+    return t
+
+
+def disk_table(rows: Sequence[DiskRow]) -> None:
+    """clean --disk: one row per node and file system; under 10% free flagged."""
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("HOST", "left"),
         ("MOUNT", "left"),
@@ -165,8 +173,7 @@ def disk_table(rows: Sequence[DiskRow]) -> None:
         ("FREE%", "right"),
         ("", "left"),
     )
-    for col, just in columns:
-        t.add_column(col, justify=just)
+    t = justified_table(columns)
     for r in rows:
         flag = "[red]LOW[/]" if r.low else ""
         t.add_row(r.host, r.mount, _size(r.size_kb), _size(r.used_kb), _size(r.free_kb), f"{r.free_fraction:.0%}", flag)

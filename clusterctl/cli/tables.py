@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from clusterctl.cli.display import _esc, console, info, warn
+from clusterctl.cli.display import _esc, console, info, justified_table, warn
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
@@ -271,9 +271,6 @@ def doctor_table(report: DoctorReport) -> None:
 
 def sync_table(report: SyncReport) -> None:
     """The final table: node, bytes, seconds, MB/s, verified; and one summary line."""
-    from rich.table import Table
-
-    t = Table(box=None, header_style="bold")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("NODE", "left"),
         ("BYTES", "right"),
@@ -281,8 +278,7 @@ def sync_table(report: SyncReport) -> None:
         ("MB/S", "right"),
         ("VERIFIED", "left"),
     )
-    for col, just in columns:
-        t.add_column(col, justify=just)
+    t = justified_table(columns)
     for o in report.outcomes:
         rate = f"{o.bytes / o.seconds / 1e6:.1f}" if o.seconds > 0 and o.bytes else "-"
         verified = "yes" if o.verified else f"no: {o.status}: {o.detail}"
@@ -322,9 +318,6 @@ _SWEEP_STYLE = {
 def sweep_rich_table(
     rows: Sequence[Mapping[str, Any]], params: Sequence[str], metric_name: str, title: str | None = None
 ) -> Table:
-    from rich.table import Table
-
-    t = Table(title=title, box=None, header_style="bold", title_justify="left")
     columns: list[tuple[str, JustifyMethod]] = [
         ("TRIAL", "right"),
         *((p.upper(), "right") for p in params),
@@ -334,8 +327,7 @@ def sweep_rich_table(
         (metric_name.upper(), "right"),
         ("", "left"),
     ]
-    for col, just in columns:
-        t.add_column(_esc(col), justify=just)
+    t = justified_table(columns, title)
     for r in rows:
         style = _SWEEP_STYLE.get(r["state"], "")
         mark = "[bold green]best[/]" if r["best"] else ""
