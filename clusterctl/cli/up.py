@@ -120,24 +120,24 @@ def up(
 
     store = _store()
     request = up_plan.UpRequest(
-        provider,
-        nodes,
-        type_,
-        name,
-        slots,
-        region,
-        tuple(_given(ctx)),
-        options,
-        idle_stop,
-        max_lifetime,
-        idle_action,
-        runtime,
-        python,
-        runtime_cache,
-        runtime_wheels,
+        provider=provider,
+        nodes=nodes,
+        instance_type=type_,
+        name=name,
+        slots=slots,
+        region=region,
+        given=tuple(_given(ctx)),
+        options=options,
+        idle_stop=idle_stop,
+        max_lifetime=max_lifetime,
+        idle_action=idle_action,
+        runtime=runtime,
+        python=python,
+        runtime_cache=runtime_cache,
+        runtime_wheels=runtime_wheels,
     )
-    report = lambda line: display.info(f"plan: {line}")  # noqa: E731  # each plan line as it is known
-    up = up_plan.prepare(request, store, lambda kind, reg: _provider(kind, store, reg), report)
+    plan = lambda line: display.info(f"plan: {line}")  # noqa: E731  # each line as it is known
+    up = up_plan.prepare(request, store, lambda kind, reg: _provider(kind, store, reg), plan)
     if dry_run:
         for line in up.provider.dry_run(up.spec):
             display.info(f"dry run: {line}")
