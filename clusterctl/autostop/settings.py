@@ -1,5 +1,5 @@
-"""Autostop's settings: --idle-stop / --max-lifetime / --idle-action parsed into an Autostop, described, and
-kept as Cluster.extra facts. Pure (no files, no processes): the AWS and local providers import it.
+"""Autostop's settings: --idle-stop / --max-lifetime / --idle-action parsed into an Autostop and described (the
+record keeps them through Autostop.extra and ClusterFacts.autostop). Pure (no files, no processes): the AWS and local providers import it.
 
 The rest of autostop: watchdog.py (the node-side watchdog, its files and the AWS user data); the operator's
 side in cluster/ (autostop_control.py: keep, --on/--off, leases; autostop_status.py: what `status` and
