@@ -13,7 +13,6 @@ Pure: no TensorFlow, no ssh, no clock unless given one.
 
 from __future__ import annotations
 
-import functools
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -189,18 +188,41 @@ def _kv(body: str, lineno: int) -> dict[str, str]:
     return out
 
 
-def _get(fields: Mapping[str, str], key: str, typ, lineno: int, kind: str):
-    if key not in fields:
-        raise ValueError(f"train log line {lineno}: {kind} line has no {key}=")
-    raw = fields[key]
-    try:
-        if typ is bool:
-            return raw not in ("0", "false", "False", "")
-        if typ is int:
+@dataclass(frozen=True)
+class _Line:
+    """One marked line's key=value fields, each read as the type it has."""
+
+    fields: Mapping[str, str]
+    lineno: int
+    kind: str
+
+    def _raw(self, key: str) -> str:
+        if key not in self.fields:
+            raise ValueError(f"train log line {self.lineno}: {self.kind} line has no {key}=")
+        return self.fields[key]
+
+    def _bad(self, key: str, what: str) -> ValueError:
+        return ValueError(f"train log line {self.lineno}: {key}={self.fields[key]!r} is not a {what}")
+
+    def text(self, key: str) -> str:
+        return self._raw(key)
+
+    def flag(self, key: str) -> bool:
+        return self._raw(key) not in ("0", "false", "False", "")
+
+    def whole(self, key: str) -> int:
+        raw = self._raw(key)
+        try:
             return int(float(raw)) if re.fullmatch(r"-?\d+(\.0*)?", raw) else int(raw)
-        return typ(raw)
-    except ValueError:
-        raise ValueError(f"train log line {lineno}: {key}={raw!r} is not a {typ.__name__}") from None
+        except ValueError:
+            raise self._bad(key, "int") from None
+
+    def real(self, key: str) -> float:
+        raw = self._raw(key)
+        try:
+            return float(raw)
+        except ValueError:
+            raise self._bad(key, "float") from None
 
 
 def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (one pass over the log, one branch per kind of marked line)
@@ -257,22 +279,22 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (
                 continue
             kind, _, rest = body.partition(" ")
             f = _kv(rest, lineno)
-            g = functools.partial(_get, f, lineno=lineno, kind=kind)  # g(key, type): this line's field
+            g = _Line(f, lineno, kind)
             if kind == "device":
                 continue  # which GPU each rank has: printed before `start`, read by horovod.parse_devices
             if kind == "start":
                 started = TrainStart(
-                    size=g("size", int),
-                    model=g("model", str),
-                    batch=g("batch", int),
-                    global_batch=g("global_batch", int),
-                    train_examples=g("train_examples", int),
-                    steps_per_epoch=g("steps_per_epoch", int),
-                    epochs=g("epochs", float),
-                    total_steps=g("total_steps", int),
-                    stop_step=g("stop_step", int),
-                    start_step=g("start_step", int),
-                    peak_lr=g("peak_lr", float),
+                    size=g.whole("size"),
+                    model=g.text("model"),
+                    batch=g.whole("batch"),
+                    global_batch=g.whole("global_batch"),
+                    train_examples=g.whole("train_examples"),
+                    steps_per_epoch=g.whole("steps_per_epoch"),
+                    epochs=g.real("epochs"),
+                    total_steps=g.whole("total_steps"),
+                    stop_step=g.whole("stop_step"),
+                    start_step=g.whole("start_step"),
+                    peak_lr=g.real("peak_lr"),
                     fields=dict(f),
                 )
                 if cur is not None:
@@ -290,26 +312,29 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (
                 cur = _RunBuilder(None)
             if kind == "resume":
                 cur.resumed_from = CheckpointSaved(
-                    g("step", int), g("epoch", int), g("checkpoint", str), g("images", int) if "images" in f else None
+                    g.whole("step"),
+                    g.whole("epoch"),
+                    g.text("checkpoint"),
+                    g.whole("images") if "images" in f else None,
                 )
             elif kind == "checkpoint":
                 cur.checkpoints.append(
                     CheckpointSaved(
-                        g("step", int), g("epoch", int), g("path", str), g("images", int) if "images" in f else None
+                        g.whole("step"), g.whole("epoch"), g.text("path"), g.whole("images") if "images" in f else None
                     )
                 )
             elif kind == "done":
                 cur.done = TrainDone(
-                    g("step", int), g("epoch", float), g("complete", bool), g("elapsed", float), g("img_per_sec", float)
+                    g.whole("step"), g.real("epoch"), g.flag("complete"), g.real("elapsed"), g.real("img_per_sec")
                 )
             elif kind == "eval":
                 result = EvalResult(
-                    step=g("step", int),
-                    epoch=g("epoch", float),
-                    top1=g("top1", float),
-                    top5=g("top5", float),
-                    loss=g("loss", float),
-                    examples=g("examples", int),
+                    step=g.whole("step"),
+                    epoch=g.real("epoch"),
+                    top1=g.real("top1"),
+                    top5=g.real("top5"),
+                    loss=g.real("loss"),
+                    examples=g.whole("examples"),
                     checkpoint=f.get("checkpoint", ""),
                     size=int(f.get("size", "1")),
                     time=f.get("time", ""),
@@ -321,11 +346,11 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (
             elif kind == "world_size":
                 cur.resizes.append(
                     WorldSize(
-                        g("size", int),
-                        g("was", int),
+                        g.whole("size"),
+                        g.whole("was"),
                         tuple(h for h in f.get("lost", "").split(",") if h),
                         tuple(h for h in f.get("joined", "").split(",") if h),
-                        g("images", int),
+                        g.whole("images"),
                         f.get("message", ""),
                     )
                 )
