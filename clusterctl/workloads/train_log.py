@@ -13,10 +13,12 @@ Pure: no TensorFlow, no ssh, no clock unless given one.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
+import typing
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping, TypeVar
 
 MARK = "CLUSTERCTL-TRAIN"
 COLUMNS = ("Step", "Epoch", "img/s", "Loss", "TotalLoss", "LR", "Elapsed")
@@ -188,6 +190,14 @@ def _kv(body: str, lineno: int) -> dict[str, str]:
     return out
 
 
+R = TypeVar("R")
+
+
+@functools.cache
+def _field_types(record: object) -> tuple[tuple[str, object], ...]:
+    return tuple(typing.get_type_hints(record).items())
+
+
 @dataclass(frozen=True)
 class _Line:
     """One marked line's key=value fields, each read as the type it has."""
@@ -223,6 +233,26 @@ class _Line:
             return float(raw)
         except ValueError:
             raise self._bad(key, "float") from None
+
+    def record(self, record: Callable[..., R], **given: object) -> R:
+        """`record` (one of this module's) with every field not `given` read from the key of its name as its
+        annotation says: int, float, str or bool, required; `int | None` is None when the line has no such key."""
+        read: dict[object, Callable[[str], object]] = {
+            int: self.whole,
+            float: self.real,
+            str: self.text,
+            bool: self.flag,
+        }
+        values = dict(given)
+        for name, hint in _field_types(record):
+            if name in values:
+                continue
+            optional = [a for a in typing.get_args(hint) if a is not type(None)]
+            if optional and name not in self.fields:
+                values[name] = None
+                continue
+            values[name] = read[optional[0] if optional else hint](name)
+        return record(**values)
 
 
 def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (one pass over the log, one branch per kind of marked line)
@@ -283,20 +313,7 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (
             if kind == "device":
                 continue  # which GPU each rank has: printed before `start`, read by horovod.parse_devices
             if kind == "start":
-                started = TrainStart(
-                    size=g.whole("size"),
-                    model=g.text("model"),
-                    batch=g.whole("batch"),
-                    global_batch=g.whole("global_batch"),
-                    train_examples=g.whole("train_examples"),
-                    steps_per_epoch=g.whole("steps_per_epoch"),
-                    epochs=g.real("epochs"),
-                    total_steps=g.whole("total_steps"),
-                    stop_step=g.whole("stop_step"),
-                    start_step=g.whole("start_step"),
-                    peak_lr=g.real("peak_lr"),
-                    fields=dict(f),
-                )
+                started = g.record(TrainStart, fields=dict(f))
                 if cur is not None:
                     runs.append(cur.build())
                 failed_at = None
@@ -311,33 +328,14 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (
             if cur is None:
                 cur = _RunBuilder(None)
             if kind == "resume":
-                cur.resumed_from = CheckpointSaved(
-                    g.whole("step"),
-                    g.whole("epoch"),
-                    g.text("checkpoint"),
-                    g.whole("images") if "images" in f else None,
-                )
+                cur.resumed_from = g.record(CheckpointSaved, path=g.text("checkpoint"))
             elif kind == "checkpoint":
-                cur.checkpoints.append(
-                    CheckpointSaved(
-                        g.whole("step"), g.whole("epoch"), g.text("path"), g.whole("images") if "images" in f else None
-                    )
-                )
+                cur.checkpoints.append(g.record(CheckpointSaved))
             elif kind == "done":
-                cur.done = TrainDone(
-                    g.whole("step"), g.real("epoch"), g.flag("complete"), g.real("elapsed"), g.real("img_per_sec")
-                )
+                cur.done = g.record(TrainDone)
             elif kind == "eval":
-                result = EvalResult(
-                    step=g.whole("step"),
-                    epoch=g.real("epoch"),
-                    top1=g.real("top1"),
-                    top5=g.real("top5"),
-                    loss=g.real("loss"),
-                    examples=g.whole("examples"),
-                    checkpoint=f.get("checkpoint", ""),
-                    size=int(f.get("size", "1")),
-                    time=f.get("time", ""),
+                result = g.record(
+                    EvalResult, checkpoint=f.get("checkpoint", ""), size=int(f.get("size", "1")), time=f.get("time", "")
                 )
                 if periodic:
                     cur.evals.append(result)
@@ -345,13 +343,11 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (
                     cur.eval = result
             elif kind == "world_size":
                 cur.resizes.append(
-                    WorldSize(
-                        g.whole("size"),
-                        g.whole("was"),
-                        tuple(h for h in f.get("lost", "").split(",") if h),
-                        tuple(h for h in f.get("joined", "").split(",") if h),
-                        g.whole("images"),
-                        f.get("message", ""),
+                    g.record(
+                        WorldSize,
+                        lost=tuple(h for h in f.get("lost", "").split(",") if h),
+                        joined=tuple(h for h in f.get("joined", "").split(",") if h),
+                        message=f.get("message", ""),
                     )
                 )
             elif kind == "error":
