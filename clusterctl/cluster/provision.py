@@ -320,7 +320,7 @@ GPU_PROBE = (
 
 
 def check_gpus(cluster: Cluster, pool: SshPool, targets: list[SshTarget]) -> list[str]:
-    """Slots against the GPUs nvidia-smi sees. A node of a GPU type (cluster.extra["gpus"] > 0) whose nvidia-smi
+    """Slots against the GPUs nvidia-smi sees. A node of a GPU type (cluster.facts.gpus > 0) whose nvidia-smi
     is missing, fails, or sees fewer GPUs than its slots fails `up` (a ProvisionError naming the nodes);
     other mismatches are warnings."""
     report = pool.run(targets, GPU_PROBE, timeout=60)

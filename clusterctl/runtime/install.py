@@ -11,7 +11,7 @@ recorded when it cached it (S3Cache.held, in CLUSTERCTL_HOME, out of reach of an
 before anything unpacks it; a replaced one stops `up` with one line naming it. A pack this machine never
 cached (a teammate's) vouches for nothing here: the leader builds instead.
 
-A node never runs the operator's interpreter: the record's extra["python"] is the runtime's Python (or
+A node never runs the operator's interpreter: the record keeps the runtime's Python (NodeRuntime; or
 the user's own `--python`), and remote/jobfolder.node_python reads it.
 """
 
