@@ -106,6 +106,14 @@ def test_status_of_a_live_log_cut_mid_line():
     # nothing marked yet: horovodrun and TensorFlow still starting
     noise = KILLED[: KILLED.index("[0]<stdout>:CLUSTERCTL-TRAIN start")]
     assert train_log.status(train_log.parse_train_log(noise), running=True).state == "starting"
+    gone = train_log.status(train_log.parse_train_log(noise), running=False)
+    assert (gone.state, gone.reason, gone.step, gone.img_per_sec, gone.last_checkpoint) == (
+        "stopped",
+        "no training output",
+        0,
+        None,
+        None,
+    )
     header_only = RESUMED[: RESUMED.index("CLUSTERCTL-TRAIN      61") - len("[0]<stdout>:")]
     st = train_log.status(train_log.parse_train_log(header_only), running=True)
     assert st.state == "starting" and st.step == 60 and st.eta_s is None
