@@ -55,6 +55,14 @@ def job_log(cluster, job: str) -> str:
     return leader(cluster, f"cat ~/.clusterctl/jobs/{job}.log 2>/dev/null")
 
 
+def reach_step_200(cluster, job: str) -> None:
+    try:
+        wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    except BaseException:
+        print(job_log(cluster, job)[-4000:])  # why it did not get there (shown with the failure)
+        raise
+
+
 def trainers(cluster) -> str:
     """The training processes left on the cluster's nodes (empty when none)."""
     out = [cluster.node_exec(i, "sh", "-c", "pgrep -af '[t]rain_imagenet|[h]vd_launch'; true").stdout for i in range(3)]
@@ -75,6 +83,8 @@ def cluster(shared):
         netns.restart_node(
             netns.netns_name(shared.name, LOST), f"{shared.name}-member-{LOST}", shared.hosts[LOST], node_dir
         )
+    if trainers(shared):  # an earlier test failed before its job ended
+        shared.cli("train", "--stop", timeout=120)
     wait_for(lambda: trainers(shared) == "", 60, "an earlier job's processes to end")
     return shared
 
@@ -89,7 +99,7 @@ def test_elastic_run_goes_on_without_a_lost_node(cluster):
     assert leader(cluster, "cat ~/.clusterctl/live-hosts") == "".join(f"{h}:1\n" for h in cluster.hosts)
 
     # ---- a member's namespace dies whole (its sshd too) after a few hundred steps
-    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    reach_step_200(cluster, job)
     assert not netns.kill_netns(netns.netns_name(cluster.name, 2), 30)
     wait_for(lambda: leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit 2>/dev/null").strip(), 240, "the job's end")
     assert leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit").strip() == "0", job_log(cluster, job)[-3000:]
@@ -123,7 +133,7 @@ def test_elastic_run_with_too_few_nodes_stops_with_a_checkpoint_and_one_line(clu
     proc = cli(*elastic("too-few", min_np=3), "--elastic-timeout", "20")
     assert proc.returncode == 0, proc.stderr
     job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
-    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    reach_step_200(cluster, job)
     assert not netns.kill_netns(netns.netns_name(cluster.name, 2), 30)
     wait_for(lambda: leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit 2>/dev/null").strip(), 240, "the job's end")
     text = job_log(cluster, job)
@@ -148,7 +158,7 @@ def test_elastic_run_takes_a_node_back(cluster):
     proc = cli(*elastic("back", steps=3000))
     assert proc.returncode == 0, proc.stderr
     job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
-    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    reach_step_200(cluster, job)
     ns = netns.netns_name(cluster.name, 2)
     assert not netns.kill_netns(ns, 30)
     wait_for(lambda: "world size 3 -> 2" in job_log(cluster, job), 120, "size 3 -> 2")
@@ -169,7 +179,7 @@ def test_repair_brings_a_node_back_into_a_running_elastic_job(cluster):
     proc = cli(*elastic("repair", steps=steps))
     assert proc.returncode == 0, proc.stderr
     job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
-    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    reach_step_200(cluster, job)
     assert not netns.kill_netns(netns.netns_name(cluster.name, 2), 30)
     wait_for(lambda: "world size 3 -> 2" in job_log(cluster, job), 120, "size 3 -> 2")
 
