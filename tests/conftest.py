@@ -160,6 +160,7 @@ class LocalCluster:
     name: str
     cli: Cli
     hosts: list[str]
+    up_stderr: str = ""  # what its `up` printed
 
     @property
     def hosts_file(self) -> Path:
@@ -237,7 +238,7 @@ def _cluster_factory(cli: Cli):
         made.append(name)
         assert proc.returncode == 0, proc.stderr
         hosts = [line.split()[0] for line in (cli.cwd / "hosts").read_text().splitlines()]
-        return LocalCluster(name, cli, hosts)
+        return LocalCluster(name, cli, hosts, proc.stderr)
 
     yield make
     from clusterctl.providers.local import netns

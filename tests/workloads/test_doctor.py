@@ -16,8 +16,55 @@ from sync_support import htb
 pytestmark = pytest.mark.integration
 
 
-def test_doctor_names_each_broken_node(local_cluster_factory):
-    c = local_cluster_factory(3, 1, runtime=True)
+@pytest.fixture(scope="module")
+def runtime_cluster(module_cluster_factory):
+    """3 nodes x 1 slot with the node runtime, shared: the fabric test leaves it as it found it, the broken-node
+    test (last of the two, in file order) breaks three of its nodes for good."""
+    return module_cluster_factory(3, 1, runtime=True)
+
+
+def shape(name: str, index: int, rate: str | None) -> None:
+    """htb on node `index`'s link both ways (this kernel has htb but no netem): into the node on the bridge's
+    veth, out of it on the node's eth0; None: unshaped again."""
+    htb(netns.veth_name(name, index), rate, burst="256k", cburst="256k")
+    htb("eth0", rate, netns.netns_name(name, index), burst="256k", cburst="256k")
+
+
+def test_doctor_fabric_names_the_node_with_a_quarter_link(runtime_cluster):
+    """Real Horovod allreduce (gloo) over 3 namespace nodes; member 1's link shaped to 50 Mbit/s, the others'
+    to 200: its pairs both run at about a quarter, its neighbours each have one full-rate pair."""
+    c = runtime_cluster
+    try:
+        for i in range(3):
+            shape(c.name, i, "50mbit" if i == 1 else "200mbit")
+        proc = c.cli("doctor", "--fabric", "--fabric-mb", "4", "--json", timeout=900)
+    finally:
+        for i in range(3):
+            shape(c.name, i, None)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    fab = report["fabric"]
+    assert fab["slow"] == [c.hosts[1]], fab
+    assert fab["tool"] == "gloo" and fab["tool_why"].startswith("no GPUs") and fab["nccl"] is None
+    assert fab["cluster"]["busbw_gbit"] > 0 and not fab["cluster"]["error"]
+    assert sorted(tuple(p["hosts"]) for p in fab["pairs"]) == sorted(
+        [(c.hosts[0], c.hosts[1]), (c.hosts[1], c.hosts[2]), (c.hosts[2], c.hosts[0])]
+    )
+    # measured against the shaping: the slow node's best pair near a quarter of the others' (tolerance 0.1-0.45)
+    best = fab["best"]
+    print(f"fabric busbw Gbit/s: cluster {fab['cluster']['busbw_gbit']:.3f}, best pair per node {best}")
+    assert 0.1 < best[c.hosts[1]] / min(best[c.hosts[0]], best[c.hosts[2]]) < 0.45, best
+    assert best[c.hosts[0]] < 0.25, best  # the 200 Mbit/s shaping holds: busbw cannot pass the link
+    cells = {n["host"]: n["cells"]["fabric"] for n in report["nodes"]}
+    assert cells[c.hosts[1]]["status"] == "fail" and "< 50% of the median node's" in cells[c.hosts[1]]["why"]
+    assert cells[c.hosts[0]]["status"] == "ok" and cells[c.hosts[2]]["status"] == "ok"
+    assert [
+        n for n in report["nodes"] if any(x["status"] == "fail" for k, x in n["cells"].items() if k != "fabric")
+    ] == []
+
+
+def test_doctor_names_each_broken_node(runtime_cluster):
+    c = runtime_cluster
     healthy = c.cli("doctor", "--json")
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
     report = json.loads(healthy.stdout)
@@ -120,42 +167,6 @@ def test_the_probe_finds_all_reduce_perf_on_each_node_and_one_missing_means_gloo
     assert doctor_judge.choose_fabric_tool(probe(), gpus=8) == doctor_judge.FabricTool(
         "nccl-tests", f"all_reduce_perf on every node ({arp}) through mpirun", arp, "/opt/amazon/openmpi/bin/mpirun"
     )
-
-
-def shape(name: str, index: int, rate: str) -> None:
-    """htb on node `index`'s link both ways (this kernel has htb but no netem): into the node on the bridge's
-    veth, out of it on the node's eth0. The links go with the cluster at down."""
-    htb(netns.veth_name(name, index), rate, burst="256k", cburst="256k")
-    htb("eth0", rate, netns.netns_name(name, index), burst="256k", cburst="256k")
-
-
-def test_doctor_fabric_names_the_node_with_a_quarter_link(local_cluster_factory):
-    """Real Horovod allreduce (gloo) over 3 namespace nodes; member 1's link shaped to 50 Mbit/s, the others'
-    to 200: its pairs both run at about a quarter, its neighbours each have one full-rate pair."""
-    c = local_cluster_factory(3, 1, runtime=True)
-    for i in range(3):
-        shape(c.name, i, "50mbit" if i == 1 else "200mbit")
-    proc = c.cli("doctor", "--fabric", "--fabric-mb", "4", "--json", timeout=900)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout)
-    fab = report["fabric"]
-    assert fab["slow"] == [c.hosts[1]], fab
-    assert fab["tool"] == "gloo" and fab["tool_why"].startswith("no GPUs") and fab["nccl"] is None
-    assert fab["cluster"]["busbw_gbit"] > 0 and not fab["cluster"]["error"]
-    assert sorted(tuple(p["hosts"]) for p in fab["pairs"]) == sorted(
-        [(c.hosts[0], c.hosts[1]), (c.hosts[1], c.hosts[2]), (c.hosts[2], c.hosts[0])]
-    )
-    # measured against the shaping: the slow node's best pair near a quarter of the others' (tolerance 0.1-0.45)
-    best = fab["best"]
-    print(f"fabric busbw Gbit/s: cluster {fab['cluster']['busbw_gbit']:.3f}, best pair per node {best}")
-    assert 0.1 < best[c.hosts[1]] / min(best[c.hosts[0]], best[c.hosts[2]]) < 0.45, best
-    assert best[c.hosts[0]] < 0.25, best  # the 200 Mbit/s shaping holds: busbw cannot pass the link
-    cells = {n["host"]: n["cells"]["fabric"] for n in report["nodes"]}
-    assert cells[c.hosts[1]]["status"] == "fail" and "< 50% of the median node's" in cells[c.hosts[1]]["why"]
-    assert cells[c.hosts[0]]["status"] == "ok" and cells[c.hosts[2]]["status"] == "ok"
-    assert [
-        n for n in report["nodes"] if any(x["status"] == "fail" for k, x in n["cells"].items() if k != "fabric")
-    ] == []
 
 
 def test_doctor_judges_the_local_providers_node_facts_through_the_cli(local_cluster_factory):

@@ -22,7 +22,7 @@ def test_train_resumes_with_the_same_command_after_repair(local_cluster_factory,
     assert ok.returncode == 0, ok.stderr
     ok = cli("sync", "--cluster", c.name, str(cli.cwd / "ds"), "/root/ds", timeout=300)
     assert ok.returncode == 0, ok.stderr
-    cmd = ["train", "--data", "/root/ds", "--model", "tiny", "--epochs", "40", "--batch-size", "8"]
+    cmd = ["train", "--data", "/root/ds", "--model", "tiny", "--epochs", "25", "--batch-size", "8"]
     cmd += ["--checkpoint-every", "10", "--log-every", "10", "--model-dir", "~/runs/r", "--warmup-epochs", "1"]
     proc = cli(*cmd)
     assert proc.returncode == 0, proc.stderr

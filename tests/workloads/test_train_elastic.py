@@ -1,7 +1,10 @@
 """`clusterctl train --elastic` for real: a local cluster of 3 nodes x 1 slot, the tiny model on synthetic images
 under Elastic Horovod (gloo), launched by horovodrun on the leader with templates/live_hosts.py as its host
 discovery script. Every process of a member's namespace is killed mid-run (the node is gone, sshd with it): the
-run goes on at size 2 and ends with exit 0, every planned image trained once."""
+run goes on at size 2 and ends with exit 0, every planned image trained once.
+
+The module's tests share one cluster (its runtime bring-up is the slow part): each starts with all three nodes
+up and no job left running, and trains into its own model folder."""
 
 from __future__ import annotations
 
@@ -16,27 +19,32 @@ from conftest import wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
 STEPS, BATCH, COMMIT = 1200, 8, 20
-ELASTIC = [
-    "train",
-    "--synthetic",
-    "--model",
-    "tiny",
-    "--elastic",
-    "--min-np",
-    "2",
-    "--max-steps",
-    str(STEPS),
-    "--batch-size",
-    str(BATCH),
-    "--commit-every",
-    str(COMMIT),
-    "--log-every",
-    "100",
-    "--checkpoint-every",
-    "400",
-    "--model-dir",
-    "~/runs/elastic",
-]
+LOST = 2  # the member each test loses
+
+
+def elastic(model_dir: str, steps: int = STEPS, min_np: int = 2) -> list[str]:
+    """The `train --elastic` command line, checkpoints into ~/runs/<model_dir> (a folder of this test's own)."""
+    return [
+        "train",
+        "--synthetic",
+        "--model",
+        "tiny",
+        "--elastic",
+        "--min-np",
+        str(min_np),
+        "--max-steps",
+        str(steps),
+        "--batch-size",
+        str(BATCH),
+        "--commit-every",
+        str(COMMIT),
+        "--log-every",
+        "100",
+        "--checkpoint-every",
+        "400",
+        "--model-dir",
+        f"~/runs/{model_dir}",
+    ]
 
 
 def leader(cluster, command: str) -> str:
@@ -47,10 +55,43 @@ def job_log(cluster, job: str) -> str:
     return leader(cluster, f"cat ~/.clusterctl/jobs/{job}.log 2>/dev/null")
 
 
-def test_elastic_run_goes_on_without_a_lost_node(local_cluster_factory):
-    cluster = local_cluster_factory(3, 1, runtime=True)
+def reach_step_200(cluster, job: str) -> None:
+    try:
+        wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    except BaseException:
+        print(job_log(cluster, job)[-4000:])  # why it did not get there (shown with the failure)
+        raise
+
+
+def trainers(cluster) -> str:
+    """The training processes left on the cluster's nodes (empty when none)."""
+    out = [cluster.node_exec(i, "sh", "-c", "pgrep -af '[t]rain_imagenet|[h]vd_launch'; true").stdout for i in range(3)]
+    return "".join(out)
+
+
+@pytest.fixture(scope="module")
+def shared(module_cluster_factory, horovod_present):
+    return module_cluster_factory(3, 1, runtime=True)
+
+
+@pytest.fixture
+def cluster(shared):
+    """The shared cluster whole again: a member an earlier test lost is restarted as a local reboot does (the
+    same address, host key and home, its runtime kept), and no training process of an earlier job is left."""
+    if netns.node_alive(shared.name, LOST) is not None:
+        node_dir = shared.cli.home / "clusters" / shared.name / "nodes" / str(LOST)
+        netns.restart_node(
+            netns.netns_name(shared.name, LOST), f"{shared.name}-member-{LOST}", shared.hosts[LOST], node_dir
+        )
+    if trainers(shared):  # an earlier test failed before its job ended
+        shared.cli("train", "--stop", timeout=120)
+    wait_for(lambda: trainers(shared) == "", 60, "an earlier job's processes to end")
+    return shared
+
+
+def test_elastic_run_goes_on_without_a_lost_node(cluster):
     cli = cluster.cli
-    proc = cli(*ELASTIC)
+    proc = cli(*elastic("lost"))
     assert proc.returncode == 0, proc.stderr
     job = re.search(r"started training job (train-[\w-]+): 3 process\(es\)", proc.stderr).group(1)
     assert "elastic: 3 process(es) to start, at least 2, at most 3" in proc.stderr, proc.stderr
@@ -58,7 +99,7 @@ def test_elastic_run_goes_on_without_a_lost_node(local_cluster_factory):
     assert leader(cluster, "cat ~/.clusterctl/live-hosts") == "".join(f"{h}:1\n" for h in cluster.hosts)
 
     # ---- a member's namespace dies whole (its sshd too) after a few hundred steps
-    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    reach_step_200(cluster, job)
     assert not netns.kill_netns(netns.netns_name(cluster.name, 2), 30)
     wait_for(lambda: leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit 2>/dev/null").strip(), 240, "the job's end")
     assert leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit").strip() == "0", job_log(cluster, job)[-3000:]
@@ -85,17 +126,14 @@ def test_elastic_run_goes_on_without_a_lost_node(local_cluster_factory):
     assert re.search(r"\b2 process\(es\)", st.stdout), st.stdout
 
 
-def test_elastic_run_with_too_few_nodes_stops_with_a_checkpoint_and_one_line(local_cluster_factory):
+def test_elastic_run_with_too_few_nodes_stops_with_a_checkpoint_and_one_line(cluster):
     """--min-np 3 on 3 nodes, one lost: horovodrun waits --elastic-timeout for a third, then the job ends with
     status 9, the `too_few_nodes` line, and the last commit checkpointed."""
-    cluster = local_cluster_factory(3, 1, runtime=True)
     cli = cluster.cli
-    argv = list(ELASTIC)
-    argv[argv.index("--min-np") + 1] = "3"
-    proc = cli(*argv, "--elastic-timeout", "20")
+    proc = cli(*elastic("too-few", min_np=3), "--elastic-timeout", "20")
     assert proc.returncode == 0, proc.stderr
     job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
-    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    reach_step_200(cluster, job)
     assert not netns.kill_netns(netns.netns_name(cluster.name, 2), 30)
     wait_for(lambda: leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit 2>/dev/null").strip(), 240, "the job's end")
     text = job_log(cluster, job)
@@ -105,7 +143,7 @@ def test_elastic_run_with_too_few_nodes_stops_with_a_checkpoint_and_one_line(loc
     run = train_log.parse_train_log(text, strict=False).current
     saved = [c for c in run.checkpoints if c.path.endswith(f"ckpt-{c.images}")]
     assert saved and saved[-1].images >= 200 * 3 * BATCH and saved[-1].images % (COMMIT * 3 * BATCH) == 0, saved
-    assert f"ckpt-{saved[-1].images}.manifest.json" in leader(cluster, "ls ~/runs/elastic/checkpoints")
+    assert f"ckpt-{saved[-1].images}.manifest.json" in leader(cluster, "ls ~/runs/too-few/checkpoints")
     st = cli("status")
     assert "failed (too_few_nodes: fewer than --min-np 3" in st.stdout, st.stdout
     # nothing of the job left on the nodes that remain
@@ -113,17 +151,14 @@ def test_elastic_run_with_too_few_nodes_stops_with_a_checkpoint_and_one_line(loc
     assert left == "", left
 
 
-def test_elastic_run_takes_a_node_back(local_cluster_factory):
+def test_elastic_run_takes_a_node_back(cluster):
     """The lost member restarted (the same address and host key, as `repair` of a local node does) and still in
     the live hosts: after Horovod's cooldown the discovery script offers it again and it joins at a commit."""
-    cluster = local_cluster_factory(3, 1, runtime=True)
     cli = cluster.cli
-    argv = list(ELASTIC)
-    argv[argv.index("--max-steps") + 1] = "3000"
-    proc = cli(*argv)
+    proc = cli(*elastic("back", steps=3000))
     assert proc.returncode == 0, proc.stderr
     job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
-    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    reach_step_200(cluster, job)
     ns = netns.netns_name(cluster.name, 2)
     assert not netns.kill_netns(ns, 30)
     wait_for(lambda: "world size 3 -> 2" in job_log(cluster, job), 120, "size 3 -> 2")
@@ -135,19 +170,16 @@ def test_elastic_run_takes_a_node_back(local_cluster_factory):
     cli("train", "--stop")
 
 
-def test_repair_brings_a_node_back_into_a_running_elastic_job(local_cluster_factory):
+def test_repair_brings_a_node_back_into_a_running_elastic_job(cluster):
     """A member lost mid-run, then `clusterctl repair --yes` as a user would run it: the replacement (the same
     address, a new host key pinned, the runtime installed, back in the leader's live hosts) is offered by the
     discovery script after Horovod's cooldown and joins at a commit; the run ends with exit 0, the plan whole."""
-    cluster = local_cluster_factory(3, 1, runtime=True)
     cli = cluster.cli
     steps = 3000
-    argv = list(ELASTIC)
-    argv[argv.index("--max-steps") + 1] = str(steps)
-    proc = cli(*argv)
+    proc = cli(*elastic("repair", steps=steps))
     assert proc.returncode == 0, proc.stderr
     job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
-    wait_for(lambda: re.search(r"CLUSTERCTL-TRAIN +200 ", job_log(cluster, job)), 240, "step 200", interval=0.2)
+    reach_step_200(cluster, job)
     assert not netns.kill_netns(netns.netns_name(cluster.name, 2), 30)
     wait_for(lambda: "world size 3 -> 2" in job_log(cluster, job), 120, "size 3 -> 2")
 
