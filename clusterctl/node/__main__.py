@@ -7,7 +7,9 @@ import importlib
 import sys
 
 # program name -> its module (each has `main(argv: list[str]) -> int`)
-PROGRAMS: dict[str, str] = {}
+PROGRAMS: dict[str, str] = {
+    "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
+}
 
 
 def main(argv: list[str]) -> int:

@@ -85,20 +85,20 @@ def package() -> NodePackage:
     return build()
 
 
-def ship(pool: SshPool, targets: Sequence[SshTarget], pkg: NodePackage | None = None) -> RunReport:
-    """The package onto every target that lacks it: one `test -f` where it is there already."""
+def ship_one(pool: SshPool, target: SshTarget, pkg: NodePackage | None = None) -> HostResult:
+    """The package onto one node unless it has it (one `test -f` when it does)."""
     pkg = pkg or package()
     present = f"test -f {shlex.quote(pkg.path)}"
+    there = pool.run_one(target, present, timeout=30)
+    if there.exit_code == 0 or there.exit_code is None:  # there already, or unreachable (said by the check)
+        return there
+    put = pool.put_one(target, {pkg.path: (pkg.data, 0o644)})
+    if not put.ok and pool.run_one(target, present, timeout=30).exit_code == 0:
+        return HostResult(target.label, 0)  # another run put the same bytes there first
+    return put
 
-    def one(target: SshTarget) -> HostResult:
-        there = pool.run_one(target, present, timeout=30)
-        if there.exit_code == 0:
-            return there
-        if there.exit_code is None:
-            return there  # unreachable: said once, by the check
-        put = pool.put_one(target, {pkg.path: (pkg.data, 0o644)})
-        if not put.ok and pool.run_one(target, present, timeout=30).exit_code == 0:
-            return HostResult(target.label, 0)  # another run put the same bytes there first
-        return put
 
-    return pool.fan_out(targets, one, parallel=64)
+def ship(pool: SshPool, targets: Sequence[SshTarget], pkg: NodePackage | None = None) -> RunReport:
+    """The package onto every target that lacks it."""
+    pkg = pkg or package()
+    return pool.fan_out(targets, lambda t: ship_one(pool, t, pkg), parallel=64)

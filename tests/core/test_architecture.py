@@ -300,7 +300,7 @@ def test_the_checker_sees_function_level_imports_and_cycles(tmp_path):
 PROVIDER_NAMES = ("aws", "local")
 SDK = ("boto3", "botocore")
 # Programs that run on the nodes, whose runtime has boto3 for S3 (sync's pulls, checkpoint uploads).
-NODE_PROGRAMS = ("clusterctl/data/node_side.py", "clusterctl/node/")
+NODE_PROGRAMS = ("clusterctl/node/",)
 
 
 def _names_a_provider(node: ast.Compare) -> bool:
@@ -349,7 +349,7 @@ def test_the_provider_rule_catches_names_imports_and_the_sdk(tmp_path):
         "cli/clusters.py": "import clusterctl.providers.local.supervisor\n",
         "runtime/install.py": "def h():\n    from botocore.exceptions import ClientError\n",
         "data/sync.py": 'def k(src):\n    return src.kind == "local"\n',  # a source's kind, not a provider
-        "data/node_side.py": "import boto3\n",  # runs on a node
+        "node/sync/s3pull.py": "import boto3\n",  # runs on a node
         "providers/aws/api.py": 'import boto3\n\nname = "aws"\nok = name == "aws"\n',
     }
     for name, text in files.items():
