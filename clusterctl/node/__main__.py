@@ -8,6 +8,7 @@ import sys
 
 # program name -> its module (each has `main(argv: list[str]) -> int`)
 PROGRAMS: dict[str, str] = {
+    "fabric": "clusterctl.node.fabric",  # doctor --fabric: Horovod allreduce bandwidth
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
 }
 

@@ -47,6 +47,10 @@ class NodePackage:
         """Relative to the login home (SFTP and a login shell both start there)."""
         return f"{NODE_DIR}/{self.name}"
 
+    def at(self, home: str) -> str:
+        """The absolute path under a login home (horovodrun's ranks get their argv quoted: no $HOME there)."""
+        return f"{home}/{self.path}"
+
     @property
     def shell_path(self) -> str:
         """The path as one shell word, right from any folder."""
