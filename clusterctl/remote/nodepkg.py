@@ -30,7 +30,14 @@ if TYPE_CHECKING:
 SOURCE = Path(clusterctl.node.__file__).resolve().parent
 NODE_DIR = ".clusterctl/node"  # under the login home of every node
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold: no build time in the bytes
-_MAIN = b"import sys\n\nfrom clusterctl.node.__main__ import main\n\nsys.exit(main(sys.argv[1:]))\n"
+# Guarded: multiprocessing's spawn runs the main module again in every child, as __mp_main__.
+_MAIN = b"""import sys
+
+from clusterctl.node.__main__ import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from clusterctl import resources
 from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
+from clusterctl.node import ssh as node_ssh
 from clusterctl.remote import jobfolder, tmux as jobs
 from clusterctl.workloads.sweep_plan import SweepSpec, is_id, new_id, validate_id
 from clusterctl.workloads.sweep_results import events, rows, summary
@@ -33,23 +34,9 @@ from clusterctl.workloads.sweep_state import ENDED, SweepState, parse_state
 SWEEPS = "clusterctl-sweeps"  # under the login home of every node
 SCHEDULER = "sweep_scheduler.py"
 MARK = "\x1e"
-# The scheduler's ssh from the leader to each node (it goes into config.json; templates cannot import
-# clusterctl). ConnectTimeout and ServerAlive* set how soon a round notices a dead node.
-SSH = (
-    "ssh",
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "StrictHostKeyChecking=yes",
-    "-o",
-    "ConnectTimeout=5",
-    "-o",
-    "ServerAliveInterval=5",
-    "-o",
-    "ServerAliveCountMax=2",
-    "-o",
-    "LogLevel=ERROR",
-)
+# The scheduler's ssh from the leader to each node (it goes into config.json): the node package's one copy.
+# ConnectTimeout and ServerAlive* set how soon a round notices a dead node.
+SSH = tuple(node_ssh.argv(5, alive=(5, 2), quiet=True))
 
 
 def config(

@@ -71,6 +71,13 @@ def test_every_program_runs_from_the_archive_with_the_system_python(pyz, program
     assert says in r.stdout + r.stderr
 
 
+def test_the_archive_runs_nothing_when_a_spawned_child_imports_it(pyz):
+    """multiprocessing's spawn runs the parent's main module again in each child, named __mp_main__."""
+    code = f"import runpy, sys; sys.argv = ['x', 'sync']; runpy.run_path({str(pyz)!r}, run_name='__mp_main__')"
+    r = subprocess.run([SYSTEM_PYTHON, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == r.stderr == ""
+
+
 class _Pool:
     """What ship() asks of an SshPool: a command, a put, the fan-out; the node's files are a set."""
 
