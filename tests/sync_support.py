@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import atexit
-import functools
 import hashlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
-import tempfile
 import uuid
 from pathlib import Path
 
-from conftest import Cli, LocalCluster, require_root
+from conftest import Cli, LocalCluster, node_pyz, require_root
 
 DST_MARKER = ".clusterctl-sync/COMPLETE"
 
@@ -171,18 +167,6 @@ def first_error_line(stderr: str) -> str:
 
 def env_without_aws() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-
-
-@functools.cache
-def node_pyz() -> str:
-    """The node package as a file, as every node has it (built once per test run, removed at exit)."""
-    from clusterctl.remote import nodepkg
-
-    folder = tempfile.mkdtemp(prefix="node-pyz-")
-    atexit.register(shutil.rmtree, folder, True)
-    path = Path(folder) / nodepkg.package().name
-    path.write_bytes(nodepkg.package().data)
-    return str(path)
 
 
 def agent_argv(*args: str) -> list[str]:

@@ -77,10 +77,20 @@ def stage(
     payload = {f"{job.dir}/{name}": (data, 0o644) for name, data in files.items()}
     payload[f"{job.dir}/hvd_launch.py"] = (resources.template_bytes("hvd_launch.py"), 0o644)
     payload[f"{job.dir}/hosts"] = (hosts.render().encode(), 0o644)
-    for report in (pool.put(targets, payload), *([nodepkg.ship(pool, targets, package)] if package else [])):
-        if not report.all_ok:
-            why = "; ".join(f"{r.host}: {r.error or r.stderr.strip()}" for r in report.failed)
-            raise UnreachableError(f"could not copy the job to every node: {why}")
+    _copied(pool.put(targets, payload))
+    if package is not None:
+        ship_package(pool, targets, package)
+
+
+def ship_package(pool: SshPool, targets: Sequence[SshTarget], package: nodepkg.NodePackage | None = None) -> None:
+    """The node package onto every target that lacks it, for a job that runs one of its programs."""
+    _copied(nodepkg.ship(pool, targets, package))
+
+
+def _copied(report: RunReport) -> None:
+    if not report.all_ok:
+        why = "; ".join(f"{r.host}: {r.error or r.stderr.strip()}" for r in report.failed)
+        raise UnreachableError(f"could not copy the job to every node: {why}")
 
 
 def leader_command(

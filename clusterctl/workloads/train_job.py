@@ -9,6 +9,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusterctl.remote import nodepkg
 from clusterctl.remote.jobfolder import node_path
 from clusterctl.workloads import train_config
 from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
@@ -23,7 +24,9 @@ from clusterctl.workloads.train_nodes import (
 from clusterctl.workloads.train_options import TrainOptions, horovod_env, trainer_argv
 
 TEMPLATE = "train_imagenet.py"
-DISCOVERY = "live_hosts.py"  # an elastic job's host discovery script, run by horovodrun on the leader
+DISCOVERY = (
+    "live_hosts"  # the node package's program for an elastic job's host discovery, run by horovodrun on the leader
+)
 SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 5 seconds
 
 
@@ -311,10 +314,10 @@ def start(
         env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
         elastic = None
         if opts.elastic:
-            elastic = elastic_args(opts, np, python, job.dir)
+            elastic = elastic_args(opts, np, python, job.dir, nodepkg.package().at(job.home))
             np = min(np, elastic.max_np)
             live_hosts.write(pool, leader, hosts)  # what the discovery script offers; `repair` rewrites it
-            pool.put([leader], {f"{job.dir}/{DISCOVERY}": (resources.template_bytes(DISCOVERY), 0o755)})
+            launch.ship_package(pool, [leader])  # the discovery's
             env["CLUSTERCTL_EVENT_MARK"] = MARK  # hvd_launch.py's line when too few nodes are left
             # Horovod's own fusion buffer and cycle time: with HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME
             # set, horovod 0.28.1's re-init after a lost peer segfaults (measured on local nodes, gloo).
@@ -370,9 +373,10 @@ def start(
         return record
 
 
-def elastic_args(opts: TrainOptions, np: int, python: str, job_dir: str):
+def elastic_args(opts: TrainOptions, np: int, python: str, job_dir: str, pyz: str):
     """horovodrun's elastic options for a job of `np` slots: --min-np (default 1), --max-np (default the
-    slots at launch), the discovery script staged in the job folder, --elastic-timeout."""
+    slots at launch), the discovery (the node package `pyz`'s program, given the job's hosts file),
+    --elastic-timeout."""
     from clusterctl.errors import UsageError
     from clusterctl.workloads import horovod, train_options
 
@@ -383,7 +387,7 @@ def elastic_args(opts: TrainOptions, np: int, python: str, job_dir: str):
             f"--min-np {min_np} is more than the {min(np, max_np)} process(es) the job can start with",
             "lower --min-np, or bring more nodes up",
         )
-    discovery = shlex.join([python, f"{job_dir}/{DISCOVERY}", f"{job_dir}/hosts"])
+    discovery = shlex.join([python, pyz, DISCOVERY, f"{job_dir}/hosts"])
     timeout = opts.elastic_timeout or train_options.ELASTIC_TIMEOUT_S
     return horovod.Elastic(min_np, max_np, discovery, timeout)
 
