@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterator, Literal, Mapping
 
 from clusterctl.errors import exit_status
@@ -86,6 +86,33 @@ class ClusterFacts:
     def zone(self) -> str:
         return self.extra.get("az", "")
 
+    @property
+    def autostop(self) -> Autostop | None:
+        """The watchdog's settings as `up` recorded them; None when the cluster has none."""
+        if "autostop_idle_stop" not in self.extra:
+            return None
+
+        def seconds(key: str) -> int | None:
+            value = self.extra.get(key, "")
+            return int(value) if value.isdigit() else None
+
+        # a record from before --idle-action names none: terminate, what the watchdog did then
+        action = "stop" if self.extra.get("autostop_idle_action") == "stop" else "terminate"
+        return Autostop(seconds("autostop_idle_stop"), seconds("autostop_max_lifetime"), action)
+
+
+@dataclass(frozen=True)
+class NodeRuntime:
+    """What a cluster's jobs run with on the nodes: the runtime's id ("none", "own" for `up --python`, or a
+    built runtime's id) and its Python ("" when jobs use the nodes' own python3)."""
+
+    id: str
+    python: str = ""
+
+    def extra(self) -> dict[str, str]:
+        """The record's fields (Cluster.extra) for it."""
+        return {"runtime": self.id, **({"python": self.python} if self.python else {})}
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -113,6 +140,9 @@ class Cluster:
     def facts(self) -> ClusterFacts:
         """The record's provider facts, typed (the record keeps them as strings in `extra`)."""
         return ClusterFacts(self.extra)
+
+    def with_runtime(self, runtime: NodeRuntime) -> Cluster:
+        return replace(self, extra={**self.extra, **runtime.extra()})
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -146,6 +176,14 @@ class Autostop:
     @property
     def enabled(self) -> bool:
         return bool(self.idle_stop_s or self.max_lifetime_s)
+
+    def extra(self) -> dict[str, str]:
+        """The record's fields (Cluster.extra) for these settings: ClusterFacts.autostop reads them back."""
+        return {
+            "autostop_idle_stop": str(self.idle_stop_s or ""),
+            "autostop_max_lifetime": str(self.max_lifetime_s or ""),
+            "autostop_idle_action": self.idle_action,
+        }
 
 
 def node_names(cluster: str, count: int) -> list[str]:

@@ -1,5 +1,5 @@
-"""Autostop's settings: --idle-stop / --max-lifetime / --idle-action parsed into an Autostop, described, and
-kept as Cluster.extra facts. Pure (no files, no processes): the AWS and local providers import it.
+"""Autostop's settings: --idle-stop / --max-lifetime / --idle-action parsed into an Autostop and described (the
+record keeps them through Autostop.extra and ClusterFacts.autostop). Pure (no files, no processes): the AWS and local providers import it.
 
 The rest of autostop: watchdog.py (the node-side watchdog, its files and the AWS user data); the operator's
 side in cluster/ (autostop_control.py: keep, --on/--off, leases; autostop_status.py: what `status` and
@@ -102,25 +102,3 @@ def describe(a: Autostop | None) -> str:
 def poll_seconds(a: Autostop) -> int:
     shortest = min(x for x in (a.idle_stop_s, a.max_lifetime_s) if x) if a.enabled else 600
     return max(1, min(60, shortest // 10))  # a tenth of the limit: 2s for 20s, a minute for an hour or more
-
-
-def extra(a: Autostop | None) -> dict[str, str]:
-    """The settings as Cluster.extra facts (kept in the local record)."""
-    if a is None:
-        return {}
-    return {
-        "autostop_idle_stop": str(a.idle_stop_s or ""),
-        "autostop_max_lifetime": str(a.max_lifetime_s or ""),
-        "autostop_idle_action": a.idle_action,
-    }
-
-
-def from_extra(extra) -> Autostop | None:
-    if "autostop_idle_stop" not in extra:
-        return None
-    num = lambda v: int(v) if str(v).isdigit() else None  # noqa: E731
-    return Autostop(
-        num(extra.get("autostop_idle_stop")),
-        num(extra.get("autostop_max_lifetime")),
-        action_of({"idle_action": extra.get("autostop_idle_action")}),  # a record from before: terminate
-    )

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 from clusterctl.autostop.settings import poll_seconds
+from clusterctl.state import StateStore
 from clusterctl.types import Autostop
 
 SCRIPT = "idle_watchdog.py"
@@ -52,7 +53,9 @@ def watchdog() -> ModuleType:
     return _MODULE
 
 
-def node_config(cluster: str, a: Autostop, *, poweroff: str, user: str, script: str, created_at: float | None) -> dict:
+def node_config(
+    cluster: str, a: Autostop, *, poweroff: str, user: str, script: str, created_at: float | None
+) -> dict[str, object]:
     return {
         "cluster": cluster,
         "enabled": a.enabled,
@@ -88,7 +91,7 @@ WantedBy=multi-user.target
 """
 
 
-def cloud_init(cluster: str, a: Autostop, user: str) -> dict:
+def cloud_init(cluster: str, a: Autostop, user: str) -> dict[str, str]:
     """What the user data writes (script gzip+base64, settings, unit). No launch time in it: the same
     spec renders the same bytes (a RunInstances retried with its ClientToken must not differ); the
     watchdog counts --max-lifetime from the node's boot."""
@@ -118,12 +121,12 @@ def remote_command(action: str, *args: str) -> str:
 
 
 # ---- local: the nodes' files, seen from this machine ---------------------------------------------------------
-def local_dir(store, name: str, index: int = 0) -> Path:
+def local_dir(store: StateStore, name: str, index: int = 0) -> Path:
     """A local node's autostop folder, seen from the host (the node's home is a folder of the state dir)."""
     return store.cluster_dir(name) / "nodes" / str(index) / "home" / ".clusterctl" / "autostop"
 
 
-def install_local(store, name: str, nodes: int, a: Autostop, created_at: float) -> None:
+def install_local(store: StateStore, name: str, nodes: int, a: Autostop, created_at: float) -> None:
     """The script and its settings in every node's home (only the leader runs it; members answer probes)."""
     from clusterctl import resources
 
@@ -141,7 +144,7 @@ def install_local(store, name: str, nodes: int, a: Autostop, created_at: float) 
         watchdog().write_json(str(d / "config.json"), cfg)
 
 
-def edit_local(store, name: str, nodes: int, **changes) -> None:
+def edit_local(store: StateStore, name: str, nodes: int, **changes: object) -> None:
     for i in range(nodes):
         d = local_dir(store, name, i)
         if (d / "config.json").exists():

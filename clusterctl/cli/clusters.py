@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from clusterctl.cli.shared import CLUSTER, CURRENT_CLUSTER, _confirm, _hourly, _provider, _store
-from clusterctl.cli.train import _launch_status, _train_status
 from clusterctl.errors import UsageError
 from clusterctl.units import duration, money
+
+if TYPE_CHECKING:
+    from clusterctl.state import Record, StateStore
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -124,49 +126,11 @@ def status(
     """
     from clusterctl.cli import tables
     from clusterctl.cluster import overview
-    from clusterctl.errors import StateError
-    from clusterctl.state import validate_name
+    from clusterctl.workloads import cluster_view
 
     store = _store()
-    n = name or store.resolve(None).cluster.name
-    validate_name(n)
-    record = store.load(n) if store.exists(n) else None
-    kind = provider or (record.cluster.provider if record is not None else overview.guess_provider(n, region))
-    reg = region or (record.cluster.region if record is not None and record.cluster.provider == kind else None)
-    impl = _provider(kind, store, reg)
-    if not impl.lists_from_cloud:  # the record here is the whole truth about this provider's clusters
-        if record is None:
-            record = store.load(n)  # raises "no cluster named ..."
-        tables.node_table(record.cluster, current=n == store.current())
-        _lost_status(impl, record)
-        _autostop_status(store, record)
-        _runtime_status(record)
-        if record.status == "up":
-            _train_status(n)
-            _launch_status(n)
-        return
-    st = impl.status(n)
-    if st is None:
-        if record is None:
-            raise StateError(f"no cluster named {n!r} here or in the cloud", "see `clusterctl ls --provider aws`")
-        from clusterctl.providers.base import ClusterStatus
-
-        st = ClusterStatus(n, kind, record.cluster.region, record.cluster.instance_type, ())
-    tables.cluster_status(
-        st,
-        time.time(),
-        current=n == store.current(),
-        notes=overview.disagreements(record, st if (st.nodes or st.other) else None),
-    )
-    if record is not None:
-        if record.status == "up" and st.nodes:
-            _lost_status(impl, record)
-        if st.nodes or record.status == "stopped":
-            _autostop_status(store, record)
-        _runtime_status(record)
-        _train_status(n)
-        if st.nodes:
-            _launch_status(n)
+    providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg))
+    tables.cluster_view(cluster_view.gather(store, providers, name, provider, region))
 
 
 @app.command()
@@ -211,24 +175,7 @@ def repair(
     repairing.carry_out(store, impl, plan, report=display.info, data=data)
 
 
-def _lost_status(impl, record) -> None:
-    """The record's nodes the provider says are gone, one line each (`repair` replaces them)."""
-    from clusterctl.cli import display
-
-    if record.status != "up":
-        return
-    for x in impl.lost_nodes(record.cluster):
-        display.warn(f"lost: {x.node.name} ({x.node.private_ip}): {x.why}; `clusterctl repair` replaces it")
-
-
-def _runtime_status(record) -> None:
-    from clusterctl.cli import display
-    from clusterctl.runtime.install import describe
-
-    display.console().print(display._esc(describe(record.cluster.extra)))
-
-
-def _autostop_status(store, record) -> None:
+def _autostop_status(store: StateStore, record: Record) -> None:
     from clusterctl.cli import display
     from clusterctl.cluster import autostop_status
 
@@ -292,7 +239,7 @@ def autostop_(
                 f"{money(hourly)}/hour while it does; `clusterctl autostop {c.name} --on` undoes this"
             )
     elif on or idle_stop or max_lifetime:
-        values: dict = {}
+        values: dict[str, float | None] = {}
         if idle_stop:
             values["idle_stop"] = autostop.parse_duration(idle_stop, "--idle-stop")
         if max_lifetime:
@@ -302,7 +249,7 @@ def autostop_(
     _autostop_status(store, record)
 
 
-def _running(record):
+def _running(record: Record) -> Record:
     if record.status != "up":
         from clusterctl.errors import StateError
 
@@ -314,7 +261,7 @@ def _running(record):
     return record
 
 
-def _autostop_done(record, failed: list, message: str) -> None:
+def _autostop_done(record: Record, failed: list[str], message: str) -> None:
     from clusterctl.cli import display
     from clusterctl.errors import UnreachableError
 
@@ -358,33 +305,12 @@ def gc(
     if not found.found:
         display.info("nothing found: clusterctl left nothing behind")
         return
-    tables.gc_table(list(found.found), list(found.chosen), now)
-    if found.others:
-        display.info(
-            f"kept: {len(found.others)} cluster(s) of other owners ("
-            + ", ".join(f"{c.name} of {c.owner or 'unknown'}" for c in found.others)
-            + "); --force removes them"
-        )
-    if not found.chosen:
-        display.info(
-            f"nothing is older than {older_than}" if older_than and not found.others else "nothing of yours to remove"
-        )
-        return
-    total = sum(len(c.found) for c in found.chosen)
-    _confirm(
-        f"Remove {total} resource(s) of {len(found.chosen)} cluster(s) ("
-        + ", ".join(c.name + ("" if c.mine else f" (owner {c.owner or 'unknown'})") for c in found.chosen)
-        + ")?",
-        yes,
-    )
-    from clusterctl.remote import agent
-
-    agent.stop(store.root)
-    failed = gclib.remove(store, providers, found.chosen, display.info)
-    if failed:
-        from clusterctl.errors import ProvisionError
-
-        raise ProvisionError(f"some resources remain ({' | '.join(failed)})", "run `clusterctl gc` again")
+    tables.gc_table(found.found, found.chosen, now)
+    for line in found.notes(older_than):
+        display.info(line)
+    if found.chosen:
+        _confirm(found.question(), yes)
+        gclib.collect(store, providers, found.chosen, display.info)
 
 
 @app.command()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from clusterctl.cli.shared import CURRENT_CLUSTER, DEFAULT_SSH, LOGIN, Ssh, _resolve_hosts, _store, ssh_options, within
 from clusterctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from clusterctl.data.tfrecords import DatasetInfo
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -58,80 +61,23 @@ def sync(
     A pipelined relay by default, a sha256 manifest checked on every node.
     """
     from clusterctl.cli import display, tables
-    from clusterctl.data import plan as syncplan, session as syncsession, sync as transfer
-    from clusterctl.remote import jobfolder
-    from clusterctl.remote.ssh import SshPool
+    from clusterctl.cluster import sync_run
 
     if len(args) not in (2, 3):
         raise UsageError("expected [HOSTS] SRC DST", "e.g. clusterctl sync hosts ~/imagenet_data ~/imagenet_data")
     hosts_path, src, dst = (args[0], args[1], args[2]) if len(args) == 3 else (None, args[0], args[1])
-    syncplan.check_strategy(strategy)
-    chains = _fanout(fanout)
-    within("--stall-timeout", stall_timeout, above=0)
-    if verify not in syncsession.VERIFY:
-        raise UsageError(f"unknown --verify {verify!r}", "use stream (the default) or disk")
-    syncplan.check_dst(dst)
-    source = syncplan.parse_source(src)
+    opts = sync_run.options(src, dst, strategy, fanout, delete, endpoint_url, stall_timeout, verify)
     inv = _resolve_hosts(hosts_path, cluster, ssh)
-    labels = [t.label for t in inv.targets]
     if plan:
-        chosen = None
-        if chains is None and strategy == "chain" and source.kind != "s3":
-            chosen = _plan_fanout(inv, source, dst, jobfolder.node_python(inv.cluster))
-        k = chosen.k if chosen else chains or 1
-        for line in syncplan.render_plan(strategy, labels, source, k, labels[0] if labels else None, chosen):
+        for line in sync_run.plan_lines(inv, opts):
             sys.stdout.write(line + "\n")
         return
-    from clusterctl.cluster import autostop_control as autostop
-
-    with (
-        autostop.lease(_store(), inv.cluster, "sync", warn=display.warn),
-        SshPool(inv.settings) as pool,
-        display.SyncProgress(labels) as events,
-    ):  # the lease: autostop counts the copy as activity
-        syncer = transfer.Syncer.over(
-            inv,
-            pool,
-            source,
-            dst,
-            strategy=strategy,
-            fanout=chains,
-            delete=delete,
-            endpoint_url=endpoint_url,
-            events=events,
-            node_python=jobfolder.node_python(inv.cluster),
-            stall_timeout=stall_timeout,
-            verify=verify,
-        )
-        report = syncer.run()
+    with display.SyncProgress([t.label for t in inv.targets]) as events:
+        report = sync_run.run(inv, _store(), opts, events, display.warn)
     tables.sync_table(report)
     err = report.error()
     if err is not None:
         raise err
-
-
-def _fanout(text: str) -> int | None:
-    """--fanout: a number of chains (>= 1), or auto (None: measured when the chain starts)."""
-    if text == "auto":
-        return None
-    from clusterctl.data import plan as syncplan
-
-    try:
-        k = int(text)
-    except ValueError:
-        raise UsageError(f"--fanout must be auto or a whole number, not {text!r}") from None
-    return syncplan.check_fanout(k)
-
-
-def _plan_fanout(inv, source, dst: str, node_python: str | None):
-    """--plan with --fanout auto: the probe runs (nothing of the dataset moves)."""
-    from clusterctl.data import probe, session as syncsession
-    from clusterctl.remote.ssh import SshPool
-
-    with SshPool(inv.settings) as pool:
-        return probe.for_plan(
-            syncsession.SyncSession.over(inv, pool, source, dst, fanout=None, node_python=node_python)
-        )
 
 
 # ---- datasets --------------------------------------------------------------------------------------------
@@ -143,7 +89,7 @@ data_app = typer.Typer(
 app.add_typer(data_app, name="data")
 
 
-def _data_report(info) -> None:
+def _data_report(info: DatasetInfo) -> None:
     from clusterctl.cli import display
 
     parts = ", ".join(f"{s.examples} {s.name} image(s) in {len(s.shards)} shard(s)" for s in info.splits.values())

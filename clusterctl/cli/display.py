@@ -13,14 +13,21 @@ import threading
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 if TYPE_CHECKING:
-    from rich.console import JustifyMethod
+    from types import TracebackType
+
+    from rich.console import Console, JustifyMethod
+    from rich.table import Table
+
+    from clusterctl.cluster.clean import DiskRow
+    from clusterctl.data.outcome import NodeOutcome
+    from clusterctl.types import RunReport
 
 _lock = threading.Lock()
-_consoles: dict[str, object] = {}
+_consoles: dict[str, Console] = {}
 _PALETTE = ["cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green"]
 
 
-def console(stderr: bool = False):
+def console(stderr: bool = False) -> Console:
     key = "err" if stderr else "out"
     if key not in _consoles:
         from rich.console import Console
@@ -108,7 +115,7 @@ def fold_hosts(hosts: Iterable[str]) -> str:
 
 
 # ---- run results -------------------------------------------------------------------------------------
-def grouped_output(report) -> None:
+def grouped_output(report: RunReport) -> None:
     """Identical outputs folded into one block under a folded host list (dshbak -c / clush -b)."""
     blocks: dict[str, list[str]] = {}
     for r in report:
@@ -121,7 +128,7 @@ def grouped_output(report) -> None:
         c.print(_esc(text.rstrip("\n")) if text else "[dim](no output)[/]")
 
 
-def summary(report, tail_lines: int = 3) -> None:
+def summary(report: RunReport, tail_lines: int = 3) -> None:
     """To stderr: hosts ok / failed / unreachable / timed out, then one line per host that was not ok.
     Plain text when stderr is not a terminal (no rich import: it is most of a repeated run's start-up)."""
     counts = {s: len(report.by_status(s)) for s in ("ok", "failed", "unreachable", "timeout")}
@@ -145,11 +152,18 @@ def summary(report, tail_lines: int = 3) -> None:
         c.print(f"  [red]{_esc(host)}[/]: {_esc(text)}" if host else f"[{style}]{_esc(text)}[/]")
 
 
-def disk_table(rows) -> None:
-    """clean --disk: one row per node and file system; under 10% free flagged."""
+def justified_table(columns: Sequence[tuple[str, JustifyMethod]], title: str | None = None) -> Table:
+    """A borderless table of these (header, justification) columns (headers are taken as plain text)."""
     from rich.table import Table
 
-    t = Table(box=None, header_style="bold")
+    t = Table(title=title, box=None, header_style="bold", title_justify="left")
+    for col, just in columns:
+        t.add_column(_esc(col), justify=just)
+    return t
+
+
+def disk_table(rows: Sequence[DiskRow]) -> None:
+    """clean --disk: one row per node and file system; under 10% free flagged."""
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("HOST", "left"),
         ("MOUNT", "left"),
@@ -159,8 +173,7 @@ def disk_table(rows) -> None:
         ("FREE%", "right"),
         ("", "left"),
     )
-    for col, just in columns:
-        t.add_column(col, justify=just)
+    t = justified_table(columns)
     for r in rows:
         flag = "[red]LOW[/]" if r.low else ""
         t.add_row(r.host, r.mount, _size(r.size_kb), _size(r.used_kb), _size(r.free_kb), f"{r.free_fraction:.0%}", flag)
@@ -179,7 +192,7 @@ def _size(kb: int) -> str:
     return f"{value:.1f}P"
 
 
-def json_lines(report) -> None:
+def json_lines(report: RunReport) -> None:
     for r in report:
         sys.stdout.write(json.dumps(r.to_dict()) + "\n")
     sys.stdout.flush()
@@ -189,17 +202,19 @@ def json_lines(report) -> None:
 class BenchProgress:
     """on_event of bench.run_ladder: a line per rung as it starts and ends (the table comes at the end)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.started = 0.0
 
-    def __call__(self, kind: str, value) -> None:
+    def __call__(self, kind: str, value: object) -> None:
         import time
+
+        from clusterctl.workloads.bench import Rung
 
         c = console(stderr=True)
         if kind == "start":
             self.started = time.monotonic()
             c.print(f"[bold]rung: {value}{' process(es)' if isinstance(value, int) else ''}[/] ...")
-        elif kind == "rung":
+        elif kind == "rung" and isinstance(value, Rung):
             r = value
             c.print(
                 f"  {r.np:>4} procs on {r.nodes} node(s): {r.img_per_sec:10.1f} +- {r.conf:.1f} img/s (95% CI), "
@@ -244,7 +259,7 @@ class SyncProgress:
         self.bars.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.bars.stop()
 
     def phase(self, text: str) -> None:
@@ -267,7 +282,7 @@ class SyncProgress:
             self.bars.update(self.tasks[host], completed=done)
             self.bars.update(self.total, completed=sum(self.done.values()))
 
-    def finished(self, outcome) -> None:
+    def finished(self, outcome: NodeOutcome) -> None:
         mark = "[green]verified[/]" if outcome.verified else f"[red]{outcome.status}[/]"
         with self._lock:
             if outcome.host in self.tasks:

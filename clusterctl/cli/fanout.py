@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -26,6 +26,11 @@ from clusterctl.cli.shared import (
 )
 from clusterctl.cli.train import _train_logs
 from clusterctl.errors import UsageError, combined
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.clean_run import CleanSpec
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.types import RunReport
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -81,7 +86,7 @@ def run(
     raise typer.Exit(report.exit_code)
 
 
-def _write_failed_hosts(inv, report, path: str) -> None:
+def _write_failed_hosts(inv: Inventory, report: RunReport, path: str) -> None:
     """pssh -o / clush -b habits: the hosts to retry, with their slots (an empty file when none failed, so an
     old list never lingers)."""
     from clusterctl.cli import display
@@ -192,7 +197,7 @@ def clean(
     raise typer.Exit(combined(codes))
 
 
-def _clean_preview(inv, spec, parallel: int, where: str) -> int:
+def _clean_preview(inv: Inventory, spec: CleanSpec, parallel: int, where: str) -> int:
     """Name every process tree `clean` would kill, on every node; how many."""
     from clusterctl.cli import display
 
@@ -217,7 +222,7 @@ def _name_this_process() -> None:
         pass
 
 
-def _reboot(inv, parallel: int, wait: float) -> int:
+def _reboot(inv: Inventory, parallel: int, wait: float) -> int:
     from clusterctl.cli import display
     from clusterctl.cluster import clean as cleanlib
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import typing
 from dataclasses import dataclass
+from typing import Any
 
 
 def install() -> bool:
@@ -33,12 +34,12 @@ def install() -> bool:
         kind: type = str
         many: bool = False
 
-        def _coerce_value(self, value, param, ctx):
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:  # typer's private signature
             if self.many:
                 return [self._one(v, param, ctx) for v in (value if isinstance(value, (list, tuple)) else [value])]
             return self._one(value, param, ctx)
 
-        def _one(self, v, param, ctx):
+        def _one(self, v: Any, param: Any, ctx: Any) -> Any:
             kind = self.kind
             if kind is bool:
                 if isinstance(v, bool):
@@ -59,7 +60,7 @@ def install() -> bool:
                     pass
             raise BadParameter(f"{v!r} is not a valid {kind.__name__}.", ctx=ctx, param=param)
 
-    def build(descriptor):
+    def build(descriptor: Any) -> Any:  # typer's private descriptor and parameter
         try:
             info = descriptor.parameter_info
             plain = (
@@ -80,5 +81,5 @@ def install() -> bool:
         return original(descriptor)
 
     build._clusterctl_fast = True  # type: ignore[attr-defined]  # the mark that it is patched once
-    core.build_runtime_param = build
+    setattr(core, "build_runtime_param", build)  # noqa: B010  # a private name (not exported, to mypy --strict)
     return True

@@ -6,20 +6,30 @@ import functools
 import inspect
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Tuple, TypeVar, cast
 
 import typer
 
 from clusterctl.errors import UsageError, within  # within: the one range check, in core for the library too
 
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.providers.base import Provider
+    from clusterctl.state import StateStore
+    from clusterctl.types import Cluster, RunReport
 
-def _store():
+__all__ = ["within"]  # re-exported for the commands (the rest is imported by name from here)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _store() -> StateStore:
     from clusterctl.state import StateStore
 
     return StateStore()
 
 
-def _provider(kind: str, store, region: str | None = None):
+def _provider(kind: str, store: StateStore, region: str | None = None) -> Provider:
     """A provider by name, in a region (where it has regions), reporting its progress on stderr."""
     from clusterctl import providers
     from clusterctl.cli import display
@@ -36,7 +46,7 @@ def _confirm(question: str, yes: bool) -> None:
         raise UsageError("cancelled", "nothing was changed")
 
 
-def _hourly(cluster) -> float | None:
+def _hourly(cluster: Cluster | None) -> float | None:
     from clusterctl.cluster import costs
 
     return costs.hourly(cluster)
@@ -83,12 +93,12 @@ class Ssh:
 DEFAULT_SSH = Ssh()  # the `ssh` parameter's default in a command's own signature (ssh_options replaces it)
 
 
-def ssh_options(*names: str) -> Callable[[Callable], Callable]:
+def ssh_options(*names: str) -> Callable[[F], F]:
     """sqlite-utils' shared option decorators, for typer: the command declares one parameter `ssh: Ssh`, and
     typer sees these options in its place (so `--help` lists them where that parameter stands); the command
     gets them back as one Ssh value."""
 
-    def ssh(**given):
+    def ssh(**given: Any) -> Ssh:
         if "identity" in given:
             given["identity"] = tuple(given["identity"] or ())
         return Ssh(**given)
@@ -96,11 +106,11 @@ def ssh_options(*names: str) -> Callable[[Callable], Callable]:
     return option_group("ssh", {n: _SSH_OPTIONS[n] for n in names}, ssh)
 
 
-def option_group(param: str, options: Mapping[str, Tuple[Any, Any]], build: Callable[..., Any]) -> Callable:
+def option_group(param: str, options: Mapping[str, Tuple[Any, Any]], build: Callable[..., Any]) -> Callable[[F], F]:
     """Options declared once for one parameter: typer sees `options` (name -> (type, typer parameter)) where
     the command's parameter `param` stands, and the command gets `build(**their values)` in it."""
 
-    def decorate(fn: Callable) -> Callable:
+    def decorate(fn: F) -> F:
         sig = inspect.signature(fn, eval_str=True)
         params = []
         for p in sig.parameters.values():
@@ -112,24 +122,26 @@ def option_group(param: str, options: Mapping[str, Tuple[Any, Any]], build: Call
             )
 
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             given = {n: kwargs.pop(n) for n in options if n in kwargs}
             return fn(*args, **{param: build(**given)}, **kwargs)
 
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]  # what typer reads
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
-        return wrapper
+        return cast(F, wrapper)  # fn's type to mypy; typer reads the options from __signature__
 
     return decorate
 
 
-def _inventory(hosts_path, ssh: Ssh):
+def _inventory(hosts_path: str | None, ssh: Ssh) -> Inventory:
     within("--parallel", ssh.parallel, 1)
     within("--connect-timeout", ssh.connect_timeout, above=0)
     return _resolve_hosts(hosts_path, ssh.cluster, ssh)
 
 
-def _resolve_hosts(hosts_path, cluster, ssh: Ssh = DEFAULT_SSH, store=None):
+def _resolve_hosts(
+    hosts_path: str | None, cluster: str | None, ssh: Ssh = DEFAULT_SSH, store: StateStore | None = None
+) -> Inventory:
     """The inventory with the shared ssh options (flags win over the ssh config; a ConnectTimeout in the
     config applies unless --connect-timeout was given)."""
     try:  # newer typer carries its own click (and may not install click): its context is the live one
@@ -162,7 +174,7 @@ def _resolve_hosts(hosts_path, cluster, ssh: Ssh = DEFAULT_SSH, store=None):
     )
 
 
-def _fan_out(inv, cmd: str, parallel: int, timeout: float | None = None, live: bool = True):
+def _fan_out(inv: Inventory, cmd: str, parallel: int, timeout: float | None = None, live: bool = True) -> RunReport:
     """Run through the connection agent (reused connections), host-prefixed live output unless not `live`."""
     from clusterctl.cli import display
     from clusterctl.remote import agent

@@ -5,19 +5,34 @@ here (the line printers are cli/display.py)."""
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from clusterctl.cli.display import _esc, console, info
+from clusterctl.cli.display import _esc, console, info, justified_table, warn
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from rich.console import JustifyMethod
     from rich.live import Live
+    from rich.table import Table
+
+    from clusterctl.cluster.gc import Leftover
+    from clusterctl.data.outcome import SyncReport
+    from clusterctl.playbook.model import StepResult
+    from clusterctl.providers.base import ClusterStatus
+    from clusterctl.types import Cluster
+    from clusterctl.workloads.bench import Ladder
+    from clusterctl.workloads.cluster_view import ClusterView
+    from clusterctl.workloads.doctor_judge import Allreduce, DoctorReport
+    from clusterctl.workloads.train_job import TrainJob
+    from clusterctl.workloads.train_log import EvalResult, TrainStatus
 
 
 # ---- clusters ----------------------------------------------------------------------------------------
 def cluster_table(
-    rows: Sequence[dict], columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state")
+    rows: Sequence[Mapping[str, object]],
+    columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state"),
 ) -> None:
     from rich.table import Table
 
@@ -29,7 +44,7 @@ def cluster_table(
     console().print(t)
 
 
-def cluster_status(status, now: float, current: bool = False, notes: Sequence[str] = ()) -> None:
+def cluster_status(status: ClusterStatus, now: float, current: bool = False, notes: Sequence[str] = ()) -> None:
     """`status` of a cluster as its provider sees it: one row per node, then $/hour and cost so far."""
     from rich.table import Table
 
@@ -65,7 +80,34 @@ def cluster_status(status, now: float, current: bool = False, notes: Sequence[st
         c.print(f"[yellow]note:[/] {_esc(note)}")
 
 
-def gc_table(found, chosen, now: float) -> None:
+def cluster_view(view: ClusterView) -> None:
+    """`status`: the cluster's nodes (as the record, or the cloud, has them), then what is lost, autostop,
+    the node runtime, and the jobs on it."""
+    if view.nodes is not None:
+        node_table(view.nodes, current=view.current)
+    elif view.cloud is not None:
+        cluster_status(view.cloud, view.now, current=view.current, notes=view.notes)
+    for x in view.lost:
+        warn(f"lost: {x.node.name} ({x.node.private_ip}): {x.why}; `clusterctl repair` replaces it")
+    c = console()
+    for line in view.autostop:
+        c.print(_esc(line))
+    if view.runtime is not None:
+        c.print(_esc(view.runtime))
+    if view.training is not None:
+        t = view.training
+        if t.status is None:
+            warn(f"training job {t.job.job}: {t.error}")
+        else:
+            train_status(t.job, t.status, t.hourly_usd)
+    if view.launches is not None:
+        if view.launches.error:
+            warn(f"launch jobs: {view.launches.error}")
+        for line in view.launches.lines:
+            c.print(_esc(line))
+
+
+def gc_table(found: Sequence[Leftover], chosen: Sequence[Leftover], now: float) -> None:
     """`gc`: one row per cluster found (age, owner, record here), then each resource of the ones to remove."""
     from rich.table import Table
 
@@ -99,7 +141,7 @@ def gc_table(found, chosen, now: float) -> None:
             )
 
 
-def node_table(cluster, current: bool = False) -> None:
+def node_table(cluster: Cluster, current: bool = False) -> None:
     from rich.table import Table
 
     c = console()
@@ -115,7 +157,7 @@ def node_table(cluster, current: bool = False) -> None:
     c.print(t)
 
 
-def ladder_table(ladder) -> None:
+def ladder_table(ladder: Ladder) -> None:
     """The rungs, each node alone, the verdict. +-: half the 95% interval of the mean (what is judged);
     the batch spread (1.96 sd of single batches, Horovod's +-) is shown apart, labelled as such."""
     from rich.table import Table
@@ -183,7 +225,7 @@ def ladder_table(ladder) -> None:
 
 
 # ---- the doctor --------------------------------------------------------------------------------------
-def doctor_table(report) -> None:
+def doctor_table(report: DoctorReport) -> None:
     from rich.table import Table
 
     marks = {"ok": "[green]ok[/]", "fail": "[bold red]FAIL[/]", "n/a": "[dim]n/a[/]"}
@@ -203,7 +245,11 @@ def doctor_table(report) -> None:
                 f"fabric: all_reduce_perf avg bus bandwidth {f.nccl.avg_busbw_gbyte:.2f} GB/s over "
                 f"{len(f.nccl.rows)} sizes, {f.nccl.peak_busbw_gbyte:.2f} GB/s at the largest"
             )
-        spread = (lambda a: "") if f.tool == "nccl-tests" else (lambda a: f" +- {a.conf:.2f}")
+        timed_alone = f.tool != "nccl-tests"  # our own allreduce: a spread over its timed runs
+
+        def spread(a: Allreduce) -> str:
+            return f" +- {a.conf:.2f}" if timed_alone else ""
+
         c.print(
             "fabric: cluster allreduce "
             + (
@@ -223,11 +269,8 @@ def doctor_table(report) -> None:
     c.print("[green]all checks passed[/]" if report.ok else f"[red]{len(report.failures())} check(s) failed[/]")
 
 
-def sync_table(report) -> None:
+def sync_table(report: SyncReport) -> None:
     """The final table: node, bytes, seconds, MB/s, verified; and one summary line."""
-    from rich.table import Table
-
-    t = Table(box=None, header_style="bold")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("NODE", "left"),
         ("BYTES", "right"),
@@ -235,8 +278,7 @@ def sync_table(report) -> None:
         ("MB/S", "right"),
         ("VERIFIED", "left"),
     )
-    for col, just in columns:
-        t.add_column(col, justify=just)
+    t = justified_table(columns)
     for o in report.outcomes:
         rate = f"{o.bytes / o.seconds / 1e6:.1f}" if o.seconds > 0 and o.bytes else "-"
         verified = "yes" if o.verified else f"no: {o.status}: {o.detail}"
@@ -252,7 +294,7 @@ def sync_table(report) -> None:
 
 
 # ---- playbooks ---------------------------------------------------------------------------------------
-def play_summary(results) -> None:
+def play_summary(results: Sequence[StepResult]) -> None:
     c = console()
     for r in results:
         mark = "[dim]skip[/]" if r.skipped else ("[green]ok[/]" if r.ok else "[bold red]FAIL[/]")
@@ -273,10 +315,9 @@ _SWEEP_STYLE = {
 }
 
 
-def sweep_rich_table(rows: Sequence[dict], params: Sequence[str], metric_name: str, title: str | None = None):
-    from rich.table import Table
-
-    t = Table(title=title, box=None, header_style="bold", title_justify="left")
+def sweep_rich_table(
+    rows: Sequence[Mapping[str, Any]], params: Sequence[str], metric_name: str, title: str | None = None
+) -> Table:
     columns: list[tuple[str, JustifyMethod]] = [
         ("TRIAL", "right"),
         *((p.upper(), "right") for p in params),
@@ -286,8 +327,7 @@ def sweep_rich_table(rows: Sequence[dict], params: Sequence[str], metric_name: s
         (metric_name.upper(), "right"),
         ("", "left"),
     ]
-    for col, just in columns:
-        t.add_column(_esc(col), justify=just)
+    t = justified_table(columns, title)
     for r in rows:
         style = _SWEEP_STYLE.get(r["state"], "")
         mark = "[bold green]best[/]" if r["best"] else ""
@@ -304,7 +344,9 @@ def sweep_rich_table(rows: Sequence[dict], params: Sequence[str], metric_name: s
     return t
 
 
-def sweep_table(rows: Sequence[dict], params: Sequence[str], metric_name: str, title: str | None = None) -> None:
+def sweep_table(
+    rows: Sequence[Mapping[str, Any]], params: Sequence[str], metric_name: str, title: str | None = None
+) -> None:
     """The sweep's trials as a table on stdout (the caller orders the rows)."""
     console().print(sweep_rich_table(rows, params, metric_name, title))
 
@@ -326,11 +368,11 @@ class SweepProgress:
             self.live.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.live is not None:
             self.live.stop()
 
-    def update(self, rows: Sequence[dict], summary: str, lines: Sequence[str]) -> None:
+    def update(self, rows: Sequence[Mapping[str, Any]], summary: str, lines: Sequence[str]) -> None:
         if self.live is not None:
             from rich.console import Group
             from rich.text import Text
@@ -342,7 +384,7 @@ class SweepProgress:
 
 
 # ---- training ----------------------------------------------------------------------------------------
-def train_eval(result) -> None:
+def train_eval(result: EvalResult) -> None:
     """`clusterctl eval`: the recipe's evaluation line, top-1/top-5 in percent."""
     from rich.table import Table
 
@@ -362,7 +404,7 @@ def train_eval(result) -> None:
     console().print(t)
 
 
-def train_status(job, st, dollars_per_hour) -> None:
+def train_status(job: TrainJob, st: TrainStatus, dollars_per_hour: float | None) -> None:
     """The training job under `status`: state, step, epoch, img/s, loss, elapsed, ETA and its cost."""
 
     c = console()

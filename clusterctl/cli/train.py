@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
@@ -14,7 +14,6 @@ from clusterctl.cli.shared import (
     HOSTS,
     LOGIN,
     Ssh,
-    _hourly,
     _print_line,
     _resolve_hosts,
     _store,
@@ -24,11 +23,14 @@ from clusterctl.cli.shared import (
 )
 from clusterctl.errors import ClusterctlError, ExitCode
 
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
 
 # ---- training ------------------------------------------------------------------------------------------
-def _train_inventory(hostsfile, cluster, connect_timeout: float = 10.0):
+def _train_inventory(hostsfile: str | None, cluster: str | None, connect_timeout: float = 10.0) -> Inventory:
     from clusterctl.cluster import inventory
 
     return inventory.resolve(hostsfile, cluster, _store(), inventory.SshOverrides(connect_timeout=connect_timeout))
@@ -169,7 +171,7 @@ TRAIN_FLAGS = dict(  # train's training options, declared once; train_run.option
 @option_group("flags", TRAIN_FLAGS, dict)
 def train(
     hostsfile: Optional[str] = HOSTS,
-    flags: dict = {},  # noqa: B006  # TRAIN_FLAGS in its place (option_group)
+    flags: dict[str, Any] = {},  # noqa: B006  # TRAIN_FLAGS in its place (option_group)
     np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (exit status: the job's)."),
@@ -289,23 +291,6 @@ def launch(
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
 
 
-def _launch_status(name: str) -> None:
-    """The cluster's `launch` jobs (running ones and the latest), after its node table in `status`."""
-    from clusterctl.cli import display
-    from clusterctl.cluster import inventory
-    from clusterctl.workloads import userjob
-
-    store = _store()
-    try:
-        inv = inventory.resolve(None, name, store)
-        lines = userjob.status_lines(store, inv)
-    except ClusterctlError as exc:
-        display.warn(f"launch jobs: {exc.one_line()}")
-        return
-    for line in lines:
-        display.console().print(display._esc(line))
-
-
 @app.command("eval")
 def eval_(
     hostsfile: Optional[str] = HOSTS,
@@ -349,7 +334,7 @@ def tensorboard(
         raise ClusterctlError(f"the ssh tunnel ended (exit {code})", "run `clusterctl tensorboard` again")
 
 
-def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> None:
+def _train_logs(hostsfile: str | None, cluster: str | None, follow: bool, connect_timeout: float) -> None:
     """`clusterctl logs` without a job name: the training job's log, from the leader."""
     from clusterctl.remote import jobfolder
     from clusterctl.workloads import train_job as trainlib
@@ -361,25 +346,3 @@ def _train_logs(hostsfile, cluster, follow: bool, connect_timeout: float) -> Non
         raise typer.Exit(0 if code == 0 else int(ExitCode.REMOTE_FAILED))
     text = trainlib.read_log(inv, job).text
     sys.stdout.write(text)
-
-
-def _train_status(name: str) -> None:
-    """The training job's place, when the cluster has one (`status` calls this after its node table)."""
-    from clusterctl.cli import display, tables
-    from clusterctl.cluster import inventory
-    from clusterctl.workloads import train_job as trainlib
-
-    store = _store()
-    try:
-        inv = inventory.resolve(None, name, store)
-    except ClusterctlError:
-        return
-    job = trainlib.load_job(store, inv)
-    if job is None:
-        return
-    try:
-        st = trainlib.job_status(inv, job)
-    except ClusterctlError as exc:
-        display.warn(f"training job {job.job}: {exc.one_line()}")
-        return
-    tables.train_status(job, st, _hourly(inv.cluster))

@@ -3,21 +3,57 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
-from clusterctl.cli.shared import _confirm, _provider, _store, within
-from clusterctl.errors import UsageError
-from clusterctl.units import money
+from clusterctl.cli.shared import _confirm, _provider, _store, option_group
+
+if TYPE_CHECKING:
+    from clusterctl.state import StateStore
+    from clusterctl.types import Cluster
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
 
+# The flags of a provider's own settings (the option schema: providers/base.py up_flags), declared once and
+# handed to the library by option name as ClusterSpec.options; the provider checks them (AWS: AwsOptions).
+PROVIDER_FLAGS = dict(
+    ami=(Optional[str], typer.Option(None, "--ami", help="Image id (default: the current Deep Learning AMI).")),
+    ami_parameter=(
+        Optional[str],
+        typer.Option(None, "--ami-parameter", help="SSM public parameter naming the image."),
+    ),
+    ssh_user=(
+        Optional[str],
+        typer.Option(None, "--ssh-user", help="Login user (default: from the image; ubuntu for the DLAMI)."),
+    ),
+    volume_size=(int, typer.Option(200, "--volume-size", help="Root disk GB per node.")),
+    volume_type=(str, typer.Option("io2", "--volume-type", help="io2 | io1 | gp3 | gp2.")),
+    iops=(
+        Optional[int],
+        typer.Option(None, "--iops", help="Provisioned IOPS (default 10000 for io1/io2, 3000 for gp3)."),
+    ),
+    spot=(bool, typer.Option(False, "--spot", help="Spot instances (one-time; terminated on interruption).")),
+    vpc=(Optional[str], typer.Option(None, "--vpc", help="Use this VPC (its subnets) instead of creating one.")),
+    subnets=(List[str], typer.Option([], "--subnet", help="Use this subnet (repeatable: AZs tried in order).")),
+    cidr=(
+        Optional[str],
+        typer.Option(None, "--cidr", help="Address range of a VPC clusterctl creates (10.0.0.0/16)."),
+    ),
+    ssh_cidr=(Optional[str], typer.Option(None, "--ssh-cidr", help="Who may ssh in (default: your public IP /32).")),
+    s3_read=(List[str], typer.Option([], "--s3-read", help="s3://bucket/prefix the nodes may read (repeatable).")),
+    private_ips=(
+        bool,
+        typer.Option(False, "--private-ips", help="No public addresses: reach nodes by private IP (VPN/VPC)."),
+    ),
+)
+
+
 # ---- clusters --------------------------------------------------------------------------------------------
 @app.command()
+@option_group("options", PROVIDER_FLAGS, dict)
 def up(
     ctx: typer.Context,
     nodes: int = typer.Option(2, "--nodes", "-n", help="Number of nodes (the first is the leader)."),
@@ -36,25 +72,7 @@ def up(
         help="Add `Include ~/.ssh/clusterctl/*.conf` to ~/.ssh/config (once) so "
         "`ssh NAME` works (default: ask on a terminal).",
     ),
-    ami: Optional[str] = typer.Option(None, "--ami", help="Image id (default: the current Deep Learning AMI)."),
-    ami_parameter: Optional[str] = typer.Option(None, "--ami-parameter", help="SSM public parameter naming the image."),
-    ssh_user: Optional[str] = typer.Option(
-        None, "--ssh-user", help="Login user (default: from the image; ubuntu for the DLAMI)."
-    ),
-    volume_size: int = typer.Option(200, "--volume-size", help="Root disk GB per node."),
-    volume_type: str = typer.Option("io2", "--volume-type", help="io2 | io1 | gp3 | gp2."),
-    iops: Optional[int] = typer.Option(
-        None, "--iops", help="Provisioned IOPS (default 10000 for io1/io2, 3000 for gp3)."
-    ),
-    spot: bool = typer.Option(False, "--spot", help="Spot instances (one-time; terminated on interruption)."),
-    vpc: Optional[str] = typer.Option(None, "--vpc", help="Use this VPC (its subnets) instead of creating one."),
-    subnet: List[str] = typer.Option([], "--subnet", help="Use this subnet (repeatable: AZs tried in order)."),
-    cidr: Optional[str] = typer.Option(None, "--cidr", help="Address range of a VPC clusterctl creates (10.0.0.0/16)."),
-    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="Who may ssh in (default: your public IP /32)."),
-    s3_read: List[str] = typer.Option([], "--s3-read", help="s3://bucket/prefix the nodes may read (repeatable)."),
-    private_ips: bool = typer.Option(
-        False, "--private-ips", help="No public addresses: reach nodes by private IP (VPN/VPC)."
-    ),
+    options: dict[str, Any] = {},  # noqa: B006  # PROVIDER_FLAGS in its place (option_group)
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and check permissions; create nothing."),
     max_hourly: float = typer.Option(
         50.0, "--max-hourly", "--confirm-above", help="Ask before launching above this many $/hour."
@@ -97,79 +115,41 @@ def up(
 
     One network, one zone, one placement group; safe to re-run and to interrupt.
     """
-    from clusterctl import providers
-    from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display, tables
-    from clusterctl.cluster import provision
-    from clusterctl.runtime.install import S3Cache, plan_line
-    from clusterctl.state import validate_name
-    from clusterctl.types import ClusterSpec
+    from clusterctl.cluster import up_plan
 
-    kind = providers.provider_class(provider)
-    providers.refuse_foreign_flags(provider, _given(ctx))  # the provider's option schema
     store = _store()
-    name = validate_name(name or kind.default_cluster)
-    stop_rules = autostop.settings(idle_stop, max_lifetime, idle_action, spot=spot)  # --spot: refused unless taken
-    within("--slots", slots, 1, 1024)
-    within("--nodes", nodes, 1)
-    within("--nodes", nodes, 1, kind.max_nodes)
-    options: dict = {}
-    if kind.up_flags:  # the provider's own settings, checked by it (AWS: options.AwsOptions)
-        options = {
-            "ami": ami,
-            "ami_parameter": ami_parameter,
-            "ssh_user": ssh_user,
-            "volume_size": volume_size,
-            "volume_type": volume_type,
-            "iops": iops,
-            "spot": spot,
-            "vpc": vpc,
-            "subnets": tuple(subnet),
-            "cidr": cidr,
-            "ssh_cidr": ssh_cidr,
-            "s3_read": tuple(s3_read),
-            "private_ips": private_ips,
-        }
-    spec = ClusterSpec(
-        name=name,
+    request = up_plan.UpRequest(
         provider=provider,
         nodes=nodes,
+        instance_type=type_,
+        name=name,
         slots=slots,
-        instance_type=type_ if "--type" in kind.up_flags else provider,
-        region=region or "",
+        region=region,
+        given=tuple(_given(ctx)),
         options=options,
-        autostop=stop_rules,
+        idle_stop=idle_stop,
+        max_lifetime=max_lifetime,
+        idle_action=idle_action,
+        runtime=runtime,
+        python=python,
+        runtime_cache=runtime_cache,
+        runtime_wheels=runtime_wheels,
     )
-    impl = _provider(provider, store, region)
-    request = _runtime_request(runtime, python, runtime_cache, runtime_wheels, impl.builds_runtime_locally)
-    plan = impl.plan(spec)
-    for line in plan.lines:
-        display.info(f"plan: {line}")
-    display.info(f"plan: autostop: {autostop.describe(stop_rules)}")
-    display.info(f"plan: node runtime: {plan_line(request, plan.image)}")  # may refuse the image
+    plan = lambda line: display.info(f"plan: {line}")  # noqa: E731  # each line as it is known
+    up = up_plan.prepare(request, store, lambda kind, reg: _provider(kind, store, reg), plan)
     if dry_run:
-        for line in impl.dry_run(spec):
+        for line in up.provider.dry_run(up.spec):
             display.info(f"dry run: {line}")
         display.info("dry run: nothing was created")
         return
-    if plan.hourly_usd is None or plan.hourly_usd > max_hourly:
-        cost = "an unknown price" if plan.hourly_usd is None else f"{money(plan.hourly_usd)}/hour"
-        _confirm(f"Launch {nodes} x {type_} at {cost}?", yes)
-    start = time.monotonic()
-    cluster = provision.up(
-        spec,
-        store,
-        impl,
-        hosts_out=hosts_file,
-        report=lambda m: display.info(m),
-        ssh_timeout=ssh_timeout,
-        runtime=request,
-        trust_first_contact=trust_first_contact,
-        runtime_cache=S3Cache(request.cache, impl.object_store()) if request.cache else None,
-    )
+    question = up.question(max_hourly)
+    if question is not None:
+        _confirm(question, yes)
+    cluster, seconds = up_plan.launch(up, store, hosts_file, display.info, ssh_timeout, trust_first_contact)
     display.info(
         f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
-        f"in {time.monotonic() - start:.1f}s; hosts file: {hosts_file}"
+        f"in {seconds:.1f}s; hosts file: {hosts_file}"
     )
     _ssh_entry(cluster, store, ssh_config_entry)
     tables.node_table(cluster)
@@ -185,7 +165,7 @@ def _given(ctx: typer.Context) -> list[str]:
     ]
 
 
-def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:
+def _ssh_entry(cluster: Cluster, store: StateStore, entry: Optional[bool] = None) -> None:
     """`ssh NAME` / `ssh NAME-member-1`: the cluster's OpenSSH config (see sshentry), and with the user's
     consent (the flag, or asked on a terminal) the one Include line in ~/.ssh/config that finds it."""
     from clusterctl.cli import display
@@ -211,22 +191,3 @@ def _ssh_entry(cluster, store, entry: Optional[bool] = None) -> None:
             f"ssh config: {path} (ssh -F {path} {cluster.name}; `up --ssh-config-entry` adds "
             f"`{sshentry.include_line()}` to {sshentry.user_config()} for `ssh {cluster.name}`)"
         )
-
-
-def _runtime_request(
-    runtime: str, python: Optional[str], cache: Optional[str], wheels: Optional[str], builds_here: bool
-):
-    from clusterctl.runtime.install import RuntimeRequest
-
-    if runtime not in ("install", "none"):
-        raise UsageError(f"unknown --runtime {runtime!r}", "use install or none")
-    if python is not None and runtime == "none":
-        raise UsageError("--python and --runtime none together", "give one of them")
-    if (cache or wheels) and builds_here:  # the leader builds (or fetches) it: a cache or wheels are for it
-        raise UsageError(
-            "--runtime-cache and --runtime-wheels are for AWS clusters",
-            "local clusters build the runtime once on this machine and cache it here",
-        )
-    if python is not None:
-        return RuntimeRequest("own", python=python)
-    return RuntimeRequest(runtime, cache=cache or "", wheels=wheels or "")  # type: ignore[arg-type]  # checked above

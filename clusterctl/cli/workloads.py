@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -22,6 +22,16 @@ from clusterctl.cli.shared import (
     within,
 )
 from clusterctl.errors import ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from typer._click import Context  # the click typer carries, which its group's methods take
+
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.state import StateStore
+    from clusterctl.types import Cluster
+    from clusterctl.workloads.bench import Ladder
+    from clusterctl.workloads.sweep_control import Finished
+    from clusterctl.workloads.sweep_state import SweepState
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -106,7 +116,7 @@ def bench(
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
 
 
-def _bench_cost(inv, ladder, model: str) -> None:
+def _bench_cost(inv: Inventory, ladder: Ladder, model: str) -> None:
     """What the ladder cost, and what ImageNet costs at the rate measured on the top rung (bench.cost_lines)."""
     from clusterctl.cli import display
     from clusterctl.cluster import costs
@@ -166,7 +176,7 @@ def doctor(
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
 
 
-def _cloud_facts(cluster, store):
+def _cloud_facts(cluster: Cluster | None, store: StateStore) -> dict[str, dict[str, str]] | None:
     """Instance type / zone / placement per node, as the cluster's provider sees them (None for a hosts file)."""
     if cluster is None:
         return None
@@ -211,7 +221,7 @@ class _SweepGroup(typer.core.TyperGroup):
     """`clusterctl sweep --grid ... -- CMD` (options first, no subcommand) is `sweep run`, as before the
     subcommands; the old mode flags (--status, --attach, --cancel) are refused naming their subcommand."""
 
-    def parse_args(self, ctx, args):
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         if not args or not args[0].startswith("-") or args[0] in ctx.help_option_names:
             return super().parse_args(ctx, args)  # a subcommand (or --help) first: as any group
         head = args[: args.index("--")] if "--" in args else args
@@ -409,7 +419,7 @@ def sweep_cancel(
     display.info(resultlib.summary(state))
 
 
-def _sweep_show(state, sort: bool, title: Optional[str] = None) -> None:
+def _sweep_show(state: SweepState, sort: bool, title: Optional[str] = None) -> None:
     from clusterctl.cli import tables
     from clusterctl.workloads import sweep_results as resultlib
 
@@ -418,7 +428,7 @@ def _sweep_show(state, sort: bool, title: Optional[str] = None) -> None:
     )
 
 
-def _sweep_results(done) -> None:
+def _sweep_results(done: Finished) -> None:
     """A finished sweep: the sorted table, the best trial, where its results are; its exit status."""
     from clusterctl.cli import display
     from clusterctl.workloads import sweep_results as resultlib

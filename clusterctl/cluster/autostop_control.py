@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from clusterctl import providers
-from clusterctl.autostop.settings import from_extra
 from clusterctl.autostop.watchdog import edit_local, local_dir, remote_command, watchdog
 from clusterctl.proc import owner
 from clusterctl.state import Record, StateStore
@@ -71,7 +70,7 @@ def lease(
     """Hold an autostop lease on `cluster` (a Cluster of a record, or None for a plain hosts file: nothing to
     hold) while the block runs: the watchdog counts it as activity. Renewed in the background, released at the
     end whatever happens; a node that does not take it is a warning, never a failure of the operation."""
-    if cluster is None or from_extra(cluster.extra) is None:
+    if cluster is None or cluster.facts.autostop is None:
         yield None
         return
     lease_id = f"{re.sub(r'[^A-Za-z0-9_.-]', '-', what)[:20]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

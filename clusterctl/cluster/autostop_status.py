@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any, Callable
 
-from clusterctl.autostop.settings import action_of, describe_action, from_extra
+from clusterctl.autostop.settings import action_of, describe_action
 from clusterctl.autostop.watchdog import local_dir, remote_command, watchdog
 from clusterctl.state import Record, StateStore
 from clusterctl.types import Autostop, Cluster
@@ -53,12 +53,12 @@ def status_lines(store: StateStore, record: Record) -> list[str]:
     if providers.shares_this_machine(c):  # the watchdog's files are on this machine
         impl = providers.of(c)
         running = local_status(store, c.name, lambda _name: bool(impl.watchdog_running(c)))
-        return summary(running, from_extra(c.extra), c.created_at)
+        return summary(running, c.facts.autostop, c.created_at)
     try:
         st = remote_status(c, store)
     except Exception:  # unreachable, keys gone ...: say what is known from the settings
         st = None
-    return summary(st, from_extra(c.extra), c.created_at)
+    return summary(st, c.facts.autostop, c.created_at)
 
 
 def summary(

@@ -8,7 +8,8 @@ cluster is one identity (its name and `clusterctl:id`; before ids, name and owne
 exactly the resource ids listed and confirmed (AwsProvider.remove), never a search by tag value (EC2 reads `*`
 in one as a wildcard); another owner's clusters (another home's, locally) are kept unless --force. Local clusters are removed by
 their provider's terminate, as `down` does. scan() finds and chooses (nothing changes); remove() removes
-what the user confirmed, each provider's remove(), and the record with it.
+what the user confirmed, each provider's remove(), and the record with it (collect(): with the connection agent
+stopped first, and an error naming what is left).
 """
 
 from __future__ import annotations
@@ -107,6 +108,27 @@ class Scan:
     others: tuple[Leftover, ...]  # old enough, but another owner's: kept without --force
     not_looked: tuple[str, ...]  # one line per provider that was not asked, and why
 
+    def notes(self, older_than: str | None) -> list[str]:
+        """What is kept and why (another owner's), and why nothing is to be removed, when nothing is
+        (`older_than`: the --older-than text given, if any)."""
+        lines = []
+        if self.others:
+            kept = ", ".join(f"{c.name} of {c.owner or 'unknown'}" for c in self.others)
+            lines.append(f"kept: {len(self.others)} cluster(s) of other owners ({kept}); --force removes them")
+        if not self.chosen:
+            lines.append(
+                f"nothing is older than {older_than}"
+                if older_than and not self.others
+                else "nothing of yours to remove"
+            )
+        return lines
+
+    def question(self) -> str:
+        """The confirmation asked before the chosen clusters are removed."""
+        named = ", ".join(c.name + ("" if c.mine else f" (owner {c.owner or 'unknown'})") for c in self.chosen)
+        total = sum(len(c.found) for c in self.chosen)
+        return f"Remove {total} resource(s) of {len(self.chosen)} cluster(s) ({named})?"
+
 
 def scan(
     store: StateStore,
@@ -146,6 +168,18 @@ def scan(
     chosen = [c for c in old if force or c.mine]
     others = [c for c in old if not c.mine and c not in chosen]
     return Scan(tuple(found), tuple(chosen), tuple(others), tuple(not_looked))
+
+
+def collect(store: StateStore, providers: Providers, chosen: Iterable[Leftover], report: Callable[[str], None]) -> None:
+    """Remove the chosen clusters (the connection agent stopped first: it may hold connections to them);
+    raises ProvisionError naming what is left."""
+    from clusterctl.errors import ProvisionError
+    from clusterctl.remote import agent
+
+    agent.stop(store.root)
+    failed = remove(store, providers, chosen, report)
+    if failed:
+        raise ProvisionError(f"some resources remain ({' | '.join(failed)})", "run `clusterctl gc` again")
 
 
 def remove(

@@ -298,25 +298,8 @@ def listing(
         if cname in seen:
             continue
         c = r.cluster
-        if c.region in asked.get(c.provider, set()):
-            rows.append(
-                Row(
-                    cname,
-                    cname == current,
-                    c.provider,
-                    c.region,
-                    len(c.nodes),
-                    c.instance_type,
-                    c.facts.zone,
-                    "not in the cloud",
-                    None,
-                    None,
-                    None,
-                    "; ".join(disagreements(r, None)),
-                    priced=False,
-                )
-            )
-            continue
+        gone = c.region in asked.get(c.provider, set())  # its cloud was asked and no longer has it
+        free = c.provider in here  # this machine's clusters cost nothing
         rows.append(
             Row(
                 cname,
@@ -325,13 +308,13 @@ def listing(
                 c.region,
                 len(c.nodes),
                 c.instance_type,
-                "",
-                r.status,
-                now - c.created_at if r.status == "up" else None,
-                0.0 if c.provider in here else None,  # this machine's clusters cost nothing
-                0.0 if c.provider in here else None,
-                r.note,
-                priced=c.provider in here,
+                c.facts.zone if gone else "",
+                "not in the cloud" if gone else r.status,
+                now - c.created_at if r.status == "up" and not gone else None,
+                0.0 if free else None,
+                0.0 if free else None,
+                "; ".join(disagreements(r, None)) if gone else r.note,
+                priced=free,
             )
         )
     return Listing(tuple(rows), hourly_sum, so_far_sum, unknown)

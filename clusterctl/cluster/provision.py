@@ -9,7 +9,6 @@ A failed or interrupted `up` removes what it created (found by tags/names) and s
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import socket
 import threading
@@ -122,7 +121,7 @@ def up(
                 for warning in check_gpus(cluster, pool, ssh_targets(cluster, store)):
                     report(f"warning: {warning}")
                 # The nodes' training environment; the record says which (jobfolder.node_python reads it).
-                fields = install_runtime(
+                node_runtime = install_runtime(
                     cluster,
                     pool,
                     ssh_targets(cluster, store),
@@ -134,7 +133,7 @@ def up(
                     build_here=provider.builds_runtime_locally,
                 )
                 live_hosts.write(pool, ssh_targets(cluster, store)[0], hosts_file(cluster))
-            cluster = dataclasses.replace(cluster, extra={**cluster.extra, **fields})
+            cluster = cluster.with_runtime(node_runtime)
             atomic_write(p.hosts, hf.render(), mode=0o644)
             if hosts_out is not None and not hosts_out_mod.write(hosts_out, hf.render(), spec.name):
                 report(
@@ -321,7 +320,7 @@ GPU_PROBE = (
 
 
 def check_gpus(cluster: Cluster, pool: SshPool, targets: list[SshTarget]) -> list[str]:
-    """Slots against the GPUs nvidia-smi sees. A node of a GPU type (cluster.extra["gpus"] > 0) whose nvidia-smi
+    """Slots against the GPUs nvidia-smi sees. A node of a GPU type (cluster.facts.gpus > 0) whose nvidia-smi
     is missing, fails, or sees fewer GPUs than its slots fails `up` (a ProvisionError naming the nodes);
     other mismatches are warnings."""
     report = pool.run(targets, GPU_PROBE, timeout=60)

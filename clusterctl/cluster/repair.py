@@ -351,7 +351,7 @@ def _runtime(
     nodes = [peer, *fresh]
     if rid != "own":
         sub = dataclasses.replace(cluster, nodes=tuple(nodes))
-        fields = install.install(
+        got = install.install(
             sub,
             pool,
             [targets[n.ssh_host] for n in nodes],
@@ -361,9 +361,9 @@ def _runtime(
             report,
             build_here=provider.builds_runtime_locally,
         )
-        if fields.get("runtime") != rid:
+        if got.id != rid:
             raise ProvisionError(
-                f"the new node(s) would get runtime {fields.get('runtime')}, the cluster has {rid}",
+                f"the new node(s) would get runtime {got.id}, the cluster has {rid}",
                 "the replacement differs from its peers (image or type): `clusterctl down` and `up` again",
             )
         python = rt.python_of(rid)

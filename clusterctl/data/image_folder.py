@@ -109,7 +109,9 @@ def read_val_labels(
     )
 
 
-def _flat_validation(folder: Path, labels, label_file, classes: set[str]) -> tuple[dict[str, list[Path]], list[str]]:
+def _flat_validation(
+    folder: Path, labels: Callable[[str], str | None], label_file: str | os.PathLike[str] | None, classes: set[str]
+) -> tuple[dict[str, list[Path]], list[str]]:
     """A validation folder of images without class sub-folders, sorted into classes by `labels`; an image
     without a label, or labelled with a class train/ does not have, stops the conversion (none is dropped)."""
     images: list[Path] = []
@@ -196,7 +198,7 @@ def scan_folder(
             imgs, other = _images(d)
             per_split["train"][d.name] = imgs
             ignored += [str(p) for p in other]
-        if flat:
+        if flat and labels is not None:  # (flat without labels was refused above)
             per_split["validation"], other_files = _flat_validation(
                 val_folder, labels, val_labels, {c for c, imgs in per_split["train"].items() if imgs}
             )

@@ -20,8 +20,8 @@ def rsync_bytes(line: str) -> int | None:
 class Children:
     """The local processes a sync started, so Ctrl-C (or an error) stops exactly those."""
 
-    def __init__(self):
-        self._procs: set[subprocess.Popen] = set()
+    def __init__(self) -> None:
+        self._procs: set[subprocess.Popen[Any]] = set()
         self._lock = threading.Lock()
 
     def popen(self, argv: list[str], **kw: Any) -> subprocess.Popen[Any]:
@@ -30,7 +30,7 @@ class Children:
             self._procs.add(p)
         return p
 
-    def done(self, *procs: subprocess.Popen) -> None:
+    def done(self, *procs: subprocess.Popen[Any]) -> None:
         with self._lock:
             for p in procs:
                 self._procs.discard(p)

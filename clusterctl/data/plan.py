@@ -231,7 +231,10 @@ def render_plan(
 ) -> list[str]:
     """The lines of `sync --plan`. `chosen`: the fan-out was measured (--fanout auto), and why is said."""
     src = f"source ({source.describe()})" if source.kind != "leader" else f"source (leader {leader}: {source.path})"
-    name = lambda n: src if n == SOURCE else n  # noqa: E731
+
+    def name(n: str) -> str:
+        return src if n == SOURCE else n
+
     if source.kind == "s3":
         return [f"s3: every node pulls its own copy from {source.describe()} at once ({len(nodes)} node(s))"] + [
             f"  {source.describe()} -> {n}" for n in nodes

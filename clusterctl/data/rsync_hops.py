@@ -35,7 +35,10 @@ def rsync(s: SyncSession, sender: SyncNode | None, receiver: SyncNode, paths: li
         return False
     lst = s.write_list(paths)
     dest = f"{receiver.target.user}@{bracketed(receiver.address)}:{receiver.root}/"
-    progress = lambda done: s.events.progress(receiver.label, min(done, receiver.outcome.bytes))  # noqa: E731
+
+    def progress(done: int) -> None:
+        s.events.progress(receiver.label, min(done, receiver.outcome.bytes))
+
     from_leader = sender is None and s.source.kind == "leader"
     if sender is None and not from_leader:
         list_path = s.scratch / f"rsync-{receiver.index}.list"
@@ -96,7 +99,7 @@ def tree(s: SyncSession, todo: list[SyncNode]) -> None:
         s.events.phase(f"tree round {r}: {len(hops)} rsync hop(s)")
         results: dict[int, bool] = {}
 
-        def hop(pair):
+        def hop(pair: tuple[SyncNode | None, SyncNode]) -> None:
             a, b = pair
             results[b.index] = rsync(s, a, b, b.bad)  # noqa: B023 (_fan runs it within this round)
 

@@ -30,6 +30,8 @@ from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshSettings, SshTarget
 from clusterctl.types import Cluster, HostResult
 
+Wire = dict[str, Any]  # one JSON object as the node agent writes it (its keys: node/sync/manifest.py)
+
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound="SyncSession")
 
@@ -166,7 +168,7 @@ class SyncSession:
         *args: str,
         timeout: float | None = None,
         on_line: Callable[[str, str, str], None] | None = None,
-    ) -> tuple[dict | None, HostResult]:
+    ) -> tuple[Wire | None, HostResult]:
         out = f"{self.work}/out-{uuid.uuid4().hex[:8]}.json"  # the result comes back by SFTP: no output cap
         r = self.pool.run_one(node.target, self.py(args[0], "--out", out, *args[1:]), timeout=timeout, on_line=on_line)
         data = None
@@ -208,7 +210,7 @@ class SyncSession:
         finally:
             sftp.close()
 
-    def refused(self, node: SyncNode, data: dict | None) -> UsageError:
+    def refused(self, node: SyncNode, data: Wire | None) -> UsageError:
         """The agent's refusal of DST on a node (exit 2), as one line naming the node."""
         why = (data or {}).get("error") or f"refusing to sync into {self.dst}"
         return UsageError(f"on {node.label}: {why}", (data or {}).get("hint") or None)
@@ -220,7 +222,7 @@ class SyncSession:
         node.outcome.seconds = time.monotonic() - self.start
         node.alive = False
 
-    def failed_result(self, node: SyncNode, r: HostResult, data: dict | None, what: str) -> None:
+    def failed_result(self, node: SyncNode, r: HostResult, data: Wire | None, what: str) -> None:
         if r.exit_code is None:
             self.fail(node, "unreachable", r.error or "unreachable")
         else:
@@ -274,7 +276,7 @@ class ManifestUnreadable(Exception):
     pass
 
 
-def _entry_lines(f: IO[bytes], count: int, where: str) -> Iterator[dict]:
+def _entry_lines(f: IO[bytes], count: int, where: str) -> Iterator[Wire]:
     """The wire dicts of an agent's result file, parsed one line at a time; the file is closed at the end.
     Fewer lines than the header said (a result cut short) or one that is not a JSON object: ManifestUnreadable."""
     with f:

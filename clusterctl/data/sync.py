@@ -35,7 +35,7 @@ from typing import Sequence
 
 from clusterctl.data import chain, rsync_hops, s3_round
 from clusterctl.data.outcome import SyncIncomplete, SyncReport
-from clusterctl.data.session import ManifestUnreadable, SyncNode, SyncSession, mb
+from clusterctl.data.session import ManifestUnreadable, SyncNode, SyncSession, Wire, mb
 from clusterctl.errors import ConfigError, ExitCode
 from clusterctl.node.sync import guard, scan
 from clusterctl.node.sync.manifest import EXIT_INPUT, ManifestEntry, path_problem
@@ -51,7 +51,7 @@ class Syncer(SyncSession):
         self.start = time.monotonic()
         self._tmp = tempfile.TemporaryDirectory(prefix="clusterctl-sync-")
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-manifest")
-        self._hashed: Future = Future()
+        self._hashed: Future[None] = Future()
         try:
             self._run()
         except BaseException:
@@ -181,7 +181,7 @@ class Syncer(SyncSession):
             if problem:
                 raise ConfigError(f"SRC {self.source.describe()}: {problem}")
 
-    def _hash_local(self, wire: list[dict], keys: dict[str, str]) -> None:
+    def _hash_local(self, wire: list[Wire], keys: dict[str, str]) -> None:
         """(in the background) The last run's sha256 of every unchanged file taken, the others hashed, the
         manifest made whole and encoded, the cache kept."""
         cache = self.cache_dir / f"{hashlib.sha256(os.fsencode(self.src_root)).hexdigest()[:16]}.json"
@@ -231,7 +231,7 @@ class Syncer(SyncSession):
         self.events.phase(f"sending the manifest ({len(self.entries)} entries) to {len(self.live())} node(s)")
         self.fan(self.live(), one)
 
-    def _precheck(self) -> Future:
+    def _precheck(self) -> Future[None]:
         """What every node lacks (n.bad), its marker removed first. A node whose DST holds nothing yet lacks
         everything: it is told so without a manifest (agent `fresh`). The others are checked against the
         whole manifest, sent first. When every node is fresh, the manifest is made and sent while the data
@@ -263,7 +263,7 @@ class Syncer(SyncSession):
         self._send_manifest()
         self.events.phase(f"checking {len(rest)} node(s) against the manifest")
         self._check_all(rest, reset=True)
-        done: Future = Future()
+        done: Future[None] = Future()
         done.set_result(None)
         return done
 

@@ -31,10 +31,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from clusterctl.data.image_folder import LABEL_BASE, SPLITS, ImageItem, scan_folder
 from clusterctl.errors import ConfigError
+
+T = TypeVar("T")
+TensorFlow = Any  # the tensorflow module, imported only when records are written: it has no types installed here
+Rng = Any  # a numpy.random.Generator (numpy, like tensorflow, is imported late and untyped here)
 
 FORMAT = "imagenet-tfrecord"
 FORMAT_VERSION = 1
@@ -87,12 +91,12 @@ def default_shards(split: str, examples: int) -> int:
     return min(128, max(math.ceil(examples / 390), min(4, examples)))
 
 
-def deal(items: Sequence, count: int) -> list[list]:
+def deal(items: Sequence[T], count: int) -> list[list[T]]:
     """Round-robin `items` into `count` shards (sizes differ by at most one)."""
     return [list(items[i::count]) for i in range(count)]
 
 
-def synthetic_pixels(label: int, classes: int, size: int, rng) -> "object":
+def synthetic_pixels(label: int, classes: int, size: int, rng: Rng) -> Any:
     """A generated RGB image (numpy uint8, size x size x 3) that a small CNN can learn to tell apart by
     class: a hue per class, stripes whose direction and frequency depend on the class, and noise."""
     import numpy as np
@@ -117,7 +121,7 @@ def synthetic_pixels(label: int, classes: int, size: int, rng) -> "object":
 
 
 # ---- TensorFlow-side: encoding and writing ---------------------------------------------------------
-def _tf():
+def _tf() -> TensorFlow:
     try:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
@@ -129,14 +133,14 @@ def _tf():
 
 
 def example_bytes(
-    tf, *, encoded: bytes, label: int, synset: str, text: str, filename: str, height: int, width: int
+    tf: TensorFlow, *, encoded: bytes, label: int, synset: str, text: str, filename: str, height: int, width: int
 ) -> bytes:
     """One serialized tf.train.Example with the standard ImageNet features."""
 
-    def b(v: str | bytes):
+    def b(v: str | bytes) -> Any:
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode() if isinstance(v, str) else v]))
 
-    def i(v: int):
+    def i(v: int) -> Any:
         return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
 
     feats = {
@@ -151,14 +155,15 @@ def example_bytes(
         "image/filename": b(filename),
         "image/encoded": b(encoded),
     }
-    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+    serialized: bytes = tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+    return serialized
 
 
 def _is_jpeg(data: bytes) -> bool:
     return data[:3] == b"\xff\xd8\xff"
 
 
-def to_rgb_jpeg(tf, data: bytes, resize: int | None = None) -> tuple[bytes, int, int, bool]:
+def to_rgb_jpeg(tf: TensorFlow, data: bytes, resize: int | None = None) -> tuple[bytes, int, int, bool]:
     """(JPEG bytes, height, width, re-encoded?). RGB JPEGs are kept as they are; PNGs and grayscale or
     CMYK JPEGs are decoded and written again as RGB JPEG (quality 95). With `resize`, an image whose shorter
     side is longer is scaled down to that shorter side (aspect kept, antialiased) and written again: the
@@ -208,7 +213,7 @@ def _prepare_dst(dst: Path, force: bool) -> None:
         p.unlink()
 
 
-def _write_shard(tf, path: Path, records: Iterable[bytes]) -> int:
+def _write_shard(tf: TensorFlow, path: Path, records: Iterable[bytes]) -> int:
     tmp = path.with_name(f".{path.name}.tmp")
     n = 0
     try:
@@ -227,7 +232,9 @@ def _workers(n: int | None, shards: int) -> int:
     return max(1, min(shards, n or os.cpu_count() or 1))
 
 
-def _finish(dst: Path, classes: Sequence[str], splits: dict[str, SplitInfo], source: str, *, extra: dict) -> None:
+def _finish(
+    dst: Path, classes: Sequence[str], splits: dict[str, SplitInfo], source: str, *, extra: dict[str, object]
+) -> None:
     (dst / "labels.txt").write_text("".join(f"{c}\n" for c in classes))
     meta = {
         "format": FORMAT,
@@ -301,7 +308,9 @@ def convert_folder(
         names = [shard_name(split, i, count) for i in range(count)]
         done = [0]
 
-        def records(part: list[ImageItem], split=split, items=items, done=done):
+        def records(
+            part: list[ImageItem], split: str = split, items: Sequence[ImageItem] = items, done: list[int] = done
+        ) -> Iterator[bytes]:
             for item in part:
                 try:
                     encoded, h, w, again = to_rgb_jpeg(tf, item.path.read_bytes(), resize)
@@ -408,7 +417,9 @@ def write_synthetic(
 
         lock = threading.Lock()
 
-        def records(indices: list[int], split=split, n=n, done=done, lock=lock):
+        def records(
+            indices: list[int], split: str = split, n: int = n, done: list[int] = done, lock: threading.Lock = lock
+        ) -> Iterator[bytes]:
             for idx in indices:
                 label = idx % classes + LABEL_BASE
                 # One generator per image, seeded by its index: the same bytes whatever the thread order.

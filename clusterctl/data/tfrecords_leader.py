@@ -8,10 +8,21 @@ import json
 import os
 import shlex
 from pathlib import Path
+from typing import Any, Callable, Protocol
 
 from clusterctl import s3uri
 from clusterctl.data.tfrecords import DatasetInfo, SplitInfo
 from clusterctl.errors import ConfigError
+from clusterctl.remote.jobfolder import Reachable
+from clusterctl.types import Cluster
+
+
+class LeaderInventory(Reachable, Protocol):
+    """What a conversion on the leader needs of an inventory (cluster/inventory.py's Inventory)."""
+
+    @property
+    def cluster(self) -> Cluster | None: ...
+
 
 CONVERTER = "tfrecords_convert.py"  # templates/: run on the leader with STAGED beside it
 # What the converter imports of clusterctl, relative to the package, copied to the leader as they are here
@@ -78,14 +89,14 @@ def parse_leader_result(text: str) -> DatasetInfo:
 
 
 def convert_on_leader(
-    inv,
+    inv: LeaderInventory,
     src: str,
     dst: str,
     *,
     val_labels: str | os.PathLike[str] | None = None,
     val_synsets: str | os.PathLike[str] | None = None,
-    on_line=lambda _l: None,
-    **options,
+    on_line: Callable[[str], None] = lambda _l: None,
+    **options: Any,  # leader_argv's keywords: the conversion's settings
 ) -> DatasetInfo:
     """`data tfrecords --on leader`: convert where the images are (a folder on the leader, or s3://... read
     with the nodes' instance profile), writing the shards on the leader, for `sync leader:DST ...`. Runs with

@@ -21,7 +21,7 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from clusterctl.errors import ClusterctlError, UsageError, within
 from clusterctl.playbook import steps as playsteps
@@ -39,6 +39,9 @@ from clusterctl.playbook.model import (
     TrainSpec,
 )
 from clusterctl.playbook.run import render
+
+if TYPE_CHECKING:
+    import yaml
 
 STEP_KEYS = ("name", "on_failure")
 
@@ -94,7 +97,7 @@ def load(path: str | Path, overrides: Mapping[str, str] | None = None) -> Playbo
         if not isinstance(vnode, yaml.MappingNode):
             raise PlaybookError(f"{where}:{vnode.start_mark.line + 1}: `vars` is a mapping of name: default")
         for k, (_, v) in _mapping(vnode).items():
-            defaults[k] = _plain(yaml, v, where)
+            defaults[k] = _plain(v, where)
     for k in overrides or {}:
         if k not in defaults:
             raise PlaybookError(
@@ -107,16 +110,18 @@ def load(path: str | Path, overrides: Mapping[str, str] | None = None) -> Playbo
     steps = []
     seen: set[str] = set()
     for i, snode in enumerate(top["steps"][1].value, start=1):
-        step = _step(yaml, snode, i, where, variables)
+        step = _step(snode, i, where, variables)
         if step.name in seen:
             raise PlaybookError(f"{where}:{step.line}: two steps are named {step.name!r}")
         seen.add(step.name)
         steps.append(step)
-    pb_name = _plain(yaml, top["name"][1], where) if "name" in top else path.stem
+    pb_name = _plain(top["name"][1], where) if "name" in top else path.stem
     return Playbook(pb_name, str(path), tuple(steps), variables)
 
 
-def _step(yaml, snode, i: int, where: str, variables: Mapping[str, str]) -> Step:
+def _step(snode: yaml.Node, i: int, where: str, variables: Mapping[str, str]) -> Step:
+    import yaml
+
     line = snode.start_mark.line + 1
     if not isinstance(snode, yaml.MappingNode):
         raise PlaybookError(f"{where}:{line}: step {i} is not a mapping")
@@ -136,8 +141,8 @@ def _step(yaml, snode, i: int, where: str, variables: Mapping[str, str]) -> Step
     if len(kinds) != 1:
         raise PlaybookError(f"{where}:{line}: step {i} must have exactly one of {', '.join(SPECS)}")
     kind = kinds[0]
-    name = _plain(yaml, fields["name"][1], where) if "name" in fields else f"{i}-{kind}"
-    written = _plain(yaml, fields["on_failure"][1], where) if "on_failure" in fields else "stop"
+    name = _plain(fields["name"][1], where) if "name" in fields else f"{i}-{kind}"
+    written = _plain(fields["on_failure"][1], where) if "on_failure" in fields else "stop"
     if written not in ("stop", "continue"):
         raise PlaybookError(f"{where}:{line}: on_failure is stop or continue, not {written!r}")
     on_failure: OnFailure = "continue" if written == "continue" else "stop"
@@ -185,7 +190,7 @@ def _convert(value: Any, hint: Any, name: str, what: str, octal: bool = False) -
         hint = next(a for a in args if a is not type(None))
         origin, args = typing.get_origin(hint), typing.get_args(hint)
 
-    def refuse(kind: str):
+    def refuse(kind: str) -> PlaybookError:
         return PlaybookError(f"{what}: {name} takes {kind}, not {value!r}")
 
     if origin is typing.Literal:
@@ -257,15 +262,17 @@ def _check(spec: Spec, what: str) -> None:
         raise PlaybookError(f"{what}: {exc.message}", exc.hint) from None
 
 
-def _mapping(node) -> dict[str, tuple[Any, Any]]:
+def _mapping(node: yaml.MappingNode) -> dict[str, tuple[yaml.Node, yaml.Node]]:
     return {k.value: (k, v) for k, v in node.value}
 
 
-def _is_null(node) -> bool:
+def _is_null(node: yaml.Node) -> bool:
     return getattr(node, "tag", "").endswith(":null")
 
 
-def _plain(yaml, node, where: str) -> str:
+def _plain(node: yaml.Node, where: str) -> str:
+    import yaml
+
     if not isinstance(node, yaml.ScalarNode):
         raise PlaybookError(f"{where}:{node.start_mark.line + 1}: expected a plain value")
     return str(node.value)

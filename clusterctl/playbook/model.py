@@ -8,9 +8,13 @@ is one line here and one use in steps.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Union
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Union
 
 from clusterctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.state import StateStore
 
 Nodes = Literal["all", "leader", "members"]
 OnFailure = Literal["stop", "continue"]
@@ -147,7 +151,7 @@ class StepResult:
 class Context:
     """What steps run against; built by the caller (the CLI) from the cluster."""
 
-    inventory: Any
-    store: Any
+    inventory: Inventory
+    store: StateStore
     report: Callable[[str], None] = lambda _: None
     results: list[StepResult] = field(default_factory=list)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from clusterctl.cluster import inventory as inventory_mod
 from clusterctl.playbook.model import (
@@ -22,13 +22,17 @@ from clusterctl.playbook.model import (
     TrainSpec,
 )
 
+if TYPE_CHECKING:
+    from clusterctl.workloads.bench import BenchOptions
+    from clusterctl.workloads.train_options import TrainOptions
+
 
 def run_step(step: Step, ctx: Context) -> tuple[bool, str]:
     handler: Callable[[Any, Context], tuple[bool, str]] = _HANDLERS[type(step.spec)]
     return handler(step.spec, ctx)
 
 
-def _targets(ctx: Context, on: str):
+def _targets(ctx: Context, on: str) -> inventory_mod.Inventory:
     inv = ctx.inventory
     if on == "leader":
         return inventory_mod.subset(inv, inv.hosts.hosts[:1])
@@ -76,7 +80,7 @@ def _doctor(s: DoctorSpec, ctx: Context) -> tuple[bool, str]:
     return report.ok, "; ".join(report.failures()) or "all checks passed"
 
 
-def bench_options(s: BenchSpec):
+def bench_options(s: BenchSpec) -> BenchOptions:
     """The step's bench.BenchOptions (the fields it leaves out: their defaults), checked as `clusterctl bench`'s
     are; load.py calls this too, so a bad value is refused before any step runs."""
     from clusterctl.workloads import bench
@@ -168,7 +172,7 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
     return True, f"{report.files} file(s), {report.total_bytes} bytes verified on {len(report.outcomes)} node(s)"
 
 
-def train_options(s: TrainSpec):
+def train_options(s: TrainSpec) -> TrainOptions:
     """The step's TrainOptions, checked as `clusterctl train`'s are (load.py calls this too, so a bad value is
     refused before any step runs)."""
     from clusterctl.workloads import train_options as options

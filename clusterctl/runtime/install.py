@@ -11,7 +11,7 @@ recorded when it cached it (S3Cache.held, in CLUSTERCTL_HOME, out of reach of an
 before anything unpacks it; a replaced one stops `up` with one line naming it. A pack this machine never
 cached (a teammate's) vouches for nothing here: the leader builds instead.
 
-A node never runs the operator's interpreter: the record's extra["python"] is the runtime's Python (or
+A node never runs the operator's interpreter: the record keeps the runtime's Python (NodeRuntime; or
 the user's own `--python`), and remote/jobfolder.node_python reads it.
 """
 
@@ -28,7 +28,7 @@ from clusterctl.providers.base import ImageFacts, ObjectStore
 from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshTarget
 from clusterctl.runtime import gpu as gpu_build, spec as rt
-from clusterctl.types import Cluster, ClusterFacts
+from clusterctl.types import Cluster, ClusterFacts, NodeRuntime
 
 if TYPE_CHECKING:
     from clusterctl.data import outcome as sync_outcome
@@ -65,11 +65,11 @@ class RuntimeRequest:
                 raise UsageError(f"--runtime-cache {self.cache!r} is not an S3 location ({exc})") from None
 
 
-def record(request: RuntimeRequest) -> dict[str, str]:
-    """The cluster record's fields for a request that installs nothing."""
+def record(request: RuntimeRequest) -> NodeRuntime:
+    """What the cluster's record says of a request that installs nothing."""
     if request.mode == "own":
-        return {"runtime": "own", "python": request.python}
-    return {"runtime": "none"}
+        return NodeRuntime("own", request.python)
+    return NodeRuntime("none")
 
 
 def plan_line(request: RuntimeRequest, image: ImageFacts | None) -> str:
@@ -107,8 +107,8 @@ def install(
     *,
     s3: "S3Cache | None" = None,
     build_here: bool = False,
-) -> dict[str, str]:
-    """Install (or find) the runtime on every node; the record's extra fields: runtime id and python.
+) -> NodeRuntime:
+    """Install (or find) the runtime on every node; what the record keeps of it: runtime id and python.
     build_here: the provider's builds_runtime_locally (the nodes have this machine's OS)."""
     if request.mode != "install":
         return record(request)
@@ -116,7 +116,7 @@ def install(
     platform = probe(pool, targets, names)
     spec = rt.RuntimeSpec.for_platform(platform)  # refuses a python3 or CUDA toolkit it cannot build on
     rid = rt.runtime_id(spec, platform)
-    fields = {"runtime": rid, "python": rt.python_of(rid)}
+    fields = NodeRuntime(rid, rt.python_of(rid))
     have = prepare(pool, targets, names, rid)
     need = [i for i, has in enumerate(have) if not has]
     if not need:

@@ -193,7 +193,7 @@ def build_argv(script: str, build: Build) -> list[str]:
     ]
 
 
-def info(build: Build) -> dict:
+def info(build: Build) -> dict[str, object]:
     return {
         "id": build.rid,
         "spec": asdict(build.spec),

@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from clusterctl import providers, resources
 from clusterctl.cluster import costs
@@ -24,6 +24,13 @@ from clusterctl.units import duration, money
 from clusterctl.workloads import bench_stats as stats, horovod, launch, train_config
 from clusterctl.workloads.train_config import TrainConfig
 from clusterctl.workloads.train_options import PRECISIONS
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.remote.jobfolder import JobFolder
+    from clusterctl.remote.ssh import SshPool
+    from clusterctl.remote.targets import SshTarget
+    from clusterctl.types import Cluster, HostResult
 
 DEFAULT_THRESHOLD = 0.90  # scaling efficiency: the figure Horovod (90% at 512 GPUs) and AWS's recipe report
 SLOW_NODE = 0.80  # a node whose per-process img/s alone is below this share of the other nodes' median is named
@@ -350,7 +357,7 @@ class BenchOptions:
     precision: str | None = None  # fp32 | float16 | bfloat16 | mixed | auto
     fp16_allreduce: bool | None = None
 
-    def config(self, cluster) -> TrainConfig:
+    def config(self, cluster: Cluster | None) -> TrainConfig:
         """The configuration this ladder measures on `cluster` (a rate is stored under its key)."""
         return train_config.choose(
             train_config.gpu_type_of(cluster),
@@ -361,7 +368,7 @@ class BenchOptions:
             fp16_allreduce=self.fp16_allreduce,
         )
 
-    def resolved(self, cluster) -> "BenchOptions":
+    def resolved(self, cluster: Cluster | None) -> "BenchOptions":
         """These options with the configuration's fields filled in (idempotent)."""
         c = self.config(cluster)
         return replace(
@@ -418,7 +425,7 @@ Event = Callable[[str, object], None]  # ("start", np) / ("line", text) / ("rung
 
 
 def run_ladder(
-    inv,
+    inv: Inventory,
     rungs: Sequence[int],
     opts: BenchOptions,
     out_root: Path,
@@ -500,7 +507,7 @@ def run_ladder(
     return ladder
 
 
-def _checked_run(result, np_: int, what: str, log: Path, timeout: float, gpus: int) -> horovod.BenchRun:
+def _checked_run(result: HostResult, np_: int, what: str, log: Path, timeout: float, gpus: int) -> horovod.BenchRun:
     """The parsed run of one launch, or BenchFailed saying why not."""
     if result.timed_out:
         raise BenchFailed(
@@ -523,13 +530,24 @@ def _checked_run(result, np_: int, what: str, log: Path, timeout: float, gpus: i
     return run
 
 
-def _nodes_alone(pool, inv, job, python, env, script, opts, out_dir: Path, gpus: int, on_event) -> list[NodeAlone]:
+def _nodes_alone(
+    pool: SshPool,
+    inv: Inventory,
+    job: JobFolder,
+    python: str,
+    env: Mapping[str, str],
+    script: str,
+    opts: BenchOptions,
+    out_dir: Path,
+    gpus: int,
+    on_event: Event,
+) -> list[NodeAlone]:
     """Every node runs its own slots at once, each on localhost: no allreduce crosses nodes, so a slow node
     shows as itself instead of holding every rank back to its pace (which a joint rung cannot tell apart)."""
     slots = {t.label: e.slots for t, e in zip(inv.targets, inv.hosts.entries)}
     on_event("start", "every node alone")
 
-    def command(t) -> str:
+    def command(t: SshTarget) -> str:
         n = slots[t.label]
         return launch.leader_command(
             job, n, [python, script, *opts.script_args(n)], python, env, hosts=f"localhost:{n}"

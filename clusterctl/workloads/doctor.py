@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING, Mapping
 
 from clusterctl import providers, resources
 from clusterctl.remote import jobfolder, nodepkg
@@ -34,10 +35,17 @@ from clusterctl.workloads.doctor_judge import (
     ring_rounds,
 )
 
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.hostsfile import HostsFile
+    from clusterctl.providers.base import NodeFacts
+    from clusterctl.remote.targets import SshTarget
+    from clusterctl.types import Cluster
+
 PROBE = ".clusterctl/doctor_probe.sh"
 
 
-def placement_facts(cluster, facts) -> dict[str, dict[str, str]]:
+def placement_facts(cluster: Cluster, facts: Mapping[str, NodeFacts]) -> dict[str, dict[str, str]]:
     """The provider's NodeFacts (by node name) as judge() takes them: by ssh address, the fan-out's label."""
     address = {n.name: n.ssh_host for n in cluster.nodes}
     return {
@@ -48,7 +56,7 @@ def placement_facts(cluster, facts) -> dict[str, dict[str, str]]:
 
 
 def run(
-    inv, python: str | None = None, timeout: float = 120.0, cloud: dict[str, dict[str, str]] | None = None
+    inv: Inventory, python: str | None = None, timeout: float = 120.0, cloud: dict[str, dict[str, str]] | None = None
 ) -> DoctorReport:
     """Probe every node at once and judge the facts."""
     python = python or jobfolder.node_python(inv.cluster)
@@ -63,7 +71,7 @@ def run(
         reachable = [t for t in inv.targets if t.label not in unreachable]
         started: dict[str, float] = {}
 
-        def command(t) -> str:
+        def command(t: SshTarget) -> str:
             started[t.label] = time.time()
             return f"sh {PROBE} {shlex.quote(python)} {shlex.quote(peers[t.label])}"
 
@@ -78,7 +86,7 @@ def run(
     return judge(facts, slots, operator_time, unreachable, cloud, runtime=recorded_runtime(inv.cluster))
 
 
-def recorded_runtime(cluster) -> str | None:
+def recorded_runtime(cluster: Cluster | None) -> str | None:
     """The runtime id in the cluster record, where `up` installed one."""
     rid = cluster.facts.runtime if cluster is not None else ""
     return rid if rid not in ("", "none", "own") else None
@@ -109,7 +117,7 @@ def tools_probe_command() -> str:
     )
 
 
-def mpi_hostfile(hosts, gpus: int) -> str:
+def mpi_hostfile(hosts: HostsFile, gpus: int) -> str:
     """mpirun's hostfile from the hosts file: each node once, one slot per GPU."""
     from clusterctl.hostsfile import HostsFile
 
@@ -156,7 +164,9 @@ def all_reduce_perf_argv(
     return argv
 
 
-def fabric(inv, python: str | None = None, mb: float = 64.0, iters: int = 10, timeout: float = 300.0) -> FabricReport:
+def fabric(
+    inv: Inventory, python: str | None = None, mb: float = 64.0, iters: int = 10, timeout: float = 300.0
+) -> FabricReport:
     """The allreduce bandwidth over the whole cluster from the leader, then over every pair of ring neighbours,
     each pair launched from its first node, the pairs of a round at once: with nccl-tests' all_reduce_perf
     through mpirun when every node has it and GPUs (choose_fabric_tool), else Horovod's allreduce (gloo,
@@ -222,7 +232,7 @@ def fabric(inv, python: str | None = None, mb: float = 64.0, iters: int = 10, ti
             for round_ in ring_rounds(n):
                 by_first = {labels[a]: (a, b) for a, b in round_}
 
-                def pair_command(t, by_first=by_first) -> str:
+                def pair_command(t: SshTarget, by_first: dict[str, tuple[int, int]] = by_first) -> str:
                     a, b = by_first[t.label]
                     return command(2, f"{MPI_HOSTS}.{a}-{b}", f"{hosts[a]}:1,{hosts[b]}:1")
 

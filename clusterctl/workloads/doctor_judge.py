@@ -43,8 +43,8 @@ class DoctorReport:
     def failures(self) -> list[str]:
         return [f"{n.host} {check}: {c.why}" for n in self.nodes for check, c in n.cells.items() if c.status == "fail"]
 
-    def to_dict(self) -> dict:
-        out = {"ok": self.ok, "checks": list(self.checks), "nodes": [asdict(n) for n in self.nodes]}
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"ok": self.ok, "checks": list(self.checks), "nodes": [asdict(n) for n in self.nodes]}
         if self.fabric is not None:
             out["fabric"] = asdict(self.fabric)
         return out

@@ -15,9 +15,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from clusterctl.hostsfile import HostsFile, host_problem
+
+if TYPE_CHECKING:
+    from clusterctl.types import Cluster
 
 DEFAULT_START_TIMEOUT_S = 60  # horovodrun's own 30 s is tight for ssh checks to many fresh nodes
 MARK = "CLUSTERCTL-BENCH"
@@ -266,7 +269,7 @@ def parse_devices(text: str, mark: str = MARK) -> tuple[DeviceReport, ...]:
     return tuple(groups[-1]) if groups else ()
 
 
-def gpus_per_node(cluster) -> int:
+def gpus_per_node(cluster: Cluster | None) -> int:
     """GPUs per node of a cluster whose instance type has them; 0 for local nodes, CPU types and plain
     hosts files (nothing says what they have), where the GPU check does not apply."""
     if cluster is None:

@@ -21,7 +21,7 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Sequence
 
 from clusterctl import resources
 from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
@@ -31,17 +31,33 @@ from clusterctl.workloads.sweep_plan import SweepSpec, is_id, new_id, validate_i
 from clusterctl.workloads.sweep_results import events, rows, summary
 from clusterctl.workloads.sweep_state import ENDED, SweepState, parse_state
 
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.hostsfile import HostsFile
+    from clusterctl.remote.ssh import SshPool
+    from clusterctl.remote.targets import SshTarget
+    from clusterctl.types import Cluster
+
 SWEEPS = "clusterctl-sweeps"  # under the login home of every node
 SCHEDULER = "sweep_scheduler.py"
 MARK = "\x1e"
+
+
+class SweepView(Protocol):
+    """What a watch draws on: the trials' rows, the summary line, the changes since the last state."""
+
+    def update(self, rows: Sequence[dict[str, Any]], summary: str, lines: Sequence[str]) -> None: ...
+
+
+OpenView = Callable[[list[str], str], ContextManager[SweepView]]  # (parameters, metric name) -> the view
 # The scheduler's ssh from the leader to each node (it goes into config.json): the node package's one copy.
 # ConnectTimeout and ServerAlive* set how soon a round notices a dead node.
 SSH = tuple(node_ssh.argv(5, alive=(5, 2), quiet=True))
 
 
 def config(
-    spec: SweepSpec, sweep_id: str, sweep_dir: str, hosts, user: str, python: str, workdir: str | None = None
-) -> dict:
+    spec: SweepSpec, sweep_id: str, sweep_dir: str, hosts: HostsFile, user: str, python: str, workdir: str | None = None
+) -> dict[str, object]:
     """config.json for the scheduler: everything it needs, nothing it must work out (`workdir`: the spec's
     with ~ expanded on the leader)."""
     from clusterctl.remote.session import TREE_FN
@@ -80,7 +96,7 @@ def config(
 
 
 # ---- on the leader -------------------------------------------------------------------------------------------
-def leader_home(pool, leader) -> str:
+def leader_home(pool: SshPool, leader: SshTarget) -> str:
     result = pool.run_one(leader, 'printf %s "$HOME"', timeout=30)
     if not result.ok or not result.stdout.startswith("/"):
         raise UnreachableError(f"cannot reach the leader {leader.label}: {result.error or result.stderr.strip()}")
@@ -91,7 +107,7 @@ def sweep_dir(home: str, sweep_id: str) -> str:
     return f"{home}/{SWEEPS}/{validate_id(sweep_id)}"
 
 
-def running_sweeps(pool, leader) -> list[str]:
+def running_sweeps(pool: SshPool, leader: SshTarget) -> list[str]:
     """Sweeps whose scheduler still runs on the leader and has not ended (one that just wrote its final
     state may still be closing its connections)."""
     cmd = (
@@ -110,7 +126,7 @@ def running_sweeps(pool, leader) -> list[str]:
     return busy
 
 
-def start(pool, inv, spec: SweepSpec, python: str, sweep_id: str | None = None) -> tuple[str, str]:
+def start(pool: SshPool, inv: Inventory, spec: SweepSpec, python: str, sweep_id: str | None = None) -> tuple[str, str]:
     """Stage and start the scheduler on the leader. Returns (sweep id, its folder on the nodes)."""
     leader = inv.targets[0]
     busy = running_sweeps(pool, leader)
@@ -150,7 +166,7 @@ def start(pool, inv, spec: SweepSpec, python: str, sweep_id: str | None = None) 
     return sweep_id, d
 
 
-def latest(pool, leader) -> str:
+def latest(pool: SshPool, leader: SshTarget) -> str:
     r = pool.run_one(leader, f'ls -1 "$HOME/{SWEEPS}" 2>/dev/null | grep "^sweep-" | sort | tail -n 1', timeout=30)
     if not r.ok:
         raise UnreachableError(f"cannot reach the leader {leader.label}: {r.error or r.stderr.strip()}")
@@ -172,7 +188,7 @@ class Snapshot:
         return self.state.status if self.state is not None else "not started"
 
 
-def read_state(pool, leader, sweep_id: str) -> Snapshot:
+def read_state(pool: SshPool, leader: SshTarget, sweep_id: str) -> Snapshot:
     n = validate_id(sweep_id)
     cmd = (
         f'd="$HOME/{SWEEPS}/{n}"; [ -d "$d" ] || {{ echo "no sweep {n} on this cluster" >&2; exit 3; }}; '
@@ -201,8 +217,8 @@ RECONNECT_S = 300.0  # how long a watch re-dials a leader it lost (a reboot, a n
 
 
 def follow(
-    pool,
-    leader,
+    pool: SshPool,
+    leader: SshTarget,
     sweep_id: str,
     on_state: Callable[[SweepState], None],
     poll: float = 1.0,
@@ -244,7 +260,7 @@ def follow(
         time.sleep(poll)
 
 
-def cancel(pool, leader, sweep_id: str, python: str, timeout: float = 60.0) -> SweepState:
+def cancel(pool: SshPool, leader: SshTarget, sweep_id: str, python: str, timeout: float = 60.0) -> SweepState:
     """Ask the scheduler to end every trial and wait until it did; with the scheduler gone, run its
     cancel on the leader directly. The final state."""
     n = validate_id(sweep_id)
@@ -278,7 +294,7 @@ def cancel(pool, leader, sweep_id: str, python: str, timeout: float = 60.0) -> S
     return snap.state
 
 
-def collect_logs(pool, inv, state: SweepState, out_dir: Path, limit: int = 1048576) -> list[str]:
+def collect_logs(pool: SshPool, inv: Inventory, state: SweepState, out_dir: Path, limit: int = 1048576) -> list[str]:
     """Copy each trial's log (of its last attempt, from its node) into out_dir/logs/. Returns the hosts
     that could not be read."""
     by_host: dict[str, list[str]] = {}
@@ -294,7 +310,7 @@ def collect_logs(pool, inv, state: SweepState, out_dir: Path, limit: int = 10485
         return sorted(set(by_host) - alive)
     host_of = {t.label: h for h, t in targets.items()}
 
-    def command(target) -> str:
+    def command(target: SshTarget) -> str:
         paths = by_host[host_of[target.label]]
         return "; ".join(
             f"printf '{MARK}%s\\n' {shlex.quote(os.path.basename(p))}; tail -c {int(limit)} {shlex.quote(p)} 2>/dev/null"
@@ -314,16 +330,16 @@ def collect_logs(pool, inv, state: SweepState, out_dir: Path, limit: int = 10485
     return missing
 
 
-def python_for(cluster, python: str | None) -> str:
+def python_for(cluster: Cluster | None, python: str | None) -> str:
     return python or jobfolder.node_python(cluster)
 
 
-def watch(pool, leader, sweep_id: str, open_view: Callable, poll: float = 1.0) -> SweepState:
+def watch(pool: SshPool, leader: SshTarget, sweep_id: str, open_view: OpenView, poll: float = 1.0) -> SweepState:
     """Follow a sweep to its end (follow()) and return its last state, shown in a view opened at the first
     state, when the parameters are known: open_view(params, metric name) is a context manager with
     update(rows, summary line, events); it is closed however the watch ends (Ctrl-C too)."""
     with contextlib.ExitStack() as stack:
-        view: Any = None
+        view: SweepView | None = None
         prev: SweepState | None = None
 
         def on_state(state: SweepState) -> None:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from clusterctl.errors import ClusterctlError, RemoteCommandError, within
 from clusterctl.workloads import sweep as sweeplib, sweep_results as resultlib
 from clusterctl.workloads.sweep_plan import SweepSpec, validate_id
 from clusterctl.workloads.sweep_state import SweepState
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.remote.ssh import SshPool
 
 Hosts = Callable[[], Any]  # the inventory (cluster/inventory.py's), resolved when called
 _SCHEDULER_HOPS = "the sweep scheduler (ssh from the leader to each node)"
@@ -69,14 +73,14 @@ class Status:
         return {"id": self.id, "scheduler": "running" if self.snapshot.alive else "stopped", "state": self.snapshot.raw}
 
 
-def _pool(inv):
+def _pool(inv: Inventory) -> SshPool:
     from clusterctl.remote.ssh import SshPool
 
     inv.hosts.check_launchable(_SCHEDULER_HOPS)
     return SshPool(inv.settings)
 
 
-def _which(pool, inv, sweep_id: str | None) -> str:
+def _which(pool: SshPool, inv: Inventory, sweep_id: str | None) -> str:
     return sweep_id or sweeplib.latest(pool, inv.targets[0])  # an id given was checked before connecting
 
 
@@ -87,7 +91,7 @@ def run(
     python: str | None,
     detach: bool,
     out: Path,
-    open_view: Callable,
+    open_view: sweeplib.OpenView,
     report: Callable[[str], None],
     warn: Callable[[str], None],
 ) -> Finished | None:
@@ -107,7 +111,15 @@ def run(
         return _follow(pool, inv, sid, out, spec.poll, open_view, report)
 
 
-def attach(hosts: Hosts, sweep_id: str | None, *, out: Path, poll: float, open_view: Callable, report) -> Finished:
+def attach(
+    hosts: Hosts,
+    sweep_id: str | None,
+    *,
+    out: Path,
+    poll: float,
+    open_view: sweeplib.OpenView,
+    report: Callable[[str], None],
+) -> Finished:
     """Follow a running sweep (the latest by default) to its end and write its results under `out`."""
     within("--poll", poll, 0.1, 60, unit="seconds")
     _check_id(sweep_id)
@@ -139,7 +151,15 @@ def _check_id(sweep_id: str | None) -> None:
         validate_id(sweep_id)
 
 
-def _follow(pool, inv, sid: str, out: Path, poll: float, open_view: Callable, report) -> Finished:
+def _follow(
+    pool: SshPool,
+    inv: Inventory,
+    sid: str,
+    out: Path,
+    poll: float,
+    open_view: sweeplib.OpenView,
+    report: Callable[[str], None],
+) -> Finished:
     try:
         state = sweeplib.watch(pool, inv.targets[0], sid, open_view, poll=poll)
     except KeyboardInterrupt:

@@ -154,7 +154,7 @@ def render_command(template: Sequence[str], values: Mapping[str, str]) -> str:
 @dataclass(frozen=True)
 class Trial:
     id: int
-    params: dict
+    params: dict[str, str]
     command: str
 
     def params_text(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from clusterctl.workloads.sweep_state import FINAL, SweepState, TrialState
 
@@ -26,13 +26,15 @@ def best(state: SweepState, goal: str) -> TrialState | None:
     return r[0] if r and r[0].done_with_metric else None
 
 
-def rows(state: SweepState, params: Sequence[str], goal: str, sort: bool, now: float | None = None) -> list[dict]:
+def rows(
+    state: SweepState, params: Sequence[str], goal: str, sort: bool, now: float | None = None
+) -> list[dict[str, Any]]:
     """Table rows (strings) for display: trial, each parameter, node/gpu, state, elapsed, metric. A running
     trial's elapsed time is reckoned to the state's last update (the cluster's clocks, not this machine's)."""
     now = (state.updated or time.time()) if now is None else now
     trials = ranked(state, goal) if sort else sorted(state.trials, key=lambda t: t.id)
     top = best(state, goal)
-    out = []
+    out: list[dict[str, Any]] = []  # one display row: strings, the parameters' list, `best`
     for t in trials:
         secs = t.elapsed(now)
         note = t.error or ""

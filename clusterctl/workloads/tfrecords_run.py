@@ -8,9 +8,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from clusterctl.errors import UsageError, within
+
+if TYPE_CHECKING:
+    from clusterctl.state import StateStore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +47,13 @@ class Conversion:
             raise UsageError(f"--endpoint-url {self.endpoint_url!r} is not an http(s) URL")
 
 
-def convert(conv: Conversion, leader: Callable[[], Any], store, report: Callable[[str], None], warn) -> Any:
+def convert(
+    conv: Conversion,
+    leader: Callable[[], Any],
+    store: StateStore,
+    report: Callable[[str], None],
+    warn: Callable[[str], None],
+) -> Any:
     """Run the conversion; the dataset's info (splits, shards). `leader` resolves the cluster's inventory,
     called only for on="leader"; the leader's output goes to `report`."""
     from clusterctl.data import tfrecords, tfrecords_leader

@@ -16,10 +16,13 @@ the row of the GPU with the same memory, and say so.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clusterctl.workloads import train_options
 from clusterctl.workloads.train_options import CYCLE_TIME_MS, FUSION_THRESHOLD_MB, TrainOptions
+
+if TYPE_CHECKING:
+    from clusterctl.types import Cluster
 
 CPU = "CPU"
 UNKNOWN = "unknown"  # a plain hosts file: nothing says what its nodes have
@@ -120,7 +123,7 @@ def gpu_type(reported: str) -> str:
     return UNKNOWN
 
 
-def gpu_type_of(cluster: Any) -> str:
+def gpu_type_of(cluster: Cluster | None) -> str:
     """A cluster's row: its provider's GPU model (AWS: EC2's name, else the family's); CPU for local nodes, CPU
     types and GPUs no row names; UNKNOWN without a cluster (a hosts file)."""
     if cluster is None:
@@ -170,7 +173,7 @@ def choose(
     return replace(chosen, batch_size=batch_size)
 
 
-def for_train(opts: TrainOptions, cluster: Any) -> tuple[TrainOptions, TrainConfig]:
+def for_train(opts: TrainOptions, cluster: Cluster | None) -> tuple[TrainOptions, TrainConfig]:
     """`train`'s options with every field the table decides filled in (idempotent: the result gives the same
     configuration again), and that configuration."""
     precision = opts.precision or ("mixed" if opts.mixed_precision else None)

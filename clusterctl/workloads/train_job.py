@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from clusterctl.remote import nodepkg
 from clusterctl.remote.jobfolder import node_path
@@ -22,6 +23,13 @@ from clusterctl.workloads.train_nodes import (
     left_out_line,
 )
 from clusterctl.workloads.train_options import TrainOptions, horovod_env, trainer_argv
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.remote.ssh import SshPool
+    from clusterctl.remote.targets import SshTarget
+    from clusterctl.state import StateStore
+    from clusterctl.workloads.horovod import Elastic
 
 TEMPLATE = "train_imagenet.py"
 DISCOVERY = (
@@ -89,7 +97,7 @@ class TrainJob:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-def job_inventory(inv, job: TrainJob):
+def job_inventory(inv: Inventory, job: TrainJob) -> Inventory:
     """The inventory of the nodes the job runs on, its leader first: after a spot node was left out, the
     leader may be another node than the hosts' first."""
     labels = {t.label for t in inv.targets}
@@ -100,7 +108,7 @@ def job_inventory(inv, job: TrainJob):
     return inventory.subset(inv, job.hosts)
 
 
-def _record_path(store, inv) -> Path:
+def _record_path(store: StateStore, inv: Inventory) -> Path:
     import hashlib
     from pathlib import Path
 
@@ -110,7 +118,7 @@ def _record_path(store, inv) -> Path:
     return Path(store.root) / "train" / f"hosts-{digest}.json"
 
 
-def load_job(store, inv) -> TrainJob | None:
+def load_job(store: StateStore, inv: Inventory) -> TrainJob | None:
     path = _record_path(store, inv)
     try:
         return TrainJob.from_json(path.read_text())
@@ -118,7 +126,7 @@ def load_job(store, inv) -> TrainJob | None:
         return None
 
 
-def require_job(store, inv) -> TrainJob:
+def require_job(store: StateStore, inv: Inventory) -> TrainJob:
     from clusterctl.errors import ConfigError
 
     job = load_job(store, inv)
@@ -128,7 +136,7 @@ def require_job(store, inv) -> TrainJob:
     return job
 
 
-def _save_job(store, inv, job: TrainJob) -> None:
+def _save_job(store: StateStore, inv: Inventory, job: TrainJob) -> None:
     from clusterctl.state import atomic_write
 
     path = _record_path(store, inv)
@@ -141,7 +149,9 @@ FEED_PROBE = "input_rate.py"  # the input pipeline on one core, staged beside th
 FEED_TIMEOUT_S = 300.0
 
 
-def feed_warning(pool, leader, job_dir: str, python: str, data: str, gpus: int, gpu: str) -> str | None:
+def feed_warning(
+    pool: SshPool, leader: SshTarget, job_dir: str, python: str, data: str, gpus: int, gpu: str
+) -> str | None:
     """Before a GPU run: the trainer's input pipeline timed on one of the leader's cores, on the run's own
     records (templates/input_rate.py, GPUs hidden), and train_feed's line when the node's cores cannot feed
     its GPUs at their expected rate. None when they can, or when the probe did not answer (the run goes on)."""
@@ -155,7 +165,13 @@ def feed_warning(pool, leader, job_dir: str, python: str, data: str, gpus: int, 
 
 
 def wait_for_devices(
-    pool, leader, job_name: str, np: int, gpus: int, timeout: float = GPU_CHECK_TIMEOUT_S, poll: float = 2.0
+    pool: SshPool,
+    leader: SshTarget,
+    job_name: str,
+    np: int,
+    gpus: int,
+    timeout: float = GPU_CHECK_TIMEOUT_S,
+    poll: float = 2.0,
 ) -> list[str] | None:
     """Read the job's log on the leader until every rank said which GPU it has; then the problems
     (horovod.device_problems: [] when each rank has a GPU of its own). None when the job ended first or
@@ -182,7 +198,7 @@ def wait_for_devices(
         _time.sleep(poll)
 
 
-def is_running(pool, leader, job: TrainJob) -> bool | None:
+def is_running(pool: SshPool, leader: SshTarget, job: TrainJob) -> bool | None:
     """Whether the job's tmux session still lives on the leader (None: the leader did not answer)."""
     from clusterctl.remote import tmux as jobs
 
@@ -192,7 +208,7 @@ def is_running(pool, leader, job: TrainJob) -> bool | None:
     return r.stdout.strip() == "alive"
 
 
-def _stop(pool, targets, job: TrainJob) -> None:
+def _stop(pool: SshPool, targets: Sequence[SshTarget], job: TrainJob) -> None:
     """End a launch everywhere: its tmux session and process tree on the leader, any rank left on any node."""
     from clusterctl.remote import jobfolder, tmux as jobs
     from clusterctl.workloads import launch
@@ -203,15 +219,15 @@ def _stop(pool, targets, job: TrainJob) -> None:
 
 
 def start(
-    inv,
-    store,
+    inv: Inventory,
+    store: StateStore,
     opts: TrainOptions,
     *,
     np: int | None = None,
     python: str | None = None,
     force: bool = False,
     verify_data: bool = True,
-    report=lambda _m: None,
+    report: Callable[[str], None] = lambda _m: None,
     gpu_check_timeout: float = GPU_CHECK_TIMEOUT_S,
     checkpoint_copy: bool = True,
 ) -> TrainJob:
@@ -373,7 +389,7 @@ def start(
         return record
 
 
-def elastic_args(opts: TrainOptions, np: int, python: str, job_dir: str, pyz: str):
+def elastic_args(opts: TrainOptions, np: int, python: str, job_dir: str, pyz: str) -> Elastic:
     """horovodrun's elastic options for a job of `np` slots: --min-np (default 1), --max-np (default the
     slots at launch), the discovery (the node package `pyz`'s program, given the job's hosts file),
     --elastic-timeout."""
@@ -410,7 +426,7 @@ class JobLog:
     running: bool | None  # None: the leader did not answer that question
 
 
-def read_log(inv, job: TrainJob) -> JobLog:
+def read_log(inv: Inventory, job: TrainJob) -> JobLog:
     """The job's log from the leader (every launch of it: a restart's log follows the one it resumed),
     and whether it still runs."""
     from clusterctl.errors import UnreachableError
@@ -425,12 +441,14 @@ def read_log(inv, job: TrainJob) -> JobLog:
         return JobLog(r.stdout, is_running(pool, leader, job))
 
 
-def job_status(inv, job: TrainJob) -> TrainStatus:
+def job_status(inv: Inventory, job: TrainJob) -> TrainStatus:
     log = read_log(inv, job)
     return status(parse_train_log(log.text, strict=False), running=log.running)
 
 
-def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> EvalResult:
+def evaluate(
+    inv: Inventory, job: TrainJob, on_line: Callable[[str], None] | None = None, timeout: float | None = None
+) -> EvalResult:
     """--eval-only of the latest checkpoint, on the leader alone (GPUs hidden while the job trains)."""
     from dataclasses import replace
 
@@ -477,14 +495,14 @@ def evaluate(inv, job: TrainJob, on_line=None, timeout: float | None = None) -> 
         ) from None
 
 
-def stop(inv, job: TrainJob) -> None:
+def stop(inv: Inventory, job: TrainJob) -> None:
     from clusterctl.remote.ssh import SshPool
 
     with SshPool(inv.settings) as pool:
         _stop(pool, list(job_inventory(inv, job).targets), job)
 
 
-def dataset_examples(inv, data: str) -> int | None:
+def dataset_examples(inv: Inventory, data: str) -> int | None:
     """The train split's example count from the dataset's dataset.json on the leader (`data tfrecords` writes
     it), for the cost estimate; None when it cannot be read."""
     import json

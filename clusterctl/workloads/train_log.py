@@ -16,8 +16,9 @@ from __future__ import annotations
 import functools
 import re
 import shlex
+import typing
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping, TypeVar
 
 MARK = "CLUSTERCTL-TRAIN"
 COLUMNS = ("Step", "Epoch", "img/s", "Loss", "TotalLoss", "LR", "Elapsed")
@@ -189,18 +190,69 @@ def _kv(body: str, lineno: int) -> dict[str, str]:
     return out
 
 
-def _get(fields: Mapping[str, str], key: str, typ, lineno: int, kind: str):
-    if key not in fields:
-        raise ValueError(f"train log line {lineno}: {kind} line has no {key}=")
-    raw = fields[key]
-    try:
-        if typ is bool:
-            return raw not in ("0", "false", "False", "")
-        if typ is int:
+R = TypeVar("R")
+
+
+@functools.cache
+def _field_types(record: object) -> tuple[tuple[str, object], ...]:
+    return tuple(typing.get_type_hints(record).items())
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One marked line's key=value fields, each read as the type it has."""
+
+    fields: Mapping[str, str]
+    lineno: int
+    kind: str
+
+    def _raw(self, key: str) -> str:
+        if key not in self.fields:
+            raise ValueError(f"train log line {self.lineno}: {self.kind} line has no {key}=")
+        return self.fields[key]
+
+    def _bad(self, key: str, what: str) -> ValueError:
+        return ValueError(f"train log line {self.lineno}: {key}={self.fields[key]!r} is not a {what}")
+
+    def text(self, key: str) -> str:
+        return self._raw(key)
+
+    def flag(self, key: str) -> bool:
+        return self._raw(key) not in ("0", "false", "False", "")
+
+    def whole(self, key: str) -> int:
+        raw = self._raw(key)
+        try:
             return int(float(raw)) if re.fullmatch(r"-?\d+(\.0*)?", raw) else int(raw)
-        return typ(raw)
-    except ValueError:
-        raise ValueError(f"train log line {lineno}: {key}={raw!r} is not a {typ.__name__}") from None
+        except ValueError:
+            raise self._bad(key, "int") from None
+
+    def real(self, key: str) -> float:
+        raw = self._raw(key)
+        try:
+            return float(raw)
+        except ValueError:
+            raise self._bad(key, "float") from None
+
+    def record(self, record: Callable[..., R], **given: object) -> R:
+        """`record` (one of this module's) with every field not `given` read from the key of its name as its
+        annotation says: int, float, str or bool, required; `int | None` is None when the line has no such key."""
+        read: dict[object, Callable[[str], object]] = {
+            int: self.whole,
+            float: self.real,
+            str: self.text,
+            bool: self.flag,
+        }
+        values = dict(given)
+        for name, hint in _field_types(record):
+            if name in values:
+                continue
+            optional = [a for a in typing.get_args(hint) if a is not type(None)]
+            if optional and name not in self.fields:
+                values[name] = None
+                continue
+            values[name] = read[optional[0] if optional else hint](name)
+        return record(**values)
 
 
 def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (one pass over the log, one branch per kind of marked line)
@@ -257,24 +309,11 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (
                 continue
             kind, _, rest = body.partition(" ")
             f = _kv(rest, lineno)
-            g = functools.partial(_get, f, lineno=lineno, kind=kind)  # g(key, type): this line's field
+            g = _Line(f, lineno, kind)
             if kind == "device":
                 continue  # which GPU each rank has: printed before `start`, read by horovod.parse_devices
             if kind == "start":
-                started = TrainStart(
-                    size=g("size", int),
-                    model=g("model", str),
-                    batch=g("batch", int),
-                    global_batch=g("global_batch", int),
-                    train_examples=g("train_examples", int),
-                    steps_per_epoch=g("steps_per_epoch", int),
-                    epochs=g("epochs", float),
-                    total_steps=g("total_steps", int),
-                    stop_step=g("stop_step", int),
-                    start_step=g("start_step", int),
-                    peak_lr=g("peak_lr", float),
-                    fields=dict(f),
-                )
+                started = g.record(TrainStart, fields=dict(f))
                 if cur is not None:
                     runs.append(cur.build())
                 failed_at = None
@@ -289,30 +328,14 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (
             if cur is None:
                 cur = _RunBuilder(None)
             if kind == "resume":
-                cur.resumed_from = CheckpointSaved(
-                    g("step", int), g("epoch", int), g("checkpoint", str), g("images", int) if "images" in f else None
-                )
+                cur.resumed_from = g.record(CheckpointSaved, path=g.text("checkpoint"))
             elif kind == "checkpoint":
-                cur.checkpoints.append(
-                    CheckpointSaved(
-                        g("step", int), g("epoch", int), g("path", str), g("images", int) if "images" in f else None
-                    )
-                )
+                cur.checkpoints.append(g.record(CheckpointSaved))
             elif kind == "done":
-                cur.done = TrainDone(
-                    g("step", int), g("epoch", float), g("complete", bool), g("elapsed", float), g("img_per_sec", float)
-                )
+                cur.done = g.record(TrainDone)
             elif kind == "eval":
-                result = EvalResult(
-                    step=g("step", int),
-                    epoch=g("epoch", float),
-                    top1=g("top1", float),
-                    top5=g("top5", float),
-                    loss=g("loss", float),
-                    examples=g("examples", int),
-                    checkpoint=f.get("checkpoint", ""),
-                    size=int(f.get("size", "1")),
-                    time=f.get("time", ""),
+                result = g.record(
+                    EvalResult, checkpoint=f.get("checkpoint", ""), size=int(f.get("size", "1")), time=f.get("time", "")
                 )
                 if periodic:
                     cur.evals.append(result)
@@ -320,13 +343,11 @@ def parse_train_log(text: str, strict: bool = True) -> TrainLog:  # noqa: C901 (
                     cur.eval = result
             elif kind == "world_size":
                 cur.resizes.append(
-                    WorldSize(
-                        g("size", int),
-                        g("was", int),
-                        tuple(h for h in f.get("lost", "").split(",") if h),
-                        tuple(h for h in f.get("joined", "").split(",") if h),
-                        g("images", int),
-                        f.get("message", ""),
+                    g.record(
+                        WorldSize,
+                        lost=tuple(h for h in f.get("lost", "").split(",") if h),
+                        joined=tuple(h for h in f.get("joined", "").split(",") if h),
+                        message=f.get("message", ""),
                     )
                 )
             elif kind == "error":
@@ -397,25 +418,25 @@ def status(log: TrainLog, *, running: bool | None = None, recent: int = 5) -> Tr
     run = log.current
     if run is None or (run.start is None and run.eval is None and not run.rows and not run.errors and not run.failure):
         return TrainStatus(
-            "starting" if running is not False else "stopped",
-            0,
-            0,
-            0,
-            0.0,
-            0.0,
-            None,
-            None,
-            None,
-            None,
-            0.0,
-            0.0,
-            None,
-            0,
-            0,
-            None,
-            None,
-            None,
-            None if running is not False else "no training output",
+            state="starting" if running is not False else "stopped",
+            step=0,
+            stop_step=0,
+            total_steps=0,
+            epoch=0.0,
+            epochs=0.0,
+            img_per_sec=None,
+            loss=None,
+            total_loss=None,
+            lr=None,
+            elapsed_s=0.0,
+            total_elapsed_s=0.0,
+            eta_s=None,
+            size=0,
+            restarts=0,
+            resumed_from_step=None,
+            last_checkpoint=None,
+            result=None,
+            reason=None if running is not False else "no training output",
         )
     start = run.start
     prior = [r for r in log.runs[:-1] if r.start is not None]

@@ -8,7 +8,10 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
 
 PROBE_TIMEOUT_S = 30.0  # one short `true` on every node before anything is staged
 
@@ -60,7 +63,7 @@ def _named(names: list[str]) -> str:
     return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
 
 
-def _expected(meta: dict) -> dict[str, list[tuple[str, int | None]]]:
+def _expected(meta: Mapping[str, Any]) -> dict[str, list[tuple[str, int | None]]]:
     """split -> [(shard, its bytes or None)] as dataset.json lists them (ValueError when it makes no sense)."""
     out: dict[str, list[tuple[str, int | None]]] = {}
     for split, info in meta["splits"].items():
@@ -211,7 +214,7 @@ def choose_nodes(
     return NodeChoice(keep, gone)
 
 
-def left_out_line(labels, choice: NodeChoice) -> str:
+def left_out_line(labels: Sequence[str], choice: NodeChoice) -> str:
     """One line for the operator: which nodes a spot launch leaves out, why, and who leads."""
     out = ", ".join(f"{labels[n.index]} ({' '.join(n.why.split())[:120]})" for n in choice.left_out)
     return (
@@ -220,7 +223,7 @@ def left_out_line(labels, choice: NodeChoice) -> str:
     )
 
 
-def keep_nodes(inv, keep: tuple[int, ...]):
+def keep_nodes(inv: Inventory, keep: tuple[int, ...]) -> Inventory:
     """The inventory with the nodes at these indices only (in the hosts' order)."""
     from clusterctl.cluster import inventory
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from clusterctl.errors import UsageError
 from clusterctl.remote import jobfolder
 from clusterctl.workloads import train_cost, train_job
 from clusterctl.workloads.train_options import TrainOptions
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.state import StateStore
 
 
 def precision_of(precision: str | None, fp32: bool, mixed: bool = False) -> str | None:
@@ -52,8 +56,8 @@ class Started:
 
 
 def start(
-    inv,
-    store,
+    inv: Inventory,
+    store: StateStore,
     opts: TrainOptions,
     *,
     np: int | None,
@@ -87,7 +91,7 @@ def start(
     return Started(job, train_cost.estimate_line(store, train_job.job_inventory(inv, job), job, opts))
 
 
-def stop(inv, store) -> str:
+def stop(inv: Inventory, store: StateStore) -> str:
     """Stop the cluster's training job on every node; its name."""
     job = train_job.require_job(store, inv)
     train_job.stop(inv, job)
@@ -100,7 +104,7 @@ class Ended:
     cost: str  # how long it took and what it cost (train_cost.run_line)
 
 
-def follow(inv, job: train_job.TrainJob, on_line: Callable[[str], None]) -> Ended:
+def follow(inv: Inventory, job: train_job.TrainJob, on_line: Callable[[str], None]) -> Ended:
     """Stream the job's log to its end."""
     from clusterctl.cluster import costs
 

@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+from typing import TYPE_CHECKING, Iterator
 
 from clusterctl.workloads.train_job import TrainJob, job_inventory
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from clusterctl.cluster.inventory import Inventory
 
 TENSORBOARD_SESSION = "clusterctl-tensorboard"
 
@@ -23,7 +29,9 @@ def tensorboard_command(job: TrainJob, port: int) -> str:
 
 
 @contextlib.contextmanager
-def tensorboard_tunnel(inv, job: TrainJob, local_port: int, remote_port: int = 6006, wait_s: float = 120.0):
+def tensorboard_tunnel(
+    inv: Inventory, job: TrainJob, local_port: int, remote_port: int = 6006, wait_s: float = 120.0
+) -> Iterator[subprocess.Popen[str]]:
     """TensorBoard on the leader (tmux session clusterctl-tensorboard, 127.0.0.1 only; an existing one is
     reused) reached through an ssh tunnel 127.0.0.1:local_port -> leader's 127.0.0.1:remote_port, host key
     checked. Yields the tunnel process (subprocess.Popen). However the block is left (a failure while
@@ -54,7 +62,7 @@ def _require_free(port: int) -> None:
             ) from None
 
 
-def _start_tensorboard(inv, job: TrainJob, remote_port: int, wait_s: float) -> None:
+def _start_tensorboard(inv: Inventory, job: TrainJob, remote_port: int, wait_s: float) -> None:
     import time as _time
 
     from clusterctl.errors import RemoteCommandError
@@ -89,7 +97,7 @@ def _start_tensorboard(inv, job: TrainJob, remote_port: int, wait_s: float) -> N
             _time.sleep(1)
 
 
-def _open_tunnel(inv, local_port: int, remote_port: int):
+def _open_tunnel(inv: Inventory, local_port: int, remote_port: int) -> subprocess.Popen[str]:
     import socket
     import subprocess
     import time as _time
@@ -127,7 +135,7 @@ def _open_tunnel(inv, local_port: int, remote_port: int):
         raise
 
 
-def _end(tunnel) -> None:
+def _end(tunnel: subprocess.Popen[str]) -> None:
     if tunnel.poll() is None:
         tunnel.terminate()
         try:
@@ -137,7 +145,7 @@ def _end(tunnel) -> None:
             tunnel.wait()
 
 
-def _close_tensorboard(inv, tunnel) -> None:
+def _close_tensorboard(inv: Inventory, tunnel: subprocess.Popen[str] | None) -> None:
     from clusterctl.errors import RemoteCommandError
     from clusterctl.remote import tmux as jobs
     from clusterctl.remote.ssh import SshPool

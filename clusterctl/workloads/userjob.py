@@ -28,9 +28,13 @@ import shlex
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.inventory import Inventory
+    from clusterctl.state import StateStore
 
 RECORD = "launches.json"  # the cluster's recent launches, newest last
 KEEP = 20
@@ -283,19 +287,19 @@ class LaunchJob:
     command: str  # the user's command as given (shown by `status`)
     started_at: float
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["nodes"] = list(self.nodes)
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "LaunchJob":
+    def from_dict(cls, d: Mapping[str, Any]) -> "LaunchJob":
         d = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         d["nodes"] = tuple(d.get("nodes", ()))
         return cls(**d)
 
 
-def _record_path(store, inv) -> Path:
+def _record_path(store: StateStore, inv: Inventory) -> Path:
     import hashlib
 
     if inv.cluster is not None:
@@ -304,7 +308,7 @@ def _record_path(store, inv) -> Path:
     return Path(store.root) / "launch" / f"hosts-{digest}.json"
 
 
-def load_jobs(store, inv) -> list[LaunchJob]:
+def load_jobs(store: StateStore, inv: Inventory) -> list[LaunchJob]:
     try:
         return [LaunchJob.from_dict(d) for d in json.loads(_record_path(store, inv).read_text())]
     except FileNotFoundError:
@@ -313,7 +317,7 @@ def load_jobs(store, inv) -> list[LaunchJob]:
         return []  # a damaged record only loses the status lines; logs/kill take the name anyway
 
 
-def _save(store, inv, jobs_: Sequence[LaunchJob]) -> None:
+def _save(store: StateStore, inv: Inventory, jobs_: Sequence[LaunchJob]) -> None:
     from clusterctl.state import atomic_write
 
     path = _record_path(store, inv)
@@ -324,8 +328,8 @@ def _save(store, inv, jobs_: Sequence[LaunchJob]) -> None:
 
 # ---- on the cluster --------------------------------------------------------------------------------------
 def start(
-    inv,
-    store,
+    inv: Inventory,
+    store: StateStore,
     the_plan: Plan,
     *,
     np: int | None = None,
@@ -411,7 +415,7 @@ def start(
     return record
 
 
-def states(inv, names: Sequence[str]) -> dict[str, str]:
+def states(inv: Inventory, names: Sequence[str]) -> dict[str, str]:
     """Each job's state on the leader: running, exited CODE, or gone (no such job there)."""
     from clusterctl.remote.ssh import SshPool
 
@@ -424,7 +428,7 @@ def states(inv, names: Sequence[str]) -> dict[str, str]:
     return parse_states(r.stdout)
 
 
-def status_lines(store, inv, now: float | None = None) -> list[str]:
+def status_lines(store: StateStore, inv: Inventory, now: float | None = None) -> list[str]:
     """For `status`: the launches still running, and the latest one whatever its state."""
     recorded = load_jobs(store, inv)
     if not recorded:

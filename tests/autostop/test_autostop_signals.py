@@ -17,7 +17,7 @@ from clusterctl.autostop import settings, watchdog
 from clusterctl.cluster import autostop_status as status
 from clusterctl.errors import ConfigError, UsageError
 from clusterctl.remote import tmux
-from clusterctl.types import Autostop, ClusterSpec
+from clusterctl.types import Autostop, ClusterFacts, ClusterSpec
 from conftest import REPO
 
 W = watchdog.watchdog()
@@ -208,8 +208,9 @@ def test_status_names_the_signal_that_holds_the_cluster_and_the_idle_action():
 def test_idle_action_is_parsed_described_recorded_and_written_for_the_nodes():
     assert settings.settings("30m", None) == Autostop(1800, None, "stop")  # the default: nothing lost
     a = settings.settings("30m", None, "terminate")
-    assert a.idle_action == "terminate" and settings.from_extra(settings.extra(a)) == a
-    assert settings.from_extra({"autostop_idle_stop": "60", "autostop_max_lifetime": ""}).idle_action == "terminate"
+    assert a.idle_action == "terminate" and ClusterFacts(a.extra()).autostop == a
+    old = ClusterFacts({"autostop_idle_stop": "60", "autostop_max_lifetime": ""}).autostop  # before --idle-action
+    assert old is not None and old.idle_action == "terminate"
     with pytest.raises(UsageError, match="neither stop nor terminate"):
         settings.settings("30m", None, "down")
     assert settings.describe(Autostop(1800, None, "stop")).startswith("stops itself after 30m with nothing busy")

@@ -21,7 +21,7 @@ from clusterctl.proc import alive
 from clusterctl.providers.aws import cloud_init
 from clusterctl.providers.base import Found
 from clusterctl.providers.local import supervisor
-from clusterctl.types import Autostop, Cluster, Node
+from clusterctl.types import Autostop, Cluster, ClusterFacts, Node
 from conftest import REPO
 
 W = watchdog.watchdog()
@@ -63,8 +63,8 @@ def test_settings_default_and_description():
         a
     )
     assert autostop.describe(Autostop(None, None)).startswith("off")
-    assert autostop.from_extra(autostop.extra(a)) == a and autostop.from_extra({}) is None
-    assert autostop.from_extra(autostop.extra(Autostop(None, 60))) == Autostop(None, 60)
+    assert ClusterFacts(a.extra()).autostop == a and ClusterFacts({}).autostop is None
+    assert ClusterFacts(Autostop(None, 60).extra()).autostop == Autostop(None, 60)
 
 
 # ---- the watchdog's deadlines ---------------------------------------------------------------------------

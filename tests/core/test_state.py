@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -10,8 +11,8 @@ import sys
 import pytest
 
 from clusterctl.errors import ConfigError, StateError
-from clusterctl.state import Record, StateStore
-from clusterctl.types import Cluster, Node
+from clusterctl.state import FORMAT, Record, StateStore
+from clusterctl.types import Autostop, Cluster, Node, NodeRuntime
 
 
 def sample(name: str = "alpha") -> Cluster:
@@ -34,6 +35,40 @@ def test_save_load_round_trip_mode_0600(tmp_path):
     assert record.cluster == sample()
     assert record.cluster.leader.private_ip == "10.9.0.2" and record.status == "up"
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".cluster.json.")]  # no temp file left
+
+
+def test_a_record_written_before_the_typed_fields_loads_and_reads_typed(tmp_path):
+    """A cluster.json as `up` wrote it with string keys in extra: the typed reads see the same facts, and
+    writing the typed values back gives the same strings."""
+    old = {
+        "format": FORMAT,
+        "status": "up",
+        "updated_at": 1.0,
+        "note": "",
+        "cluster": {
+            **sample().to_dict(),
+            "extra": {
+                "bridge": "ccbx",
+                "runtime": "own",
+                "python": "/opt/conda/bin/python",
+                "autostop_idle_stop": "600",
+                "autostop_max_lifetime": "",  # and no autostop_idle_action: from before --idle-action
+            },
+        },
+    }
+    store = StateStore(tmp_path / "h")
+    store.ensure_dir("alpha")
+    store.record_path("alpha").write_text(json.dumps(old))
+    cluster = store.load("alpha").cluster
+    assert cluster.facts.autostop == Autostop(600, None, "terminate")
+    assert (cluster.facts.runtime, cluster.facts.python) == ("own", "/opt/conda/bin/python")
+    again = cluster.with_runtime(NodeRuntime("own", "/opt/conda/bin/python"))
+    assert again.extra == old["cluster"]["extra"]
+    assert Autostop(600, None, "terminate").extra() == {
+        "autostop_idle_stop": "600",
+        "autostop_max_lifetime": "",
+        "autostop_idle_action": "terminate",
+    }
 
 
 def test_current_cluster_is_the_default(tmp_path):

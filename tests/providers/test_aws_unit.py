@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from clusterctl.cluster.overview import disagreements
-from clusterctl.errors import ConfigError
+from clusterctl.errors import ConfigError, ProvisionError
 from clusterctl.providers.aws import bootstrap, catalog, cloud_init, discovery, instances, machine
 from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import ClusterStatus, NodeStatus
@@ -368,3 +368,51 @@ def test_members_behind_the_leader_get_it_as_their_jump_host(tmp_path):
     assert f'UserKnownHostsFile "{known}"' in text and "StrictHostKeyChecking yes" in text
     assert "GlobalKnownHostsFile /dev/null" in text and f'IdentityFile "{targets[0].identity_files[0]}"' in text
     assert operator_ssh(targets[0], str(known), managed=True)[:3] == ["ssh", "-F", "/dev/null"]
+
+
+class _Iam:
+    """The IAM calls ensure_instance_profile makes, against a dict of what exists (name -> its tags)."""
+
+    def __init__(self, roles: dict[str, dict[str, str]], profiles: dict[str, dict[str, str]]):
+        self.roles, self.profiles, self.made, self.reported = roles, profiles, [], []
+
+    def call(self, service: str, op: str, **kw):
+        from botocore.exceptions import ClientError
+
+        held, key, name = (
+            (self.roles, "Role", kw.get("RoleName"))
+            if op == "get_role"
+            else (self.profiles, "InstanceProfile", kw.get("InstanceProfileName"))
+        )
+        if name not in held:
+            raise ClientError({"Error": {"Code": "NoSuchEntity", "Message": "none"}}, op)
+        tags = [{"Key": k, "Value": v} for k, v in held[name].items()]
+        return {key: {"Tags": tags, "Roles": [{"RoleName": name}]}}
+
+    def api(self, service: str, op: str, **kw):
+        self.made.append(op)
+        return {"InstanceProfile": {"Roles": []}}
+
+    def report(self, line: str) -> None:
+        self.reported.append(line)
+
+
+def test_the_nodes_iam_role_and_profile_are_made_or_reused_only_when_they_are_this_cluster_s():
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(spec=SimpleNamespace(name="zz"), region="eu-west-1", opts=SimpleNamespace(s3_read=()))
+    ours = discovery.Scope("zz", "abc123", "arn:me")
+    iname = ours.iam("eu-west-1")
+    fresh = _Iam({}, {})
+    assert bootstrap.ensure_instance_profile(fresh, ctx, ours) == iname
+    assert fresh.made == ["create_role", "create_instance_profile", "add_role_to_instance_profile"]
+    mine = ours.tags("eu-west-1")
+    again = _Iam({iname: mine}, {iname: mine})
+    assert bootstrap.ensure_instance_profile(again, ctx, ours) == iname and again.made == []
+    other = discovery.Scope("zz", "def456", "arn:other").tags("eu-west-1")
+    with pytest.raises(ProvisionError, match=rf"IAM role {iname} exists but is not this cluster zz's \(id abc123"):
+        bootstrap.ensure_instance_profile(_Iam({iname: other}, {}), ctx, ours)
+    foreign_profile = _Iam({iname: mine}, {iname: other})
+    with pytest.raises(ProvisionError, match=rf"IAM instance profile {iname} exists but is not this .*\(id abc123"):
+        bootstrap.ensure_instance_profile(foreign_profile, ctx, ours)
+    assert foreign_profile.made == []

@@ -158,3 +158,27 @@ def test_up_s_flags_are_checked_against_the_provider_s_option_schema():
     assert got.value.exit_code == 2
     assert got.value.message == "--spot, --vpc are for AWS clusters"
     assert got.value.hint == "drop them for --provider local (namespace nodes on this machine)"
+
+
+def test_ls_shows_a_recorded_cloud_cluster_the_cloud_no_longer_has(tmp_path, no_aws):
+    store = StateStore(tmp_path / "home")
+    node = Node("zz-contract-gone-leader", "10.250.0.2", 1, "leader")
+    cluster = Cluster("zz-contract-gone", "aws", (node,), "eu-west-1", "g5.xlarge", 1000.0, {"az": "eu-west-1a"})
+    store.save(Record(cluster, "up", 1000.0))
+
+    def make(kind: str, region: str | None) -> Provider:
+        impl = providers.get(kind, store=store, region=region)
+        impl.statuses = lambda: []  # type: ignore[method-assign]  # the cloud answers: no cluster of that name
+        return impl
+
+    listing = overview.listing(store, overview.Providers(make), None, None, warn=pytest.fail, now=4600.0)
+    (row,) = listing.rows
+    assert (row.provider, row.region, row.instance_type, row.zones) == ("aws", "eu-west-1", "g5.xlarge", "eu-west-1a")
+    assert (row.state, row.uptime_s, row.hourly_usd, row.so_far_usd, row.priced) == (
+        "not in the cloud",
+        None,
+        None,
+        None,
+        False,
+    )
+    assert row.note == "; ".join(overview.disagreements(store.load("zz-contract-gone"), None)) != ""

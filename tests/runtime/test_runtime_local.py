@@ -109,7 +109,9 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
     from clusterctl.providers.local.provider import LocalProvider
     from clusterctl.remote.ssh import SshPool
     from clusterctl.runtime.install import RuntimeRequest, install
+    from clusterctl.runtime.spec import python_of
     from clusterctl.state import StateStore
+    from clusterctl.types import NodeRuntime
 
     store = StateStore(c.cli.home)
     cluster = store.load(c.name).cluster
@@ -118,7 +120,7 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
         targets = reach.ssh_targets(cluster, store)
         gone = pool.run_one(targets[1], f"rm -rf /opt/clusterctl-runtime/{rid}", timeout=60)
         assert gone.ok, gone.stderr
-        fields = install(
+        got = install(
             cluster,
             pool,
             targets,
@@ -128,7 +130,7 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
             lines.append,
             build_here=LocalProvider.builds_runtime_locally,
         )
-    assert fields["runtime"] == rid
+    assert got == NodeRuntime(rid, python_of(rid))
     text = "\n".join(lines)
     assert "1 node(s) need it" in text and "relayed to 1 node(s)" in text, text
     assert "unpacked and verified on 1 node(s)" in text, text

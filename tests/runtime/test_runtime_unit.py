@@ -115,8 +115,8 @@ def test_build_argv_golden():
 
 
 def test_requests_and_records():
-    assert record(RuntimeRequest("none")) == {"runtime": "none"}
-    assert record(RuntimeRequest("own", python="/opt/conda/bin/python")) == {
+    assert record(RuntimeRequest("none")).extra() == {"runtime": "none"}
+    assert record(RuntimeRequest("own", python="/opt/conda/bin/python")).extra() == {
         "runtime": "own",
         "python": "/opt/conda/bin/python",
     }

@@ -106,6 +106,14 @@ def test_status_of_a_live_log_cut_mid_line():
     # nothing marked yet: horovodrun and TensorFlow still starting
     noise = KILLED[: KILLED.index("[0]<stdout>:CLUSTERCTL-TRAIN start")]
     assert train_log.status(train_log.parse_train_log(noise), running=True).state == "starting"
+    gone = train_log.status(train_log.parse_train_log(noise), running=False)
+    assert (gone.state, gone.reason, gone.step, gone.img_per_sec, gone.last_checkpoint) == (
+        "stopped",
+        "no training output",
+        0,
+        None,
+        None,
+    )
     header_only = RESUMED[: RESUMED.index("CLUSTERCTL-TRAIN      61") - len("[0]<stdout>:")]
     st = train_log.status(train_log.parse_train_log(header_only), running=True)
     assert st.state == "starting" and st.step == 60 and st.eta_s is None
@@ -157,6 +165,15 @@ def test_malformed_marked_lines_name_their_line():
     # values with spaces are shell-quoted by the trainer and read back whole
     run = train_log.parse_train_log("CLUSTERCTL-TRAIN checkpoint step=5 epoch=0 path='/data/my run/ckpt-5'\n").current
     assert run.checkpoints == (CheckpointSaved(5, 0, "/data/my run/ckpt-5"),)
+    # each field read as its record's annotation says: `images` (int | None) when given, whole counts from "12.0"
+    text = "CLUSTERCTL-TRAIN resume step=12.0 epoch=1 checkpoint=/m/ckpt-96 images=96\n"
+    assert train_log.parse_train_log(text).current.resumed_from == CheckpointSaved(12, 1, "/m/ckpt-96", 96)
+    with pytest.raises(ValueError, match=r"line 1: images='many' is not a int"):
+        train_log.parse_train_log("CLUSTERCTL-TRAIN checkpoint step=5 epoch=0 path=/m/c images=many\n")
+    done = train_log.parse_train_log(
+        "CLUSTERCTL-TRAIN done step=9 epoch=1.5 complete=false elapsed=3 img_per_sec=7.5\n"
+    ).current.done
+    assert done == train_log.TrainDone(9, 1.5, False, 3.0, 7.5)
 
 
 # ---- the command line ---------------------------------------------------------------------------------

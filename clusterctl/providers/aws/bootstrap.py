@@ -17,7 +17,7 @@ from clusterctl import s3uri
 from clusterctl.errors import ClusterctlError, ConfigError, ProvisionError
 from clusterctl.providers.aws import fabric
 from clusterctl.providers.aws.api import NOT_FOUND, Api, _code, _tagdict, _tags
-from clusterctl.providers.aws.discovery import IAM_PATH, KIND, Scope, find_one
+from clusterctl.providers.aws.discovery import IAM_PATH, KIND, Scope, find_one, iam_get
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.aws.options import parse_s3_read
 from clusterctl.types import Cluster
@@ -297,24 +297,26 @@ def ensure_key_pair(api: Api, ctx: Context, scope: Scope, public_key: str) -> st
     return key_name
 
 
+def _own_iam(api: Api, scope: Scope, op: str, iname: str, name: str) -> dict[str, Any] | None:
+    """The IAM role or instance profile of that name (None: there is none); one that carries another
+    identity's tags is never reused."""
+    found = iam_get(api, op, iname)
+    if found is not None and not scope.holds(_tagdict(found)):
+        kind = "role" if op == "get_role" else "instance profile"
+        raise ProvisionError(
+            f"IAM {kind} {iname} exists but is not this cluster {name}'s ({scope.label()})",
+            "choose another --name, or bring the other cluster down",
+        )
+    return found
+
+
 def ensure_instance_profile(api: Api, ctx: Context, scope: Scope) -> str:
     """The cluster's own role and profile, named by its id; one that exists under that name but carries
     another identity's tags is never reused (nor its policy rewritten)."""
-    from botocore.exceptions import ClientError
-
     name = ctx.spec.name
     iname = scope.iam(ctx.region)
     tags = _tags(scope.tags(ctx.region))
-    try:
-        role = api.call("iam", "get_role", RoleName=iname)["Role"]
-        if not scope.holds(_tagdict(role)):
-            raise ProvisionError(
-                f"IAM role {iname} exists but is not this cluster {name}'s ({scope.label()})",
-                "choose another --name, or bring the other cluster down",
-            )
-    except ClientError as exc:
-        if _code(exc) != "NoSuchEntity":
-            raise api.error("iam GetRole", exc) from None
+    if _own_iam(api, scope, "get_role", iname, name) is None:
         api.api(
             "iam",
             "create_role",
@@ -334,16 +336,8 @@ def ensure_instance_profile(api: Api, ctx: Context, scope: Scope) -> str:
             PolicyName="s3-read",
             PolicyDocument=json.dumps(s3_read_policy(ctx.opts.s3_read)),
         )
-    try:
-        prof = api.call("iam", "get_instance_profile", InstanceProfileName=iname)["InstanceProfile"]
-        if not scope.holds(_tagdict(prof)):
-            raise ProvisionError(
-                f"IAM instance profile {iname} exists but is not this cluster {name}'s",
-                "choose another --name, or bring the other cluster down",
-            )
-    except ClientError as exc:
-        if _code(exc) != "NoSuchEntity":
-            raise api.error("iam GetInstanceProfile", exc) from None
+    prof = _own_iam(api, scope, "get_instance_profile", iname, name)
+    if prof is None:
         prof = api.api("iam", "create_instance_profile", InstanceProfileName=iname, Path=IAM_PATH, Tags=tags)[
             "InstanceProfile"
         ]

@@ -17,7 +17,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from clusterctl.autostop import settings as autostop
 from clusterctl.errors import CapacityError, ProvisionError, WaitTimeout
 from clusterctl.providers.aws import bootstrap, catalog, fabric
 from clusterctl.providers.aws.api import Api, _code, _message, _tagdict, _tags
@@ -133,7 +132,7 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
         "owner": scope.owner,
         "owner_label": owner_label(),
         **fabric_extra(ctx),
-        **autostop.extra(spec.autostop),
+        **(spec.autostop.extra() if spec.autostop else {}),
     }
     extra["spot"] = "true" if ctx.opts.spot else "false"  # train polls spot nodes' interruption notice
     if fabric.needs_elastic_ip(ctx.type, ctx.opts.private_ips):

@@ -13,7 +13,6 @@ import base64
 from pathlib import Path
 from typing import Any, Sequence
 
-from clusterctl.autostop import settings as autostop
 from clusterctl.errors import CapacityError, ProvisionError
 from clusterctl.providers.aws import catalog, instances, machine, teardown
 from clusterctl.providers.aws.api import Api, _tagdict, _tags
@@ -78,7 +77,7 @@ def _context(api: Api, cluster: Cluster, peer: dict[str, Any], count: int) -> ma
         slots=int(tags.get(TAG_SLOTS) or 1),
         instance_type=peer["InstanceType"],
         region=cluster.region,
-        autostop=autostop.from_extra(cluster.extra),  # its idle action is the instances' shutdown behaviour
+        autostop=cluster.facts.autostop,  # its idle action is the instances' shutdown behaviour
     )
     image = machine.Image(
         peer["ImageId"], cluster.extra.get("image_name", ""), tags.get(TAG_USER) or "ubuntu", root, "the cluster's"

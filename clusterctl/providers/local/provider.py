@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from clusterctl.autostop import settings as autostop
 from clusterctl.errors import ConfigError, UsageError
 from clusterctl.providers.base import (
     ClusterKeys,
@@ -229,7 +228,12 @@ class LocalProvider(Provider):
             region="local",
             instance_type="local",
             created_at=created,
-            extra={"bridge": bridge, "subnet": str(subnet), "gateway": gateway, **autostop.extra(spec.autostop)},
+            extra={
+                "bridge": bridge,
+                "subnet": str(subnet),
+                "gateway": gateway,
+                **(spec.autostop.extra() if spec.autostop else {}),
+            },
         )
         return Launched(cluster, {n.address: (n.host_public_key,) for n in made})
 

@@ -1,0 +1,150 @@
+"""`up` before anything is made: the command line checked against the chosen provider's option schema (its
+up_flags, providers/base.py) into a ClusterSpec, the node runtime asked for, and the provider's plan; then the
+launch (cluster/provision.py). No provider is named here: what differs is the provider's capabilities."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping
+
+from clusterctl.errors import UsageError, within
+from clusterctl.units import money
+
+if TYPE_CHECKING:
+    from clusterctl.providers.base import Plan, Provider
+    from clusterctl.runtime.install import RuntimeRequest
+    from clusterctl.state import StateStore
+    from clusterctl.types import Cluster, ClusterSpec
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    """`up`'s flags as given; nothing checked yet."""
+
+    provider: str
+    nodes: int = 2
+    instance_type: str = ""  # --type; a provider without "--type" in its schema names its nodes' type itself
+    name: str | None = None
+    slots: int | None = None
+    region: str | None = None
+    given: tuple[str, ...] = ()  # the flags given on the command line (refused when another provider's)
+    # The provider's own settings (its option schema), by option name; dropped for a provider without any.
+    options: Mapping[str, object] = field(default_factory=dict)
+    idle_stop: str | None = "60m"
+    max_lifetime: str | None = None
+    idle_action: str | None = None
+    runtime: str = "install"
+    python: str | None = None
+    runtime_cache: str | None = None
+    runtime_wheels: str | None = None
+
+
+@dataclass(frozen=True)
+class UpPlan:
+    """What `up` will make (nothing made yet): the spec, its provider, the runtime and the provider's plan."""
+
+    request: UpRequest
+    spec: ClusterSpec
+    provider: Provider
+    runtime: RuntimeRequest
+    plan: Plan
+
+    def question(self, max_hourly: float) -> str | None:
+        """The confirmation to ask before launching above `max_hourly` $/hour (or at an unknown price)."""
+        hourly = self.plan.hourly_usd
+        if hourly is not None and hourly <= max_hourly:
+            return None
+        cost = "an unknown price" if hourly is None else f"{money(hourly)}/hour"
+        return f"Launch {self.spec.nodes} x {self.request.instance_type} at {cost}?"
+
+
+def prepare(
+    request: UpRequest,
+    store: StateStore,
+    make: Callable[[str, str | None], Provider],
+    report: Callable[[str], None],
+) -> UpPlan:
+    """The request checked (every flag before any call to the provider), the spec built and planned; each plan
+    line reported as it is known (the runtime's last: it may refuse the image the plan chose)."""
+    from clusterctl import providers
+    from clusterctl.autostop import settings as autostop
+    from clusterctl.runtime.install import plan_line
+    from clusterctl.state import validate_name
+    from clusterctl.types import ClusterSpec
+
+    kind = providers.provider_class(request.provider)
+    providers.refuse_foreign_flags(request.provider, request.given)  # the provider's option schema
+    name = validate_name(request.name or kind.default_cluster)
+    spot = bool(request.options.get("spot", False))  # one-time spot instances can only be terminated
+    stop_rules = autostop.settings(request.idle_stop, request.max_lifetime, request.idle_action, spot=spot)
+    within("--slots", request.slots, 1, 1024)
+    within("--nodes", request.nodes, 1)
+    within("--nodes", request.nodes, 1, kind.max_nodes)
+    spec = ClusterSpec(
+        name=name,
+        provider=request.provider,
+        nodes=request.nodes,
+        slots=request.slots,
+        instance_type=request.instance_type if "--type" in kind.up_flags else request.provider,
+        region=request.region or "",
+        options=dict(request.options) if kind.up_flags else {},  # checked by the provider (AWS: AwsOptions)
+        autostop=stop_rules,
+    )
+    impl = make(request.provider, request.region)
+    runtime = runtime_request(request, impl.builds_runtime_locally)
+    plan = impl.plan(spec)
+    for line in plan.lines:
+        report(line)
+    report(f"autostop: {autostop.describe(stop_rules)}")
+    report(f"node runtime: {plan_line(runtime, plan.image)}")  # may refuse the image
+    return UpPlan(request, spec, impl, runtime, plan)
+
+
+def runtime_request(request: UpRequest, builds_here: bool) -> RuntimeRequest:
+    """--runtime, --python, --runtime-cache and --runtime-wheels as one RuntimeRequest (`builds_here`: this
+    machine builds the runtime, so a cache or a wheel mirror for the leader makes no sense)."""
+    from clusterctl.runtime.install import RuntimeRequest
+
+    runtime, python = request.runtime, request.python
+    cache, wheels = request.runtime_cache, request.runtime_wheels
+    if runtime not in ("install", "none"):
+        raise UsageError(f"unknown --runtime {runtime!r}", "use install or none")
+    if python is not None and runtime == "none":
+        raise UsageError("--python and --runtime none together", "give one of them")
+    if (cache or wheels) and builds_here:  # the leader builds (or fetches) it: a cache or wheels are for it
+        raise UsageError(
+            "--runtime-cache and --runtime-wheels are for AWS clusters",
+            "local clusters build the runtime once on this machine and cache it here",
+        )
+    if python is not None:
+        return RuntimeRequest("own", python=python)
+    return RuntimeRequest(runtime, cache=cache or "", wheels=wheels or "")  # type: ignore[arg-type]  # checked above
+
+
+def launch(
+    up: UpPlan,
+    store: StateStore,
+    hosts_out: Path,
+    report: Callable[[str], None],
+    ssh_timeout: float,
+    trust_first_contact: bool,
+) -> tuple[Cluster, float]:
+    """Make the planned cluster (provision.up); the cluster, and the seconds it took."""
+    from clusterctl.cluster import provision
+    from clusterctl.runtime.install import S3Cache
+
+    start = time.monotonic()
+    cluster = provision.up(
+        up.spec,
+        store,
+        up.provider,
+        hosts_out=hosts_out,
+        report=report,
+        ssh_timeout=ssh_timeout,
+        runtime=up.runtime,
+        trust_first_contact=trust_first_contact,
+        runtime_cache=S3Cache(up.runtime.cache, up.provider.object_store()) if up.runtime.cache else None,
+    )
+    return cluster, time.monotonic() - start

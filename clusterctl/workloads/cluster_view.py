@@ -1,0 +1,159 @@
+"""What `status` shows of one cluster, gathered from its five sources into one typed value: the record here,
+the provider's view (for a cloud provider), its lost nodes, autostop, the node runtime, and the jobs on it
+(the training job, `launch` jobs). cli/ renders it; nothing here prints.
+
+It sits in workloads/ because the jobs are: cluster/ is below workloads/ (tests/core/test_architecture.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from clusterctl.errors import ClusterctlError, StateError
+
+if TYPE_CHECKING:
+    from clusterctl.cluster.overview import Providers
+    from clusterctl.providers.base import ClusterStatus, LostNode, Provider
+    from clusterctl.state import Record, StateStore
+    from clusterctl.types import Cluster
+    from clusterctl.workloads.train_job import TrainJob
+    from clusterctl.workloads.train_log import TrainStatus
+
+
+@dataclass(frozen=True)
+class Training:
+    """The cluster's training job: its status, or why it could not be read."""
+
+    job: TrainJob
+    status: TrainStatus | None
+    error: str = ""  # set when status is None
+    hourly_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class Launches:
+    """The cluster's `launch` jobs (running ones and the latest), or why they could not be read."""
+
+    lines: tuple[str, ...] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """One cluster as `status` shows it, in the order shown. Exactly one of `nodes` (a provider whose records
+    here are the whole truth: the record's nodes) and `cloud` (the provider's own view) is set."""
+
+    name: str
+    current: bool
+    now: float
+    nodes: Cluster | None = None
+    cloud: ClusterStatus | None = None
+    notes: tuple[str, ...] = ()  # where the record and the provider disagree
+    lost: tuple[LostNode, ...] = ()
+    autostop: tuple[str, ...] = ()
+    runtime: str | None = None  # None: no record here
+    training: Training | None = None
+    launches: Launches | None = None
+
+
+def gather(
+    store: StateStore, providers: Providers, name: str | None, provider: str | None, region: str | None
+) -> ClusterView:
+    """The cluster NAME (default: the current one) from its record here and its provider (--provider and
+    --region say where to look when the record is gone)."""
+    from clusterctl.cluster import overview
+    from clusterctl.state import validate_name
+
+    n = name or store.resolve(None).cluster.name
+    validate_name(n)
+    record = store.load(n) if store.exists(n) else None
+    kind = provider or (record.cluster.provider if record is not None else overview.guess_provider(n, region))
+    reg = region or (record.cluster.region if record is not None and record.cluster.provider == kind else None)
+    impl = providers.get(kind, reg)
+    current = n == store.current()
+    if not impl.lists_from_cloud:  # the record here is the whole truth about this provider's clusters
+        if record is None:
+            record = store.load(n)  # raises "no cluster named ..."
+        up = record.status == "up"
+        return ClusterView(
+            n,
+            current,
+            time.time(),
+            nodes=record.cluster,
+            lost=_lost(impl, record),
+            autostop=_autostop(store, record),
+            runtime=_runtime(record),
+            training=_training(store, n) if up else None,
+            launches=_launches(store, n) if up else None,
+        )
+    st = impl.status(n)
+    if st is None:
+        if record is None:
+            raise StateError(f"no cluster named {n!r} here or in the cloud", "see `clusterctl ls --provider aws`")
+        from clusterctl.providers.base import ClusterStatus
+
+        st = ClusterStatus(n, kind, record.cluster.region, record.cluster.instance_type, ())
+    notes = tuple(overview.disagreements(record, st if (st.nodes or st.other) else None))
+    if record is None:
+        return ClusterView(n, current, time.time(), cloud=st, notes=notes)
+    return ClusterView(
+        n,
+        current,
+        time.time(),
+        cloud=st,
+        notes=notes,
+        lost=_lost(impl, record) if st.nodes else (),
+        autostop=_autostop(store, record) if st.nodes or record.status == "stopped" else (),
+        runtime=_runtime(record),
+        training=_training(store, n),
+        launches=_launches(store, n) if st.nodes else None,
+    )
+
+
+def _lost(impl: Provider, record: Record) -> tuple[LostNode, ...]:
+    """The record's nodes the provider says are gone (`repair` replaces them); none unless the record is up."""
+    return tuple(impl.lost_nodes(record.cluster)) if record.status == "up" else ()
+
+
+def _autostop(store: StateStore, record: Record) -> tuple[str, ...]:
+    from clusterctl.cluster import autostop_status
+
+    return tuple(autostop_status.status_lines(store, record))
+
+
+def _runtime(record: Record) -> str:
+    from clusterctl.runtime.install import describe
+
+    return describe(record.cluster.extra)
+
+
+def _training(store: StateStore, name: str) -> Training | None:
+    """The training job's place, when the cluster has one."""
+    from clusterctl.cluster import costs, inventory
+    from clusterctl.workloads import train_job as trainlib
+
+    try:
+        inv = inventory.resolve(None, name, store)
+    except ClusterctlError:
+        return None
+    job = trainlib.load_job(store, inv)
+    if job is None:
+        return None
+    try:
+        st = trainlib.job_status(inv, job)
+    except ClusterctlError as exc:
+        return Training(job, None, exc.one_line())
+    return Training(job, st, hourly_usd=costs.hourly(inv.cluster))
+
+
+def _launches(store: StateStore, name: str) -> Launches:
+    from clusterctl.cluster import inventory
+    from clusterctl.workloads import userjob
+
+    try:
+        inv = inventory.resolve(None, name, store)
+        return Launches(tuple(userjob.status_lines(store, inv)))
+    except ClusterctlError as exc:
+        return Launches(error=exc.one_line())

@@ -1,0 +1,81 @@
+"""`up` before anything is made (cluster/up_plan.py): the request checked against the provider's option schema
+into one spec, the runtime asked for, the plan lines reported in order, and when to ask before launching.
+A stand-in provider instance: nothing is planned remotely."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterctl.cluster import up_plan
+from clusterctl.errors import UsageError
+from clusterctl.providers.base import Plan
+from clusterctl.state import StateStore
+
+
+class Stand:
+    def __init__(self, builds_here: bool, hourly: float | None = 0.0):
+        self.builds_runtime_locally, self.hourly, self.planned = builds_here, hourly, []
+
+    def plan(self, spec):
+        self.planned.append(spec)
+        return Plan((f"{spec.nodes} x {spec.instance_type}",), self.hourly)
+
+
+def _prepare(tmp_path, request: up_plan.UpRequest, stand: Stand, lines: list[str]) -> up_plan.UpPlan:
+    made = []
+
+    def make(kind, region):
+        made.append((kind, region))
+        return stand
+
+    up = up_plan.prepare(request, StateStore(tmp_path / "home"), make, lines.append)
+    assert made == [(request.provider, request.region)]
+    return up
+
+
+def test_the_provider_s_schema_decides_the_type_and_keeps_or_drops_its_own_options(tmp_path):
+    lines: list[str] = []
+    options = {"spot": True, "volume_size": 100, "subnets": ["s-1"]}
+    aws = up_plan.UpRequest("aws", 3, "p3.2xlarge", region="r1", options=options, idle_action="terminate")
+    up = _prepare(tmp_path, aws, Stand(builds_here=False, hourly=9.0), lines)
+    assert (up.spec.name, up.spec.instance_type, up.spec.region, up.spec.nodes) == ("cluster", "p3.2xlarge", "r1", 3)
+    assert up.spec.options == options and up.spec.autostop is not None
+    assert lines[0] == "3 x p3.2xlarge" and lines[1].startswith("autostop: ")
+    assert lines[2].startswith("node runtime: TensorFlow")
+    assert up.question(50.0) is None and up.question(5.0) == "Launch 3 x p3.2xlarge at $9.00/hour?"
+
+    lines.clear()
+    local = up_plan.UpRequest("local", 2, "p3.16xlarge", options=options, runtime="none")
+    up = _prepare(tmp_path, local, Stand(builds_here=True), lines)
+    # a provider without options of its own: no instance type of it, its defaults' options dropped
+    assert (up.spec.name, up.spec.instance_type, dict(up.spec.options)) == ("local", "local", {})
+    assert lines[0] == "2 x local" and lines[2].startswith("node runtime: none")
+
+
+def test_the_request_is_refused_before_the_provider_is_asked(tmp_path):
+    stand = Stand(builds_here=True)
+    with pytest.raises(UsageError, match="--spot is for AWS clusters"):
+        _prepare(tmp_path, up_plan.UpRequest("local", given=("--spot",)), stand, [])
+    with pytest.raises(UsageError, match="--nodes"):
+        _prepare(tmp_path, up_plan.UpRequest("local", nodes=0), stand, [])
+    assert stand.planned == []
+
+
+@pytest.mark.parametrize(
+    "given, refused",
+    [
+        (dict(runtime="conda"), "unknown --runtime 'conda'"),
+        (dict(runtime="none", python="/usr/bin/python3"), "--python and --runtime none together"),
+        (dict(runtime_cache="s3://b/p"), "--runtime-cache and --runtime-wheels are for AWS clusters"),
+    ],
+)
+def test_the_runtime_asked_for_is_checked(given, refused):
+    with pytest.raises(UsageError, match=refused.replace("(", r"\(")):
+        up_plan.runtime_request(up_plan.UpRequest("local", **given), builds_here=True)
+
+
+def test_the_runtime_asked_for():
+    own = up_plan.runtime_request(up_plan.UpRequest("aws", python="/opt/py/bin/python"), builds_here=False)
+    assert (own.mode, own.python) == ("own", "/opt/py/bin/python")
+    cached = up_plan.runtime_request(up_plan.UpRequest("aws", runtime_cache="s3://my-bucket/rt"), builds_here=False)
+    assert (cached.mode, cached.cache, cached.wheels) == ("install", "s3://my-bucket/rt", "")
