@@ -3,7 +3,7 @@
 
 Builds a local cluster of 2 namespace nodes (real sshd, links unshaped: CPU is what is measured), makes a
 dataset of --size-mb in 100 files, and streams it as the chain does: this machine's tar | ssh into node 0's
-relay script (clusterctl's own, from node_scripts.relay_script, with node_side.py as its agent), which
+relay script (clusterctl's own, from node_scripts.relay_script, with the node package as its agent), which
 extracts it and forwards it over one node-to-node ssh hop to node 1, which extracts it. The CPU is the
 bench's own cgroup (sync_bench.OwnCpu: source tar, both ssh hops, sshds, relay, recv and tar on the
 nodes), per GB and per receiving node (2 hops). Variants, interleaved in every round (the machine is
@@ -36,16 +36,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]  # this checkout
 from clusterctl.data import node_scripts  # noqa: E402
+from clusterctl.remote import nodepkg  # noqa: E402
 from clusterctl.remote.openssh import node_ssh  # noqa: E402
-from sync_bench import CIPHER, REPO, Bench, OwnCpu, make_dataset  # noqa: E402
+from sync_bench import CIPHER, Bench, OwnCpu, make_dataset  # noqa: E402
 
 WORK = ".clusterctl-hopcost"
 DST = "/tmp/hop-cost"
 VARIANTS = ("base", "tee", "chacha", "src-b256", "b256", "pipe64k", "nohash")
-AGENT = (REPO / "clusterctl" / "data" / "node_side.py").read_text()
+PYZ = f'"$HOME"/{WORK}/node.pyz'  # the node package, as the relay scripts run it
 
 
 def replaced(text: str, old: str, new: str) -> str:
@@ -55,27 +57,36 @@ def replaced(text: str, old: str, new: str) -> str:
 
 
 def build(variant: str, b: Bench) -> tuple[dict[int, bytes], str, list[str]]:
-    """(node index -> relay.sh, agent.py, the source tar's extra options) for one variant."""
+    """(node index -> relay.sh, the node package, the source tar's extra options) for one variant."""
     hop = node_ssh("root", 22, True)
     if variant == "chacha":
         hop[hop.index("-c") + 1] = CIPHER["chacha"]
     hashing = variant != "nohash"
     scripts = {
-        0: node_scripts.relay_script(0, DST, [b.hosts[1]], hop, WORK, hash_stream=hashing),
-        1: node_scripts.relay_script(1, DST, [], hop, WORK, hash_stream=hashing),
+        0: node_scripts.relay_script(0, DST, [b.hosts[1]], hop, WORK, hash_stream=hashing, pyz=PYZ),
+        1: node_scripts.relay_script(1, DST, [], hop, WORK, hash_stream=hashing, pyz=PYZ),
     }
-    agent, tar_opts = AGENT, []
+    agent, tar_opts = nodepkg.package().data, []
     if variant == "tee":
         s = scripts[0].decode()
-        s = re.sub(r'"\$P" "\$W/agent.py" relay --index 0 --out ("\$W/fifo.0")', r"tee -p \1", s)
+        s = re.sub(r'"\$P" "\$A" sync relay --index 0 --out ("\$W/fifo.0")', r"tee -p \1", s)
         scripts[0] = replaced(s, "tee -p", "tee -p").encode()
     if variant in ("src-b256", "b256"):
         tar_opts = ["-b", "256"]
     if variant == "b256":
         scripts = {i: replaced(s.decode(), "tar -C ", "tar -B -b 256 -C ").encode() for i, s in scripts.items()}
     if variant == "pipe64k":
-        agent = replaced(agent, "fcntl.fcntl(fd, 1031, 1 << 20)", "pass")
+        agent = _package_with("sync/relay.py", lambda text: replaced(text, "fcntl.fcntl(fd, 1031, 1 << 20)", "pass"))
     return scripts, agent, tar_opts
+
+
+def _package_with(module: str, change: Callable[[str], str]) -> bytes:
+    """The node package with one module's text changed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "node"
+        shutil.copytree(nodepkg.SOURCE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        (copy / module).write_text(change((copy / module).read_text()))
+        return nodepkg.build(copy).data
 
 
 def one(b: Bench, src: Path, variant: str, own: OwnCpu) -> dict:
@@ -83,7 +94,7 @@ def one(b: Bench, src: Path, variant: str, own: OwnCpu) -> dict:
     cipher = CIPHER["chacha"] if variant == "chacha" else CIPHER["aes"]
     for i, h in enumerate(b.hosts):
         b.on(h, f"rm -rf {DST} && mkdir -p {WORK} {DST}")
-        for name, body, mode in (("relay.sh", scripts[i], "700"), ("agent.py", agent.encode(), "600")):
+        for name, body, mode in (("relay.sh", scripts[i], "700"), ("node.pyz", agent, "600")):
             subprocess.run([*b.ssh, h, f"cat > {WORK}/{name} && chmod {mode} {WORK}/{name}"], input=body, check=True)
     subprocess.run(["sync"])
     o0, t0 = own.seconds(), time.perf_counter()

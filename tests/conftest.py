@@ -6,10 +6,14 @@ and a machine without them fails these tests loudly rather than skipping them.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -20,6 +24,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"  # recorded logs and outputs the unit tests parse
+
+
+@functools.cache
+def node_pyz() -> str:
+    """The node package as a file, as every node has it (built once per test run, removed at exit)."""
+    from clusterctl.remote import nodepkg
+
+    folder = tempfile.mkdtemp(prefix="node-pyz-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = Path(folder) / nodepkg.package().name
+    path.write_bytes(nodepkg.package().data)
+    return str(path)
 
 
 @dataclass

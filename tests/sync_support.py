@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import uuid
 from pathlib import Path
 
-from conftest import Cli, LocalCluster, require_root
+from conftest import Cli, LocalCluster, node_pyz, require_root
 
 DST_MARKER = ".clusterctl-sync/COMPLETE"
 
@@ -166,3 +167,13 @@ def first_error_line(stderr: str) -> str:
 
 def env_without_aws() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+
+
+def agent_argv(*args: str) -> list[str]:
+    """`python3 PYZ sync ARGS`: the node side of sync, run here as a node runs it."""
+    return ["python3", node_pyz(), "sync", *args]
+
+
+def agent_shell() -> str:
+    """The same as a shell command's first words."""
+    return " ".join(shlex.quote(a) for a in agent_argv())

@@ -14,7 +14,7 @@ chooses, confirms and renders.
   logs   remove one folder, resolved on the node (symlinks followed); refuse an empty path, `/`, a system
          folder (or inside one), the home itself or any folder holding it, a tree that holds an .ssh
          folder, or (without force) anything outside the login user's home. With force, still at least
-         two levels deep (/data/ckpt). The same rules as `sync --delete` (sync_agent.dst_problem).
+         two levels deep (/data/ckpt). The same rules as `sync --delete` (node/sync/guard.py dst_problem).
   disk   free/used of the file systems holding /, the home and /tmp.
   reboot the local provider restarts the node itself (see providers/local.py); elsewhere `reboot`
          runs (through sudo -n when not root) and the node's boot id must change, with a timeout.
@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
 
-from clusterctl.data.node_side import SYSTEM_TREES
 from clusterctl.errors import ExitCode, UsageError
+from clusterctl.node.sync.guard import SYSTEM_TREES
 from clusterctl.remote.session import TREE_FN
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def logs_command(path: str, force: bool = False) -> str:
         'refuse() { echo "refused: $*" >&2; exit 3; }; '
         '[ "$real" = / ] && refuse "$d resolves to /"; '
         '[ "$real" = "$home" ] && refuse "$d is the login user\'s home itself"; '
-        # the same rules as `sync --delete` (sync_agent.dst_problem), on the resolved path
+        # the same rules as `sync --delete` (node/sync/guard.py dst_problem), on the resolved path
         f'case "$real" in {SYSTEM_CASE}) refuse "$real is a system folder";; esac; '
         'case "$home/" in "$real"/*) refuse "$real holds the login user\'s home $home";; esac; '
         'case "$real/" in "$home"/*) ;; *) '

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 
 from clusterctl.errors import UnreachableError
 from clusterctl.hostsfile import HostsFile
+from clusterctl.node import live_hosts as node_live_hosts
 
 if TYPE_CHECKING:
     from clusterctl.remote.ssh import SshPool
     from clusterctl.remote.targets import SshTarget
 
-PATH = ".clusterctl/live-hosts"  # under the leader's login home
+PATH = node_live_hosts.PATH  # under the leader's login home: what the discovery reads
 
 
 def render(hosts: HostsFile) -> str:

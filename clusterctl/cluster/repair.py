@@ -407,7 +407,8 @@ def _datasets(
     """Every dataset the peer holds complete (and every `--data DST`) copied from it to the new nodes with sync's
     relay, then each new copy checked again, file by file, against the manifest the peer's own copy was verified
     against, and marked with it: every node's completion marker names one manifest, as `train` requires."""
-    from clusterctl.data import node_side, plan as syncplan, sync as transfer
+    from clusterctl.data import plan as syncplan, sync as transfer
+    from clusterctl.node.sync import manifest
 
     found = _complete_datasets(pool, targets[peer.ssh_host])
     dsts = list(dict.fromkeys([*found, *extra]))
@@ -415,8 +416,8 @@ def _datasets(
     src = targets[peer.ssh_host]
     for dst in dsts:
         report(f"copying dataset {dst} from {peer.name} to {len(fresh)} new node(s)")
-        state = f"{dst.rstrip('/')}/{node_side.STATE_DIR}"
-        marker, saved = f"{state}/{node_side.MARKER}", f"{state}/{node_side.SAVED}"
+        state = f"{dst.rstrip('/')}/{manifest.STATE_DIR}"
+        marker, saved = f"{state}/{manifest.MARKER}", f"{state}/{manifest.SAVED}"
         # The relay from the peer checks the peer's copy against a listing made there and marks it with that: the
         # marker and manifest it was verified against are kept aside and put back (its data is never written).
         keep = (
@@ -463,7 +464,7 @@ def _check_against_peer(
     against it and marked with the peer's marker's source."""
     import json
 
-    from clusterctl.data import node_side
+    from clusterctl.remote import nodepkg
 
     r = pool.run_one(targets[peer.ssh_host], f"cat {REPAIR_WORK}/COMPLETE", timeout=60)
     try:
@@ -478,19 +479,20 @@ def _check_against_peer(
         for n in fresh
     )
     fresh_targets = [targets[n.ssh_host] for n in fresh]
-    put = pool.put(fresh_targets, {f"{REPAIR_WORK}/agent.py": (Path(node_side.__file__).read_bytes(), 0o600)})
-    if not put.all_ok:
-        raise ProvisionError(
-            f"could not reach the new node(s): {'; '.join(f'{x.host}: {x.error}' for x in put.failed)}"
-        )
+    pkg = nodepkg.package()
+    for put in (nodepkg.ship(pool, fresh_targets, pkg), pool.run(fresh_targets, f"mkdir -p {REPAIR_WORK}", timeout=60)):
+        if not put.all_ok:  # the manifest's folder made: scp puts it there
+            raise ProvisionError(
+                f"could not reach the new node(s): {'; '.join(f'{x.host}: {x.error}' for x in put.failed)}"
+            )
     r = pool.run_one(targets[peer.ssh_host], sends, timeout=600)
     if not r.ok or r.stdout.strip():
         raise ProvisionError(
             f"{peer.name} could not send the manifest of {dst} to {r.stdout.strip() or r.stderr[-200:]}"
         )
-    check = shlex.join(
-        ["python3", f"{REPAIR_WORK}/agent.py", "check", "--dst", dst, "--manifest", f"{REPAIR_WORK}/manifest.jsonl"]
-        + ["--mark", source, "--reset", "--workers", "4"]
+    manifest = f"{REPAIR_WORK}/manifest.jsonl"
+    check = pkg.command(
+        "sync", "check", "--dst", dst, "--manifest", manifest, "--mark", source, "--reset", "--workers", "4"
     )
     for n, res in zip(fresh, pool.run(fresh_targets, check, timeout=3600)):
         try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import shlex
 from typing import Sequence
 
+from clusterctl.remote import nodepkg
+
 TAR_CHECKPOINT = 100  # records of 10240 bytes: a progress line per ~1 MB per node
 MUX_IDLE = 30  # seconds a pre-connected hop's ssh master waits for its relay (and lingers after it, if killed)
 
@@ -42,6 +44,7 @@ def relay_script(
     python: str = "python3",
     hash_stream: bool = True,
     mux: bool = False,
+    pyz: str | None = None,  # the node package as a shell word (default: this installation's, nodepkg)
 ) -> bytes:
     """The relay on one node: read the tar stream on stdin, forward it to every child's relay (tee into
     their ssh; a child that dies is dropped and the rest go on), and extract it into `root`. With one
@@ -57,6 +60,7 @@ def relay_script(
         "set -u",
         f"W={w}",
         f'P={q(python)}; [ -x "$P" ] || P=python3',
+        f"A={pyz or nodepkg.package().shell_path}",
     ]
     fifos = []
     for i, address in enumerate(children):
@@ -71,10 +75,10 @@ def relay_script(
     extract = ("tar -C " + q(root) + " -xf - " + " ".join(q(c) for c in ck)) if root is not None else None
     hashing = bool(extract) and hash_stream
     if hashing:
-        extract = f'"$P" "$W/agent.py" recv --hashes "$W/recv.part" | {extract}'
+        extract = f'"$P" "$A" sync recv --hashes "$W/recv.part" | {extract}'
         lines.append('rm -f "$W/recv.json"')  # only this stream's, whole, is ever there
     if len(fifos) == 1 and extract:
-        lines.append(f'"$P" "$W/agent.py" relay --index {index} --out {fifos[0]} | {extract}')
+        lines.append(f'"$P" "$A" sync relay --index {index} --out {fifos[0]} | {extract}')
     elif fifos:
         lines.append(f"tee -p {' '.join(fifos)} " + (f"| {extract}" if extract else ">/dev/null"))
     else:

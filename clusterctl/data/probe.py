@@ -4,7 +4,7 @@ With K chains the sender (the leader for a leader:PATH source, else the chain's 
 here feeds one stream) sends K copies at once. The probe measures, through the chain's own ssh hop (its
 key, pinned known_hosts and cipher): one node-to-node stream between two other nodes (a hop's rate),
 then k = 2, 3, ... streams from the sender to k different nodes at once, for PROBE_SECONDS each, the
-bytes thrown away on arrival (node_side.py's probe and sink); the sender is not measured when the
+bytes thrown away on arrival (the node package's `sync probe` and `sync sink`); the sender is not measured when the
 stream, at the hop's rate, is too short for that to pay (plan.too_short_to_probe; --plan always is).
 plan.choose_fanout turns the figures into K and the line that says why. No probe (one chain) with
 fewer than 3 nodes taking the stream or under PROBE_MIN_BYTES to send. A probe that fails never fails
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Sequence
 
 from clusterctl import state
-from clusterctl.data import node_side
 from clusterctl.data.plan import (
     FANOUT_CAP,
     PROBE_SECONDS,
@@ -55,7 +54,7 @@ def _rate(s: SyncSession, sender: SyncNode, receivers: Sequence[SyncNode]) -> fl
         "--hop",
         json.dumps(hop),
         "--remote",
-        s.py("agent.py", "sink"),
+        s.py("sink"),
         "--",
         *(n.address for n in receivers),
         timeout=PROBE_SECONDS + 90,
@@ -134,13 +133,12 @@ def _keep_hop(s: SyncSession, rate: float) -> None:
 
 def for_plan(s: SyncSession) -> FanoutChoice:
     """`sync --plan` with --fanout auto: the probe over every node (as a first copy would stream), with the
-    node script put in this run's own work folder and that folder removed after."""
+    node package shipped where it is missing and this run's work folder removed after."""
     if len(s.nodes) < 3:
         return auto_fanout(s, s.nodes)  # too few to measure: no ssh at all
-    files = {f"{s.work}/agent.py": (Path(node_side.__file__).read_bytes(), 0o600)}
 
     def put(n: SyncNode) -> None:
-        r = s.pool.put_one(n.target, files)
+        r = s.ship(n)
         if not r.ok:
             s.fail(n, "unreachable", r.error or "upload failed")
 

@@ -8,10 +8,11 @@ import re
 import shlex
 import time
 
-from clusterctl.data import node_side as sync_agent, s3_round
+from clusterctl.data import s3_round
 from clusterctl.data.pipes import rsync_bytes, run_rsync
 from clusterctl.data.plan import plan_tree
 from clusterctl.data.session import SyncNode, SyncSession
+from clusterctl.node.sync.manifest import PARTIAL_DIR
 from clusterctl.remote.openssh import bracketed, node_ssh, operator_ssh
 
 RSYNC_BASE = (
@@ -20,7 +21,7 @@ RSYNC_BASE = (
     "-s",
     "-I",
     "--from0",
-    "--partial-dir=" + sync_agent.PARTIAL_DIR,
+    "--partial-dir=" + PARTIAL_DIR,
     "--timeout=60",
     "--info=progress2",
     "--no-inc-recursive",

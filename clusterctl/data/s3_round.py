@@ -1,13 +1,13 @@
 """The S3 round: every node pulls its own copy from s3://bucket/prefix, in parallel, with its own credentials
-(node_side.py's s3pull), and the sha256 of objects S3 gives no checkable checksum for is taken from the
+(the node package's `sync s3pull`), and the sha256 of objects S3 gives no checkable checksum for is taken from the
 first node that pulled them."""
 
 from __future__ import annotations
 
 import re
 
-from clusterctl.data import node_side as sync_agent
 from clusterctl.data.session import SyncNode, SyncSession
+from clusterctl.node.sync.manifest import EXIT_INPUT
 
 
 def pull_all(s: SyncSession, nodes: list[SyncNode]) -> None:
@@ -91,7 +91,7 @@ def _pull(s: SyncSession, n: SyncNode, record: bool = False) -> dict[str, str] |
     data, r = s.agent(n, *args, timeout=s.timeout, on_line=on_line)
     if r.exit_code is None:
         s.fail(n, "unreachable", r.error or "unreachable")
-    elif r.exit_code == sync_agent.EXIT_INPUT:
+    elif r.exit_code == EXIT_INPUT:
         s.failed_result(n, r, data, "s3")
     elif r.exit_code != 0:  # the check that follows finds what is missing; the node is retried
         n.last_error = "s3: " + str((data or {}).get("error") or r.stderr.strip()[-200:])

@@ -1,6 +1,6 @@
 """One sync's state, shared by its phases (sync.py) and its transports (chain.py, rsync_hops.py, s3_round.py):
-the options checked, the nodes with what each lacks, and the helpers they all use: the agent (node_side.py)
-run on a node with its JSON result fetched by SFTP, a node's failure recorded once, a bounded fan-out that
+the options checked, the nodes with what each lacks, and the helpers they all use: the agent (node/sync/,
+`python3 PYZ sync ...`) run on a node with its JSON result fetched by SFTP, a node's failure recorded once, a bounded fan-out that
 Ctrl-C stops."""
 
 from __future__ import annotations
@@ -19,24 +19,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Protocol, Sequence, TypeVar
 
-from clusterctl.data.node_side import ManifestEntry, manifest_header
 from clusterctl.data.outcome import CopyStatus, Events, NodeOutcome, Silent
 from clusterctl.data.pipes import Children
 from clusterctl.data.plan import STRATEGIES, Source, check_dst
 from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
+from clusterctl.node.sync.manifest import ManifestEntry, manifest_header
+from clusterctl.remote import nodepkg
 from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshSettings, SshTarget
 from clusterctl.types import Cluster, HostResult
 
-Wire = dict[str, Any]  # one JSON object as the node agent writes it (its keys: data/node_side.py)
+Wire = dict[str, Any]  # one JSON object as the node agent writes it (its keys: node/sync/manifest.py)
 
 _T = TypeVar("_T")
 _S = TypeVar("_S", bound="SyncSession")
 
 STALL_TIMEOUT = 120.0  # sync --stall-timeout: seconds a chain may move no data before the node that stopped is cut out
 WORK = ".clusterctl/sync"  # under the login home of every node
-MANIFEST = "manifest.jsonl.gz"  # in the run's work folder on every node: JSON Lines (node_side.ManifestReader)
+MANIFEST = (
+    "manifest.jsonl.gz"  # in the run's work folder on every node: JSON Lines (node/sync/manifest.py ManifestReader)
+)
 VERIFY = ("stream", "disk")  # sync --verify: the chain's hashes as written, or every file read back
 
 
@@ -134,9 +137,10 @@ class SyncSession:
         self.token = uuid.uuid4().hex[:12]
         self.work = f"{WORK}/{self.token}"
         self.manifest_path = f"{self.work}/{MANIFEST}"
+        self.package = nodepkg.package()  # what every node runs its side of the sync from
         self.nodes = [SyncNode(i, t, a, NodeOutcome(t.label)) for i, (t, a) in enumerate(zip(targets, addresses))]
         self.start = 0.0
-        self.entries: list[ManifestEntry] = []  # read from the wire once (node_side.ManifestEntry)
+        self.entries: list[ManifestEntry] = []  # read from the wire once (node/sync/manifest.py ManifestEntry)
         self.manifest_bytes = b""
         self.src_root = ""  # the source folder, resolved where it is
         self.src_judge: tuple[str, ...] = ()  # the agent's --src options: every node judges DST against SRC
@@ -147,11 +151,16 @@ class SyncSession:
     def leader(self) -> SyncNode:
         return self.nodes[0]
 
-    def py(self, script: str, *args: str) -> str:
+    def py(self, *args: str) -> str:
+        """A shell command running `sync ARGS` of the node package (ship() put it there) with the node's Python."""
         py = shlex.quote(self.python)
-        return f'P={py}; [ -x "$P" ] || P=python3; "$P" {shlex.quote(f"{self.work}/{script}")} ' + " ".join(
+        return f'P={py}; [ -x "$P" ] || P=python3; "$P" {self.package.shell_path} sync ' + " ".join(
             shlex.quote(a) for a in args
         )
+
+    def ship(self, node: SyncNode) -> HostResult:
+        """The node package onto the node, unless it has it already."""
+        return nodepkg.ship_one(self.pool, node.target, self.package)
 
     def agent(
         self,
@@ -161,9 +170,7 @@ class SyncSession:
         on_line: Callable[[str, str, str], None] | None = None,
     ) -> tuple[Wire | None, HostResult]:
         out = f"{self.work}/out-{uuid.uuid4().hex[:8]}.json"  # the result comes back by SFTP: no output cap
-        r = self.pool.run_one(
-            node.target, self.py("agent.py", args[0], "--out", out, *args[1:]), timeout=timeout, on_line=on_line
-        )
+        r = self.pool.run_one(node.target, self.py(args[0], "--out", out, *args[1:]), timeout=timeout, on_line=on_line)
         data = None
         for line in reversed(r.stdout.strip().splitlines()):
             try:

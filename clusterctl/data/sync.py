@@ -31,14 +31,15 @@ import shlex
 import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Sequence
 
-from clusterctl.data import chain, node_side as sync_agent, rsync_hops, s3_round
-from clusterctl.data.node_side import ManifestEntry
+from clusterctl.data import chain, rsync_hops, s3_round
 from clusterctl.data.outcome import SyncIncomplete, SyncReport
 from clusterctl.data.session import ManifestUnreadable, SyncNode, SyncSession, Wire, mb
 from clusterctl.errors import ConfigError, ExitCode
+from clusterctl.node.sync import guard, scan
+from clusterctl.node.sync.manifest import EXIT_INPUT, ManifestEntry, path_problem
+from clusterctl.node.sync.tarstream import stream_digest
 
 CACHE = ".clusterctl/sync-manifests"  # a leader source's manifest kept for the next run (beside WORK, not in it)
 
@@ -69,7 +70,7 @@ class Syncer(SyncSession):
 
     def _run(self) -> None:
         self._manifest()
-        self._upload_agent()
+        self._ship_package()
         sending = self._precheck()
         for n in self.live():
             if n.is_source and n.bad:  # nothing is ever written into the source: the run is to be made again
@@ -119,8 +120,8 @@ class Syncer(SyncSession):
             self.events.phase(f"listing {src.path} (sha256 of every file changed since the last run follows)")
             self.src_root = src.path
             real = os.path.realpath(src.path)  # every node on this kernel judges its DST against it
-            self.src_judge = ("--src", real, "--src-id", sync_agent.folder_id(real), "--src-boot", sync_agent.boot_id())
-            wire, keys = sync_agent.walk(src.path)
+            self.src_judge = ("--src", real, "--src-id", guard.folder_id(real), "--src-boot", guard.boot_id())
+            wire, keys = scan.walk(src.path)
             self.entries = [ManifestEntry.from_wire(e) for e in wire]  # no sha256 yet: _hash_local's
             self._check_paths()
             self._hashed = self._background.submit(self._hash_local, wire, keys)
@@ -131,7 +132,7 @@ class Syncer(SyncSession):
                 if src.kind == "leader"
                 else f"listing {src.describe()} from the leader"
             )
-            r = self.pool.put_one(self.leader.target, {f"{self.work}/agent.py": (self._agent_bytes(), 0o600)})
+            r = self.ship(self.leader)
             if not r.ok:
                 raise SyncIncomplete(
                     f"cannot reach the leader {self.leader.label}: {r.error}", "check the cluster", ExitCode.UNREACHABLE
@@ -150,7 +151,7 @@ class Syncer(SyncSession):
                 )
             if r.exit_code != 0 or not data or "entries" not in data:
                 why = (data or {}).get("error") or r.stderr.strip()[-300:] or f"exit {r.exit_code}"
-                if r.exit_code == sync_agent.EXIT_INPUT:
+                if r.exit_code == EXIT_INPUT:
                     raise ConfigError(f"SRC {src.describe()}: {why}")
                 raise SyncIncomplete(
                     f"could not read SRC {src.describe()} on the leader: {why}",
@@ -176,7 +177,7 @@ class Syncer(SyncSession):
 
     def _check_paths(self) -> None:
         for e in self.entries:
-            problem = sync_agent.path_problem(e.path)
+            problem = path_problem(e.path)
             if problem:
                 raise ConfigError(f"SRC {self.source.describe()}: {problem}")
 
@@ -184,8 +185,8 @@ class Syncer(SyncSession):
         """(in the background) The last run's sha256 of every unchanged file taken, the others hashed, the
         manifest made whole and encoded, the cache kept."""
         cache = self.cache_dir / f"{hashlib.sha256(os.fsencode(self.src_root)).hexdigest()[:16]}.json"
-        known = sync_agent.load_scan_cache(str(cache), self.src_root)
-        todo = sync_agent.reuse_known(wire, keys, known)
+        known = scan.load_scan_cache(str(cache), self.src_root)
+        todo = scan.reuse_known(wire, keys, known)
         if todo:
             self.events.phase(f"hashing {len(todo)} file(s) changed since the last run, in the background")
         for i in range(0, len(todo), 256):  # a run that ends (Ctrl-C, an error) stops hashing too
@@ -193,11 +194,11 @@ class Syncer(SyncSession):
                 raise SyncIncomplete(
                     "stopped while the source was hashed", "run the same sync again", ExitCode.INTERRUPTED
                 )
-            sync_agent.hash_files(self.src_root, todo[i : i + 256], workers=min(4, os.cpu_count() or 1))
+            scan.hash_files(self.src_root, todo[i : i + 256], workers=min(4, os.cpu_count() or 1))
         self.entries = [ManifestEntry.from_wire(e) for e in wire]
         try:
             if todo or len(keys) != len(known):  # else the kept manifest is still the one (not rebuilt)
-                sync_agent.save_scan_cache(str(cache), self.src_root, sync_agent.known_after(wire, keys))
+                scan.save_scan_cache(str(cache), self.src_root, scan.known_after(wire, keys))
         except OSError as exc:  # only the next run's speed depends on it
             self.events.phase(f"cannot keep the manifest for the next run in {cache}: {exc.strerror}")
         self._said_hashed(len(todo))
@@ -210,13 +211,9 @@ class Syncer(SyncSession):
             "(size, mtime, ctime and inode as then: their sha256 kept)"
         )
 
-    @staticmethod
-    def _agent_bytes() -> bytes:
-        return Path(sync_agent.__file__).read_bytes()
-
-    def _upload_agent(self) -> None:
+    def _ship_package(self) -> None:
         def one(n: SyncNode) -> None:
-            r = self.pool.put_one(n.target, {f"{self.work}/agent.py": (self._agent_bytes(), 0o600)})
+            r = self.ship(n)
             if not r.ok:
                 self.fail(n, "unreachable", r.error or "upload failed")
 
@@ -274,12 +271,12 @@ class Syncer(SyncSession):
         """Check (and mark) every node's copy. With `received`, a chain node's files whose sha256 as written
         (recv, on the stream) matches the manifest are taken without being read back; a node that was fresh
         got every entry in manifest order (the chain streams the union of what the nodes lack), so the
-        stream's digest alone can prove its copy (node_side.stream_digest)."""
+        stream's digest alone can prove its copy (tarstream.stream_digest)."""
         total = sum(e.nbytes for e in self.entries)
         timeout = self.timeout or 600 + total / 20e6
         counts = {"streamed": 0, "reread": 0, "by_stream": 0}
         fresh = received and any(n.fresh for n in self.live(nodes))
-        stream = sync_agent.stream_digest(self.entries) if fresh else None  # only a fresh node is given it
+        stream = stream_digest(self.entries) if fresh else None  # only a fresh node is given it
 
         def one(n: SyncNode) -> None:
             args = [

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping
 
 from clusterctl import providers, resources
-from clusterctl.remote import jobfolder
+from clusterctl.remote import jobfolder, nodepkg
 from clusterctl.remote.ssh import SshPool
 from clusterctl.workloads import launch
 from clusterctl.workloads.doctor_judge import (
@@ -93,7 +93,7 @@ def recorded_runtime(cluster: Cluster | None) -> str | None:
 
 
 # ---- the fabric: allreduce bandwidth over the cluster and between ring neighbours -------------------------
-FABRIC_SCRIPT = "fabric_allreduce.py"
+FABRIC = "fabric"  # the node package's program (node/fabric.py)
 # The DLAMI ships nccl-tests built with MPI under its CUDA (/usr/local/cuda-X/efa/test-cuda-X/all_reduce_perf,
 # the DLAMI developer guide's "Using EFA on the DLAMI"), and Open MPI from the EFA installer in
 # /opt/amazon/openmpi; a build by hand usually lands in /opt/nccl-tests/build. The globs are constants
@@ -186,15 +186,15 @@ def fabric(
         probe = pool.run(inv.targets, tools_probe_command(), timeout=60) if gpus else ()
         tool = choose_fabric_tool({r.host: parse_tools(r.stdout) if r.exit_code == 0 else None for r in probe}, gpus)
         job = jobfolder.new_job(pool, leader, "fabric")
-        script = f"{job.dir}/{FABRIC_SCRIPT}"
+        pkg = nodepkg.package()
         try:
-            files = {FABRIC_SCRIPT: resources.template_bytes(FABRIC_SCRIPT)}
+            files: dict[str, bytes] = {}
             if tool.name == "nccl-tests":
                 files[MPI_HOSTS] = mpi_hostfile(inv.hosts, gpus).encode()
                 for a, b in (pair for round_ in ring_rounds(len(hosts)) for pair in round_):
                     two = HostsFile((inv.hosts.entries[a], inv.hosts.entries[b]))
                     files[f"{MPI_HOSTS}.{a}-{b}"] = mpi_hostfile(two, gpus).encode()
-            launch.stage(pool, inv.targets, job, files, inv.hosts)
+            launch.stage(pool, inv.targets, job, files, inv.hosts, package=pkg)
             n = len(hosts)
 
             def command(nodes: int, hostfile: str, horovod_hosts: str) -> str:
@@ -213,7 +213,7 @@ def fabric(
                         f'LD_LIBRARY_PATH="$L${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" {shlex.join(argv)} 2>&1'
                     )
                 return launch.leader_command(
-                    job, nodes, [python, script, *script_args], python, env, hosts=horovod_hosts
+                    job, nodes, [python, pkg.at(job.home), FABRIC, *script_args], python, env, hosts=horovod_hosts
                 )
 
             def measured(text: str, on: tuple[str, ...]) -> Allreduce:

@@ -40,7 +40,7 @@ class Elastic:
 
     min_np: int
     max_np: int
-    discovery: str  # a shell command printing `host:slots` lines (templates/live_hosts.py)
+    discovery: str  # a shell command printing `host:slots` lines (the node package's live_hosts)
     timeout_s: int  # how long to wait for min_np processes' hosts before the job stops
 
     def argv(self) -> list[str]:

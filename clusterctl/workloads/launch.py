@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 from clusterctl import providers, resources
 from clusterctl.errors import UnreachableError
 from clusterctl.hostsfile import HostEntry, HostsFile
+from clusterctl.remote import nodepkg
 from clusterctl.remote.jobfolder import BASE_PATH, JOBS, JobFolder
 from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.stream import OnLine
@@ -64,16 +65,32 @@ def job_env(cluster: Cluster | None, python: str) -> dict[str, str]:
 
 
 def stage(
-    pool: SshPool, targets: Sequence[SshTarget], job: JobFolder, files: Mapping[str, bytes], hosts: HostsFile
+    pool: SshPool,
+    targets: Sequence[SshTarget],
+    job: JobFolder,
+    files: Mapping[str, bytes],
+    hosts: HostsFile,
+    package: nodepkg.NodePackage | None = None,
 ) -> None:
+    """The job's files into its folder on every node, and the node package where a node lacks it (`package`:
+    the job runs one of its programs)."""
     payload = {f"{job.dir}/{name}": (data, 0o644) for name, data in files.items()}
     payload[f"{job.dir}/hvd_launch.py"] = (resources.template_bytes("hvd_launch.py"), 0o644)
     payload[f"{job.dir}/hosts"] = (hosts.render().encode(), 0o644)
-    report = pool.put(targets, payload)
+    _copied(pool.put(targets, payload))
+    if package is not None:
+        ship_package(pool, targets, package)
+
+
+def ship_package(pool: SshPool, targets: Sequence[SshTarget], package: nodepkg.NodePackage | None = None) -> None:
+    """The node package onto every target that lacks it, for a job that runs one of its programs."""
+    _copied(nodepkg.ship(pool, targets, package))
+
+
+def _copied(report: RunReport) -> None:
     if not report.all_ok:
-        raise UnreachableError(
-            "could not copy the job to every node: " + "; ".join(f"{r.host}: {r.error}" for r in report.failed)
-        )
+        why = "; ".join(f"{r.host}: {r.error or r.stderr.strip()}" for r in report.failed)
+        raise UnreachableError(f"could not copy the job to every node: {why}")
 
 
 def leader_command(

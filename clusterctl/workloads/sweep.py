@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Seque
 
 from clusterctl import resources
 from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
+from clusterctl.node import ssh as node_ssh
 from clusterctl.remote import jobfolder, tmux as jobs
 from clusterctl.workloads.sweep_plan import SweepSpec, is_id, new_id, validate_id
 from clusterctl.workloads.sweep_results import events, rows, summary
@@ -49,23 +50,9 @@ class SweepView(Protocol):
 
 
 OpenView = Callable[[list[str], str], ContextManager[SweepView]]  # (parameters, metric name) -> the view
-# The scheduler's ssh from the leader to each node (it goes into config.json; templates cannot import
-# clusterctl). ConnectTimeout and ServerAlive* set how soon a round notices a dead node.
-SSH = (
-    "ssh",
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "StrictHostKeyChecking=yes",
-    "-o",
-    "ConnectTimeout=5",
-    "-o",
-    "ServerAliveInterval=5",
-    "-o",
-    "ServerAliveCountMax=2",
-    "-o",
-    "LogLevel=ERROR",
-)
+# The scheduler's ssh from the leader to each node (it goes into config.json): the node package's one copy.
+# ConnectTimeout and ServerAlive* set how soon a round notices a dead node.
+SSH = tuple(node_ssh.argv(5, alive=(5, 2), quiet=True))
 
 
 def config(

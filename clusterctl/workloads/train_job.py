@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from clusterctl.remote import nodepkg
 from clusterctl.remote.jobfolder import node_path
 from clusterctl.workloads import train_config
 from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
     from clusterctl.workloads.horovod import Elastic
 
 TEMPLATE = "train_imagenet.py"
-DISCOVERY = "live_hosts.py"  # an elastic job's host discovery script, run by horovodrun on the leader
+DISCOVERY = (
+    "live_hosts"  # the node package's program for an elastic job's host discovery, run by horovodrun on the leader
+)
 SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 5 seconds
 
 
@@ -327,10 +330,10 @@ def start(
         env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
         elastic = None
         if opts.elastic:
-            elastic = elastic_args(opts, np, python, job.dir)
+            elastic = elastic_args(opts, np, python, job.dir, nodepkg.package().at(job.home))
             np = min(np, elastic.max_np)
             live_hosts.write(pool, leader, hosts)  # what the discovery script offers; `repair` rewrites it
-            pool.put([leader], {f"{job.dir}/{DISCOVERY}": (resources.template_bytes(DISCOVERY), 0o755)})
+            launch.ship_package(pool, [leader])  # the discovery's
             env["CLUSTERCTL_EVENT_MARK"] = MARK  # hvd_launch.py's line when too few nodes are left
             # Horovod's own fusion buffer and cycle time: with HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME
             # set, horovod 0.28.1's re-init after a lost peer segfaults (measured on local nodes, gloo).
@@ -386,9 +389,10 @@ def start(
         return record
 
 
-def elastic_args(opts: TrainOptions, np: int, python: str, job_dir: str) -> Elastic:
+def elastic_args(opts: TrainOptions, np: int, python: str, job_dir: str, pyz: str) -> Elastic:
     """horovodrun's elastic options for a job of `np` slots: --min-np (default 1), --max-np (default the
-    slots at launch), the discovery script staged in the job folder, --elastic-timeout."""
+    slots at launch), the discovery (the node package `pyz`'s program, given the job's hosts file),
+    --elastic-timeout."""
     from clusterctl.errors import UsageError
     from clusterctl.workloads import horovod, train_options
 
@@ -399,7 +403,7 @@ def elastic_args(opts: TrainOptions, np: int, python: str, job_dir: str) -> Elas
             f"--min-np {min_np} is more than the {min(np, max_np)} process(es) the job can start with",
             "lower --min-np, or bring more nodes up",
         )
-    discovery = shlex.join([python, f"{job_dir}/{DISCOVERY}", f"{job_dir}/hosts"])
+    discovery = shlex.join([python, pyz, DISCOVERY, f"{job_dir}/hosts"])
     timeout = opts.elastic_timeout or train_options.ELASTIC_TIMEOUT_S
     return horovod.Elastic(min_np, max_np, discovery, timeout)
 

@@ -115,6 +115,7 @@ def test_wheel_carries_templates_and_playbooks(tmp_path):
         for rel in shipped:
             assert f"clusterctl/_data/{folder}/{rel}" in names, (folder, rel, names)
     assert "clusterctl/cli/app.py" in names and "clusterctl/providers/aws/provider.py" in names
+    assert "clusterctl/node/__main__.py" in names  # what remote/nodepkg.py builds the node zipapp from
 
 
 def test_help_imports_nothing_heavy():

@@ -15,6 +15,7 @@ The rules (docs/ARCHITECTURE.md draws them):
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ LAYERS = (
     {"workloads", "data", "cluster", "runtime"},
     {"remote", "providers", "autostop"},
     {"core"},
+    {"node"},  # what runs on the nodes: the standard library and the node runtime only (test_node_package_...)
 )
 
 
@@ -298,7 +300,7 @@ def test_the_checker_sees_function_level_imports_and_cycles(tmp_path):
 PROVIDER_NAMES = ("aws", "local")
 SDK = ("boto3", "botocore")
 # Programs that run on the nodes, whose runtime has boto3 for S3 (sync's pulls, checkpoint uploads).
-NODE_PROGRAMS = ("clusterctl/data/node_side.py", "clusterctl/node/")
+NODE_PROGRAMS = ("clusterctl/node/",)
 
 
 def _names_a_provider(node: ast.Compare) -> bool:
@@ -347,7 +349,7 @@ def test_the_provider_rule_catches_names_imports_and_the_sdk(tmp_path):
         "cli/clusters.py": "import clusterctl.providers.local.supervisor\n",
         "runtime/install.py": "def h():\n    from botocore.exceptions import ClientError\n",
         "data/sync.py": 'def k(src):\n    return src.kind == "local"\n',  # a source's kind, not a provider
-        "data/node_side.py": "import boto3\n",  # runs on a node
+        "node/sync/s3pull.py": "import boto3\n",  # runs on a node
         "providers/aws/api.py": 'import boto3\n\nname = "aws"\nok = name == "aws"\n',
     }
     for name, text in files.items():
@@ -459,4 +461,67 @@ def test_the_command_size_check_sees_a_long_body_and_a_stale_exemption(tmp_path)
     assert long_commands(sizes, {}) == ["cmds.py:big: 41 lines (limit 40)"]
     assert long_commands(sizes, {"cmds.py:big": "why", "cmds.py:ok_": "why"}) == [
         "cmds.py:ok_: listed as long, now 40 lines"
+    ]
+
+
+# ---- the node package (clusterctl/node/) ----------------------------------------------------------------
+# It runs on the nodes from one zipapp that holds nothing else of clusterctl: its modules import the standard
+# library, the node runtime (lazily, inside functions) and clusterctl.node.* only.
+NODE_RUNTIME = {"tensorflow", "horovod", "numpy", "boto3", "botocore"}
+
+
+def node_leaks(package: Path) -> list[str]:
+    bad = []
+    root = package / "node"
+    for path in sorted(root.rglob("*.py")):
+        shown = path.relative_to(package.parent).as_posix()
+        module = ["clusterctl", *path.relative_to(package).with_suffix("").parts]
+        for node in ast.walk(ast.parse(path.read_text(), shown)):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                anchor = module[: len(module) - node.level] if node.level else []
+                names = [".".join(anchor + ([node.module] if node.module else []))]
+            for name in names:
+                top = name.split(".")[0]
+                inside = name == "clusterctl.node" or name.startswith("clusterctl.node.")
+                if not inside and top not in sys.stdlib_module_names and top not in NODE_RUNTIME:
+                    bad.append(
+                        f"{shown}:{node.lineno}: imports {name} (a node has the standard library, "
+                        "its runtime and clusterctl.node only)"
+                    )
+    return bad
+
+
+def test_node_package_imports_only_what_a_node_has():
+    assert (PACKAGE / "node" / "__main__.py").is_file()
+    found = node_leaks(PACKAGE)
+    assert not found, "the node package imports what a node lacks:\n" + "\n".join(found)
+
+
+def test_the_node_rule_catches_clusterctl_and_third_parties(tmp_path):
+    pkg = tmp_path / "clusterctl"
+    files = {
+        "node/__init__.py": "",
+        "node/sync.py": "import json\nfrom clusterctl.node import manifest\nfrom . import scan\n",
+        "node/train.py": "def f():\n    import tensorflow as tf\n    import horovod.tensorflow\n",
+        "node/bad.py": "from clusterctl.errors import UsageError\nimport yaml\n",
+        "node/worse.py": "def g():\n    from .. import types\n    from clusterctl.data import plan\n",
+        "data/sync.py": "import yaml\n",  # the operator side: not this rule's
+    }
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    assert [line.split(" (")[0] for line in node_leaks(pkg)] == [
+        "clusterctl/node/bad.py:1: imports clusterctl.errors",
+        "clusterctl/node/bad.py:2: imports yaml",
+        "clusterctl/node/worse.py:2: imports clusterctl",
+        "clusterctl/node/worse.py:3: imports clusterctl.data",
+    ]
+    # the layers say it too: node is below core
+    (pkg / "errors.py").write_text("")
+    (pkg / "node/bad.py").write_text("from clusterctl import errors\n")
+    assert layering_violations(imports(pkg)) == [
+        "clusterctl/node/bad.py:1: clusterctl.node.bad imports clusterctl.errors (node/ is below core/)"
     ]

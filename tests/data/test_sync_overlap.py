@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sync_support import down_cluster, first_error_line, make_dataset, marker, node_sha256, sync, up_cluster
+from sync_support import down_cluster, first_error_line, make_dataset, marker, node_pyz, node_sha256, sync, up_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -195,9 +195,10 @@ def test_dst_in_clusterctl_own_folders_is_refused_on_the_node(c2, tmp_path):
     assert proc.returncode == 2 and "is in clusterctl's own folder /root/.clusterctl" in first_error_line(proc.stderr)
     # the node agent alone, as an s3:// source's check runs it (no --src: only the node's own rules)
     home = c2.cli.home / "clusters" / c2.name / "nodes" / "1" / "home"
-    shutil.copy(Path(__file__).parents[2] / "clusterctl" / "data" / "node_side.py", home / "agent-copy.py")
-    got = c2.node_exec(1, "python3", "/root/agent-copy.py", "fresh", "--dst", "/root/rt-link", "--delete", check=False)
+    shutil.copy(node_pyz(), home / "node-copy.pyz")
+    agent = ("python3", "/root/node-copy.pyz", "sync")
+    got = c2.node_exec(1, *agent, "fresh", "--dst", "/root/rt-link", "--delete", check=False)
     assert got.returncode == 2 and "clusterctl's own folder /opt/clusterctl-runtime" in got.stdout, got.stdout
-    got = c2.node_exec(1, "python3", "/root/agent-copy.py", "fresh", "--dst", "/opt/clusterctl-runtime/.incoming/r")
+    got = c2.node_exec(1, *agent, "fresh", "--dst", "/opt/clusterctl-runtime/.incoming/r")
     assert '"fresh": true' in got.stdout
     assert c2.node_exec(1, "cat", "/opt/clusterctl-runtime/rt1/python").stdout == "py\n"

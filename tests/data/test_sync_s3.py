@@ -235,7 +235,7 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
 ):
     """Issue 14: an SSE-KMS object's ETag is not an MD5, and a multipart ETag of a part size that is not a
     whole MiB cannot be recomputed: neither ever verified, so such a sync failed on every node, every time."""
-    from clusterctl.data import node_side as sync_agent
+    from clusterctl.node.sync import main as node_main, manifest as node_manifest
     from motoaws import opaque_kms_etags
 
     cluster, endpoint, _, client = s3env
@@ -277,7 +277,7 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
         assert node_sha256(cluster, i, "/tmp/s3kms") == want
         assert marker(cluster, i, "/tmp/s3kms") is not None
         # the manifest every copy was verified against carries the recorded sha256 of those two
-        saved = cluster.node_exec(i, "cat", f"/tmp/s3kms/{sync_agent.STATE_DIR}/{sync_agent.SAVED}").stdout
+        saved = cluster.node_exec(i, "cat", f"/tmp/s3kms/{node_manifest.STATE_DIR}/{node_manifest.SAVED}").stdout
         hashes = {e["p"]: e.get("h") for e in map(json.loads, saved.splitlines()[1:])}
         assert hashes == {"secret.bin": want["secret.bin"], "odd.bin": want["odd.bin"], "plain.txt": None}
 
@@ -287,7 +287,7 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     listing = tmp_path / "s3list.json"
-    assert sync_agent.main(["s3list", BUCKET, "kms/", "--endpoint-url", endpoint, "--out", str(listing)]) == 0
+    assert node_main.main(["s3list", BUCKET, "kms/", "--endpoint-url", endpoint, "--out", str(listing)]) == 0
     entries = [json.loads(line) for line in listing.read_text().splitlines()[1:]]  # after the result's line
     only = tmp_path / "only"
     only.write_bytes(b"secret.bin\0")
@@ -297,11 +297,11 @@ def test_sse_kms_and_multipart_objects_are_checked_against_the_sha256_the_first_
     ):
         manifest = tmp_path / "m.jsonl"
         manifest.write_bytes(
-            sync_agent.manifest_header("test")
-            + b"".join(sync_agent.manifest_line({**e, **({"h": h} if h else {})}) for e in entries)
+            node_manifest.manifest_header("test")
+            + b"".join(node_manifest.manifest_line({**e, **({"h": h} if h else {})}) for e in entries)
         )
         out = tmp_path / "out.json"
-        rc = sync_agent.main(
+        rc = node_main.main(
             [
                 "s3pull",
                 "--dst",

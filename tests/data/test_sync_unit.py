@@ -15,10 +15,19 @@ from typing import Any
 
 import pytest
 
-from clusterctl.data import node_scripts, node_side as sync_agent, outcome, plan as syncplan
+from clusterctl.data import node_scripts, outcome, plan as syncplan
 from clusterctl.errors import ConfigError, UsageError
-from clusterctl.remote import openssh
+from clusterctl.node.sync import (
+    check as node_check,
+    guard as node_guard,
+    main as node_main,
+    manifest as node_manifest,
+    scan as node_scan,
+    tarstream as node_tarstream,
+)
+from clusterctl.remote import nodepkg, openssh
 from clusterctl.remote.targets import SshTarget
+from sync_support import agent_argv, agent_shell
 
 
 # ---- plans ------------------------------------------------------------------------------------------
@@ -169,18 +178,18 @@ def test_auto_fanout_asks_no_node_when_there_is_nothing_to_measure(tmp_path):
 
 
 def test_probe_times_every_stream_as_its_sink_saw_it(tmp_path):
-    """node_side's probe and sink, with a local hop in place of ssh (run the remote command here)."""
+    """The node package's probe and sink, with a local hop in place of ssh (run the remote command here)."""
     hop = [sys.executable, "-c", "import os, sys; os.execvp('sh', ['sh', '-c', sys.argv[3]])"]
-    sink = f"{shlex.quote(sys.executable)} {shlex.quote(sync_agent.__file__)} sink"
+    sink = f"{agent_shell()} sink"
     args = ["probe", "--seconds", "0.3", "--hop", json.dumps(hop), "--remote", sink, "--", "a", "-b"]
-    proc = subprocess.run(["python3", sync_agent.__file__, *args], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(agent_argv(*args), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     streams = json.loads(proc.stdout)["streams"]
     assert [st["address"] for st in streams] == ["a", "-b"]
     for st in streams:
         assert st["bytes"] > 0 and 0.1 < st["seconds"] < 5
     args[args.index(sink)] = "exit 7"  # a sink that never starts: one JSON error, exit 1
-    proc = subprocess.run(["python3", sync_agent.__file__, *args], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(agent_argv(*args), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "the probe's sink did not start" in json.loads(proc.stdout)["error"]
 
 
@@ -228,7 +237,7 @@ def _tree(root: Path) -> None:
 
 def test_scan_lists_dirs_files_links_with_sha256_and_leaves_out_its_own(tmp_path):
     _tree(tmp_path)
-    entries = {e["p"]: e for e in sync_agent.scan(str(tmp_path))}
+    entries = {e["p"]: e for e in node_scan.scan(str(tmp_path))}
     assert set(entries) == {"a b", "a b/it's $x", "-lead", "empty", "new\nline", "link"}
     assert entries["a b/it's $x"] == {"p": "a b/it's $x", "t": "f", "s": 5, "h": hashlib.sha256(b"hello").hexdigest()}
     assert entries["link"] == {"p": "link", "t": "l", "l": "-lead"}
@@ -236,16 +245,16 @@ def test_scan_lists_dirs_files_links_with_sha256_and_leaves_out_its_own(tmp_path
 
 
 def test_manifest_entries_are_read_once_into_a_typed_value_and_written_back_unchanged(tmp_path):
-    """The operator reads every manifest entry into node_side.ManifestEntry and sends the nodes its wire form:
+    """The operator reads every manifest entry into node/sync/manifest.py's ManifestEntry and sends the nodes its wire form:
     the same dicts, key order included (what scan and s3list wrote), so the bytes the nodes check are as before."""
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "f.bin").write_bytes(b"abc")
     (tmp_path / "link").symlink_to("d/f.bin")
-    wire = sync_agent.scan(str(tmp_path)) + [
+    wire = node_scan.scan(str(tmp_path)) + [
         {"p": "o", "t": "f", "s": 5, "etag": "e" * 32},
         {"p": "k", "t": "f", "s": 5, "etag": "e" * 32 + "-2", "sha256b64": "c2hh", "h": "ab" * 32},
     ]
-    entries = [sync_agent.ManifestEntry.from_wire(e) for e in wire]
+    entries = [node_manifest.ManifestEntry.from_wire(e) for e in wire]
     assert [e.kind for e in entries[:3]] == ["d", "f", "l"] and entries[1].path == "d/f.bin"
     assert entries[1].sha256 == hashlib.sha256(b"abc").hexdigest() and entries[2].link == "d/f.bin"
     assert [e.nbytes for e in entries] == [0, 3, 0, 5, 5] and entries[3].sha256 is None
@@ -255,18 +264,18 @@ def test_manifest_entries_are_read_once_into_a_typed_value_and_written_back_unch
 
 
 def _agent(*args: str) -> tuple[int, dict]:
-    proc = subprocess.run(["python3", sync_agent.__file__, *args], capture_output=True, text=True)
+    proc = subprocess.run(agent_argv(*args), capture_output=True, text=True)
     return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _lines(m: Path, entries: list[dict]) -> Path:
     """A manifest as the operator writes it: JSON Lines, the header first."""
-    m.write_bytes(sync_agent.manifest_header("test") + b"".join(sync_agent.manifest_line(e) for e in entries))
+    m.write_bytes(node_manifest.manifest_header("test") + b"".join(node_manifest.manifest_line(e) for e in entries))
     return m
 
 
 def _manifest(tmp_path: Path, src: Path) -> Path:
-    return _lines(tmp_path / "m.jsonl", sync_agent.scan(str(src)))
+    return _lines(tmp_path / "m.jsonl", node_scan.scan(str(src)))
 
 
 def test_check_finds_a_flipped_byte_with_size_and_mtime_kept_and_marks_only_a_whole_copy(tmp_path):
@@ -318,8 +327,8 @@ def test_fresh_says_an_empty_dst_lacks_everything_without_a_manifest_and_touches
 def _judge(src: Path, boot: str | None = None) -> list[str]:
     """The agent's --src options for a folder of this machine, as data.sync passes them."""
     real = os.path.realpath(src)
-    boot = sync_agent.boot_id() if boot is None else boot
-    return ["--src", real, "--src-id", sync_agent.folder_id(real), "--src-boot", boot]
+    boot = node_guard.boot_id() if boot is None else boot
+    return ["--src", real, "--src-id", node_guard.folder_id(real), "--src-boot", boot]
 
 
 def test_dst_is_judged_against_src_after_every_symlink_before_anything_is_touched(tmp_path):
@@ -356,7 +365,7 @@ def test_dst_is_judged_against_src_after_every_symlink_before_anything_is_touche
     # another kernel (boot id), or another folder at SRC's path (a node's own /root): no overlap to judge
     rc, out = _agent("fresh", "--dst", str(proj / "current"), *_judge(proj / "imagenet", boot="another-kernel"))
     assert rc == 0 and not out["fresh"]
-    other = ["--src", str(proj / "imagenet"), "--src-id", "1:2", "--src-boot", sync_agent.boot_id()]
+    other = ["--src", str(proj / "imagenet"), "--src-id", "1:2", "--src-boot", node_guard.boot_id()]
     rc, out = _agent("fresh", "--dst", str(proj / "current"), *other)
     assert rc == 0
     # a folder beside SRC, and a symlink to one: fine
@@ -369,12 +378,12 @@ def test_dst_is_judged_against_src_after_every_symlink_before_anything_is_touche
 def test_src_seen_under_another_path_is_found_above_dst():
     """SRC's identity (device:inode) is what counts: a DST whose resolved folder, or one above it, is SRC
     seen under another path (a bind mount) lies inside it. Here: SRC given under a path this machine has not."""
-    real = os.path.realpath(os.path.dirname(sync_agent.__file__))
-    fid = sync_agent.folder_id(real)
-    got = sync_agent.source_relation(f"{real}/sub/x", "/no/such/path", fid, sync_agent.boot_id())
+    real = os.path.realpath(os.path.dirname(node_guard.__file__))
+    fid = node_guard.folder_id(real)
+    got = node_guard.source_relation(f"{real}/sub/x", "/no/such/path", fid, node_guard.boot_id())
     assert got == ("inside", real)
-    assert sync_agent.source_relation(real, "/no/such/path", fid, sync_agent.boot_id()) == ("is", real)
-    assert sync_agent.source_relation(real, "/no/such/path", fid, "") == ("", "")
+    assert node_guard.source_relation(real, "/no/such/path", fid, node_guard.boot_id()) == ("is", real)
+    assert node_guard.source_relation(real, "/no/such/path", fid, "") == ("", "")
 
 
 def test_clusterctl_own_folders_are_never_a_dst():
@@ -385,23 +394,23 @@ def test_clusterctl_own_folders_are_never_a_dst():
         "/opt/clusterctl/x",
         "/home/u/.clusterctl",
     ):
-        assert "clusterctl's own folder" in (sync_agent.dst_problem(real, home, False) or ""), real
-    assert sync_agent.dst_problem("/opt/clusterctl-runtime/.incoming/abc", home, True) is None  # the runtime relay
-    assert sync_agent.dst_problem("/opt/clusterctl-data", home, True) is None
-    assert "holds clusterctl's own folder" in (sync_agent.dst_problem("/opt", home, True) or "")
+        assert "clusterctl's own folder" in (node_guard.dst_problem(real, home, False) or ""), real
+    assert node_guard.dst_problem("/opt/clusterctl-runtime/.incoming/abc", home, True) is None  # the runtime relay
+    assert node_guard.dst_problem("/opt/clusterctl-data", home, True) is None
+    assert "holds clusterctl's own folder" in (node_guard.dst_problem("/opt", home, True) or "")
 
 
 def test_the_agents_own_folders_are_those_the_runtime_and_the_watchdog_use():
-    """node_side.py is one standalone file on the nodes (it imports nothing of clusterctl): its copies of
-    these paths are held to the modules that own them."""
+    """The node package imports nothing of the rest of clusterctl: its copies of these paths are held to the
+    modules that own them."""
     from clusterctl.autostop import watchdog
     from clusterctl.data import session
     from clusterctl.runtime import install, spec
 
-    assert spec.ROOT in sync_agent.TOOL_TREES and install.INCOMING == sync_agent.RUNTIME_INCOMING
-    assert os.path.dirname(watchdog.AWS_SCRIPT) in sync_agent.TOOL_TREES
+    assert spec.ROOT in node_guard.TOOL_TREES and install.INCOMING == node_guard.RUNTIME_INCOMING
+    assert os.path.dirname(watchdog.AWS_SCRIPT) in node_guard.TOOL_TREES
     for work in (session.WORK, install.WORK):
-        assert work.split("/")[0] == sync_agent.TOOL_HOME
+        assert work.split("/")[0] == node_guard.TOOL_HOME
 
 
 def test_check_replaces_wrong_types_and_delete_mirrors(tmp_path):
@@ -424,7 +433,7 @@ def test_check_replaces_wrong_types_and_delete_mirrors(tmp_path):
 def _stream_into(tmp_path: Path, src: Path, dst: Path, tamper=None) -> Path:
     """src as GNU tar streams it (the chain's way), through the agent's recv into tar -x at dst; tamper(bytes)
     may change the stream on the way. The hashes recv kept, as the relay keeps them."""
-    names = [e["p"] for e in sync_agent.scan(str(src))]
+    names = [e["p"] for e in node_scan.scan(str(src))]
     stream = subprocess.run(
         ["tar", "-C", str(src), "--null", "--no-recursion", "-T", "-", "-cf", "-"],
         input=b"".join(os.fsencode(n) + b"\0" for n in names),
@@ -439,7 +448,7 @@ def _stream_into(tmp_path: Path, src: Path, dst: Path, tamper=None) -> Path:
         [
             "bash",
             "-c",
-            f"python3 {shlex.quote(sync_agent.__file__)} recv --hashes "
+            f"{agent_shell()} recv --hashes "
             f"{shlex.quote(str(hashes))} | tar -C {shlex.quote(str(dst))} -xf -; "
             'echo "${PIPESTATUS[*]}"',
         ],
@@ -481,8 +490,8 @@ def test_a_fresh_copy_whose_stream_was_the_manifest_is_proved_by_its_digest_and_
     src, dst = tmp_path / "src", tmp_path / "dst"
     _odd_tree(src)
     m = _manifest(tmp_path, src)
-    wire = sync_agent.scan(str(src))
-    digest = sync_agent.stream_digest([sync_agent.ManifestEntry.from_wire(e) for e in wire])
+    wire = node_scan.scan(str(src))
+    digest = node_tarstream.stream_digest([node_manifest.ManifestEntry.from_wire(e) for e in wire])
     assert digest
     hashes = _stream_into(tmp_path, src, dst)
     head = json.loads(hashes.read_bytes().split(b"\n", 1)[0])
@@ -543,9 +552,7 @@ def test_a_byte_changed_on_the_wire_is_caught_without_the_read_back(tmp_path):
 def test_recv_passes_a_stream_it_cannot_follow_through_whole_and_keeps_no_hashes(tmp_path):
     data = os.urandom(200_000)
     out = tmp_path / "h.json"
-    proc = subprocess.run(
-        ["python3", sync_agent.__file__, "recv", "--hashes", str(out)], input=data, capture_output=True
-    )
+    proc = subprocess.run(agent_argv("recv", "--hashes", str(out)), input=data, capture_output=True)
     assert proc.stdout == data and proc.returncode == 1 and not out.exists()
     assert b"cannot follow the tar stream" in proc.stderr
 
@@ -562,7 +569,7 @@ def test_tar_follower_hashes_long_names_and_links_fed_in_odd_pieces(tmp_path, fm
     stream = subprocess.run(
         ["tar", "-C", str(src), f"--format={fmt}", "-cf", "-", "."], capture_output=True, check=True
     ).stdout
-    follower = sync_agent.TarFollower()
+    follower = node_tarstream.TarFollower()
     view, i, step = memoryview(stream), 0, 1
     while i < len(view):  # pieces of 1, 2, 3 ... bytes: headers and data split anywhere
         follower.feed(view[i : i + step])
@@ -595,7 +602,7 @@ def _odd_tree(src: Path) -> dict[str, bytes]:
 
 def _tar(src: Path, fmt: str) -> bytes:
     """src as the chain streams it: tar -C SRC --null --no-recursion -T LIST -cf - (format fmt)."""
-    names = [e["p"] for e in sync_agent.scan(str(src))]
+    names = [e["p"] for e in node_scan.scan(str(src))]
     return subprocess.run(
         ["tar", "-C", str(src), f"--format={fmt}", "--null", "--no-recursion", "-T", "-", "-cf", "-"],
         input=b"".join(os.fsencode(n) + b"\0" for n in names),
@@ -604,8 +611,8 @@ def _tar(src: Path, fmt: str) -> bytes:
     ).stdout
 
 
-def _follow(stream: bytes, piece: int) -> sync_agent.TarFollower:
-    follower = sync_agent.TarFollower()
+def _follow(stream: bytes, piece: int) -> node_tarstream.TarFollower:
+    follower = node_tarstream.TarFollower()
     view = memoryview(stream)
     for i in range(0, len(view), piece):
         follower.feed(view[i : i + piece])
@@ -624,8 +631,8 @@ def test_tar_follower_fast_and_slow_paths_give_hashlibs_hashes_in_any_piece_size
     want["hard"] = want["d0/f000"][:2] + [int((src / "hard").stat().st_mtime)]
     assert want["far"][2] == 10**10
     # the stream's digest is the one the operator makes of the manifest's entries in the order it streamed
-    entries = [sync_agent.ManifestEntry.from_wire(e) for e in sync_agent.scan(str(src))]
-    digest = sync_agent.stream_digest(entries)
+    entries = [node_manifest.ManifestEntry.from_wire(e) for e in node_scan.scan(str(src))]
+    digest = node_tarstream.stream_digest(entries)
     assert digest and {e.kind for e in entries} == {"d", "f", "l"}
     for piece in (1, 511, 513, 7777, 1 << 20):
         follower = _follow(stream, piece)
@@ -634,9 +641,9 @@ def test_tar_follower_fast_and_slow_paths_give_hashlibs_hashes_in_any_piece_size
         assert (follower.files, follower.bytes) == (len(want), sum(w[1] for w in want.values()))
     # one entry changed, missing, or in another order: another digest
     f = next(i for i, e in enumerate(entries) if e.kind == "f")
-    assert sync_agent.stream_digest(entries[:f] + [entries[f]._replace(size=1)] + entries[f + 1 :]) != digest
-    assert sync_agent.stream_digest(entries[1:]) != digest and sync_agent.stream_digest(entries[::-1]) != digest
-    assert sync_agent.stream_digest([entries[f]._replace(sha256=None)]) is None  # S3's, not yet recorded
+    assert node_tarstream.stream_digest(entries[:f] + [entries[f]._replace(size=1)] + entries[f + 1 :]) != digest
+    assert node_tarstream.stream_digest(entries[1:]) != digest and node_tarstream.stream_digest(entries[::-1]) != digest
+    assert node_tarstream.stream_digest([entries[f]._replace(sha256=None)]) is None  # S3's, not yet recorded
 
 
 def test_tar_follower_takes_a_base256_size_and_still_checks_every_header_checksum(tmp_path):
@@ -662,7 +669,7 @@ def test_tar_follower_takes_a_base256_size_and_still_checks_every_header_checksu
         bad = bytearray(stream if at == 0 else clean)
         bad[at] ^= 1
         for piece in (511, 1 << 20):
-            with pytest.raises(sync_agent.TarStreamError):
+            with pytest.raises(node_tarstream.TarStreamError):
                 _follow(bytes(bad), piece)
 
 
@@ -699,13 +706,13 @@ def test_manifest_cache_rehashes_only_what_changed(tmp_path):
 
 
 def test_agent_argv_takes_values_that_start_with_a_dash():
-    cmd, args = sync_agent.parse(["check", "--dst", "-data", "--manifest", "m", "--reset", "--received", "-r"])
+    cmd, args = node_main.parse(["check", "--dst", "-data", "--manifest", "m", "--reset", "--received", "-r"])
     assert cmd == "check" and args == {"dst": "-data", "manifest": "m", "reset": True, "received": "-r"}
-    assert sync_agent.parse(["manifest", "--out", "o", "--", "-src"]) == ("manifest", {"root": "-src", "out": "o"})
-    assert sync_agent.parse(["s3list", "--", "b", "-p/"])[1] == {"bucket": "b", "prefix": "-p/"}
+    assert node_main.parse(["manifest", "--out", "o", "--", "-src"]) == ("manifest", {"root": "-src", "out": "o"})
+    assert node_main.parse(["s3list", "--", "b", "-p/"])[1] == {"bucket": "b", "prefix": "-p/"}
     for bad in (["check", "--manifest", "m"], ["nope"], ["relay"], ["check", "--dst", "d", "--manifest", "m", "--x"]):
-        with pytest.raises(sync_agent.AgentError) as exc:
-            sync_agent.parse(bad)
+        with pytest.raises(node_manifest.AgentError) as exc:
+            node_main.parse(bad)
         assert exc.value.code == 2
 
 
@@ -716,21 +723,21 @@ def test_hostile_manifest_paths_are_refused(tmp_path):
     for bad in ["../x", "/etc/passwd", "a/../../x", "a//b", ".clusterctl-sync/COMPLETE", "a/.clusterctl-partial/x"]:
         m = _lines(tmp_path / "m.jsonl", [ok, {"p": bad, "t": "f", "s": 1, "h": "0" * 64}])
         rc, out = _agent("check", "--dst", str(tmp_path / "d"), "--manifest", str(m), "--delete")
-        assert rc == sync_agent.EXIT_INPUT and "manifest refused" in out["error"], bad
+        assert rc == node_manifest.EXIT_INPUT and "manifest refused" in out["error"], bad
         assert (tmp_path / "d" / "extra").exists()  # --delete never ran on a manifest read only in part
     # the reader searches every path once for anything suspect before asking path_problem: a superset
     names = ["", "a", "a/b", "/a", "a//b", "a/", "./a", "a/.", "..", "a/../b", "a\0b", "...", "a..b", ".a/..b/c."]
     names += [".clusterctl-sync", ".clusterctl-sync/x", "x/.clusterctl-sync", ".clusterctl-syncx"]
     names += ["a/.clusterctl-partial/b", ".clusterctl-partial", "x/.clusterctl-partialy", "new\nline", "\udcff"]
     for name in names:
-        assert sync_agent.path_problem(name) is None or sync_agent._SUSPECT.search(name), name
-    assert sum(sync_agent.path_problem(n) is not None for n in names) == 13
+        assert node_manifest.path_problem(name) is None or node_manifest._SUSPECT.search(name), name
+    assert sum(node_manifest.path_problem(n) is not None for n in names) == 13
     # not JSON Lines of this version (an older version's one document, a broken line): refused too
     (tmp_path / "old.json").write_text(json.dumps({"entries": [ok]}))
     _lines(tmp_path / "broken.jsonl", [ok]).write_bytes((tmp_path / "broken.jsonl").read_bytes() + b"{nope\n")
     for m in ("old.json", "broken.jsonl"):
         rc, out = _agent("check", "--dst", str(tmp_path / "d"), "--manifest", str(tmp_path / m))
-        assert rc == sync_agent.EXIT_INPUT and "manifest refused" in out["error"], m
+        assert rc == node_manifest.EXIT_INPUT and "manifest refused" in out["error"], m
 
 
 def test_manifest_lines_round_trip_odd_names_and_the_digest_is_the_files_sha256(tmp_path):
@@ -740,17 +747,17 @@ def test_manifest_lines_round_trip_odd_names_and_the_digest_is_the_files_sha256(
     _tree(src)
     (src / os.fsdecode(b"bad-\xff\xfe utf8")).write_bytes(b"raw")
     (src / 'q"\\\t').write_bytes(b"q")
-    entries = sync_agent.scan(str(src))
+    entries = node_scan.scan(str(src))
     m = _manifest(tmp_path, src)
     text = m.read_bytes()
     assert text.count(b"\n") == len(entries) + 1 and text.isascii()  # one line each, the header first
     assert json.loads(text.splitlines()[0]) == {"v": 2, "source": "test"}
-    reader = sync_agent.ManifestReader(str(m))
+    reader = node_manifest.ManifestReader(str(m))
     assert reader.digest == "" and list(reader) == entries
     assert reader.digest == hashlib.sha256(text).hexdigest()
     # the agent's --out: its other results on the first line, then the same entry lines
-    out = tmp_path / "out.jsonl"
-    assert sync_agent.main(["manifest", "--out", str(out), "--", str(src)]) == 0
+    out = tmp_path / "work" / "out.jsonl"  # its folder made: a run's work folder is first used here
+    assert node_main.main(["manifest", "--out", str(out), "--", str(src)]) == 0
     first, *rest = out.read_bytes().split(b"\n")[:-1]
     head = json.loads(first)
     assert head["lines"] == len(entries) and head["hashed"] == 5 and "entries" not in head
@@ -766,8 +773,8 @@ def test_manifest_lines_round_trip_odd_names_and_the_digest_is_the_files_sha256(
         {"p": "l", "t": "l", "l": "../\u00e9"},
     ]
     for e in entries + odd:
-        typed = sync_agent.ManifestEntry.from_wire(e)
-        assert typed.line() == sync_agent.manifest_line(e), e
+        typed = node_manifest.ManifestEntry.from_wire(e)
+        assert typed.line() == node_manifest.manifest_line(e), e
 
 
 def test_the_manifest_goes_gzipped_reads_the_same_and_is_kept_unzipped(tmp_path):
@@ -778,15 +785,15 @@ def test_the_manifest_goes_gzipped_reads_the_same_and_is_kept_unzipped(tmp_path)
     _tree(src)
     no_pool: Any = None  # encoding the manifest connects to nothing
     s = SyncSession([], [], "", no_pool, parse_source(str(src)), "/tmp/x", cache_dir=tmp_path)
-    wire = sync_agent.scan(str(src))
-    s.entries = [sync_agent.ManifestEntry.from_wire(e) for e in wire]
+    wire = node_scan.scan(str(src))
+    s.entries = [node_manifest.ManifestEntry.from_wire(e) for e in wire]
     s.encode_manifest()
     plain = tmp_path / "m.jsonl"
-    plain.write_bytes(sync_agent.manifest_header(str(src)) + b"".join(sync_agent.manifest_line(e) for e in wire))
+    plain.write_bytes(node_manifest.manifest_header(str(src)) + b"".join(node_manifest.manifest_line(e) for e in wire))
     assert MANIFEST.endswith(".gz") and gzip.decompress(s.manifest_bytes) == plain.read_bytes()
     sent = tmp_path / MANIFEST
     sent.write_bytes(s.manifest_bytes)
-    a, b = sync_agent.ManifestReader(str(sent)), sync_agent.ManifestReader(str(plain))
+    a, b = node_manifest.ManifestReader(str(sent)), node_manifest.ManifestReader(str(plain))
     assert list(a) == list(b) and a.digest == b.digest == hashlib.sha256(plain.read_bytes()).hexdigest()
     subprocess.run(["cp", "-a", f"{src}/.", str(dst)], check=True)
     rc, out = _agent("check", "--dst", str(dst), "--manifest", str(sent), "--reset", "--mark", "test")
@@ -800,7 +807,7 @@ def test_the_manifest_goes_gzipped_reads_the_same_and_is_kept_unzipped(tmp_path)
         sent.write_bytes(bad)
         for reset in ([], ["--reset"]):  # read as entries, or first kept unzipped
             rc, out = _agent("check", "--dst", str(dst), "--manifest", str(sent), *reset, "--mark", "test")
-            assert rc == sync_agent.EXIT_INPUT and out["error"].startswith("manifest refused"), (out, reset)
+            assert rc == node_manifest.EXIT_INPUT and out["error"].startswith("manifest refused"), (out, reset)
             assert os.listdir(dst / ".clusterctl-sync") == ["manifest.jsonl"]  # no marker, nothing half-kept
             assert (dst / ".clusterctl-sync" / "manifest.jsonl").read_bytes() == plain.read_bytes()
 
@@ -812,11 +819,11 @@ def test_writes_of_nodes_sharing_a_file_system_with_the_same_pid_do_not_collide(
     target = tmp_path / "manifest.jsonl"
     theirs = tmp_path / "manifest.jsonl.tmp4242"
     theirs.write_bytes(b"the other node's, half written")
-    sync_agent.atomic_write(str(target), b"ours\n")
-    sync_agent.write_lines(str(tmp_path / "other.jsonl"), {"v": 2}, [{"p": "a"}])
+    node_manifest.atomic_write(str(target), b"ours\n")
+    node_manifest.write_lines(str(tmp_path / "other.jsonl"), {"v": 2}, [{"p": "a"}])
     src = tmp_path / "m.jsonl"
-    src.write_bytes(sync_agent.manifest_header("/src"))
-    sync_agent.keep_manifest(str(src), str(target))
+    src.write_bytes(node_manifest.manifest_header("/src"))
+    node_check.keep_manifest(str(src), str(target))
     assert theirs.read_bytes() == b"the other node's, half written"
     assert target.read_bytes() == src.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, theirs.name, "other.jsonl", src.name])
@@ -829,7 +836,7 @@ def test_a_marker_of_an_older_version_is_not_taken_and_the_copy_is_checked_again
     _tree(src)
     subprocess.run(["cp", "-a", f"{src}/.", str(dst)], check=True)
     state = dst / ".clusterctl-sync"
-    entries = sync_agent.scan(str(src))
+    entries = node_scan.scan(str(src))
     old_digest = hashlib.sha256(
         json.dumps(entries, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
     ).hexdigest()
@@ -848,20 +855,20 @@ def test_agent_refuses_root_and_missing_source(tmp_path):
     rc, out = _agent("check", "--dst", "/", "--manifest", "x")
     assert rc == 2 and "refusing" in out["error"]
     rc, out = _agent("manifest", "--", str(tmp_path / "nope"))
-    assert rc == sync_agent.EXIT_INPUT and "no such directory" in out["error"]
+    assert rc == node_manifest.EXIT_INPUT and "no such directory" in out["error"]
 
 
 def test_s3_etags_single_and_multipart(tmp_path):
     data = os.urandom(3 * 1024 * 1024 + 17)
     f = tmp_path / "obj"
     f.write_bytes(data)
-    assert sync_agent.etag_matches(str(f), hashlib.md5(data).hexdigest(), len(data))
+    assert node_check.etag_matches(str(f), hashlib.md5(data).hexdigest(), len(data))
     part = 1024 * 1024
     digests = b"".join(hashlib.md5(data[i : i + part]).digest() for i in range(0, len(data), part))
     etag = f"{hashlib.md5(digests).hexdigest()}-4"
-    assert sync_agent.etag_matches(str(f), etag, len(data))
-    assert not sync_agent.etag_matches(str(f), etag.replace("-4", "-3"), len(data))
-    assert not sync_agent.etag_matches(str(f), "0" * 32, len(data))
+    assert node_check.etag_matches(str(f), etag, len(data))
+    assert not node_check.etag_matches(str(f), etag.replace("-4", "-3"), len(data))
+    assert not node_check.etag_matches(str(f), "0" * 32, len(data))
 
 
 # ---- relay scripts and ssh lines --------------------------------------------------------------------
@@ -873,8 +880,9 @@ def test_relay_script_quotes_every_path_and_pins_host_keys(tmp_path):
     assert "StrictHostKeyChecking=yes" in text and "UserKnownHostsFile=~/.ssh/known_hosts" in text
     assert "aes128-gcm@openssh.com" in text and "Compression=no" in text
     assert f"tar -C {shlex.quote(root)} -xf -" in text
-    recv = '"$P" "$W/agent.py" recv --hashes "$W/recv.part" | tar'  # every file hashed as it goes into tar
-    assert f'"$P" "$W/agent.py" relay --index 0 --out "$W/fifo.0" | {recv}' in text  # a chain: the zero-copy relay
+    assert f"\nA={nodepkg.package().shell_path}\n" in text  # the node package, as shipped
+    recv = '"$P" "$A" sync recv --hashes "$W/recv.part" | tar'  # every file hashed as it goes into tar
+    assert f'"$P" "$A" sync relay --index 0 --out "$W/fifo.0" | {recv}' in text  # a chain: the zero-copy relay
     assert 'mv -f "$W/recv.part" "$W/recv.json"' in text  # kept only when recv and tar both exited 0
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # it parses
     two = node_scripts.relay_script(0, root, [child, child], hop, ".clusterctl/sync/abc").decode()
@@ -893,7 +901,7 @@ def test_zero_copy_relay_gives_both_outputs_every_byte_and_survives_either_dying
     tar_reader = "head -c 1000 >/dev/null" if case == "tar dies" else "sha256sum"
     script = (
         f"{hop_reader} < {shlex.quote(str(fifo))} > {tmp_path}/hop.out & "
-        f"python3 {shlex.quote(sync_agent.__file__)} relay --out {shlex.quote(str(fifo))} | {tar_reader} "
+        f"{agent_shell()} relay --out {shlex.quote(str(fifo))} | {tar_reader} "
         f"> {tmp_path}/tar.out; wait"
     )
     proc = subprocess.run(["bash", "-c", script], input=data, capture_output=True, timeout=60)
@@ -928,14 +936,14 @@ def test_map_by_size_keeps_order_and_pools_only_big_files():
     big ones in the pool; the results come back in the entries' order whatever ran where."""
     import threading
 
-    entries = [{"p": str(i), "s": s} for i, s in enumerate([10, sync_agent.POOL_FROM, 0, 5 << 20, 4000])]
+    entries = [{"p": str(i), "s": s} for i, s in enumerate([10, node_scan.POOL_FROM, 0, 5 << 20, 4000])]
     where: dict[str, str] = {}
 
     def fn(e: dict) -> str:
         where[e["p"]] = threading.current_thread().name
         return e["p"] * 2
 
-    assert sync_agent.map_by_size(fn, entries, 2) == ["00", "11", "22", "33", "44"]
+    assert node_scan.map_by_size(fn, entries, 2) == ["00", "11", "22", "33", "44"]
     here = threading.current_thread().name
     assert [where[p] == here for p in "01234"] == [True, False, True, False, True]
 

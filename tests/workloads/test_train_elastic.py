@@ -1,6 +1,6 @@
 """`clusterctl train --elastic` for real: a local cluster of 3 nodes x 1 slot, the tiny model on synthetic images
-under Elastic Horovod (gloo), launched by horovodrun on the leader with templates/live_hosts.py as its host
-discovery script. Every process of a member's namespace is killed mid-run (the node is gone, sshd with it): the
+under Elastic Horovod (gloo), launched by horovodrun on the leader with the node package's live_hosts as its host
+discovery. Every process of a member's namespace is killed mid-run (the node is gone, sshd with it): the
 run goes on at size 2 and ends with exit 0, every planned image trained once.
 
 The module's tests share one cluster (its runtime bring-up is the slow part): each starts with all three nodes

@@ -14,9 +14,10 @@ import pytest
 from clusterctl.cluster import live_hosts
 from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
+from clusterctl.node import live_hosts as node_live_hosts
 from clusterctl.workloads import horovod, launch, train_job, train_log, train_options
 from clusterctl.workloads.train_options import TrainOptions
-from conftest import REPO
+from conftest import REPO, node_pyz
 
 
 def _template(name: str):
@@ -86,15 +87,16 @@ def test_horovodrun_elastic_argv():
 
 def test_elastic_args_defaults_and_refusal():
     opts = TrainOptions(synthetic=True, elastic=True)
-    el = train_job.elastic_args(opts, 3, "/opt/py", "/home/u/clusterctl-jobs/train-x")
+    el = train_job.elastic_args(opts, 3, "/opt/py", "/home/u/clusterctl-jobs/train-x", "/home/u/n.pyz")
     assert (el.min_np, el.max_np, el.timeout_s) == (1, 3, train_options.ELASTIC_TIMEOUT_S)
     assert shlex.split(el.discovery) == [
         "/opt/py",
-        "/home/u/clusterctl-jobs/train-x/live_hosts.py",
+        "/home/u/n.pyz",
+        "live_hosts",
         "/home/u/clusterctl-jobs/train-x/hosts",
     ]
     with pytest.raises(UsageError, match="--min-np 4 is more than the 3 process"):
-        train_job.elastic_args(TrainOptions(synthetic=True, elastic=True, min_np=4), 3, "/opt/py", "/j")
+        train_job.elastic_args(TrainOptions(synthetic=True, elastic=True, min_np=4), 3, "/opt/py", "/j", "/p")
 
 
 def test_live_hosts_file_written_whole_and_read_by_the_discovery_script(tmp_path):
@@ -109,9 +111,8 @@ def test_live_hosts_file_written_whole_and_read_by_the_discovery_script(tmp_path
     assert [p.name for p in (home / ".clusterctl").iterdir()] == ["live-hosts"]  # no temporary file left
     with pytest.raises(UsageError):
         live_hosts.render(HostsFile.parse("10.0.0.1:2222 slots=1\n"))
-    mod = _template("live_hosts.py")
     # both formats (live-hosts, the job's hosts file); a host that would be an ssh option is never used
-    assert mod.entries("a:2\n# note\n\nb slots=3\n-oProxyCommand=x:1\nc:0\n") == [("a", 2), ("b", 3)]
+    assert node_live_hosts.entries("a:2\n# note\n\nb slots=3\n-oProxyCommand=x:1\nc:0\n") == [("a", 2), ("b", 3)]
 
 
 def test_discovery_script_prints_only_hosts_that_answer(tmp_path):
@@ -121,8 +122,9 @@ def test_discovery_script_prints_only_hosts_that_answer(tmp_path):
     (tmp_path / "hosts").write_text("127.0.0.1 slots=1\n")
     (home / ".clusterctl" / "live-hosts").write_text("127.0.0.9:1\n")
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
-    script = str(REPO / "templates" / "live_hosts.py")
-    proc = subprocess.run([sys.executable, script, str(tmp_path / "hosts")], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["python3", node_pyz(), "live_hosts", str(tmp_path / "hosts")], env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
 
 

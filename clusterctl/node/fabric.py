@@ -1,8 +1,8 @@
-#!/usr/bin/env python3
-"""Allreduce bandwidth with Horovod's own allreduce (gloo on CPU), for `clusterctl doctor --fabric`.
+"""`python3 PYZ fabric`: allreduce bandwidth with Horovod's own allreduce (gloo on CPU), for `clusterctl doctor
+--fabric`.
 
-Staged on every node and launched by horovodrun: over the whole cluster (one process per node) and over
-pairs of ring neighbours. Standalone on purpose (nodes have TensorFlow and Horovod, not clusterctl).
+Launched by horovodrun from the node package: over the whole cluster (one process per node) and over pairs of
+ring neighbours.
 Rank 0 prints one machine line, in nccl-tests' terms (algbw = bytes / time; busbw = algbw x 2(n-1)/n,
 what each link carries in a ring allreduce, comparable across process counts):
 
@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MARK = "CLUSTERCTL-FABRIC"
+DESCRIPTION = "Allreduce bandwidth with Horovod's own allreduce (gloo on CPU), for `clusterctl doctor --fabric`."
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="fabric", description=DESCRIPTION)
     p.add_argument("--mb", type=float, default=64.0, help="MiB allreduced per step")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mb <= 0 or args.warmup < 1 or args.iters < 2:
         p.error("--mb must be positive, --warmup at least 1, --iters at least 2")
 
-    import horovod.tensorflow as hvd
+    import horovod.tensorflow as hvd  # the node runtime's
     import tensorflow as tf
 
     hvd.init()
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     x = tf.ones((count,), tf.float32)
     for _ in range(args.warmup):  # connections, buffers, the first negotiation
         hvd.allreduce(x, op=hvd.Sum, name="fabric").numpy()
-    busbw = []
+    busbw: list[float] = []
     for _ in range(args.iters):
         t0 = time.perf_counter()
         hvd.allreduce(x, op=hvd.Sum, name="fabric").numpy()
@@ -57,7 +57,3 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,28 @@
+"""`python3 PYZ PROGRAM ARGS...`: the program's module is imported by name, so a node pays only for the one
+it runs, and its `main(argv) -> int` is the exit code."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# program name -> its module (each has `main(argv: list[str]) -> int`)
+PROGRAMS: dict[str, str] = {
+    "fabric": "clusterctl.node.fabric",  # doctor --fabric: Horovod allreduce bandwidth
+    "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
+    "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in PROGRAMS:
+        said = f"unknown program {argv[0]!r}; " if argv and argv[0] not in ("-h", "--help") else ""
+        print(f"usage: PYZ PROGRAM [ARGS...]\n{said}programs: {', '.join(sorted(PROGRAMS))}", file=sys.stderr)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    module = importlib.import_module(PROGRAMS[argv[0]])
+    code: int = module.main(argv[1:])
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""`sync`: the node side of `clusterctl sync` (main.py says what each subcommand does)."""
