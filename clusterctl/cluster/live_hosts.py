@@ -1,7 +1,7 @@
 """The cluster's live hosts, kept in one file on the leader for a running elastic job to read.
 
 `~/.clusterctl/live-hosts` on the leader holds one `host:slots` line per node that may run the job (Horovod's
-host discovery format; hosts as the leader's ssh reaches them). templates/live_hosts.py, the job's host
+host discovery format; hosts as the leader's ssh reaches them). node/live_hosts.py, the job's host
 discovery script, prints the lines of those that answer ssh now. `train --elastic` writes the file at start
 from the job's hosts; `repair` writes it again when it replaces or drops a node, so a running job takes the
 new node at its next commit.
