@@ -9,6 +9,7 @@ import sys
 # program name -> its module (each has `main(argv: list[str]) -> int`)
 PROGRAMS: dict[str, str] = {
     "fabric": "clusterctl.node.fabric",  # doctor --fabric: Horovod allreduce bandwidth
+    "horovodrun": "clusterctl.node.horovodrun",  # horovodrun with host keys checked (every Horovod job's launch)
     "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
 }

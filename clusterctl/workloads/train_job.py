@@ -58,7 +58,7 @@ class TrainJob:
 
     key: str  # the cluster's name (or hosts-<digest> for a plain hosts file)
     job: str  # launch job name = tmux session on the leader
-    job_dir: str  # the job folder on every node (train_imagenet.py, hvd_launch.py, hosts)
+    job_dir: str  # the job folder on every node (train_imagenet.py, hosts)
     home: str  # the login home on the nodes
     leader: str  # the leader's label (hosts-file token)
     model_dir: str
@@ -333,8 +333,7 @@ def start(
             elastic = elastic_args(opts, np, python, job.dir, nodepkg.package().at(job.home))
             np = min(np, elastic.max_np)
             live_hosts.write(pool, leader, hosts)  # what the discovery script offers; `repair` rewrites it
-            launch.ship_package(pool, [leader])  # the discovery's
-            env["CLUSTERCTL_EVENT_MARK"] = MARK  # hvd_launch.py's line when too few nodes are left
+            env["CLUSTERCTL_EVENT_MARK"] = MARK  # horovodrun's line when too few nodes are left
             # Horovod's own fusion buffer and cycle time: with HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME
             # set, horovod 0.28.1's re-init after a lost peer segfaults (measured on local nodes, gloo).
             for name in horovod_env(opts):
