@@ -10,6 +10,7 @@ import sys
 PROGRAMS: dict[str, str] = {
     "fabric": "clusterctl.node.fabric",  # doctor --fabric: Horovod allreduce bandwidth
     "horovodrun": "clusterctl.node.horovodrun",  # horovodrun with host keys checked (every Horovod job's launch)
+    "input_rate": "clusterctl.node.input_rate",  # train: the trainer's input pipeline timed on one core
     "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
 }
