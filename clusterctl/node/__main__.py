@@ -12,6 +12,7 @@ PROGRAMS: dict[str, str] = {
     "horovodrun": "clusterctl.node.horovodrun",  # horovodrun with host keys checked (every Horovod job's launch)
     "input_rate": "clusterctl.node.input_rate",  # train: the trainer's input pipeline timed on one core
     "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
+    "tfrecords": "clusterctl.node.dataset.convert",  # data tfrecords --on leader: the conversion where the images are
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
 }
 
