@@ -11,6 +11,7 @@ PROGRAMS: dict[str, str] = {
     "fabric": "clusterctl.node.fabric",  # doctor --fabric: Horovod allreduce bandwidth
     "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
+    "sweep": "clusterctl.node.sweep.scheduler",  # `clusterctl sweep`'s scheduler, detached on the leader
 }
 
 

@@ -19,21 +19,15 @@ import time
 import pytest
 
 from clusterctl.errors import RemoteCommandError, UsageError
+from clusterctl.node.sweep import scripts as S
 from clusterctl.remote.session import TREE_FN
-from clusterctl.workloads import sweep_plan, sweep_results, sweep_state
-from conftest import REPO
-
-SCHEDULER = REPO / "templates" / "sweep_scheduler.py"
+from clusterctl.workloads import sweep, sweep_plan, sweep_results, sweep_state
+from conftest import REPO, node_pyz
 
 
-def load_scheduler():
-    spec = importlib.util.spec_from_file_location("sweep_scheduler", SCHEDULER)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-S = load_scheduler()
+def scheduler_argv(*args):
+    """The scheduler as the leader runs it: the node package's `sweep` program."""
+    return [sys.executable, node_pyz(), sweep.PROGRAM, *map(str, args)]
 
 
 # ---- trials ------------------------------------------------------------------------------------------------
@@ -347,7 +341,7 @@ def _config(tmp_path, trials, nodes=(("n1", 2), ("n2", 2)), **extra):
 def _scheduler(d, dead):
     env = dict(os.environ, FAKE_DEAD=str(dead))
     return subprocess.Popen(
-        [sys.executable, str(SCHEDULER), str(d)],
+        scheduler_argv(d),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -469,7 +463,7 @@ def test_cancel_mode_ends_the_trials_of_a_sweep_whose_scheduler_is_gone(tmp_path
     sids = [t["sid"] for t in _state(d)["trials"]]
     assert all(str(s) in live_sessions() for s in sids)
     r = subprocess.run(
-        [sys.executable, str(SCHEDULER), str(d), "--cancel"],
+        scheduler_argv(d, "--cancel"),
         env=dict(os.environ, FAKE_DEAD=str(dead)),
         capture_output=True,
         text=True,
