@@ -12,6 +12,7 @@ PROGRAMS: dict[str, str] = {
     "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
     "sweep": "clusterctl.node.sweep.scheduler",  # `clusterctl sweep`'s scheduler, detached on the leader
+    "watchdog": "clusterctl.node.watchdog.main",  # autostop: idle or too old, the cluster powers off
 }
 
 

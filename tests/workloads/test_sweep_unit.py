@@ -13,7 +13,6 @@ import shlex
 import signal
 import stat
 import subprocess
-import sys
 import time
 
 import pytest
@@ -22,12 +21,7 @@ from clusterctl.errors import RemoteCommandError, UsageError
 from clusterctl.node.sweep import scripts as S
 from clusterctl.remote.session import TREE_FN
 from clusterctl.workloads import sweep, sweep_plan, sweep_results, sweep_state
-from conftest import REPO, node_pyz
-
-
-def scheduler_argv(*args):
-    """The scheduler as the leader runs it: the node package's `sweep` program."""
-    return [sys.executable, node_pyz(), sweep.PROGRAM, *map(str, args)]
+from conftest import REPO, node_argv
 
 
 # ---- trials ------------------------------------------------------------------------------------------------
@@ -341,7 +335,7 @@ def _config(tmp_path, trials, nodes=(("n1", 2), ("n2", 2)), **extra):
 def _scheduler(d, dead):
     env = dict(os.environ, FAKE_DEAD=str(dead))
     return subprocess.Popen(
-        scheduler_argv(d),
+        node_argv(sweep.PROGRAM, d),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -463,7 +457,7 @@ def test_cancel_mode_ends_the_trials_of_a_sweep_whose_scheduler_is_gone(tmp_path
     sids = [t["sid"] for t in _state(d)["trials"]]
     assert all(str(s) in live_sessions() for s in sids)
     r = subprocess.run(
-        scheduler_argv(d, "--cancel"),
+        node_argv(sweep.PROGRAM, d, "--cancel"),
         env=dict(os.environ, FAKE_DEAD=str(dead)),
         capture_output=True,
         text=True,
