@@ -126,10 +126,11 @@ def install_local(store: StateStore, name: str, nodes: int, a: Autostop, created
         for old in ("fired.json", "state.json"):  # a stopped cluster started again: its last firing is history
             (d / old).unlink(missing_ok=True)
         archive = d.parent.parent / pkg.path  # the node's home / .clusterctl/node/NAME
-        if not archive.exists():
+        if not archive.exists():  # written whole under another name, as shipping does
             archive.parent.mkdir(parents=True, exist_ok=True)
-            archive.with_name(f"{archive.name}.tmp{os.getpid()}").write_bytes(pkg.data)
-            os.replace(archive.with_name(f"{archive.name}.tmp{os.getpid()}"), archive)
+            partial = archive.with_name(f"{archive.name}.tmp{os.getpid()}")
+            partial.write_bytes(pkg.data)
+            os.replace(partial, archive)
         write_json(str(d / "config.json"), cfg)
 
 

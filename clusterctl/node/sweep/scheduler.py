@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Optional
 
 from clusterctl.node.sweep.scripts import (
     NodeState,
@@ -48,7 +48,8 @@ from clusterctl.node.sweep.scripts import (
 
 FINAL = ("done", "failed", "lost", "cancelled")  # a trial in one of these states never changes again
 ENDED = ("done", "cancelled", "failed")  # the sweep's own final states
-Answer = tuple[bool, int | None, str, str]  # (ok, returncode, stdout, stderr) of one ssh
+# (ok, returncode, stdout, stderr) of one ssh; Optional: evaluated at import, on any python3 a node has
+Answer = tuple[bool, Optional[int], str, str]
 
 
 class Scheduler:
