@@ -9,7 +9,10 @@ import sys
 # program name -> its module (each has `main(argv: list[str]) -> int`)
 PROGRAMS: dict[str, str] = {
     "fabric": "clusterctl.node.fabric",  # doctor --fabric: Horovod allreduce bandwidth
+    "horovodrun": "clusterctl.node.horovodrun",  # horovodrun with host keys checked (every Horovod job's launch)
+    "input_rate": "clusterctl.node.input_rate",  # train: the trainer's input pipeline timed on one core
     "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
+    "tfrecords": "clusterctl.node.dataset.convert",  # data tfrecords --on leader: the conversion where the images are
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
     "sweep": "clusterctl.node.sweep.scheduler",  # `clusterctl sweep`'s scheduler, detached on the leader
     "watchdog": "clusterctl.node.watchdog.main",  # autostop: idle or too old, the cluster powers off

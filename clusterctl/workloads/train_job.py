@@ -58,7 +58,7 @@ class TrainJob:
 
     key: str  # the cluster's name (or hosts-<digest> for a plain hosts file)
     job: str  # launch job name = tmux session on the leader
-    job_dir: str  # the job folder on every node (train_imagenet.py, hvd_launch.py, hosts)
+    job_dir: str  # the job folder on every node (train_imagenet.py, hosts)
     home: str  # the login home on the nodes
     leader: str  # the leader's label (hosts-file token)
     model_dir: str
@@ -145,7 +145,7 @@ def _save_job(store: StateStore, inv: Inventory, job: TrainJob) -> None:
 
 
 GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
-FEED_PROBE = "input_rate.py"  # the input pipeline on one core, staged beside the trainer (it imports it)
+FEED_PROBE = "input_rate"  # the node package's program: the input pipeline on one core (it imports the trainer)
 FEED_TIMEOUT_S = 300.0
 
 
@@ -153,11 +153,12 @@ def feed_warning(
     pool: SshPool, leader: SshTarget, job_dir: str, python: str, data: str, gpus: int, gpu: str
 ) -> str | None:
     """Before a GPU run: the trainer's input pipeline timed on one of the leader's cores, on the run's own
-    records (templates/input_rate.py, GPUs hidden), and train_feed's line when the node's cores cannot feed
+    records (node/input_rate.py, GPUs hidden), and train_feed's line when the node's cores cannot feed
     its GPUs at their expected rate. None when they can, or when the probe did not answer (the run goes on)."""
     from clusterctl.workloads import train_feed
 
-    cmd = f"cd {shlex.quote(job_dir)} && CUDA_VISIBLE_DEVICES= {shlex.join([python, FEED_PROBE, '--data', data])} 2>&1"
+    probe = nodepkg.package().command(FEED_PROBE, "--trainer", job_dir, "--data", data, python=python)
+    cmd = f"cd {shlex.quote(job_dir)} && CUDA_VISIBLE_DEVICES= {probe} 2>&1"
     r = pool.run_one(leader, cmd, timeout=FEED_TIMEOUT_S)
     measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
     f = train_feed.feed(measured[1], measured[0], gpus, gpu) if measured else None
@@ -316,10 +317,7 @@ def start(
             pool,
             targets,
             job,
-            {
-                **resources.node_script(TEMPLATE),
-                **({FEED_PROBE: resources.template_bytes(FEED_PROBE)} if gpu else {}),  # it imports the trainer
-            },
+            resources.node_script(TEMPLATE),
             hosts,
         )
         if gpu:
@@ -333,8 +331,7 @@ def start(
             elastic = elastic_args(opts, np, python, job.dir, nodepkg.package().at(job.home))
             np = min(np, elastic.max_np)
             live_hosts.write(pool, leader, hosts)  # what the discovery script offers; `repair` rewrites it
-            launch.ship_package(pool, [leader])  # the discovery's
-            env["CLUSTERCTL_EVENT_MARK"] = MARK  # hvd_launch.py's line when too few nodes are left
+            env["CLUSTERCTL_EVENT_MARK"] = MARK  # horovodrun's line when too few nodes are left
             # Horovod's own fusion buffer and cycle time: with HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME
             # set, horovod 0.28.1's re-init after a lost peer segfaults (measured on local nodes, gloo).
             for name in horovod_env(opts):
