@@ -62,6 +62,11 @@ def node_pyz() -> str:
     return str(path)
 
 
+def node_argv(program: str, *args: object) -> list[str]:
+    """A program of the node package, run as a node runs it (this Python, the package as a file)."""
+    return [sys.executable, node_pyz(), program, *map(str, args)]
+
+
 @dataclass
 class Cli:
     home: Path  # CLUSTERCTL_HOME

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import gzip
 import ipaddress
 import json
 import os
@@ -1169,7 +1170,9 @@ def _ec2_wildcards() -> None:
 
 
 def decode_user_data(call: Call) -> str:
-    return base64.b64decode(call.params["UserData"]).decode()
+    """The user data's text, as cloud-init reads it (gzip-compressed or not)."""
+    data = base64.b64decode(call.params["UserData"])
+    return (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode()
 
 
 _SERVER: MotoAws | None = None

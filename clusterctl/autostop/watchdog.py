@@ -1,56 +1,41 @@
 """Autostop's watchdog: a cluster that nobody uses stops itself, independent of the laptop that made it.
 
-The watchdog is templates/idle_watchdog.py (stdlib only), the one source of truth for the settings file,
-the activity rules and the deadlines; this module loads it for the same functions on this machine, and
-writes what the nodes run.
+The watchdog is the node package's `watchdog` program (node/watchdog/, stdlib only), the one source of truth
+for the settings file, the activity rules and the deadlines; this module imports it for the same functions on
+this machine, and writes what the nodes run.
 
-  * AWS: the user data installs it on every node as the systemd unit clusterctl-autostop, with its
-    settings in /var/lib/clusterctl/autostop/config.json. It decides on the leader (asking every member
+  * AWS: the user data writes the program (its files alone, unpacked: remote/nodepkg.py) into /opt/clusterctl/
+    autostop on every node and runs it as the systemd unit clusterctl-autostop, with its settings in
+    /var/lib/clusterctl/autostop/config.json. It decides on the leader (asking every member
     over ssh with the cluster's internal key) and its `shutdown -h now` stops or terminates each instance,
     as the instance-initiated shutdown behaviour set at launch says (--idle-action: stop or terminate).
   * local: a namespace node cannot delete its own namespaces, so the local provider pairs the watchdog
-    (a detached process inside the leader node, settings in the node's ~/.clusterctl/autostop) with a
+    (the node package's, a detached process inside the leader node, settings in the node's
+    ~/.clusterctl/autostop) with a
     per-cluster host-side supervisor (providers/local/supervisor.py) that restarts it and, once it fired,
     stops the cluster (its namespaces end, the nodes' homes are kept) or tears it down (--idle-action).
 """
 
 from __future__ import annotations
 
-import base64
-import gzip
 import json
 import os
 import shlex
 from pathlib import Path
-from types import ModuleType
 
 from clusterctl.autostop.settings import poll_seconds
+from clusterctl.node.watchdog.activity import OLD_SCRIPT, PROGRAM
+from clusterctl.node.watchdog.files import edit_config, load_config, write_json
 from clusterctl.state import StateStore
 from clusterctl.types import Autostop
 
-SCRIPT = "idle_watchdog.py"
 AWS_DIR = "/var/lib/clusterctl/autostop"
-AWS_SCRIPT = "/opt/clusterctl/idle_watchdog.py"
+AWS_PROGRAM = "/opt/clusterctl/autostop"  # the watchdog's files, unpacked: `python3 FOLDER watchdog ...` runs it
+AWS_OLD_SCRIPT = f"/opt/clusterctl/{OLD_SCRIPT}"  # on a node an older version brought up
 AWS_UNIT = "clusterctl-autostop.service"
 LOCAL_NODE_DIR = "/root/.clusterctl/autostop"  # inside a local node (its /root is the node's own home)
+LOCAL_HOME = "/root"  # a local node's login home, where the node package is (remote/nodepkg.py)
 NODE_PYTHON = "/usr/bin/python3"  # Debian's/Ubuntu's own: readable by any login user, present on the DLAMI
-
-_MODULE: ModuleType | None = None
-
-
-def watchdog() -> ModuleType:
-    """templates/idle_watchdog.py as a module (its settings, rules and deadlines are the only ones)."""
-    global _MODULE
-    if _MODULE is None:
-        from clusterctl import resources
-
-        path = resources.template_path(SCRIPT)
-        module = ModuleType("clusterctl_idle_watchdog")
-        module.__file__ = str(path)
-        # compiled here, not imported: no __pycache__ appears among the shipped templates
-        exec(compile(path.read_text(), str(path), "exec"), module.__dict__)  # our own template
-        _MODULE = module
-    return _MODULE
 
 
 def node_config(
@@ -82,7 +67,7 @@ After=network-online.target
 Wants=network-online.target
 
 [Service]
-ExecStart={NODE_PYTHON} {AWS_SCRIPT} run --dir {AWS_DIR}
+ExecStart={NODE_PYTHON} {AWS_PROGRAM} {PROGRAM} run --dir {AWS_DIR}
 Restart=always
 RestartSec=15
 
@@ -91,17 +76,16 @@ WantedBy=multi-user.target
 """
 
 
-def cloud_init(cluster: str, a: Autostop, user: str) -> dict[str, str]:
-    """What the user data writes (script gzip+base64, settings, unit). No launch time in it: the same
+def cloud_init(cluster: str, a: Autostop, user: str) -> dict[str, object]:
+    """What the user data writes (the program's files as text, settings, unit). No launch time in it: the same
     spec renders the same bytes (a RunInstances retried with its ClientToken must not differ); the
     watchdog counts --max-lifetime from the node's boot."""
-    from clusterctl import resources
+    from clusterctl.remote import nodepkg
 
-    script = resources.template_bytes(SCRIPT)
-    cfg = node_config(cluster, a, poweroff="shutdown", user=user, script=AWS_SCRIPT, created_at=None)
+    cfg = node_config(cluster, a, poweroff="shutdown", user=user, script=AWS_PROGRAM, created_at=None)
+    files = nodepkg.entries(program=PROGRAM)
     return {
-        "script_gz_b64": base64.b64encode(gzip.compress(script, mtime=0)).decode(),
-        "script_path": AWS_SCRIPT,
+        "files": [{"path": f"{AWS_PROGRAM}/{name}", "content": data.decode()} for name, data in files.items()],
         "config_path": f"{AWS_DIR}/config.json",
         "config_json": json.dumps(cfg, sort_keys=True) + "\n",
         "unit_path": f"/etc/systemd/system/{AWS_UNIT}",
@@ -111,12 +95,15 @@ def cloud_init(cluster: str, a: Autostop, user: str) -> dict[str, str]:
 
 
 def remote_command(action: str, *args: str) -> str:
-    """The watchdog's own command on a cloud node (root through sudo for the login user). It carries the
-    script's name, so the watchdog never counts it as activity."""
-    argv = " ".join(shlex.quote(x) for x in (NODE_PYTHON, AWS_SCRIPT, action, "--dir", AWS_DIR, *args))
+    """The watchdog's own command on a cloud node (root through sudo for the login user), or its older
+    version's where a node has that. It carries the program's words, so the watchdog never counts it as
+    activity."""
+    rest = " ".join(shlex.quote(x) for x in (action, "--dir", AWS_DIR, *args))
     return (
         f"if [ \"$(id -u)\" = 0 ]; then S=; else S='sudo -n'; fi; "
-        f"if [ ! -f {AWS_SCRIPT} ]; then echo 'no autostop watchdog on this node' >&2; exit 3; fi; $S {argv}"
+        f"if [ -f {AWS_PROGRAM}/__main__.py ]; then $S {NODE_PYTHON} {AWS_PROGRAM} {PROGRAM} {rest}; "
+        f"elif [ -f {AWS_OLD_SCRIPT} ]; then $S {NODE_PYTHON} {AWS_OLD_SCRIPT} {rest}; "
+        "else echo 'no autostop watchdog on this node' >&2; exit 3; fi"
     )
 
 
@@ -127,25 +114,34 @@ def local_dir(store: StateStore, name: str, index: int = 0) -> Path:
 
 
 def install_local(store: StateStore, name: str, nodes: int, a: Autostop, created_at: float) -> None:
-    """The script and its settings in every node's home (only the leader runs it; members answer probes)."""
-    from clusterctl import resources
+    """The node package and the watchdog's settings in every node's home (only the leader runs it; members
+    answer probes): the package where shipping it would put it, so a node that has it has it once."""
+    from clusterctl.remote import nodepkg
 
-    script = resources.template_bytes(SCRIPT)
-    cfg = node_config(
-        name, a, poweroff="node-init", user="root", script=f"{LOCAL_NODE_DIR}/{SCRIPT}", created_at=created_at
-    )
+    pkg = nodepkg.package()
+    cfg = node_config(name, a, poweroff="node-init", user="root", script=pkg.at(LOCAL_HOME), created_at=created_at)
     for i in range(nodes):
         d = local_dir(store, name, i)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         for old in ("fired.json", "state.json"):  # a stopped cluster started again: its last firing is history
             (d / old).unlink(missing_ok=True)
-        (d / SCRIPT).write_bytes(script)
-        os.chmod(d / SCRIPT, 0o755)
-        watchdog().write_json(str(d / "config.json"), cfg)
+        archive = d.parent.parent / pkg.path  # the node's home / .clusterctl/node/NAME
+        if not archive.exists():  # written whole under another name, as shipping does
+            archive.parent.mkdir(parents=True, exist_ok=True)
+            partial = archive.with_name(f"{archive.name}.tmp{os.getpid()}")
+            partial.write_bytes(pkg.data)
+            os.replace(partial, archive)
+        write_json(str(d / "config.json"), cfg)
+
+
+def local_command(store: StateStore, name: str) -> str:
+    """The leader's `watchdog run`, as its settings say (the python and the package install_local wrote)."""
+    cfg = load_config(str(local_dir(store, name)))
+    return shlex.join([cfg["python"], cfg["script"], PROGRAM, "run", "--dir", LOCAL_NODE_DIR])
 
 
 def edit_local(store: StateStore, name: str, nodes: int, **changes: object) -> None:
     for i in range(nodes):
         d = local_dir(store, name, i)
         if (d / "config.json").exists():
-            watchdog().edit_config(str(d), **changes)
+            edit_config(str(d), **changes)

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from clusterctl import providers
-from clusterctl.autostop.watchdog import edit_local, local_dir, remote_command, watchdog
+from clusterctl.autostop.watchdog import edit_local, local_dir, remote_command
+from clusterctl.node.watchdog.leases import release_lease, take_lease
 from clusterctl.proc import owner
 from clusterctl.state import Record, StateStore
 from clusterctl.types import Cluster
@@ -108,9 +109,9 @@ def _lease_all(store: StateStore, cluster: Cluster, lease_id: str, seconds: floa
             if not os.path.exists(os.path.join(d, "config.json")):
                 continue
             if seconds is None:
-                watchdog().release_lease(d, lease_id)
+                release_lease(d, lease_id)
             else:
-                watchdog().take_lease(d, lease_id, seconds, what)
+                take_lease(d, lease_id, seconds, what)
         return []
     args = ("--id", lease_id) + (("--for", str(int(seconds)), "--what", what) if seconds is not None else ())
     return _on_nodes(store, cluster, remote_command("lease" if seconds is not None else "release", *args))

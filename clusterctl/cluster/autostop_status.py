@@ -9,7 +9,8 @@ import time
 from typing import Any, Callable
 
 from clusterctl.autostop.settings import action_of, describe_action
-from clusterctl.autostop.watchdog import local_dir, remote_command, watchdog
+from clusterctl.autostop.watchdog import local_dir, remote_command
+from clusterctl.node.watchdog.main import status
 from clusterctl.state import Record, StateStore
 from clusterctl.types import Autostop, Cluster
 from clusterctl.units import duration
@@ -21,7 +22,7 @@ def local_status(store: StateStore, name: str, running: Callable[[str], bool]) -
     d = local_dir(store, name)
     if not (d / "config.json").exists():
         return None
-    st: dict[str, Any] = watchdog().status(str(d))
+    st: dict[str, Any] = status(str(d))
     st["running"] = running(name)
     return st
 

@@ -14,6 +14,8 @@ PROGRAMS: dict[str, str] = {
     "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
     "tfrecords": "clusterctl.node.dataset.convert",  # data tfrecords --on leader: the conversion where the images are
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
+    "sweep": "clusterctl.node.sweep.scheduler",  # `clusterctl sweep`'s scheduler, detached on the leader
+    "watchdog": "clusterctl.node.watchdog.main",  # autostop: idle or too old, the cluster powers off
 }
 
 

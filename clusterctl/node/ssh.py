@@ -1,5 +1,5 @@
-"""The ssh one node runs to reach another of its cluster (the sweep scheduler's rounds, and the node programs
-that reach their peers): the cluster's internal key, host keys pinned in the login user's known_hosts,
+"""The ssh one node runs to reach another of its cluster (the sweep scheduler's rounds, the watchdog's checks
+of the members, and the node programs that reach their peers): the cluster's internal key, host keys pinned in the login user's known_hosts,
 never a prompt nor a forwarded agent. The one copy of these options; the operator's own ssh to the nodes
 is remote/openssh.py's."""
 

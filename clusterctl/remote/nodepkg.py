@@ -7,10 +7,15 @@ rewritten under a running program. It lives at one path under the login home of 
 (`~/.clusterctl/node/`), written under a temporary name and renamed (SshPool.put_one). A node runs it as
 `python3 PYZ PROGRAM ARGS...` with any Python 3 it has: the archive holds only clusterctl/node/ and an
 empty clusterctl/__init__.py, so nothing else of clusterctl can be imported there.
+
+One program alone (`program=`: its module and what it imports of the package, found by reading the
+imports) makes a smaller set by the same rules; unpacked, a folder of those files runs the same way
+(`python3 FOLDER PROGRAM`): the autostop watchdog's, written by EC2 user data (16 KB at most).
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import io
@@ -70,18 +75,65 @@ class NodePackage:
         return " ".join(words)
 
 
-def sources(root: Path = SOURCE) -> dict[str, bytes]:
-    """Archive name -> bytes of every module of the package, in name order."""
+def sources(root: Path = SOURCE, program: str | None = None) -> dict[str, bytes]:
+    """Archive name -> bytes of every module of the package (or of one program and what it imports), in
+    name order."""
     files = {f"clusterctl/node/{p.relative_to(root).as_posix()}": p.read_bytes() for p in root.rglob("*.py")}
+    if program is not None:
+        from clusterctl.node.__main__ import PROGRAMS
+
+        wanted = _imported(files, ["clusterctl.node.__main__", PROGRAMS[program]])
+        files = {name: data for name, data in files.items() if name in wanted}
     return dict(sorted(files.items()))
+
+
+def _file_of(files: dict[str, bytes], module: str) -> str | None:
+    """The archive name of a module of the package (a module file or a package's __init__), None if none."""
+    base = module.replace(".", "/")
+    return next((n for n in (f"{base}.py", f"{base}/__init__.py") if n in files), None)
+
+
+def _imported(files: dict[str, bytes], modules: list[str]) -> set[str]:
+    """The archive names of `modules`, the packages above them and every module of the package they import,
+    through and through (imports inside functions too)."""
+    found: set[str] = set()
+    todo = list(modules)
+    while todo:
+        parts = todo.pop().split(".")
+        for i in range(2, len(parts) + 1):  # the module and its packages (clusterctl/__init__.py: build's own)
+            name = _file_of(files, ".".join(parts[:i]))
+            if name is not None and name not in found:
+                found.add(name)
+                todo += _imports(name, files[name])
+    return found
+
+
+def _imports(name: str, data: bytes) -> list[str]:
+    """What one file imports: modules, and `from` names that may be modules; relative imports resolved."""
+    package = name.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+    if not name.endswith("/__init__.py"):
+        package = package.rpartition(".")[0]
+    out: list[str] = []
+    for node in ast.walk(ast.parse(data)):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            source = ".".join(filter(None, (base, node.module)))
+            out += [source, *(f"{source}.{alias.name}" for alias in node.names)]
+    return out
+
+
+def entries(root: Path = SOURCE, program: str | None = None) -> dict[str, bytes]:
+    """Every file of the archive (or of one program's): the launcher, clusterctl/__init__.py, the sources."""
+    return {"__main__.py": _MAIN, "clusterctl/__init__.py": b"", **sources(root, program)}
 
 
 def build(root: Path = SOURCE) -> NodePackage:
     """The zipapp of the package at root: the same sources give the same bytes."""
-    entries = {"__main__.py": _MAIN, "clusterctl/__init__.py": b"", **sources(root)}
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        for name, data in entries.items():
+        for name, data in entries(root).items():
             info = zipfile.ZipInfo(name, date_time=_EPOCH)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o100644 << 16  # a regular file, rw-r--r--, whatever the checkout's modes

@@ -1,14 +1,14 @@
 """`clusterctl sweep` on the leader: many independent experiments at once, one per GPU, across the cluster.
 
     the plan (sweep_plan.py, pure: trials, commands, SweepSpec)  ->  here: config.json + the scheduler staged
-    on the leader, the user's files on every node, templates/sweep_scheduler.py detached in tmux there
+    on the leader, the user's files on every node, the node package's `sweep` program detached in tmux there
     (state in ~/clusterctl-sweeps/ID/state.json)  ->  here: that state read over ssh into a typed SweepState
     (sweep_state.py) for the live table, `sweep status` and `sweep attach`; cancel; the trials' logs copied back  ->
     sweep_results.py: results.json and metric_vs_params.png in sweep-results/<time>/.
 
-The scheduler needs nothing of clusterctl on the leader: it is a standalone stdlib script that ssh-es
-from the leader to each node with the cluster's internal key and pinned known_hosts (StrictHostKeyChecking
-=yes, BatchMode), as horovodrun does. See its docstring for the files on the nodes.
+The scheduler (node/sweep/) needs only the node package on the leader (the standard library, any python3):
+it ssh-es from the leader to each node with the cluster's internal key and pinned known_hosts
+(StrictHostKeyChecking=yes, BatchMode), as horovodrun does. See its docstring for the files on the nodes.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Sequence
 
-from clusterctl import resources
 from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
 from clusterctl.node import ssh as node_ssh
-from clusterctl.remote import jobfolder, tmux as jobs
+from clusterctl.remote import jobfolder, nodepkg, tmux as jobs
 from clusterctl.workloads.sweep_plan import SweepSpec, is_id, new_id, validate_id
 from clusterctl.workloads.sweep_results import events, rows, summary
 from clusterctl.workloads.sweep_state import ENDED, SweepState, parse_state
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
     from clusterctl.types import Cluster
 
 SWEEPS = "clusterctl-sweeps"  # under the login home of every node
-SCHEDULER = "sweep_scheduler.py"
+PROGRAM = "sweep"  # the scheduler's program in the node package
 MARK = "\x1e"
 
 
@@ -148,17 +147,13 @@ def start(pool: SshPool, inv: Inventory, spec: SweepSpec, python: str, sweep_id:
             raise UnreachableError(
                 "could not copy the files to every node: " + "; ".join(f"{r.host}: {r.error}" for r in report.failed)
             )
-    put = pool.put(
-        [leader],
-        {
-            f"{d}/{SCHEDULER}": (resources.template_bytes(SCHEDULER), 0o644),
-            f"{d}/config.json": (json.dumps(spec_cfg, indent=1).encode(), 0o644),
-        },
-    )
-    if not put.all_ok:
-        raise UnreachableError(f"could not stage the sweep on the leader: {put.failed[0].error}")
+    pkg = nodepkg.package()
+    put = pool.put([leader], {f"{d}/config.json": (json.dumps(spec_cfg, indent=1).encode(), 0o644)})
+    staged = put.failed[0] if not put.all_ok else nodepkg.ship_one(pool, leader, pkg)
+    if not staged.ok:
+        raise UnreachableError(f"could not stage the sweep on the leader: {staged.error or staged.stderr.strip()}")
     cmd = jobs.detach_command(
-        sweep_id, f"exec {shlex.quote(python)} {shlex.quote(d + '/' + SCHEDULER)} {shlex.quote(d)}"
+        sweep_id, f"exec {shlex.quote(python)} {shlex.quote(pkg.at(home))} {PROGRAM} {shlex.quote(d)}"
     )
     r = pool.run_one(leader, cmd, timeout=60)
     if not r.ok:
@@ -285,7 +280,11 @@ def cancel(pool: SshPool, leader: SshTarget, sweep_id: str, python: str, timeout
                 f"the scheduler of {n} did not finish cancelling in {timeout:.0f}s",
                 f"see ~/.clusterctl/jobs/{n}.log on the leader",
             )
-    r = pool.run_one(leader, f"{shlex.quote(python)} {d}/{SCHEDULER} {d} --cancel", timeout=120)
+    pkg = nodepkg.package()  # this installation's scheduler ends the trials (the state file is its format)
+    shipped = nodepkg.ship_one(pool, leader, pkg)
+    if not shipped.ok:
+        raise UnreachableError(f"cannot reach the leader {leader.label}: {shipped.error or shipped.stderr.strip()}")
+    r = pool.run_one(leader, f"{shlex.quote(python)} {pkg.shell_path} {PROGRAM} {d} --cancel", timeout=120)
     if not r.ok:
         raise RemoteCommandError(f"cancelling {n} on the leader failed: {(r.error or r.stderr).strip()}")
     snap = read_state(pool, leader, n)

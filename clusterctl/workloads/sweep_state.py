@@ -1,4 +1,4 @@
-"""A sweep's state as typed values: the scheduler's state.json (templates/sweep_scheduler.py writes it on the
+"""A sweep's state as typed values: the scheduler's state.json (node/sweep/scheduler.py writes it on the
 leader every round) read ONCE, here, at the border; everything after it (the live table, --status, results.json,
 the plot) reads attributes, never keys.
 

@@ -14,7 +14,9 @@ import time
 import pytest
 
 from clusterctl.autostop import watchdog
+from clusterctl.node.watchdog.activity import is_own
 from clusterctl.providers.local import netns, supervisor
+from clusterctl.remote import nodepkg
 
 pytestmark = pytest.mark.integration
 
@@ -161,11 +163,10 @@ def test_gpu_cluster_with_idle_gpus_stays_up_while_a_command_or_a_sync_runs(loca
             NVIDIA_SMI,
         )
     # the leader's watchdog sees the GPUs: its own probe, run the way it runs inside the node
-    pids = [p for p in netns.netns_pids(netns.netns_name(c.name, 0)) if watchdog.SCRIPT in supervisor._cmdline(p)]
+    pids = [p for p in netns.netns_pids(netns.netns_name(c.name, 0)) if is_own(supervisor._cmdline(p))]
     assert pids, "no watchdog in the leader"
-    probe = c.node_exec(
-        0, "/usr/bin/python3", f"{watchdog.LOCAL_NODE_DIR}/{watchdog.SCRIPT}", "probe", "--dir", watchdog.LOCAL_NODE_DIR
-    )
+    assert nodepkg.package().at(watchdog.LOCAL_HOME) in supervisor._cmdline(pids[0])  # run from the node package
+    probe = c.node_exec(0, "/usr/bin/python3", nodepkg.package().at(watchdog.LOCAL_HOME), "watchdog", "probe")
     assert json.loads(probe.stdout)["gpus"] == [0, 0], probe.stdout
     env = dict(e.split("=", 1) for e in open(f"/proc/{pids[0]}/environ").read().split("\0") if "=" in e)
     assert "/usr/local/bin" in env.get("PATH", "").split(":"), env.get("PATH")

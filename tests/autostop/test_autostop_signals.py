@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -16,17 +15,16 @@ import pytest
 from clusterctl.autostop import settings, watchdog
 from clusterctl.cluster import autostop_status as status
 from clusterctl.errors import ConfigError, UsageError
-from clusterctl.remote import tmux
+from clusterctl.node.watchdog import activity, files, leases, rules
+from clusterctl.remote import nodepkg, tmux
 from clusterctl.types import Autostop, ClusterFacts, ClusterSpec
-from conftest import REPO
+from conftest import node_argv
 
-W = watchdog.watchdog()
-SCRIPT = REPO / "templates" / "idle_watchdog.py"
-CFG = {**W.DEFAULTS, "idle_stop": 60, "created_at": None}
+CFG = {**files.DEFAULTS, "idle_stop": 60, "created_at": None}
 
 
 def _probe(t: float, net: int = 0, disk: int = 0, **more) -> dict:
-    """A probe as `idle_watchdog.py probe` prints it (nothing running), read at time t."""
+    """A probe as `watchdog probe` prints it (nothing running), read at time t."""
     return {"gpus": None, "training": [], "sessions": {}, "jobs": [], "io": {"t": t, "net": net, "disk": disk}, **more}
 
 
@@ -41,7 +39,7 @@ def private_tmux(tmp_path, monkeypatch):
 
 
 def _probe_here() -> dict:
-    out = subprocess.run([sys.executable, str(SCRIPT), "probe"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(node_argv("watchdog", "probe"), capture_output=True, text=True, timeout=60)
     return json.loads(out.stdout)
 
 
@@ -55,7 +53,7 @@ def test_a_detached_job_holds_the_cluster_whatever_it_runs_and_lets_go_when_it_e
         ["tmux", "display-message", "-p", "-t", "=prep:", "#{pane_pid}"], capture_output=True, text=True
     ).stdout.strip()
     assert jobs[0]["pid"] == int(pane)
-    assert W.busy_reasons("10.0.0.2", {"jobs": jobs}, {}, set(), False, CFG) == [
+    assert rules.busy_reasons("10.0.0.2", {"jobs": jobs}, {}, set(), False, CFG) == [
         f"10.0.0.2: detached job prep (tmux session prep, pid {pane}: sleep 400)"
     ]
     # `kill prep` ends it: nothing of it is left to hold the cluster
@@ -72,9 +70,9 @@ def test_the_issue_s_try_recorded_a_job_longer_than_idle_stop_keeps_the_cluster_
     prev: dict = {}
     for now in range(6, 1000, 6):
         pr = _probe(float(now), jobs=[job] if now <= 400 else [])
-        reasons = W.busy_reasons("this node", pr, prev, set(), now == 6, cfg)
+        reasons = rules.busy_reasons("this node", pr, prev, set(), now == 6, cfg)
         prev = pr
-        last_active, last_reason, plan, why = W.decide(cfg, reasons, last_active, last_reason, started, float(now))
+        last_active, last_reason, plan, why = rules.decide(cfg, reasons, last_active, last_reason, started, float(now))
         if now <= 400:
             assert why is None and plan["stop_at"] == now + 60, (now, plan)
         if why is not None:
@@ -89,75 +87,71 @@ def _session(faults, login="", *children):
     return {
         "faults": faults,
         "login": login,
-        "children": [{"cmd": c, "own": "idle_watchdog.py" in c} for c in children],
+        "children": [{"cmd": c, "own": activity.is_own(c)} for c in children],
     }
 
 
 def test_an_interactive_login_and_an_ssh_command_are_busy_a_kept_connection_is_not():
     pr = _probe(10.0, sessions={"7:1": _session(20, "ubuntu@pts/0", "-bash"), "8:2": _session(5, "", "rsync --server")})
-    assert W.busy_reasons("n", pr, {}, set(), False, CFG) == [
+    assert rules.busy_reasons("n", pr, {}, set(), False, CFG) == [
         "n: interactive login ubuntu@pts/0 running -bash",
         "n: ssh session running rsync --server",
     ]
     kept = _probe(10.0, sessions={"9:3": _session(5, "ubuntu@notty")})
-    assert W.busy_reasons("n", kept, {"sessions": kept["sessions"]}, set(), False, CFG) == []
+    assert rules.busy_reasons("n", kept, {"sessions": kept["sessions"]}, set(), False, CFG) == []
 
 
 def test_a_clusterctl_command_is_shown_without_its_session_wrapper():
     from clusterctl.remote.session import wrap_command
 
-    assert W._shown("bash -c " + wrap_command("sleep 25; echo 'a b'")) == "sleep 25; echo 'a b'"
-    assert W._shown("rsync --server -e.LsfxC . /data") == "rsync --server -e.LsfxC . /data"
+    assert activity._shown("bash -c " + wrap_command("sleep 25; echo 'a b'")) == "sleep 25; echo 'a b'"
+    assert activity._shown("rsync --server -e.LsfxC . /data") == "rsync --server -e.LsfxC . /data"
 
 
 def test_the_probe_names_the_login_of_a_session():
     """The probe's own parse of sshd's title ("sshd: user@pts/0" for a terminal, "user@notty" for a command)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", f"import runpy; m = runpy.run_path({str(SCRIPT)!r}); print(m['__doc__'] is not None)"],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.stdout.strip() == "True"
     pr = _probe_here()  # this machine's sessions, whichever there are: each says whether it is a terminal
     assert all(isinstance(s.get("login"), str) for s in pr["sessions"].values())
 
 
 # ---- GPU use ------------------------------------------------------------------------------------------------
 def test_gpu_use_at_or_above_the_threshold_is_busy():
-    assert W.busy_reasons("n", _probe(1.0, gpus=[0, 3]), {}, set(), False, CFG) == ["n: GPU 1 at 3%"]
-    assert W.busy_reasons("n", _probe(1.0, gpus=[0, 3]), {}, set(), False, {**CFG, "gpu_busy_percent": 5}) == []
-    assert W.busy_reasons("n", _probe(1.0, gpus=None), {}, set(), False, CFG) == []  # no nvidia-smi
+    assert rules.busy_reasons("n", _probe(1.0, gpus=[0, 3]), {}, set(), False, CFG) == ["n: GPU 1 at 3%"]
+    assert rules.busy_reasons("n", _probe(1.0, gpus=[0, 3]), {}, set(), False, {**CFG, "gpu_busy_percent": 5}) == []
+    assert rules.busy_reasons("n", _probe(1.0, gpus=None), {}, set(), False, CFG) == []  # no nvidia-smi
 
 
 # ---- network and disk throughput ------------------------------------------------------------------------------
 def test_network_and_disk_throughput_above_their_floors_are_busy_between_two_checks():
     before = _probe(100.0, net=10_000_000, disk=50_000_000)
     copying = _probe(130.0, net=10_000_000 + 30 * 40_000_000, disk=50_000_000 + 30 * 2_000_000)  # 40 MB/s, 2 MB/s
-    assert W.busy_reasons("n", copying, before, set(), False, CFG) == [
+    assert rules.busy_reasons("n", copying, before, set(), False, CFG) == [
         "n: network 40.0 MB/s (above 262 KB/s)",
         "n: disk 2.0 MB/s (above 1.0 MB/s)",
     ]
     # the watchdog's own checks, journald, NTP: a few KB/s is idle
     quiet = _probe(130.0, net=10_000_000 + 30 * 5_000, disk=50_000_000 + 30 * 20_000)
-    assert W.busy_reasons("n", quiet, before, set(), False, CFG) == []
+    assert rules.busy_reasons("n", quiet, before, set(), False, CFG) == []
     # a floor of None turns the signal off (local nodes: the disks are this machine's, shared with everyone)
-    assert W.busy_reasons("n", copying, before, set(), False, {**CFG, "disk_busy_bytes_per_s": None}) == [
+    assert rules.busy_reasons("n", copying, before, set(), False, {**CFG, "disk_busy_bytes_per_s": None}) == [
         "n: network 40.0 MB/s (above 262 KB/s)"
     ]
     # no earlier sample, a counter that went back (a reboot), a missing file: no rate, no claim
-    assert W.throughput(copying, {}) == {"net": None, "disk": None}
-    assert W.throughput(before, copying) == {"net": None, "disk": None}
-    assert W.throughput({"io": {"t": 130.0, "net": None, "disk": 5}}, {"io": {"t": 100.0, "net": 1, "disk": 2}}) == {
+    assert rules.throughput(copying, {}) == {"net": None, "disk": None}
+    assert rules.throughput(before, copying) == {"net": None, "disk": None}
+    assert rules.throughput(
+        {"io": {"t": 130.0, "net": None, "disk": 5}}, {"io": {"t": 100.0, "net": 1, "disk": 2}}
+    ) == {
         "net": None,
         "disk": 0.1,
     }
 
 
 def test_the_probe_reads_this_machines_counters():
-    a = W.io_counters()
+    a = activity.io_counters()
     assert isinstance(a["net"], int) and a["net"] >= 0 and a["t"] == pytest.approx(time.time(), abs=5)
     assert a["disk"] is None or a["disk"] >= 0
-    b = W.io_counters()
+    b = activity.io_counters()
     assert b["net"] >= a["net"]
 
 
@@ -166,15 +160,15 @@ def test_every_signal_of_one_node_is_listed_most_telling_first(tmp_path):
     pr = _probe(
         130.0,
         net=100_000_000,
-        jobs=[{"name": "sweep-1", "pid": 9, "cmd": "python3 sweep_scheduler.py"}],
+        jobs=[{"name": "sweep-1", "pid": 9, "cmd": "python3 /root/.clusterctl/node/node-0.pyz sweep /root/s"}],
         training=["python3[12] train.py"],
         gpus=[55],
         sessions={"1:1": _session(3, "", "sleep 5")},
     )
-    reasons = W.busy_reasons("n", pr, _probe(100.0), set(), False, CFG)
+    reasons = rules.busy_reasons("n", pr, _probe(100.0), set(), False, CFG)
     assert [r.split(": ", 1)[1].split(" ")[0] for r in reasons] == ["detached", "ssh", "python3[12]", "GPU", "network"]
-    W.take_lease(str(tmp_path), "sync-1", 60, "clusterctl sync from me@laptop")
-    assert W.leases(str(tmp_path))[0].startswith("lease sync-1: clusterctl sync from me@laptop runs")
+    leases.take_lease(str(tmp_path), "sync-1", 60, "clusterctl sync from me@laptop")
+    assert leases.leases(str(tmp_path))[0].startswith("lease sync-1: clusterctl sync from me@laptop runs")
 
 
 # ---- what `status` and `autostop` say -------------------------------------------------------------------------
@@ -191,7 +185,7 @@ def test_status_names_the_signal_that_holds_the_cluster_and_the_idle_action():
             "last_reason": "x",
             "busy": ["10.0.0.2: detached job prep (tmux session prep, pid 1234: sleep 400)"],
         },
-        "plan": W.plan(cfg, now - 4, now - 100, now),
+        "plan": rules.plan(cfg, now - 4, now - 100, now),
     }
     lines = status.summary(st, now=now)
     assert lines[0] == "autostop: busy: 10.0.0.2: detached job prep (tmux session prep, pid 1234: sleep 400)"
@@ -220,7 +214,7 @@ def test_idle_action_is_parsed_described_recorded_and_written_for_the_nodes():
     aws = watchdog.node_config("c", Autostop(60), poweroff="shutdown", user="ubuntu", script="s", created_at=None)
     assert (local["idle_action"], local["disk_busy_bytes_per_s"]) == ("terminate", None)
     assert aws["idle_action"] == "stop" and "disk_busy_bytes_per_s" not in aws  # the watchdog's floor
-    assert W.idle_action({}) == "terminate" and W.idle_action(aws) == "stop"  # a file from before: what it did
+    assert rules.idle_action({}) == "terminate" and rules.idle_action(aws) == "stop"  # a file from before: what it did
 
 
 def test_the_aws_instances_shut_down_as_the_idle_action_says_and_spot_cannot_stop():
@@ -248,4 +242,11 @@ def test_a_local_cluster_started_again_forgets_its_last_firing(tmp_path):
     (d / "fired.json").write_text('{"reason": "idle-stop"}')
     (d / "state.json").write_text("{}")
     watchdog.install_local(store, "c", 1, Autostop(60), time.time())
-    assert sorted(os.listdir(d)) == ["config.json", "idle_watchdog.py"]
+    assert sorted(os.listdir(d)) == ["config.json"]
+    # the watchdog runs from the node package, put where shipping it would put it in the node's home
+    pkg = nodepkg.package()
+    assert (d.parent.parent / pkg.path).read_bytes() == pkg.data
+    assert (
+        watchdog.local_command(store, "c")
+        == f"/usr/bin/python3 {pkg.at('/root')} watchdog run --dir {watchdog.LOCAL_NODE_DIR}"
+    )

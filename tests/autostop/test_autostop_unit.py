@@ -3,10 +3,10 @@ reads and writes, what the user data carries, what `gc` keeps, what a run costs.
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,15 +17,14 @@ import yaml
 from clusterctl.autostop import settings as autostop, watchdog
 from clusterctl.cluster import autostop_status as status, costs, gc
 from clusterctl.errors import UsageError
+from clusterctl.node.watchdog import activity, files, leases, peers, rules
 from clusterctl.proc import alive
 from clusterctl.providers.aws import cloud_init
 from clusterctl.providers.base import Found
 from clusterctl.providers.local import supervisor
+from clusterctl.remote import nodepkg
 from clusterctl.types import Autostop, Cluster, ClusterFacts, Node
-from conftest import REPO
-
-W = watchdog.watchdog()
-SCRIPT = REPO / "templates" / "idle_watchdog.py"
+from conftest import REPO, node_argv
 
 
 @pytest.mark.parametrize(
@@ -70,76 +69,74 @@ def test_settings_default_and_description():
 # ---- the watchdog's deadlines ---------------------------------------------------------------------------
 def test_plan_idle_lifetime_keep_and_off():
     cfg = {"enabled": True, "idle_stop": 60, "max_lifetime": 3600, "created_at": 1000.0, "keep_until": None}
-    p = W.plan(cfg, last_active=1100.0, started=1000.0, now=1130.0)
+    p = rules.plan(cfg, last_active=1100.0, started=1000.0, now=1130.0)
     assert (p["stop_at"], p["why"], p["idle_for"]) == (1160.0, "idle-stop", 30.0)
-    p = W.plan(cfg, last_active=4590.0, started=1000.0, now=4595.0)
+    p = rules.plan(cfg, last_active=4590.0, started=1000.0, now=4595.0)
     assert (p["stop_at"], p["why"]) == (4600.0, "max-lifetime")  # lifetime comes first
-    p = W.plan({**cfg, "keep_until": 9000.0}, last_active=1100.0, started=1000.0, now=1130.0)
+    p = rules.plan({**cfg, "keep_until": 9000.0}, last_active=1100.0, started=1000.0, now=1130.0)
     assert (p["stop_at"], p["why"]) == (9000.0, "max-lifetime") and p["idle_at"] == 9060.0
-    assert W.plan({**cfg, "enabled": False}, 1100.0, 1000.0, 1130.0)["stop_at"] is None
-    assert W.plan({**cfg, "idle_stop": None, "max_lifetime": None}, 1100.0, 1000.0, 1130.0)["stop_at"] is None
+    assert rules.plan({**cfg, "enabled": False}, 1100.0, 1000.0, 1130.0)["stop_at"] is None
+    assert rules.plan({**cfg, "idle_stop": None, "max_lifetime": None}, 1100.0, 1000.0, 1130.0)["stop_at"] is None
     # no launch time in the settings (AWS): --max-lifetime counts from the node's boot
-    p = W.plan({**cfg, "created_at": None, "idle_stop": None}, time.time(), time.time(), time.time())
-    assert p["lifetime_at"] == pytest.approx(W.boot_time() + 3600, abs=2)
+    p = rules.plan({**cfg, "created_at": None, "idle_stop": None}, time.time(), time.time(), time.time())
+    assert p["lifetime_at"] == pytest.approx(rules.boot_time() + 3600, abs=2)
 
 
 # ---- the watchdog's activity rules ------------------------------------------------------------------------
 def _session(faults, *children):
-    return {"faults": faults, "children": [{"cmd": c, "own": "idle_watchdog.py" in c} for c in children]}
+    return {"faults": faults, "children": [{"cmd": c, "own": activity.is_own(c)} for c in children]}
 
 
 def test_gpu_nodes_are_busy_when_any_signal_says_so():
     own: set = set()
     busy = {"gpus": [0, 87], "training": ["python3[5] train.py"], "sessions": {"1:1": _session(9, "bash")}}
-    assert W.busy_reasons("n1", busy, {}, own, False) == [
+    assert rules.busy_reasons("n1", busy, {}, own, False) == [
         "n1: ssh session running bash",
         "n1: python3[5] train.py",
         "n1: GPU 1 at 87%",
     ]
     # idle GPUs do not make a copy or a shell idle (this returned [] before: a 3-hour sync was stopped)
-    assert W.busy_reasons("n1", {**busy, "gpus": [0, 0]}, {}, own, False) == [
+    assert rules.busy_reasons("n1", {**busy, "gpus": [0, 0]}, {}, own, False) == [
         "n1: ssh session running bash",
         "n1: python3[5] train.py",
     ]
-    assert W.busy_reasons("n1", {"gpus": [0, 0], "training": [], "sessions": {}}, {}, own, False) == []
+    assert rules.busy_reasons("n1", {"gpus": [0, 0], "training": [], "sessions": {}}, {}, own, False) == []
 
 
 def test_leases_count_until_they_expire_or_are_released(tmp_path):
     d = str(tmp_path)
-    assert W.leases(d) == []
-    W.take_lease(d, "sync-1-ab", 60, "clusterctl sync from me@laptop")
-    W.take_lease(d, "old", 1, "x")
+    assert leases.leases(d) == []
+    leases.take_lease(d, "sync-1-ab", 60, "clusterctl sync from me@laptop")
+    leases.take_lease(d, "old", 1, "x")
     now = time.time()
-    reasons = W.leases(d, now + 5)
+    reasons = leases.leases(d, now + 5)
     assert len(reasons) == 1 and reasons[0].startswith("lease sync-1-ab: clusterctl sync from me@laptop runs")
     assert sorted(os.listdir(tmp_path / "leases")) == ["sync-1-ab.json"]  # the expired one was removed
-    W.release_lease(d, "sync-1-ab")
-    W.release_lease(d, "sync-1-ab")  # twice: no error
-    assert W.leases(d) == []
+    leases.release_lease(d, "sync-1-ab")
+    leases.release_lease(d, "sync-1-ab")  # twice: no error
+    assert leases.leases(d) == []
     # a lease released between the listing and the read (here: a name that resolves to nothing) is no crash
     os.symlink(tmp_path / "nowhere", tmp_path / "leases" / "raced.json")
     (tmp_path / "leases" / "torn.json").write_text("{")  # unreadable, but young: kept for now
-    assert W.leases(d) == [] and (tmp_path / "leases" / "torn.json").exists()
-    assert W.leases(d, time.time() + 120) == [] and not (tmp_path / "leases" / "torn.json").exists()
+    assert leases.leases(d) == [] and (tmp_path / "leases" / "torn.json").exists()
+    assert leases.leases(d, time.time() + 120) == [] and not (tmp_path / "leases" / "torn.json").exists()
     (tmp_path / "leases" / "raced.json").unlink()
     for bad in ("../x", "", ".hidden", "a/b"):
         with pytest.raises(ValueError):
-            W.take_lease(d, bad, 5)
+            leases.take_lease(d, bad, 5)
     # the command line the operator runs on a cloud node
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "lease", "--dir", d, "--id", "l1", "--for", "30", "--what", "sync"],
+        node_argv("watchdog", "lease", "--dir", d, "--id", "l1", "--for", "30", "--what", "sync"),
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 0 and json.loads(proc.stdout) == {"lease": "l1", "held": True}, proc.stderr
-    assert W.leases(d)[0].startswith("lease l1: sync runs")
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "release", "--dir", d, "--id", "l1"], capture_output=True, text=True
-    )
-    assert proc.returncode == 0 and W.leases(d) == []
+    assert leases.leases(d)[0].startswith("lease l1: sync runs")
+    proc = subprocess.run(node_argv("watchdog", "release", "--dir", d, "--id", "l1"), capture_output=True, text=True)
+    assert proc.returncode == 0 and leases.leases(d) == []
     assert (
         subprocess.run(
-            [sys.executable, str(SCRIPT), "lease", "--dir", d, "--id", "../l1", "--for", "3"],
+            node_argv("watchdog", "lease", "--dir", d, "--id", "../l1", "--for", "3"),
             capture_output=True,
             text=True,
         ).returncode
@@ -149,39 +146,40 @@ def test_leases_count_until_they_expire_or_are_released(tmp_path):
 
 def test_cpu_nodes_training_processes_and_ssh_commands():
     own: set = set()
-    assert W.busy_reasons("n", {"gpus": None, "training": ["python3[7] x.py"], "sessions": {}}, {}, own, False) == [
+    assert rules.busy_reasons("n", {"gpus": None, "training": ["python3[7] x.py"], "sessions": {}}, {}, own, False) == [
         "n: python3[7] x.py"
     ]
     now = {"1:5": _session(400, "sleep 25")}
-    assert W.busy_reasons("n", {"gpus": None, "training": [], "sessions": now}, {}, own, False) == [
+    assert rules.busy_reasons("n", {"gpus": None, "training": [], "sessions": now}, {}, own, False) == [
         "n: ssh session running sleep 25"
     ]
     # a kept connection with nothing running: idle; the same one after a command ended in between: busy
     kept = {"1:5": _session(400)}
-    assert W.busy_reasons("n", {"training": [], "sessions": kept}, {"sessions": kept}, own, False) == []
-    assert W.busy_reasons(
+    assert rules.busy_reasons("n", {"training": [], "sessions": kept}, {"sessions": kept}, own, False) == []
+    assert rules.busy_reasons(
         "n", {"training": [], "sessions": {"1:5": _session(800)}}, {"sessions": kept}, own, False
     ) == ["n: a command ran in an ssh session"]
     # a connection first seen after it ran something: busy, except on the first check (no history yet)
-    assert W.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, False) == [
+    assert rules.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, False) == [
         "n: a new ssh session ran a command"
     ]
-    assert W.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, True) == []
+    assert rules.busy_reasons("n", {"training": [], "sessions": kept}, {}, own, True) == []
     # clusterctl's own checks never count, not even after they ended
-    probe = {"2:9": _session(300, "/usr/bin/python3 /opt/clusterctl/idle_watchdog.py status --dir d")}
-    assert W.busy_reasons("n", {"training": [], "sessions": probe}, {}, own, False) == [] and "n/2:9" in own
+    probe = {"2:9": _session(300, "/usr/bin/python3 /opt/clusterctl/autostop watchdog status --dir d")}
+    assert rules.busy_reasons("n", {"training": [], "sessions": probe}, {}, own, False) == [] and "n/2:9" in own
     assert (
-        W.busy_reasons("n", {"training": [], "sessions": {"2:9": _session(700)}}, {"sessions": probe}, own, False) == []
+        rules.busy_reasons("n", {"training": [], "sessions": {"2:9": _session(700)}}, {"sessions": probe}, own, False)
+        == []
     )
 
 
 def test_probe_sees_this_machines_processes_but_not_itself(tmp_path):
     sleeper = subprocess.Popen(["/usr/bin/python3", "-c", "import time; time.sleep(30)"])
     try:
-        out = subprocess.run([sys.executable, str(SCRIPT), "probe"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(node_argv("watchdog", "probe"), capture_output=True, text=True, timeout=60)
         pr = json.loads(out.stdout)
         assert any(f"[{sleeper.pid}]" in t for t in pr["training"]), pr["training"]
-        assert not any("idle_watchdog.py" in t for t in pr["training"])
+        assert not any(activity.is_own(t) for t in pr["training"])
         assert isinstance(pr["sessions"], dict)
     finally:
         sleeper.kill()
@@ -190,7 +188,7 @@ def test_probe_sees_this_machines_processes_but_not_itself(tmp_path):
 
 def test_settings_files_keep_off_on_and_status(tmp_path):
     d = str(tmp_path)
-    W.write_json(
+    files.write_json(
         os.path.join(d, "config.json"),
         watchdog.node_config(
             "c", Autostop(60, None), poweroff="node-init", user="root", script="s", created_at=time.time()
@@ -198,7 +196,7 @@ def test_settings_files_keep_off_on_and_status(tmp_path):
     )
 
     def run(*a):
-        argv = [sys.executable, str(SCRIPT), *a, "--dir", d]
+        argv = node_argv("watchdog", *a, "--dir", d)
         return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
 
     st = run("status")
@@ -221,24 +219,31 @@ def test_settings_files_keep_off_on_and_status(tmp_path):
 
 def test_a_namespace_node_is_never_shut_down_through_the_hosts_init(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(W.subprocess, "run", lambda *a, **k: calls.append(a))
-    monkeypatch.setattr(W, "_read", lambda path: b"sshd\n" if path == "/proc/1/comm" else b"")
-    W.poweroff_self({"poweroff": "shutdown", "user": "root"}, str(tmp_path))
+    monkeypatch.setattr(peers.subprocess, "run", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(peers, "read_file", lambda path: b"sshd\n" if path == "/proc/1/comm" else b"")
+    peers.poweroff_self({"poweroff": "shutdown", "user": "root"}, str(tmp_path))
     assert calls == [] and "refusing to run shutdown: PID 1 is sshd" in (tmp_path / "watchdog.log").read_text()
-    assert W.poweroff_command({"poweroff": "shutdown", "user": "ubuntu"}) == "sudo -n shutdown -h now"
-    assert W.poweroff_command({"poweroff": "node-init", "user": "root"}) == "kill -TERM 1"
+    assert peers.poweroff_command({"poweroff": "shutdown", "user": "ubuntu"}) == "sudo -n shutdown -h now"
+    assert peers.poweroff_command({"poweroff": "node-init", "user": "root"}) == "kill -TERM 1"
 
 
 # ---- AWS: the user data ------------------------------------------------------------------------------------
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9vZGJ5ZSBjbHVzdGVyY3RsIHRlc3Qga2V5IDAwMDAwMDA x"
+
+
 def test_user_data_carries_the_watchdog_and_is_the_same_bytes_every_time():
-    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG9vZGJ5ZSBjbHVzdGVyY3RsIHRlc3Qga2V5IDAwMDAwMDA x"
-    text = cloud_init.render_user_data("demo", "us-east-1", "ubuntu", 8, key, autostop=Autostop(1800, 43200))
-    assert text == cloud_init.render_user_data("demo", "us-east-1", "ubuntu", 8, key, autostop=Autostop(1800, 43200))
-    assert len(text.encode()) < 16384  # EC2's limit for user data
+    args = ("demo", "us-east-1", "ubuntu", 8, KEY)
+    data = cloud_init.user_data(*args, autostop=Autostop(1800, 43200))
+    assert data == cloud_init.user_data(*args, autostop=Autostop(1800, 43200))
+    # EC2 takes 16 KB: the watchdog's source must leave room (an eighth of it) for what the user data grows by
+    assert len(data) <= cloud_init.LIMIT * 7 // 8, f"{len(data)} bytes of user data, EC2 takes {cloud_init.LIMIT}"
+    text = gzip.decompress(data).decode()
+    assert text == cloud_init.render_user_data(*args, autostop=Autostop(1800, 43200))
     doc = yaml.safe_load(text)
     files = {f["path"]: f for f in doc["write_files"]}
-    assert gzip.decompress(base64.b64decode(files[watchdog.AWS_SCRIPT]["content"])) == SCRIPT.read_bytes()
-    assert files[watchdog.AWS_SCRIPT]["encoding"] == "gz+b64" and files[watchdog.AWS_SCRIPT]["permissions"] == "0755"
+    program = {p.removeprefix(watchdog.AWS_PROGRAM + "/"): f for p, f in files.items() if p.startswith("/opt/")}
+    assert {n: f["content"].encode() for n, f in program.items()} == nodepkg.entries(program=activity.PROGRAM)
+    assert {f["permissions"] for f in program.values()} == {"0644"}
     cfg = json.loads(files[f"{watchdog.AWS_DIR}/config.json"]["content"])
     assert cfg == {
         **cfg,
@@ -247,16 +252,41 @@ def test_user_data_carries_the_watchdog_and_is_the_same_bytes_every_time():
         "created_at": None,
         "poweroff": "shutdown",
         "user": "ubuntu",
-        "script": watchdog.AWS_SCRIPT,
+        "script": watchdog.AWS_PROGRAM,
         "enabled": True,
     }
     assert doc["runcmd"] == [
         ["systemctl", "daemon-reload"],
         ["systemctl", "enable", "--now", "clusterctl-autostop.service"],
     ]
-    assert "Restart=always" in files["/etc/systemd/system/clusterctl-autostop.service"]["content"]
+    unit = files["/etc/systemd/system/clusterctl-autostop.service"]["content"]
+    assert "Restart=always" in unit and f"ExecStart=/usr/bin/python3 {watchdog.AWS_PROGRAM} watchdog run " in unit
     cmd = watchdog.remote_command("keep", "--for", "3600")
-    assert "idle_watchdog.py keep --dir /var/lib/clusterctl/autostop --for 3600" in cmd and "sudo -n" in cmd
+    assert "/opt/clusterctl/autostop watchdog keep --dir /var/lib/clusterctl/autostop --for 3600" in cmd
+    assert "sudo -n" in cmd and activity.is_own(cmd)
+
+
+def test_the_user_datas_watchdog_runs_from_its_folder_with_the_system_python(tmp_path):
+    """The files the user data writes are the whole program: the system's python3 runs their folder alone."""
+    doc = yaml.safe_load(cloud_init.render_user_data("demo", "us-east-1", "ubuntu", 8, KEY, autostop=Autostop(60)))
+    folder = tmp_path / "autostop"
+    for f in doc["write_files"]:
+        if f["path"].startswith(watchdog.AWS_PROGRAM + "/"):
+            path = folder / f["path"].removeprefix(watchdog.AWS_PROGRAM + "/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f["content"])
+    python = shutil.which("python3", path="/usr/bin:/bin") or "python3"
+    for argv in (["probe"], ["status", "--dir", str(tmp_path / "d")]):
+        r = subprocess.run([python, "-I", str(folder), "watchdog", *argv], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and json.loads(r.stdout), r.stderr
+    assert "sync" not in {p.name for p in (folder / "clusterctl" / "node").iterdir()}  # the watchdog's files only
+
+
+def test_a_cloud_node_brought_up_by_an_older_version_still_answers():
+    """Its watchdog is /opt/clusterctl/idle_watchdog.py: the operator's commands fall back to it."""
+    cmd = watchdog.remote_command("status")
+    assert f"elif [ -f {watchdog.AWS_OLD_SCRIPT} ]; then $S /usr/bin/python3 {watchdog.AWS_OLD_SCRIPT} status " in cmd
+    assert activity.is_own("/usr/bin/python3\0/opt/clusterctl/idle_watchdog.py\0run\0--dir\0/x\0")
 
 
 # ---- the local supervisor's command line, and the package's imports -------------------------------------

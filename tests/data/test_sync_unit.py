@@ -408,7 +408,7 @@ def test_the_agents_own_folders_are_those_the_runtime_and_the_watchdog_use():
     from clusterctl.runtime import install, spec
 
     assert spec.ROOT in node_guard.TOOL_TREES and install.INCOMING == node_guard.RUNTIME_INCOMING
-    assert os.path.dirname(watchdog.AWS_SCRIPT) in node_guard.TOOL_TREES
+    assert os.path.dirname(watchdog.AWS_PROGRAM) in node_guard.TOOL_TREES
     for work in (session.WORK, install.WORK):
         assert work.split("/")[0] == node_guard.TOOL_HOME
 

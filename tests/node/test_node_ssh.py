@@ -1,8 +1,9 @@
-"""The node side's one ssh: host keys pinned, never a prompt, and the sweep scheduler's is it."""
+"""The node side's one ssh: host keys pinned, never a prompt, and the sweep scheduler's and the watchdog's is it."""
 
 from __future__ import annotations
 
 from clusterctl.node import ssh as node_ssh
+from clusterctl.node.watchdog import peers
 from clusterctl.workloads import sweep
 
 
@@ -29,3 +30,17 @@ def test_every_node_ssh_pins_host_keys_and_never_prompts():
 
 def test_the_sweep_scheduler_gets_the_node_ssh():
     assert list(sweep.SSH) == node_ssh.argv(5, alive=(5, 2), quiet=True)
+
+
+def test_the_watchdog_asks_its_members_over_the_node_ssh(monkeypatch):
+    ran = []
+    monkeypatch.setattr(
+        peers.subprocess,
+        "run",
+        lambda argv, **kw: ran.append(argv) or peers.subprocess.CompletedProcess(argv, 0, "{}\n", ""),
+    )
+    cfg = {"user": "root", "python": "/usr/bin/python3", "script": "/opt/clusterctl/autostop"}
+    assert peers.probe_members(cfg, ["10.0.0.2"]) == {"10.0.0.2": {}}
+    assert ran == [
+        [*node_ssh.argv(5, alive=(5, 2)), "10.0.0.2", "/usr/bin/python3 /opt/clusterctl/autostop watchdog probe"]
+    ]

@@ -6,8 +6,6 @@ here the user data must carry it, and its power-off is EC2's instance-initiated 
 
 from __future__ import annotations
 
-import base64
-import gzip
 import json
 import re
 import shutil
@@ -17,7 +15,7 @@ import yaml
 from test_aws import instances, ok, one_error_line
 
 from clusterctl.providers.aws import catalog
-from conftest import REPO
+from clusterctl.remote import nodepkg
 from motoaws import REGION, decode_user_data
 
 pytestmark = pytest.mark.integration
@@ -36,8 +34,10 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     first, second = aws.actions("RunInstances")
     doc = yaml.safe_load(decode_user_data(first))
     files = {f["path"]: f for f in doc["write_files"]}
-    script = gzip.decompress(base64.b64decode(files["/opt/clusterctl/idle_watchdog.py"]["content"]))
-    assert script == (REPO / "templates" / "idle_watchdog.py").read_bytes()
+    program = {
+        n: files[f"/opt/clusterctl/autostop/{n}"]["content"].encode() for n in nodepkg.entries(program="watchdog")
+    }
+    assert program == nodepkg.entries(program="watchdog")  # the node package's watchdog, its files unpacked
     cfg = json.loads(files["/var/lib/clusterctl/autostop/config.json"]["content"])
     assert (cfg["idle_stop"], cfg["max_lifetime"], cfg["poweroff"], cfg["user"], cfg["enabled"]) == (
         20,
@@ -47,7 +47,7 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
         True,
     )
     unit = files["/etc/systemd/system/clusterctl-autostop.service"]["content"]
-    assert "ExecStart=/usr/bin/python3 /opt/clusterctl/idle_watchdog.py run --dir /var/lib/clusterctl/autostop" in unit
+    assert "ExecStart=/usr/bin/python3 /opt/clusterctl/autostop watchdog run --dir /var/lib/clusterctl/autostop" in unit
     assert ["systemctl", "enable", "--now", "clusterctl-autostop.service"] in doc["runcmd"]
     off = {f["path"]: f for f in yaml.safe_load(decode_user_data(second))["write_files"]}  # installed, but off
     assert json.loads(off["/var/lib/clusterctl/autostop/config.json"]["content"])["enabled"] is False

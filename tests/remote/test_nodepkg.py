@@ -42,6 +42,31 @@ def test_a_changed_module_is_a_new_name(tmp_path):
     assert len({nodepkg.build(copy).name, before.name}) == 2
 
 
+def test_one_programs_files_are_its_modules_and_what_they_import(tmp_path, monkeypatch):
+    """Imports followed through and through: relative, inside functions, `from PACKAGE import MODULE`."""
+    copy = tmp_path / "node"
+    shutil.copytree(nodepkg.SOURCE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "extra").mkdir()
+    (copy / "extra" / "__init__.py").write_text("")
+    (copy / "extra" / "a.py").write_text("import json\nfrom . import b\n")
+    (copy / "extra" / "b.py").write_text(
+        "def f():\n    from ..sweep import scripts\n    from clusterctl.node import ssh\n"
+    )
+    (copy / "extra" / "unused.py").write_text("from clusterctl.node.sync import main\n")
+    monkeypatch.setitem(PROGRAMS, "extra", "clusterctl.node.extra.a")
+    names = set(nodepkg.entries(copy, program="extra"))
+    assert names == {
+        "__main__.py",
+        "clusterctl/__init__.py",
+        *(
+            f"clusterctl/node/{n}"
+            for n in ("__init__.py", "__main__.py", "ssh.py", "sweep/__init__.py", "sweep/scripts.py")
+        ),
+        *(f"clusterctl/node/extra/{n}" for n in ("__init__.py", "a.py", "b.py")),
+    }
+    assert set(nodepkg.entries(copy)) > names  # the whole package holds every module
+
+
 def _run(pyz, *args, python=SYSTEM_PYTHON):
     return subprocess.run([python, str(pyz), *args], capture_output=True, text=True, timeout=60)
 

@@ -132,7 +132,7 @@ def test_grid_runs_every_trial_once_one_per_slot_and_finds_the_best(c):
     assert "trial 4 (lr=0.1 batch=64) started on" in r.stderr and "best: trial 4 (lr=0.1 batch=64) metric 1" in r.stderr
     # nothing of the sweep is left running on the nodes
     for i in range(2):
-        assert not c.node_exec(i, "pgrep", "-af", "[t]rial.py|[s]weep_scheduler", check=False).stdout.strip()
+        assert not c.node_exec(i, "pgrep", "-af", "[t]rial.py|[.]pyz sweep ", check=False).stdout.strip()
 
 
 def test_random_samples_with_two_gpus_per_trial_and_shell_text(c):
@@ -362,7 +362,7 @@ def test_status_and_cancel_from_another_terminal(c):
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout.count("cancelled") == 6
     for i in range(2):
-        assert not c.node_exec(i, "pgrep", "-af", "[t]rial.py|[s]weep_scheduler", check=False).stdout.strip()
+        assert not c.node_exec(i, "pgrep", "-af", "[t]rial.py|[.]pyz sweep ", check=False).stdout.strip()
     after = status_json(c, "--id", st["id"])
     assert after["scheduler"] == "stopped" and after["state"]["status"] == "cancelled"
     assert {t["state"] for t in after["state"]["trials"]} == {"cancelled"}

@@ -13,27 +13,15 @@ import shlex
 import signal
 import stat
 import subprocess
-import sys
 import time
 
 import pytest
 
 from clusterctl.errors import RemoteCommandError, UsageError
+from clusterctl.node.sweep import scripts as S
 from clusterctl.remote.session import TREE_FN
-from clusterctl.workloads import sweep_plan, sweep_results, sweep_state
-from conftest import REPO
-
-SCHEDULER = REPO / "templates" / "sweep_scheduler.py"
-
-
-def load_scheduler():
-    spec = importlib.util.spec_from_file_location("sweep_scheduler", SCHEDULER)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-S = load_scheduler()
+from clusterctl.workloads import sweep, sweep_plan, sweep_results, sweep_state
+from conftest import REPO, node_argv
 
 
 # ---- trials ------------------------------------------------------------------------------------------------
@@ -347,7 +335,7 @@ def _config(tmp_path, trials, nodes=(("n1", 2), ("n2", 2)), **extra):
 def _scheduler(d, dead):
     env = dict(os.environ, FAKE_DEAD=str(dead))
     return subprocess.Popen(
-        [sys.executable, str(SCHEDULER), str(d)],
+        node_argv(sweep.PROGRAM, d),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -469,7 +457,7 @@ def test_cancel_mode_ends_the_trials_of_a_sweep_whose_scheduler_is_gone(tmp_path
     sids = [t["sid"] for t in _state(d)["trials"]]
     assert all(str(s) in live_sessions() for s in sids)
     r = subprocess.run(
-        [sys.executable, str(SCHEDULER), str(d), "--cancel"],
+        node_argv(sweep.PROGRAM, d, "--cancel"),
         env=dict(os.environ, FAKE_DEAD=str(dead)),
         capture_output=True,
         text=True,

@@ -21,7 +21,7 @@ from clusterctl.errors import CapacityError, ProvisionError, WaitTimeout
 from clusterctl.providers.aws import bootstrap, catalog, fabric
 from clusterctl.providers.aws.api import Api, _code, _message, _tagdict, _tags
 from clusterctl.providers.aws.bootstrap import Network
-from clusterctl.providers.aws.cloud_init import render_user_data
+from clusterctl.providers.aws.cloud_init import user_data
 from clusterctl.providers.aws.discovery import (
     TAG_INDEX,
     TAG_ROLE,
@@ -229,7 +229,7 @@ def run_params(
         "BlockDeviceMappings": [{"DeviceName": ctx.image.root_device, "Ebs": ebs}],
         "InstanceInitiatedShutdownBehavior": shutdown_behavior(spec),
         "TagSpecifications": tag_specs,
-        "UserData": render_user_data(
+        "UserData": user_data(
             spec.name, ctx.region, ctx.image.ssh_user, ctx.slots, internal_key, autostop=spec.autostop
         ),
     }

@@ -99,13 +99,13 @@ def _security_group(peer: dict[str, Any]) -> str:
     return str(groups[0]["GroupId"]) if groups else ""
 
 
-def _user_data(api: Api, peer: dict[str, Any]) -> str | None:
+def _user_data(api: Api, peer: dict[str, Any]) -> bytes | None:
     value = (
         api.call("ec2", "describe_instance_attribute", InstanceId=peer["InstanceId"], Attribute="userData")
         .get("UserData", {})
         .get("Value")
     )
-    return base64.b64decode(value).decode() if value else None
+    return base64.b64decode(value) if value else None  # as given: gzip-compressed (cloud_init.py)
 
 
 def replace(

@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from clusterctl.autostop.watchdog import LOCAL_NODE_DIR, NODE_PYTHON, SCRIPT, local_dir, watchdog
+from clusterctl.autostop.watchdog import local_command, local_dir
+from clusterctl.node.watchdog.activity import is_own
+from clusterctl.node.watchdog.files import read_json
 from clusterctl.proc import alive
 from clusterctl.providers.base import Teardown
 from clusterctl.providers.local import netns
@@ -121,17 +123,17 @@ def node_init_pid(ns: str) -> int | None:
     return None
 
 
-def start_watchdog_in(init_pid: int) -> None:
-    """The watchdog as a detached process inside the node of `init_pid` (reparented to its PID 1)."""
-    script = f"{LOCAL_NODE_DIR}/{SCRIPT}"
-    inner = f"cd / && exec setsid -f {NODE_PYTHON} {script} run --dir {LOCAL_NODE_DIR} </dev/null >/dev/null 2>&1"
+def start_watchdog_in(init_pid: int, command: str) -> None:
+    """The watchdog (`command`: autostop/watchdog.py's local_command) as a detached process inside the node of
+    `init_pid` (reparented to its PID 1)."""
+    inner = f"cd / && exec setsid -f {command} </dev/null >/dev/null 2>&1"
     subprocess.run(["nsenter", "-t", str(init_pid), "-a", "/bin/sh", "-c", inner], capture_output=True, timeout=30)
 
 
 def watchdog_running(name: str) -> bool:
     """Whether the watchdog runs in the cluster's leader node (its own state holds the node's view of its pid:
     look among the leader's processes instead). What `status` asks of a local cluster."""
-    return any(SCRIPT in _cmdline(p) for p in netns.netns_pids(netns.netns_name(name, 0)))
+    return any(is_own(_cmdline(p)) for p in netns.netns_pids(netns.netns_name(name, 0)))
 
 
 def _cmdline(pid: int) -> str:
@@ -173,7 +175,7 @@ def supervise(
             now_init = node_init_pid(ns)
             if now_init is not None:
                 _say(f"leader PID 1 is {now_init}: starting the watchdog in it")
-                start_watchdog_in(now_init)
+                start_watchdog_in(now_init, local_command(store, name))
             init = now_init
         time.sleep(poll)
     _say("stopped")
@@ -193,7 +195,7 @@ def _power_off(
     from clusterctl.errors import StateError
     from clusterctl.state import Record
 
-    info = watchdog().read_json(str(fired), {}) or {}
+    info = read_json(str(fired), {}) or {}
     reason = str(info.get("reason") or "the watchdog fired")
     _say(f"the watchdog fired: {reason}")
     deadline = time.monotonic() + 60  # it powers the members off first (bounded), then the leader
