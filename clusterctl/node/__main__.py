@@ -8,13 +8,21 @@ import sys
 
 # program name -> its module (each has `main(argv: list[str]) -> int`)
 PROGRAMS: dict[str, str] = {
+    "bench": "clusterctl.node.bench",  # bench's synthetic Horovod benchmark
     "fabric": "clusterctl.node.fabric",  # doctor --fabric: Horovod allreduce bandwidth
     "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
+    "train": "clusterctl.node.train.main",  # the ImageNet trainer (train, sweep trials)
 }
+# A copy of the package under one of these file names runs that program: `sweep run --file train_imagenet.py`
+# stages the package so, and its trials run `python train_imagenet.py ARGS`.
+NAMED: dict[str, str] = {"train_imagenet.py": "train"}
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], name: str = "") -> int:
+    """name: the archive's file name (NAMED)."""
+    if name in NAMED:
+        argv = [NAMED[name], *argv]
     if not argv or argv[0] not in PROGRAMS:
         said = f"unknown program {argv[0]!r}; " if argv and argv[0] not in ("-h", "--help") else ""
         print(f"usage: PYZ PROGRAM [ARGS...]\n{said}programs: {', '.join(sorted(PROGRAMS))}", file=sys.stderr)

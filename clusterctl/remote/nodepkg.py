@@ -31,12 +31,13 @@ SOURCE = Path(clusterctl.node.__file__).resolve().parent
 NODE_DIR = ".clusterctl/node"  # under the login home of every node
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold: no build time in the bytes
 # Guarded: multiprocessing's spawn runs the main module again in every child, as __mp_main__.
-_MAIN = b"""import sys
+_MAIN = b"""import os
+import sys
 
 from clusterctl.node.__main__ import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], os.path.basename(sys.argv[0])))
 """
 
 

@@ -59,7 +59,7 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     from clusterctl.remote import jobfolder
     from clusterctl.remote.ssh import SshPool
     from clusterctl.state import StateStore
-    from clusterctl.workloads import train_job
+    from clusterctl.workloads import launch, train_job
 
     c = local_cluster_factory(1, 1, runtime=True)
     cli = c.cli
@@ -84,11 +84,11 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     inv = inventory.resolve(None, c.name, StateStore(cli.home))
     python = jobfolder.node_python(inv.cluster)
     folder = "/root/feedjob"
-    staged = {**resources.node_script(train_job.TEMPLATE), train_job.FEED_PROBE: b""}
-    files = {f"{folder}/{name}": (resources.template_bytes(name), 0o644) for name in staged}
+    files = {f"{folder}/{train_job.FEED_PROBE}": (resources.template_bytes(train_job.FEED_PROBE), 0o644)}
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
         assert pool.put([leader], files).all_ok
+        launch.ship_package(pool, [leader])  # the trainer, as `train` stages it
         line = train_job.feed_warning(pool, leader, folder, python, "/root/ds", 8, "V100")
         assert line is not None and line.startswith("the input pipeline cannot feed the GPUs: "), line
         assert "8 V100 x 1,270 img/s = 10,160 img/s needed" in line and train_feed.ADVICE in line
