@@ -26,6 +26,30 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"  # recorded logs and outputs the unit tests parse
 
 
+# The longest modules (from `pytest --durations`), started first.
+LONGEST = (
+    "workloads/test_train_elastic.py",
+    "workloads/test_bench_ladder.py",
+    "workloads/test_train_checkpoints.py",
+    "runtime/test_runtime_aws.py",
+    "autostop/test_autostop_local.py",
+    "workloads/test_train_trust_cluster.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest modules first, then those that start nodes, then the rest, each module's tests in their own
+    order. `install.sh test` runs modules side by side (pytest-xdist, each module whole on one worker, in this
+    order): a long one started last would leave one worker running alone at the end."""
+    rank: dict[Path, int] = {}
+    for item in items:
+        path = item.path.relative_to(REPO / "tests").as_posix()
+        known = LONGEST.index(path) if path in LONGEST else len(LONGEST) + 1
+        nodes = len(LONGEST) if item.get_closest_marker("integration") else known
+        rank[item.path] = min(rank.get(item.path, known), known, nodes)
+    items.sort(key=lambda item: rank[item.path])
+
+
 @functools.cache
 def node_pyz() -> str:
     """The node package as a file, as every node has it (built once per test run, removed at exit)."""

@@ -12,7 +12,7 @@ from clusterctl.cli.shared import CURRENT_CLUSTER, DEFAULT_SSH, LOGIN, Ssh, _res
 from clusterctl.errors import UsageError
 
 if TYPE_CHECKING:
-    from clusterctl.data.tfrecords import DatasetInfo
+    from clusterctl.node.dataset.tfrecords import DatasetInfo
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 

@@ -233,6 +233,8 @@ def _replace(
     )
     lost = [x.node for x in p.lost]
     billed = [x.node for x in p.lost if x.billed]
+    if p.cluster.leader.name not in {n.name for n in lost}:  # a lost leader runs no job
+        _offer_live_only(store, dataclasses.replace(p.cluster, nodes=p.live))
     report(f"launching {len(lost)} replacement node(s) with the {provider.name} provider")
     launched = provider.replace_nodes(p.cluster, lost, keys)
     new = {n.name: n for n in launched.cluster.nodes}
@@ -294,6 +296,14 @@ def _replace(
         report(f"removed the lost {line}")
     report(f"repaired {len(fresh)} node(s): {', '.join(f'{n.name} ({n.private_ip})' for n in fresh)}")
     return whole
+
+
+def _offer_live_only(store: StateStore, live: Cluster) -> None:
+    """The leader's live-hosts without the lost nodes, before their replacements boot: a running elastic job's
+    discovery offers a listed host the moment it answers ssh, and a replacement without the runtime yet would
+    fail its rank and end the job. The last step of a repair lists them again."""
+    with SshPool(reach.ssh_settings(live, store)) as pool:
+        live_hosts.write(pool, reach.ssh_targets(live, store)[0], reach.hosts_file(live))
 
 
 def _read_known_hosts(text: str) -> dict[str, tuple[str, ...]]:

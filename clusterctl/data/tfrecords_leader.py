@@ -1,6 +1,6 @@
-"""`data tfrecords --on leader`, the operator's side: stage the converter (templates/tfrecords_convert.py with
-the clusterctl modules it imports, STAGED) in a job folder on the leader, run it there detached in tmux with
-the node runtime's Python, follow its output, and read its result line back as a DatasetInfo."""
+"""`data tfrecords --on leader`, the operator's side: the node package onto the leader (its `tfrecords` program,
+node/dataset/convert.py), run there in a job folder, detached in tmux, with the node runtime's Python; its output
+followed, its result line read back as a DatasetInfo."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from clusterctl import s3uri
-from clusterctl.data.tfrecords import DatasetInfo, SplitInfo
 from clusterctl.errors import ConfigError
+from clusterctl.node.dataset.tfrecords import DatasetInfo, SplitInfo
 from clusterctl.remote.jobfolder import Reachable
 from clusterctl.types import Cluster
 
@@ -24,18 +24,14 @@ class LeaderInventory(Reachable, Protocol):
     def cluster(self) -> Cluster | None: ...
 
 
-CONVERTER = "tfrecords_convert.py"  # templates/: run on the leader with STAGED beside it
-# What the converter imports of clusterctl, relative to the package, copied to the leader as they are here
-# under empty package __init__s: each imports only the others and the stdlib (TensorFlow lazily, the
-# runtime's). test_data.py imports them from such a staged copy alone.
-STAGED = ("data/tfrecords.py", "data/image_folder.py", "errors.py")
-PACKAGE = Path(__file__).resolve().parent.parent  # clusterctl/
+CONVERTER = "tfrecords"  # the node package's program (node/dataset/convert.py)
 _RESULT = "CLUSTERCTL-DATA "
 _FAILED = "CLUSTERCTL-DATA-ERROR "
 
 
 def leader_argv(
     python: str,
+    pyz: str,
     src: str,
     dst: str,
     *,
@@ -49,8 +45,9 @@ def leader_argv(
     endpoint_url: str | None = None,
     resize: int | None = None,
 ) -> list[str]:
-    """The converter's command line on the leader (paths already as the leader reads them)."""
-    argv = [python, CONVERTER, src, dst, "--validation-fraction", repr(validation_fraction), "--seed", str(seed)]
+    """The converter's command line on the leader (pyz: the node package's absolute path there; paths already as
+    the leader reads them)."""
+    argv = [python, pyz, CONVERTER, src, dst, "--validation-fraction", repr(validation_fraction), "--seed", str(seed)]
     for flag, value in (
         ("--train-shards", train_shards),
         ("--validation-shards", validation_shards),
@@ -64,14 +61,13 @@ def leader_argv(
 
 
 def parse_leader_result(text: str) -> DatasetInfo:
-    """The converter's last result line; its error line raised as the same ClusterctlError class."""
-    from clusterctl.errors import ExitCode, RemoteCommandError, UsageError
+    """The converter's last result line; its error line (a refusal of the input) raised as a ConfigError."""
+    from clusterctl.errors import RemoteCommandError
 
     for line in reversed(text.splitlines()):
         if _FAILED in line:
             e = json.loads(line.split(_FAILED, 1)[1])
-            cls = UsageError if e.get("exit") == int(ExitCode.USAGE) else ConfigError
-            raise cls(e["message"], e.get("hint"))
+            raise ConfigError(e["message"], e.get("hint"))
         if _RESULT in line:
             r = json.loads(line.split(_RESULT, 1)[1])
             splits = {k: SplitInfo(k, int(v["examples"]), tuple(v["shards"])) for k, v in r["splits"].items()}
@@ -102,9 +98,8 @@ def convert_on_leader(
     with the nodes' instance profile), writing the shards on the leader, for `sync leader:DST ...`. Runs with
     the node runtime's Python, detached in tmux on the leader (a dropped connection loses nothing), the
     output followed here."""
-    from clusterctl import resources
     from clusterctl.errors import RemoteCommandError, UnreachableError, UsageError
-    from clusterctl.remote import jobfolder, tmux as jobs
+    from clusterctl.remote import jobfolder, nodepkg, tmux as jobs
     from clusterctl.remote.ssh import SshPool
 
     if src.startswith("s3://"):
@@ -134,19 +129,15 @@ def convert_on_leader(
             where_dst = jobfolder.node_path(dst, job.home)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        pkg = f"{job.dir}/pkg/clusterctl"
-        files = {
-            f"{job.dir}/{CONVERTER}": (resources.template_bytes(CONVERTER), 0o644),
-            f"{pkg}/__init__.py": (b"", 0o644),
-            f"{pkg}/data/__init__.py": (b"", 0o644),
-            **{f"{pkg}/{name}": ((PACKAGE / name).read_bytes(), 0o644) for name in STAGED},
-            **{f"{job.dir}/{k}": (v, 0o644) for k, v in labels.items()},
-        }
+        files = {f"{job.dir}/{k}": (v, 0o644) for k, v in labels.items()}
         put = pool.put([leader], files)
-        if not put.all_ok:
-            raise UnreachableError(f"cannot copy the converter to the leader {leader.label}: {put.failed[0].error}")
+        shipped = nodepkg.ship_one(pool, leader) if put.all_ok else put.failed[0]
+        if not shipped.ok:
+            why = shipped.error or shipped.stderr.strip()
+            raise UnreachableError(f"cannot copy the converter to the leader {leader.label}: {why}")
         argv = leader_argv(
             python,
+            nodepkg.package().at(job.home),
             where_src,
             where_dst,
             val_labels="val_labels" in labels,
@@ -155,7 +146,8 @@ def convert_on_leader(
         )
         path = f"{os.path.dirname(python)}:{jobfolder.BASE_PATH}" if python.startswith("/") else jobfolder.BASE_PATH
         cmd = (
-            f'cd {shlex.quote(job.dir)} && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '
+            f'mkdir -p {shlex.quote(job.dir)} && cd {shlex.quote(job.dir)} && exec env -i HOME="$HOME" '
+            'USER="$(id -un)" LANG=C.UTF-8 '
             f"PATH={shlex.quote(path)} TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 {shlex.join(argv)}"
         )
         r = pool.run_one(leader, jobs.detach_command(job.name, cmd), timeout=60)

@@ -10,7 +10,10 @@ import sys
 PROGRAMS: dict[str, str] = {
     "bench": "clusterctl.node.bench",  # bench's synthetic Horovod benchmark
     "fabric": "clusterctl.node.fabric",  # doctor --fabric: Horovod allreduce bandwidth
+    "horovodrun": "clusterctl.node.horovodrun",  # horovodrun with host keys checked (every Horovod job's launch)
+    "input_rate": "clusterctl.node.input_rate",  # train: the trainer's input pipeline timed on one core
     "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
+    "tfrecords": "clusterctl.node.dataset.convert",  # data tfrecords --on leader: the conversion where the images are
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`
     "train": "clusterctl.node.train.main",  # the ImageNet trainer (train, sweep trials)
 }

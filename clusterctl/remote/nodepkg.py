@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 SOURCE = Path(clusterctl.node.__file__).resolve().parent
 NODE_DIR = ".clusterctl/node"  # under the login home of every node
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold: no build time in the bytes
-# Guarded: multiprocessing's spawn runs the main module again in every child, as __mp_main__.
+# Guarded, so that running it under another name runs nothing. (multiprocessing's spawn does not run a zipapp's
+# __main__ again in its children, whose __spec__ name is "__main__": a child has only what it imports.)
 _MAIN = b"""import os
 import sys
 

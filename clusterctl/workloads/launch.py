@@ -1,8 +1,9 @@
 """Run a Horovod job across a cluster the way a real cluster does: horovodrun on the leader.
 
-    stage the scripts in one job folder (same absolute path on every node) -> write the job's hosts
-    file -> on the leader: cd into the job folder, scrub the environment, run horovodrun through
-    templates/hvd_launch.py (host keys checked) -> afterwards, kill anything of the job left anywhere.
+    stage the scripts in one job folder (same absolute path on every node), the node package where a node
+    lacks it -> write the job's hosts file -> on the leader: cd into the job folder, scrub the environment,
+    run the node package's horovodrun (node/horovodrun.py: host keys checked) -> afterwards, kill anything
+    of the job left anywhere.
 
 Why this shape (shared/FACTS.md): horovodrun runs `cd <driver cwd>` and `env <driver env>` on every
 rank, so the cwd must exist everywhere and the environment must hold no secret; the remote ranks run
@@ -18,7 +19,7 @@ import shlex
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from clusterctl import providers, resources
+from clusterctl import providers
 from clusterctl.errors import UnreachableError
 from clusterctl.hostsfile import HostEntry, HostsFile
 from clusterctl.remote import nodepkg
@@ -34,6 +35,9 @@ from clusterctl.workloads import horovod
 # every rank (identical nodes). None exists on a local node: then LD_LIBRARY_PATH is not set at all.
 NODE_LIB_DIRS = ("/opt/amazon/efa/lib", "/opt/amazon/ofi-nccl/lib", "/usr/local/cuda/lib64")
 LIB_PATH_SH = "L=; for d in " + " ".join(NODE_LIB_DIRS) + '; do [ -d "$d" ] && L="${L:+$L:}$d"; done;'
+
+
+HOROVODRUN = "horovodrun"  # the node package's program (node/horovodrun.py): horovodrun, host keys checked
 
 
 def rung_hosts(hosts: HostsFile, np: int) -> HostsFile:
@@ -72,14 +76,13 @@ def stage(
     hosts: HostsFile,
     package: nodepkg.NodePackage | None = None,
 ) -> None:
-    """The job's files into its folder on every node, and the node package where a node lacks it (`package`:
-    the job runs one of its programs)."""
+    """The job's files into its folder on every node, and the node package (this installation's unless
+    `package`) where a node lacks it: every node may launch horovodrun from it (bench's per-node rung,
+    doctor's pairs)."""
     payload = {f"{job.dir}/{name}": (data, 0o644) for name, data in files.items()}
-    payload[f"{job.dir}/hvd_launch.py"] = (resources.template_bytes("hvd_launch.py"), 0o644)
     payload[f"{job.dir}/hosts"] = (hosts.render().encode(), 0o644)
     _copied(pool.put(targets, payload))
-    if package is not None:
-        ship_package(pool, targets, package)
+    ship_package(pool, targets, package)
 
 
 def ship_package(pool: SshPool, targets: Sequence[SshTarget], package: nodepkg.NodePackage | None = None) -> None:
@@ -115,7 +118,7 @@ def leader_command(
         elastic=elastic,
     )
     at = argv.index("@HOROVODRUN@")
-    argv[at : at + 1] = [python, f"{job.dir}/hvd_launch.py"]
+    argv[at : at + 1] = [python, nodepkg.package().at(job.home), HOROVODRUN]
     path = f"{os.path.dirname(python)}:{BASE_PATH}" if python.startswith("/") else BASE_PATH
     return (
         f'{LIB_PATH_SH} cd {shlex.quote(job.dir)} && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '

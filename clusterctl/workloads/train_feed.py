@@ -1,5 +1,5 @@
 """Can a node's CPU cores feed its GPUs? The arithmetic, pure: the input pipeline's measured rate on one core
-(templates/input_rate.py: JPEG decode, crop, resize, flip as the trainer does them) times the node's vCPUs,
+(node/input_rate.py: JPEG decode, crop, resize, flip as the trainer does them) times the node's vCPUs,
 against what its GPUs consume at the speed NVIDIA publishes for ResNet-50 v1.5. `train` says so in one line
 before a GPU run whose cores cannot keep up; bench/input_pipeline.py prints the table for every type.
 """
@@ -100,7 +100,7 @@ def warning(f: Feed) -> str | None:
 
 
 def parse_probe(text: str) -> tuple[float, int] | None:
-    """templates/input_rate.py's line `input-rate per_core=R cpus=N images=M` -> (R, N); None without one."""
+    """node/input_rate.py's line `input-rate per_core=R cpus=N images=M` -> (R, N); None without one."""
     for line in text.splitlines():
         if line.startswith("input-rate "):
             fields = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)

@@ -57,7 +57,7 @@ class TrainJob:
 
     key: str  # the cluster's name (or hosts-<digest> for a plain hosts file)
     job: str  # launch job name = tmux session on the leader
-    job_dir: str  # the job folder on every node (hvd_launch.py, hosts; the ranks' working folder)
+    job_dir: str  # the job folder on every node (hosts; the ranks' working folder)
     home: str  # the login home on the nodes
     leader: str  # the leader's label (hosts-file token)
     model_dir: str
@@ -144,7 +144,7 @@ def _save_job(store: StateStore, inv: Inventory, job: TrainJob) -> None:
 
 
 GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
-FEED_PROBE = "input_rate.py"  # the input pipeline on one core, staged beside the trainer (it imports it)
+FEED_PROBE = "input_rate"  # the node package's program: the trainer's input pipeline on one core
 FEED_TIMEOUT_S = 300.0
 
 
@@ -152,11 +152,12 @@ def feed_warning(
     pool: SshPool, leader: SshTarget, job_dir: str, python: str, data: str, gpus: int, gpu: str
 ) -> str | None:
     """Before a GPU run: the trainer's input pipeline timed on one of the leader's cores, on the run's own
-    records (templates/input_rate.py, GPUs hidden), and train_feed's line when the node's cores cannot feed
+    records (node/input_rate.py, GPUs hidden), and train_feed's line when the node's cores cannot feed
     its GPUs at their expected rate. None when they can, or when the probe did not answer (the run goes on)."""
     from clusterctl.workloads import train_feed
 
-    cmd = f"cd {shlex.quote(job_dir)} && CUDA_VISIBLE_DEVICES= {shlex.join([python, FEED_PROBE, '--data', data])} 2>&1"
+    probe = nodepkg.package().command(FEED_PROBE, "--data", data, python=python)
+    cmd = f"cd {shlex.quote(job_dir)} && CUDA_VISIBLE_DEVICES= {probe} 2>&1"
     r = pool.run_one(leader, cmd, timeout=FEED_TIMEOUT_S)
     measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
     f = train_feed.feed(measured[1], measured[0], gpus, gpu) if measured else None
@@ -238,7 +239,6 @@ def start(
     import time as _time
     from dataclasses import replace
 
-    from clusterctl import resources
     from clusterctl.cluster import live_hosts
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
     from clusterctl.remote import jobfolder, tmux as jobs
@@ -315,7 +315,7 @@ def start(
             pool,
             targets,
             job,
-            {FEED_PROBE: resources.template_bytes(FEED_PROBE)} if gpu else {},
+            {},
             hosts,
             package=pkg,
         )
@@ -330,7 +330,7 @@ def start(
             elastic = elastic_args(opts, np, python, job.dir, pkg.at(job.home))
             np = min(np, elastic.max_np)
             live_hosts.write(pool, leader, hosts)  # what the discovery script offers; `repair` rewrites it
-            env["CLUSTERCTL_EVENT_MARK"] = MARK  # hvd_launch.py's line when too few nodes are left
+            env["CLUSTERCTL_EVENT_MARK"] = MARK  # horovodrun's line when too few nodes are left
             # Horovod's own fusion buffer and cycle time: with HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME
             # set, horovod 0.28.1's re-init after a lost peer segfaults (measured on local nodes, gloo).
             for name in horovod_env(opts):

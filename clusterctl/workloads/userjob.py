@@ -2,7 +2,7 @@
 
     check the command (it must start with python) and the files -> stage them in a job folder at the
     same absolute path on every node (launch.stage) -> horovodrun on the leader over the cluster's
-    slots through templates/hvd_launch.py (host keys checked), in a scrubbed environment
+    slots through the node package's horovodrun (host keys checked), in a scrubbed environment
     (launch.leader_command), detached in a tmux session named after the job (jobs.detach_command).
 
 The leading `python` of the command becomes the node runtime's Python (jobfolder.node_python): the
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
+from clusterctl.node import ssh as node_ssh
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 RECORD = "launches.json"  # the cluster's recent launches, newest last
 KEEP = 20
 MAX_STAGED_BYTES = 64 << 20  # scripts and small files; data goes through `clusterctl sync`
-RESERVED = ("hosts", "hvd_launch.py")  # launch.stage writes these into every job folder
+RESERVED = ("hosts",)  # launch.stage writes it into every job folder
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _PY_OPTS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
 
@@ -204,19 +205,7 @@ def check_np(np: int | None, total: int) -> int:
 
 
 # ---- the shell text, pure --------------------------------------------------------------------------------
-SSH_TO_NODE = (
-    "ssh",
-    "-o",
-    "PasswordAuthentication=no",
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "StrictHostKeyChecking=yes",
-    "-o",
-    "ForwardAgent=no",
-    "-o",
-    "ConnectTimeout=10",
-)  # as templates/hvd_launch.py: keys checked
+SSH_TO_NODE = tuple(node_ssh.argv(10))  # the leader to its members: host keys checked, as horovodrun's
 
 
 def job_pattern(job_dir: str) -> str:

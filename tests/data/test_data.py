@@ -1,6 +1,7 @@
-"""clusterctl.data.tfrecords and `clusterctl data`: folders of images and generated sets -> ImageNet-format TFRecords,
-read back by the trainer's own input pipeline (clusterctl/node/train/data.py: its parse_record, records, eval_dataset and
-train_dataset functions), so writer and reader cannot drift apart."""
+"""The dataset format (node/dataset/, through clusterctl.data.tfrecords) and `clusterctl data`: folders of images
+and generated sets -> ImageNet-format TFRecords, read back by the trainer's own input pipeline
+(clusterctl/node/train/data.py: its parse_record, records, eval_dataset and train_dataset functions), so writer
+and reader cannot drift apart."""
 
 from __future__ import annotations
 
@@ -288,17 +289,20 @@ def test_refusals_and_no_half_written_dataset(tmp_path, image_folder):
 
 
 def test_pure_helpers_and_no_tensorflow_at_import():
-    assert data.shard_name("train", 7, 1024) == "train-00007-of-01024"
+    from clusterctl.node.dataset import tfrecords as records
+
+    assert records.shard_name("train", 7, 1024) == "train-00007-of-01024"
     # ImageNet's own shard counts for its sizes; small sets still get a few shards
-    assert data.default_shards("train", 1281167) == 1024 and data.default_shards("validation", 50000) == 128
-    assert data.default_shards("train", 100) == 8 and data.default_shards("validation", 2) == 2
-    assert data.default_shards("validation", 0) == 0
-    assert data.deal(list(range(7)), 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert records.default_shards("train", 1281167) == 1024 and records.default_shards("validation", 50000) == 128
+    assert records.default_shards("train", 100) == 8 and records.default_shards("validation", 2) == 2
+    assert records.default_shards("validation", 0) == 0
+    assert records.deal(list(range(7)), 3) == [[0, 3, 6], [1, 4], [2, 5]]
     probe = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys, clusterctl.data.tfrecords, clusterctl.workloads.train_job, clusterctl.cli.app; "
+            "import sys, clusterctl.data.tfrecords, clusterctl.node.dataset.convert, clusterctl.workloads.train_job, "
+            "clusterctl.cli.app; "
             "print(sorted(m for m in ('tensorflow', 'numpy', 'horovod') if m in sys.modules))",
         ],
         capture_output=True,
@@ -375,29 +379,30 @@ def test_flat_val_folder_with_labels_csv_or_devkit_ground_truth(tmp_path, tf):
     assert not (tmp_path / "c").exists()
 
 
-# ---- `data tfrecords --on leader`: what is staged ------------------------------------------------------------
-def test_the_staged_converter_needs_nothing_else_of_clusterctl(tmp_path):
-    """The leader gets the converter and tfrecords_leader.STAGED under empty package __init__s, nothing else
-    of clusterctl: from that copy alone (an isolated interpreter), every clusterctl module it imports is a
-    staged one, and the converter starts."""
+# ---- `data tfrecords --on leader`: the node package's converter ----------------------------------------------
+def test_the_converter_runs_from_the_node_package_and_its_lines_are_read_back(image_folder, tmp_path):
+    """`python PYZ tfrecords SRC DST` (the leader's command, here with this venv as the node runtime): its
+    result line read back as the DatasetInfo a conversion here gives; a refusal is its error line, exit 3,
+    raised here as the same one-line ConfigError."""
     from clusterctl.data import tfrecords_leader
+    from clusterctl.errors import ConfigError
+    from conftest import node_pyz
 
-    pkg = tmp_path / "pkg" / "clusterctl"
-    for name in ("__init__.py", "data/__init__.py", *tfrecords_leader.STAGED):
-        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
-        body = b"" if name.endswith("__init__.py") else (tfrecords_leader.PACKAGE / name).read_bytes()
-        (pkg / name).write_bytes(body)
-    converter = tmp_path / tfrecords_leader.CONVERTER
-    converter.write_bytes((REPO / "templates" / tfrecords_leader.CONVERTER).read_bytes())
-    probe = (
-        f"import runpy, sys; sys.argv = [{str(converter)!r}, '--help']\n"
-        "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n    code = e.code\n"
-        "import json; print(json.dumps([m.__file__ for n, m in sys.modules.items() if n.startswith('clusterctl.')]))\n"
-        "print(code)"
-    )
-    proc = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    files, code = proc.stdout.strip().splitlines()[-2:]
-    loaded = {str(Path(f).relative_to(pkg)) for f in json.loads(files)}
-    assert code == "0" and {"data/tfrecords.py", "data/image_folder.py", "errors.py"} <= loaded
-    assert loaded <= {"__init__.py", "data/__init__.py", *tfrecords_leader.STAGED}
+    src, _ = image_folder
+    argv = tfrecords_leader.leader_argv(sys.executable, node_pyz(), str(src), str(tmp_path / "leader"), seed=3)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = tfrecords_leader.parse_leader_result(proc.stdout)
+    here = data.convert_folder(src, tmp_path / "here", seed=3)
+
+    def shards(info):
+        return {k: (v.examples, v.shards) for k, v in info.splits.items()}
+
+    assert (got.classes, shards(got), got.skipped) == (here.classes, shards(here), here.skipped)
+    assert got.path == tmp_path / "leader" and got.reencoded == here.reencoded == 2
+
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=300)  # DST holds a dataset now
+    assert refused.returncode == 3 and "CLUSTERCTL-DATA-ERROR " in refused.stdout, refused.stdout + refused.stderr
+    with pytest.raises(ConfigError, match="already holds a dataset") as err:
+        tfrecords_leader.parse_leader_result(refused.stdout)
+    assert err.value.hint == "pass --force to replace it"

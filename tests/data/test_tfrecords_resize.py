@@ -78,6 +78,6 @@ def test_resize_scales_the_shorter_side_down_and_keeps_small_images(tmp_path):
 
 
 def test_the_leaders_converter_gets_the_flag():
-    argv = tfrecords_leader.leader_argv("/py", "/src", "/dst", resize=256)
-    assert argv[argv.index("--resize") + 1] == "256"
-    assert "--resize" not in tfrecords_leader.leader_argv("/py", "/src", "/dst")
+    argv = tfrecords_leader.leader_argv("/py", "/pyz", "/src", "/dst", resize=256)
+    assert argv[:5] == ["/py", "/pyz", "tfrecords", "/src", "/dst"] and argv[argv.index("--resize") + 1] == "256"
+    assert "--resize" not in tfrecords_leader.leader_argv("/py", "/pyz", "/src", "/dst")

@@ -65,6 +65,9 @@ def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(loca
     from clusterctl.providers.local import netns
 
     assert netns.netns_name(c.name, 2) not in netns.cluster_netns(c.name)
+    # a running elastic job's discovery (it reads the leader's live-hosts) was never offered the replacement:
+    # the lost node left the list before its replacement booted, and stays out until a repair completes
+    assert c.node_exec(0, "cat", "/root/.clusterctl/live-hosts").stdout.split() == [f"{h}:1" for h in c.hosts[:2]]
 
     proc = ok(c.cli("repair", c.name, "--yes"))
     assert "cost: +$0.00/hour" in proc.stderr

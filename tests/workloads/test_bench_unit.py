@@ -13,7 +13,7 @@ import pytest
 
 from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
-from clusterctl.remote import jobfolder
+from clusterctl.remote import jobfolder, nodepkg
 from clusterctl.workloads import bench, bench_stats as stats, launch
 from clusterctl.workloads.horovod import BenchHost, BenchInterval, BenchRun, parse_bench_output
 
@@ -373,8 +373,8 @@ def test_leader_command_golden():
         '[ -d "$d" ] && L="${L:+$L:}$d"; done; '
         'cd /root/clusterctl-jobs/bench-x && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '
         'PATH=/opt/v/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ${L:+LD_LIBRARY_PATH="$L"} '
-        "env TF_CPP_MIN_LOG_LEVEL=2 /opt/v/bin/python /root/clusterctl-jobs/bench-x/hvd_launch.py -np 4 "
-        "--hostfile hosts --gloo --disable-cache --start-timeout 60 "
+        f"env TF_CPP_MIN_LOG_LEVEL=2 /opt/v/bin/python /root/.clusterctl/node/{nodepkg.package().name} horovodrun "
+        "-np 4 --hostfile hosts --gloo --disable-cache --start-timeout 60 "
         "/opt/v/bin/python /root/.clusterctl/node/node-x.pyz bench --model tiny 2>&1"
     )
 

@@ -261,14 +261,14 @@ def test_kill_job_ends_the_jobs_processes_on_every_node_and_no_one_elses(local_c
     task = shlex.quote("python -m horovod.runner.task_fn 0 2 abc")
     for i in range(2):
         c.node_exec(i, "mkdir", "-p", job.dir, other.dir)
-        spawn(i, "/", shlex.quote(f"bash {job.dir}/hvd_launch.py"))
-        spawn(i, "/", shlex.quote(f"bash {longer.dir}/hvd_launch.py"))
+        spawn(i, "/", shlex.quote(f"python {job.dir}/my_train.py"))
+        spawn(i, "/", shlex.quote(f"python {longer.dir}/my_train.py"))
         spawn(i, job.dir, task)
         spawn(i, other.dir, task)
 
     def running(i: int) -> list[str]:
         out = c.node_exec(
-            i, "bash", "-c", "for p in $(pgrep -f '[h]vd_launch|[t]ask_fn'); do readlink /proc/$p/cwd; done"
+            i, "bash", "-c", "for p in $(pgrep -f '[m]y_train|[t]ask_fn'); do readlink /proc/$p/cwd; done"
         )
         return sorted(out.stdout.split())
 
@@ -279,4 +279,4 @@ def test_kill_job_ends_the_jobs_processes_on_every_node_and_no_one_elses(local_c
     assert [r.exit_code for r in report] == [0, 0]
     assert running(0) == running(1) == ["/", other.dir]
     for i in range(2):
-        c.node_exec(i, "pkill", "-KILL", "-f", "[t]ask_fn|[h]vd_launch")
+        c.node_exec(i, "pkill", "-KILL", "-f", "[t]ask_fn|[m]y_train")

@@ -65,7 +65,7 @@ def reach_step_200(cluster, job: str) -> None:
 
 def trainers(cluster) -> str:
     """The training processes left on the cluster's nodes (empty when none)."""
-    out = [cluster.node_exec(i, "sh", "-c", "pgrep -af '[t]rain_imagenet|[h]vd_launch'; true").stdout for i in range(3)]
+    out = [cluster.node_exec(i, "sh", "-c", "pgrep -af '[t]rain_imagenet|[h]orovodrun'; true").stdout for i in range(3)]
     return "".join(out)
 
 
@@ -147,7 +147,7 @@ def test_elastic_run_with_too_few_nodes_stops_with_a_checkpoint_and_one_line(clu
     st = cli("status")
     assert "failed (too_few_nodes: fewer than --min-np 3" in st.stdout, st.stdout
     # nothing of the job left on the nodes that remain
-    left = leader(cluster, "pgrep -af '[t]rain_imagenet|[h]vd_launch'")
+    left = leader(cluster, "pgrep -af '[t]rain_imagenet|[h]orovodrun'")
     assert left == "", left
 
 

@@ -1,13 +1,11 @@
 """`train --elastic`'s pure parts: its options' checks, horovodrun's elastic argv, the live-hosts file and its
-discovery script's reading of it, the `world_size` lines read back, and hvd_launch.py's line when too few
-nodes are left."""
+discovery script's reading of it, and the `world_size` lines read back (the line when too few nodes are left:
+tests/node/test_horovodrun.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import subprocess
-import sys
 
 import pytest
 
@@ -17,15 +15,7 @@ from clusterctl.hostsfile import HostsFile
 from clusterctl.node import live_hosts as node_live_hosts
 from clusterctl.workloads import horovod, launch, train_job, train_log, train_options
 from clusterctl.workloads.train_options import TrainOptions
-from conftest import REPO, node_pyz
-
-
-def _template(name: str):
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), REPO / "templates" / name)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # (its dataclasses look their module up)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import node_pyz
 
 
 def test_elastic_options_checked_one_by_one_and_together():
@@ -181,14 +171,3 @@ def test_size_line_names_lost_and_joined_hosts():
     assert mod.size_line(["a", "b", "c"], ["a", "b"]) == (["c"], [], "world size 3 -> 2 (lost c)")
     assert mod.size_line(["a", "b"], ["a", "b", "d"]) == ([], ["d"], "world size 2 -> 3 (joined d)")
     assert mod.size_line(["a", "a", "b"], ["a", "c"])[2] == "world size 3 -> 2 (lost a, b; joined c)"
-
-
-def test_hvd_launch_too_few_line():
-    mod = _template("hvd_launch.py")
-    line = mod._too_few_line(["-np", "3", "--min-np", "2", "--elastic-timeout", "30", "python", "t.py"])
-    fields = train_log.parse_train_log(
-        line.replace("CLUSTERCTL-HOROVOD", train_log.MARK) + "\n", strict=True
-    ).current.errors[0]
-    assert fields.fields["kind"] == "too_few_nodes" and fields.fields["min_np"] == "2"
-    assert fields.fields["message"].startswith("fewer than --min-np 2 processes could run for 30 s")
-    assert mod.EXIT_TOO_FEW == train_log.EXIT_TOO_FEW

@@ -59,6 +59,6 @@ reaches the others in that sync. See elastic.py for what a commit keeps and the 
 Exit status: 0 done; 2 bad arguments; 3 Horovod size differs from --expect-size; 4 nothing to evaluate
 or a checkpoint that does not fit the model; 5 no data files; 6 labels outside 0..classes-1 after
 --label-offset; 7 the checkpoint was trained with other hyperparameters; 8 a spot notice (see above). The
-job's own status 9 comes from hvd_launch.py: an elastic job had fewer than --min-np processes for
+job's own status 9 comes from horovodrun (the node package's): an elastic job had fewer than --min-np processes for
 --elastic-timeout.
 """

@@ -1,11 +1,11 @@
-#!/usr/bin/env python3
-"""The training input pipeline's rate on one CPU core: JPEG decode, random crop, resize, flip, normalise and
-batch, exactly as train_imagenet.py (imported from this folder) feeds its model, on the TFRecords in --data.
+"""`python PYZ input_rate --data RECORDS`: the training input pipeline's rate on one CPU core: JPEG decode, random
+crop, resize, flip, normalise and batch, exactly as the trainer (node/train/data.py) feeds its model, on the
+TFRecords in RECORDS.
 
-Standalone on purpose (nodes have TensorFlow, not clusterctl): `clusterctl train` stages it beside the trainer
-and runs it on the leader before a GPU run; bench/input_pipeline.py runs it on this machine. The whole
-process is pinned to one core and the pipeline given one thread, so the figure is what one core decodes;
-a node's cores scale it (decoding is embarrassingly parallel across the trainer's input threads).
+`clusterctl train` runs it on the leader before a GPU run (workloads/train_job.py's feed_warning);
+bench/input_pipeline.py runs it on this machine. The whole process is pinned to one core and the pipeline given
+one thread, so the figure is what one core decodes; a node's cores scale it (decoding is embarrassingly
+parallel across the trainer's input threads).
 
 Prints one line, `input-rate per_core=<img/s> cpus=<cores this process may use> images=<timed>`; exit 0.
 """
@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from clusterctl.node.train import data as pipeline, options
+
+DESCRIPTION = "The training input pipeline's rate on one CPU core, on the trainer's own pipeline."
 
 
 def pin_to_one_core() -> int:
@@ -31,19 +32,17 @@ def pin_to_one_core() -> int:
 def measure(data: str, images: int, batch: int, image_size: int) -> float:
     """Images per second through the trainer's own training pipeline on one thread, after one warm-up batch."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, HERE)
-    import tensorflow as tf
-    import train_imagenet as trainer
+    import tensorflow as tf  # the node runtime's
 
     files = sorted(glob.glob(os.path.join(data, "train-*")))
     if not files:
         raise SystemExit(f"input-rate: no train-* files in {data}")
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    args = trainer.parse_args(
+    args = options.parse_args(
         ["--data", data, "--batch-size", str(batch), "--image-size", str(image_size), "--shuffle-buffer", "64"]
     )
-    ds = trainer.train_dataset(tf, args, files, 0, 1, seed=trainer.data_seed(args.seed, 0, 0), threads=1)
+    ds = pipeline.train_dataset(tf, args, files, 0, 1, seed=pipeline.data_seed(args.seed, 0, 0), threads=1)
     it = iter(ds)
     next(it)  # warm-up: the graph traced, the shuffle buffer filled
     steps = max(1, images // batch)
@@ -53,8 +52,8 @@ def measure(data: str, images: int, batch: int, image_size: int) -> float:
     return steps * batch / (time.perf_counter() - t0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="input_rate", description=DESCRIPTION)
     p.add_argument("--data", required=True, help="a folder of train-* TFRecord shards")
     p.add_argument("--images", type=int, default=1024, help="images timed (after a warm-up batch)")
     p.add_argument("--batch-size", type=int, default=32)
@@ -64,7 +63,3 @@ def main(argv: list[str] | None = None) -> int:
     rate = measure(a.data, a.images, a.batch_size, a.image_size)
     print(f"input-rate per_core={rate:.1f} cpus={cpus} images={max(1, a.images // a.batch_size) * a.batch_size}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,6 @@
 """The source folder of images, read before anything is decoded: class sub-folders of JPEG/PNG images (or
 train/ and validation/ sub-folders of them, or a flat val/ folder labelled by the devkit's ground truth or a
-LOC_val_solution.csv), dealt into the train and validation splits. Stdlib only: staged to the leader with
-tfrecords.py for `data tfrecords --on leader` (tfrecords_leader.STAGED)."""
+LOC_val_solution.csv), dealt into the train and validation splits. Stdlib only."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from clusterctl.errors import ConfigError
+from clusterctl.node.dataset.errors import DatasetError
 
 LABEL_BASE = 1  # image/class/label of the first class, as in the ImageNet TFRecords (0 = background)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -66,33 +65,33 @@ def read_val_labels(
     try:
         lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--val-labels {path}: cannot read it ({exc})") from None
+        raise DatasetError(f"--val-labels {path}: cannot read it ({exc})") from None
     body = [ln.strip() for ln in lines if ln.strip()]
     if body and body[0].replace(" ", "") == _SYNSET_CSV_HEADER:
         if synsets is not None:
-            raise ConfigError(f"--val-synsets is for the devkit's ground truth, not the CSV {path}")
+            raise DatasetError(f"--val-synsets is for the devkit's ground truth, not the CSV {path}")
         table = {}
         for n, line in enumerate(body[1:], start=2):
             image, sep, rest = line.partition(",")
             if not sep or not image.strip() or not rest.split():
-                raise ConfigError(f"--val-labels {path}:{n}: not `ImageId,synset ...`: {line[:80]!r}")
+                raise DatasetError(f"--val-labels {path}:{n}: not `ImageId,synset ...`: {line[:80]!r}")
             table[image.strip()] = rest.split()[0]
         return table.get
     if body and all(ln.isdigit() for ln in body):
         if synsets is None:
-            raise ConfigError(
+            raise DatasetError(
                 f"--val-labels {path} is the devkit's ground truth (class IDs): it needs the synset list",
                 "give --val-synsets FILE too (line N: the synset of class ID N)",
             )
         try:
             ids = [ln.split()[0] for ln in Path(synsets).read_text(encoding="utf-8-sig").splitlines() if ln.strip()]
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--val-synsets {synsets}: cannot read it ({exc})") from None
+            raise DatasetError(f"--val-synsets {synsets}: cannot read it ({exc})") from None
         truth = []
         for n, line in enumerate(body, start=1):
             k = int(line)
             if not 1 <= k <= len(ids):
-                raise ConfigError(
+                raise DatasetError(
                     f"--val-labels {path}:{n}: class ID {k} is not in --val-synsets {synsets} (1..{len(ids)})"
                 )
             truth.append(ids[k - 1])
@@ -103,7 +102,7 @@ def read_val_labels(
             return truth[i - 1] if 1 <= i <= len(truth) else None
 
         return by_number
-    raise ConfigError(
+    raise DatasetError(
         f"--val-labels {path}: neither a LOC_val_solution.csv-style CSV ({_SYNSET_CSV_HEADER}) nor "
         "the devkit's ground truth (one class ID per line)"
     )
@@ -130,13 +129,13 @@ def _flat_validation(
         else:
             per_class.setdefault(synset, []).append(p)
     if unlabelled:
-        raise ConfigError(
+        raise DatasetError(
             f"{len(unlabelled)} of the {len(images)} images in {folder} have no class in "
             f"{label_file} (first: {unlabelled[0]})",
             "give the labels file of this validation set",
         )
     if unknown:
-        raise ConfigError(
+        raise DatasetError(
             f"{len(unknown)} images in {folder} are of a class train/ has no folder for (first: {unknown[0]})",
             "the labels file and train/ must name the same synsets",
         )
@@ -158,17 +157,17 @@ def scan_folder(
     sub-folders) needs `val_labels` (read_val_labels); without it such a folder is an error, never skipped."""
     root = Path(src)
     if not root.is_dir():
-        raise ConfigError(f"{src}: no such folder", "give a folder of class sub-folders of JPEG/PNG images")
+        raise DatasetError(f"{src}: no such folder", "give a folder of class sub-folders of JPEG/PNG images")
     if not 0 <= validation_fraction < 1:
-        raise ConfigError(f"validation fraction must be in [0, 1), not {validation_fraction}")
+        raise DatasetError(f"validation fraction must be in [0, 1), not {validation_fraction}")
     if val_synsets is not None and val_labels is None:
-        raise ConfigError("--val-synsets goes with --val-labels (the devkit's ground truth)")
+        raise DatasetError("--val-synsets goes with --val-labels (the devkit's ground truth)")
     labels = read_val_labels(val_labels, val_synsets) if val_labels is not None else None
     names = {p.name for p in _class_dirs(root)}
     val_name = next((n for n in _VALIDATION_DIRS if n in names), None)
     presplit = "train" in names and val_name is not None
     if labels is not None and not presplit:
-        raise ConfigError(
+        raise DatasetError(
             f"--val-labels: {src} has no train/ and val/ (or validation/) folders",
             "lay it out as SRC/train/SYNSET/*.JPEG and SRC/val/*.JPEG",
         )
@@ -178,19 +177,19 @@ def scan_folder(
         val_folder = root / val_name
         flat = any(p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS for p in val_folder.iterdir())
         if flat and _class_dirs(val_folder):
-            raise ConfigError(
+            raise DatasetError(
                 f"{val_folder} holds both images and class sub-folders",
                 "keep one layout: class sub-folders, or a flat folder with --val-labels",
             )
         if flat and labels is None:
             n = sum(1 for p in val_folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-            raise ConfigError(
+            raise DatasetError(
                 f"{val_folder} holds {n} images without class sub-folders",
                 "give their classes with --val-labels LOC_val_solution.csv (or the devkit's "
                 "ground truth with --val-synsets)",
             )
         if labels is not None and not flat:
-            raise ConfigError(
+            raise DatasetError(
                 f"--val-labels: {val_folder} has no images of its own (class sub-folders already say the classes)",
                 "leave out --val-labels",
             )
@@ -210,7 +209,7 @@ def scan_folder(
         train_classes = set(per_split["train"])
         extra = sorted(set(per_split["validation"]) - train_classes)
         if extra:
-            raise ConfigError(
+            raise DatasetError(
                 f"{src}: validation classes with no train folder: {', '.join(extra[:5])}",
                 "give validation/ the same class folders as train/",
             )
@@ -229,7 +228,7 @@ def scan_folder(
             per_split["validation"][d.name] = [p for p in imgs if p in val]
     classes = tuple(sorted(c for c in per_split["train"] if per_split["train"][c]))
     if not classes:
-        raise ConfigError(
+        raise DatasetError(
             f"{src}: no class sub-folders with JPEG or PNG images",
             "lay it out as SRC/CLASS/IMAGE.jpg, one folder per class",
         )

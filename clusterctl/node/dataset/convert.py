@@ -1,14 +1,13 @@
-#!/usr/bin/env python3
-"""`clusterctl data tfrecords --on leader`: the conversion run on the leader, where the images are.
+"""`python PYZ tfrecords SRC DST [options]`: `clusterctl data tfrecords --on leader`, the conversion run on the
+leader, where the images are.
 
-Staged by clusterctl in a job folder on the leader with a copy of the clusterctl modules it needs (under
-pkg/clusterctl/: data/tfrecords_leader.py's STAGED), and run with the node runtime's Python (TensorFlow,
+Run by data/tfrecords_leader.py in a job folder on the leader with the node runtime's Python (TensorFlow,
 boto3). SRC is a folder on the leader, or s3://bucket/prefix read with the instance's own credentials (its
 IAM instance profile): the objects are pulled to a hidden folder beside DST first, and removed once the
 shards are written.
 
 Output: progress lines, then one line `CLUSTERCTL-DATA {json}` with what was written; an error is one line
-`CLUSTERCTL-DATA-ERROR {json}` ({"message", "hint", "exit"}) and the exit status of clusterctl's table.
+`CLUSTERCTL-DATA-ERROR {json}` ({"message", "hint", "exit"}) and that exit status (errors.EXIT).
 """
 
 from __future__ import annotations
@@ -17,16 +16,16 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "pkg"))
+from clusterctl.node.dataset import tfrecords as data
+from clusterctl.node.dataset.errors import EXIT, DatasetError
 
-from clusterctl.data import tfrecords as data  # noqa: E402
-from clusterctl.errors import ClusterctlError, ConfigError  # noqa: E402
+DESCRIPTION = (
+    "Image folders to ImageNet-format TFRecords, on the node that has the images (data tfrecords --on leader)."
+)
 
 
 def pull_s3(uri: str, dst: str, endpoint_url: str | None) -> int:
@@ -38,25 +37,25 @@ def pull_s3(uri: str, dst: str, endpoint_url: str | None) -> int:
     bucket, _, prefix = rest.partition("/")
     prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
     client = boto3.client("s3", endpoint_url=endpoint_url or None)
-    keys = []
+    keys: list[str] = []
     try:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
     except NoCredentialsError:
-        raise ConfigError(
+        raise DatasetError(
             "no AWS credentials on the leader", "give the cluster's nodes read access to it (`up --s3-read`)"
         ) from None
     except (ClientError, BotoCoreError) as exc:
-        raise ConfigError(f"{uri}: {exc}") from None
+        raise DatasetError(f"{uri}: {exc}") from None
     if not keys:
-        raise ConfigError(f"{uri}: no objects under this prefix")
+        raise DatasetError(f"{uri}: no objects under this prefix")
     root = os.path.realpath(dst)
 
     def one(key: str) -> None:
         rel = key[len(prefix) :]
         path = os.path.realpath(os.path.join(root, rel))
         if not path.startswith(root + os.sep):
-            raise ConfigError(f"{uri}: object {key!r} would land outside the folder")
+            raise DatasetError(f"{uri}: object {key!r} would land outside the folder")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         client.download_file(bucket, key, path + ".part")
         os.replace(path + ".part", path)
@@ -66,8 +65,8 @@ def pull_s3(uri: str, dst: str, endpoint_url: str | None) -> int:
     return len(keys)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser()
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tfrecords", description=DESCRIPTION)
     p.add_argument("src")
     p.add_argument("dst")
     p.add_argument("--validation-fraction", type=float, default=0.1)
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resize", type=int)
     a = p.parse_args(argv)
     t0 = time.monotonic()
-    staging = None
+    staging: str | None = None
     try:
         src = a.src
         if src.startswith("s3://"):
@@ -111,13 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             val_synsets=a.val_synsets,
             resize=a.resize,
         )
-    except ClusterctlError as exc:
+    except DatasetError as exc:
         print(
-            "CLUSTERCTL-DATA-ERROR "
-            + json.dumps({"message": exc.message, "hint": exc.hint, "exit": int(exc.exit_code)}),
-            flush=True,
+            "CLUSTERCTL-DATA-ERROR " + json.dumps({"message": exc.message, "hint": exc.hint, "exit": EXIT}), flush=True
         )
-        return int(exc.exit_code)
+        return EXIT
     finally:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
@@ -137,7 +134,3 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
