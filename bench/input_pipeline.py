@@ -3,7 +3,7 @@
 
 No arguments; one to two minutes on a 2-core machine. It makes ImageNet-sized JPEGs (500x375, quality 90, about
 ImageNet's ~110 KB a file) in a temp folder, turns them into TFRecords the way `clusterctl data tfrecords`
-does, and runs the node package's input_rate on them: the trainer's own pipeline (templates/train_imagenet.py's
+does, and runs the node package's input_rate on them: the trainer's own pipeline (clusterctl/node/train/data.py's
 train_dataset: decode, random crop, resize to 224, flip, normalise, batch), pinned to one core; the same
 again on the images pre-resized to a shorter side of 256, the remedy `train` suggests. Then, for
 every supported instance type, its vCPUs x that rate against its GPUs x NVIDIA's published ResNet-50 v1.5
@@ -56,7 +56,7 @@ def make_jpegs(folder: Path, width: int, height: int) -> float:
 
 def per_core_rate(records: Path) -> float:
     """The node package's input_rate in its own process (it pins itself to one core)."""
-    probe = ["input_rate", "--trainer", str(REPO / "templates"), "--data", str(records)]
+    probe = ["input_rate", "--data", str(records)]
     out = subprocess.run(
         [sys.executable, "-m", "clusterctl.node", *probe],
         cwd=REPO,  # this checkout's clusterctl

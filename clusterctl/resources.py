@@ -35,19 +35,6 @@ def template_bytes(name: str) -> bytes:
     return template_path(name).read_bytes()
 
 
-# The modules a node script imports from its own folder: staged beside it wherever it goes.
-COMPANIONS = {
-    # checkpoints and spot; the networks; the elastic loop
-    "train_imagenet.py": ("train_ckpt.py", "train_model.py", "train_elastic.py"),
-    "bench_synthetic.py": ("train_model.py",),
-}
-
-
-def node_script(name: str) -> dict[str, bytes]:
-    """A node script and its companions (COMPANIONS), file name -> bytes, for one job folder."""
-    return {n: template_bytes(n) for n in (name, *COMPANIONS.get(name, ()))}
-
-
 def render(name: str, **variables: object) -> str:
     """A jinja2 template from templates/, rendered strictly (an unknown variable is an error)."""
     import jinja2

@@ -1,6 +1,6 @@
-"""`python PYZ input_rate --trainer DIR --data RECORDS`: the training input pipeline's rate on one CPU core: JPEG
-decode, random crop, resize, flip, normalise and batch, exactly as the trainer (train_imagenet.py, staged in DIR)
-feeds its model, on the TFRecords in RECORDS.
+"""`python PYZ input_rate --data RECORDS`: the training input pipeline's rate on one CPU core: JPEG decode, random
+crop, resize, flip, normalise and batch, exactly as the trainer (node/train/data.py) feeds its model, on the
+TFRecords in RECORDS.
 
 `clusterctl train` runs it on the leader before a GPU run (workloads/train_job.py's feed_warning);
 bench/input_pipeline.py runs it on this machine. The whole process is pinned to one core and the pipeline given
@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib
 import os
-import sys
 import time
-from types import ModuleType
+
+from clusterctl.node.train import data as pipeline, options
 
 DESCRIPTION = "The training input pipeline's rate on one CPU core, on the trainer's own pipeline."
 
@@ -30,27 +29,20 @@ def pin_to_one_core() -> int:
     return len(cores)
 
 
-def trainer(folder: str) -> ModuleType:
-    """The trainer staged in folder (train_imagenet.py, its companions beside it)."""
-    sys.path.insert(0, os.path.abspath(folder))
-    return importlib.import_module("train_imagenet")
-
-
-def measure(trainer_dir: str, data: str, images: int, batch: int, image_size: int) -> float:
+def measure(data: str, images: int, batch: int, image_size: int) -> float:
     """Images per second through the trainer's own training pipeline on one thread, after one warm-up batch."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # the node runtime's
 
-    train = trainer(trainer_dir)
     files = sorted(glob.glob(os.path.join(data, "train-*")))
     if not files:
         raise SystemExit(f"input-rate: no train-* files in {data}")
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    args = train.parse_args(
+    args = options.parse_args(
         ["--data", data, "--batch-size", str(batch), "--image-size", str(image_size), "--shuffle-buffer", "64"]
     )
-    ds = train.train_dataset(tf, args, files, 0, 1, seed=train.data_seed(args.seed, 0, 0), threads=1)
+    ds = pipeline.train_dataset(tf, args, files, 0, 1, seed=pipeline.data_seed(args.seed, 0, 0), threads=1)
     it = iter(ds)
     next(it)  # warm-up: the graph traced, the shuffle buffer filled
     steps = max(1, images // batch)
@@ -62,13 +54,12 @@ def measure(trainer_dir: str, data: str, images: int, batch: int, image_size: in
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="input_rate", description=DESCRIPTION)
-    p.add_argument("--trainer", required=True, help="the folder the trainer (train_imagenet.py) is staged in")
     p.add_argument("--data", required=True, help="a folder of train-* TFRecord shards")
     p.add_argument("--images", type=int, default=1024, help="images timed (after a warm-up batch)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=224)
     a = p.parse_args(argv)
     cpus = pin_to_one_core()
-    rate = measure(a.trainer, a.data, a.images, a.batch_size, a.image_size)
+    rate = measure(a.data, a.images, a.batch_size, a.image_size)
     print(f"input-rate per_core={rate:.1f} cpus={cpus} images={max(1, a.images // a.batch_size) * a.batch_size}")
     return 0

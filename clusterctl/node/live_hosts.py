@@ -21,6 +21,9 @@ PATH = ".clusterctl/live-hosts"  # under the leader's login home (cluster/live_h
 SSH = ssh.argv(3)
 TIMEOUT_S = 5
 COPY_TIMEOUT_S = 60
+# The zipapp this runs from (clusterctl/node/live_hosts.py inside it): every rank runs its `train`, at the same
+# path on every node.
+ARCHIVE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def entries(text: str) -> list[tuple[str, int]]:
@@ -40,17 +43,36 @@ def entries(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def answers(host: str, job_dir: str) -> bool:
-    """The host answers ssh and holds this job's folder: one staged at the start has it; one that came later
-    (`clusterctl repair` replaced it) gets a copy of the leader's first, or Horovod would start a process there
-    on a trainer that is not on it, and that failure ends the whole job."""
+def answers(host: str, job_dir: str, archive: str = ARCHIVE) -> bool:
+    """The host answers ssh and holds this job's folder and the node package: one staged at the start has them;
+    one that came later (`clusterctl repair` replaced it) gets copies of the leader's first, or Horovod would
+    start a process there without its folder or its trainer, and that failure ends the whole job."""
+    package = os.path.isfile(archive)  # a zipapp (run from a source tree in tests: nothing to copy)
+    probe = f"test -d {shlex.quote(job_dir)}; a=$?; " + (f"test -f {shlex.quote(archive)}; " if package else "true; ")
     try:
-        probe = subprocess.run(
-            [*SSH, host, shlex.join(["test", "-d", job_dir])], capture_output=True, timeout=TIMEOUT_S
-        )
+        r = subprocess.run([*SSH, host, probe + 'echo "$a $?"'], capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return False
-    return probe.returncode == 0 or (probe.returncode == 1 and copy_job_dir(host, job_dir))
+    has = r.stdout.split()
+    if r.returncode != 0 or len(has) != 2:
+        return False
+    return (has[0] == "0" or copy_job_dir(host, job_dir)) and (has[1] == "0" or copy_archive(host, archive))
+
+
+def copy_archive(host: str, archive: str) -> bool:
+    """The node package to the same path there (rsync writes a temporary file and renames it into place)."""
+    try:
+        mkdir = shlex.join(["mkdir", "-p", os.path.dirname(archive)])
+        if subprocess.run([*SSH, host, mkdir], capture_output=True, timeout=TIMEOUT_S).returncode != 0:
+            return False
+        copied = subprocess.run(
+            ["rsync", "-a", "--protect-args", "-e", shlex.join(SSH), archive, f"{host}:{archive}"],
+            capture_output=True,
+            timeout=COPY_TIMEOUT_S,
+        )
+        return copied.returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def copy_job_dir(host: str, job_dir: str) -> bool:

@@ -37,12 +37,13 @@ NODE_DIR = ".clusterctl/node"  # under the login home of every node
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold: no build time in the bytes
 # Guarded, so that running it under another name runs nothing. (multiprocessing's spawn does not run a zipapp's
 # __main__ again in its children, whose __spec__ name is "__main__": a child has only what it imports.)
-_MAIN = b"""import sys
+_MAIN = b"""import os
+import sys
 
 from clusterctl.node.__main__ import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], os.path.basename(sys.argv[0])))
 """
 
 

@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from clusterctl import providers, resources
+from clusterctl import providers
 from clusterctl.cluster import costs
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError, within
 from clusterctl.hostsfile import HostsFile
-from clusterctl.remote import jobfolder
+from clusterctl.remote import jobfolder, nodepkg
 from clusterctl.units import duration, money
 from clusterctl.workloads import bench_stats as stats, horovod, launch, train_config
 from clusterctl.workloads.train_config import TrainConfig
@@ -36,6 +36,7 @@ DEFAULT_THRESHOLD = 0.90  # scaling efficiency: the figure Horovod (90% at 512 G
 SLOW_NODE = 0.80  # a node whose per-process img/s alone is below this share of the other nodes' median is named
 MIN_WARMUP = 10  # Horovod's reference benchmark warms up 10 steps; fewer times graph tracing and autotuning
 MIN_ITERS = 3  # a mean's interval needs a few timed batches (its t-quantile at 2 degrees of freedom is 4.3)
+PROGRAM = "bench"  # the node package's synthetic benchmark (node/bench.py)
 
 
 class BenchFailed(ClusterctlError):
@@ -449,20 +450,15 @@ def run_ladder(
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
         job = jobfolder.new_job(pool, leader, "bench")
-        script = f"{job.dir}/bench_synthetic.py"
+        pkg = nodepkg.package()
+        program = [pkg.at(job.home), PROGRAM]  # the node package's benchmark, on every node
         try:
-            launch.stage(
-                pool,
-                inv.targets,
-                job,
-                resources.node_script("bench_synthetic.py"),
-                inv.hosts,
-            )
+            launch.stage(pool, inv.targets, job, {}, inv.hosts, package=pkg)
             for np_ in rungs:
                 hosts = launch.rung_hosts(inv.hosts, np_)
                 pool.put([leader], {f"{job.dir}/hosts": (hosts.render().encode(), 0o644)})
                 on_event("start", np_)
-                cmd = launch.leader_command(job, np_, [python, script, *opts.script_args(np_)], python, env)
+                cmd = launch.leader_command(job, np_, [python, *program, *opts.script_args(np_)], python, env)
                 start = time.monotonic()
                 result = launch.run_on_leader(
                     pool, leader, cmd, opts.timeout, lambda h, s, line: on_event("line", line)
@@ -476,7 +472,7 @@ def run_ladder(
                 partial = analyze(runs, opts.threshold, full_np, opts.timeout)
                 on_event("rung", partial.rungs[-1])
             if len(inv.targets) > 1:
-                alone = _nodes_alone(pool, inv, job, python, env, script, opts, out_dir, gpus, on_event)
+                alone = _nodes_alone(pool, inv, job, python, env, program, opts, out_dir, gpus, on_event)
         finally:
             try:
                 launch.kill_job(pool, inv.targets, job)
@@ -536,7 +532,7 @@ def _nodes_alone(
     job: JobFolder,
     python: str,
     env: Mapping[str, str],
-    script: str,
+    program: Sequence[str],
     opts: BenchOptions,
     out_dir: Path,
     gpus: int,
@@ -550,7 +546,7 @@ def _nodes_alone(
     def command(t: SshTarget) -> str:
         n = slots[t.label]
         return launch.leader_command(
-            job, n, [python, script, *opts.script_args(n)], python, env, hosts=f"localhost:{n}"
+            job, n, [python, *program, *opts.script_args(n)], python, env, hosts=f"localhost:{n}"
         )
 
     report = pool.run(inv.targets, command, timeout=opts.timeout)

@@ -363,7 +363,7 @@ def _fields(
 
 
 def parse_bench_output(text: str) -> BenchRun:
-    """Read a bench_synthetic.py run from horovodrun's output (or a rank's own stdout).
+    """Read a run of the node package's `bench` from horovodrun's output (or a rank's own stdout).
 
     Lines without the marker are noise (TF logs, horovodrun's own messages) and skipped; a marker line
     may carry any prefix (`[0]<stdout>:`, `[1,0]<stdout>:`, a timestamp). Raises ValueError when there

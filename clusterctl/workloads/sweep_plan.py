@@ -332,10 +332,16 @@ def is_id(name: str) -> bool:
 
 def stage_files(files: Sequence[str]) -> list[tuple[str, bytes]]:
     """--file PATH (a file here, or a shipped template's name) as (name, bytes) for every node's sweep folder;
-    a shipped script brings the modules it imports (resources.COMPANIONS)."""
+    the trainer's name (train_imagenet.py) stages the node package under it, which runs the trainer."""
+    from clusterctl.node.__main__ import NAMED
+    from clusterctl.remote import nodepkg
+
     staged = []
     for f in files:
         path = Path(f).expanduser()
+        if f in NAMED and not path.is_file():
+            staged.append((f, nodepkg.package().data))
+            continue
         if not path.is_file() and "/" not in f:
             try:
                 path = resources.template_path(f)
@@ -344,8 +350,6 @@ def stage_files(files: Sequence[str]) -> list[tuple[str, bytes]]:
         if not path.is_file():
             raise UsageError(f"--file {f}: no such file here (nor a shipped template)")
         staged.append((path.name, path.read_bytes()))
-        # a shipped script's own modules (train_imagenet.py: its checkpoints and networks) come along
-        staged += [(n, resources.template_bytes(n)) for n in resources.COMPANIONS.get(path.name, ())]
     if len({n for n, _ in staged}) != len(staged):
         raise UsageError("--file: two files have the same name")
     return staged

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from clusterctl.state import StateStore
     from clusterctl.workloads.horovod import Elastic
 
-TEMPLATE = "train_imagenet.py"
 DISCOVERY = (
     "live_hosts"  # the node package's program for an elastic job's host discovery, run by horovodrun on the leader
 )
@@ -39,12 +38,12 @@ SPOT_POLL_S = 5.0  # EC2 gives two minutes' notice; AWS suggests checking every 
 
 
 # ---- the job on a cluster ----------------------------------------------------------------------------
-# templates/train_imagenet.py runs under horovodrun on the leader (clusterctl.workloads.launch: a job folder at the
+# The trainer (the node package's `train`) runs under horovodrun on the leader (clusterctl.workloads.launch: a job folder at the
 # same path on every node, a scrubbed environment, host keys checked), inside a tmux session there
 # (clusterctl.remote.tmux: the log at ~/.clusterctl/jobs/JOB.log on the leader, its exit status beside it), so
 # closing the laptop changes nothing. Checkpoints and TensorBoard logs go to the model folder on the
 # leader (rank 0's disk), which stays the same from one launch to the next; every checkpoint is also
-# copied to the same folder on the second node and, with --checkpoint-to, to S3 (templates/train_ckpt.py).
+# copied to the same folder on the second node and, with --checkpoint-to, to S3 (clusterctl/node/train/checkpoints.py).
 # A restart resumes from the newest complete one of those. clusterctl remembers the last launch locally
 # (train.json) for logs / status / eval.
 
@@ -58,7 +57,7 @@ class TrainJob:
 
     key: str  # the cluster's name (or hosts-<digest> for a plain hosts file)
     job: str  # launch job name = tmux session on the leader
-    job_dir: str  # the job folder on every node (train_imagenet.py, hosts)
+    job_dir: str  # the job folder on every node (hosts; the ranks' working folder)
     home: str  # the login home on the nodes
     leader: str  # the leader's label (hosts-file token)
     model_dir: str
@@ -145,7 +144,7 @@ def _save_job(store: StateStore, inv: Inventory, job: TrainJob) -> None:
 
 
 GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
-FEED_PROBE = "input_rate"  # the node package's program: the input pipeline on one core (it imports the trainer)
+FEED_PROBE = "input_rate"  # the node package's program: the trainer's input pipeline on one core
 FEED_TIMEOUT_S = 300.0
 
 
@@ -157,7 +156,7 @@ def feed_warning(
     its GPUs at their expected rate. None when they can, or when the probe did not answer (the run goes on)."""
     from clusterctl.workloads import train_feed
 
-    probe = nodepkg.package().command(FEED_PROBE, "--trainer", job_dir, "--data", data, python=python)
+    probe = nodepkg.package().command(FEED_PROBE, "--data", data, python=python)
     cmd = f"cd {shlex.quote(job_dir)} && CUDA_VISIBLE_DEVICES= {probe} 2>&1"
     r = pool.run_one(leader, cmd, timeout=FEED_TIMEOUT_S)
     measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
@@ -240,7 +239,6 @@ def start(
     import time as _time
     from dataclasses import replace
 
-    from clusterctl import resources
     from clusterctl.cluster import live_hosts
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
     from clusterctl.remote import jobfolder, tmux as jobs
@@ -308,8 +306,8 @@ def start(
             opts = replace(opts, checkpoint_copy=inv.hosts.entries[1].host)
         if opts.spot_poll is None and inv.cluster is not None and inv.cluster.facts.spot:
             opts = replace(opts, spot_poll=SPOT_POLL_S)
-        script = f"{job.dir}/{TEMPLATE}"
-        report(f"staging {TEMPLATE} in {job.dir} on {len(targets)} node(s)")
+        pkg = nodepkg.package()
+        report(f"staging the trainer ({pkg.name}) and {job.dir} on {len(targets)} node(s)")
         gpus = horovod.gpus_per_node(inv.cluster)
         # real records on GPU nodes: can the cores decode fast enough? ("": nothing to check)
         gpu = train_feed.gpu_to_feed(gpus, config.gpu, config.precision, data)
@@ -317,8 +315,9 @@ def start(
             pool,
             targets,
             job,
-            resources.node_script(TEMPLATE),
+            {},
             hosts,
+            package=pkg,
         )
         if gpu:
             report(f"timing the input pipeline on one of {leader.label}'s cores (decode + augment, {data})")
@@ -328,7 +327,7 @@ def start(
         env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
         elastic = None
         if opts.elastic:
-            elastic = elastic_args(opts, np, python, job.dir, nodepkg.package().at(job.home))
+            elastic = elastic_args(opts, np, python, job.dir, pkg.at(job.home))
             np = min(np, elastic.max_np)
             live_hosts.write(pool, leader, hosts)  # what the discovery script offers; `repair` rewrites it
             env["CLUSTERCTL_EVENT_MARK"] = MARK  # horovodrun's line when too few nodes are left
@@ -340,7 +339,7 @@ def start(
                 f"elastic: {np} process(es) to start, at least {elastic.min_np}, at most {elastic.max_np}; "
                 f"hosts from ~/{live_hosts.PATH} on {leader.label}"
             )
-        cmd = launch.leader_command(job, np, trainer_argv(python, script, opts), python, env, elastic=elastic)
+        cmd = launch.leader_command(job, np, trainer_argv(python, pkg.at(job.home), opts), python, env, elastic=elastic)
         r = pool.run_one(
             leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd), timeout=60
         )
@@ -449,26 +448,20 @@ def evaluate(
     """--eval-only of the latest checkpoint, on the leader alone (GPUs hidden while the job trains)."""
     from dataclasses import replace
 
-    from clusterctl import resources
     from clusterctl.errors import RemoteCommandError, UnreachableError
     from clusterctl.remote import jobfolder
     from clusterctl.remote.ssh import SshPool
     from clusterctl.workloads import launch
 
     opts = replace(job.options, eval_only=True, expect_size=None, no_eval=False)
-    script = f"{job.job_dir}/{TEMPLATE}"
+    pkg = nodepkg.package()
     inv = job_inventory(inv, job)
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
         running = is_running(pool, leader, job)
         if running:
             opts = replace(opts, no_gpu=True)
-        put = pool.put(
-            [leader],
-            {f"{job.job_dir}/{name}": (data, 0o644) for name, data in resources.node_script(TEMPLATE).items()},
-        )
-        if not put.all_ok:
-            raise UnreachableError(f"cannot copy {TEMPLATE} to the leader {leader.label}")
+        launch.ship_package(pool, [leader], pkg)  # this clusterctl's trainer, where the leader lacks it
         env = {**launch.job_env(inv.cluster, job.python)}
         if running:
             env["CUDA_VISIBLE_DEVICES"] = ""
@@ -476,7 +469,7 @@ def evaluate(
         assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         cmd = (
             f'cd {shlex.quote(job.job_dir)} && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '
-            f"PATH={shlex.quote(path)} {assigns} {shlex.join(trainer_argv(job.python, script, opts))} 2>&1"
+            f"PATH={shlex.quote(path)} {assigns} {shlex.join(trainer_argv(job.python, pkg.at(job.home), opts))} 2>&1"
         )
         r = pool.run_one(
             leader, cmd, timeout=timeout, on_line=(lambda _h, _s, line: on_line(line)) if on_line else None

@@ -1,6 +1,6 @@
 """The training log read back: the trainer's `CLUSTERCTL-TRAIN` lines as typed values, and a status.
 
-templates/train_imagenet.py (rank 0) writes every line for machines with the `CLUSTERCTL-TRAIN` mark:
+The trainer (the node package's train, rank 0) writes every line for machines with the `CLUSTERCTL-TRAIN` mark:
 event lines `CLUSTERCTL-TRAIN <event> key=value ...` and the table
 
     CLUSTERCTL-TRAIN    Step   Epoch      img/s      Loss  TotalLoss         LR   Elapsed
@@ -22,7 +22,7 @@ from typing import Callable, Mapping, TypeVar
 
 MARK = "CLUSTERCTL-TRAIN"
 COLUMNS = ("Step", "Epoch", "img/s", "Loss", "TotalLoss", "LR", "Elapsed")
-# templates/train_imagenet.py's exit statuses
+# the trainer's exit statuses (clusterctl/node/train/options.py)
 EXIT_SIZE_MISMATCH = 3
 EXIT_CHECKPOINT = 4
 EXIT_NO_DATA = 5
@@ -96,7 +96,7 @@ class TrainDone:
 
 @dataclass(frozen=True)
 class WorldSize:
-    """An elastic run's change of size (templates/train_elastic.py's `world_size` line)."""
+    """An elastic run's change of size (node/train/elastic.py's `world_size` line)."""
 
     size: int
     was: int

@@ -1,4 +1,4 @@
-"""The trainer's options and command line (templates/train_imagenet.py), pure: TrainOptions, the argv built
+"""The trainer's options and command line (the node package's `train`, clusterctl/node/train/), pure: TrainOptions, the argv built
 from them, Horovod's environment for every rank, and the checks of the paths and the S3 location they name.
 workloads/train_job.py launches the trainer with them."""
 
@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 from clusterctl import s3uri
 from clusterctl.errors import UsageError, within
+
+PROGRAM = "train"  # the node package's program (clusterctl/node/train/main.py)
 
 
 # ---- the command line ------------------------------------------------------------------------------
@@ -204,10 +206,11 @@ def check_s3_uri(uri: str) -> s3uri.S3Uri:
     return loc
 
 
-def trainer_argv(python: str, script: str, opts: TrainOptions) -> list[str]:
-    """`python script --flag value ...` for templates/train_imagenet.py (an argv: quote it with shlex.join)."""
+def trainer_argv(python: str, pyz: str, opts: TrainOptions) -> list[str]:
+    """`python PYZ train --flag value ...`: the node package's trainer (clusterctl/node/train/), an argv (quote it
+    with shlex.join)."""
     opts.require_source()  # each option was checked when opts was made
-    argv = [python, script]
+    argv = [python, pyz, PROGRAM]
     for name, flag in _VALUE_FLAGS:
         value = getattr(opts, name)
         if value is None or (name == "data" and opts.synthetic):

@@ -1,11 +1,11 @@
 """The dataset format (node/dataset/, through clusterctl.data.tfrecords) and `clusterctl data`: folders of images
-and generated sets -> ImageNet-format TFRecords, read back by templates/train_imagenet.py's own input pipeline
-(its parse_record, records, eval_dataset and train_dataset functions), so writer and reader cannot drift apart."""
+and generated sets -> ImageNet-format TFRecords, read back by the trainer's own input pipeline
+(clusterctl/node/train/data.py: its parse_record, records, eval_dataset and train_dataset functions), so writer
+and reader cannot drift apart."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,7 +19,6 @@ from clusterctl.data import tfrecords as data
 from conftest import REPO
 from workload_support import imagenet_layout
 
-TEMPLATE = REPO / "templates" / "train_imagenet.py"
 FEATURES = (
     "image/height",
     "image/width",
@@ -44,11 +43,10 @@ def tf():
 
 @pytest.fixture(scope="module")
 def trainer():
-    """templates/train_imagenet.py as a module (it imports TensorFlow only inside its functions)."""
-    spec = importlib.util.spec_from_file_location("train_imagenet", TEMPLATE)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The trainer's input pipeline (clusterctl/node/train/data.py: it imports TensorFlow only inside its functions)."""
+    from clusterctl.node.train import data
+
+    return data
 
 
 def read_examples(tf, paths) -> list[dict]:
@@ -172,6 +170,8 @@ def test_folder_to_tfrecords_through_the_cli_and_read_back(image_folder, tmp_pat
 
 
 def test_the_trainers_pipeline_reads_what_the_writer_wrote(tmp_path, tf, trainer):
+    from clusterctl.node.train.options import parse_args
+
     info = data.write_synthetic(
         tmp_path / "ds", images=60, classes=6, validation_images=30, image_size=40, train_shards=3, validation_shards=2
     )
@@ -179,7 +179,7 @@ def test_the_trainers_pipeline_reads_what_the_writer_wrote(tmp_path, tf, trainer
     # The trainer's defaults for this folder: classes from dataset.json, labels 1-based.
     meta = trainer.dataset_meta(str(ds))
     assert meta["num_classes"] == 6 and meta["splits"]["train"]["examples"] == 60
-    args = trainer.parse_args(["--data", str(ds), "--model", "tiny", "--batch-size", "4", "--shuffle-buffer", "8"])
+    args = parse_args(["--data", str(ds), "--model", "tiny", "--batch-size", "4", "--shuffle-buffer", "8"])
     assert args.label_offset == 1 and args.image_size == 32
 
     val_files = trainer.data_files(str(ds), "validation")
@@ -220,7 +220,7 @@ def test_the_trainers_pipeline_reads_what_the_writer_wrote(tmp_path, tf, trainer
     labels = [int(x) for b in batches for x in b[1].numpy()]
     assert set(labels) <= set(range(6)) and len(set(labels)) >= 4
     assert all(b[0].dtype == tf.uint8 for b in batches)
-    pixels = trainer._normalize(tf, tf.concat([b[0] for b in batches], 0))  # as the model's first step does
+    pixels = trainer.normalize(tf, tf.concat([b[0] for b in batches], 0))  # as the model's first step does
     assert -3.0 < float(tf.reduce_mean(pixels)) < 3.0 and float(tf.math.reduce_std(pixels)) > 0.1
 
 

@@ -1,4 +1,4 @@
-"""templates/bench_synthetic.py run for real: horovodrun, gloo, 2 processes on localhost, tiny model.
+"""The node package's benchmark (`python3 PYZ bench`) run for real: horovodrun, gloo, 2 processes on localhost, tiny model.
 
 Never skipped: without TensorFlow and Horovod in the training Python it fails and says how to get them.
 CLUSTERCTL_TRAIN_PYTHON names that Python (default: the one running the tests).
@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_bench_output, scrubbed_env
-from conftest import HOROVODRUN, REPO, TRAIN_PY as PY
+from conftest import HOROVODRUN, TRAIN_PY as PY, node_pyz
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
-TEMPLATE = REPO / "templates" / "bench_synthetic.py"
 TIMEOUT_S = 300  # measured: about 10 s on 2 cores
 
 
@@ -53,7 +52,7 @@ def run_horovodrun(argv: list[str], cwd: Path) -> tuple[int, str, float]:
 
 
 def bench_argv(*extra: str) -> list[str]:
-    script = [PY, str(TEMPLATE), "--model", "tiny", "--batch-size", "32", "--steps", "5", "--iters", "4", *extra]
+    script = [PY, node_pyz(), "bench", "--model", "tiny", "--batch-size", "32", "--steps", "5", "--iters", "4", *extra]
     return horovodrun_argv(2, "localhost:2", script, horovodrun=HOROVODRUN)
 
 
@@ -63,7 +62,7 @@ def test_tiny_bench_two_processes(tmp_path):
     run = parse_bench_output(out)
     assert run.size == 2
     assert run.img_per_sec > 0
-    assert "[0]<stdout>:model tiny: 5,466 parameters\n" in out  # the shared network (train_model.py), named
+    assert "[0]<stdout>:model tiny: 5,466 parameters\n" in out  # the shared network (node/train/model.py), named
     # Horovod's reference timing: 10 warm-up steps by default, then --iters timed batches, each one's rate
     # printed (clusterctl takes the mean's interval from them); the result's conf= is their spread, 1.96 sd
     assert "warmup_steps=10 steps=5 iters=4" in out

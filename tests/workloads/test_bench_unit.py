@@ -364,7 +364,7 @@ def test_leader_command_golden():
     cmd = launch.leader_command(
         job,
         4,
-        ["/opt/v/bin/python", "/root/clusterctl-jobs/bench-x/bench_synthetic.py", "--model", "tiny"],
+        ["/opt/v/bin/python", "/root/.clusterctl/node/node-x.pyz", "bench", "--model", "tiny"],
         "/opt/v/bin/python",
         {"TF_CPP_MIN_LOG_LEVEL": "2"},
     )
@@ -375,7 +375,7 @@ def test_leader_command_golden():
         'PATH=/opt/v/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ${L:+LD_LIBRARY_PATH="$L"} '
         f"env TF_CPP_MIN_LOG_LEVEL=2 /opt/v/bin/python /root/.clusterctl/node/{nodepkg.package().name} horovodrun "
         "-np 4 --hostfile hosts --gloo --disable-cache --start-timeout 60 "
-        "/opt/v/bin/python /root/clusterctl-jobs/bench-x/bench_synthetic.py --model tiny 2>&1"
+        "/opt/v/bin/python /root/.clusterctl/node/node-x.pyz bench --model tiny 2>&1"
     )
 
 

@@ -4,7 +4,6 @@ against fake nodes (an `ssh` stand-in that runs the script locally, or fails lik
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -21,7 +20,7 @@ from clusterctl.errors import RemoteCommandError, UsageError
 from clusterctl.node.sweep import scripts as S
 from clusterctl.remote.session import TREE_FN
 from clusterctl.workloads import sweep, sweep_plan, sweep_results, sweep_state
-from conftest import REPO, node_argv
+from conftest import node_argv
 
 
 # ---- trials ------------------------------------------------------------------------------------------------
@@ -672,12 +671,18 @@ def test_the_spec_is_keyword_built_and_checked_whole():
             sweep_plan.SweepSpec(**{"template": ("echo", "{lr}"), "grid": ("lr=1",), **bad})
 
 
-def test_the_shipped_trainer_takes_the_usual_flags():
-    spec = importlib.util.spec_from_file_location("train_imagenet", REPO / "templates" / "train_imagenet.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    args = mod.parse_args(["--synthetic", "--lr", "0.05", "--batch-size", "16"])
+def test_the_shipped_trainer_takes_the_usual_flags(tmp_path):
+    from clusterctl.node.train.options import parse_args
+
+    args = parse_args(["--synthetic", "--lr", "0.05", "--batch-size", "16"])
     assert args.base_lr == 0.05 and args.batch_size == 16
+    # `--file train_imagenet.py` stages the node package under that name: `python train_imagenet.py ARGS` is the
+    # trainer (its --help exits before TensorFlow is imported)
+    ((name, data),) = sweep_plan.stage_files(["train_imagenet.py"])
+    (tmp_path / name).write_bytes(data)
+    proc = subprocess.run(["python3", name, "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: train "), proc.stdout + proc.stderr
+    assert "--lr" in proc.stdout and "--model-dir" in proc.stdout
 
 
 def test_the_trainer_model_dir_must_differ_per_trial():

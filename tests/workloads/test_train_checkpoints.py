@@ -1,5 +1,5 @@
 """Checkpoints that outlive the leader, and spot interruptions, for real: a 2-node local cluster (2 slots each)
-running templates/train_imagenet.py under horovodrun (gloo), a moto S3 server on this machine reached from the
+running the trainer (the node package's `train`) under horovodrun (gloo), a moto S3 server on this machine reached from the
 leader through an ssh reverse tunnel to its loopback (credentials in the node's ~/.aws, as an instance profile
 would give them on EC2), and an IMDSv2 stand-in (token PUT, then GET spot/instance-action) reached the same way
 from the member node. Also the IAM grant `train --checkpoint-to` gives an AWS cluster's role, against moto."""

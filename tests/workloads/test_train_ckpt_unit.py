@@ -1,10 +1,9 @@
-"""templates/train_ckpt.py alone: what makes a checkpoint complete, the S3 copy against moto's S3 server (boto3
-for real), the newest complete checkpoint found wherever it is, and the IMDSv2 spot watch against a stand-in
-HTTP server. The whole thing on a cluster: test_train_checkpoints.py."""
+"""The trainer's checkpoints (clusterctl/node/train/checkpoints.py) alone: what makes a checkpoint complete, the S3
+copy against moto's S3 server (boto3 for real), the newest complete checkpoint found wherever it is, and the IMDSv2
+spot watch against a stand-in HTTP server. The whole thing on a cluster: test_train_checkpoints.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
@@ -12,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port
+from clusterctl.node.train import checkpoints as ck, spot
+from conftest import free_port
 
 pytestmark = pytest.mark.integration
-
-spec = importlib.util.spec_from_file_location("train_ckpt", REPO / "templates" / "train_ckpt.py")
-ck = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ck)
 
 
 def fake_checkpoint(folder: Path, images: int, shards: int = 2, step: int | None = None, batch: int = 1) -> dict:
@@ -164,7 +160,7 @@ def test_spot_watch_speaks_imdsv2_and_sees_the_notice_within_one_poll():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        watch = ck.SpotWatch(f"http://127.0.0.1:{server.server_address[1]}", interval=0.5).start()
+        watch = spot.SpotWatch(f"http://127.0.0.1:{server.server_address[1]}", interval=0.5).start()
         time.sleep(1.2)
         assert watch.notice is None
         assert state["calls"][0] == ("PUT", "/latest/api/token", "21600")
@@ -178,7 +174,7 @@ def test_spot_watch_speaks_imdsv2_and_sees_the_notice_within_one_poll():
         assert watch.notice == {"action": "terminate", "time": "2026-11-23T00:02:00Z"}
         assert watch.seen_at - flipped <= 0.5 + 0.3
         # no IMDS at all (not on EC2): no notice, no error
-        quiet = ck.SpotWatch("http://127.0.0.1:9", interval=0.1).start()
+        quiet = spot.SpotWatch("http://127.0.0.1:9", interval=0.1).start()
         time.sleep(0.5)
         assert quiet.notice is None
         quiet.stop()

@@ -91,7 +91,7 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
 
     # ---- a checkpoint, then `status` sees it running
     wait_for(lambda: "checkpoint step=20 " in leader_log(cluster, job1), 240, "the first checkpoint")
-    # the network is named and counted at the start (templates/train_model.py, staged beside the trainer)
+    # the network is named and counted at the start (the node package's train/model.py)
     assert "[0]<stdout>:model tiny: 5,466 parameters\n" in leader_log(cluster, job1)
     st = cli("status")
     assert st.returncode == 0, st.stderr
@@ -104,7 +104,7 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
         return steps and max(steps) >= 40
 
     wait_for(checkpoint_at_40_or_later, 120, "the step-40 checkpoint", interval=0.1)
-    cluster.node_exec(1, "pkill", "-KILL", "-f", "train_imagenet.py")
+    cluster.node_exec(1, "pkill", "-KILL", "-f", r"node-[0-9a-f]+\.pyz train ")
     wait_for(
         lambda: (
             "gone"

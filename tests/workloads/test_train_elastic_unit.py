@@ -4,10 +4,8 @@ tests/node/test_horovodrun.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import subprocess
-import sys
 
 import pytest
 
@@ -17,15 +15,7 @@ from clusterctl.hostsfile import HostsFile
 from clusterctl.node import live_hosts as node_live_hosts
 from clusterctl.workloads import horovod, launch, train_job, train_log, train_options
 from clusterctl.workloads.train_options import TrainOptions
-from conftest import REPO, node_pyz
-
-
-def _template(name: str):
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), REPO / "templates" / name)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # (its dataclasses look their module up)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import node_pyz
 
 
 def test_elastic_options_checked_one_by_one_and_together():
@@ -50,7 +40,8 @@ def test_elastic_options_checked_one_by_one_and_together():
 
 
 def test_trainer_parses_the_elastic_flags():
-    mod = _template("train_imagenet.py")
+    from clusterctl.node.train import options as mod
+
     args = mod.parse_args(["--synthetic", "--elastic", "--commit-every", "7"])
     assert args.elastic and args.commit_every == 7
     assert mod.parse_args(["--synthetic"]).commit_every == 50 and not mod.parse_args(["--synthetic"]).elastic
@@ -128,6 +119,33 @@ def test_discovery_script_prints_only_hosts_that_answer(tmp_path):
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
 
 
+def test_discovery_gives_a_replaced_node_the_job_folder_and_the_node_package(monkeypatch, tmp_path):
+    """A node `repair` brought in mid-run has neither the job's folder nor the package its ranks run: both are
+    copied to it before it is offered (a rank started there without them would end the whole job); a node
+    that has both gets nothing."""
+    archive = tmp_path / "node-x.pyz"
+    archive.write_bytes(b"zip")
+    calls: list[list[str]] = []
+    probe = ["0 0\n"]  # what the node says: its folder's and its package's `test` statuses
+
+    def run(argv, **_kw):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, probe[0] if "echo" in argv[-1] else "", "")
+
+    monkeypatch.setattr(node_live_hosts.subprocess, "run", run)
+    for probe[0], copies in (("0 0\n", []), ("1 1\n", ["/job/", str(archive)]), ("0 1\n", [str(archive)])):
+        calls.clear()
+        assert node_live_hosts.answers("10.0.0.3", "/job", str(archive))
+        rsyncs = [c for c in calls if c[0] == "rsync"]
+        assert [c[-2] for c in rsyncs] == copies, calls
+    assert rsyncs[0][-1] == f"10.0.0.3:{archive}"  # the same path there
+    # run from a source tree (no archive): only the folder is asked about
+    calls.clear()
+    probe[0] = "0 0\n"
+    assert node_live_hosts.answers("10.0.0.3", "/job", str(tmp_path / "tree"))
+    assert "test -f" not in calls[0][-1]
+
+
 def test_world_size_lines_read_back_and_shown_by_status():
     start = (
         "[0]<stdout>:CLUSTERCTL-TRAIN start size=3 model=tiny batch=8 global_batch=24 train_examples=1000 "
@@ -148,8 +166,8 @@ def test_world_size_lines_read_back_and_shown_by_status():
 
 
 def test_size_line_names_lost_and_joined_hosts():
-    _template("train_imagenet.py")  # train_elastic.py imports it
-    mod = _template("train_elastic.py")
+    from clusterctl.node.train import elastic as mod
+
     assert mod.size_line(["a", "b", "c"], ["a", "b"]) == (["c"], [], "world size 3 -> 2 (lost c)")
     assert mod.size_line(["a", "b"], ["a", "b", "d"]) == ([], ["d"], "world size 2 -> 3 (joined d)")
     assert mod.size_line(["a", "a", "b"], ["a", "c"])[2] == "world size 3 -> 2 (lost a, b; joined c)"

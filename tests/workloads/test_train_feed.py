@@ -51,10 +51,9 @@ def test_the_probes_line_is_read_back():
 @pytest.mark.integration
 @pytest.mark.horovod
 def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluster_factory):
-    """A node with the node runtime: `data synthetic` records synced to it, the trainer put in a folder and the
-    node package shipped as `train` stages them, and feed_warning asked as for a node of 8 V100s (this machine's cores
+    """A node with the node runtime: `data synthetic` records synced to it, a job folder and the node package (the
+    trainer and the probe) as `train` stages them, and feed_warning asked as for a node of 8 V100s (this machine's cores
     decode far fewer than the 10,400 img/s they would need). Without records the probe says nothing."""
-    from clusterctl import resources
     from clusterctl.cluster import inventory
     from clusterctl.remote import jobfolder, nodepkg
     from clusterctl.remote.ssh import SshPool
@@ -84,10 +83,9 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     inv = inventory.resolve(None, c.name, StateStore(cli.home))
     python = jobfolder.node_python(inv.cluster)
     folder = "/root/feedjob"
-    files = {f"{folder}/{name}": (data, 0o644) for name, data in resources.node_script(train_job.TEMPLATE).items()}
     with SshPool(inv.settings) as pool:
-        leader = inv.targets[0]
-        assert pool.put([leader], files).all_ok and nodepkg.ship(pool, [leader]).all_ok
+        leader = inv.targets[0]  # the job's folder (the probe's working folder) and the package, as `train` stages
+        assert pool.run_one(leader, f"mkdir -p {folder}").exit_code == 0 and nodepkg.ship(pool, [leader]).all_ok
         line = train_job.feed_warning(pool, leader, folder, python, "/root/ds", 8, "V100")
         assert line is not None and line.startswith("the input pipeline cannot feed the GPUs: "), line
         assert "8 V100 x 1,270 img/s = 10,160 img/s needed" in line and train_feed.ADVICE in line

@@ -1,4 +1,4 @@
-"""templates/train_model.py: the ResNet-50 the trainer and the benchmark build is v1.5 as torchvision, NVIDIA's
+"""clusterctl/node/train/model.py: the ResNet-50 the trainer and the benchmark build is v1.5 as torchvision, NVIDIA's
 reference and TF Model Garden define it, checked layer by layer against a table written here from those
 definitions (not from the module), on the CPU (built, never trained)."""
 
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, TRAIN_PY as PY
+from conftest import REPO, TRAIN_PY as PY, node_pyz
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 import tensorflow as tf
-import train_model
+from clusterctl.node.train import model as train_model
 
 out = {}
 for name, size, classes in (("resnet50", 224, 1000), ("resnet50", 64, 10), ("tiny", 32, 10)):
@@ -51,9 +51,7 @@ print("DUMP " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def built() -> dict:
-    proc = subprocess.run(
-        [PY, "-c", DUMP, str(REPO / "templates")], capture_output=True, text=True, timeout=600, cwd=REPO
-    )
+    proc = subprocess.run([PY, "-c", DUMP, node_pyz()], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.split("DUMP ", 1)[1])
 

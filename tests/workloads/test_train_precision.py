@@ -17,7 +17,7 @@ import pytest
 
 from clusterctl.workloads import train_log, train_options as train
 from clusterctl.workloads.horovod import horovodrun_argv, parse_bench_output, scrubbed_env
-from conftest import HOROVODRUN, REPO, TRAIN_PY as PY
+from conftest import HOROVODRUN, TRAIN_PY as PY, node_pyz
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
@@ -61,7 +61,7 @@ def test_sixteen_bit_compressed_xla_training_keeps_both_ranks_identical(tmp_path
         fp16_allreduce=True,
         extra=("--train-examples", "64"),
     )
-    script = train.trainer_argv(PY, str(REPO / "templates" / "train_imagenet.py"), opts)
+    script = train.trainer_argv(PY, node_pyz(), opts)
     code, out = _run(horovodrun_argv(2, "localhost:2", script, horovodrun=HOROVODRUN), tmp_path)
     assert code == 0, out[-4000:]
     run = train_log.parse_train_log(out).current
@@ -91,7 +91,8 @@ def test_sixteen_bit_compressed_xla_training_keeps_both_ranks_identical(tmp_path
 def test_the_benchmark_runs_float16_with_compression_and_xla(tmp_path):
     script = [
         PY,
-        str(REPO / "templates" / "bench_synthetic.py"),
+        node_pyz(),
+        "bench",
         "--model",
         "tiny",
         "--batch-size",

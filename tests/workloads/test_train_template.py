@@ -1,4 +1,4 @@
-"""templates/train_imagenet.py for real: horovodrun, gloo, 2 processes on localhost, the tiny model on a
+"""The node package's trainer (`python3 PYZ train`) for real: horovodrun, gloo, 2 processes on localhost, the tiny model on a
 generated TFRecord set. One job's whole life: train with checkpoints, lose a process in the middle (its
 rank SIGKILLed, as when a node dies), start it again and see it resume from the checkpoint, finish,
 evaluate; then evaluate the latest checkpoint alone with --eval-only.
@@ -20,11 +20,11 @@ import pytest
 
 from clusterctl.workloads import train_log, train_options as train
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
-from conftest import HOROVODRUN, REPO, TRAIN_PY as PY
+from conftest import HOROVODRUN, REPO, TRAIN_PY as PY, node_pyz
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
-TEMPLATE = REPO / "templates" / "train_imagenet.py"
+PYZ = node_pyz()
 
 TIMEOUT_S = 240  # each launch; measured 10-20 s on 2 cores
 KILL_AT = 60  # the checkpoint step after which rank 1 dies
@@ -58,7 +58,7 @@ def rank_pids(root: int, rank: int) -> list[int]:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if f"HOROVOD_RANK={rank}".encode() in env and TEMPLATE.name.encode() in cmd:
+            if f"HOROVOD_RANK={rank}".encode() in env and Path(PYZ).name.encode() in cmd:
                 found.append(pid)
     return found
 
@@ -94,7 +94,7 @@ class Job:
         )
 
     def argv(self) -> list[str]:
-        script = train.trainer_argv(PY, str(TEMPLATE), self.opts)
+        script = train.trainer_argv(PY, PYZ, self.opts)
         return horovodrun_argv(2, "localhost:2", script, horovodrun=HOROVODRUN)
 
     def run(self, kill_rank1_after: str | None = None) -> tuple[int, str, float | None]:
@@ -234,7 +234,7 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
         data=str(dataset), model="tiny", batch_size=16, model_dir=str(job.model_dir), eval_only=True, no_gpu=True
     )
     proc = subprocess.run(
-        train.trainer_argv(PY, str(TEMPLATE), opts),
+        train.trainer_argv(PY, PYZ, opts),
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -275,9 +275,7 @@ def test_a_resume_on_more_processes_then_a_restart_takes_the_newest_checkpoint_b
             no_eval=True,
             extra=("--shuffle-buffer", "64"),
         )
-        argv = horovodrun_argv(
-            np, f"localhost:{np}", train.trainer_argv(PY, str(TEMPLATE), opts), horovodrun=HOROVODRUN
-        )
+        argv = horovodrun_argv(np, f"localhost:{np}", train.trainer_argv(PY, PYZ, opts), horovodrun=HOROVODRUN)
         proc = subprocess.run(
             argv, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S, env=scrubbed_env(dict(os.environ))
         )
@@ -314,7 +312,7 @@ def test_a_resume_on_more_processes_then_a_restart_takes_the_newest_checkpoint_b
 def test_eval_only_without_a_checkpoint_fails_with_its_reason(tmp_path, dataset):
     opts = train.TrainOptions(data=str(dataset), model="tiny", model_dir=str(tmp_path / "empty"), eval_only=True)
     proc = subprocess.run(
-        train.trainer_argv(PY, str(TEMPLATE), opts), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S
+        train.trainer_argv(PY, PYZ, opts), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S
     )
     assert proc.returncode == train_log.EXIT_CHECKPOINT, proc.stderr[-2000:]
     with pytest.raises(ValueError, match="no evaluation: the trainer reported no_checkpoint"):
@@ -328,11 +326,12 @@ def test_eval_only_without_a_checkpoint_fails_with_its_reason(tmp_path, dataset)
 
 
 def _template_script(body: str, *args: str) -> str:
-    """Run `body` in the training Python with the template imported as `t` (and tf); its stdout."""
+    """Run `body` in the training Python with the trainer's input pipeline imported from the node package as `t`
+    (its flags as parse_args, and tf); its stdout."""
     head = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('t', {str(TEMPLATE)!r})\n"
-        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
+        f"import sys\nsys.path.insert(0, {PYZ!r})\n"
+        "from clusterctl.node.train import data as t\n"
+        "from clusterctl.node.train.options import parse_args\n"
         "import tensorflow as tf\n"
     )
     proc = subprocess.run([PY, "-c", head + body, *args], capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -345,7 +344,7 @@ def test_crops_and_flips_differ_by_rank_and_restart_and_repeat_for_the_same_ones
     # the global seed alone, every rank and every restart drew the same crops and flips.
     out = _template_script(
         "import hashlib\n"
-        "args = t.parse_args(['--data', sys.argv[1], '--model', 'tiny', '--batch-size', '16', '--shuffle-buffer', '1'])\n"
+        "args = parse_args(['--data', sys.argv[1], '--model', 'tiny', '--batch-size', '16', '--shuffle-buffer', '1'])\n"
         "files = t.data_files(sys.argv[1], 'train')[:1] * 2  # each rank of 2 reads the same shard\n"
         "for rank, start in ((0, 0), (1, 0), (0, 100), (0, 0)):\n"
         "    tf.random.set_seed(args.seed)\n"
@@ -365,7 +364,7 @@ def test_crops_and_flips_differ_by_rank_and_restart_and_repeat_for_the_same_ones
 def _single(tmp_path, *argv: str) -> subprocess.CompletedProcess:
     """The trainer as one process without horovodrun (Horovod size 1)."""
     return subprocess.run(
-        [PY, str(TEMPLATE), *argv],
+        [PY, PYZ, "train", *argv],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -437,4 +436,4 @@ def test_labels_out_of_range_stop_the_run_without_dataset_json(tmp_path, dataset
     err = run.errors[0].fields
     assert err["kind"] == "bad_labels" and int(err["step"]) <= 5, err  # label 10 is 1 image in 10: soon
     assert "--label-offset" in err["message"]
-    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("train_imagenet: Error:")]
+    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("train: Error:")]

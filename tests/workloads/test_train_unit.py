@@ -1,6 +1,6 @@
 """The training job's modules (train_options, train_nodes, train_job, train_tensorboard) without running
 anything: the trainer's argv, the nodes chosen, the job's record, and its log read back into typed values,
-against logs captured from real runs of templates/train_imagenet.py (tests/fixtures/train_*.log): horovodrun -np 2
+against logs captured from real runs of the trainer (clusterctl/node/train/; tests/fixtures/train_*.log): horovodrun -np 2
 --gloo on localhost, the tiny model on `clusterctl data synthetic` (640 images, 10 classes, 32 px); rank 1
 SIGKILLed after the step-60 checkpoint (killed), the same command again (resumed), then --eval-only on one
 process (eval_only), and --eval-only on an empty model dir (no_checkpoint)."""
@@ -18,7 +18,7 @@ from clusterctl.s3uri import S3Uri
 from clusterctl.workloads import train_job as train, train_log, train_nodes as nodes, train_options, train_tensorboard
 from clusterctl.workloads.train_log import CheckpointSaved, TrainRow
 from clusterctl.workloads.train_options import TrainOptions
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES
 
 KILLED = (FIXTURES / "train_tiny_np2_killed.log").read_text()
 RESUMED = (FIXTURES / "train_tiny_np2_resumed.log").read_text()
@@ -189,9 +189,10 @@ def test_trainer_argv_golden():
         xla=True,
         expect_size=256,
     )
-    assert train_options.trainer_argv("/opt/venv/bin/python", "/home/u/job/train_imagenet.py", opts) == [
+    assert train_options.trainer_argv("/opt/venv/bin/python", "/home/u/.clusterctl/node/node-x.pyz", opts) == [
         "/opt/venv/bin/python",
-        "/home/u/job/train_imagenet.py",
+        "/home/u/.clusterctl/node/node-x.pyz",
+        "train",
         "--data",
         "/data/imagenet",
         "--model",
@@ -212,9 +213,10 @@ def test_trainer_argv_golden():
         "--xla",
     ]
     synth = TrainOptions(synthetic=True, model="tiny", epochs=0.5, max_steps=30, no_eval=True, extra=("--seed", "7"))
-    assert train_options.trainer_argv("python3", "t.py", synth) == [
+    assert train_options.trainer_argv("python3", "t.pyz", synth) == [
         "python3",
-        "t.py",
+        "t.pyz",
+        "train",
         "--model",
         "tiny",
         "--epochs",
@@ -235,14 +237,9 @@ def test_trainer_argv_golden():
 
 
 def test_trainer_accepts_every_flag_the_argv_builder_writes():
-    """The builder's flags exist in the template's parser (it is imported, TensorFlow is not)."""
-    import importlib.util
+    """The builder's flags exist in the trainer's parser (it is imported, TensorFlow is not)."""
+    from clusterctl.node.train import log, options
 
-    spec = importlib.util.spec_from_file_location(
-        "train_imagenet", FIXTURES.parent.parent / "templates" / "train_imagenet.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     every = TrainOptions(
         data="/d",
         model="tiny",
@@ -262,7 +259,7 @@ def test_trainer_accepts_every_flag_the_argv_builder_writes():
         no_gpu=True,
         expect_size=4,
     )
-    args = mod.parse_args(train_options.trainer_argv("py", "t.py", every)[2:])
+    args = options.parse_args(train_options.trainer_argv("py", "t.pyz", every)[3:])
     assert (args.data, args.model, args.epochs, args.batch_size, args.model_dir, args.max_steps) == (
         "/d",
         "tiny",
@@ -273,24 +270,18 @@ def test_trainer_accepts_every_flag_the_argv_builder_writes():
     )
     assert (args.checkpoint_every, args.keep_checkpoints, args.log_every, args.expect_size) == (5, 2, 3, 4)
     assert args.precision == "mixed" and args.xla and args.no_eval and args.no_gpu and not args.eval_only
-    assert mod.parse_args(["--synthetic", "--lr", "0.4"]).base_lr == 0.4  # --lr: clusterctl sweep's name for it
-    assert mod.MARK == train_log.MARK and mod.COLUMNS == train_log.COLUMNS
-    assert (mod.EXIT_CHECKPOINT, mod.EXIT_NO_DATA, mod.EXIT_SIZE_MISMATCH) == (
+    assert options.parse_args(["--synthetic", "--lr", "0.4"]).base_lr == 0.4  # --lr: clusterctl sweep's name for it
+    assert log.MARK == train_log.MARK and log.COLUMNS == train_log.COLUMNS
+    assert (options.EXIT_CHECKPOINT, options.EXIT_NO_DATA, options.EXIT_SIZE_MISMATCH) == (
         train_log.EXIT_CHECKPOINT,
         train_log.EXIT_NO_DATA,
         train_log.EXIT_SIZE_MISMATCH,
     )
 
 
-def test_learning_rate_schedule_of_the_template():
-    import importlib.util
+def test_learning_rate_schedule_of_the_trainer():
+    from clusterctl.node.train.options import learning_rate as lr
 
-    spec = importlib.util.spec_from_file_location(
-        "train_imagenet", FIXTURES.parent.parent / "templates" / "train_imagenet.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    lr = mod.learning_rate
     # warm-up: linear to the peak over the warm-up steps, then the decays
     assert lr(0, 1.0, 100, 1000, "cosine") == pytest.approx(0.01)
     assert lr(99, 1.0, 100, 1000, "cosine") == pytest.approx(1.0)
@@ -392,23 +383,10 @@ def test_device_lines_before_start_open_no_run_of_their_own():
 
 
 # ---- issue 15: precision, recipes, labels, periodic evaluations, Horovod's tuning ----------------------
-def _template():
-    """templates/train_imagenet.py as a module (it imports TensorFlow only inside main)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_imagenet_t", REPO / "templates" / "train_imagenet.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_precision_auto_is_float16_only_on_tensor_core_gpus():
-    import importlib.util
+    from clusterctl.node.train import model as t  # the one choice of the trainer and the benchmark
+    from clusterctl.node.train.options import parse_args
 
-    # train_model.py: the one choice of the trainer and the benchmark
-    spec = importlib.util.spec_from_file_location("train_model_t", REPO / "templates" / "train_model.py")
-    t = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(t)
     assert t.choose_precision("auto", []) == "float32"  # CPU
     assert t.choose_precision("auto", [(7, 0)]) == "mixed_float16"  # V100
     assert t.choose_precision("auto", [(8, 0)]) == "mixed_float16"  # A100
@@ -420,14 +398,14 @@ def test_precision_auto_is_float16_only_on_tensor_core_gpus():
     assert (
         t.choose_precision("mixed", []) == "mixed_bfloat16" and t.choose_precision("mixed", [(7, 5)]) == "mixed_float16"
     )
-    trainer = _template()
-    assert trainer.parse_args(["--synthetic"]).precision == "auto"
-    assert trainer.parse_args(["--synthetic", "--fp32"]).precision == "fp32"
-    assert trainer.parse_args(["--synthetic", "--mixed-precision"]).precision == "mixed"
+    assert parse_args(["--synthetic"]).precision == "auto"
+    assert parse_args(["--synthetic", "--fp32"]).precision == "fp32"
+    assert parse_args(["--synthetic", "--mixed-precision"]).precision == "mixed"
 
 
 def test_recipes_fill_only_what_is_not_given():
-    t = _template()
+    from clusterctl.node.train import options as t
+
     d = t.parse_args(["--synthetic"])
     assert (d.recipe, d.lr_schedule, d.label_smoothing, d.warmup_epochs) == ("default", "cosine", 0.1, 5.0)
     g = t.parse_args(["--synthetic", "--recipe", "goyal"])
@@ -440,7 +418,8 @@ def test_recipes_fill_only_what_is_not_given():
 
 
 def test_label_range_from_dataset_json():
-    t = _template()
+    from clusterctl.node.train import data as t
+
     meta = {"label_base": 1, "num_classes": 10}
     assert t.label_problem(meta, 1, 10) is None
     msg = t.label_problem(meta, 0, 10)
@@ -450,19 +429,21 @@ def test_label_range_from_dataset_json():
 
 
 def test_sweep_trials_get_their_own_model_dir_and_input_threads_share_the_cpus():
-    t = _template()
-    assert t.default_model_dir({}) == "train_out"
+    from clusterctl.node.train import data, model, options
+
+    assert options.default_model_dir({}) == "train_out"
     assert (
-        t.default_model_dir({"CLUSTERCTL_SWEEP": "sweep-20260101-000000-ab12", "CLUSTERCTL_TRIAL": "3"})
+        options.default_model_dir({"CLUSTERCTL_SWEEP": "sweep-20260101-000000-ab12", "CLUSTERCTL_TRIAL": "3"})
         == "train_out/sweep-20260101-000000-ab12/trial-3"
     )
-    assert t.parse_args(["--synthetic"]).model_dir in ("train_out",) or os.environ.get("CLUSTERCTL_TRIAL")
-    assert (t.input_threads(96, 8), t.input_threads(2, 4), t.input_threads(None, 1)) == (12, 1, 1)
-    assert t.data_seed(1, 0, 0) != t.data_seed(1, 1, 0) != t.data_seed(1, 0, 100)
+    assert options.parse_args(["--synthetic"]).model_dir in ("train_out",) or os.environ.get("CLUSTERCTL_TRIAL")
+    assert (model.input_threads(96, 8), model.input_threads(2, 4), model.input_threads(None, 1)) == (12, 1, 1)
+    assert data.data_seed(1, 0, 0) != data.data_seed(1, 1, 0) != data.data_seed(1, 0, 100)
 
 
 def test_hparams_json_refuses_a_resume_under_other_values(tmp_path):
-    t = _template()
+    from clusterctl.node.train import resume as t
+
     path = str(tmp_path / "hparams.json")
     hp = {"base_lr": 0.1, "batch_size": 64}
     assert t.check_hparams(path, hp, has_checkpoint=False) is None

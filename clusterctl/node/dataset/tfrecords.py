@@ -14,7 +14,7 @@ complete: an interrupted run leaves no half shard under a real name. Each record
 the standard ImageNet TFRecords (image/encoded as RGB JPEG, image/class/label, image/class/synset,
 image/class/text, image/height, image/width, image/channels, image/colorspace, image/format,
 image/filename); PNGs and grayscale/CMYK JPEGs are re-encoded as RGB JPEG, other JPEGs are kept byte for
-byte. templates/train_imagenet.py reads this format.
+byte. The trainer (node/train/data.py) reads this format.
 
 TensorFlow and numpy are imported only inside the functions that encode or write (never at import time), so
 `clusterctl --help` stays fast and the converter's `--help` runs with any python3.

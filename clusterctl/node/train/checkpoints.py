@@ -1,4 +1,4 @@
-"""Checkpoints that outlive the leader, for templates/train_imagenet.py (staged beside it in the job folder).
+"""Checkpoints that outlive the leader: their manifests, and their copies on a second node and S3.
 
 A TensorFlow checkpoint `ckpt-N` is an index (`ckpt-N.index`) and data shards (`ckpt-N.data-0000i-of-0000K`),
 N the images the run has trained on when it was saved (every rank's batches summed over every step, whatever
@@ -22,10 +22,7 @@ Each copy keeps the same number of checkpoints as the leader.
 lies, fetching it to the leader's folder first when it is elsewhere; each copy keeps its newest by images.
 A manifest without `images` (an older trainer's, ordered by step) is never taken: it is reported as incomplete.
 
-SpotWatch polls the instance's interruption notice the way IMDSv2 wants it: PUT a session token, then
-GET `latest/meta-data/spot/instance-action` with it (404 while there is no notice).
-
-Stdlib only; boto3 is imported for S3 alone (the node runtime has it).
+Stdlib only; boto3 is imported for S3 alone (the node runtime has it); the ssh is the node package's (ssh.py).
 """
 
 from __future__ import annotations
@@ -37,29 +34,19 @@ import shlex
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Callable, Iterable
+from typing import IO, Any, Protocol
+
+from clusterctl.node import ssh
 
 MANIFEST = ".manifest.json"
 FORMAT = "clusterctl-checkpoint"
 VERSION = 2  # 2: named and ordered by images seen (1: by step)
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _DATA = re.compile(r"^(ckpt-\d+)\.data-(\d+)-of-(\d+)$")
-# The leader's ssh to its nodes, as templates/hvd_launch.py gives horovodrun: pinned host keys, no prompt.
-SSH = (
-    "ssh",
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "StrictHostKeyChecking=yes",
-    "-o",
-    "PasswordAuthentication=no",
-    "-o",
-    "ForwardAgent=no",
-    "-o",
-    "ConnectTimeout=20",
-)
-IMDS = "http://169.254.169.254"
+SSH = ssh.argv(20)  # the leader's ssh to its nodes: pinned host keys, no prompt
+Manifest = dict[str, Any]  # a checkpoint's manifest, as JSON holds it
+Report = Callable[..., None]  # (event, **fields): the trainer's emit
 
 
 # ---- manifests -------------------------------------------------------------------------------------------
@@ -69,7 +56,7 @@ def number_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def images_of(manifest: dict) -> int | None:
+def images_of(manifest: Manifest) -> int | None:
     """The images a manifest's checkpoint had seen; None when it does not say (or its name says otherwise)."""
     images = manifest.get("images")
     if isinstance(images, int) and not isinstance(images, bool) and number_of(manifest.get("name", "")) == images:
@@ -77,17 +64,18 @@ def images_of(manifest: dict) -> int | None:
     return None
 
 
-def checkpoint_files(names) -> dict[str, list[str]]:
+def checkpoint_files(names: Iterable[str]) -> dict[str, list[str]]:
     """checkpoint name -> its files, among `names` (file names of one folder)."""
     out: dict[str, list[str]] = {}
     for n in names:
-        base = n[: -len(".index")] if n.endswith(".index") else (_DATA.match(n).group(1) if _DATA.match(n) else None)
+        data = _DATA.match(n)
+        base = n[: -len(".index")] if n.endswith(".index") else (data.group(1) if data else None)
         if base and number_of(base) is not None:
             out.setdefault(base, []).append(n)
     return out
 
 
-def make_manifest(folder: str, name: str, step: int, images: int, global_batch: int) -> dict:
+def make_manifest(folder: str, name: str, step: int, images: int, global_batch: int) -> Manifest:
     files = checkpoint_files(os.listdir(folder)).get(name, [])
     return {
         "format": FORMAT,
@@ -101,7 +89,7 @@ def make_manifest(folder: str, name: str, step: int, images: int, global_batch: 
     }
 
 
-def missing(manifest: dict, sizes: dict[str, int]) -> list[str]:
+def missing(manifest: Manifest, sizes: dict[str, int]) -> list[str]:
     """What keeps `manifest` from being complete, given the sizes of the files where it lies ([]: complete).
     The manifest itself must name the index and every shard 0..K-1 of its data."""
     name = manifest.get("name", "")
@@ -123,7 +111,7 @@ def missing(manifest: dict, sizes: dict[str, int]) -> list[str]:
     return problems
 
 
-def write_manifest(folder: str, manifest: dict) -> None:
+def write_manifest(folder: str, manifest: Manifest) -> None:
     """Atomically, last: its presence is what makes the checkpoint complete."""
     path = os.path.join(folder, manifest["name"] + MANIFEST)
     tmp = os.path.join(folder, "." + manifest["name"] + MANIFEST + ".tmp")
@@ -134,22 +122,24 @@ def write_manifest(folder: str, manifest: dict) -> None:
     os.replace(tmp, path)
 
 
-def scan_listing(sizes: dict[str, int], manifests: list[dict]) -> tuple[dict[int, dict], list[str]]:
+def scan_listing(sizes: dict[str, int], manifests: list[Manifest]) -> tuple[dict[int, Manifest], list[str]]:
     """(images seen -> manifest of each complete checkpoint, names of incomplete ones) of one place."""
-    complete, bad = {}, []
+    complete: dict[int, Manifest] = {}
+    bad: list[str] = []
     described = set()
     for m in manifests:
         described.add(m.get("name"))
         if missing(m, sizes):
             bad.append(m.get("name", "?"))
         else:
-            complete[images_of(m)] = m
+            complete[int(m["images"])] = m  # complete: images_of said it is
     bad += [n for n in checkpoint_files(sizes) if n not in described]  # files but no manifest
     return complete, sorted(set(bad))
 
 
-def local_listing(folder: str) -> tuple[dict[str, int], list[dict]]:
-    sizes, manifests = {}, []
+def local_listing(folder: str) -> tuple[dict[str, int], list[Manifest]]:
+    sizes: dict[str, int] = {}
+    manifests: list[Manifest] = []
     if not os.path.isdir(folder):
         return sizes, manifests
     for n in os.listdir(folder):
@@ -178,31 +168,47 @@ def prune_local(folder: str) -> None:
                 pass
 
 
-def _names(sizes: dict[str, int], manifests: list[dict]) -> set[str]:
+def _names(sizes: dict[str, int], manifests: list[Manifest]) -> set[str]:
     """Every checkpoint name of a place: with files, or with a manifest alone."""
     return set(checkpoint_files(sizes)) | {
         m["name"] for m in manifests if number_of(str(m.get("name", ""))) is not None
     }
 
 
-def _keep_names(complete: dict[int, dict], keep: int) -> set[str]:
+def _keep_names(complete: dict[int, Manifest], keep: int) -> set[str]:
     """The names of the `keep` complete checkpoints that have seen the most images: everything else of a copy
     goes (a checkpoint from before a resize that saw fewer images is older, whatever its step)."""
     return {complete[n]["name"] for n in sorted(complete)[-keep:]}
 
 
 # ---- a second node, over ssh -------------------------------------------------------------------------------
+class Copy(Protocol):
+    """A place that keeps copies of the checkpoints."""
+
+    label: str
+
+    def listing(self) -> tuple[dict[str, int], list[Manifest]]: ...
+    def push(self, folder: str, manifest: Manifest, keep: int) -> None: ...
+    def fetch(self, manifest: Manifest, folder: str) -> None: ...
+
+
 class SshCopy:
-    def __init__(self, host: str, folder: str):
+    def __init__(self, host: str, folder: str) -> None:
         self.host, self.folder = host, folder
         self.label = f"{host}:{folder}"
 
-    def _ssh(self, command: str, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, timeout: float = 3600):
+    def _ssh(
+        self,
+        command: str,
+        stdin: int | IO[bytes] | None = subprocess.DEVNULL,
+        stdout: int | IO[bytes] | None = subprocess.PIPE,
+        timeout: float = 3600,
+    ) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
             [*SSH, self.host, command], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, timeout=timeout
         )
 
-    def listing(self) -> tuple[dict[str, int], list[dict]]:
+    def listing(self) -> tuple[dict[str, int], list[Manifest]]:
         q = shlex.quote(self.folder)
         cmd = (
             f'cd {q} 2>/dev/null || exit 0; for f in ckpt-*; do [ -f "$f" ] || continue; '
@@ -212,7 +218,8 @@ class SshCopy:
         r = self._ssh(cmd, stdin=subprocess.DEVNULL, timeout=120)
         if r.returncode != 0:
             raise OSError(f"ssh {self.host}: exit {r.returncode}: {r.stderr.decode(errors='replace').strip()[-200:]}")
-        sizes, manifests = {}, []
+        sizes: dict[str, int] = {}
+        manifests: list[Manifest] = []
         for line in r.stdout.decode(errors="replace").splitlines():
             kind, _, rest = line.partition("\t")
             if kind == "F":
@@ -225,13 +232,14 @@ class SshCopy:
                     pass
         return sizes, manifests
 
-    def push(self, folder: str, manifest: dict, keep: int) -> None:
+    def push(self, folder: str, manifest: Manifest, keep: int) -> None:
         q = shlex.quote(self.folder)
         files = sorted(manifest["files"])
         # An old manifest of the same name goes first: until the new one lands, the copy is incomplete.
         tar = subprocess.Popen(
             ["tar", "-C", folder, "-cf", "-", "--", *files], stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
+        assert tar.stdout is not None and tar.stderr is not None  # both piped
         r = self._ssh(f"mkdir -p {q} && rm -f {q}/{manifest['name']}{MANIFEST} && tar -C {q} -xf -", stdin=tar.stdout)
         tar.stdout.close()
         terr = tar.stderr.read().decode(errors="replace")
@@ -240,7 +248,7 @@ class SshCopy:
         sizes, manifests = self.listing()
         if missing(manifest, sizes):
             raise OSError(f"copy to {self.host} incomplete: {', '.join(missing(manifest, sizes))}")
-        kept = _keep_names({**scan_listing(sizes, manifests)[0], images_of(manifest): manifest}, keep)
+        kept = _keep_names({**scan_listing(sizes, manifests)[0], int(manifest["images"]): manifest}, keep)
         drop = sorted(n for n in _names(sizes, manifests) if n not in kept)
         body = json.dumps(manifest, sort_keys=True).encode()
         mname = manifest["name"] + MANIFEST
@@ -259,12 +267,13 @@ class SshCopy:
         if r.returncode != 0:
             raise OSError(f"manifest to {self.host} failed: {r.stderr.decode(errors='replace').strip()[-200:]}")
 
-    def fetch(self, manifest: dict, folder: str) -> None:
+    def fetch(self, manifest: Manifest, folder: str) -> None:
         q = shlex.quote(self.folder)
         files = " ".join(shlex.quote(f) for f in sorted(manifest["files"]))
         with subprocess.Popen(
             ["tar", "-C", folder, "-xf", "-"], stdin=subprocess.PIPE, stderr=subprocess.PIPE
         ) as untar:
+            assert untar.stdin is not None  # piped
             r = self._ssh(f"tar -C {q} -cf - -- {files}", stdout=untar.stdin)
             untar.stdin.close()
             if untar.wait() != 0 or r.returncode != 0:
@@ -281,14 +290,14 @@ def parse_s3(uri: str) -> tuple[str, str]:
 
 
 class S3Copy:
-    def __init__(self, uri: str, endpoint_url: str | None = None):
+    def __init__(self, uri: str, endpoint_url: str | None = None) -> None:
         self.bucket, self.prefix = parse_s3(uri)
         self.endpoint_url = endpoint_url
         self.label = f"s3://{self.bucket}/{self.prefix}"
-        self._client = None
+        self._client: Any = None
 
     @property
-    def client(self):
+    def client(self) -> Any:
         if self._client is None:
             import boto3  # the node runtime's; credentials from the instance profile (or ~/.aws)
             from botocore.config import Config
@@ -300,8 +309,9 @@ class S3Copy:
             )
         return self._client
 
-    def listing(self) -> tuple[dict[str, int], list[dict]]:
-        sizes, manifests = {}, []
+    def listing(self) -> tuple[dict[str, int], list[Manifest]]:
+        sizes: dict[str, int] = {}
+        manifests: list[Manifest] = []
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
         for page in pages:
             for obj in page.get("Contents", []):
@@ -318,7 +328,7 @@ class S3Copy:
                     sizes[name] = int(obj["Size"])
         return sizes, manifests
 
-    def push(self, folder: str, manifest: dict, keep: int) -> None:
+    def push(self, folder: str, manifest: Manifest, keep: int) -> None:
         mkey = self.prefix + manifest["name"] + MANIFEST
         self.client.delete_object(Bucket=self.bucket, Key=mkey)
         for f in sorted(manifest["files"]):
@@ -331,7 +341,7 @@ class S3Copy:
             for f in files.get(name, []) + [name + MANIFEST]:
                 self.client.delete_object(Bucket=self.bucket, Key=self.prefix + f)
 
-    def fetch(self, manifest: dict, folder: str) -> None:
+    def fetch(self, manifest: Manifest, folder: str) -> None:
         for f in sorted(manifest["files"]):
             tmp = os.path.join(folder, f".{f}.part")
             self.client.download_file(self.bucket, self.prefix + f, tmp)
@@ -339,11 +349,17 @@ class S3Copy:
 
 
 # ---- finding the newest complete checkpoint ------------------------------------------------------------------
-def newest(folder: str, copies, report=lambda event, **f: None) -> tuple[str | None, str, dict | None]:
+def _quiet(event: str, **fields: object) -> None:
+    pass
+
+
+def newest(folder: str, copies: Iterable[Copy], report: Report = _quiet) -> tuple[str | None, str, Manifest | None]:
     """(path prefix to restore, where it came from, its manifest), or (None, "", None). A checkpoint found
     only elsewhere is fetched into `folder` first (files, then the manifest). Incomplete checkpoints and
     places that cannot be read are reported and skipped."""
-    places = [("local", None, local_listing(folder))]
+    places: list[tuple[str, Copy | None, tuple[dict[str, int], list[Manifest]]]] = [
+        ("local", None, local_listing(folder))
+    ]
     for c in copies:
         try:
             places.append((c.label, c, c.listing()))
@@ -351,7 +367,7 @@ def newest(folder: str, copies, report=lambda event, **f: None) -> tuple[str | N
             report(
                 "warning", kind="checkpoint_copy_unreadable", place=c.label, message=" ".join(str(exc).split())[:300]
             )
-    best = None
+    best: tuple[int, str, Copy | None, Manifest] | None = None
     for label, copy, (sizes, manifests) in places:
         complete, bad = scan_listing(sizes, manifests)
         if bad:
@@ -377,16 +393,16 @@ class Copier:
     """Copies each saved checkpoint to every place, newest first, in one background thread. `submit` does not
     wait; `wait` does (before a spot shutdown and at the end)."""
 
-    def __init__(self, copies, keep: int, report):
+    def __init__(self, copies: Iterable[Copy], keep: int, report: Report) -> None:
         self.copies, self.keep, self.report = list(copies), keep, report
-        self._pending = None
+        self._pending: tuple[str, Manifest] | None = None
         self._cond = threading.Condition()
         self._busy = False
         self._thread = threading.Thread(target=self._run, daemon=True, name="checkpoint-copy")
         if self.copies:
             self._thread.start()
 
-    def submit(self, folder: str, manifest: dict) -> None:
+    def submit(self, folder: str, manifest: Manifest) -> None:
         if not self.copies:
             return
         with self._cond:
@@ -431,61 +447,3 @@ class Copier:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
-
-
-# ---- spot interruption notices (IMDSv2) ----------------------------------------------------------------------
-class SpotWatch:
-    """Polls IMDSv2 every `interval` seconds in a thread; `notice` is the instance-action JSON once one appears
-    (and stays set). An endpoint that does not answer (not on EC2) means no notice."""
-
-    def __init__(self, endpoint: str = IMDS, interval: float = 5.0):
-        self.endpoint, self.interval = endpoint.rstrip("/"), interval
-        self.notice: dict | None = None
-        self.seen_at: float | None = None
-        self._token = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="spot-watch")
-
-    def start(self) -> "SpotWatch":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _request(self, method: str, path: str, headers: dict) -> tuple[int, bytes]:
-        req = urllib.request.Request(self.endpoint + path, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=2) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, b""
-
-    def poll(self) -> dict | None:
-        if self._token is None:
-            status, body = self._request("PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "21600"})
-            if status != 200:
-                return None
-            self._token = body.decode()
-        status, body = self._request(
-            "GET", "/latest/meta-data/spot/instance-action", {"X-aws-ec2-metadata-token": self._token}
-        )
-        if status == 401:  # the token expired: a new one next time
-            self._token = None
-        if status != 200:
-            return None
-        try:
-            return json.loads(body)
-        except ValueError:
-            return {"action": body.decode(errors="replace")[:100]}
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                notice = self.poll()
-            except OSError:  # refused, timed out: no IMDS here
-                notice = None
-            if notice is not None:
-                self.notice, self.seen_at = notice, time.time()
-                return
-            self._stop.wait(self.interval)

@@ -1,5 +1,5 @@
-"""The networks templates/train_imagenet.py and templates/bench_synthetic.py build, written once (staged beside
-them in the job folder), and the device report both print.
+"""The networks the trainer and the benchmark (node/bench.py) build, written once, the device each rank computes
+on (pin_device) and the device report both print.
 
 ResNet-50 v1.5, as the references define it:
 - torchvision's models/resnet.py (its Bottleneck "places the stride for downsampling at 3x3 convolution
@@ -22,12 +22,15 @@ ResNet-50 v1.5, as the references define it:
 statistics), of which the classifier is 2,049 per class. Keras' tf.keras.applications.ResNet50 is v1 (the
 stride on the first 1x1 conv, conv biases, momentum 0.99): not this.
 
-Stdlib only at import: TensorFlow is passed in (`tf`), as the scripts import it after their argument checks.
+Stdlib only at import: TensorFlow is passed in (`tf`), as the programs import it after their argument checks.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Callable
+from typing import Any
 
 BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
@@ -42,7 +45,7 @@ def input_shape(name: str, image_size: int | None = None) -> tuple[int, int, int
     return side, side, 3
 
 
-def build_model(tf, name: str, size: int, classes: int):
+def build_model(tf: Any, name: str, size: int, classes: int) -> Any:
     """Logits out (softmax inside the loss, so mixed precision keeps the loss in float32)."""
     if name == "resnet50":
         return resnet50_v15(tf, input_shape(name, size), classes)
@@ -51,17 +54,17 @@ def build_model(tf, name: str, size: int, classes: int):
     raise ValueError(f"unknown model {name!r}: resnet50 or tiny")
 
 
-def parameters(model) -> int:
+def parameters(model: Any) -> int:
     """Trainable parameters, as torchvision and the papers count them (no batch-norm moving statistics)."""
     return int(sum(int(w.shape.num_elements()) for w in model.trainable_weights))
 
 
-def describe(name: str, model) -> str:
-    """The line both scripts print at start, e.g. `model resnet50 v1.5: 25,557,032 parameters`."""
+def describe(name: str, model: Any) -> str:
+    """The line both programs print at start, e.g. `model resnet50 v1.5: 25,557,032 parameters`."""
     return f"model {NAMES.get(name, name)}: {parameters(model):,} parameters"
 
 
-def zero_gamma_layers(tf, model) -> int:
+def zero_gamma_layers(tf: Any, model: Any) -> int:
     """Batch norms whose gamma is all zero (ResNet-50 v1.5 as built: the last of each of its 16 blocks)."""
     return sum(
         1
@@ -72,10 +75,10 @@ def zero_gamma_layers(tf, model) -> int:
     )
 
 
-def resnet50_v15(tf, shape: tuple[int, int, int], classes: int):
+def resnet50_v15(tf: Any, shape: tuple[int, int, int], classes: int) -> Any:
     layers = tf.keras.layers
 
-    def conv(x, filters: int, kernel: int, stride: int, name: str):
+    def conv(x: Any, filters: int, kernel: int, stride: int, name: str) -> Any:
         if stride > 1 and kernel > 1:  # torchvision's symmetric padding (TF's 'same' pads more at the end)
             x = layers.ZeroPadding2D((kernel - 1) // 2, name=name + "_pad")(x)
         return layers.Conv2D(
@@ -91,12 +94,12 @@ def resnet50_v15(tf, shape: tuple[int, int, int], classes: int):
             name=name,
         )(x)
 
-    def bn(x, name: str, zero_gamma: bool = False):
+    def bn(x: Any, name: str, zero_gamma: bool = False) -> Any:
         return layers.BatchNormalization(
             momentum=BN_MOMENTUM, epsilon=BN_EPSILON, gamma_initializer="zeros" if zero_gamma else "ones", name=name
         )(x)
 
-    def bottleneck(x, width: int, stride: int, name: str, project: bool):
+    def bottleneck(x: Any, width: int, stride: int, name: str, project: bool) -> Any:
         shortcut = x
         if project:  # the first block of a stage: 1x1 conv (with the stage's stride) to 4x width
             shortcut = bn(conv(x, width * EXPANSION, 1, stride, name + "_0_conv"), name + "_0_bn")
@@ -122,7 +125,7 @@ def resnet50_v15(tf, shape: tuple[int, int, int], classes: int):
     return tf.keras.Model(inputs, x, name="resnet50_v1_5")
 
 
-def tiny(tf, shape: tuple[int, int, int], classes: int):
+def tiny(tf: Any, shape: tuple[int, int, int], classes: int) -> Any:
     """Two convs and a classifier: for tests and smoke runs on CPUs."""
     layers = tf.keras.layers
     return tf.keras.Sequential(
@@ -142,7 +145,7 @@ def tiny(tf, shape: tuple[int, int, int], classes: int):
     )
 
 
-def choose_precision(requested: str, gpu_capabilities: list) -> str:
+def choose_precision(requested: str, gpu_capabilities: list[Any]) -> str:
     """The Keras policy: float32, mixed_float16 or mixed_bfloat16. auto is mixed_float16 on GPUs with
     tensor cores (compute capability 7.0 and up: V100 and later), float32 elsewhere."""
     if requested == "fp32":
@@ -158,7 +161,40 @@ def choose_precision(requested: str, gpu_capabilities: list) -> str:
     return "float32"
 
 
-def device_report(tf) -> tuple[str, int]:
+def input_threads(cpus: int | None, local_size: int) -> int:
+    """The input pipeline's threads for one process: the node's CPUs shared by its processes."""
+    return max(1, (cpus or 1) // max(1, local_size))
+
+
+def pin_device(tf: Any, hvd: Any, hide_gpus: bool = False) -> tuple[list[Any], list[Any], int]:
+    """One GPU per process (local rank k gets GPU k, its memory grown as needed so co-tenants on a GPU don't
+    OOM), or on CPUs the host's cores shared between its processes instead of oversubscribed. Returns this
+    process's GPUs ([] on the CPU), their compute capabilities, and its share of the host's cores (the
+    input pipeline's threads). hide_gpus: the CPU even where there are GPUs."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if hide_gpus and gpus:
+        tf.config.set_visible_devices([], "GPU")
+        gpus = []
+    capabilities: list[Any] = []
+    threads = input_threads(os.cpu_count(), hvd.local_size())
+    if gpus:
+        gpu = gpus[hvd.local_rank() % len(gpus)]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+        try:
+            capabilities = [tf.config.experimental.get_device_details(gpu).get("compute_capability")]
+        except (ValueError, RuntimeError):
+            capabilities = [None]
+    else:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:
+            pass  # TF already initialised its runtime; its defaults still work
+    return gpus, capabilities, threads
+
+
+def device_report(tf: Any) -> tuple[str, int]:
     """The GPUs this process computes on, as its node numbers them (CUDA_VISIBLE_DEVICES mapped back), and
     how many GPU devices TensorFlow made: ("none", 0) when it runs on the CPU. clusterctl checks these
     against the node's slots: a GPU node's rank on the CPU, or two ranks on one GPU, fail the run."""
@@ -171,3 +207,13 @@ def device_report(tf) -> tuple[str, int]:
         i = int(dev.name.rsplit(":", 1)[1])
         ids.append(order[i] if i < len(order) else str(i))
     return ",".join(ids) or "none", logical
+
+
+def report_devices(tf: Any, hvd: Any, emit: Callable[..., None]) -> None:
+    """Every rank's device_report, gathered: rank 0 emits one `device` line per rank. A collective: every rank
+    calls it (after pin_device: it starts TensorFlow's runtime)."""
+    gpu_ids, logical = device_report(tf)
+    devices = hvd.allgather_object((hvd.rank(), socket.gethostname(), hvd.local_rank(), gpu_ids, logical))
+    if hvd.rank() == 0:
+        for r, host, lrank, ids, n in devices:
+            emit("device", rank=r, host=host, local_rank=lrank, gpus=ids, logical=n)

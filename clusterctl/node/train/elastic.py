@@ -1,4 +1,4 @@
-"""The training loop under Elastic Horovod (train_imagenet.py --elastic), staged beside the trainer.
+"""The training loop under Elastic Horovod (`train --elastic`).
 
 horovodrun (`--min-np/--max-np --host-discovery-script`) starts and drops processes as nodes come and go;
 this loop is wrapped in `hvd.elastic.run`, so a collective that fails because a peer died restores the last
@@ -20,6 +20,7 @@ not go on if too few nodes are left) and `reason=spot` (a spot notice: checkpoin
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import socket
@@ -27,25 +28,31 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import train_imagenet as ti
+from clusterctl.node.train import checkpoints
+from clusterctl.node.train.data import data_seed, synthetic_dataset, train_dataset
+from clusterctl.node.train.evaluate import evaluate
+from clusterctl.node.train.log import STARTED, emit, mean_losses, table_row
+from clusterctl.node.train.options import learning_rate
+from clusterctl.node.train.resume import replicas_agree, seal_checkpoint, spot_notice
+from clusterctl.node.train.spot import SpotWatch
 
 
 @dataclass
 class Job:
-    """What the trainer built before the loop (train_imagenet.main)."""
+    """What the trainer built before the loop (main.main)."""
 
     train_step: Any
-    tracked: list
+    tracked: list[Any]
     sums: Any
     manager: Any  # rank 0's CheckpointManager (None elsewhere)
-    copier: Any
+    copier: checkpoints.Copier | None
     writer: Any
     step_var: Any
     epoch_var: Any
     batch_var: Any
     images_var: Any
     classes: int
-    train_files: list
+    train_files: list[str]
     train_examples: int
     threads: int
     gpus: int
@@ -53,7 +60,7 @@ class Job:
     status: int  # rank 0's verdict on its checkpoint (non-zero: every rank stops with it)
     model: Any
     opt: Any  # the loss-scale optimizer (None without loss scaling)
-    eval_kwargs: dict
+    eval_kwargs: dict[str, Any]
 
 
 def size_line(was: list[str], now: list[str]) -> tuple[list[str], list[str], str]:
@@ -65,8 +72,7 @@ def size_line(was: list[str], now: list[str]) -> tuple[list[str], list[str], str
     return lost, joined, f"world size {len(was)} -> {len(now)}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
-def run(tf, hvd, args, job: Job) -> int:  # noqa: C901 (the elastic loop in the order Horovod's elastic examples write it)
-    import train_ckpt
+def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: C901 (the elastic loop in the order Horovod's elastic examples write it)
     from horovod.common.elastic import ObjectState
     from horovod.common.exceptions import HostsUpdatedInterrupt
 
@@ -81,9 +87,9 @@ def run(tf, hvd, args, job: Job) -> int:  # noqa: C901 (the elastic loop in the 
         job.epoch_var.assign(images // max(1, job.train_examples))
         t = time.time()
         path = job.manager.save(checkpoint_number=images)
-        ti.seal_checkpoint(job.copier, path, step, images, batch)
+        seal_checkpoint(job.copier, path, step, images, batch)
         fields = {"reason": reason} if reason else {}
-        ti.emit(
+        emit(
             "checkpoint",
             step=step,
             images=images,
@@ -93,48 +99,43 @@ def run(tf, hvd, args, job: Job) -> int:  # noqa: C901 (the elastic loop in the 
             **fields,
         )
 
-    class State(ObjectState):
+    class State(ObjectState):  # type: ignore[misc]  # horovod ships no types
         """The variables in host memory at each commit, and the plan; rank 0's reach every rank at a sync."""
 
-        def __init__(self, **kwargs):
+        def __init__(self, **kwargs: Any) -> None:
             self._values = [v.numpy() for v in job.tracked]
             super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **kwargs)
 
-        def save(self):
+        def save(self) -> None:
             self._values = [v.numpy() for v in job.tracked]
             super().save()
 
-        def restore(self):
+        def restore(self) -> None:
             for v, value in zip(job.tracked, self._values):
                 v.assign(value)
             super().restore()
             checkpoint("membership")  # the committed state on disk: the run may stop if too few nodes are left
 
-        def check_host_updates(self):
+        def check_host_updates(self) -> None:
             try:
                 super().check_host_updates()
             except HostsUpdatedInterrupt:
                 checkpoint("membership")  # as in restore: the hosts may not come back
                 raise
 
-        def sync(self):
+        def sync(self) -> None:
             # TensorFlowState broadcasts nothing in eager mode: the variables go from rank 0 here.
             hvd.broadcast_variables(job.tracked, root_rank=0)
             self._values = [v.numpy() for v in job.tracked]
             super().sync()
 
     state = State(plan_images=job.plan_images, members=[], status=job.status, started=time.time(), trained=0)
-    spot = (
-        train_ckpt.SpotWatch(args.imds_endpoint, args.spot_poll).start()
-        if args.spot_poll and hvd.local_rank() == 0
-        else None
-    )
+    spot = SpotWatch(args.imds_endpoint, args.spot_poll).start() if args.spot_poll and hvd.local_rank() == 0 else None
     handled = [False]  # this process's spot notice, acted on once
 
-    @hvd.elastic.run
-    def train(state) -> int:
+    def train_once(state: Any) -> int:
         if state.status:
-            return state.status
+            return int(state.status)
         size, rank = hvd.size(), hvd.rank()
         chief = rank == 0
         members = hvd.allgather_object(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
@@ -147,7 +148,7 @@ def run(tf, hvd, args, job: Job) -> int:  # noqa: C901 (the elastic loop in the 
         step = images // batch  # this global batch's step at those images
         if chief and state.members and collections.Counter(members) != collections.Counter(state.members):
             lost, joined, line = size_line(state.members, members)
-            ti.emit(
+            emit(
                 "world_size",
                 size=size,
                 was=len(state.members),
@@ -163,11 +164,11 @@ def run(tf, hvd, args, job: Job) -> int:  # noqa: C901 (the elastic loop in the 
         job.step_var.assign(step)
         job.batch_var.assign(batch)
         job.sums.assign(tf.zeros(3, tf.float64))
-        seed = ti.data_seed(args.seed, rank, images)  # a fresh shuffle from the images seen
+        seed = data_seed(args.seed, rank, images)  # a fresh shuffle from the images seen
         if args.synthetic:
-            ds = ti.synthetic_dataset(tf, args, job.classes, seed, args.batch_size)
+            ds = synthetic_dataset(tf, args, job.classes, seed, args.batch_size)
         else:
-            ds = ti.train_dataset(tf, args, job.train_files, rank, size, seed, job.classes, job.threads)
+            ds = train_dataset(tf, args, job.train_files, rank, size, seed, job.classes, job.threads)
         if job.gpus:
             ds = ds.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
         it = iter(ds)
@@ -175,29 +176,25 @@ def run(tf, hvd, args, job: Job) -> int:  # noqa: C901 (the elastic loop in the 
         epoch_images = spe * batch
         last_step, last_time = step, time.time()
         while images < state.plan_images:
-            if args.spot_poll and ti.spot_notice(tf, hvd, spot) and not handled[0]:
+            if args.spot_poll and spot_notice(tf, hvd, spot) and not handled[0]:
                 handled[0] = True
                 checkpoint("spot")
                 if spot is not None and spot.notice is not None:
-                    ti.emit(
-                        "spot_notice", rank=rank, seen_at=f"{spot.seen_at:.3f}", action=spot.notice.get("action", "")
-                    )
+                    emit("spot_notice", rank=rank, seen_at=f"{spot.seen_at:.3f}", action=spot.notice.get("action", ""))
                 state.commit()  # the node with the notice goes; the others go on from here
-            lr = ti.learning_rate(images / batch, peak, warmup, total_steps, args.lr_schedule)
+            lr = learning_rate(images / batch, peak, warmup, total_steps, args.lr_schedule)
             x, y = next(it)
             job.train_step(x, y, tf.constant(lr, tf.float32), batch_t)
             step += 1
             images += batch
             state.trained += batch
             if step % args.log_every == 0 or images >= state.plan_images:
-                means = hvd.allreduce(job.sums.read_value(), op=hvd.Average, name="log_sums").numpy()
-                job.sums.assign(tf.zeros(3, tf.float64))
+                loss, total = mean_losses(tf, hvd, job.sums)
                 now = time.time()
                 rate = (step - last_step) * batch / max(now - last_time, 1e-9)
                 last_step, last_time = step, now
-                loss, total = means[0] / max(means[2], 1), means[1] / max(means[2], 1)
                 if chief:
-                    ti.table_row(step, images / epoch_images, rate, loss, total, lr)
+                    table_row(step, images / epoch_images, rate, loss, total, lr)
                     with job.writer.as_default(step=images // args.batch_size):
                         tf.summary.scalar("train/loss", loss)
                         tf.summary.scalar("train/learning_rate", lr)
@@ -212,7 +209,8 @@ def run(tf, hvd, args, job: Job) -> int:  # noqa: C901 (the elastic loop in the 
             checkpoint("")
         return 0
 
-    status = train(state)
+    train = hvd.elastic.run(train_once)
+    status: int = train(state)
     if status:
         return status
     # After the loop: the same ending as a fixed-size run (a change now fails the job: the work is saved).
@@ -221,19 +219,19 @@ def run(tf, hvd, args, job: Job) -> int:  # noqa: C901 (the elastic loop in the 
     batch = args.batch_size * hvd.size()
     spe = max(1, job.train_examples // batch)
     own = {v.ref() for v in job.model.non_trainable_variables} | {job.epoch_var.ref()}
-    sync = ti.replicas_agree(
+    sync = replicas_agree(
         tf, hvd, [v for v in job.tracked if v.ref() not in own and "save_counter" not in v.name], job.opt
     )
     if chief:
-        ti.emit("sync", step=step, identical=sync[0], variables=len(job.tracked) - len(own), loss_scales=sync[1])
+        emit("sync", step=step, identical=sync[0], variables=len(job.tracked) - len(own), loss_scales=sync[1])
         job.writer.flush()
         trained = time.time() - state.started
-        ti.emit(
+        emit(
             "done",
             step=step,
             epoch=images / (spe * batch),
             complete=step >= max(1, int(round(args.epochs * spe))),
-            elapsed=time.time() - ti._T0,
+            elapsed=time.time() - STARTED,
             img_per_sec=state.trained / max(trained, 1e-9),
             images=images,
             plan_images=state.plan_images,
@@ -243,7 +241,7 @@ def run(tf, hvd, args, job: Job) -> int:  # noqa: C901 (the elastic loop in the 
         job.copier.wait()
     if args.no_eval:
         return 0
-    return ti.evaluate(
+    return evaluate(
         tf,
         hvd,
         args,

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Synthetic Horovod benchmark, shipped to every node and launched by horovodrun (one process per slot).
+"""`python3 PYZ bench ARGS`: the synthetic Horovod benchmark, launched by horovodrun (one process per slot).
 
 TensorFlow 2 + horovod.tensorflow, random images made on the device, so the numbers measure compute and
-the allreduce and nothing of storage. Standalone on purpose: nodes have TensorFlow and Horovod, not
-clusterctl.
+the allreduce and nothing of storage. The network, the device set-up and the normalisation are the trainer's
+(train/model.py, train/data.py).
 
 Timing follows Horovod's tensorflow2_synthetic_benchmark.py: at least 10 untimed warm-up steps, then
 --iters timed batches of --steps steps each; the result is the mean over the batches with their spread,
@@ -32,18 +32,28 @@ import os
 import socket
 import sys
 import time
+from typing import Any
+
+from clusterctl.node.train.data import normalize
+from clusterctl.node.train.model import (
+    build_model,
+    choose_precision,
+    describe,
+    input_shape,
+    pin_device,
+    report_devices,
+)
 
 # TF's C++ start-up chatter would bury the result lines in every rank's output.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 EXIT_SIZE_MISMATCH = 3
 MARK = "CLUSTERCTL-BENCH"
-MEAN_RGB = (0.485 * 255, 0.456 * 255, 0.406 * 255)  # ImageNet's, as train_imagenet.py normalises
-STDDEV_RGB = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+DESCRIPTION = "Synthetic Horovod benchmark, shipped to every node and launched by horovodrun (one process per slot)."
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="bench", description=DESCRIPTION)
     p.add_argument("--model", choices=("resnet50", "tiny"), default="resnet50")
     p.add_argument("--batch-size", type=int, default=32, help="images per process per step")
     p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps first (graph tracing, broadcast)")
@@ -77,7 +87,7 @@ def emit(kind: str, /, **fields: object) -> None:
     print(" ".join(parts), flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole run, in the order Horovod's examples write it)
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     import horovod.tensorflow as hvd
@@ -91,63 +101,39 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
         if rank == 0:
             emit("error", kind="size_mismatch", size=size, expected=args.expect_size)
             print(
-                f"bench_synthetic: Horovod size is {size} but {args.expect_size} processes were expected: "
+                f"bench: Horovod size is {size} but {args.expect_size} processes were expected: "
                 "some hosts or slots did not join (check the hosts file and -np)",
                 file=sys.stderr,
                 flush=True,
             )
         return EXIT_SIZE_MISMATCH
 
-    gpus = tf.config.list_physical_devices("GPU")
-    capabilities = []
-    if gpus:
-        # One GPU per process: local rank k gets GPU k; memory growth so co-tenants on a GPU don't OOM.
-        gpu = gpus[local_rank % len(gpus)]
-        tf.config.experimental.set_memory_growth(gpu, True)
-        tf.config.set_visible_devices(gpu, "GPU")
-        try:
-            capabilities = [tf.config.experimental.get_device_details(gpu).get("compute_capability")]
-        except (ValueError, RuntimeError):
-            capabilities = [None]
-    else:
-        # CPU runs: share the cores between the processes of this host instead of oversubscribing them.
-        threads = max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
-        try:
-            tf.config.threading.set_intra_op_parallelism_threads(threads)
-            tf.config.threading.set_inter_op_parallelism_threads(threads)
-        except RuntimeError:
-            pass  # TF already initialised its runtime; its defaults still work
+    # One GPU per process, or the host's cores shared between its processes (the trainer's set-up).
+    gpus, capabilities, threads = pin_device(tf, hvd)
 
     # Every rank says which GPU it has (after the device set-up above: this starts TensorFlow's runtime).
-    import train_model  # staged beside this script: the networks and the device report, shared with the trainer
-
-    gpu_ids, logical = train_model.device_report(tf)
-    devices = hvd.allgather_object((rank, socket.gethostname(), local_rank, gpu_ids, logical))
-    if rank == 0:
-        for r, host, lrank, ids, n in devices:
-            emit("device", rank=r, host=host, local_rank=lrank, gpus=ids, logical=n)
+    report_devices(tf, hvd, emit)
 
     # float16 needs loss scaling and is what tensor-core GPUs are fast at; CPUs only speed up bfloat16.
-    policy = train_model.choose_precision(args.precision, capabilities)
+    policy = choose_precision(args.precision, capabilities)
     if policy != "float32":
         tf.keras.mixed_precision.set_global_policy(policy)
     loss_scaling = policy == "mixed_float16"
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
 
     tf.random.set_seed(args.seed + rank)
-    shape, classes = train_model.input_shape(args.model), 1000 if args.model == "resnet50" else 10
-    model = train_model.build_model(tf, args.model, shape[0], classes)
+    shape, classes = input_shape(args.model), 1000 if args.model == "resnet50" else 10
+    model = build_model(tf, args.model, shape[0], classes)
     if rank == 0:
-        print(train_model.describe(args.model, model), flush=True)
+        print(describe(args.model, model), flush=True)
     if args.input_only:
         # The node's cores shared by its processes, as the trainer's pipeline has them; on to the GPU as there.
-        threads = max(1, (os.cpu_count() or 1) // max(1, hvd.local_size()))
         ds = input_pipeline(tf, args.batch_size, shape, args.seed + rank, threads)
         if gpus:
             ds = ds.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
         batches = iter(ds)
 
-        def train_step():
+        def train_step() -> Any:
             return next(batches)[0]
     else:
         opt = tf.keras.optimizers.SGD(learning_rate=0.01 * size)
@@ -162,16 +148,13 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
 
         # XLA compiles the model's forward pass (and so its gradient); Horovod's collectives have no XLA
         # kernels on CPU, so the step around it that holds the allreduce stays an ordinary graph.
-        def forward(x):
+        def model_step(x: Any) -> Any:
             # cast and normalise on the device, inside the (XLA-compiled) model step, as the trainer does
-            x = (tf.cast(x, tf.float32) - tf.constant(MEAN_RGB)) / tf.constant(STDDEV_RGB)
-            return model(x, training=True)
+            return model(normalize(tf, x), training=True)
 
-        if args.xla:
-            forward = tf.function(forward, jit_compile=True)
+        forward = tf.function(model_step, jit_compile=True) if args.xla else model_step
 
-        @tf.function
-        def train_step():
+        def one_step() -> Any:
             with tf.GradientTape() as tape:
                 logits = tf.cast(forward(images), tf.float32)
                 loss = loss_fn(labels, logits)
@@ -182,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
                 grads = opt.get_unscaled_gradients(grads)
             opt.apply_gradients(zip(grads, model.trainable_variables))
             return loss
+
+        train_step = tf.function(one_step)
 
     loss = train_step()
     if not args.input_only:
@@ -210,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             compression="fp16" if args.fp16_allreduce else "none",  # what the allreduce sends
         )
 
-    local_rates, totals = [], []
+    local_rates: list[float] = []
+    totals: list[float] = []
     for i in range(args.iters):
         t0 = time.perf_counter()
         for _ in range(args.steps):
@@ -248,7 +234,7 @@ def mean_conf(values: list[float]) -> tuple[float, float]:
     return mean, 1.96 * (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
 
 
-def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int, threads: int):
+def input_pipeline(tf: Any, batch: int, shape: tuple[int, int, int], seed: int, threads: int) -> Any:
     """ImageNet's training-side pipeline on in-memory JPEGs: parallel decode_and_crop_jpeg, flip, resize,
     batch, prefetch. The JPEGs are made once here (no disk in the measurement: it times decoding and
     augmentation, the part that eats a node's CPUs)."""
@@ -257,7 +243,7 @@ def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int, threa
     jpegs = [tf.io.encode_jpeg(tf.cast(gen.uniform((side, side, 3), maxval=255), tf.uint8)) for _ in range(16)]
     ds = tf.data.Dataset.from_tensor_slices(tf.stack(jpegs)).repeat()
 
-    def decode(data):
+    def decode(data: Any) -> Any:
         bbox = tf.zeros((1, 0, 4), tf.float32)  # no box: the whole image, as ImageNet's loaders do
         y, x, _ = tf.unstack(tf.image.extract_jpeg_shape(data))
         begin, size_, _ = tf.image.sample_distorted_bounding_box(
@@ -283,7 +269,3 @@ def input_pipeline(tf, batch: int, shape: tuple[int, int, int], seed: int, threa
         .prefetch(tf.data.AUTOTUNE)
         .with_options(options)
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())
