@@ -208,7 +208,7 @@ class BenchProgress:
     def __call__(self, kind: str, value: object) -> None:
         import time
 
-        from clusterctl.workloads.bench import Rung
+        from clusterctl.workloads.bench_verdict import Rung
 
         c = console(stderr=True)
         if kind == "start":

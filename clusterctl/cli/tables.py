@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from clusterctl.playbook.model import StepResult
     from clusterctl.providers.base import ClusterStatus
     from clusterctl.types import Cluster
-    from clusterctl.workloads.bench import Ladder
+    from clusterctl.workloads.bench_verdict import Ladder
     from clusterctl.workloads.cluster_view import ClusterView
     from clusterctl.workloads.doctor_judge import Allreduce, DoctorReport
     from clusterctl.workloads.train_job import TrainJob
@@ -162,7 +162,7 @@ def ladder_table(ladder: Ladder) -> None:
     the batch spread (1.96 sd of single batches, Horovod's +-) is shown apart, labelled as such."""
     from rich.table import Table
 
-    from clusterctl.workloads.bench import SLOW_NODE
+    from clusterctl.workloads.bench_verdict import SLOW_NODE
 
     judged = {(c.kind, c.np): c.status for c in ladder.checks} if ladder.judged else {}
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
     from clusterctl.state import StateStore
     from clusterctl.types import Cluster
-    from clusterctl.workloads.bench import Ladder
+    from clusterctl.workloads.bench_verdict import Ladder
     from clusterctl.workloads.sweep_control import Finished
     from clusterctl.workloads.sweep_state import SweepState
 

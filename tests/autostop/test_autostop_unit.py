@@ -377,7 +377,7 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
 
     from clusterctl.cli import workloads as cli
     from clusterctl.state import StateStore
-    from clusterctl.workloads import bench, train_config, train_cost
+    from clusterctl.workloads import bench, bench_verdict, train_config, train_cost
     from clusterctl.workloads.train_options import TrainOptions
 
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
@@ -385,10 +385,12 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
         "c", "aws", tuple(Node(f"n{i}", f"10.0.0.{i}", 8, "member") for i in range(2)), "us-east-1", "p3.16xlarge"
     )
     inv = SimpleNamespace(cluster=c)
-    rung = lambda np_, ips, s: bench.Rung(np_, 1 + np_ // 9, ips, 1.0, 1.0, None, {}, s, "log")  # noqa: E731
+    rung = lambda np_, ips, s: bench_verdict.Rung(np_, 1 + np_ // 9, ips, 1.0, 1.0, None, {}, s, "log")  # noqa: E731
     v100 = bench.BenchOptions().config(c)  # what `bench` runs on p3.16xlarge with no flags
     assert v100 == train_config.DEFAULTS["V100"]
-    ladder = bench.Ladder((rung(1, 100.0, 60.0), rung(16, 1500.0, 120.0)), 0.9, True, "ok", config=v100.to_dict())
+    ladder = bench_verdict.Ladder(
+        (rung(1, 100.0, 60.0), rung(16, 1500.0, 120.0)), 0.9, True, "ok", config=v100.to_dict()
+    )
     cli._bench_cost(inv, ladder, "resnet50")
     err = capsys.readouterr().err
     assert "cost: this ladder ran 3m on a $48.96/hour cluster: about $2.45" in err

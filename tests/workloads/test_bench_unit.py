@@ -14,7 +14,7 @@ import pytest
 from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.remote import jobfolder, nodepkg
-from clusterctl.workloads import bench, bench_stats as stats, launch
+from clusterctl.workloads import bench, bench_stats as stats, bench_verdict, launch
 from clusterctl.workloads.horovod import BenchHost, BenchInterval, BenchRun, parse_bench_output
 
 HOSTS = HostsFile.parse("10.0.0.2 slots=8\n10.0.0.3 slots=8\n10.0.0.4 slots=8\n10.0.0.5 slots=8\n")
@@ -55,7 +55,7 @@ def rungs_of(hosts: HostsFile, ips: dict[int, float], noise: float = 0.0, per_no
     ]
 
 
-def check(ladder, kind: str, np_: int) -> bench.Check:
+def check(ladder, kind: str, np_: int) -> bench_verdict.Check:
     (c,) = [c for c in ladder.checks if c.kind == kind and c.np == np_]
     return c
 
@@ -96,8 +96,8 @@ def test_judged_interval_narrows_as_sqrt_of_iters_and_the_spread_does_not():
         ratios, spreads = [], []
         for seed in range(20):
             rng = random.Random(seed)
-            few = bench.analyze(rungs_of(hosts, {1: 100.0, 8: 760.0}, 0.03, rng=rng, n=20), 0.9, 8)
-            many = bench.analyze(rungs_of(hosts, {1: 100.0, 8: 760.0}, 0.03, rng=rng, n=20 * k), 0.9, 8)
+            few = bench_verdict.analyze(rungs_of(hosts, {1: 100.0, 8: 760.0}, 0.03, rng=rng, n=20), 0.9, 8)
+            many = bench_verdict.analyze(rungs_of(hosts, {1: 100.0, 8: 760.0}, 0.03, rng=rng, n=20 * k), 0.9, 8)
             ratios.append(few.rungs[-1].efficiency_conf / many.rungs[-1].efficiency_conf)
             spreads.append(few.rungs[-1].spread / many.rungs[-1].spread)
         assert 0.85 * k**0.5 < statistics.mean(ratios) < 1.2 * k**0.5, (k, ratios)
@@ -109,7 +109,9 @@ def _verdicts(true_efficiency: float, iters: int, seeds=range(20)) -> list[str]:
     out = []
     for seed in seeds:
         rng = random.Random(seed)
-        ladder = bench.analyze(rungs_of(hosts, {1: 100.0, 8: 800.0 * true_efficiency}, 0.03, rng=rng, n=iters), 0.9)
+        ladder = bench_verdict.analyze(
+            rungs_of(hosts, {1: 100.0, 8: 800.0 * true_efficiency}, 0.03, rng=rng, n=iters), 0.9
+        )
         out.append(ladder.status)
     return out
 
@@ -129,7 +131,7 @@ def test_inconclusive_names_the_iters_that_decide_it_and_they_do():
     hosts = HostsFile.parse("a slots=8\n")
 
     def ladder_of(rng, n):
-        return bench.analyze(rungs_of(hosts, {1: 100.0, 8: 736.0}, 0.03, rng=rng, n=n), 0.9)
+        return bench_verdict.analyze(rungs_of(hosts, {1: 100.0, 8: 736.0}, 0.03, rng=rng, n=n), 0.9)
 
     first_rerun, on_threshold = [], 0
     for seed in range(40):
@@ -162,12 +164,12 @@ def test_advice_that_would_outlast_the_timeout_raises_it_too():
         (n, 1, dataclasses.replace(run(n, r), start={"steps": "50"}), 20.0 + 10 * per_batch(n), f"r{n}")
         for n, r in rates.items()
     ]
-    roomy = bench.analyze(runs, 0.9, timeout=1e6)
+    roomy = bench_verdict.analyze(runs, 0.9, timeout=1e6)
     needed = roomy.iters_needed
     assert needed and f"rerun with --iters {needed} (estimated" in roomy.verdict
-    longest = bench.rung_seconds(runs, needed)  # 20 s to launch and warm up, then the batches
+    longest = bench_verdict.rung_seconds(runs, needed)  # 20 s to launch and warm up, then the batches
     assert longest == pytest.approx(20.0 + needed * per_batch(8)) and longest > 900
-    tight = bench.analyze(runs, 0.9, timeout=900.0)
+    tight = bench_verdict.analyze(runs, 0.9, timeout=900.0)
     expected = math.ceil(1.5 * longest / 60) * 60
     assert f"rerun with --iters {needed} --timeout {expected} (estimated from the measured variance)" in tight.verdict
 
@@ -201,7 +203,7 @@ def test_parse_ladder_checks_bounds_and_always_holds_a_full_node():
 def test_ladder_1_16_32_with_16_gpus_at_twice_one_gpu_fails():
     # Issue 15: judged against the 1-GPU rung as "one node", this read PASS 100%.
     rungs = bench.parse_ladder("1,16,32", HOSTS)
-    ladder = bench.analyze(
+    ladder = bench_verdict.analyze(
         rungs_of(HOSTS, dict(zip(rungs, (400.0, 3100.0, 800.0, 1600.0)))), 0.9, bench.full_node_np(HOSTS)
     )
     assert not ladder.passed and ladder.status == "FAIL"
@@ -221,13 +223,13 @@ def test_ladder_1_16_32_with_16_gpus_at_twice_one_gpu_fails():
     ]
     assert ladder.verdict.endswith("; checks: 4 FAIL, 1 PASS")
     with pytest.raises(ValueError, match="needs a full-node rung"):
-        bench.analyze(rungs_of(HOSTS, {1: 400.0, 16: 800.0}), 0.9, 8)
+        bench_verdict.analyze(rungs_of(HOSTS, {1: 400.0, 16: 800.0}), 0.9, 8)
 
 
 def test_ladder_1_8_20_with_perfect_scaling_passes_and_names_no_node():
     # Issue 15: 20 processes on 8+8+4 slots read FAIL 83% (against 3 whole nodes) and named the half-full node.
     per_node = {20: {"n0": 2400.0, "n1": 2400.0, "n2": 1200.0}}
-    ladder = bench.analyze(rungs_of(HOSTS, {1: 300.0, 8: 2400.0, 20: 6000.0}, per_node=per_node), 0.9, 8)
+    ladder = bench_verdict.analyze(rungs_of(HOSTS, {1: 300.0, 8: 2400.0, 20: 6000.0}, per_node=per_node), 0.9, 8)
     assert ladder.passed and ladder.status == "PASS" and ladder.slow_nodes == ()
     assert ladder.rungs[-1].node_scaling == pytest.approx(1.0)
     assert ladder.verdict.startswith("PASS: ") and "slow" not in ladder.verdict
@@ -237,7 +239,7 @@ def test_ladder_1_8_20_with_perfect_scaling_passes_and_names_no_node():
 def test_every_ratio_carries_both_rungs_intervals():
     hosts = HostsFile.parse("a slots=8\nb slots=8\n")
     # 92% of a full node's per-process rate, each rung's batches 5% apart over 10 batches
-    ladder = bench.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, noise=0.05), 0.9, 8)
+    ladder = bench_verdict.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, noise=0.05), 0.9, 8)
     full, top = ladder.rungs[1], ladder.rungs[2]
     t18 = stats.t_quantile(0.975, 18)  # two 10-batch means of equal relative variance: Welch gives 18
     assert full.conf == pytest.approx(stats.t_quantile(0.975, 9) * 0.05 * 3000 / 10**0.5)
@@ -258,45 +260,47 @@ def test_every_ratio_carries_both_rungs_intervals():
     assert "each process gives 92% +- 4% of a process on one full node" in check(ladder, "node_scaling", 16).text
     # every undecided check is decided at the advised count
     assert ladder.iters_needed == max(c.iters_needed for c in ladder.checks if c.status == "INCONCLUSIVE")
-    tight = bench.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5920.0}, noise=0.005), 0.9, 8)
+    tight = bench_verdict.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5920.0}, noise=0.005), 0.9, 8)
     assert tight.status == "PASS" and tight.passed
-    low = bench.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 4800.0}, noise=0.02), 0.9, 8)
+    low = bench_verdict.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 4800.0}, noise=0.02), 0.9, 8)
     assert low.status == "FAIL"  # 80% +- 2%
 
 
 def test_one_node_cluster_judges_per_process_efficiency():
-    ladder = bench.analyze([(1, 1, run(1, steady(100.0)), 1.0, "a"), (4, 1, run(4, steady(380.0)), 1.0, "b")], 0.9)
+    ladder = bench_verdict.analyze(
+        [(1, 1, run(1, steady(100.0)), 1.0, "a"), (4, 1, run(4, steady(380.0)), 1.0, "b")], 0.9
+    )
     assert (
         ladder.passed and ladder.verdict == "PASS: 4 processes give 95% +- 0% of linear scaling over 1 (threshold 90%)"
     )
-    one = bench.analyze([(4, 1, run(4, steady(380.0)), 1.0, "b")], 0.9)
+    one = bench_verdict.analyze([(4, 1, run(4, steady(380.0)), 1.0, "b")], 0.9)
     assert one.passed and one.checks == () and "nothing to compare" in one.verdict
 
 
 def _alone(rates: dict[str, list[float]], np_: int = 2):
     ests = [stats.Estimate.of(r).times(1 / np_) for r in rates.values()]
-    alone = [bench.NodeAlone(n, n, np_, e.value, e.half_width()) for n, e in zip(rates, ests)]
-    return bench.judge_nodes(alone, ests)
+    alone = [bench_verdict.NodeAlone(n, n, np_, e.value, e.half_width()) for n, e in zip(rates, ests)]
+    return bench_verdict.judge_nodes(alone, ests)
 
 
 def test_stragglers_each_node_against_the_median_of_the_others():
     # two nodes: the other node is the median; a node at half the other's rate is slow, and only it
     two = _alone({"n0": steady(100.0, 0.03), "n1": steady(50.0, 0.03)})
-    assert bench.stragglers(two) == ("n1",)
+    assert bench_verdict.stragglers(two) == ("n1",)
     assert two[1].vs_others == pytest.approx(0.5) and two[0].vs_others == pytest.approx(2.0)
     assert [a.status for a in two] == ["ok", "slow"]
     # within its interval of the bar: undecided, not named
     near = _alone({"n0": steady(100.0, 0.1, 4), "n1": steady(78.0, 0.1, 4)})
-    assert bench.stragglers(near) == () and near[1].status == "undecided"
+    assert bench_verdict.stragglers(near) == () and near[1].status == "undecided"
     # one fast node among four makes no other node slow (against the best node it would make three)
     four = _alone(
         {"n0": steady(100.0, 0.02), "n1": steady(98.0, 0.02), "n2": steady(101.0, 0.02), "n3": steady(140.0, 0.02)}
     )
-    assert bench.stragglers(four) == () and {a.status for a in four} == {"ok"}
+    assert bench_verdict.stragglers(four) == () and {a.status for a in four} == {"ok"}
     three = _alone({"n0": steady(100.0, 0.02), "n1": steady(98.0, 0.02), "n2": steady(40.0, 0.02)})
-    assert bench.stragglers(three) == ("n2",)
+    assert bench_verdict.stragglers(three) == ("n2",)
     lone = _alone({"n0": steady(100.0, 0.02)})
-    assert bench.stragglers(lone) == () and lone[0].vs_others is None and lone[0].status == ""
+    assert bench_verdict.stragglers(lone) == () and lone[0].vs_others is None and lone[0].status == ""
 
 
 def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
@@ -324,7 +328,7 @@ def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
         "nodes": [{"node": "10.0.0.2", "slots": 2}, {"node": "10.0.0.3", "slots": 2}],
         "processes": [1, 2, 4],
     }
-    ladder = bench.analyze([(1, 1, run(1, steady(60.0, 0.02)), 1.0, "a"), (2, 1, parsed, 1.0, "b")], 0.9)
+    ladder = bench_verdict.analyze([(1, 1, run(1, steady(60.0, 0.02)), 1.0, "a"), (2, 1, parsed, 1.0, "b")], 0.9)
     doc = json.loads(dataclasses.replace(ladder, ran=config).to_json())
     assert doc["ran"]["precision"] == "mixed_bfloat16"
     (c,) = doc["checks"]
@@ -338,7 +342,7 @@ def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys):
     from clusterctl.cli import tables
 
     hosts = HostsFile.parse("a slots=8\nb slots=8\n")
-    ladder = bench.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, noise=0.05), 0.9, 8)
+    ladder = bench_verdict.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, noise=0.05), 0.9, 8)
     alone = _alone({"a": steady(3000.0, 0.03), "b": steady(2950.0, 0.03)}, 8)
     tables.ladder_table(dataclasses.replace(ladder, alone=tuple(alone), model="tiny", batch_size=32))
     out = capsys.readouterr().out
@@ -350,7 +354,9 @@ def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys):
 
 
 def test_costs_of_the_tiny_model_are_a_lower_bound():
-    ladder = bench.analyze([(1, 1, run(1, steady(100.0)), 60.0, "a"), (4, 1, run(4, steady(380.0)), 60.0, "b")], 0.9)
+    ladder = bench_verdict.analyze(
+        [(1, 1, run(1, steady(100.0)), 60.0, "a"), (4, 1, run(4, steady(380.0)), 60.0, "b")], 0.9
+    )
     tiny = bench.cost_lines(ladder, 3.0, "tiny")
     assert tiny[0] == "cost: this ladder ran 2m on a $3.00/hour cluster: about $0.10"
     assert tiny[1].startswith("cost: lower bound only: the tiny model at 380 img/s would train 90 ImageNet epochs")
