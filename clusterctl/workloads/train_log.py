@@ -20,16 +20,19 @@ import typing
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
 
-MARK = "CLUSTERCTL-TRAIN"
-COLUMNS = ("Step", "Epoch", "img/s", "Loss", "TotalLoss", "LR", "Elapsed")
-# the trainer's exit statuses (clusterctl/node/train/options.py)
-EXIT_SIZE_MISMATCH = 3
-EXIT_CHECKPOINT = 4
-EXIT_NO_DATA = 5
-EXIT_BAD_LABELS = 6
-EXIT_HPARAMS = 7
-EXIT_SPOT = 8
-EXIT_TOO_FEW = 9  # node/horovodrun.py: an elastic job had fewer than --min-np processes for --elastic-timeout
+# The trainer's mark, columns and exit statuses, and horovodrun's exit when too few nodes are left: the node
+# package's (what writes the log), imported, never restated.
+from clusterctl.node.horovodrun import EXIT_TOO_FEW as EXIT_TOO_FEW
+from clusterctl.node.train.log import COLUMNS as COLUMNS, MARK as MARK
+from clusterctl.node.train.options import (
+    EXIT_BAD_LABELS as EXIT_BAD_LABELS,
+    EXIT_CHECKPOINT as EXIT_CHECKPOINT,
+    EXIT_HPARAMS as EXIT_HPARAMS,
+    EXIT_NO_DATA as EXIT_NO_DATA,
+    EXIT_SIZE_MISMATCH as EXIT_SIZE_MISMATCH,
+    EXIT_SPOT as EXIT_SPOT,
+)
+
 _MARKED = re.compile(rf".*{MARK}\s+(.*?)\s*$")  # the last mark of a line (two lines run together)
 _HOROVOD_FAILED = re.compile(r"Horovod detected that one or more processes exited with non-zero status")
 _PROCESS_NAME = re.compile(r"^\s*Process name:\s*(\S+)")
