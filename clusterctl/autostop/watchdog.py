@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 
 from clusterctl.autostop.settings import poll_seconds
@@ -113,14 +114,14 @@ def local_dir(store: StateStore, name: str, index: int = 0) -> Path:
     return store.cluster_dir(name) / "nodes" / str(index) / "home" / ".clusterctl" / "autostop"
 
 
-def install_local(store: StateStore, name: str, nodes: int, a: Autostop, created_at: float) -> None:
-    """The node package and the watchdog's settings in every node's home (only the leader runs it; members
-    answer probes): the package where shipping it would put it, so a node that has it has it once."""
+def install_local(store: StateStore, name: str, indices: Iterable[int], a: Autostop, created_at: float) -> None:
+    """The node package and the watchdog's settings in the homes of these nodes (only the leader runs it;
+    members answer probes): the package where shipping it would put it, so a node that has it has it once."""
     from clusterctl.remote import nodepkg
 
     pkg = nodepkg.package()
     cfg = node_config(name, a, poweroff="node-init", user="root", script=pkg.at(LOCAL_HOME), created_at=created_at)
-    for i in range(nodes):
+    for i in indices:
         d = local_dir(store, name, i)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         for old in ("fired.json", "state.json"):  # a stopped cluster started again: its last firing is history

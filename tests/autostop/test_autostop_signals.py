@@ -241,7 +241,7 @@ def test_a_local_cluster_started_again_forgets_its_last_firing(tmp_path):
     d.mkdir(parents=True)
     (d / "fired.json").write_text('{"reason": "idle-stop"}')
     (d / "state.json").write_text("{}")
-    watchdog.install_local(store, "c", 1, Autostop(60), time.time())
+    watchdog.install_local(store, "c", [0], Autostop(60), time.time())
     assert sorted(os.listdir(d)) == ["config.json"]
     # the watchdog runs from the node package, put where shipping it would put it in the node's home
     pkg = nodepkg.package()

@@ -141,3 +141,23 @@ def test_repair_watch_replaces_a_node_lost_while_it_runs(local_cluster_factory):
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
     assert f"{c.name}-member-1 ({c.hosts[1]}): " in err and "repaired 1 node(s)" in err, err
+
+
+def test_a_replaced_leader_gets_its_watchdog_and_supervisor_back(local_cluster_factory):
+    """Autostop on a local cluster is the leader's watchdog plus a supervisor on this machine: a new leader
+    gets both, as `up` gave them (its home is new, and the old supervisor's leader is gone)."""
+    from clusterctl.providers.local import supervisor
+
+    c = local_cluster_factory(2, 1, ("--idle-stop", "30m"))
+    wait_for(lambda: supervisor.watchdog_running(c.name), 60, "the watchdog")
+    before = supervisor.supervisors(c.name)
+    assert len(before) == 1
+    kill_node(c, 0)
+    wait_for(lambda: not supervisor.watchdog_running(c.name), 30, "the lost leader's watchdog gone")
+    ok(c.cli("repair", c.name, "--yes"))
+    assert c.node_exec(0, "test", "-f", "/root/.clusterctl/autostop/config.json", check=False).returncode == 0
+    wait_for(lambda: supervisor.watchdog_running(c.name), 60, "the new leader's watchdog")
+    after = supervisor.supervisors(c.name)
+    assert len(after) == 1 and after != before, (before, after)
+    st = ok(c.cli("status", c.name))
+    assert "idle-stop 30m" in st.stdout + st.stderr, st.stdout + st.stderr

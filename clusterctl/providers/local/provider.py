@@ -215,7 +215,7 @@ class LocalProvider(Provider):
             from clusterctl.autostop import watchdog
             from clusterctl.providers.local import supervisor
 
-            watchdog.install_local(self.store, spec.name, len(made), spec.autostop, created)
+            watchdog.install_local(self.store, spec.name, range(len(made)), spec.autostop, created)
             supervisor.start_supervisor(self.store, spec.name)
 
         cluster = Cluster(
@@ -379,7 +379,11 @@ class LocalProvider(Provider):
         return out
 
     def replace_nodes(self, cluster: Cluster, lost: Sequence[Node], keys: ClusterKeys) -> Launched:
-        """A fresh namespace node (new home, new /opt, new host key) at each lost node's address and name."""
+        """A fresh namespace node (new home, new /opt, new host key) at each lost node's address and name; with
+        autostop, the watchdog's settings in its home and, for a new leader, its supervisor, as `up` gives them."""
+        from clusterctl.autostop import watchdog
+        from clusterctl.providers.local import supervisor
+
         netns.require_root()
         subnet = ipaddress.IPv4Network(cluster.extra["subnet"])
         bridge = cluster.extra["bridge"]
@@ -387,6 +391,10 @@ class LocalProvider(Provider):
         authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
         nodes_root = self.store.ensure_dir(cluster.name) / "nodes"
         made: list[netns.NetNode] = []
+        autostop = cluster.facts.autostop
+        leader = autostop is not None and any(node_index(cluster.name, n) == 0 for n in lost)
+        if leader:  # its supervisor would start a watchdog in the new leader before its settings are there
+            supervisor.stop_supervisor(cluster.name)
         try:
             for node in lost:
                 index = node_index(cluster.name, node)
@@ -402,6 +410,10 @@ class LocalProvider(Provider):
                 netns.forget_address(cluster.name, bridge, n.address)  # the old node's MAC, cached here and in peers
             for n in made:
                 netns.wait_port(n.address, 22, 60.0, n.pid, nodes_root / str(n.index) / "sshd.log")
+            if autostop is not None:  # a new home has no watchdog settings; a new leader needs its supervisor
+                watchdog.install_local(self.store, cluster.name, [n.index for n in made], autostop, cluster.created_at)
+                if leader:
+                    supervisor.start_supervisor(self.store, cluster.name)
         except BaseException:
             for n in made:
                 netns.destroy_node(cluster.name, n.index)
