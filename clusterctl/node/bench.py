@@ -43,11 +43,11 @@ from clusterctl.node.train.model import (
     pin_device,
     report_devices,
 )
+from clusterctl.node.train.options import EXIT_SIZE_MISMATCH, PRECISIONS
 
 # TF's C++ start-up chatter would bury the result lines in every rank's output.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-EXIT_SIZE_MISMATCH = 3
 MARK = "CLUSTERCTL-BENCH"
 DESCRIPTION = "Synthetic Horovod benchmark, shipped to every node and launched by horovodrun (one process per slot)."
 
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-only", action="store_true", help="time the input pipeline alone, no model")
     p.add_argument(
         "--precision",
-        choices=("auto", "fp32", "float16", "bfloat16", "mixed"),
+        choices=PRECISIONS,
         default="fp32",
         help="float16 always with loss scaling; mixed: float16 on GPUs, bfloat16 on CPUs; auto: float16 on "
         "GPUs with tensor cores (compute capability 7.0+), else fp32 (clusterctl passes the GPU type's)",

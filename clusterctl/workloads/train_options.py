@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from clusterctl import s3uri
 from clusterctl.errors import UsageError, within
+from clusterctl.node.train.options import PRECISIONS as PRECISIONS  # the trainer's own choices
 
 PROGRAM = "train"  # the node package's program (clusterctl/node/train/main.py)
 
@@ -124,7 +125,6 @@ FLAGS = dict(
 # elastic job waits for --min-np processes' hosts before it stops.
 ELASTIC_TIMEOUT_S = 600
 MODELS = ("resnet50", "tiny")
-PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")
 RECIPES = ("default", "goyal")
 # Horovod's tensor fusion buffer as its tensor-fusion docs give it (64 MB; 0.21+ builds default to 128 MB)
 # and its cycle time (1 ms, its default since 0.21): set explicitly so every rank runs with the same.

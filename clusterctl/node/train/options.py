@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from clusterctl.node.train import checkpoints
 
 DESCRIPTION = "ImageNet training with TensorFlow 2 + Horovod, shipped to every node and launched by horovodrun."
+PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")  # the trainer's and the benchmark's --precision
 EXIT_SIZE_MISMATCH = 3
 EXIT_CHECKPOINT = 4
 EXIT_NO_DATA = 5
@@ -116,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--label-smoothing", type=float, default=None, help="default: the recipe's")
     m.add_argument(
         "--precision",
-        choices=("auto", "fp32", "float16", "bfloat16", "mixed"),
+        choices=PRECISIONS,
         default="auto",
         help="auto: float16 with loss scaling on GPUs with tensor cores (compute capability 7.0+), "
         "else fp32; mixed: float16 on GPUs, bfloat16 on CPUs; float16 always has loss scaling",
