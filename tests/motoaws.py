@@ -21,6 +21,8 @@ What is added to moto, and why:
     associated with (and taken away again on disassociation);
   * Service Quotas for EC2 (moto knows only "vpc"): the values in MotoAws.quotas; DescribeAccountAttributes'
     vpc-max-elastic-ips from MotoAws.account_eips;
+  * DescribeSpotPriceHistory from MotoAws.spot_prices (moto answers $0.00001 everywhere, and nothing for
+    p3.16xlarge): an older and a current entry per AZ, as EC2's history has;
   * an nvidia-smi in every node of a GPU type listing the type's GPUs (fake_gpus: "type", a count, or None);
   * GetConsoleOutput that looks like cloud-init's (host keys block, the "finished" line);
   * filter values with EC2's wildcard semantics everywhere (`*` any run, `?` one character, a backslash
@@ -151,6 +153,7 @@ class MotoAws:
         self.fake_gpus: int | str | None = "type"  # every new node's nvidia-smi lists: the type's GPUs, N, or none
         self.quotas: dict[str, float] | None = dict(DEFAULT_QUOTAS)  # None: Service Quotas refuses (AccessDenied)
         self.account_eips = 5
+        self.spot_prices: dict[tuple[str, str], float] = {}  # (instance type, AZ) -> the current $/hour
         self.owned: ipaddress.IPv4Network | None = None  # instances launched in here get namespace nodes
         self.mirror_address = ""  # see begin()
         self.public_net = ""
@@ -244,6 +247,7 @@ class MotoAws:
             self.fake_gpus = "type"
             self.quotas = dict(DEFAULT_QUOTAS)
             self.account_eips = 5
+            self.spot_prices = {}
 
     def seed(self) -> None:
         """The DLAMI (found through its SSM parameter) and the image of the test nodes (root login)."""
@@ -1115,6 +1119,29 @@ def _install_patches(aws: MotoAws) -> None:  # noqa: C901 (one independent patch
         return result
 
     AccountAttributes.describe_account_attributes = describe_account_attributes
+
+    # ---- the spot price history ---------------------------------------------------------------------------
+    from moto.ec2.responses.spot_instances import SpotInstances
+
+    def describe_spot_price_history(self):
+        types = self._get_param("InstanceTypes", [])
+        history = []
+        for (itype, az), price in cur().spot_prices.items():
+            if types and itype not in types:
+                continue
+            for stamp, value in (("2026-01-01T00:00:00Z", price * 3), ("2026-06-01T00:00:00Z", price)):
+                history.append(
+                    {
+                        "InstanceType": itype,
+                        "ProductDescription": "Linux/UNIX",
+                        "SpotPrice": f"{value:.6f}",
+                        "AvailabilityZone": az,
+                        "Timestamp": stamp,
+                    }
+                )
+        return ActionResult({"SpotPriceHistory": history})
+
+    SpotInstances.describe_spot_price_history = describe_spot_price_history
 
 
 def ec2_pattern(value: str) -> str:

@@ -335,3 +335,63 @@ def test_the_console_is_read_with_latest_on_nitro_types(aws, aws_cli):
     assert calls and all(c.params.get("Latest") == "true" for c in calls), [c.params for c in calls]
     assert "read from their console output (cloud-init, GetConsoleOutput Latest=True)" in proc.stderr
     ok(aws_cli("down", "nitro", "--yes"))
+
+
+def test_an_assumed_role_profile_signs_in_once_and_asks_for_its_mfa_code_once(aws, aws_cli, tmp_path):
+    """One boto3 Session per command: `up --dry-run` calls EC2, IAM, STS, SSM and Service Quotas, and an
+    assumed-role profile with mfa_serial asks AssumeRole (and the MFA code, read here from stdin) once."""
+    config = tmp_path / "aws-config"
+    config.write_text(
+        "[profile base]\naws_access_key_id = testing\naws_secret_access_key = testing\n\n"
+        f"[profile trainer]\nrole_arn = arn:aws:iam::{ACCOUNT}:role/trainer\nsource_profile = base\n"
+        f"mfa_serial = arn:aws:iam::{ACCOUNT}:mfa/alice\n"
+    )
+    env = {
+        "AWS_CONFIG_FILE": str(config),
+        "AWS_PROFILE": "trainer",
+        "AWS_ACCESS_KEY_ID": "",
+        "AWS_SECRET_ACCESS_KEY": "",
+    }
+    # a second prompt would read end of input and fail the command
+    proc = ok(aws_cli("up", "--nodes", "2", "--type", "p3.16xlarge", "--dry-run", env=env, input="123456\n"))
+    assert "plan: cost:" in proc.stderr
+    services = {c.service for c in aws.calls}
+    assert {"ec2", "sts"} <= services and len(services) >= 3, services
+    assumed = aws.actions("AssumeRole")
+    assert len(assumed) == 1, assumed
+    assert assumed[0].params["RoleArn"] == f"arn:aws:iam::{ACCOUNT}:role/trainer"
+    assert (assumed[0].params["SerialNumber"], assumed[0].params["TokenCode"]) == (
+        f"arn:aws:iam::{ACCOUNT}:mfa/alice",
+        "123456",
+    )
+
+
+def test_a_profile_that_is_not_there_is_a_config_error_with_the_fix(aws, aws_cli, tmp_path):
+    proc = aws_cli("up", "--nodes", "2", "--type", "p3.16xlarge", "--dry-run", env={"AWS_PROFILE": "nosuch"})
+    assert proc.returncode == 3, proc.stderr
+    assert one_error_line(proc) == (
+        "Error: the AWS profile 'nosuch' is in neither ~/.aws/config nor ~/.aws/credentials: set AWS_PROFILE (or "
+        "AWS_DEFAULT_PROFILE) to a profile those files define, or unset it"
+    )
+    # the advice, followed: AWS_PROFILE unset, the same command plans
+    ok(aws_cli("up", "--nodes", "2", "--type", "p3.16xlarge", "--dry-run"))
+
+
+def test_the_spot_plan_shows_ec2s_current_spot_price_in_each_az_it_would_try(aws, aws_cli):
+    aws.spot_prices = {
+        ("p3.16xlarge", "us-east-1a"): 7.3441,
+        ("p3.16xlarge", "us-east-1b"): 8.1,
+        ("p3.8xlarge", "us-east-1a"): 1.0,
+    }
+    proc = ok(aws_cli("up", "--nodes", "2", "--type", "p3.16xlarge", "--spot", "--dry-run"))
+    cost = next(line for line in proc.stderr.splitlines() if line.startswith("plan: cost:"))
+    assert cost.startswith("plan: cost: spot $")
+    assert " for the cluster in us-east-1a now (2 x $7.34 instance + " in cost
+    assert "EC2's current spot price per AZ: us-east-1a $7.34, us-east-1b $8.10; on-demand $24.48 per instance" in cost
+    (asked,) = aws.actions("DescribeSpotPriceHistory")
+    assert (asked.params["InstanceType.1"], asked.params["ProductDescription.1"]) == ("p3.16xlarge", "Linux/UNIX")
+    assert "InstanceType.2" not in asked.params and asked.params["StartTime"].startswith("20")
+    # no current price (or no permission to read it): said, with on-demand as the ceiling
+    aws.spot_prices = {}
+    proc = ok(aws_cli("up", "--nodes", "2", "--type", "p3.16xlarge", "--spot", "--dry-run"))
+    assert "plan: cost: spot (EC2 gave no current spot price): at most the on-demand $" in proc.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from datetime import datetime
 from typing import Any, Callable, Iterator, Mapping
@@ -40,13 +41,44 @@ def _no_report(_: str) -> None:
     pass
 
 
+_SESSION: list[Any] = []  # the command's one boto3 Session, made on first use
+_SESSION_LOCK = threading.Lock()  # a boto3 Session is not thread-safe; the clients made from it are
+
+
+def session() -> Any:
+    """The command's one boto3 Session. Every client of every region is made from it, so the credentials chain
+    runs once: an assumed-role profile calls AssumeRole once and a profile with `mfa_serial` asks for its code
+    once, whatever the services and regions the command uses (a Session per client would run it for each)."""
+    with _SESSION_LOCK:
+        if not _SESSION:
+            import boto3
+
+            _SESSION.append(_profile_checked(boto3.session.Session))
+        return _SESSION[0]
+
+
+def _profile_checked(make: Callable[[], Any]) -> Any:
+    """make(), with botocore's ProfileNotFound (AWS_PROFILE or --profile naming no profile) said as a config error."""
+    from botocore.exceptions import ProfileNotFound
+
+    try:
+        return make()
+    except ProfileNotFound as exc:
+        raise _no_profile(exc) from None
+
+
+def _no_profile(exc: Any) -> ConfigError:
+    return ConfigError(
+        f"the AWS profile {exc.kwargs.get('profile', '')!r} is in neither ~/.aws/config nor ~/.aws/credentials",
+        "set AWS_PROFILE (or AWS_DEFAULT_PROFILE) to a profile those files define, or unset it",
+    )
+
+
 def configured_region() -> str | None:
     """The region the user configured, as the AWS CLI v2 and the other SDKs read it: AWS_REGION, then what
     boto3 itself reads (AWS_DEFAULT_REGION, then the profile's); None when there is none. boto3 alone
     ignores AWS_REGION, which users set, and the error's advice names."""
-    import boto3
-
-    return os.environ.get("AWS_REGION", "").strip() or boto3.session.Session().region_name or None
+    return os.environ.get("AWS_REGION", "").strip() or _profile_checked(lambda: session().region_name) or None
 
 
 def _tags(pairs: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -103,7 +135,6 @@ class Api:
 
     def client(self, service: str) -> Any:
         if service not in self._clients:
-            import boto3
             from botocore.config import Config
 
             attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or 8)
@@ -113,12 +144,16 @@ class Api:
                 read_timeout=60,
                 user_agent_extra="clusterctl",
             )
-            self._clients[service] = boto3.session.Session(region_name=self.region).client(service, config=cfg)
+            made = session()
+            with _SESSION_LOCK:
+                self._clients[service] = _profile_checked(
+                    lambda: made.client(service, region_name=self.region, config=cfg)
+                )
         return self._clients[service]
 
     def call(self, service: str, op: str, **kwargs: Any) -> dict[str, Any]:
         """One API call; AWS errors stay ClientErrors (for the caller to judge), missing credentials are 3."""
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, ProfileNotFound
 
         try:
             answer: dict[str, Any] = getattr(self.client(service), op)(**kwargs)
@@ -130,6 +165,8 @@ class Api:
             ) from None
         except NoRegionError:
             raise ConfigError("no AWS region given", "pass --region or set AWS_REGION") from None
+        except ProfileNotFound as exc:
+            raise _no_profile(exc) from None
         except ClientError:
             raise
         except BotoCoreError as exc:

@@ -1,5 +1,5 @@
 """The AWS provider's fabric: EFA interfaces per network card, the leader's Elastic IP, the VPC's S3 gateway
-endpoint, and the quota checks the plan makes before anything is created.
+endpoint, and what the plan reads before anything is created: the quotas and the current spot prices.
 
 Part of the AWS provider (boto3 answers stay inside it): the functions that call AWS take its Api (api.py), so
 errors, retries and the one-line messages are the provider's own; nothing here imports provider.py.
@@ -166,6 +166,33 @@ def check_quotas(api: Api, ctx: Context) -> list[QuotaCheck]:
                 "fewer or smaller nodes; nothing was created",
             )
     return checks
+
+
+# ---- spot prices -------------------------------------------------------------------------------------------
+def spot_prices(api: Api, instance_type: str, zones: list[str]) -> dict[str, float]:
+    """EC2's spot price of the type in each of the zones now (Linux/UNIX, $/hour): the newest entry of the spot
+    price history per AZ, asked from now on so EC2 gives the price in effect. Zones with no entry are left out;
+    a refusal (no ec2:DescribeSpotPriceHistory) gives none, and the plan then says the price is not known."""
+    from datetime import datetime, timezone
+
+    from botocore.exceptions import ClientError
+
+    try:
+        history = api.call(
+            "ec2",
+            "describe_spot_price_history",
+            InstanceTypes=[instance_type],
+            ProductDescriptions=["Linux/UNIX"],
+            StartTime=datetime.now(timezone.utc),
+        ).get("SpotPriceHistory", [])
+    except ClientError:
+        return {}
+    newest: dict[str, tuple[str, float]] = {}
+    for entry in history:
+        az, stamp = entry.get("AvailabilityZone", ""), str(entry.get("Timestamp", ""))
+        if az in zones and (az not in newest or stamp > newest[az][0]):
+            newest[az] = (stamp, float(entry["SpotPrice"]))
+    return {az: newest[az][1] for az in zones if az in newest}
 
 
 # ---- the leader's Elastic IP ----------------------------------------------------------------------------------

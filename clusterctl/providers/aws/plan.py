@@ -48,7 +48,7 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
         + (f" at {iops} IOPS" if iops else "")
         + ", encrypted, deleted with the node"
     )
-    net = _network(api, ctx, scope)
+    net, zones = _network(api, ctx, scope)
     lines.append(net)
     cidr = o.ssh_cidr or "your public IP /32 (detected at launch)"
     lines.append(f"security group: all traffic within the cluster (in and out), ssh (22) from {cidr}")
@@ -100,13 +100,17 @@ def plan(api: Api, ctx: Context, scope: Scope | None) -> Plan:
             lines.append(f"quota: {check.line()}")
     per_node = ctx.price.per_node
     hourly = None if per_node is None else per_node * n
-    if per_node is None:
+    spot = fabric.spot_prices(api, t.name, zones) if o.spot else {}
+    if spot:
+        lines.append(_spot_cost(ctx, spot))
+        hourly = (spot[next(iter(spot))] + ctx.price.volume_usd_per_hour) * n
+    elif per_node is None:
         lines.append(
             f"cost: unknown ({t.name} is not in the built-in price table of {catalog.PRICES_DATE}); "
             f"disks {money(ctx.price.volume_usd_per_hour * n)}/hour"
         )
     else:
-        kind = "spot: less than the on-demand " if o.spot else ""
+        kind = "spot (EC2 gave no current spot price): at most the on-demand " if o.spot else ""
         lines.append(
             f"cost: {kind}{money(hourly)}/hour for the cluster "
             f"({n} x {money(ctx.price.instance_usd_per_hour)} instance + "
@@ -152,19 +156,34 @@ def _interfaces(ctx: Context) -> str:
     return nics + "; a public address each for ssh"
 
 
-def _network(api: Api, ctx: Context, scope: Scope | None) -> str:
+def _spot_cost(ctx: Context, spot: dict[str, float]) -> str:
+    """The spot cost line: the first AZ's price now (where the launch tries first), every AZ's, on-demand's."""
+    n, disk = ctx.spec.nodes, ctx.price.volume_usd_per_hour
+    first, price = next(iter(spot.items()))
+    each = ", ".join(f"{az} {money(p)}" for az, p in spot.items())
+    on_demand = ctx.price.instance_usd_per_hour
+    return (
+        f"cost: spot {money((price + disk) * n)}/hour for the cluster in {first} now ({n} x {money(price)} instance"
+        f" + {money(disk)} disk; EC2's current spot price per AZ: {each}"
+        + (f"; on-demand {money(on_demand)} per instance" if on_demand is not None else "")
+        + "; spot prices move, and an interruption terminates the node)"
+    )
+
+
+def _network(api: Api, ctx: Context, scope: Scope | None) -> tuple[str, list[str]]:
+    """The network line, and the AZs the launch would try, in order."""
     o = ctx.opts
     if o.subnets or o.vpc:
         net = bootstrap.existing_network(api, ctx, create=False)
-        azs = ", ".join(az for _, az in net.subnets)
-        return f"network: existing VPC {net.vpc}, subnet(s) in {azs} (not created, not deleted)"
+        azs = [az for _, az in net.subnets]
+        return f"network: existing VPC {net.vpc}, subnet(s) in {', '.join(azs)} (not created, not deleted)", azs
     vpc = find_one(api, KIND["VPC"], scope) if scope else None
     zones = bootstrap.zones_for(api, ctx, [z for z in bootstrap.available_zones(api)])
     state = f"existing {vpc['VpcId']}" if vpc else "a new VPC"
     return (
         f"network: {state} {o.cidr} with a subnet in each AZ and an S3 gateway endpoint (free); trying "
         f"{', '.join(zones)} in that order on insufficient capacity"
-    )
+    ), zones
 
 
 def dry_run(api: Api, ctx: Context, scope: Scope | None) -> list[str]:
