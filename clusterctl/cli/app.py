@@ -96,6 +96,7 @@ COMMANDS = (
     "hosts",
     "run",
     "ssh",
+    "jobs",
     "logs",
     "kill",
     "clean",

@@ -1,4 +1,4 @@
-"""Commands that fan out over every node: run logs kill clean agent."""
+"""Commands that fan out over every node: run jobs logs kill clean agent."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from clusterctl.cli.shared import (
     _confirm,
     _fan_out,
     _inventory,
+    _print_line,
     _provider,
     _store,
     ssh_options,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from clusterctl.cluster.clean_run import CleanSpec
     from clusterctl.cluster.inventory import Inventory
     from clusterctl.types import RunReport
+    from clusterctl.workloads.jobs import Job
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -98,11 +100,57 @@ def _write_failed_hosts(inv: Inventory, report: RunReport, path: str) -> None:
     display.info(f"{len(bad)} failed host(s) written to {path}" if bad else f"no host failed: {path} is empty")
 
 
+@app.command("jobs", short_help="Every detached job on the nodes, by id: kind, state, exit.")
+@ssh_options(*FANOUT)
+def jobs_(
+    hostsfile: Optional[str] = HOSTS,
+    json_: bool = typer.Option(False, "--json", help="A JSON list, one object per job (keys: docs/run.md)."),
+    ssh: Ssh = DEFAULT_SSH,
+) -> None:
+    """List every detached job the nodes hold (run --detach, train, launch, sweep, tensorboard, data tfrecords
+    --on leader), newest first: id, name, kind, state, start, duration, nodes, exit status. `logs` and `kill`
+    take the id or the name. Exit status 0, or the unreachable hosts' status when some did not answer."""
+    import json
+
+    from clusterctl.cli import display, tables
+
+    inv = _inventory(hostsfile, ssh)
+    found, report = _jobs(inv, ssh.parallel)
+    now = time.time()
+    if json_:
+        _print_line(json.dumps([j.to_json(now) for j in found], indent=1))
+    else:
+        tables.jobs_table(found, now)
+    for r in report:
+        if not r.ok:
+            display.warn(f"{r.host}: {r.error or f'exit {r.exit_code}'}: its jobs are not listed")
+    raise typer.Exit(0 if all(r.ok for r in report) else report.exit_code)
+
+
+def _jobs(inv: Inventory, parallel: int) -> tuple[list[Job], RunReport]:
+    from clusterctl.remote import tmux
+    from clusterctl.workloads import jobs as joblib
+
+    report = _fan_out(inv, tmux.list_command(), parallel, live=False)
+    return joblib.parse(report), report
+
+
+def _job_name(inv: Inventory, key: str, parallel: int) -> str:
+    """`key` as logs and kill take it: a job's name, or its id (looked up on the nodes)."""
+    from clusterctl.remote import tmux
+    from clusterctl.workloads import jobs as joblib
+
+    tmux.validate_job_name(key)
+    if not joblib.is_id(key):
+        return key
+    return joblib.find(_jobs(inv, parallel)[0], key).name
+
+
 @app.command(short_help="Stream a detached job's output.")
 @ssh_options(*FANOUT)
 def logs(
     name: Optional[str] = typer.Argument(
-        None, help="The job's name (as given to run --detach); default: the training job, from the leader."
+        None, help="The job's id or name (see jobs); default: the training job, from the leader."
     ),
     hostsfile: Optional[str] = HOSTS,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends everywhere."),
@@ -115,8 +163,8 @@ def logs(
 
     if name is None:
         return _train_logs(hostsfile, ssh.cluster, follow, ssh.connect_timeout)
-    cmd = jobs.logs_command(name, follow)
     inv = _inventory(hostsfile, ssh)
+    cmd = jobs.logs_command(_job_name(inv, name, ssh.parallel), follow)
     report = _fan_out(inv, cmd, ssh.parallel)
     display.summary(report)
     raise typer.Exit(report.exit_code)
@@ -125,7 +173,7 @@ def logs(
 @app.command("kill", short_help="End a detached job on every node.")
 @ssh_options(*FANOUT)
 def kill_(
-    name: str = typer.Argument(..., help="The job's name (as given to run --detach)."),
+    name: str = typer.Argument(..., help="The job's id or name (see jobs)."),
     hostsfile: Optional[str] = HOSTS,
     grace: float = typer.Option(3.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
     ssh: Ssh = DEFAULT_SSH,
@@ -135,8 +183,9 @@ def kill_(
     from clusterctl.remote import tmux as jobs
 
     within("--grace", grace, 0, 300, unit="seconds")
-    cmd = jobs.kill_job_command(name, grace)
+    jobs.validate_job_name(name)
     inv = _inventory(hostsfile, ssh)
+    cmd = jobs.kill_job_command(_job_name(inv, name, ssh.parallel), grace)
     report = _fan_out(inv, cmd, ssh.parallel)
     display.summary(report)
     raise typer.Exit(report.exit_code)

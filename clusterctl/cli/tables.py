@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from clusterctl.workloads.bench_verdict import Ladder
     from clusterctl.workloads.cluster_view import ClusterView
     from clusterctl.workloads.doctor_judge import Allreduce, DoctorReport
+    from clusterctl.workloads.jobs import Job
     from clusterctl.workloads.train_job import TrainJob
     from clusterctl.workloads.train_log import EvalResult, TrainStatus
 
@@ -139,6 +140,33 @@ def gc_table(found: Sequence[Leftover], chosen: Sequence[Leftover], now: float) 
                 + (f" ({f.state})" if f.state else "")
                 + (f", {duration(now - f.created_at)} old" if f.created_at else "")
             )
+
+
+def jobs_table(found: Sequence[Job], now: float) -> None:
+    """`jobs`: one row per detached job, newest first."""
+    import time as _time
+
+    from rich.table import Table
+
+    if not found:
+        info("no detached jobs on these nodes")
+        return
+    t = Table(box=None, header_style="bold")
+    for col in ("ID", "NAME", "KIND", "STATE", "STARTED", "DURATION", "NODES", "EXIT"):
+        t.add_column(col)
+    for j in found:
+        started = _time.strftime("%Y-%m-%d %H:%M", _time.localtime(j.started)) if j.started is not None else "-"
+        t.add_row(
+            j.id,
+            _esc(j.name),
+            j.kind,
+            j.state,
+            started,
+            duration(j.duration(now)),
+            str(j.nodes or len(j.hosts)),
+            "-" if j.exit_status is None else str(j.exit_status),
+        )
+    console().print(t)
 
 
 def node_table(cluster: Cluster, current: bool = False) -> None:

@@ -92,6 +92,7 @@ def prepare(
         options=dict(request.options) if kind.up_flags else {},  # checked by the provider (AWS: AwsOptions)
         autostop=stop_rules,
     )
+    spec = as_up(spec, request.given, store)
     impl = make(request.provider, request.region)
     runtime = runtime_request(request, impl.builds_runtime_locally)
     plan = impl.plan(spec)
@@ -100,6 +101,40 @@ def prepare(
     report(f"autostop: {autostop.describe(stop_rules)}")
     report(f"node runtime: {plan_line(runtime, plan.image)}")  # may refuse the image
     return UpPlan(request, spec, impl, runtime, plan)
+
+
+def as_up(spec: ClusterSpec, given: tuple[str, ...], store: StateStore) -> ClusterSpec:
+    """`up` again on a cluster that is up does nothing: its plan is the cluster's own shape (not --nodes'
+    default), and flags asking for another shape are refused before the plan, in one line, rather than planned
+    and then ignored (up does not resize or retype a cluster)."""
+    from dataclasses import replace
+
+    from clusterctl.errors import ConfigError
+
+    if not store.exists(spec.name):
+        return spec
+    record = store.load(spec.name)
+    if record.status != "up":
+        return spec
+    have = record.cluster
+    slots = sorted({n.slots for n in have.nodes})
+    differs = [
+        f"{flag} {asked} (it has {has})"
+        for flag, asked, has, same in (
+            ("--provider", spec.provider, have.provider, spec.provider == have.provider),
+            ("--nodes", spec.nodes, len(have.nodes), spec.nodes == len(have.nodes)),
+            ("--slots", spec.slots, "/".join(map(str, slots)), slots == [spec.slots]),
+            ("--type", spec.instance_type, have.instance_type, spec.instance_type == have.instance_type),
+        )
+        if flag in given and not same
+    ]
+    if differs:
+        raise ConfigError(
+            f"cluster {spec.name} is up and `up` does not change a cluster's shape: {', '.join(differs)}",
+            f"run the same `up` without those flags to use it as it is, `clusterctl down {spec.name} --yes` "
+            "first to make it anew, or choose another --name",
+        )
+    return replace(spec, nodes=len(have.nodes))
 
 
 def runtime_request(request: UpRequest, builds_here: bool) -> RuntimeRequest:

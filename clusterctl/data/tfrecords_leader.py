@@ -150,7 +150,7 @@ def convert_on_leader(
             'USER="$(id -un)" LANG=C.UTF-8 '
             f"PATH={shlex.quote(path)} TF_CPP_MIN_LOG_LEVEL=2 PYTHONUNBUFFERED=1 {shlex.join(argv)}"
         )
-        r = pool.run_one(leader, jobs.detach_command(job.name, cmd), timeout=60)
+        r = pool.run_one(leader, jobs.detach_command(job.name, cmd, kind="tfrecords"), timeout=60)
         if r.exit_code != 0:
             raise RemoteCommandError(
                 f"could not start the conversion on {leader.label}",

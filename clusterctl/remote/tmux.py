@@ -4,7 +4,9 @@ Pure: these functions build the remote shell text (every value clusterctl puts i
 or validated) and parse nothing. On each host a job NAME is:
     the tmux session NAME (attach with `tmux attach -t NAME` on the node),
     ~/.clusterctl/jobs/NAME.log   everything it printed (stdout and stderr), appended live,
-    ~/.clusterctl/jobs/NAME.exit  its exit status, once it ended.
+    ~/.clusterctl/jobs/NAME.exit  its exit status, once it ended,
+    ~/.clusterctl/jobs/NAME.job   `v1 ID KIND NODES START`: what `clusterctl jobs` lists it by (ID is the same on
+                                  every host the job was started on; START in seconds since the epoch).
 The job's Python output is unbuffered (PYTHONUNBUFFERED=1), so `logs -f` shows lines as they come; every
 process of the session carries CLUSTERCTL_JOB=NAME, which tells `clusterctl clean` it is clusterctl's.
 """
@@ -12,6 +14,7 @@ process of the session carries CLUSTERCTL_JOB=NAME, which tells `clusterctl clea
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 
 from clusterctl.errors import UsageError
@@ -19,6 +22,14 @@ from clusterctl.remote.session import TREE_FN
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 JOBS_DIR = "$HOME/.clusterctl/jobs"  # expanded by the remote shell, always inside double quotes
+KINDS = ("run", "train", "launch", "sweep", "tensorboard", "tfrecords")
+JOB_LINE = "CLUSTERCTL-JOB"  # list_command's line mark
+_KIND = re.compile(r"^[a-z]{1,16}$")
+
+
+def new_job_id() -> str:
+    """A job's id: 6 hex digits, made once where the job's command is built, so every host holds the same."""
+    return secrets.token_hex(3)
 
 
 def validate_job_name(name: str) -> str:
@@ -48,9 +59,16 @@ def _pane_pid(name: str) -> str:
     return f"tmux display-message -p -t {shlex.quote('=' + name + ':')} '#{{pane_pid}}' 2>/dev/null"
 
 
-def detach_command(name: str, command: str) -> str:
-    """Start `command` in tmux session `name`; refuse (exit 3) if that job is still running there."""
+def detach_command(
+    name: str, command: str, kind: str = "run", nodes: int | None = None, job_id: str | None = None
+) -> str:
+    """Start `command` in tmux session `name`; refuse (exit 3) if that job is still running there. `kind` and
+    `nodes` (how many nodes the job spans; None: the hosts it is started on) are what `clusterctl jobs` shows;
+    the id is new unless given."""
     n = validate_job_name(name)
+    if not _KIND.match(kind) or (nodes is not None and nodes < 1):
+        raise ValueError(f"job kind {kind!r} / nodes {nodes}")
+    meta = f"v1 {job_id or new_job_id()} {kind} {'-' if nodes is None else int(nodes)}"
     inner = (
         f'( "${{SHELL:-/bin/sh}}" -c {shlex.quote(command)}; echo $? > "{JOBS_DIR}/{n}.exit" ) 2>&1 '
         f'| tee -a "{JOBS_DIR}/{n}.log"'
@@ -62,10 +80,24 @@ def detach_command(name: str, command: str) -> str:
         f"if {has_session(n)}; then "
         f"echo {shlex.quote(f'job {n} is still running here: clusterctl kill {n}')} >&2; exit 3; fi; "
         'rm -f "$ex"; : > "$log"; '
+        f'echo {shlex.quote(meta)} "$(date +%s)" > "$d/{n}.job"; '
         # CLUSTERCTL_JOB marks every process of the session as clusterctl's (`clean` kills those only)
         f"tmux new-session -d -s {shlex.quote(n)} -x 200 -y 50 -e PYTHONUNBUFFERED=1 "
         f"-e {shlex.quote('CLUSTERCTL_JOB=' + n)} {shlex.quote(inner)} || exit 1; "
         f'echo "started job {n}; log: $log"'
+    )
+
+
+def list_command() -> str:
+    """One `CLUSTERCTL-JOB<TAB>name<TAB>running|ended<TAB>exit status<TAB>end time<TAB>the .job line` per job
+    whose log this host holds; a job from before .job files has `-` fields there."""
+    tab = "\\t"
+    return (
+        f'd="{JOBS_DIR}"; for log in "$d"/*.log; do [ -f "$log" ] || continue; n=${{log##*/}}; n=${{n%.log}}; '
+        'if tmux has-session -t "=$n" 2>/dev/null; then s=running; else s=ended; fi; '
+        f'printf "{JOB_LINE}{tab}%s{tab}%s{tab}%s{tab}%s{tab}%s\\n" "$n" "$s" '
+        '"$(head -c 16 "$d/$n.exit" 2>/dev/null)" "$(stat -c %Y "$d/$n.exit" 2>/dev/null)" '
+        '"$(head -c 200 "$d/$n.job" 2>/dev/null || echo "v1 - - - -")"; done; true'
     )
 
 

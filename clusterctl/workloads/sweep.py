@@ -153,7 +153,7 @@ def start(pool: SshPool, inv: Inventory, spec: SweepSpec, python: str, sweep_id:
     if not staged.ok:
         raise UnreachableError(f"could not stage the sweep on the leader: {staged.error or staged.stderr.strip()}")
     cmd = jobs.detach_command(
-        sweep_id, f"exec {shlex.quote(python)} {shlex.quote(pkg.at(home))} {PROGRAM} {shlex.quote(d)}"
+        sweep_id, f"exec {shlex.quote(python)} {shlex.quote(pkg.at(home))} {PROGRAM} {shlex.quote(d)}", kind="sweep"
     )
     r = pool.run_one(leader, cmd, timeout=60)
     if not r.ok:

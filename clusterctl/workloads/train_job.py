@@ -341,7 +341,10 @@ def start(
             )
         cmd = launch.leader_command(job, np, trainer_argv(python, pkg.at(job.home), opts), python, env, elastic=elastic)
         r = pool.run_one(
-            leader, f"mkdir -p {shlex.quote(model_dir)} && " + jobs.detach_command(job.name, cmd), timeout=60
+            leader,
+            f"mkdir -p {shlex.quote(model_dir)} && "
+            + jobs.detach_command(job.name, cmd, kind="train", nodes=len(targets)),
+            timeout=60,
         )
         if r.exit_code is None:
             raise UnreachableError(f"could not start the job on the leader {leader.label}: {r.error}")

@@ -72,7 +72,9 @@ def _start_tensorboard(inv: Inventory, job: TrainJob, remote_port: int, wait_s: 
     leader = inv.targets[0]
     with SshPool(inv.settings) as pool:
         r = pool.run_one(
-            leader, jobs.detach_command(TENSORBOARD_SESSION, tensorboard_command(job, remote_port)), timeout=60
+            leader,
+            jobs.detach_command(TENSORBOARD_SESSION, tensorboard_command(job, remote_port), kind="tensorboard"),
+            timeout=60,
         )
         if r.exit_code not in (0, 3):  # 3: already running, reuse it
             raise RemoteCommandError(

@@ -377,7 +377,7 @@ def start(
                 "could not prepare the job on every node: "
                 + "; ".join(f"{r.host}: {r.error or r.stderr.strip()}" for r in notes.failed)
             )
-        r = pool.run_one(leader, jobs.detach_command(job.name, cmd), timeout=60)
+        r = pool.run_one(leader, jobs.detach_command(job.name, cmd, kind="launch", nodes=len(hosts.hosts)), timeout=60)
         if r.exit_code is None:
             raise UnreachableError(f"could not start the job on the leader {leader.label}: {r.error}")
         if r.exit_code == 3:

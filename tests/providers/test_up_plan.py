@@ -79,3 +79,29 @@ def test_the_runtime_asked_for():
     assert (own.mode, own.python) == ("own", "/opt/py/bin/python")
     cached = up_plan.runtime_request(up_plan.UpRequest("aws", runtime_cache="s3://my-bucket/rt"), builds_here=False)
     assert (cached.mode, cached.cache, cached.wheels) == ("install", "s3://my-bucket/rt", "")
+
+
+def test_flags_asking_another_shape_of_a_cluster_that_is_up_are_refused_before_the_plan(tmp_path):
+    from clusterctl.errors import ConfigError
+    from clusterctl.state import Record
+    from clusterctl.types import Cluster, Node
+
+    store = StateStore(tmp_path / "home")
+    nodes = tuple(Node(f"x-{i}", f"10.0.0.{i + 2}", 1, "leader" if i == 0 else "member") for i in range(3))
+    store.save(Record(Cluster("x", "local", nodes), "up", 0.0))
+    stand = Stand(builds_here=True)
+
+    def again(**asked):
+        return _prepare(tmp_path, up_plan.UpRequest("local", name="x", runtime="none", **asked), stand, [])
+
+    with pytest.raises(ConfigError) as refused:
+        again(nodes=4, slots=2, given=("--nodes", "--slots"))
+    assert refused.value.one_line() == (
+        "cluster x is up and `up` does not change a cluster's shape: --nodes 4 (it has 3), --slots 2 (it has 1): "
+        "run the same `up` without those flags to use it as it is, `clusterctl down x --yes` first to make it "
+        "anew, or choose another --name"
+    )
+    assert stand.planned == []
+    # the same shape asked again, or no shape flags at all (--nodes' default is not asked for): its own shape
+    assert again(nodes=3, slots=1, given=("--nodes", "--slots")).spec.nodes == 3
+    assert again(nodes=2).spec.nodes == 3 and [s.nodes for s in stand.planned] == [3, 3]

@@ -48,6 +48,61 @@ def test_detached_job_logs_follow_and_exit_status(c):
     assert missing.returncode == 3 and "no job nosuchjob on this host" in missing.stderr
 
 
+def test_jobs_lists_every_detached_job_from_the_nodes_and_logs_and_kill_take_its_id(c):
+    import json
+
+    assert c.cli("run", "--detach", "quick", "hosts", "echo done; exit 2").returncode == 0
+    assert c.cli("run", "--detach", "slow", "hosts", "sleep 7351").returncode == 0
+    c.node_exec(0, "sh", "-c", "echo from before ids > /root/.clusterctl/jobs/olden.log")  # no .job file
+    deadline = time.monotonic() + 20
+    while True:
+        proc = c.cli("jobs", "--json")
+        assert proc.returncode == 0, proc.stderr
+        listed = {j["name"]: j for j in json.loads(proc.stdout)}
+        if listed.get("quick", {}).get("state") == "failed" or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    quick, slow, olden = listed["quick"], listed["slow"], listed["olden"]
+    assert set(quick) == {
+        "id",
+        "name",
+        "kind",
+        "state",
+        "started",
+        "ended",
+        "duration_s",
+        "nodes",
+        "hosts",
+        "exit_status",
+    }
+    assert (quick["kind"], quick["state"], quick["exit_status"], quick["nodes"]) == ("run", "failed", 2, 2)
+    assert sorted(quick["hosts"]) == sorted(c.hosts) and quick["ended"] >= quick["started"] > time.time() - 300
+    assert (slow["state"], slow["exit_status"], slow["ended"]) == ("running", None, None)
+    assert len(slow["id"]) == 6 and slow["id"] != quick["id"]  # one id for the job on every host
+    assert (olden["id"], olden["kind"], olden["state"], olden["hosts"]) == ("-", "-", "ended", [c.hosts[0]])
+    table = c.cli("jobs", env={"COLUMNS": "100"})
+    assert table.returncode == 0
+    row = next(line.split() for line in table.stdout.splitlines() if " slow " in line)
+    assert row[:4] == [slow["id"], "slow", "run", "running"]
+    # logs and kill by id
+    logs = c.cli("logs", quick["id"])
+    assert logs.returncode == 2 and sorted(logs.stdout.splitlines()) == sorted(f"{h}: done" for h in c.hosts)
+    assert c.cli("kill", slow["id"]).returncode == 0
+    assert not any(running(c, "^sleep 7351$"))
+    after = {j["name"]: j for j in json.loads(c.cli("jobs", "--json").stdout)}
+    assert after["slow"]["state"] == "failed" and after["slow"]["exit_status"] == 137
+    missing = c.cli("logs", "abcdef")
+    assert missing.returncode == 2, missing.stderr
+    assert "Error: no job named or with id 'abcdef' on these nodes: `clusterctl jobs` lists them" in missing.stderr
+    for i in range(len(c.hosts)):
+        c.node_exec(
+            i,
+            "sh",
+            "-c",
+            "rm -f /root/.clusterctl/jobs/quick.* /root/.clusterctl/jobs/slow.* /root/.clusterctl/jobs/olden.*",
+        )
+
+
 def test_detached_job_survives_disconnect_and_kill_ends_its_whole_tree(c):
     cmd = (
         'python3 -c \'import subprocess, time; subprocess.Popen(["setsid", "sleep", "7341"]); '
