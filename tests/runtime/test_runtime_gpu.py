@@ -100,6 +100,9 @@ def stand_in_image(root: Path) -> tuple[Path, Path]:
     cuda = root / "usr-local"
     for v in ("12.8", "13.0"):
         _exe(cuda / f"cuda-{v}/bin/nvcc", f"#!/bin/sh\necho 'Cuda compilation tools, release {v}'\n")
+        _exe(cuda / f"cuda-{v}/bin/ptxas", f"#!/bin/sh\necho 'ptxas: Cuda compilation tools, release {v}'\n")
+        (cuda / f"cuda-{v}/nvvm/libdevice").mkdir(parents=True)
+        (cuda / f"cuda-{v}/nvvm/libdevice/libdevice.10.bc").write_text(v)
     (cuda / "cuda-12.9/lib64").mkdir(parents=True)
     (cuda / "cuda").symlink_to(cuda / "cuda-13.0")
     smi = (
@@ -335,3 +338,39 @@ def test_the_build_script_stops_when_the_nccl_wheel_is_missing(tmp_path):
     r, calls, *_ = stand_in_build(tmp_path, gpu=True, nccl_wheel=False)
     assert r.returncode == 1 and f"the NCCL wheel (nvidia-nccl-cu12=={gpu.NCCL}) is not at" in r.stderr, r.stderr
     assert len(calls) == 2 and not (tmp_path / "out" / rt.INFO).exists()
+
+
+def test_every_rank_runs_xla_on_the_runtimes_cuda_12_not_the_images_default_13(tmp_path):
+    """The stand-in image: /usr/local/cuda -> cuda-13.0 (no sm_70), first on the login PATH. The runtime is built
+    with 12.8, `up` records that toolkit, and every GPU job's ranks get its bin first on PATH and XLA pointed at
+    it: the ptxas and libdevice a rank finds are 12.8's."""
+    from clusterctl.types import Cluster, Node, NodeRuntime
+    from clusterctl.workloads import horovod, launch
+
+    r, _, spec, rid, cuda = stand_in_build(tmp_path, gpu=True)
+    assert r.returncode == 0, r.stderr
+    assert spec.cuda_build is not None and (cuda / "cuda").resolve() == cuda / "cuda-13.0"
+    runtime = NodeRuntime(rid, rt.python_of(rid), spec.cuda_build.home)  # what install() records
+    nodes = (Node("c-leader", "10.0.0.2", 8, "leader"),)
+    p3 = Cluster("c", "aws", nodes, instance_type="p3.16xlarge", extra={"gpus": "8"}).with_runtime(runtime)
+    env = launch.job_env(p3, rt.python_of(rid))
+    home = f"{cuda}/cuda-12.8"
+    assert env["XLA_FLAGS"] == f"--xla_gpu_cuda_data_dir={home}"
+    assert env["PATH"] == f"{home}/bin:{launch.rank_path(rt.python_of(rid))}"
+    # horovodrun copies its environment to every rank: these are set on its command line
+    argv = horovod.horovodrun_argv(2, "h1:1,h2:1", ["python", "x"], extra_env=env)
+    assert f"XLA_FLAGS=--xla_gpu_cuda_data_dir={home}" in argv and f"PATH={env['PATH']}" in argv
+    # what a rank finds with that environment (the login PATH had CUDA 13's bin first)
+    found = subprocess.run(
+        ["env", "-i", f"PATH={env['PATH']}", "sh", "-c", 'command -v ptxas; ptxas; printf %s "$XLA_FLAGS"'],
+        env={"XLA_FLAGS": env["XLA_FLAGS"]},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert found[0] == f"{home}/bin/ptxas" and found[1].endswith("release 12.8"), found
+    data_dir = env["XLA_FLAGS"].split("=", 1)[1]
+    assert (Path(data_dir) / "nvvm/libdevice/libdevice.10.bc").read_text() == "12.8"  # where XLA reads libdevice
+    # a CPU runtime records no toolkit: nothing of CUDA is set
+    cpu = Cluster("c", "local", nodes).with_runtime(NodeRuntime(rid, rt.python_of(rid)))
+    assert "XLA_FLAGS" not in launch.job_env(cpu, rt.python_of(rid)) and "PATH" not in launch.job_env(cpu, "/x")

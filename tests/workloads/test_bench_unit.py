@@ -400,6 +400,24 @@ def test_job_env_carries_no_secret_and_sets_efa_where_present():
     assert "FI_PROVIDER" not in launch.job_env(local, "/usr/bin/python3")
 
 
+def test_gpu_jobs_ask_nccl_for_its_report_and_efa_types_refuse_other_transports_unless_allowed():
+    from clusterctl.node import nccl_report
+    from clusterctl.types import Cluster, Node
+
+    nodes = (Node("c-leader", "10.0.0.2", 8, "leader"),)
+    p4d = Cluster("c", "aws", nodes, instance_type="p4d.24xlarge", extra={"efa": "true", "gpus": "8"})
+    env = launch.job_env(p4d, "/usr/bin/python3")
+    assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET")
+    assert env[nccl_report.EXPECT_ENV] == "efa"  # the node programs stop a fallback to sockets
+    assert nccl_report.EXPECT_ENV not in launch.job_env(p4d, "/usr/bin/python3", allow_socket=True)
+    g5 = Cluster("c", "aws", nodes, instance_type="g5.xlarge", extra={"gpus": "1"})  # a GPU type without EFA
+    assert "NCCL_DEBUG" in launch.job_env(g5, "/x") and nccl_report.EXPECT_ENV not in launch.job_env(g5, "/x")
+    cpu = Cluster("c", "aws", nodes, instance_type="c5.xlarge", extra={"gpus": "0"})
+    local = Cluster("l", "local", nodes)
+    for c in (cpu, local, None):  # gloo: no NCCL to ask
+        assert "NCCL_DEBUG" not in launch.job_env(c, "/x") and nccl_report.EXPECT_ENV not in launch.job_env(c, "/x")
+
+
 def test_bad_timing_and_fabric_flags_are_one_line_usage_errors(cli):
     for args, message in (
         (("bench", "--synthetic", "--warmup-steps", "3"), "--warmup-steps must be at least 10"),
