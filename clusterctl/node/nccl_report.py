@@ -142,6 +142,26 @@ def parse(lines: Iterable[str]) -> NcclReport:
     return NcclReport(**{k: v for k, v in f.items() if not k.startswith("using_")})
 
 
+class Watch:
+    """A running job's output lines in; its `network:` line out, once, when NCCL has said which network the
+    job's communicator uses (`Using network ...`). Keeps at most LIMIT of NCCL's lines."""
+
+    LIMIT = 500
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.report: NcclReport | None = None
+
+    def feed(self, line: str) -> str:
+        if self.report is not None or not _MESSAGE.search(line) or len(self.lines) >= self.LIMIT:
+            return ""
+        self.lines.append(line)
+        if "Using network " not in line:
+            return ""
+        self.report = parse(self.lines)
+        return self.report.line()
+
+
 GLOO_LINE = "network: gloo over TCP (CPU processes: NCCL is not used)"
 
 

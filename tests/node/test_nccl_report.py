@@ -229,3 +229,11 @@ def test_the_operator_finds_the_network_and_error_lines_in_horovodruns_output():
     )
     assert nr.said("network: gloo over TCP (CPU processes: NCCL is not used)\n") == (nr.GLOO_LINE, "")
     assert nr.said("nothing\n") == ("", "")
+
+
+def test_a_followed_job_gets_its_network_line_once_nccl_has_named_the_network():
+    w = nr.Watch()
+    out = [w.feed(line) for line in ["[1,0]<stdout>:step 1", *EFA_1.splitlines(), *SOCKET.splitlines()]]
+    assert [o for o in out if o] == ["network: NCCL 2.18.3 over EFA, 1 NIC per node"]  # once, the first report
+    assert out[-len(SOCKET.splitlines()) - 1] == "network: NCCL 2.18.3 over EFA, 1 NIC per node"
+    assert w.report is not None and w.report.transport == "EFA"

@@ -428,3 +428,47 @@ def test_bad_timing_and_fabric_flags_are_one_line_usage_errors(cli):
         assert proc.returncode == 2, proc.stdout + proc.stderr
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith("Error: ") and message in line, line
+
+
+def test_a_rung_whose_nccl_fell_back_to_sockets_on_an_efa_type_fails_with_the_nodes_error(tmp_path):
+    """The benchmark's rank 0 stops at its first allreduce and says why (node/nccl_report.py); the ladder
+    stops with that error, not with "no result"."""
+    from clusterctl.node import nccl_report
+    from clusterctl.types import HostResult
+    from clusterctl.workloads import bench as benchlib
+
+    report = nccl_report.parse(
+        [
+            "ip-10-0-0-4:23817:23817 [0] NCCL INFO NCCL version 2.16.5+cuda11.8",
+            "ip-10-0-0-4:23817:23901 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using internal "
+            "implementation",
+            "ip-10-0-0-4:23817:23901 [0] NCCL INFO Using network Socket",
+        ]
+    )
+    why = nccl_report.refusal(report, efa_expected=True)
+    out = (
+        f"[1,0]<stdout>:{report.line()}\n"
+        "[1,0]<stdout>:CLUSTERCTL-BENCH error kind=network transport=Socket\n"
+        f"[1,0]<stderr>:Error: {why}\n"
+    )
+    with pytest.raises(benchlib.BenchFailed) as err:
+        benchlib._checked_run(HostResult("leader", 10, out), 8, "rung of 8 processes", tmp_path / "r.log", 900, 8)
+    assert err.value.message == why and "--allow-socket-transport" in err.value.one_line()
+    assert err.value.hint == f"see {tmp_path / 'r.log'}"
+
+
+def test_allow_socket_transport_reaches_the_job_environment_and_not_the_trainers_flags():
+    from clusterctl.node import nccl_report
+    from clusterctl.types import Cluster, Node
+    from clusterctl.workloads import train_options
+
+    opts = train_options.TrainOptions(synthetic=True, allow_socket_transport=True)
+    assert nccl_report.ALLOW_FLAG not in train_options.trainer_argv("/p", "/x.pyz", opts)
+    p4d = Cluster("c", "aws", (Node("c-leader", "10.0.0.2", 8, "leader"),), extra={"efa": "true", "gpus": "8"})
+    assert nccl_report.EXPECT_ENV not in launch.job_env(p4d, "/p", opts.allow_socket_transport)
+    assert (
+        launch.job_env(p4d, "/p", train_options.TrainOptions(synthetic=True).allow_socket_transport)[
+            nccl_report.EXPECT_ENV
+        ]
+        == nccl_report.EFA
+    )
