@@ -217,7 +217,8 @@ def own_lines(env: Mapping[str, str] | None = None, pid: int | None = None) -> l
 
 def check(tf: Any, hvd: Any, gpus: Sequence[Any], emit: Callable[..., None]) -> None:
     """After one small allreduce (NCCL's communicator is up): rank 0 prints the `network:` line and, on an EFA
-    type (EXPECT_ENV) where NCCL did not choose EFA, the error; every rank learns rank 0's verdict, and on a
+    type (EXPECT_ENV) where NCCL did not choose EFA for a job that spans nodes (within one node NCCL does not
+    use the network), the error; every rank learns rank 0's verdict, and on a
     refusal every rank exits with EXIT_NETWORK (SystemExit), so all stop together. A collective: every rank
     calls it."""
     hvd.allreduce(tf.ones((1,), tf.float32), name="network_check").numpy()
@@ -229,7 +230,8 @@ def check(tf: Any, hvd: Any, gpus: Sequence[Any], emit: Callable[..., None]) -> 
             report = parse(own_lines())
             print(report.line(), flush=True)
             emit("network", nccl=report.version or "?", transport=report.transport or "?", nics=report.nics)
-            why = refusal(report, os.environ.get(EXPECT_ENV) == EFA)
+            spans_nodes = hvd.size() > hvd.local_size()
+            why = refusal(report, os.environ.get(EXPECT_ENV) == EFA and spans_nodes)
             if why:
                 emit("error", kind="network", transport=report.transport or "?")
                 print(f"Error: {why}", file=sys.stderr, flush=True)

@@ -231,7 +231,8 @@ def fabric(
             r = launch.run_on_leader(pool, leader, command(n, MPI_HOSTS, ",".join(f"{h}:1" for h in hosts)), timeout)
             launch.kill_job(pool, inv.targets, job)
             cluster = measured(r.stdout + r.stderr, tuple(labels))
-            network = network_of(r.stdout + r.stderr, tool.name, inv.cluster is not None and inv.cluster.facts.efa)
+            efa = inv.cluster is not None and inv.cluster.facts.efa and n > 1  # one node: no network between nodes
+            network = network_of(r.stdout + r.stderr, tool.name, efa)
             pairs: list[Allreduce] = []
             for round_ in ring_rounds(n):
                 by_first = {labels[a]: (a, b) for a, b in round_}

@@ -146,11 +146,17 @@ def test_the_debug_file_is_this_processes_own(tmp_path):
 class _Hvd:
     """Horovod's calls `check` makes, for one rank; broadcast_object hands back rank 0's value."""
 
-    def __init__(self, rank: int = 0):
-        self._rank, self.calls = rank, []
+    def __init__(self, size: int = 16, local_size: int = 8):
+        self._size, self._local_size, self.calls = size, local_size, []
 
     def rank(self) -> int:
-        return self._rank
+        return 0
+
+    def size(self) -> int:
+        return self._size
+
+    def local_size(self) -> int:
+        return self._local_size
 
     def allreduce(self, x, name=""):
         self.calls.append(("allreduce", name))
@@ -172,7 +178,7 @@ class _Tf:
         return self._T()
 
 
-def _check(tmp_path, monkeypatch, capsys, log: str | None, expect: str | None, gpus=("GPU:0",)):
+def _check(tmp_path, monkeypatch, capsys, log: str | None, expect: str | None, gpus=("GPU:0",), hvd=None):
     monkeypatch.delenv(nr.EXPECT_ENV, raising=False)
     if expect:
         monkeypatch.setenv(nr.EXPECT_ENV, expect)
@@ -180,7 +186,7 @@ def _check(tmp_path, monkeypatch, capsys, log: str | None, expect: str | None, g
     if log is not None:
         (tmp_path / f"nccl-debug.host.{os.getpid()}.log").write_text(log)
     events: list[tuple[str, dict]] = []
-    hvd = _Hvd()
+    hvd = hvd or _Hvd()
 
     def emit(event: str, /, **fields: object) -> None:  # as bench's and the trainer's emit take them
         events.append((event, fields))
@@ -210,6 +216,9 @@ def test_efa_passes_and_sockets_pass_where_accepted_or_where_there_is_no_efa(tmp
     for expect in (None, "any"):  # no EFA on the type, or --allow-socket-transport
         code, out, err, _ = _check(tmp_path, monkeypatch, capsys, SOCKET, expect)
         assert (code, err) == (0, "") and "over sockets (TCP)" in out
+    # all processes on one node (bench's first rungs): NCCL does not use the network between nodes
+    code, out, err, _ = _check(tmp_path, monkeypatch, capsys, SOCKET, nr.EFA, hvd=_Hvd(size=8, local_size=8))
+    assert (code, err) == (0, "") and "over sockets (TCP)" in out
 
 
 def test_cpu_processes_say_gloo_and_nothing_is_refused(tmp_path, monkeypatch, capsys):
