@@ -42,6 +42,9 @@ EXPECT_ENV = "CLUSTERCTL_NETWORK"  # "efa": the nodes have EFA, and any other tr
 EFA = "efa"
 ALLOW_FLAG = "--allow-socket-transport"  # the operator's flag that accepts another transport on purpose
 EXIT_NETWORK = 10  # a node program stopped because NCCL did not use the network the nodes have
+# The EFA plugin's floor: aws-ofi-nccl 1.16.0 (2025-06) through 1.19.0 (2026-04), the releases current DLAMIs ship,
+# keep backward compatibility down to NCCL 2.17.1 only (their release notes).
+NCCL_FLOOR = (2, 17, 1)
 FILE_NAME = "nccl-debug.%h.%p.log"  # NCCL_DEBUG_FILE: NCCL puts the host for %h and the process id for %p
 
 # What NCCL said of the network plugin (NcclReport.plugin).
@@ -171,7 +174,7 @@ def refusal(report: NcclReport, efa_expected: bool) -> str:
     if not efa_expected or report.transport == "EFA":
         return ""
     said = f" (NCCL: {report.detail})" if report.detail else ""
-    floor = "2.17.1"
+    floor = ".".join(str(p) for p in NCCL_FLOOR)
     if not report.version and not report.network:
         cause, fix = "NCCL printed no report of its network", "check that NCCL_DEBUG reaches the ranks"
     elif report.plugin == PLUGIN_MISSING:

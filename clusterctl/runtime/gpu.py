@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from clusterctl.errors import ProvisionError
+from clusterctl.node.nccl_report import NCCL_FLOOR
 
 # TensorFlow 2.15.1's METADATA, extra `and-cuda`: nvidia-cuda-runtime-cu12==12.2.140, nvidia-nccl-cu12==2.16.5.
 TF_CUDA = (12, 2)
 TF_NCCL = "2.16.5"  # too old for the EFA plugin: replaced in the runtime by NCCL below (TF's collectives are unused)
-# The EFA plugin's floor: aws-ofi-nccl 1.16.0 (2025-06) through 1.19.0 (2026-04), the releases current DLAMIs ship,
-# keep backward compatibility down to NCCL 2.17.1 only (their release notes).
-NCCL_FLOOR = (2, 17, 1)
+# The EFA plugin's floor (NCCL 2.17.1) is node/nccl_report.py's NCCL_FLOOR, with its source.
 # The NCCL the runtime installs (nvidia-nccl-cu12 on PyPI), for every GPU generation a CUDA 12 toolkit builds for:
 # NCCL 2.30.7's makefiles/common.mk (github.com/NVIDIA/nccl, tag v2.30.7-1) compiles sm_70 (Volta) into every
 # CUDA 12.x build (only its CUDA 13 builds start at sm_75), and a CUDA 12.x build runs on any CUDA 12 driver
