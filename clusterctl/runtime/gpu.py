@@ -22,10 +22,10 @@ TF_CUDA = (12, 2)
 TF_NCCL = "2.16.5"  # too old for the EFA plugin: replaced in the runtime by NCCL below (TF's collectives are unused)
 # The EFA plugin's floor (NCCL 2.17.1) is node/nccl_report.py's NCCL_FLOOR, with its source.
 # The NCCL the runtime installs (nvidia-nccl-cu12 on PyPI), for every GPU generation a CUDA 12 toolkit builds for:
-# NCCL 2.30.7's makefiles/common.mk (github.com/NVIDIA/nccl, tag v2.30.7-1) compiles sm_70 (Volta) into every
-# CUDA 12.x build (only its CUDA 13 builds start at sm_75), and a CUDA 12.x build runs on any CUDA 12 driver
-# (R525 and later: R535, R550, R580) by CUDA's minor version compatibility. NCCL 2.30.7's release notes
-# (docs.nvidia.com/deeplearning/nccl/release-notes) list CUDA 12 and 13 builds.
+# NVIDIA's redist of NCCL 2.30.7 (developer.download.nvidia.com/compute/redist/nccl/v2.30.7/) is built with CUDA
+# 12.9 and 13.3, and its makefiles/common.mk (github.com/NVIDIA/nccl, tag v2.30.7-1) compiles sm_70 (Volta) into
+# every CUDA 12.x build (only CUDA 13 builds start at sm_75). A CUDA 12.x build runs on any CUDA 12 driver (R525
+# and later: the R535, R550 and R580 DLAMIs) by CUDA's minor version compatibility (CUDA Compatibility guide).
 NCCL = "2.30.7"
 NCCL_WHEEL = "nvidia-nccl-cu12"
 # TensorFlow 2.15.1's wheels on PyPI are cp39, cp310 and cp311 (none for 3.12: Ubuntu 24.04's python3).
