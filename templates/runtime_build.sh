@@ -77,8 +77,9 @@ env $HVD_ENV "$PREFIX/bin/pip" install -q "${PIPARGS[@]}" --no-build-isolation "
 "$PREFIX/bin/python" -c "import tensorflow, horovod.tensorflow, boto3" 2>/dev/null \
   || { echo "runtime: the built environment cannot import tensorflow, horovod.tensorflow and boto3" >&2; exit 1; }
 if [ -n "$NCCL" ]; then
-  "$PREFIX/bin/python" -c "import sys, horovod.tensorflow as hvd; sys.exit(0 if hvd.nccl_built() else 1)" \
-    || { echo "runtime: Horovod was built without NCCL (hvd.nccl_built() is false): see the build output above" >&2; exit 1; }
+  # hvd.nccl_built() is the NCCL_VERSION_CODE Horovod compiled against (2.30.7 -> 23007): the wheel's, not TF's.
+  "$PREFIX/bin/python" -c "import sys, horovod.tensorflow as hvd; a, b, c = map(int, sys.argv[1].split('==')[1].split('.')[:3]); sys.exit(0 if hvd.nccl_built() == a * 10000 + b * 100 + c else 1)" "$NCCL" \
+    || { echo "runtime: Horovod was not built with $NCCL (hvd.nccl_built()): see the build output above" >&2; exit 1; }
 fi
 
 files=$(find "$PREFIX" -type f | wc -l)

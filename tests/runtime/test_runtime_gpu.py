@@ -190,10 +190,12 @@ with open(os.environ["STANDIN_LOG"], "a") as f:
     f.write(json.dumps(record) + "\n")
 """
 
-# Stand-in for the venv's python: records each `-c` program; the check of Horovod's NCCL exits @RC@.
+# Stand-in for the venv's python: records each `-c` program; the check of Horovod's NCCL runs for real, with a
+# stand-in horovod.tensorflow whose nccl_built() is the NCCL_VERSION_CODE the test gives.
 VENV_PYTHON = """#!/bin/sh
-echo "$2" >> "$(dirname "$STANDIN_PIP")/checks"
-case "$2" in *nccl_built*) exit @RC@ ;; esac
+here=$(dirname "$STANDIN_PIP")
+echo "$2" >> "$here/checks"
+case "$2" in *nccl_built*) exec env PYTHONPATH="$here/fakehvd" /usr/bin/python3.11 "$@" ;; esac
 exit 0
 """
 
@@ -217,16 +219,19 @@ CPU_ENV = {
 }
 
 
-def stand_in_build(tmp_path: Path, gpu: bool, nccl_wheel: bool = True, nccl_built: bool = True):
+def stand_in_build(tmp_path: Path, gpu: bool, nccl_wheel: bool = True, nccl_built: int = 23007):
     """runtime_build.sh itself, in a private mount namespace whose /opt is a tmpfs (as runtime/cache.py builds),
     on the stand-in image, with a stand-in python whose venv's pip records each call (PIP) and whose venv python
-    records each `-c` check (tmp_path/checks; one naming nccl_built fails unless `nccl_built`). The login PATH
+    records each `-c` check (tmp_path/checks; hvd.nccl_built() returns `nccl_built`). The login PATH
     puts CUDA 13's bin first, as an image's profile may (/usr/local/cuda/bin). Returns (result, calls, spec, rid,
     cuda)."""
     cuda, bin_ = stand_in_image(tmp_path)
     _exe(bin_ / "apt-get", "#!/bin/sh\necho 'apt-get must not run in this test' >&2\nexit 1\n")
     pip = PIP if nccl_wheel else PIP.replace("if wheel:", "if False:")
-    _exe(tmp_path / "venv-python", VENV_PYTHON.replace("@RC@", "0" if nccl_built else "1"))
+    _exe(tmp_path / "venv-python", VENV_PYTHON)
+    (tmp_path / "fakehvd/horovod").mkdir(parents=True)
+    (tmp_path / "fakehvd/horovod/__init__.py").write_text("")
+    (tmp_path / "fakehvd/horovod/tensorflow.py").write_text(f"def nccl_built():\n    return {nccl_built}\n")
     _exe(tmp_path / "pip", pip)
     python = _exe(
         tmp_path / "python3",
@@ -317,9 +322,14 @@ def test_the_gpu_spec_names_nccl_at_or_above_the_efa_plugins_floor():
 
 
 def test_the_build_script_stops_when_horovod_has_no_nccl(tmp_path):
-    r, calls, *_ = stand_in_build(tmp_path, gpu=True, nccl_built=False)
-    assert r.returncode == 1 and "built without NCCL" in r.stderr, r.stderr
-    assert len(calls) == 3 and not (tmp_path / "out" / rt.INFO).exists()
+    """hvd.nccl_built() is the NCCL_VERSION_CODE Horovod compiled against: none (0), or TensorFlow's 2.16.5
+    (21605) instead of the runtime's, stops the build and leaves no pack."""
+    for code in (0, 21605):
+        where = tmp_path / str(code)
+        where.mkdir()
+        r, calls, *_ = stand_in_build(where, gpu=True, nccl_built=code)
+        assert r.returncode == 1 and f"was not built with nvidia-nccl-cu12=={gpu.NCCL}" in r.stderr, r.stderr
+        assert len(calls) == 3 and not (where / "out" / rt.INFO).exists()
 
 
 def test_the_cpu_build_is_left_as_it_was(tmp_path):
