@@ -63,6 +63,10 @@ class ClusterFacts:
         return self.extra.get("runtime", "")
 
     @property
+    def cuda_home(self) -> str:  # the CUDA 12 toolkit a GPU runtime was built with ("" elsewhere)
+        return self.extra.get("cuda_home", "")
+
+    @property
     def efa(self) -> bool:
         return self._flag("efa")
 
@@ -104,14 +108,20 @@ class ClusterFacts:
 @dataclass(frozen=True)
 class NodeRuntime:
     """What a cluster's jobs run with on the nodes: the runtime's id ("none", "own" for `up --python`, or a
-    built runtime's id) and its Python ("" when jobs use the nodes' own python3)."""
+    built runtime's id), its Python ("" when jobs use the nodes' own python3) and, for a GPU runtime, the
+    CUDA 12 toolkit folder it was built with (its ptxas and libdevice are the ones XLA must use)."""
 
     id: str
     python: str = ""
+    cuda_home: str = ""
 
     def extra(self) -> dict[str, str]:
         """The record's fields (Cluster.extra) for it."""
-        return {"runtime": self.id, **({"python": self.python} if self.python else {})}
+        return {
+            "runtime": self.id,
+            **({"python": self.python} if self.python else {}),
+            **({"cuda_home": self.cuda_home} if self.cuda_home else {}),
+        }
 
 
 @dataclass(frozen=True)

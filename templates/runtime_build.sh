@@ -3,9 +3,10 @@
 #   $1 id  $2 base python  $3 out dir  $4 requirements (space-separated)  $5 horovod requirement
 #   $6 Horovod build environment (space-separated K=V)  $7 find-links (wheel folder or URL, may be empty)
 #   $8 1: no index (offline, the find-links only)  $9 runtime.json content (the build's facts)
+#   $10 GPU nodes: the NCCL requirement (nvidia-nccl-cu12==X, over TensorFlow's older pin); empty elsewhere
 # Writes OUT/runtime.tar.zst and OUT/runtime.json (last). A failed or interrupted build leaves neither.
 set -euo pipefail
-ID=$1 PY=$2 OUT=$3 REQS=$4 HVD=$5 HVD_ENV=$6 LINKS=$7 NOINDEX=$8 INFO=$9
+ID=$1 PY=$2 OUT=$3 REQS=$4 HVD=$5 HVD_ENV=$6 LINKS=$7 NOINDEX=$8 INFO=$9 NCCL=${10:-}
 ROOT=/opt/clusterctl-runtime
 PREFIX=$ROOT/$ID
 SUDO=""
@@ -48,9 +49,15 @@ echo "runtime: venv at $PREFIX on $("$PY" --version)" >&2
 echo "runtime: installing $REQS" >&2
 # shellcheck disable=SC2086  # the requirements are words on purpose
 "$PREFIX/bin/pip" install -q "${PIPARGS[@]}" $REQS
+if [ -n "$NCCL" ]; then
+  # TensorFlow's and-cuda extra pins an NCCL older than the EFA plugin's floor; Horovod's collectives use this one
+  # (pip reports TensorFlow's pin as unmet: TensorFlow's own collectives are not used).
+  echo "runtime: installing $NCCL over TensorFlow's NCCL" >&2
+  "$PREFIX/bin/pip" install -q "${PIPARGS[@]}" --no-deps "$NCCL"
+fi
 # On GPU nodes (HOROVOD_CUDA_HOME set): that toolkit's nvcc first on PATH (Horovod's build_utils asks `nvcc` on
-# PATH before $HOROVOD_CUDA_HOME/bin/nvcc for the architectures it can compile), and the NCCL of TensorFlow's
-# nvidia-nccl-cu12 wheel, which ships libnccl.so.2 only: CMake's find_library looks for libnccl.so.
+# PATH before $HOROVOD_CUDA_HOME/bin/nvcc for the architectures it can compile), and the NCCL of the
+# nvidia-nccl-cu12 wheel just installed, which ships libnccl.so.2 only: CMake's find_library looks for libnccl.so.
 hvd_var() { for kv in $HVD_ENV; do case $kv in "$1="*) echo "${kv#*=}" ;; esac; done; }
 CUDA_HOME_=$(hvd_var HOROVOD_CUDA_HOME)
 if [ -n "$CUDA_HOME_" ]; then
@@ -60,7 +67,7 @@ fi
 NCCL_HOME_=$(hvd_var HOROVOD_NCCL_HOME)
 if [ -n "$NCCL_HOME_" ]; then
   [ -f "$NCCL_HOME_/include/nccl.h" ] && [ -f "$NCCL_HOME_/lib/libnccl.so.2" ] \
-    || { echo "runtime: TensorFlow's NCCL is not at $NCCL_HOME_ (nvidia-nccl-cu12)" >&2; exit 1; }
+    || { echo "runtime: the NCCL wheel ($NCCL) is not at $NCCL_HOME_" >&2; exit 1; }
   ln -sfn libnccl.so.2 "$NCCL_HOME_/lib/libnccl.so"
 fi
 echo "runtime: $HVD against TensorFlow ($HVD_ENV)" >&2
@@ -69,6 +76,11 @@ echo "runtime: $HVD against TensorFlow ($HVD_ENV)" >&2
 env $HVD_ENV "$PREFIX/bin/pip" install -q "${PIPARGS[@]}" --no-build-isolation "$HVD"
 "$PREFIX/bin/python" -c "import tensorflow, horovod.tensorflow, boto3" 2>/dev/null \
   || { echo "runtime: the built environment cannot import tensorflow, horovod.tensorflow and boto3" >&2; exit 1; }
+if [ -n "$NCCL" ]; then
+  # hvd.nccl_built() is the NCCL_VERSION_CODE Horovod compiled against (2.30.7 -> 23007): the wheel's, not TF's.
+  "$PREFIX/bin/python" -c "import sys, horovod.tensorflow as hvd; a, b, c = map(int, sys.argv[1].split('==')[1].split('.')[:3]); sys.exit(0 if hvd.nccl_built() == a * 10000 + b * 100 + c else 1)" "$NCCL" \
+    || { echo "runtime: Horovod was not built with $NCCL (hvd.nccl_built()): see the build output above" >&2; exit 1; }
+fi
 
 files=$(find "$PREFIX" -type f | wc -l)
 bytes=$(find "$PREFIX" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%d", s}')

@@ -3,7 +3,8 @@
 #   $1 id  $2 incoming folder (holds runtime.tar.zst and runtime.json, already checked against the
 #   sender's sha256 by the relay)
 # The runtime counts as installed only when its marker exists, and the marker is written last, after the
-# unpacked tree matched runtime.json (file count and bytes) and its Python imported horovod and boto3.
+# unpacked tree matched runtime.json (file count and bytes) and its Python imported horovod and boto3 (on GPU
+# runtimes: horovod.tensorflow with NCCL built in, here as on the builder).
 # Prints one line: "runtime=present" (nothing to do) or "runtime=installed".
 set -euo pipefail
 ID=$1 IN=$2
@@ -40,6 +41,10 @@ fi
 mv "$tree" "$PREFIX"
 "$PREFIX/bin/python" -c "import horovod, boto3" \
   || { rm -rf -- "$PREFIX"; echo "runtime: its Python does not start on this node" >&2; exit 1; }
+if grep -q '"gpu": *true' "$IN/runtime.json"; then
+  "$PREFIX/bin/python" -c "import sys, horovod.tensorflow as hvd; sys.exit(0 if hvd.nccl_built() else 1)" \
+    || { rm -rf -- "$PREFIX"; echo "runtime: horovod.tensorflow does not import with NCCL built in on this node" >&2; exit 1; }
+fi
 cp "$IN/runtime.json" "$MARKER.partial"
 sync -f "$MARKER.partial" 2>/dev/null || true
 mv "$MARKER.partial" "$MARKER"

@@ -204,14 +204,21 @@ class BenchProgress:
 
     def __init__(self) -> None:
         self.started = 0.0
+        self.network = ""  # rank 0's `network:` line, printed when it first appears or changes
 
     def __call__(self, kind: str, value: object) -> None:
         import time
 
+        from clusterctl.node import nccl_report
         from clusterctl.workloads.bench_verdict import Rung
 
         c = console(stderr=True)
-        if kind == "start":
+        if kind == "line" and isinstance(value, str):
+            network = nccl_report.said(value)[0]
+            if network and network != self.network:
+                self.network = network
+                c.print(f"  {_esc(network)}")
+        elif kind == "start":
             self.started = time.monotonic()
             c.print(f"[bold]rung: {value}{' process(es)' if isinstance(value, int) else ''}[/] ...")
         elif kind == "rung" and isinstance(value, Rung):

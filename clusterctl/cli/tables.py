@@ -268,6 +268,8 @@ def doctor_table(report: DoctorReport) -> None:
     if report.fabric is not None:
         f = report.fabric
         c.print(f"fabric: measured with {_esc(f.tool)}: {_esc(f.tool_why)}")
+        if f.network:
+            c.print(_esc(f.network))
         if f.nccl is not None:  # all_reduce_perf times each size many times; no spread to print
             c.print(
                 f"fabric: all_reduce_perf avg bus bandwidth {f.nccl.avg_busbw_gbyte:.2f} GB/s over "

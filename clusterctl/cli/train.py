@@ -22,6 +22,7 @@ from clusterctl.cli.shared import (
     within,
 )
 from clusterctl.errors import ClusterctlError, ExitCode
+from clusterctl.node.nccl_report import ALLOW_FLAG as ALLOW_SOCKET
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
@@ -91,6 +92,12 @@ TRAIN_FLAGS = dict(  # train's training options, declared once; train_run.option
         ),
     ),
     fp32=(bool, typer.Option(False, "--fp32", help="No mixed precision, even on tensor-core GPUs (--precision fp32).")),
+    allow_socket_transport=(
+        bool,
+        typer.Option(
+            False, ALLOW_SOCKET, help="On an EFA type, train even when NCCL did not choose EFA (default: stop)."
+        ),
+    ),
     fp16_allreduce=(
         Optional[bool],
         typer.Option(
@@ -282,7 +289,7 @@ def launch(
         return
     try:
         with autostop.lease(_store(), inv.cluster, "launch --attach", warn=display.warn):
-            code = jobfolder.follow(inv, job.job, _print_line)
+            code = jobfolder.follow(inv, job.job, userjob.with_network_line(_print_line))
     except KeyboardInterrupt:
         display.info(f"detached; {job.job} keeps running (clusterctl kill {job.job} ends it)")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None

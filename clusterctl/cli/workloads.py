@@ -22,6 +22,7 @@ from clusterctl.cli.shared import (
     within,
 )
 from clusterctl.errors import ExitCode, UsageError
+from clusterctl.node.nccl_report import ALLOW_FLAG as ALLOW_SOCKET
 
 if TYPE_CHECKING:
     from typer._click import Context  # the click typer carries, which its group's methods take
@@ -73,6 +74,9 @@ def bench(
         help="Gradients compressed to float16 for the allreduce (default: on GPUs).",
     ),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds each rung may take."),
+    allow_socket_transport: bool = typer.Option(
+        False, ALLOW_SOCKET, help="On an EFA type, run even when NCCL did not choose EFA (default: stop)."
+    ),
     python: Optional[str] = typer.Option(None, "--python", help="Python on the nodes (default: the cluster's)."),
     out: Path = typer.Option(Path("bench-results"), "--out", help="Folder for results.json, logs and scaling.png."),
     ssh: Ssh = DEFAULT_SSH,
@@ -98,6 +102,7 @@ def bench(
         timeout=timeout,
         precision=precision,
         fp16_allreduce=fp16_allreduce,
+        allow_socket_transport=allow_socket_transport,
     )
     inv = _resolve_hosts(hostsfile, cluster, ssh)
     inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host

@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Any
 
+from clusterctl.node import nccl_report
 from clusterctl.node.train.data import normalize
 from clusterctl.node.train.model import (
     build_model,
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Every rank says which GPU it has (after the device set-up above: this starts TensorFlow's runtime).
     report_devices(tf, hvd, emit)
+    nccl_report.check(tf, hvd, gpus, emit)  # the network NCCL chose: a wrong one ends the run here
 
     # float16 needs loss scaling and is what tensor-core GPUs are fast at; CPUs only speed up bfloat16.
     policy = choose_precision(args.precision, capabilities)

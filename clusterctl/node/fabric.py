@@ -15,9 +15,15 @@ import argparse
 import os
 import time
 
+from clusterctl.node import nccl_report
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MARK = "CLUSTERCTL-FABRIC"
 DESCRIPTION = "Allreduce bandwidth with Horovod's own allreduce (gloo on CPU), for `clusterctl doctor --fabric`."
+
+
+def emit(kind: str, /, **fields: object) -> None:
+    print(" ".join([MARK, kind, *(f"{k}={v}" for k, v in fields.items())]), flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -33,6 +39,7 @@ def main(argv: list[str]) -> int:
     import tensorflow as tf
 
     hvd.init()
+    nccl_report.check(tf, hvd, tf.config.list_physical_devices("GPU"), emit)  # the network NCCL chose, judged
     size = hvd.size()
     count = max(1, int(args.mb * 2**20 / 4))
     x = tf.ones((count,), tf.float32)

@@ -5,7 +5,8 @@ TensorFlow 2.15.1 brings its own CUDA 12.2 libraries (the `and-cuda` wheels), an
 with a CUDA 12 toolkit beside them: CUDA 13 (the default /usr/local/cuda of the 2026 Deep Learning AMIs)
 no longer compiles for Volta (sm_70) and would bring a second major CUDA runtime. Those images keep CUDA 12
 toolkits side by side (/usr/local/cuda-12.8, -12.9); the build takes one, compiles kernels for the nodes'
-GPUs only, and links the NCCL of TensorFlow's own wheel so the process holds one NCCL.
+GPUs only, and links a current NCCL (the nvidia-nccl-cu12 wheel, installed over TensorFlow's older pin, so the
+process holds one NCCL: the one the EFA plugin accepts).
 """
 
 from __future__ import annotations
@@ -14,10 +15,19 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from clusterctl.errors import ProvisionError
+from clusterctl.node.nccl_report import NCCL_FLOOR
 
 # TensorFlow 2.15.1's METADATA, extra `and-cuda`: nvidia-cuda-runtime-cu12==12.2.140, nvidia-nccl-cu12==2.16.5.
 TF_CUDA = (12, 2)
-TF_NCCL = "2.16.5"
+TF_NCCL = "2.16.5"  # too old for the EFA plugin: replaced in the runtime by NCCL below (TF's collectives are unused)
+# The EFA plugin's floor (NCCL 2.17.1) is node/nccl_report.py's NCCL_FLOOR, with its source.
+# The NCCL the runtime installs (nvidia-nccl-cu12 on PyPI), for every GPU generation a CUDA 12 toolkit builds for:
+# NVIDIA's redist of NCCL 2.30.7 (developer.download.nvidia.com/compute/redist/nccl/v2.30.7/) is built with CUDA
+# 12.9 and 13.3, and its makefiles/common.mk (github.com/NVIDIA/nccl, tag v2.30.7-1) compiles sm_70 (Volta) into
+# every CUDA 12.x build (only CUDA 13 builds start at sm_75). A CUDA 12.x build runs on any CUDA 12 driver (R525
+# and later: the R535, R550 and R580 DLAMIs) by CUDA's minor version compatibility (CUDA Compatibility guide).
+NCCL = "2.30.7"
+NCCL_WHEEL = "nvidia-nccl-cu12"
 # TensorFlow 2.15.1's wheels on PyPI are cp39, cp310 and cp311 (none for 3.12: Ubuntu 24.04's python3).
 TF_PYTHONS = ((3, 9), (3, 10), (3, 11))
 # What a CUDA 12.x nvcc compiles for: sm_50 and up from 12.0 (CUDA 12.0 release notes dropped Kepler), and
@@ -39,11 +49,23 @@ class CudaBuild:
     cuda: str  # the toolkit's version, e.g. "12.8"
     home: str  # its folder, e.g. /usr/local/cuda-12.8
     cc: tuple[int, ...]  # compute capabilities to compile for, e.g. (70,) for V100
-    nccl: str = TF_NCCL  # the NCCL linked: TensorFlow's own wheel (nvidia-nccl-cu12)
+    nccl: str = NCCL  # the NCCL installed and linked (nvidia-nccl-cu12): at or above NCCL_FLOOR
+
+    def __post_init__(self) -> None:
+        if version(self.nccl)[:3] < NCCL_FLOOR:
+            floor = ".".join(str(p) for p in NCCL_FLOOR)
+            raise ProvisionError(
+                f"NCCL {self.nccl} is older than {floor}, the oldest the EFA plugin (aws-ofi-nccl) supports",
+                f"build the runtime with NCCL {NCCL} (the default)",
+            )
+
+    @property
+    def nccl_requirement(self) -> str:
+        return f"{NCCL_WHEEL}=={self.nccl}"
 
     def describe(self) -> str:
         arch = ", ".join(f"sm_{c}" for c in self.cc)
-        return f"Horovod built with CUDA {self.cuda} ({self.home}) for {arch}, NCCL {self.nccl} of TensorFlow's wheels"
+        return f"Horovod built with CUDA {self.cuda} ({self.home}) for {arch}, NCCL {self.nccl} ({NCCL_WHEEL})"
 
 
 def version(text: str) -> tuple[int, ...]:
@@ -119,9 +141,9 @@ def horovod_env(build: CudaBuild, nccl_home: str) -> dict[str, str]:
     """Horovod 0.28.1's build variables (its setup.py / CMakeLists.txt / cmake/build_utils.py read them):
     nvcc and the toolkit from HOROVOD_CUDA_HOME, the kernels' architectures from HOROVOD_BUILD_CUDA_CC_LIST
     (comma-separated, e.g. 70,80), NCCL from HOROVOD_NCCL_HOME linked shared, found at run time through the
-    rpath (CMake takes LDFLAGS as its linker flags), so Horovod loads the very libnccl.so.2 TensorFlow loads.
-    An old-style DT_RPATH (--disable-new-dtags) is searched before LD_LIBRARY_PATH, where an image's own
-    NCCL of another CUDA may sit."""
+    rpath (CMake takes LDFLAGS as its linker flags), so Horovod loads the runtime's libnccl.so.2 (the wheel
+    installed over TensorFlow's pin: the venv holds one). An old-style DT_RPATH (--disable-new-dtags) is
+    searched before LD_LIBRARY_PATH, where an image's own NCCL of another CUDA may sit."""
     return {
         "HOROVOD_GPU_OPERATIONS": "NCCL",
         "HOROVOD_CUDA_HOME": build.home,

@@ -108,7 +108,8 @@ def install(
     s3: "S3Cache | None" = None,
     build_here: bool = False,
 ) -> NodeRuntime:
-    """Install (or find) the runtime on every node; what the record keeps of it: runtime id and python.
+    """Install (or find) the runtime on every node; what the record keeps of it: runtime id, python and the
+    CUDA toolkit of a GPU build.
     build_here: the provider's builds_runtime_locally (the nodes have this machine's OS)."""
     if request.mode != "install":
         return record(request)
@@ -116,7 +117,7 @@ def install(
     platform = probe(pool, targets, names)
     spec = rt.RuntimeSpec.for_platform(platform)  # refuses a python3 or CUDA toolkit it cannot build on
     rid = rt.runtime_id(spec, platform)
-    fields = NodeRuntime(rid, rt.python_of(rid))
+    fields = NodeRuntime(rid, rt.python_of(rid), spec.cuda_build.home if spec.cuda_build else "")
     have = prepare(pool, targets, names, rid)
     need = [i for i, has in enumerate(have) if not has]
     if not need:

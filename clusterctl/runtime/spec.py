@@ -67,6 +67,12 @@ class RuntimeSpec:
         return (self.tensorflow_requirement, *self.extras)
 
     @property
+    def nccl_requirement(self) -> str:
+        """Second install step on GPU nodes ("" elsewhere): NCCL, without its dependencies, over the older one
+        TensorFlow's `and-cuda` extra pins (pip says TF asked for another; TF's collectives are not used)."""
+        return self.cuda_build.nccl_requirement if self.cuda_build else ""
+
+    @property
     def horovod_requirement(self) -> str:
         return f"horovod=={self.horovod}"
 
@@ -161,8 +167,8 @@ class Build:
 
     @property
     def horovod_env(self) -> dict[str, str]:
-        """Horovod's build environment: gloo and TensorFlow everywhere; on GPU nodes NCCL from the wheel
-        TensorFlow installed into this venv, and the CUDA 12 toolkit and CC list of the spec."""
+        """Horovod's build environment: gloo and TensorFlow everywhere; on GPU nodes NCCL from the
+        nvidia-nccl-cu12 wheel installed into this venv (spec.nccl_requirement), and the CUDA 12 toolkit and CC list of the spec."""
         env = dict(HOROVOD_CPU_ENV)
         if self.spec.cuda_build is not None:
             env.update(cuda.horovod_env(self.spec.cuda_build, nccl_home(self.rid, self.platform.python)))
@@ -170,7 +176,7 @@ class Build:
 
 
 def nccl_home(rid: str, python: str) -> str:
-    """The NCCL folder of TensorFlow's nvidia-nccl-cu12 wheel inside the runtime's venv."""
+    """The NCCL folder of the nvidia-nccl-cu12 wheel inside the runtime's venv."""
     major_minor = ".".join(python.split(".")[:2])
     return f"{prefix(rid)}/lib/python{major_minor}/site-packages/nvidia/nccl"
 
@@ -190,6 +196,7 @@ def build_argv(script: str, build: Build) -> list[str]:
         build.find_links,
         "1" if build.no_index else "0",
         json.dumps(info(build), sort_keys=True),
+        build.spec.nccl_requirement,
     ]
 
 

@@ -18,6 +18,7 @@ from clusterctl import providers
 from clusterctl.cluster import costs
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError, within
 from clusterctl.hostsfile import HostsFile
+from clusterctl.node import nccl_report
 from clusterctl.remote import jobfolder, nodepkg
 from clusterctl.units import duration, money
 from clusterctl.workloads import bench_stats as stats, horovod, launch, train_config
@@ -133,6 +134,7 @@ class BenchOptions:
     extra: list[str] = field(default_factory=list)
     precision: str | None = None  # fp32 | float16 | bfloat16 | mixed | auto
     fp16_allreduce: bool | None = None
+    allow_socket_transport: bool = False  # on an EFA type, go on when NCCL did not choose EFA
 
     def config(self, cluster: Cluster | None) -> TrainConfig:
         """The configuration this ladder measures on `cluster` (a rate is stored under its key)."""
@@ -218,7 +220,11 @@ def run_ladder(
     out_dir.mkdir(parents=True, exist_ok=False)
     python = python or jobfolder.node_python(inv.cluster)
     # as `train` runs: the GPU type's TensorFlow settings and Horovod's fusion
-    env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **train_config.horovod_env(config)}
+    env = {
+        **launch.job_env(inv.cluster, python, opts.allow_socket_transport),
+        **train_config.gpu_env(config),
+        **train_config.horovod_env(config),
+    }
     gpus = horovod.gpus_per_node(inv.cluster)  # 0: no GPUs to prove (local nodes, CPU types, hosts files)
     runs = []
     alone: list[NodeAlone] = []
@@ -281,6 +287,8 @@ def run_ladder(
 
 def _checked_run(result: HostResult, np_: int, what: str, log: Path, timeout: float, gpus: int) -> horovod.BenchRun:
     """The parsed run of one launch, or BenchFailed saying why not."""
+    if wrong_network := nccl_report.said(result.stdout)[1]:  # NCCL did not choose the nodes' EFA
+        raise BenchFailed(wrong_network, f"see {log}")
     if result.timed_out:
         raise BenchFailed(
             f"{what} produced no result within {timeout:.0f}s", f"see {log}; raise --timeout for big models"

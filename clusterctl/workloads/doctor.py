@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping
 
 from clusterctl import providers, resources
+from clusterctl.node import nccl_report
 from clusterctl.remote import jobfolder, nodepkg
 from clusterctl.remote.ssh import SshPool
 from clusterctl.workloads import launch
@@ -148,7 +149,9 @@ def all_reduce_perf_argv(
         "-x",
         "LD_LIBRARY_PATH",
         "-x",
-        "NCCL_DEBUG=WARN",
+        "NCCL_DEBUG=INFO",  # NCCL's report of the network it chose (nccl_report), its start-up lines only
+        "-x",
+        "NCCL_DEBUG_SUBSYS=INIT,NET",
         tool.binary,
         "-b",
         "8",
@@ -228,6 +231,8 @@ def fabric(
             r = launch.run_on_leader(pool, leader, command(n, MPI_HOSTS, ",".join(f"{h}:1" for h in hosts)), timeout)
             launch.kill_job(pool, inv.targets, job)
             cluster = measured(r.stdout + r.stderr, tuple(labels))
+            efa = inv.cluster is not None and inv.cluster.facts.efa and n > 1  # one node: no network between nodes
+            network = network_of(r.stdout + r.stderr, tool.name, efa)
             pairs: list[Allreduce] = []
             for round_ in ring_rounds(n):
                 by_first = {labels[a]: (a, b) for a, b in round_}
@@ -252,14 +257,25 @@ def fabric(
     # the floors are of the gloo test (one TCP flow); NCCL over EFA is judged against the median node
     floor = FABRIC_FLOORS.get(itype or "") if tool.name == "gloo" else None
     judged = judge_fabric(labels, cluster, pairs, floor)
-    return replace(judged, tool=tool.name, tool_why=tool.why, nccl=nccl)
+    return replace(judged, tool=tool.name, tool_why=tool.why, nccl=nccl, network=network[0], network_error=network[1])
+
+
+def network_of(text: str, tool: str, efa: bool) -> tuple[str, str]:
+    """The whole-cluster run's `network:` line and, on an EFA type where NCCL chose another transport, why
+    that fails ("" when it does not): from NCCL's own lines (all_reduce_perf) or the fabric program's."""
+    if tool == "nccl-tests":
+        report = nccl_report.parse(text.splitlines())
+        return report.line(), nccl_report.refusal(report, efa)
+    return nccl_report.said(text)
 
 
 def with_fabric(report: DoctorReport, fab: FabricReport) -> DoctorReport:
     """The doctor's report with a `fabric` cell per node."""
     nodes = []
     for n in report.nodes:
-        if n.host in fab.why:
+        if fab.network_error:  # the cluster's transport, not one node's
+            cell = Cell("fail", fab.network_error)
+        elif n.host in fab.why:
             cell = Cell("fail", fab.why[n.host])
         elif n.host in fab.best:
             cell = Cell("ok", f"best pair {fab.best[n.host]:.2f} Gbit/s")

@@ -220,6 +220,8 @@ class FabricReport:
     tool: str = "gloo"  # what measured: "nccl-tests" (all_reduce_perf over mpirun) or "gloo" (Horovod's allreduce)
     tool_why: str = ""
     nccl: "NcclTestsResult | None" = None  # all_reduce_perf's own table over the whole cluster
+    network: str = ""  # the `network:` line of the whole-cluster run (node/nccl_report.py)
+    network_error: str = ""  # why that network is wrong for the nodes (sockets on an EFA type), or ""
 
 
 def parse_fabric(text: str, hosts: tuple[str, ...]) -> Allreduce:

@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 from clusterctl import providers
 from clusterctl.errors import UnreachableError
 from clusterctl.hostsfile import HostEntry, HostsFile
+from clusterctl.node import nccl_report
 from clusterctl.remote import nodepkg
 from clusterctl.remote.jobfolder import BASE_PATH, JOBS, JobFolder
 from clusterctl.remote.ssh import SshPool
@@ -54,8 +55,15 @@ def rung_hosts(hosts: HostsFile, np: int) -> HostsFile:
     return HostsFile(tuple(entries))
 
 
-def job_env(cluster: Cluster | None, python: str) -> dict[str, str]:
-    """What every rank needs set, decided by clusterctl, not the user."""
+def rank_path(python: str) -> str:
+    """The ranks' PATH: the job's Python's folder first, then the system's."""
+    return f"{os.path.dirname(python)}:{BASE_PATH}" if python.startswith("/") else BASE_PATH
+
+
+def job_env(cluster: Cluster | None, python: str, allow_socket: bool = False) -> dict[str, str]:
+    """What every rank needs set, decided by clusterctl, not the user. `allow_socket`: a GPU job on an EFA type
+    may run over another transport (--allow-socket-transport); otherwise its programs stop when NCCL did not
+    choose EFA (node/nccl_report.py)."""
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     # NCCL over libfabric's EFA (aws-ofi-nccl), as AWS's "Get started with EFA and NCCL" guide runs it:
     # FI_PROVIDER=efa, and FI_EFA_USE_DEVICE_RDMA=1 on the types whose EFA does RDMA (p4d, p5).
@@ -63,9 +71,26 @@ def job_env(cluster: Cluster | None, python: str) -> dict[str, str]:
         env["FI_PROVIDER"] = "efa"
         if cluster.facts.efa_rdma:  # p4d/p5: device RDMA; p3dn's EFA has none
             env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+        if not allow_socket:
+            env[nccl_report.EXPECT_ENV] = nccl_report.EFA
     if cluster is not None and not providers.shares_this_machine(cluster):
         env["NCCL_SOCKET_IFNAME"] = "^lo,docker"
+    if horovod.gpus_per_node(cluster):
+        # NCCL's own report of the network it chose (its start-up lines only), read back by the job's programs
+        env.update(nccl_report.DEBUG_ENV)
+    if cluster is not None and cluster.facts.cuda_home:
+        env.update(xla_env(cluster.facts.cuda_home, python))
     return env
+
+
+def xla_env(cuda_home: str, python: str) -> dict[str, str]:
+    """XLA on the GPU runtime's own CUDA 12 toolkit: TensorFlow 2.15 prefers a ptxas on PATH and else looks
+    under /usr/local/cuda (CUDA 13 on the 2026 DLAMIs, which cannot target sm_70) for ptxas and libdevice;
+    --xla_gpu_cuda_data_dir names the toolkit for both."""
+    return {
+        "PATH": f"{cuda_home}/bin:{rank_path(python)}",
+        "XLA_FLAGS": f"--xla_gpu_cuda_data_dir={cuda_home}",
+    }
 
 
 def stage(
@@ -119,7 +144,7 @@ def leader_command(
     )
     at = argv.index("@HOROVODRUN@")
     argv[at : at + 1] = [python, nodepkg.package().at(job.home), HOROVODRUN]
-    path = f"{os.path.dirname(python)}:{BASE_PATH}" if python.startswith("/") else BASE_PATH
+    path = rank_path(python)
     return (
         f'{LIB_PATH_SH} cd {shlex.quote(job.dir)} && exec env -i HOME="$HOME" USER="$(id -un)" LANG=C.UTF-8 '
         f'PATH={shlex.quote(path)} ${{L:+LD_LIBRARY_PATH="$L"}} {shlex.join(argv)} 2>&1'

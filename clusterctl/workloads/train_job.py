@@ -324,7 +324,11 @@ def start(
             line = feed_warning(pool, leader, job.dir, python, str(data), gpus, gpu)
             if line:
                 report(f"warning: {line}")
-        env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
+        env = {
+            **launch.job_env(inv.cluster, python, opts.allow_socket_transport),
+            **train_config.gpu_env(config),
+            **horovod_env(opts),
+        }
         elastic = None
         if opts.elastic:
             elastic = elastic_args(opts, np, python, job.dir, pkg.at(job.home))

@@ -53,6 +53,7 @@ class TrainOptions:
     commit_every: int | None = None  # elastic: steps between commits of the state (None: the trainer's 50)
     elastic_timeout: int | None = None  # elastic: seconds to wait for --min-np processes (None: ELASTIC_TIMEOUT_S)
     extra: tuple[str, ...] = ()  # more trainer flags, passed as they are
+    allow_socket_transport: bool = False  # on an EFA type, go on when NCCL did not choose EFA (an env, not a flag)
 
     def __post_init__(self) -> None:
         """Every way in (the CLI, a playbook's train step, a job record read back) gets the same checks: each

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
-from clusterctl.node import ssh as node_ssh
+from clusterctl.node import nccl_report, ssh as node_ssh
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
@@ -438,3 +438,16 @@ def status_lines(store: StateStore, inv: Inventory, now: float | None = None) ->
             f"{j.command}  (clusterctl logs {j.job} | clusterctl kill {j.job})"
         )
     return lines
+
+
+def with_network_line(on_line: Callable[[str], None]) -> Callable[[str], None]:
+    """on_line for a followed job, and after NCCL's lines the one `network:` line they make (GPU clusters: launch
+    asks NCCL for them, node/nccl_report.py)."""
+    watch = nccl_report.Watch()
+
+    def out(line: str) -> None:
+        on_line(line)
+        if said := watch.feed(line):
+            on_line(said)
+
+    return out

@@ -24,7 +24,7 @@ DLAMI_2026 = ["/usr/local/cuda-12.8", "/usr/local/cuda-12.9", "/usr/local/cuda-1
 
 def test_the_toolkit_is_cuda_12_closest_to_tensorflows_and_never_13():
     b = gpu.choose(DLAMI_2026, ["7.0"] * 8)
-    assert (b.cuda, b.home, b.cc, b.nccl) == ("12.8", "/usr/local/cuda-12.8", (70,), "2.16.5")
+    assert (b.cuda, b.home, b.cc, b.nccl) == ("12.8", "/usr/local/cuda-12.8", (70,), gpu.NCCL)
     assert gpu.choose(["/usr/local/cuda-12.1", "/usr/local/cuda-12.4", "/usr/local/cuda-12.9"], ["8.0"]).cuda == "12.4"
     assert gpu.choose(["/usr/local/cuda-12.0", "/usr/local/cuda-12.1"], ["8.6"]).cuda == "12.1"  # newest below 12.2
     assert gpu.choose(DLAMI_2026, ["8.0", "7.0", "9.0", "8.0"]).cc == (70, 80, 90)
@@ -76,7 +76,7 @@ def test_the_plan_shows_the_choice_or_refuses_before_launch():
     install = RuntimeRequest()
     v100 = ImageFacts("3.10", ("12.8", "12.9", "13.0", "13.2"), "13.2", ("7.0",), "V100")
     line = plan_line(install, v100)
-    assert "Horovod built with CUDA 12.8 (/usr/local/cuda-12.8) for sm_70, NCCL 2.16.5" in line
+    assert f"Horovod built with CUDA 12.8 (/usr/local/cuda-12.8) for sm_70, NCCL {gpu.NCCL} (nvidia-nccl-cu12)" in line
     assert "not the image's default CUDA 13.2" in line
     assert "CUDA" not in plan_line(install, ImageFacts("3.10", ("12.8",), "12.8", (), ""))  # a CPU type
     assert "read at `up`" in plan_line(install, ImageFacts("", (), "", ("8.0",), "A100"))  # a custom AMI
@@ -100,6 +100,9 @@ def stand_in_image(root: Path) -> tuple[Path, Path]:
     cuda = root / "usr-local"
     for v in ("12.8", "13.0"):
         _exe(cuda / f"cuda-{v}/bin/nvcc", f"#!/bin/sh\necho 'Cuda compilation tools, release {v}'\n")
+        _exe(cuda / f"cuda-{v}/bin/ptxas", f"#!/bin/sh\necho 'ptxas: Cuda compilation tools, release {v}'\n")
+        (cuda / f"cuda-{v}/nvvm/libdevice").mkdir(parents=True)
+        (cuda / f"cuda-{v}/nvvm/libdevice/libdevice.10.bc").write_text(v)
     (cuda / "cuda-12.9/lib64").mkdir(parents=True)
     (cuda / "cuda").symlink_to(cuda / "cuda-13.0")
     smi = (
@@ -160,14 +163,20 @@ def test_the_probe_on_a_stand_in_image_reads_gpus_and_toolkits(tmp_path):
 
 
 PIP = r"""#!/usr/bin/python3.11
-# Stand-in for the venv's pip: records its argv and the build's environment, and installs TensorFlow's NCCL
-# folder (as nvidia-nccl-cu12 does: include/nccl.h and lib/libnccl.so.2 only).
+# Stand-in for the venv's pip: records its argv and the build's environment, and installs the NCCL folder of
+# nvidia-nccl-cu12 (include/nccl.h and lib/libnccl.so.2 only; the file holds the version): TensorFlow's extra
+# brings 2.16.5, the runtime's own step the version it names.
 import json, os, shutil, sys
 prefix = os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0])))
 nccl = os.path.join(prefix, "lib/python3.11/site-packages/nvidia/nccl")
-if any(a.startswith("tensorflow") for a in sys.argv):
-    os.makedirs(nccl + "/include"); os.makedirs(nccl + "/lib")
-    open(nccl + "/include/nccl.h", "w").close(); open(nccl + "/lib/libnccl.so.2", "w").close()
+wheel = {a.split("==")[1] for a in sys.argv if a.startswith("nvidia-nccl-cu12==")}
+if any(a.startswith("tensorflow[and-cuda]") for a in sys.argv):
+    wheel = {"2.16.5"}
+if wheel:
+    os.makedirs(nccl + "/include", exist_ok=True); os.makedirs(nccl + "/lib", exist_ok=True)
+    open(nccl + "/include/nccl.h", "w").close()
+    with open(nccl + "/lib/libnccl.so.2", "w") as f:
+        f.write(wheel.pop())
 link = nccl + "/lib/libnccl.so"
 record = {
     "argv": sys.argv[1:],
@@ -175,11 +184,20 @@ record = {
     "path0": os.environ["PATH"].split(":")[0],
     "nvcc": shutil.which("nvcc"),
     "libnccl.so": os.readlink(link) if os.path.islink(link) else None,
+    "nccl": open(link).read() if os.path.exists(link) else None,
 }
 with open(os.environ["STANDIN_LOG"], "a") as f:
     f.write(json.dumps(record) + "\n")
 """
 
+# Stand-in for the venv's python: records each `-c` program; the check of Horovod's NCCL runs for real, with a
+# stand-in horovod.tensorflow whose nccl_built() is the NCCL_VERSION_CODE the test gives.
+VENV_PYTHON = """#!/bin/sh
+here=$(dirname "$STANDIN_PIP")
+echo "$2" >> "$here/checks"
+case "$2" in *nccl_built*) exec env PYTHONPATH="$here/fakehvd" /usr/bin/python3.11 "$@" ;; esac
+exit 0
+"""
 
 COMMON = [  # every pip call's options, as runtime_build.sh passes them for an offline build
     "install",
@@ -201,19 +219,25 @@ CPU_ENV = {
 }
 
 
-def stand_in_build(tmp_path: Path, gpu: bool, nccl_wheel: bool = True):
+def stand_in_build(tmp_path: Path, gpu: bool, nccl_wheel: bool = True, nccl_built: int = 23007):
     """runtime_build.sh itself, in a private mount namespace whose /opt is a tmpfs (as runtime/cache.py builds),
-    on the stand-in image, with a stand-in python whose venv's pip records each call (PIP). The login PATH puts
-    CUDA 13's bin first, as an image's profile may (/usr/local/cuda/bin). Returns (result, calls, spec, rid, cuda)."""
+    on the stand-in image, with a stand-in python whose venv's pip records each call (PIP) and whose venv python
+    records each `-c` check (tmp_path/checks; hvd.nccl_built() returns `nccl_built`). The login PATH
+    puts CUDA 13's bin first, as an image's profile may (/usr/local/cuda/bin). Returns (result, calls, spec, rid,
+    cuda)."""
     cuda, bin_ = stand_in_image(tmp_path)
     _exe(bin_ / "apt-get", "#!/bin/sh\necho 'apt-get must not run in this test' >&2\nexit 1\n")
-    pip = PIP if nccl_wheel else PIP.replace("if any(", "if False and any(")
+    pip = PIP if nccl_wheel else PIP.replace("if wheel:", "if False:")
+    _exe(tmp_path / "venv-python", VENV_PYTHON)
+    (tmp_path / "fakehvd/horovod").mkdir(parents=True)
+    (tmp_path / "fakehvd/horovod/__init__.py").write_text("")
+    (tmp_path / "fakehvd/horovod/tensorflow.py").write_text(f"def nccl_built():\n    return {nccl_built}\n")
     _exe(tmp_path / "pip", pip)
     python = _exe(
         tmp_path / "python3",
         "#!/bin/sh\n"
         'if [ "$1" = -m ] && [ "$2" = venv ]; then\n'
-        '  mkdir -p "$3/bin" && cp "$STANDIN_PIP" "$3/bin/pip" && printf "#!/bin/sh\\nexit 0\\n" > "$3/bin/python"\n'
+        '  mkdir -p "$3/bin" && cp "$STANDIN_PIP" "$3/bin/pip" && cp "$(dirname "$STANDIN_PIP")/venv-python" "$3/bin/python"\n'
         '  chmod +x "$3/bin/pip" "$3/bin/python"; exit 0\n'
         "fi\n"
         'exec /usr/bin/python3.11 "$@"\n',
@@ -244,12 +268,14 @@ def stand_in_build(tmp_path: Path, gpu: bool, nccl_wheel: bool = True):
     return r, calls, spec, rid, cuda
 
 
-def test_the_build_script_builds_with_the_chosen_toolkit_and_tensorflows_nccl(tmp_path):
+def test_the_build_script_builds_horovod_with_the_chosen_toolkit_and_the_runtimes_nccl(tmp_path):
     r, calls, spec, rid, cuda = stand_in_build(tmp_path, gpu=True)
     assert r.returncode == 0, r.stderr
-    first, horovod = calls
+    first, nccl_step, horovod = calls
     assert first["argv"] == COMMON + list(spec.requirements) and spec.requirements[0] == "tensorflow[and-cuda]==2.15.1"
     assert first["env"] == {}  # TensorFlow is installed without Horovod's variables
+    # NCCL over TensorFlow's pin, on its own (TF's pin would make one resolver run refuse it).
+    assert nccl_step["argv"] == COMMON + ["--no-deps", f"nvidia-nccl-cu12=={gpu.NCCL}"] and nccl_step["env"] == {}
     assert horovod["argv"] == COMMON + ["--no-build-isolation", "horovod==0.28.1"]
     nccl = f"{rt.prefix(rid)}/lib/python3.11/site-packages/nvidia/nccl"
     assert horovod["env"] == {
@@ -264,14 +290,46 @@ def test_the_build_script_builds_with_the_chosen_toolkit_and_tensorflows_nccl(tm
     # Horovod's build_utils asks `nvcc` on PATH first: it is 12.8's, not the login PATH's CUDA 13.
     assert horovod["path0"] == f"{cuda}/cuda-12.8/bin" and horovod["nvcc"] == f"{cuda}/cuda-12.8/bin/nvcc"
     assert horovod["libnccl.so"] == "libnccl.so.2"  # what CMake's find_library(nccl) looks for
+    assert horovod["nccl"] == gpu.NCCL  # Horovod compiles against the runtime's NCCL, not TensorFlow's 2.16.5
+    checks = (tmp_path / "checks").read_text().splitlines()
+    assert any("hvd.nccl_built()" in c for c in checks), checks  # the builder proves NCCL is in Horovod
     info = json.loads((tmp_path / "out" / rt.INFO).read_text())
     assert info["id"] == rid and info["spec"]["cuda_build"] == {
         "cuda": "12.8",
         "home": f"{cuda}/cuda-12.8",
         "cc": [70],
-        "nccl": "2.16.5",
+        "nccl": gpu.NCCL,
     }
     assert (tmp_path / "out" / rt.PACK).stat().st_size > 0
+
+
+def test_the_gpu_spec_names_nccl_at_or_above_the_efa_plugins_floor():
+    """aws-ofi-nccl 1.16-1.19 support NCCL 2.17.1 and later: the runtime's NCCL is never below, and a build
+    that asked for an older one is refused before anything is installed."""
+    b = gpu.choose(DLAMI_2026, ["7.0"])
+    assert gpu.version(b.nccl)[:3] >= (2, 17, 1) and gpu.NCCL_FLOOR == (2, 17, 1)
+    s = rt.RuntimeSpec(gpu=True, cuda_build=b)
+    assert s.nccl_requirement == f"nvidia-nccl-cu12=={b.nccl}" and gpu.version(gpu.TF_NCCL) < gpu.NCCL_FLOOR
+    assert rt.RuntimeSpec().nccl_requirement == ""  # CPU runtimes: no NCCL step
+    for old in ("2.16.5", "2.17.0", "2.9.9"):
+        with pytest.raises(ProvisionError, match="older than 2.17.1"):
+            gpu.CudaBuild("12.8", "/usr/local/cuda-12.8", (70,), nccl=old)
+    gpu.CudaBuild("12.8", "/usr/local/cuda-12.8", (70,), nccl="2.17.1")
+    # The NCCL version is in the runtime's id: another NCCL is another runtime.
+    p = rt.Platform("ubuntu 22.04", "x86_64", "3.10.12", "/usr/bin/python3.10", "12.2", ("7.0",), (b.home,))
+    other = rt.RuntimeSpec(gpu=True, cuda_build=gpu.CudaBuild(b.cuda, b.home, b.cc, nccl="2.27.7"))
+    assert rt.runtime_id(s, p) != rt.runtime_id(other, p)
+
+
+def test_the_build_script_stops_when_horovod_has_no_nccl(tmp_path):
+    """hvd.nccl_built() is the NCCL_VERSION_CODE Horovod compiled against: none (0), or TensorFlow's 2.16.5
+    (21605) instead of the runtime's, stops the build and leaves no pack."""
+    for code in (0, 21605):
+        where = tmp_path / str(code)
+        where.mkdir()
+        r, calls, *_ = stand_in_build(where, gpu=True, nccl_built=code)
+        assert r.returncode == 1 and f"was not built with nvidia-nccl-cu12=={gpu.NCCL}" in r.stderr, r.stderr
+        assert len(calls) == 3 and not (where / "out" / rt.INFO).exists()
 
 
 def test_the_cpu_build_is_left_as_it_was(tmp_path):
@@ -281,11 +339,48 @@ def test_the_cpu_build_is_left_as_it_was(tmp_path):
     assert first["argv"] == COMMON + list(spec.requirements) and spec.requirements[0] == "tensorflow-cpu==2.15.1"
     assert horovod["env"] == CPU_ENV and horovod["argv"] == COMMON + ["--no-build-isolation", "horovod==0.28.1"]
     assert horovod["path0"] == f"{cuda}/cuda-13.0/bin" and horovod["libnccl.so"] is None  # PATH untouched
+    assert not any("nccl_built" in c for c in (tmp_path / "checks").read_text().splitlines())  # no NCCL on CPU
     assert json.loads((tmp_path / "out" / rt.INFO).read_text())["spec"]["cuda_build"] is None
 
 
-def test_the_build_script_stops_when_tensorflows_nccl_is_missing(tmp_path):
-    """A TensorFlow without its NCCL wheel stops the build before Horovod compiles, and leaves no pack."""
+def test_the_build_script_stops_when_the_nccl_wheel_is_missing(tmp_path):
+    """An NCCL wheel that left no NCCL folder stops the build before Horovod compiles, and leaves no pack."""
     r, calls, *_ = stand_in_build(tmp_path, gpu=True, nccl_wheel=False)
-    assert r.returncode == 1 and "TensorFlow's NCCL is not at" in r.stderr, r.stderr
-    assert len(calls) == 1 and not (tmp_path / "out" / rt.INFO).exists()
+    assert r.returncode == 1 and f"the NCCL wheel (nvidia-nccl-cu12=={gpu.NCCL}) is not at" in r.stderr, r.stderr
+    assert len(calls) == 2 and not (tmp_path / "out" / rt.INFO).exists()
+
+
+def test_every_rank_runs_xla_on_the_runtimes_cuda_12_not_the_images_default_13(tmp_path):
+    """The stand-in image: /usr/local/cuda -> cuda-13.0 (no sm_70), first on the login PATH. The runtime is built
+    with 12.8, `up` records that toolkit, and every GPU job's ranks get its bin first on PATH and XLA pointed at
+    it: the ptxas and libdevice a rank finds are 12.8's."""
+    from clusterctl.types import Cluster, Node, NodeRuntime
+    from clusterctl.workloads import horovod, launch
+
+    r, _, spec, rid, cuda = stand_in_build(tmp_path, gpu=True)
+    assert r.returncode == 0, r.stderr
+    assert spec.cuda_build is not None and (cuda / "cuda").resolve() == cuda / "cuda-13.0"
+    runtime = NodeRuntime(rid, rt.python_of(rid), spec.cuda_build.home)  # what install() records
+    nodes = (Node("c-leader", "10.0.0.2", 8, "leader"),)
+    p3 = Cluster("c", "aws", nodes, instance_type="p3.16xlarge", extra={"gpus": "8"}).with_runtime(runtime)
+    env = launch.job_env(p3, rt.python_of(rid))
+    home = f"{cuda}/cuda-12.8"
+    assert env["XLA_FLAGS"] == f"--xla_gpu_cuda_data_dir={home}"
+    assert env["PATH"] == f"{home}/bin:{launch.rank_path(rt.python_of(rid))}"
+    # horovodrun copies its environment to every rank: these are set on its command line
+    argv = horovod.horovodrun_argv(2, "h1:1,h2:1", ["python", "x"], extra_env=env)
+    assert f"XLA_FLAGS=--xla_gpu_cuda_data_dir={home}" in argv and f"PATH={env['PATH']}" in argv
+    # what a rank finds with that environment (the login PATH had CUDA 13's bin first)
+    found = subprocess.run(
+        ["env", "-i", f"PATH={env['PATH']}", "sh", "-c", 'command -v ptxas; ptxas; printf %s "$XLA_FLAGS"'],
+        env={"XLA_FLAGS": env["XLA_FLAGS"]},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert found[0] == f"{home}/bin/ptxas" and found[1].endswith("release 12.8"), found
+    data_dir = env["XLA_FLAGS"].split("=", 1)[1]
+    assert (Path(data_dir) / "nvvm/libdevice/libdevice.10.bc").read_text() == "12.8"  # where XLA reads libdevice
+    # a CPU runtime records no toolkit: nothing of CUDA is set
+    cpu = Cluster("c", "local", nodes).with_runtime(NodeRuntime(rid, rt.python_of(rid)))
+    assert "XLA_FLAGS" not in launch.job_env(cpu, rt.python_of(rid)) and "PATH" not in launch.job_env(cpu, "/x")

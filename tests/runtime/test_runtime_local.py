@@ -180,7 +180,7 @@ def _isolated(argv: list[str], home: Path, **kw) -> subprocess.Popen:
     )
 
 
-def _fake_pack(tmp: Path, rid: str, files_delta: int = 0) -> Path:
+def _fake_pack(tmp: Path, rid: str, files_delta: int = 0, nccl_built: bool | None = None) -> Path:
     """A small pack in the runtime's layout (a venv of the image's python3, with importable horovod and boto3
     packages) to test the installer's checks without TensorFlow's 1.7 GB."""
     tree = tmp / "src" / "opt" / "clusterctl-runtime" / rid
@@ -189,6 +189,8 @@ def _fake_pack(tmp: Path, rid: str, files_delta: int = 0) -> Path:
     for mod in ("horovod", "boto3"):
         (site / mod).mkdir()
         (site / mod / "__init__.py").write_text("")
+    if nccl_built is not None:  # a GPU runtime: its horovod.tensorflow says whether NCCL is built in
+        (site / "horovod" / "tensorflow.py").write_text(f"def nccl_built():\n    return {int(nccl_built)}\n")
     files = sum(1 for p in tree.rglob("*") if p.is_file() and not p.is_symlink())
     size = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file() and not p.is_symlink())
     incoming = tmp / "home" / "in"
@@ -196,7 +198,10 @@ def _fake_pack(tmp: Path, rid: str, files_delta: int = 0) -> Path:
     subprocess.run(
         f"tar -C {tmp / 'src'} -cf - opt | zstd -q -o {incoming / 'runtime.tar.zst'}", shell=True, check=True
     )
-    (incoming / "runtime.json").write_text(json.dumps({"bytes": size, "files": files + files_delta, "id": rid}))
+    info = {"bytes": size, "files": files + files_delta, "id": rid}
+    if nccl_built is not None:
+        info["spec"] = {"gpu": True}
+    (incoming / "runtime.json").write_text(json.dumps(info, sort_keys=True))
     return incoming
 
 
@@ -228,6 +233,21 @@ def test_installer_verifies_and_marks_last(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert "exit=1" in out and rid not in out.split("exit=1", 1)[1], out
     assert "expected" in err and "files" in err
+
+
+def test_every_node_checks_horovods_nccl_when_installing_a_gpu_runtime(tmp_path):
+    """Not only the builder: each node's install of a GPU runtime imports horovod.tensorflow and refuses one
+    whose Horovod has no NCCL built in (and leaves no runtime); a CPU runtime is not asked."""
+    script = str(REPO / "templates" / "runtime_install.sh")
+    rid = "00112233aabbccdd"
+    for built, want in ((True, "runtime=installed"), (False, "exit=1")):
+        where = tmp_path / str(built)
+        _fake_pack(where, rid, nccl_built=built)
+        run = f"bash {script} {rid} in; echo exit=$?; ls -A /opt/clusterctl-runtime"
+        out, err = _isolated(["sh", "-c", run], where / "home").communicate(timeout=120)
+        assert want in out, (out, err)
+        if not built:
+            assert "does not import with NCCL built in" in err and rid not in out.split("exit=1", 1)[1], (out, err)
 
 
 def test_interrupted_build_leaves_no_cache_entry(tmp_path):

@@ -115,6 +115,9 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
     assert measured is not None and measured["np"] == 4 and measured["img_per_sec"] > 0
     log4 = (results_dir / "rung-np4.log").read_text()
     assert "CLUSTERCTL-BENCH result size=4" in log4  # Horovod's own size, from the real run
+    # CPU processes over gloo: the transport is named, and nothing is refused (the run finished)
+    assert "network: gloo over TCP (CPU processes: NCCL is not used)" in log4
+    assert "network: gloo over TCP" in proc.stderr  # the operator prints it
     assert (results_dir / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert found == [], f"a secret reached a node's process table: {found}"
     left = cli(

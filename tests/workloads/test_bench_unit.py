@@ -400,6 +400,24 @@ def test_job_env_carries_no_secret_and_sets_efa_where_present():
     assert "FI_PROVIDER" not in launch.job_env(local, "/usr/bin/python3")
 
 
+def test_gpu_jobs_ask_nccl_for_its_report_and_efa_types_refuse_other_transports_unless_allowed():
+    from clusterctl.node import nccl_report
+    from clusterctl.types import Cluster, Node
+
+    nodes = (Node("c-leader", "10.0.0.2", 8, "leader"),)
+    p4d = Cluster("c", "aws", nodes, instance_type="p4d.24xlarge", extra={"efa": "true", "gpus": "8"})
+    env = launch.job_env(p4d, "/usr/bin/python3")
+    assert (env["NCCL_DEBUG"], env["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET")
+    assert env[nccl_report.EXPECT_ENV] == "efa"  # the node programs stop a fallback to sockets
+    assert nccl_report.EXPECT_ENV not in launch.job_env(p4d, "/usr/bin/python3", allow_socket=True)
+    g5 = Cluster("c", "aws", nodes, instance_type="g5.xlarge", extra={"gpus": "1"})  # a GPU type without EFA
+    assert "NCCL_DEBUG" in launch.job_env(g5, "/x") and nccl_report.EXPECT_ENV not in launch.job_env(g5, "/x")
+    cpu = Cluster("c", "aws", nodes, instance_type="c5.xlarge", extra={"gpus": "0"})
+    local = Cluster("l", "local", nodes)
+    for c in (cpu, local, None):  # gloo: no NCCL to ask
+        assert "NCCL_DEBUG" not in launch.job_env(c, "/x") and nccl_report.EXPECT_ENV not in launch.job_env(c, "/x")
+
+
 def test_bad_timing_and_fabric_flags_are_one_line_usage_errors(cli):
     for args, message in (
         (("bench", "--synthetic", "--warmup-steps", "3"), "--warmup-steps must be at least 10"),
@@ -410,3 +428,64 @@ def test_bad_timing_and_fabric_flags_are_one_line_usage_errors(cli):
         assert proc.returncode == 2, proc.stdout + proc.stderr
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith("Error: ") and message in line, line
+
+
+def test_a_rung_whose_nccl_fell_back_to_sockets_on_an_efa_type_fails_with_the_nodes_error(tmp_path):
+    """The benchmark's rank 0 stops at its first allreduce and says why (node/nccl_report.py); the ladder
+    stops with that error, not with "no result"."""
+    from clusterctl.node import nccl_report
+    from clusterctl.types import HostResult
+    from clusterctl.workloads import bench as benchlib
+
+    report = nccl_report.parse(
+        [
+            "ip-10-0-0-4:23817:23817 [0] NCCL INFO NCCL version 2.16.5+cuda11.8",
+            "ip-10-0-0-4:23817:23901 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using internal "
+            "implementation",
+            "ip-10-0-0-4:23817:23901 [0] NCCL INFO Using network Socket",
+        ]
+    )
+    why = nccl_report.refusal(report, efa_expected=True)
+    out = (
+        f"[1,0]<stdout>:{report.line()}\n"
+        "[1,0]<stdout>:CLUSTERCTL-BENCH error kind=network transport=Socket\n"
+        f"[1,0]<stderr>:Error: {why}\n"
+    )
+    with pytest.raises(benchlib.BenchFailed) as err:
+        benchlib._checked_run(HostResult("leader", 10, out), 8, "rung of 8 processes", tmp_path / "r.log", 900, 8)
+    assert err.value.message == why and "--allow-socket-transport" in err.value.one_line()
+    assert err.value.hint == f"see {tmp_path / 'r.log'}"
+
+
+def test_allow_socket_transport_reaches_the_job_environment_and_not_the_trainers_flags():
+    from clusterctl.node import nccl_report
+    from clusterctl.types import Cluster, Node
+    from clusterctl.workloads import train_options
+
+    opts = train_options.TrainOptions(synthetic=True, allow_socket_transport=True)
+    assert nccl_report.ALLOW_FLAG not in train_options.trainer_argv("/p", "/x.pyz", opts)
+    p4d = Cluster("c", "aws", (Node("c-leader", "10.0.0.2", 8, "leader"),), extra={"efa": "true", "gpus": "8"})
+    assert nccl_report.EXPECT_ENV not in launch.job_env(p4d, "/p", opts.allow_socket_transport)
+    assert (
+        launch.job_env(p4d, "/p", train_options.TrainOptions(synthetic=True).allow_socket_transport)[
+            nccl_report.EXPECT_ENV
+        ]
+        == nccl_report.EFA
+    )
+
+
+def test_launch_attach_prints_the_network_line_once_after_nccls_own_lines():
+    from clusterctl.workloads import userjob
+
+    lines = [
+        "[1,0]<stdout>:ip-10-0-0-4:1:1 [0] NCCL INFO NCCL version 2.30.7+cuda12.9",
+        "[1,0]<stdout>:ip-10-0-0-4:1:2 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 4 nics)",
+        "[1,0]<stdout>:ip-10-0-0-4:1:2 [0] NCCL INFO Using network Libfabric",
+        "[1,1]<stdout>:ip-10-0-0-4:2:2 [1] NCCL INFO Using network Libfabric",
+        "[1,0]<stdout>:epoch 1",
+    ]
+    shown: list[str] = []
+    follow = userjob.with_network_line(shown.append)
+    for line in lines:
+        follow(line)
+    assert shown == [*lines[:3], "network: NCCL 2.30.7 over EFA, 4 NICs per node", *lines[3:]]

@@ -46,6 +46,7 @@ def test_doctor_fabric_names_the_node_with_a_quarter_link(runtime_cluster):
     fab = report["fabric"]
     assert fab["slow"] == [c.hosts[1]], fab
     assert fab["tool"] == "gloo" and fab["tool_why"].startswith("no GPUs") and fab["nccl"] is None
+    assert fab["network"] == "network: gloo over TCP (CPU processes: NCCL is not used)" and not fab["network_error"]
     assert fab["cluster"]["busbw_gbit"] > 0 and not fab["cluster"]["error"]
     assert sorted(tuple(p["hosts"]) for p in fab["pairs"]) == sorted(
         [(c.hosts[0], c.hosts[1]), (c.hosts[1], c.hosts[2]), (c.hosts[2], c.hosts[0])]

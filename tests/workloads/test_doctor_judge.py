@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
 import pytest
@@ -175,7 +176,9 @@ def test_all_reduce_perf_argv_and_hostfile_from_the_hosts_file():
         "-x",
         "LD_LIBRARY_PATH",
         "-x",
-        "NCCL_DEBUG=WARN",
+        "NCCL_DEBUG=INFO",
+        "-x",
+        "NCCL_DEBUG_SUBSYS=INIT,NET",
         "/usr/local/cuda-12.4/efa/test-cuda-12.4/all_reduce_perf",
         "-b",
         "8",
@@ -226,3 +229,43 @@ def test_nccl_tests_only_when_every_node_has_it_and_gpus():
         tool = doctor_judge.choose_fabric_tool(found, gpus)
         assert tool.name == "gloo" and tool.why.startswith(why) and tool.why.endswith("Horovod's allreduce over gloo")
     assert doctor_judge.parse_tools(f"all_reduce_perf {arp}\nmpirun {mpi}\nnoise\n") == both
+
+
+def test_doctor_fabric_fails_a_socket_fallback_on_an_efa_type():
+    """all_reduce_perf's output holds NCCL's INFO lines (mpirun-tagged); on an EFA type, sockets fail every
+    node's fabric check with the cause and the fix, and the network line says what was used."""
+    from clusterctl.workloads.doctor_judge import Allreduce, Cell, DoctorReport, NodeReport
+
+    socket = (
+        "[1,0]<stdout>:ip-10-0-0-4:23817:23817 [0] NCCL INFO NCCL version 2.16.5+cuda11.8\n"
+        "[1,0]<stdout>:ip-10-0-0-4:23817:23901 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), "
+        "using internal implementation\n"
+        "[1,0]<stdout>:ip-10-0-0-4:23817:23901 [0] NCCL INFO NET/Socket : Using [0]ens32:10.0.0.4<0>\n"
+        "[1,0]<stdout>:ip-10-0-0-4:23817:23901 [0] NCCL INFO Using network Socket\n"
+        "#  Avg bus bandwidth    : 1.2\n"
+    )
+    line, error = doctor.network_of(socket, "nccl-tests", efa=True)
+    assert line == "network: NCCL 2.16.5 over sockets (TCP), 1 interface per node (EFA plugin: missing)"
+    assert "found no EFA plugin" in error and "--allow-socket-transport" in error
+    assert doctor.network_of(socket, "nccl-tests", efa=False)[1] == ""  # no EFA on the type: sockets it is
+    efa = (
+        socket.replace("Using network Socket", "Using network Libfabric")
+        .replace(
+            "NET/Plugin : No plugin found (libnccl-net.so), using internal implementation",
+            "NET/Plugin: Loaded net plugin Libfabric (v6)",
+        )
+        .replace(
+            "NET/Socket : Using [0]ens32:10.0.0.4<0>", "NET/OFI Selected provider is efa, fabric is efa (found 4 nics)"
+        )
+    )
+    assert doctor.network_of(efa, "nccl-tests", efa=True) == ("network: NCCL 2.16.5 over EFA, 4 NICs per node", "")
+    # the fabric program (Horovod) prints the line itself on rank 0
+    assert doctor.network_of("[1,0]<stdout>:network: gloo over TCP (CPU processes: NCCL is not used)\n", "gloo", True)[
+        0
+    ].startswith("network: gloo over TCP")
+
+    fab = doctor_judge.judge_fabric(["a", "b"], Allreduce(("a", "b"), 1.0), [Allreduce(("a", "b"), 1.0)])
+    report = DoctorReport((NodeReport("a", "", {"reachable": Cell("ok", "")}, {}),), ("reachable",))
+    bad = doctor.with_fabric(report, dataclasses.replace(fab, network=line, network_error=error))
+    assert bad.nodes[0].cells["fabric"] == Cell("fail", error) and not bad.ok
+    assert doctor.with_fabric(report, fab).nodes[0].cells["fabric"].status == "ok"

@@ -175,6 +175,7 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
     code, out1, exit_after_kill = job.run(kill_rank1_after=f"checkpoint step={KILL_AT} ")
     assert code != 0, out1[-3000:]
     assert exit_after_kill is not None and exit_after_kill < 60, "horovodrun did not notice the dead rank"
+    assert "network: gloo over TCP (CPU processes: NCCL is not used)" in out1  # named; on CPU nothing refused
     log1 = train_log.parse_train_log(out1)
     run1 = log1.current
     assert run1.start is not None and run1.start.size == 2 and run1.start.start_step == 0

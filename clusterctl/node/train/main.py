@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from clusterctl.node import nccl_report
 from clusterctl.node.train import checkpoints, elastic
 from clusterctl.node.train.data import (
     BAD_LABEL,
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
         emit("device", rank=rank, host=socket.gethostname(), local_rank=local_rank, gpus=gpu_ids, logical=logical)
     else:
         report_devices(tf, hvd, emit)
+        nccl_report.check(tf, hvd, gpus, emit)  # the network NCCL chose: a wrong one ends the run here
 
     precision = choose_precision(args.precision, capabilities)
     if precision != "float32":
