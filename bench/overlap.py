@@ -142,37 +142,13 @@ def times(lines: list[tuple[str, dict[str, str]]]) -> dict[tuple[str, str], floa
 def shape(cluster: str, index: int, rate: str) -> None:
     """htb on node `index`'s link both ways (this kernel has htb, no netem): into the node on the bridge's veth,
     out of it on its eth0. `down` removes the links and their queues."""
-    for prefix, dev in (
-        ([], netns.veth_name(cluster, index)),
-        (["ip", "netns", "exec", netns.netns_name(cluster, index)], "eth0"),
-    ):
-        subprocess.run(
-            [*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10"], check=True
-        )
-        subprocess.run(
-            [
-                *prefix,
-                "tc",
-                "class",
-                "replace",
-                "dev",
-                dev,
-                "parent",
-                "1:",
-                "classid",
-                "1:10",
-                "htb",
-                "rate",
-                rate,
-                "ceil",
-                rate,
-                "burst",
-                "256k",
-                "cburst",
-                "256k",
-            ],
-            check=True,
-        )
+    inside = ["ip", "netns", "exec", netns.netns_name(cluster, index)]
+    for prefix, dev in (([], netns.veth_name(cluster, index)), (inside, "eth0")):
+        for tc in (
+            f"tc qdisc replace dev {dev} root handle 1: htb default 10",
+            f"tc class replace dev {dev} parent 1: classid 1:10 htb rate {rate} ceil {rate} burst 256k cburst 256k",
+        ):
+            subprocess.run([*prefix, *tc.split()], check=True)
 
 
 if __name__ == "__main__":

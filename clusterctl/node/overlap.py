@@ -70,10 +70,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def emit(kind: str, /, **fields: object) -> None:
-    parts = [MARK, kind]
-    for key, value in fields.items():
-        parts.append(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
-    print(" ".join(parts), flush=True)
+    words = (f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
+    print(MARK, kind, *words, flush=True)
 
 
 def main(argv: list[str]) -> int:
