@@ -12,6 +12,7 @@ PROGRAMS: dict[str, str] = {
     "fabric": "clusterctl.node.fabric",  # doctor --fabric: Horovod allreduce bandwidth
     "horovodrun": "clusterctl.node.horovodrun",  # horovodrun with host keys checked (every Horovod job's launch)
     "input_rate": "clusterctl.node.input_rate",  # train: the trainer's input pipeline timed on one core
+    "overlap": "clusterctl.node.overlap",  # bench/overlap.py: the allreduce hidden behind the backward pass
     "live_hosts": "clusterctl.node.live_hosts",  # an elastic job's host discovery (train --elastic)
     "sweep": "clusterctl.node.sweep.scheduler",  # `clusterctl sweep`'s scheduler, detached on the leader
     "sync": "clusterctl.node.sync.main",  # the node side of `clusterctl sync`

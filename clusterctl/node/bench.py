@@ -2,8 +2,8 @@
 """`python3 PYZ bench ARGS`: the synthetic Horovod benchmark, launched by horovodrun (one process per slot).
 
 TensorFlow 2 + horovod.tensorflow, random images made on the device, so the numbers measure compute and
-the allreduce and nothing of storage. The network, the device set-up and the normalisation are the trainer's
-(train/model.py, train/data.py).
+the allreduce and nothing of storage. The network, the device set-up and the step (optimizer, loss, XLA in
+segments, the allreduce) are the trainer's (train/model.py, train/step.py).
 
 Timing follows Horovod's tensorflow2_synthetic_benchmark.py: at least 10 untimed warm-up steps, then
 --iters timed batches of --steps steps each; the result is the mean over the batches with their spread,
@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from clusterctl.node import nccl_report
-from clusterctl.node.train.data import normalize
+from clusterctl.node.train import options as train_options
 from clusterctl.node.train.model import (
     build_model,
     choose_precision,
@@ -45,6 +45,7 @@ from clusterctl.node.train.model import (
     report_devices,
 )
 from clusterctl.node.train.options import EXIT_SIZE_MISMATCH, PRECISIONS
+from clusterctl.node.train.step import make_forward, make_objective, make_optimizer, make_step
 
 # TF's C++ start-up chatter would bury the result lines in every rank's output.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -138,35 +139,20 @@ def main(argv: list[str] | None = None) -> int:
         def train_step() -> Any:
             return next(batches)[0]
     else:
-        opt = tf.keras.optimizers.SGD(learning_rate=0.01 * size)
-        if loss_scaling:
-            opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
-        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        # The trainer's step (train/step.py): its optimizer, loss and weight decay at the trainer's defaults.
+        recipe = train_options.parse_args(["--synthetic", "--model", args.model])
+        opt, _ = make_optimizer(tf, 0.01 * size, recipe.momentum, loss_scaling)
+        objective = make_objective(tf, model, classes, recipe.label_smoothing, recipe.weight_decay)
+        forward = make_forward(tf, model, args.xla)
+        step = make_step(tf, hvd, model, opt, objective, forward, loss_scaling=loss_scaling, compression=compression)
 
         # One fixed random batch of 8-bit images (what the trainer's input pipeline hands over), made on this
         # process's device: no input pipeline in the measurement.
         images = tf.cast(tf.random.uniform((args.batch_size, *shape), maxval=256, dtype=tf.int32), tf.uint8)
         labels = tf.random.uniform((args.batch_size,), maxval=classes, dtype=tf.int64)
 
-        # XLA compiles the model's forward pass (and so its gradient); Horovod's collectives have no XLA
-        # kernels on CPU, so the step around it that holds the allreduce stays an ordinary graph.
-        def model_step(x: Any) -> Any:
-            # cast and normalise on the device, inside the (XLA-compiled) model step, as the trainer does
-            return model(normalize(tf, x), training=True)
-
-        forward = tf.function(model_step, jit_compile=True) if args.xla else model_step
-
         def one_step() -> Any:
-            with tf.GradientTape() as tape:
-                logits = tf.cast(forward(images), tf.float32)
-                loss = loss_fn(labels, logits)
-                scaled = opt.get_scaled_loss(loss) if loss_scaling else loss
-            tape = hvd.DistributedGradientTape(tape, compression=compression)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            if loss_scaling:
-                grads = opt.get_unscaled_gradients(grads)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
+            return step(images, labels)[0]
 
         train_step = tf.function(one_step)
 

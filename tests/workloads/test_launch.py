@@ -13,6 +13,7 @@ from subprocess import DEVNULL
 import pytest
 
 from clusterctl.errors import UsageError
+from clusterctl.remote import nodepkg
 from clusterctl.workloads import userjob
 from conftest import node_pid, wait_for
 from workload_support import HELPER, RANK_LINE, SCRIPT
@@ -212,6 +213,49 @@ def test_kill_ends_a_long_running_launch_on_every_node(cluster):
     assert re.search(rf"launch {job}: exited 137 \(killed\)", st.stdout), st.stdout
     logs = cli("logs", job)
     assert logs.returncode != 0 and logs.stdout.count("READY rank=") == 4
+
+
+@pytest.mark.integration
+@pytest.mark.horovod
+def test_the_steps_gradients_reach_horovod_during_its_backward_pass(cluster):
+    """The node package's overlap probe (the trainer's step, node/train/step.py) launched on both nodes, one
+    process each, with Horovod's timeline of real steps: with XLA per segment (the step's design) the first
+    gradient is submitted early in the backward pass; with the whole model as one XLA op (the design before)
+    all arrive together at its end. The tiny model: its 5 segments show what ResNet-50's 19 do
+    (bench/overlap.py), in seconds instead of minutes."""
+    cli = cluster.cli
+    (cli.cwd / "hosts-1").write_text("".join(f"{h} slots=1\n" for h in cluster.hosts))
+    pyz = cli.cwd / nodepkg.package().name
+    pyz.write_bytes(nodepkg.package().data)
+    probe = ("--model", "tiny", "--image-size", "96", "--batch-size", "16", "--modes", "both", "--steps", "3")
+    proc = cli(
+        "launch", "hosts-1", "--attach", "--", "python", pyz.name, "overlap", *probe,
+        "--trace-steps", "5", "--trace", "/tmp/overlap-test", timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "2 process(es) on 2 node(s)" in proc.stderr, proc.stderr
+    lines = {
+        f["design"]: f
+        for f in (
+            dict(kv.split("=", 1) for kv in m.group(1).split())
+            for m in re.finditer(r"CLUSTERCTL-OVERLAP timeline (.*)", proc.stdout)
+        )
+    }
+    assert set(lines) == {"blocks", "whole"}, proc.stdout[-3000:]
+    blocks, whole = lines["blocks"], lines["whole"]
+    print(f"\ntimeline blocks: {blocks}\ntimeline whole: {whole}")
+    # every step on the timeline, with its 8 gradients (two convs, two batch norms, the classifier)
+    assert blocks["steps"] == whole["steps"] == "5" and float(blocks["gradients"]) == float(whole["gradients"]) == 8
+    # the first gradient before half the backward pass; the last one at its end, well after the first
+    assert float(blocks["first"]) < 0.5, blocks
+    assert float(blocks["last_s"]) - float(blocks["first_s"]) > 0.3 * (
+        float(blocks["last_s"]) - float(blocks["forward_s"])
+    )
+    # the design before: all of them at once, when the backward pass is over
+    assert float(whole["first"]) > 0.9 and float(whole["bound"]) > 0.9, whole
+    # the file is rank 0's, on the leader
+    trace = cluster.node_exec(0, "cat", "/tmp/overlap-test-blocks.json").stdout
+    assert "NEGOTIATE_ALLREDUCE" in trace and "DistributedGradientTape" in trace
 
 
 @pytest.mark.integration

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from clusterctl.node import nccl_report
-from clusterctl.node.train import checkpoints, elastic
+from clusterctl.node.train import checkpoints, elastic, step as step_fns
 from clusterctl.node.train.data import (
     BAD_LABEL,
     IMAGENET_TRAIN_EXAMPLES,
@@ -21,7 +21,6 @@ from clusterctl.node.train.data import (
     data_seed,
     dataset_meta,
     label_problem,
-    normalize,
     synthetic_dataset,
     train_dataset,
 )
@@ -144,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
     zeroed = zero_gamma_layers(tf, model)
     if chief:
         print(describe(args.model, model), flush=True)
-    opt = tf.keras.optimizers.SGD(learning_rate=peak_lr, momentum=args.momentum)
-    inner = opt
-    if loss_scaling:
-        opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
+    opt, inner = step_fns.make_optimizer(tf, peak_lr, args.momentum, loss_scaling)
     inner.build(model.trainable_variables)  # momentum slots exist now: restore and broadcast can fill them
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     epoch_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
@@ -285,29 +281,17 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             return 0
         return evaluate(tf, hvd, args, model, start_step, steps_per_epoch, restored, writer=writer, **eval_kwargs)
 
-    loss_fn = tf.keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
-    decay_vars = [v for v in model.trainable_variables if "kernel" in v.name]
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False)  # loss, total loss, steps since the last line
-
-    def model_step(x: Any) -> Any:
-        return model(normalize(tf, x), training=True)
-
-    # Horovod's collectives have no XLA kernels on CPU: compile the model, not the step around it.
-    forward = tf.function(model_step, jit_compile=True) if args.xla else model_step
+    objective = step_fns.make_objective(tf, model, classes, args.label_smoothing, args.weight_decay)
+    forward = step_fns.make_forward(tf, model, args.xla)
+    forward_backward = step_fns.make_step(
+        tf, hvd, model, opt, objective, forward, loss_scaling=loss_scaling, compression=compression
+    )
 
     def one_step(images: Any, labels: Any, lr: Any, batch: Any) -> None:
-        with tf.GradientTape() as tape:
-            logits = tf.cast(forward(images), tf.float32)
-            loss = loss_fn(tf.one_hot(labels, classes), logits)
-            total = loss + args.weight_decay * tf.add_n([tf.nn.l2_loss(tf.cast(v, tf.float32)) for v in decay_vars])
-            scaled = opt.get_scaled_loss(total) if loss_scaling else total
-        tape = hvd.DistributedGradientTape(tape, compression=compression)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        if loss_scaling:
-            grads = opt.get_unscaled_gradients(grads)
         inner.learning_rate.assign(lr)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
+        loss, total = forward_backward(images, labels)
         step_var.assign_add(1)
         images_var.assign_add(batch)  # the global batch (a tensor: an elastic job's size changes, no retrace)
         sums.assign_add(tf.cast(tf.stack([loss, total, 1.0]), tf.float64))
