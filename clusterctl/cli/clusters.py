@@ -277,7 +277,12 @@ def _autostop_done(record: Record, failed: list[str], message: str) -> None:
 
 @app.command()
 def gc(
-    older_than: Optional[str] = typer.Option(None, "--older-than", help="Only clusters at least this old, e.g. 2h."),
+    older_than: Optional[str] = typer.Option(
+        None,
+        "--older-than",
+        help="Only clusters at least this old, e.g. 2h (default: AWS clusters this machine has no record of "
+        "once 1h old, the rest whatever their age).",
+    ),
     provider: Optional[str] = typer.Option(None, "--provider", help="aws or local (default: both)."),
     region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the AWS config's)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
@@ -289,7 +294,9 @@ def gc(
 
     Every resource tagged by clusterctl in the AWS region (with or without a local record) and every
     local cluster on this machine, shown with age and owner; on AWS exactly the listed resource ids are
-    removed. Another owner's clusters (a local one made from another CLUSTERCTL_HOME) only with --force.
+    removed. An AWS cluster this machine has no record of is kept while younger than an hour (it may be in use
+    elsewhere) unless --older-than says otherwise. Another owner's clusters (a local one made from another
+    CLUSTERCTL_HOME) only with --force.
     """
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display, tables
@@ -305,7 +312,7 @@ def gc(
     if not found.found:
         display.info("nothing found: clusterctl left nothing behind")
         return
-    tables.gc_table(found.found, found.chosen, now)
+    tables.gc_table(found, now)
     for line in found.notes(older_than):
         display.info(line)
     if found.chosen:

@@ -266,6 +266,11 @@ class Provider(ABC):
         """The caller as this provider records owners (AWS: the caller identity's ARN; local: user@host:HOME): a
         cluster whose owner is this is the caller's, any other is kept by `down`/`gc` without --force."""
 
+    def owns(self, owner: str) -> bool:
+        """An owner tag or mark that is the caller's: me() (AWS also this machine's user as tagged before owners
+        were AWS identities, `user@host`)."""
+        return bool(owner) and owner == self.me()
+
     @abstractmethod
     def owners(self, name: str) -> list[str]:
         """Who made the cluster, where the provider records it; [] when unknown."""
