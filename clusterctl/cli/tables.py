@@ -88,7 +88,10 @@ def cluster_view(view: ClusterView) -> None:
     elif view.cloud is not None:
         cluster_status(view.cloud, view.now, current=view.current, notes=view.notes)
     for x in view.lost:
-        warn(f"lost: {x.node.name} ({x.node.private_ip}): {x.why}; `clusterctl repair` replaces it")
+        if x.disks_kept:  # repair keeps it unless named
+            warn(f"not running: {x.node.name} ({x.node.private_ip}): {x.why}; its disks are kept")
+        else:
+            warn(f"lost: {x.node.name} ({x.node.private_ip}): {x.why}; `clusterctl repair` replaces it")
     c = console()
     for line in view.autostop:
         c.print(_esc(line))
