@@ -91,6 +91,12 @@ class ClusterFacts:
         return self.extra.get("az", "")
 
     @property
+    def datasets(self) -> tuple[str, ...]:
+        """The DSTs `sync` put on the nodes and verified (as the nodes read them: relative ones in the login home),
+        in the order first synced: what `repair` copies to a new node."""
+        return tuple(d for d in self.extra.get("datasets", "").split("\n") if d)
+
+    @property
     def autostop(self) -> Autostop | None:
         """The watchdog's settings as `up` recorded them; None when the cluster has none."""
         if "autostop_idle_stop" not in self.extra:
@@ -153,6 +159,12 @@ class Cluster:
 
     def with_runtime(self, runtime: NodeRuntime) -> Cluster:
         return replace(self, extra={**self.extra, **runtime.extra()})
+
+    def with_dataset(self, dst: str) -> Cluster:
+        """The record with `dst` among its datasets (ClusterFacts.datasets; a DST holds no control character)."""
+        if "\n" in dst or not dst or dst in self.facts.datasets:
+            return self
+        return replace(self, extra={**self.extra, "datasets": "\n".join((*self.facts.datasets, dst))})
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

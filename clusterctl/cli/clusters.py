@@ -142,6 +142,16 @@ def repair(
     data: List[str] = typer.Option(
         [], "--data", help="Also copy this dataset folder (a `sync` DST) from a peer; repeatable."
     ),
+    node: List[str] = typer.Option(
+        [],
+        "--node",
+        help="Replace (or drop) this node too, though it runs or is stopped with its disks; repeatable.",
+    ),
+    unreachable_for: str = typer.Option(
+        "3m",
+        "--unreachable-for",
+        help="How long a running node may not answer ssh (probed 4 times over it) before it is reported.",
+    ),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
     watch: Optional[float] = typer.Option(
         None, "--watch", help="Check again every this many seconds and repair what is lost, until Ctrl-C (needs --yes)."
@@ -149,14 +159,19 @@ def repair(
 ) -> None:
     """Replace lost nodes with new ones like their peers.
 
-    A node is lost when its provider says it is gone (terminated, stopped, missing; a local node's namespace) or
-    when it does not answer ssh. The new nodes get pinned host keys, the cluster key, the node runtime and every dataset a peer holds complete,
-    all checked, before the hosts files, the ssh config and the record name them. --drop removes the lost nodes
-    from the cluster instead. Then the same `train` command resumes from its last checkpoint.
+    A node is lost when its provider says it is gone (terminated, missing; a local node's namespace). A running
+    node that does not answer ssh over --unreachable-for, or a stopped one (its disks kept), is reported and kept
+    unless named with --node. The new nodes get pinned host keys, the cluster key, the node runtime and the
+    datasets `sync` put on the cluster, all checked, before the hosts files, the ssh config and the record name
+    them; only then is what is left of the lost nodes removed. --drop removes the lost nodes from the cluster
+    instead. Then the same `train` command resumes from its last checkpoint.
     """
+    from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display
     from clusterctl.cluster import repair as repairing
 
+    window = autostop.parse_duration(unreachable_for, "--unreachable-for", allow_off=False)
+    probing = repairing.Probing(float(window or repairing.UNREACHABLE_FOR))
     store = _store()
     record = store.resolve(name)
     impl = _provider(record.cluster.provider, store, record.cluster.region)
@@ -164,11 +179,22 @@ def repair(
         if not yes:
             raise UsageError("--watch repairs without asking", "pass --yes with it")
         display.info(f"checking cluster {record.cluster.name} every {watch:g}s; Ctrl-C stops")
-        repairing.watch(store, impl, record.cluster.name, drop=drop, interval=watch, report=display.info, data=data)
+        repairing.watch(
+            store,
+            impl,
+            record.cluster.name,
+            drop=drop,
+            interval=watch,
+            report=display.info,
+            data=data,
+            named=node,
+            probing=probing,
+        )
         return
-    plan = repairing.plan(store, impl, record.cluster.name, drop)
+    plan = repairing.plan(store, impl, record.cluster.name, drop, named=node, probing=probing, report=display.info)
     for line in plan.lines():
         display.info(line)
+    repairing.check(plan)
     if not plan.lost:
         return
     _confirm(f"{'Drop' if drop else 'Replace'} {len(plan.lost)} lost node(s) of {record.cluster.name}?", yes)
@@ -277,7 +303,12 @@ def _autostop_done(record: Record, failed: list[str], message: str) -> None:
 
 @app.command()
 def gc(
-    older_than: Optional[str] = typer.Option(None, "--older-than", help="Only clusters at least this old, e.g. 2h."),
+    older_than: Optional[str] = typer.Option(
+        None,
+        "--older-than",
+        help="Only clusters at least this old, e.g. 2h (default: AWS clusters this machine has no record of "
+        "once 1h old, the rest whatever their age).",
+    ),
     provider: Optional[str] = typer.Option(None, "--provider", help="aws or local (default: both)."),
     region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the AWS config's)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
@@ -289,7 +320,9 @@ def gc(
 
     Every resource tagged by clusterctl in the AWS region (with or without a local record) and every
     local cluster on this machine, shown with age and owner; on AWS exactly the listed resource ids are
-    removed. Another owner's clusters (a local one made from another CLUSTERCTL_HOME) only with --force.
+    removed. An AWS cluster this machine has no record of is kept while younger than an hour (it may be in use
+    elsewhere) unless --older-than says otherwise. Another owner's clusters (a local one made from another
+    CLUSTERCTL_HOME) only with --force.
     """
     from clusterctl.autostop import settings as autostop
     from clusterctl.cli import display, tables
@@ -305,7 +338,7 @@ def gc(
     if not found.found:
         display.info("nothing found: clusterctl left nothing behind")
         return
-    tables.gc_table(found.found, found.chosen, now)
+    tables.gc_table(found, now)
     for line in found.notes(older_than):
         display.info(line)
     if found.chosen:

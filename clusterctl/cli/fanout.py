@@ -204,7 +204,12 @@ def clean(
         help="With --kill: every python/horovodrun/mpirun/orted tree of the login user, whoever started it.",
     ),
     logs_dir: Optional[str] = typer.Option(None, "--logs", metavar="DIR", help="Remove this folder on every node."),
-    force: bool = typer.Option(False, "--force", help="With --logs: allow a folder outside the login user's home."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="With --logs: allow a folder outside the login user's home, or one holding a verified dataset or a "
+        "checkpoint.",
+    ),
     disk: bool = typer.Option(False, "--disk", help="Table of free/used disk per node (under 10%% free flagged)."),
     reboot: bool = typer.Option(False, "--reboot", help="Reboot every node and wait until each answers ssh again."),
     wait: float = typer.Option(300.0, "--wait", help="Seconds to wait for rebooted nodes."),
@@ -231,7 +236,8 @@ def clean(
     inv = _inventory(hostsfile, ssh)
     where = f"{len(inv.targets)} node(s)"
     doomed = _clean_preview(inv, spec, ssh.parallel, where) if spec.kill else 0
-    for question in spec.questions(where, doomed):
+    resolved = _logs_preview(inv, spec, ssh.parallel) if spec.logs_dir is not None else []
+    for question in spec.questions(where, doomed, resolved):
         _confirm(question, yes)
     codes = []
     for step in spec.steps():
@@ -260,6 +266,22 @@ def _clean_preview(inv: Inventory, spec: CleanSpec, parallel: int, where: str) -
     if not doomed:
         display.info(f"no {spec.whose} to kill on {where}")
     return len(doomed)
+
+
+def _logs_preview(inv: Inventory, spec: CleanSpec, parallel: int) -> list[str]:
+    """Every --logs check on every node first, nothing changed: the folders it resolves to (named in the
+    confirmation), or, when any node refuses, that node's line and its exit status before anything is removed."""
+    from clusterctl.cli import display
+    from clusterctl.cluster import clean as cleanlib
+
+    checked = _fan_out(inv, spec.logs_check_command(), parallel, live=False)
+    if not checked.all_ok:
+        display.summary(checked)
+        raise typer.Exit(checked.exit_code)
+    resolved = [(r.host, cleanlib.would_remove(r.stdout)) for r in checked]
+    for host, real in resolved:
+        display.info(f"{host}: would remove {real}" if real else f"{host}: nothing at {spec.logs_dir}")
+    return [real for _, real in resolved if real]
 
 
 def _name_this_process() -> None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rich.live import Live
     from rich.table import Table
 
-    from clusterctl.cluster.gc import Leftover
+    from clusterctl.cluster.gc import Scan
     from clusterctl.data.outcome import SyncReport
     from clusterctl.playbook.model import StepResult
     from clusterctl.providers.base import ClusterStatus
@@ -89,7 +89,10 @@ def cluster_view(view: ClusterView) -> None:
     elif view.cloud is not None:
         cluster_status(view.cloud, view.now, current=view.current, notes=view.notes)
     for x in view.lost:
-        warn(f"lost: {x.node.name} ({x.node.private_ip}): {x.why}; `clusterctl repair` replaces it")
+        if x.disks_kept:  # repair keeps it unless named
+            warn(f"not running: {x.node.name} ({x.node.private_ip}): {x.why}; its disks are kept")
+        else:
+            warn(f"lost: {x.node.name} ({x.node.private_ip}): {x.why}; `clusterctl repair` replaces it")
     c = console()
     for line in view.autostop:
         c.print(_esc(line))
@@ -108,15 +111,16 @@ def cluster_view(view: ClusterView) -> None:
             c.print(_esc(line))
 
 
-def gc_table(found: Sequence[Leftover], chosen: Sequence[Leftover], now: float) -> None:
-    """`gc`: one row per cluster found (age, owner, record here), then each resource of the ones to remove."""
+def gc_table(scan: Scan, now: float) -> None:
+    """`gc`: one row per cluster found (age, owner, record here, what happens to it), then each resource of the
+    ones to remove."""
     from rich.table import Table
 
-    picked = {id(c) for c in chosen}  # per identity: two owners' clusters may share a name
+    picked, young = {id(c) for c in scan.chosen}, {id(c) for c in scan.young}  # per identity: names may repeat
     t = Table(box=None, header_style="bold")
     for col in ("CLUSTER", "WHERE", "AGE", "OWNER", "RECORD HERE", "NODES", "RESOURCES", ""):
         t.add_column(col)
-    for c in found:
+    for c in scan.found:
         nodes = sum(f.kind in ("instance", "namespace") for f in c.found)
         t.add_row(
             _esc(c.name),
@@ -128,12 +132,14 @@ def gc_table(found: Sequence[Leftover], chosen: Sequence[Leftover], now: float) 
             str(len(c.found)),
             "remove"
             if id(c) in picked
+            else ("kept (no record here, young: --older-than)" if c.mine else "kept (another owner's, young)")
+            if id(c) in young
             else "kept (younger)"
-            if getattr(c, "mine", True)
+            if c.mine
             else "kept (another owner's: --force)",
         )
     console().print(t)
-    for c in chosen:
+    for c in scan.chosen:
         for f in c.found:
             info(
                 f"  {c.name}: {f.kind} {f.id}"

@@ -15,6 +15,10 @@ chooses, confirms and renders.
          folder (or inside one), the home itself or any folder holding it, a tree that holds an .ssh
          folder, or (without force) anything outside the login user's home. With force, still at least
          two levels deep (/data/ckpt). The same rules as `sync --delete` (node/sync/guard.py dst_problem).
+         Also refused: a path that is itself a symbolic link (the folder removed is the one named, never
+         a link's target), and without force a folder holding a verified dataset (.clusterctl-sync/COMPLETE)
+         or a checkpoint manifest. The same checks run first alone (check_only) on every node, so the
+         confirmation names the resolved folder and a refusal anywhere comes before any change.
   disk   free/used of the file systems holding /, the home and /tmp.
   reboot the local provider restarts the node itself (see providers/local.py); elsewhere `reboot`
          runs (through sudo -n when not root) and the node's boot id must change, with a timeout.
@@ -28,7 +32,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from clusterctl.errors import ExitCode, UsageError
+from clusterctl.node.sync import manifest
 from clusterctl.node.sync.guard import SYSTEM_TREES
+from clusterctl.node.train import checkpoints
 from clusterctl.remote.session import TREE_FN
 
 if TYPE_CHECKING:
@@ -112,14 +118,22 @@ def check_logs_path(path: str) -> str:
 
 
 SYSTEM_CASE = "|".join(f"{t}|{t}/*" for t in SYSTEM_TREES)
+# What a log folder never holds unnoticed: a dataset `sync` verified (its completion marker) or a checkpoint
+# (its manifest, written last: node/train/checkpoints.py).
+KEPT_FIND = f"\\( -path '*/{manifest.STATE_DIR}/{manifest.MARKER}' -o -name 'ckpt-*{checkpoints.MANIFEST}' \\)"
 
 
-def logs_command(path: str, force: bool = False) -> str:
-    """Remove folder `path` (absolute, `~/...`, or relative to the home) after resolving it on the node."""
+def logs_command(path: str, force: bool = False, check_only: bool = False) -> str:
+    """Remove folder `path` (absolute, `~/...`, or relative to the home) after resolving it on the node. Refused: a
+    symbolic link (its target is another folder than the one named), and without force a folder holding a
+    verified dataset or a checkpoint. check_only: every check, then `would remove REAL` (or `nothing at REAL`),
+    nothing changed (what the confirmation names)."""
     p = check_logs_path(path)
+    act = 'echo "would remove $real"' if check_only else 'rm -rf -- "$real" && [ ! -e "$real" ] && echo "removed $real"'
     return (
         f"d={shlex.quote(p)}; "
         'case "$d" in "~") d="$HOME";; "~/"*) d="$HOME/${d#??}";; /*) ;; *) d="$HOME/$d";; esac; '
+        'while case "$d" in ?*/) true;; *) false;; esac; do d=${d%/}; done; '  # a trailing / follows a link
         'home=$(realpath -m -- "$HOME"); real=$(realpath -m -- "$d"); '
         'refuse() { echo "refused: $*" >&2; exit 3; }; '
         '[ "$real" = / ] && refuse "$d resolves to /"; '
@@ -134,11 +148,27 @@ def logs_command(path: str, force: bool = False) -> str:
             else 'refuse "$real is outside the login user\'s home $home (--force to allow)";; '
         )
         + "esac; "
+        '[ -L "$d" ] && refuse "$d is a symbolic link to $real: remove the link itself with rm, '
+        'or name the folder it points to"; '
         's=$(find "$real" -name .ssh -print -quit 2>/dev/null); '
         '[ -n "$s" ] && refuse "$real holds an .ssh folder ($s)"; '
-        'if [ ! -e "$real" ] && [ ! -L "$real" ]; then echo "nothing at $real"; exit 0; fi; '
-        'rm -rf -- "$real" && [ ! -e "$real" ] && echo "removed $real"'
+        + (
+            ""
+            if force
+            else f's=$(find "$real" {KEPT_FIND} -print -quit 2>/dev/null); '
+            '[ -n "$s" ] && refuse "$real holds a verified dataset or a checkpoint ($s) (--force to remove it)"; '
+        )
+        + 'if [ ! -e "$real" ]; then echo "nothing at $real"; exit 0; fi; '
+        + act
     )
+
+
+def would_remove(stdout: str) -> str | None:
+    """The resolved folder a logs_command(check_only=True) named ("would remove REAL"); None when nothing is there."""
+    for line in stdout.splitlines():
+        if line.startswith("would remove "):
+            return line[len("would remove ") :]
+    return None
 
 
 DISK_COMMAND = "df -P -k -- / \"$HOME\" /tmp 2>/dev/null | awk 'NR>1 && !seen[$6]++ {print $6, $2, $3, $4}'"

@@ -5,6 +5,7 @@ questions to confirm first, and the command each step fans out (clean.py writes 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from clusterctl.cluster import clean
 from clusterctl.errors import UsageError, within
@@ -46,10 +47,20 @@ class CleanSpec:
         """What would be killed, one line per process tree (shown, then confirmed)."""
         return clean.list_command(self.all_user_processes)
 
-    def questions(self, where: str, doomed: int) -> list[str]:
-        """What to confirm before anything changes on `where` (`doomed`: process trees listed to kill)."""
+    def logs_check_command(self) -> str:
+        """Every --logs check, alone, on the node: `would remove REAL` (clean.would_remove), or a refusal."""
+        assert self.logs_dir is not None  # asked only with --logs
+        return clean.logs_command(self.logs_dir, self.force, check_only=True)
+
+    def questions(self, where: str, doomed: int, resolved: Sequence[str] = ()) -> list[str]:
+        """What to confirm before anything changes on `where` (`doomed`: process trees listed to kill; `resolved`:
+        the folders --logs resolves to on the nodes, none when nothing is there)."""
         asked = [f"Kill these {doomed} {self.whose} on {where}?"] if self.kill and doomed else []
-        asked += [f"Remove {self.logs_dir} on {where}?"] if self.logs_dir is not None else []
+        if self.logs_dir is not None and resolved:
+            real = ", ".join(dict.fromkeys(resolved))
+            asked.append(
+                f"Remove {real}" + ("" if real == self.logs_dir else f" (given as {self.logs_dir})") + f" on {where}?"
+            )
         return asked + ([f"Reboot {where}?"] if self.reboot else [])
 
     def steps(self) -> list[Step]:

@@ -3,10 +3,14 @@
 AWS: every resource of the region (and IAM) tagged `clusterctl:cluster` (AwsProvider.everything_made); this
 machine: every local cluster's namespaces and config folders (LocalProvider.everything_made). Each cluster is
 shown with its age (its oldest resource) and owner (AWS: the `clusterctl:owner` tag; local: the CLUSTERCTL_HOME
-that made it); it is the caller's when that owner is the provider's me(). On AWS a
+that made it); it is the caller's when the provider owns() that owner (its me(); on AWS also this machine's user as
+tagged before owners were AWS identities, user@host). On AWS a
 cluster is one identity (its name and `clusterctl:id`; before ids, name and owner), and what is removed is
 exactly the resource ids listed and confirmed (AwsProvider.remove), never a search by tag value (EC2 reads `*`
-in one as a wildcard); another owner's clusters (another home's, locally) are kept unless --force. Local clusters are removed by
+in one as a wildcard); another owner's clusters (another home's, locally) are kept unless --force. Without
+--older-than, a cluster this machine has no record of is removed only once it is UNRECORDED_AGE old: one made a
+moment ago on another machine (or by a colleague on the same role) may be in use; --force does not change that.
+Local clusters are removed by
 their provider's terminate, as `down` does. scan() finds and chooses (nothing changes); remove() removes
 what the user confirmed, each provider's remove(), and the record with it (collect(): with the connection agent
 stopped first, and an error naming what is left).
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from clusterctl.providers.base import Found, Provider
+
+UNRECORDED_AGE = 3600.0  # without --older-than: how old a cluster this machine has no record of must be to go
 
 if TYPE_CHECKING:
     from clusterctl.state import Record, StateStore
@@ -43,7 +49,9 @@ class Leftover:
     found: tuple[Found, ...]
     record: str  # the local record's status here ("up", "stopped" ...), "" when this machine has none
     cluster_id: str = ""  # AWS: its `clusterctl:id` ("" for clusters made before ids: name + owner)
-    mine: bool = True  # made by this caller (provider.me(); another owner's is removed only with --force)
+    mine: bool = True  # made by this caller (provider.owns(); another owner's is removed only with --force)
+    elsewhere: bool = False  # its provider is shared with other machines (a cloud account): one made there has
+    # no record here, young or old (locally every cluster is this machine's and carries its owner's mark)
 
     @property
     def created_at(self) -> float | None:
@@ -64,9 +72,16 @@ class Leftover:
         return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
-def group(found: list[Found], provider: str, region: str, records: dict[str, Record], me: str = "") -> list[Leftover]:
-    """One Leftover per identity: name and cluster id (before ids: name and owner); `mine` when its owner is `me`
-    (the provider's me(): the caller as that provider records owners; "" makes none the caller's)."""
+def group(
+    found: list[Found],
+    provider: str,
+    region: str,
+    records: dict[str, Record],
+    owns: Callable[[str], bool] = lambda owner: False,
+    elsewhere: bool = False,
+) -> list[Leftover]:
+    """One Leftover per identity: name and cluster id (before ids: name and owner); `mine` when `owns` its owner
+    (the provider's owns(): the caller as that provider records owners; the default makes none the caller's)."""
     by: dict[tuple[str, str, str], list[Found]] = {}
     for f in found:
         by.setdefault((f.cluster, f.cluster_id, "" if f.cluster_id else f.owner), []).append(f)
@@ -74,8 +89,8 @@ def group(found: list[Found], provider: str, region: str, records: dict[str, Rec
     for (name, cid, _), items in sorted(by.items()):
         rec = records.get(name)
         status = rec.status if rec is not None and _same(rec.cluster, provider, cid) else ""
-        c = Leftover(name, provider, region, tuple(items), status, cid)
-        out.append(dataclasses.replace(c, mine=bool(me) and c.owner == me))
+        c = Leftover(name, provider, region, tuple(items), status, cid, elsewhere=elsewhere)
+        out.append(dataclasses.replace(c, mine=owns(c.owner)))
     return out
 
 
@@ -91,12 +106,17 @@ def record_of(c: Leftover, records: dict[str, Record]) -> Record | None:
 
 
 def select(leftovers: list[Leftover], older_than: float | None, now: float | None = None) -> list[Leftover]:
-    """The clusters at least `older_than` seconds old (all of them without a limit; an unknown age never
-    passes a limit)."""
-    if older_than is None:
-        return list(leftovers)
+    """The clusters at least `older_than` seconds old (an unknown age never passes a limit). Without a limit: the
+    ones this machine has a record of, and the others once UNRECORDED_AGE old (nothing here proves one younger is
+    forgotten: another machine may have made it a moment ago)."""
     now = now or time.time()
-    return [c for c in leftovers if c.created_at is not None and now - c.created_at >= older_than]
+
+    def old(c: Leftover, limit: float) -> bool:
+        return c.created_at is not None and now - c.created_at >= limit
+
+    if older_than is None:
+        return [c for c in leftovers if c.record or not c.elsewhere or old(c, UNRECORDED_AGE)]
+    return [c for c in leftovers if old(c, older_than)]
 
 
 @dataclass(frozen=True)
@@ -107,11 +127,19 @@ class Scan:
     chosen: tuple[Leftover, ...]  # old enough, and the user's (or --force)
     others: tuple[Leftover, ...]  # old enough, but another owner's: kept without --force
     not_looked: tuple[str, ...]  # one line per provider that was not asked, and why
+    young: tuple[Leftover, ...] = ()  # without --older-than: no record here and younger than UNRECORDED_AGE
 
     def notes(self, older_than: str | None) -> list[str]:
-        """What is kept and why (another owner's), and why nothing is to be removed, when nothing is
+        """What is kept and why (no record here and young, another owner's), and why nothing is to be removed, when nothing is
         (`older_than`: the --older-than text given, if any)."""
         lines = []
+        if self.young:
+            kept = ", ".join(c.name if c.mine else f"{c.name} of {c.owner or 'unknown'}" for c in self.young)
+            lines.append(
+                f"kept: {len(self.young)} cluster(s) this machine has no record of, younger than "
+                f"{UNRECORDED_AGE / 3600:g}h or of unknown age ({kept}): they may be in use elsewhere; "
+                "--older-than AGE removes those at least that old"
+            )
         if self.others:
             kept = ", ".join(f"{c.name} of {c.owner or 'unknown'}" for c in self.others)
             lines.append(f"kept: {len(self.others)} cluster(s) of other owners ({kept}); --force removes them")
@@ -119,6 +147,8 @@ class Scan:
             lines.append(
                 f"nothing is older than {older_than}"
                 if older_than and not self.others
+                else "nothing to remove now"
+                if self.young
                 else "nothing of yours to remove"
             )
         return lines
@@ -162,12 +192,13 @@ def scan(
                 raise UsageError("no AWS region given", "pass --region or set AWS_REGION") from None
             not_looked.append(f"{kind}: no region configured, not looked at (--region R looks there)")
             continue
-        found += group(impl.everything_made(), kind, where, records, impl.me())
+        found += group(impl.everything_made(), kind, where, records, impl.owns, impl.lists_from_cloud)
     now = time.time() if now is None else now
     old = select(found, older_than, now)
     chosen = [c for c in old if force or c.mine]
     others = [c for c in old if not c.mine and c not in chosen]
-    return Scan(tuple(found), tuple(chosen), tuple(others), tuple(not_looked))
+    young = [c for c in found if older_than is None and c not in old]
+    return Scan(tuple(found), tuple(chosen), tuple(others), tuple(not_looked), tuple(young))
 
 
 def collect(store: StateStore, providers: Providers, chosen: Iterable[Leftover], report: Callable[[str], None]) -> None:

@@ -200,7 +200,7 @@ def ages_and_owners(targets: list[Target], providers: Providers) -> dict[tuple[s
     out = {}
     for kind, reg in sorted({(t.provider, t.region or "") for t in targets}):
         impl = providers.get(kind, reg or None)
-        for c in gclib.group(impl.everything_made(), kind, reg, {}, impl.me()):
+        for c in gclib.group(impl.everything_made(), kind, reg, {}, impl.owns):
             out[(c.name, kind)] = (c.created_at, c.owner)
     return out
 

@@ -1,13 +1,18 @@
 """`repair`: the cluster's lost nodes found and replaced (or, with --drop, removed from the cluster).
 
-    plan:  the provider's lost nodes (terminated, stopped, missing; a namespace gone) + an ssh probe of the rest
+    plan:  the provider's lost nodes (terminated, missing; a namespace gone) + ssh probes of the rest, spread over
+           a window (--unreachable-for): a node that runs is never lost by a probe. A stopped one (its disks kept)
+           or a running one that does not answer over the whole window is reported and kept as it is (held), and
+           nothing is carried out while one is, unless the user names it (--node): then it is replaced
     carry out (replace):
         provider.replace_nodes (like their peers, the launch code of `up`) -> wait for ssh -> host keys from an
         authenticated source (provider.host_keys / Launched.host_keys; never first contact) -> every node's
         known_hosts, the cluster key to the new nodes -> the node runtime (runtime/install.py, the relay) ->
-        every dataset a peer holds complete (data/sync.py from that peer, verified) -> every node's hosts file and
-        the leader-to-member proof (provision.setup_nodes) -> the leader's live-hosts file -> ./hosts, the ssh
-        config entry, the record -> the lost nodes that still cost money removed.
+        every dataset of the record (ClusterFacts.datasets: what `sync` verified) and every --data DST, from a
+        peer that holds it complete (data/sync.py, verified; on a provider whose nodes share folders with this
+        machine, only those in a node's own folders) -> every node's hosts file and the leader-to-member proof
+        (provision.setup_nodes) -> the leader's live-hosts file -> ./hosts, the ssh config entry, the record ->
+        what is left of the lost nodes removed (provider.retire_nodes), only now.
     A replacement that fails a check is removed and never enters the record or any hosts file; the record is
     written last, so a failed repair leaves the cluster as it found it (plus known_hosts lines of the removed
     replacements on the nodes, which name no live node).
@@ -30,7 +35,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from clusterctl.cluster import live_hosts, provision, reach, sshentry
-from clusterctl.errors import HostKeyError, ProvisionError, StateError
+from clusterctl.errors import HostKeyError, ProvisionError, StateError, UnreachableError, UsageError, within
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, LostNode, Provider
 from clusterctl.remote import sshkeys
@@ -38,14 +43,13 @@ from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshTarget
 from clusterctl.state import Record, StateStore, atomic_write
 from clusterctl.types import Cluster, Node
+from clusterctl.units import duration
 
 Report = Callable[[str], None]
 REPAIR_WORK = ".clusterctl/repair"  # a repair's files on the peer and the new nodes (removed at the end)
 PROBE = "true"
-# Where a dataset `sync` marked complete is looked for on a peer (its DST holds .clusterctl-sync/COMPLETE): the
-# login home and the usual data mounts, a few levels deep; `--data DST` names others.
-DATA_ROOTS = ("$HOME", "/data", "/mnt", "/scratch", "/srv", "/opt/dlami/nvme")
-DATA_DEPTH = 6
+UNREACHABLE_FOR = 180.0  # seconds a running node must not answer ssh before it is reported (never replaced unnamed)
+PROBES = 4  # ssh probes spread over that window: at its start, its end and evenly between
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class RepairPlan:
     lost: tuple[LostNode, ...]
     drop: bool
     node_hourly_usd: float | None  # one node's price now (None: unknown)
+    held: tuple[LostNode, ...] = ()  # stopped (disks kept) or running without an ssh answer: reported, kept as is
 
     @property
     def live(self) -> tuple[Node, ...]:
@@ -78,9 +83,16 @@ class RepairPlan:
 
     def lines(self) -> list[str]:
         c = self.cluster
-        if not self.lost:
+        if not self.lost and not self.held:
             return [f"cluster {c.name}: all {len(c.nodes)} node(s) answer; nothing to repair"]
-        out = [f"cluster {c.name}: {len(self.lost)} of {len(c.nodes)} node(s) lost"]
+        out = [
+            f"cluster {c.name}: {len(self.lost)} of {len(c.nodes)} node(s) lost"
+            + (f", {len(self.held)} not lost but not answering (kept as they are)" if self.held else "")
+        ]
+        for x in self.held:
+            out.append(f"  {x.node.name} ({x.node.private_ip}): {x.why}; not replaced: {_advice(c, x)}")
+        if not self.lost:
+            return out
         for x in self.lost:
             what = (
                 "dropped from the cluster"
@@ -104,27 +116,72 @@ class RepairPlan:
         return out
 
 
-def plan(store: StateStore, provider: Provider, name: str, drop: bool, probe_timeout: float = 10.0) -> RepairPlan:
-    """The lost nodes: the provider's word, then an ssh probe of the others (a node that does not answer is lost)."""
+def _advice(cluster: Cluster, x: LostNode) -> str:
+    """What to do about a node repair keeps as it is."""
+    name = f"`clusterctl repair {cluster.name} --node {x.node.name}`"
+    if x.disks_kept:
+        start = f"`aws ec2 start-instances --instance-ids {x.node.instance_id}`" if x.node.instance_id else "it"
+        return f"its disks hold its data: start {start}, or {name} replaces it (they go once the new node is verified)"
+    return f"it may only be slow: wait, or {name} replaces it (it goes once the new node is verified)"
+
+
+@dataclass(frozen=True)
+class Probing:
+    """How long a running node must not answer ssh before it is reported, and the probes spread over that."""
+
+    window: float = UNREACHABLE_FOR
+    probes: int = PROBES
+
+    def __post_init__(self) -> None:
+        within("--unreachable-for", self.window, above=0)
+        within("probes", self.probes, 2)
+
+    @property
+    def timeout(self) -> float:
+        """Each probe's connect timeout: 10 s, less in a short window, never under 2 s (a busy node's handshake)."""
+        return min(10.0, max(2.0, self.window / self.probes))
+
+
+def plan(
+    store: StateStore,
+    provider: Provider,
+    name: str,
+    drop: bool,
+    *,
+    named: Sequence[str] = (),
+    probing: Probing = Probing(),
+    report: Report = lambda _: None,
+) -> RepairPlan:
+    """The lost nodes: the provider's word (gone, not running), and the nodes the user names. A stopped node (its
+    disks kept) and a running one that answers no ssh probe over the whole window are held: reported, kept."""
     record = store.load(name)
     if record.status != "up":
         raise StateError(
             f"cluster {name} is {record.status}, not up", f"bring it up with `clusterctl up --name {name}` first"
         )
     cluster = record.cluster
-    lost = list(provider.lost_nodes(cluster))
-    gone = {x.node.name for x in lost}
+    unknown = [x for x in named if x not in {n.name for n in cluster.nodes}]
+    if unknown:
+        raise UsageError(
+            f"--node {unknown[0]}: cluster {name} has no such node",
+            f"name one of {', '.join(n.name for n in cluster.nodes)}",
+        )
+    said = provider.lost_nodes(cluster)
+    lost = [x for x in said if not x.disks_kept or x.node.name in named]
+    held = [x for x in said if x not in lost]
+    gone = {x.node.name for x in said}
     rest = [n for n in cluster.nodes if n.name not in gone]
-    if rest:
-        targets = {t.label: t for t in reach.ssh_targets(cluster, store)}
-        with SshPool(reach.ssh_settings(cluster, store, connect_timeout=probe_timeout)) as pool:
-            report = pool.run([targets[n.ssh_host] for n in rest], PROBE, timeout=probe_timeout * 2)
-        for n, r in zip(rest, report):
-            if not r.ok:
-                why = (r.error or r.stderr.strip() or f"exit {r.exit_code}").splitlines()[-1][:120]
-                lost.append(LostNode(n, f"no ssh answer ({why})", billed=True))
+    lost += [LostNode(n, "named (--node), though it runs", billed=True) for n in rest if n.name in named]
+    silent = _silent(store, cluster, [n for n in rest if n.name not in named], probing, report)
+    held += [
+        LostNode(n, f"runs, but answered no ssh probe over {duration(probing.window)} ({why})", billed=True)
+        for n in rest
+        if n.name in silent
+        for why in [silent[n.name]]
+    ]
     order = {n.name: i for i, n in enumerate(cluster.nodes)}
     lost.sort(key=lambda x: order[x.node.name])
+    held.sort(key=lambda x: order[x.node.name])
     if lost and len(lost) == len(cluster.nodes):
         raise ProvisionError(
             f"every node of cluster {name} is lost: no peer to copy the runtime and data from",
@@ -135,7 +192,48 @@ def plan(store: StateStore, provider: Provider, name: str, drop: bool, probe_tim
         st = provider.status(name)
         prices = [s.hourly_usd for s in (st.nodes if st else ()) if s.hourly_usd is not None]
         price = prices[0] if prices else None
-    return RepairPlan(cluster, tuple(lost), drop, price)
+    return RepairPlan(cluster, tuple(lost), drop, price, tuple(held))
+
+
+def _silent(
+    store: StateStore, cluster: Cluster, nodes: Sequence[Node], probing: Probing, report: Report
+) -> dict[str, str]:
+    """The nodes that answer none of the ssh probes spread over the window (fresh connections each time), with the
+    last probe's error. Every node that answers the first probe is done at once."""
+    pending = {n.name: n for n in nodes}
+    why: dict[str, str] = {}
+    start = time.monotonic()
+    for k in range(probing.probes):
+        if k:
+            report(
+                f"{', '.join(pending)}: no ssh answer; probe {k + 1} of {probing.probes} "
+                f"({duration(probing.window)} in all) before it is reported"
+            )
+            time.sleep(max(0.0, start + probing.window * k / (probing.probes - 1) - time.monotonic()))
+        targets = {t.label: t for t in reach.ssh_targets(cluster, store)}
+        with SshPool(reach.ssh_settings(cluster, store, connect_timeout=probing.timeout)) as pool:
+            results = pool.run([targets[n.ssh_host] for n in pending.values()], PROBE, timeout=probing.timeout * 2)
+        for n, r in zip(list(pending.values()), results):
+            if r.ok:
+                del pending[n.name]
+            else:
+                why[n.name] = (r.error or r.stderr.strip() or f"exit {r.exit_code}").splitlines()[-1][:120]
+        if not pending:
+            break
+    return {name: why[name] for name in pending}
+
+
+def check(p: RepairPlan) -> None:
+    """Raises when the plan holds a node it keeps as it is: it cannot take part in a repair (its hosts file and
+    keys), and nothing of it is touched unless the user names it."""
+    if p.held:
+        names = ", ".join(x.node.name for x in p.held)
+        flags = " ".join(f"--node {x.node.name}" for x in p.held)
+        raise UnreachableError(
+            f"cluster {p.cluster.name}: {names} not lost but not answering; nothing "
+            + ("repaired while it is" if p.lost else "to repair"),
+            f"start it or wait until it answers, or replace it too: `clusterctl repair {p.cluster.name} {flags}`",
+        )
 
 
 def carry_out(
@@ -150,6 +248,7 @@ def carry_out(
 ) -> Cluster:
     """Replace (or drop) the plan's lost nodes; the cluster as the record now says."""
     name = p.cluster.name
+    check(p)
     with store.lock(name):
         if store.load(name).cluster != p.cluster:
             raise StateError(f"the record of cluster {name} changed since the plan", "run `clusterctl repair` again")
@@ -169,11 +268,14 @@ def watch(
     interval: float,
     report: Report = lambda _: None,
     data: Sequence[str] = (),
+    named: Sequence[str] = (),
+    probing: Probing = Probing(),
     rounds: int | None = None,
 ) -> None:
     """plan + carry_out every `interval` seconds until Ctrl-C (or `rounds` rounds): a spot cluster kept whole from the
-    operator's machine, where the cloud credentials are. A round that fails is reported and the next one tries again
-    (its launches already removed by carry_out)."""
+    operator's machine, where the cloud credentials are. The same rule as one repair: a node held (stopped, or
+    running without an answer) is reported each round and kept. A round that fails is reported and the next one
+    tries again (its launches already removed by carry_out)."""
     from clusterctl.errors import ClusterctlError, UsageError
 
     if interval < 1:
@@ -182,8 +284,8 @@ def watch(
     while rounds is None or done < rounds:
         done += 1
         try:
-            p = plan(store, provider, name, drop)
-            if p.lost:
+            p = plan(store, provider, name, drop, named=named, probing=probing, report=report)
+            if p.lost or p.held:
                 for line in p.lines():
                     report(line)
                 carry_out(store, provider, p, report=report, data=data)
@@ -232,9 +334,12 @@ def _replace(
         str(paths.operator_key),
     )
     lost = [x.node for x in p.lost]
-    billed = [x.node for x in p.lost if x.billed]
     if p.cluster.leader.name not in {n.name for n in lost}:  # a lost leader runs no job
         _offer_live_only(store, dataclasses.replace(p.cluster, nodes=p.live))
+    peer = next(n for n in p.cluster.nodes if n.name not in {x.name for x in lost})
+    with SshPool(reach.ssh_settings(p.cluster, store)) as pool:  # which datasets: settled before anything launches
+        on_peer = next(t for t in reach.ssh_targets(p.cluster, store) if t.label == peer.ssh_host)
+        dsts = _which_datasets(p.cluster, provider, pool, on_peer, data, report)
     report(f"launching {len(lost)} replacement node(s) with the {provider.name} provider")
     launched = provider.replace_nodes(p.cluster, lost, keys)
     new = {n.name: n for n in launched.cluster.nodes}
@@ -273,9 +378,8 @@ def _replace(
             # every node learns the new keys, the new nodes get the cluster key; the hosts files stay as they were
             # until the new nodes have passed every check
             _hand_keys(whole, fresh, pool, targets, pinned, paths)
-            peer = next(n for n in whole.nodes if n.name not in new)
             _runtime(whole, provider, peer, fresh, pool, targets, str(paths.known_hosts), report)
-            _datasets(whole, peer, fresh, pool, targets, str(paths.known_hosts), data, report)
+            _datasets(peer, fresh, pool, targets, str(paths.known_hosts), dsts, report)
             every = [targets[n.ssh_host] for n in whole.nodes]
             try:
                 provision.setup_nodes(whole, pool, every, pinned, paths, hf)
@@ -291,8 +395,7 @@ def _replace(
         atomic_write(paths.known_hosts, known_before, mode=0o600)
         raise
     _save(store, whole, hf, hosts_out, report)
-    old = [n for n in billed if n.instance_id and n.instance_id not in {f.instance_id for f in fresh}]
-    for line in provider.remove_nodes(p.cluster, old) if old else []:
+    for line in provider.retire_nodes(p.cluster, p.lost):  # only now: the replacements passed every check
         report(f"removed the lost {line}")
     report(f"repaired {len(fresh)} node(s): {', '.join(f'{n.name} ({n.private_ip})' for n in fresh)}")
     return whole
@@ -389,39 +492,68 @@ def _runtime(
     report(f"node runtime {rid} verified on {len(fresh)} new node(s)")
 
 
-def _complete_datasets(pool: SshPool, peer: SshTarget) -> list[str]:
-    roots = " ".join(r if r == "$HOME" else shlex.quote(r) for r in DATA_ROOTS)
-    cmd = (
-        f'for r in {roots}; do [ -d "$r" ] && find "$r" -maxdepth {DATA_DEPTH} -type f '
-        "-path '*/.clusterctl-sync/COMPLETE' 2>/dev/null; done; true"
-    )
-    r = pool.run_one(peer, cmd, timeout=120)
-    if not r.ok:
-        raise ProvisionError(f"could not list the datasets on {peer.label}: {r.error or r.stderr.strip()[-200:]}")
-    found = sorted({line[: -len("/.clusterctl-sync/COMPLETE")] for line in r.stdout.splitlines() if line.strip()})
-    from clusterctl.runtime import spec as rt
+def _which_datasets(
+    cluster: Cluster, provider: Provider, pool: SshPool, peer: SshTarget, extra: Sequence[str], report: Report
+) -> list[str]:
+    """The record's datasets and --data's, as the peer resolves them (after symlinks): the ones to copy. A recorded
+    one the peer does not hold complete, or one outside a node's own folders (local nodes share the rest with this
+    machine and each other: every node already sees it), is skipped with a line; a --data one so is refused."""
+    from clusterctl.node.sync import manifest
 
-    return [d for d in found if not d.startswith(rt.ROOT)]
+    wanted = list(dict.fromkeys([*cluster.facts.datasets, *extra]))
+    if not wanted:
+        return []
+    roots = " ".join(r if r == "$HOME" else shlex.quote(r) for r in provider.node_own_roots)
+    own = (
+        f'own=0; for r in {roots}; do r=$(realpath -m -- "$r"); case "$real/" in "$r"/*) own=1;; esac; done; '
+        if roots
+        else "own=1; "
+    )
+    lines = "".join(
+        f"d={shlex.quote(d)}; "
+        'case "$d" in /*) ;; *) d="$HOME/$d";; esac; real=$(realpath -m -- "$d"); '
+        + own
+        + f'c=0; [ -f "$real/{manifest.STATE_DIR}/{manifest.MARKER}" ] && c=1; printf "%s %s %s\\n" "$own" "$c" "$real"; '
+        for d in wanted
+    )
+    r = pool.run_one(peer, lines, timeout=120)
+    rows = [line.split(" ", 2) for line in r.stdout.splitlines() if line.strip()]
+    if not r.ok or len(rows) != len(wanted):
+        raise ProvisionError(f"could not look at the datasets on {peer.label}: {r.error or r.stderr.strip()[-200:]}")
+    out = []
+    for d, (own_, complete, real) in zip(wanted, rows):
+        given = d in extra
+        if own_ != "1":
+            why = f"dataset {d} ({real}) is outside the nodes' own folders: every node and this machine share it"
+            if given:
+                raise UsageError(why, "leave out --data for it: there is nothing to copy")
+            report(f"{why}; nothing to copy")
+        elif complete != "1":
+            why = f"dataset {d} on {peer.label} has no completion marker"
+            if given:
+                raise ProvisionError(why, f"copy and verify it with `clusterctl sync SRC {d}` first")
+            report(f"{why}: not copied (`clusterctl sync SRC {d}` puts it on every node)")
+        else:
+            out.append(real)
+    return list(dict.fromkeys(out))
 
 
 def _datasets(
-    cluster: Cluster,
     peer: Node,
     fresh: Sequence[Node],
     pool: SshPool,
     targets: dict[str, SshTarget],
     known_hosts: str,
-    extra: Sequence[str],
+    dsts: Sequence[str],
     report: Report,
 ) -> None:
-    """Every dataset the peer holds complete (and every `--data DST`) copied from it to the new nodes with sync's
-    relay, then each new copy checked again, file by file, against the manifest the peer's own copy was verified
-    against, and marked with it: every node's completion marker names one manifest, as `train` requires."""
+    """These datasets (_which_datasets: the record's and --data's, never a search of the peer's folders), copied
+    from the peer to the new nodes with sync's relay, then each new copy checked again, file by file, against the
+    manifest the peer's own copy was verified against, and marked with it: every node's completion marker names
+    one manifest, as `train` requires."""
     from clusterctl.data import plan as syncplan, sync as transfer
     from clusterctl.node.sync import manifest
 
-    found = _complete_datasets(pool, targets[peer.ssh_host])
-    dsts = list(dict.fromkeys([*found, *extra]))
     nodes = [peer, *fresh]
     src = targets[peer.ssh_host]
     for dst in dsts:

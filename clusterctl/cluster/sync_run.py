@@ -1,5 +1,6 @@
 """`clusterctl sync` on a cluster: its options checked into one value before anything connects, the plan it
-would follow (--plan), and the copy itself with autostop told the cluster is busy (data/ does the copying)."""
+would follow (--plan), and the copy itself with autostop told the cluster is busy (data/ does the copying); a DST
+verified on a node is then in the cluster's record (ClusterFacts.datasets): what `repair` copies to a new node."""
 
 from __future__ import annotations
 
@@ -112,4 +113,37 @@ def run(
             stall_timeout=opts.stall_timeout,
             verify=opts.verify,
         )
-        return syncer.run()
+        report = syncer.run()
+    if inv.cluster is not None and any(o.status == "ok" for o in report.outcomes):
+        remember(store, inv.cluster.name, plan_dst(opts.dst), warn)
+    return report
+
+
+def plan_dst(dst: str) -> str:
+    """DST as the nodes read it (data/plan.py check_dst: relative paths are in the login home)."""
+    from clusterctl.data import plan as syncplan
+
+    return syncplan.check_dst(dst)
+
+
+def remember(store: StateStore, name: str, dst: str, warn: Callable[[str], None], tries: int = 20) -> None:
+    """`dst` among the datasets of the cluster's record (what `repair` copies to a new node); the record's lock is
+    waited for a few seconds (another command may be changing it), then the line says how to do without."""
+    import dataclasses
+    import time
+
+    from clusterctl.errors import StateError
+
+    for attempt in range(tries):
+        try:
+            with store.lock(name):
+                if store.exists(name):
+                    record = store.load(name)
+                    updated = record.cluster.with_dataset(dst)
+                    if updated != record.cluster:
+                        store.save(dataclasses.replace(record, cluster=updated))
+                return
+        except StateError:
+            if attempt + 1 < tries:
+                time.sleep(0.5)
+    warn(f"cluster {name}'s record was busy: {dst} is not among its datasets; `repair --data {dst}` copies it")

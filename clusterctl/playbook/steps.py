@@ -112,8 +112,8 @@ def _clean(s: CleanSpec, ctx: Context) -> tuple[bool, str]:
     actions = []
     if s.kill if s.kill is not None else not (s.logs is not None or s.disk):
         actions.append(("kill", clean.kill_command(s.all_user_processes)))  # the step is the confirmation
-    if s.logs is not None:
-        clean.check_logs_path(s.logs)
+    if s.logs is not None:  # every node's checks first: a refusal anywhere stops the step before any removal
+        actions += [("logs check", clean.logs_command(s.logs, s.force, check_only=True))]
         actions.append(("logs", clean.logs_command(s.logs, s.force)))
     if s.disk:
         actions.append(("disk", clean.DISK_COMMAND))
@@ -128,6 +128,8 @@ def _clean(s: CleanSpec, ctx: Context) -> tuple[bool, str]:
                     ctx.report(f"  {row.host} {row.mount}: {row.free_fraction:.0%} free" + (" LOW" if row.low else ""))
             bad = [f"{r.host}: {r.error or r.stderr.strip()[-120:]}" for r in report if not r.ok]
             details.append(f"{what}: " + ("; ".join(bad) if bad else f"ok on {len(report)} node(s)"))
+            if bad and what == "logs check":
+                break
     return ok, "; ".join(details)
 
 

@@ -16,12 +16,13 @@ Reading, never changing anything:
 Changing a running cluster:
   remove (`gc`: exactly the listed ids), reboot (`clean --reboot`), grant_checkpoint_write
   (`train --checkpoint-to`).
-  lost_nodes -> replace_nodes -> host_keys -> [remove_nodes]   (`repair`: cluster/repair.py)
+  lost_nodes -> replace_nodes -> host_keys -> [remove_nodes] -> retire_nodes   (`repair`: cluster/repair.py)
 Facts of a recorded cluster, for workloads (no call to the provider's API):
   hourly_price, gpus_per_node, gpu_model           (`train`'s estimate, the GPU check, train_config's row)
   watchdog_running                                  (`status`: does the autostop watchdog run)
   object_store                                      (`up --runtime-cache`: the bucket built runtimes are kept in)
-Capabilities (plain attributes): region, builds_runtime_locally, lists_from_cloud, shares_this_machine, force,
+Capabilities (plain attributes): region, builds_runtime_locally, lists_from_cloud, shares_this_machine,
+node_own_roots (the folders a node has to itself), force,
 and the option schema: up_flags (the `up` flags only this provider takes), title, about, default_cluster.
 
 Every provider subclasses Provider (an ABC): mypy checks each method's signature against this class, and
@@ -159,6 +160,7 @@ class LostNode:
     node: Node
     why: str  # "terminated", "stopped", "missing", "namespace gone", "no ssh answer" ...
     billed: bool = False  # still costs money (a stopped or unreachable instance) until it is removed
+    disks_kept: bool = False  # stopped or stopping: its disks hold what it had (`repair` replaces it only if named)
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,9 @@ class Provider(ABC):
     # Namespace nodes: one kernel, these cores, no GPUs, no instance type to judge against, the watchdog's
     # files on this machine (speed verdicts, GPU counts, NCCL settings, autostop's status and control).
     shares_this_machine: ClassVar[bool]
+    # The folders a node has to itself ("$HOME" its login home); () when all of its file system is its own. What
+    # lies elsewhere is this machine's and every node's at once (local nodes): `repair` copies nothing there.
+    node_own_roots: ClassVar[tuple[str, ...]] = ()
     # `down`/`gc` may remove another owner's cluster (see me()); set by --force before any call.
     force: bool
 
@@ -266,6 +271,11 @@ class Provider(ABC):
         """The caller as this provider records owners (AWS: the caller identity's ARN; local: user@host:HOME): a
         cluster whose owner is this is the caller's, any other is kept by `down`/`gc` without --force."""
 
+    def owns(self, owner: str) -> bool:
+        """An owner tag or mark that is the caller's: me() (AWS also this machine's user as tagged before owners
+        were AWS identities, `user@host`)."""
+        return bool(owner) and owner == self.me()
+
     @abstractmethod
     def owners(self, name: str) -> list[str]:
         """Who made the cluster, where the provider records it; [] when unknown."""
@@ -314,6 +324,11 @@ class Provider(ABC):
     def remove_nodes(self, cluster: Cluster, nodes: Sequence[Node]) -> list[str]:
         """Remove exactly these nodes of the cluster (by id, never a search by name); one line per removal.
         A node already gone is skipped."""
+
+    def retire_nodes(self, cluster: Cluster, lost: Sequence[LostNode]) -> list[str]:
+        """What is left of these lost nodes, removed once `repair` has verified their replacements (never before);
+        one line per removal. Here: the instances that still cost money."""
+        return self.remove_nodes(cluster, [x.node for x in lost if x.billed and x.node.instance_id])
 
     @abstractmethod
     def hourly_price(self, cluster: Cluster) -> float | None:

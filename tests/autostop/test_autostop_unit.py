@@ -356,7 +356,10 @@ def test_gc_groups_by_cluster_and_keeps_the_young_and_the_unknown():
     ]
     assert groups[0].created_at == now - 3 * 3600 and groups[2].created_at is None
     assert [g.name for g in gc.select(groups, 2 * 3600, now)] == ["a"]
-    assert [g.name for g in gc.select(groups, None, now)] == ["a", "b", "c"]
+    assert [g.name for g in gc.select(groups, None, now)] == ["a", "b", "c"]  # local: every one is this machine's
+    # a cloud's: without a limit, one this machine has no record of goes once an hour old (an unknown age never)
+    cloud = gc.group(found, "aws", "us-east-1", {}, elsewhere=True)
+    assert [g.name for g in gc.select(cloud, None, now)] == ["a"]
 
 
 def test_costs():

@@ -119,6 +119,29 @@ def test_clean_logs_refuses_system_folders_and_ssh_trees(c):
         shutil.rmtree(var, ignore_errors=True)
 
 
+def test_clean_logs_through_a_link_to_a_dataset_keeps_it_and_the_question_names_the_resolved_folder(c):
+    tag = uuid.uuid4().hex[:8]
+    ds, runs = f"cc-ds-{tag}", f"cc-runs-{tag}"
+    _on_nodes(
+        c,
+        f"mkdir -p ~/{ds}/.clusterctl-sync ~/{runs} && echo {{}} > ~/{ds}/.clusterctl-sync/COMPLETE && "
+        f"echo data > ~/{ds}/train-0 && ln -s ~/{ds} ~/{runs}/logs && mkdir -p ~/{runs}/old && echo x > ~/{runs}/old/f",
+    )
+    try:
+        linked = c.cli("clean", "--cluster", c.name, "--logs", f"~/{runs}/logs", "--yes")
+        assert linked.returncode == 3 and "is a symbolic link to /root/" + ds in linked.stderr, linked.stderr
+        assert "removed" not in linked.stdout + linked.stderr
+        assert _on_nodes(c, f"cat ~/{ds}/train-0 && test -L ~/{runs}/logs && echo link") == ["data\nlink\n"] * 2
+        dataset = c.cli("clean", "--cluster", c.name, "--logs", f"~/{ds}", "--yes")
+        assert dataset.returncode == 3 and "holds a verified dataset" in dataset.stderr, dataset.stderr
+        asked = c.cli("clean", "--cluster", c.name, "--logs", f"{runs}/old/")  # no terminal: it names, then asks
+        assert asked.returncode == 2 and f"would remove /root/{runs}/old" in asked.stderr, asked.stderr
+        assert f"Remove /root/{runs}/old (given as {runs}/old/) on 2 node(s)? needs confirmation" in asked.stderr
+        assert _on_nodes(c, f"cat ~/{runs}/old/f") == ["x\n"] * 2
+    finally:
+        _on_nodes(c, f"rm -rf ~/{ds} ~/{runs}")
+
+
 # ---- many files: results come back by SFTP, never through the capped ssh output -------------------------
 CAPPED = (
     "import sys, runpy; import clusterctl.remote.stream as r; r.MAX_CAPTURE = 1 << 16; "

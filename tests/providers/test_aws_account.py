@@ -17,6 +17,7 @@ from datetime import timedelta
 import pytest
 from test_aws import MUTATING, cluster_id, instances, ok, one_error_line, state_dir
 
+from clusterctl.providers.aws import discovery
 from clusterctl.state import Record, StateStore
 from clusterctl.types import Cluster
 from motoaws import ACCOUNT, CHECKIP_ADDRESS, REGION
@@ -296,6 +297,43 @@ def test_a_cluster_made_before_ids_is_its_name_and_owner_and_another_owners_need
     assert ec2.describe_vpcs(VpcIds=[theirs])["Vpcs"]
     proc = ok(aws_cli("down", "old", "--force", "--yes"))
     assert f"removed VPC {theirs}" in proc.stderr and aws.sweep("old") == []
+
+    # Before owners were AWS identities the tag said user@host: this machine's user's clusters are the caller's
+    # (gc removes an old one without --force, down one without a record), another user@host's are not.
+    def made_before(name: str, owner: str, hours: float) -> str:
+        inst = (
+            aws.ec2_backend()
+            .run_instances(
+                aws.node_image,
+                1,
+                None,
+                [],
+                instance_type="t3.micro",
+                is_instance_type_default=False,
+                region_name=REGION,
+            )
+            .instances[0]
+        )
+        ec2.create_tags(
+            Resources=[inst.id],
+            Tags=[{"Key": "clusterctl:cluster", "Value": name}, {"Key": "clusterctl:owner", "Value": owner}],
+        )
+        inst.launch_time = inst.launch_time - timedelta(hours=hours)
+        return str(inst.id)
+
+    mine_before = made_before("before", discovery.legacy_owner(), 3)
+    carols = made_before("carols", "carol@elsewhere", 3)
+    recent = made_before("recent", discovery.legacy_owner(), 0)
+    proc = ok(aws_cli("gc", "--provider", "aws", "--yes"))
+    assert f"removed instance {mine_before}" in proc.stderr and "cluster before (aws us-east-1) is gone" in proc.stderr
+    assert carols not in proc.stderr and "carols of carol@elsewhere" in proc.stderr, proc.stderr
+    assert "kept (no record here, young" in next(
+        ln for ln in proc.stdout.splitlines() if ln.strip().startswith("recent")
+    )
+    proc = ok(aws_cli("down", "recent", "--yes"))  # no record here, no --force: the caller's own
+    assert f"removed instance {recent}" in proc.stderr
+    assert aws.ec2_backend().get_instance(carols).state == "running"
+    ok(aws_cli("down", "carols", "--force", "--yes"))
 
 
 def test_the_ssh_rule_is_exactly_what_this_run_asked_for(aws, aws_cli):

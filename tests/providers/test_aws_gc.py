@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from datetime import timedelta
 
 import pytest
 import yaml
@@ -91,7 +92,7 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     # The local state is lost: gc still finds both clusters by their tags.
     shutil.rmtree(aws_cli.cli.home / "clusters")
     before = len(aws.actions())
-    proc = aws_cli("gc", "--provider", "aws")
+    proc = aws_cli("gc", "--provider", "aws", "--older-than", "1s")  # young: by default kept (below)
     assert proc.returncode == 2 and one_error_line(proc).startswith("Error: Remove ")
     table = proc.stdout
     for name in ("gca", "gcb"):
@@ -120,8 +121,19 @@ def test_gc_without_local_state_removes_every_tagged_resource_of_two_clusters_an
     assert proc.returncode == 2 and re.search(
         r"cluster gca \(aws, us-east-1, age (\d+s|\d+m(\d\ds)?), owner arn:aws:\S+\): \d+ resource", proc.stderr
     ), proc.stderr
+
+    # Without --older-than, clusters this machine has no record of are kept while younger than an hour: another
+    # machine may have made them a moment ago. gcb's instance launched two hours ago (set in the backend): it goes.
+    launched = aws.ec2_backend().get_instance(_tagged_instances(aws, "gcb")[0]["InstanceId"])
+    launched.launch_time = launched.launch_time - timedelta(hours=2)
     proc = ok(aws_cli("gc", "--provider", "aws", "--yes"))
-    assert "cluster gca (aws us-east-1) is gone" in proc.stderr and "cluster gcb (aws us-east-1) is gone" in proc.stderr
+    assert "cluster gcb (aws us-east-1) is gone" in proc.stderr and "gca (aws" not in proc.stderr, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("gca"))
+    assert "kept (no record here, young" in row, proc.stdout
+    assert "kept: 1 cluster(s) this machine has no record of, younger than 1h or of unknown age (gca)" in proc.stderr
+    assert aws.sweep("gca") and aws.sweep("gcb") == []
+    proc = ok(aws_cli("gc", "--provider", "aws", "--older-than", "1s", "--yes"))  # an age given is the rule
+    assert "cluster gca (aws us-east-1) is gone" in proc.stderr
     assert aws.leftovers() == [] and aws.sweep("gca") == [] and aws.sweep("gcb") == []
     assert aws.nodes == {}
     assert aws.ec2_backend().get_instance(stranger_id).state == "running"
@@ -136,6 +148,8 @@ def test_gc_finds_and_releases_the_elastic_ip_and_the_s3_endpoint_without_local_
     assert len(ec2.describe_addresses(Filters=tag)["Addresses"]) == 1
     assert len(ec2.describe_vpc_endpoints(Filters=tag)["VpcEndpoints"]) == 1
     shutil.rmtree(aws_cli.cli.home / "clusters")
+    node = aws.ec2_backend().get_instance(_tagged_instances(aws, "gce")[0]["InstanceId"])
+    node.launch_time = node.launch_time - timedelta(hours=2)  # old enough to be forgotten
     proc = aws_cli("gc", "--provider", "aws")
     kinds = {line.split(":", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("  gce: ")}
     assert any("Elastic IP" in k for k in kinds) and any("VPC endpoint" in k for k in kinds), proc.stderr

@@ -108,10 +108,19 @@ def test_repair_replaces_a_terminated_instance_like_its_peers_and_a_failed_one_l
         assert len(running(aws, name)) == 2, [i["InstanceId"] for i in running(aws, name)]
         assert (aws_cli.cli.home / "clusters" / name / "cluster.json").read_text() == kept
 
-        # --drop: a stopped member (still billed: it is terminated) and the terminated one leave the cluster
+        # A stopped member keeps its disks: reported and kept as it is, nothing launched nor terminated, until the
+        # user names it; then --drop takes it (terminated once the record no longer names it) and the terminated one
         ec2 = aws.client("ec2")
-        ec2.stop_instances(InstanceIds=[before["nodes"][1]["instance_id"]])
-        proc = ok(aws_cli("repair", name, "--drop", "--yes", timeout=300))
+        stopped = before["nodes"][1]
+        ec2.stop_instances(InstanceIds=[stopped["instance_id"]])
+        start = len(aws.actions())
+        for args in (("--yes",), ("--drop", "--yes")):
+            proc = aws_cli("repair", name, *args, timeout=300)
+            assert proc.returncode == 5 and f"{stopped['name']} ({stopped['private_ip']}): stopped" in proc.stderr
+            assert f"start `aws ec2 start-instances --instance-ids {stopped['instance_id']}`" in proc.stderr
+            assert f"--node {stopped['name']}" in proc.stderr.splitlines()[-1], proc.stderr
+        assert not [c for c in aws.actions()[start:] if c.action in ("RunInstances", "TerminateInstances")]
+        proc = ok(aws_cli("repair", name, "--drop", "--yes", "--node", stopped["name"], timeout=300))
         assert re.search(r"cost: -\$25\.\d\d/hour", proc.stderr), proc.stderr
         assert f"removed instance {before['nodes'][1]['instance_id']}" in proc.stderr
         assert [n["name"] for n in record(aws_cli, name)["cluster"]["nodes"]] == [f"{name}-leader"]

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import threading
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -37,15 +42,66 @@ def record(c) -> dict:
     return json.loads((c.cli.home / "clusters" / c.name / "cluster.json").read_text())["cluster"]
 
 
-def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(local_cluster_factory, tmp_path):
+@pytest.fixture(scope="module")
+def shared(module_cluster_factory):
+    return module_cluster_factory(3, 1)
+
+
+@pytest.fixture
+def stopped_sshd(shared):
+    """member-1's sshd stopped (kill -STOP: a node too busy to answer); continued again whatever the test does."""
+    pid = node_pid(shared.name, 1)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_running_node_that_does_not_answer_is_reported_and_kept_with_its_files(shared, stopped_sshd):
+    """The reproduction: a file under a member's home, its sshd stopped, `repair --yes`: nothing replaced."""
+    c = shared
+    c.node_exec(1, "sh", "-c", "echo precious > /root/keep.txt")
+    start = time.monotonic()
+    proc = c.cli("repair", c.name, "--yes", "--unreachable-for", "8s")
+    assert proc.returncode == 5, proc.stderr
+    assert f"{c.name}-member-1 ({c.hosts[1]}): runs, but answered no ssh probe over 8s" in proc.stderr, proc.stderr
+    assert f"`clusterctl repair {c.name} --node {c.name}-member-1` replaces it" in proc.stderr
+    assert "probe 4 of 4" in proc.stderr and time.monotonic() - start >= 8
+    assert "launching" not in proc.stderr and "removed" not in proc.stderr
+    # --watch: the same rule, round after round
+    watching = c.cli.popen("repair", c.name, "--watch", "1", "--yes", "--unreachable-for", "4s")
+    time.sleep(12)
+    os.kill(stopped_sshd, signal.SIGCONT)  # Ctrl-C then ends it at once (a probe of a stopped sshd waits its timeouts)
+    watching.send_signal(signal.SIGINT)
+    _, err = watching.communicate(timeout=60)
+    os.kill(stopped_sshd, signal.SIGSTOP)
+    assert "runs, but answered no ssh probe over 4s" in err and "launching" not in err, err
+    assert c.node_exec(1, "cat", "/root/keep.txt").stdout == "precious\n"
+    # a node stopped only a moment answers a later probe of the window: nothing to repair
+    threading.Timer(2.0, os.kill, (stopped_sshd, signal.SIGCONT)).start()
+    proc = ok(c.cli("repair", c.name, "--yes", "--unreachable-for", "20s"))
+    assert "probe 2 of 4" in proc.stderr and "all 3 node(s) answer; nothing to repair" in proc.stderr, proc.stderr
+    assert c.node_exec(1, "cat", "/root/keep.txt").stdout == "precious\n"
+    assert c.cli("repair", c.name, "--node", "nope").stderr.startswith(f"Error: --node nope: cluster {c.name} has no")
+
+
+def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(local_cluster_factory, tmp_path, request):
     c = local_cluster_factory(3, 1)
     src = tmp_path / "ds"
     src.mkdir()
     for i in range(5):
         (src / f"f{i}.bin").write_bytes(os.urandom(2000 + i))
     ok(c.cli("sync", "--cluster", c.name, str(src), "/root/data"))
+    assert record(c)["extra"]["datasets"] == "/root/data"  # what repair copies: the cluster's own record
     first_marker = json.loads(c.node_exec(0, "cat", "/root/data/.clusterctl-sync/COMPLETE").stdout)
     old_key = (c.cli.home / "clusters" / c.name / "known_hosts").read_text()
+    # another user's dataset under /srv, which local nodes share with this machine: never repair's to copy
+    decoy = Path(f"/srv/cc-decoy-{uuid.uuid4().hex[:8]}")
+    (decoy / ".clusterctl-sync").mkdir(parents=True)
+    (decoy / ".clusterctl-sync" / "COMPLETE").write_text("theirs\n")
+    request.addfinalizer(lambda: shutil.rmtree(decoy, ignore_errors=True))
+    c.node_exec(2, "sh", "-c", "echo old > /root/old.txt")
     kill_node(c, 2)
 
     st = ok(c.cli("status", c.name))
@@ -54,14 +110,26 @@ def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(loca
     assert proc.returncode == 2 and "needs confirmation" in proc.stderr
     assert f"{c.name}-member-2 ({c.hosts[2]}): no process left" in proc.stderr
 
-    # a replacement that fails a check (here: a dataset no peer holds) is removed; nothing names it
+    # --data of a dataset the peer does not hold complete, or one local nodes share with this machine: refused
+    # before anything is launched
+    for data, why in (("/root/no-such-data", "has no completion marker"), (str(decoy), "outside the nodes' own")):
+        proc = c.cli("repair", c.name, "--yes", "--data", data)
+        assert proc.returncode in (2, 4) and why in proc.stderr and "launching" not in proc.stderr, proc.stderr
+    # a replacement that fails a check (here: a dataset whose manifest is gone from the peer) is removed; nothing
+    # names it
+    c.node_exec(
+        0, "sh", "-c", "mkdir -p /root/broken/.clusterctl-sync && echo {} > /root/broken/.clusterctl-sync/COMPLETE"
+    )
     hosts_before = (c.cli.cwd / "hosts").read_text()
     kept = (c.cli.home / "clusters" / c.name / "cluster.json").read_text()
-    proc = c.cli("repair", c.name, "--yes", "--data", "/root/no-such-data")
+    proc = c.cli("repair", c.name, "--yes", "--data", "/root/broken")
     assert proc.returncode != 0 and "removing the replacement node(s)" in proc.stderr, proc.stderr
     assert (c.cli.home / "clusters" / c.name / "cluster.json").read_text() == kept
     assert (c.cli.cwd / "hosts").read_text() == hosts_before
     assert (c.cli.home / "clusters" / c.name / "known_hosts").read_text() == old_key
+    # the lost node's home was kept aside while its replacement ran, and is back in its place
+    homes = c.cli.home / "clusters" / c.name / "nodes"
+    assert (homes / "2" / "home" / "old.txt").read_text() == "old\n" and not list(homes.glob("2.replaced-*"))
     from clusterctl.providers.local import netns
 
     assert netns.netns_name(c.name, 2) not in netns.cluster_netns(c.name)
@@ -72,6 +140,8 @@ def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(loca
     proc = ok(c.cli("repair", c.name, "--yes"))
     assert "cost: +$0.00/hour" in proc.stderr
     assert "dataset /root/data verified on 1 new node(s)" in proc.stderr, proc.stderr
+    assert str(decoy) not in proc.stderr and (decoy / ".clusterctl-sync" / "COMPLETE").read_text() == "theirs\n"
+    assert f"removed the lost node home {homes}/2.replaced-" in proc.stderr and not list(homes.glob("2.replaced-*"))
     # the new node has a new host key, pinned; the others' are kept
     new_key = (c.cli.home / "clusters" / c.name / "known_hosts").read_text()
     assert new_key != old_key and new_key.splitlines()[:2] == old_key.splitlines()[:2]

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from clusterctl.cluster import clean
+from clusterctl.cluster.clean_run import CleanSpec
 from clusterctl.errors import HostsFileError, UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.proc import alive
@@ -181,6 +182,52 @@ def test_logs_removal_resolves_on_the_node(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == f"removed {home / 'logs'}" and not (home / "logs").exists()
     assert (home / "keep").exists()
     assert run("logs").stdout.strip().startswith("nothing at")
+
+
+def test_logs_never_removes_through_a_symlink_nor_a_dataset_or_a_checkpoint_without_force(tmp_path):
+    home = tmp_path / "home"
+    data = home / "imagenet"
+    (data / ".clusterctl-sync").mkdir(parents=True)
+    (data / ".clusterctl-sync" / "COMPLETE").write_text("{}")
+    (data / "train-00000").write_text("x")
+    (home / "runs").mkdir()
+    (home / "runs" / "logs").symlink_to(data)  # the reproduction: logs is a link to the verified dataset
+    ckpt = home / "run1" / "ckpt"
+    ckpt.mkdir(parents=True)
+    (ckpt / "ckpt-512.manifest.json").write_text("{}")
+
+    def run(path, force=False, check_only=False):
+        return subprocess.run(
+            ["/bin/sh", "-c", clean.logs_command(path, force, check_only)],
+            cwd=home,
+            capture_output=True,
+            text=True,
+            env={"PATH": os.environ["PATH"], "HOME": str(home)},
+        )
+
+    for path, force in (("~/runs/logs", False), ("runs/logs/", False), ("~/runs/logs//", True)):
+        r = run(path, force)
+        assert r.returncode == 3 and "is a symbolic link to " + str(data) in r.stderr, (path, r.stderr)
+        assert (data / "train-00000").exists() and (home / "runs" / "logs").is_symlink()
+    r = run("~/imagenet")
+    assert r.returncode == 3 and "holds a verified dataset or a checkpoint" in r.stderr and data.exists()
+    r = run("run1")
+    assert r.returncode == 3 and "ckpt-512.manifest.json" in r.stderr and ckpt.exists()
+    # the confirmation's check: every refusal, and the resolved folder, nothing changed
+    r = run("~/run1/", force=True, check_only=True)
+    assert (r.returncode, r.stdout.strip()) == (0, f"would remove {home / 'run1'}") and ckpt.exists()
+    assert clean.would_remove(r.stdout) == str(home / "run1") and clean.would_remove("nothing at /x\n") is None
+    assert run("~/run1", force=True).returncode == 0 and not (home / "run1").exists()
+    assert run("~/imagenet", force=True).returncode == 0 and not data.exists()
+
+
+def test_clean_asks_about_the_resolved_folder():
+    spec = CleanSpec(logs_dir="~/runs/logs")
+    assert spec.questions("2 node(s)", 0, ["/root/runs/logs", "/root/runs/logs"]) == [
+        "Remove /root/runs/logs (given as ~/runs/logs) on 2 node(s)?"
+    ]
+    assert spec.questions("2 node(s)", 0, []) == []  # nothing there on any node: nothing to ask
+    assert "would remove" in spec.logs_check_command() and "rm -rf" not in spec.logs_check_command()
 
 
 def test_disk_parse_and_low_flag():

@@ -52,6 +52,20 @@ def owner_label() -> str:
     return owner()
 
 
+def legacy_owner() -> str:
+    """What `clusterctl:owner` said of this machine's user before it held the AWS identity: user@host. The user is
+    the login of the real uid (its passwd entry), not $LOGNAME, which anyone may set to another's name."""
+    import os
+    import pwd
+    import socket
+
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"[:200]
+
+
 def new_cluster_id() -> str:
     return uuid.uuid4().hex[:12]
 

@@ -168,7 +168,7 @@ class AwsProvider(Provider):
         if known is not None:
             return [known]
         found = self.identities(name)
-        foreign = [s for s in found if s.owner != self.me()]
+        foreign = [s for s in found if not self.owns(s.owner)]
         if foreign and not self.force:
             from clusterctl.errors import UsageError
 
@@ -182,6 +182,11 @@ class AwsProvider(Provider):
     def me(self) -> str:
         """The caller identity's ARN (discovery.caller): what `clusterctl:owner` says of what it makes."""
         return caller(self.api)
+
+    def owns(self, owner: str) -> bool:
+        """The caller identity's ARN, or this machine's user as `clusterctl:owner` said before it held identities
+        (user@host: discovery.legacy_owner)."""
+        return bool(owner) and owner in (self.me(), discovery.legacy_owner())
 
     def owners(self, name: str) -> list[str]:
         """The owners of what `down NAME` would remove (for the confirmation prompt)."""

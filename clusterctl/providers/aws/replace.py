@@ -25,7 +25,8 @@ ALL_STATES = ["pending", "running", "shutting-down", "terminated", "stopping", "
 
 
 def lost(api: Api, scope: Scope, cluster: Cluster) -> list[LostNode]:
-    """The record's instances that are missing (by id, among the scope's) or not pending/running."""
+    """The record's instances that are missing (by id, among the scope's) or not pending/running; a stopped or
+    stopping one (its disks intact) is marked disks_kept."""
     found = {i["InstanceId"]: i for i in instances_of(api, scope, ALL_STATES)}
     out = []
     for node in cluster.nodes:
@@ -36,9 +37,8 @@ def lost(api: Api, scope: Scope, cluster: Cluster) -> list[LostNode]:
         state = inst["State"]["Name"]
         if state not in ("pending", "running"):
             reason = inst.get("StateReason", {}).get("Message", "")
-            out.append(
-                LostNode(node, state + (f" ({reason})" if reason else ""), billed=state in ("stopping", "stopped"))
-            )
+            stopped = state in ("stopping", "stopped")  # its disks survive: never replaced unless named
+            out.append(LostNode(node, state + (f" ({reason})" if reason else ""), billed=stopped, disks_kept=stopped))
     return out
 
 

@@ -63,6 +63,7 @@ class LocalProvider(Provider):
     builds_runtime_locally = True  # the nodes have this machine's OS: it builds their runtime
     lists_from_cloud = False  # its clusters are this machine's: the records here list them all
     shares_this_machine = True  # one kernel, these cores, no GPUs; the watchdog's files are here
+    node_own_roots = ("$HOME", "/tmp", "/opt")  # the rest (/srv, /data, /mnt ...) is this machine's, shared by all
     up_flags = frozenset()  # nothing beyond the flags every provider takes
     title = "local"
     about = "namespace nodes on this machine"
@@ -380,7 +381,9 @@ class LocalProvider(Provider):
 
     def replace_nodes(self, cluster: Cluster, lost: Sequence[Node], keys: ClusterKeys) -> Launched:
         """A fresh namespace node (new home, new /opt, new host key) at each lost node's address and name; with
-        autostop, the watchdog's settings in its home and, for a new leader, its supervisor, as `up` gives them."""
+        autostop, the watchdog's settings in its home and, for a new leader, its supervisor, as `up` gives them.
+        The old node's home is kept aside (NODES/INDEX.replaced-TIME) until retire_nodes, after its replacement is
+        verified; remove_nodes of the replacement puts it back."""
         from clusterctl.autostop import watchdog
         from clusterctl.providers.local import supervisor
 
@@ -399,7 +402,8 @@ class LocalProvider(Provider):
             for node in lost:
                 index = node_index(cluster.name, node)
                 netns.destroy_node(cluster.name, index)
-                shutil.rmtree(nodes_root / str(index), ignore_errors=True)  # a new machine: nothing of the old
+                if (nodes_root / str(index)).exists():  # a new machine: nothing of the old, which is kept aside
+                    (nodes_root / str(index)).rename(nodes_root / f"{index}.replaced-{time.time_ns()}")
                 spec = netns.NodeSpec(index, node.name, node.private_ip)
                 made.append(
                     netns.create_node(
@@ -424,6 +428,8 @@ class LocalProvider(Provider):
         )
 
     def remove_nodes(self, cluster: Cluster, nodes: Sequence[Node]) -> list[str]:
+        """The nodes and their homes; where one replaced a lost node (a repair that failed), the lost node's home,
+        kept aside, back in its place."""
         removed: list[str] = []
         for node in nodes:
             index = node_index(cluster.name, node)
@@ -432,7 +438,26 @@ class LocalProvider(Provider):
             if home.exists():
                 shutil.rmtree(home, ignore_errors=True)
                 removed.append(f"node home {home}")
+            aside = self._aside(cluster, index)
+            if aside:
+                aside[-1].rename(home)
+                removed.append(f"(the home of the node it replaced is back at {home})")
         return removed
+
+    def retire_nodes(self, cluster: Cluster, lost: Sequence[LostNode]) -> list[str]:
+        """The lost nodes' homes kept aside by replace_nodes, now that their replacements are verified."""
+        removed = []
+        for x in lost:
+            for old in self._aside(cluster, node_index(cluster.name, x.node)):
+                shutil.rmtree(old, ignore_errors=True)
+                removed.append(f"node home {old}")
+        return removed
+
+    def _aside(self, cluster: Cluster, index: int) -> list[Path]:
+        """The homes of lost nodes at this index that replace_nodes kept aside, oldest first."""
+        nodes = self.store.cluster_dir(cluster.name) / "nodes"
+        found = nodes.glob(f"{index}.replaced-*") if nodes.is_dir() else []
+        return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[1]))
 
 
 def node_index(cluster: str, node: Node) -> int:
