@@ -270,3 +270,21 @@ def test_two_syncs_into_one_folder_started_together_never_leave_mixed_data_marke
         m = marker(c2, i, dst)
         assert m is not None, f"node {i}: no marker"
         assert node_sha256(c2, i, dst) == sums[m["source"]], f"node {i}: the marker names {m['source']}"
+
+
+def test_a_node_package_cut_short_is_replaced_before_it_runs_and_said(c2, tmp_path):
+    """The node package cut short on a node (a full disk, a killed copy) made every later sync fail there with a
+    SyntaxError: now the node's check of its digest finds it, it is shipped again, and the sync says so."""
+    from clusterctl.remote import nodepkg
+
+    pkg = nodepkg.package()
+    src = tmp_path / "s"
+    want = make_dataset(src, {"x.bin": os.urandom(3000)})
+    assert sync(c2, str(src), "/root/pkgtest").returncode == 0  # the package on both nodes, checked
+    c2.node_exec(1, "truncate", "-s", "2000", f"/root/{pkg.path}")
+    proc = sync(c2, "--delete", str(src), "/root/pkgtest")
+    assert proc.returncode == 0, proc.stderr
+    assert nodepkg.replaced_line(pkg, c2.hosts[1]) in proc.stderr.splitlines(), proc.stderr
+    assert nodepkg.replaced_line(pkg, c2.hosts[0]) not in proc.stderr
+    assert c2.node_exec(1, "sha256sum", f"/root/{pkg.path}").stdout.split()[0] == pkg.digest
+    assert node_sha256(c2, 1, "/root/pkgtest") == want
