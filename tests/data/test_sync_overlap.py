@@ -10,7 +10,9 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -24,7 +26,9 @@ from sync_support import (
     marker,
     node_pyz,
     node_sha256,
+    shape,
     sync,
+    unshape,
     up_cluster,
 )
 
@@ -288,3 +292,30 @@ def test_a_node_package_cut_short_is_replaced_before_it_runs_and_said(c2, tmp_pa
     assert nodepkg.replaced_line(pkg, c2.hosts[0]) not in proc.stderr
     assert c2.node_exec(1, "sha256sum", f"/root/{pkg.path}").stdout.split()[0] == pkg.digest
     assert node_sha256(c2, 1, "/root/pkgtest") == want
+
+
+def test_ctrl_c_lets_go_of_the_lease_at_once(c2, tmp_path):
+    """A sync interrupted mid-copy (SIGINT, as Ctrl-C sends) lets go of DST on every node before it exits: the
+    next sync into that folder runs, not refused by a lease nobody holds."""
+    src = tmp_path / "big"
+    want = make_dataset(src, {f"p-{i}.bin": os.urandom(500_000) for i in range(8)})  # 4 MB at 4 Mbit/s: ~8 s
+    dst = "/root/interrupted"
+    shape(c2, 0, "4mbit")
+    try:
+        run = c2.cli.popen("sync", "--cluster", c2.name, "--delete", str(src), dst)
+        for _ in range(300):  # until the run holds the lease on the leader
+            held = c2.node_exec(0, "cat", f"{dst}/.clusterctl-sync/lease", check=False).stdout
+            if held or run.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert held and run.poll() is None, run.communicate()
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 130, err
+        for i in range(2):  # let go: no name left in it, and no process holds it
+            assert c2.node_exec(i, "cat", f"{dst}/.clusterctl-sync/lease", check=False).stdout == "", f"node {i}"
+    finally:
+        unshape(c2, 0)
+    proc = sync(c2, "--delete", str(src), dst)
+    assert proc.returncode == 0, proc.stderr
+    assert node_sha256(c2, 1, dst) == want
