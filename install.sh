@@ -3,16 +3,50 @@
 #   ./install.sh demo   install everything, then run the main job on the built-in local cluster
 #   ./install.sh test   install everything the tests need, then ruff (lint, format), mypy and the whole test suite
 #   ./install.sh deps   install only
+#   ./install.sh links  only link the venv's clusterctl and horovodrun into CLUSTERCTL_BIN_DIR (what every mode does)
 # Installs into a venv made from Debian's python3.11 (readable by every node's login, unlike a
-# python under /root), links /usr/local/bin/clusterctl, and builds Horovod against TensorFlow 2.15.1.
+# python under /root), links clusterctl and horovodrun into /usr/local/bin where no other program of that
+# name is, and builds Horovod against TensorFlow 2.15.1.
 set -euo pipefail
 cd "$(dirname "$0")"
 HERE=$(pwd)
 VENV=${CLUSTERCTL_VENV:-/opt/clusterctl/venv}
+BIN=${CLUSTERCTL_BIN_DIR:-/usr/local/bin}
 MODE=${1:-deps}
 
+# ours NAME: the program NAME found in BIN or on PATH is this installer's own (a link into a venv whose
+# clusterctl script is clusterctl's, this one or an older one) or a link to nothing; else another program of
+# that name (the Kubernetes Cluster API ships a `clusterctl` too), which stays where and what it is.
+ours() {
+  local found dir
+  for found in "$BIN/$1" $(type -ap "$1" 2>/dev/null); do
+    [ -e "$found" ] || [ -L "$found" ] || continue
+    [ -L "$found" ] && [ ! -e "$found" ] && continue  # a link to nothing: no program
+    [ "$(readlink -f "$found")" = "$(readlink -f "$VENV/bin/$1")" ] && continue  # this venv's own
+    [ -L "$found" ] || return 1
+    dir=$(dirname "$(readlink -f "$found")")
+    grep -qs '^from clusterctl\.' "$dir/clusterctl" || return 1
+  done
+}
+
+link_programs() {
+  local name target
+  for name in clusterctl horovodrun; do
+    target="$VENV/bin/$name"
+    [ -x "$target" ] || continue
+    if ours "$name"; then
+      mkdir -p "$BIN"
+      ln -sfn "$target" "$BIN/$name"
+    else
+      echo "== $name: not linked into $BIN: another program of that name is there or on PATH" \
+           "($(type -ap "$name" 2>/dev/null | head -1 || true)); this one is $target (add $VENV/bin to PATH)"
+    fi
+  done
+}
+
 [ "$(id -u)" = 0 ] || { echo "Error: install.sh needs root (apt packages, network namespaces): run it with sudo" >&2; exit 3; }
-case "$MODE" in demo|test|deps) ;; *) echo "Error: unknown mode '$MODE': use demo, test or deps" >&2; exit 2;; esac
+case "$MODE" in demo|test|deps|links) ;; *) echo "Error: unknown mode '$MODE': use demo, test, deps or links" >&2; exit 2;; esac
+[ "$MODE" != links ] || { link_programs; exit 0; }
 
 PKGS="openssh-server openssh-client rsync tmux iproute2 iptables procps psmisc util-linux ca-certificates
       python3.11 python3.11-venv python3.11-dev build-essential cmake git pdsh clustershell zstd curl"
@@ -57,9 +91,9 @@ fi
 if ! "$VENV/bin/python" -c "import horovod.tensorflow" >/dev/null 2>&1; then
   "$PIP" install -q --disable-pip-version-check --no-index --find-links "$WHEELS" "$(echo "$REQS" | grep '^horovod==')"
 fi
-ln -sf "$VENV/bin/clusterctl" /usr/local/bin/clusterctl
-ln -sf "$VENV/bin/horovodrun" /usr/local/bin/horovodrun 2>/dev/null || true
-echo "== installed: $(clusterctl --version 2>/dev/null || echo clusterctl)"
+link_programs
+echo "== installed: $("$VENV/bin/clusterctl" --version 2>/dev/null || echo clusterctl)"
+export PATH="$VENV/bin:$PATH"  # the demo's clusterctl is this one, linked or not
 
 case "$MODE" in
   demo)

@@ -127,12 +127,20 @@ def install_local(store: StateStore, name: str, indices: Iterable[int], a: Autos
         for old in ("fired.json", "state.json"):  # a stopped cluster started again: its last firing is history
             (d / old).unlink(missing_ok=True)
         archive = d.parent.parent / pkg.path  # the node's home / .clusterctl/node/NAME
-        if not archive.exists():  # written whole under another name, as shipping does
+        if not _holds(archive, pkg.data):  # written whole under another name, as shipping does
             archive.parent.mkdir(parents=True, exist_ok=True)
             partial = archive.with_name(f"{archive.name}.tmp{os.getpid()}")
             partial.write_bytes(pkg.data)
             os.replace(partial, archive)
         write_json(str(d / "config.json"), cfg)
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """The file at path is these bytes (a local node's package is trusted by its bytes, never by its name)."""
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def local_command(store: StateStore, name: str) -> str:

@@ -34,6 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Sequence
 
 from clusterctl.data import chain, rsync_hops, s3_round
+from clusterctl.data.lease import Leases
 from clusterctl.data.outcome import SyncIncomplete, SyncReport
 from clusterctl.data.session import ManifestUnreadable, SyncNode, SyncSession, Wire, mb
 from clusterctl.errors import ConfigError, ExitCode
@@ -52,12 +53,14 @@ class Syncer(SyncSession):
         self._tmp = tempfile.TemporaryDirectory(prefix="clusterctl-sync-")
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-manifest")
         self._hashed: Future[None] = Future()
+        self.leases = Leases(self)
         try:
             self._run()
         except BaseException:
             self.interrupt()
             raise
         finally:
+            self.leases.release()
             self._background.shutdown(wait=True, cancel_futures=True)
             self._tmp.cleanup()
         for n in self.nodes:
@@ -71,6 +74,8 @@ class Syncer(SyncSession):
     def _run(self) -> None:
         self._manifest()
         self._ship_package()
+        self.events.phase(f"taking the lease on {self.dst} on {len(self.live())} node(s): one sync writes there")
+        self.leases.take(self.live())
         sending = self._precheck()
         for n in self.live():
             if n.is_source and n.bad:  # nothing is ever written into the source: the run is to be made again
@@ -287,6 +292,8 @@ class Syncer(SyncSession):
                 self.manifest_path,
                 "--mark",
                 self.source.describe(),
+                "--lease",
+                self.token,
                 "--workers",
                 "4",
             ]

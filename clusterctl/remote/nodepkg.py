@@ -20,6 +20,7 @@ import functools
 import hashlib
 import io
 import shlex
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,16 +151,37 @@ def package() -> NodePackage:
     return build()
 
 
+def check_command(pkg: NodePackage) -> str:
+    """On a node: exit 0 when the package there is the one its name says (its sha256 read once per file: a stamp
+    beside it, NAME.ok, keeps the size, mtime, ctime and inode it was read at, so a later check is one stat),
+    1 when it is missing, 2 when its bytes are others (cut short, or another file under that name)."""
+    return (
+        f'f={shlex.quote(pkg.path)}; [ -f "$f" ] || exit 1; '
+        "m=$(stat -L -c '%s %y %z %i' \"$f\") || exit 1; "
+        '[ "$(cat "$f.ok" 2>/dev/null)" = "$m" ] && exit 0; '
+        f'h=$(sha256sum < "$f") && [ "${{h%% *}}" = {pkg.digest} ] || exit 2; '
+        'echo "$m" > "$f.ok.tmp" && mv -f "$f.ok.tmp" "$f.ok"; exit 0'
+    )
+
+
+def replaced_line(pkg: NodePackage, host: str) -> str:
+    return f"{host}: ~/{pkg.path} was not the file its name says (other bytes, or cut short): replaced"
+
+
 def ship_one(pool: SshPool, target: SshTarget, pkg: NodePackage | None = None) -> HostResult:
-    """The package onto one node unless it has it (one `test -f` when it does)."""
+    """The package onto one node unless it has it, whole (check_command: one stat when it has it, checked
+    before); a file of other bytes under its name is replaced, and said on stderr in one line."""
     pkg = pkg or package()
-    present = f"test -f {shlex.quote(pkg.path)}"
-    there = pool.run_one(target, present, timeout=30)
+    check = check_command(pkg)
+    there = pool.run_one(target, check, timeout=30)
     if there.exit_code == 0 or there.exit_code is None:  # there already, or unreachable (said by the check)
         return there
     put = pool.put_one(target, {pkg.path: (pkg.data, 0o644)})
-    if not put.ok and pool.run_one(target, present, timeout=30).exit_code == 0:
-        return HostResult(target.label, 0)  # another run put the same bytes there first
+    if not put.ok:
+        again = pool.run_one(target, check, timeout=30)
+        return again if again.exit_code == 0 else put  # 0: another run put the same bytes there first
+    if there.exit_code == 2:
+        sys.stderr.write(replaced_line(pkg, target.label) + "\n")
     return put
 
 

@@ -28,6 +28,8 @@ HOP_OPTIONS = (
     "ConnectTimeout=10",
     "-o",
     "LogLevel=ERROR",
+    "-o",
+    "ForwardAgent=no",  # whatever a user's config says: a node never gets the caller's agent (docs/security.md)
 )
 
 
@@ -94,6 +96,7 @@ def jump_ssh_config(target: SshTarget, known_hosts: str) -> str:
         f"  UserKnownHostsFile {q(known_hosts)}",
         "  GlobalKnownHostsFile /dev/null",
         "  StrictHostKeyChecking yes",
+        "  ForwardAgent no",
         "  BatchMode yes",
         "  ConnectTimeout 10",
         "",

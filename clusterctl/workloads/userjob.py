@@ -236,23 +236,24 @@ def member_note_command(name: str, leader: str) -> str:
     n = jobs.validate_job_name(name)
     note = f"job {n}: the ranks on this node print through horovodrun on the leader {leader}"
     return (
-        f'd="{jobs.JOBS_DIR}"; mkdir -p "$d" && chmod 700 "$d" && rm -f "$d/{n}.exit" && '
+        f'd="{jobs.JOBS_DIR}"; mkdir -p "$d" && chmod 700 "$d" && rm -f "$d/{n}.exit" "$d/{n}.exit"-* && '
         f'printf "%s\\n" {shlex.quote(note)} > "$d/{n}.log"'
     )
 
 
 def state_command(names: Sequence[str]) -> str:
-    """One line per job on the leader: `NAME running`, `NAME exited CODE`, or `NAME gone`."""
+    """One line per job on the leader: `NAME running`, `NAME exited CODE` (CODE `lost`: the disk was full as it
+    ended), or `NAME gone`."""
     from clusterctl.remote import tmux as jobs
 
     out = []
     for n in (jobs.validate_job_name(x) for x in names):
         out.append(
             f"if {jobs.has_session(n)}; then echo {n} running; "
-            f'elif [ -f "{jobs.JOBS_DIR}/{n}.exit" ]; then echo "{n} exited $(cat "{jobs.JOBS_DIR}/{n}.exit")"; '
+            f'elif st=$(cc_status "{jobs.JOBS_DIR}/{n}.exit"); [ -n "$st" ]; then echo "{n} exited $st"; '
             f"else echo {n} gone; fi"
         )
-    return "; ".join(out) + "; true"
+    return jobs.STATUS_FN + "; ".join(out) + "; true"
 
 
 def parse_states(text: str) -> dict[str, str]:

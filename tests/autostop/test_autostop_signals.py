@@ -250,3 +250,16 @@ def test_a_local_cluster_started_again_forgets_its_last_firing(tmp_path):
         watchdog.local_command(store, "c")
         == f"/usr/bin/python3 {pkg.at('/root')} watchdog run --dir {watchdog.LOCAL_NODE_DIR}"
     )
+
+
+@pytest.mark.parametrize("broken", [b"print('other bytes')\n", b"PK\x03\x04 cut short"])
+def test_a_local_nodes_package_under_its_name_but_of_other_bytes_is_written_again(tmp_path, broken):
+    from clusterctl.state import StateStore
+
+    store = StateStore(tmp_path)
+    pkg = nodepkg.package()
+    archive = watchdog.local_dir(store, "c").parent.parent / pkg.path
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(broken)
+    watchdog.install_local(store, "c", [0], Autostop(60), time.time())
+    assert archive.read_bytes() == pkg.data

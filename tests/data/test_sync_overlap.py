@@ -7,14 +7,30 @@ One 2-node cluster for the whole module; every test checks the data itself, not 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import signal
+import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from sync_support import down_cluster, first_error_line, make_dataset, marker, node_pyz, node_sha256, sync, up_cluster
+from sync_support import (
+    agent_argv,
+    down_cluster,
+    first_error_line,
+    make_dataset,
+    marker,
+    node_pyz,
+    node_sha256,
+    shape,
+    sync,
+    unshape,
+    up_cluster,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -202,3 +218,104 @@ def test_dst_in_clusterctl_own_folders_is_refused_on_the_node(c2, tmp_path):
     got = c2.node_exec(1, *agent, "fresh", "--dst", "/opt/clusterctl-runtime/.incoming/r")
     assert '"fresh": true' in got.stdout
     assert c2.node_exec(1, "cat", "/opt/clusterctl-runtime/rt1/python").stdout == "py\n"
+
+
+def test_a_sync_into_a_folder_another_sync_holds_is_refused_naming_it(c2, tmp_path, srv):
+    """A run holds the lease on /srv/ds (shared by this machine and both nodes): a sync there is refused with one
+    line naming it, nothing written; once it lets go, the sync runs (both nodes share the folder: one lease)."""
+    src = tmp_path / "a"
+    want = make_dataset(src, {"x.bin": os.urandom(5000)})
+    dst = srv / "ds"
+    holder = json.dumps({"id": "other-run", "user": "ana", "host": "laptop-7", "pid": 4242})
+    lease = subprocess.Popen(
+        agent_argv("lease", "--dst", str(dst), "--holder", holder), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert "judged" in json.loads(lease.stdout.readline())
+        lease.stdin.write(b"take\n")
+        lease.stdin.flush()
+        assert "held" in json.loads(lease.stdout.readline())
+        proc = sync(c2, "--delete", str(src), str(dst))
+        assert proc.returncode == 3, proc.stderr
+        line = first_error_line(proc.stderr)
+        assert f"{dst} is being written by another sync other-run from ana@laptop-7 (pid 4242) since " in line, line
+        assert line.endswith(
+            "wait for it to end and run this sync again (or stop that one first: Ctrl-C where it runs)"
+        )
+        assert sorted(os.listdir(dst)) == [".clusterctl-sync"]
+    finally:
+        lease.stdin.close()
+        assert lease.wait(timeout=10) == 0
+    proc = sync(c2, "--delete", str(src), str(dst))
+    assert proc.returncode == 0, proc.stderr
+    for i in range(2):
+        assert node_sha256(c2, i, str(dst)) == want
+        assert marker(c2, i, str(dst))["source"] == str(src)
+
+
+def test_two_syncs_into_one_folder_started_together_never_leave_mixed_data_marked_complete(c2, tmp_path):
+    """`sync --delete A DST` and `sync --delete B DST` at once both exited 0 and left B's files plus one only A
+    had, with A's COMPLETE marker: now one waits its turn or is refused, and a marker always vouches for what is
+    on disk."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    sums = {
+        str(a): make_dataset(a, {**{f"p-{i}.bin": os.urandom(400_000) for i in range(12)}, "only-a.bin": b"a"}),
+        str(b): make_dataset(b, {f"p-{i}.bin": os.urandom(400_000) for i in range(12)}),
+    }
+    dst = "/root/mixed"
+    runs = [c2.cli.popen("sync", "--cluster", c2.name, "--delete", s, dst) for s in (str(a), str(b))]
+    outs = [p.communicate(timeout=240) for p in runs]
+    codes = [p.returncode for p in runs]
+    assert sorted(codes) in ([0, 0], [0, 3]), (codes, outs)
+    for code, (_, err) in zip(codes, outs):
+        if code == 3:
+            assert "is being written by another sync " in first_error_line(err), err
+    for i in range(2):
+        m = marker(c2, i, dst)
+        assert m is not None, f"node {i}: no marker"
+        assert node_sha256(c2, i, dst) == sums[m["source"]], f"node {i}: the marker names {m['source']}"
+
+
+def test_a_node_package_cut_short_is_replaced_before_it_runs_and_said(c2, tmp_path):
+    """The node package cut short on a node (a full disk, a killed copy) made every later sync fail there with a
+    SyntaxError: now the node's check of its digest finds it, it is shipped again, and the sync says so."""
+    from clusterctl.remote import nodepkg
+
+    pkg = nodepkg.package()
+    src = tmp_path / "s"
+    want = make_dataset(src, {"x.bin": os.urandom(3000)})
+    assert sync(c2, str(src), "/root/pkgtest").returncode == 0  # the package on both nodes, checked
+    c2.node_exec(1, "truncate", "-s", "2000", f"/root/{pkg.path}")
+    proc = sync(c2, "--delete", str(src), "/root/pkgtest")
+    assert proc.returncode == 0, proc.stderr
+    assert nodepkg.replaced_line(pkg, c2.hosts[1]) in proc.stderr.splitlines(), proc.stderr
+    assert nodepkg.replaced_line(pkg, c2.hosts[0]) not in proc.stderr
+    assert c2.node_exec(1, "sha256sum", f"/root/{pkg.path}").stdout.split()[0] == pkg.digest
+    assert node_sha256(c2, 1, "/root/pkgtest") == want
+
+
+def test_ctrl_c_lets_go_of_the_lease_at_once(c2, tmp_path):
+    """A sync interrupted mid-copy (SIGINT, as Ctrl-C sends) lets go of DST on every node before it exits: the
+    next sync into that folder runs, not refused by a lease nobody holds."""
+    src = tmp_path / "big"
+    want = make_dataset(src, {f"p-{i}.bin": os.urandom(500_000) for i in range(8)})  # 4 MB at 4 Mbit/s: ~8 s
+    dst = "/root/interrupted"
+    shape(c2, 0, "4mbit")
+    try:
+        run = c2.cli.popen("sync", "--cluster", c2.name, "--delete", str(src), dst)
+        for _ in range(300):  # until the run holds the lease on the leader
+            held = c2.node_exec(0, "cat", f"{dst}/.clusterctl-sync/lease", check=False).stdout
+            if held or run.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert held and run.poll() is None, run.communicate()
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 130, err
+        for i in range(2):  # let go: no name left in it, and no process holds it
+            assert c2.node_exec(i, "cat", f"{dst}/.clusterctl-sync/lease", check=False).stdout == "", f"node {i}"
+    finally:
+        unshape(c2, 0)
+    proc = sync(c2, "--delete", str(src), dst)
+    assert proc.returncode == 0, proc.stderr
+    assert node_sha256(c2, 1, dst) == want

@@ -108,31 +108,93 @@ def test_the_archive_runs_nothing_when_a_spawned_child_imports_it(pyz):
     assert r.returncode == 0 and r.stdout == r.stderr == ""
 
 
-class _Pool:
-    """What ship() asks of an SshPool: a command, a put, the fan-out; the node's files are a set."""
+class _ShellPool:
+    """What ship() asks of an SshPool, done for real on this machine: each target's login home a folder, its
+    commands run by sh there, its puts written under a temporary name and renamed (as SFTP does)."""
 
-    def __init__(self, files: dict[str, set[str]]):
-        self.files, self.puts = files, []
+    def __init__(self, root, labels, path="/usr/bin:/bin"):
+        self.homes = {label: root / label for label in labels}
+        for home in self.homes.values():
+            home.mkdir(parents=True, exist_ok=True)
+        self.puts, self.commands, self.path = [], [], path
 
     def run_one(self, target, command, timeout=None):
-        path = command.split()[-1]
-        return HostResult(target.label, 0 if path in self.files[target.label] else 1)
+        self.commands.append(target.label)
+        env = {"HOME": str(self.homes[target.label]), "PATH": self.path}
+        r = subprocess.run(["sh", "-c", command], cwd=self.homes[target.label], env=env, capture_output=True, text=True)
+        return HostResult(target.label, r.returncode, r.stdout, r.stderr)
 
     def put_one(self, target, files):
         self.puts.append(target.label)
-        self.files[target.label] |= set(files)
+        for rel, (data, mode) in files.items():
+            path = self.homes[target.label] / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".clusterctl-tmp")
+            tmp.write_bytes(data)
+            tmp.chmod(mode)
+            tmp.replace(path)
         return HostResult(target.label, 0)
 
     def fan_out(self, targets, fn, parallel):
         return RunReport(tuple(fn(t) for t in targets))
 
 
-def test_ship_puts_the_archive_only_where_it_is_missing():
+def test_ship_puts_the_archive_only_where_it_is_missing(tmp_path):
     from clusterctl.remote.targets import SshTarget
 
     pkg = nodepkg.package()
-    pool = _Pool({"a": {pkg.path}, "b": set()})
+    pool = _ShellPool(tmp_path, ["a", "b"])
+    (pool.homes["a"] / pkg.path).parent.mkdir(parents=True)
+    (pool.homes["a"] / pkg.path).write_bytes(pkg.data)
     targets = [SshTarget("a", "a"), SshTarget("b", "b")]
     report = nodepkg.ship(pool, targets)  # type: ignore[arg-type]
     assert report.all_ok and pool.puts == ["b"]
     assert nodepkg.ship(pool, targets).all_ok and pool.puts == ["b"]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("broken", ["other bytes", "cut short"])
+def test_a_file_that_is_not_what_its_name_says_is_replaced_and_said(tmp_path, capsys, broken):
+    """A file of other bytes under the package's name, or the package cut short (a full disk, a killed copy): it
+    used to run (or fail every later command with a SyntaxError); now it is replaced before it runs, in one line."""
+    from clusterctl.remote.targets import SshTarget
+
+    pkg = nodepkg.package()
+    pool = _ShellPool(tmp_path, ["n1"])
+    path = pool.homes["n1"] / pkg.path
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"print('not clusterctl')\n" if broken == "other bytes" else pkg.data[: len(pkg.data) // 2])
+    r = nodepkg.ship_one(pool, SshTarget("n1", "n1"))  # type: ignore[arg-type]
+    assert r.ok and pool.puts == ["n1"] and path.read_bytes() == pkg.data
+    assert capsys.readouterr().err == nodepkg.replaced_line(pkg, "n1") + "\n"
+    assert nodepkg.replaced_line(pkg, "n1") == (
+        f"n1: ~/{pkg.path} was not the file its name says (other bytes, or cut short): replaced"
+    )
+    assert nodepkg.ship_one(pool, SshTarget("n1", "n1")).ok and pool.puts == ["n1"]  # type: ignore[arg-type]
+    r = subprocess.run([SYSTEM_PYTHON, str(path), "nope"], capture_output=True, text=True)
+    assert "SyntaxError" not in r.stderr and "not clusterctl" not in r.stdout
+
+
+def test_the_digest_is_read_once_per_file_and_again_after_a_change(tmp_path):
+    """The first check hashes the file and stamps it; later ones are one stat (a sha256sum that fails is never
+    called); a write under the name (same size, other bytes) changes its ctime: hashed again, replaced."""
+    from clusterctl.remote.targets import SshTarget
+
+    pkg = nodepkg.package()
+    pool = _ShellPool(tmp_path, ["n1"])
+    target = SshTarget("n1", "n1")
+    assert nodepkg.ship_one(pool, target).ok  # type: ignore[arg-type]
+    assert nodepkg.ship_one(pool, target).ok  # type: ignore[arg-type]  # hashed and stamped
+    path = pool.homes["n1"] / pkg.path
+    assert path.with_name(path.name + ".ok").exists()
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "sha256sum").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "sha256sum").chmod(0o755)
+    pool.path = f"{fake}:/usr/bin:/bin"
+    assert nodepkg.ship_one(pool, target).ok and pool.puts == ["n1"]  # type: ignore[arg-type]  # the stamp
+    data = bytearray(path.read_bytes())
+    data[100] ^= 1
+    path.write_bytes(bytes(data))
+    pool.path = "/usr/bin:/bin"
+    assert nodepkg.ship_one(pool, target).ok and pool.puts == ["n1", "n1"]  # type: ignore[arg-type]
+    assert path.read_bytes() == pkg.data

@@ -117,7 +117,7 @@ def test_job_scripts_quote_every_value_and_parse(cmd):
         jobs.detach_command("train-1", cmd).split("tmux new-session -d -s train-1 ", 1)[1].split(" || exit 1")[0]
     )
     inner = argv[-1]
-    assert shlex.split(inner.split('"${SHELL:-/bin/sh}" -c ', 1)[1].split("; echo $?")[0]) == [cmd]
+    assert shlex.split(inner.split('"${SHELL:-/bin/sh}" -c ', 1)[1].split("; rc=$?")[0]) == [cmd]
 
 
 def test_detached_job_logs_and_exit_status_without_tmux_server(tmp_path):

@@ -14,6 +14,7 @@ import time
 from typing import Any, Iterable, NamedTuple
 
 from clusterctl.node.sync.guard import safe_root
+from clusterctl.node.sync.lease import still_held
 from clusterctl.node.sync.manifest import (
     CHUNK,
     MANIFEST_VERSION,
@@ -245,6 +246,8 @@ def cmd_check(args: Args) -> Wire:
         digest = manifest.digest
     marked = False
     if not got.bad and mark is not None:
+        if args.get("lease"):  # no other writer was in DST while it was checked, nor is now
+            still_held(root, args["lease"])
         try:
             if by_stream:  # DST was empty: its manifest is this one
                 digest = keep_manifest(args["manifest"], saved)

@@ -15,6 +15,10 @@ S3 pulls use the node's own (instance profile, or ~/.aws config). Sub-commands p
                                         with --stream-digest D too, a DST that was empty and whose stream
                                         had D as its digest (recv) is whole without a lookup (below)
     fresh --dst DST                     whether DST holds nothing yet (then its marker goes; see cmd_fresh)
+    lease --dst DST --holder JSON       the run's lease on DST (lease.py): one JSON line ({held} or {error}:
+                                        exit 4, another run holds it), then held until stdin ends or is
+                                        silent for --heartbeat-timeout seconds; check --lease ID marks
+                                        COMPLETE only while run ID holds it
     check and fresh first resolve DST on the node (realpath) and refuse it (exit 2, nothing touched): a
                                         system folder, the home, clusterctl's own folders; with --src S
                                         --src-id DEV:INO --src-boot B (the source folder resolved where
@@ -61,6 +65,7 @@ import sys
 from typing import Callable, NoReturn
 
 from clusterctl.node.sync.check import cmd_check, cmd_fresh
+from clusterctl.node.sync.lease import cmd_lease
 from clusterctl.node.sync.manifest import EXIT_FAILED, AgentError, Args, Wire, write_lines
 from clusterctl.node.sync.relay import cmd_probe, cmd_relay, cmd_sink
 from clusterctl.node.sync.s3pull import cmd_s3list, cmd_s3pull
@@ -85,10 +90,21 @@ def _parser() -> argparse.ArgumentParser:
         "manifest": ([("root",)], ["--workers", "--cache", "--out"], []),
         "check": (
             [],
-            ["--dst", "--manifest", "--mark", "--workers", "--received", "--stream-digest", "--out", *SRC_OPTIONS],
+            [
+                "--dst",
+                "--manifest",
+                "--mark",
+                "--lease",
+                "--workers",
+                "--received",
+                "--stream-digest",
+                "--out",
+                *SRC_OPTIONS,
+            ],
             ["--reset", "--delete", "--src-may-be-dst"],
         ),
         "fresh": ([], ["--dst", "--out", *SRC_OPTIONS], ["--delete", "--src-may-be-dst"]),
+        "lease": ([], ["--dst", "--holder", "--heartbeat-timeout", *SRC_OPTIONS], ["--delete", "--src-may-be-dst"]),
         "s3list": ([("bucket",), ("prefix",)], ["--endpoint-url", "--out"], []),
         "s3pull": (
             [],
@@ -129,6 +145,9 @@ def parse(argv: list[str]) -> tuple[str, Args]:
         "--dst",
         "--manifest",
         "--mark",
+        "--lease",
+        "--holder",
+        "--heartbeat-timeout",
         "--received",
         "--stream-digest",
         "--endpoint-url",
@@ -162,6 +181,8 @@ def main(argv: list[str]) -> int:
     args: Args = {}
     try:
         cmd, args = parse(argv)
+        if cmd == "lease":
+            return _lease(args)
         if cmd in ("relay", "recv", "sink"):
             return _stream({"relay": cmd_relay, "recv": cmd_recv, "sink": cmd_sink}[cmd], args)
         result = {
@@ -179,6 +200,18 @@ def main(argv: list[str]) -> int:
         return exc.code
     except OSError as exc:
         _emit({"error": f"{exc.strerror or exc}: {exc.filename or ''}".strip()}, args.get("out"))
+        return EXIT_FAILED
+
+
+def _lease(args: Args) -> int:
+    """lease says its result (or refusal) on stdout as it is taken, then holds it: nothing more to print."""
+    try:
+        cmd_lease(args)
+        return 0
+    except AgentError as exc:
+        return exc.code
+    except OSError as exc:
+        sys.stdout.write(json.dumps({"error": f"{exc.strerror or exc}: {exc.filename or ''}".strip()}) + "\n")
         return EXIT_FAILED
 
 
