@@ -400,11 +400,25 @@ def test_precision_auto_is_float16_only_on_tensor_core_gpus():
 def test_recipes_fill_only_what_is_not_given():
     from clusterctl.node.train import options as t
 
+    # NVIDIA's TensorFlow ResNet-50 v1.5 scripts (resnet50v1.5/training/DGX1_RN50_AMP_90E.sh:28-32, README:97)
     d = t.parse_args(["--synthetic"])
-    assert (d.recipe, d.lr_schedule, d.label_smoothing, d.warmup_epochs) == ("default", "cosine", 0.1, 5.0)
+    nvidia = (d.recipe, d.base_lr, d.momentum, d.weight_decay, d.warmup_epochs, d.lr_schedule, d.label_smoothing)
+    assert nvidia == ("nvidia", 0.256, 0.875, 3.0517578125e-05, 8.0, "cosine", 0.1)
+    assert d.min_crop_area == 0.08
+    assert t.RECIPE_MODEL["nvidia"] == t.ModelRecipe(
+        fan="fan_in", he_classifier=True, zero_last_gamma=False, decay_all_but_bn=True
+    )
     g = t.parse_args(["--synthetic", "--recipe", "goyal"])
-    assert (g.lr_schedule, g.label_smoothing, g.warmup_epochs) == ("step", 0.0, 5.0)
-    assert t.parse_args(["--synthetic", "--recipe", "goyal", "--label-smoothing", "0.2"]).label_smoothing == 0.2
+    goyal = (g.base_lr, g.momentum, g.weight_decay, g.warmup_epochs, g.lr_schedule, g.label_smoothing)
+    assert goyal == (0.1, 0.9, 1e-4, 5.0, "step", 0.0)
+    assert t.RECIPE_MODEL["goyal"].zero_last_gamma and t.RECIPE_MODEL["goyal"].fan == "fan_out"
+    mine = t.parse_args(["--synthetic", "--recipe", "goyal", "--label-smoothing", "0.2", "--momentum", "0.8"])
+    assert (mine.label_smoothing, mine.momentum, mine.lr_schedule) == (0.2, 0.8, "step")
+    assert t.parse_args(["--synthetic", "--weight-decay", "0", "--lr", "0.5"]).weight_decay == 0.0
+    # the operator's choices are the trainer's
+    from clusterctl.workloads import train_options
+
+    assert train_options.RECIPES == ("nvidia", "goyal")
     # the step schedule is Goyal's: /10 at epochs 30, 60 and 80 of 90
     peak, spe = 1.0, 100
     lr = [t.learning_rate(e * spe, peak, 5 * spe, 90 * spe, "step") for e in (29, 30, 59, 60, 79, 80, 89)]

@@ -29,6 +29,7 @@ from clusterctl.node.train.log import STARTED, emit, mean_losses, table_header, 
 from clusterctl.node.train.model import (
     build_model,
     choose_precision,
+    decayed_variables,
     describe,
     device_report,
     pin_device,
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
 
     # ---- model, optimizer, checkpoint
     tf.random.set_seed(args.seed)  # the same initial weights everywhere (and the broadcast makes sure)
-    model = build_model(tf, args.model, args.image_size, classes)
+    model = build_model(tf, args.model, args.image_size, classes, args.recipe)
     zeroed = zero_gamma_layers(tf, model)
     if chief:
         print(describe(args.model, model), flush=True)
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
         return evaluate(tf, hvd, args, model, start_step, steps_per_epoch, restored, writer=writer, **eval_kwargs)
 
     loss_fn = tf.keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=args.label_smoothing)
-    decay_vars = [v for v in model.trainable_variables if "kernel" in v.name]
+    decay_vars = decayed_variables(tf, model, args.recipe)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False)  # loss, total loss, steps since the last line
 
