@@ -212,8 +212,13 @@ def check_s3_uri(uri: str) -> s3uri.S3Uri:
 def trainer_argv(python: str, pyz: str, opts: TrainOptions) -> list[str]:
     """`python PYZ train --flag value ...`: the node package's trainer (clusterctl/node/train/), an argv (quote it
     with shlex.join)."""
+    return [python, pyz, PROGRAM, *trainer_flags(opts)]
+
+
+def trainer_flags(opts: TrainOptions) -> list[str]:
+    """The trainer's flags for `opts` (what follows `python PYZ train`)."""
     opts.require_source()  # each option was checked when opts was made
-    argv = [python, pyz, PROGRAM]
+    argv: list[str] = []
     for name, flag in _VALUE_FLAGS:
         value = getattr(opts, name)
         if value is None or (name == "data" and opts.synthetic):
