@@ -601,3 +601,26 @@ def test_the_inventory_keeps_the_chosen_nodes_and_later_commands_find_the_jobs_l
     old = json.loads(job.to_json())
     del old["hosts"]  # a record from before: the hosts' first node leads
     assert train.job_inventory(inv, train.TrainJob.from_json(json.dumps(old))) is inv
+
+
+def test_rank_0s_tools_follow_whichever_process_is_rank_0():
+    """node/train/elastic.py's Chief: made when a process becomes rank 0 after a reset, given up (copies
+    finished) when it stops being rank 0, made again if it becomes rank 0 once more; the first rank 0 keeps the
+    tools main made."""
+    from clusterctl.node.train import checkpoints, elastic
+
+    made: list[str] = []
+
+    def make():
+        made.append("made")
+        return None, f"manager-{len(made)}", checkpoints.Copier([], 1, lambda *a, **k: None)
+
+    first = elastic.Chief(make=make, manager="main's", held=True)
+    assert first.follow(True) is False and first.manager == "main's" and made == []
+    other = elastic.Chief(make=make)
+    assert other.follow(False) is False and other.manager is None and made == []
+    assert other.follow(True) is True and other.manager == "manager-1" and other.copier is not None
+    assert other.follow(True) is False and made == ["made"]  # still rank 0: nothing made again
+    assert other.follow(False) is False and (other.manager, other.copier, other.held) == (None, None, False)
+    assert first.follow(False) is False and first.manager is None
+    assert other.follow(True) is True and other.manager == "manager-2"

@@ -164,12 +164,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
     manager: Any = None  # rank 0's CheckpointManager
     restored = ""
     status = 0
+    hparams = {k: getattr(args, k) for k in HPARAMS if k != "num_classes"}
+    hparams["num_classes"] = classes
     if chief:
         os.makedirs(ckpt_dir, exist_ok=True)
         copier = choose_checkpoint(tf, args, ckpt_dir)
         manager = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=args.keep_checkpoints)
-        hparams = {k: getattr(args, k) for k in HPARAMS if k != "num_classes"}
-        hparams["num_classes"] = classes
         mismatch = (
             None
             if args.eval_only
@@ -323,9 +323,13 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
                 train_step=train_step,
                 tracked=tracked,
                 sums=sums,
-                manager=manager,
-                copier=copier,
-                writer=writer,
+                chief=elastic.Chief(
+                    make=lambda: elastic.chief_tools(tf, args, ckpt, hparams),
+                    writer=writer,
+                    manager=manager,
+                    copier=copier,
+                    held=chief,
+                ),
                 step_var=step_var,
                 epoch_var=epoch_var,
                 batch_var=batch_var,
