@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Can the CPUs feed the GPUs? The training input pipeline's rate per core here, and what it means per type.
+"""Can the CPUs feed the GPUs? The training input pipeline's rate per physical core here, with every hardware
+thread busy, and what it means per type.
 
 No arguments; one to two minutes on a 2-core machine. It makes ImageNet-sized JPEGs (500x375, quality 90, about
 ImageNet's ~110 KB a file) in a temp folder, turns them into TFRecords the way `clusterctl data tfrecords`
 does, and runs the node package's input_rate on them: the trainer's own pipeline (clusterctl/node/train/data.py's
-train_dataset: decode, random crop, resize to 224, flip, normalise, batch), pinned to one core; the same
-again on the images pre-resized to a shorter side of 256, the remedy `train` suggests. Then, for
-every supported instance type, its vCPUs x that rate against its GPUs x NVIDIA's published ResNet-50 v1.5
-img/s (clusterctl/workloads/train_feed.py): what `train` warns about before a run.
+train_dataset: decode, random crop, resize to 224, flip, batch) with as many threads as this machine has
+hardware threads, so both threads of every core are busy, as in training; the rate per physical core is that
+over the cores here. The same again on the images pre-resized to a shorter side of 256, the remedy `train`
+suggests. Then, for every instance type of the catalog, its physical cores (DescribeInstanceTypes' DefaultCores,
+clusterctl/providers/aws/catalog.py's CPUS) x that rate against its GPUs x NVIDIA's published ResNet-50 v1.5
+img/s (clusterctl/workloads/train_feed.py), and the input path it would get.
 
     python bench/input_pipeline.py
 """
@@ -54,9 +57,9 @@ def make_jpegs(folder: Path, width: int, height: int) -> float:
     return total / IMAGES / 1024
 
 
-def per_core_rate(records: Path) -> float:
-    """The node package's input_rate in its own process (it pins itself to one core)."""
-    probe = ["input_rate", "--data", str(records)]
+def node_rate(records: Path) -> train_feed.Probe:
+    """The node package's input_rate in its own process: one pipeline with every hardware thread here."""
+    probe = ["input_rate", "--ranks", "1", "--seconds", "10", "--", "--data", str(records), "--batch-size", "32"]
     out = subprocess.run(
         [sys.executable, "-m", "clusterctl.node", *probe],
         cwd=REPO,  # this checkout's clusterctl
@@ -67,43 +70,51 @@ def per_core_rate(records: Path) -> float:
     parsed = train_feed.parse_probe(out)
     if parsed is None:
         sys.exit(f"input_rate printed no rate: {out!r}")
-    return parsed[0]
+    return parsed
 
 
 def main() -> int:
     t0 = time.monotonic()
     from clusterctl.data import tfrecords
 
-    rates, sizes = {}, {}
+    rates: dict[int, train_feed.Probe] = {}
+    sizes: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="input-pipeline-") as tmp:
         # ImageNet-sized, and the same scenes pre-resized to a shorter side of 256 (the advice's effect).
         for width, height in ((WIDTH, HEIGHT), (SMALL_WIDTH, SMALL_HEIGHT)):
             jpegs, records = Path(tmp) / f"jpegs-{width}", Path(tmp) / f"records-{width}"
             sizes[width] = make_jpegs(jpegs, width, height)
             tfrecords.convert_folder(jpegs, records, train_shards=4, validation_shards=1, validation_fraction=0.05)
-            rates[width] = per_core_rate(records)
-    rate = rates[WIDTH]
+            rates[width] = node_rate(records)
+    here = rates[WIDTH]
     print(
         f"{IMAGES} JPEGs of {WIDTH}x{HEIGHT} at quality {QUALITY}, {sizes[WIDTH]:.0f} KB on average; "
-        f"{os.cpu_count()} cores here"
+        f"{here.cores} physical cores, {here.cpus} hardware threads here, all of them busy"
     )
-    print(f"input pipeline: {rate:.0f} img/s per core")
+    print(f"input pipeline: {here.images_per_sec:.0f} img/s here, {here.per_core:.0f} img/s per physical core")
+    small = rates[SMALL_WIDTH]
     print(
-        f"(pre-resized to {SMALL_WIDTH}x{SMALL_HEIGHT}, {sizes[SMALL_WIDTH]:.0f} KB: {rates[SMALL_WIDTH]:.0f} img/s "
-        f"per core, {rates[SMALL_WIDTH] / rate:.1f}x)"
+        f"(pre-resized to {SMALL_WIDTH}x{SMALL_HEIGHT}, {sizes[SMALL_WIDTH]:.0f} KB: {small.per_core:.0f} img/s "
+        f"per core, {small.per_core / here.per_core:.1f}x)"
     )
     print()
-    header = f"{'type':<15}{'GPUs':>10}{'vCPUs':>7}{'decoded img/s':>15}{'GPUs need':>11}{'feeds':>8}"
+    header = (
+        f"{'type':<15}{'GPUs':>10}{'cores':>7}{'x thr':>6}{'decoded img/s':>15}{'GPUs need':>11}{'feeds':>7}  input"
+    )
     print(header)
     print("-" * len(header))
     starved = []
-    for itype, vcpus in catalog.VCPUS.items():
+    for itype, cpus in catalog.CPUS.items():
         gpus = catalog.gpus(itype) or 0
         gpu = train_config.gpu_type(catalog.gpu_model_of(itype))  # the model the record would hold
-        f = train_feed.feed(vcpus, rate, gpus, gpu)
+        f = train_feed.feed(cpus.cores, cpus.cores * here.per_core, gpus, gpu)
         if f is None:
             continue
-        print(f"{itype:<15}{f'{gpus} x {gpu}':>10}{vcpus:>7}{f.supply:>15,.0f}{f.demand:>11,.0f}{f.ratio:>8.0%}")
+        path = f.path if not f.starves else f"{f.path} (GPUs wait)"
+        print(
+            f"{itype:<15}{f'{gpus} x {gpu}':>10}{cpus.cores:>7}{cpus.threads_per_core:>6}{f.supply:>15,.0f}"
+            f"{f.demand:>11,.0f}{f.ratio:>7.0%}  {path}"
+        )
         if f.starves:
             starved.append(itype)
     print()

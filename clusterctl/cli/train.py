@@ -76,9 +76,16 @@ TRAIN_FLAGS = dict(  # train's training options, declared once; train_run.option
     ),
     base_lr=(
         Optional[float],
-        typer.Option(None, "--base-lr", help="Learning rate per 256 images (scaled with the global batch)."),
+        typer.Option(
+            None,
+            "--base-lr",
+            help="Learning rate per 256 images, scaled with the global batch (default: the recipe's, nvidia 0.256, goyal 0.1).",
+        ),
     ),
-    warmup_epochs=(Optional[float], typer.Option(None, "--warmup-epochs")),
+    warmup_epochs=(
+        Optional[float],
+        typer.Option(None, "--warmup-epochs", help="Linear warm-up (default: the recipe's, nvidia 8, goyal 5)."),
+    ),
     mixed_precision=(
         bool,
         typer.Option(False, "--mixed-precision", help="float16 on GPUs, bfloat16 on CPUs (--precision mixed)."),
@@ -111,7 +118,7 @@ TRAIN_FLAGS = dict(  # train's training options, declared once; train_run.option
         typer.Option(
             None,
             "--recipe",
-            help="default (cosine decay, label smoothing 0.1) or goyal (Goyal et al. 2017: /10 at epochs 30, 60, 80 of 90, 5 warm-up epochs, no label smoothing, zero last BN gamma per residual block).",
+            help="nvidia (the default: NVIDIA DeepLearningExamples' TensorFlow ResNet-50 v1.5 scripts, resnet50v1.5/training/DGX1_RN50_AMP_90E.sh: lr 0.256 per 256 images, momentum 0.875, weight decay 3.0517578125e-05 on all but batch norm, 8 warm-up epochs, cosine decay, label smoothing 0.1, He fan_in, every batch-norm gamma 1, crops of 8-100% (its README); reported 77.0% top-1 after 90 epochs, its README's training accuracy results) or goyal (Goyal et al. 2017, arXiv:1706.02677: lr 0.1 per 256, momentum 0.9, weight decay 1e-4, 5 warm-up epochs, /10 at epochs 30, 60, 80 of 90, no label smoothing, last batch-norm gamma of each block 0; reported 76.3% top-1 at an 8k batch).",
         ),
     ),
     eval_every=(

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         # The trainer's step (train/step.py): its optimizer, loss and weight decay at the trainer's defaults.
         recipe = train_options.parse_args(["--synthetic", "--model", args.model])
         opt, _ = make_optimizer(tf, 0.01 * size, recipe.momentum, loss_scaling)
-        objective = make_objective(tf, model, classes, recipe.label_smoothing, recipe.weight_decay)
+        objective = make_objective(tf, model, classes, recipe.label_smoothing, recipe.weight_decay, recipe.recipe)
         forward = make_forward(tf, model, args.xla)
         step = make_step(tf, hvd, model, opt, objective, forward, loss_scaling=loss_scaling, compression=compression)
 

@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
     model = build_model(tf, args.model, shape[0], classes)
     recipe = train_options.parse_args(["--synthetic", "--model", args.model])  # the trainer's defaults
     opt, _ = make_optimizer(tf, 0.01, recipe.momentum, loss_scaling)
-    objective = make_objective(tf, model, classes, recipe.label_smoothing, recipe.weight_decay)
+    objective = make_objective(tf, model, classes, recipe.label_smoothing, recipe.weight_decay, recipe.recipe)
     images = tf.cast(tf.random.uniform((args.batch_size, *shape), maxval=256, dtype=tf.int32), tf.uint8)
     labels = tf.random.uniform((args.batch_size,), maxval=classes, dtype=tf.int64)
     zeros = [tf.zeros(v.shape, v.dtype) for v in model.trainable_variables]  # the gradients' shapes

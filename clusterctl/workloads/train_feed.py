@@ -1,7 +1,12 @@
-"""Can a node's CPU cores feed its GPUs? The arithmetic, pure: the input pipeline's measured rate on one core
-(node/input_rate.py: JPEG decode, crop, resize, flip as the trainer does them) times the node's vCPUs,
-against what its GPUs consume at the speed NVIDIA publishes for ResNet-50 v1.5. `train` says so in one line
-before a GPU run whose cores cannot keep up; bench/input_pipeline.py prints the table for every type.
+"""Can a node's CPUs feed its GPUs? The arithmetic, pure. Supply is what the trainer's own input pipeline delivered
+on the node with every rank's pipeline running at once (node/input_rate.py: all hardware threads busy, as in
+training), or for a type not measured, its physical cores times a per-core rate measured that way; demand is its
+GPUs at the speed NVIDIA publishes for ResNet-50 v1.5. `train` prints one line before a run with real records
+(`input: tf.data on 32 cores, 14,200 img/s for 10,160 needed`) and warns when supply is short;
+bench/input_pipeline.py prints the table for every type.
+
+The input path is named in every line (`tf.data`: the CPU pipeline, the only one measured here); a second path
+(GPU decoding) fits in as another name for Probe.path and INPUT_PATHS.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ from dataclasses import dataclass
 # (256), rounded: NVIDIA DeepLearningExamples, TensorFlow/Classification/ConvNets/resnet50v1.5/README.md,
 # "Training performance results" (1-GPU rows). GPUs that README has no row for carry an estimate, named as one.
 _README = "NVIDIA DeepLearningExamples TensorFlow resnet50v1.5 README, training performance, 1 GPU, AMP + XLA"
+
+TFDATA = "tf.data"  # the trainer's CPU pipeline (node/train/data.py)
+INPUT_PATHS = (TFDATA,)
 
 
 @dataclass(frozen=True)
@@ -34,23 +42,37 @@ EXPECTED: dict[str, Expected] = {
 # What to do when the cores fall short, said once for `train` and the bench table.
 ADVICE = (
     "make the records from smaller images (`clusterctl data tfrecords SRC DST --resize 256`), lighten the "
-    "augmentation, or pick a type with more vCPUs per GPU (bench/input_pipeline.py shows the rates)"
+    "augmentation, or pick a type with more cores per GPU (bench/input_pipeline.py shows the rates)"
 )
 
 
 @dataclass(frozen=True)
-class Feed:
-    """One node: its cores' decoded images per second against what its GPUs consume."""
+class Probe:
+    """node/input_rate.py's line: what the pipelines of `ranks` ranks delivered together on a node."""
 
-    vcpus: int
-    per_core: float  # img/s one core decodes and augments
+    images_per_sec: float  # all ranks together
+    ranks: int
+    threads: int  # input threads per rank (as training gives each)
+    cores: int  # physical cores of the node
+    cpus: int  # logical CPUs (hardware threads)
+    path: str = TFDATA
+
+    @property
+    def per_core(self) -> float:
+        """Per physical core, with both hardware threads busy: what scales to another type's cores."""
+        return self.images_per_sec / max(1, self.cores)
+
+
+@dataclass(frozen=True)
+class Feed:
+    """One node: the images its input pipeline delivers against what its GPUs consume."""
+
+    cores: int  # physical cores
+    supply: float  # img/s decoded and augmented, every rank's pipeline at once
     gpus: int
     gpu: str  # "V100", ...
     per_gpu: float  # img/s one GPU trains at
-
-    @property
-    def supply(self) -> float:
-        return self.vcpus * self.per_core
+    path: str = TFDATA
 
     @property
     def demand(self) -> float:
@@ -67,30 +89,45 @@ class Feed:
 
     def figures(self) -> str:
         return (
-            f"{self.vcpus} vCPUs x {self.per_core:,.0f} img/s per core = {self.supply:,.0f} img/s decoded, "
-            f"{self.gpus} {self.gpu} x {self.per_gpu:,.0f} img/s = {self.demand:,.0f} img/s needed"
+            f"{self.path} on {_cores(self.cores)}, {self.supply:,.0f} img/s for {self.demand:,.0f} needed "
+            f"({self.gpus} {self.gpu} x {self.per_gpu:,.0f} img/s)"
         )
 
 
 def gpu_to_feed(gpus: int, gpu: str, precision: str, data: str | None) -> str:
-    """The GPU (train_config's type of the nodes) whose rate `train` checks the cores against before a run, or
-    "" when there is nothing to check: no GPUs (local nodes, CPU types, a plain hosts file), synthetic images
-    (nothing decoded), a GPU without an expected rate, or float32 (the rates are mixed precision's)."""
+    """The GPU (train_config's type of the nodes) whose rate `train` checks the feed against, or "" when there is
+    no rate to judge by: no GPUs (local nodes, CPU types, a plain hosts file), synthetic images (nothing
+    decoded), a GPU without an expected rate, or float32 (the rates are mixed precision's)."""
     if gpus <= 0 or not data or precision == "fp32":
         return ""
     return gpu if gpu in EXPECTED else ""
 
 
-def feed(vcpus: int, per_core: float, gpus: int, gpu: str) -> Feed | None:
+def feed(cores: int, supply: float, gpus: int, gpu: str, path: str = TFDATA) -> Feed | None:
     """The node's Feed, or None when its GPU has no expected rate (a CPU node, an unknown GPU)."""
     expected = EXPECTED.get(gpu)
-    if expected is None or gpus <= 0 or vcpus <= 0 or per_core <= 0:
+    if expected is None or gpus <= 0 or cores <= 0 or supply <= 0:
         return None
-    return Feed(vcpus, per_core, gpus, gpu, expected.per_gpu)
+    return Feed(cores, supply, gpus, gpu, expected.per_gpu, path)
+
+
+def _cores(n: int) -> str:
+    return f"{n} core" if n == 1 else f"{n} cores"
+
+
+def input_line(probe: Probe, f: Feed | None) -> str:
+    """`train`'s line at start: `input: tf.data on 32 cores, 14,200 img/s for 10,160 needed`; with no GPU rate
+    to judge by (CPU nodes, fp32, an unknown GPU) what was measured, and why nothing is compared."""
+    if f is not None:
+        return f"input: {f.path} on {_cores(f.cores)}, {f.supply:,.0f} img/s for {f.demand:,.0f} needed"
+    return (
+        f"input: {probe.path} on {_cores(probe.cores)}, {probe.images_per_sec:,.0f} img/s "
+        f"({probe.ranks} rank(s) here; no GPU rate to compare with)"
+    )
 
 
 def warning(f: Feed) -> str | None:
-    """`train`'s one line when the cores cannot feed the GPUs; None when they can."""
+    """`train`'s line when the pipeline cannot feed the GPUs; None when it can."""
     if not f.starves:
         return None
     return (
@@ -99,13 +136,21 @@ def warning(f: Feed) -> str | None:
     )
 
 
-def parse_probe(text: str) -> tuple[float, int] | None:
-    """node/input_rate.py's line `input-rate per_core=R cpus=N images=M` -> (R, N); None without one."""
+def parse_probe(text: str) -> Probe | None:
+    """node/input_rate.py's line `input-rate images_per_sec=R ranks=N threads=T cores=C cpus=L ...`; None
+    without one."""
     for line in text.splitlines():
         if line.startswith("input-rate "):
             fields = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
             try:
-                return float(fields["per_core"]), int(fields["cpus"])
+                return Probe(
+                    float(fields["images_per_sec"]),
+                    int(fields["ranks"]),
+                    int(fields["threads"]),
+                    int(fields["cores"]),
+                    int(fields["cpus"]),
+                    fields.get("path", TFDATA),
+                )
             except (KeyError, ValueError):
                 return None
     return None

@@ -22,7 +22,7 @@ from clusterctl.workloads.train_nodes import (
     keep_nodes,
     left_out_line,
 )
-from clusterctl.workloads.train_options import TrainOptions, horovod_env, trainer_argv
+from clusterctl.workloads.train_options import TrainOptions, horovod_env, trainer_argv, trainer_flags
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
@@ -144,24 +144,32 @@ def _save_job(store: StateStore, inv: Inventory, job: TrainJob) -> None:
 
 
 GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
-FEED_PROBE = "input_rate"  # the node package's program: the trainer's input pipeline on one core
-FEED_TIMEOUT_S = 300.0
+FEED_PROBE = "input_rate"  # the node package's program: the trainer's input pipeline, every rank's at once
+FEED_TIMEOUT_S = 600.0
+FEED_SECONDS = 10.0  # each GPU run's probe times this long (after every rank's first batch)
+FEED_SECONDS_CPU = 3.0  # with no GPU rate to judge by, the figure is only shown: a shorter look
 
 
-def feed_warning(
-    pool: SshPool, leader: SshTarget, job_dir: str, python: str, data: str, gpus: int, gpu: str
-) -> str | None:
-    """Before a GPU run: the trainer's input pipeline timed on one of the leader's cores, on the run's own
-    records (node/input_rate.py, GPUs hidden), and train_feed's line when the node's cores cannot feed
-    its GPUs at their expected rate. None when they can, or when the probe did not answer (the run goes on)."""
+def feed_check(
+    pool: SshPool, leader: SshTarget, job_dir: str, python: str, opts: TrainOptions, ranks: int, gpus: int, gpu: str
+) -> list[str]:
+    """Before a run with real records: the trainer's own input pipeline timed on the leader, `ranks` pipelines
+    at once (the ranks it runs) at each rank's thread count, on the run's records and flags (node/input_rate.py,
+    GPUs hidden). Returns the lines to show: `input: ...`, and train_feed's warning when the GPUs of type `gpu`
+    ("" for none) would wait for images. [] when the probe did not answer (the run goes on)."""
     from clusterctl.workloads import train_feed
 
-    probe = nodepkg.package().command(FEED_PROBE, "--data", data, python=python)
-    cmd = f"cd {shlex.quote(job_dir)} && CUDA_VISIBLE_DEVICES= {probe} 2>&1"
-    r = pool.run_one(leader, cmd, timeout=FEED_TIMEOUT_S)
+    seconds = FEED_SECONDS if gpu else FEED_SECONDS_CPU
+    probe = nodepkg.package().command(
+        FEED_PROBE, "--ranks", str(ranks), "--seconds", f"{seconds:g}", "--", *trainer_flags(opts), python=python
+    )
+    r = pool.run_one(leader, f"cd {shlex.quote(job_dir)} && {probe} 2>&1", timeout=FEED_TIMEOUT_S)
     measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
-    f = train_feed.feed(measured[1], measured[0], gpus, gpu) if measured else None
-    return train_feed.warning(f) if f else None
+    if measured is None:
+        return []
+    f = train_feed.feed(measured.cores, measured.images_per_sec, gpus, gpu, measured.path) if gpu else None
+    short = train_feed.warning(f) if f else None
+    return [train_feed.input_line(measured, f)] + ([f"warning: {short}"] if short else [])
 
 
 def wait_for_devices(
@@ -309,7 +317,7 @@ def start(
         pkg = nodepkg.package()
         report(f"staging the trainer ({pkg.name}) and {job.dir} on {len(targets)} node(s)")
         gpus = horovod.gpus_per_node(inv.cluster)
-        # real records on GPU nodes: can the cores decode fast enough? ("": nothing to check)
+        # real records: what the leader's input pipeline delivers, against its GPUs' rate ("": none to judge by)
         gpu = train_feed.gpu_to_feed(gpus, config.gpu, config.precision, data)
         launch.stage(
             pool,
@@ -319,11 +327,11 @@ def start(
             hosts,
             package=pkg,
         )
-        if gpu:
-            report(f"timing the input pipeline on one of {leader.label}'s cores (decode + augment, {data})")
-            line = feed_warning(pool, leader, job.dir, python, str(data), gpus, gpu)
-            if line:
-                report(f"warning: {line}")
+        if data:
+            ranks = hosts.entries[0].slots
+            report(f"timing the input pipeline on {leader.label}: {ranks} rank(s) at once (decode + augment, {data})")
+            for line in feed_check(pool, leader, job.dir, python, opts, ranks, gpus, gpu):
+                report(line)
         env = {
             **launch.job_env(inv.cluster, python, opts.allow_socket_transport),
             **train_config.gpu_env(config),

@@ -9,7 +9,10 @@ from typing import Any, Callable
 
 from clusterctl import s3uri
 from clusterctl.errors import UsageError, within
-from clusterctl.node.train.options import PRECISIONS as PRECISIONS  # the trainer's own choices
+from clusterctl.node.train.options import (
+    PRECISIONS as PRECISIONS,  # the trainer's own choices
+    RECIPES as _RECIPE_VALUES,
+)
 
 PROGRAM = "train"  # the node package's program (clusterctl/node/train/main.py)
 
@@ -35,7 +38,7 @@ class TrainOptions:
     mixed_precision: bool = False
     precision: str | None = None  # auto | fp32 | float16 | bfloat16 | mixed (the trainer's default: auto)
     fp16_allreduce: bool | None = None  # None: the GPU type's default (train_config.py)
-    recipe: str | None = None  # default | goyal
+    recipe: str | None = None  # nvidia | goyal (None: the trainer's default, nvidia)
     eval_every: int | None = None  # epochs between evaluations during training
     fusion_threshold_mb: float | None = None  # Horovod's tensor fusion buffer (an environment variable, not a flag)
     cycle_time_ms: float | None = None  # Horovod's cycle time (likewise)
@@ -126,7 +129,7 @@ FLAGS = dict(
 # elastic job waits for --min-np processes' hosts before it stops.
 ELASTIC_TIMEOUT_S = 600
 MODELS = ("resnet50", "tiny")
-RECIPES = ("default", "goyal")
+RECIPES = tuple(_RECIPE_VALUES)  # the trainer's own: nvidia (its default), goyal
 # Horovod's tensor fusion buffer as its tensor-fusion docs give it (64 MB; 0.21+ builds default to 128 MB)
 # and its cycle time (1 ms, its default since 0.21): set explicitly so every rank runs with the same.
 FUSION_THRESHOLD_MB = 64.0
@@ -210,8 +213,13 @@ def check_s3_uri(uri: str) -> s3uri.S3Uri:
 def trainer_argv(python: str, pyz: str, opts: TrainOptions) -> list[str]:
     """`python PYZ train --flag value ...`: the node package's trainer (clusterctl/node/train/), an argv (quote it
     with shlex.join)."""
+    return [python, pyz, PROGRAM, *trainer_flags(opts)]
+
+
+def trainer_flags(opts: TrainOptions) -> list[str]:
+    """The trainer's flags for `opts` (what follows `python PYZ train`)."""
     opts.require_source()  # each option was checked when opts was made
-    argv = [python, pyz, PROGRAM]
+    argv: list[str] = []
     for name, flag in _VALUE_FLAGS:
         value = getattr(opts, name)
         if value is None or (name == "data" and opts.synthetic):

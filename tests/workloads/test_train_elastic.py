@@ -1,14 +1,19 @@
 """`clusterctl train --elastic` for real: a local cluster of 3 nodes x 1 slot, the tiny model on synthetic images
 under Elastic Horovod (gloo), launched by horovodrun on the leader with the node package's live_hosts as its host
 discovery. Every process of a member's namespace is killed mid-run (the node is gone, sshd with it): the
-run goes on at size 2 and ends with exit 0, every planned image trained once.
+run goes on at size 2 and ends with exit 0, every planned image trained once. Rank 0's own training process
+on the leader is killed mid-run (the node and horovodrun stay): another process becomes rank 0, takes up the
+writer and the checkpoints on its node, and the run ends with exit 0.
 
 The module's tests share one cluster (its runtime bring-up is the slow part): each starts with all three nodes
 up and no job left running, and trains into its own model folder."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +72,21 @@ def trainers(cluster) -> str:
     """The training processes left on the cluster's nodes (empty when none)."""
     out = [cluster.node_exec(i, "sh", "-c", "pgrep -af '[t]rain_imagenet|[h]orovodrun'; true").stdout for i in range(3)]
     return "".join(out)
+
+
+def trainer_pids(cluster, index: int) -> list[int]:
+    """The node package's `train` processes in node `index`'s namespace (host view), not horovodrun, not a shell."""
+    found = []
+    for pid in netns.netns_pids(netns.netns_name(cluster.name, index)):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [w.decode(errors="replace") for w in argv if w]
+        if words and os.path.basename(words[0]).startswith("python") and "train" in words:
+            if not any("horovodrun" in w for w in words):
+                found.append(pid)
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +223,39 @@ def test_repair_brings_a_node_back_into_a_running_elastic_job(cluster):
     done = re.search(r"CLUSTERCTL-TRAIN done .*\bimages=(\d+) plan_images=(\d+)", text)
     assert done and int(done.group(2)) == steps * 3 * BATCH, text[-2000:]
     assert 0 <= int(done.group(1)) - steps * 3 * BATCH < 3 * BATCH, done.group(0)
+
+
+def test_elastic_run_goes_on_when_rank_0s_process_is_lost(cluster):
+    """Rank 0's training process on the leader is killed (horovodrun and the node stay): the run goes on at size 2,
+    the new rank 0 (on a member) saves the committed state at once, keeps checkpointing into its own --model-dir
+    and writes TensorBoard there, and the job ends with exit 0, the plan whole."""
+    cli = cluster.cli
+    proc = cli(*elastic("chief"))
+    assert proc.returncode == 0, proc.stderr
+    job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
+    reach_step_200(cluster, job)
+    pids = trainer_pids(cluster, 0)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    wait_for(lambda: leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit 2>/dev/null").strip(), 240, "the job's end")
+    text = job_log(cluster, job)
+    assert leader(cluster, f"cat ~/.clusterctl/jobs/{job}.exit").strip() == "0", text[-3000:]
+    run = train_log.parse_train_log(text, strict=False).current
+    change = run.resizes[0]
+    assert (change.was, change.size, change.lost) == (3, 2, (cluster.hosts[0],)), run.resizes
+    # the leader's host is offered again after Horovod's blacklist cooldown: it may join back, as a new rank
+    assert all(c.joined == (cluster.hosts[0],) and not c.lost for c in run.resizes[1:]), run.resizes
+    plan = STEPS * 3 * BATCH
+    done = re.search(r"CLUSTERCTL-TRAIN done .*\bimages=(\d+) plan_images=(\d+)", text)
+    assert done and int(done.group(2)) == plan <= int(done.group(1)) < plan + 3 * BATCH, text[-2000:]
+    # checkpoints keep coming from the new rank 0: the commit it went on from at once, the periodic ones, the end
+    after = sorted(c.images for c in run.checkpoints if c.images is not None and c.images >= change.images)
+    assert after[0] == change.images and after[-1] == int(done.group(1)) and len(after) >= 3, run.checkpoints
+    assert re.search(rf"CLUSTERCTL-TRAIN checkpoint .*images={change.images} .*reason=membership", text), text[-3000:]
+    # ... on its own node's disk, with its TensorBoard events; the copies to the --checkpoint-copy node (the
+    # second, by default) go on from it, or stop when it is that node: its folder is the copy
+    assert "checkpoint_copy_failed" not in text, text[-3000:]
+    copy = cluster.node_exec(1, "sh", "-c", "ls ~/runs/chief/checkpoints; true").stdout
+    assert f"ckpt-{after[-1]}.manifest.json" in copy, copy
+    events = [cluster.node_exec(i, "sh", "-c", "ls ~/runs/chief/tensorboard; true").stdout for i in (1, 2)]
+    assert any("events.out.tfevents" in e for e in events), events

@@ -22,16 +22,17 @@ import tensorflow as tf
 from clusterctl.node.train import model as train_model
 
 out = {}
-for name, size, classes in (("resnet50", 224, 1000), ("resnet50", 64, 10), ("tiny", 32, 10)):
+for name, size, classes, recipe in (("resnet50", 224, 1000, "nvidia"), ("resnet50", 224, 1000, "goyal"),
+                                   ("resnet50", 64, 10, "nvidia"), ("tiny", 32, 10, "nvidia")):
     tf.random.set_seed(1)
-    m = train_model.build_model(tf, name, size, classes)
+    m = train_model.build_model(tf, name, size, classes, recipe)
     layers = []
     for l in m.layers:
         d = {"name": l.name, "type": type(l).__name__, "out": list(l.output_shape[1:])}
         if isinstance(l, tf.keras.layers.Conv2D):
             k = l.kernel.numpy()
             d.update(kernel=list(l.kernel_size), strides=list(l.strides), padding=l.padding, bias=l.use_bias,
-                     filters=l.filters, init=l.kernel_initializer.get_config(), std=float(k.std()))
+                     filters=l.filters, in_channels=int(l.kernel.shape[2]), init=l.kernel_initializer.get_config(), std=float(k.std()))
         if isinstance(l, tf.keras.layers.BatchNormalization):
             d.update(momentum=l.momentum, epsilon=l.epsilon, gamma=sorted({float(v) for v in l.gamma.numpy()}),
                      beta=sorted({float(v) for v in l.beta.numpy()}))
@@ -40,11 +41,15 @@ for name, size, classes in (("resnet50", 224, 1000), ("resnet50", 64, 10), ("tin
         if isinstance(l, tf.keras.layers.MaxPooling2D):
             d.update(pool=list(l.pool_size), strides=list(l.strides), padding=l.padding)
         if isinstance(l, tf.keras.layers.Dense):
-            d.update(std=float(l.kernel.numpy().std()), bias=sorted({float(v) for v in l.bias.numpy()}))
+            d.update(std=float(l.kernel.numpy().std()), bias=sorted({float(v) for v in l.bias.numpy()}),
+                     fan_in=int(l.kernel.shape[0]))
         layers.append(d)
-    out[f"{name}/{classes}"] = {"layers": layers, "line": train_model.describe(name, m),
-                                "trainable": int(sum(np.prod(w.shape) for w in m.trainable_weights)),
-                                "zero_gamma": train_model.zero_gamma_layers(tf, m)}
+    decayed = train_model.decayed_variables(tf, m, recipe)
+    out[f"{name}/{classes}" + ("/goyal" if recipe == "goyal" else "")] = {
+        "layers": layers, "line": train_model.describe(name, m),
+        "trainable": int(sum(np.prod(w.shape) for w in m.trainable_weights)),
+        "zero_gamma": train_model.zero_gamma_layers(tf, m),
+        "decayed": sorted(v.name.split("/")[-1].split(":")[0] for v in decayed)}
 print("DUMP " + json.dumps(out))
 """
 
@@ -64,31 +69,47 @@ def expected_blocks():
             yield f"conv{stage}_block{b}", width, (2 if stage > 2 and b == 1 else 1), b == 1
 
 
-def test_resnet50_is_v15_layer_by_layer(built):
-    net = built["resnet50/1000"]
-    by = {d["name"]: d for d in net["layers"]}
+def check_init(net: dict, fan: str, zero_last_gamma: bool) -> None:
+    """No conv biases; He-normal on `fan` (variance 2 / (kh * kw * channels on that side)), truncated as
+    NVIDIA's; batch norms momentum 0.9, epsilon 1e-5, beta 0, gamma 1 (or 0 in each block's last)."""
     convs = [d for d in net["layers"] if d["type"] == "Conv2D"]
     bns = [d for d in net["layers"] if d["type"] == "BatchNormalization"]
     assert len(convs) == 53 and len(bns) == 53  # 1 stem + 16 x 3 + 4 projections
-
-    # no conv biases anywhere; He-normal on fan_out (variance 2 / (kh * kw * out)), truncated as NVIDIA's
+    by = {d["name"]: d for d in net["layers"]}
     for c in convs:
         assert c["bias"] is False, c["name"]
-        assert (c["init"]["scale"], c["init"]["mode"], c["init"]["distribution"]) == (
-            2.0,
-            "fan_out",
-            "truncated_normal",
-        ), c
-        fan_out = c["kernel"][0] * c["kernel"][1] * c["filters"]
+        assert (c["init"]["scale"], c["init"]["mode"], c["init"]["distribution"]) == (2.0, fan, "truncated_normal"), c
+        # channels in: the output of the layer before it (the stem's image: 3)
+        side = c["filters"] if fan == "fan_out" else c["in_channels"]
         # the sample's std within 10% of the target (53 kernels of >= 4,096 weights; the stem's 9,408)
-        assert abs(c["std"] / (2.0 / fan_out) ** 0.5 - 1) < 0.1, c
-    # batch norms: momentum 0.9, epsilon 1e-5, beta 0; gamma 1, except the last of every block: 0 (Goyal et al.)
+        assert abs(c["std"] / (2.0 / (c["kernel"][0] * c["kernel"][1] * side)) ** 0.5 - 1) < 0.1, c
     last = {f"{n}_3_bn" for n, *_ in expected_blocks()}
     assert len(last) == 16
     for b in bns:
         assert (b["momentum"], b["epsilon"], b["beta"]) == (0.9, 1e-5, [0.0]), b
-        assert b["gamma"] == ([0.0] if b["name"] in last else [1.0]), b
-    assert net["zero_gamma"] == 16
+        assert b["gamma"] == ([0.0] if zero_last_gamma and b["name"] in last else [1.0]), b
+    assert net["zero_gamma"] == (16 if zero_last_gamma else 0)
+    assert by["predictions"]["bias"] == [0.0]
+
+
+def test_recipes_initialise_and_decay_as_their_sources(built):
+    """nvidia: --weight_init=fan_in for convs and classifier, every gamma 1, L2 on all but batch norm
+    (DGX1_RN50_AMP_90E.sh:32, model/resnet.py:83-99, 283-293); goyal: fan_out, zero last gamma, L2 on kernels."""
+    nvidia, goyal = built["resnet50/1000"], built["resnet50/1000/goyal"]
+    check_init(nvidia, "fan_in", zero_last_gamma=False)
+    check_init(goyal, "fan_out", zero_last_gamma=True)
+    head = {d["name"]: d for d in nvidia["layers"]}["predictions"]
+    assert abs(head["std"] / (2.0 / head["fan_in"]) ** 0.5 - 1) < 0.1, head  # He fan_in: 2 / 2048
+    assert abs({d["name"]: d for d in goyal["layers"]}["predictions"]["std"] - 0.01) < 0.001
+    # 53 conv kernels + the classifier's kernel, and under nvidia its bias too; never a gamma or beta
+    assert nvidia["decayed"] == sorted(["kernel"] * 54 + ["bias"])
+    assert goyal["decayed"] == ["kernel"] * 54
+
+
+def test_resnet50_is_v15_layer_by_layer(built):
+    net = built["resnet50/1000"]
+    by = {d["name"]: d for d in net["layers"]}
+    convs = [d for d in net["layers"] if d["type"] == "Conv2D"]
 
     # the stem: 7x7/2 conv (symmetric padding 3), BN, ReLU, 3x3/2 max pool -> 56x56x64
     assert (by["conv1_conv"]["kernel"], by["conv1_conv"]["strides"], by["conv1_conv"]["filters"]) == (
@@ -119,8 +140,7 @@ def test_resnet50_is_v15_layer_by_layer(built):
             assert f"{name}_0_conv" not in by
     assert side == 7
 
-    head = by["predictions"]
-    assert head["out"] == [1000] and head["bias"] == [0.0] and abs(head["std"] - 0.01) < 0.001
+    assert by["predictions"]["out"] == [1000]
     # the references' count (torchvision's resnet50: 25,557,032), and 2,049 per class for the classifier
     assert net["trainable"] == 25_557_032
     assert net["line"] == "model resnet50 v1.5: 25,557,032 parameters"

@@ -33,7 +33,7 @@ for name, size in (("resnet50", 32), ("tiny", 32)):
     }
 m = train_model.build_model(tf, "tiny", 32, 10)
 opt, _ = train_step.make_optimizer(tf, 0.1, 0.9, False)
-objective = train_step.make_objective(tf, m, 10, 0.1, 1e-4)
+objective = train_step.make_objective(tf, m, 10, 0.1, 1e-4, "goyal")
 x = tf.zeros((2, 32, 32, 3), tf.uint8)
 y = tf.zeros((2,), tf.int64)
 for design in ("blocks", "whole"):

@@ -390,7 +390,7 @@ def test_a_checkpoint_refuses_to_resume_under_other_hyperparameters(tmp_path):
     first = _single(tmp_path, *common, "--lr", "0.1", "--max-steps", "2")
     assert first.returncode == 0, first.stderr[-3000:]
     saved = json.loads((tmp_path / "m" / "checkpoints" / "hparams.json").read_text())
-    assert saved["base_lr"] == 0.1 and saved["batch_size"] == 8 and saved["recipe"] == "default"
+    assert saved["base_lr"] == 0.1 and saved["batch_size"] == 8 and saved["recipe"] == "nvidia"
 
     other = _single(tmp_path, *common, "--lr", "0.4", "--max-steps", "4")
     assert other.returncode == train_log.EXIT_HPARAMS, other.stdout[-2000:] + other.stderr[-2000:]

@@ -400,11 +400,25 @@ def test_precision_auto_is_float16_only_on_tensor_core_gpus():
 def test_recipes_fill_only_what_is_not_given():
     from clusterctl.node.train import options as t
 
+    # NVIDIA's TensorFlow ResNet-50 v1.5 scripts (resnet50v1.5/training/DGX1_RN50_AMP_90E.sh:28-32, README:97)
     d = t.parse_args(["--synthetic"])
-    assert (d.recipe, d.lr_schedule, d.label_smoothing, d.warmup_epochs) == ("default", "cosine", 0.1, 5.0)
+    nvidia = (d.recipe, d.base_lr, d.momentum, d.weight_decay, d.warmup_epochs, d.lr_schedule, d.label_smoothing)
+    assert nvidia == ("nvidia", 0.256, 0.875, 3.0517578125e-05, 8.0, "cosine", 0.1)
+    assert d.min_crop_area == 0.08
+    assert t.RECIPE_MODEL["nvidia"] == t.ModelRecipe(
+        fan="fan_in", he_classifier=True, zero_last_gamma=False, decay_all_but_bn=True
+    )
     g = t.parse_args(["--synthetic", "--recipe", "goyal"])
-    assert (g.lr_schedule, g.label_smoothing, g.warmup_epochs) == ("step", 0.0, 5.0)
-    assert t.parse_args(["--synthetic", "--recipe", "goyal", "--label-smoothing", "0.2"]).label_smoothing == 0.2
+    goyal = (g.base_lr, g.momentum, g.weight_decay, g.warmup_epochs, g.lr_schedule, g.label_smoothing)
+    assert goyal == (0.1, 0.9, 1e-4, 5.0, "step", 0.0)
+    assert t.RECIPE_MODEL["goyal"].zero_last_gamma and t.RECIPE_MODEL["goyal"].fan == "fan_out"
+    mine = t.parse_args(["--synthetic", "--recipe", "goyal", "--label-smoothing", "0.2", "--momentum", "0.8"])
+    assert (mine.label_smoothing, mine.momentum, mine.lr_schedule) == (0.2, 0.8, "step")
+    assert t.parse_args(["--synthetic", "--weight-decay", "0", "--lr", "0.5"]).weight_decay == 0.0
+    # the operator's choices are the trainer's
+    from clusterctl.workloads import train_options
+
+    assert train_options.RECIPES == ("nvidia", "goyal")
     # the step schedule is Goyal's: /10 at epochs 30, 60 and 80 of 90
     peak, spe = 1.0, 100
     lr = [t.learning_rate(e * spe, peak, 5 * spe, 90 * spe, "step") for e in (29, 30, 59, 60, 79, 80, 89)]
@@ -587,3 +601,26 @@ def test_the_inventory_keeps_the_chosen_nodes_and_later_commands_find_the_jobs_l
     old = json.loads(job.to_json())
     del old["hosts"]  # a record from before: the hosts' first node leads
     assert train.job_inventory(inv, train.TrainJob.from_json(json.dumps(old))) is inv
+
+
+def test_rank_0s_tools_follow_whichever_process_is_rank_0():
+    """node/train/elastic.py's Chief: made when a process becomes rank 0 after a reset, given up (copies
+    finished) when it stops being rank 0, made again if it becomes rank 0 once more; the first rank 0 keeps the
+    tools main made."""
+    from clusterctl.node.train import checkpoints, elastic
+
+    made: list[str] = []
+
+    def make():
+        made.append("made")
+        return None, f"manager-{len(made)}", checkpoints.Copier([], 1, lambda *a, **k: None)
+
+    first = elastic.Chief(make=make, manager="main's", held=True)
+    assert first.follow(True) is False and first.manager == "main's" and made == []
+    other = elastic.Chief(make=make)
+    assert other.follow(False) is False and other.manager is None and made == []
+    assert other.follow(True) is True and other.manager == "manager-1" and other.copier is not None
+    assert other.follow(True) is False and made == ["made"]  # still rank 0: nothing made again
+    assert other.follow(False) is False and (other.manager, other.copier, other.held) == (None, None, False)
+    assert first.follow(False) is False and first.manager is None
+    assert other.follow(True) is True and other.manager == "manager-2"

@@ -13,6 +13,12 @@ base-lr * batch * N / 256, and the learning rate at `images seen / global batch`
 the run ends when the images seen reach the plan (--max-steps or --epochs, in steps of the starting size's
 global batch). Steps since the last commit are redone after a loss: no image is counted twice.
 
+Rank 0's duties (the TensorBoard writer, the checkpoints and their copies, the table, every line below) belong
+to whichever process is rank 0 after each reset, not to the one that started as rank 0: a process that becomes
+rank 0 makes its writer and checkpoint manager then (Chief), on its own node's disk under the same
+--model-dir, and saves the committed state there at once (`reason=membership`); one that stops being rank 0
+closes its writer and lets its copies finish. So a run goes on when rank 0's own process is lost.
+
 Lines (rank 0): `world_size size=2 was=3 lost=HOST joined= ... message='world size 3 -> 2 (lost HOST)'` at
 every change; `checkpoint ... reason=membership` (the committed state, saved when a peer is lost: the run may
 not go on if too few nodes are left) and `reason=spot` (a spot notice: checkpoint and commit, then go on).
@@ -25,7 +31,8 @@ import collections
 import os
 import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from clusterctl.node.train import checkpoints
@@ -33,8 +40,59 @@ from clusterctl.node.train.data import data_seed, synthetic_dataset, train_datas
 from clusterctl.node.train.evaluate import evaluate
 from clusterctl.node.train.log import STARTED, emit, mean_losses, table_row
 from clusterctl.node.train.options import learning_rate
-from clusterctl.node.train.resume import replicas_agree, seal_checkpoint, spot_notice
+from clusterctl.node.train.resume import check_hparams, checkpoint_copies, replicas_agree, seal_checkpoint, spot_notice
 from clusterctl.node.train.spot import SpotWatch
+
+
+@dataclass
+class Chief:
+    """Rank 0's tools, held by whichever process is rank 0 now: its TensorBoard writer, its CheckpointManager
+    (None: it may not save, e.g. its folder holds another run's checkpoints) and its Copier. `make` builds them
+    on a process that becomes rank 0 mid-run."""
+
+    make: Callable[[], tuple[Any, Any, checkpoints.Copier | None]]
+    writer: Any = None
+    manager: Any = None
+    copier: checkpoints.Copier | None = None
+    held: bool = field(default=False)  # this process holds them now
+
+    def follow(self, chief: bool) -> bool:
+        """Take the tools on becoming rank 0, give them up on ceasing to be; True when this process has just
+        become rank 0 (it was not at the start, nor after the last reset)."""
+        if chief and not self.held:
+            self.writer, self.manager, self.copier = self.make()
+            self.held = True
+            return True
+        if not chief and self.held:
+            if self.writer is not None:
+                self.writer.close()
+            if self.copier is not None:
+                self.copier.wait(timeout=300)  # the last checkpoint's copies, before another rank saves
+            self.writer = self.manager = self.copier = None
+            self.held = False
+        return False
+
+
+def chief_tools(
+    tf: Any, args: argparse.Namespace, ckpt: Any, hparams: dict[str, Any]
+) -> tuple[Any, Any, checkpoints.Copier]:
+    """What a process that becomes rank 0 mid-run makes: the writer and checkpoint manager on its own node's
+    --model-dir (hparams.json written there, or a mismatch said: that folder holds another run's checkpoints,
+    so this one saves none), and the copier to the same places. Nothing is restored: the state is the commit's."""
+    ckpt_dir = os.path.join(args.model_dir, "checkpoints")
+    os.makedirs(ckpt_dir, exist_ok=True)
+    manager: Any = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=args.keep_checkpoints)
+    mismatch = check_hparams(os.path.join(ckpt_dir, "hparams.json"), hparams, bool(manager.latest_checkpoint))
+    if mismatch:
+        emit("warning", kind="hparams_mismatch", message=f"{mismatch}; no checkpoints from {socket.gethostname()}")
+        manager = None
+    writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard"))
+    # --checkpoint-copy names a node; when that is this one, its folder is the copy already
+    here = {os.environ.get("HOROVOD_HOSTNAME", ""), socket.gethostname()}
+    copies = [
+        c for c in checkpoint_copies(args, ckpt_dir) if not (isinstance(c, checkpoints.SshCopy) and c.host in here)
+    ]
+    return writer, manager, checkpoints.Copier(copies, args.keep_checkpoints, emit)
 
 
 @dataclass
@@ -44,9 +102,7 @@ class Job:
     train_step: Any
     tracked: list[Any]
     sums: Any
-    manager: Any  # rank 0's CheckpointManager (None elsewhere)
-    copier: checkpoints.Copier | None
-    writer: Any
+    chief: Chief  # rank 0's writer, checkpoint manager and copier (held by whichever process is rank 0)
     step_var: Any
     epoch_var: Any
     batch_var: Any
@@ -78,16 +134,17 @@ def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: 
 
     def checkpoint(reason: str) -> None:
         """Rank 0: ckpt-<images> of the variables as they are now, unless that one is saved already."""
-        if job.manager is None:
+        manager = job.chief.manager
+        if manager is None:
             return
         images = int(job.images_var.numpy())
-        if (job.manager.latest_checkpoint or "").endswith(f"ckpt-{images}"):
+        if (manager.latest_checkpoint or "").endswith(f"ckpt-{images}"):
             return
         batch, step = int(job.batch_var.numpy()), int(job.step_var.numpy())
         job.epoch_var.assign(images // max(1, job.train_examples))
         t = time.time()
-        path = job.manager.save(checkpoint_number=images)
-        seal_checkpoint(job.copier, path, step, images, batch)
+        path = manager.save(checkpoint_number=images)
+        seal_checkpoint(job.chief.copier, path, step, images, batch)
         fields = {"reason": reason} if reason else {}
         emit(
             "checkpoint",
@@ -138,6 +195,7 @@ def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: 
             return int(state.status)
         size, rank = hvd.size(), hvd.rank()
         chief = rank == 0
+        became = job.chief.follow(chief)
         members = hvd.allgather_object(os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname())
         images = int(job.images_var.numpy())
         batch = args.batch_size * size
@@ -161,6 +219,8 @@ def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: 
                 message=line,
             )
         state.members = members
+        if became:  # rank 0's process was lost: the committed state saved at once on this node
+            checkpoint("membership")
         job.step_var.assign(step)
         job.batch_var.assign(batch)
         job.sums.assign(tf.zeros(3, tf.float64))
@@ -195,7 +255,7 @@ def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: 
                 last_step, last_time = step, now
                 if chief:
                     table_row(step, images / epoch_images, rate, loss, total, lr)
-                    with job.writer.as_default(step=images // args.batch_size):
+                    with job.chief.writer.as_default(step=images // args.batch_size):
                         tf.summary.scalar("train/loss", loss)
                         tf.summary.scalar("train/learning_rate", lr)
                         tf.summary.scalar("train/images_per_sec", rate)
@@ -215,6 +275,7 @@ def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: 
         return status
     # After the loop: the same ending as a fixed-size run (a change now fails the job: the work is saved).
     chief = hvd.rank() == 0
+    job.chief.follow(chief)  # (a change of size now fails the job: this is the last membership)
     step, images = int(job.step_var.numpy()), int(job.images_var.numpy())
     batch = args.batch_size * hvd.size()
     spe = max(1, job.train_examples // batch)
@@ -224,7 +285,7 @@ def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: 
     )
     if chief:
         emit("sync", step=step, identical=sync[0], variables=len(job.tracked) - len(own), loss_scales=sync[1])
-        job.writer.flush()
+        job.chief.writer.flush()
         trained = time.time() - state.started
         emit(
             "done",
@@ -237,8 +298,8 @@ def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: 
             plan_images=state.plan_images,
         )
         print(f"Finished in {trained:.1f} s", flush=True)
-    if job.copier is not None:
-        job.copier.wait()
+    if job.chief.copier is not None:
+        job.chief.copier.wait()
     if args.no_eval:
         return 0
     return evaluate(
@@ -248,7 +309,7 @@ def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: 
         job.model,
         step,
         spe,
-        job.manager.latest_checkpoint if job.manager else "",
-        writer=job.writer,
+        job.chief.manager.latest_checkpoint if job.chief.manager else "",
+        writer=job.chief.writer,
         **job.eval_kwargs,
     )

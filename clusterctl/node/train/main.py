@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
 
     # ---- model, optimizer, checkpoint
     tf.random.set_seed(args.seed)  # the same initial weights everywhere (and the broadcast makes sure)
-    model = build_model(tf, args.model, args.image_size, classes)
+    model = build_model(tf, args.model, args.image_size, classes, args.recipe)
     zeroed = zero_gamma_layers(tf, model)
     if chief:
         print(describe(args.model, model), flush=True)
@@ -161,12 +161,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
     manager: Any = None  # rank 0's CheckpointManager
     restored = ""
     status = 0
+    hparams = {k: getattr(args, k) for k in HPARAMS if k != "num_classes"}
+    hparams["num_classes"] = classes
     if chief:
         os.makedirs(ckpt_dir, exist_ok=True)
         copier = choose_checkpoint(tf, args, ckpt_dir)
         manager = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=args.keep_checkpoints)
-        hparams = {k: getattr(args, k) for k in HPARAMS if k != "num_classes"}
-        hparams["num_classes"] = classes
         mismatch = (
             None
             if args.eval_only
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
 
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False)  # loss, total loss, steps since the last line
-    objective = step_fns.make_objective(tf, model, classes, args.label_smoothing, args.weight_decay)
+    objective = step_fns.make_objective(tf, model, classes, args.label_smoothing, args.weight_decay, args.recipe)
     forward = step_fns.make_forward(tf, model, args.xla)
     forward_backward = step_fns.make_step(
         tf, hvd, model, opt, objective, forward, loss_scaling=loss_scaling, compression=compression
@@ -308,9 +308,13 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
                 train_step=train_step,
                 tracked=tracked,
                 sums=sums,
-                manager=manager,
-                copier=copier,
-                writer=writer,
+                chief=elastic.Chief(
+                    make=lambda: elastic.chief_tools(tf, args, ckpt, hparams),
+                    writer=writer,
+                    manager=manager,
+                    copier=copier,
+                    held=chief,
+                ),
                 step_var=step_var,
                 epoch_var=epoch_var,
                 batch_var=batch_var,

@@ -8,15 +8,18 @@ ResNet-50 v1.5, as the references define it:
   Garden's official/legacy/image_classification/resnet/resnet_model.py (`conv_block`: the stride on the 3x3
   conv '2b', use_bias=False);
 - no conv biases (a batch norm follows every conv);
-- conv kernels He-normal on fan_out: variance 2 / (out channels x kh x kw), torchvision's
-  `kaiming_normal_(mode="fan_out", nonlinearity="relu")` and NVIDIA's default `--weight_init fan_out`
-  (`variance_scaling_initializer(scale=2.0, distribution='truncated_normal', mode=weight_init)`), truncated
-  as NVIDIA's (Keras rescales a truncated normal so the variance is still 2 / fan_out);
+- conv kernels He-normal, truncated as NVIDIA's (`variance_scaling_initializer(scale=2.0,
+  distribution='truncated_normal', mode=weight_init)`; Keras rescales a truncated normal so the variance is
+  still 2 / fan), on the recipe's fan (options.RECIPE_MODEL): fan_in, variance 2 / (in channels x kh x kw),
+  under --recipe nvidia (its training scripts pass `--weight_init=fan_in`); fan_out under --recipe goyal
+  (torchvision's `kaiming_normal_(mode="fan_out", nonlinearity="relu")`);
 - batch norm momentum 0.9, epsilon 1e-5 (torchvision's momentum 0.1 in PyTorch's convention, eps 1e-5;
   Model Garden's BATCH_NORM_DECAY 0.9, BATCH_NORM_EPSILON 1e-5);
-- gamma 0 in the last batch norm of every residual block, so each block starts as the identity (Goyal et al.
-  2017, "Accurate, Large Minibatch SGD", section 5.1; torchvision's zero_init_residual);
-- the classifier N(0, 0.01) with zero bias (Model Garden's resnet_model.py: RandomNormal(stddev=0.01));
+- every gamma 1 under nvidia (its model/resnet.py's batch-norm gamma initializer 1.0); under goyal gamma 0 in
+  the last batch norm of every residual block, so each block starts as the identity (Goyal et al. 2017,
+  "Accurate, Large Minibatch SGD"; torchvision's zero_init_residual);
+- the classifier's bias zero, its kernel He-normal on fan_in under nvidia (its dense layer takes the same
+  initializer as the convs), N(0, 0.01) under goyal (Model Garden's resnet_model.py: RandomNormal(stddev=0.01));
 - padding as torchvision's: symmetric (k - 1) / 2 before every strided conv, 1 before the 3x3/2 max pool.
 25,557,032 trainable parameters at 1,000 classes (torchvision's count: it counts no batch-norm moving
 statistics), of which the classifier is 2,049 per class. Keras' tf.keras.applications.ResNet50 is v1 (the
@@ -32,6 +35,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from clusterctl.node.train.options import DEFAULT_RECIPE, RECIPE_MODEL, ModelRecipe
+
 BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 # (bottleneck width, blocks, stride of the stage's first block): ResNet-50's 3, 4, 6, 3 blocks
@@ -45,10 +50,11 @@ def input_shape(name: str, image_size: int | None = None) -> tuple[int, int, int
     return side, side, 3
 
 
-def build_model(tf: Any, name: str, size: int, classes: int) -> Any:
-    """Logits out (softmax inside the loss, so mixed precision keeps the loss in float32)."""
+def build_model(tf: Any, name: str, size: int, classes: int, recipe: str = DEFAULT_RECIPE) -> Any:
+    """Logits out (softmax inside the loss, so mixed precision keeps the loss in float32), initialised as
+    `recipe` (options.RECIPE_MODEL) says."""
     if name == "resnet50":
-        return resnet50_v15(tf, input_shape(name, size), classes)
+        return resnet50_v15(tf, input_shape(name, size), classes, RECIPE_MODEL[recipe])
     if name == "tiny":
         return tiny(tf, input_shape(name, size), classes)
     raise ValueError(f"unknown model {name!r}: resnet50 or tiny")
@@ -65,7 +71,7 @@ def describe(name: str, model: Any) -> str:
 
 
 def zero_gamma_layers(tf: Any, model: Any) -> int:
-    """Batch norms whose gamma is all zero (ResNet-50 v1.5 as built: the last of each of its 16 blocks)."""
+    """Batch norms whose gamma is all zero (ResNet-50 v1.5 under goyal: the last of each of its 16 blocks)."""
     return sum(
         1
         for layer in model.layers
@@ -75,8 +81,26 @@ def zero_gamma_layers(tf: Any, model: Any) -> int:
     )
 
 
-def resnet50_v15(tf: Any, shape: tuple[int, int, int], classes: int) -> Any:
+def decayed_variables(tf: Any, model: Any, recipe: str) -> list[Any]:
+    """The variables weight decay applies to: every trainable one but batch norm's (nvidia), or the conv and
+    dense kernels alone (goyal)."""
+    if not RECIPE_MODEL[recipe].decay_all_but_bn:
+        return [v for v in model.trainable_variables if "kernel" in v.name]
+    bn = {
+        v.ref()
+        for layer in model.layers
+        if isinstance(layer, tf.keras.layers.BatchNormalization)
+        for v in layer.trainable_variables
+    }
+    return [v for v in model.trainable_variables if v.ref() not in bn]
+
+
+def resnet50_v15(tf: Any, shape: tuple[int, int, int], classes: int, init: ModelRecipe) -> Any:
     layers = tf.keras.layers
+
+    def he(scale: float = 2.0) -> Any:
+        # one instance per layer: Keras 2.15's unseeded initializers repeat their values when reused
+        return tf.keras.initializers.VarianceScaling(scale=scale, mode=init.fan, distribution="truncated_normal")
 
     def conv(x: Any, filters: int, kernel: int, stride: int, name: str) -> Any:
         if stride > 1 and kernel > 1:  # torchvision's symmetric padding (TF's 'same' pads more at the end)
@@ -87,10 +111,7 @@ def resnet50_v15(tf: Any, shape: tuple[int, int, int], classes: int) -> Any:
             strides=stride,
             padding="valid" if stride > 1 else "same",
             use_bias=False,
-            # one instance per layer: Keras 2.15's unseeded initializers repeat their values when reused
-            kernel_initializer=tf.keras.initializers.VarianceScaling(
-                scale=2.0, mode="fan_out", distribution="truncated_normal"
-            ),
+            kernel_initializer=he(),
             name=name,
         )(x)
 
@@ -105,7 +126,7 @@ def resnet50_v15(tf: Any, shape: tuple[int, int, int], classes: int) -> Any:
             shortcut = bn(conv(x, width * EXPANSION, 1, stride, name + "_0_conv"), name + "_0_bn")
         y = layers.ReLU(name=name + "_1_relu")(bn(conv(x, width, 1, 1, name + "_1_conv"), name + "_1_bn"))
         y = layers.ReLU(name=name + "_2_relu")(bn(conv(y, width, 3, stride, name + "_2_conv"), name + "_2_bn"))
-        y = bn(conv(y, width * EXPANSION, 1, 1, name + "_3_conv"), name + "_3_bn", zero_gamma=True)
+        y = bn(conv(y, width * EXPANSION, 1, 1, name + "_3_conv"), name + "_3_bn", zero_gamma=init.zero_last_gamma)
         return layers.ReLU(name=name + "_out")(layers.Add(name=name + "_add")([shortcut, y]))
 
     inputs = layers.Input(shape)
@@ -118,7 +139,7 @@ def resnet50_v15(tf: Any, shape: tuple[int, int, int], classes: int) -> Any:
     x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
     x = layers.Dense(
         classes,
-        kernel_initializer=tf.keras.initializers.RandomNormal(stddev=0.01),
+        kernel_initializer=he() if init.he_classifier else tf.keras.initializers.RandomNormal(stddev=0.01),
         bias_initializer="zeros",
         name="predictions",
     )(x)

@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from clusterctl.node.train import checkpoints
 
@@ -20,12 +21,53 @@ EXIT_HPARAMS = 7
 EXIT_SPOT = 8  # stopped after a spot interruption notice, its checkpoint saved and copied
 
 
-# What a recipe sets when its flag is not given. Goyal et al. 2017, "Accurate, Large Minibatch SGD":
-# /10 at epochs 30, 60, 80 of 90 (the step schedule's 1/3, 2/3, 8/9), 5 warm-up epochs, no label
-# smoothing. Its gamma 0 for the last batch norm of each residual block is in the model (model.py).
+# What a recipe sets when its flag is not given, and how it builds the model (not flags: RECIPE_MODEL).
+# nvidia: NVIDIA DeepLearningExamples, TensorFlow/Classification/ConvNets at 729963dd; "sh" is its
+# resnet50v1.5/training/DGX1_RN50_AMP_90E.sh (DGXA100_RN50_AMP_90E.sh and the FP32/TF32 scripts pass the same).
+# goyal: Goyal et al. 2017, "Accurate, Large Minibatch SGD" (arXiv:1706.02677): 0.1 per 256 images, momentum
+# 0.9, weight decay 1e-4, /10 at epochs 30, 60, 80 of 90 (the step schedule's 1/3, 2/3, 8/9), 5 warm-up
+# epochs, no label smoothing, gamma 0 in each block's last batch norm.
 RECIPES = {
-    "default": {"lr_schedule": "cosine", "warmup_epochs": 5.0, "label_smoothing": 0.1},
-    "goyal": {"lr_schedule": "step", "warmup_epochs": 5.0, "label_smoothing": 0.0},
+    "nvidia": {
+        "base_lr": 0.256,  # sh:29 --lr_init=0.256 per 256 images (utils/learning_rate.py:39-42 scales it linearly)
+        "momentum": 0.875,  # sh:29 --momentum=0.875
+        "weight_decay": 3.0517578125e-05,  # sh:29 --weight_decay=3.0517578125e-05 (1/32768)
+        "warmup_epochs": 8.0,  # sh:29 --lr_warmup_epochs=8 (linear: utils/learning_rate.py:59-62)
+        "lr_schedule": "cosine",  # sh:28 --cosine_lr
+        "label_smoothing": 0.1,  # sh:28 --label_smoothing 0.1
+        # resnet50v1.5/README.md:97 "Scale from 8% to 100%" (its code's area_range is [0.05, 1.0]:
+        # utils/image_processing.py:58, utils/dali_utils.py:78; we keep the documented 8%)
+        "min_crop_area": 0.08,
+    },
+    "goyal": {
+        "base_lr": 0.1,
+        "momentum": 0.9,
+        "weight_decay": 1e-4,
+        "warmup_epochs": 5.0,
+        "lr_schedule": "step",
+        "label_smoothing": 0.0,
+        "min_crop_area": 0.08,  # Inception-style scale augmentation (Szegedy et al. 2015): 8% to 100%
+    },
+}
+DEFAULT_RECIPE = "nvidia"
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """How a recipe initialises and regularises the network (node/train/model.py, main.py)."""
+
+    fan: str  # He-normal's fan for the conv kernels
+    he_classifier: bool  # the classifier's kernel He-normal as the convs' (else N(0, 0.01))
+    zero_last_gamma: bool  # gamma 0 in the last batch norm of every residual block
+    decay_all_but_bn: bool  # weight decay on every trainable variable but batch norm's (else on kernels only)
+
+
+RECIPE_MODEL = {
+    # sh:32 --weight_init=fan_in, used by model/resnet.py:89-99 for conv and dense kernels (truncated normal,
+    # scale 2); model/resnet.py:83 every gamma 1; model/resnet.py:283-293 L2 on all but batch norm.
+    "nvidia": ModelRecipe(fan="fan_in", he_classifier=True, zero_last_gamma=False, decay_all_but_bn=True),
+    # the paper's zero gamma in each block's last batch norm; He fan_out conv kernels as torchvision's.
+    "goyal": ModelRecipe(fan="fan_out", he_classifier=False, zero_last_gamma=True, decay_all_but_bn=False),
 }
 # The flags a checkpoint's run is defined by (hparams.json): resuming under other values would mix two runs.
 HPARAMS = (
@@ -82,7 +124,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     d.add_argument("--label-offset", type=int, default=1, help="subtracted from image/class/label (1 = ImageNet)")
     d.add_argument("--shuffle-buffer", type=int, default=10000, help="records in each rank's shuffle buffer")
-    d.add_argument("--min-crop-area", type=float, default=0.08, help="smallest random crop, as a fraction of the image")
+    d.add_argument(
+        "--min-crop-area", type=float, default=None, help="smallest random crop, as a fraction of the image (0.08)"
+    )
     m = p.add_argument_group("model and optimisation")
     m.add_argument("--model", choices=("resnet50", "tiny"), default="resnet50")
     m.add_argument("--image-size", type=int, default=None, help="default 224 (resnet50), 32 (tiny)")
@@ -95,25 +139,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--base-lr",
         "--lr",
         type=float,
-        default=0.1,
-        help="learning rate per 256 images; the peak is base-lr * global batch / 256",
+        default=None,
+        help="learning rate per 256 images; the peak is base-lr * global batch / 256 (nvidia 0.256, goyal 0.1)",
     )
     m.add_argument(
         "--recipe",
         choices=tuple(RECIPES),
-        default="default",
-        help="default: cosine decay, label smoothing 0.1; goyal: Goyal et al. 2017 (step decay at "
-        "30/60/80 of 90 epochs, label smoothing 0)",
+        default=DEFAULT_RECIPE,
+        help="nvidia: NVIDIA's TensorFlow ResNet-50 v1.5 scripts (lr 0.256, momentum 0.875, weight decay 1/32768 "
+        "on all but batch norm, 8 warm-up epochs, cosine, label smoothing 0.1, He fan_in, every gamma 1); "
+        "goyal: Goyal et al. 2017 (lr 0.1, momentum 0.9, weight decay 1e-4 on kernels, 5 warm-up epochs, "
+        "/10 at 30/60/80 of 90 epochs, no label smoothing, He fan_out, last gamma of each block 0)",
     )
-    m.add_argument("--warmup-epochs", type=float, default=None, help="linear warm-up from ~0 to the peak (5)")
+    m.add_argument(
+        "--warmup-epochs", type=float, default=None, help="linear warm-up from ~0 to the peak (nvidia 8, goyal 5)"
+    )
     m.add_argument(
         "--lr-schedule",
         choices=("cosine", "step", "poly"),
         default=None,
         help="decay after the warm-up (step: /10 at 1/3, 2/3 and 8/9 of the epochs); default: the recipe's",
     )
-    m.add_argument("--momentum", type=float, default=0.9)
-    m.add_argument("--weight-decay", type=float, default=1e-4, help="L2 on conv and dense kernels")
+    m.add_argument("--momentum", type=float, default=None, help="default: the recipe's (nvidia 0.875, goyal 0.9)")
+    m.add_argument(
+        "--weight-decay",
+        type=float,
+        default=None,
+        help="L2 (nvidia: 3.0517578125e-05 on all but batch norm; goyal: 1e-4 on kernels)",
+    )
     m.add_argument("--label-smoothing", type=float, default=None, help="default: the recipe's")
     m.add_argument(
         "--precision",
@@ -204,7 +257,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--epochs must be positive")
     if args.max_steps is not None and args.max_steps < 1:
         p.error("--max-steps must be at least 1")
-    if not 0 < args.min_crop_area <= 1:
+    if not 0 < args.min_crop_area <= 1:  # after the recipe's values are filled in
         p.error("--min-crop-area must be in (0, 1]")
     if args.elastic and (args.eval_every or args.expect_size or args.eval_only):
         p.error("--elastic trains at a changing size: --eval-every, --expect-size and --eval-only do not apply")

@@ -50,15 +50,21 @@ def check_hparams(path: str, hparams: dict[str, Any], has_checkpoint: bool) -> s
     return None
 
 
-def choose_checkpoint(tf: Any, args: argparse.Namespace, ckpt_dir: str) -> checkpoints.Copier:
-    """Rank 0: point TensorFlow's checkpoint state at the newest complete checkpoint of the leader's folder,
-    the --checkpoint-copy node and --checkpoint-to (fetched here first when it is elsewhere), so the
-    CheckpointManager restores it; none complete: no state, a fresh start. Returns the Copier for saves."""
+def checkpoint_copies(args: argparse.Namespace, ckpt_dir: str) -> list[checkpoints.Copy]:
+    """The places besides rank 0's own folder that keep every checkpoint (--checkpoint-copy, --checkpoint-to)."""
     copies: list[checkpoints.Copy] = []
     if args.checkpoint_copy:
         copies.append(checkpoints.SshCopy(args.checkpoint_copy, os.path.abspath(ckpt_dir)))
     if args.checkpoint_to:
         copies.append(checkpoints.S3Copy(args.checkpoint_to, args.s3_endpoint_url))
+    return copies
+
+
+def choose_checkpoint(tf: Any, args: argparse.Namespace, ckpt_dir: str) -> checkpoints.Copier:
+    """Rank 0: point TensorFlow's checkpoint state at the newest complete checkpoint of the leader's folder,
+    the --checkpoint-copy node and --checkpoint-to (fetched here first when it is elsewhere), so the
+    CheckpointManager restores it; none complete: no state, a fresh start. Returns the Copier for saves."""
+    copies = checkpoint_copies(args, ckpt_dir)
     try:
         path, place, manifest = checkpoints.newest(ckpt_dir, copies, emit)
     except Exception as exc:  # a failed fetch: what is complete here is still good

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clusterctl.node.train.data import normalize
+from clusterctl.node.train.model import decayed_variables
 
 DESIGNS = ("blocks", "whole")  # XLA per segment (the step's), or the model as one XLA op (the design before)
 
@@ -127,11 +128,12 @@ def make_optimizer(tf: Any, learning_rate: float, momentum: float, loss_scaling:
 
 
 def make_objective(
-    tf: Any, model: Any, classes: int, label_smoothing: float, weight_decay: float
+    tf: Any, model: Any, classes: int, label_smoothing: float, weight_decay: float, recipe: str
 ) -> Callable[[Any, Any], tuple[Any, Any]]:
-    """(float32 logits, integer labels) -> (cross-entropy, cross-entropy + L2 on conv and dense kernels)."""
+    """(float32 logits, integer labels) -> (cross-entropy, cross-entropy + L2 on the variables the recipe
+    decays: model.decayed_variables)."""
     loss_fn = tf.keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing)
-    decay_vars = [v for v in model.trainable_variables if "kernel" in v.name]
+    decay_vars = decayed_variables(tf, model, recipe)
 
     def objective(logits: Any, labels: Any) -> tuple[Any, Any]:
         loss = loss_fn(tf.one_hot(labels, classes), logits)

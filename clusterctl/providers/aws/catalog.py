@@ -85,25 +85,53 @@ GPUS: dict[str, int] = {
     "g6.48xlarge": 8,
 }
 
-# vCPUs per instance (AWS's instance type pages): what feeds the GPUs' input pipelines (bench/input_pipeline.py).
-VCPUS: dict[str, int] = {
-    "p3.2xlarge": 8,
-    "p3.8xlarge": 32,
-    "p3.16xlarge": 64,
-    "p3dn.24xlarge": 96,
-    "p4d.24xlarge": 96,
-    "p4de.24xlarge": 96,
-    "p5.48xlarge": 192,
-    "g4dn.xlarge": 4,
-    "g4dn.12xlarge": 48,
-    "g4dn.metal": 96,
-    "g5.xlarge": 4,
-    "g5.12xlarge": 48,
-    "g5.48xlarge": 192,
-    "g6.xlarge": 4,
-    "g6.12xlarge": 48,
-    "g6.48xlarge": 192,
+
+@dataclass(frozen=True)
+class Cpus:
+    """A type's CPUs as DescribeInstanceTypes' VCpuInfo gives them (DefaultVCpus, DefaultCores,
+    DefaultThreadsPerCore): what feeds the GPUs' input pipelines is the physical cores (a core's second hardware
+    thread adds far less to JPEG decoding than a core)."""
+
+    vcpus: int
+    cores: int
+    threads_per_core: int
+
+
+# For when DescribeInstanceTypes cannot be asked (bench/input_pipeline.py, offline). VCpuInfo as moto's
+# snapshot of DescribeInstanceTypes holds it (moto/ec2/resources/instance_types.json); the p3 types, absent
+# there, from AWS's CPU options table (their Xeons: vCPUs = 2 x cores, as every type here).
+CPUS: dict[str, Cpus] = {
+    "p3.2xlarge": Cpus(8, 4, 2),
+    "p3.8xlarge": Cpus(32, 16, 2),
+    "p3.16xlarge": Cpus(64, 32, 2),
+    "p3dn.24xlarge": Cpus(96, 48, 2),
+    "p4d.24xlarge": Cpus(96, 48, 2),
+    "p4de.24xlarge": Cpus(96, 48, 2),
+    "p5.48xlarge": Cpus(192, 96, 2),
+    "g4dn.xlarge": Cpus(4, 2, 2),
+    "g4dn.12xlarge": Cpus(48, 24, 2),
+    "g4dn.metal": Cpus(96, 48, 2),
+    "g5.xlarge": Cpus(4, 2, 2),
+    "g5.12xlarge": Cpus(48, 24, 2),
+    "g5.48xlarge": Cpus(192, 96, 2),
+    "g6.xlarge": Cpus(4, 2, 2),
+    "g6.12xlarge": Cpus(48, 24, 2),
+    "g6.48xlarge": Cpus(192, 96, 2),
 }
+
+
+def cpus_of(vcpu_info: dict[str, object], instance_type: str) -> Cpus | None:
+    """DescribeInstanceTypes' VCpuInfo as Cpus; the table's when it lacks the cores; None when neither knows."""
+    try:
+        vcpus = int(str(vcpu_info.get("DefaultVCpus", 0) or 0))
+        cores = int(str(vcpu_info.get("DefaultCores", 0) or 0))
+        threads = int(str(vcpu_info.get("DefaultThreadsPerCore", 0) or 0))
+    except ValueError:
+        vcpus = cores = threads = 0
+    if vcpus and cores:
+        return Cpus(vcpus, cores, threads or max(1, vcpus // cores))
+    return CPUS.get(instance_type)
+
 
 # EFA support, same purpose (the API's NetworkInfo.EfaSupported wins when present).
 EFA: dict[str, bool] = {

@@ -30,6 +30,8 @@ class TypeInfo:
     source: str  # "DescribeInstanceTypes" or "built-in table"
     gpu_model: str = ""
     vcpus: int = 0  # 0: unknown
+    cores: int = 0  # physical cores (VCpuInfo.DefaultCores, else the table's; 0: unknown)
+    threads_per_core: int = 0  # hardware threads per core (0: unknown)
     network_cards: int = 1
     max_efa: int = 0  # EFA interfaces the type takes (0 without EFA)
     efa_rdma: bool = False  # its EFA does device RDMA (aws_catalog.EFA_RDMA_FAMILIES)
@@ -112,6 +114,7 @@ def type_info(api: Api, instance_type: str) -> TypeInfo:
         strategies = t.get("PlacementGroupInfo", {}).get("SupportedStrategies", ["cluster"])
         net = t.get("NetworkInfo", {})
         efa = bool(net.get("EfaSupported", False))
+        cpus = catalog.cpus_of(t.get("VCpuInfo", {}), instance_type)
         return TypeInfo(
             instance_type,
             gpus,
@@ -120,6 +123,8 @@ def type_info(api: Api, instance_type: str) -> TypeInfo:
             "DescribeInstanceTypes",
             model,
             vcpus=int(t.get("VCpuInfo", {}).get("DefaultVCpus", 0) or 0),
+            cores=cpus.cores if cpus else 0,
+            threads_per_core=cpus.threads_per_core if cpus else 0,
             network_cards=int(net.get("MaximumNetworkCards", 1) or 1),
             max_efa=int(net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 1 if efa else 0) or 0),
             efa_rdma=efa and catalog.efa_rdma(instance_type),
@@ -132,12 +137,15 @@ def type_info(api: Api, instance_type: str) -> TypeInfo:
             "check the spelling, or pick a type offered in this region",
         )
     efa = catalog.efa(instance_type)
+    cpus = catalog.CPUS.get(instance_type)
     return TypeInfo(
         instance_type,
         listed or 0,
         efa,
         True,
         "built-in table",
+        cores=cpus.cores if cpus else 0,
+        threads_per_core=cpus.threads_per_core if cpus else 0,
         max_efa=1 if efa else 0,
         efa_rdma=efa and catalog.efa_rdma(instance_type),
     )
