@@ -306,9 +306,10 @@ def test_stragglers_each_node_against_the_median_of_the_others():
 def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
     text = "\n".join(
         [
-            "CLUSTERCTL-BENCH start size=2 model=tiny batch=32 warmup_steps=10 steps=5 iters=4 gpus=0 "
-            "mixed_precision=1 xla=1 precision=mixed_bfloat16 compression=none",
+            "CLUSTERCTL-BENCH start size=2 model=tiny batch=32 warmup_steps=10 steps=5 iters=4 max_seconds=300.00 "
+            "threshold=0.90 against=1 gpus=0 mixed_precision=1 xla=1 precision=mixed_bfloat16 compression=none",
             *(f"CLUSTERCTL-BENCH interval step={5 * i} img_per_sec={100 + i}.00 size=2" for i in range(1, 5)),
+            "CLUSTERCTL-BENCH stop reason=decided batches=4 seconds=2.25",
             "CLUSTERCTL-BENCH result size=2 img_per_sec=102.50 img_per_sec_per_proc=51.25 model=tiny batch=32 conf=2.2",
         ]
     )
@@ -324,6 +325,7 @@ def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
         "warmup_steps": 10,
         "steps_per_batch": 5,
         "iters": 4,
+        "max_seconds": 300.0,
         "gpus_per_process": 0,
         "nodes": [{"node": "10.0.0.2", "slots": 2}, {"node": "10.0.0.3", "slots": 2}],
         "processes": [1, 2, 4],
@@ -336,6 +338,7 @@ def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
     for r in doc["rungs"]:
         assert r["conf"] > 0 and r["spread"] > 0 and r["iters"] in (10, 4)
     assert doc["rungs"][1]["spread"] == pytest.approx(stats.spread([101.0, 102.0, 103.0, 104.0]))
+    assert [r["stop"] for r in doc["rungs"]] == ["", "decided"]  # why each rung timed no more batches
 
 
 def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys):
