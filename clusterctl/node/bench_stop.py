@@ -91,16 +91,21 @@ def _t(level: float, df: float) -> float:
     return t_quantile(0.5 + level / 2, math.inf if math.isinf(df) else float(max(1, math.floor(df))))
 
 
-def status(batches: Batches, ref: Reference, threshold: float, level: float = LOOK_LEVEL) -> str:
-    """PASS, FAIL or INCONCLUSIVE of the figure batches.mean / (ref.scale x ref.mean) at this level, the
-    verdict's rule (bench_verdict._status) on the verdict's interval (bench_stats.Estimate.over)."""
+def interval(batches: Batches, ref: Reference, level: float = LOOK_LEVEL) -> Tuple[float, float]:
+    """The figure batches.mean / (ref.scale x ref.mean) and half its interval at this level: the verdict's
+    (bench_stats.Estimate.over, half_width) but for the degrees of freedom, rounded down here."""
     value = batches.mean / (ref.scale * ref.mean)
     a = batches.var / batches.n / batches.mean**2  # each mean's relative variance
     b = ref.sd**2 / ref.n / ref.mean**2
-    conf = 0.0
-    if a + b > 0:
-        df = (a + b) ** 2 / (a**2 / (batches.n - 1) + b**2 / (ref.n - 1))
-        conf = _t(level, df) * value * math.sqrt(a + b)
+    if a + b <= 0:
+        return value, 0.0
+    df = (a + b) ** 2 / (a**2 / (batches.n - 1) + b**2 / (ref.n - 1))
+    return value, _t(level, df) * value * math.sqrt(a + b)
+
+
+def status(batches: Batches, ref: Reference, threshold: float, level: float = LOOK_LEVEL) -> str:
+    """PASS, FAIL or INCONCLUSIVE of that figure at this level, by the verdict's rule (bench_verdict._status)."""
+    value, conf = interval(batches, ref, level)
     if value - conf >= threshold:
         return "PASS"
     return "FAIL" if value + conf < threshold else "INCONCLUSIVE"
@@ -122,7 +127,7 @@ class Rule:
 
     def reason(self, batches: Batches, seconds: float) -> str:
         """Why to stop after these batches and seconds of timing, or "" to time another batch."""
-        if batches.n < self.min_batches:
+        if batches.n < max(2, self.min_batches):  # a variance needs two
             return ""
         if self.max_seconds <= 0:
             return FIXED
