@@ -178,6 +178,8 @@ def test_changed_member_key_stops_the_launch(cluster):
             "res2",
             "--timeout",
             "120",
+            "--max-seconds",
+            "0",  # a --timeout under the default 300 s of batches needs a shorter cap; the fixed design here
         )
         err = []
         for line in proc.stderr:

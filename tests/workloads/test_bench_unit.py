@@ -403,10 +403,35 @@ def test_job_env_carries_no_secret_and_sets_efa_where_present():
     assert "FI_PROVIDER" not in launch.job_env(local, "/usr/bin/python3")
 
 
+def test_max_seconds_leaves_the_timeout_room_and_reaches_the_nodes_with_the_references():
+    with pytest.raises(UsageError, match=r"--max-seconds 900 leaves no time of --timeout 900") as exc:
+        bench.BenchOptions(max_seconds=900)
+    assert exc.value.one_line().endswith("give --max-seconds below --timeout, e.g. --timeout 1800")
+    bench.BenchOptions(max_seconds=900, timeout=1800)  # the advice, followed
+    opts = bench.BenchOptions(max_seconds=120, threshold=0.85, iters=5)
+    runs = rungs_of(HOSTS, {1: 100.0, 8: 780.0}, noise=0.02)
+    refs = bench_verdict.references(runs, 16, 2, 8)  # 16 processes on 2 nodes: the base and the full node
+    assert [r.scale for r in refs] == [16.0, 2.0] and [r.n for r in refs] == [10, 10]
+    assert refs[0].mean == pytest.approx(100.0) and refs[0].sd == pytest.approx(2.0)
+    args = opts.script_args(16, refs)
+    at = args.index("--max-seconds")
+    assert args[at : at + 4] == ["--max-seconds", "120", "--threshold", "0.85"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--against"] == [r.arg() for r in refs]
+    assert args[args.index("--iters") + 1] == "5"
+    fixed = opts.script_args(8, fixed=True)  # each node alone: exactly --iters batches
+    assert fixed[fixed.index("--max-seconds") + 1] == "0" and "--against" not in fixed
+    assert bench_verdict.references([], 1, 1) == () and bench_verdict.references(runs[:1], 16, 1) == refs[:1]
+    assert (
+        "at most 120s of batches" in opts.stopping()
+        and "times 5 batches" in dataclasses.replace(opts, max_seconds=0).stopping()
+    )
+
+
 def test_bad_timing_and_fabric_flags_are_one_line_usage_errors(cli):
     for args, message in (
         (("bench", "--synthetic", "--warmup-steps", "3"), "--warmup-steps must be at least 10"),
         (("bench", "--synthetic", "--iters", "2"), "--iters must be at least 3, not 2"),
+        (("bench", "--synthetic", "--max-seconds", "-1"), "--max-seconds must be at least 0, not -1.0"),
         (("doctor", "--fabric", "--fabric-mb", "0"), "--fabric-mb must be in (0, 4096], not 0.0"),
     ):
         proc = cli(*args)
