@@ -39,7 +39,7 @@ DECIDED, PRECISE, TIME_CAP, FIXED = "decided", "precise", "time-cap", "fixed"
 WHY = {  # each reason in words, as the ladder prints it
     DECIDED: "its verdict decided",
     PRECISE: f"its mean known to +-{BASE_WIDTH:.1%}",
-    TIME_CAP: "time cap (--max-seconds), undecided",
+    TIME_CAP: "time cap (--max-seconds)",
     FIXED: "--iters batches (--max-seconds 0)",
 }
 

@@ -347,8 +347,11 @@ def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys):
     hosts = HostsFile.parse("a slots=8\nb slots=8\n")
     ladder = bench_verdict.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, noise=0.05), 0.9, 8)
     alone = _alone({"a": steady(3000.0, 0.03), "b": steady(2950.0, 0.03)}, 8)
-    tables.ladder_table(dataclasses.replace(ladder, alone=tuple(alone), model="tiny", batch_size=32))
+    stops = ("precise", "decided", "time-cap")  # how many batches each rung timed, and why no more
+    rungs = tuple(dataclasses.replace(r, stop=why) for r, why in zip(ladder.rungs, stops))
+    tables.ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
     out = capsys.readouterr().out
+    assert re.search(r"┃ +batches ┃", out) and re.search(r"│ +10 time-cap │", out), out
     flat = " ".join(out.split())
     assert "+-: 95% confidence interval of the mean over 10 timed batches (judged)" in flat
     assert "batch spread: 1.96 sd of single batches (not judged)" in flat
