@@ -71,6 +71,16 @@ def test_t_quantile_matches_the_published_table():
     assert 2.571 < stats.t_quantile(0.975, 4.5) < 2.776  # Welch's degrees of freedom are fractional
 
 
+def test_t_quantile_inverts_the_tail_either_side_of_the_expansion():
+    """Newton's steps below LARGE_DF, Fisher's expansion from it: each quantile gives back its tail."""
+    from clusterctl.node import student_t
+
+    for df in (1.0, 2.5, 37.3, 499.9, student_t.LARGE_DF, 1234.5, 1e5):
+        for p in (0.6, 0.95, 0.975, 0.9995, 0.9999999):
+            q = stats.t_quantile(p, df)
+            assert stats.t_sf(q, df) == pytest.approx(1 - p, rel=1e-7), (p, df)
+
+
 def test_the_interval_is_the_means_and_ratios_propagate_first_order():
     rates = [100.0, 104.0, 96.0, 102.0, 98.0]
     est = stats.Estimate.of(rates)
