@@ -99,13 +99,15 @@ def test_tiny_bench_two_processes(tmp_path):
 
 def test_a_rung_judged_against_one_before_it_stops_once_decided(tmp_path):
     """--against: the rung before it (here a made-up 1-process rung of 1 img/s, 20 batches): its efficiency,
-    hundreds of times the threshold, clears it at the first look, after --iters batches and not one more;
-    --max-seconds 60 is far away. Every rank stops at the same batch, or horovodrun would hang or fail."""
+    hundreds of times the threshold, clears it once the 99.9% interval of the batches narrows enough (at the
+    first look, after --iters batches, on a quiet machine; a few more where load makes single batches differ
+    fourfold), long before --max-seconds 60. Every rank stops at the same batch, or horovodrun would hang."""
     argv = bench_argv("--expect-size", "2", "--max-seconds", "60", "--threshold", "0.9", "--against", "1.0:0.01:20:2.0")
     code, out, _ = run_horovodrun(argv, tmp_path)
     assert code == 0, out[-4000:]
     run = parse_bench_output(out)
-    assert (run.stop["reason"], run.stop["batches"], len(run.intervals)) == ("decided", "4", 4), out[-4000:]
+    assert run.stop["reason"] == "decided" and int(run.stop["batches"]) == len(run.intervals) >= 4, out[-4000:]
+    assert float(run.stop["seconds"]) < 60, run.stop
     assert (run.start["max_seconds"], run.start["threshold"], run.start["against"]) == ("60.00", "0.90", "1")
 
 
