@@ -63,6 +63,8 @@ def main() -> int:
                 str(np_),
                 "--iters",
                 str(args.iters),
+                "--max-seconds",
+                "0",  # exactly --iters timed batches: throughput, not a verdict
                 "--steps",
                 str(args.steps),
                 "--batch-size",

@@ -210,6 +210,7 @@ class BenchProgress:
         import time
 
         from clusterctl.node import nccl_report
+        from clusterctl.node.bench_stop import WHY
         from clusterctl.workloads.bench_verdict import Rung
 
         c = console(stderr=True)
@@ -226,7 +227,7 @@ class BenchProgress:
             c.print(
                 f"  {r.np:>4} procs on {r.nodes} node(s): {r.img_per_sec:10.1f} +- {r.conf:.1f} img/s (95% CI), "
                 f"speedup {r.speedup:5.2f}x, efficiency {r.efficiency:6.1%} +- {r.efficiency_conf:.1%} "
-                f"({r.seconds:.1f}s)"
+                f"({r.seconds:.1f}s); {r.iters} batches, stopped: {WHY.get(r.stop, r.stop or 'not said')}"
             )
 
 

@@ -215,7 +215,8 @@ def ladder_table(ladder: Ladder) -> None:
         ),
         header_style="bold",
     )
-    for col in ("processes", "nodes", "img/s", "batch spread", "speedup", "efficiency 1->N", "per process vs 1 node"):
+    columns = ("processes", "nodes", "img/s", "batch spread", "speedup", "efficiency 1->N", "per process vs 1 node")
+    for col in (*columns, "batches"):
         t.add_column(col, justify="right")
     for r in ladder.rungs:
         t.add_row(
@@ -226,6 +227,7 @@ def ladder_table(ladder: Ladder) -> None:
             f"{r.speedup:.2f}x",
             figure(r.efficiency, r.efficiency_conf, "efficiency", r.np) if r.np != ladder.rungs[0].np else "-",
             figure(r.node_scaling, r.node_scaling_conf, "node_scaling", r.np),
+            f"{r.iters} {r.stop}".strip(),  # how many, and why no more (node/bench_stop.py)
         )
     c = console()
     c.print(t)

@@ -52,7 +52,12 @@ def bench(
     ),
     steps: int = typer.Option(10, "--steps", help="Steps per timed batch."),
     iters: int = typer.Option(
-        10, "--iters", help="Timed batches per rung (the verdict's 95% interval narrows as their square root)."
+        10, "--iters", help="Timed batches per rung at least; exactly this many with --max-seconds 0."
+    ),
+    max_seconds: float = typer.Option(
+        300.0,
+        "--max-seconds",
+        help="Each rung times batches until its verdict is decided, at most this many seconds (0: --iters).",
     ),
     warmup: int = typer.Option(10, "--warmup-steps", help="Untimed steps first (at least 10)."),
     input_only: bool = typer.Option(False, "--input-only", help="Time the input pipeline alone (no model)."),
@@ -95,6 +100,7 @@ def bench(
         batch_size=batch_size,
         steps=steps,
         iters=iters,
+        max_seconds=max_seconds,
         warmup_steps=warmup,
         xla=xla,
         input_only=input_only,
@@ -110,7 +116,7 @@ def bench(
     config = opts.config(inv.cluster)
     display.info(
         f"ladder: {', '.join(map(str, rungs))} process(es) on {len(inv.hosts.entries)} node(s), "
-        f"configuration for {config.describe()} ({config.source})"
+        f"configuration for {config.describe()} ({config.source}); {opts.stopping()}"
     )
     result = benchlib.run_ladder(inv, rungs, opts, out, python=python, on_event=display.BenchProgress())
     tables.ladder_table(result)

@@ -6,9 +6,12 @@ the allreduce and nothing of storage. The network, the device set-up and the ste
 segments, the allreduce) are the trainer's (train/model.py, train/step.py).
 
 Timing follows Horovod's tensorflow2_synthetic_benchmark.py: at least 10 untimed warm-up steps, then
---iters timed batches of --steps steps each; the result is the mean over the batches with their spread,
-1.96 standard deviations of single batches (conf=, Horovod's +-). Every batch's rate is printed too
+timed batches of --steps steps each; the result is the mean over the batches with their spread, 1.96
+standard deviations of single batches (conf=, Horovod's +-). Every batch's rate is printed too
 (`interval`): clusterctl takes the mean's confidence interval from them (workloads/bench_stats.py).
+How many batches: exactly --iters with --max-seconds 0; else at least --iters, then until the figures this
+rung is judged on (--against: the rungs before it) are decided against --threshold, or the first rung's
+mean is precise, or --max-seconds of timing have passed (bench_stop.py; the `stop` line says which).
 
 Only rank 0 prints, and only lines that start with `CLUSTERCTL-BENCH` are meant for machines
 (clusterctl.workloads.horovod.parse_bench_output reads them):
@@ -16,6 +19,7 @@ Only rank 0 prints, and only lines that start with `CLUSTERCTL-BENCH` are meant 
     CLUSTERCTL-BENCH device rank=1 host=node-1 local_rank=1 gpus=1 logical=1   (one per rank; gpus=none: CPU)
     CLUSTERCTL-BENCH start size=4 model=tiny batch=32 ... precision=float32 compression=none  (what ran)
     CLUSTERCTL-BENCH interval step=10 img_per_sec=123.4 size=4                 (one per timed batch)
+    CLUSTERCTL-BENCH stop reason=decided batches=37 seconds=75.31   (why timing stopped: bench_stop.py)
     CLUSTERCTL-BENCH host rank=1 name=node-1 local_rank=0 img_per_sec=30.9 conf=1.2
     CLUSTERCTL-BENCH result size=4 img_per_sec=123.6 img_per_sec_per_proc=30.9 model=tiny batch=32 conf=4.1
     CLUSTERCTL-BENCH error kind=size_mismatch size=2 expected=4          (then exit status 3)
@@ -35,6 +39,7 @@ import time
 from typing import Any
 
 from clusterctl.node import nccl_report
+from clusterctl.node.bench_stop import Reference, Rule, time_batches
 from clusterctl.node.train import options as train_options
 from clusterctl.node.train.model import (
     build_model,
@@ -60,7 +65,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="images per process per step")
     p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps first (graph tracing, broadcast)")
     p.add_argument("--steps", type=int, default=10, help="steps per timed batch")
-    p.add_argument("--iters", type=int, default=10, help="timed batches (the spread is taken over these)")
+    p.add_argument("--iters", type=int, default=10, help="timed batches: the least, or all with --max-seconds 0")
+    p.add_argument(
+        "--max-seconds", type=float, default=0.0, help="seconds of timing after which no batch starts (0: --iters)"
+    )
+    p.add_argument("--threshold", type=float, default=0.9, help="what the --against figures are judged against")
+    p.add_argument(
+        "--against",
+        type=Reference.parse,
+        action="append",
+        default=[],
+        help="MEAN:SD:N:SCALE of a rung run before: this rung's img/s over SCALE x MEAN is judged (repeatable)",
+    )
     p.add_argument("--input-only", action="store_true", help="time the input pipeline alone, no model")
     p.add_argument(
         "--precision",
@@ -75,10 +91,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--expect-size", type=int, default=None, help="fail unless Horovod's size is exactly this")
     p.add_argument("--seed", type=int, default=1234)
     args = p.parse_args(argv)
-    for name in ("batch_size", "warmup_steps", "steps", "iters"):
+    for name in ("batch_size", "warmup_steps", "steps"):
         if getattr(args, name) < 1:
             # warm-up >= 1: the first step traces the graph and is followed by the broadcast; never timed.
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.iters < 2:
+        p.error("--iters must be at least 2 (a mean's interval needs a variance)")
+    if args.max_seconds < 0 or not 0 < args.threshold <= 1:
+        p.error("--max-seconds must be at least 0 and --threshold in (0, 1]")
     return args
 
 
@@ -175,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             warmup_steps=args.warmup_steps,
             steps=args.steps,
             iters=args.iters,
+            max_seconds=args.max_seconds,
+            threshold=args.threshold,
+            against=len(args.against),
             gpus=len(gpus),
             precision=policy,
             loss_scaling=int(loss_scaling),
@@ -184,18 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     local_rates: list[float] = []
-    totals: list[float] = []
-    for i in range(args.iters):
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            loss = train_step()
-        loss.numpy()  # the copy to the host waits for the device: GPU kernels run asynchronously
-        rate = args.batch_size * args.steps / (time.perf_counter() - t0)
-        local_rates.append(rate)
-        # The total is the sum of what every rank measured, not rank 0's rate times size.
-        totals.append(float(hvd.allreduce(tf.constant(rate, tf.float64), op=hvd.Sum)))
-        if rank == 0:
-            emit("interval", step=(i + 1) * args.steps, img_per_sec=totals[-1], size=size)
+    totals = time_rung(args, hvd, tf, train_step, local_rates)
 
     local_mean, local_conf = mean_conf(local_rates)
     rates = hvd.allgather(tf.constant([[local_mean, local_conf, float(local_rank)]], tf.float64)).numpy()
@@ -214,6 +226,34 @@ def main(argv: list[str] | None = None) -> int:
             conf=conf,
         )
     return 0
+
+
+def time_rung(args: argparse.Namespace, hvd: Any, tf: Any, train_step: Any, local_rates: list[float]) -> list[float]:
+    """Timed batches until bench_stop's rule says stop (the `stop` line says why): each batch's img/s of all
+    ranks together; this rank's own rates appended to local_rates."""
+    rank, size = hvd.rank(), hvd.size()
+    rule = Rule(args.iters, args.max_seconds, args.threshold, tuple(args.against))
+    clock = time.perf_counter()
+
+    def next_batch() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            out = train_step()
+        out.numpy()  # the copy to the host waits for the device: GPU kernels run asynchronously
+        now = time.perf_counter()
+        local_rates.append(args.batch_size * args.steps / (now - t0))
+        # The total is the sum of what every rank measured, not rank 0's rate times size; the seconds are the
+        # ranks' mean, so every rank sees the same figures and the stopping rule stops them all at one batch.
+        summed = hvd.allreduce(tf.constant([local_rates[-1], now - clock], tf.float64), op=hvd.Sum).numpy()
+        total = float(f"{summed[0]:.2f}")  # as printed: the rule judges what the verdict will read
+        if rank == 0:
+            emit("interval", step=len(local_rates) * args.steps, img_per_sec=total, size=size)
+        return total, float(summed[1]) / size
+
+    totals, why = time_batches(rule, next_batch)
+    if rank == 0:
+        emit("stop", reason=why, batches=len(totals), seconds=time.perf_counter() - clock)
+    return totals
 
 
 def mean_conf(values: list[float]) -> tuple[float, float]:

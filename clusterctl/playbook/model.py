@@ -61,6 +61,7 @@ class BenchSpec:
     batch_size: int | None = None
     steps: int | None = None
     iters: int | None = None
+    max_seconds: float | None = None
     warmup_steps: int | None = None
     threshold: float | None = None
     timeout: float | None = None

@@ -8,6 +8,7 @@ real horovodrun launch on the leader (launch.py).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -19,6 +20,7 @@ from clusterctl.cluster import costs
 from clusterctl.errors import ClusterctlError, ExitCode, UsageError, within
 from clusterctl.hostsfile import HostsFile
 from clusterctl.node import nccl_report
+from clusterctl.node.bench_stop import Reference, references_text
 from clusterctl.remote import jobfolder, nodepkg
 from clusterctl.units import duration, money
 from clusterctl.workloads import bench_stats as stats, horovod, launch, train_config
@@ -26,9 +28,11 @@ from clusterctl.workloads.bench_verdict import (
     DEFAULT_THRESHOLD,
     Ladder,
     NodeAlone,
+    Run,
     analyze,
     judge_nodes,
     rate_of,
+    references,
     stragglers,
 )
 from clusterctl.workloads.train_config import TrainConfig
@@ -43,6 +47,10 @@ if TYPE_CHECKING:
 
 MIN_WARMUP = 10  # Horovod's reference benchmark warms up 10 steps; fewer times graph tracing and autotuning
 MIN_ITERS = 3  # a mean's interval needs a few timed batches (its t-quantile at 2 degrees of freedom is 4.3)
+# Seconds of timed batches after which a rung stops undecided: at about 2 s per batch (ResNet-50 at 256 images
+# per GPU, 10 steps, an assumed figure) 150 batches, twice what the simulated ladders at 2%/3% noise take
+# (tests/workloads/test_bench_sequential.py); a 3-rung ladder then times at most 15 minutes.
+MAX_SECONDS = 300.0
 PROGRAM = "bench"  # the node package's synthetic benchmark (node/bench.py)
 
 
@@ -82,7 +90,8 @@ def run_config(run: horovod.BenchRun, hosts: HostsFile, rungs: Sequence[int]) ->
         "compression": s.get("compression", "none"),  # a template that names none sends gradients as they are
         "warmup_steps": int(s.get("warmup_steps", 0)),
         "steps_per_batch": int(s.get("steps", 0)),
-        "iters": len(run.intervals),
+        "iters": int(s.get("iters", len(run.intervals))),  # the least per rung (each rung's own count: its Rung)
+        "max_seconds": float(s.get("max_seconds", 0)),  # of timed batches per rung; 0: exactly iters
         "gpus_per_process": int(s.get("gpus", 0)),
         "nodes": [{"node": e.host, "slots": e.slots} for e in hosts.entries],
         "processes": list(rungs),
@@ -124,7 +133,8 @@ class BenchOptions:
     model: str = "resnet50"
     batch_size: int | None = None
     steps: int = 10  # per timed batch
-    iters: int = 10  # timed batches
+    iters: int = 10  # timed batches: the least per rung; exactly this many with max_seconds 0
+    max_seconds: float = MAX_SECONDS  # of timed batches per rung, after which it stops undecided (bench_stop.py)
     warmup_steps: int = MIN_WARMUP
     mixed_precision: bool = False  # --precision mixed
     xla: bool | None = None
@@ -169,10 +179,28 @@ class BenchOptions:
         within("--warmup-steps", self.warmup_steps, MIN_WARMUP)
         within("--threshold", self.threshold, above=0, high=1)
         within("--timeout", self.timeout, above=0)
+        within("--max-seconds", self.max_seconds, 0)
+        if self.max_seconds >= self.timeout:
+            raise UsageError(
+                f"--max-seconds {self.max_seconds:g} leaves no time of --timeout {self.timeout:g} for each rung's "
+                "launch and warm-up",
+                f"give --max-seconds below --timeout, e.g. --timeout {math.ceil(self.max_seconds * 2 / 60) * 60}",
+            )
         if self.precision is not None and self.precision not in PRECISIONS:
             raise UsageError(f"unknown precision {self.precision!r}", f"use one of {', '.join(PRECISIONS)}")
 
-    def script_args(self, np: int) -> list[str]:
+    def stopping(self) -> str:
+        """How many batches each rung times, in words (printed before the ladder starts)."""
+        if not self.max_seconds:
+            return f"each rung times {self.iters} batches (--max-seconds 0)"
+        return (
+            f"each rung times at least {self.iters} batches (--iters), then until its verdict is decided, at most "
+            f"{self.max_seconds:g}s of batches (--max-seconds)"
+        )
+
+    def script_args(self, np: int, against: Sequence[Reference] = (), fixed: bool = False) -> list[str]:
+        """The node benchmark's arguments for a rung of np processes judged against `against` (the rungs before
+        it: bench_verdict.references); fixed: exactly --iters batches (each node alone)."""
         args = [
             "--model",
             self.model,
@@ -182,6 +210,11 @@ class BenchOptions:
             str(self.steps),
             "--iters",
             str(self.iters),
+            "--max-seconds",
+            "0" if fixed else f"{self.max_seconds:g}",
+            "--threshold",
+            repr(self.threshold),
+            *references_text(against),
             "--warmup-steps",
             str(self.warmup_steps),
             "--expect-size",
@@ -226,7 +259,7 @@ def run_ladder(
         **train_config.horovod_env(config),
     }
     gpus = horovod.gpus_per_node(inv.cluster)  # 0: no GPUs to prove (local nodes, CPU types, hosts files)
-    runs = []
+    runs: list[Run] = []
     alone: list[NodeAlone] = []
     full_np = full_node_np(inv.hosts)
     with SshPool(inv.settings) as pool:
@@ -240,7 +273,9 @@ def run_ladder(
                 hosts = launch.rung_hosts(inv.hosts, np_)
                 pool.put([leader], {f"{job.dir}/hosts": (hosts.render().encode(), 0o644)})
                 on_event("start", np_)
-                cmd = launch.leader_command(job, np_, [python, *program, *opts.script_args(np_)], python, env)
+                against = references(runs, np_, len(hosts.entries), full_np)  # what its stopping rule judges
+                args = opts.script_args(np_, against)
+                cmd = launch.leader_command(job, np_, [python, *program, *args], python, env)
                 start = time.monotonic()
                 result = launch.run_on_leader(
                     pool, leader, cmd, opts.timeout, lambda h, s, line: on_event("line", line)
@@ -330,7 +365,7 @@ def _nodes_alone(
     def command(t: SshTarget) -> str:
         n = slots[t.label]
         return launch.leader_command(
-            job, n, [python, *program, *opts.script_args(n)], python, env, hosts=f"localhost:{n}"
+            job, n, [python, *program, *opts.script_args(n, fixed=True)], python, env, hosts=f"localhost:{n}"
         )
 
     report = pool.run(inv.targets, command, timeout=opts.timeout)

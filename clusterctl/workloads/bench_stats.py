@@ -8,81 +8,26 @@ benchmark prints 1.96 of it) is their *spread*; it does not shrink with n and is
 Ratios of independent means (img/s of one rung over another's) carry both relative errors, to first order:
 (se_r / r)^2 = (se_a / a)^2 + (se_b / b)^2; the t-quantile then takes the Welch-Satterthwaite degrees of
 freedom of that sum (Welch 1947), so a ratio of two 3-batch means gets a wider interval than two 30-batch
-ones. The t-quantile is computed here from the regularized incomplete beta function (Student's t CDF,
-Abramowitz & Stegun 26.7.1 and 26.5.27; the continued fraction evaluated by the modified Lentz method as in
-Numerical Recipes 6.4), solved by bisection: exact to ~1e-9, no scipy.
+ones. The t-quantile is clusterctl/node/student_t.py's (exact to ~1e-9, no scipy), the one the nodes'
+stopping rule uses too.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from statistics import NormalDist
 from typing import Sequence
+
+from clusterctl.node.student_t import t_quantile, t_sf
+
+__all__ = ["LEVEL", "MAX_ITERS", "POWER", "Estimate", "Part", "spread", "t_quantile", "t_sf"]
 
 LEVEL = 0.95  # two-sided confidence of every judged interval
 # iters_to_clear: the chance that a rerun at the advised --iters decides, were the figure and its variance as
 # measured. 0.9 rather than the textbook 0.8: the first run's own estimates are noisy (the unit tests measure it).
 POWER = 0.90
 MAX_ITERS = 100_000  # beyond this no --iters is practical advice
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """The continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_sf(t: float, df: float) -> float:
-    """P(T > t) for Student's t with df degrees of freedom (any real df > 0), t >= 0."""
-    return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-
-
-@lru_cache(maxsize=4096)
-def t_quantile(p: float, df: float) -> float:
-    """The p-quantile (p > 0.5) of Student's t; the normal's for infinite df."""
-    if not 0.5 < p < 1.0:
-        raise ValueError(f"t_quantile takes 0.5 < p < 1, not {p}")
-    if math.isinf(df) or df > 1e9:
-        return NormalDist().inv_cdf(p)
-    tail = 1.0 - p
-    lo, hi = 0.0, 2.0
-    while t_sf(hi, df) > tail:
-        lo, hi = hi, hi * 2.0
-    while hi - lo > 1e-10 * hi:
-        mid = (lo + hi) / 2.0
-        if t_sf(mid, df) > tail:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2.0
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
+from clusterctl.node import bench_stop
 from clusterctl.workloads import bench_stats as stats, horovod
 
 DEFAULT_THRESHOLD = 0.90  # scaling efficiency: the figure Horovod (90% at 512 GPUs) and AWS's recipe report
@@ -33,6 +34,7 @@ class Rung:
     spread: float = 0.0  # img/s: 1.96 standard deviations of single batches (Horovod's +-; not the mean's)
     iters: int = 0  # timed batches
     speedup_conf: float = 0.0  # the same for speedup (efficiency's, times np / base np)
+    stop: str = ""  # why it timed no more batches: decided | precise | time-cap | fixed (node/bench_stop.py)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,38 @@ def rung_seconds(runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]], 
     return worst
 
 
+Run = tuple[int, int, horovod.BenchRun, float, str]  # (np, nodes, parsed run, seconds, log name) of one rung
+
+
+def _full_rung(runs: Sequence[Run], full_np: int | None) -> Run | None:
+    """The one-node rung that multi-node rungs are judged against per process (default: the largest one)."""
+    if full_np:
+        return next((r for r in runs if r[0] == full_np and r[1] == 1), None)
+    single = [r for r in runs if r[1] == 1]
+    return single[-1] if single else None
+
+
+def _reference(run: horovod.BenchRun, scale: float) -> bench_stop.Reference:
+    rate = rate_of(run)
+    (part,) = rate.parts
+    return bench_stop.Reference(rate.value, math.sqrt(part.rel_var) * rate.value, part.n, scale)
+
+
+def references(
+    runs: Sequence[Run], np_: int, nodes: int, full_np: int | None = None
+) -> tuple[bench_stop.Reference, ...]:
+    """What the next rung (np_ processes on `nodes` nodes) will be judged against, from the rungs run before
+    it, for its stopping rule (node/bench_stop.py): the base rung (its efficiency) and, on several nodes, the
+    full-node rung (its figure per process), as analyze() judges it; () for the first rung."""
+    refs = []
+    if runs and np_ != runs[0][0]:
+        refs.append(_reference(runs[0][2], np_ / runs[0][0]))
+    full = _full_rung(runs, full_np)
+    if nodes > 1 and full is not None:
+        refs.append(_reference(full[2], np_ / full[0]))
+    return tuple(refs)
+
+
 def analyze(
     runs: Sequence[tuple[int, int, horovod.BenchRun, float, str]],
     threshold: float,
@@ -141,10 +175,7 @@ def analyze(
     PASS when every interval lies at or above the threshold, FAIL when one lies wholly below it, else
     INCONCLUSIVE, with the --iters that would decide it (each undecided check's Estimate.iters_to_clear)."""
     base_np, base_run = runs[0][0], runs[0][2]
-    single = [r for r in runs if r[1] == 1]
-    full = (
-        next((r for r in runs if r[0] == full_np and r[1] == 1), None) if full_np else (single[-1] if single else None)
-    )
+    full = _full_rung(runs, full_np)
     if any(r[1] > 1 for r in runs) and full is None:
         raise ValueError("a ladder over several nodes needs a full-node rung to judge against")
     base = rate_of(base_run)
@@ -185,6 +216,7 @@ def analyze(
                 stats.spread(samples),
                 len(samples),
                 efficiency_conf * np_ / base_np,
+                run.stop.get("reason", ""),
             )
         )
     status, verdict, needed = _verdict(checks)

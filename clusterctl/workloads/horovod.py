@@ -332,6 +332,7 @@ class BenchRun:
     devices: tuple[DeviceReport, ...] = ()
     conf: float = 0.0  # img/s: 1.96 standard deviations of the total over the timed batches (their spread)
     start: Mapping[str, str] = field(default_factory=dict)  # the `start` line: the configuration the run used
+    stop: Mapping[str, str] = field(default_factory=dict)  # the `stop` line: why timing stopped (node/bench_stop.py)
 
     def per_node(self) -> dict[str, float]:
         """img/s summed per host name, in rank order of first appearance."""
@@ -374,6 +375,7 @@ def parse_bench_output(text: str) -> BenchRun:
     devices: list[DeviceReport] = []
     result: dict[str, Any] | None = None
     start: dict[str, str] = {}
+    stop: dict[str, str] = {}
     errors: list[str] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if MARK not in line:
@@ -407,9 +409,13 @@ def parse_bench_output(text: str) -> BenchRun:
             errors.append(body.strip())
         elif kind == "start":
             start = dict(tok.split("=", 1) for tok in body.split())
+        elif kind == "stop":
+            stop = dict(tok.split("=", 1) for tok in body.split())
         # other kinds carry nothing the result needs
     if result is None:
         if errors:
             raise ValueError(f"the benchmark reported an error and no result: {'; '.join(errors)}")
         raise ValueError(f"no '{MARK} result' line in the benchmark output (did every rank start?)")
-    return BenchRun(intervals=tuple(intervals), hosts=tuple(hosts), devices=tuple(devices), start=start, **result)
+    return BenchRun(
+        intervals=tuple(intervals), hosts=tuple(hosts), devices=tuple(devices), start=start, stop=stop, **result
+    )

@@ -69,6 +69,12 @@ CASES = [
     ),
     (("bench", "--synthetic", "--model", "vgg"), "bench: {model: vgg}", "unknown model 'vgg': use resnet50 or tiny"),
     (
+        ("bench", "--synthetic", "--max-seconds", "900"),
+        "bench: {max_seconds: 900}",
+        "--max-seconds 900 leaves no time of --timeout 900 for each rung's launch and warm-up: give --max-seconds "
+        "below --timeout, e.g. --timeout 1800",
+    ),
+    (
         ("sync", "--fanout", "0", "/srv/x", "/srv/y"),
         "sync: {src: /srv/x, dst: /srv/y, fanout: 0}",
         "--fanout must be at least 1, not 0",

@@ -78,6 +78,8 @@ def test_tiny_bench_two_processes(tmp_path):
         "compression": "none",
     }
     assert all(i.img_per_sec > 0 and i.size == 2 for i in run.intervals)
+    # no --max-seconds: exactly --iters batches, and the stop line says so
+    assert (run.stop["reason"], run.stop["batches"]) == ("fixed", "4") and float(run.stop["seconds"]) > 0
     totals = [i.img_per_sec for i in run.intervals]
     mean = sum(totals) / 4
     assert run.img_per_sec == pytest.approx(mean, abs=0.01)
@@ -93,6 +95,20 @@ def test_tiny_bench_two_processes(tmp_path):
         "ran on the CPU (TensorFlow found no usable GPU: a CPU-only TensorFlow, or CUDA/the driver failed to load)"
     )
     print(f"wall {wall:.1f} s, {run.img_per_sec:.0f} img/s")
+
+
+def test_a_rung_judged_against_one_before_it_stops_once_decided(tmp_path):
+    """--against: the rung before it (here a made-up 1-process rung of 1 img/s, 20 batches): its efficiency,
+    hundreds of times the threshold, clears it once the 99.9% interval of the batches narrows enough (at the
+    first look, after --iters batches, on a quiet machine; a few more where load makes single batches differ
+    fourfold), long before --max-seconds 60. Every rank stops at the same batch, or horovodrun would hang."""
+    argv = bench_argv("--expect-size", "2", "--max-seconds", "60", "--threshold", "0.9", "--against", "1.0:0.01:20:2.0")
+    code, out, _ = run_horovodrun(argv, tmp_path)
+    assert code == 0, out[-4000:]
+    run = parse_bench_output(out)
+    assert run.stop["reason"] == "decided" and int(run.stop["batches"]) == len(run.intervals) >= 4, out[-4000:]
+    assert float(run.stop["seconds"]) < 60, run.stop
+    assert (run.start["max_seconds"], run.start["threshold"], run.start["against"]) == ("60.00", "0.90", "1")
 
 
 def test_size_mismatch_fails_loudly(tmp_path):

@@ -71,6 +71,16 @@ def test_t_quantile_matches_the_published_table():
     assert 2.571 < stats.t_quantile(0.975, 4.5) < 2.776  # Welch's degrees of freedom are fractional
 
 
+def test_t_quantile_inverts_the_tail_either_side_of_the_expansion():
+    """Newton's steps below LARGE_DF, Fisher's expansion from it: each quantile gives back its tail."""
+    from clusterctl.node import student_t
+
+    for df in (1.0, 2.5, 37.3, 499.9, student_t.LARGE_DF, 1234.5, 1e5):
+        for p in (0.6, 0.95, 0.975, 0.9995, 0.9999999):
+            q = stats.t_quantile(p, df)
+            assert stats.t_sf(q, df) == pytest.approx(1 - p, rel=1e-7), (p, df)
+
+
 def test_the_interval_is_the_means_and_ratios_propagate_first_order():
     rates = [100.0, 104.0, 96.0, 102.0, 98.0]
     est = stats.Estimate.of(rates)
@@ -306,9 +316,10 @@ def test_stragglers_each_node_against_the_median_of_the_others():
 def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
     text = "\n".join(
         [
-            "CLUSTERCTL-BENCH start size=2 model=tiny batch=32 warmup_steps=10 steps=5 iters=4 gpus=0 "
-            "mixed_precision=1 xla=1 precision=mixed_bfloat16 compression=none",
+            "CLUSTERCTL-BENCH start size=2 model=tiny batch=32 warmup_steps=10 steps=5 iters=4 max_seconds=300.00 "
+            "threshold=0.90 against=1 gpus=0 mixed_precision=1 xla=1 precision=mixed_bfloat16 compression=none",
             *(f"CLUSTERCTL-BENCH interval step={5 * i} img_per_sec={100 + i}.00 size=2" for i in range(1, 5)),
+            "CLUSTERCTL-BENCH stop reason=decided batches=4 seconds=2.25",
             "CLUSTERCTL-BENCH result size=2 img_per_sec=102.50 img_per_sec_per_proc=51.25 model=tiny batch=32 conf=2.2",
         ]
     )
@@ -324,6 +335,7 @@ def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
         "warmup_steps": 10,
         "steps_per_batch": 5,
         "iters": 4,
+        "max_seconds": 300.0,
         "gpus_per_process": 0,
         "nodes": [{"node": "10.0.0.2", "slots": 2}, {"node": "10.0.0.3", "slots": 2}],
         "processes": [1, 2, 4],
@@ -336,6 +348,7 @@ def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
     for r in doc["rungs"]:
         assert r["conf"] > 0 and r["spread"] > 0 and r["iters"] in (10, 4)
     assert doc["rungs"][1]["spread"] == pytest.approx(stats.spread([101.0, 102.0, 103.0, 104.0]))
+    assert [r["stop"] for r in doc["rungs"]] == ["", "decided"]  # why each rung timed no more batches
 
 
 def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys):
@@ -344,8 +357,11 @@ def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys):
     hosts = HostsFile.parse("a slots=8\nb slots=8\n")
     ladder = bench_verdict.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, noise=0.05), 0.9, 8)
     alone = _alone({"a": steady(3000.0, 0.03), "b": steady(2950.0, 0.03)}, 8)
-    tables.ladder_table(dataclasses.replace(ladder, alone=tuple(alone), model="tiny", batch_size=32))
+    stops = ("precise", "decided", "time-cap")  # how many batches each rung timed, and why no more
+    rungs = tuple(dataclasses.replace(r, stop=why) for r, why in zip(ladder.rungs, stops))
+    tables.ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
     out = capsys.readouterr().out
+    assert re.search(r"┃ +batches ┃", out) and re.search(r"│ +10 time-cap │", out), out
     flat = " ".join(out.split())
     assert "+-: 95% confidence interval of the mean over 10 timed batches (judged)" in flat
     assert "batch spread: 1.96 sd of single batches (not judged)" in flat
@@ -418,10 +434,35 @@ def test_gpu_jobs_ask_nccl_for_its_report_and_efa_types_refuse_other_transports_
         assert "NCCL_DEBUG" not in launch.job_env(c, "/x") and nccl_report.EXPECT_ENV not in launch.job_env(c, "/x")
 
 
+def test_max_seconds_leaves_the_timeout_room_and_reaches_the_nodes_with_the_references():
+    with pytest.raises(UsageError, match=r"--max-seconds 900 leaves no time of --timeout 900") as exc:
+        bench.BenchOptions(max_seconds=900)
+    assert exc.value.one_line().endswith("give --max-seconds below --timeout, e.g. --timeout 1800")
+    bench.BenchOptions(max_seconds=900, timeout=1800)  # the advice, followed
+    opts = bench.BenchOptions(max_seconds=120, threshold=0.85, iters=5)
+    runs = rungs_of(HOSTS, {1: 100.0, 8: 780.0}, noise=0.02)
+    refs = bench_verdict.references(runs, 16, 2, 8)  # 16 processes on 2 nodes: the base and the full node
+    assert [r.scale for r in refs] == [16.0, 2.0] and [r.n for r in refs] == [10, 10]
+    assert refs[0].mean == pytest.approx(100.0) and refs[0].sd == pytest.approx(2.0)
+    args = opts.script_args(16, refs)
+    at = args.index("--max-seconds")
+    assert args[at : at + 4] == ["--max-seconds", "120", "--threshold", "0.85"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--against"] == [r.arg() for r in refs]
+    assert args[args.index("--iters") + 1] == "5"
+    fixed = opts.script_args(8, fixed=True)  # each node alone: exactly --iters batches
+    assert fixed[fixed.index("--max-seconds") + 1] == "0" and "--against" not in fixed
+    assert bench_verdict.references([], 1, 1) == () and bench_verdict.references(runs[:1], 16, 1) == refs[:1]
+    assert (
+        "at most 120s of batches" in opts.stopping()
+        and "times 5 batches" in dataclasses.replace(opts, max_seconds=0).stopping()
+    )
+
+
 def test_bad_timing_and_fabric_flags_are_one_line_usage_errors(cli):
     for args, message in (
         (("bench", "--synthetic", "--warmup-steps", "3"), "--warmup-steps must be at least 10"),
         (("bench", "--synthetic", "--iters", "2"), "--iters must be at least 3, not 2"),
+        (("bench", "--synthetic", "--max-seconds", "-1"), "--max-seconds must be at least 0, not -1.0"),
         (("doctor", "--fabric", "--fabric-mb", "0"), "--fabric-mb must be in (0, 4096], not 0.0"),
     ):
         proc = cli(*args)
