@@ -192,6 +192,12 @@ def _size(kb: int) -> str:
     return f"{value:.1f}P"
 
 
+def json_out(value: object) -> None:
+    """One JSON document on stdout (`--json` of ls, status, hosts, up --dry-run): keys sorted, so stable."""
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
 def json_lines(report: RunReport) -> None:
     for r in report:
         sys.stdout.write(json.dumps(r.to_dict()) + "\n")

@@ -104,14 +104,8 @@ class RepairPlan:
         return out
 
 
-def plan(store: StateStore, provider: Provider, name: str, drop: bool, probe_timeout: float = 10.0) -> RepairPlan:
-    """The lost nodes: the provider's word, then an ssh probe of the others (a node that does not answer is lost)."""
-    record = store.load(name)
-    if record.status != "up":
-        raise StateError(
-            f"cluster {name} is {record.status}, not up", f"bring it up with `clusterctl up --name {name}` first"
-        )
-    cluster = record.cluster
+def lost_nodes(store: StateStore, provider: Provider, cluster: Cluster, probe_timeout: float = 10.0) -> list[LostNode]:
+    """The provider's lost nodes, then the others that do not answer an ssh probe, in the cluster's order."""
     lost = list(provider.lost_nodes(cluster))
     gone = {x.node.name for x in lost}
     rest = [n for n in cluster.nodes if n.name not in gone]
@@ -124,7 +118,18 @@ def plan(store: StateStore, provider: Provider, name: str, drop: bool, probe_tim
                 why = (r.error or r.stderr.strip() or f"exit {r.exit_code}").splitlines()[-1][:120]
                 lost.append(LostNode(n, f"no ssh answer ({why})", billed=True))
     order = {n.name: i for i, n in enumerate(cluster.nodes)}
-    lost.sort(key=lambda x: order[x.node.name])
+    return sorted(lost, key=lambda x: order[x.node.name])
+
+
+def plan(store: StateStore, provider: Provider, name: str, drop: bool, probe_timeout: float = 10.0) -> RepairPlan:
+    """The lost nodes: the provider's word, then an ssh probe of the others (a node that does not answer is lost)."""
+    record = store.load(name)
+    if record.status != "up":
+        raise StateError(
+            f"cluster {name} is {record.status}, not up", f"bring it up with `clusterctl up --name {name}` first"
+        )
+    cluster = record.cluster
+    lost = lost_nodes(store, provider, cluster, probe_timeout)
     if lost and len(lost) == len(cluster.nodes):
         raise ProvisionError(
             f"every node of cluster {name} is lost: no peer to copy the runtime and data from",

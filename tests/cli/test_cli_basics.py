@@ -75,7 +75,10 @@ def test_aws_only_flags_on_a_local_cluster_are_refused_not_dropped(cli):
 def test_missing_state_is_exit_3(cli):
     proc = cli("status")
     assert proc.returncode == 3
-    assert proc.stderr.strip() == "Error: no cluster given and none is current: pass --cluster NAME or a hosts file"
+    assert (
+        proc.stderr.strip()
+        == "Error: no cluster given and none is current: pass -c/--cluster NAME (`clusterctl ls` lists them)"
+    )
     proc = cli("status", "nosuch")
     assert proc.returncode == 3 and "no cluster named 'nosuch'" in proc.stderr
 

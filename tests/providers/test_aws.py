@@ -134,6 +134,14 @@ def test_no_region_and_no_credentials_are_config_errors(aws, aws_cli):
     assert proc.returncode == 3 and one_error_line(proc).startswith("Error: no AWS credentials found")
 
 
+def test_a_missing_profile_is_a_config_error_whose_advice_works(aws, aws_cli):
+    proc = aws_cli("up", "--nodes", "1", "--dry-run", env={"AWS_PROFILE": "nosuch"})
+    line = one_error_line(proc)
+    assert proc.returncode == 3 and line.startswith("Error: no AWS profile named 'nosuch'"), proc.stderr
+    assert line.endswith("or unset AWS_PROFILE"), line
+    ok(aws_cli("up", "--nodes", "1", "--dry-run"))  # the advice followed: AWS_PROFILE unset (the fixture's env)
+
+
 def test_an_expensive_cluster_needs_confirmation_and_nothing_is_created_without_it(aws, aws_cli):
     args = [a for a in aws_cli.up_args("costly", 2) if a != "--yes"]
     proc = aws_cli(*args)

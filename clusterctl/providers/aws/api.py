@@ -45,8 +45,28 @@ def configured_region() -> str | None:
     boto3 itself reads (AWS_DEFAULT_REGION, then the profile's); None when there is none. boto3 alone
     ignores AWS_REGION, which users set, and the error's advice names."""
     import boto3
+    from botocore.exceptions import ProfileNotFound
 
-    return os.environ.get("AWS_REGION", "").strip() or boto3.session.Session().region_name or None
+    try:
+        return os.environ.get("AWS_REGION", "").strip() or boto3.session.Session().region_name or None
+    except ProfileNotFound as exc:
+        raise missing_profile(exc) from None
+
+
+def missing_profile(exc: BaseException) -> ConfigError:
+    """botocore's ProfileNotFound (AWS_PROFILE or --profile naming no profile), with the profiles there are."""
+    import botocore.session
+
+    try:
+        have = sorted(botocore.session.Session(profile=None).available_profiles)
+    except Exception:  # a config file too broken to list: say so below, without the list
+        have = []
+    named = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE") or "?"
+    there = f"the profiles there: {', '.join(have)}" if have else "there are none"
+    return ConfigError(
+        f"no AWS profile named {named!r} ({exc})",
+        f"set AWS_PROFILE to a profile in ~/.aws/config or ~/.aws/credentials ({there}), or unset AWS_PROFILE",
+    )
 
 
 def _tags(pairs: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -118,7 +138,7 @@ class Api:
 
     def call(self, service: str, op: str, **kwargs: Any) -> dict[str, Any]:
         """One API call; AWS errors stay ClientErrors (for the caller to judge), missing credentials are 3."""
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, ProfileNotFound
 
         try:
             answer: dict[str, Any] = getattr(self.client(service), op)(**kwargs)
@@ -132,6 +152,8 @@ class Api:
             raise ConfigError("no AWS region given", "pass --region or set AWS_REGION") from None
         except ClientError:
             raise
+        except ProfileNotFound as exc:
+            raise missing_profile(exc) from None
         except BotoCoreError as exc:
             raise ProvisionError(f"AWS {op}: {exc}") from None
 
