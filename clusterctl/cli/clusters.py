@@ -10,6 +10,7 @@ import typer
 
 from clusterctl.cli.shared import CLUSTER, CURRENT_CLUSTER, _confirm, _hourly, _provider, _store, one_cluster
 from clusterctl.errors import UsageError
+from clusterctl.hostsfile import FORMATS
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
@@ -335,17 +336,27 @@ def gc(
 def hosts(
     hostsfile: Optional[str] = typer.Argument(None, help="A hosts file to read (default: the current cluster)."),
     cluster: Optional[str] = CLUSTER,
-    format_: str = typer.Option("slots", "--format", "-f", help="slots | horovod | mpi | tf-config | json"),
+    format_: str = typer.Option("slots", "--format", "-f", help=FORMATS),
+    task: Optional[int] = typer.Option(
+        None, "--task", help="tf-config: this node's index (0, the leader, is the chief)."
+    ),
+    json_: bool = typer.Option(False, "--json", help="The same as --format json."),
 ) -> None:
-    """Print the hosts file for horovodrun, mpirun, TF_CONFIG."""
+    """Print the hosts for DeepSpeed, Horovod, MPI, pdsh, TF_CONFIG.
+
+    Each format is written as its reader parses it; a host it cannot express (a port of its own, an IPv6
+    address Horovod or pdsh cannot read) is refused, never passed through.
+    """
     from clusterctl.cluster import reach
     from clusterctl.hostsfile import HostsFile
 
+    if json_ and format_ not in ("slots", "json"):
+        raise UsageError("--json and --format together", "give one of them")
     if hostsfile is not None:
         hf = HostsFile.read(hostsfile)
     else:
         hf = reach.hosts_file(_store().resolve(cluster).cluster)
-    sys.stdout.write(hf.render_as(format_))
+    sys.stdout.write(hf.render_as("json" if json_ else format_, task))
 
 
 class _AfterDashes(typer.core.TyperCommand):

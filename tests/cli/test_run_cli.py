@@ -175,7 +175,7 @@ def test_flags_after_the_command_are_run_s_and_the_quoting_advice_works(c):
     assert proc.returncode == 2 and proc.stderr.startswith("Error: too many arguments: quote the command: ")
     advice = shlex.split(proc.stderr.strip().rsplit("quote the command: ", 1)[1])
     assert advice[:2] == ["clusterctl", "run"], advice
-    followed = c.cli(*advice[2:])
+    followed = c.cli(*advice[1:])
     assert followed.returncode == 0 and followed.stdout.count("two words") == len(c.hosts), followed.stdout
 
 
