@@ -1,0 +1,64 @@
+"""Tables at 80 columns: columns wrap into further blocks (the key column repeated), words are never cut."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from clusterctl.state import Record, StateStore
+from clusterctl.types import Cluster, Node
+
+
+@pytest.fixture
+def narrow(monkeypatch):
+    from clusterctl.cli import display
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(display, "_consoles", {})  # made again at this width
+
+
+def _fits(text: str, words: list[str]) -> None:
+    lines = text.splitlines()
+    assert lines and max(len(line) for line in lines) <= 80, text
+    assert "…" not in text and "..." not in text, text
+    tokens = set(re.findall(r"\S+", text))
+    missing = [w for w in words if not set(w.split()) <= tokens]
+    assert missing == [], (missing, text)
+
+
+def test_doctor_table_at_80_columns(narrow, capsys):
+    from clusterctl.cli import tables
+    from clusterctl.workloads.doctor_judge import CHECKS, Cell, DoctorReport, NodeReport
+
+    hosts = [f"10.0.{i}.{100 + i}" for i in range(3)]
+    nodes = tuple(
+        NodeReport(h, f"a-long-cluster-name-member-{i}", {c: Cell("fail" if i == 1 else "ok", "x") for c in CHECKS}, {})
+        for i, h in enumerate(hosts)
+    )
+    tables.doctor_table(DoctorReport(nodes, CHECKS))
+    out = capsys.readouterr().out
+    _fits(out, [*CHECKS, *hosts, *(f"({n.name})" for n in nodes)])
+    assert out.count("│ FAIL") == len(CHECKS)  # every cell of node 1, each in its column
+    for h in hosts:  # the key column is repeated in every block
+        assert out.count(h) >= 2
+
+
+def _records(home, name: str) -> None:
+    nodes = tuple(
+        Node(f"{name}-{role}", f"10.9.0.{2 + i}", 8, "leader" if i == 0 else "member", public_ip=f"198.51.100.{10 + i}")
+        for i, role in enumerate(["leader", "member-1", "member-2"])
+    )
+    cluster = Cluster(name, "local", nodes, created_at=1000.0, extra={"bridge": "ccbx"})
+    StateStore(home).save(Record(cluster, "up", 1.0))
+
+
+def test_ls_and_status_at_80_columns(cli):
+    name = "a-rather-long-cluster-name"
+    _records(cli.home, name)
+    _records(cli.home, "b")
+    proc = cli("ls", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    _fits(proc.stdout, ["NAME", "PROVIDER", "REGION", "NODES", "STATE", "UPTIME", "COST SO FAR", "NOTE", name])
+    proc = cli("status", "-c", name, env={"COLUMNS": "80"})
+    _fits(proc.stdout, ["NODE", "ROLE", "ADDRESS", "SSH", "SLOTS", f"{name}-member-2", "root@198.51.100.12:22"])
