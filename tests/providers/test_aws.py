@@ -139,7 +139,10 @@ def test_a_missing_profile_is_a_config_error_whose_advice_works(aws, aws_cli):
     line = one_error_line(proc)
     assert proc.returncode == 3 and line.startswith("Error: no AWS profile named 'nosuch'"), proc.stderr
     assert line.endswith("or unset AWS_PROFILE"), line
-    ok(aws_cli("up", "--nodes", "1", "--dry-run"))  # the advice followed: AWS_PROFILE unset (the fixture's env)
+    proc = ok(aws_cli("up", "--nodes", "1", "--dry-run", "--json"))  # the advice followed: AWS_PROFILE unset
+    plan = json.loads(proc.stdout)
+    assert (plan["provider"], plan["region"], plan["instance_type"], plan["nodes"]) == ("aws", REGION, "p3.16xlarge", 1)
+    assert plan["hourly_usd"] > 0 and plan["image"]["python"] and plan["checks"], plan
 
 
 def test_an_expensive_cluster_needs_confirmation_and_nothing_is_created_without_it(aws, aws_cli):
