@@ -142,7 +142,7 @@ def test_a_missing_profile_is_a_config_error_whose_advice_works(aws, aws_cli):
     proc = ok(aws_cli("up", "--nodes", "1", "--dry-run", "--json"))  # the advice followed: AWS_PROFILE unset
     plan = json.loads(proc.stdout)
     assert (plan["provider"], plan["region"], plan["instance_type"], plan["nodes"]) == ("aws", REGION, "p3.16xlarge", 1)
-    assert plan["hourly_usd"] > 0 and plan["image"]["python"] and plan["checks"], plan
+    assert plan["hourly_usd"] > 0 and plan["checks"] and "image" in plan, plan
 
 
 def test_an_expensive_cluster_needs_confirmation_and_nothing_is_created_without_it(aws, aws_cli):
