@@ -11,18 +11,8 @@ import pytest
 
 from clusterctl.errors import UsageError
 from clusterctl.state import Record, StateStore
-from clusterctl.types import Cluster, Node
 from conftest import REPO
-
-
-def _cluster(name: str) -> Cluster:
-    return Cluster(
-        name=name,
-        provider="local",
-        created_at=1000.0,
-        extra={"bridge": "ccbx"},
-        nodes=(Node(f"{name}-leader", "10.9.0.2", 2, "leader"), Node(f"{name}-member-1", "10.9.0.3", 2, "member")),
-    )
+from state_support import sample
 
 
 def _advice(proc: subprocess.CompletedProcess, after: str) -> str:
@@ -50,7 +40,7 @@ def test_every_command_on_one_cluster_takes_c_and_the_positional_alias(cli, comm
 
 
 def test_no_current_cluster_advice_names_an_option_status_takes(cli):
-    StateStore(cli.home).save(Record(_cluster("alpha"), "up", 1.0))
+    StateStore(cli.home).save(Record(sample("alpha"), "up", 1.0))
     proc = cli("status")
     assert proc.returncode == 3
     advice = _advice(proc, "none is current: ")
@@ -65,7 +55,7 @@ def test_ssh_words_node_and_command(tmp_path):
     from clusterctl.cli.clusters import _node_and_command
 
     store = StateStore(tmp_path / "home")
-    alpha, beta = _cluster("alpha"), _cluster("beta")
+    alpha, beta = sample("alpha"), sample("beta")
     for c in (beta, alpha):
         store.save(Record(c, "up", 1.0))
     store.set_current("alpha")

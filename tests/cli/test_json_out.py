@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-from clusterctl.state import Record, StateStore
-from clusterctl.types import Cluster, Node
 from conftest import REPO
+from state_support import sample, save_record
 
 DOC = (REPO / "docs" / "cli.md").read_text()
 
@@ -19,13 +18,8 @@ def _documented(section: str, keys) -> None:
     assert missing == [], f"docs/cli.md does not list {missing} for {section}"
 
 
-def _record(home, name: str) -> None:
-    nodes = (Node(f"{name}-leader", "10.9.0.2", 2, "leader"), Node(f"{name}-member-1", "10.9.0.3", 2, "member"))
-    StateStore(home).save(Record(Cluster(name, "local", nodes, created_at=1000.0, extra={"bridge": "ccbx"}), "up", 1.0))
-
-
 def test_ls_json(cli):
-    _record(cli.home, "alpha")
+    save_record(cli.home, sample("alpha"))
     proc = cli("ls", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -37,7 +31,7 @@ def test_ls_json(cli):
 
 
 def test_status_json_and_its_exit_status_when_a_node_is_lost(cli):
-    _record(cli.home, "alpha")  # a record whose namespaces are gone: both nodes lost
+    save_record(cli.home, sample("alpha"))  # a record whose namespaces are gone: both nodes lost
     proc = cli("status", "-c", "alpha", "--json")
     assert proc.returncode == 5, proc.stderr
     doc = json.loads(proc.stdout)

@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from clusterctl.state import Record, StateStore
-from clusterctl.types import Cluster, Node
+from state_support import sample, save_record
 
 
 @pytest.fixture
@@ -44,19 +43,10 @@ def test_doctor_table_at_80_columns(narrow, capsys):
         assert out.count(h) >= 2
 
 
-def _records(home, name: str) -> None:
-    nodes = tuple(
-        Node(f"{name}-{role}", f"10.9.0.{2 + i}", 8, "leader" if i == 0 else "member", public_ip=f"198.51.100.{10 + i}")
-        for i, role in enumerate(["leader", "member-1", "member-2"])
-    )
-    cluster = Cluster(name, "local", nodes, created_at=1000.0, extra={"bridge": "ccbx"})
-    StateStore(home).save(Record(cluster, "up", 1.0))
-
-
 def test_ls_and_status_at_80_columns(cli):
     name = "a-rather-long-cluster-name"
-    _records(cli.home, name)
-    _records(cli.home, "b")
+    save_record(cli.home, sample(name, nodes=3, slots=8, public=True))
+    save_record(cli.home, sample("b", nodes=3, slots=8, public=True))
     proc = cli("ls", env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr
     _fits(proc.stdout, ["NAME", "PROVIDER", "REGION", "NODES", "STATE", "UPTIME", "COST SO FAR", "NOTE", name])
