@@ -193,7 +193,7 @@ class HostsFile:
 
             raise UsageError(f"{who} {why}, so {found[0]!r} cannot be given to it", fix)
 
-    def render_slots(self, who: str = "DeepSpeed's hostfile") -> str:
+    def render_slots(self, who: str = "a DeepSpeed or Open MPI hostfile") -> str:
         """`HOST slots=N`, as DeepSpeed's hostfile and Open MPI's read it: neither has a place for a port."""
         self.check_launchable(who)
         return "".join(f"{e.address} slots={e.slots}\n" for e in self.entries)

@@ -88,7 +88,10 @@ def one_cluster(what: str = "Cluster") -> Callable[[F], F]:
         "name",
         {
             "name": (Optional[str], typer.Argument(None, help=f"{what} (default: the current one).")),
-            "cluster": (Optional[str], typer.Option(None, "--cluster", "-c", help="The same, as an option.")),
+            "cluster": (
+                Optional[str],
+                typer.Option(None, "--cluster", "-c", help="The cluster, by name (the same as NAME)."),
+            ),
         },
         _one_name,
     )

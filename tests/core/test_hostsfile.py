@@ -54,7 +54,7 @@ def test_formats():
         ("[fd00::5] slots=1", "horovod-file", None, "reads no IPv6 address"),
         ("fd00::5 slots=1", "plain", None, "pdsh reads `a:b` as rcmd type a, host b"),
         ("node-1:2222 slots=1", "plain", None, "pdsh reads"),
-        ("node-1:2222 slots=1", "deepspeed", None, "DeepSpeed's hostfile takes one ssh port for all hosts"),
+        ("node-1:2222 slots=1", "deepspeed", None, "a DeepSpeed or Open MPI hostfile takes one ssh port for all hosts"),
         ("node-1:2222 slots=1", "slots", None, "takes one ssh port for all hosts, so 'node-1:2222' cannot be given"),
         ("node-1 slots=1", "tf-config", None, "--format tf-config needs --task N"),
         (
