@@ -90,7 +90,7 @@ def one_cluster(what: str = "Cluster") -> Callable[[F], F]:
             "name": (Optional[str], typer.Argument(None, help=f"{what} (default: the current one).")),
             "cluster": (
                 Optional[str],
-                typer.Option(None, "--cluster", "-c", help="The cluster, by name (the same as NAME)."),
+                typer.Option(None, "--cluster", "-c", help="The cluster, by name (instead of the argument)."),
             ),
         },
         _one_name,
