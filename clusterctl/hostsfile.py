@@ -174,51 +174,108 @@ class HostsFile:
 
     # ---- rendering (strict: no comments, no blank lines) ---------------------------------------
     def render(self) -> str:
+        """The file clusterctl itself reads back (`run FILE`), per-host ssh ports and all."""
         return "".join(f"{e.host} slots={e.slots}\n" for e in self.entries)
 
     def check_launchable(self, who: str = "horovodrun") -> None:
         """horovodrun and mpirun take one ssh port for every host (-p): entries with their own port are refused."""
-        with_port = [e.host for e in self.entries if e.port is not None]
-        if with_port:
+        self._refuse(
+            who,
+            lambda e: e.port is not None,
+            "takes one ssh port for all hosts",
+            "use hosts whose sshd listens on port 22",
+        )
+
+    def _refuse(self, who: str, bad: Callable[[HostEntry], bool], why: str, fix: str) -> None:
+        found = [e.host for e in self.entries if bad(e)]
+        if found:
+            from clusterctl.errors import UsageError
+
+            raise UsageError(f"{who} {why}, so {found[0]!r} cannot be given to it", fix)
+
+    def render_slots(self, who: str = "a DeepSpeed or Open MPI hostfile") -> str:
+        """`HOST slots=N`, as DeepSpeed's hostfile and Open MPI's read it: neither has a place for a port."""
+        self.check_launchable(who)
+        return "".join(f"{e.address} slots={e.slots}\n" for e in self.entries)
+
+    def render_mpi(self) -> str:
+        """Open MPI's hostfile: its lexer reads a bare IPv6 address as a host and a `[` as an error."""
+        self.check_launchable("mpirun")
+        return "".join(f"{e.address} slots={e.slots} max_slots={e.slots}\n" for e in self.entries)
+
+    def horovod_arg(self) -> str:
+        """The `-H h1:8,h2:8` string of horovodrun (and its --hostfile lines): Horovod splits each entry at its
+        `:`, so it reads no IPv6 address, bracketed or not."""
+        self.check_launchable()
+        self._refuse(
+            "horovodrun",
+            lambda e: ":" in e.address,
+            "splits `host:slots` at every ':' and reads no IPv6 address",
+            "give the nodes DNS names (or IPv4 addresses) in the hosts file",
+        )
+        return ",".join(f"{e.address}:{e.slots}" for e in self.entries)
+
+    def render_horovod_file(self) -> str:
+        """horovodrun --hostfile: Horovod's parse_host_files reads every line as `HOST slots=N` (no comments)."""
+        self.horovod_arg()  # the same refusals
+        return self.render_slots("horovodrun")
+
+    def render_plain(self) -> str:
+        """One host a line, for pdsh `-w ^FILE` and clush `--hostfile`: pdsh reads `a:b` as rcmd `a`, host `b`,
+        so neither a port nor an IPv6 address can be said there."""
+        self._refuse(
+            "pdsh",
+            lambda e: ":" in e.host,
+            "reads `a:b` as rcmd type a, host b",
+            "give the nodes DNS names (or IPv4 addresses on port 22) in the hosts file",
+        )
+        return "".join(f"{e.host}\n" for e in self.entries)
+
+    def tf_config(self, task: int, port: int = 2222) -> str:
+        """TF_CONFIG for MultiWorkerMirroredStrategy: one worker per host (each uses all its GPUs), this node's
+        own index; worker 0 is the chief."""
+        if not 0 <= task < len(self.entries):
             from clusterctl.errors import UsageError
 
             raise UsageError(
-                f"{who} takes one ssh port for all hosts, so {with_port[0]!r} (a host with its "
-                "own port) cannot be launched",
-                "use hosts whose sshd listens on port 22",
+                f"--task {task} is not a node of these {len(self.entries)}",
+                f"give each node its own index, 0 to {len(self.entries) - 1} (0 is the chief)",
             )
-
-    def render_mpi(self) -> str:
-        self.check_launchable()
-        return "".join(f"{e.host} slots={e.slots} max_slots={e.slots}\n" for e in self.entries)
-
-    def horovod_arg(self) -> str:
-        """The `-H h1:8,h2:8` string of horovodrun and mpirun."""
-        self.check_launchable()
-        return ",".join(f"{_bracket_v6(e.address)}:{e.slots}" for e in self.entries)
-
-    def tf_config(self, ps_port: int = 2222, worker_port: int = 2223, task: tuple[str, int] = ("worker", 0)) -> str:
-        """TF_CONFIG: one parameter server per host, one worker per slot (ports counting up per host)."""
-        ps = [f"{_bracket_v6(e.address)}:{ps_port}" for e in self.entries]
-        workers = [f"{_bracket_v6(e.address)}:{worker_port + i}" for e in self.entries for i in range(e.slots)]
-        return json.dumps({"cluster": {"ps": ps, "worker": workers}, "task": {"type": task[0], "index": task[1]}})
+        workers = [f"{_bracket_v6(e.address)}:{port}" for e in self.entries]
+        return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": task}})
 
     def to_json(self) -> str:
         return json.dumps([{"host": e.host, "slots": e.slots} for e in self.entries])
 
-    def render_as(self, fmt: str) -> str:
+    def render_as(self, fmt: str, task: int | None = None) -> str:
         renderers: dict[str, Callable[[], str]] = {
-            "slots": self.render,
-            "mpi": self.render_mpi,
+            "slots": self.render_slots,
+            "deepspeed": self.render_slots,
             "horovod": lambda: self.horovod_arg() + "\n",
-            "tf-config": lambda: self.tf_config() + "\n",
+            "horovod-file": self.render_horovod_file,
+            "mpi": self.render_mpi,
+            "plain": self.render_plain,
+            "tf-config": lambda: self.tf_config(_task(task)) + "\n",
             "json": lambda: self.to_json() + "\n",
         }
-        if fmt not in renderers:
-            from clusterctl.errors import UsageError
+        from clusterctl.errors import UsageError
 
+        if fmt not in renderers:
             raise UsageError(f"unknown format {fmt!r}", f"use one of {', '.join(renderers)}")
+        if task is not None and fmt != "tf-config":
+            raise UsageError("--task is for --format tf-config", "drop it")
         return renderers[fmt]()
+
+
+FORMATS = "slots | deepspeed | horovod | horovod-file | mpi | plain | tf-config | json"
+
+
+def _task(task: int | None) -> int:
+    if task is None:
+        from clusterctl.errors import UsageError
+
+        raise UsageError("--format tf-config needs --task N", "give this node's index (0: the chief, the leader)")
+    return task
 
 
 def _endpoint(token: str) -> tuple[str, int | None]:

@@ -185,7 +185,9 @@ class StateStore:
         if name is None:
             name = self.current()
             if name is None:
-                raise StateError("no cluster given and none is current", "pass --cluster NAME or a hosts file")
+                raise StateError(
+                    "no cluster given and none is current", "pass -c/--cluster NAME (`clusterctl ls` lists them)"
+                )
         return self.load(name)
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import typer
 
-from clusterctl.cli import clusters, data, fanout, fastargs as _fastargs, train, up, workloads
+from clusterctl.cli import clusters, completion, data, fanout, fastargs as _fastargs, train, up, workloads
 from clusterctl.errors import ClusterctlError, ExitCode
 
 if TYPE_CHECKING:
@@ -111,13 +111,14 @@ COMMANDS = (
     "eval",
     "tensorboard",
     "data",
+    "completion",
 )
 
 
 def _merge() -> None:
     infos = {}
     groups = set()
-    for module in (up, clusters, fanout, data, workloads, train):
+    for module in (up, clusters, fanout, data, workloads, train, completion):
         for info in module.app.registered_commands:
             infos[info.name or info.callback.__name__.lower().replace("_", "-")] = info
         for group in module.app.registered_groups:  # `data tfrecords`, `sweep run` ...: the same wrapping
@@ -136,6 +137,12 @@ _merge()
 
 
 def main() -> None:
+    import os
+
+    if os.environ.get("_CLUSTERCTL_COMPLETE"):  # a completion script asks (see `clusterctl completion`)
+        from typer._completion_classes import completion_init  # typer's shells, as add_completion would add
+
+        completion_init()
     app(prog_name="clusterctl")
 
 

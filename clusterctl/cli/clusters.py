@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
-from clusterctl.cli.shared import CLUSTER, CURRENT_CLUSTER, _confirm, _hourly, _provider, _store
+from clusterctl.cli.shared import CLUSTER, CURRENT_CLUSTER, _confirm, _hourly, _provider, _store, one_cluster
 from clusterctl.errors import UsageError
+from clusterctl.hostsfile import FORMATS
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
     from clusterctl.state import Record, StateStore
+    from clusterctl.types import Cluster
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
 
 @app.command()
+@one_cluster("Cluster to remove")
 def down(
-    name: Optional[str] = typer.Argument(None, help="Cluster to remove (default: the current one)."),
+    name: Optional[str] = None,
     all_: bool = typer.Option(False, "--all", help="Every cluster of this provider."),
     provider: Optional[str] = typer.Option(None, "--provider", help="Where to look when the local record is gone."),
     region: Optional[str] = typer.Option(
@@ -73,6 +76,7 @@ def ls(
     region: Optional[str] = typer.Option(
         None, "--region", help="AWS region to ask (default: the records', else the AWS config's)."
     ),
+    json_: bool = typer.Option(False, "--json", help="One JSON object: the clusters and the totals."),
 ) -> None:
     """List clusters: nodes, type, AZ, state, uptime, cost so far."""
     from clusterctl.cli import display, tables
@@ -81,6 +85,8 @@ def ls(
     store = _store()
     providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg))
     found = overview.listing(store, providers, provider, region, display.warn)
+    if json_:
+        return display.json_out(overview.listing_json(found))
     totals = {"hourly": found.hourly_usd, "so_far": found.so_far_usd, "unknown": found.unknown}
     rows = [
         {
@@ -113,29 +119,40 @@ def ls(
 
 
 @app.command()
+@one_cluster()
 def status(
-    name: Optional[str] = typer.Argument(None, help="Cluster (default: the current one)."),
+    name: Optional[str] = None,
     provider: Optional[str] = typer.Option(None, "--provider", help="Where to look when the local record is gone."),
     region: Optional[str] = typer.Option(
         None, "--region", help="AWS region (default: the record's, else the AWS config's)."
     ),
+    json_: bool = typer.Option(False, "--json", help="One JSON object: nodes, lost nodes, autostop, jobs."),
 ) -> None:
     """Show a cluster's nodes, as its provider sees them now.
 
-    Says where the local record and the provider disagree.
+    Says where the local record and the provider disagree. Exit status 5 when a node is lost (gone at its
+    provider, or not answering ssh).
     """
-    from clusterctl.cli import tables
+    from clusterctl.cli import display, tables
     from clusterctl.cluster import overview
+    from clusterctl.errors import ExitCode
     from clusterctl.workloads import cluster_view
 
     store = _store()
     providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg))
-    tables.cluster_view(cluster_view.gather(store, providers, name, provider, region))
+    view = cluster_view.gather(store, providers, name, provider, region)
+    if json_:
+        display.json_out(cluster_view.as_json(view))
+    else:
+        tables.cluster_view(view)
+    if view.lost:
+        raise typer.Exit(int(ExitCode.UNREACHABLE))
 
 
 @app.command()
+@one_cluster()
 def repair(
-    name: Optional[str] = typer.Argument(None, help="Cluster (default: the current one)."),
+    name: Optional[str] = None,
     drop: bool = typer.Option(
         False, "--drop", help="Remove the lost nodes from the cluster instead of replacing them."
     ),
@@ -210,8 +227,9 @@ def _autostop_status(store: StateStore, record: Record) -> None:
 
 
 @app.command()
+@one_cluster()
 def keep(
-    name: Optional[str] = typer.Argument(None, help="Cluster (default: the current one)."),
+    name: Optional[str] = None,
     for_: str = typer.Option(..., "--for", help="How long nothing may stop it, e.g. 4h."),
 ) -> None:
     """Keep a cluster up a while longer, idle or not."""
@@ -234,8 +252,9 @@ def keep(
 
 
 @app.command("autostop")
+@one_cluster()
 def autostop_(
-    name: Optional[str] = typer.Argument(None, help="Cluster (default: the current one)."),
+    name: Optional[str] = None,
     off: bool = typer.Option(False, "--off", help="Never stop it by itself (it runs until `down`)."),
     on: bool = typer.Option(False, "--on", help="Turn autostop back on."),
     idle_stop: Optional[str] = typer.Option(None, "--idle-stop", help="New idle limit, e.g. 30m (off: none)."),
@@ -350,25 +369,45 @@ def gc(
 def hosts(
     hostsfile: Optional[str] = typer.Argument(None, help="A hosts file to read (default: the current cluster)."),
     cluster: Optional[str] = CLUSTER,
-    format_: str = typer.Option("slots", "--format", "-f", help="slots | horovod | mpi | tf-config | json"),
+    format_: str = typer.Option("slots", "--format", "-f", help=FORMATS),
+    task: Optional[int] = typer.Option(
+        None, "--task", help="tf-config: this node's index (0, the leader, is the chief)."
+    ),
+    json_: bool = typer.Option(False, "--json", help="The same as --format json."),
 ) -> None:
-    """Print the hosts file for horovodrun, mpirun, TF_CONFIG."""
+    """Print the hosts for DeepSpeed, Horovod, MPI, pdsh, TF_CONFIG.
+
+    Each format is written as its reader parses it; a host it cannot express (a port of its own, an IPv6
+    address Horovod or pdsh cannot read) is refused, never passed through.
+    """
     from clusterctl.cluster import reach
     from clusterctl.hostsfile import HostsFile
 
+    if json_ and format_ not in ("slots", "json"):
+        raise UsageError("--json and --format together", "give one of them")
     if hostsfile is not None:
         hf = HostsFile.read(hostsfile)
     else:
         hf = reach.hosts_file(_store().resolve(cluster).cluster)
-    sys.stdout.write(hf.render_as(format_))
+    sys.stdout.write(hf.render_as("json" if json_ else format_, task))
+
+
+class _AfterDashes(typer.core.TyperCommand):
+    """Keeps what follows `--` apart (click drops the `--`), so `ssh -- hostname` is a command, not a node."""
+
+    def parse_args(self, ctx: Any, args: List[str]) -> List[str]:
+        ctx.meta["after --"] = args[args.index("--") + 1 :] if "--" in args else None
+        return super().parse_args(ctx, args[: args.index("--")] if "--" in args else args)
 
 
 @app.command(
     "ssh",
+    cls=_AfterDashes,
     short_help="A shell or a command on a node, host keys checked.",
     context_settings={"allow_interspersed_args": False},
 )
 def ssh_(
+    ctx: typer.Context,
     args: Optional[List[str]] = typer.Argument(
         None,
         metavar="[NODE] [-- CMD ...]",
@@ -383,18 +422,50 @@ def ssh_(
     from clusterctl.cluster import sshentry
 
     store = _store()
-    record = store.resolve(cluster)
-    args = list(args or [])
-    node = None
-    if args:
-        try:
-            node = sshentry.node_alias(record.cluster, args[0])
-            args = args[1:]
-        except UsageError:
-            if len(args) == 1:  # one word that names no node: a typo of a node more likely than a command
-                raise
-    alias = sshentry.node_alias(record.cluster, node)
-    path = sshentry.write(record.cluster, store)
+    target, node, command = _node_and_command(store, cluster, list(args or []), ctx.meta.get("after --"))
+    alias = sshentry.node_alias(target, node)
+    path = sshentry.write(target, store)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvp("ssh", ["ssh", "-F", str(path), alias, *args])
+    os.execvp("ssh", ["ssh", "-F", str(path), alias, *command])
+
+
+def _node_and_command(
+    store: StateStore, cluster: Optional[str], words: List[str], after: Optional[List[str]]
+) -> tuple[Cluster, Optional[str], List[str]]:
+    """[NODE] [-- CMD]: before `--` at most the node; without `--`, the first word when it names a node. A
+    cluster's name where the node goes means its leader (as `ssh NAME` through its ssh config does)."""
+    from clusterctl.cluster import sshentry
+
+    if after is not None and len(words) > 1:
+        raise UsageError(f"one node before `--`, not {' '.join(words)!r}", "put the command after `--`")
+    node = words[0] if words else None
+    rest = after if after is not None else words[1:]
+    if node is not None and cluster is None and _is_cluster(store, node):
+        current = store.current()
+        if current is None or current == node or not _names_node(store.load(current).cluster, node):
+            return store.load(node).cluster, None, rest
+    target = store.resolve(cluster).cluster
+    if node is not None and after is None and len(words) > 1 and not _names_node(target, node):
+        return target, None, words  # no node: the whole line is the command
+    sshentry.node_alias(target, node)  # a word that names no node: a typo of a node more likely than a command
+    return target, node, rest
+
+
+def _names_node(cluster: Cluster, word: str) -> bool:
+    from clusterctl.cluster import sshentry
+
+    try:
+        sshentry.node_alias(cluster, word)
+        return True
+    except UsageError:
+        return False
+
+
+def _is_cluster(store: StateStore, word: str) -> bool:
+    from clusterctl.errors import ClusterctlError
+
+    try:
+        return store.exists(word)
+    except ClusterctlError:  # not even a valid cluster name
+        return False

@@ -7,6 +7,7 @@ Library code never prints; it hands typed values here. Output goes to stdout, di
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import threading
@@ -33,8 +34,10 @@ def console(stderr: bool = False) -> Console:
         from rich.console import Console
 
         stream = sys.stderr if stderr else sys.stdout
-        # Piped output is read by people and scripts alike: do not squeeze tables into 80 columns.
-        width = None if stream.isatty() else 160
+        # Piped output is read by people and scripts alike: do not squeeze tables into 80 columns, unless
+        # COLUMNS says how wide the reader is.
+        columns = os.environ.get("COLUMNS", "")
+        width = None if stream.isatty() else int(columns) if columns.isdigit() and int(columns) > 0 else 160
         _consoles[key] = Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
     return _consoles[key]
 
@@ -152,6 +155,55 @@ def summary(report: RunReport, tail_lines: int = 3) -> None:
         c.print(f"  [red]{_esc(host)}[/]: {_esc(text)}" if host else f"[{style}]{_esc(text)}[/]")
 
 
+PROSE_WIDTH = 24  # a free-text column's share of a narrow table: about four words a line
+
+
+def fitted_table(
+    columns: Sequence[str | tuple[str, JustifyMethod]],
+    rows: Sequence[Sequence[str]],
+    keys: int = 1,
+    title: str | None = None,
+    boxed: bool = False,
+    prose: Sequence[str] = (),
+) -> None:
+    """A table (cells in rich markup) that fits the console without cutting a word: when its columns are wider
+    than the console, those after the first `keys` wrap into further blocks below, each repeating the key
+    columns; a cell wider than its column wraps at spaces, and only a single word wider than the whole
+    console folds. Never an ellipsis."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    cols = [(c, "left") if isinstance(c, str) else c for c in columns]
+    border = 1 if boxed else 0  # a box's rule between columns (and at each edge)
+    need = [
+        min(
+            max([Text(h).cell_len, *(Text.from_markup(r[i]).cell_len for r in rows)]),
+            PROSE_WIDTH if h in prose else 10**6,
+        )
+        + 2
+        + border
+        for i, (h, _) in enumerate(cols)
+    ]
+    width = console().width - border
+    blocks: list[list[int]] = []
+    used = width  # start a block at the first column after the keys
+    for i in range(keys, len(cols)):
+        if used + need[i] > width and not (blocks and used == sum(need[:keys])):
+            blocks.append([])
+            used = sum(need[:keys])
+        blocks[-1].append(i)
+        used += need[i]
+    for n, block in enumerate(blocks or [[]]):
+        t = Table(title=title if n == 0 else None, box=box.HEAVY_HEAD if boxed else None, header_style="bold")
+        picked = [*range(keys), *block]
+        for i in picked:
+            t.add_column(cols[i][0], justify=cols[i][1], overflow="fold")
+        for r in rows:
+            t.add_row(*(r[i] for i in picked))
+        console().print(t)
+
+
 def justified_table(columns: Sequence[tuple[str, JustifyMethod]], title: str | None = None) -> Table:
     """A borderless table of these (header, justification) columns (headers are taken as plain text)."""
     from rich.table import Table
@@ -190,6 +242,12 @@ def _size(kb: int) -> str:
             return f"{value:.0f}{unit}" if unit == "K" else f"{value:.1f}{unit}"
         value /= 1024
     return f"{value:.1f}P"
+
+
+def json_out(value: object) -> None:
+    """One JSON document on stdout (`--json` of ls, status, hosts, up --dry-run): keys sorted, so stable."""
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
 
 
 def json_lines(report: RunReport) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
@@ -37,7 +37,26 @@ if TYPE_CHECKING:
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+class _FlagsAfter(typer.core.TyperCommand):
+    """`run hosts CMD --timeout 5`: run's own flags after the command are read as flags, as where they belong
+    (CMD is one quoted word; anything after its first word that is no flag of run is still refused)."""
+
+    def parse_args(self, ctx: Any, args: List[str]) -> List[str]:
+        takes = {
+            o: not getattr(p, "is_flag", False) for p in self.params if p.param_type_name == "option" for o in p.opts
+        }
+        i, words = 0, False
+        while i < len(args) and args[i] != "--":
+            name = args[i].split("=", 1)[0]
+            if name in takes and words:
+                args = args[i:] + args[:i]  # the flags first, then the [HOSTS] CMD they followed
+                break
+            words = words or name not in takes
+            i += 1 + (name in takes and takes[name] and "=" not in args[i])
+        return super().parse_args(ctx, args)
+
+
+@app.command(cls=_FlagsAfter, context_settings={"allow_interspersed_args": False})
 @ssh_options(*LOGIN)
 def run(
     args: List[str] = typer.Argument(..., metavar="[HOSTS] CMD", help="A hosts file (optional) and the command."),
@@ -67,7 +86,11 @@ def run(
     from clusterctl.cli import display
 
     if len(args) > 2:
-        raise UsageError("too many arguments", 'quote the command: clusterctl run hosts "CMD ARGS"')
+        import shlex
+
+        hosts_first = Path(args[0]).is_file()  # the command's words after a hosts file, or the words alone
+        quoted = [*args[:1], shlex.join(args[1:])] if hosts_first else [shlex.join(args)]
+        raise UsageError("too many arguments", f"quote the command: clusterctl run {shlex.join(quoted)}")
     hosts_path, cmd = (args[0], args[1]) if len(args) == 2 else (None, args[0])
     within("--timeout", timeout, above=0)
     if detach is not None:

@@ -73,6 +73,30 @@ _SSH = {name: option for name, (_, option) in _SSH_OPTIONS.items()}  # one by on
 HOSTS = typer.Argument(None, metavar="[HOSTS]", help="A hosts file (default: the current cluster).")
 CLUSTER = typer.Option(None, "--cluster", "-c", help="A cluster by name.")
 CURRENT_CLUSTER = _SSH["cluster"]  # the same, saying the default
+
+
+def _one_name(name: str | None = None, cluster: str | None = None) -> str | None:
+    if name is not None and cluster is not None and name != cluster:
+        raise UsageError(f"two clusters named ({name!r} and --cluster {cluster!r})", "name one, with -c/--cluster NAME")
+    return cluster if cluster is not None else name
+
+
+def one_cluster(what: str = "Cluster") -> Callable[[F], F]:
+    """The cluster a command acts on, named one way everywhere (`-c/--cluster NAME`), and by the positional
+    NAME these commands always took (an alias): the command's parameter `name` gets the one given, or None."""
+    return option_group(
+        "name",
+        {
+            "name": (Optional[str], typer.Argument(None, help=f"{what} (default: the current one).")),
+            "cluster": (
+                Optional[str],
+                typer.Option(None, "--cluster", "-c", help="The cluster, by name (instead of the argument)."),
+            ),
+        },
+        _one_name,
+    )
+
+
 LOGIN = ("user", "identity", "known_hosts", "ssh_config")  # how to log in: every command that connects
 FANOUT = ("cluster", "parallel", "connect_timeout", *LOGIN)  # logs, kill, clean: the whole set
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from clusterctl.cli.display import _esc, console, info, justified_table, warn
+from clusterctl.cli.display import _esc, console, fitted_table, info, justified_table, warn
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
@@ -35,44 +35,37 @@ def cluster_table(
     rows: Sequence[Mapping[str, object]],
     columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state"),
 ) -> None:
-    from rich.table import Table
-
-    t = Table(box=None, header_style="bold")
-    for col in columns:
-        t.add_column(col.upper())
-    for r in rows:
-        t.add_row(*(_esc(str(r.get(c, ""))) for c in columns))
-    console().print(t)
+    fitted_table(
+        [c.upper() for c in columns], [[_esc(str(r.get(c, ""))) for c in columns] for r in rows], prose=("NOTE",)
+    )
 
 
 def cluster_status(status: ClusterStatus, now: float, current: bool = False, notes: Sequence[str] = ()) -> None:
     """`status` of a cluster as its provider sees it: one row per node, then $/hour and cost so far."""
-    from rich.table import Table
-
     c = console()
     c.print(
         f"[bold]{_esc(status.name)}[/] ({status.provider}, {status.region}, {status.instance_type or '-'})"
         + (" [dim]current[/]" if current else "")
     )
-    t = Table(box=None, header_style="bold")
-    for col in ("NODE", "ROLE", "INSTANCE", "AZ", "STATE", "ADDRESS", "SSH", "SLOTS", "UPTIME"):
-        t.add_column(col)
+    rows = []
     for ns in status.nodes:
         n = ns.node
         up = duration(now - ns.launched_at) if ns.launched_at and ns.state in ("pending", "running") else "-"
-        t.add_row(
-            n.name,
-            n.role,
-            n.instance_id or "-",
-            ns.zone or "-",
-            ns.state,
-            n.private_ip,
-            f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}",
-            str(n.slots),
-            up,
+        rows.append(
+            [
+                n.name,
+                n.role,
+                n.instance_id or "-",
+                ns.zone or "-",
+                ns.state,
+                n.private_ip,
+                f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}",
+                str(n.slots),
+                up,
+            ]
         )
     if status.nodes:
-        c.print(t)
+        fitted_table(("NODE", "ROLE", "INSTANCE", "AZ", "STATE", "ADDRESS", "SSH", "SLOTS", "UPTIME"), rows)
     hourly, so_far = status.hourly_usd, status.cost_so_far(now)
     c.print(f"cost: {money(hourly)}/hour now, {money(so_far)} so far (built-in on-demand prices; not a bill)")
     for line in status.other:
@@ -176,19 +169,17 @@ def jobs_table(found: Sequence[Job], now: float) -> None:
 
 
 def node_table(cluster: Cluster, current: bool = False) -> None:
-    from rich.table import Table
-
-    c = console()
-    c.print(
+    console().print(
         f"[bold]{_esc(cluster.name)}[/] ({cluster.provider}, {cluster.region}, {cluster.instance_type})"
         + (" [dim]current[/]" if current else "")
     )
-    t = Table(box=None, header_style="bold")
-    for col in ("NODE", "ROLE", "ADDRESS", "SSH", "SLOTS"):
-        t.add_column(col)
-    for n in cluster.nodes:
-        t.add_row(n.name, n.role, n.private_ip, f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}", str(n.slots))
-    c.print(t)
+    fitted_table(
+        ("NODE", "ROLE", "ADDRESS", "SSH", "SLOTS"),
+        [
+            [n.name, n.role, n.private_ip, f"{n.ssh_user}@{n.ssh_host}:{n.ssh_port}", str(n.slots)]
+            for n in cluster.nodes
+        ],
+    )
 
 
 def ladder_table(ladder: Ladder) -> None:
@@ -262,17 +253,13 @@ def ladder_table(ladder: Ladder) -> None:
 
 # ---- the doctor --------------------------------------------------------------------------------------
 def doctor_table(report: DoctorReport) -> None:
-    from rich.table import Table
-
     marks = {"ok": "[green]ok[/]", "fail": "[bold red]FAIL[/]", "n/a": "[dim]n/a[/]"}
-    t = Table(title="clusterctl doctor", header_style="bold")
-    t.add_column("node")
-    for check in report.checks:
-        t.add_column(check)
-    for n in report.nodes:
-        t.add_row(_esc(n.host + (f" ({n.name})" if n.name else "")), *(marks[n.cells[c].status] for c in report.checks))
+    rows = [
+        [_esc(n.host + (f" ({n.name})" if n.name else "")), *(marks[n.cells[c].status] for c in report.checks)]
+        for n in report.nodes
+    ]
+    fitted_table(("node", *report.checks), rows, title="clusterctl doctor", boxed=True)
     c = console()
-    c.print(t)
     if report.fabric is not None:
         f = report.fabric
         c.print(f"fabric: measured with {_esc(f.tool)}: {_esc(f.tool_why)}")

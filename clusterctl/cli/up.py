@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any, List, Optional
 import typer
 
 from clusterctl.cli.shared import _confirm, _provider, _store, option_group
+from clusterctl.errors import UsageError
 
 if TYPE_CHECKING:
+    from clusterctl.cluster.up_plan import UpPlan
     from clusterctl.state import StateStore
     from clusterctl.types import Cluster
 
@@ -58,7 +60,9 @@ def up(
     ctx: typer.Context,
     nodes: int = typer.Option(2, "--nodes", "-n", help="Number of nodes (the first is the leader)."),
     type_: str = typer.Option("p3.16xlarge", "--type", "-t", help="Instance type (AWS)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Cluster name (default: 'local' or 'cluster')."),
+    name: Optional[str] = typer.Option(
+        None, "--name", "--cluster", "-c", help="Cluster name (default: 'local' or 'cluster')."
+    ),
     provider: str = typer.Option("aws", "--provider", help="aws, or local: namespace nodes on this machine."),
     slots: Optional[int] = typer.Option(
         None, "--slots", help="Processes per node (default: GPUs per node; 1 locally)."
@@ -74,6 +78,7 @@ def up(
     ),
     options: dict[str, Any] = {},  # noqa: B006  # PROVIDER_FLAGS in its place (option_group)
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and check permissions; create nothing."),
+    json_: bool = typer.Option(False, "--json", help="With --dry-run: the plan as one JSON object on stdout."),
     max_hourly: float = typer.Option(
         50.0, "--max-hourly", "--confirm-above", help="Ask before launching above this many $/hour."
     ),
@@ -118,6 +123,8 @@ def up(
     from clusterctl.cli import display, tables
     from clusterctl.cluster import up_plan
 
+    if json_ and not dry_run:
+        raise UsageError("--json is for --dry-run (the plan)", "add --dry-run")
     store = _store()
     request = up_plan.UpRequest(
         provider=provider,
@@ -139,10 +146,7 @@ def up(
     plan = lambda line: display.info(f"plan: {line}")  # noqa: E731  # each line as it is known
     up = up_plan.prepare(request, store, lambda kind, reg: _provider(kind, store, reg), plan)
     if dry_run:
-        for line in up.provider.dry_run(up.spec):
-            display.info(f"dry run: {line}")
-        display.info("dry run: nothing was created")
-        return
+        return _dry_run(up, json_)
     question = up.question(max_hourly)
     if question is not None:
         _confirm(question, yes)
@@ -153,6 +157,19 @@ def up(
     )
     _ssh_entry(cluster, store, ssh_config_entry)
     tables.node_table(cluster)
+
+
+def _dry_run(up: UpPlan, json_: bool) -> None:
+    """The provider's checks (no mutating call), and with --json the plan as one object on stdout."""
+    from clusterctl.cli import display
+    from clusterctl.cluster import up_plan
+
+    checks = up.provider.dry_run(up.spec)
+    for line in checks:
+        display.info(f"dry run: {line}")
+    display.info("dry run: nothing was created")
+    if json_:
+        display.json_out(up_plan.plan_json(up, checks))
 
 
 def _given(ctx: typer.Context) -> list[str]:

@@ -11,8 +11,8 @@ listed too, and a record the cloud no longer knows says so.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from clusterctl.errors import UsageError
 from clusterctl.providers.base import Provider
@@ -230,6 +230,16 @@ class Listing:
     hourly_usd: float  # of the rows with a known price
     so_far_usd: float
     unknown: int  # rows whose price is unknown (not in the totals)
+
+
+def listing_json(found: Listing) -> dict[str, Any]:
+    """`ls --json`: the keys docs/hosts-and-state.md lists, stable for scripts (added to, never renamed)."""
+    rows = [{f.name: getattr(r, f.name) for f in fields(r) if f.name != "priced"} for r in found.rows]
+    for row, r in zip(rows, found.rows):
+        if not r.priced:
+            row["hourly_usd"] = row["so_far_usd"] = None
+    totals = {"hourly_usd": found.hourly_usd, "so_far_usd": found.so_far_usd, "unpriced": found.unknown}
+    return {"clusters": rows, "total": totals}
 
 
 def listing(

@@ -142,6 +142,18 @@ class Probing:
         return min(10.0, max(2.0, self.window / self.probes))
 
 
+def lost_nodes(store: StateStore, provider: Provider, cluster: Cluster, probe_timeout: float = 10.0) -> list[LostNode]:
+    """`status`'s view: the provider's lost nodes, then the others that answer neither of two ssh probes within
+    `probe_timeout`, in the cluster's order (repair itself holds those: plan)."""
+    lost = list(provider.lost_nodes(cluster))
+    gone = {x.node.name for x in lost}
+    rest = [n for n in cluster.nodes if n.name not in gone]
+    silent = _silent(store, cluster, rest, Probing(window=probe_timeout, probes=2), lambda _: None)
+    lost += [LostNode(n, f"no ssh answer ({silent[n.name]})", billed=True) for n in rest if n.name in silent]
+    order = {n.name: i for i, n in enumerate(cluster.nodes)}
+    return sorted(lost, key=lambda x: order[x.node.name])
+
+
 def plan(
     store: StateStore,
     provider: Provider,

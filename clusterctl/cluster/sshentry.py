@@ -5,7 +5,7 @@ reach its nodes with host keys checked.
 home, which is where OpenSSH looks, whatever $HOME says) with one `Host` block per node (`NAME` and
 `NAME-leader` for the leader, `NAME-member-N`): the cluster key only, its pinned known_hosts,
 StrictHostKeyChecking yes, and ProxyJump through the leader for members without a public address.
-`down` removes it. `Include FOLDER/*.conf` at the top of the `config` beside FOLDER (~/.ssh/config) makes
+`down` removes it. `Include FOLDER/*.conf` at the top of ~/.ssh/config (the passwd entry's, as OpenSSH reads) makes
 `ssh NAME` work: `up --ssh-config-entry` adds that one line (once; asked on a terminal); without it,
 `ssh -F FOLDER/NAME.conf NAME` (what `clusterctl ssh` runs).
 """
@@ -102,15 +102,22 @@ def node_alias(cluster: Cluster, node: str | None) -> str:
     )
 
 
+def _passwd_home() -> Path:
+    try:
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        return Path.home()
+
+
 def user_config() -> Path:
-    """The ssh config that OpenSSH reads for this user: the `config` beside FOLDER (~/.ssh/config)."""
-    return folder().parent / "config"
+    """The ssh config OpenSSH reads for this user: ~/.ssh/config of the passwd entry's home, wherever FOLDER
+    is (OpenSSH reads no `config` beside a CLUSTERCTL_SSH_DIR elsewhere)."""
+    return _passwd_home() / ".ssh" / "config"
 
 
 def include_line() -> str:
-    default = folder() == Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "clusterctl"
-    where = "~/.ssh/clusterctl" if default and not os.environ.get("CLUSTERCTL_SSH_DIR") else str(folder())
-    return f"Include {where}/*.conf"
+    default = folder() == _passwd_home() / ".ssh" / "clusterctl"
+    return f"Include {'~/.ssh/clusterctl' if default else folder()}/*.conf"
 
 
 def has_include() -> bool:

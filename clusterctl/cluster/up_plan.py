@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from clusterctl.errors import UsageError, within
 from clusterctl.units import money
@@ -183,3 +183,37 @@ def launch(
         runtime_cache=S3Cache(up.runtime.cache, up.provider.object_store()) if up.runtime.cache else None,
     )
     return cluster, time.monotonic() - start
+
+
+def plan_json(up: UpPlan, checks: Sequence[str]) -> dict[str, Any]:
+    """`up --dry-run --json`: the plan, keys as docs/aws.md lists them (stable: added to, never renamed)."""
+    import dataclasses
+
+    from clusterctl.autostop import settings as autostop
+    from clusterctl.runtime.install import plan_line
+
+    s, p = up.spec, up.plan
+    stop = s.autostop
+    return {
+        "name": s.name,
+        "provider": s.provider,
+        "region": s.region or None,
+        "nodes": s.nodes,
+        "slots": s.slots,
+        "instance_type": s.instance_type,
+        "options": {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in s.options.items()},
+        "hourly_usd": p.hourly_usd,
+        "prices_date": p.prices_date,
+        "image": None if p.image is None else dataclasses.asdict(p.image),
+        "autostop": None
+        if stop is None
+        else {
+            "idle_stop_s": stop.idle_stop_s,
+            "max_lifetime_s": stop.max_lifetime_s,
+            "idle_action": stop.idle_action,
+            "text": autostop.describe(stop),
+        },
+        "runtime": plan_line(up.runtime, p.image),
+        "plan": list(p.lines),
+        "checks": list(checks),
+    }

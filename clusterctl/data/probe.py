@@ -101,6 +101,15 @@ def auto_fanout(s: SyncSession, relay: Sequence[SyncNode], nbytes: int | None = 
     return choose_fanout(aggregate, hop, len(receivers), sender.label)
 
 
+def _local_bytes(root: str) -> int:
+    """What a first copy of the folder `root` here streams: its files' sizes, listed as the run lists them."""
+    from clusterctl.node.sync import scan
+    from clusterctl.node.sync.manifest import ManifestEntry
+
+    wire, _ = scan.walk(root)
+    return sum(ManifestEntry.from_wire(e).nbytes for e in wire)
+
+
 def _hop_file(s: SyncSession) -> Path:
     """Where this node set's last measured hop rate is kept: the same addresses with the same trusted host
     keys (a new cluster that reuses an old one's addresses has new keys, so it is measured anew)."""
@@ -132,10 +141,12 @@ def _keep_hop(s: SyncSession, rate: float) -> None:
 
 
 def for_plan(s: SyncSession) -> FanoutChoice:
-    """`sync --plan` with --fanout auto: the probe over every node (as a first copy would stream), with the
-    node package shipped where it is missing and this run's work folder removed after."""
+    """`sync --plan` with --fanout auto: the probe over every node as a first copy would stream (a folder
+    here: its whole size, as the run counts it; a leader's folder: its size is not known here, so measured as
+    a long stream), with the node package shipped where it is missing and this run's work folder removed after."""
+    nbytes = _local_bytes(s.source.path) if s.source.kind == "local" else None
     if len(s.nodes) < 3:
-        return auto_fanout(s, s.nodes)  # too few to measure: no ssh at all
+        return auto_fanout(s, s.nodes, nbytes)  # too few to measure: no ssh at all
 
     def put(n: SyncNode) -> None:
         r = s.ship(n)
@@ -147,7 +158,7 @@ def for_plan(s: SyncSession) -> FanoutChoice:
         down = [n.label for n in s.nodes if not n.alive]
         if down:
             return FanoutChoice(1, f"one chain: the probe failed ({', '.join(down)} unreachable)")
-        return auto_fanout(s, s.nodes)
+        return auto_fanout(s, s.nodes, nbytes)
     finally:
         s.fan(
             [n for n in s.nodes if n.alive],

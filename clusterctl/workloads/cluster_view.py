@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clusterctl.errors import ClusterctlError, StateError
 
@@ -17,9 +17,12 @@ if TYPE_CHECKING:
     from clusterctl.cluster.overview import Providers
     from clusterctl.providers.base import ClusterStatus, LostNode, Provider
     from clusterctl.state import Record, StateStore
-    from clusterctl.types import Cluster
+    from clusterctl.types import Cluster, Node
     from clusterctl.workloads.train_job import TrainJob
     from clusterctl.workloads.train_log import TrainStatus
+
+
+PROBE_TIMEOUT = 5.0  # seconds each node has to answer status's ssh probe (a node up answers in well under 1)
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ def gather(
             current,
             time.time(),
             nodes=record.cluster,
-            lost=_lost(impl, record),
+            lost=_lost(store, impl, record),
             autostop=_autostop(store, record),
             runtime=_runtime(record),
             training=_training(store, n) if up else None,
@@ -104,7 +107,7 @@ def gather(
         time.time(),
         cloud=st,
         notes=notes,
-        lost=_lost(impl, record) if st.nodes else (),
+        lost=_lost(store, impl, record) if st.nodes else (),
         autostop=_autostop(store, record) if st.nodes or record.status == "stopped" else (),
         runtime=_runtime(record),
         training=_training(store, n),
@@ -112,9 +115,12 @@ def gather(
     )
 
 
-def _lost(impl: Provider, record: Record) -> tuple[LostNode, ...]:
-    """The record's nodes the provider says are gone (`repair` replaces them); none unless the record is up."""
-    return tuple(impl.lost_nodes(record.cluster)) if record.status == "up" else ()
+def _lost(store: StateStore, impl: Provider, record: Record) -> tuple[LostNode, ...]:
+    """The record's nodes the provider says are gone or that do not answer ssh (what `repair` replaces);
+    none unless the record is up."""
+    from clusterctl.cluster import repair
+
+    return tuple(repair.lost_nodes(store, impl, record.cluster, PROBE_TIMEOUT)) if record.status == "up" else ()
 
 
 def _autostop(store: StateStore, record: Record) -> tuple[str, ...]:
@@ -157,3 +163,52 @@ def _launches(store: StateStore, name: str) -> Launches:
         return Launches(tuple(userjob.status_lines(store, inv)))
     except ClusterctlError as exc:
         return Launches(error=exc.one_line())
+
+
+def as_json(view: ClusterView) -> dict[str, Any]:
+    """`status --json`: the keys docs/hosts-and-state.md lists, stable for scripts (added to, never renamed)."""
+    lost = {x.node.name: x for x in view.lost}
+    if view.cloud is not None:
+        c = view.cloud
+        where = {"provider": c.provider, "region": c.region, "instance_type": c.instance_type}
+        nodes = [_node_json(s.node, s.state, s.zone, lost) for s in c.nodes]
+    else:
+        assert view.nodes is not None  # exactly one of the two (ClusterView)
+        k = view.nodes
+        where = {"provider": k.provider, "region": k.region, "instance_type": k.instance_type}
+        nodes = [_node_json(n, "recorded", "", lost) for n in k.nodes]
+    training = None
+    if view.training is not None:
+        t, st = view.training, view.training.status
+        training = {
+            "job": t.job.job,
+            "state": st.state if st is not None else None,
+            "step": st.step if st is not None else None,
+            "total_steps": st.total_steps if st is not None else None,
+            "error": t.error or None,
+        }
+    return {
+        "name": view.name,
+        "current": view.current,
+        **where,
+        "nodes": nodes,
+        "lost": [{"name": x.node.name, "private_ip": x.node.private_ip, "why": x.why} for x in view.lost],
+        "notes": list(view.notes),
+        "autostop": list(view.autostop),
+        "runtime": view.runtime,
+        "training": training,
+        "launches": None if view.launches is None else list(view.launches.lines),
+        "launches_error": None if view.launches is None or not view.launches.error else view.launches.error,
+    }
+
+
+def _node_json(node: Node, state: str, zone: str, lost: dict[str, LostNode]) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "role": node.role,
+        "private_ip": node.private_ip,
+        "public_ip": node.public_ip,
+        "slots": node.slots,
+        "state": "lost" if node.name in lost else state,
+        "zone": zone or None,
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -75,7 +76,10 @@ def test_aws_only_flags_on_a_local_cluster_are_refused_not_dropped(cli):
 def test_missing_state_is_exit_3(cli):
     proc = cli("status")
     assert proc.returncode == 3
-    assert proc.stderr.strip() == "Error: no cluster given and none is current: pass --cluster NAME or a hosts file"
+    assert (
+        proc.stderr.strip()
+        == "Error: no cluster given and none is current: pass -c/--cluster NAME (`clusterctl ls` lists them)"
+    )
     proc = cli("status", "nosuch")
     assert proc.returncode == 3 and "no cluster named 'nosuch'" in proc.stderr
 
@@ -88,6 +92,12 @@ def test_destructive_without_terminal_needs_yes(cli):
 def test_hosts_formats_from_a_file(cli):
     proc = cli("hosts", str(REPO / "hosts.example"), "--format", "horovod")
     assert proc.returncode == 0 and proc.stdout == "10.0.1.4:8,10.0.1.5:8,10.0.1.6:8,10.0.1.7:8\n"
+    proc = cli("hosts", str(REPO / "hosts.example"), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)[3] == {"host": "10.0.1.7", "slots": 8}
+    proc = cli("hosts", str(REPO / "hosts.example"), "-f", "tf-config", "--task", "3")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["task"] == {"type": "worker", "index": 3}
+    proc = cli("hosts", str(REPO / "hosts.example"), "-f", "plain")
+    assert proc.returncode == 0 and proc.stdout.split() == [f"10.0.1.{i}" for i in range(4, 8)]
 
 
 def test_wheel_carries_templates_and_playbooks(tmp_path):

@@ -4,6 +4,7 @@ timeouts, Ctrl-C, and connections kept across invocations by the agent."""
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import time
@@ -164,6 +165,18 @@ def test_agent_exits_when_idle(c):
 
     wait_for(gone, 20, "the idle agent to exit", interval=0.2)
     assert not agent.socket_path(c.cli.home).exists()
+
+
+def test_flags_after_the_command_are_run_s_and_the_quoting_advice_works(c):
+    proc = c.cli("run", "hosts", "hostname", "--timeout", "5", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert len([json.loads(line) for line in proc.stdout.splitlines()]) == len(c.hosts), proc.stdout  # --json read
+    proc = c.cli("run", "hosts", "echo", "two words")
+    assert proc.returncode == 2 and proc.stderr.startswith("Error: too many arguments: quote the command: ")
+    advice = shlex.split(proc.stderr.strip().rsplit("quote the command: ", 1)[1])
+    assert advice[:2] == ["clusterctl", "run"], advice
+    followed = c.cli(*advice[1:])
+    assert followed.returncode == 0 and followed.stdout.count("two words") == len(c.hosts), followed.stdout
 
 
 def test_usage_errors_are_one_line(c):

@@ -34,14 +34,46 @@ def test_render_is_strict_for_horovodrun():
 
 
 def test_formats():
-    hf = HostsFile.parse("10.0.0.2 slots=2\n10.0.0.3 slots=1\n")
-    assert hf.render_as("horovod") == "10.0.0.2:2,10.0.0.3:1\n"
-    assert hf.render_as("mpi") == "10.0.0.2 slots=2 max_slots=2\n10.0.0.3 slots=1 max_slots=1\n"
-    assert json.loads(hf.render_as("json")) == [{"host": "10.0.0.2", "slots": 2}, {"host": "10.0.0.3", "slots": 1}]
-    tf = json.loads(hf.render_as("tf-config"))
-    assert tf["cluster"]["ps"] == ["10.0.0.2:2222", "10.0.0.3:2222"]  # one parameter server per host
-    assert tf["cluster"]["worker"] == ["10.0.0.2:2223", "10.0.0.2:2224", "10.0.0.3:2223"]  # one worker per slot
-    assert HostsFile.parse("fe80::1 slots=1").horovod_arg() == "[fe80::1]:1"
+    hf = HostsFile.parse("10.0.0.2 slots=2\nnode-3 slots=1\n")
+    assert hf.render_as("slots") == hf.render_as("deepspeed") == "10.0.0.2 slots=2\nnode-3 slots=1\n"
+    assert hf.render_as("horovod") == "10.0.0.2:2,node-3:1\n"
+    assert hf.render_as("horovod-file") == "10.0.0.2 slots=2\nnode-3 slots=1\n"
+    assert hf.render_as("mpi") == "10.0.0.2 slots=2 max_slots=2\nnode-3 slots=1 max_slots=1\n"
+    assert hf.render_as("plain") == "10.0.0.2\nnode-3\n"
+    assert json.loads(hf.render_as("json")) == [{"host": "10.0.0.2", "slots": 2}, {"host": "node-3", "slots": 1}]
+    assert json.loads(hf.render_as("tf-config", task=1)) == {
+        "cluster": {"worker": ["10.0.0.2:2222", "node-3:2222"]},  # one worker per node, all its GPUs
+        "task": {"type": "worker", "index": 1},
+    }
+
+
+@pytest.mark.parametrize(
+    "text, fmt, task, message",
+    [
+        ("fe80::1 slots=1", "horovod", None, "horovodrun splits `host:slots` at every ':' and reads no IPv6 address"),
+        ("[fd00::5] slots=1", "horovod-file", None, "reads no IPv6 address"),
+        ("fd00::5 slots=1", "plain", None, "pdsh reads `a:b` as rcmd type a, host b"),
+        ("node-1:2222 slots=1", "plain", None, "pdsh reads"),
+        ("node-1:2222 slots=1", "deepspeed", None, "a DeepSpeed or Open MPI hostfile takes one ssh port for all hosts"),
+        ("node-1:2222 slots=1", "slots", None, "takes one ssh port for all hosts, so 'node-1:2222' cannot be given"),
+        ("node-1 slots=1", "tf-config", None, "--format tf-config needs --task N"),
+        (
+            "node-1 slots=1\nnode-2",
+            "tf-config",
+            2,
+            "--task 2 is not a node of these 2: give each node its own index, 0 to 1",
+        ),
+        ("node-1 slots=1", "tf-config", -1, "--task -1 is not a node"),
+        ("node-1 slots=1", "mpi", 0, "--task is for --format tf-config"),
+        ("node-1 slots=1", "yaml", None, "unknown format 'yaml'"),
+    ],
+)
+def test_a_format_refuses_what_its_reader_cannot_read(text, fmt, task, message):
+    from clusterctl.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        HostsFile.parse(text).render_as(fmt, task)
+    assert message in info.value.one_line() and info.value.exit_code == 2
 
 
 def test_slots_default_to_one_and_hosts_file_example_parses():
@@ -171,7 +203,7 @@ def test_horovodrun_cannot_take_per_host_ports():
             render()
         assert info.value.exit_code == 2 and "one ssh port for all hosts" in info.value.one_line()
         assert "\n" not in info.value.one_line()
-    assert HostsFile.parse("[fd00::5] slots=8\n").horovod_arg() == "[fd00::5]:8"
+    assert HostsFile.parse("[fd00::5] slots=8\n").render_mpi() == "fd00::5 slots=8 max_slots=8\n"  # bare, as MPI reads
 
 
 ports = st.integers(1, 65535)
@@ -202,3 +234,124 @@ def test_hostile_tokens_rejected_with_ports_too(prefix, bad, suffix, port):
     token = prefix + bad + suffix
     for form in (token, f"{token}:{port}", f"[{token}]:{port}", f"[{token}]"):
         assert entry_problem(form) is not None, form
+
+
+# ---- each format read by its reader's own parser ------------------------------------------------------------
+any_host = st.one_of(
+    dns.map(lambda h: (h, h)),
+    ipv4.map(lambda h: (h, h)),
+    st.ip_addresses(v=6).map(str).map(lambda a: (a, a)),
+    st.ip_addresses(v=6).map(str).map(lambda a: (f"[{a}]", a)),
+    st.tuples(dns, ports).map(lambda t: (f"{t[0]}:{t[1]}", t[0])),
+)
+some_hosts = st.lists(st.tuples(any_host, st.integers(1, 64)), min_size=1, max_size=8, unique_by=lambda p: p[0][1])
+
+
+def _rendered(hf: HostsFile, fmt: str) -> str | None:
+    from clusterctl.errors import UsageError
+
+    try:
+        return hf.render_as(fmt)
+    except UsageError:
+        return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(some_hosts)
+def test_horovod_formats_read_by_horovods_own_parsers(tmp_path_factory, items):
+    from horovod.runner.common.util.hosts import parse_host_files, parse_hosts, parse_hosts_and_slots
+
+    hf = HostsFile.from_pairs([(tok, s) for (tok, _), s in items])
+    want = [(address, s) for (_, address), s in items]
+    arg = _rendered(hf, "horovod")
+    if any(":" in tok for (tok, _), _ in items):  # a port of its own or an IPv6 address: refused
+        assert arg is None
+        if any(":" in address for address, _ in want):  # and rightly: Horovod cannot read an IPv6 host
+            for naive in (",".join(f"{a}:{s}" for a, s in want), ",".join(f"[{a}]:{s}" for a, s in want)):
+                with pytest.raises(ValueError):
+                    parse_hosts_and_slots(naive)
+        return
+    assert arg is not None
+    assert [(h.hostname, h.slots) for h in parse_hosts(arg.strip())] == want
+    names, slots = parse_hosts_and_slots(arg.strip())
+    assert [(n, slots[n]) for n in names] == want
+    path = tmp_path_factory.mktemp("hf") / "hosts"
+    path.write_text(hf.render_as("horovod-file"))
+    assert parse_host_files(str(path)) == arg.strip()
+
+
+def test_hosts_example_is_read_by_horovods_parse_host_files():
+    from horovod.runner.common.util.hosts import parse_host_files, parse_hosts
+
+    text = parse_host_files(str(REPO / "hosts.example"))
+    assert [(h.hostname, h.slots) for h in parse_hosts(text)] == [(f"10.0.1.{i}", 8) for i in range(4, 8)]
+
+
+# Open MPI's hostfile lexer (prrte src/util/hostfile/hostfile_lex.l, the same rules in ompi's
+# orte/util/hostfile): flex takes the longest match, the first rule on a tie; a host must come out whole as
+# one STRING, IPV4, IPV6 or HOSTNAME token (a `[` is an ERROR token).
+_OMPI_HOST_RULES = [
+    ("STRING", r"[A-Za-z0-9_\-,:*@]*"),
+    ("IPV4", r"([A-Za-z0-9][A-Za-z0-9_\-]*@)?([0-9]{1,3}\.){3}[0-9]{1,3}"),
+    ("IPV6", r"([A-Za-z0-9][A-Za-z0-9_\-]*@)?([A-Fa-f0-9]{0,4}:)+:*([A-Fa-f0-9]{0,4}:)+[A-Fa-f0-9]{1,4}"),
+    ("HOSTNAME", r"(\^?[A-Za-z0-9][A-Za-z0-9_\-]*@)?[A-Za-z0-9][A-Za-z0-9_\-.]*"),
+]
+
+
+def _ompi_host_token(word: str) -> str | None:
+    import re
+
+    best, kind = 0, None
+    for name, rule in _OMPI_HOST_RULES:
+        m = re.match(rule, word)
+        if m and len(m.group(0)) > best:
+            best, kind = len(m.group(0)), name
+    return kind if best == len(word) else None
+
+
+@settings(max_examples=60, deadline=None)
+@given(some_hosts)
+def test_mpi_and_deepspeed_files_as_their_parsers_read_them(items):
+    import re
+
+    hf = HostsFile.from_pairs([(tok, s) for (tok, _), s in items])
+    want = [(address, s) for (_, address), s in items]
+    mpi, ds = _rendered(hf, "mpi"), _rendered(hf, "deepspeed")
+    if any(tok != address and not tok.startswith("[") for (tok, address), _ in items):  # a port of its own
+        assert mpi is None and ds is None
+        return
+    assert mpi is not None and ds is not None
+    for line, (address, slots) in zip(mpi.splitlines(), want, strict=True):
+        host, *rest = line.split()
+        assert host == address and _ompi_host_token(host) is not None, line
+        assert rest == [f"slots={slots}", f"max_slots={slots}"]
+    # DeepSpeed's launcher/runner.py _parse_hostfile: `^(\S+)\s+slots=(\d+)` per line
+    parsed = [re.search(r"^(\S+)\s+slots=(\d+)", line) for line in ds.splitlines()]
+    assert [(m.group(1), int(m.group(2))) for m in parsed if m] == want
+
+
+def test_the_ompi_oracle_refuses_brackets():
+    assert _ompi_host_token("[fd00::5]") is None and _ompi_host_token("fd00::5") is not None
+    assert _ompi_host_token("node-1.example.com") == "HOSTNAME" and _ompi_host_token("10.0.0.1") is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(some_hosts)
+def test_plain_is_one_host_a_line_or_refused(items):
+    hf = HostsFile.from_pairs([(tok, s) for (tok, _), s in items])
+    plain = _rendered(hf, "plain")
+    if any(":" in tok for (tok, _), _ in items):
+        assert plain is None
+    else:
+        assert plain is not None and plain.splitlines() == [tok for (tok, _), _ in items]
+
+
+def test_tf_config_is_read_by_tensorflows_resolver(monkeypatch):
+    from tensorflow.python.distribute.cluster_resolver import TFConfigClusterResolver
+
+    hf = HostsFile.parse("10.0.0.2 slots=8\nnode-3 slots=8\nfd00::5 slots=8\n")
+    for task in range(3):
+        monkeypatch.setenv("TF_CONFIG", hf.render_as("tf-config", task))
+        r = TFConfigClusterResolver()
+        assert r.cluster_spec().as_dict() == {"worker": ["10.0.0.2:2222", "node-3:2222", "[fd00::5]:2222"]}
+        assert (r.task_type, r.task_id) == ("worker", task)

@@ -12,17 +12,8 @@ import pytest
 
 from clusterctl.errors import ConfigError, StateError
 from clusterctl.state import FORMAT, Record, StateStore
-from clusterctl.types import Autostop, Cluster, Node, NodeRuntime
-
-
-def sample(name: str = "alpha") -> Cluster:
-    return Cluster(
-        name=name,
-        provider="local",
-        created_at=1000.0,
-        extra={"bridge": "ccbx"},
-        nodes=(Node(f"{name}-leader", "10.9.0.2", 2, "leader"), Node(f"{name}-member-1", "10.9.0.3", 2, "member")),
-    )
+from clusterctl.types import Autostop, NodeRuntime
+from state_support import sample
 
 
 def test_save_load_round_trip_mode_0600(tmp_path):

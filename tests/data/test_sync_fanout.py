@@ -67,8 +67,42 @@ def test_an_uplink_of_twice_a_hop_gets_two_chains(c4, tmp_path):
     src = tmp_path / "ds"
     sums = make_dataset(src, random_files(18, 1_000_000, seed=41))  # 18 MB: above the probe's 16 MB
     uplink(c4, 0, "90mbit")  # 2 streams at a hop's rate fit (80), 3 do not (30 each)
+    short = (
+        r"fanout 1 \(auto\): one chain: 18\.0 MB at a hop's [\d.]+ MB/s is [\d.]+ s of streaming, under 15x a "
+        r"measurement \(~1 s\): measuring the sender would cost more than it saves"
+    )
     try:
+        # 18 MB at a hop's ~4.8 MB/s: the plan, as the run, stops after the hop (the sender is not measured)
         plan = sync(c4, "--plan", str(src), "/tmp/fan2")
+        assert plan.returncode == 0, plan.stderr
+        lines = plan.stdout.splitlines()
+        assert lines[0] == "chain (fanout 1): one tar stream per link, every node writes and forwards at once"
+        assert re.fullmatch(short, lines[1]), lines[1]
+        assert lines[2:] == [
+            f"  source ({src}) -> {h[0]}",
+            f"  {h[0]} -> {h[1]}",
+            f"  {h[1]} -> {h[2]}",
+            f"  {h[2]} -> {h[3]}",
+        ]
+        assert c4.node_exec(0, "test", "-e", "/tmp/fan2", check=False).returncode == 1  # nothing copied
+        _no_work_left(c4)
+
+        kept = list((c4.cli.home / "sync-manifests").glob("hop-*.json"))
+        assert len(kept) == 1  # the plan's measured hop, kept for the next run
+        kept[0].unlink()
+        run = sync(c4, str(src), "/tmp/fan2")
+        assert run.returncode == 0, run.stderr
+        assert re.search(short + "$", run.stderr, re.M), run.stderr  # what the plan said
+        _verified(c4, "/tmp/fan2", sums)
+        # the next short stream: the hop's rate just measured stands, no probe at all
+        run = sync(c4, str(src), "/tmp/fan2c")
+        assert run.returncode == 0, run.stderr
+        assert re.search(short + r" \(a hop's rate as measured \d+ s ago\)$", run.stderr, re.M), run.stderr
+        _verified(c4, "/tmp/fan2c", sums)
+
+        big = tmp_path / "big"  # ~31 s at a hop's rate: worth measuring the sender, in the plan and the run
+        sums = make_dataset(big, random_files(6, 25_000_000, seed=42))
+        plan = sync(c4, "--plan", str(big), "/tmp/fan2b")
         assert plan.returncode == 0, plan.stderr
         lines = plan.stdout.splitlines()
         assert lines[0] == "chain (fanout 2): one tar stream per link, every node writes and forwards at once"
@@ -80,34 +114,11 @@ def test_an_uplink_of_twice_a_hop_gets_two_chains(c4, tmp_path):
         assert float(m.group(5)) >= 0.9 * hop
         assert re.search(r"; 3 streams from \S+ at once make [\d.]+ MB/s \([\d.]+ MB/s each\), below$", lines[1])
         assert lines[2:] == [
-            f"  source ({src}) -> {h[0]}",
+            f"  source ({big}) -> {h[0]}",
             f"  {h[0]} -> {h[1]}",
             f"  {h[0]} -> {h[3]}",
             f"  {h[1]} -> {h[2]}",
         ]
-        assert c4.node_exec(0, "test", "-e", "/tmp/fan2", check=False).returncode == 1  # nothing copied
-        _no_work_left(c4)
-
-        # 18 MB at a hop's ~4.8 MB/s: the probe stops after the hop, the sender is not measured
-        kept = list((c4.cli.home / "sync-manifests").glob("hop-*.json"))
-        assert len(kept) == 1  # the plan's measured hop, kept for the next run
-        kept[0].unlink()
-        run = sync(c4, str(src), "/tmp/fan2")
-        assert run.returncode == 0, run.stderr
-        short = (
-            r"fanout 1 \(auto\): one chain: 18\.0 MB at a hop's [\d.]+ MB/s is [\d.]+ s of streaming, under 15x a "
-            r"measurement \(~1 s\): measuring the sender would cost more than it saves"
-        )
-        assert re.search(short + "$", run.stderr, re.M), run.stderr
-        _verified(c4, "/tmp/fan2", sums)
-        # the next short stream: the hop's rate just measured stands, no probe at all
-        run = sync(c4, str(src), "/tmp/fan2c")
-        assert run.returncode == 0, run.stderr
-        assert re.search(short + r" \(a hop's rate as measured \d+ s ago\)$", run.stderr, re.M), run.stderr
-        _verified(c4, "/tmp/fan2c", sums)
-
-        big = tmp_path / "big"  # ~31 s at a hop's rate: worth measuring the sender
-        sums = make_dataset(big, random_files(6, 25_000_000, seed=42))
         run = sync(c4, str(big), "/tmp/fan2b")
         assert run.returncode == 0, run.stderr
         said = [line for line in run.stderr.splitlines() if "fanout" in line]

@@ -134,6 +134,17 @@ def test_no_region_and_no_credentials_are_config_errors(aws, aws_cli):
     assert proc.returncode == 3 and one_error_line(proc).startswith("Error: no AWS credentials found")
 
 
+def test_a_missing_profile_is_a_config_error_whose_advice_works(aws, aws_cli):
+    proc = aws_cli("up", "--nodes", "1", "--dry-run", env={"AWS_PROFILE": "nosuch"})
+    line = one_error_line(proc)
+    assert proc.returncode == 3 and line.startswith("Error: no AWS profile named 'nosuch'"), proc.stderr
+    assert line.endswith("or unset AWS_PROFILE"), line
+    proc = ok(aws_cli("up", "--nodes", "1", "--dry-run", "--json"))  # the advice followed: AWS_PROFILE unset
+    plan = json.loads(proc.stdout)
+    assert (plan["provider"], plan["region"], plan["instance_type"], plan["nodes"]) == ("aws", REGION, "p3.16xlarge", 1)
+    assert plan["hourly_usd"] > 0 and plan["checks"] and "image" in plan, plan
+
+
 def test_an_expensive_cluster_needs_confirmation_and_nothing_is_created_without_it(aws, aws_cli):
     args = [a for a in aws_cli.up_args("costly", 2) if a != "--yes"]
     proc = aws_cli(*args)

@@ -404,17 +404,6 @@ def test_an_assumed_role_profile_signs_in_once_and_asks_for_its_mfa_code_once(aw
     )
 
 
-def test_a_profile_that_is_not_there_is_a_config_error_with_the_fix(aws, aws_cli, tmp_path):
-    proc = aws_cli("up", "--nodes", "2", "--type", "p3.16xlarge", "--dry-run", env={"AWS_PROFILE": "nosuch"})
-    assert proc.returncode == 3, proc.stderr
-    assert one_error_line(proc) == (
-        "Error: the AWS profile 'nosuch' is in neither ~/.aws/config nor ~/.aws/credentials: set AWS_PROFILE (or "
-        "AWS_DEFAULT_PROFILE) to a profile those files define, or unset it"
-    )
-    # the advice, followed: AWS_PROFILE unset, the same command plans
-    ok(aws_cli("up", "--nodes", "2", "--type", "p3.16xlarge", "--dry-run"))
-
-
 def test_the_spot_plan_shows_ec2s_current_spot_price_in_each_az_it_would_try(aws, aws_cli):
     aws.spot_prices = {
         ("p3.16xlarge", "us-east-1a"): 7.3441,

@@ -47,6 +47,7 @@ def test_three_nodes_up_isolated_reachable_and_gone(local_cluster_factory):
     ls = cli("ls")
     assert ls.returncode == 0 and c.name in ls.stdout and "up" in ls.stdout
     status = cli("status")
+    assert status.returncode == 0, status.stderr  # every node answers its ssh probe: nothing lost
     assert f"{c.name}-leader" in status.stdout and f"{c.name}-member-2" in status.stdout
 
     # plain OpenSSH with StrictHostKeyChecking=yes against the pinned known_hosts reaches every node

@@ -38,7 +38,8 @@ def test_repair_replaces_a_terminated_instance_like_its_peers_and_a_failed_one_l
         lost = before["nodes"][2]
         aws.client("ec2").terminate_instances(InstanceIds=[lost["instance_id"]])  # its namespace node goes with it
 
-        st = ok(aws_cli("status", name))
+        st = aws_cli("status", name)
+        assert st.returncode == 5, st.stderr  # a lost node: status says so in its exit status too
         assert f"lost: {name}-member-2 ({lost['private_ip']}): terminated" in st.stdout + st.stderr
         proc = ok(aws_cli("repair", name, "--yes", timeout=300))
         assert f"{name}-member-2 ({lost['private_ip']}): terminated" in proc.stderr

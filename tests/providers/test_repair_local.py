@@ -104,7 +104,8 @@ def test_repair_replaces_a_lost_member_with_its_dataset_and_run_reaches_all(loca
     c.node_exec(2, "sh", "-c", "echo old > /root/old.txt")
     kill_node(c, 2)
 
-    st = ok(c.cli("status", c.name))
+    st = c.cli("status", c.name)
+    assert st.returncode == 5, st.stderr  # a lost node: status says so in its exit status too
     assert f"lost: {c.name}-member-2 ({c.hosts[2]})" in st.stderr + st.stdout
     proc = c.cli("repair", c.name)  # no terminal, no --yes: nothing is done
     assert proc.returncode == 2 and "needs confirmation" in proc.stderr

@@ -126,10 +126,24 @@ def _tf() -> TensorFlow:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
     except ImportError as exc:
-        raise DatasetError(
-            f"writing TFRecords needs TensorFlow ({exc})", "install it: pip install 'clusterctl[train]'"
-        ) from None
+        raise DatasetError(f"writing TFRecords needs TensorFlow ({exc})", f"install it: {install_tf()}") from None
     return tf
+
+
+def install_tf() -> str:
+    """The command that installs the TensorFlow of clusterctl's `train` extra into this Python: right for a
+    checkout and an installed wheel alike (no index has a `clusterctl` to take the extra from)."""
+    import shlex
+    import sys
+    from importlib import metadata
+
+    spec = "tensorflow-cpu"
+    try:
+        wanted = [r.split(";")[0].strip() for r in metadata.requires("clusterctl") or [] if "train" in r]
+        spec = next((w for w in wanted if w.startswith("tensorflow")), spec)
+    except metadata.PackageNotFoundError:  # the node runtime, shipped without its metadata
+        pass
+    return f"{shlex.quote(sys.executable)} -m pip install {shlex.quote(spec)}"
 
 
 def example_bytes(

@@ -64,13 +64,22 @@ def _profile_checked(make: Callable[[], Any]) -> Any:
     try:
         return make()
     except ProfileNotFound as exc:
-        raise _no_profile(exc) from None
+        raise missing_profile(exc) from None
 
 
-def _no_profile(exc: Any) -> ConfigError:
+def missing_profile(exc: BaseException) -> ConfigError:
+    """botocore's ProfileNotFound (AWS_PROFILE or --profile naming no profile), with the profiles there are."""
+    import botocore.session
+
+    try:
+        have = sorted(botocore.session.Session(profile=None).available_profiles)
+    except Exception:  # a config file too broken to list: say so below, without the list
+        have = []
+    named = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE") or "?"
+    there = f"the profiles there: {', '.join(have)}" if have else "there are none"
     return ConfigError(
-        f"the AWS profile {exc.kwargs.get('profile', '')!r} is in neither ~/.aws/config nor ~/.aws/credentials",
-        "set AWS_PROFILE (or AWS_DEFAULT_PROFILE) to a profile those files define, or unset it",
+        f"no AWS profile named {named!r} ({exc})",
+        f"set AWS_PROFILE to a profile in ~/.aws/config or ~/.aws/credentials ({there}), or unset AWS_PROFILE",
     )
 
 
@@ -166,7 +175,7 @@ class Api:
         except NoRegionError:
             raise ConfigError("no AWS region given", "pass --region or set AWS_REGION") from None
         except ProfileNotFound as exc:
-            raise _no_profile(exc) from None
+            raise missing_profile(exc) from None
         except ClientError:
             raise
         except BotoCoreError as exc:
