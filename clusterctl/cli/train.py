@@ -107,6 +107,14 @@ TRAIN_FLAGS = dict(  # train's training options, declared once; train_run.option
             help="default (cosine decay, label smoothing 0.1) or goyal (Goyal et al. 2017: /10 at epochs 30, 60, 80 of 90, 5 warm-up epochs, no label smoothing, zero last BN gamma per residual block).",
         ),
     ),
+    input=(
+        Optional[str],
+        typer.Option(
+            None,
+            "--input",
+            help="Who decodes the JPEGs: auto (default: DALI on the GPUs when the CPUs measured before the run cannot feed them, else tf.data), tfdata (TensorFlow on the CPUs) or dali (NVIDIA DALI: on the GPUs, on its CPU backend where there are none).",
+        ),
+    ),
     eval_every=(
         Optional[int],
         typer.Option(

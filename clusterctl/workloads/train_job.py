@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from clusterctl.remote import nodepkg
 from clusterctl.remote.jobfolder import node_path
-from clusterctl.workloads import train_config
+from clusterctl.workloads import train_config, train_feed
 from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
 from clusterctl.workloads.train_nodes import (
     PROBE_TIMEOUT_S,
@@ -148,19 +148,25 @@ FEED_PROBE = "input_rate"  # the node package's program: the trainer's input pip
 FEED_TIMEOUT_S = 300.0
 
 
-def feed_warning(
+def measure_feed(
     pool: SshPool, leader: SshTarget, job_dir: str, python: str, data: str, gpus: int, gpu: str
-) -> str | None:
+) -> train_feed.Feed | None:
     """Before a GPU run: the trainer's input pipeline timed on one of the leader's cores, on the run's own
-    records (node/input_rate.py, GPUs hidden), and train_feed's line when the node's cores cannot feed
-    its GPUs at their expected rate. None when they can, or when the probe did not answer (the run goes on)."""
-    from clusterctl.workloads import train_feed
-
+    records (node/input_rate.py, GPUs hidden), as the node's Feed; None when the probe did not answer (the
+    run goes on)."""
     probe = nodepkg.package().command(FEED_PROBE, "--data", data, python=python)
     cmd = f"cd {shlex.quote(job_dir)} && CUDA_VISIBLE_DEVICES= {probe} 2>&1"
     r = pool.run_one(leader, cmd, timeout=FEED_TIMEOUT_S)
     measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
-    f = train_feed.feed(measured[1], measured[0], gpus, gpu) if measured else None
+    return train_feed.feed(measured[1], measured[0], gpus, gpu) if measured else None
+
+
+def feed_warning(
+    pool: SshPool, leader: SshTarget, job_dir: str, python: str, data: str, gpus: int, gpu: str
+) -> str | None:
+    """train_feed's line when the leader's cores cannot feed its GPUs at their expected rate (measure_feed);
+    None when they can, or when the probe did not answer."""
+    f = measure_feed(pool, leader, job_dir, python, data, gpus, gpu)
     return train_feed.warning(f) if f else None
 
 
@@ -243,7 +249,7 @@ def start(
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
     from clusterctl.remote import jobfolder, tmux as jobs
     from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import horovod, launch, train_feed
+    from clusterctl.workloads import horovod, launch
 
     opts.require_source()
     total = inv.hosts.total_slots
@@ -319,11 +325,16 @@ def start(
             hosts,
             package=pkg,
         )
+        fed = None
         if gpu:
             report(f"timing the input pipeline on one of {leader.label}'s cores (decode + augment, {data})")
-            line = feed_warning(pool, leader, job.dir, python, str(data), gpus, gpu)
-            if line:
+            fed = measure_feed(pool, leader, job.dir, python, str(data), gpus, gpu)
+            line = train_feed.warning(fed) if fed else None
+            if line and opts.input in (None, "auto", "tfdata"):
                 report(f"warning: {line}")
+        chosen = train_feed.choose_input(opts.input, fed, gpus, data)
+        report(chosen.line())
+        opts = replace(opts, input=chosen.input)
         env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}
         elastic = None
         if opts.elastic:

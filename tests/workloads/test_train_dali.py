@@ -150,3 +150,44 @@ def test_read_only_data_gets_its_index_in_the_temporary_folder(tmp_path, monkeyp
 def test_shards_are_contiguous_and_cover_every_record():
     assert [dali.shard_range(23, r, 3) for r in range(3)] == [(0, 7), (7, 15), (15, 23)]
     assert [dali.shard_range(2, r, 4) for r in range(4)] == [(0, 0), (0, 1), (1, 1), (1, 2)]
+
+
+# ---- --input: the choice before the launch, and the flag to the trainer ------------------------------------
+def _feed(per_core: float):
+    from clusterctl.workloads import train_feed
+
+    return train_feed.feed(8, per_core, 4, "V100")  # 4 x 1,270 = 5,080 img/s needed
+
+
+def test_auto_picks_dali_only_when_gpus_are_there_and_the_measured_feed_is_below_demand():
+    from clusterctl.workloads.train_feed import choose_input
+
+    starved = choose_input("auto", _feed(300.0), 4, "/data")  # 2,400 img/s for 5,080
+    assert starved.input == "dali"
+    assert starved.line() == "input: DALI (auto: 2,400 img/s from the CPUs for 5,080 needed; DALI decodes on the GPUs)"
+    fed = choose_input(None, _feed(700.0), 4, "/data")
+    assert fed.input == "tfdata" and fed.line() == "input: tf.data (auto: 5,600 img/s from the CPUs for 5,080 needed)"
+    assert choose_input("auto", None, 4, "/data").input == "tfdata"  # not measured: the CPUs, as before
+    assert choose_input("auto", _feed(300.0), 0, "/data").input == "tfdata"  # no GPUs to decode on
+    assert choose_input("auto", None, 4, None).input == "tfdata"  # synthetic
+    asked = choose_input("dali", _feed(900.0), 0, "/data")
+    assert asked.input == "dali" and "CPU backend" in asked.line()
+    assert choose_input("tfdata", _feed(100.0), 4, "/data").input == "tfdata"
+
+
+def test_input_reaches_the_trainer_and_auto_never_does():
+    from clusterctl.errors import UsageError
+    from clusterctl.node.train import options as trainer
+    from clusterctl.workloads.train_options import TrainOptions, trainer_argv
+
+    argv = trainer_argv("py", "pkg", TrainOptions(data="/d", input="dali"))
+    assert argv[argv.index("--input") + 1] == "dali"
+    assert trainer.parse_args(argv[3:]).input == "dali"
+    assert "--input" not in trainer_argv("py", "pkg", TrainOptions(data="/d", input="auto"))
+    assert trainer.parse_args(["--data", "/d"]).input == "tfdata"
+    with pytest.raises(UsageError, match="unknown input 'gpu'"):
+        TrainOptions(data="/d", input="gpu")
+    with pytest.raises(UsageError, match="--input dali decodes records"):
+        TrainOptions(synthetic=True, input="dali")
+    with pytest.raises(SystemExit):
+        trainer.parse_args(["--synthetic", "--input", "dali"])

@@ -128,6 +128,12 @@ def plugin_available() -> bool:
     return True
 
 
+def device_id(gpus: list[Any]) -> int | None:
+    """The CUDA device DALI decodes on: the one GPU model.pin_device left this process (its physical index,
+    as TensorFlow names it `/physical_device:GPU:N`), or None on the CPU."""
+    return int(gpus[0].name.rsplit(":", 1)[1]) if gpus else None
+
+
 def _features(dali: Any) -> dict[str, Any]:
     tfrec = dali.tfrecord
     return {

@@ -12,6 +12,7 @@ from clusterctl.node.train import checkpoints
 
 DESCRIPTION = "ImageNet training with TensorFlow 2 + Horovod, shipped to every node and launched by horovodrun."
 PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")  # the trainer's and the benchmark's --precision
+INPUTS = ("tfdata", "dali")  # the trainer's --input; `clusterctl train --input auto` picks one before the launch
 EXIT_SIZE_MISMATCH = 3
 EXIT_CHECKPOINT = 4
 EXIT_NO_DATA = 5
@@ -83,6 +84,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d.add_argument("--label-offset", type=int, default=1, help="subtracted from image/class/label (1 = ImageNet)")
     d.add_argument("--shuffle-buffer", type=int, default=10000, help="records in each rank's shuffle buffer")
     d.add_argument("--min-crop-area", type=float, default=0.08, help="smallest random crop, as a fraction of the image")
+    d.add_argument(
+        "--input",
+        choices=INPUTS,
+        default="tfdata",
+        help="who decodes the JPEGs: tfdata (TensorFlow, on the CPUs) or dali (NVIDIA DALI: on the GPU where the "
+        "rank has one, else DALI's CPU backend; node/train/dali.py)",
+    )
     m = p.add_argument_group("model and optimisation")
     m.add_argument("--model", choices=("resnet50", "tiny"), default="resnet50")
     m.add_argument("--image-size", type=int, default=None, help="default 224 (resnet50), 32 (tiny)")
@@ -204,6 +212,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--epochs must be positive")
     if args.max_steps is not None and args.max_steps < 1:
         p.error("--max-steps must be at least 1")
+    if args.synthetic and args.input == "dali":
+        p.error("--input dali decodes records: give --data DIR, not --synthetic")
     if not 0 < args.min_crop_area <= 1:
         p.error("--min-crop-area must be in (0, 1]")
     if args.elastic and (args.eval_every or args.expect_size or args.eval_only):
