@@ -329,10 +329,10 @@ def start(
         if gpu:
             report(f"timing the input pipeline on one of {leader.label}'s cores (decode + augment, {data})")
             fed = measure_feed(pool, leader, job.dir, python, str(data), gpus, gpu)
-            line = train_feed.warning(fed) if fed else None
-            if line and opts.input in (None, "auto", "tfdata"):
-                report(f"warning: {line}")
         chosen = train_feed.choose_input(opts.input, fed, gpus, data)
+        line = train_feed.warning(fed) if fed and chosen.input == "tfdata" else None
+        if line:
+            report(f"warning: {line}")
         report(chosen.line())
         opts = replace(opts, input=chosen.input)
         env = {**launch.job_env(inv.cluster, python), **train_config.gpu_env(config), **horovod_env(opts)}

@@ -191,3 +191,17 @@ def test_input_reaches_the_trainer_and_auto_never_does():
         TrainOptions(synthetic=True, input="dali")
     with pytest.raises(SystemExit):
         trainer.parse_args(["--synthetic", "--input", "dali"])
+
+
+def test_the_trainer_refuses_input_dali_where_dali_is_not_installed(tmp_path):
+    """A Python without DALI (here: the import system told that no `nvidia` package exists) stops at the flags,
+    exit 2, with the way to a runtime that has it."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); sys.modules['nvidia'] = None\n"
+        "from clusterctl.node.train import options\n"
+        "options.parse_args(['--data', '/d', '--input', 'dali'])\n"
+    )
+    proc = subprocess.run([PY, "-c", code, str(REPO)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "--input dali: NVIDIA DALI is not installed in this Python" in proc.stderr
+    assert "clusterctl up --runtime dali" in proc.stderr

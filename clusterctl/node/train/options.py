@@ -4,6 +4,7 @@ its learning-rate schedule. Pure: no TensorFlow."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 from collections.abc import Mapping
@@ -62,6 +63,14 @@ def _s3_uri(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def _has_dali() -> bool:
+    """NVIDIA DALI is installed in this Python (looked up, not imported: the flags' checks stay fast)."""
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except ModuleNotFoundError:  # no `nvidia` package at all
+        return False
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -214,6 +223,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-steps must be at least 1")
     if args.synthetic and args.input == "dali":
         p.error("--input dali decodes records: give --data DIR, not --synthetic")
+    if args.input == "dali" and not _has_dali():
+        p.error(
+            "--input dali: NVIDIA DALI is not installed in this Python: GPU nodes' runtime carries it; "
+            "on CPU nodes bring the cluster up with `clusterctl up --runtime dali`"
+        )
     if not 0 < args.min_crop_area <= 1:
         p.error("--min-crop-area must be in (0, 1]")
     if args.elastic and (args.eval_every or args.expect_size or args.eval_only):
