@@ -14,24 +14,9 @@ from clusterctl.workloads import train_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
-TRAIN = [
-    "train",
-    "--data",
-    "/root/ds",
-    "--model",
-    "tiny",
-    "--epochs",
-    "10",
-    "--batch-size",
-    "8",
-    "--log-every",
-    "40",
-    "--base-lr",
-    "2",
-    "--warmup-epochs",
-    "1",
-    "--wait",
-]
+TRAIN = (
+    "train --data /root/ds --model tiny --epochs 10 --batch-size 8 --log-every 40 --base-lr 2 --warmup-epochs 1 --wait"
+)
 
 
 def test_dali_trains_the_tiny_model_like_tf_data(local_cluster_factory):
@@ -45,7 +30,7 @@ def test_dali_trains_the_tiny_model_like_tf_data(local_cluster_factory):
 
     runs = {}
     for name in ("tfdata", "dali"):
-        proc = cli(*TRAIN, "--input", name, "--model-dir", f"~/runs/{name}", timeout=900)
+        proc = cli(*TRAIN.split(), "--input", name, "--model-dir", f"~/runs/{name}", timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         runs[name] = (train_log.parse_train_log(proc.stdout).current, proc.stderr)
         print(f"\n--input {name}\n" + "".join(x for x in proc.stdout.splitlines(True) if train_log.MARK in x))

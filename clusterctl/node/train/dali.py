@@ -142,10 +142,28 @@ def _features(dali: Any) -> dict[str, Any]:
     }
 
 
+def _read(dali: Any, files: list[str], indexes: list[str], rank: int, size: int, **how: Any) -> Any:
+    """This rank's shard of the records (DALI's reader, named so its epoch size can be asked)."""
+    return dali.fn.readers.tfrecord(
+        path=files, index_path=indexes, features=_features(dali), shard_id=rank, num_shards=size, name="Reader", **how
+    )
+
+
+def _resize(dali: Any, images: Any, image_size: int) -> Any:
+    """tf.image.resize's default: bilinear, half-pixel centres, no antialiasing."""
+    linear = dali.types.INTERP_LINEAR
+    return dali.fn.resize(images, resize_x=image_size, resize_y=image_size, interp_type=linear, antialias=False)
+
+
 def _labels(dali: Any, inputs: Any, label_offset: int) -> Any:
     fn, types = dali.fn, dali.types
     label = fn.reshape(inputs["image/class/label"], shape=[])
     return fn.cast(label - label_offset, dtype=types.INT32)
+
+
+def _build(dali: Any, graph: Any, batch: int, threads: int, device_id: int | None, seed: int) -> Any:
+    """The pipeline of `graph` (a function of no arguments returning its outputs), not yet built."""
+    return dali.pipeline_def(graph, batch_size=batch, num_threads=max(1, threads), device_id=device_id, seed=seed)()
 
 
 def train_pipeline(
@@ -170,16 +188,7 @@ def train_pipeline(
     decoder = "cpu" if device_id is None else "mixed"
 
     def pipe() -> tuple[Any, Any]:
-        inputs = fn.readers.tfrecord(
-            path=files,
-            index_path=indexes,
-            features=_features(dali),
-            random_shuffle=True,
-            initial_fill=shuffle,
-            shard_id=rank,
-            num_shards=size,
-            name="Reader",
-        )
+        inputs = _read(dali, files, indexes, rank, size, random_shuffle=True, initial_fill=shuffle)
         images = fn.decoders.image_random_crop(
             inputs["image/encoded"],
             device=decoder,
@@ -188,13 +197,11 @@ def train_pipeline(
             random_aspect_ratio=[3 / 4, 4 / 3],
             num_attempts=10,
         )
-        images = fn.resize(
-            images, resize_x=image_size, resize_y=image_size, interp_type=types.INTERP_LINEAR, antialias=False
-        )
+        images = _resize(dali, images, image_size)
         images = fn.flip(images, horizontal=fn.random.coin_flip(probability=0.5))
         return images, _labels(dali, inputs, label_offset)
 
-    return dali.pipeline_def(pipe, batch_size=batch, num_threads=max(1, threads), device_id=device_id, seed=seed)()
+    return _build(dali, pipe, batch, threads, device_id, seed)
 
 
 def eval_pipeline(
@@ -217,17 +224,7 @@ def eval_pipeline(
     num, den = EVAL_CROP
 
     def pipe() -> tuple[Any, Any]:
-        inputs = fn.readers.tfrecord(
-            path=files,
-            index_path=indexes,
-            features=_features(dali),
-            random_shuffle=False,
-            shard_id=rank,
-            num_shards=size,
-            pad_last_batch=True,
-            stick_to_shard=True,
-            name="Reader",
-        )
+        inputs = _read(dali, files, indexes, rank, size, random_shuffle=False, pad_last_batch=True, stick_to_shard=True)
         jpegs = inputs["image/encoded"]
         shape = fn.cast(fn.peek_image_shape(jpegs), dtype=types.INT32)  # from the JPEG header, on the CPU
         h, w = shape[0], shape[1]
@@ -235,12 +232,10 @@ def eval_pipeline(
         anchor = fn.stack((h - side) // 2, (w - side) // 2)
         images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
         images = fn.slice(images, anchor, fn.stack(side, side), axes=[0, 1])
-        images = fn.resize(
-            images, resize_x=image_size, resize_y=image_size, interp_type=types.INTERP_LINEAR, antialias=False
-        )
+        images = _resize(dali, images, image_size)
         return images, _labels(dali, inputs, label_offset)
 
-    return dali.pipeline_def(pipe, batch_size=batch, num_threads=max(1, threads), device_id=device_id, seed=0)()
+    return _build(dali, pipe, batch, threads, device_id, 0)
 
 
 def _host_batches(pipe: Any, batches: int | None, last: int) -> Iterator[tuple[Any, Any]]:
