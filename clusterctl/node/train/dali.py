@@ -155,10 +155,12 @@ def _resize(dali: Any, images: Any, image_size: int) -> Any:
     return dali.fn.resize(images, resize_x=image_size, resize_y=image_size, interp_type=linear, antialias=False)
 
 
-def _labels(dali: Any, inputs: Any, label_offset: int) -> Any:
+def _labels(dali: Any, inputs: Any, label_offset: int, device_id: int | None) -> Any:
+    """0-based int32 labels, on the GPU beside the images when they are decoded there (DALIDataset on a GPU
+    returns every output from it, as NVIDIA's reference pipeline moves its labels)."""
     fn, types = dali.fn, dali.types
-    label = fn.reshape(inputs["image/class/label"], shape=[])
-    return fn.cast(label - label_offset, dtype=types.INT32)
+    label = fn.cast(fn.reshape(inputs["image/class/label"], shape=[]) - label_offset, dtype=types.INT32)
+    return label if device_id is None else label.gpu()
 
 
 def _build(dali: Any, graph: Any, batch: int, threads: int, device_id: int | None, seed: int) -> Any:
@@ -199,7 +201,7 @@ def train_pipeline(
         )
         images = _resize(dali, images, image_size)
         images = fn.flip(images, horizontal=fn.random.coin_flip(probability=0.5))
-        return images, _labels(dali, inputs, label_offset)
+        return images, _labels(dali, inputs, label_offset, device_id)
 
     return _build(dali, pipe, batch, threads, device_id, seed)
 
@@ -233,7 +235,7 @@ def eval_pipeline(
         images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
         images = fn.slice(images, anchor, fn.stack(side, side), axes=[0, 1])
         images = _resize(dali, images, image_size)
-        return images, _labels(dali, inputs, label_offset)
+        return images, _labels(dali, inputs, label_offset, device_id)
 
     return _build(dali, pipe, batch, threads, device_id, 0)
 
