@@ -4,7 +4,7 @@ Horovod ranks from the same records with tf.data and with DALI, to the same loss
 choice said at start; DALI's index files beside the records on the node.
 
 Its own one-node cluster: the shared training clusters' runtime has no DALI (adding it would make every test of
-their modules relay a runtime 1.1 GB larger)."""
+their modules relay a runtime 0.8 GB larger)."""
 
 from __future__ import annotations
 
