@@ -33,6 +33,7 @@ def test_dali_trains_the_tiny_model_like_tf_data(local_cluster_factory):
         proc = cli(*TRAIN.split(), "--input", name, "--model-dir", f"~/runs/{name}", timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         runs[name] = (train_log.parse_train_log(proc.stdout).current, proc.stderr)
+        assert f" input={name} " in proc.stdout  # the trainer's start line: what it decoded with
         print(f"\n--input {name}\n" + "".join(x for x in proc.stdout.splitlines(True) if train_log.MARK in x))
 
     assert "input: tf.data (--input tfdata)" in runs["tfdata"][1]

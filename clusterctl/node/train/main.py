@@ -251,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             zero_gamma_layers=zeroed,
             eval_every=args.eval_every,
             input_threads=threads,
+            input=args.input,
             fusion_threshold=os.environ.get("HOROVOD_FUSION_THRESHOLD", ""),
             cycle_time_ms=os.environ.get("HOROVOD_CYCLE_TIME", ""),
             xla=args.xla,
