@@ -17,7 +17,7 @@ from conftest import REPO, TRAIN_PY as PY
 
 # Mean and largest absolute difference per 8-bit channel value allowed between DALI's and tf.data's centre
 # crops. Both decode with libjpeg-turbo but not with the same IDCT and chroma upsampling, and both resize
-# bilinearly from the decoded pixels; measured here: mean 0.70, largest 6 on these images.
+# bilinearly from the decoded pixels; measured here: mean 0.93, largest 4 on these images.
 MEAN_TOLERANCE = 1.5
 MAX_TOLERANCE = 12
 
@@ -30,13 +30,10 @@ import tensorflow as tf
 from clusterctl.node.dataset import tfrecords
 from clusterctl.node.train import dali, data, options
 
-out_dir, plugin = sys.argv[2], sys.argv[3] == "plugin"
-if not plugin:
-    dali.plugin_available = lambda: False  # the generator path: DALI without its TensorFlow plugin
+out_dir = sys.argv[2]
 rng = np.random.default_rng(5)
 # Images of several shapes (landscape, portrait, square, odd sides), so the crop's offsets are exercised.
 sizes = [(96, 72), (64, 120), (80, 80), (57, 91), (121, 67)]
-n = 0
 for split, shards, count in (("train", 3, 30), ("validation", 3, 23)):
     for s in range(shards):
         name = os.path.join(out_dir, tfrecords.shard_name(split, s, shards))
@@ -51,48 +48,56 @@ for split, shards, count in (("train", 3, 30), ("validation", 3, 23)):
 args = options.parse_args(["--data", out_dir, "--model", "tiny", "--batch-size", "4", "--image-size", "40",
                            "--eval-batch-size", "5", "--shuffle-buffer", "8"])
 val = data.data_files(out_dir, "validation")
-report = {}
-# One rank, records in file order on both sides (tf.data reads one file at a time with one thread).
-a = list(data.eval_dataset(tf, args, val, 0, 1, threads=1))
-b = list(dali.eval_dataset(tf, args, val, 0, 1, threads=1, device_id=None))
-xa = np.concatenate([x.numpy() for x, _ in a]).astype(np.int32)
-xb = np.concatenate([x.numpy() for x, _ in b]).astype(np.int32)
-report["eval"] = dict(
-    shapes_a=[list(x.shape) for x, _ in a], shapes_b=[list(x.shape) for x, _ in b],
-    labels_a=np.concatenate([y.numpy() for _, y in a]).tolist(),
-    labels_b=np.concatenate([y.numpy() for _, y in b]).tolist(),
-    dtype_b=[str(x.dtype.name) for x, _ in b][0], label_dtype_b=[str(y.dtype.name) for _, y in b][0],
-    mean=float(np.abs(xa - xb).mean()), max=int(np.abs(xa - xb).max()),
-)
-# Three ranks: every record once, whichever rank reads it.
-seen = []
-for rank in range(3):
-    seen += [int(v) for _, y in dali.eval_dataset(tf, args, val, rank, 3, threads=1, device_id=None) for v in y.numpy()]
-report["ranks"] = sorted(seen)
-# Training: endless batches of the right shapes and labels; random crops (not the eval's centre crop).
-tr = dali.train_dataset(tf, args, data.data_files(out_dir, "train"), 0, 2, 7, 1, None)
-batches = [(x.numpy(), y.numpy()) for x, y in tr.take(12)]
-report["train"] = dict(
-    shapes=sorted({str(x.shape) for x, _ in batches}), dtype=str(batches[0][0].dtype),
-    labels=sorted({int(v) for _, y in batches for v in y}),
-    distinct=len({x.tobytes() for x, _ in batches}),
-)
-print("REPORT " + json.dumps(report))
+plugin = dali.plugin_available
+reports = {}
+for mode in ("plugin", "generator"):
+    # generator: DALI without its TensorFlow plugin, batches through tf.data.Dataset.from_generator
+    dali.plugin_available = plugin if mode == "plugin" else (lambda: False)
+    report = reports[mode] = {"plugin": dali.plugin_available()}
+    # One rank, records in file order on both sides (tf.data reads one file at a time with one thread).
+    a = list(data.eval_dataset(tf, args, val, 0, 1, threads=1))
+    b = list(dali.eval_dataset(tf, args, val, 0, 1, threads=1, device_id=None))
+    xa = np.concatenate([x.numpy() for x, _ in a]).astype(np.int32)
+    xb = np.concatenate([x.numpy() for x, _ in b]).astype(np.int32)
+    report["eval"] = dict(
+        shapes_a=[list(x.shape) for x, _ in a], shapes_b=[list(x.shape) for x, _ in b],
+        labels_a=np.concatenate([y.numpy() for _, y in a]).tolist(),
+        labels_b=np.concatenate([y.numpy() for _, y in b]).tolist(),
+        dtype_b=[str(x.dtype.name) for x, _ in b][0], label_dtype_b=[str(y.dtype.name) for _, y in b][0],
+        mean=float(np.abs(xa - xb).mean()), max=int(np.abs(xa - xb).max()),
+    )
+    # Three ranks: every record once, whichever rank reads it.
+    seen = []
+    for rank in range(3):
+        seen += [int(v) for _, y in dali.eval_dataset(tf, args, val, rank, 3, threads=1, device_id=None) for v in y.numpy()]
+    report["ranks"] = sorted(seen)
+    # Training: endless batches of the right shapes and labels; random crops (not the eval's centre crop).
+    tr = dali.train_dataset(tf, args, data.data_files(out_dir, "train"), 0, 2, 7, 1, None)
+    batches = [(x.numpy(), y.numpy()) for x, y in tr.take(12)]
+    report["train"] = dict(
+        shapes=sorted({str(x.shape) for x, _ in batches}), dtype=str(batches[0][0].dtype),
+        labels=sorted({int(v) for _, y in batches for v in y}),
+        distinct=len({x.tobytes() for x, _ in batches}),
+    )
+print("REPORT " + json.dumps(reports))
 """
 
 
-def _run(tmp_path, mode: str) -> dict:
-    proc = subprocess.run(
-        [PY, "-c", SCRIPT, str(REPO), str(tmp_path), mode], capture_output=True, text=True, timeout=300
-    )
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict:
+    """Both ways into TensorFlow, on one set of records, in one process (TensorFlow starts once)."""
+    folder = tmp_path_factory.mktemp("records")
+    proc = subprocess.run([PY, "-c", SCRIPT, str(REPO), str(folder)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))
     return json.loads(line[len("REPORT ") :])
 
 
+@pytest.mark.integration  # TensorFlow and DALI in a subprocess: about 30 s
 @pytest.mark.parametrize("mode", ["plugin", "generator"])
-def test_dali_eval_batches_equal_tf_data_within_decoder_rounding(tmp_path, mode):
-    r = _run(tmp_path, mode)
+def test_dali_eval_batches_equal_tf_data_within_decoder_rounding(reports, mode):
+    r = reports[mode]
+    assert r["plugin"] is (mode == "plugin")  # the plugin loads here (built against this TensorFlow)
     e = r["eval"]
     assert e["shapes_a"] == e["shapes_b"] == [[5, 40, 40, 3]] * 4 + [[3, 40, 40, 3]]
     assert (
@@ -101,6 +106,7 @@ def test_dali_eval_batches_equal_tf_data_within_decoder_rounding(tmp_path, mode)
         == [i % 4 for i in range(0, 23, 3)] + [i % 4 for i in range(1, 23, 3)] + [i % 4 for i in range(2, 23, 3)]
     )
     assert (e["dtype_b"], e["label_dtype_b"]) == ("uint8", "int32")
+    print(f"\n{mode}: DALI's centre crops against tf.data's: mean |difference| {e['mean']:.2f}, largest {e['max']}")
     assert e["mean"] <= MEAN_TOLERANCE and e["max"] <= MAX_TOLERANCE, e
     assert r["ranks"] == sorted(e["labels_a"])  # 23 records over 3 ranks: each read once
     t = r["train"]
@@ -175,10 +181,12 @@ def test_auto_picks_dali_only_when_gpus_are_there_and_the_measured_feed_is_below
     assert choose_input("tfdata", _feed(100.0), 4, "/data").input == "tfdata"
 
 
-def test_input_reaches_the_trainer_and_auto_never_does():
+def test_input_reaches_the_trainer_and_auto_never_does(monkeypatch):
     from clusterctl.errors import UsageError
     from clusterctl.node.train import options as trainer
     from clusterctl.workloads.train_options import TrainOptions, trainer_argv
+
+    monkeypatch.setattr(trainer, "_has_dali", lambda: True)  # as on a node whose runtime has DALI
 
     argv = trainer_argv("py", "pkg", TrainOptions(data="/d", input="dali"))
     assert argv[argv.index("--input") + 1] == "dali"
