@@ -329,7 +329,8 @@ def start(
         if gpu:
             report(f"timing the input pipeline on one of {leader.label}'s cores (decode + augment, {data})")
             fed = measure_feed(pool, leader, job.dir, python, str(data), gpus, gpu)
-        chosen = train_feed.choose_input(opts.input, fed, gpus, data)
+        own_python = inv.cluster is None or inv.cluster.facts.runtime in ("", "none", "own")
+        chosen = train_feed.choose_input(opts.input, fed, gpus, data, dali_installed=not own_python)
         line = train_feed.warning(fed) if fed and chosen.input == "tfdata" else None
         if line:
             report(f"warning: {line}")

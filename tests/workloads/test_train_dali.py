@@ -174,6 +174,8 @@ def test_auto_picks_dali_only_when_gpus_are_there_and_the_measured_feed_is_below
     fed = choose_input(None, _feed(700.0), 4, "/data")
     assert fed.input == "tfdata" and fed.line() == "input: tf.data (auto: 5,600 img/s from the CPUs for 5,080 needed)"
     assert choose_input("auto", None, 4, "/data").input == "tfdata"  # not measured: the CPUs, as before
+    own = choose_input("auto", _feed(300.0), 4, "/data", dali_installed=False)  # `up --python`, a hosts file
+    assert own.input == "tfdata" and own.line().endswith("but the nodes' own Python has none)")
     assert choose_input("auto", _feed(300.0), 0, "/data").input == "tfdata"  # no GPUs to decode on
     assert choose_input("auto", None, 4, None).input == "tfdata"  # synthetic
     asked = choose_input("dali", _feed(900.0), 0, "/data")
