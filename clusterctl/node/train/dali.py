@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 INDEX_DIR = ".dali-index"
@@ -142,11 +143,39 @@ def _features(dali: Any) -> dict[str, Any]:
     }
 
 
-def _read(dali: Any, files: list[str], indexes: list[str], rank: int, size: int, **how: Any) -> Any:
-    """This rank's shard of the records (DALI's reader, named so its epoch size can be asked)."""
-    return dali.fn.readers.tfrecord(
-        path=files, index_path=indexes, features=_features(dali), shard_id=rank, num_shards=size, name="Reader", **how
-    )
+@dataclass(frozen=True)
+class Shard:
+    """What a pipeline reads and makes: this rank's share of `files` (with their `indexes`), batches of
+    `batch` 8-bit images of `image_size` squared, labels less `label_offset`; DALI's `threads`, on GPU
+    `device_id` (None: DALI's CPU backend)."""
+
+    files: list[str]
+    indexes: list[str]
+    rank: int
+    size: int
+    batch: int
+    image_size: int
+    label_offset: int
+    threads: int
+    device_id: int | None
+
+    @property
+    def decoder(self) -> str:
+        return "cpu" if self.device_id is None else "mixed"
+
+    def read(self, dali: Any, **how: Any) -> Any:
+        """The shard's records (DALI's reader)."""
+        features = _features(dali)
+        return dali.fn.readers.tfrecord(
+            path=self.files, index_path=self.indexes, features=features, shard_id=self.rank, num_shards=self.size, **how
+        )
+
+    def build(self, dali: Any, graph: Any, seed: int) -> Any:
+        """The pipeline of `graph` (a function of no arguments returning its outputs), not yet built."""
+        threads = max(1, self.threads)
+        return dali.pipeline_def(
+            graph, batch_size=self.batch, num_threads=threads, device_id=self.device_id, seed=seed
+        )()
 
 
 def _resize(dali: Any, images: Any, image_size: int) -> Any:
@@ -163,81 +192,49 @@ def _labels(dali: Any, inputs: Any, label_offset: int, device_id: int | None) ->
     return label if device_id is None else label.gpu()
 
 
-def _build(dali: Any, graph: Any, batch: int, threads: int, device_id: int | None, seed: int) -> Any:
-    """The pipeline of `graph` (a function of no arguments returning its outputs), not yet built."""
-    return dali.pipeline_def(graph, batch_size=batch, num_threads=max(1, threads), device_id=device_id, seed=seed)()
-
-
-def train_pipeline(
-    files: list[str],
-    indexes: list[str],
-    *,
-    rank: int,
-    size: int,
-    batch: int,
-    image_size: int,
-    min_area: float,
-    label_offset: int,
-    shuffle: int,
-    seed: int,
-    threads: int,
-    device_id: int | None,
-) -> Any:
-    """The training pipeline: shuffled records of this rank's shard, decoded with a random crop (on the GPU
-    when device_id is a GPU), resized, mirrored at random; 8-bit HWC images and int32 labels."""
+def train_pipeline(shard: Shard, *, min_area: float, shuffle: int, seed: int) -> Any:
+    """The training pipeline: shuffled records of the shard, decoded with a random crop (on the GPU when the
+    shard has one), resized, mirrored at random; 8-bit HWC images and int32 labels."""
     dali = _dali()
     fn, types = dali.fn, dali.types
-    decoder = "cpu" if device_id is None else "mixed"
 
     def pipe() -> tuple[Any, Any]:
-        inputs = _read(dali, files, indexes, rank, size, random_shuffle=True, initial_fill=shuffle)
+        inputs = shard.read(dali, random_shuffle=True, initial_fill=shuffle)
         images = fn.decoders.image_random_crop(
             inputs["image/encoded"],
-            device=decoder,
+            device=shard.decoder,
             output_type=types.RGB,
             random_area=[min_area, 1.0],
             random_aspect_ratio=[3 / 4, 4 / 3],
             num_attempts=10,
         )
-        images = _resize(dali, images, image_size)
+        images = _resize(dali, images, shard.image_size)
         images = fn.flip(images, horizontal=fn.random.coin_flip(probability=0.5))
-        return images, _labels(dali, inputs, label_offset, device_id)
+        return images, _labels(dali, inputs, shard.label_offset, shard.device_id)
 
-    return _build(dali, pipe, batch, threads, device_id, seed)
+    return shard.build(dali, pipe, seed)
 
 
-def eval_pipeline(
-    files: list[str],
-    indexes: list[str],
-    *,
-    rank: int,
-    size: int,
-    batch: int,
-    image_size: int,
-    label_offset: int,
-    threads: int,
-    device_id: int | None,
-) -> Any:
-    """The evaluation pipeline: this rank's shard in order, the last batch padded with its last record (the
-    caller drops the padding), centre crop of 7/8 of the shorter side, resize."""
+def eval_pipeline(shard: Shard) -> Any:
+    """The evaluation pipeline: the shard in order, the last batch padded with its last record (the caller
+    drops the padding), centre crop of 7/8 of the shorter side, resize."""
     dali = _dali()
     fn, types = dali.fn, dali.types
-    decoder = "cpu" if device_id is None else "mixed"
     num, den = EVAL_CROP
 
     def pipe() -> tuple[Any, Any]:
-        inputs = _read(dali, files, indexes, rank, size, random_shuffle=False, pad_last_batch=True, stick_to_shard=True)
+        inputs = shard.read(dali, random_shuffle=False, pad_last_batch=True, stick_to_shard=True)
         jpegs = inputs["image/encoded"]
         shape = fn.cast(fn.peek_image_shape(jpegs), dtype=types.INT32)  # from the JPEG header, on the CPU
         h, w = shape[0], shape[1]
         side = dali.math.min(h, w) * num // den
         anchor = fn.stack((h - side) // 2, (w - side) // 2)
-        images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
+        images = fn.decoders.image(jpegs, device=shard.decoder, output_type=types.RGB)
         images = fn.slice(images, anchor, fn.stack(side, side), axes=[0, 1])
-        images = _resize(dali, images, image_size)
-        return images, _labels(dali, inputs, label_offset, device_id)
+        images = _resize(dali, images, shard.image_size)
+        return images, _labels(dali, inputs, shard.label_offset, shard.device_id)
 
-    return _build(dali, pipe, batch, threads, device_id, 0)
+    return shard.build(dali, pipe, 0)
 
 
 def _host_batches(pipe: Any, batches: int | None, last: int) -> Iterator[tuple[Any, Any]]:
@@ -287,30 +284,13 @@ def to_tensorflow(tf: Any, pipe: Any, *, batch: int, image_size: int, batches: i
 
 
 def train_dataset(
-    tf: Any,
-    args: Any,
-    files: list[str],
-    rank: int,
-    size: int,
-    seed: int,
-    threads: int,
-    device_id: int | None,
+    tf: Any, args: Any, files: list[str], rank: int, size: int, seed: int, threads: int, device_id: int | None
 ) -> Any:
     """data.train_dataset's batches, decoded by DALI: endless, this rank's shard, reshuffled each pass."""
-    pipe = train_pipeline(
-        files,
-        index_files(files),
-        rank=rank,
-        size=size,
-        batch=args.batch_size,
-        image_size=args.image_size,
-        min_area=args.min_crop_area,
-        label_offset=args.label_offset,
-        shuffle=args.shuffle_buffer,
-        seed=seed % (2**31),
-        threads=threads,
-        device_id=device_id,
+    shard = Shard(
+        files, index_files(files), rank, size, args.batch_size, args.image_size, args.label_offset, threads, device_id
     )
+    pipe = train_pipeline(shard, min_area=args.min_crop_area, shuffle=args.shuffle_buffer, seed=seed % (2**31))
     return to_tensorflow(tf, pipe, batch=args.batch_size, image_size=args.image_size, batches=None, last=0)
 
 
@@ -322,17 +302,8 @@ def eval_dataset(
     start, end = shard_range(count_indexed(indexes), rank, size)
     mine, batch = end - start, args.eval_batch_size
     pipe = eval_pipeline(
-        files,
-        indexes,
-        rank=rank,
-        size=size,
-        batch=batch,
-        image_size=args.image_size,
-        label_offset=args.label_offset,
-        threads=threads,
-        device_id=device_id,
+        Shard(files, indexes, rank, size, batch, args.image_size, args.label_offset, threads, device_id)
     )
     batches = -(-mine // batch)
-    return to_tensorflow(
-        tf, pipe, batch=batch, image_size=args.image_size, batches=batches, last=mine - (batches - 1) * batch
-    )
+    last = mine - (batches - 1) * batch
+    return to_tensorflow(tf, pipe, batch=batch, image_size=args.image_size, batches=batches, last=last)
