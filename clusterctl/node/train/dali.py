@@ -12,7 +12,7 @@ writes none), and the random draws are DALI's, not tf.random's.
 DALI's TFRecord reader needs an index of each file (the byte offset and length of every record, one line
 each, the format of DALI's tfrecord2idx): `index_files` writes them on the node with the standard library,
 next to the records in DATA/.dali-index/ (hidden, so no `train-*` glob sees them), or in the system's temporary
-folder where DATA is read-only; an index older than its record or of another size is written again.
+folder where DATA is read-only; an index older than its record is written again.
 
 Batches reach TensorFlow through DALI's TensorFlow plugin (nvidia.dali.plugin.tf.DALIDataset) when the runtime
 has it (the GPU runtime builds it against its TensorFlow); otherwise through tf.data.Dataset.from_generator
@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 INDEX_DIR = ".dali-index"
-# tf.data's decode threads come from the same per-rank share (model.input_threads); DALI's prefetch depth is
-# its default (2), as in NVIDIA's reference pipeline.
 EVAL_CROP = (7, 8)  # data.preprocess_eval's 0.875 of the shorter side: 7 * side // 8 is exactly its float result
 
 
