@@ -215,3 +215,10 @@ def test_the_trainer_refuses_input_dali_where_dali_is_not_installed(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "--input dali: NVIDIA DALI is not installed in this Python" in proc.stderr
     assert "clusterctl up --runtime dali" in proc.stderr
+
+
+def test_dali_decodes_on_the_gpu_tensorflow_left_the_rank():
+    from types import SimpleNamespace
+
+    assert dali.device_id([SimpleNamespace(name="/physical_device:GPU:3")]) == 3  # local rank 3 of 8
+    assert dali.device_id([]) is None  # the CPU: DALI's CPU backend
