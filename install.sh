@@ -68,10 +68,12 @@ PIP="$VENV/bin/pip"
 echo "== pip: clusterctl[train,test]"
 "$PIP" install -q --disable-pip-version-check -e "$HERE[train,test]"
 
-# The wheelhouse: every wheel the node runtime needs (clusterctl/runtime/spec.py), Horovod built here once
-# against this exact TensorFlow. Local clusters' runtimes and this venv's Horovod install from it, offline.
+# The wheelhouse: every wheel the node runtime needs (clusterctl/runtime/spec.py), with DALI (`up --runtime dali`),
+# Horovod and DALI's TensorFlow plugin built here once against this exact TensorFlow. Local clusters' runtimes and
+# this venv's Horovod and plugin install from it, offline.
 WHEELS=${CLUSTERCTL_WHEELHOUSE:-/var/cache/clusterctl/wheelhouse}
-REQS=$("$VENV/bin/python" -m clusterctl.runtime requirements)
+REQS=$("$VENV/bin/python" -m clusterctl.runtime requirements --dali)
+DALI_TF=$(echo "$REQS" | grep '^nvidia-dali-tf-plugin')
 stamp="$WHEELS/.complete-v2-$(printf '%s' "$REQS" | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "== wheelhouse: $WHEELS"
@@ -85,11 +87,28 @@ if [ ! -f "$stamp" ]; then
   fi
   # Everything else, dependencies included (Horovod's come from its wheel just built, found in the folder).
   # shellcheck disable=SC2086
-  "$PIP" download -q --disable-pip-version-check --find-links "$WHEELS" -d "$WHEELS" $REQS
+  "$PIP" download -q --disable-pip-version-check --find-links "$WHEELS" -d "$WHEELS" $(echo "$REQS" | grep -v '^nvidia-dali-tf-plugin')
+  if ! ls "$WHEELS"/nvidia_dali_tf_plugin_cuda120-*.whl >/dev/null 2>&1; then
+    echo "== DALI's TensorFlow plugin: building its wheel against TensorFlow (about a minute, once per machine)"
+    # It includes cuda_runtime_api.h and crt/host_defines.h: the include folders of the two CUDA wheels just
+    # downloaded, merged (no CUDA toolkit on this machine). It loads DALI's CPU backend here.
+    cuda=$(mktemp -d)
+    for w in "$WHEELS"/nvidia_cuda_runtime_cu12-*.whl "$WHEELS"/nvidia_cuda_nvcc_cu12-*.whl; do
+      "$VENV/bin/python" -m zipfile -e "$w" "$cuda/wheel"
+    done
+    mkdir -p "$cuda/include"
+    cp -r "$cuda"/wheel/nvidia/cuda_runtime/include/. "$cuda"/wheel/nvidia/cuda_nvcc/include/. "$cuda/include/"
+    CUDA_HOME="$cuda" "$PIP" wheel -q --disable-pip-version-check --no-deps --no-cache-dir --no-build-isolation \
+      -w "$WHEELS" "$DALI_TF"
+    rm -rf "$cuda"
+  fi
   touch "$stamp"
 fi
 if ! "$VENV/bin/python" -c "import horovod.tensorflow" >/dev/null 2>&1; then
   "$PIP" install -q --disable-pip-version-check --no-index --find-links "$WHEELS" "$(echo "$REQS" | grep '^horovod==')"
+fi
+if ! "$VENV/bin/python" -c "import nvidia.dali.plugin.tf" >/dev/null 2>&1; then
+  "$PIP" install -q --disable-pip-version-check --no-index --find-links "$WHEELS" "$DALI_TF"
 fi
 link_programs
 echo "== installed: $("$VENV/bin/clusterctl" --version 2>/dev/null || echo clusterctl)"

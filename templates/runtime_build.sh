@@ -4,9 +4,10 @@
 #   $6 Horovod build environment (space-separated K=V)  $7 find-links (wheel folder or URL, may be empty)
 #   $8 1: no index (offline, the find-links only)  $9 runtime.json content (the build's facts)
 #   $10 GPU nodes: the NCCL requirement (nvidia-nccl-cu12==X, over TensorFlow's older pin); empty elsewhere
+#   $11 DALI's TensorFlow plugin requirement (empty: no DALI)
 # Writes OUT/runtime.tar.zst and OUT/runtime.json (last). A failed or interrupted build leaves neither.
 set -euo pipefail
-ID=$1 PY=$2 OUT=$3 REQS=$4 HVD=$5 HVD_ENV=$6 LINKS=$7 NOINDEX=$8 INFO=$9 NCCL=${10:-}
+ID=$1 PY=$2 OUT=$3 REQS=$4 HVD=$5 HVD_ENV=$6 LINKS=$7 NOINDEX=$8 INFO=$9 NCCL=${10:-} DALI_TF=${11:-}
 ROOT=/opt/clusterctl-runtime
 PREFIX=$ROOT/$ID
 SUDO=""
@@ -80,6 +81,23 @@ if [ -n "$NCCL" ]; then
   # hvd.nccl_built() is the NCCL_VERSION_CODE Horovod compiled against (2.30.7 -> 23007): the wheel's, not TF's.
   "$PREFIX/bin/python" -c "import sys, horovod.tensorflow as hvd; a, b, c = map(int, sys.argv[1].split('==')[1].split('.')[:3]); sys.exit(0 if hvd.nccl_built() == a * 10000 + b * 100 + c else 1)" "$NCCL" \
     || { echo "runtime: Horovod was not built with $NCCL (hvd.nccl_built()): see the build output above" >&2; exit 1; }
+fi
+
+if [ -n "$DALI_TF" ]; then
+  # DALI's plugin is compiled against the TF just installed (an sdist: no build isolation), and includes two CUDA
+  # headers: the toolkit's on GPU nodes, else the include folders of the CUDA wheels in the venv (spec.py).
+  DALI_CUDA=$CUDA_HOME_
+  if [ -z "$DALI_CUDA" ]; then
+    DALI_CUDA=$(mktemp -d)
+    SITE=$("$PREFIX/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    mkdir -p "$DALI_CUDA/include"
+    cp -r "$SITE/nvidia/cuda_runtime/include/." "$SITE/nvidia/cuda_nvcc/include/." "$DALI_CUDA/include/"
+  fi
+  echo "runtime: $DALI_TF against TensorFlow" >&2
+  CUDA_HOME=$DALI_CUDA "$PREFIX/bin/pip" install -q "${PIPARGS[@]}" --no-build-isolation "$DALI_TF"
+  [ "$DALI_CUDA" = "$CUDA_HOME_" ] || rm -rf "$DALI_CUDA"
+  "$PREFIX/bin/python" -c "import nvidia.dali.plugin.tf" 2>/dev/null \
+    || { echo "runtime: DALI's TensorFlow plugin does not load into the built environment" >&2; exit 1; }
 fi
 
 files=$(find "$PREFIX" -type f | wc -l)

@@ -121,6 +121,14 @@ TRAIN_FLAGS = dict(  # train's training options, declared once; train_run.option
             help="nvidia (the default: NVIDIA DeepLearningExamples' TensorFlow ResNet-50 v1.5 scripts, resnet50v1.5/training/DGX1_RN50_AMP_90E.sh: lr 0.256 per 256 images, momentum 0.875, weight decay 3.0517578125e-05 on all but batch norm, 8 warm-up epochs, cosine decay, label smoothing 0.1, He fan_in, every batch-norm gamma 1, crops of 8-100% (its README); reported 77.0% top-1 after 90 epochs, its README's training accuracy results) or goyal (Goyal et al. 2017, arXiv:1706.02677: lr 0.1 per 256, momentum 0.9, weight decay 1e-4, 5 warm-up epochs, /10 at epochs 30, 60, 80 of 90, no label smoothing, last batch-norm gamma of each block 0; reported 76.3% top-1 at an 8k batch).",
         ),
     ),
+    input=(
+        Optional[str],
+        typer.Option(
+            None,
+            "--input",
+            help="Who decodes the JPEGs: auto (default: DALI on the GPUs when the CPUs measured before the run cannot feed them, else tf.data), tfdata (TensorFlow on the CPUs) or dali (NVIDIA DALI: on the GPUs, on its CPU backend where there are none).",
+        ),
+    ),
     eval_every=(
         Optional[int],
         typer.Option(

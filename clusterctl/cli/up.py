@@ -102,7 +102,9 @@ def up(
         "terminate (the default with --spot, which EC2 cannot stop).",
     ),
     runtime: str = typer.Option(
-        "install", "--runtime", help="install: the node runtime (TensorFlow + Horovod) on every node; none: skip it."
+        "install",
+        "--runtime",
+        help="install: the node runtime (TensorFlow + Horovod; on GPU nodes NVIDIA DALI too) on every node; dali: the same with DALI on CPU nodes too (`train --input dali` on its CPU backend); none: skip it.",
     ),
     python: Optional[str] = typer.Option(
         None, "--python", help="Bring your own: this Python on the nodes runs the jobs (no runtime installed)."

@@ -144,10 +144,10 @@ def runtime_request(request: UpRequest, builds_here: bool) -> RuntimeRequest:
 
     runtime, python = request.runtime, request.python
     cache, wheels = request.runtime_cache, request.runtime_wheels
-    if runtime not in ("install", "none"):
-        raise UsageError(f"unknown --runtime {runtime!r}", "use install or none")
-    if python is not None and runtime == "none":
-        raise UsageError("--python and --runtime none together", "give one of them")
+    if runtime not in ("install", "dali", "none"):
+        raise UsageError(f"unknown --runtime {runtime!r}", "use install, dali or none")
+    if python is not None and runtime != "install":
+        raise UsageError(f"--python and --runtime {runtime} together", "give one of them")
     if (cache or wheels) and builds_here:  # the leader builds (or fetches) it: a cache or wheels are for it
         raise UsageError(
             "--runtime-cache and --runtime-wheels are for AWS clusters",
@@ -155,6 +155,8 @@ def runtime_request(request: UpRequest, builds_here: bool) -> RuntimeRequest:
         )
     if python is not None:
         return RuntimeRequest("own", python=python)
+    if runtime == "dali":
+        return RuntimeRequest("install", cache=cache or "", wheels=wheels or "", dali=True)
     return RuntimeRequest(runtime, cache=cache or "", wheels=wheels or "")  # type: ignore[arg-type]  # checked above
 
 

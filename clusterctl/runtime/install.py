@@ -54,6 +54,7 @@ class RuntimeRequest:
     python: str = ""  # mode "own"
     cache: str = ""  # s3://bucket/prefix: AWS clusters fetch a built runtime from there, or put theirs there
     wheels: str = ""  # a complete wheel folder URL the leader installs from instead of the index (--no-index)
+    dali: bool = False  # `--runtime dali`: NVIDIA DALI on CPU nodes too (GPU runtimes always carry it)
 
     def __post_init__(self) -> None:
         if self.mode == "own" and not self.python.startswith("/"):
@@ -82,7 +83,8 @@ def plan_line(request: RuntimeRequest, image: ImageFacts | None) -> str:
     s = rt.RuntimeSpec()
     gpu = gpu_build.planned(image.python, image.cuda_toolkits, image.default_cuda, image.compute_caps) if image else ""
     where = f"; cache {request.cache}" if request.cache else ""
-    return f"TensorFlow {s.tensorflow} + Horovod {s.horovod} at {rt.ROOT}/<id> on every node{gpu}{where}"
+    dali = f" + DALI {rt.DALI_VERSION}" if request.dali or (image and image.compute_caps) else ""
+    return f"TensorFlow {s.tensorflow} + Horovod {s.horovod}{dali} at {rt.ROOT}/<id> on every node{gpu}{where}"
 
 
 def describe(extra: Mapping[str, str]) -> str:
@@ -115,7 +117,7 @@ def install(
         return record(request)
     names = [n.name for n in cluster.nodes]
     platform = probe(pool, targets, names)
-    spec = rt.RuntimeSpec.for_platform(platform)  # refuses a python3 or CUDA toolkit it cannot build on
+    spec = rt.RuntimeSpec.for_platform(platform, request.dali)  # refuses a python3 or toolkit it cannot build on
     rid = rt.runtime_id(spec, platform)
     fields = NodeRuntime(rid, rt.python_of(rid), spec.cuda_build.home if spec.cuda_build else "")
     have = prepare(pool, targets, names, rid)

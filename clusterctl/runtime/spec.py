@@ -24,6 +24,13 @@ PACK = "runtime.tar.zst"  # what a builder makes and what the relay carries
 INFO = "runtime.json"  # beside PACK: id, spec, platform, files, bytes (the tree's size after unpacking)
 RECIPE = 1  # bump when the build steps change in a way the spec fields do not show
 
+# NVIDIA DALI for `train --input dali` (GPU JPEG decoding): its CUDA 12 wheel, and its TensorFlow plugin, an
+# sdist built against the runtime's TensorFlow (no prebuilt plugin for TF 2.15: its wheel has 2.20 and 2.21
+# only). The plugin's build includes cuda_runtime_api.h and crt/host_defines.h: on CPU nodes they come from
+# these two wheels, the versions TensorFlow 2.15.1's [and-cuda] extra pins (GPU runtimes get them from it).
+DALI_VERSION = "2.4.0"
+CUDA_HEADER_WHEELS = ("nvidia-cuda-runtime-cu12==12.2.140", "nvidia-cuda-nvcc-cu12==12.2.140")
+
 HOROVOD_CPU_ENV = {
     "HOROVOD_WITH_TENSORFLOW": "1",
     "HOROVOD_WITH_GLOO": "1",
@@ -45,15 +52,17 @@ class RuntimeSpec:
     extras: tuple[str, ...] = ("boto3==1.44.5", "setuptools==80.10.2", "wheel==0.48.0")
     recipe: int = RECIPE
     cuda_build: cuda.CudaBuild | None = None  # GPU nodes: the toolkit and compute capabilities (gpu.choose)
+    dali: str | None = None  # DALI's version: always on GPU nodes, on CPU nodes with `up --runtime dali`
 
     @classmethod
-    def for_platform(cls, platform: Platform) -> RuntimeSpec:
+    def for_platform(cls, platform: Platform, dali: bool = False) -> RuntimeSpec:
         """The spec for these nodes, or a refusal with the way out (a python3 without TF wheels; on GPU nodes
-        no CUDA 12 toolkit for their GPUs)."""
+        no CUDA 12 toolkit for their GPUs). GPU runtimes carry DALI; CPU ones when asked (DALI's CPU backend)."""
         cuda.check_python(platform.python)
         if not platform.gpu:
-            return cls()
-        return cls(gpu=True, cuda_build=cuda.choose(platform.toolkits or (), platform.compute_caps or ()))
+            return cls(dali=DALI_VERSION if dali else None)
+        caps = cuda.choose(platform.toolkits or (), platform.compute_caps or ())
+        return cls(gpu=True, cuda_build=caps, dali=DALI_VERSION)
 
     @property
     def tensorflow_requirement(self) -> str:
@@ -64,7 +73,15 @@ class RuntimeSpec:
     @property
     def requirements(self) -> tuple[str, ...]:
         """First install step (everything but Horovod)."""
-        return (self.tensorflow_requirement, *self.extras)
+        if not self.dali:
+            return (self.tensorflow_requirement, *self.extras)
+        headers = () if self.gpu else CUDA_HEADER_WHEELS
+        return (self.tensorflow_requirement, *self.extras, f"nvidia-dali-cuda120=={self.dali}", *headers)
+
+    @property
+    def dali_plugin_requirement(self) -> str:
+        """Last install step, built against the installed TensorFlow like Horovod ("" without DALI)."""
+        return f"nvidia-dali-tf-plugin-cuda120=={self.dali}" if self.dali else ""
 
     @property
     def nccl_requirement(self) -> str:
@@ -78,6 +95,7 @@ class RuntimeSpec:
 
     def describe(self) -> str:
         base = f"TensorFlow {self.tensorflow} ({'GPU' if self.gpu else 'CPU'}), Horovod {self.horovod}"
+        base += f", DALI {self.dali}" if self.dali else ""
         return base + (f"; {self.cuda_build.describe()}" if self.cuda_build else "")
 
 
@@ -197,6 +215,7 @@ def build_argv(script: str, build: Build) -> list[str]:
         "1" if build.no_index else "0",
         json.dumps(info(build), sort_keys=True),
         build.spec.nccl_requirement,
+        build.spec.dali_plugin_requirement,
     ]
 
 

@@ -136,6 +136,42 @@ def warning(f: Feed) -> str | None:
     )
 
 
+@dataclass(frozen=True)
+class InputChoice:
+    """Who decodes the JPEGs in a run (the trainer's --input) and why, said in one line at start."""
+
+    input: str  # tfdata | dali
+    why: str
+
+    def line(self) -> str:
+        return f"input: {'DALI' if self.input == 'dali' else 'tf.data'} ({self.why})"
+
+
+def choose_input(
+    asked: str | None, f: Feed | None, gpus: int, data: str | None, dali_installed: bool = True
+) -> InputChoice:
+    """`--input auto` (None too): DALI when the nodes have GPUs and their CPUs' measured feed is below what
+    the GPUs consume (DALI decodes on the GPUs then), else tf.data; tfdata and dali stand as given.
+    dali_installed: the nodes run clusterctl's runtime (a GPU one carries DALI), not a Python of their own."""
+    if asked in ("tfdata", "dali"):
+        on = "on the GPUs" if gpus > 0 else "on DALI's CPU backend: the nodes have no GPUs"
+        return InputChoice(asked, f"--input {asked}" + (f", decoding {on}" if asked == "dali" else ""))
+    if not data:
+        return InputChoice("tfdata", "synthetic images: nothing to decode")
+    if gpus <= 0:
+        return InputChoice("tfdata", "auto: no GPUs to decode on")
+    if f is None:
+        return InputChoice("tfdata", "auto: the CPUs' feed was not measured")
+    rates = f"{f.supply:,.0f} img/s from the CPUs for {f.demand:,.0f} needed"
+    if f.starves and not dali_installed:
+        return InputChoice(
+            "tfdata", f"auto: {rates}; DALI would decode on the GPUs, but the nodes' own Python has none"
+        )
+    if f.starves:
+        return InputChoice("dali", f"auto: {rates}; DALI decodes on the GPUs")
+    return InputChoice("tfdata", f"auto: {rates}")
+
+
 def parse_probe(text: str) -> Probe | None:
     """node/input_rate.py's line `input-rate images_per_sec=R ranks=N threads=T cores=C cpus=L ...`; None
     without one."""

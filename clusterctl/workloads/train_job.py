@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from clusterctl.remote import nodepkg
 from clusterctl.remote.jobfolder import node_path
-from clusterctl.workloads import train_config
+from clusterctl.workloads import train_config, train_feed
 from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
 from clusterctl.workloads.train_nodes import (
     PROBE_TIMEOUT_S,
@@ -152,13 +152,11 @@ FEED_SECONDS_CPU = 3.0  # with no GPU rate to judge by, the figure is only shown
 
 def feed_check(
     pool: SshPool, leader: SshTarget, job_dir: str, python: str, opts: TrainOptions, ranks: int, gpus: int, gpu: str
-) -> list[str]:
+) -> tuple[train_feed.Feed | None, list[str]]:
     """Before a run with real records: the trainer's own input pipeline timed on the leader, `ranks` pipelines
     at once (the ranks it runs) at each rank's thread count, on the run's records and flags (node/input_rate.py,
-    GPUs hidden). Returns the lines to show: `input: ...`, and train_feed's warning when the GPUs of type `gpu`
-    ("" for none) would wait for images. [] when the probe did not answer (the run goes on)."""
-    from clusterctl.workloads import train_feed
-
+    GPUs hidden). Returns the GPUs' Feed (None without a GPU rate to judge by) and the line to show, `input: ...`;
+    (None, []) when the probe did not answer (the run goes on)."""
     seconds = FEED_SECONDS if gpu else FEED_SECONDS_CPU
     probe = nodepkg.package().command(
         FEED_PROBE, "--ranks", str(ranks), "--seconds", f"{seconds:g}", "--", *trainer_flags(opts), python=python
@@ -166,10 +164,45 @@ def feed_check(
     r = pool.run_one(leader, f"cd {shlex.quote(job_dir)} && {probe} 2>&1", timeout=FEED_TIMEOUT_S)
     measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
     if measured is None:
-        return []
+        return None, []
     f = train_feed.feed(measured.cores, measured.images_per_sec, gpus, gpu, measured.path) if gpu else None
-    short = train_feed.warning(f) if f else None
-    return [train_feed.input_line(measured, f)] + ([f"warning: {short}"] if short else [])
+    return f, [train_feed.input_line(measured, f)]
+
+
+@dataclass(frozen=True)
+class Feeding:
+    """Where a run's input pipeline is judged: the leader, its ranks and the GPUs they feed."""
+
+    pool: SshPool
+    leader: SshTarget
+    job_dir: str
+    python: str
+    ranks: int  # the leader's ranks: pipelines timed at once
+    gpus: int
+    gpu: str  # the GPU type whose rate the feed is judged against ("" for none)
+
+    def choose(self, opts: TrainOptions, data: str | None, dali_installed: bool, report: Callable[[str], None]) -> str:
+        """The run's --input (tfdata or dali): the feed measured on real records (feed_check), then `auto` decided
+        on it (train_feed.choose_input); each said in one line, and the warning when tf.data would starve GPUs."""
+        fed: train_feed.Feed | None = None
+        measured: list[str] = []
+        if data:
+            report(
+                f"timing the input pipeline on {self.leader.label}: {self.ranks} rank(s) at once (decode + augment, "
+                f"{data})"
+            )
+            fed, measured = feed_check(
+                self.pool, self.leader, self.job_dir, self.python, opts, self.ranks, self.gpus, self.gpu
+            )
+            for line in measured:
+                report(line)
+        chosen = train_feed.choose_input(opts.input, fed, self.gpus, data, dali_installed=dali_installed)
+        short = train_feed.warning(fed) if fed and chosen.input == "tfdata" else None
+        if short:
+            report(f"warning: {short}")
+        if not (measured and opts.input in (None, "auto") and chosen.input == "tfdata"):  # else `measured` says it
+            report(chosen.line())
+        return chosen.input
 
 
 def wait_for_devices(
@@ -251,7 +284,7 @@ def start(
     from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
     from clusterctl.remote import jobfolder, tmux as jobs
     from clusterctl.remote.ssh import SshPool
-    from clusterctl.workloads import horovod, launch, train_feed
+    from clusterctl.workloads import horovod, launch
 
     opts.require_source()
     total = inv.hosts.total_slots
@@ -327,11 +360,9 @@ def start(
             hosts,
             package=pkg,
         )
-        if data:
-            ranks = hosts.entries[0].slots
-            report(f"timing the input pipeline on {leader.label}: {ranks} rank(s) at once (decode + augment, {data})")
-            for line in feed_check(pool, leader, job.dir, python, opts, ranks, gpus, gpu):
-                report(line)
+        own_python = inv.cluster is None or inv.cluster.facts.runtime in ("", "none", "own")
+        feeding = Feeding(pool, leader, job.dir, python, hosts.entries[0].slots, gpus, gpu)
+        opts = replace(opts, input=feeding.choose(opts, data, dali_installed=not own_python, report=report))
         env = {
             **launch.job_env(inv.cluster, python, opts.allow_socket_transport),
             **train_config.gpu_env(config),

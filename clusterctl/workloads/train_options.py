@@ -10,6 +10,7 @@ from typing import Any, Callable
 from clusterctl import s3uri
 from clusterctl.errors import UsageError, within
 from clusterctl.node.train.options import (
+    INPUTS as TRAINER_INPUTS,
     PRECISIONS as PRECISIONS,  # the trainer's own choices
     RECIPES as _RECIPE_VALUES,
 )
@@ -39,6 +40,7 @@ class TrainOptions:
     precision: str | None = None  # auto | fp32 | float16 | bfloat16 | mixed (the trainer's default: auto)
     fp16_allreduce: bool | None = None  # None: the GPU type's default (train_config.py)
     recipe: str | None = None  # nvidia | goyal (None: the trainer's default, nvidia)
+    input: str | None = None  # auto | tfdata | dali (None: auto); `train` resolves auto before the launch
     eval_every: int | None = None  # epochs between evaluations during training
     fusion_threshold_mb: float | None = None  # Horovod's tensor fusion buffer (an environment variable, not a flag)
     cycle_time_ms: float | None = None  # Horovod's cycle time (likewise)
@@ -77,6 +79,8 @@ class TrainOptions:
             )
         if self.min_np is not None and self.max_np is not None and self.min_np > self.max_np:
             raise UsageError(f"--min-np {self.min_np} is more than --max-np {self.max_np}")
+        if self.synthetic and self.input == "dali":
+            raise UsageError("--input dali decodes records: it needs --data DIR", "drop --input or --synthetic")
         if self.mixed_precision and self.precision is not None:
             raise UsageError("--mixed-precision and --precision/--fp32 say different things", "give one of them")
 
@@ -100,6 +104,7 @@ _VALUE_FLAGS = (
     ("checkpoint_every", "--checkpoint-every"),
     ("precision", "--precision"),
     ("recipe", "--recipe"),
+    ("input", "--input"),
     ("eval_every", "--eval-every"),
     ("keep_checkpoints", "--keep-checkpoints"),
     ("log_every", "--log-every"),
@@ -130,6 +135,7 @@ FLAGS = dict(
 ELASTIC_TIMEOUT_S = 600
 MODELS = ("resnet50", "tiny")
 RECIPES = tuple(_RECIPE_VALUES)  # the trainer's own: nvidia (its default), goyal
+INPUTS = ("auto", *TRAINER_INPUTS)  # auto: train_feed.choose_input decides on the measured feed
 # Horovod's tensor fusion buffer as its tensor-fusion docs give it (64 MB; 0.21+ builds default to 128 MB)
 # and its cycle time (1 ms, its default since 0.21): set explicitly so every rank runs with the same.
 FUSION_THRESHOLD_MB = 64.0
@@ -177,6 +183,7 @@ CHECKS: dict[str, Callable[[str, Any], None]] = {
     "log_every": _at_least(1),
     "precision": _one_of(PRECISIONS),
     "recipe": _one_of(RECIPES),
+    "input": _one_of(INPUTS),
     "eval_every": _at_least(1),
     "fusion_threshold_mb": _at_least(0),
     "cycle_time_ms": _positive,
@@ -222,7 +229,7 @@ def trainer_flags(opts: TrainOptions) -> list[str]:
     argv: list[str] = []
     for name, flag in _VALUE_FLAGS:
         value = getattr(opts, name)
-        if value is None or (name == "data" and opts.synthetic):
+        if value is None or (name == "data" and opts.synthetic) or (name == "input" and value == "auto"):
             continue
         text = f"{value:g}" if isinstance(value, float) else str(value)
         argv += [flag, text]

@@ -467,7 +467,7 @@ def test_the_command_size_check_sees_a_long_body_and_a_stale_exemption(tmp_path)
 # ---- the node package (clusterctl/node/) ----------------------------------------------------------------
 # It runs on the nodes from one zipapp that holds nothing else of clusterctl: its modules import the standard
 # library, the node runtime (lazily, inside functions) and clusterctl.node.* only.
-NODE_RUNTIME = {"tensorflow", "horovod", "numpy", "boto3", "botocore"}
+NODE_RUNTIME = {"tensorflow", "horovod", "numpy", "boto3", "botocore", "nvidia"}  # nvidia: DALI (GPU runtime)
 
 
 def node_leaks(package: Path) -> list[str]:

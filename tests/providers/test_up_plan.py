@@ -9,6 +9,7 @@ import pytest
 from clusterctl.cluster import up_plan
 from clusterctl.errors import UsageError
 from clusterctl.providers.base import Plan
+from clusterctl.runtime.install import plan_line
 from clusterctl.state import StateStore
 
 
@@ -66,6 +67,7 @@ def test_the_request_is_refused_before_the_provider_is_asked(tmp_path):
     [
         (dict(runtime="conda"), "unknown --runtime 'conda'"),
         (dict(runtime="none", python="/usr/bin/python3"), "--python and --runtime none together"),
+        (dict(runtime="dali", python="/usr/bin/python3"), "--python and --runtime dali together"),
         (dict(runtime_cache="s3://b/p"), "--runtime-cache and --runtime-wheels are for AWS clusters"),
     ],
 )
@@ -79,6 +81,11 @@ def test_the_runtime_asked_for():
     assert (own.mode, own.python) == ("own", "/opt/py/bin/python")
     cached = up_plan.runtime_request(up_plan.UpRequest("aws", runtime_cache="s3://my-bucket/rt"), builds_here=False)
     assert (cached.mode, cached.cache, cached.wheels) == ("install", "s3://my-bucket/rt", "")
+    assert not cached.dali
+    # --runtime dali: the runtime with NVIDIA DALI on CPU nodes too (`train --input dali` on its CPU backend)
+    dali = up_plan.runtime_request(up_plan.UpRequest("local", runtime="dali"), builds_here=True)
+    assert (dali.mode, dali.dali) == ("install", True)
+    assert "+ DALI 2.4.0 at" in plan_line(dali, None) and "DALI" not in plan_line(cached, None)
 
 
 def test_flags_asking_another_shape_of_a_cluster_that_is_up_are_refused_before_the_plan(tmp_path):

@@ -180,7 +180,7 @@ if wheel:
 link = nccl + "/lib/libnccl.so"
 record = {
     "argv": sys.argv[1:],
-    "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_") or k == "LDFLAGS"},
+    "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_") or k in ("LDFLAGS", "CUDA_HOME")},
     "path0": os.environ["PATH"].split(":")[0],
     "nvcc": shutil.which("nvcc"),
     "libnccl.so": os.readlink(link) if os.path.islink(link) else None,
@@ -271,7 +271,11 @@ def stand_in_build(tmp_path: Path, gpu: bool, nccl_wheel: bool = True, nccl_buil
 def test_the_build_script_builds_horovod_with_the_chosen_toolkit_and_the_runtimes_nccl(tmp_path):
     r, calls, spec, rid, cuda = stand_in_build(tmp_path, gpu=True)
     assert r.returncode == 0, r.stderr
-    first, nccl_step, horovod = calls
+    first, nccl_step, horovod, dali_plugin = calls
+    assert "nvidia-dali-cuda120==2.4.0" in spec.requirements
+    # DALI's TensorFlow plugin last, compiled against the TensorFlow installed, with the chosen toolkit's headers.
+    assert dali_plugin["argv"] == COMMON + ["--no-build-isolation", "nvidia-dali-tf-plugin-cuda120==2.4.0"]
+    assert dali_plugin["env"]["CUDA_HOME"] == f"{cuda}/cuda-12.8"
     assert first["argv"] == COMMON + list(spec.requirements) and spec.requirements[0] == "tensorflow[and-cuda]==2.15.1"
     assert first["env"] == {}  # TensorFlow is installed without Horovod's variables
     # NCCL over TensorFlow's pin, on its own (TF's pin would make one resolver run refuse it).

@@ -111,6 +111,17 @@ def test_build_argv_golden():
     assert info["platform"]["python_path"] == "/usr/bin/python3.11" and info["spec"]["gpu"] is False
     gpu = rt.build_argv("S.sh", dataclasses.replace(b, spec=rt.RuntimeSpec.for_platform(DLAMI), platform=DLAMI))
     assert gpu[5].startswith("tensorflow[and-cuda]==2.15.1 ") and "HOROVOD_GPU_OPERATIONS=NCCL" in gpu[7]
+    # DALI in the GPU runtime (and so in its id); its TensorFlow plugin is the last step, the CPU runtime has none.
+    assert "nvidia-dali-cuda120==2.4.0" in gpu[5] and "nvidia-cuda-nvcc" not in gpu[5]
+    assert gpu[11] == "nvidia-dali-tf-plugin-cuda120==2.4.0" and argv[11] == ""
+    dali_cpu = rt.RuntimeSpec.for_platform(DEBIAN, dali=True)
+    assert dali_cpu.requirements[-3:] == (
+        "nvidia-dali-cuda120==2.4.0",
+        "nvidia-cuda-runtime-cu12==12.2.140",
+        "nvidia-cuda-nvcc-cu12==12.2.140",
+    )
+    ids = {rt.runtime_id(s, DEBIAN) for s in (rt.RuntimeSpec(), dali_cpu)}
+    assert len(ids) == 2 and rt.runtime_id(rt.RuntimeSpec.for_platform(DEBIAN), DEBIAN) in ids
     assert rt.shell(rt.install_argv("i.sh", "abcdef0123456789", "in dir")) == "bash i.sh abcdef0123456789 'in dir'"
 
 

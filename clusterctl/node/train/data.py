@@ -171,6 +171,10 @@ def train_dataset(
     classes: int | None = None,
     threads: int = 8,
 ) -> Any:
+    if args.input == "dali":  # the same batches decoded by DALI (dali.py); args.device_id: main.py's
+        from clusterctl.node.train import dali
+
+        return dali.train_dataset(tf, args, files, rank, size, seed, threads, args.device_id)
     ds = records(tf, files, rank, size, training=True, seed=seed, threads=threads)
     ds = ds.shuffle(args.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     # The seed rides with each record through the parallel map: the same image gets the same crop
@@ -187,6 +191,10 @@ def train_dataset(
 
 
 def eval_dataset(tf: Any, args: argparse.Namespace, files: list[str], rank: int, size: int, threads: int = 8) -> Any:
+    if args.input == "dali":
+        from clusterctl.node.train import dali
+
+        return dali.eval_dataset(tf, args, files, rank, size, threads, args.device_id)
     ds = records(tf, files, rank, size, training=False, seed=0, threads=threads)
 
     def fn(serialized: Any) -> tuple[Any, Any]:

@@ -229,7 +229,7 @@ def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: 
             ds = synthetic_dataset(tf, args, job.classes, seed, args.batch_size)
         else:
             ds = train_dataset(tf, args, job.train_files, rank, size, seed, job.classes, job.threads)
-        if job.gpus:
+        if job.gpus and args.input != "dali":  # DALI's batches are on the GPU already
             ds = ds.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
         it = iter(ds)
         batch_t = tf.constant(batch, tf.int64)

@@ -13,6 +13,7 @@ from typing import Any
 
 from clusterctl.node import nccl_report
 from clusterctl.node.train import checkpoints, elastic, step as step_fns
+from clusterctl.node.train.dali import device_id as dali_device
 from clusterctl.node.train.data import (
     BAD_LABEL,
     IMAGENET_TRAIN_EXAMPLES,
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
 
     # This host's cores shared between its processes: the input pipeline's threads (and on CPU the model's).
     gpus, capabilities, threads = pin_device(tf, hvd, hide_gpus=args.no_gpu)
+    args.device_id = dali_device(gpus)  # where --input dali decodes: this rank's GPU, else DALI's CPU backend
 
     # Every rank says which GPU it has (after the device set-up above: this starts TensorFlow's runtime).
     if args.elastic:
@@ -247,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
             zero_gamma_layers=zeroed,
             eval_every=args.eval_every,
             input_threads=threads,
+            input=args.input,
             fusion_threshold=os.environ.get("HOROVOD_FUSION_THRESHOLD", ""),
             cycle_time_ms=os.environ.get("HOROVOD_CYCLE_TIME", ""),
             xla=args.xla,
@@ -337,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
         train_ds = synthetic_dataset(tf, args, classes, seed, args.batch_size)
     else:
         train_ds = train_dataset(tf, args, train_files, rank, size, seed, classes, threads)
-    if gpus:
+    if gpus and args.input != "dali":  # DALI's batches are on the GPU already
         train_ds = train_ds.apply(tf.data.experimental.prefetch_to_device("/GPU:0", buffer_size=2))
 
     # Each node's first process watches its own instance; a notice on any node stops every rank.

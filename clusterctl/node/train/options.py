@@ -4,6 +4,7 @@ its learning-rate schedule. Pure: no TensorFlow."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ from clusterctl.node.train import checkpoints
 
 DESCRIPTION = "ImageNet training with TensorFlow 2 + Horovod, shipped to every node and launched by horovodrun."
 PRECISIONS = ("auto", "fp32", "float16", "bfloat16", "mixed")  # the trainer's and the benchmark's --precision
+INPUTS = ("tfdata", "dali")  # the trainer's --input; `clusterctl train --input auto` picks one before the launch
 EXIT_SIZE_MISMATCH = 3
 EXIT_CHECKPOINT = 4
 EXIT_NO_DATA = 5
@@ -105,6 +107,14 @@ def _s3_uri(text: str) -> str:
     return text
 
 
+def _has_dali() -> bool:
+    """NVIDIA DALI is installed in this Python (looked up, not imported: the flags' checks stay fast)."""
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except ModuleNotFoundError:  # no `nvidia` package at all
+        return False
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="train", description=DESCRIPTION)
     d = p.add_argument_group("data")
@@ -126,6 +136,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d.add_argument("--shuffle-buffer", type=int, default=10000, help="records in each rank's shuffle buffer")
     d.add_argument(
         "--min-crop-area", type=float, default=None, help="smallest random crop, as a fraction of the image (0.08)"
+    )
+    d.add_argument(
+        "--input",
+        choices=INPUTS,
+        default="tfdata",
+        help="who decodes the JPEGs: tfdata (TensorFlow, on the CPUs) or dali (NVIDIA DALI: on the GPU where the "
+        "rank has one, else DALI's CPU backend; node/train/dali.py)",
     )
     m = p.add_argument_group("model and optimisation")
     m.add_argument("--model", choices=("resnet50", "tiny"), default="resnet50")
@@ -257,6 +274,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--epochs must be positive")
     if args.max_steps is not None and args.max_steps < 1:
         p.error("--max-steps must be at least 1")
+    if args.synthetic and args.input == "dali":
+        p.error("--input dali decodes records: give --data DIR, not --synthetic")
+    if args.input == "dali" and not _has_dali():
+        p.error(
+            "--input dali: NVIDIA DALI is not installed in this Python: GPU nodes' runtime carries it; "
+            "on CPU nodes bring the cluster up with `clusterctl up --runtime dali`"
+        )
     if not 0 < args.min_crop_area <= 1:  # after the recipe's values are filled in
         p.error("--min-crop-area must be in (0, 1]")
     if args.elastic and (args.eval_every or args.expect_size or args.eval_only):
