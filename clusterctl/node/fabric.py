@@ -27,6 +27,7 @@ def emit(kind: str, /, **fields: object) -> None:
 
 
 def main(argv: list[str]) -> int:
+    nccl_report.capture()  # before NCCL starts: its lines into this process's own file
     p = argparse.ArgumentParser(prog="fabric", description=DESCRIPTION)
     p.add_argument("--mb", type=float, default=64.0, help="MiB allreduced per step")
     p.add_argument("--warmup", type=int, default=3)

@@ -113,7 +113,8 @@ def test_build_argv_golden():
     assert gpu[5].startswith("tensorflow[and-cuda]==2.15.1 ") and "HOROVOD_GPU_OPERATIONS=NCCL" in gpu[7]
     # DALI in the GPU runtime (and so in its id); its TensorFlow plugin is the last step, the CPU runtime has none.
     assert "nvidia-dali-cuda120==2.4.0" in gpu[5] and "nvidia-cuda-nvcc" not in gpu[5]
-    assert gpu[11] == "nvidia-dali-tf-plugin-cuda120==2.4.0" and argv[11] == ""
+    assert gpu[11].startswith("nvidia-nccl-cu12==") and argv[11] == ""  # NCCL on GPU nodes only
+    assert gpu[12] == "nvidia-dali-tf-plugin-cuda120==2.4.0" and argv[12] == ""
     dali_cpu = rt.RuntimeSpec.for_platform(DEBIAN, dali=True)
     assert dali_cpu.requirements[-3:] == (
         "nvidia-dali-cuda120==2.4.0",

@@ -162,7 +162,7 @@ def test_shards_are_contiguous_and_cover_every_record():
 def _feed(per_core: float):
     from clusterctl.workloads import train_feed
 
-    return train_feed.feed(8, per_core, 4, "V100")  # 4 x 1,270 = 5,080 img/s needed
+    return train_feed.feed(8, 8 * per_core, 4, "V100")  # 4 x 1,270 = 5,080 img/s needed
 
 
 def test_auto_picks_dali_only_when_gpus_are_there_and_the_measured_feed_is_below_demand():
