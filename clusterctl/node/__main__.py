@@ -22,9 +22,6 @@ PROGRAMS: dict[str, str] = {
 # A copy of the package under one of these file names runs that program: `sweep run --file train_imagenet.py`
 # stages the package so, and its trials run `python train_imagenet.py ARGS`.
 NAMED: dict[str, str] = {"train_imagenet.py": "train"}
-# The programs whose rank 0 reads NCCL's report of its network back (node/nccl_report.py): each process writes
-# NCCL's lines to a file of its own, set before NCCL starts.
-NCCL_REPORTED = ("bench", "fabric", "train")
 
 
 def main(argv: list[str], name: str = "") -> int:
@@ -35,10 +32,6 @@ def main(argv: list[str], name: str = "") -> int:
         said = f"unknown program {argv[0]!r}; " if argv and argv[0] not in ("-h", "--help") else ""
         print(f"usage: PYZ PROGRAM [ARGS...]\n{said}programs: {', '.join(sorted(PROGRAMS))}", file=sys.stderr)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
-    if argv[0] in NCCL_REPORTED:
-        from clusterctl.node import nccl_report
-
-        nccl_report.capture()
     module = importlib.import_module(PROGRAMS[argv[0]])
     code: int = module.main(argv[1:])
     return code
