@@ -111,7 +111,7 @@ def emit(kind: str, /, **fields: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    nccl_report.capture()  # before NCCL starts: its lines into this process's own file
+    nccl_report.capture()  # before NCCL starts: its report of the network into this process's own file
 
     import horovod.tensorflow as hvd
     import tensorflow as tf

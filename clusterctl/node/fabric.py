@@ -27,7 +27,6 @@ def emit(kind: str, /, **fields: object) -> None:
 
 
 def main(argv: list[str]) -> int:
-    nccl_report.capture()  # before NCCL starts: its lines into this process's own file
     p = argparse.ArgumentParser(prog="fabric", description=DESCRIPTION)
     p.add_argument("--mb", type=float, default=64.0, help="MiB allreduced per step")
     p.add_argument("--warmup", type=int, default=3)
@@ -36,6 +35,7 @@ def main(argv: list[str]) -> int:
     if args.mb <= 0 or args.warmup < 1 or args.iters < 2:
         p.error("--mb must be positive, --warmup at least 1, --iters at least 2")
 
+    nccl_report.capture()  # before NCCL starts: its report of the network into this process's own file
     import horovod.tensorflow as hvd  # the node runtime's
     import tensorflow as tf
 

@@ -63,7 +63,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole run, in the order Horovod's examples write it)
     args = parse_args(argv)
-    nccl_report.capture()  # before NCCL starts: its lines into this process's own file
+    nccl_report.capture()  # before NCCL starts: its report of the network into this process's own file
 
     import horovod.tensorflow as hvd
     import tensorflow as tf
