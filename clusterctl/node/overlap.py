@@ -155,7 +155,7 @@ def record_timeline(tf: Any, hvd: Any, args: argparse.Namespace, design: str, tr
     for _ in range(2):
         forward().numpy()
     times = []
-    for _ in range(args.steps):
+    for _ in range(max(5, args.steps)):
         t0 = time.perf_counter()
         forward().numpy()
         times.append(time.perf_counter() - t0)
