@@ -7,8 +7,8 @@ package's `overlap` program (the trainer's step, node/train/step.py) twice throu
     1. link as it is: compute alone for both step designs (blocks: XLA per segment, the step's; whole: the
        model as one XLA op, the design before), and the allreduce alone;
     2. the link shaped with htb (both ways, on both nodes) so that the allreduce alone takes about as long as
-       the blocks design's compute: compute alone, allreduce alone and both, for each design, and Horovod's
-       timeline of a few steps.
+       the blocks design's compute: compute alone, allreduce alone and both (the blocks design; --whole-too:
+       the whole design's as well), and Horovod's timeline of a few steps.
 
 and prints the step times, the exposed share of the allreduce, (both - compute) / allreduce (0: hidden
 entirely, 1: not at all), the compute-alone ratio blocks / whole (from run 1: the same processes, one design
@@ -46,7 +46,7 @@ from clusterctl.remote import nodepkg  # noqa: E402
 
 # ResNet-50 at a small image and batch: the real network and gradient set (161 tensors, 102 MB in float32),
 # a step of about a second on this machine's cores.
-WORKLOAD = ("--model", "resnet50", "--image-size", "64", "--batch-size", "4")
+WORKLOAD = ("--model", "resnet50", "--image-size", "64", "--batch-size", "4", "--warmup-steps", "2", "--steps", "4")
 PARAMETERS = 25_557_032  # ResNet-50 v1.5 at 1,000 classes (node/train/model.py)
 LINE = re.compile(r"CLUSTERCTL-OVERLAP (\w+) (.*)")
 
@@ -54,6 +54,11 @@ LINE = re.compile(r"CLUSTERCTL-OVERLAP (\w+) (.*)")
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cluster", help="run the probe on this cluster as it is (nothing brought up or shaped)")
+    p.add_argument(
+        "--whole-too",
+        action="store_true",
+        help="the whole-model design on the shaped link too (its exposed share; its compile adds minutes)",
+    )
     p.add_argument("probe", nargs=argparse.REMAINDER, help="after --: flags for the node package's overlap program")
     args = p.parse_args()
     probe = [a for a in args.probe if a != "--"]
@@ -64,6 +69,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="overlap-"))
     env = {**os.environ, "CLUSTERCTL_HOME": str(work / "home"), "PYTHONPATH": str(REPO)}
     name = "ov" + uuid.uuid4().hex[:6]
+    designs = ["blocks", "whole"] if args.whole_too else ["blocks"]
 
     def cli(*a: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*CLI, *a], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
@@ -76,15 +82,16 @@ def main() -> int:
     if up.returncode != 0:
         sys.exit(f"up failed:\n{up.stderr[-3000:]}")
     try:
-        first = times(overlap("--designs", "blocks,whole", "--modes", "compute,allreduce", "--steps", "8"))
+        first = times(overlap("--designs", "blocks,whole", "--modes", "compute,allreduce"))
         compute, plain = first[("blocks", "compute")], first[("-", "allreduce")]
-        # what the wire must take for the allreduce alone to last as long as the compute: a 2-process ring
-        # sends each process's whole gradient set once (half in reduce-scatter, half in all-gather)
-        wire = max(compute - plain, compute / 2)
+        # what the wire must take for the allreduce alone to last about as long as the compute (90%: run 1's
+        # compute is one run's, the second's may differ by as much): a 2-process ring sends each process's
+        # whole gradient set once (half in reduce-scatter, half in all-gather)
+        wire = max(0.9 * compute - plain, compute / 2)
         mbit = PARAMETERS * 4 * 8 / wire / 1e6
         for i in range(2):
             shape(name, i, f"{mbit:.0f}mbit")
-        second = overlap("--designs", "blocks,whole", "--steps", "8", "--trace", "/tmp/clusterctl-overlap")
+        second = overlap("--designs", ",".join(designs), "--trace", "/tmp/clusterctl-overlap")
     finally:
         cli("down", name, "--yes", timeout=300)
     shaped = times(second)
@@ -97,7 +104,7 @@ def main() -> int:
     )
     print(f"{'design':<8} {'compute s':>10} {'allreduce s':>12} {'both s':>8} {'exposed':>8}")
     allreduce = shaped[("-", "allreduce")]
-    for design in ("blocks", "whole"):
+    for design in designs:
         c, b = shaped[(design, "compute")], shaped[(design, "both")]
         print(f"{design:<8} {c:>10.3f} {allreduce:>12.3f} {b:>8.3f} {(b - c) / allreduce:>8.2f}")
     ratio = first[("blocks", "compute")] / first[("whole", "compute")]

@@ -3,7 +3,8 @@
 Launched by horovodrun (bench/overlap.py runs it; docs/REAL_HARDWARE.md on GPUs). The step is the trainer's
 (train/step.py), on one fixed batch made on the device. For each step design (`blocks`: the trainer's, XLA per
 segment; `whole`: the model as one XLA op, the design before it) it times, after warm-up steps, each step
-alone (the median step; rank 0 prints the mean over the ranks' medians):
+alone, in rounds that take every design and mode in turn (the median step; rank 0 prints the mean over the
+ranks' medians):
 
     compute    the step without its allreduce (what one process alone would take)
     allreduce  the allreduce of the step's gradients alone (zeros of their shapes, the same compression)
@@ -51,7 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--designs", default="blocks,whole", help=f"comma-separated, of {', '.join(DESIGNS)}")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (tracing, XLA compiling)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per mode")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per design and mode in each round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over every design and mode, in turn")
     p.add_argument("--trace", metavar="PREFIX", help="record Horovod's timeline to PREFIX-<design>.json")
     p.add_argument("--trace-steps", type=int, default=3)
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as the trainer's --precision")
@@ -63,7 +65,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bad = [d for d in args.designs if d not in DESIGNS] + [m for m in args.modes if m not in MODES]
     if bad or not args.designs:
         p.error(f"unknown design or mode {', '.join(bad) or '(none given)'}")
-    for name in ("batch_size", "warmup_steps", "steps", "trace_steps"):
+    for name in ("batch_size", "warmup_steps", "steps", "rounds", "trace_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -107,10 +109,11 @@ def main(argv: list[str]) -> int:
 
     reduce_only = tf.function(reduce_all)
 
+    runs: dict[tuple[str, str], Any] = {}  # (design, mode) -> the step, traced once
     if "allreduce" in args.modes:
-        run_mode(tf, hvd, args, "-", "allreduce", reduce_only)
-    for design in args.designs:
-        forward = make_forward(tf, model, args.xla, design)
+        runs[("-", "allreduce")] = reduce_only
+    forwards = {design: make_forward(tf, model, args.xla, design) for design in args.designs}
+    for design, forward in forwards.items():
         for mode in [m for m in args.modes if m != "allreduce"]:
             step = make_step(
                 tf,
@@ -123,26 +126,28 @@ def main(argv: list[str]) -> int:
                 compression=compression,
                 allreduce=mode == "both",
             )
-            train_step = tf.function(lambda step=step: step(images, labels)[0])
-            run_mode(tf, hvd, args, design, mode, train_step)
-            if mode == "both" and args.trace:
-                record_timeline(tf, hvd, args, design, train_step, tf.function(lambda f=forward: f(images)))
+            runs[(design, mode)] = tf.function(lambda step=step: step(images, labels)[0])
+    for fn in runs.values():  # tracing and XLA's compiling, before any clock runs
+        for _ in range(args.warmup_steps):
+            fn().numpy()
+    # Round by round, every (design, mode) in turn: a machine whose load drifts slows them all alike.
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
+    for _ in range(args.rounds):
+        for key, fn in runs.items():
+            hvd.allreduce(tf.constant(0.0), name="clusterctl.overlap.sync").numpy()  # every rank starts together
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                fn().numpy()  # the copy to the host waits for the device
+                times[key].append(time.perf_counter() - t0)
+    for (design, mode), measured in times.items():
+        mine = tf.constant(statistics.median(measured), tf.float64)
+        seconds = float(hvd.allreduce(mine, name="clusterctl.overlap.t"))
+        if hvd.rank() == 0:
+            emit("time", design=design, mode=mode, seconds=seconds, steps=len(measured), size=hvd.size())
+    if args.trace and "both" in args.modes:
+        for design, forward in forwards.items():
+            record_timeline(tf, hvd, args, design, runs[(design, "both")], tf.function(lambda f=forward: f(images)))
     return 0
-
-
-def run_mode(tf: Any, hvd: Any, args: argparse.Namespace, design: str, mode: str, fn: Any) -> None:
-    """Warm-up steps, then the timed ones one by one; rank 0 prints the mean of the ranks' median steps."""
-    hvd.allreduce(tf.constant(0.0), name="clusterctl.overlap.sync").numpy()  # every rank starts together
-    for _ in range(args.warmup_steps):
-        fn().numpy()
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        fn().numpy()  # the copy to the host waits for the device
-        times.append(time.perf_counter() - t0)
-    seconds = float(hvd.allreduce(tf.constant(statistics.median(times), tf.float64), name="clusterctl.overlap.t"))
-    if hvd.rank() == 0:
-        emit("time", design=design, mode=mode, seconds=seconds, steps=args.steps, size=hvd.size())
 
 
 def record_timeline(tf: Any, hvd: Any, args: argparse.Namespace, design: str, train_step: Any, forward: Any) -> None:
@@ -150,7 +155,7 @@ def record_timeline(tf: Any, hvd: Any, args: argparse.Namespace, design: str, tr
     for _ in range(2):
         forward().numpy()
     times = []
-    for _ in range(args.steps):
+    for _ in range(max(5, args.steps)):
         t0 = time.perf_counter()
         forward().numpy()
         times.append(time.perf_counter() - t0)

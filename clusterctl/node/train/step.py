@@ -9,13 +9,14 @@ backward pass, and the allreduce has no compute left to hide behind. Here the mo
 alone crosses from one layer to the rest (for ResNet-50: after the stem's conv, after its batch norm and
 pool, after each of the 16 residual blocks, before the classifier: 19 segments), and each segment is its
 own XLA function. The backward pass is then a chain of 19 XLA ops, and TensorFlow's executor hands each
-segment's gradients to their allreduce ops as soon as that op finishes, while the next segment's gradient
-computes. Compute speed stays XLA's: a cut falls where XLA would fuse little (a ReLU before the next
-block's convolutions and its shortcut), and 38 op launches a step are nothing next to the convolutions
-(measured with bench/overlap.py: docs/PERFORMANCE.md). The other ways were ruled out: auto-clustering
-(TF_XLA_FLAGS=--tf_xla_auto_jit) leaves the clusters' shape to TensorFlow's heuristics, which may again
-merge the whole backward pass into one; Horovod's XLA ops (HOROVOD_ENABLE_XLA_OPS) have GPU kernels only,
-so the CPU path would differ from the GPU's.
+segment's gradients to their allreduce ops as soon as that op ends, while the next segment's gradient computes
+(Horovod's timeline shows the first gradients arriving at the backward pass's start: tests/workloads/
+test_launch.py, bench/overlap.py). Compute speed stays XLA's: a cut falls where XLA has little to fuse across
+(after a block's closing ReLU, where the next block's convolutions begin), and 38 op launches a step are nothing next
+to the convolutions (bench/overlap.py times both designs in turn: docs/PERFORMANCE.md). Not chosen:
+auto-clustering (TF_XLA_FLAGS=--tf_xla_auto_jit) leaves where clusters fall to TensorFlow's heuristics, and a
+cluster over the backward pass hands its gradients over at its end again; Horovod's XLA ops
+(HOROVOD_ENABLE_XLA_OPS) exist for GPUs only, so the CPU path would not be the GPU's.
 
 Stdlib only at import: TensorFlow and Horovod are passed in.
 """
