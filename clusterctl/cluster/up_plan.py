@@ -199,7 +199,7 @@ def plan_json(up: UpPlan, checks: Sequence[str]) -> dict[str, Any]:
     return {
         "name": s.name,
         "provider": s.provider,
-        "region": s.region or None,
+        "region": s.region or up.provider.region,  # the one the plan was made in (given, or configured)
         "nodes": s.nodes,
         "slots": s.slots,
         "instance_type": s.instance_type,

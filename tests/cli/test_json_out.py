@@ -47,7 +47,13 @@ def test_up_dry_run_json_is_the_plan(cli):
     proc = cli("up", "--provider", "local", "-c", "planned", "--nodes", "3", "--dry-run", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert (doc["name"], doc["provider"], doc["nodes"], doc["hourly_usd"]) == ("planned", "local", 3, 0.0)
+    assert (doc["name"], doc["provider"], doc["region"], doc["nodes"], doc["hourly_usd"]) == (
+        "planned",
+        "local",
+        "local",
+        3,
+        0.0,
+    )
     assert doc["plan"] and doc["checks"] and doc["autostop"]["idle_stop_s"] == 3600
     assert re.search(r"3 namespace nodes", " ".join(doc["plan"]))
     _documented("up --dry-run --json", [*doc, *doc["autostop"]])

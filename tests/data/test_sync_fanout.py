@@ -77,7 +77,7 @@ def test_an_uplink_of_twice_a_hop_gets_two_chains(c4, tmp_path):
         assert plan.returncode == 0, plan.stderr
         lines = plan.stdout.splitlines()
         assert lines[0] == "chain (fanout 1): one tar stream per link, every node writes and forwards at once"
-        assert re.fullmatch(short, lines[1]), lines[1]
+        assert re.fullmatch("  " + short, lines[1]), lines[1]
         assert lines[2:] == [
             f"  source ({src}) -> {h[0]}",
             f"  {h[0]} -> {h[1]}",
