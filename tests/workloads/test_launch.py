@@ -1,6 +1,7 @@
 """`clusterctl launch`: the user's own TF2 Keras + Horovod script (written here) across 2 nodes x 2 slots,
 horovodrun on the leader in tmux; `logs`, `status` and `kill` by the job's name; bad input refused in one
-line; the node package's overlap probe launched as a script, reading Horovod's timeline of the training step. The pure parts of clusterctl.workloads.userjob (the command, the files, the shell text) first."""
+line; the node package's overlap probe launched as a script, reading Horovod's timeline of the training step.
+The pure parts of clusterctl.workloads.userjob (the command, the files, the shell text) first."""
 
 from __future__ import annotations
 
