@@ -46,7 +46,7 @@ from clusterctl.remote import nodepkg  # noqa: E402
 
 # ResNet-50 at a small image and batch: the real network and gradient set (161 tensors, 102 MB in float32),
 # a step of about a second on this machine's cores.
-WORKLOAD = ("--model", "resnet50", "--image-size", "64", "--batch-size", "4", "--warmup-steps", "2", "--steps", "4")
+WORKLOAD = tuple("--model resnet50 --image-size 64 --batch-size 4 --warmup-steps 2 --steps 3 --rounds 5".split())
 PARAMETERS = 25_557_032  # ResNet-50 v1.5 at 1,000 classes (node/train/model.py)
 LINE = re.compile(r"CLUSTERCTL-OVERLAP (\w+) (.*)")
 

@@ -41,6 +41,7 @@ from clusterctl.node.train.step import DESIGNS, make_forward, make_objective, ma
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 MARK = "CLUSTERCTL-OVERLAP"
 MODES = ("compute", "allreduce", "both")
+SYNC = "clusterctl.overlap.sync"  # the allreduce that starts a traced step on every rank at once
 DESCRIPTION = "How much of the allreduce the training step hides behind its backward pass (launched by horovodrun)."
 
 
@@ -162,9 +163,10 @@ def record_timeline(tf: Any, hvd: Any, args: argparse.Namespace, design: str, tr
     forward_s = float(hvd.allreduce(tf.constant(statistics.median(times), tf.float64), name="clusterctl.overlap.f"))
     path = f"{args.trace}-{design}.json"
     hvd.start_timeline(path)
+    sync = tf.function(lambda: hvd.allreduce(tf.constant(0.0), name=SYNC))  # named: left out of the step's tensors
     spans = []
     for _ in range(args.trace_steps):
-        hvd.allreduce(tf.constant(0.0), name="clusterctl.overlap.sync").numpy()  # both ranks start together
+        sync().numpy()  # both ranks start together
         t0 = time.time()  # the timeline's clock: its file says when it started, since the epoch
         train_step().numpy()
         spans.append((t0, time.time()))
@@ -172,7 +174,7 @@ def record_timeline(tf: Any, hvd: Any, args: argparse.Namespace, design: str, tr
     if hvd.rank() != 0:
         return
     with open(path, encoding="utf-8") as f:
-        steps = step_submissions(read_timeline(f.read()), spans)
+        steps = step_submissions(read_timeline(f.read()), spans, ignore=(SYNC,))
     if not steps:
         emit("timeline", design=design, steps=0, path=path)
         return
@@ -208,9 +210,12 @@ def read_timeline(text: str) -> list[dict[str, Any]]:
     return [e for e in events if isinstance(e, dict)]
 
 
-def step_submissions(events: list[dict[str, Any]], spans: list[tuple[float, float]]) -> list[tuple[float, float, int]]:
+def step_submissions(
+    events: list[dict[str, Any]], spans: list[tuple[float, float]], ignore: tuple[str, ...] = ()
+) -> list[tuple[float, float, int]]:
     """For each step (its start and end in seconds since the epoch): seconds from its start to the first and the
-    last tensor's arrival at Horovod (the first phase it opens in the step), and how many tensors arrived."""
+    last tensor's arrival at Horovod (the first phase it opens in the step), and how many tensors arrived.
+    `ignore`: tensors by name that are not the step's (their phases may be stamped a moment after its start)."""
     origin = next(
         (
             e["args"]["start_time_since_epoch_in_micros"]
@@ -222,7 +227,12 @@ def step_submissions(events: list[dict[str, Any]], spans: list[tuple[float, floa
     if origin is None:
         return []
     # a tensor's phases open with "B" events (NEGOTIATE_ALLREDUCE when the first rank submits it, then ALLREDUCE)
-    timed = sorted(((origin + e["ts"]) / 1e6, e["pid"]) for e in events if e.get("ph") == "B" and "ts" in e)
+    names = {e["pid"]: e.get("args", {}).get("name") for e in events if e.get("ph") == "M"}
+    timed = sorted(
+        ((origin + e["ts"]) / 1e6, e["pid"])
+        for e in events
+        if e.get("ph") == "B" and "ts" in e and names.get(e["pid"]) not in ignore
+    )
     out = []
     for t0, end in spans:
         arrived: dict[int, float] = {}

@@ -102,6 +102,7 @@ def test_the_timeline_says_when_each_steps_gradients_arrived():
     # the end of a phase is no arrival (the sync allreduce before a step ends after its start); nothing: no step
     assert step_submissions(ev, [(11.3001, 11.4)]) == []
     assert step_submissions(ev, [(20.0, 21.0)]) == []
+    assert [n for _, _, n in step_submissions(ev, [(11.0, 12.5)], ignore=("grad1",))] == [2]  # not the step's
     assert step_submissions([e for e in ev if e["pid"] != 0], [(11.0, 12.5)]) == []  # no start: nothing to say
 
 
