@@ -147,7 +147,7 @@ GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can t
 FEED_PROBE = "input_rate"  # the node package's program: the trainer's input pipeline, every rank's at once
 FEED_TIMEOUT_S = 600.0
 FEED_SECONDS = 10.0  # each GPU run's probe times this long (after every rank's first batch)
-FEED_SECONDS_CPU = 3.0  # with no GPU rate to judge by, the figure is only shown: a shorter look
+FEED_SECONDS_CPU = 2.0  # with no GPU rate to judge by, the figure is only shown: a shorter look
 
 
 def feed_check(

@@ -270,6 +270,8 @@ def test_a_resume_on_more_processes_then_a_restart_takes_the_newest_checkpoint_b
             batch_size=16,
             model_dir=str(tmp_path / "model"),
             max_steps=max_steps,
+            base_lr=0.1,  # the figures below (any recipe's values would do)
+            warmup_epochs=5.0,
             checkpoint_every=20,
             keep_checkpoints=3,
             log_every=10,
