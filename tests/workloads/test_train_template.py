@@ -300,9 +300,9 @@ def test_a_resume_on_more_processes_then_a_restart_takes_the_newest_checkpoint_b
     assert wider.resumed_from.images == 976 and wider.start.start_step == 30
     assert [(c.step, c.images) for c in wider.checkpoints] == [(40, 1296)]
     peak = wider.start.peak_lr
-    assert peak == 0.256 * 32 / 256 and wider.start.fields["start_images"] == "976"  # nvidia: 0.256 per 256
-    # in the 8-epoch warm-up (nvidia: 160 steps of batch 32): the rate at 30.5 steps, not at the rounded 30
-    assert wider.rows[0].step == 31 and wider.rows[0].lr == pytest.approx(peak * 31.5 / 160, abs=1e-6)
+    assert peak == 0.1 * 32 / 256 and wider.start.fields["start_images"] == "976"
+    # in the 5-epoch warm-up (100 steps of batch 32): the rate at 30.5 steps, not at the rounded 30
+    assert wider.rows[0].step == 31 and wider.rows[0].lr == pytest.approx(peak * 31.5 / 100, abs=1e-6)
     assert on_disk() == [960, 976, 1296]  # the one with the fewest images went, whatever its step
     manifest = json.loads((folder / "ckpt-1296.manifest.json").read_text())
     assert (manifest["images"], manifest["step"], manifest["global_batch"]) == (1296, 40, 32)
