@@ -153,10 +153,10 @@ class Api:
                 read_timeout=60,
                 user_agent_extra="clusterctl",
             )
-            made = session()
+            made, region = session(), self.region  # the region may ask the session: not under its lock
             with _SESSION_LOCK:
                 self._clients[service] = _profile_checked(
-                    lambda: made.client(service, region_name=self.region, config=cfg)
+                    lambda: made.client(service, region_name=region, config=cfg)
                 )
         return self._clients[service]
 
