@@ -141,7 +141,8 @@ def test_elastic_run_goes_on_without_a_lost_node(cluster):
     assert any(c.images == change.images for c in run.checkpoints), run.checkpoints
 
     st = cli("status")
-    assert st.returncode == 0, st.stderr
+    assert st.returncode == 5, st.stderr  # a node is lost (docs/exit-codes.md), and status says so
+    assert "lost: " in st.stderr and cluster.hosts[2] in st.stderr, st.stderr
     assert f"elastic: world size 3 -> 2 (lost {cluster.hosts[2]})" in st.stdout, st.stdout
     assert re.search(r"\b2 process\(es\)", st.stdout), st.stdout
 
