@@ -155,7 +155,7 @@ def test_the_plan_shows_the_gpu_build_and_refuses_images_it_cannot_build_on(aws,
     proc = aws_cli("up", "--nodes", "1", "--type", "p3.16xlarge", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert (
-        "plan: node runtime: TensorFlow 2.15.1 + Horovod 0.28.1 at /opt/clusterctl-runtime/<id> on every node; "
+        "plan: node runtime: TensorFlow 2.15.1 + Horovod 0.28.1 + DALI 2.4.0 at /opt/clusterctl-runtime/<id> on every node; "
         "Horovod built with CUDA 12.8 (/usr/local/cuda-12.8) for sm_70, NCCL 2.30.7 (nvidia-nccl-cu12), "
         "not the image's default CUDA 13.0"
     ) in proc.stderr
