@@ -145,7 +145,7 @@ def status(
         display.json_out(cluster_view.as_json(view))
     else:
         tables.cluster_view(view)
-    if view.lost:
+    if any(not x.disks_kept for x in view.lost):  # a stopped node (its disks kept) is shown, not a failure
         raise typer.Exit(int(ExitCode.UNREACHABLE))
 
 
