@@ -167,11 +167,13 @@ def test_an_explicit_fanout_skips_the_probe_and_a_failed_probe_is_one_chain(c4, 
     assert "(auto)" not in plan.stdout and len(plan.stdout.splitlines()) == 5
     bad = sync(c4, "--plan", "--fanout", "two", str(src), "/tmp/fanx")
     assert bad.returncode == 2 and "Error: --fanout must be auto or a whole number, not 'two'" in bad.stderr
-    # the sender cannot check the others' host keys: its streams never start; --plan still answers
+    # the sender cannot check the others' host keys: its streams never start; --plan still answers (a source on
+    # the leader: the plan cannot know its size, so it probes)
+    c4.node_exec(0, "sh", "-c", "mkdir -p /tmp/fansrc && echo a > /tmp/fansrc/a")
     kh = "/root/.ssh/known_hosts"
     c4.node_exec(0, "mv", kh, kh + ".away")
     try:
-        plan = sync(c4, "--plan", str(src), "/tmp/fanx")
+        plan = sync(c4, "--plan", "leader:/tmp/fansrc", "/tmp/fanx")
     finally:
         c4.node_exec(0, "mv", kh + ".away", kh)
     assert plan.returncode == 0, plan.stderr
