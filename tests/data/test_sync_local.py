@@ -70,7 +70,8 @@ def test_chain_copies_hostile_paths_to_every_node_verified(c3, hostile_src):
         left = c3.node_exec(i, "ls", "-A", "/root/.clusterctl/sync", check=False).stdout.strip()
         assert left == "", f"node {i} kept sync's work files: {left}"
         shipped = c3.node_exec(i, "ls", "-A", "/root/.clusterctl/node").stdout.split()
-        assert shipped == [nodepkg.package().name], f"node {i}: the node package is {shipped}"
+        name = nodepkg.package().name  # and the stamp of its checked digest (remote/nodepkg.py)
+        assert shipped == [name, f"{name}.ok"], f"node {i}: the node package is {shipped}"
     # the relays ended their hops' masters (a leaked one would live ControlPersist's 30 s)
     wait_for(lambda: not any(ssh_masters(c3, i) for i in range(3)), 10, "the hops' ssh masters to end")
     rows = table_rows(proc.stdout)
