@@ -155,9 +155,7 @@ class Api:
             )
             made, region = session(), self.region  # the region may ask the session: not under its lock
             with _SESSION_LOCK:
-                self._clients[service] = _profile_checked(
-                    lambda: made.client(service, region_name=region, config=cfg)
-                )
+                self._clients[service] = _profile_checked(lambda: made.client(service, region_name=region, config=cfg))
         return self._clients[service]
 
     def call(self, service: str, op: str, **kwargs: Any) -> dict[str, Any]:
