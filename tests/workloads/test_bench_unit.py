@@ -352,9 +352,10 @@ def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
 
 
 def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys, monkeypatch):
-    from clusterctl.cli import tables
+    from clusterctl.cli import display, tables
 
     monkeypatch.setenv("COLUMNS", "200")  # the table's width follows the terminal's: one line a rung here
+    monkeypatch.setattr(display, "_consoles", {})  # made again at this width
 
     hosts = HostsFile.parse("a slots=8\nb slots=8\n")
     ladder = bench_verdict.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, noise=0.05), 0.9, 8)
