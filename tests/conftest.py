@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Tables follow COLUMNS: a CI terminal's width must not reach the commands the tests run (a test of a narrow
+# table sets its own).
+os.environ["COLUMNS"] = "200"
 FIXTURES = REPO / "tests" / "fixtures"  # recorded logs and outputs the unit tests parse
 
 

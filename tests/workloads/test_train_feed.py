@@ -113,14 +113,15 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]  # the job's folder (the probe's working folder) and the package, as `train` stages
         assert pool.run_one(leader, f"mkdir -p {folder}").exit_code == 0 and nodepkg.ship(pool, [leader]).all_ok
-        lines = train_job.feed_check(pool, leader, folder, python, opts, 2, 8, "V100")
-        assert len(lines) == 2, lines
+        fed, lines = train_job.feed_check(pool, leader, folder, python, opts, 2, 8, "V100")
+        assert len(lines) == 1 and fed is not None and fed.starves, (fed, lines)
         m = re.fullmatch(r"input: tf\.data on (\d+) cores?, ([\d,]+) img/s for 10,160 needed", lines[0])
         assert m and int(m.group(1)) >= 1, lines
         assert 1 < int(m.group(2).replace(",", "")) < 10_160  # a measured rate, not a default
-        assert lines[1].startswith("warning: the input pipeline cannot feed the GPUs: tf.data on ")
-        assert "(8 V100 x 1,270 img/s)" in lines[1] and train_feed.ADVICE in lines[1]
-        cpu = train_job.feed_check(pool, leader, folder, python, opts, 1, 0, "")
-        assert len(cpu) == 1 and cpu[0].endswith("img/s (1 rank(s) here; no GPU rate to compare with)"), cpu
+        warning = train_feed.warning(fed) or ""
+        assert warning.startswith("the input pipeline cannot feed the GPUs: tf.data on "), warning
+        assert "(8 V100 x 1,270 img/s)" in warning and train_feed.ADVICE in warning
+        none, cpu = train_job.feed_check(pool, leader, folder, python, opts, 1, 0, "")
+        assert none is None and len(cpu) == 1 and cpu[0].endswith("img/s (1 rank(s) here; no GPU rate to compare with)"), cpu
         gone = TrainOptions(data="/root/nothing")
-        assert train_job.feed_check(pool, leader, folder, python, gone, 1, 8, "V100") == []
+        assert train_job.feed_check(pool, leader, folder, python, gone, 1, 8, "V100") == (None, [])
