@@ -146,8 +146,7 @@ def _save_job(store: StateStore, inv: Inventory, job: TrainJob) -> None:
 GPU_CHECK_TIMEOUT_S = 900.0  # TensorFlow loading CUDA on a fresh GPU node can take minutes
 FEED_PROBE = "input_rate"  # the node package's program: the trainer's input pipeline, every rank's at once
 FEED_TIMEOUT_S = 600.0
-FEED_SECONDS = 10.0  # each GPU run's probe times this long (after every rank's first batch)
-FEED_SECONDS_CPU = 2.0  # with no GPU rate to judge by, the figure is only shown: a shorter look
+FEED_SECONDS = 10.0  # the probe times this long (after every rank's first batch)
 
 
 def feed_check(
@@ -157,9 +156,8 @@ def feed_check(
     at once (the ranks it runs) at each rank's thread count, on the run's records and flags (node/input_rate.py,
     GPUs hidden). Returns the GPUs' Feed (None without a GPU rate to judge by) and the line to show, `input: ...`;
     (None, []) when the probe did not answer (the run goes on)."""
-    seconds = FEED_SECONDS if gpu else FEED_SECONDS_CPU
     probe = nodepkg.package().command(
-        FEED_PROBE, "--ranks", str(ranks), "--seconds", f"{seconds:g}", "--", *trainer_flags(opts), python=python
+        FEED_PROBE, "--ranks", str(ranks), "--seconds", f"{FEED_SECONDS:g}", "--", *trainer_flags(opts), python=python
     )
     r = pool.run_one(leader, f"cd {shlex.quote(job_dir)} && {probe} 2>&1", timeout=FEED_TIMEOUT_S)
     measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
@@ -186,7 +184,7 @@ class Feeding:
         on it (train_feed.choose_input); each said in one line, and the warning when tf.data would starve GPUs."""
         fed: train_feed.Feed | None = None
         measured: list[str] = []
-        if data:
+        if data and self.gpu:  # with no GPU rate to judge it by, a figure would only cost the start ~15 s
             report(
                 f"timing the input pipeline on {self.leader.label}: {self.ranks} rank(s) at once (decode + augment, "
                 f"{data})"

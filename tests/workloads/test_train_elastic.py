@@ -23,7 +23,7 @@ from conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
-STEPS, BATCH, COMMIT = 1200, 8, 20
+STEPS, BATCH, COMMIT = 700, 8, 20
 LOST = 2  # the member each test loses
 
 
@@ -46,7 +46,7 @@ def elastic(model_dir: str, steps: int = STEPS, min_np: int = 2) -> list[str]:
         "--log-every",
         "100",
         "--checkpoint-every",
-        "400",
+        "200",
         "--model-dir",
         f"~/runs/{model_dir}",
     ]
@@ -172,31 +172,14 @@ def test_elastic_run_with_too_few_nodes_stops_with_a_checkpoint_and_one_line(clu
     assert left == "", left
 
 
-def test_elastic_run_takes_a_node_back(cluster):
-    """The lost member restarted (the same address and host key, as `repair` of a local node does) and still in
-    the live hosts: after Horovod's cooldown the discovery script offers it again and it joins at a commit."""
-    cli = cluster.cli
-    proc = cli(*elastic("back", steps=3000))
-    assert proc.returncode == 0, proc.stderr
-    job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
-    reach_step_200(cluster, job)
-    ns = netns.netns_name(cluster.name, 2)
-    assert not netns.kill_netns(ns, 30)
-    wait_for(lambda: "world size 3 -> 2" in job_log(cluster, job), 120, "size 3 -> 2")
-    node_dir = cli.home / "clusters" / cluster.name / "nodes" / "2"
-    netns.restart_node(ns, f"{cluster.name}-member-2", cluster.hosts[2], node_dir)
-    wait_for(lambda: "world size 2 -> 3" in job_log(cluster, job), 180, "size 2 -> 3", interval=1)
-    text = job_log(cluster, job)
-    assert f"world size 2 -> 3 (joined {cluster.hosts[2]})" in text, text[-3000:]
-    cli("train", "--stop")
-
-
 def test_repair_brings_a_node_back_into_a_running_elastic_job(cluster):
     """A member lost mid-run, then `clusterctl repair --yes` as a user would run it: the replacement (the same
     address, a new host key pinned, the runtime installed, back in the leader's live hosts) is offered by the
-    discovery script after Horovod's cooldown and joins at a commit; the run ends with exit 0, the plan whole."""
+    discovery script after Horovod's cooldown and joins at a commit; the run ends with exit 0, the plan whole.
+    (A node back by itself, as a reboot brings it, joins the same way: the discovery script offers what the live
+    hosts list and answers.)"""
     cli = cluster.cli
-    steps = 3000
+    steps = 2000
     proc = cli(*elastic("repair", steps=steps))
     assert proc.returncode == 0, proc.stderr
     job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)

@@ -77,8 +77,8 @@ def test_the_probes_line_is_read_back():
 def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluster_factory):
     """A node with the node runtime: `data synthetic` records synced to it, a job folder and the node package (the
     trainer and the probe) as `train` stages them, and feed_check asked as for a node of 8 V100s running 2 ranks
-    (this machine's cores decode far fewer than the 10,160 img/s they would need), then as for CPU training.
-    Without records the probe says nothing."""
+    (this machine's cores decode far fewer than the 10,160 img/s they would need). Without records the probe
+    says nothing."""
     from clusterctl.cluster import inventory
     from clusterctl.remote import jobfolder, nodepkg
     from clusterctl.remote.ssh import SshPool
@@ -121,7 +121,21 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
         warning = train_feed.warning(fed) or ""
         assert warning.startswith("the input pipeline cannot feed the GPUs: tf.data on "), warning
         assert "(8 V100 x 1,270 img/s)" in warning and train_feed.ADVICE in warning
-        none, cpu = train_job.feed_check(pool, leader, folder, python, opts, 1, 0, "")
-        assert none is None and len(cpu) == 1 and cpu[0].endswith("img/s (1 rank(s) here; no GPU rate to compare with)"), cpu
         gone = TrainOptions(data="/root/nothing")
         assert train_job.feed_check(pool, leader, folder, python, gone, 1, 8, "V100") == (None, [])
+
+
+def test_without_a_gpu_rate_the_feed_is_not_timed():
+    """CPU nodes (and --fp32): no rate to judge the figure by, so `train` does not spend its start timing the
+    pipeline; it says which input it uses and why."""
+    from clusterctl.workloads import train_job
+    from clusterctl.workloads.train_options import TrainOptions
+
+    class NoSsh:
+        def __getattr__(self, name):
+            raise AssertionError(f"the feed was probed over ssh ({name})")
+
+    said: list[str] = []
+    feeding = train_job.Feeding(NoSsh(), NoSsh(), "/root/job", "python3", 2, 0, "")  # type: ignore[arg-type]
+    chosen = feeding.choose(TrainOptions(data="/root/ds"), "/root/ds", False, said.append)
+    assert chosen == "tfdata" and said == ["input: tf.data (auto: no GPUs to decode on)"], said
