@@ -83,32 +83,6 @@ def test_leader_builds_caches_relays_and_a_second_cluster_reuses(aws, aws_cli, m
     doctor = cli("doctor", "--cluster", "rta", "--json", env=aws.env(**env))
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert {n["cells"]["runtime"]["why"] for n in json.loads(doctor.stdout)["nodes"]} == {rid}
-    # AWS clusters are judged; these two "instances" share this machine's 2 cores, so the bar is set low
-    bench = cli(
-        "bench",
-        "--synthetic",
-        "--model",
-        "tiny",
-        "--steps",
-        "4",
-        "--iters",
-        "3",
-        "--batch-size",
-        "16",
-        "--threshold",
-        "0.05",
-        "--max-seconds",
-        "0",  # exactly --iters batches: how many a rung takes is tests/workloads/test_bench_*.py's
-        "--cluster",
-        "rta",
-        env=aws.env(**env),
-        timeout=900,
-    )
-    logs = "".join(p.read_text()[-3000:] for p in sorted((cli.cwd / "bench-results").glob("*/rung-*.log")))
-    # The ladder ran on the runtime; its verdict on 2 shared cores is noise: PASS (0) or INCONCLUSIVE (6), never
-    # a failed rung (1). What the verdict judges is tested in tests/workloads/test_bench_*.py.
-    assert bench.returncode in (0, 6), bench.stdout + bench.stderr + logs
-    assert "4 procs on 2 node(s)" in bench.stderr + bench.stdout, bench.stdout + bench.stderr
     # the user's own TF2 Keras + Horovod script: 4 ranks on 2 nodes, each running the runtime's Python
     (cli.cwd / "my_train.py").write_text(SCRIPT)
     (cli.cwd / "helper.py").write_text(HELPER)
