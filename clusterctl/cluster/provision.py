@@ -26,7 +26,7 @@ from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshTarget
 from clusterctl.runtime.install import RuntimeRequest, S3Cache, install as install_runtime
 from clusterctl.state import Record, StateStore, atomic_write
-from clusterctl.types import Cluster, ClusterSpec, Node
+from clusterctl.types import Cluster, ClusterSpec, Node, OnStep
 
 if TYPE_CHECKING:
     from clusterctl.hostsfile import HostsFile
@@ -46,6 +46,7 @@ def up(
     runtime: RuntimeRequest = RuntimeRequest("none"),
     runtime_cache: S3Cache | None = None,
     trust_first_contact: bool = False,
+    on_step: OnStep | None = None,
 ) -> Cluster:
     with store.lock(spec.name):
         found = None
@@ -131,6 +132,7 @@ def up(
                     report,
                     s3=runtime_cache,
                     build_here=provider.builds_runtime_locally,
+                    on_step=on_step,
                 )
                 live_hosts.write(pool, ssh_targets(cluster, store)[0], hosts_file(cluster))
             cluster = cluster.with_runtime(node_runtime)

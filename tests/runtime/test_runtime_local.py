@@ -115,11 +115,12 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
     from clusterctl.runtime.install import RuntimeRequest, install
     from clusterctl.runtime.spec import python_of
     from clusterctl.state import StateStore
-    from clusterctl.types import NodeRuntime
+    from clusterctl.types import NodeRuntime, Step
 
     store = StateStore(c.cli.home)
     cluster = store.load(c.name).cluster
     lines: list[str] = []
+    steps: list[Step] = []
     with SshPool(reach.ssh_settings(cluster, store)) as pool:
         targets = reach.ssh_targets(cluster, store)
         gone = pool.run_one(targets[1], f"rm -rf /opt/clusterctl-runtime/{rid}", timeout=60)
@@ -133,8 +134,13 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
             RuntimeRequest("install"),
             lines.append,
             build_here=LocalProvider.builds_runtime_locally,
+            on_step=steps.append,
         )
     assert got == NodeRuntime(rid, python_of(rid))
+    relay = "relaying the node runtime to 1 node(s)"  # one step, its bytes for a progress bar
+    assert steps[0].name == relay and steps[0].unit == "bytes" and (steps[0].total or 0) > 2**20, steps[:2]
+    assert [s.done for s in steps if s.phase == "advance"][-1] == steps[0].total
+    assert steps[-1] == Step(relay, "end", detail="1 of 1 node(s) verified")
     text = "\n".join(lines)
     assert "1 node(s) need it" in text and "relayed to 1 node(s)" in text, text
     assert "unpacked and verified on 1 node(s)" in text, text
