@@ -172,13 +172,15 @@ class StepLine:
     def _bars(self) -> Progress:
         if self.bars is None:
             from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.table import Column
 
+            fixed = Column(no_wrap=True)  # a narrow terminal wraps the name, never cuts a figure
             self.bars = Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                BarColumn(bar_width=24),
-                TextColumn("{task.fields[amount]}"),
-                TimeElapsedColumn(),
+                SpinnerColumn(table_column=fixed),
+                TextColumn("{task.description}", table_column=Column(overflow="fold")),
+                BarColumn(bar_width=20, table_column=fixed),
+                TextColumn("{task.fields[amount]}", table_column=Column(no_wrap=True)),
+                TimeElapsedColumn(table_column=Column(no_wrap=True)),
                 console=self.out,
                 transient=True,
                 refresh_per_second=4,
@@ -301,11 +303,28 @@ def fitted_table(
     title: str | None = None,
     boxed: bool = False,
     prose: Sequence[str] = (),
+    caption: str | None = None,
 ) -> None:
-    """A table (cells in rich markup) that fits the console without cutting a word: when its columns are wider
-    than the console, those after the first `keys` wrap into further blocks below, each repeating the key
-    columns; a cell wider than its column wraps at spaces, and only a single word wider than the whole
-    console folds. Never an ellipsis."""
+    """fitted_tables, printed on stdout, and a caption under them."""
+    for t in fitted_tables(columns, rows, keys, title, boxed, prose):
+        console().print(t)
+    if caption:  # under the last block, wrapped at the console's width (a block can be narrow)
+        console().print(caption, style="dim", soft_wrap=False)
+
+
+def fitted_tables(
+    columns: Sequence[str | tuple[str, JustifyMethod]],
+    rows: Sequence[Sequence[str]],
+    keys: int = 1,
+    title: str | None = None,
+    boxed: bool = False,
+    prose: Sequence[str] = (),
+) -> list[Table]:
+    """A table (cells in rich markup; headers plain) that fits the console without cutting a word: when its
+    columns are wider than the console, those after the first `keys` wrap into further blocks below, each
+    repeating the key columns; a cell wider than its column wraps at spaces (a `prose` column gets about four
+    words a line), and only a single word wider than the whole console folds. Never an ellipsis. The title
+    heads the first block."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -330,24 +349,16 @@ def fitted_table(
             used = sum(need[:keys])
         blocks[-1].append(i)
         used += need[i]
+    tables = []
     for n, block in enumerate(blocks or [[]]):
         t = Table(title=title if n == 0 else None, box=box.HEAVY_HEAD if boxed else None, header_style="bold")
         picked = [*range(keys), *block]
         for i in picked:
-            t.add_column(cols[i][0], justify=cols[i][1], overflow="fold")
+            t.add_column(_esc(cols[i][0]), justify=cols[i][1], overflow="fold")
         for r in rows:
             t.add_row(*(r[i] for i in picked))
-        console().print(t)
-
-
-def justified_table(columns: Sequence[tuple[str, JustifyMethod]], title: str | None = None) -> Table:
-    """A borderless table of these (header, justification) columns (headers are taken as plain text)."""
-    from rich.table import Table
-
-    t = Table(title=title, box=None, header_style="bold", title_justify="left")
-    for col, just in columns:
-        t.add_column(_esc(col), justify=just)
-    return t
+        tables.append(t)
+    return tables
 
 
 def disk_table(rows: Sequence[DiskRow]) -> None:
@@ -361,11 +372,21 @@ def disk_table(rows: Sequence[DiskRow]) -> None:
         ("FREE%", "right"),
         ("", "left"),
     )
-    t = justified_table(columns)
-    for r in rows:
-        flag = "[red]LOW[/]" if r.low else ""
-        t.add_row(r.host, r.mount, _size(r.size_kb), _size(r.used_kb), _size(r.free_kb), f"{r.free_fraction:.0%}", flag)
-    console().print(t)
+    fitted_table(
+        columns,
+        [
+            [
+                _esc(r.host),
+                _esc(r.mount),
+                _size(r.size_kb),
+                _size(r.used_kb),
+                _size(r.free_kb),
+                f"{r.free_fraction:.0%}",
+                "[red]LOW[/]" if r.low else "",
+            ]
+            for r in rows
+        ],
+    )
     low = sorted({r.host for r in rows if r.low})
     if low:
         warn(f"under 10% free on {fold_hosts(low)}")

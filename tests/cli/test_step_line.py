@@ -15,9 +15,9 @@ from clusterctl.types import Step
 MIB = 2**20
 
 
-def _console(tty: bool) -> tuple[Console, io.StringIO]:
+def _console(tty: bool, width: int = 100) -> tuple[Console, io.StringIO]:
     out = io.StringIO()
-    return Console(file=out, force_terminal=tty, width=100, highlight=False, soft_wrap=True), out
+    return Console(file=out, force_terminal=tty, width=width, highlight=False, soft_wrap=True), out
 
 
 def _relay(on_step) -> None:
@@ -43,18 +43,20 @@ def test_off_a_terminal_plain_lines_at_begin_each_quarter_and_end():
 
 
 def test_on_a_terminal_one_transient_bar_and_a_closing_line():
-    c, out = _console(tty=True)
+    c, out = _console(tty=True, width=80)
     steps = StepLine(c)
-    steps(Step("relay", total=400 * MIB, unit="bytes"))
-    steps(Step("relay", "advance", 120 * MIB, 400 * MIB, "bytes"))
+    name = "relaying the node runtime to 12 node(s) of the cluster"  # too long for 80 columns with its bar
+    steps(Step(name, total=400 * MIB, unit="bytes"))
+    steps(Step(name, "advance", 120 * MIB, 400 * MIB, "bytes"))
     assert steps.bars is not None
     steps.bars.refresh()
-    drawn = out.getvalue()
-    assert "relay" in drawn and "120/400 MiB" in drawn and "━" in drawn  # the bar, with the amount
-    steps(Step("relay", "end", detail="2 of 2 node(s) verified"))
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert "120/400 MiB 0:00:00" in drawn and "━" in drawn  # the bar, the amount and the time, whole
+    assert "…" not in drawn and "of the cluster" in drawn  # the name wraps, never cut
+    steps(Step(name, "end", detail="12 of 12 node(s) verified"))
     assert steps.bars is None  # stopped: nothing left drawing
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
-    assert re.search(r"relay: 2 of 2 node\(s\) verified \(\d+\.\ds\)", text), text
+    assert re.search(r"cluster: 12 of 12 node\(s\) verified \(\d+\.\ds\)", text), text
     assert "25% of" not in text  # the plain lines are for logs only
 
 
