@@ -304,27 +304,14 @@ def fitted_table(
     boxed: bool = False,
     prose: Sequence[str] = (),
     caption: str | None = None,
-) -> None:
-    """fitted_tables, printed on stdout, and a caption under them."""
-    for t in fitted_tables(columns, rows, keys, title, boxed, prose):
-        console().print(t)
-    if caption:  # under the last block, wrapped at the console's width (a block can be narrow)
-        console().print(caption, style="dim", soft_wrap=False)
-
-
-def fitted_tables(
-    columns: Sequence[str | tuple[str, JustifyMethod]],
-    rows: Sequence[Sequence[str]],
-    keys: int = 1,
-    title: str | None = None,
-    boxed: bool = False,
-    prose: Sequence[str] = (),
+    show: bool = True,
 ) -> list[Table]:
     """A table (cells in rich markup; headers plain) that fits the console without cutting a word: when its
     columns are wider than the console, those after the first `keys` wrap into further blocks below, each
     repeating the key columns; a cell wider than its column wraps at spaces (a `prose` column gets about four
     words a line), and only a single word wider than the whole console folds. Never an ellipsis. The title
-    heads the first block."""
+    heads the first block; a caption goes under the last, wrapped at the console's width. Printed on stdout,
+    or with show=False only returned (a live view draws them)."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -358,6 +345,11 @@ def fitted_tables(
         for r in rows:
             t.add_row(*(r[i] for i in picked))
         tables.append(t)
+    if show:
+        for t in tables:
+            console().print(t)
+        if caption:
+            console().print(caption, style="dim", soft_wrap=False)
     return tables
 
 

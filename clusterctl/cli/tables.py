@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from clusterctl.cli.display import _esc, console, fitted_table, fitted_tables, info, warn
+from clusterctl.cli.display import _esc, console, fitted_table, info, warn
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
@@ -343,7 +343,7 @@ _SWEEP_STYLE = {
 def sweep_tables(
     rows: Sequence[Mapping[str, Any]], params: Sequence[str], metric_name: str, title: str | None = None
 ) -> list[Table]:
-    """The sweep's trials, fitted to the terminal (display.fitted_tables), in the caller's order."""
+    """The sweep's trials, fitted to the terminal (display.fitted_table), in the caller's order."""
     columns: list[tuple[str, JustifyMethod]] = [
         ("TRIAL", "right"),
         *((p.upper(), "right") for p in params),
@@ -369,7 +369,7 @@ def sweep_tables(
                 " ".join(x for x in (mark, note) if x),
             ]
         )
-    return fitted_tables(columns, cells, title=title, prose=("",))
+    return fitted_table(columns, cells, title=title, prose=("",), show=False)
 
 
 def sweep_table(

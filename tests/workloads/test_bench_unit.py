@@ -536,7 +536,7 @@ def test_launch_attach_prints_the_network_line_once_after_nccls_own_lines():
 
 
 def test_the_ladder_and_nodes_alone_tables_at_80_columns(capsys, monkeypatch):
-    """Wrapped into blocks at a narrow terminal (display.fitted_tables): no header or figure cut short."""
+    """Wrapped into blocks at a narrow terminal (display.fitted_table): no header or figure cut short."""
     from clusterctl.cli import display, tables
     from table_support import fits
 
