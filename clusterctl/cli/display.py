@@ -92,8 +92,8 @@ class StepLine:
     """An OnStep (types.Step) drawn on stderr. On a terminal: one rich progress line per running step (spinner,
     name, a bar when the amount is known, the time so far), gone when the step ends, which leaves one line
     with the time it took. Elsewhere (logs, CI, tests read these): plain lines, `NAME ...` when it begins, one
-    at each quarter of a known amount, `NAME: still running (30s)` every HEARTBEAT_S of silence, and
-    `NAME: done in 4.2s` (or its detail) when it ends."""
+    at each quarter of a known amount (`NAME: 25% of 338 MiB (3.1s)`, `NAME: 1 of 3 (40.2s)`), `NAME: still
+    running (30.0s)` every HEARTBEAT_S of silence, and `NAME: done in 4.2s` (or its detail) when it ends."""
 
     def __init__(self, out: Console | None = None, heartbeat_s: float = HEARTBEAT_S):
         self.out = out or console(stderr=True)
@@ -145,7 +145,10 @@ class StepLine:
                 quarter = min(4, int(4 * done / total))
                 if quarter > self.quarter[name]:
                     self.quarter[name] = quarter
-                    self._say(f"{name}: {25 * quarter}% of {_amount(total, None, unit)} ({self._took(name)})")
+                    if unit == "bytes":
+                        self._say(f"{name}: {25 * quarter}% of {_amount(total, None, unit)} ({self._took(name)})")
+                    elif done < total:  # a count: its end line follows the last
+                        self._say(f"{name}: {done} of {total} ({self._took(name)})")
 
     def end(self, name: str, detail: str = "", quiet: bool = False) -> None:
         """The step is over; quiet: no line of its own (the caller prints its result)."""

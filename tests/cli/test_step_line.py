@@ -60,6 +60,18 @@ def test_on_a_terminal_one_transient_bar_and_a_closing_line():
     assert "25% of" not in text  # the plain lines are for logs only
 
 
+def test_a_count_says_how_many_of_how_many_until_its_end():
+    c, out = _console(tty=False)
+    steps = StepLine(c)
+    ring = "fabric: allreduce between ring neighbours"
+    steps(Step(ring, total=3))
+    for done in (1, 2, 3):
+        steps(Step(ring, "advance", done, 3))
+    steps(Step(ring, "end", detail="3 pair(s)"))
+    lines = [re.sub(r"\(\d+\.\ds\)", "(T)", line) for line in out.getvalue().splitlines()]
+    assert lines == [f"{ring} ...", f"{ring}: 1 of 3 (T)", f"{ring}: 2 of 3 (T)", f"{ring}: 3 pair(s) (T)"]
+
+
 def test_a_silent_step_says_it_is_still_running_off_a_terminal():
     c, out = _console(tty=False)
     steps = StepLine(c, heartbeat_s=0.2)
