@@ -187,6 +187,7 @@ class StepLine:
                 console=self.out,
                 transient=True,
                 refresh_per_second=4,
+                redirect_stdout=False,  # stdout stays stdout (piped to a script while stderr is a terminal)
             )
             self.bars.start()
         return self.bars

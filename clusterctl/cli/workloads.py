@@ -222,8 +222,9 @@ def play(
             )
         return
     store = _store()
-    ctx = pbmodel.Context(inventory.resolve(hostsfile, cluster, store), store, report=display.info)
-    results = pb.execute(book, ctx, start_from)
+    with display.StepLine() as on_step:
+        ctx = pbmodel.Context(inventory.resolve(hostsfile, cluster, store), store, display.info, on_step)
+        results = pb.execute(book, ctx, start_from)
     tables.play_summary(results)
     if not all(r.ok for r in results):
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))

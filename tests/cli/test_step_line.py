@@ -119,3 +119,13 @@ def test_the_runtime_relay_is_one_step_over_every_nodes_bytes():
         Step("relaying the node runtime to 2 node(s)", "end", detail="1 of 2 node(s) verified")
     ]
     assert lines == ["  relay: streaming 338 MiB down a chain of 2 node(s)", "  relay: b failed: sha256 differs"]
+
+
+def test_stdout_stays_stdout_while_a_bar_is_drawn(capsys):
+    """`clusterctl doctor --json | jq` on a terminal: the bar is on stderr, and what goes to stdout stays there."""
+    c, out = _console(tty=True)
+    with StepLine(c) as steps:
+        steps(Step("checking 3 node(s)"))
+        print("data for a script")
+    assert capsys.readouterr().out == "data for a script\n"
+    assert "data for a script" not in out.getvalue()
