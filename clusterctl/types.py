@@ -247,6 +247,18 @@ def no_steps(step: Step) -> None:
     """An OnStep that shows nothing (tests, playbooks)."""
 
 
+def step_lines(report: Callable[[str], None]) -> OnStep:
+    """Steps as report lines, where each begins and how it ended (for a caller with no progress line: repair)."""
+
+    def said(step: Step) -> None:
+        if step.phase == "begin":
+            report(f"{step.name} ...")
+        elif step.phase == "end":
+            report(f"{step.name}: {step.detail or 'done'}")
+
+    return said
+
+
 HostStatus = Literal["ok", "failed", "unreachable", "timeout"]
 
 

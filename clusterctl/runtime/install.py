@@ -28,7 +28,7 @@ from clusterctl.providers.base import ImageFacts, ObjectStore
 from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshTarget
 from clusterctl.runtime import gpu as gpu_build, spec as rt
-from clusterctl.types import Cluster, ClusterFacts, NodeRuntime, OnStep, Step
+from clusterctl.types import Cluster, ClusterFacts, NodeRuntime, OnStep, Step, step_lines
 
 if TYPE_CHECKING:
     from clusterctl.data import outcome as sync_outcome
@@ -117,7 +117,7 @@ def install(
     on_step: the relay as a step (a progress bar); without it, its start and end as report lines."""
     if request.mode != "install":
         return record(request)
-    steps = on_step or _step_lines(report)
+    steps = on_step or step_lines(report)
     names = [n.name for n in cluster.nodes]
     platform = probe(pool, targets, names)
     spec = rt.RuntimeSpec.for_platform(platform, request.dali)  # refuses a python3 or toolkit it cannot build on
@@ -153,7 +153,7 @@ def install(
     else:  # the leader is the relay's source, so it stays in the chain
         _on_leader(pool, targets, rid, spec, platform, incoming, request, report, s3)
         relay(pool, targets, addresses, known_hosts, incoming, incoming, report, steps, leader_source=True)
-    unpack(pool, [targets[i] for i in need], [names[i] for i in need], rid, incoming, report)
+    unpack(pool, [targets[i] for i in need], [names[i] for i in need], rid, incoming, report, steps)
     return fields
 
 
@@ -234,14 +234,23 @@ def relay(
 
 
 def unpack(
-    pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str], rid: str, incoming: str, report: Report
+    pool: SshPool,
+    targets: Sequence[SshTarget],
+    names: Sequence[str],
+    rid: str,
+    incoming: str,
+    report: Report,
+    on_step: OnStep,
 ) -> None:
     script = f"{WORK}/runtime_install.sh"
     put = pool.put(targets, {script: (resources.template_bytes("runtime_install.sh"), 0o700)})
     bad = [f"{n}: {r.error}" for n, r in zip(names, put) if not r.ok]
     if bad:
         raise UnreachableError(f"could not send the runtime installer: {'; '.join(bad)}")
+    step = f"unpacking the node runtime on {len(targets)} node(s)"
+    on_step(Step(step))
     results = pool.run(targets, rt.shell(rt.install_argv(script, rid, incoming)), timeout=INSTALL_TIMEOUT_S)
+    on_step(Step(step, "end", detail=f"{sum(r.ok for r in results)} of {len(targets)} installed"))
     failed = [
         f"{n}: {r.error or (r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}"
         for n, r in zip(names, results)
@@ -409,18 +418,6 @@ def _progress(report: Report, on_step: OnStep, name: str) -> sync_outcome.Events
             on_step(Step(name, "advance", sum(self.done.values()), sum(self.need_bytes.values()), "bytes"))
 
     return Progress()
-
-
-def _step_lines(report: Report) -> OnStep:
-    """Steps as report lines: where each begins and how it ended (a caller with no progress line: repair)."""
-
-    def said(step: Step) -> None:
-        if step.phase == "begin":
-            report(f"{step.name} ...")
-        elif step.phase == "end":
-            report(f"{step.name}: {step.detail or 'done'}")
-
-    return said
 
 
 class S3Cache:
