@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterator, Literal, Mapping
+from typing import Any, Callable, Iterator, Literal, Mapping
 
 from clusterctl.errors import exit_status
 
@@ -225,6 +225,38 @@ class ClusterSpec:
     region: str = "local"
     options: Mapping[str, object] = field(default_factory=dict)  # provider-specific settings
     autostop: Autostop | None = None  # None: no watchdog on the nodes
+
+
+@dataclass(frozen=True)
+class Step:
+    """News of a step that can take a while (doctor's probe, a bench rung, the runtime relay), for the CLI's
+    progress line. phase: "begin", then any "advance", then "end"; `name` tells the step's news apart."""
+
+    name: str  # what is being done: "allreduce over 3 node(s)"
+    phase: Literal["begin", "advance", "end"] = "begin"
+    done: int = 0
+    total: int | None = None  # an amount known in advance (a bar); None: the time it has taken so far
+    unit: Literal["", "bytes"] = ""
+    detail: str = ""  # at "end": how it went ("3 of 3 verified"), shown with the time it took
+
+
+OnStep = Callable[[Step], None]
+
+
+def no_steps(step: Step) -> None:
+    """An OnStep that shows nothing (tests, playbooks)."""
+
+
+def step_lines(report: Callable[[str], None]) -> OnStep:
+    """Steps as report lines, where each begins and how it ended (for a caller with no progress line: repair)."""
+
+    def said(step: Step) -> None:
+        if step.phase == "begin":
+            report(f"{step.name} ...")
+        elif step.phase == "end":
+            report(f"{step.name}: {step.detail or 'done'}")
+
+    return said
 
 
 HostStatus = Literal["ok", "failed", "unreachable", "timeout"]

@@ -17,11 +17,12 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from rich.console import Console, JustifyMethod
+    from rich.progress import Progress, TaskID
     from rich.table import Table
 
     from clusterctl.cluster.clean import DiskRow
     from clusterctl.data.outcome import NodeOutcome
-    from clusterctl.types import RunReport
+    from clusterctl.types import RunReport, Step
 
 _lock = threading.Lock()
 _consoles: dict[str, Console] = {}
@@ -81,6 +82,147 @@ class HostPrinter:
                 out = sys.stdout if stream == "stdout" else sys.stderr
                 out.write(f"{host}: {line}\n")
                 out.flush()
+
+
+# ---- long steps ------------------------------------------------------------------------------------
+HEARTBEAT_S = 30.0  # off a terminal: a long step's `still running` line at most this far apart
+
+
+class StepLine:
+    """An OnStep (types.Step) drawn on stderr. On a terminal: one rich progress line per running step (spinner,
+    name, a bar when the amount is known, the time so far), gone when the step ends, which leaves one line
+    with the time it took. Elsewhere (logs, CI, tests read these): plain lines, `NAME ...` when it begins, one
+    at each quarter of a known amount (`NAME: 25% of 338 MiB (3.1s)`, `NAME: 1 of 3 (40.2s)`), `NAME: still
+    running (30.0s)` every HEARTBEAT_S of silence, and `NAME: done in 4.2s` (or its detail) when it ends."""
+
+    def __init__(self, out: Console | None = None, heartbeat_s: float = HEARTBEAT_S):
+        self.out = out or console(stderr=True)
+        self.tty = self.out.is_terminal
+        self.heartbeat_s = heartbeat_s
+        self.bars: Progress | None = None
+        self.tasks: dict[str, TaskID] = {}
+        self.started: dict[str, float] = {}
+        self.quarter: dict[str, int] = {}
+        self.said = 0.0  # when the last plain line was written
+        self._wake = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def __enter__(self) -> "StepLine":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __call__(self, step: Step) -> None:
+        if step.phase == "begin":
+            self.begin(step.name, step.total, step.unit)
+        elif step.phase == "advance":
+            self.advance(step.name, step.done, step.total, step.unit)
+        else:
+            self.end(step.name, step.detail)
+
+    def begin(self, name: str, total: int | None = None, unit: str = "") -> None:
+        import time
+
+        with _lock:
+            self.started[name], self.quarter[name] = time.monotonic(), 0
+            if self.tty:
+                bars = self._bars()
+                self.tasks[name] = bars.add_task(_esc(name), total=total, amount=_amount(0, total, unit))
+                return
+            self._say(f"{name} ...")
+            if self._beat is None:
+                self._beat = threading.Thread(target=self._heartbeat, name="step-heartbeat", daemon=True)
+                self._beat.start()
+
+    def advance(self, name: str, done: int, total: int | None = None, unit: str = "") -> None:
+        with _lock:
+            if name not in self.started:
+                return
+            if self.bars is not None and name in self.tasks:
+                self.bars.update(self.tasks[name], completed=done, total=total, amount=_amount(done, total, unit))
+            elif not self.tty and total:
+                quarter = min(4, int(4 * done / total))
+                if quarter > self.quarter[name]:
+                    self.quarter[name] = quarter
+                    if unit == "bytes":
+                        self._say(f"{name}: {25 * quarter}% of {_amount(total, None, unit)} ({self._took(name)})")
+                    elif done < total:  # a count: its end line follows the last
+                        self._say(f"{name}: {done} of {total} ({self._took(name)})")
+
+    def end(self, name: str, detail: str = "", quiet: bool = False) -> None:
+        """The step is over; quiet: no line of its own (the caller prints its result)."""
+        with _lock:
+            if name not in self.started:
+                return
+            took = self._took(name)
+            del self.started[name]
+            if self.bars is not None and name in self.tasks:
+                self.bars.remove_task(self.tasks.pop(name))
+                if not self.tasks:
+                    self.bars.stop()
+                    self.bars = None
+            if not self.started:
+                self._wake.set()
+            if not quiet:
+                self._say(f"{name}: {detail} ({took})" if detail else f"{name}: done in {took}")
+
+    def close(self) -> None:
+        """Stop drawing (an error left steps running)."""
+        for name in list(self.started):
+            self.end(name, quiet=True)
+
+    def _bars(self) -> Progress:
+        if self.bars is None:
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.table import Column
+
+            fixed = Column(no_wrap=True)  # a narrow terminal wraps the name, never cuts a figure
+            self.bars = Progress(
+                SpinnerColumn(table_column=fixed),
+                TextColumn("{task.description}", table_column=Column(overflow="fold")),
+                BarColumn(bar_width=20, table_column=fixed),
+                TextColumn("{task.fields[amount]}", table_column=Column(no_wrap=True)),
+                TimeElapsedColumn(table_column=Column(no_wrap=True)),
+                console=self.out,
+                transient=True,
+                refresh_per_second=4,
+                redirect_stdout=False,  # stdout stays stdout (piped to a script while stderr is a terminal)
+            )
+            self.bars.start()
+        return self.bars
+
+    def _say(self, text: str) -> None:
+        import time
+
+        self.said = time.monotonic()
+        self.out.print(text, markup=False, highlight=False)
+
+    def _took(self, name: str) -> str:
+        import time
+
+        return f"{time.monotonic() - self.started[name]:.1f}s"
+
+    def _heartbeat(self) -> None:
+        import time
+
+        while True:
+            self._wake.wait(self.heartbeat_s / 4)
+            with _lock:
+                self._wake.clear()
+                if not self.started:
+                    self._beat = None
+                    return
+                if time.monotonic() - self.said >= self.heartbeat_s:
+                    name = next(iter(self.started))
+                    self._say(f"{name}: still running ({self._took(name)})")
+
+
+def _amount(done: int, total: int | None, unit: str) -> str:
+    """`84/338 MiB`, `2/5`, or (no total) what is done so far; "" before anything is."""
+    if unit == "bytes":
+        return f"{done / 2**20:.0f}/{total / 2**20:.0f} MiB" if total else f"{done / 2**20:.0f} MiB"
+    return f"{done}/{total}" if total else (str(done) if done else "")
 
 
 # ---- host lists --------------------------------------------------------------------------------------
@@ -165,11 +307,15 @@ def fitted_table(
     title: str | None = None,
     boxed: bool = False,
     prose: Sequence[str] = (),
-) -> None:
-    """A table (cells in rich markup) that fits the console without cutting a word: when its columns are wider
-    than the console, those after the first `keys` wrap into further blocks below, each repeating the key
-    columns; a cell wider than its column wraps at spaces, and only a single word wider than the whole
-    console folds. Never an ellipsis."""
+    caption: str | None = None,
+    show: bool = True,
+) -> list[Table]:
+    """A table (cells in rich markup; headers plain) that fits the console without cutting a word: when its
+    columns are wider than the console, those after the first `keys` wrap into further blocks below, each
+    repeating the key columns; a cell wider than its column wraps at spaces (a `prose` column gets about four
+    words a line), and only a single word wider than the whole console folds. Never an ellipsis. The title
+    heads the first block; a caption goes under the last, wrapped at the console's width. Printed on stdout,
+    or with show=False only returned (a live view draws them)."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -194,24 +340,21 @@ def fitted_table(
             used = sum(need[:keys])
         blocks[-1].append(i)
         used += need[i]
+    tables = []
     for n, block in enumerate(blocks or [[]]):
         t = Table(title=title if n == 0 else None, box=box.HEAVY_HEAD if boxed else None, header_style="bold")
         picked = [*range(keys), *block]
         for i in picked:
-            t.add_column(cols[i][0], justify=cols[i][1], overflow="fold")
+            t.add_column(_esc(cols[i][0]), justify=cols[i][1], overflow="fold")
         for r in rows:
             t.add_row(*(r[i] for i in picked))
-        console().print(t)
-
-
-def justified_table(columns: Sequence[tuple[str, JustifyMethod]], title: str | None = None) -> Table:
-    """A borderless table of these (header, justification) columns (headers are taken as plain text)."""
-    from rich.table import Table
-
-    t = Table(title=title, box=None, header_style="bold", title_justify="left")
-    for col, just in columns:
-        t.add_column(_esc(col), justify=just)
-    return t
+        tables.append(t)
+    if show:
+        for t in tables:
+            console().print(t)
+        if caption:
+            console().print(caption, style="dim", soft_wrap=False)
+    return tables
 
 
 def disk_table(rows: Sequence[DiskRow]) -> None:
@@ -225,11 +368,21 @@ def disk_table(rows: Sequence[DiskRow]) -> None:
         ("FREE%", "right"),
         ("", "left"),
     )
-    t = justified_table(columns)
-    for r in rows:
-        flag = "[red]LOW[/]" if r.low else ""
-        t.add_row(r.host, r.mount, _size(r.size_kb), _size(r.used_kb), _size(r.free_kb), f"{r.free_fraction:.0%}", flag)
-    console().print(t)
+    fitted_table(
+        columns,
+        [
+            [
+                _esc(r.host),
+                _esc(r.mount),
+                _size(r.size_kb),
+                _size(r.used_kb),
+                _size(r.free_kb),
+                f"{r.free_fraction:.0%}",
+                "[red]LOW[/]" if r.low else "",
+            ]
+            for r in rows
+        ],
+    )
     low = sorted({r.host for r in rows if r.low})
     if low:
         warn(f"under 10% free on {fold_hosts(low)}")
@@ -258,15 +411,13 @@ def json_lines(report: RunReport) -> None:
 
 # ---- the benchmark ladder ----------------------------------------------------------------------------
 class BenchProgress:
-    """on_event of bench.run_ladder: a line per rung as it starts and ends (the table comes at the end)."""
+    """on_event of bench.run_ladder: the network NCCL chose, and a line per rung as it ends (the table comes at
+    the end; the steps themselves are StepLine's)."""
 
     def __init__(self) -> None:
-        self.started = 0.0
         self.network = ""  # rank 0's `network:` line, printed when it first appears or changes
 
     def __call__(self, kind: str, value: object) -> None:
-        import time
-
         from clusterctl.node import nccl_report
         from clusterctl.node.bench_stop import WHY
         from clusterctl.workloads.bench_verdict import Rung
@@ -277,9 +428,6 @@ class BenchProgress:
             if network and network != self.network:
                 self.network = network
                 c.print(f"  {_esc(network)}")
-        elif kind == "start":
-            self.started = time.monotonic()
-            c.print(f"[bold]rung: {value}{' process(es)' if isinstance(value, int) else ''}[/] ...")
         elif kind == "rung" and isinstance(value, Rung):
             r = value
             c.print(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from clusterctl.cli.display import _esc, console, fitted_table, info, justified_table, warn
+from clusterctl.cli.display import _esc, console, fitted_table, info, warn
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
@@ -107,31 +107,29 @@ def cluster_view(view: ClusterView) -> None:
 def gc_table(scan: Scan, now: float) -> None:
     """`gc`: one row per cluster found (age, owner, record here, what happens to it), then each resource of the
     ones to remove."""
-    from rich.table import Table
-
     picked, young = {id(c) for c in scan.chosen}, {id(c) for c in scan.young}  # per identity: names may repeat
-    t = Table(box=None, header_style="bold")
-    for col in ("CLUSTER", "WHERE", "AGE", "OWNER", "RECORD HERE", "NODES", "RESOURCES", ""):
-        t.add_column(col)
+    rows = []
     for c in scan.found:
         nodes = sum(f.kind in ("instance", "namespace") for f in c.found)
-        t.add_row(
-            _esc(c.name),
-            c.where,
-            duration(now - c.created_at) if c.created_at else "?",
-            _esc(c.owner or "?"),
-            c.record or "none",
-            str(nodes),
-            str(len(c.found)),
-            "remove"
-            if id(c) in picked
-            else ("kept (no record here, young: --older-than)" if c.mine else "kept (another owner's, young)")
-            if id(c) in young
-            else "kept (younger)"
-            if c.mine
-            else "kept (another owner's: --force)",
+        rows.append(
+            [
+                _esc(c.name),
+                c.where,
+                duration(now - c.created_at) if c.created_at else "?",
+                _esc(c.owner or "?"),
+                c.record or "none",
+                str(nodes),
+                str(len(c.found)),
+                "remove"
+                if id(c) in picked
+                else ("kept (no record here, young: --older-than)" if c.mine else "kept (another owner's, young)")
+                if id(c) in young
+                else "kept (younger)"
+                if c.mine
+                else "kept (another owner's: --force)",
+            ]
         )
-    console().print(t)
+    fitted_table(("CLUSTER", "WHERE", "AGE", "OWNER", "RECORD HERE", "NODES", "RESOURCES", ""), rows, prose=("",))
     for c in scan.chosen:
         for f in c.found:
             info(
@@ -145,27 +143,23 @@ def jobs_table(found: Sequence[Job], now: float) -> None:
     """`jobs`: one row per detached job, newest first."""
     import time as _time
 
-    from rich.table import Table
-
     if not found:
         info("no detached jobs on these nodes")
         return
-    t = Table(box=None, header_style="bold")
-    for col in ("ID", "NAME", "KIND", "STATE", "STARTED", "DURATION", "NODES", "EXIT"):
-        t.add_column(col)
-    for j in found:
-        started = _time.strftime("%Y-%m-%d %H:%M", _time.localtime(j.started)) if j.started is not None else "-"
-        t.add_row(
+    rows = [
+        [
             j.id,
             _esc(j.name),
             j.kind,
             j.state,
-            started,
+            _time.strftime("%Y-%m-%d %H:%M", _time.localtime(j.started)) if j.started is not None else "-",
             duration(j.duration(now)),
             str(j.nodes or len(j.hosts)),
             "-" if j.exit_status is None else str(j.exit_status),
-        )
-    console().print(t)
+        ]
+        for j in found
+    ]
+    fitted_table(("ID", "NAME", "KIND", "STATE", "STARTED", "DURATION", "NODES", "EXIT"), rows)
 
 
 def node_table(cluster: Cluster, current: bool = False) -> None:
@@ -185,8 +179,6 @@ def node_table(cluster: Cluster, current: bool = False) -> None:
 def ladder_table(ladder: Ladder) -> None:
     """The rungs, each node alone, the verdict. +-: half the 95% interval of the mean (what is judged);
     the batch spread (1.96 sd of single batches, Horovod's +-) is shown apart, labelled as such."""
-    from rich.table import Table
-
     from clusterctl.workloads.bench_verdict import SLOW_NODE
 
     judged = {(c.kind, c.np): c.status for c in ladder.checks} if ladder.judged else {}
@@ -198,50 +190,53 @@ def ladder_table(ladder: Ladder) -> None:
         return f"{value:.1%} +- {conf:.1%}" + (f" {mark}" if mark else "")
 
     iters = sorted({r.iters for r in ladder.rungs})
-    t = Table(
+    columns = ("processes", "nodes", "img/s", "batch spread", "speedup", "efficiency 1->N", "per process vs 1 node")
+    fitted_table(
+        [(col, "right") for col in (*columns, "batches")],
+        [
+            [
+                str(r.np),
+                str(r.nodes),
+                f"{r.img_per_sec:.1f} +- {r.conf:.1f}",
+                f"+- {r.spread:.1f}",
+                f"{r.speedup:.2f}x",
+                figure(r.efficiency, r.efficiency_conf, "efficiency", r.np) if r.np != ladder.rungs[0].np else "-",
+                figure(r.node_scaling, r.node_scaling_conf, "node_scaling", r.np),
+                f"{r.iters} {r.stop}".strip(),  # how many, and why no more (node/bench_stop.py)
+            ]
+            for r in ladder.rungs
+        ],
         title=f"Synthetic {ladder.model} ladder (batch {ladder.batch_size}/process)",
+        boxed=True,
         caption=(
             f"+-: 95% confidence interval of the mean over {'/'.join(map(str, iters))} timed batches (judged); "
             "batch spread: 1.96 sd of single batches (not judged)"
         ),
-        header_style="bold",
     )
-    columns = ("processes", "nodes", "img/s", "batch spread", "speedup", "efficiency 1->N", "per process vs 1 node")
-    for col in (*columns, "batches"):
-        t.add_column(col, justify="right")
-    for r in ladder.rungs:
-        t.add_row(
-            str(r.np),
-            str(r.nodes),
-            f"{r.img_per_sec:.1f} +- {r.conf:.1f}",
-            f"+- {r.spread:.1f}",
-            f"{r.speedup:.2f}x",
-            figure(r.efficiency, r.efficiency_conf, "efficiency", r.np) if r.np != ladder.rungs[0].np else "-",
-            figure(r.node_scaling, r.node_scaling_conf, "node_scaling", r.np),
-            f"{r.iters} {r.stop}".strip(),  # how many, and why no more (node/bench_stop.py)
+    if ladder.alone:
+        fitted_table(
+            [
+                "node",
+                *(
+                    (col, "right")
+                    for col in ("processes", "img/s per process", "batch spread", "vs the others' median")
+                ),
+            ],
+            [
+                [
+                    _esc(a.node + (f" ({a.hostname})" if a.hostname else "")),
+                    str(a.np),
+                    f"{a.per_proc:.1f} +- {a.conf:.1f}",
+                    f"+- {a.spread:.1f}",
+                    "-" if a.vs_others is None else f"{a.vs_others:.1%} +- {a.vs_others_conf:.1%} {a.status}",
+                ]
+                for a in ladder.alone
+            ],
+            title="each node alone, all at once: img/s per process",
+            boxed=True,
+            caption=f"slow: under {SLOW_NODE:.0%} of the median of the other nodes, the whole interval",
         )
     c = console()
-    c.print(t)
-    if ladder.alone:
-        nodes = Table(
-            title="each node alone, all at once: img/s per process",
-            caption=f"slow: under {SLOW_NODE:.0%} of the median of the other nodes, the whole interval",
-            header_style="bold",
-        )
-        nodes.add_column("node")
-        nodes.add_column("processes", justify="right")
-        nodes.add_column("img/s per process", justify="right")
-        nodes.add_column("batch spread", justify="right")
-        nodes.add_column("vs the others' median", justify="right")
-        for a in ladder.alone:
-            nodes.add_row(
-                _esc(a.node + (f" ({a.hostname})" if a.hostname else "")),
-                str(a.np),
-                f"{a.per_proc:.1f} +- {a.conf:.1f}",
-                f"+- {a.spread:.1f}",
-                "-" if a.vs_others is None else f"{a.vs_others:.1%} +- {a.vs_others_conf:.1%} {a.status}",
-            )
-        c.print(nodes)
     style = (
         ("green" if ladder.passed else "yellow" if ladder.status == "INCONCLUSIVE" else "red")
         if ladder.judged
@@ -303,12 +298,17 @@ def sync_table(report: SyncReport) -> None:
         ("MB/S", "right"),
         ("VERIFIED", "left"),
     )
-    t = justified_table(columns)
-    for o in report.outcomes:
-        rate = f"{o.bytes / o.seconds / 1e6:.1f}" if o.seconds > 0 and o.bytes else "-"
-        verified = "yes" if o.verified else f"no: {o.status}: {o.detail}"
-        t.add_row(_esc(o.host), f"{o.bytes:,}", f"{o.seconds:.1f}", rate, _esc(verified))
-    console().print(t)
+    rows = [
+        [
+            _esc(o.host),
+            f"{o.bytes:,}",
+            f"{o.seconds:.1f}",
+            f"{o.bytes / o.seconds / 1e6:.1f}" if o.seconds > 0 and o.bytes else "-",
+            "yes" if o.verified else _esc(f"no: {o.status}: {o.detail}"),
+        ]
+        for o in report.outcomes
+    ]
+    fitted_table(columns, rows, prose=("VERIFIED",))
     ok = sum(1 for o in report.outcomes if o.verified)
     style = "green" if ok == len(report.outcomes) else "red"
     console(stderr=True).print(
@@ -340,9 +340,10 @@ _SWEEP_STYLE = {
 }
 
 
-def sweep_rich_table(
+def sweep_tables(
     rows: Sequence[Mapping[str, Any]], params: Sequence[str], metric_name: str, title: str | None = None
-) -> Table:
+) -> list[Table]:
+    """The sweep's trials, fitted to the terminal (display.fitted_table), in the caller's order."""
     columns: list[tuple[str, JustifyMethod]] = [
         ("TRIAL", "right"),
         *((p.upper(), "right") for p in params),
@@ -352,28 +353,31 @@ def sweep_rich_table(
         (metric_name.upper(), "right"),
         ("", "left"),
     ]
-    t = justified_table(columns, title)
+    cells = []
     for r in rows:
         style = _SWEEP_STYLE.get(r["state"], "")
         mark = "[bold green]best[/]" if r["best"] else ""
         note = f"[dim]{_esc(r['note'])}[/]" if r["note"] else ""
-        t.add_row(
-            r["trial"],
-            *(_esc(v) for v in r["params"]),
-            _esc(r["node"]),
-            f"[{style}]{_esc(r['state'])}[/]" if style else _esc(r["state"]),
-            r["elapsed"],
-            _esc(r["metric"]),
-            " ".join(x for x in (mark, note) if x),
+        cells.append(
+            [
+                r["trial"],
+                *(_esc(v) for v in r["params"]),
+                _esc(r["node"]),
+                f"[{style}]{_esc(r['state'])}[/]" if style else _esc(r["state"]),
+                r["elapsed"],
+                _esc(r["metric"]),
+                " ".join(x for x in (mark, note) if x),
+            ]
         )
-    return t
+    return fitted_table(columns, cells, title=title, prose=("",), show=False)
 
 
 def sweep_table(
     rows: Sequence[Mapping[str, Any]], params: Sequence[str], metric_name: str, title: str | None = None
 ) -> None:
     """The sweep's trials as a table on stdout (the caller orders the rows)."""
-    console().print(sweep_rich_table(rows, params, metric_name, title))
+    for t in sweep_tables(rows, params, metric_name, title):
+        console().print(t)
 
 
 class SweepProgress:
@@ -402,7 +406,7 @@ class SweepProgress:
             from rich.console import Group
             from rich.text import Text
 
-            self.live.update(Group(sweep_rich_table(rows, self.params, self.metric_name), Text(summary)))
+            self.live.update(Group(*sweep_tables(rows, self.params, self.metric_name), Text(summary)))
         else:
             for line in lines:
                 info(line)
@@ -411,12 +415,7 @@ class SweepProgress:
 # ---- training ----------------------------------------------------------------------------------------
 def train_eval(result: EvalResult) -> None:
     """`clusterctl eval`: the recipe's evaluation line, top-1/top-5 in percent."""
-    from rich.table import Table
-
-    t = Table(box=None, header_style="bold")
-    for col in ("STEP", "EPOCH", "TOP-1", "TOP-5", "LOSS", "IMAGES", "CHECKPOINT", "TIME (UTC)"):
-        t.add_column(col)
-    t.add_row(
+    row = [
         str(result.step),
         f"{result.epoch:.1f}",
         f"{result.top1:.2f}%",
@@ -425,8 +424,8 @@ def train_eval(result: EvalResult) -> None:
         str(result.examples),
         _esc(result.checkpoint.rsplit("/", 1)[-1] or "-"),
         _esc(result.time or "-"),
-    )
-    console().print(t)
+    ]
+    fitted_table(("STEP", "EPOCH", "TOP-1", "TOP-5", "LOSS", "IMAGES", "CHECKPOINT", "TIME (UTC)"), [row])
 
 
 def train_status(job: TrainJob, st: TrainStatus, dollars_per_hour: float | None) -> None:

@@ -152,7 +152,8 @@ def up(
     question = up.question(max_hourly)
     if question is not None:
         _confirm(question, yes)
-    cluster, seconds = up_plan.launch(up, store, hosts_file, display.info, ssh_timeout, trust_first_contact)
+    with display.StepLine() as steps:
+        cluster, seconds = up_plan.launch(up, store, hosts_file, display.info, ssh_timeout, trust_first_contact, steps)
     display.info(
         f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
         f"in {seconds:.1f}s; hosts file: {hosts_file}"

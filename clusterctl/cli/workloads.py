@@ -118,7 +118,8 @@ def bench(
         f"ladder: {', '.join(map(str, rungs))} process(es) on {len(inv.hosts.entries)} node(s), "
         f"configuration for {config.describe()} ({config.source}); {opts.stopping()}"
     )
-    result = benchlib.run_ladder(inv, rungs, opts, out, python=python, on_event=display.BenchProgress())
+    with display.StepLine() as step_line:
+        result = benchlib.run_ladder(inv, rungs, opts, out, python, display.BenchProgress(), step_line)
     tables.ladder_table(result)
     _bench_cost(inv, result, "input-pipeline" if input_only else model)
     if result.judged and result.status == "INCONCLUSIVE":
@@ -163,7 +164,7 @@ def doctor(
     """
     import json as jsonlib
 
-    from clusterctl.cli import tables
+    from clusterctl.cli import display, tables
     from clusterctl.workloads import doctor as doctorlib
 
     if fabric:
@@ -172,11 +173,12 @@ def doctor(
     inv = _resolve_hosts(hostsfile, cluster, ssh, store=store)
     if fabric:
         inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
-    report = doctorlib.run(inv, python=python, timeout=timeout, cloud=_cloud_facts(inv.cluster, store))
-    if fabric:
-        report = doctorlib.with_fabric(
-            report, doctorlib.fabric(inv, python=python, mb=fabric_mb, timeout=max(timeout, 300.0))
-        )
+    with display.StepLine() as steps:
+        report = doctorlib.run(inv, python, timeout, _cloud_facts(inv.cluster, store), steps)
+        if fabric:
+            report = doctorlib.with_fabric(
+                report, doctorlib.fabric(inv, python=python, mb=fabric_mb, timeout=max(timeout, 300.0), on_step=steps)
+            )
     if json_:
         sys.stdout.write(jsonlib.dumps(report.to_dict()) + "\n")
     else:
@@ -220,8 +222,9 @@ def play(
             )
         return
     store = _store()
-    ctx = pbmodel.Context(inventory.resolve(hostsfile, cluster, store), store, report=display.info)
-    results = pb.execute(book, ctx, start_from)
+    with display.StepLine() as on_step:
+        ctx = pbmodel.Context(inventory.resolve(hostsfile, cluster, store), store, display.info, on_step)
+        results = pb.execute(book, ctx, start_from)
     tables.play_summary(results)
     if not all(r.ok for r in results):
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))

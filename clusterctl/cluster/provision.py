@@ -26,7 +26,7 @@ from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshTarget
 from clusterctl.runtime.install import RuntimeRequest, S3Cache, install as install_runtime
 from clusterctl.state import Record, StateStore, atomic_write
-from clusterctl.types import Cluster, ClusterSpec, Node
+from clusterctl.types import Cluster, ClusterSpec, Node, OnStep, Step, step_lines
 
 if TYPE_CHECKING:
     from clusterctl.hostsfile import HostsFile
@@ -46,6 +46,7 @@ def up(
     runtime: RuntimeRequest = RuntimeRequest("none"),
     runtime_cache: S3Cache | None = None,
     trust_first_contact: bool = False,
+    on_step: OnStep | None = None,
 ) -> Cluster:
     with store.lock(spec.name):
         found = None
@@ -87,8 +88,10 @@ def up(
             launched = provider.launch(spec, keys)
             cluster = launched.cluster
             store.save(Record(cluster, "creating", time.time()))
-            report("waiting for ssh on every node")
+            steps = on_step or step_lines(report)
+            steps(Step("waiting for ssh on every node"))
             wait_for_ssh(cluster, ssh_timeout)
+            steps(Step("waiting for ssh on every node", "end", detail=f"{len(cluster.nodes)} node(s) answer"))
             # a restarted node keeps its disk, so its host key: the one pinned at its creation, by node name
             # (its address may have changed; cloud-init prints keys to the console at the first boot only)
             was = stopped or {}
@@ -131,6 +134,7 @@ def up(
                     report,
                     s3=runtime_cache,
                     build_here=provider.builds_runtime_locally,
+                    on_step=on_step,
                 )
                 live_hosts.write(pool, ssh_targets(cluster, store)[0], hosts_file(cluster))
             cluster = cluster.with_runtime(node_runtime)

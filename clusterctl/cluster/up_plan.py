@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from clusterctl.providers.base import Plan, Provider
     from clusterctl.runtime.install import RuntimeRequest
     from clusterctl.state import StateStore
-    from clusterctl.types import Cluster, ClusterSpec
+    from clusterctl.types import Cluster, ClusterSpec, OnStep
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,7 @@ def launch(
     report: Callable[[str], None],
     ssh_timeout: float,
     trust_first_contact: bool,
+    on_step: OnStep | None = None,
 ) -> tuple[Cluster, float]:
     """Make the planned cluster (provision.up); the cluster, and the seconds it took."""
     from clusterctl.cluster import provision
@@ -183,6 +184,7 @@ def launch(
         runtime=up.runtime,
         trust_first_contact=trust_first_contact,
         runtime_cache=S3Cache(up.runtime.cache, up.provider.object_store()) if up.runtime.cache else None,
+        on_step=on_step,
     )
     return cluster, time.monotonic() - start
 

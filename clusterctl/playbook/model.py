@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Union
 
 from clusterctl.errors import ConfigError
+from clusterctl.types import OnStep, no_steps
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
@@ -155,4 +156,5 @@ class Context:
     inventory: Inventory
     store: StateStore
     report: Callable[[str], None] = lambda _: None
+    on_step: OnStep = no_steps  # a doctor's or bench's long steps, for a progress line
     results: list[StepResult] = field(default_factory=list)

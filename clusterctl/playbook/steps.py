@@ -76,7 +76,7 @@ def _put(s: PutSpec, ctx: Context) -> tuple[bool, str]:
 def _doctor(s: DoctorSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.workloads import doctor
 
-    report = doctor.run(ctx.inventory, python=s.python)
+    report = doctor.run(ctx.inventory, python=s.python, on_step=ctx.on_step)
     return report.ok, "; ".join(report.failures()) or "all checks passed"
 
 
@@ -98,7 +98,7 @@ def _bench(s: BenchSpec, ctx: Context) -> tuple[bool, str]:
 
     inv = ctx.inventory
     rungs = bench.parse_ladder(s.ladder, inv.hosts) if s.ladder else bench.default_ladder(inv.hosts)
-    ladder = bench.run_ladder(inv, rungs, bench_options(s), Path(s.out))
+    ladder = bench.run_ladder(inv, rungs, bench_options(s), Path(s.out), on_step=ctx.on_step)
     summary = ", ".join(f"{r.np}:{r.img_per_sec:.0f} img/s" for r in ladder.rungs)
     return (ladder.passed or not ladder.judged), f"{summary}; {ladder.verdict}"
 

@@ -28,7 +28,7 @@ from clusterctl.providers.base import ImageFacts, ObjectStore
 from clusterctl.remote.ssh import SshPool
 from clusterctl.remote.targets import SshTarget
 from clusterctl.runtime import gpu as gpu_build, spec as rt
-from clusterctl.types import Cluster, ClusterFacts, NodeRuntime
+from clusterctl.types import Cluster, ClusterFacts, NodeRuntime, OnStep, Step, step_lines
 
 if TYPE_CHECKING:
     from clusterctl.data import outcome as sync_outcome
@@ -109,12 +109,15 @@ def install(
     *,
     s3: "S3Cache | None" = None,
     build_here: bool = False,
+    on_step: OnStep | None = None,
 ) -> NodeRuntime:
     """Install (or find) the runtime on every node; what the record keeps of it: runtime id, python and the
     CUDA toolkit of a GPU build.
-    build_here: the provider's builds_runtime_locally (the nodes have this machine's OS)."""
+    build_here: the provider's builds_runtime_locally (the nodes have this machine's OS).
+    on_step: the relay as a step (a progress bar); without it, its start and end as report lines."""
     if request.mode != "install":
         return record(request)
+    steps = on_step or step_lines(report)
     names = [n.name for n in cluster.nodes]
     platform = probe(pool, targets, names)
     spec = rt.RuntimeSpec.for_platform(platform, request.dali)  # refuses a python3 or toolkit it cannot build on
@@ -144,12 +147,13 @@ def install(
             str(folder),
             incoming,
             report,
+            steps,
             leader_source=False,
         )
     else:  # the leader is the relay's source, so it stays in the chain
         _on_leader(pool, targets, rid, spec, platform, incoming, request, report, s3)
-        relay(pool, targets, addresses, known_hosts, incoming, incoming, report, leader_source=True)
-    unpack(pool, [targets[i] for i in need], [names[i] for i in need], rid, incoming, report)
+        relay(pool, targets, addresses, known_hosts, incoming, incoming, report, steps, leader_source=True)
+    unpack(pool, [targets[i] for i in need], [names[i] for i in need], rid, incoming, report, steps)
     return fields
 
 
@@ -204,6 +208,7 @@ def relay(
     src: str,
     dst: str,
     report: Report,
+    on_step: OnStep,
     leader_source: bool,
 ) -> None:
     """The pack onto every node with sync's relay: checked against its sha256 on every node."""
@@ -218,7 +223,7 @@ def relay(
         source,
         dst,
         managed=True,
-        events=_progress(report),
+        events=_progress(report, on_step, f"relaying the node runtime to {len(targets)} node(s)"),
         node_python="python3",
     )
     result = syncer.run()
@@ -229,14 +234,23 @@ def relay(
 
 
 def unpack(
-    pool: SshPool, targets: Sequence[SshTarget], names: Sequence[str], rid: str, incoming: str, report: Report
+    pool: SshPool,
+    targets: Sequence[SshTarget],
+    names: Sequence[str],
+    rid: str,
+    incoming: str,
+    report: Report,
+    on_step: OnStep,
 ) -> None:
     script = f"{WORK}/runtime_install.sh"
     put = pool.put(targets, {script: (resources.template_bytes("runtime_install.sh"), 0o700)})
     bad = [f"{n}: {r.error}" for n, r in zip(names, put) if not r.ok]
     if bad:
         raise UnreachableError(f"could not send the runtime installer: {'; '.join(bad)}")
+    step = f"unpacking the node runtime on {len(targets)} node(s)"
+    on_step(Step(step))
     results = pool.run(targets, rt.shell(rt.install_argv(script, rid, incoming)), timeout=INSTALL_TIMEOUT_S)
+    on_step(Step(step, "end", detail=f"{sum(r.ok for r in results)} of {len(targets)} installed"))
     failed = [
         f"{n}: {r.error or (r.stderr.strip().splitlines() or [f'exit {r.exit_code}'])[-1]}"
         for n, r in zip(names, results)
@@ -361,35 +375,47 @@ def put_command(urls: Mapping[str, str], out: str) -> str:
     )
 
 
-def _progress(report: Report) -> sync_outcome.Events:
-    """sync's events as report lines: one per phase, and per node at each quarter and when verified.
+def _progress(report: Report, on_step: OnStep, name: str) -> sync_outcome.Events:
+    """sync's events as one step: the bytes of every node together (a progress bar), begun when the first node
+    says what it needs, ended when every node is verified; a node that fails, and each phase, a report line.
     Built here because sync is imported only when a runtime is relayed (it costs `up` 80 ms otherwise)."""
     from clusterctl.data import outcome as sync_outcome
 
     class Progress(sync_outcome.Events):
         def __init__(self) -> None:
             self.need_bytes: dict[str, int] = {}
-            self.said: dict[str, int] = {}
+            self.done: dict[str, int] = {}
+            self.finished_ok: dict[str, bool] = {}
+            self.ended = False
 
         def phase(self, text: str) -> None:
             report(f"  relay: {text}")
 
         def need(self, host: str, total: int) -> None:
-            self.need_bytes[host], self.said[host] = total, 0
+            if not self.need_bytes:
+                on_step(Step(name, total=total, unit="bytes"))
+            self.need_bytes[host], self.done[host] = total, 0
+            self._advance()
 
         def progress(self, host: str, done: int) -> None:
-            total = self.need_bytes.get(host) or 0
-            if total:
-                quarter = min(4, int(4 * done / total))
-                if quarter > self.said.get(host, 0):
-                    self.said[host] = quarter
-                    report(f"  relay: {host} {25 * quarter}% of {total / 2**20:.0f} MiB")
+            if host in self.need_bytes and done > self.done[host]:
+                self.done[host] = done
+                self._advance()
 
         def finished(self, outcome: sync_outcome.NodeOutcome) -> None:
-            report(
-                f"  relay: {outcome.host} {'verified' if outcome.status == 'ok' else outcome.status}"
-                + (f": {outcome.detail}" if outcome.detail else "")
-            )
+            self.finished_ok[outcome.host] = outcome.status == "ok"
+            if outcome.status != "ok":
+                report(f"  relay: {outcome.host} {outcome.status}" + (f": {outcome.detail}" if outcome.detail else ""))
+            elif outcome.host in self.need_bytes:
+                self.done[outcome.host] = self.need_bytes[outcome.host]
+                self._advance()
+            if self.need_bytes and not self.ended and set(self.finished_ok) >= set(self.need_bytes):
+                self.ended = True
+                ok = sum(self.finished_ok[h] for h in self.need_bytes)
+                on_step(Step(name, "end", detail=f"{ok} of {len(self.need_bytes)} node(s) verified"))
+
+        def _advance(self) -> None:
+            on_step(Step(name, "advance", sum(self.done.values()), sum(self.need_bytes.values()), "bytes"))
 
     return Progress()
 

@@ -22,6 +22,7 @@ from clusterctl.hostsfile import HostsFile
 from clusterctl.node import nccl_report
 from clusterctl.node.bench_stop import Reference, references_text
 from clusterctl.remote import jobfolder, nodepkg
+from clusterctl.types import OnStep, Step, no_steps
 from clusterctl.units import duration, money
 from clusterctl.workloads import bench_stats as stats, horovod, launch, train_config
 from clusterctl.workloads.bench_verdict import (
@@ -233,7 +234,7 @@ class BenchOptions:
         return args + list(self.extra)
 
 
-Event = Callable[[str, object], None]  # ("start", np) / ("line", text) / ("rung", Rung)
+Event = Callable[[str, object], None]  # ("line", text) / ("rung", Rung) / ("alone", NodeAlone tuple)
 
 
 def run_ladder(
@@ -243,8 +244,10 @@ def run_ladder(
     out_root: Path,
     python: str | None = None,
     on_event: Event = lambda *_: None,
+    on_step: OnStep = no_steps,
 ) -> Ladder:
-    """Every rung for real on the cluster; the results folder written as it goes."""
+    """Every rung for real on the cluster; the results folder written as it goes. on_step: staging, each rung
+    and the nodes alone as steps; on_event: what they found."""
     from clusterctl.remote.ssh import SshPool
 
     opts = opts.resolved(inv.cluster)  # the GPU type's configuration, the one `train` runs
@@ -268,11 +271,14 @@ def run_ladder(
         pkg = nodepkg.package()
         program = [pkg.at(job.home), PROGRAM]  # the node package's benchmark, on every node
         try:
+            staging = f"staging the benchmark on {len(inv.targets)} node(s)"
+            on_step(Step(staging))
             launch.stage(pool, inv.targets, job, {}, inv.hosts, package=pkg)
+            on_step(Step(staging, "end"))
             for np_ in rungs:
                 hosts = launch.rung_hosts(inv.hosts, np_)
                 pool.put([leader], {f"{job.dir}/hosts": (hosts.render().encode(), 0o644)})
-                on_event("start", np_)
+                on_step(Step(f"rung: {np_} process(es)"))
                 against = references(runs, np_, len(hosts.entries), full_np)  # what its stopping rule judges
                 args = opts.script_args(np_, against)
                 cmd = launch.leader_command(job, np_, [python, *program, *args], python, env)
@@ -287,9 +293,10 @@ def run_ladder(
                 run = _checked_run(result, np_, f"rung of {np_} processes", out_dir / log, opts.timeout, gpus)
                 runs.append((np_, len(hosts.entries), run, seconds, log))
                 partial = analyze(runs, opts.threshold, full_np, opts.timeout)
+                on_step(Step(f"rung: {np_} process(es)", "end"))
                 on_event("rung", partial.rungs[-1])
             if len(inv.targets) > 1:
-                alone = _nodes_alone(pool, inv, job, python, env, program, opts, out_dir, gpus, on_event)
+                alone = _nodes_alone(pool, inv, job, python, env, program, opts, out_dir, gpus, on_event, on_step)
         finally:
             try:
                 launch.kill_job(pool, inv.targets, job)
@@ -356,11 +363,13 @@ def _nodes_alone(
     out_dir: Path,
     gpus: int,
     on_event: Event,
+    on_step: OnStep,
 ) -> list[NodeAlone]:
     """Every node runs its own slots at once, each on localhost: no allreduce crosses nodes, so a slow node
     shows as itself instead of holding every rank back to its pace (which a joint rung cannot tell apart)."""
     slots = {t.label: e.slots for t, e in zip(inv.targets, inv.hosts.entries)}
-    on_event("start", "every node alone")
+    step = f"every node alone: {len(inv.targets)} node(s) at once"
+    on_step(Step(step))
 
     def command(t: SshTarget) -> str:
         n = slots[t.label]
@@ -370,6 +379,7 @@ def _nodes_alone(
 
     report = pool.run(inv.targets, command, timeout=opts.timeout)
     launch.kill_job(pool, inv.targets, job)
+    on_step(Step(step, "end"))
     alone, rates = [], []
     for i, r in enumerate(report):
         log = f"alone-node{i}.log"

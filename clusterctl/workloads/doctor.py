@@ -16,6 +16,7 @@ from clusterctl import providers, resources
 from clusterctl.node import nccl_report
 from clusterctl.remote import jobfolder, nodepkg
 from clusterctl.remote.ssh import SshPool
+from clusterctl.types import OnStep, Step, no_steps
 from clusterctl.workloads import launch
 from clusterctl.workloads.doctor_judge import (
     FABRIC_FLOORS,
@@ -57,7 +58,11 @@ def placement_facts(cluster: Cluster, facts: Mapping[str, NodeFacts]) -> dict[st
 
 
 def run(
-    inv: Inventory, python: str | None = None, timeout: float = 120.0, cloud: dict[str, dict[str, str]] | None = None
+    inv: Inventory,
+    python: str | None = None,
+    timeout: float = 120.0,
+    cloud: dict[str, dict[str, str]] | None = None,
+    on_step: OnStep = no_steps,
 ) -> DoctorReport:
     """Probe every node at once and judge the facts."""
     python = python or jobfolder.node_python(inv.cluster)
@@ -66,6 +71,8 @@ def run(
         for t, h in zip(inv.targets, inv.hosts.hosts)
     }
     slots = {t.label: e.slots for t, e in zip(inv.targets, inv.hosts.entries)}
+    step = f"checking {len(inv.targets)} node(s)"
+    on_step(Step(step))
     with SshPool(inv.settings) as pool:
         put = pool.put(inv.targets, {PROBE: (resources.template_bytes("doctor_probe.sh"), 0o700)})
         unreachable = {r.host: r.error or "unreachable" for r in put if not r.ok}
@@ -77,6 +84,7 @@ def run(
             return f"sh {PROBE} {shlex.quote(python)} {shlex.quote(peers[t.label])}"
 
         report = pool.run(reachable, command, timeout=timeout)
+    on_step(Step(step, "end", detail=f"{sum(r.ok for r in report)} of {len(inv.targets)} answered"))
     facts, operator_time = {}, {}
     for r in report:
         if r.ok:
@@ -168,7 +176,12 @@ def all_reduce_perf_argv(
 
 
 def fabric(
-    inv: Inventory, python: str | None = None, mb: float = 64.0, iters: int = 10, timeout: float = 300.0
+    inv: Inventory,
+    python: str | None = None,
+    mb: float = 64.0,
+    iters: int = 10,
+    timeout: float = 300.0,
+    on_step: OnStep = no_steps,
 ) -> FabricReport:
     """The allreduce bandwidth over the whole cluster from the leader, then over every pair of ring neighbours,
     each pair launched from its first node, the pairs of a round at once: with nccl-tests' all_reduce_perf
@@ -186,6 +199,8 @@ def fabric(
     nccl: NcclTestsResult | None = None
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]
+        staging = "fabric: staging the test on every node"
+        on_step(Step(staging))
         probe = pool.run(inv.targets, tools_probe_command(), timeout=60) if gpus else ()
         tool = choose_fabric_tool({r.host: parse_tools(r.stdout) if r.exit_code == 0 else None for r in probe}, gpus)
         job = jobfolder.new_job(pool, leader, "fabric")
@@ -198,6 +213,7 @@ def fabric(
                     two = HostsFile((inv.hosts.entries[a], inv.hosts.entries[b]))
                     files[f"{MPI_HOSTS}.{a}-{b}"] = mpi_hostfile(two, gpus).encode()
             launch.stage(pool, inv.targets, job, files, inv.hosts, package=pkg)
+            on_step(Step(staging, "end", detail=tool.name))
             n = len(hosts)
 
             def command(nodes: int, hostfile: str, horovod_hosts: str) -> str:
@@ -228,13 +244,19 @@ def fabric(
                     nccl = res
                 return got
 
+            whole = f"fabric: allreduce over {n} node(s)"
+            on_step(Step(whole))
             r = launch.run_on_leader(pool, leader, command(n, MPI_HOSTS, ",".join(f"{h}:1" for h in hosts)), timeout)
             launch.kill_job(pool, inv.targets, job)
             cluster = measured(r.stdout + r.stderr, tuple(labels))
+            on_step(Step(whole, "end", detail=cluster.error or f"{cluster.busbw_gbit:.2f} Gbit/s"))
             efa = inv.cluster is not None and inv.cluster.facts.efa and n > 1  # one node: no network between nodes
             network = network_of(r.stdout + r.stderr, tool.name, efa)
             pairs: list[Allreduce] = []
-            for round_ in ring_rounds(n):
+            rounds = ring_rounds(n)
+            ring = "fabric: allreduce between ring neighbours"
+            on_step(Step(ring, total=sum(map(len, rounds))))
+            for round_ in rounds:
                 by_first = {labels[a]: (a, b) for a, b in round_}
 
                 def pair_command(t: SshTarget, by_first: dict[str, tuple[int, int]] = by_first) -> str:
@@ -246,6 +268,8 @@ def fabric(
                 for res in report:
                     a, b = by_first[res.host]
                     pairs.append(measured(res.stdout + res.stderr, (labels[a], labels[b])))
+                on_step(Step(ring, "advance", done=len(pairs), total=sum(map(len, rounds))))
+            on_step(Step(ring, "end", detail=f"{len(pairs)} pair(s)"))
         finally:
             launch.kill_job(pool, inv.targets, job)
             jobfolder.remove_job(pool, inv.targets, job)

@@ -33,6 +33,8 @@ def test_smoke_playbook(cluster):
     assert "ok preflight (doctor): all checks passed" in proc.stdout
     assert "ok ladder (bench): 1:" in proc.stdout and "2:" in proc.stdout
     assert "playbook finished" in proc.stdout
+    for step in ("checking 2 node(s)", "rung: 1 process(es)", "rung: 2 process(es)", "every node alone"):
+        assert f"\n{step}" in proc.stderr, proc.stderr  # the long steps of its doctor and bench, as the commands'
 
 
 def test_cleanup_playbook_kills_removes_and_reports(cluster):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,10 @@ def test_up_installs_one_verified_runtime_and_reuses_the_cache(local_cluster_fac
     assert _record(d)["extra"]["runtime"] == rid
     assert "from the cache" in d.up_stderr and "building node runtime" not in d.up_stderr, d.up_stderr
     assert "unpacked and verified on 1 node(s)" in d.up_stderr
+    # `up`'s long steps, each as it begins and ends (plain lines: stderr is not a terminal here)
+    assert re.search(r"\nwaiting for ssh on every node: 1 node\(s\) answer \(\d+\.\ds\)\n", d.up_stderr), d.up_stderr
+    assert re.search(r"\nrelaying the node runtime to 1 node\(s\): 100% of \d+ MiB \(", d.up_stderr), d.up_stderr
+    assert re.search(r"\nunpacking the node runtime on 1 node\(s\): 1 of 1 installed \(", d.up_stderr), d.up_stderr
     again = d.cli("up", "--provider", "local", "--name", d.name, "--nodes", "1", "--yes")
     assert "already up" in again.stderr
     doctor = d.cli("doctor", "--json")
@@ -115,11 +120,12 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
     from clusterctl.runtime.install import RuntimeRequest, install
     from clusterctl.runtime.spec import python_of
     from clusterctl.state import StateStore
-    from clusterctl.types import NodeRuntime
+    from clusterctl.types import NodeRuntime, Step
 
     store = StateStore(c.cli.home)
     cluster = store.load(c.name).cluster
     lines: list[str] = []
+    steps: list[Step] = []
     with SshPool(reach.ssh_settings(cluster, store)) as pool:
         targets = reach.ssh_targets(cluster, store)
         gone = pool.run_one(targets[1], f"rm -rf /opt/clusterctl-runtime/{rid}", timeout=60)
@@ -133,8 +139,18 @@ def _reinstall_sends_only_what_is_missing(c, rid: str) -> None:
             RuntimeRequest("install"),
             lines.append,
             build_here=LocalProvider.builds_runtime_locally,
+            on_step=steps.append,
         )
     assert got == NodeRuntime(rid, python_of(rid))
+    relay = "relaying the node runtime to 1 node(s)"  # one step, its bytes for a progress bar
+    assert steps[0].name == relay and steps[0].unit == "bytes" and (steps[0].total or 0) > 2**20, steps[:2]
+    assert [s.done for s in steps if s.phase == "advance"][-1] == steps[0].total
+    unpacking = "unpacking the node runtime on 1 node(s)"
+    assert [s for s in steps if s.phase != "advance"][1:] == [
+        Step(relay, "end", detail="1 of 1 node(s) verified"),
+        Step(unpacking),
+        Step(unpacking, "end", detail="1 of 1 installed"),
+    ]
     text = "\n".join(lines)
     assert "1 node(s) need it" in text and "relayed to 1 node(s)" in text, text
     assert "unpacked and verified on 1 node(s)" in text, text

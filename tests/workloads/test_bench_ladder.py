@@ -99,6 +99,10 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
             assert float(stop.group(3)) >= 30.0, stop.group(0)
         assert re.search(rf"\b{r['iters']} batches, stopped: ", proc.stderr), proc.stderr
     assert proc.stderr.count("batches, stopped: its verdict decided") == 2, proc.stderr
+    # every step that can take a while says so as it begins and ends (display.StepLine, plain off a terminal)
+    for step in ("staging the benchmark on 2 node(s)", *(f"rung: {n} process(es)" for n in (1, 2, 4))):
+        assert f"\n{step} ...\n" in proc.stderr and re.search(rf"\n{re.escape(step)}: done in \d", proc.stderr)
+    assert re.search(r"\nevery node alone: 2 node\(s\) at once: done in \d+\.\ds\n", proc.stderr), proc.stderr
     print(f"rungs: {[(r['np'], r['iters'], r['stop']) for r in results['rungs']]}")
     assert [(c["kind"], c["np"]) for c in results["checks"]] == [
         ("efficiency", 2),

@@ -533,3 +533,23 @@ def test_launch_attach_prints_the_network_line_once_after_nccls_own_lines():
     for line in lines:
         follow(line)
     assert shown == [*lines[:3], "network: NCCL 2.30.7 over EFA, 4 NICs per node", *lines[3:]]
+
+
+def test_the_ladder_and_nodes_alone_tables_at_80_columns(capsys, monkeypatch):
+    """Wrapped into blocks at a narrow terminal (display.fitted_table): no header or figure cut short."""
+    from clusterctl.cli import display, tables
+    from table_support import fits
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(display, "_consoles", {})  # made again at this width
+    hosts = HostsFile.parse("a slots=8\nb slots=8\n")
+    ladder = bench_verdict.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, noise=0.05), 0.9, 8)
+    alone = _alone({"10.0.1.17": steady(3000.0, 0.03), "10.0.1.18": steady(1450.0, 0.03)}, 8)
+    rungs = tuple(dataclasses.replace(r, stop=s) for r, s in zip(ladder.rungs, ("precise", "decided", "time-cap")))
+    tables.ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
+    out = capsys.readouterr().out.split("INCONCLUSIVE: 16 processes")[0]  # the tables; the verdict is a line of prose
+    headers = ["processes", "nodes", "img/s", "batch spread", "speedup", "efficiency 1->N", "per process vs 1 node"]
+    figures = [f"{r.img_per_sec:.1f}" for r in rungs] + ["10 time-cap", "92.0% +- 4.3% INCONCLUSIVE"]
+    alone_cells = ["10.0.1.17", "img/s per process", "vs the others' median", "slow", "timed batches", "(not judged)"]
+    fits(out, [*headers, "batches", *figures, *alone_cells])
+    assert "92.0% +- 4.3% INCONCLUSIVE" in out  # a cell within its width stays on one line

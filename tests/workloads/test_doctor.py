@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -42,6 +43,14 @@ def test_doctor_fabric_names_the_node_with_a_quarter_link(runtime_cluster):
         for i in range(3):
             shape(c.name, i, None)
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    for step, end in (
+        ("checking 3 node(s)", "3 of 3 answered"),
+        ("fabric: staging the test on every node", "gloo"),
+        ("fabric: allreduce over 3 node(s)", r"[\d.]+ Gbit/s"),
+        ("fabric: allreduce between ring neighbours", r"3 pair\(s\)"),
+    ):  # each long step as it begins and ends (--json: on stderr, stdout stays one document)
+        assert f"{step} ...\n" in proc.stderr, proc.stderr
+        assert re.search(rf"{re.escape(step)}: {end} \(\d+\.\ds\)", proc.stderr)
     report = json.loads(proc.stdout)
     fab = report["fabric"]
     assert fab["slow"] == [c.hosts[1]], fab
