@@ -180,6 +180,7 @@ def stop(
     if record.status == "stopped" or provision.stopped(record, impl, every=True):
         display.info(f"cluster {c.name} is already stopped" + (f" ({record.note})" if record.note else ""))
         return
+    provision.refuse_unfinished(record)
     running = _running_jobs(c.name)
     for line in running:
         display.info(f"running: {line}")

@@ -251,7 +251,7 @@ def stop(name: str, store: StateStore, provider: Provider, report: Report = lamb
         record = store.load(name)
         if record.status == "stopped" or stopped(record, provider, every=True):
             return None
-        _startable_or_stoppable(record)
+        refuse_unfinished(record)
         agent.stop(store.root)
         teardown = provider.stop_nodes(record.cluster)
         for line in teardown.removed:
@@ -285,7 +285,7 @@ def start(
                     f"cluster {name} cannot be started: {record.note}",
                     f"bring it up anew with `clusterctl up --name {name}` (after `clusterctl down {name} --yes`)",
                 )
-            _startable_or_stoppable(record)
+            refuse_unfinished(record)
             return None
         report(f"starting cluster {name}: {len(record.cluster.nodes)} node(s) on their kept disks")
         try:
@@ -312,7 +312,8 @@ def start(
         return cluster
 
 
-def _startable_or_stoppable(record: Record) -> None:
+def refuse_unfinished(record: Record) -> None:
+    """`stop` and `start` act on a cluster `up` finished (or stopped), never on one being made."""
     if record.status == "creating":
         raise StateError(
             f"cluster {record.cluster.name} is being made, or an `up` of it did not finish",
