@@ -297,8 +297,9 @@ def listing(
                 states[ns.state] = states.get(ns.state, 0) + 1
             started = [ns.launched_at for ns in st.nodes if ns.launched_at]
             monthly = st.disks_monthly_usd if st.stopped else None
-            if st.stopped:
-                note = "; ".join(x for x in (note, costs.stopped_line(monthly)) if x)
+            if st.stopped:  # who stopped it and when (`clusterctl stop`'s record), and what it costs now
+                said = rec.note if rec is not None and rec.disks_kept and st.recorded else ""
+                note = "; ".join(x for x in (said, note, costs.stopped_line(monthly)) if x)
                 stopped_sum += monthly or 0.0
             rows.append(
                 Row(

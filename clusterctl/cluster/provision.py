@@ -304,7 +304,14 @@ def start(
             )
         except BaseException as exc:  # Ctrl-C included
             report(f"start failed ({_why(exc)}); stopping its nodes again (their disks kept)")
-            provider.stop_nodes(record.cluster)
+            try:
+                left = provider.stop_nodes(record.cluster).left
+            except Exception as again:  # the start's own error is the one to raise
+                left = (_why(again),)
+            if left:
+                report(
+                    f"  not stopped: {'; '.join(left)} (`clusterctl start {name}` again, or `clusterctl down {name}`)"
+                )
             store.save(record)
             raise
         if sshentry.config_path(name).exists():  # `ssh NAME` at the addresses the nodes have now

@@ -117,6 +117,7 @@ def _stop_and_start(aws, aws_cli, ids: list[str]) -> None:
     doc = json.loads(_ok(aws_cli("ls", "--json")).stdout)
     (row,) = [r for r in doc["clusters"] if r["name"] == "idl" and r["note"] and "while stopped" in r["note"]]
     assert row["state"] == "2 stopped" and row["stopped_monthly_usd"] == pytest.approx(monthly)
+    assert row["note"].startswith(rec["note"])  # who stopped it and when
     assert "is already stopped" in _ok(aws_cli("stop", "idl")).stderr
 
     before = len(aws.actions())

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from clusterctl.cluster import costs
-from clusterctl.providers.base import ClusterStatus, NodeStatus
+from clusterctl.errors import ProvisionError
+from clusterctl.providers.base import ClusterStatus, NodeStatus, Teardown
 from clusterctl.runtime.install import RuntimeRequest, kept
 from clusterctl.state import Record, StateStore
 from clusterctl.types import ClusterFacts, NodeRuntime
@@ -106,3 +107,34 @@ def test_start_refuses_what_it_cannot_start_and_says_what_to_do(cli):
             "Error: cluster alpha is being made, or an `up` of it did not finish: run the same `clusterctl up` "
             "again, or remove it: clusterctl down alpha --yes"
         ), proc.stderr
+
+
+class _FailingStart:
+    """A provider whose start fails after it started the nodes (what `start` must undo)."""
+
+    shares_this_machine = True
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def start_nodes(self, cluster, keys):
+        self.calls.append("start_nodes")
+        raise ProvisionError("the nodes did not come up")
+
+    def stop_nodes(self, cluster):
+        self.calls.append("stop_nodes")
+        return Teardown(("namespace x",), ())
+
+
+def test_a_start_that_fails_stops_the_nodes_again_and_leaves_the_cluster_stopped(tmp_path):
+    from clusterctl.cluster import provision
+
+    store = StateStore(tmp_path / "home")
+    store.save(Record(sample("alpha"), "stopped", 1.0, NOTE))
+    fake = _FailingStart()
+    said: list[str] = []
+    with pytest.raises(ProvisionError, match="the nodes did not come up"):
+        provision.start("alpha", store, fake, said.append)  # type: ignore[arg-type]
+    assert fake.calls == ["start_nodes", "stop_nodes"]
+    assert said[-1] == "start failed (the nodes did not come up); stopping its nodes again (their disks kept)"
+    assert (store.load("alpha").status, store.load("alpha").note) == ("stopped", NOTE)
