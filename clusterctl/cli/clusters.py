@@ -389,9 +389,12 @@ def _running(record: Record) -> Record:
         from clusterctl.errors import StateError
 
         why = f" ({record.note})" if record.note else ""
+        name = record.cluster.name
         raise StateError(
-            f"cluster {record.cluster.name} is {record.status}{why}",
-            "bring it up again with `clusterctl up`, or remove its record with `clusterctl down`",
+            f"cluster {name} is {record.status}{why}",
+            f"start it with `clusterctl start {name}`"
+            if record.disks_kept
+            else "bring it up again with `clusterctl up`, or remove its record with `clusterctl down`",
         )
     return record
 

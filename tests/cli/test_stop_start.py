@@ -78,6 +78,16 @@ def test_stop_of_a_stopped_cluster_says_so_and_does_nothing(cli):
     assert proc.returncode == 0 and proc.stderr.strip() == f"cluster alpha is already stopped ({NOTE})"
 
 
+@pytest.mark.parametrize("command", [("keep", "--for", "1h"), ("autostop", "--off"), ("repair", "--yes")])
+def test_commands_for_a_running_cluster_advise_start_for_a_stopped_one(cli, command):
+    _save(cli, "stopped", NOTE)
+    proc = cli(command[0], "alpha", *command[1:])
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip().endswith(
+        ": start it with `clusterctl start alpha`" + " first" * (command[0] == "repair")
+    )
+
+
 def test_status_and_ls_of_a_stopped_local_cluster(cli):
     _save(cli, "stopped", NOTE)
     status = cli("status", "alpha")

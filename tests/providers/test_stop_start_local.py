@@ -5,6 +5,7 @@ keys, the files of the homes, and autostop's supervisor."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -60,6 +61,11 @@ def test_stop_keeps_the_homes_and_start_brings_back_the_same_hosts_and_keys(loca
     assert f"hosts: {', '.join(c.hosts)}" in proc.stderr
     assert known_hosts.read_text() == pinned  # the same addresses, the same host keys
     assert supervisor.supervisors(name), "autostop's supervisor is not back"
+    deadline = time.monotonic() + 20  # it starts the watchdog in the leader once it sees the leader's sshd
+    while not supervisor.watchdog_running(name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert supervisor.watchdog_running(name), "autostop's watchdog is not back in the leader"
+    assert "autostop: " in cli("status", name).stdout
     run = cli("run", "--cluster", name, "hostname; cat /root/kept.txt 2>/dev/null || true")
     assert run.returncode == 0, run.stderr
     assert f"{name}-leader" in run.stdout and f"{name}-member-1" in run.stdout and "kept" in run.stdout, run.stdout
