@@ -166,9 +166,9 @@ def stop(
 ) -> None:
     """Stop a cluster's nodes, their disks kept.
 
-    `clusterctl start` brings it back. AWS: the instances stop (EBS volumes, addresses inside the VPC and host keys kept; the disks are billed
-    while stopped). Local: the nodes' namespaces end, their homes are kept. Running jobs end: they are listed,
-    and `stop` refuses without --yes while any runs.
+    `clusterctl start` brings it back. AWS: the instances stop (EBS volumes, addresses inside the VPC and host
+    keys kept; the disks are billed while stopped). Local: the nodes' namespaces end, their homes are kept.
+    Running jobs end: they are listed, and `stop` refuses without --yes while any runs.
     """
     from clusterctl.cli import display
     from clusterctl.cluster import costs, provision
@@ -204,8 +204,9 @@ def start(
 ) -> None:
     """Start a stopped cluster again.
 
-    On its kept disks: the same nodes, names, host keys and runtime; AWS gives them new public addresses, and the ssh config, the
-    pinned known_hosts and the hosts files follow. Autostop's watchdog is back as `up` left it.
+    On its kept disks: the same nodes, names, host keys and runtime; AWS gives them new public addresses, and
+    the ssh config, the pinned known_hosts and the hosts files follow. Autostop's watchdog is back as `up` left
+    it.
     """
     from clusterctl.cli import display, tables
     from clusterctl.cluster import provision
