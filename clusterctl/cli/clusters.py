@@ -177,10 +177,10 @@ def stop(
     record = store.resolve(name)
     c = record.cluster
     impl = _provider(c.provider, store, c.region)
+    provision.refuse_unfinished(record)
     if record.status == "stopped" or provision.stopped(record, impl, every=True):
         display.info(f"cluster {c.name} is already stopped" + (f" ({record.note})" if record.note else ""))
         return
-    provision.refuse_unfinished(record)
     running = _running_jobs(c.name)
     for line in running:
         display.info(f"running: {line}")

@@ -216,7 +216,7 @@ def _stopped_keys(
 def stopped(record: Record, provider: Provider, every: bool = False) -> bool:
     """The cluster is stopped with its disks kept: its record says so, or (autostop on a cloud stops the
     instances without a word to this machine) the provider sees a node of it stopped (`every`: all of them)."""
-    if record.status != "up":
+    if record.status == "stopped":
         return record.disks_kept
     st = provider.status(record.cluster.name)
     if st is None:
@@ -249,9 +249,9 @@ def stop(name: str, store: StateStore, provider: Provider, report: Report = lamb
 
     with store.lock(name):
         record = store.load(name)
+        refuse_unfinished(record)
         if record.status == "stopped" or stopped(record, provider, every=True):
             return None
-        refuse_unfinished(record)
         agent.stop(store.root)
         teardown = provider.stop_nodes(record.cluster)
         for line in teardown.removed:
@@ -279,13 +279,13 @@ def start(
 
     with store.lock(name):
         record = store.load(name)
+        refuse_unfinished(record)
         if not stopped(record, provider):
             if record.status == "stopped":
                 raise StateError(
                     f"cluster {name} cannot be started: {record.note}",
                     f"bring it up anew with `clusterctl up --name {name}` (after `clusterctl down {name} --yes`)",
                 )
-            refuse_unfinished(record)
             return None
         report(f"starting cluster {name}: {len(record.cluster.nodes)} node(s) on their kept disks")
         try:
