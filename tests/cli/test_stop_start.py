@@ -148,3 +148,20 @@ def test_a_start_that_fails_stops_the_nodes_again_and_leaves_the_cluster_stopped
     assert fake.calls == ["start_nodes", "stop_nodes"]
     assert said[-1] == "start failed (the nodes did not come up); stopping its nodes again (their disks kept)"
     assert (store.load("alpha").status, store.load("alpha").note) == ("stopped", NOTE)
+
+
+def test_one_time_spot_instances_are_refused_before_any_aws_call(tmp_path):
+    from dataclasses import replace
+
+    from clusterctl.errors import UsageError
+    from clusterctl.providers.aws.provider import AwsProvider
+
+    aws = AwsProvider(StateStore(tmp_path / "home"), region="us-east-1")
+    spot = replace(sample("spotty"), provider="aws", extra={"spot": "true"})
+    with pytest.raises(UsageError) as refused:
+        aws.stop_nodes(spot)
+    assert refused.value.one_line() == (
+        "cluster spotty runs on one-time spot instances, which EC2 cannot stop: `clusterctl down spotty` removes "
+        "it (what its disks hold is lost)"
+    )
+    assert "ec2" not in aws.api._clients  # refused before any client was made
