@@ -43,7 +43,8 @@ def home() -> Path:
 # What the record says of the cluster, as written:
 #   creating  `up` began (before the first resource): still running, or it crashed (status tells which)
 #   up        `up` finished; the nodes answered
-#   stopped   autostop tore it down (note says when and why); `down` removes the record instead
+#   stopped   `stop` or autostop stopped it (note says who, when and why: autostop's terminate leaves a stopped
+#             record whose nodes are gone); `down` removes the record instead
 Status = Literal["creating", "up", "stopped"]
 STATUSES: tuple[str, ...] = get_args(Status)
 
@@ -54,6 +55,12 @@ class Record:
     status: Status
     updated_at: float
     note: str = ""  # why the cluster is in this status (e.g. "idle-stop fired")
+
+    @property
+    def disks_kept(self) -> bool:
+        """A stopped cluster whose nodes kept their disks (`start` or `up` brings it back), not one autostop
+        terminated (its note says so)."""
+        return self.status == "stopped" and not self.note.startswith("terminated")
 
 
 class StateStore:

@@ -63,6 +63,10 @@ class ClusterFacts:
         return self.extra.get("runtime", "")
 
     @property
+    def runtime_dali(self) -> bool:  # the runtime was asked with DALI on CPU nodes too (`up --runtime dali`)
+        return self._flag("runtime_dali")
+
+    @property
     def cuda_home(self) -> str:  # the CUDA 12 toolkit a GPU runtime was built with ("" elsewhere)
         return self.extra.get("cuda_home", "")
 
@@ -120,6 +124,7 @@ class NodeRuntime:
     id: str
     python: str = ""
     cuda_home: str = ""
+    dali: bool = False  # `up --runtime dali` asked for it (GPU runtimes carry DALI anyway): `start` asks the same
 
     def extra(self) -> dict[str, str]:
         """The record's fields (Cluster.extra) for it."""
@@ -127,6 +132,7 @@ class NodeRuntime:
             "runtime": self.id,
             **({"python": self.python} if self.python else {}),
             **({"cuda_home": self.cuda_home} if self.cuda_home else {}),
+            **({"runtime_dali": "true"} if self.dali else {}),
         }
 
 
@@ -191,7 +197,7 @@ class Autostop:
 
     idle_stop_s: int | None = 3600
     max_lifetime_s: int | None = None
-    # What firing does (--idle-action): "stop" keeps the disks (`clusterctl up --name NAME` starts the cluster again),
+    # What firing does (--idle-action): "stop" keeps the disks (`clusterctl start NAME` starts the cluster again),
     # "terminate" removes the nodes and their disks (autostop/settings.py says more).
     idle_action: str = "stop"
 

@@ -39,7 +39,7 @@ def parse_duration(text: str | None, flag: str, allow_off: bool = True) -> int |
 # What the watchdog's power-off does, as SkyPilot's autostop (stop) and its `--down` (terminate). A flag with
 # both values named, not a bare --down: `up`'s plan and `autostop` print the word the user typed. Stop is the
 # default: nothing is lost (the job's output, the data copied to the nodes); stopped instances cost their
-# disks only (EBS), and `clusterctl up --name NAME` starts them again with what they held.
+# disks only (EBS), and `clusterctl start NAME` starts them again with what they held.
 IDLE_ACTIONS = ("stop", "terminate")
 DEFAULT_ACTION = "stop"
 
@@ -49,7 +49,7 @@ def parse_action(text: str | None) -> str:
     if t not in IDLE_ACTIONS:
         raise UsageError(
             f"--idle-action {text!r} is neither stop nor terminate",
-            "give --idle-action stop (disks kept; `clusterctl up --name NAME` starts it again) or --idle-action terminate",
+            "give --idle-action stop (disks kept; `clusterctl start NAME` starts it again) or --idle-action terminate",
         )
     return t
 
@@ -73,9 +73,7 @@ def action_of(config: Mapping[str, Any]) -> str:
 
 def describe_action(action: str) -> str:
     if action == "stop":
-        return (
-            "stop: the nodes power off, their disks are kept (and cost); `clusterctl up --name NAME` starts them again"
-        )
+        return "stop: the nodes power off, their disks are kept (and cost); `clusterctl start NAME` starts them again"
     return "terminate: the nodes and their disks are removed, with whatever they held"
 
 

@@ -124,8 +124,7 @@ def install_local(store: StateStore, name: str, indices: Iterable[int], a: Autos
     for i in indices:
         d = local_dir(store, name, i)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for old in ("fired.json", "state.json"):  # a stopped cluster started again: its last firing is history
-            (d / old).unlink(missing_ok=True)
+        _forget_firing(d)
         archive = d.parent.parent / pkg.path  # the node's home / .clusterctl/node/NAME
         if not _holds(archive, pkg.data):  # written whole under another name, as shipping does
             archive.parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +132,25 @@ def install_local(store: StateStore, name: str, indices: Iterable[int], a: Autos
             partial.write_bytes(pkg.data)
             os.replace(partial, archive)
         write_json(str(d / "config.json"), cfg)
+
+
+def _forget_firing(d: Path) -> None:
+    for old in ("fired.json", "state.json"):  # a stopped cluster started again: its last firing is history
+        (d / old).unlink(missing_ok=True)
+
+
+def restart_local(store: StateStore, name: str, indices: Iterable[int], started_at: float) -> bool:
+    """A stopped local cluster started again (`start`): the settings its homes kept (an `autostop --off` too),
+    its last firing forgotten, --max-lifetime counted from now (a started instance's watchdog counts from its
+    boot). False when the cluster has no watchdog."""
+    found = False
+    for i in indices:
+        d = local_dir(store, name, i)
+        if (d / "config.json").exists():
+            _forget_firing(d)
+            edit_config(str(d), created_at=started_at)
+            found = True
+    return found
 
 
 def _holds(path: Path, data: bytes) -> bool:

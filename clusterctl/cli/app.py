@@ -89,6 +89,8 @@ COMMANDS = (
     "down",
     "ls",
     "status",
+    "stop",
+    "start",
     "repair",
     "keep",
     "autostop",

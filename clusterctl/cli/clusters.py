@@ -1,4 +1,4 @@
-"""Commands about clusters: down ls status keep autostop gc hosts ssh (`up` is cli/up.py)."""
+"""Commands about clusters: down ls status stop start repair keep autostop gc hosts ssh (`up` is cli/up.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from clusterctl.hostsfile import FORMATS
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
+    from clusterctl.cluster.overview import Listing
     from clusterctl.state import Record, StateStore
     from clusterctl.types import Cluster
 
@@ -87,7 +88,6 @@ def ls(
     found = overview.listing(store, providers, provider, region, display.warn)
     if json_:
         return display.json_out(overview.listing_json(found))
-    totals = {"hourly": found.hourly_usd, "so_far": found.so_far_usd, "unknown": found.unknown}
     rows = [
         {
             "name": r.name + (" *" if r.current else ""),
@@ -110,10 +110,19 @@ def ls(
     tables.cluster_table(
         rows, ("name", "provider", "region", "nodes", "type", "az", "state", "uptime", "$/hour", "cost so far", "note")
     )
-    display.info(
-        f"total: {money(totals['hourly'])}/hour now, {money(totals['so_far'])} so far "
-        f"for {len(rows)} cluster(s)"
-        + (f" ({totals['unknown']} cluster(s) of unknown price not counted)" if totals["unknown"] else "")
+    display.info(_total_line(found))
+
+
+def _total_line(found: Listing) -> str:
+    """`ls`'s last line: what the clusters cost now and so far, and what the stopped ones' disks cost."""
+    return (
+        f"total: {money(found.hourly_usd)}/hour now, {money(found.so_far_usd)} so far for {len(found.rows)} cluster(s)"
+        + (f" ({found.unknown} cluster(s) of unknown price not counted)" if found.unknown else "")
+        + (
+            f"; {money(found.stopped_monthly_usd)}/month for stopped clusters' disks"
+            if found.stopped_monthly_usd
+            else ""
+        )
         + " (built-in on-demand prices; not a bill)"
     )
 
@@ -147,6 +156,88 @@ def status(
         tables.cluster_view(view)
     if any(not x.disks_kept for x in view.lost):  # a stopped node (its disks kept) is shown, not a failure
         raise typer.Exit(int(ExitCode.UNREACHABLE))
+
+
+@app.command()
+@one_cluster("Cluster to stop")
+def stop(
+    name: Optional[str] = None,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask; needed when jobs run (they end)."),
+) -> None:
+    """Stop a cluster's nodes, their disks kept.
+
+    `clusterctl start` brings it back. AWS: the instances stop (EBS volumes, addresses inside the VPC and host
+    keys kept; the disks are billed while stopped). Local: the nodes' namespaces end, their homes are kept.
+    Running jobs end: they are listed, and `stop` refuses without --yes while any runs.
+    """
+    from clusterctl.cli import display
+    from clusterctl.cluster import costs, provision
+
+    store = _store()
+    record = store.resolve(name)
+    c = record.cluster
+    impl = _provider(c.provider, store, c.region)
+    provision.refuse_unfinished(record)
+    if record.status == "stopped" or provision.stopped(record, impl, every=True):
+        display.info(f"cluster {c.name} is already stopped" + (f" ({record.note})" if record.note else ""))
+        return
+    running = _running_jobs(c.name)
+    for line in running:
+        display.info(f"running: {line}")
+    if running and not yes:
+        raise UsageError(
+            f"{len(running)} job(s) run on cluster {c.name}, and stopping it ends them",
+            f"let them finish (`clusterctl jobs -c {c.name}`), or pass --yes to stop it anyway",
+        )
+    _confirm(f"Stop cluster {c.name} ({len(c.nodes)} node(s)), its disks kept?", yes)
+    provision.stop(c.name, store, impl, report=display.info)
+    monthly = costs.stopped_monthly(impl.status(c.name), not impl.lists_from_cloud)
+    display.info(f"cluster {c.name} is stopped; {costs.stopped_line(monthly)}")
+    display.info(f"`clusterctl start {c.name}` starts it again")
+
+
+@app.command()
+@one_cluster("Cluster to start")
+def start(
+    name: Optional[str] = None,
+    ssh_timeout: float = typer.Option(300.0, "--ssh-timeout", help="Seconds to wait for ssh on every node."),
+) -> None:
+    """Start a stopped cluster again.
+
+    On its kept disks: the same nodes, names, host keys and runtime; AWS gives them new public addresses, and
+    the ssh config, the pinned known_hosts and the hosts files follow. Autostop's watchdog is back as `up` left
+    it.
+    """
+    from clusterctl.cli import display, tables
+    from clusterctl.cluster import provision
+
+    store = _store()
+    record = store.resolve(name)
+    c = record.cluster
+    began = time.monotonic()
+    cluster = provision.start(c.name, store, _provider(c.provider, store, c.region), display.info, ssh_timeout)
+    if cluster is None:
+        display.info(f"cluster {c.name} is already running; nothing to do")
+        return
+    display.info(
+        f"cluster {c.name} is up again: {len(cluster.nodes)} node(s) in {time.monotonic() - began:.1f}s; "
+        f"hosts: {', '.join(n.private_ip for n in cluster.nodes)}"
+    )
+    tables.node_table(cluster)
+
+
+def _running_jobs(name: str) -> list[str]:
+    """The cluster's running detached jobs (what `clusterctl jobs` lists), one line each; a node that does not
+    answer is warned about (its jobs cannot be listed)."""
+    from clusterctl.cli import display
+    from clusterctl.cli.fanout import _jobs
+    from clusterctl.cli.shared import Ssh, _inventory
+
+    found, report = _jobs(_inventory(None, Ssh(cluster=name)), 64)
+    for r in report:
+        if not r.ok:
+            display.warn(f"{r.host}: {r.error or f'exit {r.exit_code}'}: its jobs are not known")
+    return [f"job {j.id} {j.name} ({j.kind}, on {', '.join(j.hosts)})" for j in found if j.state == "running"]
 
 
 @app.command()
@@ -299,9 +390,12 @@ def _running(record: Record) -> Record:
         from clusterctl.errors import StateError
 
         why = f" ({record.note})" if record.note else ""
+        name = record.cluster.name
         raise StateError(
-            f"cluster {record.cluster.name} is {record.status}{why}",
-            "bring it up again with `clusterctl up`, or remove its record with `clusterctl down`",
+            f"cluster {name} is {record.status}{why}",
+            f"start it with `clusterctl start {name}`"
+            if record.disks_kept
+            else "bring it up again with `clusterctl up`, or remove its record with `clusterctl down`",
         )
     return record
 

@@ -87,6 +87,8 @@ def cluster_view(view: ClusterView) -> None:
         else:
             warn(f"lost: {x.node.name} ({x.node.private_ip}): {x.why}; `clusterctl repair` replaces it")
     c = console()
+    for line in view.stopped.lines() if view.stopped is not None else ():
+        c.print(_esc(line))
     for line in view.autostop:
         c.print(_esc(line))
     if view.runtime is not None:

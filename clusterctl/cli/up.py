@@ -98,7 +98,7 @@ def up(
     idle_action: Optional[str] = typer.Option(
         None,
         "--idle-action",
-        help="What autostop does: stop (the default; disks kept, `clusterctl up --name NAME` starts it again) or "
+        help="What autostop does: stop (the default; disks kept, `clusterctl start NAME` starts it again) or "
         "terminate (the default with --spot, which EC2 cannot stop).",
     ),
     runtime: str = typer.Option(

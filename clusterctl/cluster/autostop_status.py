@@ -49,8 +49,8 @@ def status_lines(store: StateStore, record: Record) -> list[str]:
     from clusterctl import providers
 
     c = record.cluster
-    if record.status == "stopped" and record.note:
-        return [f"autostop: {record.note}"]
+    if record.status == "stopped":  # autostop's own stop says so; `clusterctl stop`'s note is status's stopped line
+        return [f"autostop: {record.note}"] if "by autostop" in record.note else []
     if providers.shares_this_machine(c):  # the watchdog's files are on this machine
         impl = providers.of(c)
         running = local_status(store, c.name, lambda _name: bool(impl.watchdog_running(c)))

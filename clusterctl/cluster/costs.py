@@ -1,8 +1,8 @@
 """What a run costs, from the built-in price table and the img/s measured on the cluster.
 
 Pure except for the small per-cluster file `measured.json` (the `bench` rates by configuration, for `train`'s estimate).
-Prices are the provider's (Provider.hourly_price: AWS's dated on-demand table, instances only; disks are cents):
-an estimate, not a bill.
+Prices are the provider's (Provider.hourly_price: AWS's dated on-demand table, instances only; disks are cents
+an hour, and what a stopped cluster still costs per month): an estimate, not a bill.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
+    from clusterctl.providers.base import ClusterStatus
     from clusterctl.state import StateStore
     from clusterctl.types import Cluster
 
@@ -28,6 +29,23 @@ def hourly(cluster: Cluster | None) -> float | None:
     from clusterctl import providers
 
     return providers.of(cluster).hourly_price(cluster)
+
+
+def stopped_line(monthly_usd: float | None) -> str:
+    """What a stopped cluster still costs: its disks, per month (`ls`, `status`, `stop`)."""
+    if monthly_usd is None:
+        return "while stopped: its disks are billed (price unknown)"
+    if monthly_usd == 0:
+        return "while stopped: $0.00 (its homes are folders on this machine)"
+    return f"while stopped: {money(monthly_usd)}/month for its disks (built-in prices; not a bill)"
+
+
+def stopped_monthly(status: ClusterStatus | None, here: bool) -> float | None:
+    """A cluster's disks per month, from its provider's status (`here`: a provider of this machine, whose
+    stopped clusters are records only: nothing billed)."""
+    if status is not None:
+        return status.disks_monthly_usd
+    return 0.0 if here else None
 
 
 def run_cost(seconds: float, per_hour: float | None) -> float | None:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from clusterctl.cluster import costs
 from clusterctl.errors import UsageError
 from clusterctl.providers.base import Provider
 from clusterctl.units import duration
@@ -222,6 +223,7 @@ class Row:
     so_far_usd: float | None
     note: str
     priced: bool = True  # False: no price to show at all (a record the cloud no longer knows)
+    stopped_monthly_usd: float | None = None  # a stopped cluster's disks per month (None: not stopped, or unknown)
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,7 @@ class Listing:
     hourly_usd: float  # of the rows with a known price
     so_far_usd: float
     unknown: int  # rows whose price is unknown (not in the totals)
+    stopped_monthly_usd: float = 0.0  # the disks of the stopped clusters, per month (of those with a known price)
 
 
 def listing_json(found: Listing) -> dict[str, Any]:
@@ -238,7 +241,12 @@ def listing_json(found: Listing) -> dict[str, Any]:
     for row, r in zip(rows, found.rows):
         if not r.priced:
             row["hourly_usd"] = row["so_far_usd"] = None
-    totals = {"hourly_usd": found.hourly_usd, "so_far_usd": found.so_far_usd, "unpriced": found.unknown}
+    totals = {
+        "hourly_usd": found.hourly_usd,
+        "so_far_usd": found.so_far_usd,
+        "unpriced": found.unknown,
+        "stopped_monthly_usd": found.stopped_monthly_usd,
+    }
     return {"clusters": rows, "total": totals}
 
 
@@ -268,7 +276,7 @@ def listing(
             regions = {region} if region else (regions or {None})
         asked[kind] = regions
     rows, seen = [], set()
-    hourly_sum, so_far_sum, unknown = 0.0, 0.0, 0
+    hourly_sum, so_far_sum, unknown, stopped_sum = 0.0, 0.0, 0, 0.0
     for kind, reg in sorted(((k, r) for k, regs in asked.items() for r in regs), key=lambda kr: (kr[0], str(kr[1]))):
         impl = providers.get(kind, reg)
         for st in impl.statuses():
@@ -288,6 +296,11 @@ def listing(
             for ns in st.nodes:
                 states[ns.state] = states.get(ns.state, 0) + 1
             started = [ns.launched_at for ns in st.nodes if ns.launched_at]
+            monthly = st.disks_monthly_usd if st.stopped else None
+            if st.stopped:  # who stopped it and when (`clusterctl stop`'s record), and what it costs now
+                said = rec.note if rec is not None and rec.disks_kept and st.recorded else ""
+                note = "; ".join(x for x in (said, note, costs.stopped_line(monthly)) if x)
+                stopped_sum += monthly or 0.0
             rows.append(
                 Row(
                     cname,
@@ -302,6 +315,7 @@ def listing(
                     hourly,
                     so_far,
                     note,
+                    stopped_monthly_usd=monthly,
                 )
             )
     for cname, r in records.items():
@@ -310,6 +324,10 @@ def listing(
         c = r.cluster
         gone = c.region in asked.get(c.provider, set())  # its cloud was asked and no longer has it
         free = c.provider in here  # this machine's clusters cost nothing
+        monthly = 0.0 if free and r.disks_kept else None
+        note = "; ".join(disagreements(r, None)) if gone else r.note
+        if free and r.disks_kept:
+            note = "; ".join(x for x in (note, costs.stopped_line(monthly)) if x)
         rows.append(
             Row(
                 cname,
@@ -323,11 +341,12 @@ def listing(
                 now - c.created_at if r.status == "up" and not gone else None,
                 0.0 if free else None,
                 0.0 if free else None,
-                "; ".join(disagreements(r, None)) if gone else r.note,
+                note,
                 priced=free,
+                stopped_monthly_usd=monthly,
             )
         )
-    return Listing(tuple(rows), hourly_sum, so_far_sum, unknown)
+    return Listing(tuple(rows), hourly_sum, so_far_sum, unknown, stopped_sum)
 
 
 def disagreements(record: Record | None, status: ClusterStatus | None) -> list[str]:
@@ -350,8 +369,10 @@ def disagreements(record: Record | None, status: ClusterStatus | None) -> list[s
     if not status.nodes:
         notes.append(f"no nodes, but {len(status.other)} resource(s) remain (`clusterctl down {name}` removes them)")
         return notes
-    if record.status != "up":
-        notes.append(f"the local record says {record.status} (an `up` did not finish)")
+    if record.status == "creating":
+        notes.append("the local record says creating (an `up` did not finish)")
+    elif record.status == "stopped" and not status.stopped:
+        notes.append(f"the local record says stopped, but nodes run (`clusterctl stop {name}` stops them)")
     mine = {n.instance_id or n.private_ip for n in record.cluster.nodes}
     theirs = {s.node.instance_id or s.node.private_ip for s in status.nodes}
     if mine != theirs:
@@ -363,6 +384,6 @@ def disagreements(record: Record | None, status: ClusterStatus | None) -> list[s
     if gone and record.status == "up":
         notes.append(f"lost: {', '.join(gone)} (`clusterctl repair {name}` replaces them, --drop removes them)")
     stopped = [s.node.name for s in status.nodes if s.state not in ("running",)]
-    if stopped:
+    if stopped and not status.stopped:  # a whole cluster stopped says so in its state
         notes.append(f"not running: {', '.join(stopped)}")
     return notes

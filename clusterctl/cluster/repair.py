@@ -169,7 +169,10 @@ def plan(
     record = store.load(name)
     if record.status != "up":
         raise StateError(
-            f"cluster {name} is {record.status}, not up", f"bring it up with `clusterctl up --name {name}` first"
+            f"cluster {name} is {record.status}, not up",
+            f"start it with `clusterctl start {name}` first"
+            if record.disks_kept
+            else f"bring it up with `clusterctl up --name {name}` first",
         )
     cluster = record.cluster
     unknown = [x for x in named if x not in {n.name for n in cluster.nodes}]

@@ -13,6 +13,8 @@ Reading, never changing anything:
   find, status, statuses, all_clusters       (`ls`, `status`, `down --all`)
   everything_made, owners, me                (`gc`, `down --all`: what exists, by whom, who asks)
   node_facts                                 (`doctor`'s same-type / zone / placement check)
+Stopping and starting (`stop`, `start`: cluster/provision.py), the disks kept:
+  stop_nodes -> start_nodes -> host_keys
 Changing a running cluster:
   remove (`gc`: exactly the listed ids), reboot (`clean --reboot`), grant_checkpoint_write
   (`train --checkpoint-to`).
@@ -110,6 +112,14 @@ class ClusterStatus:
     # The cluster this machine's record of the name describes; False for a cluster without a record here, and
     # for another of the same name (another owner's: a cloud account is shared, a name is not an identity).
     recorded: bool = False
+    # What its disks cost per month, billed whether the nodes run or not (AWS: its EBS volumes at the built-in
+    # prices); 0 for what is not billed (local homes); None when unknown.
+    disks_monthly_usd: float | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Every node stopped (or stopping): the cluster costs only its disks."""
+        return bool(self.nodes) and all(n.state in ("stopped", "stopping") for n in self.nodes)
 
     @property
     def hourly_usd(self) -> float | None:
@@ -306,6 +316,19 @@ class Provider(ABC):
     def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
         """Let the nodes write checkpoints under `uri` (AWS: the nodes' IAM role; local: nothing to grant,
         the nodes use whatever credentials they are given)."""
+
+    @abstractmethod
+    def stop_nodes(self, cluster: Cluster) -> Teardown:
+        """Power the recorded nodes off, their disks kept (AWS: StopInstances on exactly the record's instances
+        that are its identity's, waited until stopped; local: what autostop's stop does, the namespaces end and
+        the homes stay). Teardown.removed: one line per node stopped; left: what still runs."""
+
+    @abstractmethod
+    def start_nodes(self, cluster: Cluster, keys: ClusterKeys) -> Launched:
+        """Start the stopped nodes of the record again on their kept disks, each at its address where the
+        provider keeps it (AWS: a new public IP unless an Elastic IP), with the autostop watchdog back as `up` gives
+        it. Launched.cluster: the record's cluster with the nodes' addresses now; host_keys: the keys known from
+        the disks (the ones pinned at creation are checked for the rest). A start that failed is started again."""
 
     @abstractmethod
     def lost_nodes(self, cluster: Cluster) -> list[LostNode]:

@@ -73,6 +73,16 @@ def record(request: RuntimeRequest) -> NodeRuntime:
     return NodeRuntime("none")
 
 
+def kept(facts: ClusterFacts) -> RuntimeRequest:
+    """The request that finds the runtime a cluster's record names on its nodes again (`start`): none, the
+    user's own python, or the same install (found where the disks kept it, put back where they did not)."""
+    if facts.runtime == "own":
+        return RuntimeRequest("own", python=facts.python)
+    if facts.runtime in ("", "none"):
+        return RuntimeRequest("none")
+    return RuntimeRequest("install", dali=facts.runtime_dali)
+
+
 def plan_line(request: RuntimeRequest, image: ImageFacts | None) -> str:
     """`up`'s plan line for the runtime; an image it could not be built on (a python3 without TensorFlow
     wheels, no CUDA 12 toolkit for the type's GPUs) is refused here, before anything is launched."""
@@ -122,7 +132,7 @@ def install(
     platform = probe(pool, targets, names)
     spec = rt.RuntimeSpec.for_platform(platform, request.dali)  # refuses a python3 or toolkit it cannot build on
     rid = rt.runtime_id(spec, platform)
-    fields = NodeRuntime(rid, rt.python_of(rid), spec.cuda_build.home if spec.cuda_build else "")
+    fields = NodeRuntime(rid, rt.python_of(rid), spec.cuda_build.home if spec.cuda_build else "", request.dali)
     have = prepare(pool, targets, names, rid)
     need = [i for i, has in enumerate(have) if not has]
     if not need:

@@ -59,6 +59,20 @@ class ClusterView:
     runtime: str | None = None  # None: no record here
     training: Training | None = None
     launches: Launches | None = None
+    stopped: Stopped | None = None  # set when the cluster is stopped
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A stopped cluster: why (the record's note: who stopped it and when) and what its disks still cost."""
+
+    note: str
+    disks_monthly_usd: float | None
+
+    def lines(self) -> tuple[str, ...]:
+        from clusterctl.cluster import costs
+
+        return ((f"stopped: {self.note}",) if self.note else ()) + (costs.stopped_line(self.disks_monthly_usd),)
 
 
 def gather(
@@ -80,6 +94,7 @@ def gather(
         if record is None:
             record = store.load(n)  # raises "no cluster named ..."
         up = record.status == "up"
+        kept = Stopped(record.note, 0.0) if record.disks_kept else None  # nothing of it billed here
         return ClusterView(
             n,
             current,
@@ -90,6 +105,7 @@ def gather(
             runtime=_runtime(record),
             training=_training(store, n) if up else None,
             launches=_launches(store, n) if up else None,
+            stopped=kept,
         )
     st = impl.status(n)
     if st is None:
@@ -99,8 +115,9 @@ def gather(
 
         st = ClusterStatus(n, kind, record.cluster.region, record.cluster.instance_type, ())
     notes = tuple(overview.disagreements(record, st if (st.nodes or st.other) else None))
+    kept = Stopped(record.note if record is not None and record.disks_kept else "", st.disks_monthly_usd)
     if record is None:
-        return ClusterView(n, current, time.time(), cloud=st, notes=notes)
+        return ClusterView(n, current, time.time(), cloud=st, notes=notes, stopped=kept if st.stopped else None)
     return ClusterView(
         n,
         current,
@@ -112,6 +129,7 @@ def gather(
         runtime=_runtime(record),
         training=_training(store, n),
         launches=_launches(store, n) if st.nodes else None,
+        stopped=kept if st.stopped else None,
     )
 
 
@@ -199,6 +217,9 @@ def as_json(view: ClusterView) -> dict[str, Any]:
         "training": training,
         "launches": None if view.launches is None else list(view.launches.lines),
         "launches_error": None if view.launches is None or not view.launches.error else view.launches.error,
+        "stopped": None
+        if view.stopped is None
+        else {"note": view.stopped.note or None, "disks_monthly_usd": view.stopped.disks_monthly_usd},
     }
 
 

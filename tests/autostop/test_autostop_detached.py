@@ -56,7 +56,8 @@ def test_a_detached_job_keeps_the_cluster_up_and_its_end_lets_it_stop_with_its_h
         time.sleep(0.25)
     rec = _record(cli, c.name)
     assert rec["status"] == "stopped" and rec["note"].startswith("stopped by autostop at "), rec
-    assert "(the nodes' homes kept: `clusterctl up --name " in rec["note"] and "idle-stop: nothing busy" in rec["note"]
+    assert f"(the nodes' homes kept: `clusterctl start {c.name}` starts it again)" in rec["note"]
+    assert "idle-stop: nothing busy" in rec["note"]
     assert "detached job prep" in rec["note"], rec["note"]  # the last activity it saw
     # the job's output, on the stopped nodes' disks
     homes = [cli.home / "clusters" / c.name / "nodes" / str(i) / "home" for i in range(2)]

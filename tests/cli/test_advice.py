@@ -21,7 +21,7 @@ def _advice(proc: subprocess.CompletedProcess, after: str) -> str:
     return line.split(after, 1)[1]
 
 
-@pytest.mark.parametrize("command", ["status", "down", "repair", "keep", "autostop"])
+@pytest.mark.parametrize("command", ["status", "down", "stop", "start", "repair", "keep", "autostop"])
 def test_every_command_on_one_cluster_takes_c_and_the_positional_alias(cli, command):
     extra = ["--for", "1h"] if command == "keep" else []
     by_option = cli(command, "-c", "nosuch", *extra)

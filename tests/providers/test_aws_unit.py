@@ -4,6 +4,7 @@ and how a local record is compared with the cloud. No AWS, no moto."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -191,7 +192,15 @@ def test_record_and_cloud_disagreements():
     assert "provider has nothing" in disagreements(rec, None)[0]
     assert "2 resource(s) remain" in disagreements(rec, _status(ids=(), other=("VPC vpc-1", "key pair k")))[0]
     assert "nodes differ" in disagreements(rec, _status(ids=("i-1", "i-9")))[0]
-    assert "not running: c-i-1, c-i-2" in disagreements(rec, _status(state="stopped"))
+    assert disagreements(rec, _status(state="stopped")) == []  # a whole cluster stopped: its state says so
+    some = _status()
+    some = replace(some, nodes=(some.nodes[0], replace(some.nodes[1], state="stopped")))
+    assert disagreements(rec, some) == ["not running: c-i-2"]
+    assert disagreements(Record(_cluster(), "stopped", 0.0, "stopped by a@b"), _status(state="stopped")) == []
+    assert (
+        "the local record says stopped, but nodes run"
+        in disagreements(Record(_cluster(), "stopped", 0.0), _status())[0]
+    )
     assert "an `up` did not finish" in disagreements(Record(_cluster(), "creating", 0.0), _status())[0]
 
 

@@ -179,7 +179,7 @@ def test_repair_brings_a_node_back_into_a_running_elastic_job(cluster):
     (A node back by itself, as a reboot brings it, joins the same way: the discovery script offers what the live
     hosts list and answers.)"""
     cli = cluster.cli
-    steps = 2000
+    steps = 3000
     proc = cli(*elastic("repair", steps=steps))
     assert proc.returncode == 0, proc.stderr
     job = re.search(r"started training job (train-[\w-]+)", proc.stderr).group(1)
@@ -191,7 +191,7 @@ def test_repair_brings_a_node_back_into_a_running_elastic_job(cluster):
     assert fix.returncode == 0, fix.stderr
     assert f"{cluster.name}-member-2 ({cluster.hosts[2]})" in fix.stderr and "repaired 1 node(s)" in fix.stderr
     try:
-        wait_for(lambda: "world size 2 -> 3" in job_log(cluster, job), 180, "size 2 -> 3", interval=1)
+        wait_for(lambda: "world size 2 -> 3" in job_log(cluster, job), 300, "size 2 -> 3", interval=1)
     except BaseException:
         print(job_log(cluster, job)[-4000:])  # why it did not join (shown with the failure)
         raise

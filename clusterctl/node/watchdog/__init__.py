@@ -35,7 +35,7 @@ whose address is first in the hosts file (the leader) decides for the whole clus
 over ssh, and when it fires it powers the members off first, then itself. A member defers to the leader while
 the leader answers on port 22, and acts alone (on its own activity) when there is no hosts file yet or the
 leader is gone. What idle does (idle_action): "stop" (AWS: the instances stop, their disks kept; `clusterctl
-up --name NAME` starts them again) or "terminate" (gone, disks included); the power-off is the same, the
+start NAME` starts them again) or "terminate" (gone, disks included); the power-off is the same, the
 instance's shutdown behaviour (set at launch) or the local supervisor makes the difference.
 
 files.py (settings, state, log), activity.py (what runs on this node: the probe), rules.py (busy or idle,

@@ -500,9 +500,17 @@ def statuses(
                 )
             )
         recorded = mine is not None and mine.holds(_tagdict(instances[0]))
+        disks = sum(volumes.get(i, 0.0) for i in by_id) * catalog.HOURS_PER_MONTH
         out.append(
             ClusterStatus(
-                cname, "aws", api.region, cluster.instance_type, tuple(nodes), owner=ident.owner, recorded=recorded
+                cname,
+                "aws",
+                api.region,
+                cluster.instance_type,
+                tuple(nodes),
+                owner=ident.owner,
+                recorded=recorded,
+                disks_monthly_usd=disks,
             )
         )
     if scope is not None and not any(st.name == scope.name for st in out):

@@ -24,6 +24,7 @@ from clusterctl.providers.aws.bootstrap import Network
 from clusterctl.providers.aws.cloud_init import user_data
 from clusterctl.providers.aws.discovery import (
     TAG_INDEX,
+    TAG_OWNER,
     TAG_ROLE,
     TAG_SLOTS,
     TAG_USER,
@@ -136,13 +137,66 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
     }
     extra["spot"] = "true" if ctx.opts.spot else "false"  # train polls spot nodes' interruption notice
     if fabric.needs_elastic_ip(ctx.type, ctx.opts.private_ips):
-        leader = ordered(instances)[0]
-        address = fabric.ensure_elastic_ip(api, ctx, scope, leader)
-        instances = [
-            {**i, "PublicIpAddress": address} if i is leader else {**i, "PublicIpAddress": None} for i in instances
-        ]
+        address = fabric.ensure_elastic_ip(api, ctx, scope, ordered(instances)[0])
+        instances = _behind_leader(instances, address)
         extra.update({"elastic_ip": address, "ssh_jump": "leader"})
     return cluster_of(ctx.region, name, instances, extra=extra)
+
+
+def _behind_leader(instances: list[dict[str, Any]], address: str) -> list[dict[str, Any]]:
+    """The leader reached at its Elastic IP, the members through it (no public address of their own)."""
+    leader = ordered(instances)[0]
+    return [{**i, "PublicIpAddress": address} if i is leader else {**i, "PublicIpAddress": None} for i in instances]
+
+
+def _recorded(api: Api, scope: Scope, cluster: Cluster) -> list[dict[str, Any]]:
+    """The record's instances, by id, among the identity's (its id tag, and its owner tag); any of the record's
+    missing is refused before anything changes."""
+    mine = {
+        i["InstanceId"]: i
+        for i in instances_of(api, scope)
+        if not scope.owner or _tagdict(i).get(TAG_OWNER) == scope.owner
+    }
+    missing = [n.name for n in cluster.nodes if n.instance_id not in mine]
+    if missing:
+        raise ProvisionError(
+            f"cluster {cluster.name} has no instance of its own for {', '.join(missing)} (terminated, or not "
+            "tagged as this cluster's)",
+            f"see `clusterctl status {cluster.name}`; `clusterctl repair {cluster.name}` replaces lost nodes",
+        )
+    return [mine[str(n.instance_id)] for n in cluster.nodes]
+
+
+def stop(api: Api, scope: Scope, cluster: Cluster, wait_timeout: float) -> tuple[list[str], list[str]]:
+    """`clusterctl stop`: StopInstances on exactly the record's running instances (by id, among its identity's),
+    then waited for until stopped (bounded). (lines stopped, lines of what is not stopped yet)."""
+    found = _recorded(api, scope, cluster)
+    ids = [i["InstanceId"] for i in found]
+    todo = [i["InstanceId"] for i in found if i["State"]["Name"] in ("pending", "running")]
+    if todo:
+        api.report(f"stopping {len(todo)} instance(s) of {cluster.name} (their disks kept)")
+        api.api("ec2", "stop_instances", InstanceIds=todo)
+    deadline = time.monotonic() + wait_timeout
+    while True:
+        states = {
+            i["InstanceId"]: i["State"]["Name"]
+            for r in api.call("ec2", "describe_instances", InstanceIds=ids)["Reservations"]
+            for i in r["Instances"]
+        }
+        left = [f"instance {iid} ({states.get(iid, 'missing')})" for iid in ids if states.get(iid) != "stopped"]
+        if not left or time.monotonic() > deadline:
+            return [f"instance {iid} (stopped)" for iid in todo if states.get(iid) == "stopped"], left
+        time.sleep(api.poll_interval)
+
+
+def start(api: Api, scope: Scope, cluster: Cluster, wait_timeout: float) -> Cluster:
+    """`clusterctl start`: the record's stopped instances started (start_stopped, as `up` does), waited for until
+    they run with their addresses (new public IPs; the Elastic IP stays the leader's)."""
+    found = start_stopped(api, cluster.name, _recorded(api, scope, cluster), wait_timeout)
+    eip = cluster.extra.get("elastic_ip", "")
+    public = not eip and any(n.public_ip for n in cluster.nodes)
+    running = wait_running(api, [i["InstanceId"] for i in found], public, wait_timeout)
+    return cluster_of(api.region, cluster.name, _behind_leader(running, eip) if eip else running, dict(cluster.extra))
 
 
 def fabric_extra(ctx: Context) -> dict[str, str]:
@@ -160,8 +214,8 @@ def fabric_extra(ctx: Context) -> dict[str, str]:
 
 
 def start_stopped(api: Api, name: str, existing: list[dict[str, Any]], wait_timeout: float) -> list[dict[str, Any]]:
-    """A cluster autostop stopped (--idle-action stop): its instances started again, their disks as they were
-    left. One still stopping is waited for (bounded); any other state than pending/running/stopped is refused."""
+    """A stopped cluster (autostop's --idle-action stop, or `clusterctl stop`): its instances started again, their
+    disks as they were left. One still stopping is waited for (bounded); any other state than pending/running/stopped is refused."""
     deadline = time.monotonic() + wait_timeout
     while any(i["State"]["Name"] == "stopping" for i in existing) and time.monotonic() < deadline:
         time.sleep(api.poll_interval)
@@ -177,7 +231,7 @@ def start_stopped(api: Api, name: str, existing: list[dict[str, Any]], wait_time
         )
     stopped = [i["InstanceId"] for i in existing if i["State"]["Name"] == "stopped"]
     if stopped:
-        api.report(f"starting {len(stopped)} stopped instance(s) of {name} (their disks as autostop left them)")
+        api.report(f"starting {len(stopped)} stopped instance(s) of {name} (their disks as they were left)")
         api.api("ec2", "start_instances", InstanceIds=stopped)
     return existing
 

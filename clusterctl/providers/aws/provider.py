@@ -276,6 +276,26 @@ class AwsProvider(Provider):
     def remove_nodes(self, cluster: Cluster, nodes: Sequence[Node]) -> list[str]:
         return replace.remove(self.api, self._own_scope(cluster), cluster, nodes, self.delete_timeout)
 
+    # ---- stop / start (cluster/provision.py) ------------------------------------------------------------------
+    def stop_nodes(self, cluster: Cluster) -> Teardown:
+        """StopInstances on the record's instances, by id among its identity's (instances.stop); a one-time spot
+        instance cannot be stopped (EC2 only terminates it): refused before any call."""
+        if cluster.facts.spot:
+            from clusterctl.errors import UsageError
+
+            raise UsageError(
+                f"cluster {cluster.name} runs on one-time spot instances, which EC2 cannot stop",
+                f"`clusterctl down {cluster.name}` removes it (what its disks hold is lost)",
+            )
+        stopped, left = instances.stop(self.api, self._own_scope(cluster), cluster, self.wait_timeout)
+        return Teardown(tuple(stopped), tuple(left))
+
+    def start_nodes(self, cluster: Cluster, keys: ClusterKeys) -> Launched:
+        """StartInstances on the record's stopped instances (instances.start); the watchdog is a systemd unit on
+        their disks and starts with them. Host keys: the ones pinned at creation (cloud-init prints them at the
+        first boot only)."""
+        return Launched(instances.start(self.api, self._own_scope(cluster), cluster, self.wait_timeout), {})
+
     # ---- find / status / ls / gc ------------------------------------------------------------------------------
     def find(self, name: str) -> Cluster | None:
         return discovery.find(self.api, self._view(name))

@@ -208,10 +208,14 @@ def create_node(
     # The node's /etc/ssh: its own sshd_config and host key, as on a real machine.
     etc_ssh = node_dir / "etc-ssh"
     etc_ssh.mkdir(mode=0o755, exist_ok=True)
-    private, public = generate_ed25519(f"{node.hostname}")
-    key_path = etc_ssh / "ssh_host_ed25519_key"
-    key_path.write_text(private)
-    os.chmod(key_path, 0o600)
+    key_path, pub_path = etc_ssh / "ssh_host_ed25519_key", etc_ssh / "ssh_host_ed25519_key.pub"
+    if key_path.is_file() and pub_path.is_file():  # a stopped node started again: its disk kept its host key
+        public = pub_path.read_text().strip()
+    else:
+        private, public = generate_ed25519(f"{node.hostname}")
+        key_path.write_text(private)
+        os.chmod(key_path, 0o600)
+        pub_path.write_text(public + "\n")
     (etc_ssh / "sshd_config").write_text(sshd_config(node.address, port))
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
     pid = start_node(ns, node.hostname, node_dir, tmp_size)

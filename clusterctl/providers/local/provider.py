@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -151,6 +152,7 @@ class LocalProvider(Provider):
                 for n in cluster.nodes
             ),
             recorded=True,  # found from this machine's record
+            disks_monthly_usd=0.0,  # the homes are folders on this machine
         )
 
     def statuses(self) -> list[ClusterStatus]:
@@ -258,6 +260,42 @@ class LocalProvider(Provider):
         does, their homes (the disks: what jobs wrote under /root) are kept for the next `up` of this name. /opt
         and /tmp are memory (tmpfs), like an instance store: gone."""
         return self._end(name, keep_homes=True)
+
+    def stop_nodes(self, cluster: Cluster) -> Teardown:
+        """`clusterctl stop`: autostop's stop (the one copy), on demand."""
+        return self.stop(cluster.name)
+
+    def start_nodes(self, cluster: Cluster, keys: ClusterKeys) -> Launched:
+        """The stopped cluster's nodes made again at their addresses, on its bridge and subnet, each with the home
+        and host key it kept; the watchdog's supervisor back when the homes hold its settings. What a failed
+        start left is ended first (the homes kept)."""
+        from clusterctl.autostop import watchdog
+        from clusterctl.providers.local import supervisor
+
+        netns.require_root()
+        name = cluster.name
+        if not netns.leftovers(name).empty:
+            self._end(name, keep_homes=True)
+        subnet = ipaddress.IPv4Network(cluster.extra["subnet"])
+        with _net_lock():
+            netns.check_subnet_free(subnet)
+            netns.write_owner(name, self.me())
+            bridge = netns.create_bridge(name, subnet, cluster.extra["gateway"])
+        everyone = [netns.NodeSpec(node_index(name, n), n.name, n.private_ip) for n in cluster.nodes]
+        authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
+        nodes_root = self.store.ensure_dir(name) / "nodes"
+        made = [
+            netns.create_node(name, bridge, subnet, s, everyone, nodes_root / str(s.index), authorized, n.ssh_port)
+            for s, n in zip(everyone, cluster.nodes)
+        ]
+        for m, n in zip(made, cluster.nodes):
+            netns.wait_port(m.address, n.ssh_port, 30.0, m.pid, nodes_root / str(m.index) / "sshd.log")
+        started = time.time()
+        if watchdog.restart_local(self.store, name, [m.index for m in made], started):
+            supervisor.start_supervisor(self.store, name)
+        return Launched(
+            replace(cluster, extra={**cluster.extra, "bridge": bridge}), {m.address: (m.host_public_key,) for m in made}
+        )
 
     def _end(self, name: str, keep_homes: bool) -> Teardown:
         from clusterctl.providers.local import supervisor

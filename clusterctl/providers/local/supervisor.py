@@ -213,8 +213,8 @@ def _power_off(
                 if end is terminate:
                     note = f"terminated by autostop at {when} (the nodes' homes are gone): {reason}"
                 else:
-                    note = f"stopped by autostop at {when} (the nodes' homes kept: `clusterctl up --name {name} "
-                    note += f"--provider local` starts it again): {reason}"
+                    note = f"stopped by autostop at {when} (the nodes' homes kept: `clusterctl start {name}` starts it "
+                    note += f"again): {reason}"
                 if not teardown.clean:
                     note += f" (left: {'; '.join(teardown.left)}; run `clusterctl down {name} --yes`)"
                 if record is not None:
