@@ -33,8 +33,13 @@ FIXTURES = REPO / "tests" / "fixtures"  # recorded logs and outputs the unit tes
 LONGEST = (
     "workloads/test_train_elastic.py",
     "workloads/test_bench_ladder.py",
+    "providers/test_aws.py",
     "workloads/test_train_checkpoints.py",
+    "workloads/test_repair_resume.py",
+    "playbook/test_playbooks.py",
     "runtime/test_runtime_aws.py",
+    "workloads/test_train_dali_cluster.py",
+    "workloads/test_doctor.py",
     "autostop/test_autostop_local.py",
     "workloads/test_train_trust_cluster.py",
 )
