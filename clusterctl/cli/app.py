@@ -105,6 +105,7 @@ COMMANDS = (
     "doctor",
     "sync",
     "play",
+    "run-job",
     "sweep",
     "train",
     "launch",

@@ -15,6 +15,7 @@ from clusterctl.playbook.model import (
     Context,
     DoctorSpec,
     EvalSpec,
+    LaunchSpec,
     PutSpec,
     RunSpec,
     Step,
@@ -25,6 +26,7 @@ from clusterctl.playbook.model import (
 if TYPE_CHECKING:
     from clusterctl.workloads.bench import BenchOptions
     from clusterctl.workloads.train_options import TrainOptions
+    from clusterctl.workloads.userjob import Plan as LaunchPlan
 
 
 def run_step(step: Step, ctx: Context) -> tuple[bool, str]:
@@ -209,6 +211,39 @@ def _eval(_: EvalSpec, ctx: Context) -> tuple[bool, str]:
     return True, f"top-1 {result.top1:.2f}%, top-5 {result.top5:.2f}% at step {result.step}"
 
 
+def launch_plan(s: LaunchSpec, base: Path) -> LaunchPlan:
+    """`clusterctl launch`'s checks of the command and its files (relative to `base`), before anything connects."""
+    import shlex
+
+    from clusterctl.workloads import userjob
+
+    try:
+        argv = shlex.split(s.command)
+    except ValueError as exc:
+        from clusterctl.errors import UsageError
+
+        raise UsageError(f"command {s.command!r}: {exc}", "close its quotes") from None
+    userjob.check_np(s.np, 1 << 30)  # the lower bound now; the slots once the hosts are known
+    return userjob.plan(argv, s.files, base)
+
+
+def _launch(s: LaunchSpec, ctx: Context) -> tuple[bool, str]:
+    from clusterctl.cluster import autostop_control as autostop
+    from clusterctl.remote import jobfolder
+    from clusterctl.workloads import userjob
+
+    the_plan = launch_plan(s, ctx.base)
+    inv = ctx.inventory
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
+    np = userjob.check_np(s.np, inv.hosts.total_slots)
+    with autostop.lease(ctx.store, inv.cluster, "launch", warn=ctx.report):  # autostop waits for the start
+        job = userjob.start(inv, ctx.store, the_plan, np=np, report=ctx.report)
+    if not s.wait:
+        return True, f"started {job.job} (follow it: clusterctl logs {job.job} -f)"
+    code = jobfolder.follow(inv, job.job, userjob.with_network_line(lambda line: ctx.report(f"  {line}")))
+    return code == 0, f"{job.job} exited {code}"
+
+
 _HANDLERS: dict[type, Callable[[Any, Context], tuple[bool, str]]] = {
     RunSpec: _run,
     PutSpec: _put,
@@ -218,4 +253,5 @@ _HANDLERS: dict[type, Callable[[Any, Context], tuple[bool, str]]] = {
     SyncSpec: _sync,
     TrainSpec: _train,
     EvalSpec: _eval,
+    LaunchSpec: _launch,
 }
