@@ -208,6 +208,8 @@ def _merged(ctx: typer.Context, sf: SpecFile | None) -> dict[str, Any]:
 
 def _request(ctx: typer.Context, v: dict[str, Any], sf: SpecFile | None) -> UpRequest:
     """The UpRequest of the merged values; the file's options count as given (asked for), as flags do."""
+    import dataclasses
+
     from clusterctl.cli import display
     from clusterctl.cluster import up_plan
 
@@ -216,23 +218,9 @@ def _request(ctx: typer.Context, v: dict[str, Any], sf: SpecFile | None) -> UpRe
         for line in sf.lines(given):
             display.info(f"plan: {line}")
         given += [s.flag for s in sf.settings.values() if s.flag not in given]
-    return up_plan.UpRequest(
-        provider=v["provider"],
-        nodes=v["nodes"],
-        instance_type=v["type_"],
-        name=v["name"],
-        slots=v["slots"],
-        region=v["region"],
-        given=tuple(given),
-        options={k: v[k] for k in PROVIDER_FLAGS},
-        idle_stop=v["idle_stop"],
-        max_lifetime=v["max_lifetime"],
-        idle_action=v["idle_action"],
-        runtime=v["runtime"],
-        python=v["python"],
-        runtime_cache=v["runtime_cache"],
-        runtime_wheels=v["runtime_wheels"],
-    )
+    same = {f.name: v[f.name] for f in dataclasses.fields(up_plan.UpRequest) if f.name in v}  # nodes, name ...
+    options = {k: v[k] for k in PROVIDER_FLAGS}
+    return up_plan.UpRequest(**same, instance_type=v["type_"], given=tuple(given), options=options)
 
 
 @contextlib.contextmanager

@@ -447,7 +447,8 @@ def _replace(
             report("the leader reaches every node over ssh with host keys checked; hosts files updated")
             live_hosts.write(pool, every[0], reach.hosts_file(whole))
     except BaseException as exc:  # Ctrl-C included: nothing launched is left, the record is untouched
-        report(f"{'adding' if adding else 'repair'} failed ({provision._why(exc)}); removing the new node(s)")
+        what = ("adding", "new") if adding else ("repair", "replacement")
+        report(f"{what[0]} failed ({provision._why(exc)}); removing the {what[1]} node(s)")
         for line in provider.remove_nodes(whole, fresh):
             report(f"  removed {line}")
         atomic_write(paths.known_hosts, known_before, mode=0o600)
