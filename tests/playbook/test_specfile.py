@@ -192,6 +192,10 @@ def test_run_job_dry_run_names_what_it_would_start(cli):
     shown = cli("run-job", "resnet50", "--dry-run")
     assert shown.returncode == 0, shown.stderr
     assert "resnet50: clusterctl train --data /root/data --epochs 1 --synthetic False" in shown.stderr
+    mine = cli("run-job", "mine", "--dry-run")
+    assert "mine: clusterctl launch --np 2 --file util.py -- python train.py --lr 0.1" in mine.stderr, mine.stderr
+    smoke = cli("run-job", "smoke", "--dry-run", "-f", "clusterctl.yaml")
+    assert "smoke: clusterctl play smoke --var model=tiny" in smoke.stderr, smoke.stderr
     missing = cli("run-job", "nope", "--dry-run")
     assert missing.returncode == 3 and "no job named 'nope': its jobs: resnet50, mine, smoke" in missing.stderr
     (cli.cwd / "clusterctl.yaml").unlink()

@@ -1,5 +1,5 @@
 """A new user's path with a spec file on the local provider: cluster.yaml with 2 nodes, `up -f`, edited to 3,
-`up -f` grows it (the new node reached by `run`, its setup done), `up -f` again does nothing, edited back to 2
+`up -f` grows it (the new node reached by `run` and by the file's job, its setup done), `up -f` again does nothing, edited back to 2
 it removes the newest member once confirmed, `down --yes`."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def spec(name: str, nodes: int) -> str:
     return (
         f"name: {name}\nprovider: local\nnodes: {nodes}\nruntime: none\nidle_stop: 'off'\n"
         "setup:\n  - echo ready > /root/setup-ran\n"
+        "jobs:\n  - name: ready\n    run: {command: cat /root/setup-ran, expect: {output: ready}}\n"
     )
 
 
@@ -43,6 +44,9 @@ def test_a_cluster_kept_in_cluster_yaml_comes_up_grows_by_an_edit_and_is_left_al
         out = ok(cli("run", "--cluster", name, "--json", "cat /root/setup-ran; hostname")).stdout
         hosts = [json.loads(line) for line in out.splitlines() if line.strip()]
         assert len(hosts) == 3 and all(h["exit_code"] == 0 and "ready" in h["stdout"] for h in hosts), hosts
+
+        job = ok(cli("run-job", "ready", "-f", "cluster.yaml", timeout=60))  # the file names the cluster
+        assert "job ready: 3 host(s) as expected" in job.stderr, job.stderr
 
         again = ok(cli("up", "-f", "cluster.yaml", timeout=60))
         assert f"cluster {name} is already up (3 nodes) and matches cluster.yaml; nothing to do" in again.stderr
