@@ -276,6 +276,14 @@ def plan_json(up: UpPlan, checks: Sequence[str]) -> dict[str, Any]:
             "text": autostop.describe(stop),
         },
         "runtime": plan_line(up.runtime, p.image),
+        "resize": None
+        if up.resize is None
+        else {
+            "nodes": len(up.resize.cluster.nodes),
+            "to": up.resize.nodes,
+            "add": up.resize.add,
+            "remove": [n.name for n in up.resize.remove],
+        },
         "plan": list(p.lines),
         "checks": list(checks),
     }
