@@ -145,31 +145,19 @@ def check_sync(s: SyncSpec) -> None:
 
 
 def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.data import outcome as sync_outcome, plan as syncplan, sync as transfer
-    from clusterctl.remote import jobfolder
-    from clusterctl.remote.ssh import SshPool
+    """`clusterctl sync`'s own run (cluster/sync_run.py): under an autostop lease, and a DST verified on a node
+    goes into the cluster's record, so `repair` (and `up` adding nodes) copies it to a new node."""
+    from clusterctl.cluster import sync_run
+    from clusterctl.data import outcome as sync_outcome
 
-    inv = ctx.inventory
     check_sync(s)
-    source = syncplan.parse_source(s.src)
+    opts = sync_run.options(s.src, s.dst, s.strategy, str(s.fanout), s.delete, s.endpoint_url or None)
 
     class Phases(sync_outcome.Events):
         def phase(self, text: str) -> None:
             ctx.report(f"  {text}")
 
-    with SshPool(inv.settings) as pool:
-        report = transfer.Syncer.over(
-            inv,
-            pool,
-            source,
-            s.dst,
-            strategy=s.strategy,
-            fanout=s.fanout,
-            delete=s.delete,
-            endpoint_url=s.endpoint_url or None,
-            events=Phases(),
-            node_python=jobfolder.node_python(inv.cluster),
-        ).run()
+    report = sync_run.run(ctx.inventory, ctx.store, opts, Phases(), ctx.report)
     err = report.error()
     if err is not None:
         return False, err.one_line()

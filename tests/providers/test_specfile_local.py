@@ -1,4 +1,5 @@
-"""A new user's path with a spec file on the local provider: cluster.yaml with 2 nodes, `up -f`, edited to 3,
+"""A new user's path with a spec file on the local provider: cluster.yaml with 2 nodes, a dataset and a setup
+command, `up -f`, edited to 3,
 `up -f` grows it (the new node reached by `run` and by the file's job, its setup done), `up -f` again does nothing, edited back to 2
 it removes the newest member once confirmed, `down --yes`."""
 
@@ -22,6 +23,7 @@ def ok(proc):
 def spec(name: str, nodes: int) -> str:
     return (
         f"name: {name}\nprovider: local\nnodes: {nodes}\nruntime: none\nidle_stop: 'off'\n"
+        "datasets:\n  - {src: ./data, dst: /root/data}\n"
         "setup:\n  - echo ready > /root/setup-ran\n"
         "jobs:\n  - name: ready\n    run: {command: cat /root/setup-ran, expect: {output: ready}}\n"
     )
@@ -32,6 +34,8 @@ def test_a_cluster_kept_in_cluster_yaml_comes_up_grows_by_an_edit_and_is_left_al
     name = "t" + uuid.uuid4().hex[:8]
     path = cli.cwd / "cluster.yaml"
     path.write_text(spec(name, 2))
+    (cli.cwd / "data").mkdir()
+    (cli.cwd / "data" / "part-0").write_text("shard\n")
     try:
         made = ok(cli("up", "-f", "cluster.yaml", "--yes", timeout=120))
         assert f"plan: cluster.yaml: name {name}, provider local, nodes 2, runtime none, idle_stop off" in made.stderr
@@ -41,9 +45,9 @@ def test_a_cluster_kept_in_cluster_yaml_comes_up_grows_by_an_edit_and_is_left_al
         grown = ok(cli("up", "-f", "cluster.yaml", "--yes", timeout=180))
         assert f"plan: cluster {name} is up: nodes 2 -> 3" in grown.stderr
         assert f"added 1 node(s): {name}-member-2" in grown.stderr
-        out = ok(cli("run", "--cluster", name, "--json", "cat /root/setup-ran; hostname")).stdout
+        out = ok(cli("run", "--cluster", name, "--json", "cat /root/setup-ran /root/data/part-0")).stdout
         hosts = [json.loads(line) for line in out.splitlines() if line.strip()]
-        assert len(hosts) == 3 and all(h["exit_code"] == 0 and "ready" in h["stdout"] for h in hosts), hosts
+        assert len(hosts) == 3 and all(h["stdout"] == "ready\nshard\n" for h in hosts), hosts  # data from a peer
 
         job = ok(cli("run-job", "ready", "-f", "cluster.yaml", timeout=60))  # the file names the cluster
         assert "job ready: 3 host(s) as expected" in job.stderr, job.stderr
