@@ -154,15 +154,15 @@ def up(
     cluster, seconds = up_plan.launch(
         up, store, v["hosts_file"], display.info, v["ssh_timeout"], v["trust_first_contact"], matches
     )
-    if up.existing:
-        return None if sf is not None else tables.node_table(cluster)
+    if up.existing and sf is not None:
+        return None  # it matches the file: the one line said so
     display.info(
         f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
         f"in {seconds:.1f}s; hosts file: {v['hosts_file']}"
     )
     _ssh_entry(cluster, store, v["ssh_config_entry"])
     tables.node_table(cluster)
-    if sf is not None:
+    if sf is not None and not up.existing:
         _after_up(sf, cluster, store)
 
 
