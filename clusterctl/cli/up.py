@@ -162,7 +162,7 @@ def up(
     )
     _ssh_entry(cluster, store, v["ssh_config_entry"])
     tables.node_table(cluster)
-    if sf is not None and not up.existing:
+    if sf is not None:  # made (or started) now: its datasets and setup
         _after_up(sf, cluster, store)
 
 
