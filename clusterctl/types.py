@@ -219,6 +219,21 @@ def node_names(cluster: str, count: int) -> list[str]:
     return [f"{cluster}-leader"] + [f"{cluster}-member-{i}" for i in range(1, count)]
 
 
+def node_index(cluster: str, name: str) -> int | None:
+    """A node's index from its name as node_names gives it (NAME-leader 0, NAME-member-K K); None for another."""
+    if name == f"{cluster}-leader":
+        return 0
+    tail = name.removeprefix(f"{cluster}-member-")
+    return int(tail) if tail != name and tail.isdigit() else None
+
+
+def next_members(cluster: Cluster, count: int) -> list[str]:
+    """The names of `count` more members: after the highest index the cluster's names hold (a gap left by
+    `repair --drop` is not reused, so a name never means two machines)."""
+    top = max((node_index(cluster.name, n.name) or 0 for n in cluster.nodes), default=0)
+    return [f"{cluster.name}-member-{i}" for i in range(top + 1, top + 1 + count)]
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """What the user asked for; providers turn it into a Cluster."""

@@ -107,6 +107,7 @@ COMMANDS = (
     "doctor",
     "sync",
     "play",
+    "run-job",
     "sweep",
     "train",
     "launch",

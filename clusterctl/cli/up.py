@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence
 
 import typer
 
@@ -12,9 +13,10 @@ from clusterctl.cli.shared import _confirm, _provider, _store, option_group
 from clusterctl.errors import UsageError
 
 if TYPE_CHECKING:
-    from clusterctl.cluster.up_plan import UpPlan
+    from clusterctl.cluster.up_plan import UpPlan, UpRequest
+    from clusterctl.playbook.specfile import SpecFile
     from clusterctl.state import StateStore
-    from clusterctl.types import Cluster
+    from clusterctl.types import Cluster, Node
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -58,6 +60,14 @@ PROVIDER_FLAGS = dict(
 @option_group("options", PROVIDER_FLAGS, dict)
 def up(
     ctx: typer.Context,
+    spec_file: Optional[Path] = typer.Option(
+        None,
+        "--file",
+        "-f",
+        help="A spec file: any option below by its name (idle_stop: --idle-stop), datasets, setup and jobs; "
+        "flags given override it (default: ./clusterctl.yaml when no --name, --provider, --nodes, --type, "
+        "--slots or --region is given).",
+    ),
     nodes: int = typer.Option(2, "--nodes", "-n", help="Number of nodes (the first is the leader)."),
     type_: str = typer.Option("p3.16xlarge", "--type", "-t", help="Instance type (AWS)."),
     name: Optional[str] = typer.Option(
@@ -127,39 +137,148 @@ def up(
 
     if json_ and not dry_run:
         raise UsageError("--json is for --dry-run (the plan)", "add --dry-run")
+    sf = _spec_file(ctx, spec_file)
+    v = _merged(ctx, sf)
     store = _store()
-    request = up_plan.UpRequest(
-        provider=provider,
-        nodes=nodes,
-        instance_type=type_,
-        name=name,
-        slots=slots,
-        region=region,
-        given=tuple(_given(ctx)),
-        options=options,
-        idle_stop=idle_stop,
-        max_lifetime=max_lifetime,
-        idle_action=idle_action,
-        runtime=runtime,
-        python=python,
-        runtime_cache=runtime_cache,
-        runtime_wheels=runtime_wheels,
-    )
     plan = lambda line: display.info(f"plan: {line}")  # noqa: E731  # each line as it is known
-    up = up_plan.prepare(request, store, lambda kind, reg: _provider(kind, store, reg), plan)
-    if dry_run:
-        return _dry_run(up, json_)
-    question = up.question(max_hourly)
+    with _located(sf, ctx):
+        up = up_plan.prepare(_request(ctx, v, sf), store, lambda kind, reg: _provider(kind, store, reg), plan)
+        if dry_run:
+            return _dry_run(up, json_)
+    if up.resize is not None:
+        return _resize(up, store, v, sf, yes)
+    question = up.question(v["max_hourly"])
     if question is not None:
         _confirm(question, yes)
+    matches = f" and matches {sf.where}" if sf is not None else ""
     with display.StepLine() as steps:
-        cluster, seconds = up_plan.launch(up, store, hosts_file, display.info, ssh_timeout, trust_first_contact, steps)
+        cluster, seconds = up_plan.launch(
+            up, store, v["hosts_file"], display.info, v["ssh_timeout"], v["trust_first_contact"], steps, matches
+        )
+    if up.existing and sf is not None:
+        return None  # it matches the file: the one line said so
     display.info(
         f"cluster {cluster.name} is up: {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s), "
-        f"in {seconds:.1f}s; hosts file: {hosts_file}"
+        f"in {seconds:.1f}s; hosts file: {v['hosts_file']}"
     )
-    _ssh_entry(cluster, store, ssh_config_entry)
+    _ssh_entry(cluster, store, v["ssh_config_entry"])
     tables.node_table(cluster)
+    if sf is not None:  # made (or started) now: its datasets and setup
+        _after_up(sf, cluster, store)
+
+
+SHAPE = ("--name", "--provider", "--nodes", "--type", "--slots", "--region")  # no clusterctl.yaml when given
+PER_RUN = ("ctx", "spec_file", "yes", "dry_run", "json_")  # what each run says for itself: never a file's
+
+
+def file_schema() -> dict[str, tuple[Any, str]]:
+    """`up`'s options a spec file may set: key (the option's name: idle_stop, type, subnets) -> (its type, its
+    flag), read from the command's own parameters (PROVIDER_FLAGS in their place), so the two never differ."""
+    import inspect
+
+    return {
+        p.name.rstrip("_"): (p.annotation, p.default.param_decls[0])
+        for p in inspect.signature(up).parameters.values()
+        if p.name not in PER_RUN
+    }
+
+
+def _spec_file(ctx: typer.Context, given: Path | None) -> SpecFile | None:
+    """-f's spec file, or ./clusterctl.yaml when no shape flag was given (said in one line), loaded and checked."""
+    from clusterctl.cli import display
+    from clusterctl.playbook import specfile
+
+    path = specfile.find(given, Path.cwd(), any(f in SHAPE for f in _given(ctx)))
+    if path is None:
+        return None
+    if given is None:
+        display.info(f"using ./{specfile.FILE_NAME} (the working folder's spec file; -f FILE names another)")
+    return specfile.load(path, file_schema())
+
+
+def _merged(ctx: typer.Context, sf: SpecFile | None) -> dict[str, Any]:
+    """Every option's value: the command line's where given, else the spec file's, else the option's default."""
+    values = dict(ctx.params)
+    given = set(_given(ctx))
+    for name, param in ((p.name, p) for p in ctx.command.params if p.name):
+        setting = sf.settings.get(name.rstrip("_")) if sf is not None else None
+        if setting is not None and param.opts[0] not in given:
+            values[name] = setting.value
+    return values
+
+
+def _request(ctx: typer.Context, v: dict[str, Any], sf: SpecFile | None) -> UpRequest:
+    """The UpRequest of the merged values; the file's options count as given (asked for), as flags do."""
+    import dataclasses
+
+    from clusterctl.cli import display
+    from clusterctl.cluster import up_plan
+
+    given = _given(ctx)
+    if sf is not None:
+        for line in sf.lines(given):
+            display.info(f"plan: {line}")
+        given += [s.flag for s in sf.settings.values() if s.flag not in given]
+    same = {f.name: v[f.name] for f in dataclasses.fields(up_plan.UpRequest) if f.name in v}  # nodes, name ...
+    options = {k: v[k] for k in PROVIDER_FLAGS}
+    return up_plan.UpRequest(**same, instance_type=v["type_"], given=tuple(given), options=options)
+
+
+@contextlib.contextmanager
+def _located(sf: SpecFile | None, ctx: typer.Context) -> Iterator[None]:
+    """A check's error about a value the spec file set names the file and the key's line."""
+    from clusterctl.errors import ClusterctlError
+
+    try:
+        yield
+    except ClusterctlError as exc:
+        if sf is None:
+            raise
+        raise sf.locate(exc, _given(ctx)) from None
+
+
+def _resize(up: UpPlan, store: StateStore, v: dict[str, Any], sf: SpecFile | None, yes: bool) -> None:
+    """More nodes (added as `repair` adds them, then the file's setup on them) or fewer (asked first)."""
+    from clusterctl.cli import display, tables
+    from clusterctl.cluster import up_plan
+
+    assert up.resize is not None  # the caller's test
+    question = up.resize.question()
+    if question is not None:
+        _confirm(question, yes)
+    cluster, added = up_plan.resize(up, store, display.info, v["hosts_file"], v["ssh_timeout"])
+    display.info(f"cluster {cluster.name} has {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s)")
+    tables.node_table(cluster)
+    if sf is not None and added:
+        _after_up(sf, cluster, store, added)
+
+
+def _after_up(sf: SpecFile, cluster: Cluster, store: StateStore, only: Sequence[Node] = ()) -> None:
+    """The file's datasets, then its setup commands, on a cluster just made (`only`: on nodes just added, the
+    setup alone: `repair`'s steps already copied the datasets the record holds)."""
+    import dataclasses
+
+    from clusterctl.cli import display, tables
+    from clusterctl.cluster import inventory
+    from clusterctl.errors import RemoteCommandError
+    from clusterctl.playbook import model, run
+
+    book = sf.after_up()
+    if only:
+        book = dataclasses.replace(book, steps=sf.setup)
+    if not book.steps:
+        return
+    inv = inventory.resolve(None, cluster.name, store)
+    if only:
+        inv = inventory.subset(inv, [a for n in only for a in (n.private_ip, n.ssh_host)])
+    results = run.execute(book, model.Context(inv, store, report=display.info, base=sf.path.parent))
+    tables.play_summary(results)
+    failed = [r.step for r in results if not r.ok]
+    if failed:
+        raise RemoteCommandError(
+            f"cluster {cluster.name} is up, but {sf.where}:{failed[0].line} ({failed[0].name}) failed",
+            f"fix it, then run the rest by hand (`clusterctl sync`, `clusterctl run -c {cluster.name} -- CMD`)",
+        )
 
 
 def _dry_run(up: UpPlan, json_: bool) -> None:

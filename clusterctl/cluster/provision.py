@@ -54,6 +54,7 @@ def up(
     runtime_cache: S3Cache | None = None,
     trust_first_contact: bool = False,
     on_step: OnStep | None = None,
+    matches: str = "",  # what an up cluster was found to match (" and matches cluster.yaml"), said when it is
 ) -> Cluster:
     with store.lock(spec.name):
         found = None
@@ -64,7 +65,7 @@ def up(
             stopped = _stopped_keys(store, provider, record, live)
             if record.status == "up" and live is not None and stopped is None:
                 provider.refresh_access(spec, record.cluster)  # AWS: the ssh rule becomes this run's
-                report(f"cluster {spec.name} is already up ({len(live.nodes)} nodes); nothing to do")
+                report(f"cluster {spec.name} is already up ({len(live.nodes)} nodes){matches}; nothing to do")
                 store.set_current(spec.name)
                 return live
         else:

@@ -265,8 +265,7 @@ def carry_out(
     name = p.cluster.name
     check(p)
     with store.lock(name):
-        if store.load(name).cluster != p.cluster:
-            raise StateError(f"the record of cluster {name} changed since the plan", "run `clusterctl repair` again")
+        _unchanged(store, p.cluster)
         if not p.lost:
             return p.cluster
         if p.drop:
@@ -310,6 +309,52 @@ def watch(
             time.sleep(interval)
 
 
+# ---- a cluster resized (`up` asked for more or fewer nodes) ---------------------------------------------------
+def grow(
+    store: StateStore,
+    provider: Provider,
+    cluster: Cluster,
+    count: int,
+    *,
+    report: Report = lambda _: None,
+    hosts_out: Path | None = Path("hosts"),
+    ssh_timeout: float = 300.0,
+) -> Cluster:
+    """`count` more members, added as a repair adds replacements (the provider's replace_nodes, keys pinned from an
+    authenticated source, the runtime and the record's datasets from a peer, verified, then every hosts file and
+    the record); all or nothing. The cluster as the record now says."""
+    new = provider.new_nodes(cluster, count)
+    whole = dataclasses.replace(cluster, nodes=(*cluster.nodes, *new))
+    p = RepairPlan(whole, tuple(LostNode(n, "new") for n in new), drop=False, node_hourly_usd=None)
+    with store.lock(cluster.name):
+        _unchanged(store, cluster)
+        return _replace(store, provider, p, report, (), hosts_out, ssh_timeout, adding=True)
+
+
+def shrink(
+    store: StateStore,
+    provider: Provider,
+    cluster: Cluster,
+    remove: Sequence[Node],
+    *,
+    report: Report = lambda _: None,
+    hosts_out: Path | None = Path("hosts"),
+) -> Cluster:
+    """These members out of the cluster as `repair --drop` drops lost ones (hosts files, live-hosts, record), then
+    removed by the provider. The leader is never one of them."""
+    if any(n.role == "leader" for n in remove):
+        raise UsageError(f"cluster {cluster.name}: the leader is not removed to shrink it", "keep at least one node")
+    p = RepairPlan(cluster, tuple(LostNode(n, "removed") for n in remove), drop=True, node_hourly_usd=None)
+    with store.lock(cluster.name):
+        _unchanged(store, cluster)
+        return _drop(store, provider, p, report, hosts_out)
+
+
+def _unchanged(store: StateStore, cluster: Cluster) -> None:
+    if store.load(cluster.name).cluster != cluster:
+        raise StateError(f"the record of cluster {cluster.name} changed since the plan", "run the command again")
+
+
 # ---- drop ---------------------------------------------------------------------------------------------------
 def _drop(store: StateStore, provider: Provider, p: RepairPlan, report: Report, hosts_out: Path | None) -> Cluster:
     live = list(p.live)
@@ -341,6 +386,7 @@ def _replace(
     data: Sequence[str],
     hosts_out: Path | None,
     ssh_timeout: float,
+    adding: bool = False,  # the "lost" nodes are new members (grow): the same steps, other words
 ) -> Cluster:
     name, paths = p.cluster.name, reach.paths(store, p.cluster.name)
     keys = ClusterKeys(
@@ -355,7 +401,7 @@ def _replace(
     with SshPool(reach.ssh_settings(p.cluster, store)) as pool:  # which datasets: settled before anything launches
         on_peer = next(t for t in reach.ssh_targets(p.cluster, store) if t.label == peer.ssh_host)
         dsts = _which_datasets(p.cluster, provider, pool, on_peer, data, report)
-    report(f"launching {len(lost)} replacement node(s) with the {provider.name} provider")
+    report(f"launching {len(lost)} {'new' if adding else 'replacement'} node(s) with the {provider.name} provider")
     launched = provider.replace_nodes(p.cluster, lost, keys)
     new = {n.name: n for n in launched.cluster.nodes}
     whole = dataclasses.replace(p.cluster, nodes=tuple(new.get(n.name, n) for n in p.cluster.nodes))
@@ -404,7 +450,8 @@ def _replace(
             report("the leader reaches every node over ssh with host keys checked; hosts files updated")
             live_hosts.write(pool, every[0], reach.hosts_file(whole))
     except BaseException as exc:  # Ctrl-C included: nothing launched is left, the record is untouched
-        report(f"repair failed ({provision._why(exc)}); removing the replacement node(s)")
+        what = ("adding", "new") if adding else ("repair", "replacement")
+        report(f"{what[0]} failed ({provision._why(exc)}); removing the {what[1]} node(s)")
         for line in provider.remove_nodes(whole, fresh):
             report(f"  removed {line}")
         atomic_write(paths.known_hosts, known_before, mode=0o600)
@@ -412,7 +459,8 @@ def _replace(
     _save(store, whole, hf, hosts_out, report)
     for line in provider.retire_nodes(p.cluster, p.lost):  # only now: the replacements passed every check
         report(f"removed the lost {line}")
-    report(f"repaired {len(fresh)} node(s): {', '.join(f'{n.name} ({n.private_ip})' for n in fresh)}")
+    done = "added" if adding else "repaired"
+    report(f"{done} {len(fresh)} node(s): {', '.join(f'{n.name} ({n.private_ip})' for n in fresh)}")
     return whole
 
 

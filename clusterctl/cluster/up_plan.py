@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from clusterctl.providers.base import Plan, Provider
     from clusterctl.runtime.install import RuntimeRequest
     from clusterctl.state import StateStore
-    from clusterctl.types import Cluster, ClusterSpec, OnStep
+    from clusterctl.types import Cluster, ClusterSpec, Node, OnStep
 
 
 @dataclass(frozen=True)
@@ -42,14 +42,50 @@ class UpRequest:
 
 
 @dataclass(frozen=True)
+class Resize:
+    """`up` again on a cluster that is up, asking for another number of nodes: what differs and what `up` does
+    about it (more: added as `repair` adds nodes; fewer: the highest-index members removed)."""
+
+    cluster: Cluster  # as recorded
+    nodes: int  # asked
+
+    @property
+    def line(self) -> str:
+        return f"nodes {len(self.cluster.nodes)} -> {self.nodes}"
+
+    @property
+    def add(self) -> int:
+        return max(0, self.nodes - len(self.cluster.nodes))
+
+    @property
+    def remove(self) -> tuple[Node, ...]:
+        """The members to remove: those with the highest indexes in their names (the newest), never the leader."""
+        from clusterctl.types import node_index
+
+        members = [n for n in self.cluster.nodes if n.role != "leader"]
+        members.sort(key=lambda n: node_index(self.cluster.name, n.name) or 0, reverse=True)
+        return tuple(members[: max(0, len(self.cluster.nodes) - self.nodes)])
+
+    def question(self) -> str | None:
+        """The confirmation removing nodes needs (None when adding)."""
+        if not self.remove:
+            return None
+        names = ", ".join(n.name for n in self.remove)
+        return f"Remove {names} from cluster {self.cluster.name} (what they hold is lost)?"
+
+
+@dataclass(frozen=True)
 class UpPlan:
-    """What `up` will make (nothing made yet): the spec, its provider, the runtime and the provider's plan."""
+    """What `up` will make (nothing made yet): the spec, its provider, the runtime and the provider's plan;
+    for a cluster that is up already, `existing`, and `resize` when asked for another number of nodes."""
 
     request: UpRequest
     spec: ClusterSpec
     provider: Provider
     runtime: RuntimeRequest
     plan: Plan
+    existing: bool = False
+    resize: Resize | None = None
 
     def question(self, max_hourly: float) -> str | None:
         """The confirmation to ask before launching above `max_hourly` $/hour (or at an unknown price)."""
@@ -92,7 +128,7 @@ def prepare(
         options=dict(request.options) if kind.up_flags else {},  # checked by the provider (AWS: AwsOptions)
         autostop=stop_rules,
     )
-    spec = as_up(spec, request.given, store)
+    spec, existing, resize = as_up(spec, request.given, store)
     impl = make(request.provider, request.region)
     runtime = runtime_request(request, impl.builds_runtime_locally)
     plan = impl.plan(spec)
@@ -100,41 +136,63 @@ def prepare(
         report(line)
     report(f"autostop: {autostop.describe(stop_rules)}")
     report(f"node runtime: {plan_line(runtime, plan.image)}")  # may refuse the image
-    return UpPlan(request, spec, impl, runtime, plan)
+    if resize is not None:
+        report(f"cluster {spec.name} is up: {resize.line}")
+    return UpPlan(request, spec, impl, runtime, plan, existing, resize)
 
 
-def as_up(spec: ClusterSpec, given: tuple[str, ...], store: StateStore) -> ClusterSpec:
-    """`up` again on a cluster that is up does nothing: its plan is the cluster's own shape (not --nodes'
-    default), and flags asking for another shape are refused before the plan, in one line, rather than planned
-    and then ignored (up does not resize or retype a cluster)."""
+def as_up(spec: ClusterSpec, given: tuple[str, ...], store: StateStore) -> tuple[ClusterSpec, bool, Resize | None]:
+    """`up` again on a cluster that is up: its plan is the cluster's own shape (not --nodes' default), and
+    whether it is up. Asked (by flag or spec file) for another number of nodes, the Resize and the plan of the
+    new size; asked for what `up` cannot change on a running cluster (provider, type, slots, region), refused
+    before the plan, in one line, rather than planned and then ignored."""
     from dataclasses import replace
 
     from clusterctl.errors import ConfigError
 
     if not store.exists(spec.name):
-        return spec
+        return spec, False, None
     record = store.load(spec.name)
     if record.status != "up":
-        return spec
+        return spec, False, None
     have = record.cluster
     slots = sorted({n.slots for n in have.nodes})
     differs = [
         f"{flag} {asked} (it has {has})"
         for flag, asked, has, same in (
             ("--provider", spec.provider, have.provider, spec.provider == have.provider),
-            ("--nodes", spec.nodes, len(have.nodes), spec.nodes == len(have.nodes)),
             ("--slots", spec.slots, "/".join(map(str, slots)), slots == [spec.slots]),
             ("--type", spec.instance_type, have.instance_type, spec.instance_type == have.instance_type),
+            ("--region", spec.region, have.region, spec.region == have.region),
         )
         if flag in given and not same
     ]
     if differs:
         raise ConfigError(
-            f"cluster {spec.name} is up and `up` does not change a cluster's shape: {', '.join(differs)}",
-            f"run the same `up` without those flags to use it as it is, `clusterctl down {spec.name} --yes` "
-            "first to make it anew, or choose another --name",
+            f"cluster {spec.name} is up and `up` does not change its {', '.join(differs)}",
+            f"use it as it is (drop those settings), `clusterctl down {spec.name} --yes` first to make it anew, "
+            "or choose another --name",
         )
-    return replace(spec, nodes=len(have.nodes))
+    if "--nodes" in given and spec.nodes != len(have.nodes):
+        return spec, True, Resize(have, spec.nodes)
+    return replace(spec, nodes=len(have.nodes)), True, None
+
+
+def resize(
+    up: UpPlan, store: StateStore, report: Callable[[str], None], hosts_out: Path, ssh_timeout: float
+) -> tuple[Cluster, tuple[Node, ...]]:
+    """The plan's Resize carried out (cluster/repair.py: grow, or shrink); the cluster as the record now says,
+    and the nodes added."""
+    from clusterctl.cluster import repair
+
+    change = up.resize
+    assert change is not None  # the caller asks only for a plan that resizes
+    if change.add:
+        grown = repair.grow(
+            store, up.provider, change.cluster, change.add, report=report, hosts_out=hosts_out, ssh_timeout=ssh_timeout
+        )
+        return grown, grown.nodes[len(change.cluster.nodes) :]
+    return repair.shrink(store, up.provider, change.cluster, change.remove, report=report, hosts_out=hosts_out), ()
 
 
 def runtime_request(request: UpRequest, builds_here: bool) -> RuntimeRequest:
@@ -168,6 +226,7 @@ def launch(
     ssh_timeout: float,
     trust_first_contact: bool,
     on_step: OnStep | None = None,
+    matches: str = "",
 ) -> tuple[Cluster, float]:
     """Make the planned cluster (provision.up); the cluster, and the seconds it took."""
     from clusterctl.cluster import provision
@@ -183,6 +242,7 @@ def launch(
         ssh_timeout=ssh_timeout,
         runtime=up.runtime,
         trust_first_contact=trust_first_contact,
+        matches=matches,
         runtime_cache=S3Cache(up.runtime.cache, up.provider.object_store()) if up.runtime.cache else None,
         on_step=on_step,
     )
@@ -218,6 +278,14 @@ def plan_json(up: UpPlan, checks: Sequence[str]) -> dict[str, Any]:
             "text": autostop.describe(stop),
         },
         "runtime": plan_line(up.runtime, p.image),
+        "resize": None
+        if up.resize is None
+        else {
+            "nodes": len(up.resize.cluster.nodes),
+            "to": up.resize.nodes,
+            "add": up.resize.add,
+            "remove": [n.name for n in up.resize.remove],
+        },
         "plan": list(p.lines),
         "checks": list(checks),
     }

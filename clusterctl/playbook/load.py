@@ -21,7 +21,7 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from clusterctl.errors import ClusterctlError, UsageError, within
 from clusterctl.playbook import steps as playsteps
@@ -29,9 +29,11 @@ from clusterctl.playbook.model import (
     SPECS,
     BenchSpec,
     CleanSpec,
+    LaunchSpec,
     OnFailure,
     Playbook,
     PlaybookError,
+    PlaySpec,
     RunSpec,
     Spec,
     Step,
@@ -68,16 +70,16 @@ def parse_vars(items: Sequence[str]) -> dict[str, str]:
     return overrides
 
 
-def load(path: str | Path, overrides: Mapping[str, str] | None = None) -> Playbook:
-    """Parse, validate and render a playbook; raise PlaybookError naming file:line on any problem."""
+def compose(path: Path, what: str, layout: str) -> yaml.MappingNode:
+    """The file's YAML as nodes (each knows its line), the top a mapping; PlaybookError naming file:line on
+    anything else. `what` names the file in the errors ("playbook"), `layout` says what its top holds."""
     import yaml
 
-    path = Path(path)
     where = path.name
     try:
         text = path.read_text()
     except OSError as exc:
-        raise PlaybookError(f"{path}: cannot read playbook ({exc.strerror})") from None
+        raise PlaybookError(f"{path}: cannot read {what} ({exc.strerror})") from None
     try:
         root = yaml.compose(text)
     except yaml.YAMLError as exc:
@@ -86,11 +88,40 @@ def load(path: str | Path, overrides: Mapping[str, str] | None = None) -> Playbo
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise PlaybookError(f"{where}:{line}: bad YAML: {problem}") from None
     if not isinstance(root, yaml.MappingNode):
-        raise PlaybookError(f"{where}:1: a playbook is a mapping with `steps:`")
+        raise PlaybookError(f"{where}:1: a {what} is a mapping {layout}")
+    return root
+
+
+def load(path: str | Path, overrides: Mapping[str, str] | None = None) -> Playbook:
+    """Parse, validate and render a playbook; raise PlaybookError naming file:line on any problem."""
+    import yaml
+
+    path = Path(path)
+    where = path.name
+    root = compose(path, "playbook", "with `steps:`")
     top = _mapping(root)
     for key, (knode, _) in top.items():
         if key not in ("name", "description", "vars", "steps"):
             raise PlaybookError(f"{where}:{knode.start_mark.line + 1}: unknown top-level key {key!r}")
+    defaults = variables(top, where)
+    for k in overrides or {}:
+        if k not in defaults:
+            raise PlaybookError(
+                f"{where}: --var {k}: the playbook has no variable {k!r}",
+                f"known: {', '.join(sorted(defaults)) or 'none'}",
+            )
+    values = {**defaults, **(overrides or {})}
+    if "steps" not in top or not isinstance(top["steps"][1], yaml.SequenceNode):
+        raise PlaybookError(f"{where}:1: a playbook needs `steps:`, a list")
+    steps_ = steps(top["steps"][1].value, where, values, base=path.parent)
+    pb_name = _plain(top["name"][1], where) if "name" in top else path.stem
+    return Playbook(pb_name, str(path), steps_, values)
+
+
+def variables(top: Mapping[str, tuple[yaml.Node, yaml.Node]], where: str) -> dict[str, str]:
+    """The file's `vars:` (name: default), as text."""
+    import yaml
+
     defaults: dict[str, str] = {}
     if "vars" in top:
         vnode = top["vars"][1]
@@ -98,28 +129,37 @@ def load(path: str | Path, overrides: Mapping[str, str] | None = None) -> Playbo
             raise PlaybookError(f"{where}:{vnode.start_mark.line + 1}: `vars` is a mapping of name: default")
         for k, (_, v) in _mapping(vnode).items():
             defaults[k] = _plain(v, where)
-    for k in overrides or {}:
-        if k not in defaults:
-            raise PlaybookError(
-                f"{where}: --var {k}: the playbook has no variable {k!r}",
-                f"known: {', '.join(sorted(defaults)) or 'none'}",
-            )
-    variables = {**defaults, **(overrides or {})}
-    if "steps" not in top or not isinstance(top["steps"][1], yaml.SequenceNode):
-        raise PlaybookError(f"{where}:1: a playbook needs `steps:`, a list")
-    steps = []
+    return defaults
+
+
+def steps(
+    nodes: Sequence[yaml.Node],
+    where: str,
+    values: Mapping[str, str],
+    kinds: Mapping[str, type] = SPECS,
+    base: Path = Path("."),
+) -> tuple[Step, ...]:
+    """A list of steps, each checked whole, names unique."""
+    out: list[Step] = []
     seen: set[str] = set()
-    for i, snode in enumerate(top["steps"][1].value, start=1):
-        step = _step(snode, i, where, variables)
+    for i, snode in enumerate(nodes, start=1):
+        step = _step(snode, i, where, values, kinds, base)
         if step.name in seen:
             raise PlaybookError(f"{where}:{step.line}: two steps are named {step.name!r}")
         seen.add(step.name)
-        steps.append(step)
-    pb_name = _plain(top["name"][1], where) if "name" in top else path.stem
-    return Playbook(pb_name, str(path), tuple(steps), variables)
+        out.append(step)
+    return tuple(out)
 
 
-def _step(snode: yaml.Node, i: int, where: str, variables: Mapping[str, str]) -> Step:
+def _step(
+    snode: yaml.Node,
+    i: int,
+    where: str,
+    variables: Mapping[str, str],
+    kinds: Mapping[str, type] = SPECS,
+    base: Path = Path("."),
+) -> Step:
+    """One step (or a spec file's job: `kinds` JOB_SPECS), checked whole; `base`: its file's folder."""
     import yaml
 
     line = snode.start_mark.line + 1
@@ -131,16 +171,16 @@ def _step(snode: yaml.Node, i: int, where: str, variables: Mapping[str, str]) ->
             f"{where}:{fields['when'][0].start_mark.line + 1}: `when:` is not supported: every step runs, in order",
             "`on_failure: continue` goes on past a failed step; --from resumes at one",
         )
-    kinds = [k for k in fields if k in SPECS]
-    unknown = [k for k in fields if k not in SPECS and k not in STEP_KEYS]
+    found = [k for k in fields if k in kinds]
+    unknown = [k for k in fields if k not in kinds and k not in STEP_KEYS]
     if unknown:
         raise PlaybookError(
             f"{where}:{fields[unknown[0]][0].start_mark.line + 1}: unknown step kind or key {unknown[0]!r}",
-            f"a step is one of {', '.join(SPECS)}",
+            f"a step is one of {', '.join(kinds)}",
         )
-    if len(kinds) != 1:
-        raise PlaybookError(f"{where}:{line}: step {i} must have exactly one of {', '.join(SPECS)}")
-    kind = kinds[0]
+    if len(found) != 1:
+        raise PlaybookError(f"{where}:{line}: step {i} must have exactly one of {', '.join(kinds)}")
+    kind = found[0]
     name = _plain(fields["name"][1], where) if "name" in fields else f"{i}-{kind}"
     written = _plain(fields["on_failure"][1], where) if "on_failure" in fields else "stop"
     if written not in ("stop", "continue"):
@@ -150,7 +190,7 @@ def _step(snode: yaml.Node, i: int, where: str, variables: Mapping[str, str]) ->
     raw = yaml.safe_load(yaml.serialize(pnode)) if not _is_null(pnode) else {}
     if not isinstance(raw, dict):
         raise PlaybookError(f"{where}:{pnode.start_mark.line + 1}: `{kind}:` takes a mapping of fields")
-    spec_type = SPECS[kind]
+    spec_type = kinds[kind]
     known = [f.name for f in dataclasses.fields(spec_type)]
     required = [
         f.name
@@ -169,8 +209,14 @@ def _step(snode: yaml.Node, i: int, where: str, variables: Mapping[str, str]) ->
     at = f"{where}:{pnode.start_mark.line + 1}"
     rendered = {k: render(v, variables, at, shell=(kind == "run" and k == "command")) for k, v in raw.items()}
     spec = _build(spec_type, rendered, f"{where}:{line}: {kind} step {name!r}")
-    _check(spec, f"{where}:{line}: {kind} step {name!r}")
+    _check(spec, f"{where}:{line}: {kind} step {name!r}", base)
     return Step(name, spec, tuple(raw), on_failure, line)
+
+
+def playbook_of(s: PlaySpec, base: Path) -> Playbook:
+    """A play job's playbook (beside its file, or a shipped one), loaded and checked whole with its vars."""
+    where = base / s.playbook
+    return load(where if where.exists() else find(s.playbook), {k: str(v) for k, v in s.vars.items()})
 
 
 def _build(spec_type: type, values: Mapping[str, Any], what: str) -> Any:
@@ -223,15 +269,23 @@ def _convert(value: Any, hint: Any, name: str, what: str, octal: bool = False) -
             return hint(value)  # "3" read as text still counts as 3, as before the specs
         except ValueError:
             raise refuse(wanted) from None
-    if origin is tuple:  # tuple[str, ...]
-        if not isinstance(value, list):
-            raise refuse("a list")
-        return tuple(str(x) for x in value)
+    if hint is Path or origin in (tuple, list):  # a path; tuple[str, ...], List[str]
+        return _texts(value, hint, origin, refuse)
     if origin in (collections.abc.Mapping, dict):
         if not isinstance(value, dict):
             raise refuse("a mapping")
         return value
     raise refuse(str(hint))  # a spec field of a type this function was not taught
+
+
+def _texts(value: Any, hint: Any, origin: Any, refuse: Callable[[str], PlaybookError]) -> Any:
+    if hint is Path:
+        if not isinstance(value, str):
+            raise refuse("a path")
+        return Path(value)
+    if not isinstance(value, list) or any(isinstance(x, (dict, list)) or x is None for x in value):
+        raise refuse("a list of texts")
+    return origin(str(x) for x in value)
 
 
 def _whole(value: float) -> int:
@@ -240,7 +294,7 @@ def _whole(value: float) -> int:
     return int(value)
 
 
-def _check(spec: Spec, what: str) -> None:
+def _check(spec: Spec, what: str, base: Path) -> None:
     """What a field's type cannot say: the library's own checks of the values, the ones the CLI command's
     flags go through (the same one-line error, after file:line), before any step runs."""
     try:
@@ -252,6 +306,13 @@ def _check(spec: Spec, what: str) -> None:
             playsteps.bench_options(spec)
         elif isinstance(spec, SyncSpec):
             playsteps.check_sync(spec)
+        elif isinstance(spec, LaunchSpec):
+            playsteps.launch_plan(spec, base)
+        elif isinstance(spec, PlaySpec):
+            try:
+                playbook_of(spec, base)
+            except PlaybookError as exc:  # its own file:line follows the job's
+                raise PlaybookError(f"{what}: playbook {spec.playbook}: {exc.message}", exc.hint) from None
         elif isinstance(spec, CleanSpec) and spec.logs is not None:
             from clusterctl.cluster import clean
 

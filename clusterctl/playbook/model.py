@@ -8,6 +8,7 @@ is one line here and one use in steps.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Union
 
 from clusterctl.errors import ConfigError
@@ -106,7 +107,25 @@ class CleanSpec:
     force: bool = False
 
 
-Spec = Union[RunSpec, PutSpec, DoctorSpec, BenchSpec, SyncSpec, TrainSpec, EvalSpec, CleanSpec]
+@dataclass(frozen=True)
+class LaunchSpec:
+    """`clusterctl launch`: your own Horovod script, horovodrun on the leader in tmux."""
+
+    command: str  # what every rank runs: python SCRIPT [ARGS] (split as the shell splits words)
+    files: tuple[str, ...] = ()  # --file: more files for the job folder, relative to the file that names them
+    np: int | None = None  # None: every slot
+    wait: bool = False  # --attach: follow it to its end
+
+
+@dataclass(frozen=True)
+class PlaySpec:
+    """`clusterctl play`: a playbook (a path beside the file that names it, or a shipped one's name)."""
+
+    playbook: str
+    vars: Mapping[str, Any] = field(default_factory=dict)
+
+
+Spec = Union[RunSpec, PutSpec, DoctorSpec, BenchSpec, SyncSpec, TrainSpec, EvalSpec, CleanSpec, LaunchSpec, PlaySpec]
 SPECS: dict[str, type] = {
     "run": RunSpec,
     "put": PutSpec,
@@ -116,8 +135,10 @@ SPECS: dict[str, type] = {
     "train": TrainSpec,
     "eval": EvalSpec,
     "clean": CleanSpec,
+    "launch": LaunchSpec,
 }
-_KIND = {spec: kind for kind, spec in SPECS.items()}
+JOB_SPECS: dict[str, type] = {**SPECS, "play": PlaySpec}  # a spec file's job may be a whole playbook
+_KIND = {spec: kind for kind, spec in JOB_SPECS.items()}
 
 
 @dataclass(frozen=True)
@@ -158,3 +179,4 @@ class Context:
     report: Callable[[str], None] = lambda _: None
     on_step: OnStep = no_steps  # a doctor's or bench's long steps, for a progress line
     results: list[StepResult] = field(default_factory=list)
+    base: Path = Path(".")  # the folder of the file the steps are in: a step's local paths are relative to it

@@ -8,7 +8,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from clusterctl.playbook import steps as playsteps
-from clusterctl.playbook.model import Context, Playbook, PlaybookError, PutSpec, RunSpec, Step, StepResult
+from clusterctl.playbook.model import (
+    Context,
+    LaunchSpec,
+    Playbook,
+    PlaybookError,
+    PlaySpec,
+    PutSpec,
+    RunSpec,
+    Step,
+    StepResult,
+)
 
 _VAR = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\|\s*([A-Za-z_]+)\s*)?}}")
 
@@ -56,6 +66,11 @@ def describe(step: Step) -> str:
         return f"run on {s.nodes}: {s.command}" + (f"  (expect {expect})" if "expect" in step.given else "")
     if isinstance(s, PutSpec):
         return f"put template {s.template} -> {s.dest} on {s.nodes}"
+    if isinstance(s, LaunchSpec):
+        flags = [*([f"--np {s.np}"] if s.np else []), *(f"--file {f}" for f in s.files), *(["--attach"] * s.wait)]
+        return " ".join(["clusterctl launch", *flags, "--", s.command])
+    if isinstance(s, PlaySpec):
+        return " ".join(["clusterctl play", s.playbook, *(f"--var {k}={v}" for k, v in s.vars.items())])
     given = ((k, getattr(s, k)) for k in step.given)
     args = " ".join(
         f"--{k.replace('_', '-')} {f'{v:g}' if isinstance(v, float) else v}" for k, v in given if v not in ("", None)

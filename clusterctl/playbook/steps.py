@@ -15,6 +15,7 @@ from clusterctl.playbook.model import (
     Context,
     DoctorSpec,
     EvalSpec,
+    LaunchSpec,
     PutSpec,
     RunSpec,
     Step,
@@ -25,6 +26,7 @@ from clusterctl.playbook.model import (
 if TYPE_CHECKING:
     from clusterctl.workloads.bench import BenchOptions
     from clusterctl.workloads.train_options import TrainOptions
+    from clusterctl.workloads.userjob import Plan as LaunchPlan
 
 
 def run_step(step: Step, ctx: Context) -> tuple[bool, str]:
@@ -143,31 +145,19 @@ def check_sync(s: SyncSpec) -> None:
 
 
 def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.data import outcome as sync_outcome, plan as syncplan, sync as transfer
-    from clusterctl.remote import jobfolder
-    from clusterctl.remote.ssh import SshPool
+    """`clusterctl sync`'s own run (cluster/sync_run.py): under an autostop lease, and a DST verified on a node
+    goes into the cluster's record, so `repair` (and `up` adding nodes) copies it to a new node."""
+    from clusterctl.cluster import sync_run
+    from clusterctl.data import outcome as sync_outcome
 
-    inv = ctx.inventory
     check_sync(s)
-    source = syncplan.parse_source(s.src)
+    opts = sync_run.options(s.src, s.dst, s.strategy, str(s.fanout), s.delete, s.endpoint_url or None)
 
     class Phases(sync_outcome.Events):
         def phase(self, text: str) -> None:
             ctx.report(f"  {text}")
 
-    with SshPool(inv.settings) as pool:
-        report = transfer.Syncer.over(
-            inv,
-            pool,
-            source,
-            s.dst,
-            strategy=s.strategy,
-            fanout=s.fanout,
-            delete=s.delete,
-            endpoint_url=s.endpoint_url or None,
-            events=Phases(),
-            node_python=jobfolder.node_python(inv.cluster),
-        ).run()
+    report = sync_run.run(ctx.inventory, ctx.store, opts, Phases(), ctx.report)
     err = report.error()
     if err is not None:
         return False, err.one_line()
@@ -209,6 +199,39 @@ def _eval(_: EvalSpec, ctx: Context) -> tuple[bool, str]:
     return True, f"top-1 {result.top1:.2f}%, top-5 {result.top5:.2f}% at step {result.step}"
 
 
+def launch_plan(s: LaunchSpec, base: Path) -> LaunchPlan:
+    """`clusterctl launch`'s checks of the command and its files (relative to `base`), before anything connects."""
+    import shlex
+
+    from clusterctl.workloads import userjob
+
+    try:
+        argv = shlex.split(s.command)
+    except ValueError as exc:
+        from clusterctl.errors import UsageError
+
+        raise UsageError(f"command {s.command!r}: {exc}", "close its quotes") from None
+    userjob.check_np(s.np, 1 << 30)  # the lower bound now; the slots once the hosts are known
+    return userjob.plan(argv, s.files, base)
+
+
+def _launch(s: LaunchSpec, ctx: Context) -> tuple[bool, str]:
+    from clusterctl.cluster import autostop_control as autostop
+    from clusterctl.remote import jobfolder
+    from clusterctl.workloads import userjob
+
+    the_plan = launch_plan(s, ctx.base)
+    inv = ctx.inventory
+    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
+    np = userjob.check_np(s.np, inv.hosts.total_slots)
+    with autostop.lease(ctx.store, inv.cluster, "launch", warn=ctx.report):  # autostop waits for the start
+        job = userjob.start(inv, ctx.store, the_plan, np=np, report=ctx.report)
+    if not s.wait:
+        return True, f"started {job.job} (follow it: clusterctl logs {job.job} -f)"
+    code = jobfolder.follow(inv, job.job, userjob.with_network_line(lambda line: ctx.report(f"  {line}")))
+    return code == 0, f"{job.job} exited {code}"
+
+
 _HANDLERS: dict[type, Callable[[Any, Context], tuple[bool, str]]] = {
     RunSpec: _run,
     PutSpec: _put,
@@ -218,4 +241,5 @@ _HANDLERS: dict[type, Callable[[Any, Context], tuple[bool, str]]] = {
     SyncSpec: _sync,
     TrainSpec: _train,
     EvalSpec: _eval,
+    LaunchSpec: _launch,
 }

@@ -348,6 +348,20 @@ class Provider(ABC):
         """Remove exactly these nodes of the cluster (by id, never a search by name); one line per removal.
         A node already gone is skipped."""
 
+    def new_nodes(self, cluster: Cluster, count: int) -> list[Node]:
+        """`count` more members for `up` to add through replace_nodes (as `repair` launches replacements): named
+        after the cluster's highest index, slots, login and port as the leader's. Here the address is the
+        provider's to give at launch (""); a provider that places nodes itself gives it here."""
+        from dataclasses import replace
+
+        from clusterctl.types import next_members
+
+        like = cluster.leader
+        return [
+            replace(like, name=name, private_ip="", role="member", public_ip=None, instance_id=None)
+            for name in next_members(cluster, count)
+        ]
+
     def retire_nodes(self, cluster: Cluster, lost: Sequence[LostNode]) -> list[str]:
         """What is left of these lost nodes, removed once `repair` has verified their replacements (never before);
         one line per removal. Here: the instances that still cost money."""

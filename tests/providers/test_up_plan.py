@@ -88,13 +88,14 @@ def test_the_runtime_asked_for():
     assert "+ DALI 2.4.0 at" in plan_line(dali, None) and "DALI" not in plan_line(cached, None)
 
 
-def test_flags_asking_another_shape_of_a_cluster_that_is_up_are_refused_before_the_plan(tmp_path):
+def test_an_up_cluster_asked_another_shape_refuses_what_up_cannot_change_and_resizes_the_rest(tmp_path):
     from clusterctl.errors import ConfigError
     from clusterctl.state import Record
     from clusterctl.types import Cluster, Node
 
     store = StateStore(tmp_path / "home")
-    nodes = tuple(Node(f"x-{i}", f"10.0.0.{i + 2}", 1, "leader" if i == 0 else "member") for i in range(3))
+    names = ["x-leader", "x-member-1", "x-member-2"]
+    nodes = tuple(Node(n, f"10.0.0.{i + 2}", 1, "leader" if i == 0 else "member") for i, n in enumerate(names))
     store.save(Record(Cluster("x", "local", nodes), "up", 0.0))
     stand = Stand(builds_here=True)
 
@@ -104,11 +105,53 @@ def test_flags_asking_another_shape_of_a_cluster_that_is_up_are_refused_before_t
     with pytest.raises(ConfigError) as refused:
         again(nodes=4, slots=2, given=("--nodes", "--slots"))
     assert refused.value.one_line() == (
-        "cluster x is up and `up` does not change a cluster's shape: --nodes 4 (it has 3), --slots 2 (it has 1): "
-        "run the same `up` without those flags to use it as it is, `clusterctl down x --yes` first to make it "
-        "anew, or choose another --name"
+        "cluster x is up and `up` does not change its --slots 2 (it has 1): use it as it is (drop those "
+        "settings), `clusterctl down x --yes` first to make it anew, or choose another --name"
     )
     assert stand.planned == []
     # the same shape asked again, or no shape flags at all (--nodes' default is not asked for): its own shape
-    assert again(nodes=3, slots=1, given=("--nodes", "--slots")).spec.nodes == 3
+    same = again(nodes=3, slots=1, given=("--nodes", "--slots"))
+    assert (same.spec.nodes, same.existing, same.resize) == (3, True, None)
     assert again(nodes=2).spec.nodes == 3 and [s.nodes for s in stand.planned] == [3, 3]
+    # more nodes: planned at the new size, the record's nodes kept, one to add
+    lines: list[str] = []
+    more = _prepare(tmp_path, up_plan.UpRequest("local", 5, name="x", runtime="none", given=("--nodes",)), stand, lines)
+    assert more.spec.nodes == 5 and more.resize is not None and more.resize.add == 2 and more.resize.remove == ()
+    assert lines[-1] == "cluster x is up: nodes 3 -> 5" and more.resize.question() is None
+    stand.region = "here"  # `up --dry-run --json` says it too
+    assert up_plan.plan_json(more, [])["resize"] == {"nodes": 3, "to": 5, "add": 2, "remove": []}
+    # fewer: the highest-index members, asked first; never the leader
+    fewer = again(nodes=1, given=("--nodes",)).resize
+    assert up_plan.plan_json(again(nodes=1, given=("--nodes",)), [])["resize"]["remove"] == ["x-member-2", "x-member-1"]
+    assert fewer is not None and fewer.add == 0 and [n.name for n in fewer.remove] == ["x-member-2", "x-member-1"]
+    assert fewer.question() == "Remove x-member-2, x-member-1 from cluster x (what they hold is lost)?"
+    assert up_plan.plan_json(again(), [])["resize"] is None
+
+
+def test_members_added_to_an_up_cluster_are_named_after_its_highest_index_and_local_ones_get_free_addresses(tmp_path):
+    from clusterctl.providers.aws.provider import AwsProvider
+    from clusterctl.providers.local.provider import LocalProvider
+    from clusterctl.types import Cluster, Node, next_members, node_index
+
+    nodes = (
+        Node("x-leader", "10.9.0.2", 2, "leader", "ubuntu", 22, "3.3.3.3", "i-1"),
+        Node("x-member-3", "10.9.0.5", 2, "member", "ubuntu"),  # 1 and 2 dropped by `repair --drop`
+    )
+    cluster = Cluster("x", "local", nodes, extra={"subnet": "10.9.0.0/29", "gateway": "10.9.0.1"})
+    assert [node_index("x", n) for n in ("x-leader", "x-member-3", "x-member-", "y-member-1", "x-member-a")] == [
+        0,
+        3,
+        None,
+        None,
+        None,
+    ]
+    assert next_members(cluster, 2) == ["x-member-4", "x-member-5"]  # a gap is never reused: a name is one machine
+    aws = AwsProvider.new_nodes(AwsProvider.__new__(AwsProvider), cluster, 1)
+    assert aws == [Node("x-member-4", "", 2, "member", "ubuntu", 22, None, None)]  # EC2 gives the address
+    local = LocalProvider(StateStore(tmp_path / "home"))
+    assert [(n.name, n.private_ip) for n in local.new_nodes(cluster, 2)] == [
+        ("x-member-4", "10.9.0.3"),
+        ("x-member-5", "10.9.0.4"),
+    ]
+    with pytest.raises(Exception, match="subnet 10.9.0.0/29 has room for 3 more node"):
+        local.new_nodes(cluster, 4)

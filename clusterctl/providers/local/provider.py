@@ -9,6 +9,7 @@ CLUSTERCTL_HOME that made it (netns.write_owner's mark: user@host:HOME, its real
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import ipaddress
 import os
@@ -482,6 +483,18 @@ class LocalProvider(Provider):
                 removed.append(f"(the home of the node it replaced is back at {home})")
         return removed
 
+    def new_nodes(self, cluster: Cluster, count: int) -> list[Node]:
+        """More members at the next free addresses of the cluster's subnet (its bridge's and nodes' excluded)."""
+        subnet = ipaddress.IPv4Network(cluster.extra["subnet"])
+        hosts = [str(h) for h in subnet.hosts()]
+        taken = {cluster.extra.get("gateway") or hosts[0], *(n.private_ip for n in cluster.nodes)}
+        free = [h for h in hosts if h not in taken]
+        if len(free) < count:
+            raise ConfigError(f"subnet {subnet} has room for {len(free)} more node(s), not {count}")
+        return [
+            dataclasses.replace(n, private_ip=address) for n, address in zip(super().new_nodes(cluster, count), free)
+        ]
+
     def retire_nodes(self, cluster: Cluster, lost: Sequence[LostNode]) -> list[str]:
         """The lost nodes' homes kept aside by replace_nodes, now that their replacements are verified."""
         removed = []
@@ -499,11 +512,11 @@ class LocalProvider(Provider):
 
 
 def node_index(cluster: str, node: Node) -> int:
-    """The namespace index of a node, from its name (NAME-leader is 0, NAME-member-K is K): positions in the record
-    shift when `repair --drop` removes a node, names never do."""
-    if node.name == f"{cluster}-leader":
-        return 0
-    prefix = f"{cluster}-member-"
-    if node.name.startswith(prefix) and node.name[len(prefix) :].isdigit():
-        return int(node.name[len(prefix) :])
-    raise ConfigError(f"node {node.name!r} is not named like a node of local cluster {cluster}")
+    """The namespace index of a node, from its name (types.node_index): positions in the record shift when
+    `repair --drop` removes a node, names never do."""
+    from clusterctl.types import node_index as index_of
+
+    index = index_of(cluster, node.name)
+    if index is None:
+        raise ConfigError(f"node {node.name!r} is not named like a node of local cluster {cluster}")
+    return index
