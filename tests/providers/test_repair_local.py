@@ -236,4 +236,6 @@ def test_a_replaced_leader_gets_its_watchdog_and_supervisor_back(local_cluster_f
     after = supervisor.supervisors(c.name)
     assert len(after) == 1 and after != before, (before, after)
     st = ok(c.cli("status", c.name))
-    assert "idle-stop 30m" in st.stdout + st.stderr, st.stdout + st.stderr
+    said = st.stdout + st.stderr
+    # idle at the watchdog's last check, or busy then (repair's own ssh sessions may still be open): 30m either way
+    assert "idle-stop 30m" in said or "it stops 30m after the last of them ends" in said, said
