@@ -85,9 +85,8 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
     key = "tiny 32px fp32 batch 8 xla off allreduce fp32"
     assert f"configuration for CPU: {key}" in proc.stderr, proc.stderr
     assert f"no img/s measured on this cluster for this configuration ({key})" in proc.stderr, proc.stderr
-    # the leader's input pipeline timed before the run, both of its ranks' pipelines at once (no GPU rate here)
-    fed = re.search(r"input: tf\.data on \d+ cores?, ([\d,]+) img/s \(2 rank\(s\) here; no GPU rate", proc.stderr)
-    assert fed and int(fed.group(1).replace(",", "")) > 0, proc.stderr
+    # no GPU rate to judge the feed by: nothing timed, the input named and why
+    assert "input: tf.data (auto: no GPUs to decode on)" in proc.stderr and "img/s (" not in proc.stderr, proc.stderr
     again = cli(*TRAIN)
     assert again.returncode == 3 and f"training job {job1} is still running" in again.stderr
     assert "--force" in again.stderr
