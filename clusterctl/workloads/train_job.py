@@ -163,7 +163,7 @@ def feed_check(
     measured = train_feed.parse_probe(r.stdout) if r.exit_code == 0 else None
     if measured is None:
         return None, []
-    f = train_feed.feed(measured.cores, measured.images_per_sec, gpus, gpu, measured.path) if gpu else None
+    f = train_feed.feed(measured.cores, measured.images_per_sec, gpus, gpu, measured.path)  # None for no GPU rate
     return f, [train_feed.input_line(measured, f)]
 
 
