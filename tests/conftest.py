@@ -10,6 +10,7 @@ import atexit
 import functools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +27,10 @@ REPO = Path(__file__).resolve().parent.parent
 # Tables follow COLUMNS: a CI terminal's width must not reach the commands the tests run (a test of a narrow
 # table sets its own).
 os.environ["COLUMNS"] = "200"
+# A suite started in the background (`&`, nohup) inherits SIGINT ignored, and so would every command it starts:
+# the tests' Ctrl-C would reach rsync and ssh but not clusterctl. Commands get the terminal's default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 FIXTURES = REPO / "tests" / "fixtures"  # recorded logs and outputs the unit tests parse
 
 

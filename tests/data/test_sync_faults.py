@@ -142,7 +142,7 @@ def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        _wait_for(lambda: _du(c4, 3, dst) > 1_500_000, 120, "node 3 to receive 1.5 MB")
+        _wait_for(lambda: _du(c4, 3, dst) > 3_000_000, 120, "node 3 to receive 3 MB")
         os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
         out, err = p.communicate(timeout=60)
         assert p.returncode == 130, err
@@ -155,7 +155,7 @@ def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
             raise AssertionError(f"rsync kept no partial file: {c4.node_exec(3, 'ls', '-laR', dst).stdout}") from None
         partial = c4.node_exec(3, "stat", "-c", "%s", part)
         kept = int(partial.stdout)
-        assert 1_000_000 < kept < size
+        assert 2_500_000 < kept < size
         assert marker(c4, 3, dst) is None
         # Packets of the killed run still queued in the shaper reach the node after its rsync saw the reset;
         # counted below they would look like a resend (CI once saw ~0.5 MB of them). Start on a quiet link.
@@ -164,7 +164,9 @@ def test_rsync_killed_mid_file_resumes_from_its_partial(c4, tmp_path):
         again = sync(c4, "--strategy", "parallel", str(src), dst)
         assert again.returncode == 0, again.stderr
         sent = tx_bytes(c4, 3) - before
-        assert sent < size - kept + 400_000, f"resumed run sent {sent} bytes; partial was {kept} of {size}"
+        # A resume sends the rest and ssh's and rsync's overhead (CI once saw 0.6 MB over the rest, the link's
+        # headers among it); a run that ignored the partial sends the whole file. The line is halfway.
+        assert sent < size - kept // 2, f"resumed run sent {sent} bytes; partial was {kept} of {size}"
     finally:
         unshape(c4, 3)
     assert node_sha256(c4, 3, dst) == sums and marker(c4, 3, dst) is not None

@@ -225,6 +225,15 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
 
     saved = wait_for(copied_twice, 300, "a checkpoint copied to the member and to S3", interval=0.2)
     assert cli("train", "--stop").returncode == 0
+    # The stop kills the copier's ssh client; a command it already handed to the member (a manifest's `cat`
+    # and `mv`) may still finish there a moment later. Read the member once it has stopped changing.
+    listings = [node_files(cluster, 1, folder)]
+
+    def settled() -> bool:
+        listings.append(node_files(cluster, 1, folder))
+        return listings[-1] == listings[-2]
+
+    wait_for(settled, 60, "the member's checkpoint folder to stop changing", interval=2)
     log1 = train_log.parse_train_log(leader_log(cluster, job1))
     assert log1.current.done is None, "the run finished before it was stopped"
     assert f"checkpoint_copy images={saved} step={saved // 32} place={member}:{folder} " in leader_log(cluster, job1)
@@ -271,7 +280,7 @@ def test_checkpoints_are_copied_and_resumed_from_the_copy_when_the_leaders_are_g
     # reported as incomplete, not taken (beside it, perhaps, a copy the stop cut off before its manifest)
     assert re.search(rf"incomplete_checkpoint place={re.escape(member)}:{folder} checkpoints=\S*ckpt-99000", out), out
     fetched = rf"checkpoint_fetched images={member_max} step={member_max // 32} place={re.escape(member)}:{folder} "
-    assert re.search(fetched, out), out[-3000:]
+    assert re.search(fetched, out), "\n".join(line for line in out.splitlines() if "checkpoint" in line)[-3000:]
     assert run2.resumed_from is not None and run2.resumed_from.images == member_max
     assert run2.start.start_step == member_max // 32 and run2.done.complete and run2.done.step == 600
     assert run2.eval is not None and run2.eval.step == 600
