@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
         sums = [hvd.allreduce(g, compression=compression, name=f"clusterctl.overlap.g{i}") for i, g in enumerate(zeros)]
         return tf.add_n([tf.reduce_sum(r) for r in sums])
 
-    reduce_only = tf.function(reduce_all)
+    reduce_only = tf.function(reduce_all, autograph=False)
 
     runs: dict[tuple[str, str], Any] = {}  # (design, mode) -> the step, traced once
     if "allreduce" in args.modes:
@@ -127,7 +127,7 @@ def main(argv: list[str]) -> int:
                 compression=compression,
                 allreduce=mode == "both",
             )
-            runs[(design, mode)] = tf.function(lambda step=step: step(images, labels)[0])
+            runs[(design, mode)] = tf.function(lambda step=step: step(images, labels)[0], autograph=False)
     for fn in runs.values():  # tracing and XLA's compiling, before any clock runs
         for _ in range(args.warmup_steps):
             fn().numpy()

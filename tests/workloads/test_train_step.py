@@ -72,6 +72,39 @@ def test_segments_cover_every_weight_once_and_the_backward_pass_is_a_chain_of_xl
     assert len(out["whole"]) == 2 and max(out["whole"]) >= 8, out["whole"]
 
 
+CONVERSIONS = """
+import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+sys.path.insert(0, sys.argv[1])
+from tensorflow.python.autograph.pyct import transpiler
+converted = []
+transform = transpiler.PyToPy.transform
+def counted(self, obj, user_context):
+    converted.append(getattr(obj, "__qualname__", repr(obj)))
+    return transform(self, obj, user_context)
+transpiler.PyToPy.transform = counted
+from clusterctl.node import bench
+from clusterctl.node.train import main
+bench.main(["--model", "tiny", "--steps", "3", "--iters", "3", "--batch-size", "8"])
+print("bench", converted, file=sys.stderr)
+del converted[:]
+main.main(["--synthetic", "--model", "tiny", "--max-steps", "20", "--batch-size", "8", "--model-dir", sys.argv[2]])
+print("train", converted, file=sys.stderr)
+"""
+
+
+@pytest.mark.integration
+def test_the_benchmark_and_the_trainer_start_without_autograph(tmp_path):
+    """Every function the step, the evaluation and the broadcasts trace is plain TensorFlow with no Python control
+    flow over tensors: traced as written. AutoGraph's conversion of them (the Keras calls and Horovod's
+    allreduce and broadcast inside) was half of each process's start after its imports."""
+    argv = [PY, "-c", CONVERSIONS, str(REPO), str(tmp_path / "run")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [line for line in proc.stderr.splitlines() if line.startswith(("bench ", "train "))]
+    assert said == ["bench []", "train []"], proc.stderr[-3000:]
+
+
 def _events(steps: list[list[int]]) -> list[dict]:
     """A timeline as Horovod writes it: its start on the epoch clock, each tensor a "process", its phases
     opening with B and closing with E (ts in microseconds since the start)."""

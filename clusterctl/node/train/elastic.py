@@ -42,6 +42,7 @@ from clusterctl.node.train.log import STARTED, emit, mean_losses, table_row
 from clusterctl.node.train.options import learning_rate
 from clusterctl.node.train.resume import check_hparams, checkpoint_copies, replicas_agree, seal_checkpoint, spot_notice
 from clusterctl.node.train.spot import SpotWatch
+from clusterctl.node.train.step import broadcast_from_rank0
 
 
 @dataclass
@@ -182,7 +183,7 @@ def run(tf: Any, hvd: Any, args: argparse.Namespace, job: Job) -> int:  # noqa: 
 
         def sync(self) -> None:
             # TensorFlowState broadcasts nothing in eager mode: the variables go from rank 0 here.
-            hvd.broadcast_variables(job.tracked, root_rank=0)
+            broadcast_from_rank0(tf, hvd, job.tracked)
             self._values = [v.numpy() for v in job.tracked]
             super().sync()
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from clusterctl.node.train.data import eval_dataset, normalize, synthetic_dataset
 from clusterctl.node.train.log import emit
+from clusterctl.node.train.step import broadcast_from_rank0
 
 
 def evaluate(
@@ -33,7 +34,7 @@ def evaluate(
     rank, size = hvd.rank(), hvd.size()
     # Batch-norm statistics are not averaged during training: every rank evaluates rank 0's model (the
     # one in the checkpoint), so the result does not depend on the number of processes.
-    hvd.broadcast_variables(model.variables, root_rank=0)
+    broadcast_from_rank0(tf, hvd, model.variables)
     if args.synthetic:
         ds = synthetic_dataset(tf, args, classes, args.seed + 31 * rank + 1, args.eval_batch_size)
         limit = args.eval_steps or 10
@@ -51,7 +52,7 @@ def evaluate(
             [top1, topk, tf.cast(loss_fn(labels, logits), tf.float64), tf.cast(tf.shape(labels)[0], tf.float64)]
         )
 
-    eval_step = tf.function(one_batch)
+    eval_step = tf.function(one_batch, autograph=False)  # see bench.py
     t = time.time()
     acc = tf.zeros(4, tf.float64)
     for i, (images, labels) in enumerate(ds):

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
     _ = ckpt.save_counter  # created lazily (by a restore or a save): make it on every rank, so all list the same
     tracked = checkpoint_variables(tf, ckpt)
     if not args.elastic:
-        hvd.broadcast_variables(tracked, root_rank=0)
+        step_fns.broadcast_from_rank0(tf, hvd, tracked)
     start_step = int(step_var.numpy())
     saved_batch = int(batch_var.numpy())
     start_images = int(images_var.numpy())
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 (a rank's whole ru
         images_var.assign_add(batch)  # the global batch (a tensor: an elastic job's size changes, no retrace)
         sums.assign_add(tf.cast(tf.stack([loss, total, 1.0]), tf.float64))
 
-    train_step = tf.function(one_step)
+    train_step = tf.function(one_step, autograph=False)  # see bench.py
     if chief:
         table_header()
     if args.elastic:

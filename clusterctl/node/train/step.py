@@ -107,10 +107,13 @@ def make_forward(tf: Any, model: Any, xla: bool, design: str = "blocks") -> Call
     if not xla:
         return whole
     if design == "whole":
-        return tf.function(whole, jit_compile=True)  # type: ignore[no-any-return]
+        return tf.function(whole, jit_compile=True, autograph=False)  # type: ignore[no-any-return]
     parts = segment_models(tf, model)
-    first: Any = tf.function(lambda x: parts[0](normalize(tf, x), training=True), jit_compile=True)
-    rest = [tf.function(lambda h, part=part: part(h, training=True), jit_compile=True) for part in parts[1:]]
+    first: Any = tf.function(lambda x: parts[0](normalize(tf, x), training=True), jit_compile=True, autograph=False)
+    rest = [
+        tf.function(lambda h, part=part: part(h, training=True), jit_compile=True, autograph=False)
+        for part in parts[1:]
+    ]
 
     def chain(x: Any) -> Any:
         h = first(x)
@@ -174,3 +177,14 @@ def make_step(
         return loss, total
 
     return step
+
+
+def broadcast_from_rank0(tf: Any, hvd: Any, variables: list[Any]) -> None:
+    """Rank 0's values into every rank's `variables`: Horovod's broadcast_variables, traced without AutoGraph
+    (its own tf.function converts the loop, ~1.3 CPU-s a process at every start with the tiny model)."""
+
+    def group() -> None:
+        for v in variables:
+            v.assign(hvd.broadcast(v, root_rank=0))
+
+    tf.function(group, autograph=False)()
