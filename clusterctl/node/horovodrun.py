@@ -83,6 +83,44 @@ def _discovery_in_order(launch: _Launch) -> None:
     HostManager.order_available_hosts = staticmethod(order_available_hosts)
 
 
+def remember_gloo_build(root: str | None = None) -> None:
+    """horovodrun asks whether Horovod was built with Gloo at every launch by importing each framework's extension
+    in a new process: TensorFlow's import, ~3 CPU-s and seconds before any rank starts. The answer is the installed
+    extensions' (`root`: Horovod's package folder): a yes is kept in the login home, keyed by their files' paths,
+    sizes and times, and asked again when they change (a reinstall)."""
+    import glob
+
+    import horovod.runner.launch as launch
+
+    if root is None:
+        import horovod
+
+        root = os.path.dirname(horovod.__file__)
+    files = sorted(glob.glob(os.path.join(root, "*", "mpi_lib*.so")))
+    if not files:
+        return
+    key = "\n".join(f"{f} {os.stat(f).st_size} {os.stat(f).st_mtime_ns}" for f in files) + "\n"
+    path = os.path.expanduser("~/.clusterctl/horovod-gloo-built")
+    ask = launch.gloo_built
+
+    def gloo_built(verbose: bool = False) -> Any:
+        try:
+            with open(path) as f:
+                if f.read() == key:
+                    return True
+        except OSError:
+            pass
+        built = ask(verbose=verbose)
+        if built:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(f"{path}.{os.getpid()}", "w") as f:
+                f.write(key)
+            os.replace(f"{path}.{os.getpid()}", path)
+        return built
+
+    launch.gloo_built = gloo_built
+
+
 def too_few_line(argv: list[str]) -> str:
     """The line an elastic job ends with when fewer than --min-np processes could run (argv: horovodrun's)."""
 
@@ -104,6 +142,7 @@ def main(argv: list[str]) -> int:
     sys.argv = ["horovodrun", *argv]  # horovodrun reads its own command line
     launch = _Launch()
     check_host_keys()
+    remember_gloo_build()
     _watch_min_np(launch)
     _discovery_in_order(launch)
     try:

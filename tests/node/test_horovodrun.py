@@ -42,3 +42,25 @@ def test_the_line_when_too_few_nodes_are_left():
     ).current.errors[0]
     assert fields.fields["kind"] == "too_few_nodes" and fields.fields["min_np"] == "2"
     assert fields.fields["message"].startswith("fewer than --min-np 2 processes could run for 30 s")
+
+
+def test_horovods_gloo_check_is_asked_once_per_installed_build(tmp_path, monkeypatch):
+    """horovodrun's check imports TensorFlow in a new process at every launch: asked once, then again only when
+    the extension's file changes."""
+    import horovod.runner.launch as launch
+
+    asked = []
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    ext = tmp_path / "horovod" / "tensorflow" / "mpi_lib.cpython-311-x86_64-linux-gnu.so"
+    ext.parent.mkdir(parents=True)
+
+    def launch_asks() -> list[bool]:  # one horovodrun process: its own check, wrapped at its start
+        monkeypatch.setattr(launch, "gloo_built", lambda verbose=False: asked.append(verbose) or True)
+        horovodrun.remember_gloo_build(str(tmp_path / "horovod"))
+        return [launch.gloo_built(), launch.gloo_built()]
+
+    ext.write_bytes(b"built")
+    assert launch_asks() == [True, True] and len(asked) == 1
+    assert launch_asks() == [True, True] and len(asked) == 1  # the next launch: not asked
+    ext.write_bytes(b"built again")  # a reinstall
+    assert launch_asks() == [True, True] and len(asked) == 2
