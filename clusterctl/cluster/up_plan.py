@@ -5,7 +5,7 @@ launch (cluster/provision.py). No provider is named here: what differs is the pr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -88,7 +88,10 @@ class UpPlan:
     resize: Resize | None = None
 
     def question(self, max_hourly: float) -> str | None:
-        """The confirmation to ask before launching above `max_hourly` $/hour (or at an unknown price)."""
+        """The confirmation to ask before launching above `max_hourly` $/hour (or at an unknown price); none for a
+        cluster that is up and found (nothing is launched: `up` says so and stops)."""
+        if self.existing and self.provider.find(self.spec.name) is not None:
+            return None
         hourly = self.plan.hourly_usd
         if hourly is not None and hourly <= max_hourly:
             return None
@@ -131,7 +134,9 @@ def prepare(
     spec, existing, resize = as_up(spec, request.given, store)
     impl = make(request.provider, request.region)
     runtime = runtime_request(request, impl.builds_runtime_locally)
-    plan = impl.plan(spec)
+    # A resize is planned on the cluster as it is (AWS's plan refuses a count other than the instances there);
+    # the Resize line says what changes.
+    plan = impl.plan(spec if resize is None else replace(spec, nodes=len(resize.cluster.nodes)))
     for line in plan.lines:
         report(line)
     report(f"autostop: {autostop.describe(stop_rules)}")
@@ -146,8 +151,6 @@ def as_up(spec: ClusterSpec, given: tuple[str, ...], store: StateStore) -> tuple
     whether it is up. Asked (by flag or spec file) for another number of nodes, the Resize and the plan of the
     new size; asked for what `up` cannot change on a running cluster (provider, type, slots, region), refused
     before the plan, in one line, rather than planned and then ignored."""
-    from dataclasses import replace
-
     from clusterctl.errors import ConfigError
 
     if not store.exists(spec.name):

@@ -16,6 +16,10 @@ from clusterctl.state import StateStore
 class Stand:
     def __init__(self, builds_here: bool, hourly: float | None = 0.0):
         self.builds_runtime_locally, self.hourly, self.planned = builds_here, hourly, []
+        self.live = None  # what find() answers
+
+    def find(self, name):
+        return self.live
 
     def plan(self, spec):
         self.planned.append(spec)
@@ -113,10 +117,20 @@ def test_an_up_cluster_asked_another_shape_refuses_what_up_cannot_change_and_res
     same = again(nodes=3, slots=1, given=("--nodes", "--slots"))
     assert (same.spec.nodes, same.existing, same.resize) == (3, True, None)
     assert again(nodes=2).spec.nodes == 3 and [s.nodes for s in stand.planned] == [3, 3]
-    # more nodes: planned at the new size, the record's nodes kept, one to add
+    # up and found: nothing is launched, nothing asked at any price; recorded up but not found: asked
+    stand.hourly = 90.0
+    dear = again()
+    stand.live = Cluster("x", "local", nodes)
+    assert dear.question(5.0) is None
+    stand.live = None
+    assert (dear.question(5.0) or "").startswith("Launch 3 x ")
+    stand.hourly = 0.0
+    # more nodes: the spec at the new size, the record's nodes kept, two to add; the provider plans the cluster
+    # as it is (AWS's plan refuses a count other than the instances there)
     lines: list[str] = []
     more = _prepare(tmp_path, up_plan.UpRequest("local", 5, name="x", runtime="none", given=("--nodes",)), stand, lines)
     assert more.spec.nodes == 5 and more.resize is not None and more.resize.add == 2 and more.resize.remove == ()
+    assert stand.planned[-1].nodes == 3
     assert lines[-1] == "cluster x is up: nodes 3 -> 5" and more.resize.question() is None
     stand.region = "here"  # `up --dry-run --json` says it too
     assert up_plan.plan_json(more, [])["resize"] == {"nodes": 3, "to": 5, "add": 2, "remove": []}
