@@ -4,7 +4,7 @@
         authenticated source (provider.host_keys / Launched.host_keys; never first contact) -> every node's
         known_hosts, the cluster key to the new nodes -> the node runtime and every dataset of the record from a peer
         (cluster/peer_copy.py, verified) -> every node's hosts file and the leader-to-member proof
-        (provision.setup_nodes) -> the leader's live-hosts file -> ./hosts, the ssh config entry, the record ->
+        (node_setup.setup_nodes) -> the leader's live-hosts file -> ./hosts, the ssh config entry, the record ->
         what is left of the lost nodes removed (provider.retire_nodes), only now.
     A replacement that fails a check is removed and never enters the record or any hosts file; the record is
     written last, so a failed repair leaves the cluster as it found it (plus known_hosts lines of the removed
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clusterctl.cluster import live_hosts, peer_copy, provision, reach, sshentry
+from clusterctl.cluster import live_hosts, node_setup, peer_copy, provision, reach, sshentry
 from clusterctl.errors import HostKeyError, ProvisionError, StateError, UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.providers.base import ClusterKeys, LostNode, Provider
@@ -210,7 +210,7 @@ def replace(
     known_before = paths.known_hosts.read_text() if paths.known_hosts.exists() else ""
     try:
         report("waiting for ssh on the new node(s)")
-        provision.wait_for_ssh(
+        node_setup.wait_for_ssh(
             dataclasses.replace(whole, nodes=(whole.leader, *[n for n in fresh if n.role != "leader"])), ssh_timeout
         )
         known = dict(provider.host_keys(launched.cluster))
@@ -232,7 +232,7 @@ def replace(
             raise StateError(
                 f"the cluster's known_hosts has no key for {', '.join(missing)}", "see `clusterctl status`"
             )
-        pinned = provision.pin_host_keys(whole, pinned, paths.known_hosts)
+        pinned = node_setup.pin_host_keys(whole, pinned, paths.known_hosts)
         report(f"host keys of {len(fresh)} new node(s) pinned from an authenticated source")
         hf = reach.hosts_file(whole)
         targets = {t.label: t for t in reach.ssh_targets(whole, store)}
@@ -244,10 +244,10 @@ def replace(
             peer_copy.datasets(peer, fresh, pool, targets, str(paths.known_hosts), dsts, report)
             every = [targets[n.ssh_host] for n in whole.nodes]
             try:
-                provision.setup_nodes(whole, pool, every, pinned, paths, hf)
+                node_setup.setup_nodes(whole, pool, every, pinned, paths, hf)
             except ProvisionError:  # the leader's first ssh to a new node: retried while its network settles
                 _leader_reaches(pool, every[0], [n for n in fresh if n.role != "leader"])
-                provision.setup_nodes(whole, pool, every, pinned, paths, hf)
+                node_setup.setup_nodes(whole, pool, every, pinned, paths, hf)
             report("the leader reaches every node over ssh with host keys checked; hosts files updated")
             live_hosts.write(pool, every[0], reach.hosts_file(whole))
     except BaseException as exc:  # Ctrl-C included: nothing launched is left, the record is untouched

@@ -205,7 +205,7 @@ def test_record_and_cloud_disagreements():
 
 
 def test_slots_are_checked_against_nvidia_smi_where_it_exists():
-    from clusterctl.cluster.provision import GPU_PROBE, gpu_failures, gpu_mismatches
+    from clusterctl.cluster.gpu_check import GPU_PROBE, gpu_failures, gpu_mismatches
 
     c = _cluster(("i-1", "i-2", "i-3"))  # no "gpus" in extra: as a hosts file or a local cluster, warnings only
     counts = {"c-i-1": "rc=0 gpus=8", "c-i-2": "none", "c-i-3": "rc=0 gpus=4"}
@@ -221,7 +221,7 @@ def test_slots_are_checked_against_nvidia_smi_where_it_exists():
 def test_a_gpu_node_short_of_gpus_or_with_a_failing_nvidia_smi_is_a_failure_naming_it():
     from dataclasses import replace
 
-    from clusterctl.cluster.provision import gpu_failures, gpu_mismatches
+    from clusterctl.cluster.gpu_check import gpu_failures, gpu_mismatches
 
     c = replace(_cluster(("i-1", "i-2", "i-3", "i-4", "i-5")), extra={"gpus": "8"})
     counts = {

@@ -457,7 +457,7 @@ def host_keys(api: Api, cluster: Cluster, nitro: bool, console_wait: float) -> d
     over TLS). Read with Latest=True where the type takes it (Nitro: the console as it is now; other types
     get what EC2 posted, some minutes after boot), polled for at most console_wait (CONSOLE_WAIT, 10
     minutes) or until cloud-init says it finished without printing keys. A node missing here fails `up`
-    unless the operator accepts first contact (provision.pin_host_keys)."""
+    unless the operator accepts first contact (node_setup.pin_host_keys)."""
     from botocore.exceptions import ClientError
 
     found: dict[str, tuple[str, ...]] = {}
