@@ -34,7 +34,7 @@ from clusterctl.providers.base import (
     Provider,
     Teardown,
 )
-from clusterctl.providers.local import netns
+from clusterctl.providers.local import boot, netns
 from clusterctl.state import StateStore, validate_name
 from clusterctl.types import Cluster, ClusterSpec, Node, node_names
 
@@ -200,18 +200,18 @@ class LocalProvider(Provider):
                 raise ConfigError(f"subnet {subnet} has room for {len(addresses)} nodes, not {spec.nodes}")
             netns.check_subnet_free(subnet)
             netns.write_owner(spec.name, self.me())  # before anything of it exists: a half-made one is ours too
-            bridge = netns.create_bridge(spec.name, subnet, gateway)
+            bridge = boot.create_bridge(spec.name, subnet, gateway)
 
-        specs = [netns.NodeSpec(i, names[i], addresses[i]) for i in range(spec.nodes)]
+        specs = [boot.NodeSpec(i, names[i], addresses[i]) for i in range(spec.nodes)]
         authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
         nodes_root = self.store.ensure_dir(spec.name) / "nodes"
-        made: list[netns.NetNode] = []
+        made: list[boot.NetNode] = []
         for s in specs:
-            made.append(netns.create_node(spec.name, bridge, subnet, s, specs, nodes_root / str(s.index), authorized))
+            made.append(boot.create_node(spec.name, bridge, subnet, s, specs, nodes_root / str(s.index), authorized))
         with ThreadPoolExecutor(max_workers=min(32, len(made))) as pool:
             list(
                 pool.map(
-                    lambda n: netns.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made
+                    lambda n: boot.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made
                 )
             )
         created = time.time()
@@ -281,16 +281,16 @@ class LocalProvider(Provider):
         with _net_lock():
             netns.check_subnet_free(subnet)
             netns.write_owner(name, self.me())
-            bridge = netns.create_bridge(name, subnet, cluster.extra["gateway"])
-        everyone = [netns.NodeSpec(node_index(name, n), n.name, n.private_ip) for n in cluster.nodes]
+            bridge = boot.create_bridge(name, subnet, cluster.extra["gateway"])
+        everyone = [boot.NodeSpec(node_index(name, n), n.name, n.private_ip) for n in cluster.nodes]
         authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
         nodes_root = self.store.ensure_dir(name) / "nodes"
         made = [
-            netns.create_node(name, bridge, subnet, s, everyone, nodes_root / str(s.index), authorized, n.ssh_port)
+            boot.create_node(name, bridge, subnet, s, everyone, nodes_root / str(s.index), authorized, n.ssh_port)
             for s, n in zip(everyone, cluster.nodes)
         ]
         for m, n in zip(made, cluster.nodes):
-            netns.wait_port(m.address, n.ssh_port, 30.0, m.pid, nodes_root / str(m.index) / "sshd.log")
+            boot.wait_port(m.address, n.ssh_port, 30.0, m.pid, nodes_root / str(m.index) / "sshd.log")
         started = time.time()
         if watchdog.restart_local(self.store, name, [m.index for m in made], started):
             supervisor.start_supervisor(self.store, name)
@@ -372,7 +372,7 @@ class LocalProvider(Provider):
         def one(item: tuple[int, Node]) -> tuple[str, str | None]:
             i, node = item
             try:
-                netns.restart_node(
+                boot.restart_node(
                     netns.netns_name(cluster.name, i),
                     node.name,
                     node.private_ip,
@@ -429,10 +429,10 @@ class LocalProvider(Provider):
         netns.require_root()
         subnet = ipaddress.IPv4Network(cluster.extra["subnet"])
         bridge = cluster.extra["bridge"]
-        everyone = [netns.NodeSpec(node_index(cluster.name, n), n.name, n.private_ip) for n in cluster.nodes]
+        everyone = [boot.NodeSpec(node_index(cluster.name, n), n.name, n.private_ip) for n in cluster.nodes]
         authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
         nodes_root = self.store.ensure_dir(cluster.name) / "nodes"
-        made: list[netns.NetNode] = []
+        made: list[boot.NetNode] = []
         autostop = cluster.facts.autostop
         leader = autostop is not None and any(node_index(cluster.name, n) == 0 for n in lost)
         if leader:  # its supervisor would start a watchdog in the new leader before its settings are there
@@ -443,16 +443,16 @@ class LocalProvider(Provider):
                 netns.destroy_node(cluster.name, index)
                 if (nodes_root / str(index)).exists():  # a new machine: nothing of the old, which is kept aside
                     (nodes_root / str(index)).rename(nodes_root / f"{index}.replaced-{time.time_ns()}")
-                spec = netns.NodeSpec(index, node.name, node.private_ip)
+                spec = boot.NodeSpec(index, node.name, node.private_ip)
                 made.append(
-                    netns.create_node(
+                    boot.create_node(
                         cluster.name, bridge, subnet, spec, everyone, nodes_root / str(index), authorized, node.ssh_port
                     )
                 )
             for n in made:
                 netns.forget_address(cluster.name, bridge, n.address)  # the old node's MAC, cached here and in peers
             for n in made:
-                netns.wait_port(n.address, 22, 60.0, n.pid, nodes_root / str(n.index) / "sshd.log")
+                boot.wait_port(n.address, 22, 60.0, n.pid, nodes_root / str(n.index) / "sshd.log")
             if autostop is not None:  # a new home has no watchdog settings; a new leader needs its supervisor
                 watchdog.install_local(self.store, cluster.name, [n.index for n in made], autostop, cluster.created_at)
                 if leader:
