@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusterctl.errors import NeedsRootError, ProvisionError
+from clusterctl.errors import ConfigError, NeedsRootError, ProvisionError
+from clusterctl.types import Node, node_index as index_of
 
 NETNS_PREFIX = "clusterctl-"
 DEFAULT_POOL = ipaddress.IPv4Network("10.213.0.0/16")
@@ -61,6 +62,15 @@ def veth_name(cluster: str, index: int) -> str:
 
 def netns_name(cluster: str, index: int) -> str:
     return f"{NETNS_PREFIX}{cluster}-{index}"
+
+
+def node_index(cluster: str, node: Node) -> int:
+    """The namespace index of a node, from its name (types.node_index): positions in the record shift when
+    `repair --drop` removes a node, names never do."""
+    index = index_of(cluster, node.name)
+    if index is None:
+        raise ConfigError(f"node {node.name!r} is not named like a node of local cluster {cluster}")
+    return index
 
 
 def run(argv: list[str], check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
