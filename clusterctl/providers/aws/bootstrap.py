@@ -17,9 +17,10 @@ from clusterctl import s3uri
 from clusterctl.errors import ClusterctlError, ConfigError, ProvisionError
 from clusterctl.providers.aws import fabric
 from clusterctl.providers.aws.api import NOT_FOUND, Api, _code, _tagdict, _tags
-from clusterctl.providers.aws.discovery import IAM_PATH, KIND, Scope, find_one, iam_get
+from clusterctl.providers.aws.discovery import IAM_PATH, KIND, Scope, find_one
 from clusterctl.providers.aws.machine import Context
 from clusterctl.providers.aws.options import parse_s3_read
+from clusterctl.providers.aws.resources import iam_get
 from clusterctl.types import Cluster
 
 CHECKIP_URL = "https://checkip.amazonaws.com"
