@@ -12,7 +12,7 @@ import yaml
 
 from clusterctl.cluster.overview import disagreements
 from clusterctl.errors import ConfigError, ProvisionError
-from clusterctl.providers.aws import bootstrap, catalog, cloud_init, discovery, instances, machine
+from clusterctl.providers.aws import bootstrap, catalog, cloud_init, console, discovery, instances, machine
 from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import ClusterStatus, NodeStatus
 from clusterctl.state import Record
@@ -104,22 +104,22 @@ ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst root@ip-10-0-0-4
 
 
 def test_host_keys_come_from_cloud_inits_keys_block_ed25519_first():
-    keys = instances.host_keys_from_console(CONSOLE)
+    keys = console.host_keys_from_console(CONSOLE)
     assert keys == (
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst",
         "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY=",
     )
     rebooted = CONSOLE + CONSOLE.replace("IFirst", "ISecond")
-    assert instances.host_keys_from_console(rebooted)[0].endswith("ISecond")  # the last block is the current one
-    assert instances.host_keys_from_console("Linux version 6.8\nno keys here\n") == ()
-    assert instances.host_keys_from_console("") == ()
+    assert console.host_keys_from_console(rebooted)[0].endswith("ISecond")  # the last block is the current one
+    assert console.host_keys_from_console("Linux version 6.8\nno keys here\n") == ()
+    assert console.host_keys_from_console("") == ()
 
 
 def test_console_output_is_decoded_when_still_base64():
     import base64
 
-    assert instances._decode_console(base64.b64encode(CONSOLE.encode()).decode()) == CONSOLE
-    assert instances._decode_console(CONSOLE) == CONSOLE
+    assert console._decode_console(base64.b64encode(CONSOLE.encode()).decode()) == CONSOLE
+    assert console._decode_console(CONSOLE) == CONSOLE
 
 
 @pytest.mark.parametrize(

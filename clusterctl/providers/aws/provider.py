@@ -7,7 +7,8 @@
     resources.py  every resource of a scope (the tagged kinds, IAM role and profile), identities, all clusters
     status.py     `status`/`ls`: nodes, states, zones, prices, the disks' monthly cost
     bootstrap.py  network, security group, placement group, key pair, IAM role and profile
-    instances.py  `up`'s steps: RunInstances per AZ, wait, name, host keys from the console
+    instances.py  `up`'s steps: RunInstances per AZ, wait, name
+    console.py    host keys from the console output (cloud-init's block)
     replace.py    `repair`: lost instances, and new ones like their peers through instances.py's launch code
     cloud_init.py the nodes' user data
     fabric.py     EFA interfaces, the leader's Elastic IP, the S3 endpoint, quotas
@@ -29,6 +30,7 @@ from clusterctl.errors import ConfigError
 from clusterctl.providers.aws import (
     bootstrap,
     catalog,
+    console,
     discovery,
     instances,
     machine,
@@ -39,8 +41,8 @@ from clusterctl.providers.aws import (
     teardown,
 )
 from clusterctl.providers.aws.api import Api, Report
+from clusterctl.providers.aws.console import CONSOLE_WAIT
 from clusterctl.providers.aws.discovery import CLUSTER_ID, Scope, caller, new_cluster_id
-from clusterctl.providers.aws.instances import CONSOLE_WAIT
 from clusterctl.providers.aws.machine import Context, Image, TypeInfo
 from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import (
@@ -230,7 +232,7 @@ class AwsProvider(Provider):
         return Launched(cluster, {})
 
     def host_keys(self, cluster: Cluster) -> dict[str, tuple[str, ...]]:
-        """Host keys cloud-init printed to each node's console (instances.host_keys), read with Latest=True on
+        """Host keys cloud-init printed to each node's console (console.host_keys), read with Latest=True on
         Nitro types; for at most console_wait (CONSOLE_WAIT, 10 minutes)."""
         ctx = self._ctx
         info = (
@@ -240,7 +242,7 @@ class AwsProvider(Provider):
             if cluster.instance_type
             else None
         )
-        return instances.host_keys(self.api, cluster, bool(info and info.nitro), self.console_wait)
+        return console.host_keys(self.api, cluster, bool(info and info.nitro), self.console_wait)
 
     def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
         """`up` of a cluster that is already up: its ssh rule becomes exactly this run's range."""
