@@ -12,7 +12,7 @@ import yaml
 
 from clusterctl.cluster.overview import disagreements
 from clusterctl.errors import ConfigError, ProvisionError
-from clusterctl.providers.aws import bootstrap, catalog, cloud_init, console, discovery, instances, machine
+from clusterctl.providers.aws import catalog, cloud_init, console, discovery, iam, instances, machine
 from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import ClusterStatus, NodeStatus
 from clusterctl.state import Record
@@ -75,7 +75,7 @@ def test_bad_options_are_config_errors(options, message):
 
 
 def test_s3_read_policy_reads_only_the_prefixes():
-    policy = bootstrap.s3_read_policy(["s3://data-bucket/imagenet/", "other-bucket"])
+    policy = iam.s3_read_policy(["s3://data-bucket/imagenet/", "other-bucket"])
     get, list1, list2 = policy["Statement"]
     assert get["Action"] == ["s3:GetObject"]
     assert get["Resource"] == ["arn:aws:s3:::data-bucket/imagenet/*", "arn:aws:s3:::other-bucket/*"]
@@ -84,7 +84,7 @@ def test_s3_read_policy_reads_only_the_prefixes():
     assert "Condition" not in list2
     assert all("Put" not in json.dumps(s) and "Delete" not in json.dumps(s) for s in policy["Statement"])
     # A prefix is a folder: s3://data/imagenet never reaches data/imagenet-private/ (issue 14)
-    get, listing = bootstrap.s3_read_policy(["s3://data/imagenet"])["Statement"]
+    get, listing = iam.s3_read_policy(["s3://data/imagenet"])["Statement"]
     assert get["Resource"] == ["arn:aws:s3:::data/imagenet/*"]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["imagenet/*"]}}
 
@@ -413,15 +413,15 @@ def test_the_nodes_iam_role_and_profile_are_made_or_reused_only_when_they_are_th
     ours = discovery.Scope("zz", "abc123", "arn:me")
     iname = ours.iam("eu-west-1")
     fresh = _Iam({}, {})
-    assert bootstrap.ensure_instance_profile(fresh, ctx, ours) == iname
+    assert iam.ensure_instance_profile(fresh, ctx, ours) == iname
     assert fresh.made == ["create_role", "create_instance_profile", "add_role_to_instance_profile"]
     mine = ours.tags("eu-west-1")
     again = _Iam({iname: mine}, {iname: mine})
-    assert bootstrap.ensure_instance_profile(again, ctx, ours) == iname and again.made == []
+    assert iam.ensure_instance_profile(again, ctx, ours) == iname and again.made == []
     other = discovery.Scope("zz", "def456", "arn:other").tags("eu-west-1")
     with pytest.raises(ProvisionError, match=rf"IAM role {iname} exists but is not this cluster zz's \(id abc123"):
-        bootstrap.ensure_instance_profile(_Iam({iname: other}, {}), ctx, ours)
+        iam.ensure_instance_profile(_Iam({iname: other}, {}), ctx, ours)
     foreign_profile = _Iam({iname: mine}, {iname: other})
     with pytest.raises(ProvisionError, match=rf"IAM instance profile {iname} exists but is not this .*\(id abc123"):
-        bootstrap.ensure_instance_profile(foreign_profile, ctx, ours)
+        iam.ensure_instance_profile(foreign_profile, ctx, ours)
     assert foreign_profile.made == []

@@ -2,7 +2,7 @@
 waiting until they run, naming them leader and members (their host keys: console.py).
 
 `launch` is `up`'s list of idempotent steps, each of which first looks for what an earlier run made:
-    network -> security group -> placement group -> key pair -> IAM role + instance profile (bootstrap.py) ->
+    network -> security group -> placement group -> key pair -> IAM role + instance profile (bootstrap.py, iam.py) ->
     one RunInstances with MinCount = MaxCount = N per AZ tried -> wait until running -> name the nodes ->
     the leader's Elastic IP when it has several interfaces (fabric.py).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.errors import CapacityError, ProvisionError, WaitTimeout
-from clusterctl.providers.aws import bootstrap, catalog, fabric
+from clusterctl.providers.aws import bootstrap, catalog, fabric, iam
 from clusterctl.providers.aws.api import Api, _code, _message, _tagdict, _tags
 from clusterctl.providers.aws.bootstrap import Network
 from clusterctl.providers.aws.cloud_init import user_data
@@ -74,7 +74,7 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
         bootstrap.ensure_placement_group(api, ctx, scope) if ctx.opts.placement and ctx.type.cluster_placement else None
     )
     key = bootstrap.ensure_key_pair(api, ctx, scope, keys.operator_public)
-    profile = bootstrap.ensure_instance_profile(api, ctx, scope)
+    profile = iam.ensure_instance_profile(api, ctx, scope)
     if existing:
         existing = start_stopped(api, name, existing, wait_timeout)
         api.report(f"found {len(existing)} running instance(s) of {name} by tags: reusing them")

@@ -6,7 +6,8 @@
     discovery.py  identity (Scope), the ONE table of tagged kinds, instances, IAM names
     resources.py  every resource of a scope (the tagged kinds, IAM role and profile), identities, all clusters
     status.py     `status`/`ls`: nodes, states, zones, prices, the disks' monthly cost
-    bootstrap.py  network, security group, placement group, key pair, IAM role and profile
+    bootstrap.py  network, security group, placement group, key pair
+    iam.py        the nodes' IAM role and instance profile, the --s3-read and checkpoint policies
     instances.py  `up`'s steps: RunInstances per AZ, wait, name
     console.py    host keys from the console output (cloud-init's block)
     replace.py    `repair`: lost instances, and new ones like their peers through instances.py's launch code
@@ -32,6 +33,7 @@ from clusterctl.providers.aws import (
     catalog,
     console,
     discovery,
+    iam,
     instances,
     machine,
     plan as planning,
@@ -251,7 +253,7 @@ class AwsProvider(Provider):
 
     def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
         """`train --checkpoint-to`: the nodes' role may write checkpoints under `uri` only."""
-        bootstrap.grant_checkpoint_write(self.api, cluster, uri)
+        iam.grant_checkpoint_write(self.api, cluster, uri)
 
     # ---- repair (cluster/repair.py) ---------------------------------------------------------------------------
     def _own_scope(self, cluster: Cluster) -> Scope:
