@@ -19,7 +19,8 @@ from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, Sta
 from clusterctl.providers.base import ClusterKeys, Launched, Provider, Teardown
 from clusterctl.remote import sshkeys
 from clusterctl.remote.ssh import SshPool
-from clusterctl.runtime.install import RuntimeRequest, S3Cache, install as install_runtime
+from clusterctl.runtime.install import RuntimeRequest, install as install_runtime
+from clusterctl.runtime.s3cache import S3Cache
 from clusterctl.state import Record, StateStore, atomic_write
 from clusterctl.types import Cluster, ClusterSpec, OnStep, Step, step_lines
 

@@ -230,7 +230,7 @@ def launch(
 ) -> tuple[Cluster, float]:
     """Make the planned cluster (provision.up); the cluster, and the seconds it took."""
     from clusterctl.cluster import provision
-    from clusterctl.runtime.install import S3Cache
+    from clusterctl.runtime.s3cache import S3Cache
 
     start = time.monotonic()
     cluster = provision.up(
