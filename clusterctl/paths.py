@@ -1,6 +1,6 @@
 """This machine's clusterctl folders outside any CLUSTERCTL_HOME (core: stdlib only): the node runtime cache
 and install.sh's wheelhouse. runtime/cache.py builds into them; the local provider hides them from its
-nodes (netns.operator_paths) without importing the runtime package."""
+nodes (boot.operator_paths) without importing the runtime package."""
 
 from __future__ import annotations
 

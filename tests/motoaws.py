@@ -34,7 +34,7 @@ What is added to moto, and why:
     opaque_kms_etags(), for the S3 servers of the sync tests;
   * faults: an error for an action (capacity in one AZ, throttling, dependency errors), a lost response
     (done, then a 500), and gates that hold a response until the test has interrupted the CLI.
-Each instance launched into the test's own address range gets a namespace node (netns.create_node)
+Each instance launched into the test's own address range gets a namespace node (boot.create_node)
 with sshd at its private address (and its public one), the imported key pair's public key in
 /root/.ssh/authorized_keys; TerminateInstances destroys it.
 """
@@ -165,14 +165,14 @@ class MotoAws:
     # ---- per test ----------------------------------------------------------------------------------
     def begin(self, node_root: Path) -> None:
         self.reset()
-        from clusterctl.providers.local import netns
+        from clusterctl.providers.local import boot, netns
 
         # While a test runs, namespace nodes made here use their own prefix, and their sshd listens on every
         # address of the node (private and "public"). Only this process is affected, only until end().
-        self._saved = (netns.NETNS_PREFIX, netns.sshd_config)
-        orig_sshd_config = netns.sshd_config
+        self._saved = (netns.NETNS_PREFIX, boot.sshd_config)
+        orig_sshd_config = boot.sshd_config
         netns.NETNS_PREFIX = NETNS_PREFIX
-        netns.sshd_config = lambda address, port: orig_sshd_config(address, port).replace(
+        boot.sshd_config = lambda address, port: orig_sshd_config(address, port).replace(
             f"ListenAddress {address}:{port}", f"ListenAddress 0.0.0.0:{port}"
         )
 
@@ -209,7 +209,7 @@ class MotoAws:
         self.seed()
 
     def end(self) -> None:
-        from clusterctl.providers.local import netns
+        from clusterctl.providers.local import boot, netns
 
         for gate in self.gates:
             gate.release.set()
@@ -229,7 +229,7 @@ class MotoAws:
         self.faults.clear()
         self.gates.clear()
         self.owned = None
-        netns.NETNS_PREFIX, netns.sshd_config = self._saved
+        netns.NETNS_PREFIX, boot.sshd_config = self._saved
 
     def reset(self) -> None:
         urllib.request.urlopen(
@@ -529,21 +529,21 @@ class MotoAws:
         ip = ipaddress.ip_address(instance.private_ip)
         if ip not in self.owned:
             return
-        from clusterctl.providers.local import netns
+        from clusterctl.providers.local import boot
 
         subnet = backend.get_subnet(instance.subnet_id)
         net = ipaddress.ip_network(subnet.cidr_block)
         with self.lock:
             if instance.subnet_id not in self.bridges:
                 gateway = str(net[1])
-                bridge = netns.create_bridge(f"moto-{instance.subnet_id}", net, gateway)
+                bridge = boot.create_bridge(f"moto-{instance.subnet_id}", net, gateway)
                 self.bridges[instance.subnet_id] = (bridge, gateway)
             bridge, gateway = self.bridges[instance.subnet_id]
         key = backend.key_pairs[instance.key_name].public_key if instance.key_name else ""
         hostname = "ip-" + instance.private_ip.replace(".", "-")
-        spec = netns.NodeSpec(0, hostname, instance.private_ip)
+        spec = boot.NodeSpec(0, hostname, instance.private_ip)
         node_dir = self.node_root / instance.id
-        made = netns.create_node(instance.id, bridge, net, spec, [spec], node_dir, key.strip() + "\n")
+        made = boot.create_node(instance.id, bridge, net, spec, [spec], node_dir, key.strip() + "\n")
         if self.mirror_address:
             subprocess.run(
                 ["ip", "-n", made.netns, "route", "add", f"{self.mirror_address}/32", "dev", "eth0"], check=True

@@ -59,9 +59,9 @@ def resolve(
         )
         if ssh.connect_timeout_given:
             targets = [_without_config_timeout(t) for t in targets]
-        from clusterctl.remote import sshconfig
+        from clusterctl.remote import sshidentities
 
-        sshconfig.check_keys_usable(targets)
+        sshidentities.check_keys_usable(targets)
         if notes and warn is not None:
             for note in notes:
                 warn(note)

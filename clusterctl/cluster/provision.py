@@ -9,34 +9,20 @@ A failed or interrupted `up` removes what it created (found by tags/names) and s
 
 from __future__ import annotations
 
-import shlex
-import socket
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from clusterctl.cluster import hosts_out as hosts_out_mod, live_hosts, sshentry
-from clusterctl.cluster.reach import ClusterPaths, behind_leader, hosts_file, paths, ssh_settings, ssh_targets
-from clusterctl.errors import (
-    ClusterctlError,
-    HostKeyError,
-    ProvisionError,
-    StateError,
-    UnreachableError,
-    WaitTimeout,
-)
+from clusterctl.cluster import gpu_check, hosts_out as hosts_out_mod, live_hosts, node_setup, sshentry
+from clusterctl.cluster.reach import hosts_file, paths, ssh_settings, ssh_targets
+from clusterctl.errors import ClusterctlError, HostKeyError, ProvisionError, StateError
 from clusterctl.providers.base import ClusterKeys, Launched, Provider, Teardown
 from clusterctl.remote import sshkeys
 from clusterctl.remote.ssh import SshPool
-from clusterctl.remote.targets import SshTarget
-from clusterctl.runtime.install import RuntimeRequest, S3Cache, install as install_runtime
+from clusterctl.runtime.install import RuntimeRequest, install as install_runtime
+from clusterctl.runtime.s3cache import S3Cache
 from clusterctl.state import Record, StateStore, atomic_write
-from clusterctl.types import Cluster, ClusterSpec, Node, OnStep, Step, step_lines
-
-if TYPE_CHECKING:
-    from clusterctl.hostsfile import HostsFile
+from clusterctl.types import Cluster, ClusterSpec, OnStep, Step, step_lines
 
 Report = Callable[[str], None]
 
@@ -152,7 +138,7 @@ def _ready(
     p = paths(store, cluster.name)
     steps = on_step or step_lines(report)
     steps(Step("waiting for ssh on every node"))
-    wait_for_ssh(cluster, ssh_timeout)
+    node_setup.wait_for_ssh(cluster, ssh_timeout)
     steps(Step("waiting for ssh on every node", "end", detail=f"{len(cluster.nodes)} node(s) answer"))
     # a restarted node keeps its disk, so its host key: the one pinned at its creation, by node name
     # (its address may have changed; cloud-init prints keys to the console at the first boot only)
@@ -177,13 +163,13 @@ def _ready(
             f"trusting first contact for {len(unverified)} node(s) (--trust-first-contact): "
             + ", ".join(n.name for n in unverified)
         )
-    pinned = pin_host_keys(cluster, known, p.known_hosts)
+    pinned = node_setup.pin_host_keys(cluster, known, p.known_hosts)
     report(f"host keys pinned for {len(pinned)} node(s) in {p.known_hosts}")
     hf = hosts_file(cluster)
     with SshPool(ssh_settings(cluster, store)) as pool:
-        setup_nodes(cluster, pool, ssh_targets(cluster, store), pinned, p, hf)
+        node_setup.setup_nodes(cluster, pool, ssh_targets(cluster, store), pinned, p, hf)
         report("the leader reaches every member over ssh with host keys checked")
-        for warning in check_gpus(cluster, pool, ssh_targets(cluster, store)):
+        for warning in gpu_check.check_gpus(cluster, pool, ssh_targets(cluster, store)):
             report(f"warning: {warning}")
         # The nodes' training environment; the record says which (jobfolder.node_python reads it).
         node_runtime = install_runtime(
@@ -341,204 +327,6 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, ClusterctlError):
         return exc.message
     return f"{exc.__class__.__name__}: {exc}"
-
-
-def wait_for_ssh(cluster: Cluster, timeout: float) -> None:
-    """Every node's ssh port answers (concurrently), or WaitTimeout naming the ones that did not."""
-    deadline = time.monotonic() + timeout
-    stop = threading.Event()  # set on the way out (Ctrl-C included), so no worker outlives this call
-
-    def one(node: Node) -> str | None:
-        while time.monotonic() < deadline and not stop.is_set():
-            try:
-                with socket.create_connection((node.ssh_host, node.ssh_port), timeout=2.0) as s:
-                    s.settimeout(5.0)
-                    if s.recv(4).startswith(b"SSH-"):
-                        return None
-            except OSError:
-                stop.wait(0.5)
-        return node.ssh_host
-
-    # Members behind the leader are not dialled from here: their pinned console keys say sshd is up, and the
-    # first connection through the leader proves it (pin_host_keys).
-    direct = [n for n in cluster.nodes if not behind_leader(cluster, n)]
-    with ThreadPoolExecutor(max_workers=min(64, len(direct))) as pool:
-        try:
-            missing = [h for h in pool.map(one, direct) if h]
-        finally:
-            stop.set()
-    if missing:
-        raise WaitTimeout(
-            f"no ssh answer within {timeout:.0f}s from {', '.join(missing)}",
-            "check the nodes' security group and that they booted",
-        )
-
-
-def pin_host_keys(cluster: Cluster, known: dict[str, tuple[str, ...]], path: Path) -> dict[str, tuple[str, ...]]:
-    """Write the cluster's known_hosts. Keys known at creation are used as they are; a node without one
-    is pinned at first contact (its key recorded once, and never silently replaced afterwards)."""
-    pinned = dict(known)
-    for node in cluster.nodes:
-        if node.ssh_host not in pinned and behind_leader(cluster, node):
-            raise HostKeyError(
-                f"no host key for {node.name} ({node.ssh_host}) in its console output; a member reached "
-                "through the leader is pinned from its console only",
-                "check that the image runs cloud-init (it prints the keys), or pass --private-ips from inside the VPC",
-            )
-        if node.ssh_host not in pinned:
-            pinned[node.ssh_host] = (first_contact_key(node.ssh_host, node.ssh_port),)
-    text = "".join(
-        sshkeys.render_known_hosts({n.ssh_host: list(pinned[n.ssh_host])}, port=n.ssh_port) for n in cluster.nodes
-    )
-    atomic_write(path, text, mode=0o600)
-    return {n.ssh_host: pinned[n.ssh_host] for n in cluster.nodes}
-
-
-def first_contact_key(host: str, port: int) -> str:
-    import paramiko
-
-    sock = socket.create_connection((host, port), timeout=10)
-    t = paramiko.Transport(sock)
-    try:
-        t.get_security_options().key_types = ["ssh-ed25519"] + [
-            k for k in t.get_security_options().key_types if k != "ssh-ed25519"
-        ]
-        t.start_client(timeout=10)
-        key = t.get_remote_server_key()
-        return f"{key.get_name()} {key.get_base64()}"
-    finally:
-        t.close()
-
-
-def setup_nodes(
-    cluster: Cluster,
-    pool: SshPool,
-    targets: list[SshTarget],
-    pinned: dict[str, tuple[str, ...]],
-    p: ClusterPaths,
-    hf: HostsFile,
-) -> None:
-    """Hand every node the cluster's internal key, the node-side known_hosts and the hosts file, then
-    prove the leader reaches every member with host keys checked."""
-    node_view: dict[str, list[str]] = {}
-    for n in cluster.nodes:
-        node_view[n.private_ip] = list(pinned[n.ssh_host])
-        node_view[n.name] = list(pinned[n.ssh_host])
-    files = {
-        ".ssh/id_ed25519": (p.internal_key.read_bytes(), 0o600),
-        ".ssh/id_ed25519.pub": (p.internal_key.with_name(p.internal_key.name + ".pub").read_bytes(), 0o644),
-        ".ssh/known_hosts": (sshkeys.render_known_hosts(node_view).encode(), 0o644),
-        "hosts": (hf.render().encode(), 0o644),
-    }
-    report = pool.put(targets, files)
-    if not report.all_ok:
-        bad = "; ".join(f"{r.host}: {r.error}" for r in report.failed)
-        raise UnreachableError(f"could not set up every node: {bad}")
-    # The internal key must open every node to the others. Cloud nodes only know the operator key
-    # (their key pair) from boot, so it is authorized here, once, for every provider alike.
-    internal_pub = p.internal_key.with_name(p.internal_key.name + ".pub").read_text().strip()
-    line = shlex.quote(internal_pub)
-    authorize = (
-        f"umask 077; mkdir -p ~/.ssh && touch ~/.ssh/authorized_keys && "
-        f"(grep -qxF {line} ~/.ssh/authorized_keys || printf '%s\\n' {line} >> ~/.ssh/authorized_keys)"
-    )
-    report = pool.run(targets, authorize, timeout=60)
-    if not report.all_ok:
-        bad = "; ".join(f"{r.host}: {r.error or r.stderr.strip()[-200:]}" for r in report.failed)
-        raise UnreachableError(f"could not authorize the cluster key on every node: {bad}")
-    if not cluster.members:
-        return
-    checks = " ".join(
-        f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=10 {shlex.quote(m.private_ip)} true "
-        f"|| echo {shlex.quote(m.private_ip)};"
-        for m in cluster.members
-    )
-    result = pool.run_one(targets[0], checks, timeout=120)
-    if not result.ok or result.stdout.strip():
-        detail = result.error or result.stdout.strip().replace("\n", ", ") or result.stderr.strip()[-200:]
-        raise ProvisionError(f"the leader cannot ssh to every member: {detail}")
-
-
-# One line per node: "none" (no nvidia-smi), or "rc=<exit status> gpus=<count>" then nvidia-smi's first line
-# when it failed (the driver not loaded, a GPU fallen off the bus ...).
-GPU_PROBE = (
-    "if command -v nvidia-smi >/dev/null 2>&1; then out=$(nvidia-smi -L 2>&1); rc=$?; "
-    "printf 'rc=%s gpus=%s\\n' \"$rc\" \"$(printf '%s\\n' \"$out\" | grep -c '^GPU ')\"; "
-    '[ "$rc" = 0 ] || printf \'%s\\n\' "$out" | head -n 1; else echo none; fi; true'
-)
-
-
-def check_gpus(cluster: Cluster, pool: SshPool, targets: list[SshTarget]) -> list[str]:
-    """Slots against the GPUs nvidia-smi sees. A node of a GPU type (cluster.facts.gpus > 0) whose nvidia-smi
-    is missing, fails, or sees fewer GPUs than its slots fails `up` (a ProvisionError naming the nodes);
-    other mismatches are warnings."""
-    report = pool.run(targets, GPU_PROBE, timeout=60)
-    counts = {n.name: (r.stdout.strip() if r.ok else None) for n, r in zip(cluster.nodes, report)}
-    errors = gpu_failures(cluster, counts)
-    if errors:
-        raise ProvisionError(
-            f"GPU check failed: {'; '.join(errors)}",
-            "the image's NVIDIA driver may not drive this GPU (Volta needs R580 or older: see "
-            "`up --dry-run`), or pass --slots to match the GPUs",
-        )
-    return gpu_mismatches(cluster, counts)
-
-
-def _gpu_probe(text: str | None) -> tuple[str, int | None, int | None, str]:
-    """("none"|"ran"|"unknown", exit status, GPUs seen, first error line) from GPU_PROBE's output (or a bare count)."""
-    lines = (text or "").strip().splitlines()
-    if not lines:
-        return "unknown", None, None, ""
-    head = lines[0].strip()
-    if head == "none":
-        return "none", None, None, ""
-    if head.isdigit():  # the older probe's answer: a count
-        return "ran", 0, int(head), ""
-    fields = dict(f.split("=", 1) for f in head.split() if "=" in f)
-    try:
-        return "ran", int(fields["rc"]), int(fields["gpus"]), (lines[1].strip() if len(lines) > 1 else "")
-    except (KeyError, ValueError):
-        return "unknown", None, None, head
-
-
-def _type_gpus(cluster: Cluster) -> int:
-    try:
-        return cluster.facts.gpus or 0
-    except ValueError:
-        return 0
-
-
-def gpu_failures(cluster: Cluster, counts: dict[str, str | None]) -> list[str]:
-    """The GPU nodes that cannot run their slots: one line each, naming the node."""
-    if _type_gpus(cluster) <= 0:
-        return []
-    out = []
-    for n in cluster.nodes:
-        kind, rc, seen, detail = _gpu_probe(counts.get(n.name))
-        if counts.get(n.name) is None:
-            out.append(f"{n.name}: the GPU probe did not run")
-        elif kind == "none":
-            out.append(f"{n.name}: no nvidia-smi on a {cluster.instance_type} ({_type_gpus(cluster)} GPUs)")
-        elif kind == "unknown":
-            out.append(f"{n.name}: unreadable GPU probe output {detail[:80]!r}")
-        elif rc != 0:
-            out.append(f"{n.name}: nvidia-smi failed (exit {rc}" + (f": {detail[:120]}" if detail else "") + ")")
-        elif seen is not None and seen < n.slots:
-            out.append(f"{n.name}: nvidia-smi sees {seen} GPU(s) but the node has slots={n.slots}")
-    return out
-
-
-def gpu_mismatches(cluster: Cluster, counts: dict[str, str | None]) -> list[str]:
-    """Warnings: a node whose nvidia-smi count differs from its slots, where that does not fail `up`."""
-    failing = {line.split(":", 1)[0] for line in gpu_failures(cluster, counts)}
-    out = []
-    for n in cluster.nodes:
-        kind, rc, seen, _ = _gpu_probe(counts.get(n.name))
-        if n.name in failing or kind != "ran" or rc != 0 or seen is None:
-            continue
-        if seen != n.slots:
-            out.append(f"{n.name}: nvidia-smi sees {seen} GPU(s) but the hosts file says slots={n.slots}")
-    return out
 
 
 # ---- down -------------------------------------------------------------------------------------------

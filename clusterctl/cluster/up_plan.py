@@ -184,18 +184,18 @@ def as_up(spec: ClusterSpec, given: tuple[str, ...], store: StateStore) -> tuple
 def resize(
     up: UpPlan, store: StateStore, report: Callable[[str], None], hosts_out: Path, ssh_timeout: float
 ) -> tuple[Cluster, tuple[Node, ...]]:
-    """The plan's Resize carried out (cluster/repair.py: grow, or shrink); the cluster as the record now says,
+    """The plan's Resize carried out (cluster/membership.py: grow, or shrink); the cluster as the record now says,
     and the nodes added."""
-    from clusterctl.cluster import repair
+    from clusterctl.cluster import membership
 
     change = up.resize
     assert change is not None  # the caller asks only for a plan that resizes
     if change.add:
-        grown = repair.grow(
+        grown = membership.grow(
             store, up.provider, change.cluster, change.add, report=report, hosts_out=hosts_out, ssh_timeout=ssh_timeout
         )
         return grown, grown.nodes[len(change.cluster.nodes) :]
-    return repair.shrink(store, up.provider, change.cluster, change.remove, report=report, hosts_out=hosts_out), ()
+    return membership.shrink(store, up.provider, change.cluster, change.remove, report=report, hosts_out=hosts_out), ()
 
 
 def runtime_request(request: UpRequest, builds_here: bool) -> RuntimeRequest:
@@ -233,7 +233,7 @@ def launch(
 ) -> tuple[Cluster, float]:
     """Make the planned cluster (provision.up); the cluster, and the seconds it took."""
     from clusterctl.cluster import provision
-    from clusterctl.runtime.install import S3Cache
+    from clusterctl.runtime.s3cache import S3Cache
 
     start = time.monotonic()
     cluster = provision.up(

@@ -1,5 +1,5 @@
 """ImageNet-format TFRecords written here (`data tfrecords`, `data synthetic`) and read back: the node package's
-dataset code (node/dataset/tfrecords.py, the one copy; a leader runs it too), its refusals raised as ConfigError
+dataset code (node/dataset/tfrecords.py and synthetic.py, the one copy; a leader runs it too), its refusals raised as ConfigError
 so they reach the user as every other error does."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import functools
 from typing import Callable, ParamSpec, TypeVar
 
 from clusterctl.errors import ConfigError
-from clusterctl.node.dataset import tfrecords as records
+from clusterctl.node.dataset import synthetic, tfrecords as records
 from clusterctl.node.dataset.errors import DatasetError
 
 P = ParamSpec("P")
@@ -27,5 +27,5 @@ def _config_errors(f: Callable[P, R]) -> Callable[P, R]:
 
 
 convert_folder = _config_errors(records.convert_folder)
-write_synthetic = _config_errors(records.write_synthetic)
+write_synthetic = _config_errors(synthetic.write_synthetic)
 read_info = _config_errors(records.read_info)

@@ -184,7 +184,7 @@ class Teardown:
 
 
 class ObjectStore(ABC):
-    """A provider's object store (S3 for AWS), as the runtime cache (runtime/install.S3Cache) uses it: presigned
+    """A provider's object store (S3 for AWS), as the runtime cache (runtime/s3cache.S3Cache) uses it: presigned
     URLs the nodes fetch and fill, so no node needs write access to it."""
 
     @abstractmethod

@@ -47,7 +47,7 @@ def handshake(
     public keys in OpenSSH's order: agent keys only when the settings allow an agent."""
     import paramiko
 
-    from clusterctl.remote import sshconfig
+    from clusterctl.remote import sshidentities
 
     transport = paramiko.Transport(sock)
     client = paramiko.SSHClient()
@@ -66,7 +66,7 @@ def handshake(
         if want.get(server.get_name()) != server:
             raise paramiko.BadHostKeyException(name, server, next(iter(want.values())))
         agent = target.identity_agent if settings.allow_agent else None
-        keys, locked, conn = sshconfig.candidate_keys(
+        keys, locked, conn = sshidentities.candidate_keys(
             target.identity_files,
             target.identities_only or not settings.allow_agent,
             agent,
@@ -82,7 +82,7 @@ def handshake(
                 except paramiko.AuthenticationException as exc:
                     last = exc
             if locked:
-                raise sshconfig.PassphraseKey(locked[0])
+                raise sshidentities.PassphraseKey(locked[0])
             raise last or paramiko.AuthenticationException("no key to offer")
         finally:
             if conn is not None:
@@ -145,7 +145,7 @@ def describe_connect_error(target: SshTarget, exc: BaseException) -> str:
     """One line saying why a host could not be reached, and what to do about host keys."""
     import paramiko
 
-    from clusterctl.remote.sshconfig import PassphraseKey
+    from clusterctl.remote.sshidentities import PassphraseKey
 
     if isinstance(exc, PassphraseKey):
         return f"authentication failed for {target.user}@{target.hostname}:{target.port}: {exc}"

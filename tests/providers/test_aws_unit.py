@@ -12,7 +12,7 @@ import yaml
 
 from clusterctl.cluster.overview import disagreements
 from clusterctl.errors import ConfigError, ProvisionError
-from clusterctl.providers.aws import bootstrap, catalog, cloud_init, discovery, instances, machine
+from clusterctl.providers.aws import catalog, cloud_init, console, discovery, iam, instances, machine
 from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import ClusterStatus, NodeStatus
 from clusterctl.state import Record
@@ -75,7 +75,7 @@ def test_bad_options_are_config_errors(options, message):
 
 
 def test_s3_read_policy_reads_only_the_prefixes():
-    policy = bootstrap.s3_read_policy(["s3://data-bucket/imagenet/", "other-bucket"])
+    policy = iam.s3_read_policy(["s3://data-bucket/imagenet/", "other-bucket"])
     get, list1, list2 = policy["Statement"]
     assert get["Action"] == ["s3:GetObject"]
     assert get["Resource"] == ["arn:aws:s3:::data-bucket/imagenet/*", "arn:aws:s3:::other-bucket/*"]
@@ -84,7 +84,7 @@ def test_s3_read_policy_reads_only_the_prefixes():
     assert "Condition" not in list2
     assert all("Put" not in json.dumps(s) and "Delete" not in json.dumps(s) for s in policy["Statement"])
     # A prefix is a folder: s3://data/imagenet never reaches data/imagenet-private/ (issue 14)
-    get, listing = bootstrap.s3_read_policy(["s3://data/imagenet"])["Statement"]
+    get, listing = iam.s3_read_policy(["s3://data/imagenet"])["Statement"]
     assert get["Resource"] == ["arn:aws:s3:::data/imagenet/*"]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["imagenet/*"]}}
 
@@ -104,22 +104,22 @@ ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst root@ip-10-0-0-4
 
 
 def test_host_keys_come_from_cloud_inits_keys_block_ed25519_first():
-    keys = instances.host_keys_from_console(CONSOLE)
+    keys = console.host_keys_from_console(CONSOLE)
     assert keys == (
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFirst",
         "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY=",
     )
     rebooted = CONSOLE + CONSOLE.replace("IFirst", "ISecond")
-    assert instances.host_keys_from_console(rebooted)[0].endswith("ISecond")  # the last block is the current one
-    assert instances.host_keys_from_console("Linux version 6.8\nno keys here\n") == ()
-    assert instances.host_keys_from_console("") == ()
+    assert console.host_keys_from_console(rebooted)[0].endswith("ISecond")  # the last block is the current one
+    assert console.host_keys_from_console("Linux version 6.8\nno keys here\n") == ()
+    assert console.host_keys_from_console("") == ()
 
 
 def test_console_output_is_decoded_when_still_base64():
     import base64
 
-    assert instances._decode_console(base64.b64encode(CONSOLE.encode()).decode()) == CONSOLE
-    assert instances._decode_console(CONSOLE) == CONSOLE
+    assert console._decode_console(base64.b64encode(CONSOLE.encode()).decode()) == CONSOLE
+    assert console._decode_console(CONSOLE) == CONSOLE
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_record_and_cloud_disagreements():
 
 
 def test_slots_are_checked_against_nvidia_smi_where_it_exists():
-    from clusterctl.cluster.provision import GPU_PROBE, gpu_failures, gpu_mismatches
+    from clusterctl.cluster.gpu_check import GPU_PROBE, gpu_failures, gpu_mismatches
 
     c = _cluster(("i-1", "i-2", "i-3"))  # no "gpus" in extra: as a hosts file or a local cluster, warnings only
     counts = {"c-i-1": "rc=0 gpus=8", "c-i-2": "none", "c-i-3": "rc=0 gpus=4"}
@@ -221,7 +221,7 @@ def test_slots_are_checked_against_nvidia_smi_where_it_exists():
 def test_a_gpu_node_short_of_gpus_or_with_a_failing_nvidia_smi_is_a_failure_naming_it():
     from dataclasses import replace
 
-    from clusterctl.cluster.provision import gpu_failures, gpu_mismatches
+    from clusterctl.cluster.gpu_check import gpu_failures, gpu_mismatches
 
     c = replace(_cluster(("i-1", "i-2", "i-3", "i-4", "i-5")), extra={"gpus": "8"})
     counts = {
@@ -413,15 +413,15 @@ def test_the_nodes_iam_role_and_profile_are_made_or_reused_only_when_they_are_th
     ours = discovery.Scope("zz", "abc123", "arn:me")
     iname = ours.iam("eu-west-1")
     fresh = _Iam({}, {})
-    assert bootstrap.ensure_instance_profile(fresh, ctx, ours) == iname
+    assert iam.ensure_instance_profile(fresh, ctx, ours) == iname
     assert fresh.made == ["create_role", "create_instance_profile", "add_role_to_instance_profile"]
     mine = ours.tags("eu-west-1")
     again = _Iam({iname: mine}, {iname: mine})
-    assert bootstrap.ensure_instance_profile(again, ctx, ours) == iname and again.made == []
+    assert iam.ensure_instance_profile(again, ctx, ours) == iname and again.made == []
     other = discovery.Scope("zz", "def456", "arn:other").tags("eu-west-1")
     with pytest.raises(ProvisionError, match=rf"IAM role {iname} exists but is not this cluster zz's \(id abc123"):
-        bootstrap.ensure_instance_profile(_Iam({iname: other}, {}), ctx, ours)
+        iam.ensure_instance_profile(_Iam({iname: other}, {}), ctx, ours)
     foreign_profile = _Iam({iname: mine}, {iname: other})
     with pytest.raises(ProvisionError, match=rf"IAM instance profile {iname} exists but is not this .*\(id abc123"):
-        bootstrap.ensure_instance_profile(foreign_profile, ctx, ours)
+        iam.ensure_instance_profile(foreign_profile, ctx, ours)
     assert foreign_profile.made == []

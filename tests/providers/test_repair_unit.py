@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from clusterctl.cluster.membership import RepairPlan
 from clusterctl.cluster.overview import disagreements
-from clusterctl.cluster.repair import RepairPlan
 from clusterctl.providers.base import ClusterStatus, LostNode, NodeStatus
 from clusterctl.state import Record
 from clusterctl.types import Cluster, Node

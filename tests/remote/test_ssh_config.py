@@ -604,12 +604,12 @@ def test_certificate_file_on_a_key_served_by_ssh_agent(c, setup, user_ca, tmp_pa
 
 def test_certificate_keys_are_matched_by_the_key_they_certify(user_ca):
     """A certificate goes on the key it certifies only (not on another key of the same type)."""
-    from clusterctl.remote import sshconfig
+    from clusterctl.remote import sshidentities
 
-    cert = sshconfig._cert(str(user_ca / "certs" / "diskkey.cert"))
-    assert sshconfig.certifies(cert, sshconfig._public_blob(str(user_ca / "diskkey.pub")))
-    assert not sshconfig.certifies(cert, sshconfig._public_blob(str(user_ca / "implicitkey.pub")))
-    assert sshconfig._cert(str(user_ca / "diskkey.pub")) is None
+    cert = sshidentities._cert(str(user_ca / "certs" / "diskkey.cert"))
+    assert sshidentities.certifies(cert, sshidentities._public_blob(str(user_ca / "diskkey.pub")))
+    assert not sshidentities.certifies(cert, sshidentities._public_blob(str(user_ca / "implicitkey.pub")))
+    assert sshidentities._cert(str(user_ca / "diskkey.pub")) is None
 
 
 # ---- sync's own OpenSSH calls through a ProxyJump of the user's config ---------------------------------
@@ -672,7 +672,7 @@ def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_p
     """check_keys_usable runs in every `run` over a plain hosts file: it tells locked keys from usable ones
     by the file's header (OpenSSH's `ssh-keygen -y -P ''` is the judge), without importing paramiko (whose
     import cost every command ~0.3 s, seconds on a busy machine)."""
-    from clusterctl.remote import sshconfig
+    from clusterctl.remote import sshidentities
 
     keys = []
     for kind in ("ed25519", "rsa", "ecdsa"):
@@ -694,17 +694,17 @@ def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_p
     states = {}
     for key in keys:
         openssh = subprocess.run(["ssh-keygen", "-y", "-P", "", "-f", str(key)], capture_output=True)
-        states[key.name] = sshconfig.private_key_state(str(key))
+        states[key.name] = sshidentities.private_key_state(str(key))
         assert states[key.name] == ("ok" if openssh.returncode == 0 else "locked"), key
-        assert sshconfig.private_key_state(str(key) + ".pub") == "missing"
+        assert sshidentities.private_key_state(str(key) + ".pub") == "missing"
     assert {"ok", "locked"} == set(states.values()) and states["pkcs8-pw"] == "locked"
     target = SimpleNamespace(
         identity_files=(str(tmp_path / "ed25519-RFC4716-pw.pub"),), identity_agent=None, proxy_jump=None
     )
     code = (
-        "import sys; from types import SimpleNamespace as S; from clusterctl import errors; from clusterctl.remote import sshconfig\n"
+        "import sys; from types import SimpleNamespace as S; from clusterctl import errors; from clusterctl.remote import sshidentities\n"
         f"t = S(identity_files=({str(tmp_path / 'rsa-PEM-none')!r},), identity_agent=None, proxy_jump=None)\n"
-        "sshconfig.check_keys_usable([t]); print('paramiko' in sys.modules)"
+        "sshidentities.check_keys_usable([t]); print('paramiko' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -716,7 +716,7 @@ def test_passphrase_check_reads_key_files_as_openssh_does_without_paramiko(tmp_p
     from clusterctl.errors import ConfigError
 
     with pytest.raises(ConfigError, match="ed25519-RFC4716-pw is passphrase-protected: add it to ssh-agent"):
-        sshconfig.check_keys_usable([target])
+        sshidentities.check_keys_usable([target])
 
 
 # ---- the cluster's own connections: the cluster key alone ----------------------------------------------

@@ -1,5 +1,5 @@
 """A runtime pack from the S3 cache is taken only with the sha256 this machine recorded when it cached it: the
-leader's fetch (runtime/install.fetch_command) run here by a real shell and curl on file:// URLs, and the digests
+leader's fetch (runtime/s3cache.fetch_command) run here by a real shell and curl on file:// URLs, and the digests
 kept in CLUSTERCTL_HOME (S3Cache.held). On a cluster: tests/runtime/test_runtime_aws.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import hashlib
 import subprocess
 
 from clusterctl.runtime import spec as rt
-from clusterctl.runtime.install import MISMATCH_EXIT, S3Cache, digest_command, fetch_command, parse_digests
+from clusterctl.runtime.s3cache import MISMATCH_EXIT, S3Cache, digest_command, fetch_command, parse_digests
 
 
 def _served(tmp_path, pack: bytes, info: bytes) -> dict[str, str]:

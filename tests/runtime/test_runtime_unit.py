@@ -11,7 +11,8 @@ import pytest
 
 from clusterctl.errors import UsageError
 from clusterctl.runtime import spec as rt
-from clusterctl.runtime.install import RuntimeRequest, fetch_command, put_command, record
+from clusterctl.runtime.install import RuntimeRequest, record
+from clusterctl.runtime.s3cache import fetch_command, put_command
 
 DEBIAN = rt.Platform(os="debian 12", arch="x86_64", python="3.11.2", python_path="/usr/bin/python3.11")
 DLAMI = rt.Platform(

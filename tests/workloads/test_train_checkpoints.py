@@ -414,7 +414,7 @@ def test_checkpoint_to_grants_the_nodes_role_write_on_that_prefix_only(monkeypat
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from clusterctl.providers.aws import bootstrap, provider as aws
+    from clusterctl.providers.aws import iam as nodes_iam, provider as aws
     from clusterctl.types import Cluster
 
     port = free_port()
@@ -429,7 +429,7 @@ def test_checkpoint_to_grants_the_nodes_role_write_on_that_prefix_only(monkeypat
         ):
             monkeypatch.setenv(k, v)
         iam = boto3.client("iam")
-        iam.create_role(RoleName="clusterctl-x-us-east-1", AssumeRolePolicyDocument=json.dumps(bootstrap.EC2_TRUST))
+        iam.create_role(RoleName="clusterctl-x-us-east-1", AssumeRolePolicyDocument=json.dumps(nodes_iam.EC2_TRUST))
         cluster = Cluster(
             name="x",
             provider="aws",

@@ -27,7 +27,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 import tensorflow as tf
-from clusterctl.node.dataset import tfrecords
+from clusterctl.node.dataset import synthetic, tfrecords
 from clusterctl.node.train import dali, data, options
 
 out_dir = sys.argv[2]
@@ -41,7 +41,7 @@ for split, shards, count in (("train", 3, 30), ("validation", 3, 23)):
             for i in range(s, count, shards):
                 h, wd = sizes[i % len(sizes)]
                 label = 1 + i % 4
-                px = tfrecords.synthetic_pixels(label, 4, max(h, wd), rng)[:h, :wd]
+                px = synthetic.synthetic_pixels(label, 4, max(h, wd), rng)[:h, :wd]
                 jpeg = tf.io.encode_jpeg(px, quality=90).numpy()
                 w.write(tfrecords.example_bytes(tf, encoded=jpeg, label=label, synset="s", text="t",
                                                 filename=f"{i}.jpg", height=h, width=wd))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cgroup_support import cpu_group
-from clusterctl.providers.local import netns
+from clusterctl.providers.local import boot, netns
 from clusterctl.workloads import train_log
 from conftest import wait_for
 
@@ -101,7 +101,7 @@ def cluster(shared):
     same address, host key and home, its runtime kept), and no training process of an earlier job is left."""
     if netns.node_alive(shared.name, LOST) is not None:
         node_dir = shared.cli.home / "clusters" / shared.name / "nodes" / str(LOST)
-        netns.restart_node(
+        boot.restart_node(
             netns.netns_name(shared.name, LOST), f"{shared.name}-member-{LOST}", shared.hosts[LOST], node_dir
         )
     if trainers(shared):  # an earlier test failed before its job ended

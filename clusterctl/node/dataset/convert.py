@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
         src = a.src
         if src.startswith("s3://"):
             dst = os.path.abspath(a.dst)
-            data._check_dst(Path(dst), a.force)  # before pulling anything
+            data.check_dst(Path(dst), a.force)  # before pulling anything
             staging = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.source")
             n = pull_s3(src, staging, a.endpoint_url)
             print(f"pulled {n} object(s) from {src} in {time.monotonic() - t0:.1f}s", flush=True)

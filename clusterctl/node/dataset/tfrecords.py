@@ -1,4 +1,5 @@
-"""Datasets in the ImageNet TFRecord format: from a folder of class sub-folders, or generated.
+"""Datasets in the ImageNet TFRecord format: the layout, the records, and a folder of class sub-folders converted
+(generated sets: synthetic.py).
 
 The layout written to DST (flat, deterministic names, so a manifest of it is stable and a re-run with the
 same input and seed writes the same bytes):
@@ -25,7 +26,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +38,6 @@ from clusterctl.node.dataset.image_folder import LABEL_BASE, SPLITS, ImageItem, 
 
 T = TypeVar("T")
 TensorFlow = Any  # the tensorflow module, imported only when records are written: it has no types installed here
-Rng = Any  # a numpy.random.Generator (numpy, like tensorflow, is imported late and untyped here)
 
 FORMAT = "imagenet-tfrecord"
 FORMAT_VERSION = 1
@@ -67,10 +66,10 @@ class DatasetInfo:
         return len(self.classes)
 
     def files(self) -> list[str]:
-        return _files(self.splits)
+        return files_of(self.splits)
 
 
-def _files(splits: dict[str, "SplitInfo"]) -> list[str]:
+def files_of(splits: dict[str, "SplitInfo"]) -> list[str]:
     """Every file of the dataset, relative to its folder."""
     return [s for sp in splits.values() for s in sp.shards] + ["labels.txt", "dataset.json"]
 
@@ -96,32 +95,8 @@ def deal(items: Sequence[T], count: int) -> list[list[T]]:
     return [list(items[i::count]) for i in range(count)]
 
 
-def synthetic_pixels(label: int, classes: int, size: int, rng: Rng) -> Any:
-    """A generated RGB image (numpy uint8, size x size x 3) that a small CNN can learn to tell apart by
-    class: a hue per class, stripes whose direction and frequency depend on the class, and noise."""
-    import numpy as np
-
-    k = label - LABEL_BASE
-    # golden-ratio steps: neighbouring classes get distant hues; each image's hue, brightness and noise
-    # vary, so the classes overlap a little and accuracy is informative rather than 100%.
-    hue = (k * 0.61803398875 + rng.normal(0, 0.035)) % 1.0
-    h6 = hue * 6
-    i = int(h6) % 6
-    f = h6 - int(h6)
-    rgb = [(1, f, 0), (1 - f, 1, 0), (0, 1, f), (0, 1 - f, 1), (f, 0, 1), (1, 0, 1 - f)][i]
-    base = (np.array(rgb, dtype=np.float32) * 180 + 40) * rng.uniform(0.6, 1.25)
-    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
-    angle = math.pi * ((k * 0.381966) % 1.0)
-    freq = 2 + (k % 5)
-    phase = rng.uniform(0, 2 * math.pi)
-    stripes = np.sin(2 * math.pi * freq * (xx * math.cos(angle) + yy * math.sin(angle)) + phase)
-    img = base[None, None, :] * (0.75 + 0.25 * stripes[..., None])
-    img = img + rng.normal(0, 40, size=(size, size, 3))
-    return np.clip(img, 0, 255).astype(np.uint8)
-
-
 # ---- TensorFlow-side: encoding and writing ---------------------------------------------------------
-def _tf() -> TensorFlow:
+def tensorflow() -> TensorFlow:
     try:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import tensorflow as tf
@@ -211,7 +186,7 @@ def _ours(dst: Path) -> list[Path]:
     ]
 
 
-def _check_dst(dst: Path, force: bool) -> None:
+def check_dst(dst: Path, force: bool) -> None:
     """Refuse early (before TensorFlow loads) a destination that is a file or already holds a dataset."""
     if dst.exists() and not dst.is_dir():
         raise DatasetError(f"{dst} exists and is not a folder")
@@ -220,14 +195,14 @@ def _check_dst(dst: Path, force: bool) -> None:
         raise DatasetError(f"{dst} already holds a dataset ({ours[0].name} ...)", "pass --force to replace it")
 
 
-def _prepare_dst(dst: Path, force: bool) -> None:
-    _check_dst(dst, force)
+def prepare_dst(dst: Path, force: bool) -> None:
+    check_dst(dst, force)
     dst.mkdir(parents=True, exist_ok=True)
     for p in _ours(dst):
         p.unlink()
 
 
-def _write_shard(tf: TensorFlow, path: Path, records: Iterable[bytes]) -> int:
+def write_shard(tf: TensorFlow, path: Path, records: Iterable[bytes]) -> int:
     tmp = path.with_name(f".{path.name}.tmp")
     n = 0
     try:
@@ -242,11 +217,11 @@ def _write_shard(tf: TensorFlow, path: Path, records: Iterable[bytes]) -> int:
     return n
 
 
-def _workers(n: int | None, shards: int) -> int:
+def shard_workers(n: int | None, shards: int) -> int:
     return max(1, min(shards, n or os.cpu_count() or 1))
 
 
-def _finish(
+def finish(
     dst: Path, classes: Sequence[str], splits: dict[str, SplitInfo], source: str, *, extra: dict[str, object]
 ) -> None:
     (dst / "labels.txt").write_text("".join(f"{c}\n" for c in classes))
@@ -272,7 +247,7 @@ def _finish(
     os.replace(tmp, dst / "dataset.json")
 
 
-def _size(dst: Path, names: Iterable[str]) -> int:
+def size_of(dst: Path, names: Iterable[str]) -> int:
     return sum((dst / n).stat().st_size for n in names)
 
 
@@ -305,9 +280,9 @@ def convert_folder(
         src, validation_fraction=validation_fraction, seed=seed, val_labels=val_labels, val_synsets=val_synsets
     )
     dst = Path(dst)
-    _check_dst(dst, force)
-    tf = _tf()
-    _prepare_dst(dst, force)
+    check_dst(dst, force)
+    tf = tensorflow()
+    prepare_dst(dst, force)
     skipped: list[tuple[str, str]] = []
     counts = {"reencoded": 0}
     lock = threading.Lock()
@@ -350,9 +325,9 @@ def convert_folder(
                 )
 
         parts = deal(items, count)
-        with ThreadPoolExecutor(_workers(workers, count)) as pool:
+        with ThreadPoolExecutor(shard_workers(workers, count)) as pool:
             written = tuple(
-                pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])), zip(names, parts))
+                pool.map(lambda nm_part: write_shard(tf, dst / nm_part[0], records(nm_part[1])), zip(names, parts))
             )
         splits[split] = SplitInfo(split, sum(written), tuple(names), written)
     if splits["train"].examples == 0:
@@ -360,7 +335,7 @@ def convert_folder(
             f"{src}: none of the {len(scan.splits['train'])} training images could be read",
             f"first problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else None,
         )
-    _finish(
+    finish(
         dst,
         scan.classes,
         splits,
@@ -378,96 +353,8 @@ def convert_folder(
         tuple(sorted(skipped)),
         counts["reencoded"],
         time.monotonic() - t0,
-        _size(dst, _files(splits)),
+        size_of(dst, files_of(splits)),
     )
-
-
-def write_synthetic(
-    dst: str | os.PathLike[str],
-    *,
-    images: int,
-    classes: int,
-    validation_images: int | None = None,
-    image_size: int = 64,
-    train_shards: int | None = None,
-    validation_shards: int | None = None,
-    seed: int = 0,
-    force: bool = False,
-    workers: int | None = None,
-    progress: Progress | None = None,
-) -> DatasetInfo:
-    """`images` generated training images (and `validation_images`, default a fifth of that, at least one
-    per class) of `classes` balanced classes, in the same format as convert_folder."""
-    if classes < 1:
-        raise DatasetError(f"--classes must be at least 1, not {classes}")
-    if images < classes:
-        raise DatasetError(f"--images {images} is fewer than --classes {classes}", "give every class an image")
-    if not 8 <= image_size <= 1024:
-        raise DatasetError(f"--image-size must be 8..1024, not {image_size}")
-    if validation_images is None:
-        validation_images = max(classes, images // 5)
-    if validation_images < 0:
-        raise DatasetError(f"--validation-images must not be negative, not {validation_images}")
-    t0 = time.monotonic()
-    dst = Path(dst)
-    _check_dst(dst, force)
-    tf = _tf()
-    import numpy as np
-
-    _prepare_dst(dst, force)
-    width = len(str(max(classes - 1, 1)))
-    names_of_classes = tuple(f"class_{k:0{max(3, width)}d}" for k in range(classes))
-    splits: dict[str, SplitInfo] = {}
-    for split, n, wanted, offset in (
-        ("train", images, train_shards, 0),
-        ("validation", validation_images, validation_shards, images),
-    ):
-        count = min(n, wanted) if wanted else default_shards(split, n)
-        if count == 0:
-            splits[split] = SplitInfo(split, 0, ())
-            continue
-        names = [shard_name(split, i, count) for i in range(count)]
-        done = [0]
-
-        lock = threading.Lock()
-
-        def records(
-            indices: list[int], split: str = split, n: int = n, done: list[int] = done, lock: threading.Lock = lock
-        ) -> Iterator[bytes]:
-            for idx in indices:
-                label = idx % classes + LABEL_BASE
-                # One generator per image, seeded by its index: the same bytes whatever the thread order.
-                rng = np.random.default_rng([seed, idx])
-                pixels = synthetic_pixels(label, classes, image_size, rng)
-                encoded = tf.io.encode_jpeg(pixels, quality=90).numpy()
-                with lock:
-                    done[0] += 1
-                    n_done = done[0]
-                if progress:
-                    progress(split, n_done, n)
-                cls = names_of_classes[label - LABEL_BASE]
-                yield example_bytes(
-                    tf,
-                    encoded=encoded,
-                    label=label,
-                    synset=cls,
-                    text=cls,
-                    filename=f"synthetic_{idx:08d}.JPEG",
-                    height=image_size,
-                    width=image_size,
-                )
-
-        indices = list(range(offset, offset + n))
-        if split == "train":
-            random.Random(seed).shuffle(indices)
-        parts = deal(indices, count)
-        with ThreadPoolExecutor(_workers(workers, count)) as pool:
-            written = tuple(
-                pool.map(lambda nm_part: _write_shard(tf, dst / nm_part[0], records(nm_part[1])), zip(names, parts))
-            )
-        splits[split] = SplitInfo(split, sum(written), tuple(names), written)
-    _finish(dst, names_of_classes, splits, "synthetic", extra={"image_size": image_size, "seed": seed})
-    return DatasetInfo(dst, names_of_classes, splits, (), 0, time.monotonic() - t0, _size(dst, _files(splits)))
 
 
 def read_info(path: str | os.PathLike[str]) -> DatasetInfo:
@@ -487,4 +374,4 @@ def read_info(path: str | os.PathLike[str]) -> DatasetInfo:
         s: SplitInfo(s, int(v["examples"]), tuple(v["shards"]), tuple(v.get("records", ())))
         for s, v in meta["splits"].items()
     }
-    return DatasetInfo(root, classes, splits, bytes=_size(root, _files(splits)))
+    return DatasetInfo(root, classes, splits, bytes=size_of(root, files_of(splits)))

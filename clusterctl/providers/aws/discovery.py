@@ -1,6 +1,6 @@
 """What exists, found by tags alone: a cluster's identity (Scope), the ONE table of the EC2 kinds a cluster may
 own (KINDS: listed by `find`/`ls`/`status`/`down`/`gc` here, removed in its dependency order by teardown.py),
-its instances, its IAM role and profile, and its status.
+its instances and its IAM names; every resource of a scope is resources.py's, a cluster's status status.py's.
 
 Everything a cluster owns carries the tag `clusterctl:cluster=NAME` (and `clusterctl:id=ID`) from the moment it
 is created, so it is found with or without the local record, even after a Ctrl-C between any two calls.
@@ -13,12 +13,10 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from clusterctl.errors import ConfigError
-from clusterctl.providers.aws import catalog
-from clusterctl.providers.aws.api import LIVE_STATES, Api, _code, _epoch, _tagdict
-from clusterctl.providers.base import ClusterStatus, Found, NodeFacts, NodeStatus
+from clusterctl.providers.aws.api import LIVE_STATES, Api, _epoch, _tagdict
+from clusterctl.providers.base import NodeFacts
 from clusterctl.types import Cluster, Node, node_names
 
 TAG = "clusterctl:cluster"
@@ -338,200 +336,5 @@ def node_facts(api: Api, scope: Scope, cluster: Cluster) -> dict[str, NodeFacts]
             placement = inst.get("Placement", {})
             out[n.name] = NodeFacts(
                 inst.get("InstanceType", ""), placement.get("AvailabilityZone", ""), placement.get("GroupName", "")
-            )
-    return out
-
-
-# ---- every resource of a scope ----------------------------------------------------------------------------
-def resources_of(api: Api, scope: Scope | None) -> list[Found]:
-    """Every resource of the scope (every clusterctl resource with None) that still exists: instances, the
-    tagged kinds, the IAM role and instance profile; each checked against its tags exactly (EC2's filters
-    take `*` and `?` as wildcards)."""
-    flt = scope.filters() if scope is not None else [{"Name": "tag-key", "Values": [TAG]}]
-    out: list[Found] = []
-
-    def add(item: dict[str, Any], kind: str, rid: str, created: Any = None, state: str = "") -> None:
-        tags = _tagdict(item)
-        if TAG in tags and (scope is None or scope.holds(tags)):
-            out.append(
-                Found(
-                    tags[TAG],
-                    kind,
-                    rid,
-                    _epoch(created) if created else None,
-                    tags.get(TAG_OWNER, ""),
-                    state,
-                    tags.get(TAG_ID, ""),
-                )
-            )
-
-    for inst in ordered(instances_of(api, scope, LIVE_STATES)):
-        add(inst, "instance", inst["InstanceId"], inst.get("LaunchTime"), inst["State"]["Name"])
-    for kind in KINDS:
-        for item in api.api("ec2", kind.describe, Filters=flt).get(kind.key, []):
-            if not kind.gone(item):
-                add(
-                    item,
-                    kind.name,
-                    item[kind.id_key],
-                    item.get(kind.created_key) if kind.created_key else None,
-                    item.get("State") or item.get("Status") or "",
-                )
-    return out + _iam_resources(api, scope)
-
-
-IAM_KINDS = (  # (kind, get call, list call, list key, name key)
-    (
-        "IAM instance profile",
-        "get_instance_profile",
-        "list_instance_profiles",
-        "InstanceProfiles",
-        "InstanceProfileName",
-    ),
-    ("IAM role", "get_role", "list_roles", "Roles", "RoleName"),
-)
-
-
-def _iam_resources(api: Api, scope: Scope | None) -> list[Found]:
-    """The scope's IAM instance profile and role: by name (the id's, or before ids name + region), else every
-    one under /clusterctl/ of this region, with their tags (IAM lists no tags: one Get each)."""
-    region = api.region
-    names_here = iam_pattern(region)
-    out: list[Found] = []
-    for kind, get, listing, key, name_key in IAM_KINDS:
-        if scope is not None and not scope.every:
-            names = [scope.iam(region)]
-        else:
-            names = [
-                i[name_key]
-                for i in api.paginate("iam", listing, key, PathPrefix=IAM_PATH)
-                if names_here.match(i[name_key])
-            ]
-        for iname in names:
-            item = iam_get(api, get, iname)
-            if item is None:
-                continue
-            tags = _tagdict(item)
-            if tags.get(TAG_REGION, region) != region:
-                continue  # IAM is global: another region's cluster
-            named = names_here.match(iname)
-            if TAG not in tags and named and named.group("cluster"):
-                tags = {TAG: named.group("cluster")}
-            if TAG in tags and (scope is None or scope.holds(tags)):
-                out.append(
-                    Found(
-                        tags[TAG],
-                        kind,
-                        iname,
-                        _epoch(item.get("CreateDate")),
-                        tags.get(TAG_OWNER, ""),
-                        "",
-                        tags.get(TAG_ID, ""),
-                    )
-                )
-    return out
-
-
-def iam_get(api: Api, op: str, iname: str) -> dict[str, Any] | None:
-    from botocore.exceptions import ClientError
-
-    kw, key = ({"RoleName": iname}, "Role") if op == "get_role" else ({"InstanceProfileName": iname}, "InstanceProfile")
-    try:
-        found: dict[str, Any] = api.call("iam", op, **kw)[key]
-        return found
-    except ClientError as exc:
-        if _code(exc) != "NoSuchEntity":
-            raise api.error(f"iam {op}", exc) from None
-        return None
-
-
-def identities(api: Api, name: str) -> list[Scope]:
-    """Every identity that holds resources tagged with this name (by id; before ids, by owner)."""
-    found: dict[tuple[str, str], Scope] = {}
-    for f in resources_of(api, Scope(name, every=True)):
-        key = (f.cluster_id, "" if f.cluster_id else f.owner)
-        found.setdefault(key, Scope(name, f.cluster_id, f.owner))
-    return sorted(found.values(), key=lambda s: (s.owner, s.id))
-
-
-def all_clusters(api: Api) -> list[str]:
-    """The names (valid ones: anything else is reachable by `gc`, by resource id, only) of every cluster here."""
-    from clusterctl.state import validate_name
-
-    names = set()
-    for f in resources_of(api, None):
-        try:
-            names.add(validate_name(f.cluster))
-        except ConfigError:
-            pass
-    return sorted(names)
-
-
-# ---- status --------------------------------------------------------------------------------------------------
-def statuses(
-    api: Api, scope: Scope | None, known: Callable[[str], Scope | None] = lambda name: None
-) -> list[ClusterStatus]:
-    """The scope's cluster (every cluster's with None, in one DescribeInstances), one entry per identity (two
-    owners' clusters of one name are two): nodes, states, zones, prices, the owner, and whether it is the one
-    `known(name)` (this machine's record) names; a name with no instances but other resources shows those."""
-    name = scope.name if scope is not None else None
-    by_cluster: dict[Scope, list[dict[str, Any]]] = {}
-    for inst in instances_of(api, scope, LIVE_STATES):
-        tags = _tagdict(inst)
-        by_cluster.setdefault(Scope(tags.get(TAG, ""), tags.get(TAG_ID, ""), tags.get(TAG_OWNER, "")), []).append(inst)
-    out = []
-    volumes = _volume_prices(api, name) if by_cluster else {}
-    for ident, instances in by_cluster.items():
-        cname, mine = ident.name, known(ident.name)
-        cluster = cluster_of(api.region, cname, instances)
-        by_id = {i["InstanceId"]: i for i in instances}
-        nodes = []
-        for n in cluster.nodes:
-            inst = by_id[n.instance_id]
-            vol = volumes.get(n.instance_id or "", 0.0)
-            inst_price = catalog.instance_price(inst.get("InstanceType", ""))
-            nodes.append(
-                NodeStatus(
-                    n,
-                    inst["State"]["Name"],
-                    inst.get("Placement", {}).get("AvailabilityZone", ""),
-                    _epoch(inst.get("LaunchTime")),
-                    None if inst_price is None else inst_price + vol,
-                )
-            )
-        recorded = mine is not None and mine.holds(_tagdict(instances[0]))
-        disks = sum(volumes.get(i, 0.0) for i in by_id) * catalog.HOURS_PER_MONTH
-        out.append(
-            ClusterStatus(
-                cname,
-                "aws",
-                api.region,
-                cluster.instance_type,
-                tuple(nodes),
-                owner=ident.owner,
-                recorded=recorded,
-                disks_monthly_usd=disks,
-            )
-        )
-    if scope is not None and not any(st.name == scope.name for st in out):
-        left = resources_of(api, scope)
-        if left:
-            lines = tuple(f.line() for f in left)
-            out.append(
-                ClusterStatus(scope.name, "aws", api.region, "", (), lines, scope.owner, known(scope.name) is not None)
-            )
-    return sorted(out, key=lambda st: (st.name, not st.recorded, st.owner))
-
-
-def _volume_prices(api: Api, name: str | None) -> dict[str, float]:
-    """USD/hour of the tagged volumes attached to each instance (one DescribeVolumes)."""
-    flt = [{"Name": f"tag:{TAG}", "Values": [name]} if name else {"Name": "tag-key", "Values": [TAG]}]
-    out: dict[str, float] = {}
-    for vol in api.paginate("ec2", "describe_volumes", "Volumes", Filters=flt):
-        if name and _tagdict(vol).get(TAG) != name:
-            continue
-        for att in vol.get("Attachments", []):
-            out[att["InstanceId"]] = out.get(att["InstanceId"], 0.0) + catalog.volume_price(
-                vol.get("VolumeType", "gp3"), int(vol.get("Size", 0)), vol.get("Iops")
             )
     return out

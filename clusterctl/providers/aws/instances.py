@@ -1,24 +1,22 @@
 """The cluster's instances: one all-or-nothing RunInstances per AZ tried (its ClientToken saved before the call),
-waiting until they run, naming them leader and members, and reading their host keys from the console.
+waiting until they run, naming them leader and members (their host keys: console.py).
 
 `launch` is `up`'s list of idempotent steps, each of which first looks for what an earlier run made:
-    network -> security group -> placement group -> key pair -> IAM role + instance profile (bootstrap.py) ->
+    network -> security group -> placement group -> key pair -> IAM role + instance profile (bootstrap.py, iam.py) ->
     one RunInstances with MinCount = MaxCount = N per AZ tried -> wait until running -> name the nodes ->
     the leader's Elastic IP when it has several interfaces (fabric.py).
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import re
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from clusterctl.errors import CapacityError, ProvisionError, WaitTimeout
-from clusterctl.providers.aws import bootstrap, catalog, fabric
+from clusterctl.providers.aws import bootstrap, catalog, fabric, iam
 from clusterctl.providers.aws.api import Api, _code, _message, _tagdict, _tags
 from clusterctl.providers.aws.bootstrap import Network
 from clusterctl.providers.aws.cloud_init import user_data
@@ -48,40 +46,6 @@ CAPACITY_CODES = {
     "SpotMaxPriceTooLow",
     "InsufficientFreeAddressesInSubnet",
 }
-# How long `up` reads the consoles for cloud-init's host keys. Without Latest=True (Xen types) EC2 posts console
-# output only every few minutes after boot, so this is generous; with it (Nitro) the keys show within seconds.
-CONSOLE_WAIT = 600.0
-_KEYS_BLOCK = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----(.*?)-----END SSH HOST KEY KEYS-----", re.S)
-_KEY = re.compile(r"\b(ssh-ed25519|ecdsa-sha2-nistp(?:256|384|521)|ssh-rsa)\s+([A-Za-z0-9+/]+={0,3})")
-_CLOUD_INIT_DONE = re.compile(r"Cloud-init v\. \S+ finished at")
-_KEY_ORDER = {
-    "ssh-ed25519": 0,
-    "ecdsa-sha2-nistp256": 1,
-    "ecdsa-sha2-nistp384": 1,
-    "ecdsa-sha2-nistp521": 1,
-    "ssh-rsa": 2,
-}
-
-
-def host_keys_from_console(text: str) -> tuple[str, ...]:
-    """The host keys cloud-init printed (its last "SSH HOST KEY KEYS" block), ed25519 first."""
-    blocks = _KEYS_BLOCK.findall(text or "")
-    if not blocks:
-        return ()
-    keys = {f"{m.group(1)} {m.group(2)}" for m in _KEY.finditer(blocks[-1])}
-    return tuple(sorted(keys, key=lambda k: (_KEY_ORDER.get(k.split()[0], 9), k)))
-
-
-def _decode_console(output: str) -> str:
-    """GetConsoleOutput's Output is base64 on the wire; boto3 hands it over as text, maybe still encoded."""
-    if not output:
-        return ""
-    if "\n" in output or " " in output:
-        return output
-    try:
-        return base64.b64decode(output, validate=True).decode(errors="replace")
-    except ValueError:
-        return output
 
 
 def _token(name: str, attempt: int) -> str:
@@ -110,7 +74,7 @@ def launch(api: Api, ctx: Context, scope: Scope, keys: ClusterKeys, launch_file:
         bootstrap.ensure_placement_group(api, ctx, scope) if ctx.opts.placement and ctx.type.cluster_placement else None
     )
     key = bootstrap.ensure_key_pair(api, ctx, scope, keys.operator_public)
-    profile = bootstrap.ensure_instance_profile(api, ctx, scope)
+    profile = iam.ensure_instance_profile(api, ctx, scope)
     if existing:
         existing = start_stopped(api, name, existing, wait_timeout)
         api.report(f"found {len(existing)} running instance(s) of {name} by tags: reusing them")
@@ -450,53 +414,3 @@ def name_instances(api: Api, name: str, instances: list[dict[str, Any]]) -> list
             api.api("ec2", "create_tags", Resources=[inst["InstanceId"]], Tags=_tags(want))
         out.append({**inst, "Tags": _tags({**tags, **want})})
     return out
-
-
-def host_keys(api: Api, cluster: Cluster, nitro: bool, console_wait: float) -> dict[str, tuple[str, ...]]:
-    """Host keys cloud-init printed to each node's console: an authenticated source (EC2's API, signed and
-    over TLS). Read with Latest=True where the type takes it (Nitro: the console as it is now; other types
-    get what EC2 posted, some minutes after boot), polled for at most console_wait (CONSOLE_WAIT, 10
-    minutes) or until cloud-init says it finished without printing keys. A node missing here fails `up`
-    unless the operator accepts first contact (provision.pin_host_keys)."""
-    from botocore.exceptions import ClientError
-
-    found: dict[str, tuple[str, ...]] = {}
-    pending = {n.instance_id: n for n in cluster.nodes if n.instance_id}
-    latest = nitro
-    deadline = time.monotonic() + console_wait
-    while pending:
-        for iid, node in list(pending.items()):
-            try:
-                out = (
-                    api.call("ec2", "get_console_output", InstanceId=iid, **({"Latest": True} if latest else {})).get(
-                        "Output"
-                    )
-                    or ""
-                )
-            except ClientError as exc:
-                if latest and _code(exc) in ("UnsupportedOperation", "InvalidParameterCombination"):
-                    latest = False  # the type said Nitro, EC2 disagrees: the posted console, then
-                    continue
-                raise api.error("GetConsoleOutput", exc) from None
-            text = _decode_console(out)
-            keys = host_keys_from_console(text)
-            if keys:
-                found[node.ssh_host] = keys
-                del pending[iid]
-            elif _CLOUD_INIT_DONE.search(text):
-                del pending[iid]  # cloud-init is done and printed no keys: they will not come
-        if not pending or time.monotonic() > deadline:
-            break
-        time.sleep(api.poll_interval)
-    if found:
-        api.report(
-            f"host keys of {len(found)} node(s) read from their console output (cloud-init"
-            + (", GetConsoleOutput Latest=True)" if latest else ")")
-        )
-    missing = [n.ssh_host for n in cluster.nodes if n.ssh_host not in found]
-    if missing:
-        api.report(
-            f"no host keys in the console output of {len(missing)} node(s) after "
-            f"{console_wait:.0f}s at most: {', '.join(missing)}"
-        )
-    return found

@@ -3,9 +3,13 @@
     api.py        clients, calls, one-line errors, retries (retry.py's backoff), botocore's waiters, paging
     options.py    AwsOptions: parsed and validated before any call
     machine.py    the type's facts, the image, the price: the Context every step shares
-    discovery.py  identity (Scope), the ONE table of tagged kinds, instances, status, every resource of a scope
-    bootstrap.py  network, security group, placement group, key pair, IAM role and profile
-    instances.py  `up`'s steps: RunInstances per AZ, wait, name, host keys from the console
+    discovery.py  identity (Scope), the ONE table of tagged kinds, instances, IAM names
+    resources.py  every resource of a scope (the tagged kinds, IAM role and profile), identities, all clusters
+    status.py     `status`/`ls`: nodes, states, zones, prices, the disks' monthly cost
+    bootstrap.py  network, security group, placement group, key pair
+    iam.py        the nodes' IAM role and instance profile, the --s3-read and checkpoint policies
+    instances.py  `up`'s steps: RunInstances per AZ, wait, name
+    console.py    host keys from the console output (cloud-init's block)
     replace.py    `repair`: lost instances, and new ones like their peers through instances.py's launch code
     cloud_init.py the nodes' user data
     fabric.py     EFA interfaces, the leader's Elastic IP, the S3 endpoint, quotas
@@ -27,16 +31,20 @@ from clusterctl.errors import ConfigError
 from clusterctl.providers.aws import (
     bootstrap,
     catalog,
+    console,
     discovery,
+    iam,
     instances,
     machine,
     plan as planning,
     replace,
+    resources,
+    status,
     teardown,
 )
 from clusterctl.providers.aws.api import Api, Report
+from clusterctl.providers.aws.console import CONSOLE_WAIT
 from clusterctl.providers.aws.discovery import CLUSTER_ID, Scope, caller, new_cluster_id
-from clusterctl.providers.aws.instances import CONSOLE_WAIT
 from clusterctl.providers.aws.machine import Context, Image, TypeInfo
 from clusterctl.providers.aws.options import AwsOptions
 from clusterctl.providers.base import (
@@ -156,7 +164,7 @@ class AwsProvider(Provider):
 
     def identities(self, name: str) -> list[Scope]:
         """Every identity that holds resources tagged with this name (by id; before ids, by owner)."""
-        return discovery.identities(self.api, name)
+        return resources.identities(self.api, name)
 
     def _scopes_for(self, name: str) -> list[Scope]:
         """What `down NAME` removes: the identity this machine knows, else every identity of the name that is this
@@ -226,7 +234,7 @@ class AwsProvider(Provider):
         return Launched(cluster, {})
 
     def host_keys(self, cluster: Cluster) -> dict[str, tuple[str, ...]]:
-        """Host keys cloud-init printed to each node's console (instances.host_keys), read with Latest=True on
+        """Host keys cloud-init printed to each node's console (console.host_keys), read with Latest=True on
         Nitro types; for at most console_wait (CONSOLE_WAIT, 10 minutes)."""
         ctx = self._ctx
         info = (
@@ -236,7 +244,7 @@ class AwsProvider(Provider):
             if cluster.instance_type
             else None
         )
-        return instances.host_keys(self.api, cluster, bool(info and info.nitro), self.console_wait)
+        return console.host_keys(self.api, cluster, bool(info and info.nitro), self.console_wait)
 
     def refresh_access(self, spec: ClusterSpec, cluster: Cluster) -> None:
         """`up` of a cluster that is already up: its ssh rule becomes exactly this run's range."""
@@ -245,7 +253,7 @@ class AwsProvider(Provider):
 
     def grant_checkpoint_write(self, cluster: Cluster, uri: str) -> None:
         """`train --checkpoint-to`: the nodes' role may write checkpoints under `uri` only."""
-        bootstrap.grant_checkpoint_write(self.api, cluster, uri)
+        iam.grant_checkpoint_write(self.api, cluster, uri)
 
     # ---- repair (cluster/repair.py) ---------------------------------------------------------------------------
     def _own_scope(self, cluster: Cluster) -> Scope:
@@ -301,7 +309,7 @@ class AwsProvider(Provider):
         return discovery.find(self.api, self._view(name))
 
     def status(self, name: str) -> ClusterStatus | None:
-        found = discovery.statuses(self.api, self._view(name), self._recorded_scope)
+        found = status.statuses(self.api, self._view(name), self._recorded_scope)
         if len(found) < 2:
             return found[0] if found else None
         # no record here: every identity of the name, shown as one (their owners listed)
@@ -317,13 +325,13 @@ class AwsProvider(Provider):
 
     def statuses(self) -> list[ClusterStatus]:
         """Every cluster of this account and region, in one DescribeInstances (plus the listing of names)."""
-        out = discovery.statuses(self.api, None, self._recorded_scope)
+        out = status.statuses(self.api, None, self._recorded_scope)
         for name in self.all_clusters():  # names with resources but no instances (of this machine's identity)
             known = self.known_scope(name)
             if any(st.name == name and (st.recorded or known is None) for st in out):
                 continue
             view = known or self._view(name)
-            left = tuple(f.line() for f in discovery.resources_of(self.api, view))
+            left = tuple(f.line() for f in resources.resources_of(self.api, view))
             if left:
                 out.append(ClusterStatus(name, self.name, self.region, "", (), left, view.owner, known is not None))
         return sorted(out, key=lambda st: (st.name, not st.recorded, st.owner))
@@ -336,26 +344,26 @@ class AwsProvider(Provider):
         return None  # an instance has its own kernel: the caller reboots it over ssh and waits for its new boot id
 
     def all_clusters(self) -> list[str]:
-        return discovery.all_clusters(self.api)
+        return resources.all_clusters(self.api)
 
     def everything_made(self) -> list[Found]:
         """Everything of this account and region (and its IAM entities) that carries clusterctl's tag, with
         when it was made, by whom and under which cluster id, whatever cluster it belongs to and whether or not a
         record of it exists anywhere (for `gc`, which removes exactly these by id: remove())."""
-        return discovery.resources_of(self.api, None)
+        return resources.resources_of(self.api, None)
 
     # ---- down ---------------------------------------------------------------------------------------------------
     def resources(self, name: str) -> list[str]:
-        return [f.line() for s in self._scopes_for(name) for f in discovery.resources_of(self.api, s)]
+        return [f.line() for s in self._scopes_for(name) for f in resources.resources_of(self.api, s)]
 
     def terminate(self, name: str) -> Teardown:
         """Remove everything of the cluster's identity (see _scopes_for), by id, in dependency order, waiting
         through dependency errors (bounded), then prove by a fresh listing that nothing of it is left."""
         scopes = self._scopes_for(name)
         removed = teardown.remove(
-            self.api, [f for s in scopes for f in discovery.resources_of(self.api, s)], self.delete_timeout
+            self.api, [f for s in scopes for f in resources.resources_of(self.api, s)], self.delete_timeout
         )
-        return Teardown(tuple(removed), tuple(f.line() for s in scopes for f in discovery.resources_of(self.api, s)))
+        return Teardown(tuple(removed), tuple(f.line() for s in scopes for f in resources.resources_of(self.api, s)))
 
     def remove(self, found: Iterable[Found]) -> Teardown:
         """Exactly these resources (what `gc` listed and the operator confirmed), by their ids; then which of
@@ -364,7 +372,7 @@ class AwsProvider(Provider):
         removed = teardown.remove(self.api, items, self.delete_timeout)
         wanted = {(f.kind, f.id) for f in items}
         return Teardown(
-            tuple(removed), tuple(f.line() for f in discovery.resources_of(self.api, None) if (f.kind, f.id) in wanted)
+            tuple(removed), tuple(f.line() for f in resources.resources_of(self.api, None) if (f.kind, f.id) in wanted)
         )
 
     # ---- a recorded cluster's facts (no API call) -------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Removing exactly the resources listed (discovery.resources_of, or what `gc` listed and the operator
+"""Removing exactly the resources listed (resources.resources_of, or what `gc` listed and the operator
 confirmed), by their ids, in dependency order: the instances (terminated, then botocore's waiter), the
 tagged kinds in the order of discovery.KINDS' `removal`, then the IAM profile and role. Dependency errors
 are waited through (bounded, api.delete); nothing is looked up by a name or a tag value."""
@@ -10,7 +10,8 @@ from typing import Any, Iterable
 
 from clusterctl.providers.aws import fabric
 from clusterctl.providers.aws.api import Api, _tagdict
-from clusterctl.providers.aws.discovery import IAM_KINDS, KINDS, Kind, iam_get, ordered
+from clusterctl.providers.aws.discovery import KINDS, Kind, ordered
+from clusterctl.providers.aws.resources import IAM_KINDS, iam_get
 from clusterctl.providers.base import Found
 
 

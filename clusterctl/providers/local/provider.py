@@ -13,7 +13,6 @@ import dataclasses
 import fcntl
 import ipaddress
 import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -34,7 +33,9 @@ from clusterctl.providers.base import (
     Provider,
     Teardown,
 )
-from clusterctl.providers.local import netns
+from clusterctl.providers.local import boot, netns
+from clusterctl.providers.local.netns import node_index
+from clusterctl.providers.local.replace import remove_nodes, replace_nodes, retire_nodes
 from clusterctl.state import StateStore, validate_name
 from clusterctl.types import Cluster, ClusterSpec, Node, node_names
 
@@ -200,18 +201,18 @@ class LocalProvider(Provider):
                 raise ConfigError(f"subnet {subnet} has room for {len(addresses)} nodes, not {spec.nodes}")
             netns.check_subnet_free(subnet)
             netns.write_owner(spec.name, self.me())  # before anything of it exists: a half-made one is ours too
-            bridge = netns.create_bridge(spec.name, subnet, gateway)
+            bridge = boot.create_bridge(spec.name, subnet, gateway)
 
-        specs = [netns.NodeSpec(i, names[i], addresses[i]) for i in range(spec.nodes)]
+        specs = [boot.NodeSpec(i, names[i], addresses[i]) for i in range(spec.nodes)]
         authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
         nodes_root = self.store.ensure_dir(spec.name) / "nodes"
-        made: list[netns.NetNode] = []
+        made: list[boot.NetNode] = []
         for s in specs:
-            made.append(netns.create_node(spec.name, bridge, subnet, s, specs, nodes_root / str(s.index), authorized))
+            made.append(boot.create_node(spec.name, bridge, subnet, s, specs, nodes_root / str(s.index), authorized))
         with ThreadPoolExecutor(max_workers=min(32, len(made))) as pool:
             list(
                 pool.map(
-                    lambda n: netns.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made
+                    lambda n: boot.wait_port(n.address, 22, 30.0, n.pid, nodes_root / str(n.index) / "sshd.log"), made
                 )
             )
         created = time.time()
@@ -281,16 +282,16 @@ class LocalProvider(Provider):
         with _net_lock():
             netns.check_subnet_free(subnet)
             netns.write_owner(name, self.me())
-            bridge = netns.create_bridge(name, subnet, cluster.extra["gateway"])
-        everyone = [netns.NodeSpec(node_index(name, n), n.name, n.private_ip) for n in cluster.nodes]
+            bridge = boot.create_bridge(name, subnet, cluster.extra["gateway"])
+        everyone = [boot.NodeSpec(node_index(name, n), n.name, n.private_ip) for n in cluster.nodes]
         authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
         nodes_root = self.store.ensure_dir(name) / "nodes"
         made = [
-            netns.create_node(name, bridge, subnet, s, everyone, nodes_root / str(s.index), authorized, n.ssh_port)
+            boot.create_node(name, bridge, subnet, s, everyone, nodes_root / str(s.index), authorized, n.ssh_port)
             for s, n in zip(everyone, cluster.nodes)
         ]
         for m, n in zip(made, cluster.nodes):
-            netns.wait_port(m.address, n.ssh_port, 30.0, m.pid, nodes_root / str(m.index) / "sshd.log")
+            boot.wait_port(m.address, n.ssh_port, 30.0, m.pid, nodes_root / str(m.index) / "sshd.log")
         started = time.time()
         if watchdog.restart_local(self.store, name, [m.index for m in made], started):
             supervisor.start_supervisor(self.store, name)
@@ -372,7 +373,7 @@ class LocalProvider(Provider):
         def one(item: tuple[int, Node]) -> tuple[str, str | None]:
             i, node = item
             try:
-                netns.restart_node(
+                boot.restart_node(
                     netns.netns_name(cluster.name, i),
                     node.name,
                     node.private_ip,
@@ -419,69 +420,11 @@ class LocalProvider(Provider):
         return out
 
     def replace_nodes(self, cluster: Cluster, lost: Sequence[Node], keys: ClusterKeys) -> Launched:
-        """A fresh namespace node (new home, new /opt, new host key) at each lost node's address and name; with
-        autostop, the watchdog's settings in its home and, for a new leader, its supervisor, as `up` gives them.
-        The old node's home is kept aside (NODES/INDEX.replaced-TIME) until retire_nodes, after its replacement is
-        verified; remove_nodes of the replacement puts it back."""
-        from clusterctl.autostop import watchdog
-        from clusterctl.providers.local import supervisor
-
-        netns.require_root()
-        subnet = ipaddress.IPv4Network(cluster.extra["subnet"])
-        bridge = cluster.extra["bridge"]
-        everyone = [netns.NodeSpec(node_index(cluster.name, n), n.name, n.private_ip) for n in cluster.nodes]
-        authorized = f"{keys.operator_public}\n{keys.internal_public}\n"
-        nodes_root = self.store.ensure_dir(cluster.name) / "nodes"
-        made: list[netns.NetNode] = []
-        autostop = cluster.facts.autostop
-        leader = autostop is not None and any(node_index(cluster.name, n) == 0 for n in lost)
-        if leader:  # its supervisor would start a watchdog in the new leader before its settings are there
-            supervisor.stop_supervisor(cluster.name)
-        try:
-            for node in lost:
-                index = node_index(cluster.name, node)
-                netns.destroy_node(cluster.name, index)
-                if (nodes_root / str(index)).exists():  # a new machine: nothing of the old, which is kept aside
-                    (nodes_root / str(index)).rename(nodes_root / f"{index}.replaced-{time.time_ns()}")
-                spec = netns.NodeSpec(index, node.name, node.private_ip)
-                made.append(
-                    netns.create_node(
-                        cluster.name, bridge, subnet, spec, everyone, nodes_root / str(index), authorized, node.ssh_port
-                    )
-                )
-            for n in made:
-                netns.forget_address(cluster.name, bridge, n.address)  # the old node's MAC, cached here and in peers
-            for n in made:
-                netns.wait_port(n.address, 22, 60.0, n.pid, nodes_root / str(n.index) / "sshd.log")
-            if autostop is not None:  # a new home has no watchdog settings; a new leader needs its supervisor
-                watchdog.install_local(self.store, cluster.name, [n.index for n in made], autostop, cluster.created_at)
-                if leader:
-                    supervisor.start_supervisor(self.store, cluster.name)
-        except BaseException:
-            for n in made:
-                netns.destroy_node(cluster.name, n.index)
-            raise
-        return Launched(
-            Cluster(cluster.name, self.name, tuple(lost), cluster.region, cluster.instance_type, time.time()),
-            {n.address: (n.host_public_key,) for n in made},
-        )
+        """A fresh namespace node at each lost node's address and name (replace.py)."""
+        return replace_nodes(self.store, cluster, lost, keys)
 
     def remove_nodes(self, cluster: Cluster, nodes: Sequence[Node]) -> list[str]:
-        """The nodes and their homes; where one replaced a lost node (a repair that failed), the lost node's home,
-        kept aside, back in its place."""
-        removed: list[str] = []
-        for node in nodes:
-            index = node_index(cluster.name, node)
-            removed += netns.destroy_node(cluster.name, index)
-            home = self.store.cluster_dir(cluster.name) / "nodes" / str(index)
-            if home.exists():
-                shutil.rmtree(home, ignore_errors=True)
-                removed.append(f"node home {home}")
-            aside = self._aside(cluster, index)
-            if aside:
-                aside[-1].rename(home)
-                removed.append(f"(the home of the node it replaced is back at {home})")
-        return removed
+        return remove_nodes(self.store, cluster, nodes)
 
     def new_nodes(self, cluster: Cluster, count: int) -> list[Node]:
         """More members at the next free addresses of the cluster's subnet (its bridge's and nodes' excluded)."""
@@ -496,27 +439,4 @@ class LocalProvider(Provider):
         ]
 
     def retire_nodes(self, cluster: Cluster, lost: Sequence[LostNode]) -> list[str]:
-        """The lost nodes' homes kept aside by replace_nodes, now that their replacements are verified."""
-        removed = []
-        for x in lost:
-            for old in self._aside(cluster, node_index(cluster.name, x.node)):
-                shutil.rmtree(old, ignore_errors=True)
-                removed.append(f"node home {old}")
-        return removed
-
-    def _aside(self, cluster: Cluster, index: int) -> list[Path]:
-        """The homes of lost nodes at this index that replace_nodes kept aside, oldest first."""
-        nodes = self.store.cluster_dir(cluster.name) / "nodes"
-        found = nodes.glob(f"{index}.replaced-*") if nodes.is_dir() else []
-        return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[1]))
-
-
-def node_index(cluster: str, node: Node) -> int:
-    """The namespace index of a node, from its name (types.node_index): positions in the record shift when
-    `repair --drop` removes a node, names never do."""
-    from clusterctl.types import node_index as index_of
-
-    index = index_of(cluster, node.name)
-    if index is None:
-        raise ConfigError(f"node {node.name!r} is not named like a node of local cluster {cluster}")
-    return index
+        return retire_nodes(self.store, cluster, lost)
