@@ -420,7 +420,7 @@ class BenchProgress:
     def __call__(self, kind: str, value: object) -> None:
         from clusterctl.node import nccl_report
         from clusterctl.node.bench_stop import WHY
-        from clusterctl.workloads.bench_verdict import Rung
+        from clusterctl.workloads.bench.verdict import Rung
 
         c = console(stderr=True)
         if kind == "line" and isinstance(value, str):

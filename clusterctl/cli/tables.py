@@ -22,12 +22,12 @@ if TYPE_CHECKING:
     from clusterctl.playbook.model import StepResult
     from clusterctl.providers.base import ClusterStatus
     from clusterctl.types import Cluster
-    from clusterctl.workloads.bench_verdict import Ladder
+    from clusterctl.workloads.bench.verdict import Ladder
     from clusterctl.workloads.cluster_view import ClusterView
-    from clusterctl.workloads.doctor_judge import Allreduce, DoctorReport
+    from clusterctl.workloads.doctor.judge import Allreduce, DoctorReport
     from clusterctl.workloads.jobs import Job
-    from clusterctl.workloads.train_job import TrainJob
-    from clusterctl.workloads.train_log import EvalResult, TrainStatus
+    from clusterctl.workloads.train.job import TrainJob
+    from clusterctl.workloads.train.log import EvalResult, TrainStatus
 
 
 # ---- clusters ----------------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def node_table(cluster: Cluster, current: bool = False) -> None:
 def ladder_table(ladder: Ladder) -> None:
     """The rungs, each node alone, the verdict. +-: half the 95% interval of the mean (what is judged);
     the batch spread (1.96 sd of single batches, Horovod's +-) is shown apart, labelled as such."""
-    from clusterctl.workloads.bench_verdict import SLOW_NODE
+    from clusterctl.workloads.bench.verdict import SLOW_NODE
 
     judged = {(c.kind, c.np): c.status for c in ladder.checks} if ladder.judged else {}
 

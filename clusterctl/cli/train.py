@@ -220,7 +220,7 @@ def train(
     follows it). Refuses while a job runs (--force stops it first) or when the data is not verified on
     every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
     from clusterctl.cli import display
-    from clusterctl.workloads import train_run
+    from clusterctl.workloads.train import run as train_run
 
     inv = _resolve_hosts(hostsfile, cluster, ssh)
     if stop:
@@ -324,7 +324,7 @@ def eval_(
 
     Evaluates the training job's latest checkpoint on the leader alone (GPUs hidden while it trains)."""
     from clusterctl.cli import tables
-    from clusterctl.workloads import train_job as trainlib
+    from clusterctl.workloads.train import job as trainlib
 
     inv = _train_inventory(hostsfile, cluster)
     job = trainlib.require_job(_store(), inv)
@@ -344,7 +344,7 @@ def tensorboard(
     TensorBoard bound to the leader's 127.0.0.1 (never an open port), reached through an ssh tunnel to
     local --port; Ctrl-C ends both."""
     from clusterctl.cli import display
-    from clusterctl.workloads import train_job as trainlib, train_tensorboard
+    from clusterctl.workloads.train import job as trainlib, tensorboard as train_tensorboard
 
     for flag, value in (("--port", port), ("--remote-port", remote_port)):
         within(flag, value, 1, 65535)
@@ -359,7 +359,7 @@ def tensorboard(
 def _train_logs(hostsfile: str | None, cluster: str | None, follow: bool, connect_timeout: float) -> None:
     """`clusterctl logs` without a job name: the training job's log, from the leader."""
     from clusterctl.remote import jobfolder
-    from clusterctl.workloads import train_job as trainlib
+    from clusterctl.workloads.train import job as trainlib
 
     inv = _train_inventory(hostsfile, cluster, connect_timeout)
     job = trainlib.require_job(_store(), inv)

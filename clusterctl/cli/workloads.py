@@ -30,9 +30,9 @@ if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
     from clusterctl.state import StateStore
     from clusterctl.types import Cluster
-    from clusterctl.workloads.bench_verdict import Ladder
-    from clusterctl.workloads.sweep_control import Finished
-    from clusterctl.workloads.sweep_state import SweepState
+    from clusterctl.workloads.bench.verdict import Ladder
+    from clusterctl.workloads.sweep.control import Finished
+    from clusterctl.workloads.sweep.state import SweepState
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -88,7 +88,8 @@ def bench(
 ) -> None:
     """Synthetic Horovod ladder: 1 GPU, 1 node, all; a verdict."""
     from clusterctl.cli import display, tables
-    from clusterctl.workloads import bench as benchlib, train_run
+    from clusterctl.workloads.bench import ladder as benchlib
+    from clusterctl.workloads.train import run as train_run
 
     if not synthetic:
         raise UsageError(
@@ -132,7 +133,7 @@ def _bench_cost(inv: Inventory, ladder: Ladder, model: str) -> None:
     """What the ladder cost, and what ImageNet costs at the rate measured on the top rung (bench.cost_lines)."""
     from clusterctl.cli import display
     from clusterctl.cluster import costs
-    from clusterctl.workloads import bench as benchlib
+    from clusterctl.workloads.bench import ladder as benchlib
 
     per_hour = costs.hourly(inv.cluster)
     for line in benchlib.cost_lines(ladder, per_hour, model):
@@ -165,7 +166,7 @@ def doctor(
     import json as jsonlib
 
     from clusterctl.cli import display, tables
-    from clusterctl.workloads import doctor as doctorlib
+    from clusterctl.workloads.doctor import preflight as doctorlib
 
     if fabric:
         within("--fabric-mb", fabric_mb, above=0, high=4096)
@@ -193,7 +194,7 @@ def _cloud_facts(cluster: Cluster | None, store: StateStore) -> dict[str, dict[s
     """Instance type / zone / placement per node, as the cluster's provider sees them (None for a hosts file)."""
     if cluster is None:
         return None
-    from clusterctl.workloads import doctor as doctorlib
+    from clusterctl.workloads.doctor import preflight as doctorlib
 
     impl = _provider(cluster.provider, store, cluster.region)
     return doctorlib.placement_facts(cluster, impl.node_facts(cluster))
@@ -365,7 +366,7 @@ def sweep_run(
 
     Its scheduler runs detached on the leader: --detach returns at once, and Ctrl-C stops only the watching."""
     from clusterctl.cli import display, tables
-    from clusterctl.workloads import sweep_control as control, sweep_plan as planlib
+    from clusterctl.workloads.sweep import control, plan as planlib
 
     spec = planlib.SweepSpec(  # every option checked here, before anything connects
         template=tuple(cmd or ()),
@@ -410,7 +411,7 @@ def sweep_status(
     import json as jsonlib
 
     from clusterctl.cli import display
-    from clusterctl.workloads import sweep_control as control, sweep_results as resultlib
+    from clusterctl.workloads.sweep import control, results as resultlib
 
     found = control.status(lambda: _resolve_hosts(hostsfile, cluster, ssh), sweep_id)
     snap, sid = found.snapshot, found.id
@@ -441,7 +442,7 @@ def sweep_attach(
 ) -> None:
     """Watch a sweep until it ends, then write its results here."""
     from clusterctl.cli import display, tables
-    from clusterctl.workloads import sweep_control as control
+    from clusterctl.workloads.sweep import control
 
     done = control.attach(
         lambda: _resolve_hosts(hostsfile, cluster, ssh),
@@ -465,7 +466,7 @@ def sweep_cancel(
 ) -> None:
     """End every trial of a sweep on every node, and its scheduler."""
     from clusterctl.cli import display
-    from clusterctl.workloads import sweep_control as control, sweep_results as resultlib
+    from clusterctl.workloads.sweep import control, results as resultlib
 
     state = control.cancel(lambda: _resolve_hosts(hostsfile, cluster, ssh), sweep_id, python=python)
     _sweep_show(state, sort=False)
@@ -474,7 +475,7 @@ def sweep_cancel(
 
 def _sweep_show(state: SweepState, sort: bool, title: Optional[str] = None) -> None:
     from clusterctl.cli import tables
-    from clusterctl.workloads import sweep_results as resultlib
+    from clusterctl.workloads.sweep import results as resultlib
 
     tables.sweep_table(
         resultlib.rows(state, state.params, state.meta.goal, sort), state.params, state.meta.metric, title
@@ -484,7 +485,7 @@ def _sweep_show(state: SweepState, sort: bool, title: Optional[str] = None) -> N
 def _sweep_results(done: Finished) -> None:
     """A finished sweep: the sorted table, the best trial, where its results are; its exit status."""
     from clusterctl.cli import display
-    from clusterctl.workloads import sweep_results as resultlib
+    from clusterctl.workloads.sweep import results as resultlib
 
     state, metric, goal = done.state, done.state.meta.metric, done.state.meta.goal
     _sweep_show(state, sort=True, title=f"sweep {done.id}: {metric} ({goal}), best first")

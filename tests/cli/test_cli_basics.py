@@ -176,8 +176,8 @@ def test_bench_defaults_of_the_cli_are_the_library_s():
     import inspect
 
     from clusterctl.cli import workloads
-    from clusterctl.workloads.bench import BenchOptions
-    from clusterctl.workloads.bench_verdict import DEFAULT_THRESHOLD
+    from clusterctl.workloads.bench.ladder import BenchOptions
+    from clusterctl.workloads.bench.verdict import DEFAULT_THRESHOLD
 
     params = inspect.signature(workloads.bench).parameters
     lib = BenchOptions()

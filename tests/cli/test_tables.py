@@ -18,7 +18,7 @@ def narrow(monkeypatch):
 
 def test_doctor_table_at_80_columns(narrow, capsys):
     from clusterctl.cli import tables
-    from clusterctl.workloads.doctor_judge import CHECKS, Cell, DoctorReport, NodeReport
+    from clusterctl.workloads.doctor.judge import CHECKS, Cell, DoctorReport, NodeReport
 
     hosts = [f"10.0.{i}.{100 + i}" for i in range(3)]
     nodes = tuple(
@@ -51,7 +51,7 @@ def test_jobs_gc_sync_eval_and_disk_at_80_columns(narrow, capsys):
     from clusterctl.data.outcome import NodeOutcome, SyncReport
     from clusterctl.providers.base import Found
     from clusterctl.workloads.jobs import Job
-    from clusterctl.workloads.train_log import EvalResult
+    from clusterctl.workloads.train.log import EvalResult
 
     now = 1_700_000_000.0
     job = Job("j-7f3a9c21", "resnet50-imagenet-run-3", "train", "succeeded", now - 7200, now, 4, ("h",), 0)

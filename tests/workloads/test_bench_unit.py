@@ -14,7 +14,8 @@ import pytest
 from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.remote import jobfolder, nodepkg
-from clusterctl.workloads import bench, bench_stats as stats, bench_verdict, launch
+from clusterctl.workloads import launch
+from clusterctl.workloads.bench import ladder as bench, stats, verdict as bench_verdict
 from clusterctl.workloads.horovod import BenchHost, BenchInterval, BenchRun, parse_bench_output
 
 HOSTS = HostsFile.parse("10.0.0.2 slots=8\n10.0.0.3 slots=8\n10.0.0.4 slots=8\n10.0.0.5 slots=8\n")
@@ -479,7 +480,7 @@ def test_a_rung_whose_nccl_fell_back_to_sockets_on_an_efa_type_fails_with_the_no
     stops with that error, not with "no result"."""
     from clusterctl.node import nccl_report
     from clusterctl.types import HostResult
-    from clusterctl.workloads import bench as benchlib
+    from clusterctl.workloads.bench import ladder as benchlib
 
     report = nccl_report.parse(
         [
@@ -504,7 +505,7 @@ def test_a_rung_whose_nccl_fell_back_to_sockets_on_an_efa_type_fails_with_the_no
 def test_allow_socket_transport_reaches_the_job_environment_and_not_the_trainers_flags():
     from clusterctl.node import nccl_report
     from clusterctl.types import Cluster, Node
-    from clusterctl.workloads import train_options
+    from clusterctl.workloads.train import options as train_options
 
     opts = train_options.TrainOptions(synthetic=True, allow_socket_transport=True)
     assert nccl_report.ALLOW_FLAG not in train_options.trainer_argv("/p", "/x.pyz", opts)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.providers.local import netns
-from clusterctl.workloads import train_log
+from clusterctl.workloads.train import log as train_log
 from conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]

@@ -13,8 +13,9 @@ from clusterctl.cluster import live_hosts
 from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.node import live_hosts as node_live_hosts
-from clusterctl.workloads import horovod, launch, train_job, train_log, train_options
-from clusterctl.workloads.train_options import TrainOptions
+from clusterctl.workloads import horovod, launch
+from clusterctl.workloads.train import job as train_job, log as train_log, options as train_options
+from clusterctl.workloads.train.options import TrainOptions
 from conftest import node_pyz
 
 

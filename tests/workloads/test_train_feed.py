@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from clusterctl.workloads import train_feed
+from clusterctl.workloads.train import feed as train_feed
 
 
 def test_the_arithmetic_and_the_lines():
@@ -53,7 +53,7 @@ def test_cores_from_describe_instance_types_else_the_catalog():
 
 
 def test_which_runs_train_checks():
-    from clusterctl.workloads import train_config
+    from clusterctl.workloads.train import config as train_config
 
     v100 = train_config.DEFAULTS[train_config.gpu_type("V100")]
     assert train_feed.gpu_to_feed(8, v100.gpu, v100.precision, "/data/imagenet") == "V100"
@@ -83,8 +83,8 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     from clusterctl.remote import jobfolder, nodepkg
     from clusterctl.remote.ssh import SshPool
     from clusterctl.state import StateStore
-    from clusterctl.workloads import train_job
-    from clusterctl.workloads.train_options import TrainOptions
+    from clusterctl.workloads.train import job as train_job
+    from clusterctl.workloads.train.options import TrainOptions
 
     c = local_cluster_factory(1, 1, runtime=True)
     cli = c.cli
@@ -128,8 +128,8 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
 def test_without_a_gpu_rate_the_feed_is_not_timed():
     """CPU nodes (and --fp32): no rate to judge the figure by, so `train` does not spend its start timing the
     pipeline; it says which input it uses and why."""
-    from clusterctl.workloads import train_job
-    from clusterctl.workloads.train_options import TrainOptions
+    from clusterctl.workloads.train import job as train_job
+    from clusterctl.workloads.train.options import TrainOptions
 
     class NoSsh:
         def __getattr__(self, name):

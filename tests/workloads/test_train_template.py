@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.workloads import train_log, train_options as train
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
+from clusterctl.workloads.train import log as train_log, options as train
 from conftest import HOROVODRUN, REPO, TRAIN_PY as PY, node_pyz
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]

@@ -15,9 +15,15 @@ import pytest
 
 from clusterctl.errors import UsageError
 from clusterctl.s3uri import S3Uri
-from clusterctl.workloads import train_job as train, train_log, train_nodes as nodes, train_options, train_tensorboard
-from clusterctl.workloads.train_log import CheckpointSaved, TrainRow
-from clusterctl.workloads.train_options import TrainOptions
+from clusterctl.workloads.train import (
+    job as train,
+    log as train_log,
+    nodes,
+    options as train_options,
+    tensorboard as train_tensorboard,
+)
+from clusterctl.workloads.train.log import CheckpointSaved, TrainRow
+from clusterctl.workloads.train.options import TrainOptions
 from conftest import FIXTURES
 
 KILLED = (FIXTURES / "train_tiny_np2_killed.log").read_text()
@@ -416,7 +422,7 @@ def test_recipes_fill_only_what_is_not_given():
     assert (mine.label_smoothing, mine.momentum, mine.lr_schedule) == (0.2, 0.8, "step")
     assert t.parse_args(["--synthetic", "--weight-decay", "0", "--lr", "0.5"]).weight_decay == 0.0
     # the operator's choices are the trainer's
-    from clusterctl.workloads import train_options
+    from clusterctl.workloads.train import options as train_options
 
     assert train_options.RECIPES == ("nvidia", "goyal")
     # the step schedule is Goyal's: /10 at epochs 30, 60 and 80 of 90

@@ -1,7 +1,7 @@
 """The training job on a cluster: its record (TrainJob, train.json), start on the leader in tmux after asking
-every node (workloads/train_nodes.py judges the answers), stop, evaluate, its log and status. The trainer's
-argv comes from workloads/train_options.py; its log is read by workloads/train_log.py; TensorBoard is
-workloads/train_tensorboard.py."""
+every node (workloads/train/nodes.py judges the answers), stop, evaluate, its log and status. The trainer's
+argv comes from workloads/train/options.py; its log is read by workloads/train/log.py; TensorBoard is
+workloads/train/tensorboard.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from clusterctl.remote import nodepkg
 from clusterctl.remote.jobfolder import node_path
-from clusterctl.workloads import train_config, train_feed
-from clusterctl.workloads.train_log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
-from clusterctl.workloads.train_nodes import (
+from clusterctl.workloads.train import config as train_config, feed as train_feed
+from clusterctl.workloads.train.log import MARK, EvalResult, TrainStatus, parse_eval, parse_train_log, status
+from clusterctl.workloads.train.nodes import (
     PROBE_TIMEOUT_S,
     choose_nodes,
     data_check_command,
@@ -22,7 +22,7 @@ from clusterctl.workloads.train_nodes import (
     keep_nodes,
     left_out_line,
 )
-from clusterctl.workloads.train_options import TrainOptions, horovod_env, trainer_argv, trainer_flags
+from clusterctl.workloads.train.options import TrainOptions, horovod_env, trainer_argv, trainer_flags
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
@@ -338,7 +338,7 @@ def start(
                 )
         # An elastic job's size changes by design: no --expect-size.
         opts = replace(opts, data=data, model_dir=model_dir, expect_size=None if opts.elastic else np)
-        # The GPU type's configuration (train_config.py), the user's flags over it: what bench measures too.
+        # The GPU type's configuration (train/config.py), the user's flags over it: what bench measures too.
         opts, config = train_config.for_train(opts, inv.cluster)
         report(f"configuration for {config.describe()} ({config.source})")
         if checkpoint_copy and opts.checkpoint_copy is None and len(inv.hosts.entries) > 1:
@@ -434,7 +434,8 @@ def elastic_args(opts: TrainOptions, np: int, python: str, job_dir: str, pyz: st
     slots at launch), the discovery (the node package `pyz`'s program, given the job's hosts file),
     --elastic-timeout."""
     from clusterctl.errors import UsageError
-    from clusterctl.workloads import horovod, train_options
+    from clusterctl.workloads import horovod
+    from clusterctl.workloads.train import options as train_options
 
     max_np = opts.max_np or np
     min_np = opts.min_np or 1
