@@ -181,7 +181,7 @@ def train_options(s: TrainSpec) -> TrainOptions:
 
 def _train(s: TrainSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.remote import jobfolder
-    from clusterctl.workloads.train import job as train
+    from clusterctl.workloads.train import start as train
 
     opts = train_options(s)
     job = train.start(ctx.inventory, ctx.store, opts, report=ctx.report)

@@ -14,7 +14,7 @@ from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.node import live_hosts as node_live_hosts
 from clusterctl.workloads import horovod, launch
-from clusterctl.workloads.train import job as train_job, log as train_log, options as train_options
+from clusterctl.workloads.train import log as train_log, options as train_options, plan as train_plan
 from clusterctl.workloads.train.options import TrainOptions
 from conftest import node_pyz
 
@@ -79,7 +79,7 @@ def test_horovodrun_elastic_argv():
 
 def test_elastic_args_defaults_and_refusal():
     opts = TrainOptions(synthetic=True, elastic=True)
-    el = train_job.elastic_args(opts, 3, "/opt/py", "/home/u/clusterctl-jobs/train-x", "/home/u/n.pyz")
+    el = train_plan.elastic_args(opts, 3, "/opt/py", "/home/u/clusterctl-jobs/train-x", "/home/u/n.pyz")
     assert (el.min_np, el.max_np, el.timeout_s) == (1, 3, train_options.ELASTIC_TIMEOUT_S)
     assert shlex.split(el.discovery) == [
         "/opt/py",
@@ -88,7 +88,7 @@ def test_elastic_args_defaults_and_refusal():
         "/home/u/clusterctl-jobs/train-x/hosts",
     ]
     with pytest.raises(UsageError, match="--min-np 4 is more than the 3 process"):
-        train_job.elastic_args(TrainOptions(synthetic=True, elastic=True, min_np=4), 3, "/opt/py", "/j", "/p")
+        train_plan.elastic_args(TrainOptions(synthetic=True, elastic=True, min_np=4), 3, "/opt/py", "/j", "/p")
 
 
 def test_live_hosts_file_written_whole_and_read_by_the_discovery_script(tmp_path):

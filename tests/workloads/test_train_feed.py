@@ -83,7 +83,7 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     from clusterctl.remote import jobfolder, nodepkg
     from clusterctl.remote.ssh import SshPool
     from clusterctl.state import StateStore
-    from clusterctl.workloads.train import job as train_job
+    from clusterctl.workloads.train import start as train_start
     from clusterctl.workloads.train.options import TrainOptions
 
     c = local_cluster_factory(1, 1, runtime=True)
@@ -113,7 +113,7 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]  # the job's folder (the probe's working folder) and the package, as `train` stages
         assert pool.run_one(leader, f"mkdir -p {folder}").exit_code == 0 and nodepkg.ship(pool, [leader]).all_ok
-        fed, lines = train_job.feed_check(pool, leader, folder, python, opts, 2, 8, "V100")
+        fed, lines = train_start.feed_check(pool, leader, folder, python, opts, 2, 8, "V100")
         assert len(lines) == 1 and fed is not None and fed.starves, (fed, lines)
         m = re.fullmatch(r"input: tf\.data on (\d+) cores?, ([\d,]+) img/s for 10,160 needed", lines[0])
         assert m and int(m.group(1)) >= 1, lines
@@ -122,13 +122,13 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
         assert warning.startswith("the input pipeline cannot feed the GPUs: tf.data on "), warning
         assert "(8 V100 x 1,270 img/s)" in warning and train_feed.ADVICE in warning
         gone = TrainOptions(data="/root/nothing")
-        assert train_job.feed_check(pool, leader, folder, python, gone, 1, 8, "V100") == (None, [])
+        assert train_start.feed_check(pool, leader, folder, python, gone, 1, 8, "V100") == (None, [])
 
 
 def test_without_a_gpu_rate_the_feed_is_not_timed():
     """CPU nodes (and --fp32): no rate to judge the figure by, so `train` does not spend its start timing the
     pipeline; it says which input it uses and why."""
-    from clusterctl.workloads.train import job as train_job
+    from clusterctl.workloads.train import start as train_start
     from clusterctl.workloads.train.options import TrainOptions
 
     class NoSsh:
@@ -136,6 +136,6 @@ def test_without_a_gpu_rate_the_feed_is_not_timed():
             raise AssertionError(f"the feed was probed over ssh ({name})")
 
     said: list[str] = []
-    feeding = train_job.Feeding(NoSsh(), NoSsh(), "/root/job", "python3", 2, 0, "")  # type: ignore[arg-type]
+    feeding = train_start.Feeding(NoSsh(), NoSsh(), "/root/job", "python3", 2, 0, "")  # type: ignore[arg-type]
     chosen = feeding.choose(TrainOptions(data="/root/ds"), "/root/ds", False, said.append)
     assert chosen == "tfdata" and said == ["input: tf.data (auto: no GPUs to decode on)"], said

@@ -1,6 +1,6 @@
 """The trainer's options and command line (the node package's `train`, clusterctl/node/train/), pure: TrainOptions, the argv built
 from them, Horovod's environment for every rank, and the checks of the paths and the S3 location they name.
-workloads/train/job.py launches the trainer with them."""
+workloads/train/plan.py turns them into the launch, train/start.py runs it."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ _SWITCHES = (
     ("fp16_allreduce", "--fp16-allreduce"),
     ("elastic", "--elastic"),
 )
-# horovodrun's, not the trainer's: workloads/train/job.py passes them to horovod.Elastic
+# horovodrun's, not the trainer's: workloads/train/plan.py passes them to horovod.Elastic
 _ELASTIC_FLAGS = (("min_np", "--min-np"), ("max_np", "--max-np"), ("elastic_timeout", "--elastic-timeout"))
 ELASTIC_ONLY = ("min_np", "max_np", "commit_every", "elastic_timeout")
 FLAGS = dict(
