@@ -378,7 +378,7 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from clusterctl.cli import workloads as cli
+    from clusterctl.cli import bench as cli
     from clusterctl.state import StateStore
     from clusterctl.workloads.bench import ladder as bench, verdict as bench_verdict
     from clusterctl.workloads.train import config as train_config, cost as train_cost

@@ -353,7 +353,8 @@ def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
 
 
 def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys, monkeypatch):
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
+    from clusterctl.cli.bench import ladder_table
 
     monkeypatch.setenv("COLUMNS", "200")  # the table's width follows the terminal's: one line a rung here
     monkeypatch.setattr(display, "_consoles", {})  # made again at this width
@@ -363,7 +364,7 @@ def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys, monkey
     alone = _alone({"a": steady(3000.0, 0.03), "b": steady(2950.0, 0.03)}, 8)
     stops = ("precise", "decided", "time-cap")  # how many batches each rung timed, and why no more
     rungs = tuple(dataclasses.replace(r, stop=why) for r, why in zip(ladder.rungs, stops))
-    tables.ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
+    ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
     out = capsys.readouterr().out
     assert re.search(r"┃ +batches ┃", out) and re.search(r"│ +10 time-cap │", out), out
     flat = " ".join(out.split())
@@ -538,7 +539,8 @@ def test_launch_attach_prints_the_network_line_once_after_nccls_own_lines():
 
 def test_the_ladder_and_nodes_alone_tables_at_80_columns(capsys, monkeypatch):
     """Wrapped into blocks at a narrow terminal (display.fitted_table): no header or figure cut short."""
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
+    from clusterctl.cli.bench import ladder_table
     from table_support import fits
 
     monkeypatch.setenv("COLUMNS", "80")
@@ -547,7 +549,7 @@ def test_the_ladder_and_nodes_alone_tables_at_80_columns(capsys, monkeypatch):
     ladder = bench_verdict.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, noise=0.05), 0.9, 8)
     alone = _alone({"10.0.1.17": steady(3000.0, 0.03), "10.0.1.18": steady(1450.0, 0.03)}, 8)
     rungs = tuple(dataclasses.replace(r, stop=s) for r, s in zip(ladder.rungs, ("precise", "decided", "time-cap")))
-    tables.ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
+    ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
     out = capsys.readouterr().out.split("INCONCLUSIVE: 16 processes")[0]  # the tables; the verdict is a line of prose
     headers = ["processes", "nodes", "img/s", "batch spread", "speedup", "efficiency 1->N", "per process vs 1 node"]
     figures = [f"{r.img_per_sec:.1f}" for r in rungs] + ["10 time-cap", "92.0% +- 4.3% INCONCLUSIVE"]
