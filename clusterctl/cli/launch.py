@@ -54,7 +54,7 @@ def launch(
     `clusterctl kill NAME`; `clusterctl status` lists it."""
     from clusterctl.cli import display
     from clusterctl.remote import jobfolder
-    from clusterctl.workloads import userjob
+    from clusterctl.workloads import launch, userjob
 
     hosts_path, command_argv = userjob.split_hosts(args or [])
     the_plan = userjob.plan(command_argv, file, Path.cwd())  # bad input fails here, before any connection
@@ -80,7 +80,7 @@ def launch(
         return
     try:
         with autostop.lease(_store(), inv.cluster, "launch --attach", warn=display.warn):
-            code = jobfolder.follow(inv, job.job, userjob.with_network_line(_print_line))
+            code = jobfolder.follow(inv, job.job, launch.with_network_line(_print_line))
     except KeyboardInterrupt:
         display.info(f"detached; {job.job} keeps running (clusterctl kill {job.job} ends it)")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None

@@ -28,7 +28,8 @@ from clusterctl.units import duration, money
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
     from clusterctl.workloads.train.job import TrainJob
-    from clusterctl.workloads.train.log import EvalResult, TrainStatus
+    from clusterctl.workloads.train.log import EvalResult
+    from clusterctl.workloads.train.status import TrainStatus
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 

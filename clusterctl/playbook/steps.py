@@ -218,7 +218,7 @@ def launch_plan(s: LaunchSpec, base: Path) -> LaunchPlan:
 def _launch(s: LaunchSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.cluster import autostop_control as autostop
     from clusterctl.remote import jobfolder
-    from clusterctl.workloads import userjob
+    from clusterctl.workloads import launch, userjob
 
     the_plan = launch_plan(s, ctx.base)
     inv = ctx.inventory
@@ -228,7 +228,7 @@ def _launch(s: LaunchSpec, ctx: Context) -> tuple[bool, str]:
         job = userjob.start(inv, ctx.store, the_plan, np=np, report=ctx.report)
     if not s.wait:
         return True, f"started {job.job} (follow it: clusterctl logs {job.job} -f)"
-    code = jobfolder.follow(inv, job.job, userjob.with_network_line(lambda line: ctx.report(f"  {line}")))
+    code = jobfolder.follow(inv, job.job, launch.with_network_line(lambda line: ctx.report(f"  {line}")))
     return code == 0, f"{job.job} exited {code}"
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from clusterctl.state import Record, StateStore
     from clusterctl.types import Cluster, Node
     from clusterctl.workloads.train.job import TrainJob
-    from clusterctl.workloads.train.log import TrainStatus
+    from clusterctl.workloads.train.status import TrainStatus
 
 
 PROBE_TIMEOUT = 5.0  # seconds each node has to answer status's ssh probe (a node up answers in well under 1)

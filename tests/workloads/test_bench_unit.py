@@ -521,8 +521,6 @@ def test_allow_socket_transport_reaches_the_job_environment_and_not_the_trainers
 
 
 def test_launch_attach_prints_the_network_line_once_after_nccls_own_lines():
-    from clusterctl.workloads import userjob
-
     lines = [
         "[1,0]<stdout>:ip-10-0-0-4:1:1 [0] NCCL INFO NCCL version 2.30.7+cuda12.9",
         "[1,0]<stdout>:ip-10-0-0-4:1:2 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 4 nics)",
@@ -531,7 +529,7 @@ def test_launch_attach_prints_the_network_line_once_after_nccls_own_lines():
         "[1,0]<stdout>:epoch 1",
     ]
     shown: list[str] = []
-    follow = userjob.with_network_line(shown.append)
+    follow = launch.with_network_line(shown.append)
     for line in lines:
         follow(line)
     assert shown == [*lines[:3], "network: NCCL 2.30.7 over EFA, 4 NICs per node", *lines[3:]]

@@ -14,7 +14,12 @@ from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.node import live_hosts as node_live_hosts
 from clusterctl.workloads import horovod, launch
-from clusterctl.workloads.train import log as train_log, options as train_options, plan as train_plan
+from clusterctl.workloads.train import (
+    log as train_log,
+    options as train_options,
+    plan as train_plan,
+    status as train_status,
+)
 from clusterctl.workloads.train.options import TrainOptions
 from conftest import node_pyz
 
@@ -159,10 +164,10 @@ def test_world_size_lines_read_back_and_shown_by_status():
     log = train_log.parse_train_log(start + change)
     (resize,) = log.current.resizes
     assert resize == train_log.WorldSize(2, 3, ("10.0.0.3",), (), 1440, "world size 3 -> 2 (lost 10.0.0.3)")
-    st = train_log.status(log, running=True)
+    st = train_status.status(log, running=True)
     assert st.size == 2 and st.resized == "world size 3 -> 2 (lost 10.0.0.3)"
     too_few = "CLUSTERCTL-TRAIN error kind=too_few_nodes min_np=2 timeout=30 message='fewer than --min-np 2 ...'\n"
-    st = train_log.status(train_log.parse_train_log(start + change + too_few), running=False)
+    st = train_status.status(train_log.parse_train_log(start + change + too_few), running=False)
     assert st.state == "failed" and st.reason.startswith("too_few_nodes: fewer than --min-np 2")
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from clusterctl.remote import nodepkg
-from clusterctl.workloads.train.log import EvalResult, TrainStatus, parse_eval, parse_train_log, status
+from clusterctl.workloads.train.log import EvalResult, parse_eval, parse_train_log
 from clusterctl.workloads.train.options import TrainOptions, trainer_argv
+from clusterctl.workloads.train.status import TrainStatus, status
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory

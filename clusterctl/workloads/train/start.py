@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
+from clusterctl.errors import ConfigError, RemoteCommandError, UsageError
 from clusterctl.remote import jobfolder, nodepkg
 from clusterctl.workloads import horovod, launch
 from clusterctl.workloads.train import feed as train_feed, plan as train_plan
@@ -183,13 +183,7 @@ def _run(
         + jobs.detach_command(job.name, plan.leader_command(job, python), kind="train", nodes=nodes),
         timeout=60,
     )
-    if r.exit_code is None:
-        raise UnreachableError(f"could not start the job on the leader {leader.label}: {r.error}")
-    if r.exit_code != 0:
-        raise RemoteCommandError(
-            f"could not start the job on the leader {leader.label} "
-            f"(exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}"
-        )
+    launch.check_started(r, leader.label)
 
 
 def _record(
