@@ -204,7 +204,7 @@ def ladder_table(ladder: Ladder) -> None:
     c.print(f"results: {_esc(ladder.results_dir)}/results.json, scaling.png, rung logs")
 
 
-# ---- the benchmark ladder ----------------------------------------------------------------------------
+# ---- each rung as it ends, and the ladder's table ----------------------------------------------------------
 class BenchProgress:
     """on_event of bench.run_ladder: the network NCCL chose, and a line per rung as it ends (the table comes at
     the end; the steps themselves are StepLine's)."""

@@ -276,7 +276,7 @@ def repair(
     repairing.carry_out(store, impl, plan, report=display.info, data=data)
 
 
-# ---- clusters ----------------------------------------------------------------------------------------
+# ---- `ls`'s table ------------------------------------------------------------------------------------------
 def cluster_table(
     rows: Sequence[Mapping[str, object]],
     columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state"),

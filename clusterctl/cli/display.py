@@ -368,7 +368,6 @@ def json_lines(report: RunReport) -> None:
     sys.stdout.flush()
 
 
-# ---- playbooks ---------------------------------------------------------------------------------------
 # ---- playbook steps (play, and up -f's setup) ---------------------------------------------------------
 def play_summary(results: Sequence[StepResult]) -> None:
     c = console()

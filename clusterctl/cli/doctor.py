@@ -87,7 +87,7 @@ def _cloud_facts(cluster: Cluster | None, store: StateStore) -> dict[str, dict[s
     return doctorlib.placement_facts(cluster, impl.node_facts(cluster))
 
 
-# ---- the doctor --------------------------------------------------------------------------------------
+# ---- the doctor's table ------------------------------------------------------------------------------------
 def doctor_table(report: DoctorReport) -> None:
     marks = {"ok": "[green]ok[/]", "fail": "[bold red]FAIL[/]", "n/a": "[dim]n/a[/]"}
     rows = [

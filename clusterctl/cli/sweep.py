@@ -264,7 +264,7 @@ def _sweep_results(done: Finished) -> None:
         raise error
 
 
-# ---- sweeps --------------------------------------------------------------------------------------------
+# ---- the trials' table, and the live view of a running sweep -----------------------------------------------
 _SWEEP_STYLE = {
     "done": "green",
     "running": "cyan",

@@ -308,7 +308,7 @@ def _train_logs(hostsfile: str | None, cluster: str | None, follow: bool, connec
     sys.stdout.write(text)
 
 
-# ---- training ----------------------------------------------------------------------------------------
+# ---- `eval`'s table, and the training job under `status` ---------------------------------------------------
 def train_eval(result: EvalResult) -> None:
     """`clusterctl eval`: the recipe's evaluation line, top-1/top-5 in percent."""
     row = [
