@@ -10,7 +10,7 @@ hardware threads, so both threads of every core are busy, as in training; the ra
 over the cores here. The same again on the images pre-resized to a shorter side of 256, the remedy `train`
 suggests. Then, for every instance type of the catalog, its physical cores (DescribeInstanceTypes' DefaultCores,
 clusterctl/providers/aws/catalog.py's CPUS) x that rate against its GPUs x NVIDIA's published ResNet-50 v1.5
-img/s (clusterctl/workloads/train_feed.py), and the input path it would get.
+img/s (clusterctl/workloads/train/feed.py), and the input path it would get.
 
     python bench/input_pipeline.py
 """
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from clusterctl.providers.aws import catalog  # noqa: E402
-from clusterctl.workloads import train_config, train_feed  # noqa: E402
+from clusterctl.workloads.train import config as train_config, feed as train_feed  # noqa: E402
 
 IMAGES = 192  # 6 classes x 32: the timed run reads them in a loop
 CLASSES = 6
@@ -118,7 +118,7 @@ def main() -> int:
         if f.starves:
             starved.append(itype)
     print()
-    print("GPUs need: GPUs x their expected img/s (clusterctl/workloads/train_feed.py, with sources):")
+    print("GPUs need: GPUs x their expected img/s (clusterctl/workloads/train/feed.py, with sources):")
     for gpu, e in train_feed.EXPECTED.items():
         print(f"  {gpu:<5} {e.per_gpu:>6,.0f} img/s  {e.source}")
     if starved:

@@ -11,7 +11,24 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import typer
 
-from clusterctl.cli import clusters, completion, data, fanout, fastargs as _fastargs, train, up, workloads
+from clusterctl.cli import (
+    autostop,
+    bench,
+    clusters,
+    completion,
+    data,
+    doctor,
+    fanout,
+    fastargs as _fastargs,
+    gc,
+    launch,
+    play,
+    ssh,
+    status,
+    sweep,
+    train,
+    up,
+)
 from clusterctl.errors import ClusterctlError, ExitCode
 
 if TYPE_CHECKING:
@@ -121,7 +138,23 @@ COMMANDS = (
 def _merge() -> None:
     infos = {}
     groups = set()
-    for module in (up, clusters, fanout, data, workloads, train, completion):
+    for module in (
+        up,
+        clusters,
+        status,
+        autostop,
+        gc,
+        ssh,
+        fanout,
+        data,
+        bench,
+        doctor,
+        play,
+        sweep,
+        train,
+        launch,
+        completion,
+    ):
         for info in module.app.registered_commands:
             infos[info.name or info.callback.__name__.lower().replace("_", "-")] = info
         for group in module.app.registered_groups:  # `data tfrecords`, `sweep run` ...: the same wrapping

@@ -1,22 +1,19 @@
-"""Commands about clusters: down ls status stop start repair keep autostop gc hosts ssh (`up` is cli/up.py)."""
+"""Commands about clusters: down ls stop start repair, and `ls`'s table (`up` is cli/up.py, `status` cli/status.py)."""
 
 from __future__ import annotations
 
-import sys
 import time
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, List, Mapping, Optional, Sequence
 
 import typer
 
-from clusterctl.cli.shared import CLUSTER, CURRENT_CLUSTER, _confirm, _hourly, _provider, _store, one_cluster
+from clusterctl.cli.display import _esc, fitted_table
+from clusterctl.cli.shared import _confirm, _provider, _store, one_cluster
 from clusterctl.errors import UsageError
-from clusterctl.hostsfile import FORMATS
 from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
     from clusterctl.cluster.overview import Listing
-    from clusterctl.state import Record, StateStore
-    from clusterctl.types import Cluster
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -80,7 +77,7 @@ def ls(
     json_: bool = typer.Option(False, "--json", help="One JSON object: the clusters and the totals."),
 ) -> None:
     """List clusters: nodes, type, AZ, state, uptime, cost so far."""
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
     from clusterctl.cluster import overview
 
     store = _store()
@@ -107,7 +104,7 @@ def ls(
     if not rows:
         display.info("no clusters; bring one up with `clusterctl up --provider local --nodes 2`")
         return
-    tables.cluster_table(
+    cluster_table(
         rows, ("name", "provider", "region", "nodes", "type", "az", "state", "uptime", "$/hour", "cost so far", "note")
     )
     display.info(_total_line(found))
@@ -125,37 +122,6 @@ def _total_line(found: Listing) -> str:
         )
         + " (built-in on-demand prices; not a bill)"
     )
-
-
-@app.command()
-@one_cluster()
-def status(
-    name: Optional[str] = None,
-    provider: Optional[str] = typer.Option(None, "--provider", help="Where to look when the local record is gone."),
-    region: Optional[str] = typer.Option(
-        None, "--region", help="AWS region (default: the record's, else the AWS config's)."
-    ),
-    json_: bool = typer.Option(False, "--json", help="One JSON object: nodes, lost nodes, autostop, jobs."),
-) -> None:
-    """Show a cluster's nodes, as its provider sees them now.
-
-    Says where the local record and the provider disagree. Exit status 5 when a node is lost (gone at its
-    provider, or not answering ssh).
-    """
-    from clusterctl.cli import display, tables
-    from clusterctl.cluster import overview
-    from clusterctl.errors import ExitCode
-    from clusterctl.workloads import cluster_view
-
-    store = _store()
-    providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg))
-    view = cluster_view.gather(store, providers, name, provider, region)
-    if json_:
-        display.json_out(cluster_view.as_json(view))
-    else:
-        tables.cluster_view(view)
-    if any(not x.disks_kept for x in view.lost):  # a stopped node (its disks kept) is shown, not a failure
-        raise typer.Exit(int(ExitCode.UNREACHABLE))
 
 
 @app.command()
@@ -208,7 +174,8 @@ def start(
     the ssh config, the pinned known_hosts and the hosts files follow. Autostop's watchdog is back as `up` left
     it.
     """
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
+    from clusterctl.cli.status import node_table
     from clusterctl.cluster import provision
 
     store = _store()
@@ -223,7 +190,7 @@ def start(
         f"cluster {c.name} is up again: {len(cluster.nodes)} node(s) in {time.monotonic() - began:.1f}s; "
         f"hosts: {', '.join(n.private_ip for n in cluster.nodes)}"
     )
-    tables.node_table(cluster)
+    node_table(cluster)
 
 
 def _running_jobs(name: str) -> list[str]:
@@ -309,257 +276,11 @@ def repair(
     repairing.carry_out(store, impl, plan, report=display.info, data=data)
 
 
-def _autostop_status(store: StateStore, record: Record) -> None:
-    from clusterctl.cli import display
-    from clusterctl.cluster import autostop_status
-
-    for line in autostop_status.status_lines(store, record):
-        display.console().print(display._esc(line))
-
-
-@app.command()
-@one_cluster()
-def keep(
-    name: Optional[str] = None,
-    for_: str = typer.Option(..., "--for", help="How long nothing may stop it, e.g. 4h."),
+# ---- `ls`'s table ------------------------------------------------------------------------------------------
+def cluster_table(
+    rows: Sequence[Mapping[str, object]],
+    columns: Sequence[str] = ("name", "provider", "nodes", "type", "slots", "age", "state"),
 ) -> None:
-    """Keep a cluster up a while longer, idle or not."""
-    from clusterctl.autostop import settings as autostop
-    from clusterctl.cluster import autostop_control as control
-
-    seconds = autostop.parse_duration(for_, "--for", allow_off=False)
-    assert seconds is not None  # allow_off=False: a duration, or an error
-    store = _store()
-    record = _running(store.resolve(name))
-    failed = control.change(store, record, "keep", seconds=seconds)
-    until = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() + seconds))
-    _autostop_done(
-        record,
-        failed,
-        f"cluster {record.cluster.name}: autostop waits until {until} "
-        f"({duration(seconds)} from now); then idle-stop and max lifetime apply again",
+    fitted_table(
+        [c.upper() for c in columns], [[_esc(str(r.get(c, ""))) for c in columns] for r in rows], prose=("NOTE",)
     )
-    _autostop_status(store, record)
-
-
-@app.command("autostop")
-@one_cluster()
-def autostop_(
-    name: Optional[str] = None,
-    off: bool = typer.Option(False, "--off", help="Never stop it by itself (it runs until `down`)."),
-    on: bool = typer.Option(False, "--on", help="Turn autostop back on."),
-    idle_stop: Optional[str] = typer.Option(None, "--idle-stop", help="New idle limit, e.g. 30m (off: none)."),
-    max_lifetime: Optional[str] = typer.Option(
-        None, "--max-lifetime", help="New lifetime limit from creation, e.g. 12h (off: none)."
-    ),
-) -> None:
-    """Show or change when a cluster stops itself."""
-    from clusterctl.autostop import settings as autostop
-    from clusterctl.cli import display
-    from clusterctl.cluster import autostop_control as control
-
-    if off and (on or idle_stop or max_lifetime):
-        raise UsageError("--off goes alone")
-    store = _store()
-    record = store.resolve(name)
-    c = record.cluster
-    if off or on or idle_stop or max_lifetime:
-        _running(record)
-    if off:
-        failed = control.change(store, record, "off")
-        _autostop_done(record, failed, f"cluster {c.name}: autostop is off")
-        if not failed:
-            hourly = _hourly(c)
-            display.warn(
-                f"{c.name} now runs until `clusterctl down {c.name}`, costing "
-                f"{money(hourly)}/hour while it does; `clusterctl autostop {c.name} --on` undoes this"
-            )
-    elif on or idle_stop or max_lifetime:
-        values: dict[str, float | None] = {}
-        if idle_stop:
-            values["idle_stop"] = autostop.parse_duration(idle_stop, "--idle-stop")
-        if max_lifetime:
-            values["max_lifetime"] = autostop.parse_duration(max_lifetime, "--max-lifetime")
-        failed = control.change(store, record, "on", **values)
-        _autostop_done(record, failed, f"cluster {c.name}: autostop is on")
-    _autostop_status(store, record)
-
-
-def _running(record: Record) -> Record:
-    if record.status != "up":
-        from clusterctl.errors import StateError
-
-        why = f" ({record.note})" if record.note else ""
-        name = record.cluster.name
-        raise StateError(
-            f"cluster {name} is {record.status}{why}",
-            f"start it with `clusterctl start {name}`"
-            if record.disks_kept
-            else "bring it up again with `clusterctl up`, or remove its record with `clusterctl down`",
-        )
-    return record
-
-
-def _autostop_done(record: Record, failed: list[str], message: str) -> None:
-    from clusterctl.cli import display
-    from clusterctl.errors import UnreachableError
-
-    if failed:
-        for line in failed:
-            display.warn(line)
-        raise UnreachableError(
-            f"the change did not reach every node of {record.cluster.name} ({len(failed)} failed)",
-            "run the command again once the nodes answer",
-        )
-    display.info(message)
-
-
-@app.command()
-def gc(
-    older_than: Optional[str] = typer.Option(
-        None,
-        "--older-than",
-        help="Only clusters at least this old, e.g. 2h (default: AWS clusters this machine has no record of "
-        "once 1h old, the rest whatever their age).",
-    ),
-    provider: Optional[str] = typer.Option(None, "--provider", help="aws or local (default: both)."),
-    region: Optional[str] = typer.Option(None, "--region", help="AWS region (default: the AWS config's)."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-    force: bool = typer.Option(
-        False, "--force", help="Also another owner's clusters (AWS: owner tag; local: made by another CLUSTERCTL_HOME)."
-    ),
-) -> None:
-    """Find and remove everything clusterctl left behind.
-
-    Every resource tagged by clusterctl in the AWS region (with or without a local record) and every
-    local cluster on this machine, shown with age and owner; on AWS exactly the listed resource ids are
-    removed. An AWS cluster this machine has no record of is kept while younger than an hour (it may be in use
-    elsewhere) unless --older-than says otherwise. Another owner's clusters (a local one made from another
-    CLUSTERCTL_HOME) only with --force.
-    """
-    from clusterctl.autostop import settings as autostop
-    from clusterctl.cli import display, tables
-    from clusterctl.cluster import gc as gclib, overview
-
-    limit = autostop.parse_duration(older_than, "--older-than", allow_off=False) if older_than else None
-    store = _store()
-    providers = overview.Providers(lambda kind, reg: _provider(kind, store, reg), force=force)
-    now = time.time()
-    found = gclib.scan(store, providers, provider, region, limit, force, display.warn, now)
-    for line in found.not_looked:
-        display.info(line)
-    if not found.found:
-        display.info("nothing found: clusterctl left nothing behind")
-        return
-    tables.gc_table(found, now)
-    for line in found.notes(older_than):
-        display.info(line)
-    if found.chosen:
-        _confirm(found.question(), yes)
-        gclib.collect(store, providers, found.chosen, display.info)
-
-
-@app.command()
-def hosts(
-    hostsfile: Optional[str] = typer.Argument(None, help="A hosts file to read (default: the current cluster)."),
-    cluster: Optional[str] = CLUSTER,
-    format_: str = typer.Option("slots", "--format", "-f", help=FORMATS),
-    task: Optional[int] = typer.Option(
-        None, "--task", help="tf-config: this node's index (0, the leader, is the chief)."
-    ),
-    json_: bool = typer.Option(False, "--json", help="The same as --format json."),
-) -> None:
-    """Print the hosts for DeepSpeed, Horovod, MPI, pdsh, TF_CONFIG.
-
-    Each format is written as its reader parses it; a host it cannot express (a port of its own, an IPv6
-    address Horovod or pdsh cannot read) is refused, never passed through.
-    """
-    from clusterctl.cluster import reach
-    from clusterctl.hostsfile import HostsFile
-
-    if json_ and format_ not in ("slots", "json"):
-        raise UsageError("--json and --format together", "give one of them")
-    if hostsfile is not None:
-        hf = HostsFile.read(hostsfile)
-    else:
-        hf = reach.hosts_file(_store().resolve(cluster).cluster)
-    sys.stdout.write(hf.render_as("json" if json_ else format_, task))
-
-
-class _AfterDashes(typer.core.TyperCommand):
-    """Keeps what follows `--` apart (click drops the `--`), so `ssh -- hostname` is a command, not a node."""
-
-    def parse_args(self, ctx: Any, args: List[str]) -> List[str]:
-        ctx.meta["after --"] = args[args.index("--") + 1 :] if "--" in args else None
-        return super().parse_args(ctx, args[: args.index("--")] if "--" in args else args)
-
-
-@app.command(
-    "ssh",
-    cls=_AfterDashes,
-    short_help="A shell or a command on a node, host keys checked.",
-    context_settings={"allow_interspersed_args": False},
-)
-def ssh_(
-    ctx: typer.Context,
-    args: Optional[List[str]] = typer.Argument(
-        None,
-        metavar="[NODE] [-- CMD ...]",
-        help="A node (leader, member-N, its index or address; default: the "
-        "leader), then the command (default: an interactive shell).",
-    ),
-    cluster: Optional[str] = CURRENT_CLUSTER,
-) -> None:
-    """A shell (a real tty) or a command on a node, with OpenSSH and the cluster's pinned host keys."""
-    import os
-
-    from clusterctl.cluster import sshentry
-
-    store = _store()
-    target, node, command = _node_and_command(store, cluster, list(args or []), ctx.meta.get("after --"))
-    alias = sshentry.node_alias(target, node)
-    path = sshentry.write(target, store)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execvp("ssh", ["ssh", "-F", str(path), alias, *command])
-
-
-def _node_and_command(
-    store: StateStore, cluster: Optional[str], words: List[str], after: Optional[List[str]]
-) -> tuple[Cluster, Optional[str], List[str]]:
-    """[NODE] [-- CMD]: before `--` at most the node; without `--`, the first word when it names a node. A
-    cluster's name where the node goes means its leader (as `ssh NAME` through its ssh config does)."""
-    from clusterctl.cluster import sshentry
-
-    if after is not None and len(words) > 1:
-        raise UsageError(f"one node before `--`, not {' '.join(words)!r}", "put the command after `--`")
-    node = words[0] if words else None
-    rest = after if after is not None else words[1:]
-    if node is not None and cluster is None and _is_cluster(store, node):
-        current = store.current()
-        if current is None or current == node or not _names_node(store.load(current).cluster, node):
-            return store.load(node).cluster, None, rest
-    target = store.resolve(cluster).cluster
-    if node is not None and after is None and len(words) > 1 and not _names_node(target, node):
-        return target, None, words  # no node: the whole line is the command
-    sshentry.node_alias(target, node)  # a word that names no node: a typo of a node more likely than a command
-    return target, node, rest
-
-
-def _names_node(cluster: Cluster, word: str) -> bool:
-    from clusterctl.cluster import sshentry
-
-    try:
-        sshentry.node_alias(cluster, word)
-        return True
-    except UsageError:
-        return False
-
-
-def _is_cluster(store: StateStore, word: str) -> bool:
-    from clusterctl.errors import ClusterctlError
-
-    try:
-        return store.exists(word)
-    except ClusterctlError:  # not even a valid cluster name
-        return False

@@ -1,17 +1,24 @@
-"""Commands that put data on the nodes: sync, data."""
+"""Commands that put data on the nodes: sync (its live bars and its table), data."""
 
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import typer
 
+from clusterctl.cli.display import _esc, console, fitted_table
 from clusterctl.cli.shared import CURRENT_CLUSTER, DEFAULT_SSH, LOGIN, Ssh, _resolve_hosts, _store, ssh_options, within
 from clusterctl.errors import UsageError
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
+    from rich.console import JustifyMethod
+
+    from clusterctl.data.outcome import NodeOutcome, SyncReport
     from clusterctl.node.dataset.tfrecords import DatasetInfo
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
@@ -60,7 +67,7 @@ def sync(
 
     A pipelined relay by default, a sha256 manifest checked on every node.
     """
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
     from clusterctl.cluster import sync_run
 
     if len(args) not in (2, 3):
@@ -72,9 +79,9 @@ def sync(
         for line in sync_run.plan_lines(inv, opts):
             sys.stdout.write(line + "\n")
         return
-    with display.SyncProgress([t.label for t in inv.targets]) as events:
+    with SyncProgress([t.label for t in inv.targets]) as events:
         report = sync_run.run(inv, _store(), opts, events, display.warn)
-    tables.sync_table(report)
+    sync_table(report)
     err = report.error()
     if err is not None:
         raise err
@@ -216,3 +223,102 @@ def data_synthetic(
             force=force,
         )
     )
+
+
+def sync_table(report: SyncReport) -> None:
+    """The final table: node, bytes, seconds, MB/s, verified; and one summary line."""
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("NODE", "left"),
+        ("BYTES", "right"),
+        ("SECONDS", "right"),
+        ("MB/S", "right"),
+        ("VERIFIED", "left"),
+    )
+    rows = [
+        [
+            _esc(o.host),
+            f"{o.bytes:,}",
+            f"{o.seconds:.1f}",
+            f"{o.bytes / o.seconds / 1e6:.1f}" if o.seconds > 0 and o.bytes else "-",
+            "yes" if o.verified else _esc(f"no: {o.status}: {o.detail}"),
+        ]
+        for o in report.outcomes
+    ]
+    fitted_table(columns, rows, prose=("VERIFIED",))
+    ok = sum(1 for o in report.outcomes if o.verified)
+    style = "green" if ok == len(report.outcomes) else "red"
+    console(stderr=True).print(
+        f"[{style}]{ok} of {len(report.outcomes)} node(s) verified and marked complete: "
+        f"{report.files} file(s), {report.total_bytes:,} bytes, {report.strategy}, "
+        f"{report.seconds:.1f}s[/]"
+    )
+
+
+# ---- sync ----------------------------------------------------------------------------------------------
+class SyncProgress:
+    """sync's Events (data/outcome.py) drawn with rich: one bar per node (bytes, rate) plus the total, on stderr."""
+
+    def __init__(self, hosts: Sequence[str]):
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TransferSpeedColumn,
+        )
+
+        self.bars = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeElapsedColumn(),
+            console=console(stderr=True),
+            transient=False,
+            refresh_per_second=4,
+        )
+        width = max((len(h) for h in hosts), default=5)
+        self.width = max(width, 5)
+        self.total = self.bars.add_task("total".ljust(self.width), total=0, start=False)
+        self.tasks = {h: self.bars.add_task(_esc(h.ljust(self.width)), total=0, start=False) for h in hosts}
+        self.needs: dict[str, int] = {}
+        self.done: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> "SyncProgress":
+        self.bars.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.bars.stop()
+
+    def phase(self, text: str) -> None:
+        self.bars.console.print(f"[dim]{_esc(text)}[/]")
+
+    def need(self, host: str, total: int) -> None:
+        with self._lock:
+            self.needs[host] = total
+            self.done[host] = 0
+            self.bars.start_task(self.tasks[host])
+            self.bars.update(self.tasks[host], total=total, completed=0)
+            self.bars.start_task(self.total)
+            self.bars.update(self.total, total=sum(self.needs.values()), completed=sum(self.done.values()))
+
+    def progress(self, host: str, done: int) -> None:
+        with self._lock:
+            if host not in self.tasks or done < self.done.get(host, 0):
+                return
+            self.done[host] = done
+            self.bars.update(self.tasks[host], completed=done)
+            self.bars.update(self.total, completed=sum(self.done.values()))
+
+    def finished(self, outcome: NodeOutcome) -> None:
+        mark = "[green]verified[/]" if outcome.verified else f"[red]{outcome.status}[/]"
+        with self._lock:
+            if outcome.host in self.tasks:
+                if outcome.verified:
+                    self.done[outcome.host] = self.needs.get(outcome.host, 0)
+                    self.bars.update(self.tasks[outcome.host], completed=self.done[outcome.host])
+                self.bars.update(self.tasks[outcome.host], description=f"{_esc(outcome.host.ljust(self.width))} {mark}")
+                self.bars.update(self.total, completed=sum(self.done.values()))

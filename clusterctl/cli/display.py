@@ -1,5 +1,5 @@
 """Terminal output (rich): messages, host-prefixed live lines, folded outputs, summaries, live progress
-(the tables of results, and a sweep's live table, are cli/tables.py).
+(each command's tables and live views sit beside the command, e.g. cli/bench.py, cli/sweep.py).
 
 Library code never prints; it hands typed values here. Output goes to stdout, diagnostics to stderr.
 """
@@ -20,8 +20,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
     from rich.table import Table
 
-    from clusterctl.cluster.clean import DiskRow
-    from clusterctl.data.outcome import NodeOutcome
+    from clusterctl.playbook.model import StepResult
     from clusterctl.types import RunReport, Step
 
 _lock = threading.Lock()
@@ -357,46 +356,6 @@ def fitted_table(
     return tables
 
 
-def disk_table(rows: Sequence[DiskRow]) -> None:
-    """clean --disk: one row per node and file system; under 10% free flagged."""
-    columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("HOST", "left"),
-        ("MOUNT", "left"),
-        ("SIZE", "right"),
-        ("USED", "right"),
-        ("FREE", "right"),
-        ("FREE%", "right"),
-        ("", "left"),
-    )
-    fitted_table(
-        columns,
-        [
-            [
-                _esc(r.host),
-                _esc(r.mount),
-                _size(r.size_kb),
-                _size(r.used_kb),
-                _size(r.free_kb),
-                f"{r.free_fraction:.0%}",
-                "[red]LOW[/]" if r.low else "",
-            ]
-            for r in rows
-        ],
-    )
-    low = sorted({r.host for r in rows if r.low})
-    if low:
-        warn(f"under 10% free on {fold_hosts(low)}")
-
-
-def _size(kb: int) -> str:
-    value = float(kb)
-    for unit in ("K", "M", "G", "T"):
-        if value < 1024 or unit == "T":
-            return f"{value:.0f}{unit}" if unit == "K" else f"{value:.1f}{unit}"
-        value /= 1024
-    return f"{value:.1f}P"
-
-
 def json_out(value: object) -> None:
     """One JSON document on stdout (`--json` of ls, status, hosts, up --dry-run): keys sorted, so stable."""
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
@@ -409,99 +368,11 @@ def json_lines(report: RunReport) -> None:
     sys.stdout.flush()
 
 
-# ---- the benchmark ladder ----------------------------------------------------------------------------
-class BenchProgress:
-    """on_event of bench.run_ladder: the network NCCL chose, and a line per rung as it ends (the table comes at
-    the end; the steps themselves are StepLine's)."""
-
-    def __init__(self) -> None:
-        self.network = ""  # rank 0's `network:` line, printed when it first appears or changes
-
-    def __call__(self, kind: str, value: object) -> None:
-        from clusterctl.node import nccl_report
-        from clusterctl.node.bench_stop import WHY
-        from clusterctl.workloads.bench_verdict import Rung
-
-        c = console(stderr=True)
-        if kind == "line" and isinstance(value, str):
-            network = nccl_report.said(value)[0]
-            if network and network != self.network:
-                self.network = network
-                c.print(f"  {_esc(network)}")
-        elif kind == "rung" and isinstance(value, Rung):
-            r = value
-            c.print(
-                f"  {r.np:>4} procs on {r.nodes} node(s): {r.img_per_sec:10.1f} +- {r.conf:.1f} img/s (95% CI), "
-                f"speedup {r.speedup:5.2f}x, efficiency {r.efficiency:6.1%} +- {r.efficiency_conf:.1%} "
-                f"({r.seconds:.1f}s); {r.iters} batches, stopped: {WHY.get(r.stop, r.stop or 'not said')}"
-            )
-
-
-# ---- sync ----------------------------------------------------------------------------------------------
-class SyncProgress:
-    """sync's Events (data/outcome.py) drawn with rich: one bar per node (bytes, rate) plus the total, on stderr."""
-
-    def __init__(self, hosts: Sequence[str]):
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TransferSpeedColumn,
-        )
-
-        self.bars = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeElapsedColumn(),
-            console=console(stderr=True),
-            transient=False,
-            refresh_per_second=4,
-        )
-        width = max((len(h) for h in hosts), default=5)
-        self.width = max(width, 5)
-        self.total = self.bars.add_task("total".ljust(self.width), total=0, start=False)
-        self.tasks = {h: self.bars.add_task(_esc(h.ljust(self.width)), total=0, start=False) for h in hosts}
-        self.needs: dict[str, int] = {}
-        self.done: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> "SyncProgress":
-        self.bars.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.bars.stop()
-
-    def phase(self, text: str) -> None:
-        self.bars.console.print(f"[dim]{_esc(text)}[/]")
-
-    def need(self, host: str, total: int) -> None:
-        with self._lock:
-            self.needs[host] = total
-            self.done[host] = 0
-            self.bars.start_task(self.tasks[host])
-            self.bars.update(self.tasks[host], total=total, completed=0)
-            self.bars.start_task(self.total)
-            self.bars.update(self.total, total=sum(self.needs.values()), completed=sum(self.done.values()))
-
-    def progress(self, host: str, done: int) -> None:
-        with self._lock:
-            if host not in self.tasks or done < self.done.get(host, 0):
-                return
-            self.done[host] = done
-            self.bars.update(self.tasks[host], completed=done)
-            self.bars.update(self.total, completed=sum(self.done.values()))
-
-    def finished(self, outcome: NodeOutcome) -> None:
-        mark = "[green]verified[/]" if outcome.verified else f"[red]{outcome.status}[/]"
-        with self._lock:
-            if outcome.host in self.tasks:
-                if outcome.verified:
-                    self.done[outcome.host] = self.needs.get(outcome.host, 0)
-                    self.bars.update(self.tasks[outcome.host], completed=self.done[outcome.host])
-                self.bars.update(self.tasks[outcome.host], description=f"{_esc(outcome.host.ljust(self.width))} {mark}")
-                self.bars.update(self.total, completed=sum(self.done.values()))
+# ---- playbook steps (play, and up -f's setup) ---------------------------------------------------------
+def play_summary(results: Sequence[StepResult]) -> None:
+    c = console()
+    for r in results:
+        mark = "[dim]skip[/]" if r.skipped else ("[green]ok[/]" if r.ok else "[bold red]FAIL[/]")
+        c.print(f"{mark:>6} {_esc(r.step.name)} ({r.step.kind}): {_esc(r.detail)}")
+    failed = [r for r in results if not r.ok]
+    c.print("[green]playbook finished[/]" if not failed else f"[red]{len(failed)} step(s) failed[/]")

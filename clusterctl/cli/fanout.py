@@ -1,14 +1,15 @@
-"""Commands that fan out over every node: run jobs logs kill clean agent."""
+"""Commands that fan out over every node: run jobs logs kill clean agent; the jobs table and clean's disk table."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 import typer
 
+from clusterctl.cli.display import _esc, fitted_table, fold_hosts, info, warn
 from clusterctl.cli.shared import (
     _SSH,
     DEFAULT_SSH,
@@ -27,8 +28,12 @@ from clusterctl.cli.shared import (
 )
 from clusterctl.cli.train import _train_logs
 from clusterctl.errors import UsageError, combined
+from clusterctl.units import duration
 
 if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+
+    from clusterctl.cluster.clean import DiskRow
     from clusterctl.cluster.clean_run import CleanSpec
     from clusterctl.cluster.inventory import Inventory
     from clusterctl.types import RunReport
@@ -135,7 +140,7 @@ def jobs_(
     take the id or the name. Exit status 0, or the unreachable hosts' status when some did not answer."""
     import json
 
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
 
     inv = _inventory(hostsfile, ssh)
     found, report = _jobs(inv, ssh.parallel)
@@ -143,7 +148,7 @@ def jobs_(
     if json_:
         _print_line(json.dumps([j.to_json(now) for j in found], indent=1))
     else:
-        tables.jobs_table(found, now)
+        jobs_table(found, now)
     for r in report:
         if not r.ok:
             display.warn(f"{r.host}: {r.error or f'exit {r.exit_code}'}: its jobs are not listed")
@@ -266,7 +271,7 @@ def clean(
     for step in spec.steps():
         report = _fan_out(inv, step.command, ssh.parallel, live=step.live)
         if step.kind == "disk":
-            display.disk_table([row for r in report if r.ok for row in cleanlib.parse_disk(r.host, r.stdout)])
+            disk_table([row for r in report if r.ok for row in cleanlib.parse_disk(r.host, r.stdout)])
         if step.live or not report.all_ok:
             display.summary(report)
         codes.append(report.exit_code)
@@ -355,3 +360,66 @@ def agent_(action: str = typer.Argument("status", help="status | stop")) -> None
         display.info("connection agent stopped" if agent.stop(root) else "no connection agent running")
     else:
         raise UsageError(f"unknown action {action!r}", "use status or stop")
+
+
+def jobs_table(found: Sequence[Job], now: float) -> None:
+    """`jobs`: one row per detached job, newest first."""
+    import time as _time
+
+    if not found:
+        info("no detached jobs on these nodes")
+        return
+    rows = [
+        [
+            j.id,
+            _esc(j.name),
+            j.kind,
+            j.state,
+            _time.strftime("%Y-%m-%d %H:%M", _time.localtime(j.started)) if j.started is not None else "-",
+            duration(j.duration(now)),
+            str(j.nodes or len(j.hosts)),
+            "-" if j.exit_status is None else str(j.exit_status),
+        ]
+        for j in found
+    ]
+    fitted_table(("ID", "NAME", "KIND", "STATE", "STARTED", "DURATION", "NODES", "EXIT"), rows)
+
+
+def disk_table(rows: Sequence[DiskRow]) -> None:
+    """clean --disk: one row per node and file system; under 10% free flagged."""
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("HOST", "left"),
+        ("MOUNT", "left"),
+        ("SIZE", "right"),
+        ("USED", "right"),
+        ("FREE", "right"),
+        ("FREE%", "right"),
+        ("", "left"),
+    )
+    fitted_table(
+        columns,
+        [
+            [
+                _esc(r.host),
+                _esc(r.mount),
+                _size(r.size_kb),
+                _size(r.used_kb),
+                _size(r.free_kb),
+                f"{r.free_fraction:.0%}",
+                "[red]LOW[/]" if r.low else "",
+            ]
+            for r in rows
+        ],
+    )
+    low = sorted({r.host for r in rows if r.low})
+    if low:
+        warn(f"under 10% free on {fold_hosts(low)}")
+
+
+def _size(kb: int) -> str:
+    value = float(kb)
+    for unit in ("K", "M", "G", "T"):
+        if value < 1024 or unit == "T":
+            return f"{value:.0f}{unit}" if unit == "K" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}P"

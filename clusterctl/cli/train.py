@@ -1,13 +1,13 @@
-"""Commands that train on the cluster: train launch eval tensorboard; the training job's part of logs and status."""
+"""Commands that train on the cluster: train eval tensorboard; the training job's part of logs and status."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
+from clusterctl.cli.display import _esc, console, fitted_table
 from clusterctl.cli.shared import (
     CLUSTER,
     DEFAULT_SSH,
@@ -23,9 +23,13 @@ from clusterctl.cli.shared import (
 )
 from clusterctl.errors import ClusterctlError, ExitCode
 from clusterctl.node.nccl_report import ALLOW_FLAG as ALLOW_SOCKET
+from clusterctl.units import duration, money
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
+    from clusterctl.workloads.train.job import TrainJob
+    from clusterctl.workloads.train.log import EvalResult
+    from clusterctl.workloads.train.status import TrainStatus
 
 app = typer.Typer()  # its commands are merged into cli/app.py's app (see COMMANDS there)
 
@@ -220,7 +224,7 @@ def train(
     follows it). Refuses while a job runs (--force stops it first) or when the data is not verified on
     every node. Started again, the job resumes from the latest checkpoint in --model-dir."""
     from clusterctl.cli import display
-    from clusterctl.workloads import train_run
+    from clusterctl.workloads.train import run as train_run
 
     inv = _resolve_hosts(hostsfile, cluster, ssh)
     if stop:
@@ -248,71 +252,6 @@ def train(
         raise typer.Exit(int(ExitCode.REMOTE_FAILED))
 
 
-# ---- your own Horovod script -------------------------------------------------------------------------------
-@app.command(short_help="Run your own Horovod script on the cluster, in tmux.")
-@ssh_options(*LOGIN)
-def launch(
-    args: List[str] = typer.Argument(
-        None,
-        metavar="[HOSTS] -- python SCRIPT [ARGS]",
-        help="A hosts file (optional), then after -- the command every rank runs.",
-    ),
-    np_: Optional[int] = typer.Option(None, "--np", help="Processes (default: every slot of the hosts)."),
-    file: List[str] = typer.Option(
-        [],
-        "--file",
-        metavar="PATH",
-        help="One more file for the job folder (repeatable); "
-        "the script named in the command is copied when it is a file here.",
-    ),
-    name: Optional[str] = typer.Option(None, "--name", help="The job's name (default: launch-<time>-<pid>)."),
-    attach: bool = typer.Option(False, "--attach", help="Follow the job to its end (exit status: the job's)."),
-    cluster: Optional[str] = CLUSTER,
-    ssh: Ssh = DEFAULT_SSH,
-) -> None:
-    """Run your own Horovod script: horovodrun on the leader, detached in tmux.
-
-    The script and --file files go to one job folder at the same path on every node; the leading
-    `python` becomes the node runtime's Python; horovodrun runs over every slot (or --np) with host
-    keys checked and a scrubbed environment. Follow it with `clusterctl logs NAME`, end it with
-    `clusterctl kill NAME`; `clusterctl status` lists it."""
-    from clusterctl.cli import display
-    from clusterctl.remote import jobfolder
-    from clusterctl.workloads import userjob
-
-    hosts_path, command_argv = userjob.split_hosts(args or [])
-    the_plan = userjob.plan(command_argv, file, Path.cwd())  # bad input fails here, before any connection
-    if name is not None:
-        from clusterctl.remote import tmux as jobs
-
-        jobs.validate_job_name(name)
-    userjob.check_np(np_, 1 << 30)  # the lower bound now; the slots once the hosts are known
-    inv = _resolve_hosts(hosts_path, cluster, ssh)
-    inv.hosts.check_launchable()  # horovodrun takes one ssh port for every host
-    np_ = userjob.check_np(np_, inv.hosts.total_slots)
-    from clusterctl.cluster import autostop_control as autostop
-
-    with autostop.lease(_store(), inv.cluster, "launch", warn=display.warn):  # autostop waits for the start
-        job = userjob.start(inv, _store(), the_plan, np=np_, name=name, report=display.info)
-    display.info(f"`{the_plan.command.python}` runs as the node runtime's Python on every node: {job.python}")
-    display.info(
-        f"started job {job.job}: {job.np} process(es) on {len(job.nodes)} node(s), horovodrun on the "
-        f"leader {job.leader} (tmux session {job.job}, folder {job.job_dir})"
-    )
-    if not attach:
-        display.info(f"follow it: clusterctl logs {job.job} -f; end it: clusterctl kill {job.job}")
-        return
-    try:
-        with autostop.lease(_store(), inv.cluster, "launch --attach", warn=display.warn):
-            code = jobfolder.follow(inv, job.job, userjob.with_network_line(_print_line))
-    except KeyboardInterrupt:
-        display.info(f"detached; {job.job} keeps running (clusterctl kill {job.job} ends it)")
-        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-    if code != 0:
-        display.error(f"job {job.job} exited {code}")
-        raise typer.Exit(int(ExitCode.REMOTE_FAILED))
-
-
 @app.command("eval")
 def eval_(
     hostsfile: Optional[str] = HOSTS,
@@ -323,13 +262,12 @@ def eval_(
     """Top-1/top-5 of the latest checkpoint.
 
     Evaluates the training job's latest checkpoint on the leader alone (GPUs hidden while it trains)."""
-    from clusterctl.cli import tables
-    from clusterctl.workloads import train_job as trainlib
+    from clusterctl.workloads.train import job as trainlib
 
     inv = _train_inventory(hostsfile, cluster)
     job = trainlib.require_job(_store(), inv)
     result = trainlib.evaluate(inv, job, on_line=_print_line if verbose else None, timeout=timeout)
-    tables.train_eval(result)
+    train_eval(result)
 
 
 @app.command()
@@ -344,7 +282,7 @@ def tensorboard(
     TensorBoard bound to the leader's 127.0.0.1 (never an open port), reached through an ssh tunnel to
     local --port; Ctrl-C ends both."""
     from clusterctl.cli import display
-    from clusterctl.workloads import train_job as trainlib, train_tensorboard
+    from clusterctl.workloads.train import job as trainlib, tensorboard as train_tensorboard
 
     for flag, value in (("--port", port), ("--remote-port", remote_port)):
         within(flag, value, 1, 65535)
@@ -359,7 +297,7 @@ def tensorboard(
 def _train_logs(hostsfile: str | None, cluster: str | None, follow: bool, connect_timeout: float) -> None:
     """`clusterctl logs` without a job name: the training job's log, from the leader."""
     from clusterctl.remote import jobfolder
-    from clusterctl.workloads import train_job as trainlib
+    from clusterctl.workloads.train import job as trainlib
 
     inv = _train_inventory(hostsfile, cluster, connect_timeout)
     job = trainlib.require_job(_store(), inv)
@@ -368,3 +306,55 @@ def _train_logs(hostsfile: str | None, cluster: str | None, follow: bool, connec
         raise typer.Exit(0 if code == 0 else int(ExitCode.REMOTE_FAILED))
     text = trainlib.read_log(inv, job).text
     sys.stdout.write(text)
+
+
+# ---- `eval`'s table, and the training job under `status` ---------------------------------------------------
+def train_eval(result: EvalResult) -> None:
+    """`clusterctl eval`: the recipe's evaluation line, top-1/top-5 in percent."""
+    row = [
+        str(result.step),
+        f"{result.epoch:.1f}",
+        f"{result.top1:.2f}%",
+        f"{result.top5:.2f}%",
+        f"{result.loss:.3f}",
+        str(result.examples),
+        _esc(result.checkpoint.rsplit("/", 1)[-1] or "-"),
+        _esc(result.time or "-"),
+    ]
+    fitted_table(("STEP", "EPOCH", "TOP-1", "TOP-5", "LOSS", "IMAGES", "CHECKPOINT", "TIME (UTC)"), [row])
+
+
+def train_status(job: TrainJob, st: TrainStatus, dollars_per_hour: float | None) -> None:
+    """The training job under `status`: state, step, epoch, img/s, loss, elapsed, ETA and its cost."""
+
+    c = console()
+    c.print(
+        f"[bold]training[/] {_esc(job.job)}: {st.state}"
+        + (f" ({_esc(st.reason)})" if st.reason else "")
+        + (f", restarted {st.restarts}x" if st.restarts else "")
+    )
+    if st.stop_step:
+        c.print(
+            f"  step {st.step}/{st.stop_step}  epoch {st.epoch:.2f}/{st.epochs:g}  "
+            f"{'-' if st.img_per_sec is None else f'{st.img_per_sec:,.1f}'} img/s  "
+            f"loss {'-' if st.loss is None else f'{st.loss:.4f}'}  lr {'-' if st.lr is None else f'{st.lr:.6f}'}  "
+            f"{st.size} process(es)"
+        )
+    cost = None if dollars_per_hour is None else st.cost_to_finish(dollars_per_hour)
+    c.print(
+        f"  elapsed {duration(st.elapsed_s)} (all runs {duration(st.total_elapsed_s)})  "
+        f"ETA {duration(st.eta_s)}  cost to finish {money(cost)}"
+    )
+    if st.resized:
+        c.print(f"  elastic: {_esc(st.resized)}")
+    if st.last_checkpoint is not None:
+        c.print(f"  last checkpoint: step {st.last_checkpoint.step} ({_esc(st.last_checkpoint.path)})")
+    if st.result is not None:
+        r = st.result
+        c.print(f"  evaluation: top-1 {r.top1:.2f}%  top-5 {r.top5:.2f}%  at step {r.step} ({r.examples} images)")
+    elif st.validation is not None:
+        v = st.validation
+        c.print(
+            f"  validation during training: top-1 {v.top1:.2f}%  top-5 {v.top5:.2f}%  at epoch {v.epoch:g} "
+            f"(step {v.step}, {v.examples} images)"
+        )

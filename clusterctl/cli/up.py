@@ -132,7 +132,8 @@ def up(
 
     One network, one zone, one placement group; safe to re-run and to interrupt.
     """
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
+    from clusterctl.cli.status import node_table
     from clusterctl.cluster import up_plan
 
     if json_ and not dry_run:
@@ -162,7 +163,7 @@ def up(
         f"in {seconds:.1f}s; hosts file: {v['hosts_file']}"
     )
     _ssh_entry(cluster, store, v["ssh_config_entry"])
-    tables.node_table(cluster)
+    node_table(cluster)
     if sf is not None:  # made (or started) now: its datasets and setup
         _after_up(sf, cluster, store)
 
@@ -239,7 +240,8 @@ def _located(sf: SpecFile | None, ctx: typer.Context) -> Iterator[None]:
 
 def _resize(up: UpPlan, store: StateStore, v: dict[str, Any], sf: SpecFile | None, yes: bool) -> None:
     """More nodes (added as `repair` adds them, then the file's setup on them) or fewer (asked first)."""
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
+    from clusterctl.cli.status import node_table
     from clusterctl.cluster import up_plan
 
     assert up.resize is not None  # the caller's test
@@ -248,7 +250,7 @@ def _resize(up: UpPlan, store: StateStore, v: dict[str, Any], sf: SpecFile | Non
         _confirm(question, yes)
     cluster, added = up_plan.resize(up, store, display.info, v["hosts_file"], v["ssh_timeout"])
     display.info(f"cluster {cluster.name} has {len(cluster.nodes)} node(s), {cluster.total_slots} slot(s)")
-    tables.node_table(cluster)
+    node_table(cluster)
     if sf is not None and added:
         _after_up(sf, cluster, store, added)
 
@@ -258,7 +260,7 @@ def _after_up(sf: SpecFile, cluster: Cluster, store: StateStore, only: Sequence[
     setup alone: `repair`'s steps already copied the datasets the record holds)."""
     import dataclasses
 
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
     from clusterctl.cluster import inventory
     from clusterctl.errors import RemoteCommandError
     from clusterctl.playbook import model, run
@@ -272,7 +274,7 @@ def _after_up(sf: SpecFile, cluster: Cluster, store: StateStore, only: Sequence[
     if only:
         inv = inventory.subset(inv, [a for n in only for a in (n.private_ip, n.ssh_host)])
     results = run.execute(book, model.Context(inv, store, report=display.info, base=sf.path.parent))
-    tables.play_summary(results)
+    display.play_summary(results)
     failed = [r.step for r in results if not r.ok]
     if failed:
         raise RemoteCommandError(

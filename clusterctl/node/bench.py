@@ -8,7 +8,7 @@ segments, the allreduce) are the trainer's (train/model.py, train/step.py).
 Timing follows Horovod's tensorflow2_synthetic_benchmark.py: at least 10 untimed warm-up steps, then
 timed batches of --steps steps each; the result is the mean over the batches with their spread, 1.96
 standard deviations of single batches (conf=, Horovod's +-). Every batch's rate is printed too
-(`interval`): clusterctl takes the mean's confidence interval from them (workloads/bench_stats.py).
+(`interval`): clusterctl takes the mean's confidence interval from them (workloads/bench/stats.py).
 How many batches: exactly --iters with --max-seconds 0; else at least --iters, then until the figures this
 rung is judged on (--against: the rungs before it) are decided against --threshold, or the first rung's
 mean is precise, or --max-seconds of timing have passed (bench_stop.py; the `stop` line says which).

@@ -15,7 +15,7 @@ interval across the threshold. So the looks do not use the verdict's 95% interva
 LOOK_LEVEL, held constant over the looks (Pocock's design, with the boundary on the t scale): it is chosen
 so that over the whole procedure, looks at every batch up to the time cap and the verdict's own 95% look at
 the end, a cluster exactly at the threshold gets PASS in at most 5% of ladders. The figures are the
-verdict's (clusterctl/workloads/bench_verdict.py): a ratio of two means with its relative variance from
+verdict's (clusterctl/workloads/bench/verdict.py): a ratio of two means with its relative variance from
 both and Welch-Satterthwaite degrees of freedom; here rounded down to whole degrees of freedom, which only
 widens the interval, so a look costs microseconds. tests/workloads/test_bench_sequential.py simulates whole
 ladders through this rule and the verdict and measures the error rates (docs/bench-and-doctor.md).
@@ -93,7 +93,7 @@ def _t(level: float, df: float) -> float:
 
 def interval(batches: Batches, ref: Reference, level: float = LOOK_LEVEL) -> Tuple[float, float]:
     """The figure batches.mean / (ref.scale x ref.mean) and half its interval at this level: the verdict's
-    (bench_stats.Estimate.over, half_width) but for the degrees of freedom, rounded down here."""
+    (workloads/bench/stats.py: Estimate.over, half_width) but for the degrees of freedom, rounded down here."""
     value = batches.mean / (ref.scale * ref.mean)
     a = batches.var / batches.n / batches.mean**2  # each mean's relative variance
     b = ref.sd**2 / ref.n / ref.mean**2
@@ -104,7 +104,7 @@ def interval(batches: Batches, ref: Reference, level: float = LOOK_LEVEL) -> Tup
 
 
 def status(batches: Batches, ref: Reference, threshold: float, level: float = LOOK_LEVEL) -> str:
-    """PASS, FAIL or INCONCLUSIVE of that figure at this level, by the verdict's rule (bench_verdict._status)."""
+    """PASS, FAIL or INCONCLUSIVE of that figure at this level, by the verdict's rule (workloads/bench/verdict.py's _status)."""
     value, conf = interval(batches, ref, level)
     if value - conf >= threshold:
         return "PASS"

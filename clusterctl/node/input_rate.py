@@ -8,12 +8,12 @@ ranks), timed together for S seconds once each has made its first batch. Every h
 is busy, as in training, so the figure is the node's own, not one thread's rate times a count of vCPUs (a
 core's second hardware thread adds far less than a core).
 
-`clusterctl train` runs it on the leader before a run with real records (workloads/train_job.py's feed_check);
+`clusterctl train` runs it on the leader before a run with real records (workloads/train/start.py's feed_check);
 bench/input_pipeline.py runs it on this machine. Only the shuffle buffer is smaller than the trainer's
 (SHUFFLE_CAP records: it costs memory and start-up, not decoding).
 
 Prints one line, `input-rate images_per_sec=<all ranks> ranks=R threads=<per rank> cores=<physical>
-cpus=<logical> images=<timed>`; exit 0. Each program that reads it goes through workloads/train_feed.py's
+cpus=<logical> images=<timed>`; exit 0. Each program that reads it goes through workloads/train/feed.py's
 parse_probe.
 """
 

@@ -1,5 +1,5 @@
 """Student's t distribution, standard library only: its tail and quantiles, for the benchmark's stopping rule
-on the nodes (bench_stop.py) and the ladder's verdict (clusterctl/workloads/bench_stats.py) alike.
+on the nodes (bench_stop.py) and the ladder's verdict (clusterctl/workloads/bench/stats.py) alike.
 
 The tail is the regularized incomplete beta function (Abramowitz & Stegun 26.7.1 and 26.5.27; the continued
 fraction evaluated by the modified Lentz method as in Numerical Recipes 6.4); the quantile is solved from it

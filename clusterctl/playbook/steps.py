@@ -24,8 +24,8 @@ from clusterctl.playbook.model import (
 )
 
 if TYPE_CHECKING:
-    from clusterctl.workloads.bench import BenchOptions
-    from clusterctl.workloads.train_options import TrainOptions
+    from clusterctl.workloads.bench.ladder import BenchOptions
+    from clusterctl.workloads.train.options import TrainOptions
     from clusterctl.workloads.userjob import Plan as LaunchPlan
 
 
@@ -76,7 +76,7 @@ def _put(s: PutSpec, ctx: Context) -> tuple[bool, str]:
 
 
 def _doctor(s: DoctorSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.workloads import doctor
+    from clusterctl.workloads.doctor import preflight as doctor
 
     report = doctor.run(ctx.inventory, python=s.python, on_step=ctx.on_step)
     return report.ok, "; ".join(report.failures()) or "all checks passed"
@@ -85,7 +85,7 @@ def _doctor(s: DoctorSpec, ctx: Context) -> tuple[bool, str]:
 def bench_options(s: BenchSpec) -> BenchOptions:
     """The step's bench.BenchOptions (the fields it leaves out: their defaults), checked as `clusterctl bench`'s
     are; load.py calls this too, so a bad value is refused before any step runs."""
-    from clusterctl.workloads import bench
+    from clusterctl.workloads.bench import ladder as bench
 
     given = {
         f.name: getattr(s, f.name)
@@ -96,7 +96,7 @@ def bench_options(s: BenchSpec) -> BenchOptions:
 
 
 def _bench(s: BenchSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.workloads import bench
+    from clusterctl.workloads.bench import ladder as bench
 
     inv = ctx.inventory
     rungs = bench.parse_ladder(s.ladder, inv.hosts) if s.ladder else bench.default_ladder(inv.hosts)
@@ -167,7 +167,7 @@ def _sync(s: SyncSpec, ctx: Context) -> tuple[bool, str]:
 def train_options(s: TrainSpec) -> TrainOptions:
     """The step's TrainOptions, checked as `clusterctl train`'s are (load.py calls this too, so a bad value is
     refused before any step runs)."""
-    from clusterctl.workloads import train_options as options
+    from clusterctl.workloads.train import options
 
     return options.TrainOptions(
         data=s.data or None,
@@ -181,7 +181,7 @@ def train_options(s: TrainSpec) -> TrainOptions:
 
 def _train(s: TrainSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.remote import jobfolder
-    from clusterctl.workloads import train_job as train
+    from clusterctl.workloads.train import start as train
 
     opts = train_options(s)
     job = train.start(ctx.inventory, ctx.store, opts, report=ctx.report)
@@ -192,7 +192,7 @@ def _train(s: TrainSpec, ctx: Context) -> tuple[bool, str]:
 
 
 def _eval(_: EvalSpec, ctx: Context) -> tuple[bool, str]:
-    from clusterctl.workloads import train_job as train
+    from clusterctl.workloads.train import job as train
 
     job = train.require_job(ctx.store, ctx.inventory)
     result = train.evaluate(ctx.inventory, job)
@@ -218,7 +218,7 @@ def launch_plan(s: LaunchSpec, base: Path) -> LaunchPlan:
 def _launch(s: LaunchSpec, ctx: Context) -> tuple[bool, str]:
     from clusterctl.cluster import autostop_control as autostop
     from clusterctl.remote import jobfolder
-    from clusterctl.workloads import userjob
+    from clusterctl.workloads import launch, userjob
 
     the_plan = launch_plan(s, ctx.base)
     inv = ctx.inventory
@@ -228,7 +228,7 @@ def _launch(s: LaunchSpec, ctx: Context) -> tuple[bool, str]:
         job = userjob.start(inv, ctx.store, the_plan, np=np, report=ctx.report)
     if not s.wait:
         return True, f"started {job.job} (follow it: clusterctl logs {job.job} -f)"
-    code = jobfolder.follow(inv, job.job, userjob.with_network_line(lambda line: ctx.report(f"  {line}")))
+    code = jobfolder.follow(inv, job.job, launch.with_network_line(lambda line: ctx.report(f"  {line}")))
     return code == 0, f"{job.job} exited {code}"
 
 

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from clusterctl.providers.base import ClusterStatus, LostNode, Provider
     from clusterctl.state import Record, StateStore
     from clusterctl.types import Cluster, Node
-    from clusterctl.workloads.train_job import TrainJob
-    from clusterctl.workloads.train_log import TrainStatus
+    from clusterctl.workloads.train.job import TrainJob
+    from clusterctl.workloads.train.status import TrainStatus
 
 
 PROBE_TIMEOUT = 5.0  # seconds each node has to answer status's ssh probe (a node up answers in well under 1)
@@ -156,7 +156,7 @@ def _runtime(record: Record) -> str:
 def _training(store: StateStore, name: str) -> Training | None:
     """The training job's place, when the cluster has one."""
     from clusterctl.cluster import costs, inventory
-    from clusterctl.workloads import train_job as trainlib
+    from clusterctl.workloads.train import job as trainlib
 
     try:
         inv = inventory.resolve(None, name, store)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from clusterctl import providers
-from clusterctl.errors import UnreachableError
+from clusterctl.errors import RemoteCommandError, UnreachableError
 from clusterctl.hostsfile import HostEntry, HostsFile
 from clusterctl.node import nccl_report
 from clusterctl.remote import nodepkg
@@ -157,6 +157,16 @@ def run_on_leader(
     return pool.run_one(leader, command, timeout=timeout, on_line=on_line)
 
 
+def check_started(r: HostResult, leader: str) -> None:
+    """The leader's answer to a detached job's start: the job did not start, said as the error it is."""
+    if r.exit_code is None:
+        raise UnreachableError(f"could not start the job on the leader {leader}: {r.error}")
+    if r.exit_code != 0:
+        raise RemoteCommandError(
+            f"could not start the job on the leader {leader} (exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}"
+        )
+
+
 def kill_job(pool: SshPool, targets: Sequence[SshTarget], job: JobFolder) -> RunReport:
     """End every process of the job on every node (ranks, horovodrun, its task services), and no other."""
     return pool.run(targets, kill_job_command(job), timeout=30)
@@ -176,3 +186,16 @@ def kill_job_command(job: JobFolder) -> str:
         'case "$c" in "$d"|"$d"/*) pids="$pids ${p#/proc/}";; esac; done; '
         '[ -z "$pids" ] || kill -KILL $pids 2>/dev/null; true'
     )
+
+
+def with_network_line(on_line: Callable[[str], None]) -> Callable[[str], None]:
+    """on_line for a followed job, and after NCCL's lines the one `network:` line they make (GPU clusters: launch
+    asks NCCL for them, node/nccl_report.py)."""
+    watch = nccl_report.Watch()
+
+    def out(line: str) -> None:
+        on_line(line)
+        if said := watch.feed(line):
+            on_line(said)
+
+    return out

@@ -30,11 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
-from clusterctl.node import nccl_report, ssh as node_ssh
+from clusterctl.errors import ConfigError, UnreachableError, UsageError
+from clusterctl.node import ssh as node_ssh
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
+    from clusterctl.remote.ssh import SshPool
+    from clusterctl.remote.targets import SshTarget
     from clusterctl.state import StateStore
 
 RECORD = "launches.json"  # the cluster's recent launches, newest last
@@ -346,19 +348,9 @@ def start(
             job = replace(job, name=name)
         busy = pool.run_one(leader, state_command([job.name]), timeout=30)
         if parse_states(busy.stdout).get(job.name) == "running":
-            raise ConfigError(
-                f"job {job.name} is still running on the leader {leader.label}",
-                f"end it with `clusterctl kill {job.name}`, or pick another --name",
-            )
+            raise _still_running(job.name, leader.label)
         if the_plan.remote_script:
-            q = shlex.quote(the_plan.remote_script)
-            seen = pool.run(targets, f"test -r {q} && echo yes || echo no", timeout=30)
-            missing = [r.host for r in seen if r.stdout.strip() != "yes"]
-            if missing:
-                raise ConfigError(
-                    f"script {the_plan.remote_script} is not on {', '.join(missing)}",
-                    "name a local file instead: it is copied to every node",
-                )
+            _check_script(pool, targets, the_plan.remote_script)
         files = {n: p.read_bytes() for n, p in the_plan.files.items()}
         report(
             f"staging {len(files)} file(s) in {job.dir} on {len(targets)} node(s)"
@@ -379,18 +371,9 @@ def start(
                 + "; ".join(f"{r.host}: {r.error or r.stderr.strip()}" for r in notes.failed)
             )
         r = pool.run_one(leader, jobs.detach_command(job.name, cmd, kind="launch", nodes=len(hosts.hosts)), timeout=60)
-        if r.exit_code is None:
-            raise UnreachableError(f"could not start the job on the leader {leader.label}: {r.error}")
-        if r.exit_code == 3:
-            raise ConfigError(
-                f"job {job.name} is still running on the leader {leader.label}",
-                f"end it with `clusterctl kill {job.name}`, or pick another --name",
-            )
-        if r.exit_code != 0:
-            raise RemoteCommandError(
-                f"could not start the job on the leader {leader.label} "
-                f"(exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}"
-            )
+        if r.exit_code == 3:  # tmux has a session of that name
+            raise _still_running(job.name, leader.label)
+        launch.check_started(r, leader.label)
     record = LaunchJob(
         job=job.name,
         job_dir=job.dir,
@@ -403,6 +386,23 @@ def start(
     )
     _save(store, inv, [j for j in load_jobs(store, inv) if j.job != job.name] + [record])
     return record
+
+
+def _still_running(name: str, leader: str) -> ConfigError:
+    return ConfigError(
+        f"job {name} is still running on the leader {leader}",
+        f"end it with `clusterctl kill {name}`, or pick another --name",
+    )
+
+
+def _check_script(pool: SshPool, targets: Sequence[SshTarget], script: str) -> None:
+    """A script named by its path on the nodes must be readable on every one."""
+    seen = pool.run(list(targets), f"test -r {shlex.quote(script)} && echo yes || echo no", timeout=30)
+    missing = [r.host for r in seen if r.stdout.strip() != "yes"]
+    if missing:
+        raise ConfigError(
+            f"script {script} is not on {', '.join(missing)}", "name a local file instead: it is copied to every node"
+        )
 
 
 def states(inv: Inventory, names: Sequence[str]) -> dict[str, str]:
@@ -439,16 +439,3 @@ def status_lines(store: StateStore, inv: Inventory, now: float | None = None) ->
             f"{j.command}  (clusterctl logs {j.job} | clusterctl kill {j.job})"
         )
     return lines
-
-
-def with_network_line(on_line: Callable[[str], None]) -> Callable[[str], None]:
-    """on_line for a followed job, and after NCCL's lines the one `network:` line they make (GPU clusters: launch
-    asks NCCL for them, node/nccl_report.py)."""
-    watch = nccl_report.Watch()
-
-    def out(line: str) -> None:
-        on_line(line)
-        if said := watch.feed(line):
-            on_line(said)
-
-    return out

@@ -378,10 +378,11 @@ def test_bench_and_train_print_the_cost_of_the_run(tmp_path, monkeypatch, capsys
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from clusterctl.cli import workloads as cli
+    from clusterctl.cli import bench as cli
     from clusterctl.state import StateStore
-    from clusterctl.workloads import bench, bench_verdict, train_config, train_cost
-    from clusterctl.workloads.train_options import TrainOptions
+    from clusterctl.workloads.bench import ladder as bench, verdict as bench_verdict
+    from clusterctl.workloads.train import config as train_config, cost as train_cost
+    from clusterctl.workloads.train.options import TrainOptions
 
     monkeypatch.setenv("CLUSTERCTL_HOME", str(tmp_path))
     c = Cluster(

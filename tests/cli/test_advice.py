@@ -52,7 +52,7 @@ def test_no_current_cluster_advice_names_an_option_status_takes(cli):
 
 
 def test_ssh_words_node_and_command(tmp_path):
-    from clusterctl.cli.clusters import _node_and_command
+    from clusterctl.cli.ssh import _node_and_command
 
     store = StateStore(tmp_path / "home")
     alpha, beta = sample("alpha"), sample("beta")

@@ -175,11 +175,11 @@ def test_bench_defaults_of_the_cli_are_the_library_s():
     bench module, 60 ms): they must be BenchOptions' own, the one place playbooks and the library read."""
     import inspect
 
-    from clusterctl.cli import workloads
-    from clusterctl.workloads.bench import BenchOptions
-    from clusterctl.workloads.bench_verdict import DEFAULT_THRESHOLD
+    from clusterctl.cli import bench
+    from clusterctl.workloads.bench.ladder import BenchOptions
+    from clusterctl.workloads.bench.verdict import DEFAULT_THRESHOLD
 
-    params = inspect.signature(workloads.bench).parameters
+    params = inspect.signature(bench.bench).parameters
     lib = BenchOptions()
     pairs = {
         "model": lib.model,

@@ -17,15 +17,15 @@ def narrow(monkeypatch):
 
 
 def test_doctor_table_at_80_columns(narrow, capsys):
-    from clusterctl.cli import tables
-    from clusterctl.workloads.doctor_judge import CHECKS, Cell, DoctorReport, NodeReport
+    from clusterctl.cli.doctor import doctor_table
+    from clusterctl.workloads.doctor.judge import CHECKS, Cell, DoctorReport, NodeReport
 
     hosts = [f"10.0.{i}.{100 + i}" for i in range(3)]
     nodes = tuple(
         NodeReport(h, f"a-long-cluster-name-member-{i}", {c: Cell("fail" if i == 1 else "ok", "x") for c in CHECKS}, {})
         for i, h in enumerate(hosts)
     )
-    tables.doctor_table(DoctorReport(nodes, CHECKS))
+    doctor_table(DoctorReport(nodes, CHECKS))
     out = capsys.readouterr().out
     fits(out, [*CHECKS, *hosts, *(f"({n.name})" for n in nodes)])
     assert out.count("│ FAIL") == len(CHECKS)  # every cell of node 1, each in its column
@@ -45,21 +45,24 @@ def test_ls_and_status_at_80_columns(cli):
 
 
 def test_jobs_gc_sync_eval_and_disk_at_80_columns(narrow, capsys):
-    from clusterctl.cli import display, tables
+    from clusterctl.cli.data import sync_table
+    from clusterctl.cli.fanout import disk_table, jobs_table
+    from clusterctl.cli.gc import gc_table
+    from clusterctl.cli.train import train_eval
     from clusterctl.cluster import clean
     from clusterctl.cluster.gc import Leftover, Scan
     from clusterctl.data.outcome import NodeOutcome, SyncReport
     from clusterctl.providers.base import Found
     from clusterctl.workloads.jobs import Job
-    from clusterctl.workloads.train_log import EvalResult
+    from clusterctl.workloads.train.log import EvalResult
 
     now = 1_700_000_000.0
     job = Job("j-7f3a9c21", "resnet50-imagenet-run-3", "train", "succeeded", now - 7200, now, 4, ("h",), 0)
-    tables.jobs_table([job], now)
+    jobs_table([job], now)
     fits(capsys.readouterr().out, ["ID", "NAME", "KIND", "STATE", "STARTED", "DURATION", "NODES", "EXIT", job.id])
     found = (Found("big-cluster", "instance", "i-0abc", now - 90000, "alice@laptop"),)
     left = Leftover("big-cluster", "aws", "eu-west-1", found, "", mine=False)
-    tables.gc_table(Scan((left,), (), (left,), ()), now)
+    gc_table(Scan((left,), (), (left,), ()), now)
     fits(capsys.readouterr().out, ["CLUSTER", "RECORD HERE", "RESOURCES", "aws eu-west-1", "alice@laptop", "kept"])
     report = SyncReport(
         [
@@ -71,17 +74,17 @@ def test_jobs_gc_sync_eval_and_disk_at_80_columns(narrow, capsys):
         "chain",
         1024,
     )
-    tables.sync_table(report)
+    sync_table(report)
     fits(capsys.readouterr().out, ["NODE", "BYTES", "MB/S", "VERIFIED", "123,456,789", "train-00001-of-01024"])
     result = EvalResult(5004, 90.0, 76.12, 92.87, 1.234, 50000, "/ckpt/model.ckpt-5004", 8, "2026-11-28T16:00:00Z")
-    tables.train_eval(result)
+    train_eval(result)
     fits(capsys.readouterr().out, ["TOP-1", "TOP-5", "CHECKPOINT", "TIME (UTC)", "76.12%", "model.ckpt-5004"])
-    display.disk_table(clean.parse_disk("10.0.3.201", "/mnt/a-very-long-mount-point/data 1000000 950000 50000\n"))
+    disk_table(clean.parse_disk("10.0.3.201", "/mnt/a-very-long-mount-point/data 1000000 950000 50000\n"))
     fits(capsys.readouterr().out, ["HOST", "MOUNT", "FREE%", "LOW", "/mnt/a-very-long-mount-point/data"])
 
 
 def test_a_sweep_with_many_parameters_at_80_columns(narrow, capsys):
-    from clusterctl.cli import tables
+    from clusterctl.cli.sweep import sweep_table
 
     params = ["learning_rate", "batch_size", "weight_decay", "warmup_epochs"]
     rows = [
@@ -97,6 +100,6 @@ def test_a_sweep_with_many_parameters_at_80_columns(narrow, capsys):
         }
         for i in (1, 2)
     ]
-    tables.sweep_table(rows, params, "val_top1_accuracy", title="sweep lr-search")
+    sweep_table(rows, params, "val_top1_accuracy", title="sweep lr-search")
     out = capsys.readouterr().out
     fits(out, [*(p.upper() for p in params), "VAL_TOP1_ACCURACY", "10.0.0.2/gpu2", "best", "out of memory"])

@@ -228,7 +228,7 @@ def test_the_checker_sees_package_cycles_that_no_module_cycle_shows(tmp_path):
         "data/sync.py": "from clusterctl.workloads.launch import new_job\n",
         "workloads/__init__.py": "",
         "workloads/launch.py": "import clusterctl.errors\n",
-        "workloads/bench.py": "from clusterctl.cluster import provision\nfrom clusterctl import errors\n",
+        "workloads/bench/ladder.py": "from clusterctl.cluster import provision\nfrom clusterctl import errors\n",
     }
     for name, text in files.items():
         (pkg / name).parent.mkdir(parents=True, exist_ok=True)
@@ -240,7 +240,7 @@ def test_the_checker_sees_package_cycles_that_no_module_cycle_shows(tmp_path):
             "cluster -> runtime  (clusterctl/cluster/provision.py:1)",
             "runtime -> data  (clusterctl/runtime/install.py:2)",
             "data -> workloads  (clusterctl/data/sync.py:1)",
-            "workloads -> cluster  (clusterctl/workloads/bench.py:1)",
+            "workloads -> cluster  (clusterctl/workloads/bench/ladder.py:1)",
         ]
     ]
     # the ring broken (data no longer imports workloads): clean
@@ -263,7 +263,7 @@ def test_the_checker_sees_function_level_imports_and_cycles(tmp_path):
         "playbook/run.py": "from clusterctl.playbook import steps\n",
         "playbook/steps.py": "def go():\n    from . import run\n",
         "workloads/__init__.py": "",
-        "workloads/bench.py": "from clusterctl.cluster.state import show\nfrom clusterctl.playbook.run import x\n",
+        "workloads/bench/ladder.py": "from clusterctl.cluster.state import show\nfrom clusterctl.playbook.run import x\n",
         "gadgets/__init__.py": "import clusterctl.errors\n",
     }
     for name, text in files.items():
@@ -276,7 +276,7 @@ def test_the_checker_sees_function_level_imports_and_cycles(tmp_path):
         "clusterctl/errors.py:2: clusterctl.errors imports clusterctl.cluster.state (core imports only core)",
         "clusterctl/gadgets/__init__.py:1: clusterctl.gadgets is in package gadgets/, which is on no layer "
         "(tests/core/test_architecture.py)",
-        "clusterctl/workloads/bench.py:2: clusterctl.workloads.bench imports clusterctl.playbook.run "
+        "clusterctl/workloads/bench/ladder.py:2: clusterctl.workloads.bench.ladder imports clusterctl.playbook.run "
         "(workloads/ is below playbook/)",
     ]
     assert cycles(edges) == [

@@ -301,7 +301,7 @@ def test_pure_helpers_and_no_tensorflow_at_import():
         [
             sys.executable,
             "-c",
-            "import sys, clusterctl.data.tfrecords, clusterctl.node.dataset.convert, clusterctl.workloads.train_job, "
+            "import sys, clusterctl.data.tfrecords, clusterctl.node.dataset.convert, clusterctl.workloads.train.start, "
             "clusterctl.cli.app; "
             "print(sorted(m for m in ('tensorflow', 'numpy', 'horovod') if m in sys.modules))",
         ],

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from clusterctl.node import horovodrun, ssh as node_ssh
-from clusterctl.workloads import train_log
+from clusterctl.workloads.train import log as train_log
 from conftest import node_pyz
 
 

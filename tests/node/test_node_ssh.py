@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from clusterctl.node import ssh as node_ssh
 from clusterctl.node.watchdog import peers
-from clusterctl.workloads import sweep
+from clusterctl.workloads.sweep import leader as sweep
 
 
 def _options(argv: list[str]) -> dict[str, str]:

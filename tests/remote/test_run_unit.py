@@ -297,9 +297,9 @@ def test_targets_carry_absolute_paths_through_the_agent(tmp_path, monkeypatch):
 
 
 def test_disk_table_flags_nodes_under_ten_percent(capsys):
-    from clusterctl.cli import display
+    from clusterctl.cli.fanout import disk_table
 
-    display.disk_table(
+    disk_table(
         clean.parse_disk("10.0.0.2", "/ 1000000 950000 50000\n")
         + clean.parse_disk("10.0.0.3", "/ 1000000 100000 900000\n")
     )

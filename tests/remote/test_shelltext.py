@@ -13,7 +13,7 @@ from clusterctl.errors import UsageError
 from clusterctl.playbook import load as playbook_load
 from clusterctl.playbook.model import PlaybookError
 from clusterctl.remote import shelltext
-from clusterctl.workloads import sweep_plan
+from clusterctl.workloads.sweep import plan as sweep_plan
 
 BRACE = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from cgroup_support import cpu_group, node_pids
-from clusterctl.workloads import bench_stats as stats
+from clusterctl.workloads.bench import stats
 
 pytestmark = pytest.mark.integration
 
@@ -127,7 +127,7 @@ def test_ladder_runs_for_real_and_leaves_nothing(cluster):
     ]
     assert all(a["per_proc"] > 0 for a in results["alone"])
     assert "cost: lower bound only: the tiny model" in proc.stdout + proc.stderr
-    # local nodes are CPUs: the CPU row of train_config.py, the configuration `train` runs there too
+    # local nodes are CPUs: the CPU row of train/config.py, the configuration `train` runs there too
     key = "tiny 32px fp32 batch 32 xla off allreduce fp32"
     assert f"configuration for CPU: {key}" in proc.stderr, proc.stderr
     assert results["config"]["key"] == key and results["batch_size"] == 32

@@ -13,7 +13,7 @@ import pytest
 
 from clusterctl.node import bench_stop
 from clusterctl.node.bench_stop import Batches, Reference, Rule
-from clusterctl.workloads import bench, bench_stats as stats, bench_verdict
+from clusterctl.workloads.bench import ladder as bench, stats, verdict as bench_verdict
 from clusterctl.workloads.horovod import BenchInterval, BenchRun
 
 BATCH_SECONDS = 2.0  # the stated batch time: 10 steps of ~0.2 s (ResNet-50, 256 images per GPU; assumed)

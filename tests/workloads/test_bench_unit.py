@@ -14,7 +14,8 @@ import pytest
 from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.remote import jobfolder, nodepkg
-from clusterctl.workloads import bench, bench_stats as stats, bench_verdict, launch
+from clusterctl.workloads import launch
+from clusterctl.workloads.bench import ladder as bench, stats, verdict as bench_verdict
 from clusterctl.workloads.horovod import BenchHost, BenchInterval, BenchRun, parse_bench_output
 
 HOSTS = HostsFile.parse("10.0.0.2 slots=8\n10.0.0.3 slots=8\n10.0.0.4 slots=8\n10.0.0.5 slots=8\n")
@@ -352,7 +353,8 @@ def test_results_json_keeps_every_figure_its_interval_and_the_configuration():
 
 
 def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys, monkeypatch):
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
+    from clusterctl.cli.bench import ladder_table
 
     monkeypatch.setenv("COLUMNS", "200")  # the table's width follows the terminal's: one line a rung here
     monkeypatch.setattr(display, "_consoles", {})  # made again at this width
@@ -362,7 +364,7 @@ def test_the_table_shows_the_judged_interval_and_the_spread_apart(capsys, monkey
     alone = _alone({"a": steady(3000.0, 0.03), "b": steady(2950.0, 0.03)}, 8)
     stops = ("precise", "decided", "time-cap")  # how many batches each rung timed, and why no more
     rungs = tuple(dataclasses.replace(r, stop=why) for r, why in zip(ladder.rungs, stops))
-    tables.ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
+    ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
     out = capsys.readouterr().out
     assert re.search(r"┃ +batches ┃", out) and re.search(r"│ +10 time-cap │", out), out
     flat = " ".join(out.split())
@@ -479,7 +481,7 @@ def test_a_rung_whose_nccl_fell_back_to_sockets_on_an_efa_type_fails_with_the_no
     stops with that error, not with "no result"."""
     from clusterctl.node import nccl_report
     from clusterctl.types import HostResult
-    from clusterctl.workloads import bench as benchlib
+    from clusterctl.workloads.bench import ladder as benchlib
 
     report = nccl_report.parse(
         [
@@ -504,7 +506,7 @@ def test_a_rung_whose_nccl_fell_back_to_sockets_on_an_efa_type_fails_with_the_no
 def test_allow_socket_transport_reaches_the_job_environment_and_not_the_trainers_flags():
     from clusterctl.node import nccl_report
     from clusterctl.types import Cluster, Node
-    from clusterctl.workloads import train_options
+    from clusterctl.workloads.train import options as train_options
 
     opts = train_options.TrainOptions(synthetic=True, allow_socket_transport=True)
     assert nccl_report.ALLOW_FLAG not in train_options.trainer_argv("/p", "/x.pyz", opts)
@@ -519,8 +521,6 @@ def test_allow_socket_transport_reaches_the_job_environment_and_not_the_trainers
 
 
 def test_launch_attach_prints_the_network_line_once_after_nccls_own_lines():
-    from clusterctl.workloads import userjob
-
     lines = [
         "[1,0]<stdout>:ip-10-0-0-4:1:1 [0] NCCL INFO NCCL version 2.30.7+cuda12.9",
         "[1,0]<stdout>:ip-10-0-0-4:1:2 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 4 nics)",
@@ -529,7 +529,7 @@ def test_launch_attach_prints_the_network_line_once_after_nccls_own_lines():
         "[1,0]<stdout>:epoch 1",
     ]
     shown: list[str] = []
-    follow = userjob.with_network_line(shown.append)
+    follow = launch.with_network_line(shown.append)
     for line in lines:
         follow(line)
     assert shown == [*lines[:3], "network: NCCL 2.30.7 over EFA, 4 NICs per node", *lines[3:]]
@@ -537,7 +537,8 @@ def test_launch_attach_prints_the_network_line_once_after_nccls_own_lines():
 
 def test_the_ladder_and_nodes_alone_tables_at_80_columns(capsys, monkeypatch):
     """Wrapped into blocks at a narrow terminal (display.fitted_table): no header or figure cut short."""
-    from clusterctl.cli import display, tables
+    from clusterctl.cli import display
+    from clusterctl.cli.bench import ladder_table
     from table_support import fits
 
     monkeypatch.setenv("COLUMNS", "80")
@@ -546,7 +547,7 @@ def test_the_ladder_and_nodes_alone_tables_at_80_columns(capsys, monkeypatch):
     ladder = bench_verdict.analyze(rungs_of(hosts, {1: 400.0, 8: 3000.0, 16: 5520.0}, noise=0.05), 0.9, 8)
     alone = _alone({"10.0.1.17": steady(3000.0, 0.03), "10.0.1.18": steady(1450.0, 0.03)}, 8)
     rungs = tuple(dataclasses.replace(r, stop=s) for r, s in zip(ladder.rungs, ("precise", "decided", "time-cap")))
-    tables.ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
+    ladder_table(dataclasses.replace(ladder, rungs=rungs, alone=tuple(alone), model="tiny", batch_size=32))
     out = capsys.readouterr().out.split("INCONCLUSIVE: 16 processes")[0]  # the tables; the verdict is a line of prose
     headers = ["processes", "nodes", "img/s", "batch spread", "speedup", "efficiency 1->N", "per process vs 1 node"]
     figures = [f"{r.img_per_sec:.1f}" for r in rungs] + ["10 time-cap", "92.0% +- 4.3% INCONCLUSIVE"]

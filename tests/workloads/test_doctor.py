@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.providers.local import netns
-from clusterctl.workloads import doctor, doctor_judge
+from clusterctl.workloads.doctor import judge as doctor_judge, preflight as doctor
 from sync_support import htb
 
 pytestmark = pytest.mark.integration

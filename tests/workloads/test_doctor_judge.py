@@ -1,4 +1,4 @@
-"""The doctor's pure half (workloads/doctor_judge.py) and the --fabric command lines: no nodes here."""
+"""The doctor's pure half (workloads/doctor/judge.py) and the --fabric command lines: no nodes here."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from clusterctl.workloads import doctor, doctor_judge
+from clusterctl.workloads.doctor import judge as doctor_judge, preflight as doctor
 
 
 def test_judge_flags_version_skew_and_clock():
@@ -234,7 +234,7 @@ def test_nccl_tests_only_when_every_node_has_it_and_gpus():
 def test_doctor_fabric_fails_a_socket_fallback_on_an_efa_type():
     """all_reduce_perf's output holds NCCL's INFO lines (mpirun-tagged); on an EFA type, sockets fail every
     node's fabric check with the cause and the fix, and the network line says what was used."""
-    from clusterctl.workloads.doctor_judge import Allreduce, Cell, DoctorReport, NodeReport
+    from clusterctl.workloads.doctor.judge import Allreduce, Cell, DoctorReport, NodeReport
 
     socket = (
         "[1,0]<stdout>:ip-10-0-0-4:23817:23817 [0] NCCL INFO NCCL version 2.16.5+cuda11.8\n"

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from clusterctl.workloads import train_log
+from clusterctl.workloads.train import log as train_log
 from conftest import node_pid, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]

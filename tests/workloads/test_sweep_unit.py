@@ -19,7 +19,12 @@ import pytest
 from clusterctl.errors import RemoteCommandError, UsageError
 from clusterctl.node.sweep import scripts as S
 from clusterctl.remote.session import TREE_FN
-from clusterctl.workloads import sweep, sweep_plan, sweep_results, sweep_state
+from clusterctl.workloads.sweep import (
+    leader as sweep,
+    plan as sweep_plan,
+    results as sweep_results,
+    state as sweep_state,
+)
 from conftest import node_argv
 
 

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from clusterctl.workloads import train_log
+from clusterctl.workloads.train import log as train_log
 from conftest import free_port, node_pid, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]

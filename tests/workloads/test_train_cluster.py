@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from clusterctl.workloads import train_log
+from clusterctl.workloads.train import log as train_log
 from conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
@@ -81,7 +81,7 @@ def test_train_kill_a_node_resume_eval_tensorboard(local_cluster_factory, tmp_pa
     proc = cli(*TRAIN)
     assert proc.returncode == 0, proc.stderr
     job1 = re.search(r"started training job (train-[\w-]+): 4 process\(es\)", proc.stderr).group(1)
-    # local nodes run train_config.py's CPU row, --batch-size over it; no bench of that configuration yet
+    # local nodes run train/config.py's CPU row, --batch-size over it; no bench of that configuration yet
     key = "tiny 32px fp32 batch 8 xla off allreduce fp32"
     assert f"configuration for CPU: {key}" in proc.stderr, proc.stderr
     assert f"no img/s measured on this cluster for this configuration ({key})" in proc.stderr, proc.stderr

@@ -1,12 +1,13 @@
-"""train_config.py: one configuration per GPU type, the same for `bench` and `train`, the user's flags over it."""
+"""train/config.py: one configuration per GPU type, the same for `bench` and `train`, the user's flags over it."""
 
 from __future__ import annotations
 
 import pytest
 
 from clusterctl.types import Cluster, Node
-from clusterctl.workloads import bench, train_config as tc, train_options
-from clusterctl.workloads.train_options import TrainOptions
+from clusterctl.workloads.bench import ladder as bench
+from clusterctl.workloads.train import config as tc, options as train_options
+from clusterctl.workloads.train.options import TrainOptions
 
 
 def _aws(instance_type: str, **extra: str) -> Cluster:
@@ -112,7 +113,7 @@ def test_the_launched_argv_carries_the_configuration():
 
 def test_bench_precision_flags_agree_or_fail_with_one_line():
     from clusterctl.errors import UsageError
-    from clusterctl.workloads.train_run import precision_of as _precision  # train's and bench's alike
+    from clusterctl.workloads.train.run import precision_of as _precision  # train's and bench's alike
 
     assert _precision(None, False, False) is None  # the GPU type's
     assert _precision(None, True, False) == "fp32" and _precision("fp32", True, False) == "fp32"
@@ -123,7 +124,7 @@ def test_bench_precision_flags_agree_or_fail_with_one_line():
     ):
         with pytest.raises(UsageError, match=message):
             _precision(*args)
-    from clusterctl.workloads.bench import BenchOptions
+    from clusterctl.workloads.bench.ladder import BenchOptions
 
     with pytest.raises(UsageError, match="unknown precision 'fp8'"):  # the CLI and a playbook's bench step alike
         BenchOptions(model="tiny", precision="fp8")

@@ -160,13 +160,13 @@ def test_shards_are_contiguous_and_cover_every_record():
 
 # ---- --input: the choice before the launch, and the flag to the trainer ------------------------------------
 def _feed(per_core: float):
-    from clusterctl.workloads import train_feed
+    from clusterctl.workloads.train import feed as train_feed
 
     return train_feed.feed(8, 8 * per_core, 4, "V100")  # 4 x 1,270 = 5,080 img/s needed
 
 
 def test_auto_picks_dali_only_when_gpus_are_there_and_the_measured_feed_is_below_demand():
-    from clusterctl.workloads.train_feed import choose_input
+    from clusterctl.workloads.train.feed import choose_input
 
     starved = choose_input("auto", _feed(300.0), 4, "/data")  # 2,400 img/s for 5,080
     assert starved.input == "dali"
@@ -186,7 +186,7 @@ def test_auto_picks_dali_only_when_gpus_are_there_and_the_measured_feed_is_below
 def test_input_reaches_the_trainer_and_auto_never_does(monkeypatch):
     from clusterctl.errors import UsageError
     from clusterctl.node.train import options as trainer
-    from clusterctl.workloads.train_options import TrainOptions, trainer_argv
+    from clusterctl.workloads.train.options import TrainOptions, trainer_argv
 
     monkeypatch.setattr(trainer, "_has_dali", lambda: True)  # as on a node whose runtime has DALI
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterctl.workloads import train_log
+from clusterctl.workloads.train import log as train_log
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 

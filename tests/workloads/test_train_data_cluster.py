@@ -1,5 +1,5 @@
 """A dataset is whole on every node or training is refused: a real generated TFRecord set synced to a 2-node local
-cluster, judged on the nodes by `train` (workloads/train_nodes.py) against dataset.json. A member that lost shards
+cluster, judged on the nodes by `train` (workloads/train/nodes.py) against dataset.json. A member that lost shards
 after the sync, and a conversion killed halfway and synced as it was, are each one Error line naming the node and
 the shards it lacks; the whole copy passes the same judge; nothing on the nodes is changed by the check."""
 
@@ -22,7 +22,7 @@ def c(module_cluster_factory):
 
 def _judge(c, data: str) -> list[str]:
     """The library's judge on what the real nodes answer (as train asks them)."""
-    from clusterctl.workloads import train_nodes
+    from clusterctl.workloads.train import nodes as train_nodes
 
     proc = c.cli("run", "--json", train_nodes.data_check_command(data))
     assert proc.returncode == 0, proc.stderr

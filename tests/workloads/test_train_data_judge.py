@@ -1,4 +1,4 @@
-"""train's data judge (workloads/train_nodes.py), pure: every node's copy against its dataset.json (every shard
+"""train's data judge (workloads/train/nodes.py), pure: every node's copy against its dataset.json (every shard
 of every split, of the size recorded), or without one against what the shards' `-of-N` names promise; one line per
 node naming what is missing. The same judge on real nodes: tests/workloads/test_train_data_cluster.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from clusterctl.workloads import train_nodes as nodes
+from clusterctl.workloads.train import nodes
 
 MARKER = '{"files": 8, "manifest_sha256": "%s", "source": "/x"}'
 

@@ -19,7 +19,7 @@ import pytest
 
 from cgroup_support import cpu_group
 from clusterctl.providers.local import boot, netns
-from clusterctl.workloads import train_log
+from clusterctl.workloads.train import log as train_log
 from conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]

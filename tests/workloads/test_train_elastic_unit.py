@@ -13,8 +13,14 @@ from clusterctl.cluster import live_hosts
 from clusterctl.errors import UsageError
 from clusterctl.hostsfile import HostsFile
 from clusterctl.node import live_hosts as node_live_hosts
-from clusterctl.workloads import horovod, launch, train_job, train_log, train_options
-from clusterctl.workloads.train_options import TrainOptions
+from clusterctl.workloads import horovod, launch
+from clusterctl.workloads.train import (
+    log as train_log,
+    options as train_options,
+    plan as train_plan,
+    status as train_status,
+)
+from clusterctl.workloads.train.options import TrainOptions
 from conftest import node_pyz
 
 
@@ -78,7 +84,7 @@ def test_horovodrun_elastic_argv():
 
 def test_elastic_args_defaults_and_refusal():
     opts = TrainOptions(synthetic=True, elastic=True)
-    el = train_job.elastic_args(opts, 3, "/opt/py", "/home/u/clusterctl-jobs/train-x", "/home/u/n.pyz")
+    el = train_plan.elastic_args(opts, 3, "/opt/py", "/home/u/clusterctl-jobs/train-x", "/home/u/n.pyz")
     assert (el.min_np, el.max_np, el.timeout_s) == (1, 3, train_options.ELASTIC_TIMEOUT_S)
     assert shlex.split(el.discovery) == [
         "/opt/py",
@@ -87,7 +93,7 @@ def test_elastic_args_defaults_and_refusal():
         "/home/u/clusterctl-jobs/train-x/hosts",
     ]
     with pytest.raises(UsageError, match="--min-np 4 is more than the 3 process"):
-        train_job.elastic_args(TrainOptions(synthetic=True, elastic=True, min_np=4), 3, "/opt/py", "/j", "/p")
+        train_plan.elastic_args(TrainOptions(synthetic=True, elastic=True, min_np=4), 3, "/opt/py", "/j", "/p")
 
 
 def test_live_hosts_file_written_whole_and_read_by_the_discovery_script(tmp_path):
@@ -158,10 +164,10 @@ def test_world_size_lines_read_back_and_shown_by_status():
     log = train_log.parse_train_log(start + change)
     (resize,) = log.current.resizes
     assert resize == train_log.WorldSize(2, 3, ("10.0.0.3",), (), 1440, "world size 3 -> 2 (lost 10.0.0.3)")
-    st = train_log.status(log, running=True)
+    st = train_status.status(log, running=True)
     assert st.size == 2 and st.resized == "world size 3 -> 2 (lost 10.0.0.3)"
     too_few = "CLUSTERCTL-TRAIN error kind=too_few_nodes min_np=2 timeout=30 message='fewer than --min-np 2 ...'\n"
-    st = train_log.status(train_log.parse_train_log(start + change + too_few), running=False)
+    st = train_status.status(train_log.parse_train_log(start + change + too_few), running=False)
     assert st.state == "failed" and st.reason.startswith("too_few_nodes: fewer than --min-np 2")
 
 

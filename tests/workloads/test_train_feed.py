@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from clusterctl.workloads import train_feed
+from clusterctl.workloads.train import feed as train_feed
 
 
 def test_the_arithmetic_and_the_lines():
@@ -53,7 +53,7 @@ def test_cores_from_describe_instance_types_else_the_catalog():
 
 
 def test_which_runs_train_checks():
-    from clusterctl.workloads import train_config
+    from clusterctl.workloads.train import config as train_config
 
     v100 = train_config.DEFAULTS[train_config.gpu_type("V100")]
     assert train_feed.gpu_to_feed(8, v100.gpu, v100.precision, "/data/imagenet") == "V100"
@@ -83,8 +83,8 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     from clusterctl.remote import jobfolder, nodepkg
     from clusterctl.remote.ssh import SshPool
     from clusterctl.state import StateStore
-    from clusterctl.workloads import train_job
-    from clusterctl.workloads.train_options import TrainOptions
+    from clusterctl.workloads.train import start as train_start
+    from clusterctl.workloads.train.options import TrainOptions
 
     c = local_cluster_factory(1, 1, runtime=True)
     cli = c.cli
@@ -113,7 +113,7 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
     with SshPool(inv.settings) as pool:
         leader = inv.targets[0]  # the job's folder (the probe's working folder) and the package, as `train` stages
         assert pool.run_one(leader, f"mkdir -p {folder}").exit_code == 0 and nodepkg.ship(pool, [leader]).all_ok
-        fed, lines = train_job.feed_check(pool, leader, folder, python, opts, 2, 8, "V100")
+        fed, lines = train_start.feed_check(pool, leader, folder, python, opts, 2, 8, "V100")
         assert len(lines) == 1 and fed is not None and fed.starves, (fed, lines)
         m = re.fullmatch(r"input: tf\.data on (\d+) cores?, ([\d,]+) img/s for 10,160 needed", lines[0])
         assert m and int(m.group(1)) >= 1, lines
@@ -122,20 +122,20 @@ def test_the_leader_times_the_trainers_pipeline_on_the_runs_records(local_cluste
         assert warning.startswith("the input pipeline cannot feed the GPUs: tf.data on "), warning
         assert "(8 V100 x 1,270 img/s)" in warning and train_feed.ADVICE in warning
         gone = TrainOptions(data="/root/nothing")
-        assert train_job.feed_check(pool, leader, folder, python, gone, 1, 8, "V100") == (None, [])
+        assert train_start.feed_check(pool, leader, folder, python, gone, 1, 8, "V100") == (None, [])
 
 
 def test_without_a_gpu_rate_the_feed_is_not_timed():
     """CPU nodes (and --fp32): no rate to judge the figure by, so `train` does not spend its start timing the
     pipeline; it says which input it uses and why."""
-    from clusterctl.workloads import train_job
-    from clusterctl.workloads.train_options import TrainOptions
+    from clusterctl.workloads.train import start as train_start
+    from clusterctl.workloads.train.options import TrainOptions
 
     class NoSsh:
         def __getattr__(self, name):
             raise AssertionError(f"the feed was probed over ssh ({name})")
 
     said: list[str] = []
-    feeding = train_job.Feeding(NoSsh(), NoSsh(), "/root/job", "python3", 2, 0, "")  # type: ignore[arg-type]
+    feeding = train_start.Feeding(NoSsh(), NoSsh(), "/root/job", "python3", 2, 0, "")  # type: ignore[arg-type]
     chosen = feeding.choose(TrainOptions(data="/root/ds"), "/root/ds", False, said.append)
     assert chosen == "tfdata" and said == ["input: tf.data (auto: no GPUs to decode on)"], said

@@ -15,8 +15,8 @@ import subprocess
 
 import pytest
 
-from clusterctl.workloads import train_log, train_options as train
 from clusterctl.workloads.horovod import horovodrun_argv, parse_bench_output, scrubbed_env
+from clusterctl.workloads.train import log as train_log, options as train
 from conftest import HOROVODRUN, TRAIN_PY as PY, node_pyz
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.workloads import train_log, train_options as train
 from clusterctl.workloads.horovod import device_problems, horovodrun_argv, parse_devices, scrubbed_env
+from clusterctl.workloads.train import log as train_log, options as train, status as train_status
 from conftest import HOROVODRUN, REPO, TRAIN_PY as PY, node_pyz
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
@@ -189,7 +189,7 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
         (1920, "ckpt-1920"),
     ]
     assert run1.rows[0].step == 1 and run1.rows[-1].step < 240
-    st = train_log.status(log1, running=False)
+    st = train_status.status(log1, running=False)
     assert st.state == "failed" and st.reason == "process 1 exited 137 (killed: SIGKILL or out of memory)"
     assert st.last_checkpoint.step >= KILL_AT
     # Horovod has no fault tolerance: the job is gone everywhere, nothing of it left running.
@@ -224,7 +224,7 @@ def test_train_kill_resume_finish_evaluate(tmp_path, dataset):
 
     # Both runs in one log (as `clusterctl logs` would show them): one restart, finished.
     both = train_log.parse_train_log(out1 + out2)
-    st = train_log.status(both, running=False)
+    st = train_status.status(both, running=False)
     assert len(both.runs) == 2 and st.restarts == 1 and st.state == "finished"
     assert (st.step, st.epoch, st.result) == (240, 12.0, ev) and st.eta_s == 0.0
     assert st.total_elapsed_s > st.elapsed_s > 0

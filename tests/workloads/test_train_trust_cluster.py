@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from clusterctl.workloads import train_log
+from clusterctl.workloads.train import log as train_log
 from conftest import TRAIN_PY
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]

@@ -15,9 +15,16 @@ import pytest
 
 from clusterctl.errors import UsageError
 from clusterctl.s3uri import S3Uri
-from clusterctl.workloads import train_job as train, train_log, train_nodes as nodes, train_options, train_tensorboard
-from clusterctl.workloads.train_log import CheckpointSaved, TrainRow
-from clusterctl.workloads.train_options import TrainOptions
+from clusterctl.workloads.train import (
+    job as train,
+    log as train_log,
+    nodes,
+    options as train_options,
+    status as train_status,
+    tensorboard as train_tensorboard,
+)
+from clusterctl.workloads.train.log import CheckpointSaved, TrainRow
+from clusterctl.workloads.train.options import TrainOptions
 from conftest import FIXTURES
 
 KILLED = (FIXTURES / "train_tiny_np2_killed.log").read_text()
@@ -49,7 +56,7 @@ def test_killed_run_parsed():
 
 
 def test_killed_run_status():
-    st = train_log.status(train_log.parse_train_log(KILLED), running=False)
+    st = train_status.status(train_log.parse_train_log(KILLED), running=False)
     assert st.state == "failed" and st.reason == "process 1 exited 137 (killed: SIGKILL or out of memory)"
     assert (st.step, st.epoch, st.stop_step, st.size, st.restarts) == (60, 3.0, 240, 2, 0)
     assert st.last_checkpoint == CheckpointSaved(60, 3, "/tmp/m4/checkpoints/ckpt-60")
@@ -77,7 +84,7 @@ def test_resumed_run_continues_from_the_checkpoint_and_evaluates():
 def test_status_of_the_whole_job_across_the_restart():
     log = train_log.parse_train_log(KILLED + RESUMED)
     assert len(log.runs) == 2 and log.runs[0].failure and log.runs[1].resumed_from.step == 60
-    st = train_log.status(log, running=False)
+    st = train_status.status(log, running=False)
     assert st.state == "finished" and st.reason is None
     assert (st.step, st.epoch, st.epochs, st.restarts, st.resumed_from_step) == (240, 12.0, 12.0, 1, 60)
     assert st.eta_s == 0.0 and st.result.top1 == 68.75
@@ -89,7 +96,7 @@ def test_status_of_a_live_log_cut_mid_line():
     """What `clusterctl status` sees while the job runs: the log up to the step-150 row, then half a line."""
     cut = RESUMED.index("CLUSTERCTL-TRAIN     160")
     live = RESUMED[:cut] + "CLUSTERCTL-TRAIN     16"  # horovodrun's prefix was written, the row was not
-    st = train_log.status(train_log.parse_train_log(live), running=True)
+    st = train_status.status(train_log.parse_train_log(live), running=True)
     assert st.state == "running" and st.reason is None
     assert (st.step, st.epoch, st.loss, st.lr) == (150, 7.5, 1.245, 0.0915)
     rate = (1991.7 + 1822.4 + 1894.1 + 2044.1 + 1431.9) / 5  # rows 110-150
@@ -98,15 +105,15 @@ def test_status_of_a_live_log_cut_mid_line():
     assert st.cost_to_finish(24.48 * 4) == pytest.approx(24.48 * 4 * st.eta_s / 3600)
     assert st.last_checkpoint.step == 140
     # the process gone without a `done` line: stopped, with no ETA
-    gone = train_log.status(train_log.parse_train_log(live), running=False)
+    gone = train_status.status(train_log.parse_train_log(live), running=False)
     assert gone.state == "stopped" and gone.eta_s is None and "without finishing" in gone.reason
     # finished training, evaluation still running
     done_only = RESUMED[: RESUMED.index("[0]<stdout>:CLUSTERCTL-TRAIN eval")]
-    assert train_log.status(train_log.parse_train_log(done_only), running=True).state == "evaluating"
+    assert train_status.status(train_log.parse_train_log(done_only), running=True).state == "evaluating"
     # nothing marked yet: horovodrun and TensorFlow still starting
     noise = KILLED[: KILLED.index("[0]<stdout>:CLUSTERCTL-TRAIN start")]
-    assert train_log.status(train_log.parse_train_log(noise), running=True).state == "starting"
-    gone = train_log.status(train_log.parse_train_log(noise), running=False)
+    assert train_status.status(train_log.parse_train_log(noise), running=True).state == "starting"
+    gone = train_status.status(train_log.parse_train_log(noise), running=False)
     assert (gone.state, gone.reason, gone.step, gone.img_per_sec, gone.last_checkpoint) == (
         "stopped",
         "no training output",
@@ -115,7 +122,7 @@ def test_status_of_a_live_log_cut_mid_line():
         None,
     )
     header_only = RESUMED[: RESUMED.index("CLUSTERCTL-TRAIN      61") - len("[0]<stdout>:")]
-    st = train_log.status(train_log.parse_train_log(header_only), running=True)
+    st = train_status.status(train_log.parse_train_log(header_only), running=True)
     assert st.state == "starting" and st.step == 60 and st.eta_s is None
 
 
@@ -127,13 +134,13 @@ def test_eval_only_output():
     assert (ev.top1, ev.top5, ev.loss, ev.checkpoint) == (68.75, 100.0, 0.73982, "/tmp/m4/checkpoints/ckpt-240")
     log = train_log.parse_train_log(RESUMED + EVAL_ONLY)
     assert len(log.runs) == 2 and log.runs[1].start is None and log.eval.size == 1
-    assert train_log.status(log, running=False).state == "finished"
+    assert train_status.status(log, running=False).state == "finished"
 
 
 def test_eval_only_without_checkpoint():
     with pytest.raises(ValueError, match=r"^no evaluation: the trainer reported no_checkpoint$"):
         train_log.parse_eval(NO_CHECKPOINT)
-    st = train_log.status(train_log.parse_train_log(NO_CHECKPOINT), running=False)
+    st = train_status.status(train_log.parse_train_log(NO_CHECKPOINT), running=False)
     assert st.state == "failed" and st.reason == "no_checkpoint"
     with pytest.raises(ValueError, match="no evaluation: process 1 exited 137"):
         train_log.parse_eval(KILLED)
@@ -365,7 +372,7 @@ def test_device_lines_before_start_open_no_run_of_their_own():
     plain = train_log.parse_train_log(KILLED + RESUMED)
     log = train_log.parse_train_log(both)
     assert len(log.runs) == 2 and log == plain
-    assert train_log.status(log, running=False) == train_log.status(plain, running=False)
+    assert train_status.status(log, running=False) == train_status.status(plain, running=False)
     reports = horovod.parse_devices(both, train_log.MARK)
     assert [(r.rank, r.gpus) for r in reports] == [(0, ()), (1, ())]
     assert horovod.device_problems(reports, 2, 0) == []  # local nodes: no GPU to prove
@@ -416,7 +423,7 @@ def test_recipes_fill_only_what_is_not_given():
     assert (mine.label_smoothing, mine.momentum, mine.lr_schedule) == (0.2, 0.8, "step")
     assert t.parse_args(["--synthetic", "--weight-decay", "0", "--lr", "0.5"]).weight_decay == 0.0
     # the operator's choices are the trainer's
-    from clusterctl.workloads import train_options
+    from clusterctl.workloads.train import options as train_options
 
     assert train_options.RECIPES == ("nvidia", "goyal")
     # the step schedule is Goyal's: /10 at epochs 30, 60 and 80 of 90
@@ -483,9 +490,9 @@ def test_periodic_evaluations_stay_in_their_run():
     assert [(e.step, e.top1) for e in run.evals] == [(20, 40.0)] and run.eval.top1 == 55.0
     assert train_log.parse_eval(text).step == 40
     # `status` shows the latest one while the job trains, the final result once there is one
-    mid = train_log.status(train_log.parse_train_log(start + ev.format(s=20, e=1, t=40, f=0)), running=True)
+    mid = train_status.status(train_log.parse_train_log(start + ev.format(s=20, e=1, t=40, f=0)), running=True)
     assert mid.state == "starting" and mid.validation.top1 == 40.0 and mid.result is None
-    assert train_log.status(log, running=False).result.top1 == 55.0
+    assert train_status.status(log, running=False).result.top1 == 55.0
     # an older trainer's eval line (no final=) is the final one, as before
     assert (
         train_log.parse_train_log(start + ev.format(s=40, e=2, t=55, f=1).replace(" final=1", "")).current.eval.step

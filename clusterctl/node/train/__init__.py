@@ -13,7 +13,7 @@ TFRecords (label 0 is the unused "background"; --label-offset 1 maps 1..C to 0..
 writes this format, plus `labels.txt` (line N = class of label N) and `dataset.json` (counts), which
 the trainer reads when present.
 
-Output for machines (clusterctl.workloads.train_log parses it): every line starts with `CLUSTERCTL-TRAIN`; event lines
+Output for machines (clusterctl.workloads.train.log parses it): every line starts with `CLUSTERCTL-TRAIN`; event lines
 are `CLUSTERCTL-TRAIN <kind> key=value ...` (values shell-quoted when needed) and the table is
 
     CLUSTERCTL-TRAIN    Step   Epoch      img/s      Loss  TotalLoss         LR   Elapsed

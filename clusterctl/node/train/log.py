@@ -1,5 +1,5 @@
 """The trainer's lines for machines (rank 0): `CLUSTERCTL-TRAIN <kind> key=value ...` events, values
-shell-quoted when needed, and the table (workloads/train_log.py reads both back)."""
+shell-quoted when needed, and the table (workloads/train/log.py reads both back)."""
 
 from __future__ import annotations
 

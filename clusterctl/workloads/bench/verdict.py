@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 from clusterctl.node import bench_stop
-from clusterctl.workloads import bench_stats as stats, horovod
+from clusterctl.workloads import horovod
+from clusterctl.workloads.bench import stats
 
 DEFAULT_THRESHOLD = 0.90  # scaling efficiency: the figure Horovod (90% at 512 GPUs) and AWS's recipe report
 SLOW_NODE = 0.80  # a node whose per-process img/s alone is below this share of the other nodes' median is named

@@ -2,7 +2,7 @@
 as a playbook's train step is), the start with its preconditions (one ssh port, the S3 grant for
 --checkpoint-to), the stop, and following the job to its end with what the run cost.
 
-train_job.py starts, stops and reads the job; this module is the order those steps go in for one command.
+train/start.py starts the job, train/job.py stops and reads it; this module is the order those steps go in for one command.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from clusterctl.errors import UsageError
 from clusterctl.remote import jobfolder
-from clusterctl.workloads import train_cost, train_job
-from clusterctl.workloads.train_options import TrainOptions
+from clusterctl.workloads.train import cost as train_cost, job as train_job, start as train_start
+from clusterctl.workloads.train.options import TrainOptions
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
@@ -67,7 +67,7 @@ def start(
     checkpoint_copy: bool,
     report: Callable[[str], None],
 ) -> Started:
-    """Start the training job on the leader (train_job.start), once horovodrun can reach every host and the
+    """Start the training job on the leader (train/start.py), once horovodrun can reach every host and the
     nodes may write to --checkpoint-to."""
     from clusterctl import providers
 
@@ -77,7 +77,7 @@ def start(
         providers.get(c.provider, store=store, region=c.region or None, report=report).grant_checkpoint_write(
             c, opts.checkpoint_to
         )
-    job = train_job.start(
+    job = train_start.start(
         inv,
         store,
         opts,

@@ -1,6 +1,6 @@
 """The trainer's options and command line (the node package's `train`, clusterctl/node/train/), pure: TrainOptions, the argv built
 from them, Horovod's environment for every rank, and the checks of the paths and the S3 location they name.
-workloads/train_job.py launches the trainer with them."""
+workloads/train/plan.py turns them into the launch, train/start.py runs it."""
 
 from __future__ import annotations
 
@@ -38,13 +38,13 @@ class TrainOptions:
     log_every: int | None = None
     mixed_precision: bool = False
     precision: str | None = None  # auto | fp32 | float16 | bfloat16 | mixed (the trainer's default: auto)
-    fp16_allreduce: bool | None = None  # None: the GPU type's default (train_config.py)
+    fp16_allreduce: bool | None = None  # None: the GPU type's default (train/config.py)
     recipe: str | None = None  # nvidia | goyal (None: the trainer's default, nvidia)
     input: str | None = None  # auto | tfdata | dali (None: auto); `train` resolves auto before the launch
     eval_every: int | None = None  # epochs between evaluations during training
     fusion_threshold_mb: float | None = None  # Horovod's tensor fusion buffer (an environment variable, not a flag)
     cycle_time_ms: float | None = None  # Horovod's cycle time (likewise)
-    xla: bool | None = None  # None: the GPU type's default (train_config.py)
+    xla: bool | None = None  # None: the GPU type's default (train/config.py)
     no_eval: bool = False
     eval_only: bool = False
     no_gpu: bool = False
@@ -124,7 +124,7 @@ _SWITCHES = (
     ("fp16_allreduce", "--fp16-allreduce"),
     ("elastic", "--elastic"),
 )
-# horovodrun's, not the trainer's: workloads/train_job.py passes them to horovod.Elastic
+# horovodrun's, not the trainer's: workloads/train/plan.py passes them to horovod.Elastic
 _ELASTIC_FLAGS = (("min_np", "--min-np"), ("max_np", "--max-np"), ("elastic_timeout", "--elastic-timeout"))
 ELASTIC_ONLY = ("min_np", "max_np", "commit_every", "elastic_timeout")
 FLAGS = dict(

@@ -1,5 +1,5 @@
 """What a training run costs, as lines for the CLI (bench.cost_lines is the same for the ladder): the estimate
-when it starts, from the img/s `bench` measured on this cluster for the same configuration (train_config.py:
+when it starts, from the img/s `bench` measured on this cluster for the same configuration (train/config.py:
 model, precision, batch, XLA, compression) and the images to train (the
 dataset's count x epochs, or --max-steps), and what the run cost when it ends."""
 
@@ -14,9 +14,9 @@ from clusterctl.units import duration, money
 
 def estimate_line(store: StateStore, inv: Any, job: Any, opts: Any) -> str:
     """`inv`: the job's inventory (the leader first: the dataset's count is read there, over ssh); `job`: the
-    launched job, whose options carry the configuration it runs (train_config.py). Only a rate `bench`
+    launched job, whose options carry the configuration it runs (train/config.py). Only a rate `bench`
     measured for that same configuration is used; without one the line says so and how to measure it."""
-    from clusterctl.workloads import train_config
+    from clusterctl.workloads.train import config as train_config
 
     per_hour = costs.hourly(inv.cluster)
     _, config = train_config.for_train(job.options, inv.cluster)
@@ -31,7 +31,7 @@ def estimate_line(store: StateStore, inv: Any, job: Any, opts: Any) -> str:
     if opts.max_steps:
         images, what = opts.max_steps * config.batch_size * job.np, f"{opts.max_steps} step(s)"
     elif job.options.data:
-        from clusterctl.workloads import train_job
+        from clusterctl.workloads.train import job as train_job
 
         per_epoch = train_job.dataset_examples(inv, job.options.data)
         if per_epoch:
@@ -49,7 +49,7 @@ def estimate_line(store: StateStore, inv: Any, job: Any, opts: Any) -> str:
 
 def bench_flags(config: Any) -> str:
     """The `bench` flags that measure `config` on its GPU type (the table's fields need none)."""
-    from clusterctl.workloads import train_config
+    from clusterctl.workloads.train import config as train_config
 
     flags = [f"--model {config.model}"]
     if config.precision != train_config.choose(config.gpu).precision:

@@ -1,8 +1,8 @@
 """`clusterctl sweep`'s plan, pure but for reading --file: the trials (grid product or random samples), each
 trial's command rendered from the template, the sweep's description (SweepSpec) and its id.
 
-workloads/sweep.py stages the plan on the leader and starts the scheduler; workloads/sweep_state.py reads
-its state back; workloads/sweep_results.py ranks, shows and writes the results.
+workloads/sweep/leader.py stages the plan on the leader and starts the scheduler; workloads/sweep/state.py reads
+its state back; workloads/sweep/results.py ranks, shows and writes the results.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def check_trainer_options(trial: Trial) -> None:
     before the sweep starts: `--grid epochs=10,-3` is refused here, not by trial 2's trainer an hour later."""
     import typing
 
-    from clusterctl.workloads import train_options
+    from clusterctl.workloads.train import options as train_options
 
     try:
         words = shlex.split(trial.command)

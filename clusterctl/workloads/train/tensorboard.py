@@ -8,7 +8,7 @@ import contextlib
 import shlex
 from typing import TYPE_CHECKING, Iterator
 
-from clusterctl.workloads.train_job import TrainJob, job_inventory
+from clusterctl.workloads.train.job import TrainJob, job_inventory
 
 if TYPE_CHECKING:
     import subprocess

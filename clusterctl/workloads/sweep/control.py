@@ -1,7 +1,7 @@
 """`clusterctl sweep run | status | attach | cancel` as library calls over an inventory: each opens the ssh
 pool, finds the sweep (the latest when no id is given), does its one thing and returns a typed value the
 caller shows (the CLI renders, a test asserts). `hosts` resolves the inventory, called once the arguments
-are checked (a bad --id fails before any cluster is looked up). The plan is sweep_plan.py, the leader's side
+are checked (a bad --id fails before any cluster is looked up). The plan is sweep/plan.py, the leader's side
 sweep.py.
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from clusterctl.errors import ClusterctlError, RemoteCommandError, within
-from clusterctl.workloads import sweep as sweeplib, sweep_results as resultlib
-from clusterctl.workloads.sweep_plan import SweepSpec, validate_id
-from clusterctl.workloads.sweep_state import SweepState
+from clusterctl.workloads.sweep import leader as sweeplib, results as resultlib
+from clusterctl.workloads.sweep.plan import SweepSpec, validate_id
+from clusterctl.workloads.sweep.state import SweepState
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory

@@ -1,7 +1,7 @@
 """The nodes a training launch runs on, pure: which ones (choose_nodes: a spot cluster's unreachable nodes
 left out, an error anywhere else) and whether each holds the same verified dataset, whole (data_check_command's
 output judged by data_problems against the node's dataset.json: a copy of a conversion killed halfway, or a
-node that lost shards, is refused by name). workloads/train_job.py asks the nodes and acts on the answers."""
+node that lost shards, is refused by name). workloads/train/start.py asks the nodes and acts on the answers."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """`clusterctl sweep` on the leader: many independent experiments at once, one per GPU, across the cluster.
 
-    the plan (sweep_plan.py, pure: trials, commands, SweepSpec)  ->  here: config.json + the scheduler staged
+    the plan (sweep/plan.py, pure: trials, commands, SweepSpec)  ->  here: config.json + the scheduler staged
     on the leader, the user's files on every node, the node package's `sweep` program detached in tmux there
     (state in ~/clusterctl-sweeps/ID/state.json)  ->  here: that state read over ssh into a typed SweepState
-    (sweep_state.py) for the live table, `sweep status` and `sweep attach`; cancel; the trials' logs copied back  ->
-    sweep_results.py: results.json and metric_vs_params.png in sweep-results/<time>/.
+    (sweep/state.py) for the live table, `sweep status` and `sweep attach`; cancel; the trials' logs copied back  ->
+    sweep/results.py: results.json and metric_vs_params.png in sweep-results/<time>/.
 
 The scheduler (node/sweep/) needs only the node package on the leader (the standard library, any python3):
 it ssh-es from the leader to each node with the cluster's internal key and pinned known_hosts
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Seque
 from clusterctl.errors import ConfigError, RemoteCommandError, UnreachableError, UsageError
 from clusterctl.node import ssh as node_ssh
 from clusterctl.remote import jobfolder, nodepkg, tmux as jobs
-from clusterctl.workloads.sweep_plan import SweepSpec, is_id, new_id, validate_id
-from clusterctl.workloads.sweep_results import events, rows, summary
-from clusterctl.workloads.sweep_state import ENDED, SweepState, parse_state
+from clusterctl.workloads.sweep.plan import SweepSpec, is_id, new_id, validate_id
+from clusterctl.workloads.sweep.results import events, rows, summary
+from clusterctl.workloads.sweep.state import ENDED, SweepState, parse_state
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory

@@ -1,7 +1,7 @@
 """The preflight check: the misconfigurations that silently ruin multi-node training, found first.
 
 One probe (templates/doctor_probe.sh) runs on every node at once; the comparisons across nodes
-(same versions, clock skew, the full ssh mesh) are judged in doctor_judge.py, pure, on typed facts;
+(same versions, clock skew, the full ssh mesh) are judged in doctor/judge.py, pure, on typed facts;
 here: the probing over ssh, and the --fabric runs.
 """
 
@@ -18,7 +18,7 @@ from clusterctl.remote import jobfolder, nodepkg
 from clusterctl.remote.ssh import SshPool
 from clusterctl.types import OnStep, Step, no_steps
 from clusterctl.workloads import launch
-from clusterctl.workloads.doctor_judge import (
+from clusterctl.workloads.doctor.judge import (
     FABRIC_FLOORS,
     Allreduce,
     Cell,

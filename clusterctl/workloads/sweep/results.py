@@ -1,4 +1,4 @@
-"""A sweep's results from its typed state (workloads/sweep_state.py), pure but for the files: trials ranked by
+"""A sweep's results from its typed state (workloads/sweep/state.py), pure but for the files: trials ranked by
 the goal, the table's rows, one line per change (output that is not a terminal), the summary line,
 results.json and metric_vs_params.png in sweep-results/<time>/.
 """
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from clusterctl.workloads.sweep_state import FINAL, SweepState, TrialState
+from clusterctl.workloads.sweep.state import FINAL, SweepState, TrialState
 
 
 def ranked(state: SweepState, goal: str) -> list[TrialState]:

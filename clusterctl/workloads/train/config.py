@@ -4,7 +4,7 @@ What runs on a node: the model, its precision, the images per GPU per step, XLA,
 for the allreduce, and Horovod's fusion settings, chosen once from the table below by the GPU type (from the
 instance type, or the GPU model DescribeInstanceTypes reported; CPU for local nodes). A user's flag overrides
 one field; everything else stays the table's. A measured img/s is kept under `TrainConfig.key()`, so `train`
-estimates from a rate of exactly the configuration it runs (train_cost.py), never another one.
+estimates from a rate of exactly the configuration it runs (train/cost.py), never another one.
 
 The figures follow NVIDIA's ResNet-50 v1.5 reference for TensorFlow (github.com/NVIDIA/DeepLearningExamples,
 TensorFlow/Classification/ConvNets/resnet50v1.5/README.md and its training/ scripts): automatic mixed
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from clusterctl.workloads import train_options
-from clusterctl.workloads.train_options import CYCLE_TIME_MS, FUSION_THRESHOLD_MB, TrainOptions
+from clusterctl.workloads.train import options as train_options
+from clusterctl.workloads.train.options import CYCLE_TIME_MS, FUSION_THRESHOLD_MB, TrainOptions
 
 if TYPE_CHECKING:
     from clusterctl.types import Cluster

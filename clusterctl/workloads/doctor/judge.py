@@ -1,5 +1,5 @@
 """The doctor's pure half: the preflight facts judged across nodes, the fabric judged (gloo pairs or
-nccl-tests), all_reduce_perf's output parsed, the fabric tool chosen. No ssh here: workloads/doctor.py
+nccl-tests), all_reduce_perf's output parsed, the fabric tool chosen. No ssh here: workloads/doctor/preflight.py
 probes the nodes and hands the text and facts to these.
 """
 

@@ -1,5 +1,5 @@
 """The synthetic scaling ladder: 1 process, one full node, every node, run for real; its verdict is
-bench_verdict.py's.
+bench/verdict.py's.
 
 The recipe does this by hand: run the synthetic ResNet-50 script at 4, 8, then 32 GPUs, watch the
 images/sec column, and eyeball whether 8 GPUs gave "a little less than double". Here every rung is a
@@ -24,8 +24,9 @@ from clusterctl.node.bench_stop import Reference, references_text
 from clusterctl.remote import jobfolder, nodepkg
 from clusterctl.types import OnStep, Step, no_steps
 from clusterctl.units import duration, money
-from clusterctl.workloads import bench_stats as stats, horovod, launch, train_config
-from clusterctl.workloads.bench_verdict import (
+from clusterctl.workloads import horovod, launch
+from clusterctl.workloads.bench import stats
+from clusterctl.workloads.bench.verdict import (
     DEFAULT_THRESHOLD,
     Ladder,
     NodeAlone,
@@ -36,8 +37,9 @@ from clusterctl.workloads.bench_verdict import (
     references,
     stragglers,
 )
-from clusterctl.workloads.train_config import TrainConfig
-from clusterctl.workloads.train_options import PRECISIONS
+from clusterctl.workloads.train import config as train_config
+from clusterctl.workloads.train.config import TrainConfig
+from clusterctl.workloads.train.options import PRECISIONS
 
 if TYPE_CHECKING:
     from clusterctl.cluster.inventory import Inventory
@@ -129,7 +131,7 @@ def cost_lines(ladder: Ladder, per_hour: float | None, model: str) -> list[str]:
 
 @dataclass
 class BenchOptions:
-    """None: the GPU type's configuration (train_config.py), the one `train` runs; `resolved` fills it in."""
+    """None: the GPU type's configuration (train/config.py), the one `train` runs; `resolved` fills it in."""
 
     model: str = "resnet50"
     batch_size: int | None = None

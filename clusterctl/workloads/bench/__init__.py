@@ -1,0 +1,1 @@
+"""`clusterctl bench`: the synthetic scaling ladder, its statistics and its verdict."""

@@ -1,0 +1,1 @@
+"""`clusterctl doctor`: the preflight probe on every node and its facts judged across nodes."""
