@@ -20,7 +20,7 @@ Changing a running cluster:
   (`train --checkpoint-to`).
   lost_nodes -> replace_nodes -> host_keys -> [remove_nodes] -> retire_nodes   (`repair`: cluster/repair.py)
 Facts of a recorded cluster, for workloads (no call to the provider's API):
-  hourly_price, gpus_per_node, gpu_model           (`train`'s estimate, the GPU check, train_config's row)
+  hourly_price, gpus_per_node, gpu_model           (`train`'s estimate, the GPU check, train/config.py's row)
   watchdog_running                                  (`status`: does the autostop watchdog run)
   object_store                                      (`up --runtime-cache`: the bucket built runtimes are kept in)
 Capabilities (plain attributes): region, builds_runtime_locally, lists_from_cloud, shares_this_machine,

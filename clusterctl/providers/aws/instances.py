@@ -171,7 +171,7 @@ def fabric_extra(ctx: Context) -> dict[str, str]:
         "efa_interfaces": str(fabric.efa_count(t)),
         "efa_rdma": "true" if fabric.efa_count(t) and t.efa_rdma else "false",
         "gpus": str(t.gpus),
-        "gpu_model": catalog.gpu_model_of(t.name, t.gpu_model, t.gpus),  # train_config.py's row for the type
+        "gpu_model": catalog.gpu_model_of(t.name, t.gpu_model, t.gpus),  # workloads/train/config.py's row for the type
         "driver_branch": str(r.driver_branch) if r else "",
         "cuda": r.cuda if r else "",
     }

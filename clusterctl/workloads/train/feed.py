@@ -95,7 +95,7 @@ class Feed:
 
 
 def gpu_to_feed(gpus: int, gpu: str, precision: str, data: str | None) -> str:
-    """The GPU (train_config's type of the nodes) whose rate `train` checks the feed against, or "" when there is
+    """The GPU (train/config.py's type of the nodes) whose rate `train` checks the feed against, or "" when there is
     no rate to judge by: no GPUs (local nodes, CPU types, a plain hosts file), synthetic images (nothing
     decoded), a GPU without an expected rate, or float32 (the rates are mixed precision's)."""
     if gpus <= 0 or not data or precision == "fp32":
