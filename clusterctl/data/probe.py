@@ -148,13 +148,8 @@ def for_plan(s: SyncSession) -> FanoutChoice:
     if len(s.nodes) < 3:
         return auto_fanout(s, s.nodes, nbytes)  # too few to measure: no ssh at all
 
-    def put(n: SyncNode) -> None:
-        r = s.ship(n)
-        if not r.ok:
-            s.fail(n, "unreachable", r.error or "upload failed")
-
     try:
-        s.fan(s.nodes, put)
+        s.ship_all(s.nodes)
         down = [n.label for n in s.nodes if not n.alive]
         if down:
             return FanoutChoice(1, f"one chain: the probe failed ({', '.join(down)} unreachable)")
