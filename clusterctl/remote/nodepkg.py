@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 SOURCE = Path(clusterctl.node.__file__).resolve().parent
 NODE_DIR = ".clusterctl/node"  # under the login home of every node
+SEND = "CLUSTERCTL-SEND"  # a node's line asking for the package (ship_command)
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold: no build time in the bytes
 # Guarded, so that running it under another name runs nothing. (multiprocessing's spawn does not run a zipapp's
 # __main__ again in its children, whose __spec__ name is "__main__": a child has only what it imports.)
@@ -156,7 +157,7 @@ def package() -> NodePackage:
 def ship_command(pkg: NodePackage) -> str:
     """On a node: exit 0 when the package there is the one its name says (its sha256 read once per file: a stamp
     beside it, NAME.ok, keeps the size, mtime, ctime and inode it was read at, so a later check is one stat);
-    else say `send 1` (missing) or `send 2` (other bytes, or cut short), take the package on stdin, keep it
+    else say `CLUSTERCTL-SEND 1` (missing) or `... 2` (other bytes, or cut short), take the package on stdin, keep it
     only when its sha256 is the name's (exit 3 when not), rename it over the name and stamp it."""
     sha_ok = f'h=$(sha256sum < "$f") && [ "${{h%% *}}" = {pkg.digest} ]'
     stamp = 'echo "$m" > "$f.ok.tmp" && mv -f "$f.ok.tmp" "$f.ok"'
@@ -165,7 +166,7 @@ def ship_command(pkg: NodePackage) -> str:
         f'f={shlex.quote(pkg.path)}; s=1; if [ -f "$f" ]; then '
         f'{stat} && [ "$(cat "$f.ok" 2>/dev/null)" = "$m" ] && exit 0; '
         f"{sha_ok} && {{ {stamp}; exit 0; }}; s=2; fi; "
-        f'echo "send $s"; t="$f.tmp.$$"; (umask 077 && mkdir -p {shlex.quote(NODE_DIR)}) && cat > "$t" && '
+        f'echo "{SEND} $s"; t="$f.tmp.$$"; (umask 077 && mkdir -p {shlex.quote(NODE_DIR)}) && cat > "$t" && '
         f'{sha_ok.replace("$f", "$t")} && chmod 644 "$t" && mv -f "$t" "$f" || {{ rm -f "$t"; exit 3; }}; '
         f"{stat} && {sha_ok} && {stamp}; exit 0"  # stamped as a later check would: stat, then its bytes read
     )
@@ -190,10 +191,15 @@ def ship_one(pool: SshPool, target: SshTarget, pkg: NodePackage | None = None, t
     try:
         chan.settimeout(timeout)
         chan.exec_command(ship_command(pkg))
-        asked = chan.makefile("rb").readline().split()
-        if asked[:1] == [b"send"]:
-            chan.sendall(pkg.data)
+        asked: list[bytes] = []
+        for line in chan.makefile("rb"):  # a login shell's own lines, if it prints any, come first
+            if line.startswith(SEND.encode()):
+                asked = line.split()
+                chan.sendall(pkg.data)
+                break
         chan.shutdown_write()
+        if not chan.status_event.wait(timeout):
+            raise TimeoutError(f"no answer in {timeout:g} s")
         code = chan.recv_exit_status()
         err = chan.makefile_stderr("rb").read().decode(errors="replace").strip()
     except Exception as exc:

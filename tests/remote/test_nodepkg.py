@@ -120,7 +120,7 @@ class _ShellChannel:
     def exec_command(self, command):
         env = {"HOME": str(self.pool.homes[self.label]), "PATH": self.pool.path}
         self.proc = subprocess.Popen(
-            ["sh", "-c", command],
+            ["sh", "-c", f"{self.pool.login}{command}"],
             cwd=env["HOME"],
             env=env,
             stdin=subprocess.PIPE,
@@ -144,6 +144,10 @@ class _ShellChannel:
     def recv_exit_status(self):
         return self.proc.wait()
 
+    @property
+    def status_event(self):
+        return type("Exited", (), {"wait": lambda _, timeout: self.proc.wait(timeout) is not None})()
+
     def close(self):
         self.proc.stdout.close()
         self.proc.stderr.close()
@@ -158,6 +162,7 @@ class _ShellPool:
         for home in self.homes.values():
             home.mkdir(parents=True, exist_ok=True)
         self.sessions, self.sent, self.path = [], [], path
+        self.login = ""  # what the login shell runs first (a user's rc file that prints)
 
     def client(self, target):
         pool = self
@@ -197,6 +202,16 @@ def test_ship_is_one_ssh_session_per_node_whether_or_not_it_sends(tmp_path):
     assert sorted(pool.sessions) == sorted(pool.sent) == ["a", "b", "c"]
     assert nodepkg.ship(pool, targets).all_ok  # type: ignore[arg-type]
     assert sorted(pool.sessions) == ["a", "a", "b", "b", "c", "c"] and len(pool.sent) == 3
+
+
+def test_a_login_shell_that_prints_first_does_not_stop_the_shipping(tmp_path):
+    from clusterctl.remote.targets import SshTarget
+
+    pkg = nodepkg.package()
+    pool = _ShellPool(tmp_path, ["n1"])
+    pool.login = "echo Welcome; echo send me nothing; "
+    assert nodepkg.ship_one(pool, SshTarget("n1", "n1")).ok  # type: ignore[arg-type]
+    assert pool.sent == ["n1"] and (pool.homes["n1"] / pkg.path).read_bytes() == pkg.data
 
 
 def test_bytes_other_than_the_names_are_not_kept(tmp_path):
