@@ -16,7 +16,9 @@ in a few thousand files, and times, one after another on the same cluster:
 
 Each as a ratio to the one-copy limit (dataset size / link rate), with the machine's CPU use, the bench's
 own core-seconds per GB per hop (its cgroup: source, nodes and sshds; hops = N), and every node's copy
-checked against the source (sha256 of every file). Needs root. Example:
+checked against the source (sha256 of every file). Every N gets a cluster of its own under a new
+CLUSTERCTL_HOME (bench/localcluster.py), so the first clusterctl round is a first sync: the node package
+shipped, a hop's rate measured. The methods are bench/sync_methods.py's. Needs root. Example:
 
     python bench/sync_bench.py --nodes 4 8 --rate 450 --size-mb 400 --files 2000
     python bench/sync_bench.py --nodes 8 --rate 150 --methods clusterctl
