@@ -5,7 +5,7 @@ Builds a local cluster of 2 namespace nodes (real sshd, links unshaped: CPU is w
 dataset of --size-mb in 100 files, and streams it as the chain does: this machine's tar | ssh into node 0's
 relay script (clusterctl's own, from node_scripts.relay_script, with the node package as its agent), which
 extracts it and forwards it over one node-to-node ssh hop to node 1, which extracts it. The CPU is the
-bench's own cgroup (sync_bench.OwnCpu: source tar, both ssh hops, sshds, relay, recv and tar on the
+bench's own cgroup (owncpu.OwnCpu: source tar, both ssh hops, sshds, relay, recv and tar on the
 nodes), per GB and per receiving node (2 hops). Variants, interleaved in every round (the machine is
 shared: best and spread are reported):
 
@@ -42,7 +42,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from clusterctl.data import node_scripts  # noqa: E402
 from clusterctl.remote import nodepkg  # noqa: E402
 from clusterctl.remote.openssh import node_ssh  # noqa: E402
-from sync_bench import CIPHER, Bench, OwnCpu, make_dataset  # noqa: E402
+from owncpu import OwnCpu  # noqa: E402
+from sync_bench import make_dataset  # noqa: E402
+from sync_methods import CIPHER, Bench  # noqa: E402
 
 WORK = ".clusterctl-hopcost"
 DST = "/tmp/hop-cost"

@@ -45,14 +45,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from localcluster import LocalCluster, sh
+
 CLUSTERCTL = [shutil.which("clusterctl")] if shutil.which("clusterctl") else [sys.executable, "-m", "clusterctl"]
-
-
-def sh(argv, env=None, cwd=None, check=True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise SystemExit(f"{shlex.join(map(str, argv))} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    return proc
 
 
 def timed(argv, env, cwd) -> float:
@@ -91,25 +86,18 @@ Host *
 def bench(
     nodes: int, rounds: int, seq_rounds: int, work: Path, config: str, skip_clush: bool = False
 ) -> dict[str, list[float]]:
-    name = f"fan{nodes}{config[0]}{os.getpid() % 10000}"
-    home = work / f"home-{nodes}-{config}"
     cwd = work / f"work-{nodes}-{config}"
-    cwd.mkdir(parents=True)
-    env = {**os.environ, "CLUSTERCTL_HOME": str(home)}
+    c = LocalCluster(f"fan{nodes}{config[0]}", nodes, work / f"home-{nodes}-{config}", cwd, cli=CLUSTERCTL)
+    env = c.env
     env.pop("CLUSTERCTL_AGENT", None)
     # as an installed wheel: bytecode cached (the warm-up run writes it), so no run recompiles clusterctl
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    print(f"\n== {nodes} nodes: bringing up local cluster {name} ...", flush=True)
+    print(f"\n== {nodes} nodes: bringing up local cluster {c.name} ...", flush=True)
     start = time.monotonic()
-    sh(
-        [*CLUSTERCTL, "up", "--provider", "local", "--nodes", str(nodes), "--name", name, "--yes", "--runtime", "none"],
-        env=env,
-        cwd=cwd,
-    )
+    hosts = c.up()
     print(f"   up in {time.monotonic() - start:.1f}s", flush=True)
     try:
-        state = home / "clusters" / name
-        hosts = [line.split()[0] for line in (cwd / "hosts").read_text().splitlines()]
+        state, home = c.state, c.home
         if config == "user":
             cfg = user_config(cwd, state, hosts)
             (cwd / "hostlist").write_text((cwd / "aliases").read_text())
@@ -130,7 +118,7 @@ Host *
 """)
         return _time(nodes, rounds, seq_rounds, cwd, env, cfg, [*CLUSTERCTL, "run", "hosts", "true"], None, skip_clush)
     finally:
-        sh([*CLUSTERCTL, "down", name, "--yes"], env=env, cwd=cwd, check=False)
+        c.down()
 
 
 def _time(

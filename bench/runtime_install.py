@@ -26,21 +26,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from sync_bench import OwnCpu  # noqa: E402
-
-CLUSTERCTL = [sys.executable, "-m", "clusterctl"]
-
-
-def sh(argv, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, check=True, capture_output=True, text=True, **kw)
+from localcluster import CLI, LocalCluster, sh
+from owncpu import OwnCpu
 
 
 def install_step(home: Path, name: str) -> str:
@@ -66,85 +56,44 @@ def install_step(home: Path, name: str) -> str:
     return fields["runtime"]
 
 
-def direct(home: Path, name: str, hosts: list[str], rid: str) -> None:
+def direct(c: LocalCluster, rid: str) -> None:
     from clusterctl.runtime import cache
 
     pack = cache.entry(rid) / "runtime.tar.zst"
-    cdir = home / "clusters" / name
-    ssh = [
-        "ssh",
-        "-F",
-        "/dev/null",
-        "-i",
-        str(cdir / "id_ed25519"),
-        "-o",
-        "IdentitiesOnly=yes",
-        "-o",
-        f"UserKnownHostsFile={cdir / 'known_hosts'}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-c",
-        "aes128-gcm@openssh.com",
-        "-l",
-        "root",
-    ]
+    ssh = [*c.ssh, "-c", "aes128-gcm@openssh.com"]
 
     def one(host: str) -> None:
         with open(pack, "rb") as f:
             subprocess.run([*ssh, host, "zstd -q -d -c | tar -x -C / -f -"], stdin=f, check=True, capture_output=True)
 
-    with ThreadPoolExecutor(len(hosts)) as pool:
-        list(pool.map(one, hosts))
+    with ThreadPoolExecutor(len(c.hosts)) as pool:
+        list(pool.map(one, c.hosts))
 
 
-def clear(home: Path, name: str) -> None:
-    sh(
-        [*CLUSTERCTL, "run", "--cluster", name, "rm -rf /opt/clusterctl-runtime ~/.clusterctl/runtime"],
-        env={**os.environ, "CLUSTERCTL_HOME": str(home)},
-    )
+def clear(c: LocalCluster) -> None:
+    sh([*CLI, "run", "--cluster", c.name, "rm -rf /opt/clusterctl-runtime ~/.clusterctl/runtime"], env=c.env)
 
 
 def run(nodes: int, cpu: OwnCpu) -> list[dict]:
     base = Path(tempfile.mkdtemp(prefix="rt-bench-"))
-    home, name = base / "home", "rb" + uuid.uuid4().hex[:6]
-    env = {**os.environ, "CLUSTERCTL_HOME": str(home)}
-    sh(
-        [
-            *CLUSTERCTL,
-            "up",
-            "--provider",
-            "local",
-            "--name",
-            name,
-            "--nodes",
-            str(nodes),
-            "--yes",
-            "--runtime",
-            "none",
-            "--hosts-file",
-            str(base / "hosts"),
-        ],
-        env=env,
-    )
-    hosts = [line.split()[0] for line in (base / "hosts").read_text().splitlines()]
+    c = LocalCluster("rb", nodes, base / "home", base)
+    c.up()
     rows = []
     try:
         for method in ("clusterctl", "direct"):
-            clear(home, name)
+            clear(c)
             c0, t0 = cpu.seconds(), time.monotonic()
             if method == "clusterctl":
-                rid = install_step(home, name)
+                rid = install_step(c.home, c.name)
             else:
-                direct(home, name, hosts, rid)
+                direct(c, rid)
             wall, core = time.monotonic() - t0, cpu.seconds() - c0
             rows.append({"nodes": nodes, "method": method, "wall_s": wall, "core_s_per_node": core / nodes})
             print(
                 f"   {method:<10} {nodes} node(s): {wall:6.1f} s wall, {core / nodes:5.1f} core-s per node", flush=True
             )
     finally:
-        subprocess.run([*CLUSTERCTL, "down", name, "--yes"], env=env, capture_output=True)
+        c.down()
     return rows
 
 

@@ -233,6 +233,40 @@ class LocalCluster:
         return proc
 
 
+def node_ssh(cluster: LocalCluster, *options: str) -> list[str]:
+    """OpenSSH to the cluster's nodes: its key, only its pinned host keys, no config, no prompt."""
+    state = cluster.cli.home / "clusters" / cluster.name
+    return [
+        "ssh",
+        "-F",
+        "/dev/null",
+        "-i",
+        str(state / "id_ed25519"),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"UserKnownHostsFile={state / 'known_hosts'}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        *options,
+    ]
+
+
+def reverse_tunnel(cluster: LocalCluster, index: int, port: int) -> subprocess.Popen:
+    """The node's 127.0.0.1:port is this machine's 127.0.0.1:port (ssh -R, host key checked) until killed."""
+    forward = ("-N", "-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{port}:127.0.0.1:{port}")
+    return subprocess.Popen(
+        [*node_ssh(cluster, *forward), f"root@{cluster.hosts[index]}"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
 def node_pid(cluster: str, index: int) -> int:
     """PID (host view) of the node's sshd, PID 1 of its namespaces."""
     from clusterctl.providers.local import netns

@@ -162,6 +162,17 @@ class SyncSession:
         """The node package onto the node, unless it has it already."""
         return nodepkg.ship_one(self.pool, node.target, self.package)
 
+    def ship_all(self, nodes: Sequence[SyncNode]) -> None:
+        """The node package onto every node that lacks it, one session each, all at once; a node it could not
+        be put on is failed."""
+
+        def one(n: SyncNode) -> None:
+            r = self.ship(n)
+            if not r.ok:
+                self.fail(n, "unreachable", r.error or "upload failed")
+
+        self.fan(nodes, one)
+
     def agent(
         self,
         node: SyncNode,

@@ -72,8 +72,14 @@ class Syncer(SyncSession):
         return SyncReport([n.outcome for n in self.nodes], total, time.monotonic() - self.start, self.strategy, files)
 
     def _run(self) -> None:
-        self._manifest()
-        self._ship_package()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sync-ship") as ex:
+            # a local source is listed while the node package goes out (the nodes need nothing of it yet)
+            shipping = ex.submit(self.ship_all, self.nodes) if self.source.kind == "local" else None
+            self._manifest()
+            if shipping is None:
+                self.ship_all(self.nodes)
+            else:
+                shipping.result()
         self.events.phase(f"taking the lease on {self.dst} on {len(self.live())} node(s): one sync writes there")
         self.leases.take(self.live())
         sending = self._precheck()
@@ -215,14 +221,6 @@ class Syncer(SyncSession):
             f"manifest: {hashed} file(s) hashed, {files - hashed} unchanged since the last run "
             "(size, mtime, ctime and inode as then: their sha256 kept)"
         )
-
-    def _ship_package(self) -> None:
-        def one(n: SyncNode) -> None:
-            r = self.ship(n)
-            if not r.ok:
-                self.fail(n, "unreachable", r.error or "upload failed")
-
-        self.fan(self.nodes, one)
 
     def _send_manifest(self) -> None:
         """Once the manifest is whole: to every live node (gzipped JSON Lines: 9 MB for 200,000 files)."""

@@ -4,7 +4,8 @@ The archive is built here from the package's sources, byte for byte the same for
 sorted, every timestamp and mode fixed), so its name, `node-<sha256[:16]>.pyz`, is a function of the code:
 a node that has the name has the code, and an upgrade is a new name beside the old one, never a file
 rewritten under a running program. It lives at one path under the login home of every node
-(`~/.clusterctl/node/`), written under a temporary name and renamed (SshPool.put_one). A node runs it as
+(`~/.clusterctl/node/`), put there in the same ssh session that finds it missing (one round for every node:
+ship_command), written under a temporary name, its sha256 checked, and renamed. A node runs it as
 `python3 PYZ PROGRAM ARGS...` with any Python 3 it has: the archive holds only clusterctl/node/ and an
 empty clusterctl/__init__.py, so nothing else of clusterctl can be imported there.
 
@@ -21,6 +22,7 @@ import hashlib
 import io
 import shlex
 import sys
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
 SOURCE = Path(clusterctl.node.__file__).resolve().parent
 NODE_DIR = ".clusterctl/node"  # under the login home of every node
+SEND = "CLUSTERCTL-SEND"  # a node's line asking for the package (ship_command)
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can hold: no build time in the bytes
 # Guarded, so that running it under another name runs nothing. (multiprocessing's spawn does not run a zipapp's
 # __main__ again in its children, whose __spec__ name is "__main__": a child has only what it imports.)
@@ -151,16 +154,21 @@ def package() -> NodePackage:
     return build()
 
 
-def check_command(pkg: NodePackage) -> str:
+def ship_command(pkg: NodePackage) -> str:
     """On a node: exit 0 when the package there is the one its name says (its sha256 read once per file: a stamp
-    beside it, NAME.ok, keeps the size, mtime, ctime and inode it was read at, so a later check is one stat),
-    1 when it is missing, 2 when its bytes are others (cut short, or another file under that name)."""
+    beside it, NAME.ok, keeps the size, mtime, ctime and inode it was read at, so a later check is one stat);
+    else say `CLUSTERCTL-SEND 1` (missing) or `... 2` (other bytes, or cut short), take the package on stdin, keep it
+    only when its sha256 is the name's (exit 3 when not), rename it over the name and stamp it."""
+    sha_ok = f'h=$(sha256sum < "$f") && [ "${{h%% *}}" = {pkg.digest} ]'
+    stamp = 'echo "$m" > "$f.ok.tmp" && mv -f "$f.ok.tmp" "$f.ok"'
+    stat = "m=$(stat -L -c '%s %y %z %i' \"$f\")"
     return (
-        f'f={shlex.quote(pkg.path)}; [ -f "$f" ] || exit 1; '
-        "m=$(stat -L -c '%s %y %z %i' \"$f\") || exit 1; "
-        '[ "$(cat "$f.ok" 2>/dev/null)" = "$m" ] && exit 0; '
-        f'h=$(sha256sum < "$f") && [ "${{h%% *}}" = {pkg.digest} ] || exit 2; '
-        'echo "$m" > "$f.ok.tmp" && mv -f "$f.ok.tmp" "$f.ok"; exit 0'
+        f'f={shlex.quote(pkg.path)}; s=1; if [ -f "$f" ]; then '
+        f'{stat} && [ "$(cat "$f.ok" 2>/dev/null)" = "$m" ] && exit 0; '
+        f"{sha_ok} && {{ {stamp}; exit 0; }}; s=2; fi; "
+        f'echo "{SEND} $s"; t="$f.tmp.$$"; (umask 077 && mkdir -p {shlex.quote(NODE_DIR)}) && cat > "$t" && '
+        f'{sha_ok.replace("$f", "$t")} && chmod 644 "$t" && mv -f "$t" "$f" || {{ rm -f "$t"; exit 3; }}; '
+        f"{stat} && {sha_ok} && {stamp}; exit 0"  # stamped as a later check would: stat, then its bytes read
     )
 
 
@@ -168,21 +176,45 @@ def replaced_line(pkg: NodePackage, host: str) -> str:
     return f"{host}: ~/{pkg.path} was not the file its name says (other bytes, or cut short): replaced"
 
 
-def ship_one(pool: SshPool, target: SshTarget, pkg: NodePackage | None = None) -> HostResult:
-    """The package onto one node unless it has it, whole (check_command: one stat when it has it, checked
-    before); a file of other bytes under its name is replaced, and said on stderr in one line."""
+def ship_one(pool: SshPool, target: SshTarget, pkg: NodePackage | None = None, timeout: float = 60.0) -> HostResult:
+    """The package onto one node unless it has it, whole, in one ssh session (ship_command: one stat when it
+    has it, checked before; the bytes sent only when the node asks, and kept only when their sha256 is the
+    name's); a file of other bytes under its name is replaced, and said on stderr in one line."""
+    from clusterctl.remote.connect import describe_connect_error
+
     pkg = pkg or package()
-    check = check_command(pkg)
-    there = pool.run_one(target, check, timeout=30)
-    if there.exit_code == 0 or there.exit_code is None:  # there already, or unreachable (said by the check)
-        return there
-    put = pool.put_one(target, {pkg.path: (pkg.data, 0o644)})
-    if not put.ok:
-        again = pool.run_one(target, check, timeout=30)
-        return again if again.exit_code == 0 else put  # 0: another run put the same bytes there first
-    if there.exit_code == 2:
+    start = time.monotonic()
+    try:
+        chan = pool.client(target).get_transport().open_session(timeout=timeout)
+    except Exception as exc:  # unreachable: a value, as every SshPool call gives it
+        return HostResult(target.label, None, error=describe_connect_error(target, exc), duration_s=0.0)
+    try:
+        chan.settimeout(timeout)
+        chan.exec_command(ship_command(pkg))
+        asked: list[bytes] = []
+        for line in chan.makefile("rb"):  # a login shell's own lines, if it prints any, come first
+            if line.startswith(SEND.encode()):
+                asked = line.split()
+                chan.sendall(pkg.data)
+                break
+        chan.shutdown_write()
+        if not chan.status_event.wait(timeout):
+            raise TimeoutError(f"no answer in {timeout:g} s")
+        code = chan.recv_exit_status()
+        err = chan.makefile_stderr("rb").read().decode(errors="replace").strip()
+    except Exception as exc:
+        return HostResult(
+            target.label, None, error=f"connection lost: {exc}"[:300], duration_s=time.monotonic() - start
+        )
+    finally:
+        chan.close()
+    took = time.monotonic() - start
+    if code != 0:
+        why = err[-200:] or ("its bytes arrived other than sent" if code == 3 else f"exit {code}")
+        return HostResult(target.label, None, error=f"cannot put ~/{pkg.path}: {why}", duration_s=took)
+    if asked[1:] == [b"2"]:
         sys.stderr.write(replaced_line(pkg, target.label) + "\n")
-    return put
+    return HostResult(target.label, 0, duration_s=took)
 
 
 def ship(pool: SshPool, targets: Sequence[SshTarget], pkg: NodePackage | None = None) -> RunReport:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, reverse_tunnel
 from sync_support import down_cluster, first_error_line, marker, node_sha256, sync, table_rows, up_cluster
 
 pytestmark = pytest.mark.integration
@@ -36,41 +35,14 @@ def s3env(tmp_path_factory):
     tunnels = []
     try:
         cdir = cluster.cli.home / "clusters" / cluster.name
-        for i, host in enumerate(cluster.hosts):
+        for i in range(len(cluster.hosts)):
             home = cdir / "nodes" / str(i) / "home"  # the node's /root, seen from this machine
             (home / ".aws").mkdir(mode=0o700)
             (home / ".aws" / "credentials").write_text(
                 f"[default]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {SECRET}\n"
             )
             (home / ".aws" / "config").write_text("[default]\nregion = us-east-1\n")
-            tunnels.append(
-                subprocess.Popen(
-                    [
-                        "ssh",
-                        "-N",
-                        "-F",
-                        "/dev/null",
-                        "-i",
-                        str(cdir / "id_ed25519"),
-                        "-o",
-                        "IdentitiesOnly=yes",
-                        "-o",
-                        f"UserKnownHostsFile={cdir / 'known_hosts'}",
-                        "-o",
-                        "StrictHostKeyChecking=yes",
-                        "-o",
-                        "BatchMode=yes",
-                        "-o",
-                        "ExitOnForwardFailure=yes",
-                        "-R",
-                        f"127.0.0.1:{port}:127.0.0.1:{port}",
-                        f"root@{host}",
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                )
-            )
+            tunnels.append(reverse_tunnel(cluster, i, port))
         client = boto3.client(
             "s3",
             endpoint_url=f"http://127.0.0.1:{port}",

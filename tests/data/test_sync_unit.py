@@ -130,6 +130,34 @@ def test_render_plan_says_why_for_a_measured_fanout():
     assert lines[2:] == ["  source (/data) -> a", "  a -> b", "  a -> d", "  b -> c"]
 
 
+def test_the_hop_and_the_senders_two_streams_are_measured_at_once_over_other_links(tmp_path, monkeypatch):
+    """From 4 receivers on, a first sync's probe takes one measurement's time for the hop and 2 streams (they
+    were two measurements one after the other): the hop between the chain's last two nodes, the sender's streams
+    to its first two."""
+    import threading
+
+    from clusterctl.data import probe, session
+
+    targets = [SshTarget(f"10.9.0.{i}", f"10.9.0.{i}") for i in range(8)]
+    s = session.SyncSession(
+        targets, [t.hostname for t in targets], "", None, syncplan.Source("local", path="/d"), "d", cache_dir=tmp_path
+    )
+    both = threading.Barrier(2, timeout=5)  # broken (and the test failed) unless the first two run at once
+    calls: list[tuple[str, list[str]]] = []
+
+    def rate(s, sender, receivers):
+        calls.append((sender.label, [n.label for n in receivers]))
+        if len(calls) <= 2:
+            both.wait()
+        return 18e6  # a hop's rate, and the sender's uplink: two streams at half of it each
+
+    monkeypatch.setattr(probe, "_rate", rate)
+    got = probe.auto_fanout(s, s.nodes, nbytes=10**10)
+    assert sorted(calls[:2]) == [("10.9.0.0", ["10.9.0.1", "10.9.0.2"]), ("10.9.0.6", ["10.9.0.7"])]
+    assert len(calls) == 2 and got.k == 1  # 2 streams at half a hop's rate each: the uplink is the limit
+    assert got.why.startswith("one chain: 2 streams from 10.9.0.0 at once make 18.0 MB/s (9.0 MB/s each), below")
+
+
 def test_auto_fanout_asks_no_node_when_there_is_nothing_to_measure(tmp_path):
     from clusterctl.data import probe, session
 

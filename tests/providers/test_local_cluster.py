@@ -12,28 +12,13 @@ import pytest
 
 from clusterctl.proc import alive
 from clusterctl.providers.local import netns
-from conftest import require_root
+from conftest import node_ssh, require_root
 
 pytestmark = pytest.mark.integration
 
 
 def ssh_argv(cluster, host: str, *cmd: str) -> list[str]:
-    d = cluster.cli.home / "clusters" / cluster.name
-    return [
-        "ssh",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        f"UserKnownHostsFile={d / 'known_hosts'}",
-        "-o",
-        "GlobalKnownHostsFile=/dev/null",
-        "-i",
-        str(d / "id_ed25519"),
-        f"root@{host}",
-        *cmd,
-    ]
+    return [*node_ssh(cluster), f"root@{host}", *cmd]
 
 
 def test_three_nodes_up_isolated_reachable_and_gone(local_cluster_factory):

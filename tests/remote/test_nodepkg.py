@@ -13,7 +13,7 @@ import pytest
 
 from clusterctl.node.__main__ import PROGRAMS
 from clusterctl.remote import nodepkg
-from clusterctl.types import HostResult, RunReport
+from clusterctl.types import RunReport
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"
 
@@ -108,32 +108,71 @@ def test_the_archive_runs_nothing_when_a_spawned_child_imports_it(pyz):
     assert r.returncode == 0 and r.stdout == r.stderr == ""
 
 
+class _ShellChannel:
+    """A paramiko channel's calls that ship_one makes, over `sh -c` in a target's login home."""
+
+    def __init__(self, pool: _ShellPool, label: str):
+        self.pool, self.label = pool, label
+
+    def settimeout(self, timeout):
+        pass
+
+    def exec_command(self, command):
+        env = {"HOME": str(self.pool.homes[self.label]), "PATH": self.pool.path}
+        self.proc = subprocess.Popen(
+            ["sh", "-c", f"{self.pool.login}{command}"],
+            cwd=env["HOME"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+    def makefile(self, mode):
+        return self.proc.stdout
+
+    def makefile_stderr(self, mode):
+        return self.proc.stderr
+
+    def sendall(self, data):
+        self.pool.sent.append(self.label)
+        self.proc.stdin.write(data)
+
+    def shutdown_write(self):
+        self.proc.stdin.close()
+
+    def recv_exit_status(self):
+        return self.proc.wait()
+
+    @property
+    def status_event(self):
+        return type("Exited", (), {"wait": lambda _, timeout: self.proc.wait(timeout) is not None})()
+
+    def close(self):
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
 class _ShellPool:
     """What ship() asks of an SshPool, done for real on this machine: each target's login home a folder, its
-    commands run by sh there, its puts written under a temporary name and renamed (as SFTP does)."""
+    ssh sessions run by sh there. Every session opened and every target sent the bytes are kept."""
 
     def __init__(self, root, labels, path="/usr/bin:/bin"):
         self.homes = {label: root / label for label in labels}
         for home in self.homes.values():
             home.mkdir(parents=True, exist_ok=True)
-        self.puts, self.commands, self.path = [], [], path
+        self.sessions, self.sent, self.path = [], [], path
+        self.login = ""  # what the login shell runs first (a user's rc file that prints)
 
-    def run_one(self, target, command, timeout=None):
-        self.commands.append(target.label)
-        env = {"HOME": str(self.homes[target.label]), "PATH": self.path}
-        r = subprocess.run(["sh", "-c", command], cwd=self.homes[target.label], env=env, capture_output=True, text=True)
-        return HostResult(target.label, r.returncode, r.stdout, r.stderr)
+    def client(self, target):
+        pool = self
 
-    def put_one(self, target, files):
-        self.puts.append(target.label)
-        for rel, (data, mode) in files.items():
-            path = self.homes[target.label] / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".clusterctl-tmp")
-            tmp.write_bytes(data)
-            tmp.chmod(mode)
-            tmp.replace(path)
-        return HostResult(target.label, 0)
+        class Transport:
+            def open_session(self, timeout=None):
+                pool.sessions.append(target.label)
+                return _ShellChannel(pool, target.label)
+
+        return type("Client", (), {"get_transport": lambda self: Transport()})()
 
     def fan_out(self, targets, fn, parallel):
         return RunReport(tuple(fn(t) for t in targets))
@@ -148,8 +187,43 @@ def test_ship_puts_the_archive_only_where_it_is_missing(tmp_path):
     (pool.homes["a"] / pkg.path).write_bytes(pkg.data)
     targets = [SshTarget("a", "a"), SshTarget("b", "b")]
     report = nodepkg.ship(pool, targets)  # type: ignore[arg-type]
-    assert report.all_ok and pool.puts == ["b"]
-    assert nodepkg.ship(pool, targets).all_ok and pool.puts == ["b"]  # type: ignore[arg-type]
+    assert report.all_ok and pool.sent == ["b"] and (pool.homes["b"] / pkg.path).read_bytes() == pkg.data
+    assert nodepkg.ship(pool, targets).all_ok and pool.sent == ["b"]  # type: ignore[arg-type]
+
+
+def test_ship_is_one_ssh_session_per_node_whether_or_not_it_sends(tmp_path):
+    """One round for every node: the check and, where the package is missing, its bytes go in the same
+    session (a check, then an SFTP put after it, made two rounds of every first run)."""
+    from clusterctl.remote.targets import SshTarget
+
+    pool = _ShellPool(tmp_path, ["a", "b", "c"])
+    targets = [SshTarget(label, label) for label in pool.homes]
+    assert nodepkg.ship(pool, targets).all_ok  # type: ignore[arg-type]
+    assert sorted(pool.sessions) == sorted(pool.sent) == ["a", "b", "c"]
+    assert nodepkg.ship(pool, targets).all_ok  # type: ignore[arg-type]
+    assert sorted(pool.sessions) == ["a", "a", "b", "b", "c", "c"] and len(pool.sent) == 3
+
+
+def test_a_login_shell_that_prints_first_does_not_stop_the_shipping(tmp_path):
+    from clusterctl.remote.targets import SshTarget
+
+    pkg = nodepkg.package()
+    pool = _ShellPool(tmp_path, ["n1"])
+    pool.login = "echo Welcome; echo send me nothing; "
+    assert nodepkg.ship_one(pool, SshTarget("n1", "n1")).ok  # type: ignore[arg-type]
+    assert pool.sent == ["n1"] and (pool.homes["n1"] / pkg.path).read_bytes() == pkg.data
+
+
+def test_bytes_other_than_the_names_are_not_kept(tmp_path):
+    """The node keeps what arrives only when its sha256 is the name's: a copy cut short on the way is refused."""
+    from clusterctl.remote.targets import SshTarget
+
+    pkg = nodepkg.package()
+    short = nodepkg.NodePackage(pkg.data[:1000], pkg.digest)
+    pool = _ShellPool(tmp_path, ["n1"])
+    r = nodepkg.ship_one(pool, SshTarget("n1", "n1"), short)  # type: ignore[arg-type]
+    assert not r.ok and r.error == f"cannot put ~/{pkg.path}: its bytes arrived other than sent"
+    assert sorted(p.name for p in (pool.homes["n1"] / nodepkg.NODE_DIR).iterdir()) == []
 
 
 @pytest.mark.parametrize("broken", ["other bytes", "cut short"])
@@ -164,12 +238,12 @@ def test_a_file_that_is_not_what_its_name_says_is_replaced_and_said(tmp_path, ca
     path.parent.mkdir(parents=True)
     path.write_bytes(b"print('not clusterctl')\n" if broken == "other bytes" else pkg.data[: len(pkg.data) // 2])
     r = nodepkg.ship_one(pool, SshTarget("n1", "n1"))  # type: ignore[arg-type]
-    assert r.ok and pool.puts == ["n1"] and path.read_bytes() == pkg.data
+    assert r.ok and pool.sent == ["n1"] and path.read_bytes() == pkg.data
     assert capsys.readouterr().err == nodepkg.replaced_line(pkg, "n1") + "\n"
     assert nodepkg.replaced_line(pkg, "n1") == (
         f"n1: ~/{pkg.path} was not the file its name says (other bytes, or cut short): replaced"
     )
-    assert nodepkg.ship_one(pool, SshTarget("n1", "n1")).ok and pool.puts == ["n1"]  # type: ignore[arg-type]
+    assert nodepkg.ship_one(pool, SshTarget("n1", "n1")).ok and pool.sent == ["n1"]  # type: ignore[arg-type]
     r = subprocess.run([SYSTEM_PYTHON, str(path), "nope"], capture_output=True, text=True)
     assert "SyntaxError" not in r.stderr and "not clusterctl" not in r.stdout
 
@@ -191,10 +265,10 @@ def test_the_digest_is_read_once_per_file_and_again_after_a_change(tmp_path):
     (fake / "sha256sum").write_text("#!/bin/sh\nexit 1\n")
     (fake / "sha256sum").chmod(0o755)
     pool.path = f"{fake}:/usr/bin:/bin"
-    assert nodepkg.ship_one(pool, target).ok and pool.puts == ["n1"]  # type: ignore[arg-type]  # the stamp
+    assert nodepkg.ship_one(pool, target).ok and pool.sent == ["n1"]  # type: ignore[arg-type]  # the stamp
     data = bytearray(path.read_bytes())
     data[100] ^= 1
     path.write_bytes(bytes(data))
     pool.path = "/usr/bin:/bin"
-    assert nodepkg.ship_one(pool, target).ok and pool.puts == ["n1", "n1"]  # type: ignore[arg-type]
+    assert nodepkg.ship_one(pool, target).ok and pool.sent == ["n1", "n1"]  # type: ignore[arg-type]
     assert path.read_bytes() == pkg.data

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from clusterctl.workloads.train import log as train_log
-from conftest import free_port, node_pid, wait_for
+from conftest import free_port, node_pid, reverse_tunnel, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.horovod]
 
@@ -74,37 +73,6 @@ class Imds:
 
     def notice(self) -> None:
         self.noticed_at = time.time()
-
-
-def reverse_tunnel(cluster, index: int, port: int) -> subprocess.Popen:
-    """The node's 127.0.0.1:port is this machine's 127.0.0.1:port (ssh -R, host key checked)."""
-    cdir = cluster.cli.home / "clusters" / cluster.name
-    return subprocess.Popen(
-        [
-            "ssh",
-            "-N",
-            "-F",
-            "/dev/null",
-            "-i",
-            str(cdir / "id_ed25519"),
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            f"UserKnownHostsFile={cdir / 'known_hosts'}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ExitOnForwardFailure=yes",
-            "-R",
-            f"127.0.0.1:{port}:127.0.0.1:{port}",
-            f"root@{cluster.hosts[index]}",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
 
 
 @pytest.fixture(scope="module")
